@@ -1,0 +1,262 @@
+/* flashattn: a C engine for exact attention built on online softmax.
+ *
+ * The public C API for host applications.  Every function that can fail
+ * returns an fa_status; the message for the last failure on a context is
+ * fa_context_error(ctx).  Tensors are reference counted: every fa_tensor *
+ * handed out by a function here owns one reference that the caller drops
+ * with fa_tensor_release().  Shapes are row-major, 1 to 4 dimensions,
+ * strides are counted in elements. */
+#ifndef FLASHATTN_H
+#define FLASHATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define FA_API __declspec(dllexport)
+#else
+#define FA_API __attribute__((visibility("default")))
+#endif
+
+#define FA_VERSION "0.1.0"
+#define FA_MAX_DIMS 4
+
+typedef enum {
+  FA_OK = 0,
+  FA_ERR_ARGUMENT,      /* a bad argument or option value */
+  FA_ERR_SHAPE,         /* shapes that do not fit together */
+  FA_ERR_DTYPE,         /* an element type the call does not take */
+  FA_ERR_DEVICE,        /* a device that is absent or does not match */
+  FA_ERR_OUT_OF_MEMORY, /* host or device memory (or the engine's limit) */
+  FA_ERR_UNSUPPORTED,   /* valid, but not provided by this backend/build */
+  FA_ERR_BACKEND        /* the backend failed (a CUDA error, ...) */
+} fa_status;
+
+typedef enum { FA_F32 = 0, FA_F16, FA_BF16, FA_F64, FA_BOOL } fa_dtype;
+typedef enum { FA_CPU = 0, FA_CUDA } fa_device;
+
+typedef struct fa_context fa_context;
+typedef struct fa_tensor fa_tensor;
+
+/* ---- context ---------------------------------------------------------- */
+
+/* Creates a context whose default device is `device` (FA_CPU or FA_CUDA).
+ * Fails with FA_ERR_DEVICE when that device is not usable. */
+FA_API fa_status fa_context_create(fa_device device, fa_context **out);
+/* The default device an engine picks: FLASHATTN_DEVICE if set and valid,
+ * else CUDA when a usable GPU is present, else CPU. */
+FA_API fa_device fa_default_device(void);
+FA_API void fa_context_destroy(fa_context *ctx);
+FA_API const char *fa_context_error(const fa_context *ctx);
+FA_API fa_device fa_context_device(const fa_context *ctx);
+FA_API fa_status fa_context_set_device(fa_context *ctx, fa_device device);
+/* A cudaStream_t for the CUDA backend (NULL = the default stream). */
+FA_API fa_status fa_context_set_stream(fa_context *ctx, void *stream);
+FA_API void *fa_context_stream(const fa_context *ctx);
+/* Waits for all work queued on the context's stream. */
+FA_API fa_status fa_sync(fa_context *ctx);
+
+FA_API const char *fa_status_name(fa_status s);
+FA_API const char *fa_dtype_name(fa_dtype d);
+FA_API const char *fa_device_name(fa_device d);
+FA_API size_t fa_dtype_size(fa_dtype d);
+/* Parses "f32", "float", "f16", "half", "bf16", "bfloat16", "f64",
+ * "double", "bool".  Returns 0 on success. */
+FA_API int fa_dtype_parse(const char *name, fa_dtype *out);
+FA_API int fa_device_parse(const char *name, fa_device *out);
+/* 1 when the backend can run on this machine. */
+FA_API int fa_backend_available(fa_device device);
+
+/* ---- tensors ---------------------------------------------------------- */
+
+/* Uninitialised contiguous tensor. */
+FA_API fa_status fa_tensor_empty(fa_context *ctx, int ndim, const int64_t *shape, fa_dtype dtype,
+                                 fa_device device, fa_tensor **out);
+/* Zero-copy tensor over memory the host owns.  `strides` may be NULL for
+ * row-major contiguous.  When the last reference goes, `release(data, user)`
+ * is called if not NULL.  On failure `release` is not called. */
+FA_API fa_status fa_tensor_wrap(fa_context *ctx, void *data, fa_device device, fa_dtype dtype, int ndim,
+                                const int64_t *shape, const int64_t *strides,
+                                void (*release)(void *data, void *user), void *user, fa_tensor **out);
+FA_API void fa_tensor_retain(fa_tensor *t);
+FA_API void fa_tensor_release(fa_tensor *t);
+
+FA_API int fa_tensor_ndim(const fa_tensor *t);
+FA_API int64_t fa_tensor_size(const fa_tensor *t, int dim);   /* 0-based dim */
+FA_API int64_t fa_tensor_stride(const fa_tensor *t, int dim); /* elements */
+FA_API int64_t fa_tensor_numel(const fa_tensor *t);
+FA_API fa_dtype fa_tensor_dtype(const fa_tensor *t);
+FA_API fa_device fa_tensor_device(const fa_tensor *t);
+FA_API void *fa_tensor_data(const fa_tensor *t); /* address of the first element */
+FA_API int fa_tensor_is_contiguous(const fa_tensor *t);
+
+/* Views share storage with `t` (0-based dims and indices). */
+FA_API fa_status fa_tensor_view(fa_context *ctx, fa_tensor *t, int ndim, const int64_t *shape, fa_tensor **out);
+FA_API fa_status fa_tensor_select(fa_context *ctx, fa_tensor *t, int dim, int64_t index, fa_tensor **out);
+FA_API fa_status fa_tensor_narrow(fa_context *ctx, fa_tensor *t, int dim, int64_t start, int64_t len,
+                                  fa_tensor **out);
+FA_API fa_status fa_tensor_transpose(fa_context *ctx, fa_tensor *t, int d1, int d2, fa_tensor **out);
+/* `t` itself (retained) when already contiguous, else a contiguous copy. */
+FA_API fa_status fa_tensor_contiguous(fa_context *ctx, fa_tensor *t, fa_tensor **out);
+/* A copy converted to dtype and device (`t` retained when nothing changes). */
+FA_API fa_status fa_tensor_to(fa_context *ctx, fa_tensor *t, fa_dtype dtype, fa_device device, fa_tensor **out);
+FA_API fa_status fa_tensor_clone(fa_context *ctx, fa_tensor *t, fa_tensor **out);
+/* dst <- src, same shape, any dtypes and devices. */
+FA_API fa_status fa_tensor_copy(fa_context *ctx, fa_tensor *dst, fa_tensor *src);
+FA_API fa_status fa_tensor_fill(fa_context *ctx, fa_tensor *t, double value);
+FA_API fa_status fa_tensor_get(fa_context *ctx, fa_tensor *t, const int64_t *index, double *value);
+FA_API fa_status fa_tensor_set(fa_context *ctx, fa_tensor *t, const int64_t *index, double value);
+/* Contiguous copy of the elements as doubles into `out` (numel entries). */
+FA_API fa_status fa_tensor_read_f64(fa_context *ctx, fa_tensor *t, double *out);
+/* Element values from doubles (numel entries, row-major order). */
+FA_API fa_status fa_tensor_write_f64(fa_context *ctx, fa_tensor *t, const double *values);
+
+typedef enum { FA_FILL_UNIFORM = 0, FA_FILL_NORMAL, FA_FILL_ARANGE } fa_fill_kind;
+/* Uniform [0,1) or standard normal values that depend only on (seed,
+ * element index): the same on every device and dtype up to rounding. */
+FA_API fa_status fa_tensor_fill_random(fa_context *ctx, fa_tensor *t, fa_fill_kind kind, uint64_t seed);
+
+typedef enum { FA_REDUCE_SUM = 0, FA_REDUCE_MAX, FA_REDUCE_MIN, FA_REDUCE_NORM } fa_reduce_op;
+/* Reductions accumulate in f64.  An empty tensor gives 0 (sum, norm) or
+ * FA_ERR_ARGUMENT (max, min). */
+FA_API fa_status fa_tensor_reduce(fa_context *ctx, fa_tensor *t, fa_reduce_op op, double *out);
+FA_API fa_status fa_tensor_isfinite(fa_context *ctx, fa_tensor *t, int *out);
+
+typedef enum { FA_BIN_ADD = 0, FA_BIN_SUB, FA_BIN_MUL, FA_BIN_DIV } fa_binary_op;
+/* out = a op b (b a same-shape tensor) or a op scalar (b NULL). */
+FA_API fa_status fa_tensor_binary(fa_context *ctx, fa_tensor *a, fa_binary_op op, fa_tensor *b, double scalar,
+                                  fa_tensor **out);
+
+/* ‖a−ref‖₂/‖ref‖₂ and max|a−b| in f64 (same shape). */
+FA_API fa_status fa_rel_error(fa_context *ctx, fa_tensor *a, fa_tensor *ref, double *out);
+FA_API fa_status fa_max_abs_diff(fa_context *ctx, fa_tensor *a, fa_tensor *b, double *out);
+
+/* ---- kernels ---------------------------------------------------------- */
+
+typedef enum {
+  FA_SOFTMAX_AUTO = 0,
+  FA_SOFTMAX_NAIVE,  /* e^x / Σe^x, no max subtracted */
+  FA_SOFTMAX_SAFE,   /* three passes */
+  FA_SOFTMAX_ONLINE, /* two passes, running (m, d), block size `block` */
+  FA_SOFTMAX_FUSED   /* the row held on chip, read once */
+} fa_softmax_algo;
+
+typedef struct {
+  fa_softmax_algo algo;
+  int64_t block; /* for ONLINE; 0 = default */
+  fa_tensor *out; /* optional preallocated output */
+} fa_softmax_opts;
+
+FA_API void fa_softmax_opts_init(fa_softmax_opts *o);
+/* Softmax over the last dimension.  *y gets a new reference (opts->out
+ * retained when given). */
+FA_API fa_status fa_softmax(fa_context *ctx, fa_tensor *x, const fa_softmax_opts *opts, fa_tensor **y);
+/* The largest row length the FUSED algo accepts for dtype on device. */
+FA_API int64_t fa_softmax_fused_max_n(fa_context *ctx, fa_dtype dtype, fa_device device);
+
+typedef enum {
+  FA_ATTN_AUTO = 0,
+  FA_ATTN_NAIVE,     /* S and P materialised, then P·V */
+  FA_ATTN_TWO_PASS,  /* online statistics, then the output pass */
+  FA_ATTN_FLASH_ROW, /* the one-pass recurrence, one query row at a time */
+  FA_ATTN_FLASH      /* tiled and fused */
+} fa_attention_algo;
+
+typedef enum {
+  FA_CAUSAL_NONE = 0,
+  FA_CAUSAL_BOTTOM_RIGHT, /* query i sees keys j <= i + Lk - Lq */
+  FA_CAUSAL_TOP_LEFT      /* query i sees keys j <= i */
+} fa_causal;
+
+typedef struct {
+  fa_attention_algo algo;
+  int has_scale;          /* 0: scale = 1/sqrt(D) */
+  double scale;
+  fa_causal causal;
+  int has_window;         /* window = {left, right}, -1 = unbounded */
+  int64_t window_left, window_right;
+  fa_tensor *mask;        /* bool (true = attend) or float added to scores; broadcastable to (B,Hq,Lq,Lk) */
+  const int64_t *kv_lens; /* B entries or NULL */
+  int64_t n_kv_lens;
+  const double *alibi;    /* Hq slopes or NULL */
+  int64_t n_alibi;
+  double softcap;         /* > 0: s -> c·tanh(s/c); 0 = off */
+  int64_t tile_q, tile_k; /* 0 = backend default */
+  int return_lse;
+  fa_tensor *out, *lse_out; /* optional preallocated outputs */
+} fa_attention_opts;
+
+FA_API void fa_attention_opts_init(fa_attention_opts *o);
+/* q (B,Hq,Lq,D), k (B,Hkv,Lk,D), v (B,Hkv,Lk,Dv); 3-D (H,L,D) and 2-D (L,D)
+ * too.  *o gets a (…,Lq,Dv) tensor in q's dtype; *lse (may be NULL unless
+ * return_lse) a (…,Lq) f32 tensor. */
+FA_API fa_status fa_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v,
+                              const fa_attention_opts *opts, fa_tensor **o, fa_tensor **lse);
+/* The same function in f64 on the CPU by the plainest code (outputs f64 on the CPU). */
+FA_API fa_status fa_attention_reference(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v,
+                                        const fa_attention_opts *opts, fa_tensor **o, fa_tensor **lse);
+/* Combines two partial attentions over disjoint key sets. */
+FA_API fa_status fa_merge_states(fa_context *ctx, fa_tensor *o1, fa_tensor *lse1, fa_tensor *o2, fa_tensor *lse2,
+                                 fa_tensor **o, fa_tensor **lse);
+
+typedef enum { FA_MATMUL_AUTO = 0, FA_MATMUL_NAIVE, FA_MATMUL_TILED, FA_MATMUL_BLAS } fa_matmul_algo;
+typedef struct {
+  fa_matmul_algo algo;
+  int64_t tile; /* for TILED; 0 = default */
+  fa_tensor *out;
+} fa_matmul_opts;
+FA_API void fa_matmul_opts_init(fa_matmul_opts *o);
+FA_API fa_status fa_matmul(fa_context *ctx, fa_tensor *a, fa_tensor *b, const fa_matmul_opts *opts, fa_tensor **c);
+
+/* ---- measuring -------------------------------------------------------- */
+
+typedef struct {
+  double flops;
+  double bytes;
+} fa_cost;
+FA_API fa_status fa_cost_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v,
+                                   const fa_attention_opts *opts, fa_cost *out);
+FA_API fa_status fa_cost_softmax(fa_context *ctx, fa_tensor *x, const fa_softmax_opts *opts, fa_cost *out);
+
+/* Bytes held by the engine on a device (tensors and workspaces). */
+FA_API void fa_memory(fa_device device, size_t *current, size_t *peak);
+FA_API void fa_reset_peak(fa_device device);
+/* Engine-wide cap on bytes held on a device (0 = none).  A request past it
+ * fails with FA_ERR_OUT_OF_MEMORY. */
+FA_API void fa_set_memory_limit(fa_device device, size_t bytes);
+FA_API size_t fa_memory_limit(fa_device device);
+
+typedef struct {
+  char backend[16];
+  char name[128];
+  int threads;        /* CPU: OpenMP threads */
+  char simd[32];      /* CPU: "avx512", "avx2", "sse2", ... */
+  int sms;            /* CUDA */
+  size_t smem_per_block, smem_per_sm, mem_total, l2_bytes;
+  int cc_major, cc_minor;
+} fa_device_info_t;
+FA_API fa_status fa_device_info(fa_context *ctx, fa_device device, fa_device_info_t *out);
+
+/* ---- Lua -------------------------------------------------------------- */
+
+struct lua_State;
+/* The module's loader (what require "flashattn" calls). */
+FA_API int luaopen_flashattn(struct lua_State *L);
+/* Pushes a Lua tensor that holds a new reference to t. */
+FA_API void fa_lua_push_tensor(struct lua_State *L, fa_tensor *t);
+/* The tensor at idx (raises a Lua error if it is not a live tensor);
+ * borrowed: retain it to keep it. */
+FA_API fa_tensor *fa_lua_check_tensor(struct lua_State *L, int idx);
+/* Scripts in L run on ctx (owned by the host, which must outlive L's use
+ * of it).  NULL returns to the module's own context. */
+FA_API void fa_lua_set_context(struct lua_State *L, fa_context *ctx);
+FA_API fa_context *fa_lua_get_context(struct lua_State *L);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,195 @@
+/* fa_attention and fa_attention_reference: check once, resolve the options
+ * into an fa_attn_problem, and hand it to a backend. */
+#include "check.h"
+#include "cpu/attention_tiles.h"
+
+#include <math.h>
+#include <string.h>
+
+void fa_attention_opts_init(fa_attention_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->window_left = o->window_right = -1;
+}
+
+/* Temporaries that a call holds while the backend runs. */
+typedef struct {
+  fa_tensor *q, *k, *v, *mask, *o, *lse;
+} attn_buffers;
+
+static void buffers_drop(attn_buffers *b) {
+  fa_tensor_drop(&b->q);
+  fa_tensor_drop(&b->k);
+  fa_tensor_drop(&b->v);
+  fa_tensor_drop(&b->mask);
+  fa_tensor_drop(&b->o);
+  fa_tensor_drop(&b->lse);
+}
+
+/* Fills p from dims and opts; converts inputs to contiguous host buffers of
+ * the compute dtype. */
+static fa_status build_problem(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
+                               const fa_attn_dims *d, fa_dtype compute, fa_attn_problem *p, attn_buffers *bufs) {
+  memset(p, 0, sizeof *p);
+  p->B = d->B, p->Hq = d->Hq, p->Hkv = d->Hkv, p->Lq = d->Lq, p->Lk = d->Lk, p->D = d->D, p->Dv = d->Dv;
+  p->scale = o->has_scale ? o->scale : 1.0 / sqrt((double)d->D);
+  p->softcap = o->softcap;
+  p->causal = o->causal;
+  p->has_window = o->has_window && (o->window_left >= 0 || o->window_right >= 0);
+  p->win_left = o->window_left, p->win_right = o->window_right;
+  p->kv_lens = o->kv_lens;
+  p->alibi = o->alibi;
+  p->tile_q = o->tile_q ? o->tile_q : FA_CPU_DEFAULT_TILE_Q;
+  p->tile_k = o->tile_k ? o->tile_k : FA_CPU_DEFAULT_TILE_K;
+  p->compute = compute;
+  fa_status st;
+  if ((st = fa_tensor_cpu_contiguous(ctx, q, compute, &bufs->q)) ||
+      (st = fa_tensor_cpu_contiguous(ctx, k, compute, &bufs->k)) ||
+      (st = fa_tensor_cpu_contiguous(ctx, v, compute, &bufs->v)))
+    return st;
+  p->q = fa_tensor_ptr(bufs->q), p->k = fa_tensor_ptr(bufs->k), p->v = fa_tensor_ptr(bufs->v);
+  if (o->mask) {
+    fa_tensor *m = o->mask;
+    if ((st = fa_tensor_cpu_contiguous(ctx, m, m->dtype == FA_BOOL ? FA_BOOL : compute, &bufs->mask))) return st;
+    if (m->dtype == FA_BOOL) p->mask_b = fa_tensor_ptr(bufs->mask);
+    else p->mask_f = fa_tensor_ptr(bufs->mask);
+    /* right-aligned broadcast over (B, Hq, Lq, Lk): stride 0 where size 1 */
+    for (int i = 0; i < 4; i++) p->mask_strides[i] = 0;
+    for (int i = 0; i < m->ndim; i++) {
+      int j = 4 - m->ndim + i;
+      p->mask_strides[j] = m->shape[i] == 1 ? 0 : bufs->mask->strides[i];
+    }
+  }
+  return FA_OK;
+}
+
+/* Output buffers in the compute dtype: the caller's when they already are
+ * contiguous host tensors of that dtype, else temporaries copied out later. */
+static fa_status prepare_outputs(fa_context *ctx, const fa_attention_opts *o, const fa_attn_dims *d, fa_dtype compute,
+                                 int want_lse, fa_tensor *out, fa_tensor *lse_out, fa_dtype lse_dtype,
+                                 fa_attn_problem *p, attn_buffers *bufs) {
+  int64_t shape[4] = {d->B, d->Hq, d->Lq, d->Dv};
+  fa_status st;
+  if (out && out->dtype == compute && out->storage->device == FA_CPU && fa_tensor_is_contiguous(out)) {
+    fa_tensor_retain(out);
+    bufs->o = out;
+  } else if ((st = fa_tensor_new(ctx, 4, shape, compute, FA_CPU, &bufs->o))) {
+    return st;
+  }
+  p->o = fa_tensor_ptr(bufs->o);
+  if (want_lse) {
+    if (lse_out && lse_out->dtype == lse_dtype && lse_out->storage->device == FA_CPU &&
+        fa_tensor_is_contiguous(lse_out)) {
+      fa_tensor_retain(lse_out);
+      bufs->lse = lse_out;
+    } else if ((st = fa_tensor_new(ctx, 3, shape, lse_dtype, FA_CPU, &bufs->lse))) {
+      return st;
+    }
+    if (lse_dtype == FA_F64) p->lse64 = fa_tensor_ptr(bufs->lse);
+    else p->lse = fa_tensor_ptr(bufs->lse);
+  }
+  (void)o;
+  return FA_OK;
+}
+
+/* Wraps a computed (B,Hq,Lq,X) buffer in the caller's rank and copies it into
+ * dst (a new tensor of dtype/device when dst is NULL). */
+static fa_status deliver(fa_context *ctx, fa_tensor *buf, int rank, const fa_tensor *q, int64_t last, int has_last,
+                         fa_tensor *dst, fa_dtype dtype, fa_device device, fa_tensor **result) {
+  int64_t shape[4];
+  int n = 0;
+  for (int i = 0; i < rank - 1; i++) shape[n++] = q->shape[i];
+  if (has_last) shape[n++] = last;
+  if (n == 0) shape[n++] = 1;
+  fa_status st;
+  fa_tensor *view = NULL, *r = dst;
+  if ((st = fa_tensor_view(ctx, buf, n, shape, &view))) return st;
+  if (dst && dst->storage == buf->storage) { /* computed in place */
+    fa_tensor_release(view);
+    fa_tensor_retain(dst);
+    *result = dst;
+    return FA_OK;
+  }
+  if (!r) {
+    if (dtype == view->dtype && device == FA_CPU) {
+      *result = view;
+      return FA_OK;
+    }
+    if ((st = fa_tensor_new(ctx, n, shape, dtype, device, &r))) goto done;
+  } else {
+    fa_tensor_retain(r);
+  }
+  if ((st = fa_tensor_copy(ctx, r, view))) fa_tensor_drop(&r);
+done:
+  fa_tensor_release(view);
+  *result = r;
+  return st;
+}
+
+/* Lk == 0 or every row empty needs no backend: zeros and lse = -inf. */
+static void fill_empty(const fa_attn_problem *p) {
+  int64_t rows = p->B * p->Hq * p->Lq;
+  size_t es = fa_dtype_size(p->compute);
+  memset(p->o, 0, (size_t)(rows * p->Dv) * es);
+  for (int64_t r = 0; r < rows; r++) {
+    if (p->lse) p->lse[r] = -INFINITY;
+    if (p->lse64) p->lse64[r] = -INFINITY;
+  }
+}
+
+static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
+                               int reference, fa_tensor **out, fa_tensor **lse) {
+  fa_attention_opts defaults;
+  if (!o) {
+    fa_attention_opts_init(&defaults);
+    o = &defaults;
+  }
+  if (out) *out = NULL;
+  if (lse) *lse = NULL;
+  if (!out) return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: attention: the output pointer is NULL");
+  fa_attn_dims d;
+  fa_status st = fa_check_attention(ctx, q, k, v, o, &d);
+  if (st) return st;
+  int want_lse = o->return_lse || lse != NULL || o->lse_out;
+  if (!reference && d.device == FA_CUDA)
+    return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: attention: the CUDA backend has no attention kernel yet "
+                                            "(move the tensors to the cpu)");
+  fa_dtype compute = reference || d.dtype == FA_F64 ? FA_F64 : FA_F32;
+  fa_tensor *user_out = reference ? NULL : o->out, *user_lse = reference ? NULL : o->lse_out;
+  attn_buffers bufs = {0};
+  fa_attn_problem p;
+  if ((st = build_problem(ctx, q, k, v, o, &d, compute, &p, &bufs)) ||
+      (st = prepare_outputs(ctx, o, &d, compute, want_lse, user_out, user_lse, reference ? FA_F64 : FA_F32, &p,
+                            &bufs)))
+    goto done;
+  if (d.B * d.Hq * d.Lq == 0) {
+  } else if (d.Lk == 0) {
+    fill_empty(&p);
+  } else if (reference) {
+    st = fa_cpu_attention_reference(ctx, &p);
+  } else {
+    st = fa_cpu_attention(ctx, d.algo, &p);
+  }
+  if (st) goto done;
+  fa_device dev = reference ? FA_CPU : d.device;
+  if ((st = deliver(ctx, bufs.o, d.rank, q, d.Dv, 1, user_out, reference ? FA_F64 : d.dtype, dev, out))) goto done;
+  if (want_lse) {
+    fa_tensor *l = NULL;
+    st = deliver(ctx, bufs.lse, d.rank, q, 0, 0, user_lse, reference ? FA_F64 : FA_F32, dev, &l);
+    if (st) fa_tensor_drop(out);
+    else if (lse) *lse = l;
+    else fa_tensor_release(l);
+  }
+done:
+  buffers_drop(&bufs);
+  return st;
+}
+
+fa_status fa_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *opts,
+                       fa_tensor **o, fa_tensor **lse) {
+  return run_attention(ctx, q, k, v, opts, 0, o, lse);
+}
+
+fa_status fa_attention_reference(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v,
+                                 const fa_attention_opts *opts, fa_tensor **o, fa_tensor **lse) {
+  return run_attention(ctx, q, k, v, opts, 1, o, lse);
+}

@@ -1,0 +1,246 @@
+/* Argument checking for every operation (see check.h). */
+#include "check.h"
+
+#include "cpu/attention_tiles.h"
+
+#include <math.h>
+#include <stdio.h>
+
+int fa_is_float_dtype(fa_dtype d) { return d == FA_F32 || d == FA_F16 || d == FA_BF16 || d == FA_F64; }
+
+fa_status fa_check_tensor(fa_context *ctx, const fa_tensor *t, const char *name) {
+  if (!t) return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: %s: expected a tensor, got NULL", name);
+  return FA_OK;
+}
+
+static fa_status check_float(fa_context *ctx, const fa_tensor *t, const char *name) {
+  fa_status st = fa_check_tensor(ctx, t, name);
+  if (st) return st;
+  if (!fa_is_float_dtype(t->dtype))
+    return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: %s: expected a float dtype (f32, f16, bf16, f64), got %s", name,
+                   fa_dtype_name(t->dtype));
+  return FA_OK;
+}
+
+static fa_status check_like(fa_context *ctx, const fa_tensor *t, const char *name, const fa_tensor *ref,
+                            const char *refname) {
+  if (t->dtype != ref->dtype)
+    return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: %s: expected dtype %s (as %s), got %s", name,
+                   fa_dtype_name(ref->dtype), refname, fa_dtype_name(t->dtype));
+  if (t->storage->device != ref->storage->device)
+    return fa_fail(ctx, FA_ERR_DEVICE, "flashattn: %s: expected device %s (as %s), got %s", name,
+                   fa_device_name(ref->storage->device), refname, fa_device_name(t->storage->device));
+  return FA_OK;
+}
+
+static fa_status check_device_of(fa_context *ctx, const fa_tensor *t, const char *name, fa_device dev) {
+  if (t->storage->device != dev)
+    return fa_fail(ctx, FA_ERR_DEVICE, "flashattn: %s: expected device %s, got %s", name, fa_device_name(dev),
+                   fa_device_name(t->storage->device));
+  return FA_OK;
+}
+
+fa_status fa_check_out(fa_context *ctx, const fa_tensor *out, const char *name, int ndim, const int64_t *shape,
+                       fa_dtype dtype, fa_device device) {
+  int same = out->ndim == ndim;
+  for (int i = 0; same && i < ndim; i++) same = out->shape[i] == shape[i];
+  if (!same) {
+    char want[64] = "", got[64];
+    size_t u = 0;
+    for (int i = 0; i < ndim && u < sizeof want; i++)
+      u += (size_t)snprintf(want + u, sizeof want - u, i ? "x%lld" : "%lld", (long long)shape[i]);
+    return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: %s: expected shape %s, got %s", name, want,
+                   fa_shape_str(out, got, sizeof got));
+  }
+  if (out->dtype != dtype)
+    return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: %s: expected dtype %s, got %s", name, fa_dtype_name(dtype),
+                   fa_dtype_name(out->dtype));
+  return check_device_of(ctx, out, name, device);
+}
+
+/* (B, H, L, D) of a rank 2-4 attention operand. */
+static void bhld(const fa_tensor *t, int64_t *b, int64_t *h, int64_t *l, int64_t *d) {
+  int r = t->ndim;
+  *b = r == 4 ? t->shape[0] : 1;
+  *h = r >= 3 ? t->shape[r - 3] : 1;
+  *l = t->shape[r - 2];
+  *d = t->shape[r - 1];
+}
+
+static fa_status check_mask(fa_context *ctx, const fa_tensor *m, const fa_attn_dims *d) {
+  if (m->dtype != FA_BOOL && !fa_is_float_dtype(m->dtype))
+    return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: opts.mask: expected a bool or float tensor, got %s",
+                   fa_dtype_name(m->dtype));
+  fa_status st = check_device_of(ctx, m, "opts.mask", d->device);
+  if (st) return st;
+  const int64_t target[4] = {d->B, d->Hq, d->Lq, d->Lk};
+  for (int i = 0; i < m->ndim; i++) {
+    int64_t want = target[4 - m->ndim + i], got = m->shape[i];
+    if (got != 1 && got != want) {
+      char buf[64];
+      return fa_fail(ctx, FA_ERR_SHAPE,
+                     "flashattn: opts.mask: shape %s does not broadcast to (B, Hq, Lq, Lk) = (%lld, %lld, %lld, "
+                     "%lld): dimension %d is %lld, expected 1 or %lld",
+                     fa_shape_str(m, buf, sizeof buf), (long long)d->B, (long long)d->Hq, (long long)d->Lq,
+                     (long long)d->Lk, i + 1, (long long)got, (long long)want);
+    }
+  }
+  return FA_OK;
+}
+
+static const char *const attn_algo_names[] = {"auto", "naive", "two_pass", "flash_row", "flash"};
+
+fa_status fa_check_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
+                             fa_attn_dims *d) {
+  fa_status st;
+  if ((st = check_float(ctx, q, "q")) || (st = fa_check_tensor(ctx, k, "k")) || (st = fa_check_tensor(ctx, v, "v")))
+    return st;
+  if ((st = check_like(ctx, k, "k", q, "q")) || (st = check_like(ctx, v, "v", q, "q"))) return st;
+  if (q->ndim < 2)
+    return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: q: expected 2-D (L, D), 3-D (H, L, D) or 4-D (B, H, L, D), got %d-D",
+                   q->ndim);
+  if (k->ndim != q->ndim || v->ndim != q->ndim)
+    return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: %s: expected %d-D like q, got %d-D", k->ndim != q->ndim ? "k" : "v",
+                   q->ndim, k->ndim != q->ndim ? k->ndim : v->ndim);
+  int64_t Bk, Hv, Lv, Bv;
+  bhld(q, &d->B, &d->Hq, &d->Lq, &d->D);
+  bhld(k, &Bk, &d->Hkv, &d->Lk, &Bv);
+  if (Bv != d->D)
+    return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: k: head dimension %lld differs from q's %lld", (long long)Bv,
+                   (long long)d->D);
+  bhld(v, &Bv, &Hv, &Lv, &d->Dv);
+  if (Bk != d->B || Bv != d->B)
+    return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: %s: batch size %lld differs from q's %lld", Bk != d->B ? "k" : "v",
+                   (long long)(Bk != d->B ? Bk : Bv), (long long)d->B);
+  if (Hv != d->Hkv)
+    return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: v: %lld heads differ from k's %lld", (long long)Hv, (long long)d->Hkv);
+  if (Lv != d->Lk)
+    return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: v: length %lld differs from k's %lld", (long long)Lv, (long long)d->Lk);
+  if (d->Hkv == 0 || d->Hq % d->Hkv)
+    return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: q has %lld heads, not a multiple of k's %lld (Hq %% Hkv must be 0)",
+                   (long long)d->Hq, (long long)d->Hkv);
+  if (d->D < 1 || d->Dv < 1)
+    return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: %s: head dimension must be >= 1, got 0", d->D < 1 ? "q" : "v");
+  d->rank = q->ndim;
+  d->device = q->storage->device;
+  d->dtype = q->dtype;
+  if (!o) return FA_OK;
+
+  if ((unsigned)o->algo > FA_ATTN_FLASH)
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.algo: expected auto, naive, two_pass, flash_row or flash");
+  d->algo = o->algo == FA_ATTN_AUTO ? FA_ATTN_FLASH : o->algo;
+  (void)attn_algo_names;
+  if (o->has_scale && !isfinite(o->scale))
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.scale: expected a finite number, got %g", o->scale);
+  if ((unsigned)o->causal > FA_CAUSAL_TOP_LEFT)
+    return fa_fail(ctx, FA_ERR_ARGUMENT,
+                   "flashattn: opts.causal: expected false, true, \"bottom_right\" or \"top_left\"");
+  if (o->has_window && (o->window_left < -1 || o->window_right < -1))
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.window: expected {left, right} with values >= -1, got {%lld, %lld}",
+                   (long long)o->window_left, (long long)o->window_right);
+  if (!(o->softcap >= 0) || isinf(o->softcap))
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.softcap: expected a finite number >= 0 (0 = off), got %g",
+                   o->softcap);
+  if (o->kv_lens) {
+    if (o->n_kv_lens != d->B)
+      return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: opts.kv_lens: expected %lld entries (one per batch), got %lld",
+                     (long long)d->B, (long long)o->n_kv_lens);
+    for (int64_t b = 0; b < d->B; b++)
+      if (o->kv_lens[b] < 0 || o->kv_lens[b] > d->Lk)
+        return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.kv_lens[%lld]: expected 0 to Lk = %lld, got %lld",
+                       (long long)b + 1, (long long)d->Lk, (long long)o->kv_lens[b]);
+  }
+  if (o->alibi) {
+    if (o->n_alibi != d->Hq)
+      return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: opts.alibi: expected %lld slopes (one per query head), got %lld",
+                     (long long)d->Hq, (long long)o->n_alibi);
+    for (int64_t h = 0; h < d->Hq; h++)
+      if (!isfinite(o->alibi[h]))
+        return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.alibi[%lld]: expected a finite slope, got %g",
+                       (long long)h + 1, o->alibi[h]);
+  }
+  if ((o->tile_q || o->tile_k) && (o->tile_q < 1 || o->tile_q > FA_CPU_TILE_MAX || o->tile_k < 1 ||
+                                   o->tile_k > FA_CPU_TILE_MAX))
+    return fa_fail(ctx, FA_ERR_ARGUMENT,
+                   "flashattn: opts.tile: expected {Br, Bc} with 1 <= Br <= %d and 1 <= Bc <= %d, got {%lld, %lld}",
+                   FA_CPU_TILE_MAX, FA_CPU_TILE_MAX, (long long)o->tile_q, (long long)o->tile_k);
+  if (o->mask && (st = check_mask(ctx, o->mask, d))) return st;
+
+  int64_t oshape[4], lshape[4];
+  for (int i = 0; i < d->rank - 1; i++) oshape[i] = lshape[i] = q->shape[i];
+  oshape[d->rank - 1] = d->Dv;
+  if (o->out && (st = fa_check_out(ctx, o->out, "opts.out", d->rank, oshape, d->dtype, d->device))) return st;
+  if (o->lse_out && (st = fa_check_out(ctx, o->lse_out, "opts.lse_out", d->rank - 1, lshape, FA_F32, d->device)))
+    return st;
+  return FA_OK;
+}
+
+fa_status fa_check_softmax(fa_context *ctx, fa_tensor *x, const fa_softmax_opts *o) {
+  fa_status st = check_float(ctx, x, "x");
+  if (st || !o) return st;
+  if ((unsigned)o->algo > FA_SOFTMAX_FUSED)
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.algo: expected auto, naive, safe, online or fused");
+  if (o->block < 0 || o->block > (1 << 24))
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.block: expected 1 to %d (0 = default), got %lld", 1 << 24,
+                   (long long)o->block);
+  int64_t n = x->shape[x->ndim - 1];
+  if (o->algo == FA_SOFTMAX_FUSED) {
+    int64_t maxn = fa_softmax_fused_max_n(ctx, x->dtype, x->storage->device);
+    if (n > maxn)
+      return fa_fail(ctx, FA_ERR_ARGUMENT,
+                     "flashattn: fused softmax holds a row on chip: the largest row it supports for %s on %s is "
+                     "N = %lld, got N = %lld (use algo \"online\")",
+                     fa_dtype_name(x->dtype), fa_device_name(x->storage->device), (long long)maxn, (long long)n);
+  }
+  if (o->out) return fa_check_out(ctx, o->out, "opts.out", x->ndim, x->shape, x->dtype, x->storage->device);
+  return FA_OK;
+}
+
+fa_status fa_check_matmul(fa_context *ctx, fa_tensor *a, fa_tensor *b, const fa_matmul_opts *o) {
+  fa_status st;
+  if ((st = check_float(ctx, a, "a")) || (st = fa_check_tensor(ctx, b, "b")) || (st = check_like(ctx, b, "b", a, "a")))
+    return st;
+  if (a->ndim != 2 || b->ndim != 2)
+    return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: matmul: %s: expected a 2-D tensor, got %d-D", a->ndim != 2 ? "a" : "b",
+                   a->ndim != 2 ? a->ndim : b->ndim);
+  if (a->shape[1] != b->shape[0]) {
+    char ba[64], bb[64];
+    return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: matmul: inner dimensions differ: a is %s, b is %s",
+                   fa_shape_str(a, ba, sizeof ba), fa_shape_str(b, bb, sizeof bb));
+  }
+  if (!o) return FA_OK;
+  if ((unsigned)o->algo > FA_MATMUL_BLAS)
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.algo: expected auto, naive, tiled or blas");
+  if (o->tile < 0 || o->tile > 1024)
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.tile: expected 1 to 1024 (0 = default), got %lld",
+                   (long long)o->tile);
+  if (o->out) {
+    int64_t shape[2] = {a->shape[0], b->shape[1]};
+    return fa_check_out(ctx, o->out, "opts.out", 2, shape, a->dtype, a->storage->device);
+  }
+  return FA_OK;
+}
+
+fa_status fa_check_merge(fa_context *ctx, fa_tensor *o1, fa_tensor *lse1, fa_tensor *o2, fa_tensor *lse2) {
+  fa_status st;
+  if ((st = check_float(ctx, o1, "o1")) || (st = fa_check_tensor(ctx, o2, "o2")) ||
+      (st = check_like(ctx, o2, "o2", o1, "o1")) || (st = check_float(ctx, lse1, "lse1")) ||
+      (st = fa_check_tensor(ctx, lse2, "lse2")) || (st = check_like(ctx, lse2, "lse2", lse1, "lse1")) ||
+      (st = check_device_of(ctx, lse1, "lse1", o1->storage->device)))
+    return st;
+  char b1[64], b2[64];
+  if (o1->ndim != o2->ndim || lse1->ndim != lse2->ndim) goto shape;
+  for (int i = 0; i < o1->ndim; i++)
+    if (o1->shape[i] != o2->shape[i]) goto shape;
+  if (lse1->ndim != o1->ndim - 1 && !(o1->ndim == 1 && lse1->ndim == 1 && lse1->shape[0] == 1)) goto lse;
+  for (int i = 0; i < lse1->ndim; i++)
+    if (lse1->shape[i] != lse2->shape[i] || (o1->ndim > 1 && lse1->shape[i] != o1->shape[i])) goto lse;
+  return FA_OK;
+shape:
+  return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: merge_states: o1 (%s) and o2 (%s) must have one shape",
+                 fa_shape_str(o1, b1, sizeof b1), fa_shape_str(o2, b2, sizeof b2));
+lse:
+  return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: merge_states: lse must have o's shape without its last dimension: o is %s, lse1 is %s, lse2 %s",
+                 fa_shape_str(o1, b1, sizeof b1), fa_shape_str(lse1, b2, sizeof b2),
+                 lse2->ndim == lse1->ndim ? "alike" : "differs");
+}

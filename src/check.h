@@ -1,0 +1,28 @@
+/* Argument checking for every operation: the one place where inputs are
+ * validated before a backend sees them. */
+#ifndef FA_CHECK_H
+#define FA_CHECK_H
+
+#include "internal.h"
+
+/* Shapes of an attention call, resolved from q, k, v of rank 2, 3 or 4. */
+typedef struct {
+  int rank;
+  int64_t B, Hq, Hkv, Lq, Lk, D, Dv;
+  fa_device device;
+  fa_dtype dtype;
+  fa_attention_algo algo; /* AUTO resolved */
+} fa_attn_dims;
+
+fa_status fa_check_tensor(fa_context *ctx, const fa_tensor *t, const char *name);
+fa_status fa_check_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
+                             fa_attn_dims *d);
+fa_status fa_check_softmax(fa_context *ctx, fa_tensor *x, const fa_softmax_opts *o);
+fa_status fa_check_matmul(fa_context *ctx, fa_tensor *a, fa_tensor *b, const fa_matmul_opts *o);
+fa_status fa_check_merge(fa_context *ctx, fa_tensor *o1, fa_tensor *lse1, fa_tensor *o2, fa_tensor *lse2);
+/* out given by the caller: shape (rank dims), dtype, device must match. */
+fa_status fa_check_out(fa_context *ctx, const fa_tensor *out, const char *name, int ndim, const int64_t *shape,
+                       fa_dtype dtype, fa_device device);
+int fa_is_float_dtype(fa_dtype d);
+
+#endif

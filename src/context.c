@@ -1,0 +1,113 @@
+/* Contexts, error text and the names of statuses, dtypes and devices. */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+fa_status fa_fail(fa_context *ctx, fa_status status, const char *fmt, ...) {
+  if (ctx) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx->error, sizeof ctx->error, fmt, ap);
+    va_end(ap);
+  }
+  return status;
+}
+
+const char *fa_shape_str(const fa_tensor *t, char *buf, size_t n) {
+  size_t used = 0;
+  buf[0] = 0;
+  for (int i = 0; i < t->ndim && used < n; i++)
+    used += (size_t)snprintf(buf + used, n - used, i ? "x%lld" : "%lld", (long long)t->shape[i]);
+  return buf;
+}
+
+fa_device fa_default_device(void) {
+  fa_device d;
+  const char *env = getenv("FLASHATTN_DEVICE");
+  if (env && *env && fa_device_parse(env, &d) == 0) return d;
+  return fa_cuda_available() ? FA_CUDA : FA_CPU;
+}
+
+int fa_backend_available(fa_device device) {
+  if (device == FA_CPU) return 1;
+  if (device == FA_CUDA) return fa_cuda_available();
+  return 0;
+}
+
+static fa_status check_device_usable(fa_context *ctx, fa_device device) {
+  if (device != FA_CPU && device != FA_CUDA)
+    return fa_fail(ctx, FA_ERR_DEVICE, "flashattn: device: expected cpu or cuda, got %d", (int)device);
+  if (!fa_backend_available(device))
+    return fa_fail(ctx, FA_ERR_DEVICE, "flashattn: device 'cuda' is not available (no usable GPU or no CUDA backend in this build)");
+  return FA_OK;
+}
+
+fa_status fa_context_create(fa_device device, fa_context **out) {
+  *out = NULL;
+  if (device != FA_CPU && !fa_backend_available(device)) return FA_ERR_DEVICE;
+  fa_context *ctx = calloc(1, sizeof *ctx);
+  if (!ctx) return FA_ERR_OUT_OF_MEMORY;
+  ctx->device = device;
+  ctx->seed_counter = 0x5eedULL;
+  fa_cpu_blas_init();
+  *out = ctx;
+  return FA_OK;
+}
+
+void fa_context_destroy(fa_context *ctx) { free(ctx); }
+
+const char *fa_context_error(const fa_context *ctx) { return ctx ? ctx->error : "flashattn: no context"; }
+
+fa_device fa_context_device(const fa_context *ctx) { return ctx->device; }
+
+fa_status fa_context_set_device(fa_context *ctx, fa_device device) {
+  fa_status st = check_device_usable(ctx, device);
+  if (st == FA_OK) ctx->device = device;
+  return st;
+}
+
+fa_status fa_context_set_stream(fa_context *ctx, void *stream) {
+  ctx->stream = stream;
+  return FA_OK;
+}
+
+void *fa_context_stream(const fa_context *ctx) { return ctx->stream; }
+
+fa_status fa_sync(fa_context *ctx) {
+  if (ctx->device == FA_CUDA) return fa_cuda_sync(ctx);
+  return FA_OK;
+}
+
+const char *fa_status_name(fa_status s) {
+  static const char *names[] = {"ok", "argument", "shape", "dtype", "device", "out of memory", "unsupported", "backend"};
+  return (unsigned)s < sizeof names / sizeof *names ? names[s] : "unknown";
+}
+
+static const char *const dtype_names[] = {"f32", "f16", "bf16", "f64", "bool"};
+static const size_t dtype_sizes[] = {4, 2, 2, 8, 1};
+
+const char *fa_dtype_name(fa_dtype d) { return (unsigned)d <= FA_BOOL ? dtype_names[d] : "?"; }
+size_t fa_dtype_size(fa_dtype d) { return (unsigned)d <= FA_BOOL ? dtype_sizes[d] : 0; }
+const char *fa_device_name(fa_device d) { return d == FA_CPU ? "cpu" : d == FA_CUDA ? "cuda" : "?"; }
+
+int fa_dtype_parse(const char *name, fa_dtype *out) {
+  static const struct { const char *name; fa_dtype d; } table[] = {
+      {"f32", FA_F32},   {"float", FA_F32},     {"float32", FA_F32}, {"f16", FA_F16}, {"half", FA_F16},
+      {"float16", FA_F16}, {"bf16", FA_BF16},  {"bfloat16", FA_BF16}, {"f64", FA_F64}, {"double", FA_F64},
+      {"float64", FA_F64}, {"bool", FA_BOOL}};
+  for (size_t i = 0; i < sizeof table / sizeof *table; i++)
+    if (strcmp(name, table[i].name) == 0) {
+      *out = table[i].d;
+      return 0;
+    }
+  return -1;
+}
+
+int fa_device_parse(const char *name, fa_device *out) {
+  if (strcmp(name, "cpu") == 0) *out = FA_CPU;
+  else if (strcmp(name, "cuda") == 0 || strcmp(name, "gpu") == 0) *out = FA_CUDA;
+  else return -1;
+  return 0;
+}

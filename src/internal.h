@@ -1,0 +1,163 @@
+/* Internal structures of the engine, shared by src/, src/cpu/, kernels/
+ * and lua/.  Only src/ checks arguments; backends trust what they get. */
+#ifndef FA_INTERNAL_H
+#define FA_INTERNAL_H
+
+#include "flashattn.h"
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#define FA_ERRMSG_LEN 512
+
+struct fa_context {
+  fa_device device;
+  void *stream;
+  uint64_t seed_counter; /* for random fills without an explicit seed */
+  char error[FA_ERRMSG_LEN];
+};
+
+/* Storage: a block of memory on one device, shared by tensors and views. */
+typedef struct fa_storage {
+  atomic_int refcount;
+  fa_device device;
+  void *data;
+  size_t nbytes;
+  int accounted;                           /* counted in fa_memory (engine-owned) */
+  void (*release)(void *data, void *user); /* host-owned memory (wrap) */
+  void *user;
+} fa_storage;
+
+struct fa_tensor {
+  atomic_int refcount;
+  fa_storage *storage;
+  fa_dtype dtype;
+  int ndim;
+  int64_t shape[FA_MAX_DIMS];
+  int64_t strides[FA_MAX_DIMS]; /* elements */
+  int64_t offset;               /* elements from storage->data */
+};
+
+/* ---- errors (context.c) ---- */
+/* Formats "flashattn: ..." into ctx->error and returns status. */
+fa_status fa_fail(fa_context *ctx, fa_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Shape as "2x3x4" into buf. */
+const char *fa_shape_str(const fa_tensor *t, char *buf, size_t n);
+
+/* ---- memory (alloc.c): engine-owned bytes, counted per device ---- */
+/* Host allocation counted against the CPU figures and limit (64-byte aligned). */
+void *fa_host_alloc(fa_context *ctx, size_t nbytes, fa_status *st);
+void fa_host_free(void *p, size_t nbytes);
+/* Counting for other allocators (CUDA): returns 0 when over the limit. */
+int fa_mem_acquire(fa_device device, size_t nbytes);
+void fa_mem_release(fa_device device, size_t nbytes);
+
+/* ---- tensors (tensor.c) ---- */
+fa_status fa_tensor_new(fa_context *ctx, int ndim, const int64_t *shape, fa_dtype dtype, fa_device device,
+                        fa_tensor **out);
+/* Same shape as `like`, other dtype/device. */
+fa_status fa_tensor_new_like(fa_context *ctx, const fa_tensor *like, fa_dtype dtype, fa_device device,
+                             fa_tensor **out);
+static inline void *fa_tensor_ptr(const fa_tensor *t) {
+  return (char *)t->storage->data + t->offset * (int64_t)fa_dtype_size(t->dtype);
+}
+int64_t fa_numel_of(int ndim, const int64_t *shape);
+/* Contiguous tensor with dtype `dtype` on the CPU holding t's values
+ * (t itself, retained, when it already is one). */
+fa_status fa_tensor_cpu_contiguous(fa_context *ctx, fa_tensor *t, fa_dtype dtype, fa_tensor **out);
+/* Release helper that tolerates NULL. */
+static inline void fa_tensor_drop(fa_tensor **t) {
+  if (*t) fa_tensor_release(*t);
+  *t = 0;
+}
+
+/* ---- dtype conversion (dtype.c) ---- */
+uint16_t fa_f32_to_f16(float f);
+float fa_f16_to_f32(uint16_t h);
+uint16_t fa_f32_to_bf16(float f);
+float fa_bf16_to_f32(uint16_t b);
+/* Round a double to dtype's precision and back (what storing would keep). */
+double fa_dtype_round(fa_dtype d, double v);
+/* Element load/store as double at a typed pointer. */
+double fa_load_f64(fa_dtype d, const void *p, int64_t i);
+void fa_store_f64(fa_dtype d, void *p, int64_t i, double v);
+/* Converts n contiguous elements between dtypes (host memory). */
+void fa_convert_n(fa_dtype dst_t, void *dst, fa_dtype src_t, const void *src, int64_t n);
+
+/* ---- random (random.c): counter-based, device independent ---- */
+double fa_random_uniform(uint64_t seed, uint64_t index); /* [0, 1) */
+double fa_random_normal(uint64_t seed, uint64_t index);
+
+/* ---- strided iteration helper ---- */
+/* Calls fn(elem_offset, k) for every element of t in row-major order k. */
+typedef struct {
+  int ndim;
+  int64_t shape[FA_MAX_DIMS], strides[FA_MAX_DIMS];
+  int64_t idx[FA_MAX_DIMS];
+  int64_t offset; /* current element offset relative to the tensor's first */
+} fa_iter;
+void fa_iter_init(fa_iter *it, const fa_tensor *t);
+void fa_iter_next(fa_iter *it);
+
+/* ---- resolved attention problem (built once in attention.c) ---- */
+typedef struct {
+  int64_t B, Hq, Hkv, Lq, Lk, D, Dv;
+  double scale;
+  double softcap;   /* 0 = off */
+  fa_causal causal;
+  int64_t win_left, win_right; /* -1 = unbounded on that side; used when has_window */
+  int has_window;
+  /* Float or bool mask in compute form: mask_f (f32 or f64 as the compute
+   * dtype) or mask_b (bytes), indexed with broadcast strides (0 where
+   * broadcast) over (B, Hq, Lq, Lk). */
+  const void *mask_f;
+  const uint8_t *mask_b;
+  int64_t mask_strides[4];
+  const int64_t *kv_lens; /* B entries or NULL */
+  const double *alibi;    /* Hq entries or NULL */
+  int64_t tile_q, tile_k; /* resolved: > 0 */
+  fa_dtype compute;       /* FA_F32 or FA_F64 on the CPU */
+  /* Contiguous (B,H,L,D) inputs and outputs in the compute dtype (CPU). */
+  const void *q, *k, *v;
+  void *o;     /* (B,Hq,Lq,Dv) compute dtype */
+  float *lse;  /* (B,Hq,Lq) or NULL */
+  double *lse64; /* reference: (B,Hq,Lq) or NULL */
+} fa_attn_problem;
+
+/* The key range [lo, hi) that causal, window and kv_lens leave to query
+ * row i of batch b (hi <= lo when none).  Elementwise masks are not
+ * included. */
+void fa_attn_key_range(const fa_attn_problem *p, int64_t b, int64_t i, int64_t *lo, int64_t *hi);
+
+/* ---- CPU backend (src/cpu/) ---- */
+fa_status fa_cpu_attention(fa_context *ctx, fa_attention_algo algo, const fa_attn_problem *p);
+fa_status fa_cpu_attention_reference(fa_context *ctx, const fa_attn_problem *p);
+/* x and y contiguous (rows, n) in dtype f32 or f64 (y may alias x).
+ * `storage` is the user's dtype: NAIVE holds its e^x in it, so that f16
+ * overflows past e^11.09 as the seeds say. */
+fa_status fa_cpu_softmax(fa_context *ctx, fa_softmax_algo algo, int64_t block, fa_dtype dt, fa_dtype storage,
+                         const void *x, void *y, int64_t rows, int64_t n);
+int64_t fa_cpu_softmax_fused_max_n(fa_dtype dt);
+/* Row-major C(m,n) = A(m,k)·B(k,n), f32 or f64, contiguous. */
+fa_status fa_cpu_matmul(fa_context *ctx, fa_matmul_algo algo, int64_t tile, fa_dtype dt, const void *a,
+                        const void *b, void *c, int64_t m, int64_t k, int64_t n);
+/* o, lse contiguous: rows x dv in compute dtype dt, lse f32 */
+void fa_cpu_merge_states(fa_dtype dt, const void *o1, const float *lse1, const void *o2, const float *lse2, void *o,
+                         float *lse, int64_t rows, int64_t dv);
+int fa_cpu_threads(void);
+const char *fa_cpu_simd(void);
+/* Set BLAS to one thread (the engine threads with OpenMP itself). */
+void fa_cpu_blas_init(void);
+
+/* ---- CUDA backend (kernels/), stubs when built without CUDA ---- */
+int fa_cuda_available(void);
+fa_status fa_cuda_device_info(fa_context *ctx, fa_device_info_t *out);
+fa_status fa_cuda_malloc(fa_context *ctx, void **p, size_t nbytes);
+void fa_cuda_free(void *p, size_t nbytes);
+typedef enum { FA_COPY_H2D, FA_COPY_D2H, FA_COPY_D2D } fa_copy_kind;
+fa_status fa_cuda_memcpy(fa_context *ctx, void *dst, const void *src, size_t nbytes, fa_copy_kind kind);
+fa_status fa_cuda_sync(fa_context *ctx);
+
+#endif

@@ -1,0 +1,286 @@
+/* Tensors: reference-counted views (shape, strides, offset) over shared,
+ * reference-counted storage that the engine or the host owns. */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int64_t fa_numel_of(int ndim, const int64_t *shape) {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= shape[i];
+  return n;
+}
+
+static fa_status check_shape(fa_context *ctx, int ndim, const int64_t *shape, const char *what) {
+  if (ndim < 1 || ndim > FA_MAX_DIMS)
+    return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: %s: expected 1 to 4 dimensions, got %d", what, ndim);
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] < 0)
+      return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: %s: size of dimension %d must be >= 0, got %lld", what, i + 1,
+                     (long long)shape[i]);
+    if (shape[i] && n > INT64_MAX / 16 / shape[i])
+      return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: %s: %lld elements in dimension %d is too many", what,
+                     (long long)shape[i], i + 1);
+    n *= shape[i];
+  }
+  return FA_OK;
+}
+
+static void contiguous_strides(int ndim, const int64_t *shape, int64_t *strides) {
+  int64_t s = 1;
+  for (int i = ndim - 1; i >= 0; i--) {
+    strides[i] = s;
+    s *= shape[i] ? shape[i] : 1;
+  }
+}
+
+static fa_tensor *tensor_alloc(fa_storage *s, fa_dtype dtype, int ndim, const int64_t *shape, const int64_t *strides,
+                               int64_t offset) {
+  fa_tensor *t = calloc(1, sizeof *t);
+  if (!t) return NULL;
+  atomic_init(&t->refcount, 1);
+  t->storage = s;
+  t->dtype = dtype;
+  t->ndim = ndim;
+  memcpy(t->shape, shape, sizeof(int64_t) * (size_t)ndim);
+  memcpy(t->strides, strides, sizeof(int64_t) * (size_t)ndim);
+  t->offset = offset;
+  return t;
+}
+
+static void storage_release(fa_storage *s) {
+  if (atomic_fetch_sub(&s->refcount, 1) != 1) return;
+  if (s->release) s->release(s->data, s->user);
+  else if (s->accounted && s->device == FA_CPU) fa_host_free(s->data, s->nbytes);
+  else if (s->accounted && s->device == FA_CUDA) fa_cuda_free(s->data, s->nbytes);
+  free(s);
+}
+
+fa_status fa_tensor_new(fa_context *ctx, int ndim, const int64_t *shape, fa_dtype dtype, fa_device device,
+                        fa_tensor **out) {
+  *out = NULL;
+  fa_status st = check_shape(ctx, ndim, shape, "shape");
+  if (st) return st;
+  if ((unsigned)dtype > FA_BOOL) return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: dtype: unknown dtype %d", (int)dtype);
+  if (device == FA_CUDA && !fa_cuda_available())
+    return fa_fail(ctx, FA_ERR_DEVICE,
+                   "flashattn: device 'cuda' is not available (no usable GPU or no CUDA backend in this build)");
+  if (device != FA_CPU && device != FA_CUDA)
+    return fa_fail(ctx, FA_ERR_DEVICE, "flashattn: device: expected cpu or cuda");
+  fa_storage *s = calloc(1, sizeof *s);
+  if (!s) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: out of host memory");
+  size_t nbytes = (size_t)fa_numel_of(ndim, shape) * fa_dtype_size(dtype);
+  atomic_init(&s->refcount, 1);
+  s->device = device;
+  s->nbytes = nbytes;
+  s->accounted = 1;
+  if (device == FA_CPU) s->data = fa_host_alloc(ctx, nbytes, &st);
+  else st = fa_cuda_malloc(ctx, &s->data, nbytes);
+  if (st) {
+    free(s);
+    return st;
+  }
+  int64_t strides[FA_MAX_DIMS];
+  contiguous_strides(ndim, shape, strides);
+  fa_tensor *t = tensor_alloc(s, dtype, ndim, shape, strides, 0);
+  if (!t) {
+    storage_release(s);
+    return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: out of host memory");
+  }
+  *out = t;
+  return FA_OK;
+}
+
+fa_status fa_tensor_empty(fa_context *ctx, int ndim, const int64_t *shape, fa_dtype dtype, fa_device device,
+                          fa_tensor **out) {
+  return fa_tensor_new(ctx, ndim, shape, dtype, device, out);
+}
+
+fa_status fa_tensor_new_like(fa_context *ctx, const fa_tensor *like, fa_dtype dtype, fa_device device,
+                             fa_tensor **out) {
+  return fa_tensor_new(ctx, like->ndim, like->shape, dtype, device, out);
+}
+
+fa_status fa_tensor_wrap(fa_context *ctx, void *data, fa_device device, fa_dtype dtype, int ndim,
+                         const int64_t *shape, const int64_t *strides, void (*release)(void *data, void *user),
+                         void *user, fa_tensor **out) {
+  *out = NULL;
+  fa_status st = check_shape(ctx, ndim, shape, "fa_tensor_wrap: shape");
+  if (st) return st;
+  if ((unsigned)dtype > FA_BOOL) return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: fa_tensor_wrap: unknown dtype %d", (int)dtype);
+  if (device != FA_CPU && device != FA_CUDA)
+    return fa_fail(ctx, FA_ERR_DEVICE, "flashattn: fa_tensor_wrap: device: expected cpu or cuda");
+  if (!data && fa_numel_of(ndim, shape) > 0)
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: fa_tensor_wrap: data is NULL");
+  int64_t st_[FA_MAX_DIMS];
+  int64_t span = 1;
+  if (strides) {
+    for (int i = 0; i < ndim; i++) {
+      if (strides[i] < 0)
+        return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: fa_tensor_wrap: stride %d must be >= 0, got %lld", i + 1,
+                       (long long)strides[i]);
+      st_[i] = strides[i];
+      if (shape[i] > 0) span += (shape[i] - 1) * strides[i];
+    }
+  } else {
+    contiguous_strides(ndim, shape, st_);
+    span = fa_numel_of(ndim, shape);
+  }
+  fa_storage *s = calloc(1, sizeof *s);
+  if (!s) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: out of host memory");
+  atomic_init(&s->refcount, 1);
+  s->device = device;
+  s->data = data;
+  s->nbytes = (size_t)span * fa_dtype_size(dtype);
+  s->release = release;
+  s->user = user;
+  fa_tensor *t = tensor_alloc(s, dtype, ndim, shape, st_, 0);
+  if (!t) {
+    free(s);
+    return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: out of host memory");
+  }
+  *out = t;
+  return FA_OK;
+}
+
+void fa_tensor_retain(fa_tensor *t) {
+  if (t) atomic_fetch_add(&t->refcount, 1);
+}
+
+void fa_tensor_release(fa_tensor *t) {
+  if (!t || atomic_fetch_sub(&t->refcount, 1) != 1) return;
+  storage_release(t->storage);
+  free(t);
+}
+
+int fa_tensor_ndim(const fa_tensor *t) { return t->ndim; }
+int64_t fa_tensor_size(const fa_tensor *t, int dim) { return dim >= 0 && dim < t->ndim ? t->shape[dim] : -1; }
+int64_t fa_tensor_stride(const fa_tensor *t, int dim) { return dim >= 0 && dim < t->ndim ? t->strides[dim] : -1; }
+int64_t fa_tensor_numel(const fa_tensor *t) { return fa_numel_of(t->ndim, t->shape); }
+fa_dtype fa_tensor_dtype(const fa_tensor *t) { return t->dtype; }
+fa_device fa_tensor_device(const fa_tensor *t) { return t->storage->device; }
+void *fa_tensor_data(const fa_tensor *t) { return fa_tensor_ptr(t); }
+
+int fa_tensor_is_contiguous(const fa_tensor *t) {
+  int64_t s = 1;
+  for (int i = t->ndim - 1; i >= 0; i--) {
+    if (t->shape[i] != 1 && t->strides[i] != s) return 0;
+    s *= t->shape[i];
+  }
+  return 1;
+}
+
+/* ---- views ---- */
+
+static fa_status make_view(fa_context *ctx, fa_tensor *t, int ndim, const int64_t *shape, const int64_t *strides,
+                           int64_t offset, fa_tensor **out) {
+  fa_tensor *v = tensor_alloc(t->storage, t->dtype, ndim, shape, strides, offset);
+  if (!v) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: out of host memory");
+  atomic_fetch_add(&t->storage->refcount, 1);
+  *out = v;
+  return FA_OK;
+}
+
+static fa_status check_dim(fa_context *ctx, const fa_tensor *t, int dim, const char *what) {
+  if (dim < 0 || dim >= t->ndim)
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: %s: dimension %d out of range for a %d-D tensor", what, dim + 1,
+                   t->ndim);
+  return FA_OK;
+}
+
+fa_status fa_tensor_view(fa_context *ctx, fa_tensor *t, int ndim, const int64_t *shape_in, fa_tensor **out) {
+  *out = NULL;
+  int64_t shape[FA_MAX_DIMS], strides[FA_MAX_DIMS];
+  if (ndim < 1 || ndim > FA_MAX_DIMS)
+    return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: view: expected 1 to 4 dimensions, got %d", ndim);
+  int infer = -1;
+  int64_t known = 1, n = fa_tensor_numel(t);
+  for (int i = 0; i < ndim; i++) {
+    shape[i] = shape_in[i];
+    if (shape[i] == -1 && infer < 0) infer = i;
+    else if (shape[i] < 0)
+      return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: view: bad size %lld for dimension %d", (long long)shape[i], i + 1);
+    else known *= shape[i];
+  }
+  if (infer >= 0) {
+    if (known == 0 || n % known)
+      return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: view: cannot infer dimension %d for %lld elements", infer + 1,
+                     (long long)n);
+    shape[infer] = n / known;
+    known *= shape[infer];
+  }
+  char buf[64];
+  if (known != n)
+    return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: view: shape has %lld elements but the tensor (%s) has %lld",
+                   (long long)known, fa_shape_str(t, buf, sizeof buf), (long long)n);
+  if (!fa_tensor_is_contiguous(t))
+    return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: view: the tensor is not contiguous (use reshape or contiguous)");
+  contiguous_strides(ndim, shape, strides);
+  return make_view(ctx, t, ndim, shape, strides, t->offset, out);
+}
+
+fa_status fa_tensor_select(fa_context *ctx, fa_tensor *t, int dim, int64_t index, fa_tensor **out) {
+  *out = NULL;
+  fa_status st = check_dim(ctx, t, dim, "select");
+  if (st) return st;
+  if (t->ndim == 1)
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: select: a 1-D tensor has no sub-tensor (use get)");
+  if (index < 0 || index >= t->shape[dim])
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: index %lld out of range for dimension %d of size %lld",
+                   (long long)index + 1, dim + 1, (long long)t->shape[dim]);
+  int64_t shape[FA_MAX_DIMS], strides[FA_MAX_DIMS];
+  int k = 0;
+  for (int i = 0; i < t->ndim; i++)
+    if (i != dim) {
+      shape[k] = t->shape[i];
+      strides[k++] = t->strides[i];
+    }
+  return make_view(ctx, t, k, shape, strides, t->offset + index * t->strides[dim], out);
+}
+
+fa_status fa_tensor_narrow(fa_context *ctx, fa_tensor *t, int dim, int64_t start, int64_t len, fa_tensor **out) {
+  *out = NULL;
+  fa_status st = check_dim(ctx, t, dim, "narrow");
+  if (st) return st;
+  if (start < 0 || len < 0 || start > t->shape[dim] || len > t->shape[dim] - start)
+    return fa_fail(ctx, FA_ERR_ARGUMENT,
+                   "flashattn: narrow: start %lld and length %lld do not fit dimension %d of size %lld",
+                   (long long)start + 1, (long long)len, dim + 1, (long long)t->shape[dim]);
+  int64_t shape[FA_MAX_DIMS];
+  memcpy(shape, t->shape, sizeof shape);
+  shape[dim] = len;
+  return make_view(ctx, t, t->ndim, shape, t->strides, t->offset + (len ? start * t->strides[dim] : 0), out);
+}
+
+fa_status fa_tensor_transpose(fa_context *ctx, fa_tensor *t, int d1, int d2, fa_tensor **out) {
+  *out = NULL;
+  fa_status st = check_dim(ctx, t, d1, "transpose");
+  if (!st) st = check_dim(ctx, t, d2, "transpose");
+  if (st) return st;
+  int64_t shape[FA_MAX_DIMS], strides[FA_MAX_DIMS];
+  memcpy(shape, t->shape, sizeof shape);
+  memcpy(strides, t->strides, sizeof strides);
+  shape[d1] = t->shape[d2], shape[d2] = t->shape[d1];
+  strides[d1] = t->strides[d2], strides[d2] = t->strides[d1];
+  return make_view(ctx, t, t->ndim, shape, strides, t->offset, out);
+}
+
+/* ---- iteration in row-major order over a strided tensor ---- */
+
+void fa_iter_init(fa_iter *it, const fa_tensor *t) {
+  it->ndim = t->ndim;
+  memcpy(it->shape, t->shape, sizeof it->shape);
+  memcpy(it->strides, t->strides, sizeof it->strides);
+  memset(it->idx, 0, sizeof it->idx);
+  it->offset = 0;
+}
+
+void fa_iter_next(fa_iter *it) {
+  for (int d = it->ndim - 1; d >= 0; d--) {
+    it->offset += it->strides[d];
+    if (++it->idx[d] < it->shape[d]) return;
+    it->offset -= it->strides[d] * it->idx[d];
+    it->idx[d] = 0;
+  }
+}

@@ -1,0 +1,399 @@
+/* Element access, copies and conversions.  Every routine works on a host
+ * mapping of the tensor: the CPU storage itself, or for a CUDA tensor a
+ * staged copy of the span of storage the view covers (until the CUDA
+ * backend has its own elementwise kernels, this keeps every method
+ * correct on both devices). */
+#include "internal.h"
+
+#include <math.h>
+#include <string.h>
+
+typedef struct {
+  fa_tensor *t;
+  char *base;   /* host address of the view's element 0 */
+  void *stage;  /* staging buffer (CUDA) or NULL */
+  size_t stage_bytes;
+  char *span_dev; /* device address the stage mirrors */
+} host_map;
+
+/* The storage range [first, first+count) elements the view touches, relative to t->offset. */
+static int64_t span_elems(const fa_tensor *t) {
+  int64_t n = 1;
+  for (int i = 0; i < t->ndim; i++) {
+    if (t->shape[i] == 0) return 0;
+    n += (t->shape[i] - 1) * t->strides[i];
+  }
+  return n;
+}
+
+static fa_status map_host(fa_context *ctx, fa_tensor *t, int read, host_map *m) {
+  memset(m, 0, sizeof *m);
+  m->t = t;
+  if (t->storage->device == FA_CPU) {
+    m->base = fa_tensor_ptr(t);
+    return FA_OK;
+  }
+  fa_status st;
+  m->stage_bytes = (size_t)span_elems(t) * fa_dtype_size(t->dtype);
+  m->stage = fa_host_alloc(ctx, m->stage_bytes, &st);
+  if (!m->stage) return st;
+  m->span_dev = fa_tensor_ptr(t);
+  m->base = m->stage;
+  /* a strided view written back must keep the gaps' device contents */
+  if ((read || !fa_tensor_is_contiguous(t)) && m->stage_bytes) {
+    st = fa_cuda_memcpy(ctx, m->stage, m->span_dev, m->stage_bytes, FA_COPY_D2H);
+    if (st) {
+      fa_host_free(m->stage, m->stage_bytes);
+      m->stage = NULL;
+      return st;
+    }
+  }
+  return FA_OK;
+}
+
+static fa_status unmap_host(fa_context *ctx, host_map *m, int write_back) {
+  fa_status st = FA_OK;
+  if (m->stage) {
+    if (write_back && m->stage_bytes) st = fa_cuda_memcpy(ctx, m->span_dev, m->stage, m->stage_bytes, FA_COPY_H2D);
+    fa_host_free(m->stage, m->stage_bytes);
+    m->stage = NULL;
+  }
+  return st;
+}
+
+static fa_status check_same_shape(fa_context *ctx, const fa_tensor *a, const fa_tensor *b, const char *what) {
+  int same = a->ndim == b->ndim;
+  for (int i = 0; same && i < a->ndim; i++) same = a->shape[i] == b->shape[i];
+  if (same) return FA_OK;
+  char ba[64], bb[64];
+  return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: %s: shapes differ: %s vs %s", what, fa_shape_str(a, ba, sizeof ba),
+                 fa_shape_str(b, bb, sizeof bb));
+}
+
+/* Does the storage range of a overlap b's?  (copy through a temporary then) */
+static int overlaps(const fa_tensor *a, const fa_tensor *b) {
+  if (a->storage != b->storage) return 0;
+  size_t es_a = fa_dtype_size(a->dtype), es_b = fa_dtype_size(b->dtype);
+  char *a0 = fa_tensor_ptr(a), *a1 = a0 + span_elems(a) * (int64_t)es_a;
+  char *b0 = fa_tensor_ptr(b), *b1 = b0 + span_elems(b) * (int64_t)es_b;
+  return a0 < b1 && b0 < a1;
+}
+
+fa_status fa_tensor_copy(fa_context *ctx, fa_tensor *dst, fa_tensor *src) {
+  fa_status st = check_same_shape(ctx, dst, src, "copy_");
+  if (st) return st;
+  int64_t n = fa_tensor_numel(dst);
+  if (n == 0) return FA_OK;
+  /* fast paths: contiguous same dtype between or within devices */
+  if (dst->dtype == src->dtype && fa_tensor_is_contiguous(dst) && fa_tensor_is_contiguous(src)) {
+    size_t bytes = (size_t)n * fa_dtype_size(dst->dtype);
+    fa_device dd = dst->storage->device, sd = src->storage->device;
+    if (dd == FA_CPU && sd == FA_CPU) {
+      memmove(fa_tensor_ptr(dst), fa_tensor_ptr(src), bytes);
+      return FA_OK;
+    }
+    fa_copy_kind kind = dd == FA_CPU ? FA_COPY_D2H : sd == FA_CPU ? FA_COPY_H2D : FA_COPY_D2D;
+    return fa_cuda_memcpy(ctx, fa_tensor_ptr(dst), fa_tensor_ptr(src), bytes, kind);
+  }
+  if (overlaps(dst, src)) { /* e.g. t:copy_(t:transpose(1,2)) */
+    fa_tensor *tmp;
+    if ((st = fa_tensor_clone(ctx, src, &tmp))) return st;
+    st = fa_tensor_copy(ctx, dst, tmp);
+    fa_tensor_release(tmp);
+    return st;
+  }
+  host_map ms, md;
+  if ((st = map_host(ctx, src, 1, &ms))) return st;
+  if ((st = map_host(ctx, dst, 0, &md))) {
+    unmap_host(ctx, &ms, 0);
+    return st;
+  }
+  fa_iter is, id;
+  fa_iter_init(&is, src);
+  fa_iter_init(&id, dst);
+  for (int64_t k = 0; k < n; k++, fa_iter_next(&is), fa_iter_next(&id))
+    fa_store_f64(dst->dtype, md.base, id.offset, fa_load_f64(src->dtype, ms.base, is.offset));
+  unmap_host(ctx, &ms, 0);
+  return unmap_host(ctx, &md, 1);
+}
+
+fa_status fa_tensor_fill(fa_context *ctx, fa_tensor *t, double value) {
+  host_map m;
+  fa_status st = map_host(ctx, t, 0, &m);
+  if (st) return st;
+  int64_t n = fa_tensor_numel(t);
+  fa_iter it;
+  fa_iter_init(&it, t);
+  for (int64_t k = 0; k < n; k++, fa_iter_next(&it)) fa_store_f64(t->dtype, m.base, it.offset, value);
+  return unmap_host(ctx, &m, 1);
+}
+
+fa_status fa_tensor_fill_random(fa_context *ctx, fa_tensor *t, fa_fill_kind kind, uint64_t seed) {
+  host_map m;
+  fa_status st = map_host(ctx, t, 0, &m);
+  if (st) return st;
+  int64_t n = fa_tensor_numel(t);
+  fa_iter it;
+  fa_iter_init(&it, t);
+  for (int64_t k = 0; k < n; k++, fa_iter_next(&it)) {
+    double v = kind == FA_FILL_UNIFORM  ? fa_random_uniform(seed, (uint64_t)k)
+               : kind == FA_FILL_NORMAL ? fa_random_normal(seed, (uint64_t)k)
+                                        : (double)k;
+    fa_store_f64(t->dtype, m.base, it.offset, v);
+  }
+  return unmap_host(ctx, &m, 1);
+}
+
+static fa_status element_offset(fa_context *ctx, const fa_tensor *t, const int64_t *index, int64_t *off) {
+  *off = 0;
+  for (int i = 0; i < t->ndim; i++) {
+    if (index[i] < 0 || index[i] >= t->shape[i])
+      return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: index %lld out of range for dimension %d of size %lld",
+                     (long long)index[i] + 1, i + 1, (long long)t->shape[i]);
+    *off += index[i] * t->strides[i];
+  }
+  return FA_OK;
+}
+
+fa_status fa_tensor_get(fa_context *ctx, fa_tensor *t, const int64_t *index, double *value) {
+  int64_t off;
+  fa_status st = element_offset(ctx, t, index, &off);
+  if (st) return st;
+  if (t->storage->device == FA_CPU) {
+    *value = fa_load_f64(t->dtype, fa_tensor_ptr(t), off);
+    return FA_OK;
+  }
+  uint64_t buf = 0;
+  size_t es = fa_dtype_size(t->dtype);
+  st = fa_cuda_memcpy(ctx, &buf, (char *)fa_tensor_ptr(t) + off * (int64_t)es, es, FA_COPY_D2H);
+  if (!st) *value = fa_load_f64(t->dtype, &buf, 0);
+  return st;
+}
+
+fa_status fa_tensor_set(fa_context *ctx, fa_tensor *t, const int64_t *index, double value) {
+  int64_t off;
+  fa_status st = element_offset(ctx, t, index, &off);
+  if (st) return st;
+  if (t->storage->device == FA_CPU) {
+    fa_store_f64(t->dtype, fa_tensor_ptr(t), off, value);
+    return FA_OK;
+  }
+  uint64_t buf = 0;
+  size_t es = fa_dtype_size(t->dtype);
+  fa_store_f64(t->dtype, &buf, 0, value);
+  return fa_cuda_memcpy(ctx, (char *)fa_tensor_ptr(t) + off * (int64_t)es, &buf, es, FA_COPY_H2D);
+}
+
+fa_status fa_tensor_read_f64(fa_context *ctx, fa_tensor *t, double *out) {
+  host_map m;
+  fa_status st = map_host(ctx, t, 1, &m);
+  if (st) return st;
+  int64_t n = fa_tensor_numel(t);
+  fa_iter it;
+  fa_iter_init(&it, t);
+  for (int64_t k = 0; k < n; k++, fa_iter_next(&it)) out[k] = fa_load_f64(t->dtype, m.base, it.offset);
+  return unmap_host(ctx, &m, 0);
+}
+
+fa_status fa_tensor_write_f64(fa_context *ctx, fa_tensor *t, const double *values) {
+  host_map m;
+  fa_status st = map_host(ctx, t, 0, &m);
+  if (st) return st;
+  int64_t n = fa_tensor_numel(t);
+  fa_iter it;
+  fa_iter_init(&it, t);
+  for (int64_t k = 0; k < n; k++, fa_iter_next(&it)) fa_store_f64(t->dtype, m.base, it.offset, values[k]);
+  return unmap_host(ctx, &m, 1);
+}
+
+fa_status fa_tensor_to(fa_context *ctx, fa_tensor *t, fa_dtype dtype, fa_device device, fa_tensor **out) {
+  *out = NULL;
+  if (dtype == t->dtype && device == t->storage->device) {
+    fa_tensor_retain(t);
+    *out = t;
+    return FA_OK;
+  }
+  fa_tensor *r;
+  fa_status st = fa_tensor_new_like(ctx, t, dtype, device, &r);
+  if (st) return st;
+  if (dtype != t->dtype && device != t->storage->device && device == FA_CUDA) {
+    /* convert on the host, then one upload */
+    fa_tensor *h;
+    st = fa_tensor_to(ctx, t, dtype, FA_CPU, &h);
+    if (!st) st = fa_tensor_copy(ctx, r, h);
+    fa_tensor_drop(&h);
+  } else {
+    st = fa_tensor_copy(ctx, r, t);
+  }
+  if (st) fa_tensor_drop(&r);
+  *out = r;
+  return st;
+}
+
+fa_status fa_tensor_clone(fa_context *ctx, fa_tensor *t, fa_tensor **out) {
+  fa_tensor *r;
+  fa_status st = fa_tensor_new_like(ctx, t, t->dtype, t->storage->device, &r);
+  if (st) {
+    *out = NULL;
+    return st;
+  }
+  st = fa_tensor_copy(ctx, r, t);
+  if (st) fa_tensor_drop(&r);
+  *out = r;
+  return st;
+}
+
+fa_status fa_tensor_contiguous(fa_context *ctx, fa_tensor *t, fa_tensor **out) {
+  if (fa_tensor_is_contiguous(t)) {
+    fa_tensor_retain(t);
+    *out = t;
+    return FA_OK;
+  }
+  return fa_tensor_clone(ctx, t, out);
+}
+
+fa_status fa_tensor_cpu_contiguous(fa_context *ctx, fa_tensor *t, fa_dtype dtype, fa_tensor **out) {
+  if (t->dtype == dtype && t->storage->device == FA_CPU) return fa_tensor_contiguous(ctx, t, out);
+  fa_tensor *r;
+  fa_status st = fa_tensor_new_like(ctx, t, dtype, FA_CPU, &r);
+  if (st) {
+    *out = NULL;
+    return st;
+  }
+  st = fa_tensor_copy(ctx, r, t);
+  if (st) fa_tensor_drop(&r);
+  *out = r;
+  return st;
+}
+
+/* ---- reductions and elementwise arithmetic (accumulated in f64) ---- */
+
+fa_status fa_tensor_reduce(fa_context *ctx, fa_tensor *t, fa_reduce_op op, double *out) {
+  int64_t n = fa_tensor_numel(t);
+  if (n == 0 && (op == FA_REDUCE_MAX || op == FA_REDUCE_MIN))
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: %s of an empty tensor", op == FA_REDUCE_MAX ? "max" : "min");
+  host_map m;
+  fa_status st = map_host(ctx, t, 1, &m);
+  if (st) return st;
+  fa_iter it;
+  fa_iter_init(&it, t);
+  double acc = op == FA_REDUCE_MAX ? -INFINITY : op == FA_REDUCE_MIN ? INFINITY : 0.0;
+  int nan = 0;
+  for (int64_t k = 0; k < n; k++, fa_iter_next(&it)) {
+    double v = fa_load_f64(t->dtype, m.base, it.offset);
+    nan |= isnan(v);
+    if (op == FA_REDUCE_SUM) acc += v;
+    else if (op == FA_REDUCE_NORM) acc += v * v;
+    else if (op == FA_REDUCE_MAX) acc = v > acc ? v : acc;
+    else acc = v < acc ? v : acc;
+  }
+  *out = nan ? NAN : op == FA_REDUCE_NORM ? sqrt(acc) : acc;
+  return unmap_host(ctx, &m, 0);
+}
+
+fa_status fa_tensor_isfinite(fa_context *ctx, fa_tensor *t, int *out) {
+  host_map m;
+  fa_status st = map_host(ctx, t, 1, &m);
+  if (st) return st;
+  int64_t n = fa_tensor_numel(t);
+  fa_iter it;
+  fa_iter_init(&it, t);
+  int ok = 1;
+  for (int64_t k = 0; k < n && ok; k++, fa_iter_next(&it)) ok = isfinite(fa_load_f64(t->dtype, m.base, it.offset));
+  *out = ok;
+  return unmap_host(ctx, &m, 0);
+}
+
+static double apply_op(fa_binary_op op, double x, double y) {
+  switch (op) {
+  case FA_BIN_ADD: return x + y;
+  case FA_BIN_SUB: return x - y;
+  case FA_BIN_MUL: return x * y;
+  case FA_BIN_DIV: return x / y;
+  }
+  return NAN;
+}
+
+fa_status fa_tensor_binary(fa_context *ctx, fa_tensor *a, fa_binary_op op, fa_tensor *b, double scalar,
+                           fa_tensor **out) {
+  static const char *names[] = {"add", "sub", "mul", "div"};
+  *out = NULL;
+  if ((unsigned)op > FA_BIN_DIV) return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: unknown binary op %d", (int)op);
+  fa_status st;
+  if (b) {
+    if ((st = check_same_shape(ctx, a, b, names[op]))) return st;
+    if (b->storage->device != a->storage->device)
+      return fa_fail(ctx, FA_ERR_DEVICE, "flashattn: %s: operands on different devices (%s and %s)", names[op],
+                     fa_device_name(a->storage->device), fa_device_name(b->storage->device));
+  }
+  fa_tensor *r;
+  if ((st = fa_tensor_new_like(ctx, a, a->dtype, a->storage->device, &r))) return st;
+  host_map ma, mb = {0}, mr;
+  if ((st = map_host(ctx, a, 1, &ma))) goto fail_r;
+  if (b && (st = map_host(ctx, b, 1, &mb))) goto fail_a;
+  if ((st = map_host(ctx, r, 0, &mr))) goto fail_b;
+  int64_t n = fa_tensor_numel(a);
+  fa_iter ia, ib;
+  fa_iter_init(&ia, a);
+  if (b) fa_iter_init(&ib, b);
+  for (int64_t k = 0; k < n; k++, fa_iter_next(&ia)) {
+    double y = scalar;
+    if (b) {
+      y = fa_load_f64(b->dtype, mb.base, ib.offset);
+      fa_iter_next(&ib);
+    }
+    fa_store_f64(r->dtype, mr.base, k, apply_op(op, fa_load_f64(a->dtype, ma.base, ia.offset), y));
+  }
+  st = unmap_host(ctx, &mr, 1);
+fail_b:
+  if (b) unmap_host(ctx, &mb, 0);
+fail_a:
+  unmap_host(ctx, &ma, 0);
+fail_r:
+  if (st) fa_tensor_drop(&r);
+  *out = r;
+  return st;
+}
+
+/* Both comparison helpers walk a and b together on the host. */
+static fa_status compare(fa_context *ctx, fa_tensor *a, fa_tensor *b, const char *what, double *num, double *den,
+                         double *maxdiff) {
+  fa_status st = check_same_shape(ctx, a, b, what);
+  if (st) return st;
+  host_map ma, mb;
+  if ((st = map_host(ctx, a, 1, &ma))) return st;
+  if ((st = map_host(ctx, b, 1, &mb))) {
+    unmap_host(ctx, &ma, 0);
+    return st;
+  }
+  int64_t n = fa_tensor_numel(a);
+  fa_iter ia, ib;
+  fa_iter_init(&ia, a);
+  fa_iter_init(&ib, b);
+  double s_num = 0, s_den = 0, md = 0;
+  for (int64_t k = 0; k < n; k++, fa_iter_next(&ia), fa_iter_next(&ib)) {
+    double x = fa_load_f64(a->dtype, ma.base, ia.offset), y = fa_load_f64(b->dtype, mb.base, ib.offset);
+    double d = x - y;
+    if (x == y) d = 0; /* equal infinities */
+    s_num += d * d;
+    s_den += y * y;
+    double ad = fabs(d);
+    if (ad > md || isnan(ad)) md = isnan(md) ? md : ad;
+  }
+  *num = s_num, *den = s_den, *maxdiff = md;
+  unmap_host(ctx, &ma, 0);
+  return unmap_host(ctx, &mb, 0);
+}
+
+fa_status fa_rel_error(fa_context *ctx, fa_tensor *a, fa_tensor *ref, double *out) {
+  double num, den, md;
+  fa_status st = compare(ctx, a, ref, "rel_error", &num, &den, &md);
+  if (st) return st;
+  *out = den > 0 ? sqrt(num / den) : (num == 0 ? 0 : (isnan(num) ? NAN : INFINITY));
+  return FA_OK;
+}
+
+fa_status fa_max_abs_diff(fa_context *ctx, fa_tensor *a, fa_tensor *b, double *out) {
+  double num, den;
+  return compare(ctx, a, b, "max_abs_diff", &num, &den, out);
+}
