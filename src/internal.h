@@ -6,8 +6,14 @@
 #include "flashattn.h"
 
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <stdint.h>
+
+#ifdef __cplusplus
+typedef int fa_atomic_int; /* kernels/ (C++) never touch the counts; same size and alignment */
+#else
+#include <stdatomic.h>
+typedef atomic_int fa_atomic_int;
+#endif
 
 #define FA_ERRMSG_LEN 512
 
@@ -20,7 +26,7 @@ struct fa_context {
 
 /* Storage: a block of memory on one device, shared by tensors and views. */
 typedef struct fa_storage {
-  atomic_int refcount;
+  fa_atomic_int refcount;
   fa_device device;
   void *data;
   size_t nbytes;
@@ -30,7 +36,7 @@ typedef struct fa_storage {
 } fa_storage;
 
 struct fa_tensor {
-  atomic_int refcount;
+  fa_atomic_int refcount;
   fa_storage *storage;
   fa_dtype dtype;
   int ndim;
@@ -159,5 +165,9 @@ void fa_cuda_free(void *p, size_t nbytes);
 typedef enum { FA_COPY_H2D, FA_COPY_D2H, FA_COPY_D2D } fa_copy_kind;
 fa_status fa_cuda_memcpy(fa_context *ctx, void *dst, const void *src, size_t nbytes, fa_copy_kind kind);
 fa_status fa_cuda_sync(fa_context *ctx);
+/* x, y contiguous (rows, n) device buffers of dtype dt (y may alias x). */
+fa_status fa_cuda_softmax(fa_context *ctx, fa_softmax_algo algo, int64_t block, fa_dtype dt, const void *x, void *y,
+                          int64_t rows, int64_t n);
+int64_t fa_cuda_softmax_fused_max_n(fa_dtype dt);
 
 #endif

@@ -1,5 +1,5 @@
-/* fa_softmax: check, bring the rows to a contiguous host buffer of the
- * compute dtype, run the backend, deliver in x's dtype. */
+/* fa_softmax: check, bring the rows to a contiguous buffer on the tensor's
+ * device, run that backend, deliver in x's dtype. */
 #include "check.h"
 
 #include <string.h>
@@ -8,8 +8,21 @@ void fa_softmax_opts_init(fa_softmax_opts *o) { memset(o, 0, sizeof *o); }
 
 int64_t fa_softmax_fused_max_n(fa_context *ctx, fa_dtype dtype, fa_device device) {
   (void)ctx;
-  (void)device;
+  if (device == FA_CUDA) return fa_cuda_softmax_fused_max_n(dtype);
   return fa_cpu_softmax_fused_max_n(dtype == FA_F64 ? FA_F64 : FA_F32);
+}
+
+/* The CPU computes in f32 (f64 for f64); the GPU in the tensor's dtype. */
+static fa_dtype compute_dtype(const fa_tensor *x) {
+  if (x->storage->device == FA_CUDA) return x->dtype;
+  return x->dtype == FA_F64 ? FA_F64 : FA_F32;
+}
+
+static fa_status run_backend(fa_context *ctx, const fa_softmax_opts *o, const fa_tensor *x, fa_tensor *src,
+                             fa_tensor *dst, int64_t rows, int64_t n) {
+  if (x->storage->device == FA_CUDA)
+    return fa_cuda_softmax(ctx, o->algo, o->block, src->dtype, fa_tensor_ptr(src), fa_tensor_ptr(dst), rows, n);
+  return fa_cpu_softmax(ctx, o->algo, o->block, src->dtype, x->dtype, fa_tensor_ptr(src), fa_tensor_ptr(dst), rows, n);
 }
 
 fa_status fa_softmax(fa_context *ctx, fa_tensor *x, const fa_softmax_opts *opts, fa_tensor **y) {
@@ -22,37 +35,33 @@ fa_status fa_softmax(fa_context *ctx, fa_tensor *x, const fa_softmax_opts *opts,
   *y = NULL;
   fa_status st = fa_check_softmax(ctx, x, opts);
   if (st) return st;
-  if (x->storage->device == FA_CUDA)
-    return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: softmax: the CUDA backend has no softmax kernel yet "
-                                            "(move the tensor to the cpu)");
-  fa_dtype compute = x->dtype == FA_F64 ? FA_F64 : FA_F32;
+  fa_device dev = x->storage->device;
+  fa_dtype compute = compute_dtype(x);
   int64_t n = x->shape[x->ndim - 1], rows = n ? fa_tensor_numel(x) / n : 0;
-  fa_tensor *src = NULL, *dst = NULL;
-  if ((st = fa_tensor_cpu_contiguous(ctx, x, compute, &src))) return st;
-  fa_tensor *out = opts->out;
-  if (out && out->dtype == compute && fa_tensor_is_contiguous(out) && out->storage->device == FA_CPU) {
+  fa_tensor *src = NULL, *dst = NULL, *out = opts->out;
+  if (dev == FA_CPU) st = fa_tensor_cpu_contiguous(ctx, x, compute, &src);
+  else st = fa_tensor_contiguous(ctx, x, &src);
+  if (st) return st;
+  if (out && out->dtype == compute && fa_tensor_is_contiguous(out)) {
     fa_tensor_retain(out);
     dst = out;
   } else if (src != x) {
     fa_tensor_retain(src); /* a private copy: normalise in place */
     dst = src;
-  } else if ((st = fa_tensor_new_like(ctx, x, compute, FA_CPU, &dst))) {
+  } else if ((st = fa_tensor_new_like(ctx, x, compute, dev, &dst))) {
     goto done;
   }
-  if (rows) {
-    fa_dtype storage = x->dtype;
-    st = fa_cpu_softmax(ctx, opts->algo, opts->block, compute, storage, fa_tensor_ptr(src), fa_tensor_ptr(dst), rows, n);
-    if (st) goto done;
-  }
+  if (rows && (st = run_backend(ctx, opts, x, src, dst, rows, n))) goto done;
   if (out && dst != out) {
-    st = fa_tensor_copy(ctx, out, dst);
-    if (!st) fa_tensor_retain(out);
-    *y = st ? NULL : out;
+    if (!(st = fa_tensor_copy(ctx, out, dst))) {
+      fa_tensor_retain(out);
+      *y = out;
+    }
   } else if (out || dst->dtype == x->dtype) {
     fa_tensor_retain(dst);
     *y = dst;
   } else {
-    st = fa_tensor_to(ctx, dst, x->dtype, FA_CPU, y);
+    st = fa_tensor_to(ctx, dst, x->dtype, dev, y);
   }
 done:
   fa_tensor_drop(&src);

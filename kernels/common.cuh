@@ -1,0 +1,48 @@
+/* The one common header of the CUDA backend: the engine's internal
+ * interface (a C header, given C linkage) and CUDA error checking.
+ *
+ * Kernel files are C-style CUDA: no exceptions, no new/delete, no
+ * function-local statics with dynamic initialisation (their thread-safe
+ * guards need libstdc++, which the C-linked library does not pull in). */
+#ifndef FA_KERNELS_COMMON_CUH
+#define FA_KERNELS_COMMON_CUH
+
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "internal.h"
+}
+
+/* Records a failed CUDA call on ctx: out of device memory as
+ * FA_ERR_OUT_OF_MEMORY, anything else as FA_ERR_BACKEND.  The runtime's
+ * last-error slot is cleared, so that a recoverable error is reported once
+ * and the engine stays usable (a sticky error, such as an illegal address
+ * in a kernel, leaves the device unusable whatever we do). */
+static inline fa_status fa_cuda_error(fa_context *ctx, cudaError_t err, const char *what) {
+  if (err == cudaSuccess) return FA_OK;
+  (void)cudaGetLastError();
+  return fa_fail(ctx, err == cudaErrorMemoryAllocation ? FA_ERR_OUT_OF_MEMORY : FA_ERR_BACKEND,
+                 "flashattn: CUDA error in %s: %s", what, cudaGetErrorString(err));
+}
+
+/* In a function returning fa_status: returns the error of a failed call. */
+#define FA_CUDA_CHECK(ctx, call)                                                                             \
+  do {                                                                                                       \
+    cudaError_t fa_cuda_err_ = (call);                                                                       \
+    if (fa_cuda_err_ != cudaSuccess) return fa_cuda_error((ctx), fa_cuda_err_, #call);                       \
+  } while (0)
+
+/* After a kernel launch <<<...>>>: returns the launch error, if any
+ * (bad configuration, too much shared memory, no kernel image). */
+#define FA_CUDA_CHECK_LAUNCH(ctx, kernel_name)                                                               \
+  do {                                                                                                       \
+    cudaError_t fa_cuda_err_ = cudaGetLastError();                                                           \
+    if (fa_cuda_err_ != cudaSuccess) return fa_cuda_error((ctx), fa_cuda_err_, "launch of " kernel_name);    \
+  } while (0)
+
+/* The context's stream (NULL ctx or stream: the legacy default stream). */
+static inline cudaStream_t fa_cuda_stream(const fa_context *ctx) {
+  return ctx ? (cudaStream_t)ctx->stream : (cudaStream_t)0;
+}
+
+#endif

@@ -1,0 +1,53 @@
+/* CUDA device discovery, facts and synchronisation. */
+#include "common.cuh"
+
+#include <pthread.h>
+#include <string.h>
+
+static int cuda_usable;
+static pthread_once_t cuda_probe_once = PTHREAD_ONCE_INIT;
+
+/* Usable = the runtime loads, a driver answers and there is a device.  On
+ * a machine without a GPU or driver this returns an error code (never
+ * aborts, never prints), which is cleared so that it does not surface
+ * later as someone else's error. */
+static void cuda_probe(void) {
+  int n = 0;
+  cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    n = 0;
+  }
+  cuda_usable = n > 0;
+}
+
+extern "C" int fa_cuda_available(void) {
+  pthread_once(&cuda_probe_once, cuda_probe);
+  return cuda_usable;
+}
+
+/* Fills the CUDA fields of out (the caller has zeroed it and set backend). */
+extern "C" fa_status fa_cuda_device_info(fa_context *ctx, fa_device_info_t *out) {
+  if (!fa_cuda_available()) return fa_fail(ctx, FA_ERR_DEVICE, "flashattn: no usable CUDA device");
+  int dev = 0;
+  FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
+  cudaDeviceProp prop;
+  FA_CUDA_CHECK(ctx, cudaGetDeviceProperties(&prop, dev));
+  size_t len = strnlen(prop.name, sizeof out->name - 1); /* prop.name is 256 bytes */
+  memcpy(out->name, prop.name, len);
+  out->name[len] = 0;
+  out->sms = prop.multiProcessorCount;
+  out->smem_per_block = prop.sharedMemPerBlockOptin; /* with the opt-in attribute: what a kernel can get */
+  out->smem_per_sm = prop.sharedMemPerMultiprocessor;
+  out->mem_total = prop.totalGlobalMem;
+  out->l2_bytes = (size_t)prop.l2CacheSize;
+  out->cc_major = prop.major;
+  out->cc_minor = prop.minor;
+  return FA_OK;
+}
+
+extern "C" fa_status fa_cuda_sync(fa_context *ctx) {
+  if (!fa_cuda_available()) return fa_fail(ctx, FA_ERR_DEVICE, "flashattn: no usable CUDA device");
+  FA_CUDA_CHECK(ctx, cudaStreamSynchronize(fa_cuda_stream(ctx)));
+  return FA_OK;
+}

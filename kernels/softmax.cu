@@ -1,0 +1,453 @@
+/* Softmax over the last dimension on the GPU.
+ *
+ * naive / safe / online: the seeds' passes, one kernel per pass, for the
+ * experiments (online takes the block size B of the seeds' Triton kernel).
+ * fused: a row staged in shared memory, read once.
+ * auto: a warp per row with the row in registers for short rows; for longer
+ * rows a cluster of up to 16 blocks per row, each holding its part of the row
+ * in shared memory, whose (m, d) partials are merged through distributed
+ * shared memory with the seeds' rescale formula, so the row is read once and
+ * the GPU stays full even with few rows.  Anything the vector paths cannot
+ * take (misaligned rows, f64) goes to the online kernels. */
+#include "common.cuh"
+
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+
+namespace cg = cooperative_groups;
+
+/* ---- element types: storage T, accumulation in float (double for f64) ---- */
+template <typename T> struct Elem {
+  typedef float acc;
+  static __device__ __forceinline__ float load(T v) { return (float)v; }
+  static __device__ __forceinline__ T store(float v) { return (T)v; }
+};
+template <> struct Elem<__half> {
+  typedef float acc;
+  static __device__ __forceinline__ float load(__half v) { return __half2float(v); }
+  static __device__ __forceinline__ __half store(float v) { return __float2half_rn(v); }
+};
+template <> struct Elem<__nv_bfloat16> {
+  typedef float acc;
+  static __device__ __forceinline__ float load(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static __device__ __forceinline__ __nv_bfloat16 store(float v) { return __float2bfloat16_rn(v); }
+};
+template <> struct Elem<double> {
+  typedef double acc;
+  static __device__ __forceinline__ double load(double v) { return v; }
+  static __device__ __forceinline__ double store(double v) { return v; }
+};
+
+static __device__ __forceinline__ float ex(float v) { return expf(v); }
+static __device__ __forceinline__ double ex(double v) { return exp(v); }
+
+/* 16 bytes of T: the unit of every vector load and store. */
+template <typename T> struct __align__(16) Vec16 {
+  static const int N = 16 / sizeof(T);
+  T v[16 / sizeof(T)];
+};
+
+/* Running (m, d) of the online softmax; merging two states is the seeds'
+ * rescale d = e^(m1-m)·d1 + e^(m2-m)·d2. */
+template <typename A> struct MD {
+  A m, d;
+};
+template <typename A> static __device__ __forceinline__ MD<A> md_merge(MD<A> a, MD<A> b) {
+  A m = fmax(a.m, b.m);
+  if (m == -(A)INFINITY) return a; /* both empty */
+  MD<A> r;
+  r.m = m;
+  r.d = a.d * ex(a.m - m) + b.d * ex(b.m - m);
+  return r;
+}
+/* A block of values folded in with one rescale (NaN stays in d). */
+template <typename A> static __device__ __forceinline__ MD<A> md_add_block(MD<A> s, const A *v, int k) {
+  A bm = -(A)INFINITY;
+  for (int i = 0; i < k; i++) bm = fmax(bm, v[i]);
+  A m = fmax(s.m, bm);
+  if (m == -(A)INFINITY) {
+    for (int i = 0; i < k; i++) s.d += v[i] != v[i] ? v[i] : (A)0; /* NaN among -inf */
+    return s;
+  }
+  A d = s.d * ex(s.m - m);
+  for (int i = 0; i < k; i++) d += ex(v[i] - m);
+  s.m = m;
+  s.d = d;
+  return s;
+}
+
+template <typename A> static __device__ __forceinline__ MD<A> warp_reduce_md(MD<A> s) {
+  for (int o = 16; o > 0; o >>= 1) {
+    MD<A> t;
+    t.m = __shfl_xor_sync(0xffffffffu, s.m, o);
+    t.d = __shfl_xor_sync(0xffffffffu, s.d, o);
+    s = md_merge(s, t);
+  }
+  return s;
+}
+
+/* Block-wide merge; every thread gets the result.  `scratch` holds 32. */
+template <typename A> static __device__ MD<A> block_reduce_md(MD<A> s, MD<A> *scratch) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  s = warp_reduce_md(s);
+  __syncthreads(); /* scratch may still be read from a previous call */
+  if (lane == 0) scratch[warp] = s;
+  __syncthreads();
+  MD<A> e = {-(A)INFINITY, (A)0};
+  s = lane < nw ? scratch[lane] : e;
+  return warp_reduce_md(s);
+}
+
+/* A row whose maximum is -inf gives zeros (NaN if a NaN hid among -infs). */
+template <typename A> static __device__ __forceinline__ A normalise(A x, MD<A> s) {
+  return s.m == -(A)INFINITY ? (s.d == s.d ? (A)0 : s.d) : ex(x - s.m) / s.d;
+}
+
+/* ---- the seeds' passes: one kernel each ---- */
+
+enum { PASS_NAIVE_SUM = 0, PASS_MAX, PASS_SUM, PASS_ONLINE };
+
+/* One block per row (grid-stride over rows): the statistic of one pass.
+ * PASS_NAIVE_SUM holds e^x in T, so f16 overflows past e^11.09. */
+template <typename T, int PASS>
+__global__ void row_pass_kernel(const T *__restrict__ x, typename Elem<T>::acc *m, typename Elem<T>::acc *d,
+                                int64_t rows, int64_t n, int64_t block) {
+  typedef typename Elem<T>::acc A;
+  __shared__ MD<A> scratch[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T *xr = x + r * n;
+    MD<A> s = {-(A)INFINITY, (A)0};
+    if (PASS == PASS_NAIVE_SUM) {
+      s.m = 0;
+      for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s.d += Elem<T>::load(Elem<T>::store(ex(Elem<T>::load(xr[j]))));
+    } else if (PASS == PASS_MAX) {
+      for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s.m = fmax(s.m, Elem<T>::load(xr[j]));
+      for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s.d += Elem<T>::load(xr[j]) != Elem<T>::load(xr[j]);
+    } else if (PASS == PASS_SUM) {
+      A mr = m[r];
+      if (mr != -(A)INFINITY)
+        for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s.d += ex(Elem<T>::load(xr[j]) - mr);
+    } else { /* online: the row in blocks of `block` elements, one rescale per block and thread */
+      A v[8];
+      for (int64_t b0 = 0; b0 < n; b0 += block) {
+        int64_t b1 = b0 + block < n ? b0 + block : n;
+        int k = 0;
+        for (int64_t j = b0 + threadIdx.x; j < b1; j += blockDim.x) {
+          v[k++] = Elem<T>::load(xr[j]);
+          if (k == 8) {
+            s = md_add_block(s, v, k);
+            k = 0;
+          }
+        }
+        if (k) s = md_add_block(s, v, k);
+      }
+    }
+    if (PASS == PASS_MAX) { /* a NaN anywhere makes the row NaN */
+      A nan_count = s.d;
+      s.d = 0;
+      s = block_reduce_md(s, scratch);
+      MD<A> c = {(A)0, nan_count};
+      /* reduce the NaN count as a plain sum through the same path */
+      c = block_reduce_md(c, scratch);
+      if (threadIdx.x == 0) m[r] = c.d > 0 ? (A)NAN : s.m;
+    } else if (PASS == PASS_ONLINE) {
+      s = block_reduce_md(s, scratch);
+      if (threadIdx.x == 0) m[r] = s.m, d[r] = s.d;
+    } else {
+      MD<A> c = {(A)0, s.d};
+      c = block_reduce_md(c, scratch);
+      if (threadIdx.x == 0) d[r] = c.d;
+    }
+  }
+}
+
+/* Elementwise normalisation with per-row statistics. */
+template <typename T, int NAIVE>
+__global__ void normalise_kernel(const T *__restrict__ x, T *__restrict__ y, const typename Elem<T>::acc *m,
+                                 const typename Elem<T>::acc *d, int64_t rows, int64_t n) {
+  typedef typename Elem<T>::acc A;
+  int64_t total = rows * n;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t r = i / n;
+    A v = Elem<T>::load(x[i]);
+    if (NAIVE) {
+      y[i] = Elem<T>::store(Elem<T>::load(Elem<T>::store(ex(v))) / d[r]);
+    } else {
+      MD<A> s = {m[r], d[r]};
+      y[i] = Elem<T>::store(normalise(v, s));
+    }
+  }
+}
+
+/* fused: the row in shared memory (as T), read from global memory once. */
+template <typename T> __global__ void fused_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows, int64_t n) {
+  typedef typename Elem<T>::acc A;
+  extern __shared__ __align__(16) unsigned char fused_smem[];
+  T *row = (T *)fused_smem;
+  __shared__ MD<A> scratch[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T *xr = x + r * n;
+    MD<A> s = {-(A)INFINITY, (A)0};
+    A v[8];
+    int k = 0;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      T t = xr[j];
+      row[j] = t;
+      v[k++] = Elem<T>::load(t);
+      if (k == 8) s = md_add_block(s, v, k), k = 0;
+    }
+    if (k) s = md_add_block(s, v, k);
+    s = block_reduce_md(s, scratch); /* its barriers also publish row[] */
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) y[r * n + j] = Elem<T>::store(normalise(Elem<T>::load(row[j]), s));
+    __syncthreads();
+  }
+}
+
+/* ---- auto, short rows: a warp per row, the row in registers ---- */
+template <typename T, int E>
+__global__ void warp_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows, int64_t n) {
+  const int VN = Vec16<T>::N;
+  int lane = threadIdx.x & 31;
+  int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
+  int64_t nvec = n / VN;
+  for (int64_t r = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); r < rows; r += warps) {
+    const Vec16<T> *xr = (const Vec16<T> *)(x + r * n);
+    Vec16<T> *yr = (Vec16<T> *)(y + r * n);
+    Vec16<T> buf[E];
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+      int64_t vi = lane + 32 * e;
+      if (vi < nvec) buf[e] = xr[vi];
+    }
+    MD<float> s = {-INFINITY, 0.f};
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+      if (lane + 32 * e < nvec) {
+        float v[Vec16<T>::N];
+#pragma unroll
+        for (int i = 0; i < VN; i++) v[i] = Elem<T>::load(buf[e].v[i]);
+        s = md_add_block(s, v, VN);
+      }
+    }
+    s = warp_reduce_md(s);
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+      int64_t vi = lane + 32 * e;
+      if (vi < nvec) {
+        Vec16<T> o;
+#pragma unroll
+        for (int i = 0; i < VN; i++) o.v[i] = Elem<T>::store(normalise((float)Elem<T>::load(buf[e].v[i]), s));
+        yr[vi] = o;
+      }
+    }
+  }
+}
+
+/* ---- auto, long rows: a cluster of blocks per row ----
+ * Block `rank` of a cluster owns vectors [rank·chunk, (rank+1)·chunk) of
+ * the row.  Pass 1 reads them once, keeping the first `hold` vectors in
+ * shared memory, and folds them into (m, d).  The cluster's partials are
+ * merged through distributed shared memory.  Pass 2 writes the output from
+ * shared memory (and re-reads the rest, if any, while it is still in L2). */
+template <typename T>
+__global__ void __launch_bounds__(1024) cluster_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows,
+                                                            int64_t n, int64_t chunk, int64_t hold) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* clusters are Hopper's */
+  const int VN = Vec16<T>::N;
+  extern __shared__ __align__(16) unsigned char cluster_smem[];
+  Vec16<T> *kept = (Vec16<T> *)cluster_smem;
+  __shared__ MD<float> scratch[32];
+  __shared__ MD<float> partial;
+  cg::cluster_group cluster = cg::this_cluster();
+  unsigned rank = cluster.block_rank(), csize = cluster.num_blocks();
+  int64_t nvec = n / VN;
+  int64_t lo = rank * chunk, hi = lo + chunk < nvec ? lo + chunk : nvec;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const Vec16<T> *xr = (const Vec16<T> *)(x + r * n);
+    Vec16<T> *yr = (Vec16<T> *)(y + r * n);
+    MD<float> s = {-INFINITY, 0.f};
+#pragma unroll 4
+    for (int64_t vi = lo + threadIdx.x; vi < hi; vi += blockDim.x) {
+      Vec16<T> t = xr[vi];
+      if (vi - lo < hold) kept[vi - lo] = t;
+      float v[Vec16<T>::N];
+#pragma unroll
+      for (int i = 0; i < VN; i++) v[i] = Elem<T>::load(t.v[i]);
+      s = md_add_block(s, v, VN);
+    }
+    s = block_reduce_md(s, scratch);
+    if (threadIdx.x == 0) partial = s;
+    cluster.sync(); /* every block's partial is visible cluster-wide */
+    MD<float> all = {-INFINITY, 0.f};
+    for (unsigned b = 0; b < csize; b++) all = md_merge(all, *cluster.map_shared_rank(&partial, b));
+    cluster.sync(); /* nobody overwrites `partial` while another block reads it */
+#pragma unroll 4
+    for (int64_t vi = lo + threadIdx.x; vi < hi; vi += blockDim.x) {
+      Vec16<T> t = vi - lo < hold ? kept[vi - lo] : xr[vi];
+      Vec16<T> o;
+#pragma unroll
+      for (int i = 0; i < VN; i++) o.v[i] = Elem<T>::store(normalise((float)Elem<T>::load(t.v[i]), all));
+      __stcs((uint4 *)&yr[vi], *(const uint4 *)&o); /* streamed: the output need not stay in L2 */
+    }
+  }
+#endif
+}
+
+/* ---- launchers ---- */
+
+static int g_sms = 0;
+static int g_smem_optin = 0;
+
+static fa_status device_limits(fa_context *ctx) {
+  if (g_sms) return FA_OK;
+  int dev = 0;
+  FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
+  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&g_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev));
+  return FA_OK;
+}
+
+static int grid_for_rows(int64_t rows) {
+  int64_t g = rows < 65535 ? rows : 65535;
+  return (int)(g > 0 ? g : 1);
+}
+
+template <typename T>
+static fa_status seeds_passes(fa_context *ctx, fa_softmax_algo algo, int64_t block, const T *x, T *y, int64_t rows,
+                              int64_t n) {
+  typedef typename Elem<T>::acc A;
+  cudaStream_t st = fa_cuda_stream(ctx);
+  fa_status status;
+  void *stats = NULL;
+  size_t bytes = 2 * (size_t)rows * sizeof(A);
+  if ((status = fa_cuda_malloc(ctx, &stats, bytes))) return status;
+  A *m = (A *)stats, *d = m + rows;
+  int grid = grid_for_rows(rows), threads = n >= 1024 ? 512 : n >= 256 ? 256 : 128;
+  if (algo == FA_SOFTMAX_NAIVE) {
+    row_pass_kernel<T, PASS_NAIVE_SUM><<<grid, threads, 0, st>>>(x, m, d, rows, n, block);
+  } else if (algo == FA_SOFTMAX_SAFE) {
+    row_pass_kernel<T, PASS_MAX><<<grid, threads, 0, st>>>(x, m, d, rows, n, block);
+    if (cudaPeekAtLastError() == cudaSuccess) row_pass_kernel<T, PASS_SUM><<<grid, threads, 0, st>>>(x, m, d, rows, n, block);
+  } else {
+    row_pass_kernel<T, PASS_ONLINE><<<grid, threads, 0, st>>>(x, m, d, rows, n, block);
+  }
+  cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess) {
+    int64_t total = rows * n, blocks = (total + 255) / 256;
+    int g = (int)(blocks < 65535 * 8 ? blocks : 65535 * 8);
+    if (algo == FA_SOFTMAX_NAIVE) normalise_kernel<T, 1><<<g, 256, 0, st>>>(x, y, m, d, rows, n);
+    else normalise_kernel<T, 0><<<g, 256, 0, st>>>(x, y, m, d, rows, n);
+    err = cudaGetLastError();
+  }
+  /* the statistics are freed once the kernels that read them are done */
+  cudaError_t serr = cudaStreamSynchronize(st);
+  fa_cuda_free(stats, bytes);
+  if (err == cudaSuccess) err = serr;
+  return fa_cuda_error(ctx, err, "softmax kernels");
+}
+
+template <typename T> static fa_status fused(fa_context *ctx, const T *x, T *y, int64_t rows, int64_t n) {
+  size_t smem = (size_t)n * sizeof(T);
+  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(fused_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  int threads = n >= 4096 ? 1024 : n >= 512 ? 256 : 128;
+  fused_kernel<T><<<grid_for_rows(rows), threads, smem, fa_cuda_stream(ctx)>>>(x, y, rows, n);
+  FA_CUDA_CHECK_LAUNCH(ctx, "fused_kernel");
+  return FA_OK;
+}
+
+template <typename T, int E> static fa_status warp_rows(fa_context *ctx, const T *x, T *y, int64_t rows, int64_t n) {
+  int64_t blocks = (rows + 7) / 8;
+  int grid = (int)(blocks < (int64_t)g_sms * 64 ? blocks : (int64_t)g_sms * 64);
+  warp_rows_kernel<T, E><<<grid, 256, 0, fa_cuda_stream(ctx)>>>(x, y, rows, n);
+  FA_CUDA_CHECK_LAUNCH(ctx, "warp_rows_kernel");
+  return FA_OK;
+}
+
+/* Chooses the cluster size and how much of each block's part stays in
+ * shared memory; returns 0 when the device cannot run such a cluster. */
+template <typename T> static int cluster_rows(fa_context *ctx, const T *x, T *y, int64_t rows, int64_t n, fa_status *st) {
+  const int64_t VN = 16 / sizeof(T), nvec = n / VN;
+  const int64_t target = 64 * 1024 / 16; /* vectors per block: 64 KiB parts keep several blocks per SM */
+  int64_t csize = (nvec + target - 1) / target;
+  if (csize > 16) csize = 16;
+  /* few rows: split further so that the GPU has enough blocks */
+  while (csize < 16 && rows * csize < 2 * (int64_t)g_sms && nvec / (csize * 2) >= 1024) csize *= 2;
+  if (csize > 16) csize = 16;
+  int64_t chunk = (nvec + csize - 1) / csize;
+  int64_t max_hold = (g_smem_optin - 1024) / 16;
+  int64_t hold = chunk < max_hold ? chunk : max_hold;
+  size_t smem = (size_t)hold * 16;
+  int threads = chunk >= 4096 ? 1024 : chunk >= 1024 ? 512 : 256;
+  cudaError_t err = cudaFuncSetAttribute(cluster_rows_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (err == cudaSuccess && csize > 8)
+    err = cudaFuncSetAttribute(cluster_rows_kernel<T>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = (unsigned)csize;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.gridDim = dim3((unsigned)csize, (unsigned)grid_for_rows(rows), 1);
+  cfg.blockDim = dim3((unsigned)threads, 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = fa_cuda_stream(ctx);
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  if (err == cudaSuccess) err = cudaOccupancyMaxActiveClusters(&clusters, cluster_rows_kernel<T>, &cfg);
+  if (err != cudaSuccess || clusters < 1) {
+    (void)cudaGetLastError();
+    return 0; /* the caller falls back to the online kernels */
+  }
+  err = cudaLaunchKernelEx(&cfg, cluster_rows_kernel<T>, x, y, rows, n, chunk, hold);
+  *st = fa_cuda_error(ctx, err == cudaSuccess ? cudaGetLastError() : err, "cluster_rows_kernel");
+  return 1;
+}
+
+template <typename T>
+static fa_status softmax_typed(fa_context *ctx, fa_softmax_algo algo, int64_t block, const T *x, T *y, int64_t rows,
+                               int64_t n) {
+  fa_status st = device_limits(ctx);
+  if (st) return st;
+  if (block <= 0) block = 1024;
+  if (algo == FA_SOFTMAX_FUSED) return fused<T>(ctx, x, y, rows, n);
+  if (algo != FA_SOFTMAX_AUTO) return seeds_passes<T>(ctx, algo, block, x, y, rows, n);
+  const int64_t VN = 16 / sizeof(T);
+  int aligned = n % VN == 0 && ((uintptr_t)x % 16) == 0 && ((uintptr_t)y % 16) == 0;
+  if constexpr (sizeof(T) < 8) { /* f64 rows take the online kernels */
+    if (!aligned) return seeds_passes<T>(ctx, FA_SOFTMAX_ONLINE, block, x, y, rows, n);
+    int64_t nvec = n / VN;
+    if (nvec <= 32) return warp_rows<T, 1>(ctx, x, y, rows, n);
+    if (nvec <= 64) return warp_rows<T, 2>(ctx, x, y, rows, n);
+    if (nvec <= 128) return warp_rows<T, 4>(ctx, x, y, rows, n);
+    if (nvec <= 256) return warp_rows<T, 8>(ctx, x, y, rows, n);
+    if (cluster_rows<T>(ctx, x, y, rows, n, &st)) return st;
+  }
+  (void)aligned;
+  return seeds_passes<T>(ctx, FA_SOFTMAX_ONLINE, block, x, y, rows, n);
+}
+
+extern "C" int64_t fa_cuda_softmax_fused_max_n(fa_dtype dt) {
+  int dev = 0, smem = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return (int64_t)(smem - 1024) / (int64_t)fa_dtype_size(dt);
+}
+
+extern "C" fa_status fa_cuda_softmax(fa_context *ctx, fa_softmax_algo algo, int64_t block, fa_dtype dt,
+                                     const void *x, void *y, int64_t rows, int64_t n) {
+  if (rows == 0 || n == 0) return FA_OK;
+  switch (dt) {
+  case FA_F32: return softmax_typed<float>(ctx, algo, block, (const float *)x, (float *)y, rows, n);
+  case FA_F16: return softmax_typed<__half>(ctx, algo, block, (const __half *)x, (__half *)y, rows, n);
+  case FA_BF16:
+    return softmax_typed<__nv_bfloat16>(ctx, algo, block, (const __nv_bfloat16 *)x, (__nv_bfloat16 *)y, rows, n);
+  case FA_F64: return softmax_typed<double>(ctx, algo, block, (const double *)x, (double *)y, rows, n);
+  default: return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: softmax: dtype %s has no CUDA kernel", fa_dtype_name(dt));
+  }
+}

@@ -1,0 +1,45 @@
+/* The CUDA backend's entry points for a build without nvcc: CUDA is never
+ * available and every call says so. */
+#include "internal.h"
+
+#define FA_NO_CUDA_MSG "flashattn: this build has no CUDA backend"
+
+int fa_cuda_available(void) { return 0; }
+
+fa_status fa_cuda_device_info(fa_context *ctx, fa_device_info_t *out) {
+  (void)out;
+  return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
+}
+
+fa_status fa_cuda_malloc(fa_context *ctx, void **p, size_t nbytes) {
+  (void)nbytes;
+  *p = NULL;
+  return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
+}
+
+/* Nothing can have been allocated, so there is nothing to free. */
+void fa_cuda_free(void *p, size_t nbytes) {
+  (void)p;
+  (void)nbytes;
+}
+
+fa_status fa_cuda_memcpy(fa_context *ctx, void *dst, const void *src, size_t nbytes, fa_copy_kind kind) {
+  (void)dst;
+  (void)src;
+  (void)nbytes;
+  (void)kind;
+  return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
+}
+
+fa_status fa_cuda_sync(fa_context *ctx) { return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG); }
+
+fa_status fa_cuda_softmax(fa_context *ctx, fa_softmax_algo algo, int64_t block, fa_dtype dt, const void *x, void *y,
+                          int64_t rows, int64_t n) {
+  (void)algo, (void)block, (void)dt, (void)x, (void)y, (void)rows, (void)n;
+  return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
+}
+
+int64_t fa_cuda_softmax_fused_max_n(fa_dtype dt) {
+  (void)dt;
+  return 0;
+}
