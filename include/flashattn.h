@@ -222,6 +222,12 @@ FA_API fa_status fa_cost_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, 
                                    const fa_attention_opts *opts, fa_cost *out);
 FA_API fa_status fa_cost_softmax(fa_context *ctx, fa_tensor *x, const fa_softmax_opts *opts, fa_cost *out);
 
+/* Times the work queued between start and stop on the context's default
+ * device: CUDA events on its stream, the monotonic clock on the CPU.
+ * fa_timer_stop waits for the work and gives milliseconds. */
+FA_API fa_status fa_timer_start(fa_context *ctx);
+FA_API fa_status fa_timer_stop(fa_context *ctx, double *ms);
+
 /* Bytes held by the engine on a device (tensors and workspaces). */
 FA_API void fa_memory(fa_device device, size_t *current, size_t *peak);
 FA_API void fa_reset_peak(fa_device device);

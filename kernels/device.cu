@@ -51,3 +51,42 @@ extern "C" fa_status fa_cuda_sync(fa_context *ctx) {
   FA_CUDA_CHECK(ctx, cudaStreamSynchronize(fa_cuda_stream(ctx)));
   return FA_OK;
 }
+
+/* ---- the context's timer: two events on its stream ---- */
+
+static fa_status ensure_events(fa_context *ctx) {
+  for (int i = 0; i < 2; i++)
+    if (!ctx->events[i]) {
+      cudaEvent_t e;
+      FA_CUDA_CHECK(ctx, cudaEventCreate(&e));
+      ctx->events[i] = (void *)e;
+    }
+  return FA_OK;
+}
+
+extern "C" fa_status fa_cuda_timer_start(fa_context *ctx) {
+  fa_status st = ensure_events(ctx);
+  if (st) return st;
+  FA_CUDA_CHECK(ctx, cudaEventRecord((cudaEvent_t)ctx->events[0], fa_cuda_stream(ctx)));
+  return FA_OK;
+}
+
+extern "C" fa_status fa_cuda_timer_stop(fa_context *ctx, double *ms) {
+  *ms = 0;
+  fa_status st = ensure_events(ctx);
+  if (st) return st;
+  float f = 0;
+  FA_CUDA_CHECK(ctx, cudaEventRecord((cudaEvent_t)ctx->events[1], fa_cuda_stream(ctx)));
+  FA_CUDA_CHECK(ctx, cudaEventSynchronize((cudaEvent_t)ctx->events[1]));
+  FA_CUDA_CHECK(ctx, cudaEventElapsedTime(&f, (cudaEvent_t)ctx->events[0], (cudaEvent_t)ctx->events[1]));
+  *ms = f;
+  return FA_OK;
+}
+
+extern "C" void fa_cuda_context_release(fa_context *ctx) {
+  for (int i = 0; i < 2; i++)
+    if (ctx->events[i]) {
+      if (cudaEventDestroy((cudaEvent_t)ctx->events[i]) != cudaSuccess) (void)cudaGetLastError();
+      ctx->events[i] = NULL;
+    }
+}

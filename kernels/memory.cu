@@ -2,11 +2,54 @@
  * (fa_memory, fa_set_memory_limit), and copies on the context's stream. */
 #include "common.cuh"
 
+#include <pthread.h>
+
 #define FA_NO_DEVICE_MSG "flashattn: no usable CUDA device"
+
+/* The caching allocator: the device's default stream-ordered memory pool
+ * with its release threshold raised, so that freed blocks stay with the
+ * pool and a sweep does not pay cudaMalloc per call.  Blocks are taken on
+ * the context's stream and given back on the legacy default stream, which
+ * waits for the work of every blocking stream: a block is reused only
+ * after everything queued before its release. */
+static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
+static int pool_ok;
+
+static void pool_setup(void) {
+  int dev = 0, supported = 0;
+  cudaMemPool_t pool;
+  if (cudaGetDevice(&dev) == cudaSuccess &&
+      cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, dev) == cudaSuccess && supported &&
+      cudaDeviceGetDefaultMemPool(&pool, dev) == cudaSuccess) {
+    uint64_t keep = UINT64_MAX;
+    pool_ok = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep) == cudaSuccess;
+  }
+  (void)cudaGetLastError();
+}
+
+static cudaError_t device_alloc(void **p, size_t n, cudaStream_t s) {
+  if (pool_ok) return cudaMallocAsync(p, n, s);
+  return cudaMalloc(p, n);
+}
+
+/* Out of memory with blocks cached: hand the cache back and try again. */
+static cudaError_t device_alloc_retrying(void **p, size_t n, cudaStream_t s) {
+  cudaError_t err = device_alloc(p, n, s);
+  if (err != cudaErrorMemoryAllocation || !pool_ok) return err;
+  (void)cudaGetLastError();
+  int dev = 0;
+  cudaMemPool_t pool;
+  if (cudaDeviceSynchronize() == cudaSuccess && cudaGetDevice(&dev) == cudaSuccess &&
+      cudaDeviceGetDefaultMemPool(&pool, dev) == cudaSuccess)
+    (void)cudaMemPoolTrimTo(pool, 0);
+  (void)cudaGetLastError();
+  return device_alloc(p, n, s);
+}
 
 extern "C" fa_status fa_cuda_malloc(fa_context *ctx, void **p, size_t nbytes) {
   *p = NULL;
   if (!fa_cuda_available()) return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_DEVICE_MSG);
+  pthread_once(&pool_once, pool_setup);
   if (!fa_mem_acquire(FA_CUDA, nbytes)) {
     size_t current = 0;
     fa_memory(FA_CUDA, &current, NULL);
@@ -15,7 +58,7 @@ extern "C" fa_status fa_cuda_malloc(fa_context *ctx, void **p, size_t nbytes) {
                    current, fa_memory_limit(FA_CUDA));
   }
   /* at least one byte: an empty tensor still gets a distinct, freeable pointer */
-  cudaError_t err = cudaMalloc(p, nbytes ? nbytes : 1);
+  cudaError_t err = device_alloc_retrying(p, nbytes ? nbytes : 1, fa_cuda_stream(ctx));
   if (err == cudaSuccess) return FA_OK;
   *p = NULL;
   fa_mem_release(FA_CUDA, nbytes);
@@ -30,12 +73,13 @@ extern "C" fa_status fa_cuda_malloc(fa_context *ctx, void **p, size_t nbytes) {
   return fa_cuda_error(ctx, err, "cudaMalloc");
 }
 
-/* cudaFree waits for the device; it fails only when the runtime is
- * already gone (at exit) or after a sticky error: the bytes are no longer
- * ours either way. */
+/* Back to the pool (see above); fails only when the runtime is already
+ * gone (at exit) or after a sticky error: the bytes are no longer ours
+ * either way. */
 extern "C" void fa_cuda_free(void *p, size_t nbytes) {
   if (!p) return;
-  if (cudaFree(p) != cudaSuccess) (void)cudaGetLastError();
+  cudaError_t err = pool_ok ? cudaFreeAsync(p, cudaStreamLegacy) : cudaFree(p);
+  if (err != cudaSuccess) (void)cudaGetLastError();
   fa_mem_release(FA_CUDA, nbytes);
 }
 

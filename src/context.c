@@ -56,7 +56,11 @@ fa_status fa_context_create(fa_device device, fa_context **out) {
   return FA_OK;
 }
 
-void fa_context_destroy(fa_context *ctx) { free(ctx); }
+void fa_context_destroy(fa_context *ctx) {
+  if (!ctx) return;
+  fa_cuda_context_release(ctx);
+  free(ctx);
+}
 
 const char *fa_context_error(const fa_context *ctx) { return ctx ? ctx->error : "flashattn: no context"; }
 

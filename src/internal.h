@@ -21,6 +21,8 @@ struct fa_context {
   fa_device device;
   void *stream;
   uint64_t seed_counter; /* for random fills without an explicit seed */
+  double timer_start_ms;  /* CPU timer */
+  void *events[2];        /* CUDA timer: start and stop events, made on first use */
   char error[FA_ERRMSG_LEN];
 };
 
@@ -165,9 +167,18 @@ void fa_cuda_free(void *p, size_t nbytes);
 typedef enum { FA_COPY_H2D, FA_COPY_D2H, FA_COPY_D2D } fa_copy_kind;
 fa_status fa_cuda_memcpy(fa_context *ctx, void *dst, const void *src, size_t nbytes, fa_copy_kind kind);
 fa_status fa_cuda_sync(fa_context *ctx);
+fa_status fa_cuda_timer_start(fa_context *ctx);
+fa_status fa_cuda_timer_stop(fa_context *ctx, double *ms);
+void fa_cuda_context_release(fa_context *ctx); /* the context's events */
 /* x, y contiguous (rows, n) device buffers of dtype dt (y may alias x). */
 fa_status fa_cuda_softmax(fa_context *ctx, fa_softmax_algo algo, int64_t block, fa_dtype dt, const void *x, void *y,
                           int64_t rows, int64_t n);
 int64_t fa_cuda_softmax_fused_max_n(fa_dtype dt);
+/* Elementwise work on device tensors (any strides; dst/r contiguous for binary). */
+fa_status fa_cuda_copy(fa_context *ctx, fa_tensor *dst, const fa_tensor *src);
+fa_status fa_cuda_fill(fa_context *ctx, fa_tensor *t, int kind, uint64_t seed, double value); /* kind < 0: constant */
+fa_status fa_cuda_binary(fa_context *ctx, fa_tensor *r, const fa_tensor *a, const fa_tensor *b, int op, double scalar);
+/* out: sum, sum of squares, max, min, NaN count, non-finite count */
+fa_status fa_cuda_reduce(fa_context *ctx, const fa_tensor *t, double out[6]);
 
 #endif

@@ -84,10 +84,10 @@ fa_status fa_tensor_copy(fa_context *ctx, fa_tensor *dst, fa_tensor *src) {
   if (st) return st;
   int64_t n = fa_tensor_numel(dst);
   if (n == 0) return FA_OK;
+  fa_device dd = dst->storage->device, sd = src->storage->device;
   /* fast paths: contiguous same dtype between or within devices */
   if (dst->dtype == src->dtype && fa_tensor_is_contiguous(dst) && fa_tensor_is_contiguous(src)) {
     size_t bytes = (size_t)n * fa_dtype_size(dst->dtype);
-    fa_device dd = dst->storage->device, sd = src->storage->device;
     if (dd == FA_CPU && sd == FA_CPU) {
       memmove(fa_tensor_ptr(dst), fa_tensor_ptr(src), bytes);
       return FA_OK;
@@ -100,6 +100,16 @@ fa_status fa_tensor_copy(fa_context *ctx, fa_tensor *dst, fa_tensor *src) {
     if ((st = fa_tensor_clone(ctx, src, &tmp))) return st;
     st = fa_tensor_copy(ctx, dst, tmp);
     fa_tensor_release(tmp);
+    return st;
+  }
+  if (dd == FA_CUDA && sd == FA_CUDA) return fa_cuda_copy(ctx, dst, src);
+  if (dd != sd) { /* one contiguous transfer in src's dtype, then strides and conversion on dst's device */
+    fa_tensor *src_c = NULL, *tmp = NULL;
+    if (!(st = fa_tensor_contiguous(ctx, src, &src_c)) &&
+        !(st = fa_tensor_new_like(ctx, src, src->dtype, dd, &tmp)) && !(st = fa_tensor_copy(ctx, tmp, src_c)))
+      st = fa_tensor_copy(ctx, dst, tmp);
+    fa_tensor_drop(&src_c);
+    fa_tensor_drop(&tmp);
     return st;
   }
   host_map ms, md;
@@ -118,6 +128,7 @@ fa_status fa_tensor_copy(fa_context *ctx, fa_tensor *dst, fa_tensor *src) {
 }
 
 fa_status fa_tensor_fill(fa_context *ctx, fa_tensor *t, double value) {
+  if (t->storage->device == FA_CUDA) return fa_cuda_fill(ctx, t, -1, 0, value);
   host_map m;
   fa_status st = map_host(ctx, t, 0, &m);
   if (st) return st;
@@ -129,6 +140,8 @@ fa_status fa_tensor_fill(fa_context *ctx, fa_tensor *t, double value) {
 }
 
 fa_status fa_tensor_fill_random(fa_context *ctx, fa_tensor *t, fa_fill_kind kind, uint64_t seed) {
+  if ((unsigned)kind > FA_FILL_ARANGE) return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: fill: unknown kind %d", (int)kind);
+  if (t->storage->device == FA_CUDA) return fa_cuda_fill(ctx, t, (int)kind, seed, 0);
   host_map m;
   fa_status st = map_host(ctx, t, 0, &m);
   if (st) return st;
@@ -272,6 +285,13 @@ fa_status fa_tensor_reduce(fa_context *ctx, fa_tensor *t, fa_reduce_op op, doubl
   int64_t n = fa_tensor_numel(t);
   if (n == 0 && (op == FA_REDUCE_MAX || op == FA_REDUCE_MIN))
     return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: %s of an empty tensor", op == FA_REDUCE_MAX ? "max" : "min");
+  if ((unsigned)op > FA_REDUCE_NORM) return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: unknown reduction %d", (int)op);
+  if (t->storage->device == FA_CUDA) {
+    double r[6];
+    fa_status st = fa_cuda_reduce(ctx, t, r);
+    if (!st) *out = r[4] > 0 ? NAN : op == FA_REDUCE_SUM ? r[0] : op == FA_REDUCE_NORM ? sqrt(r[1]) : op == FA_REDUCE_MAX ? r[2] : r[3];
+    return st;
+  }
   host_map m;
   fa_status st = map_host(ctx, t, 1, &m);
   if (st) return st;
@@ -292,6 +312,12 @@ fa_status fa_tensor_reduce(fa_context *ctx, fa_tensor *t, fa_reduce_op op, doubl
 }
 
 fa_status fa_tensor_isfinite(fa_context *ctx, fa_tensor *t, int *out) {
+  if (t->storage->device == FA_CUDA) {
+    double r[6];
+    fa_status st = fa_cuda_reduce(ctx, t, r);
+    if (!st) *out = r[5] == 0;
+    return st;
+  }
   host_map m;
   fa_status st = map_host(ctx, t, 1, &m);
   if (st) return st;
@@ -328,6 +354,11 @@ fa_status fa_tensor_binary(fa_context *ctx, fa_tensor *a, fa_binary_op op, fa_te
   }
   fa_tensor *r;
   if ((st = fa_tensor_new_like(ctx, a, a->dtype, a->storage->device, &r))) return st;
+  if (a->storage->device == FA_CUDA) {
+    if ((st = fa_cuda_binary(ctx, r, a, b, (int)op, scalar))) fa_tensor_drop(&r);
+    *out = r;
+    return st;
+  }
   host_map ma, mb = {0}, mr;
   if ((st = map_host(ctx, a, 1, &ma))) goto fail_r;
   if (b && (st = map_host(ctx, b, 1, &mb))) goto fail_a;

@@ -43,3 +43,32 @@ int64_t fa_cuda_softmax_fused_max_n(fa_dtype dt) {
   (void)dt;
   return 0;
 }
+
+fa_status fa_cuda_copy(fa_context *ctx, fa_tensor *dst, const fa_tensor *src) {
+  (void)dst, (void)src;
+  return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
+}
+
+fa_status fa_cuda_fill(fa_context *ctx, fa_tensor *t, int kind, uint64_t seed, double value) {
+  (void)t, (void)kind, (void)seed, (void)value;
+  return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
+}
+
+fa_status fa_cuda_binary(fa_context *ctx, fa_tensor *r, const fa_tensor *a, const fa_tensor *b, int op, double scalar) {
+  (void)r, (void)a, (void)b, (void)op, (void)scalar;
+  return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
+}
+
+fa_status fa_cuda_reduce(fa_context *ctx, const fa_tensor *t, double out[6]) {
+  (void)t, (void)out;
+  return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
+}
+
+fa_status fa_cuda_timer_start(fa_context *ctx) { return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG); }
+
+fa_status fa_cuda_timer_stop(fa_context *ctx, double *ms) {
+  *ms = 0;
+  return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
+}
+
+void fa_cuda_context_release(fa_context *ctx) { (void)ctx; }

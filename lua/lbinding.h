@@ -1,0 +1,159 @@
+/* Internal declarations shared by the Lua binding's files (the .c files in lua/).
+ *
+ * The binding only translates arguments: Lua values in, public C API
+ * calls (include/flashattn.h), Lua values out.  Shape, dtype, device and
+ * option-value checks live in the core, whose messages already start with
+ * "flashattn:"; the binding raises them unchanged.
+ *
+ * Ownership rule: every fa_tensor the binding receives from the core goes
+ * straight into a Lua userdata box that was pushed *before* the call
+ * (fal_newbox), so the garbage collector owns it even when a later Lua
+ * error unwinds the C stack.  Temporary arrays are Lua userdata for the
+ * same reason.  Nothing needs freeing on an error path. */
+#ifndef FA_LBINDING_H
+#define FA_LBINDING_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <lauxlib.h>
+#include <lua.h>
+
+#include "flashattn.h"
+
+#define FAL_TENSOR_MT "flashattn.Tensor"
+
+/* ---- per-lua_State state (lstate.c) ----------------------------------- */
+
+typedef struct {
+  fa_context *own;        /* the module's context, created lazily; destroyed on close */
+  fa_context *host;       /* a host's context (fa_lua_set_context); not owned */
+  uint64_t seed_counter;  /* random fills without opts.seed */
+  unsigned char *flush;   /* fa.bench host cache-flush buffer, allocated lazily */
+  size_t flush_bytes;
+  unsigned flush_round;
+  size_t gc_base[2];      /* engine bytes per device after the last forced collection */
+} fal_state;
+
+fal_state *fal_state_get(lua_State *L);
+/* The context scripts run on (the host's, else the module's own); raises
+ * when the module's context cannot be created. */
+fa_context *fal_ctx(lua_State *L);
+/* Creates the module's own context on `device` when it does not exist yet
+ * (fa.set_default_device before any other call). */
+fa_status fal_make_own_context(lua_State *L, fa_device device);
+/* A fresh seed for random fills without opts.seed. */
+uint64_t fal_next_seed(lua_State *L);
+/* Writes through the host flush buffer so later reads miss the caches. */
+void fal_flush_host_cache(lua_State *L);
+/* Runs a full collection when the engine's memory has grown a lot since
+ * the last one: Lua cannot see the bytes a tensor box holds. */
+void fal_gc_pressure(lua_State *L);
+/* A full collection now (used before retrying an allocation). */
+void fal_collect(lua_State *L);
+
+/* ---- errors (lstate.c) ------------------------------------------------- */
+
+/* Raises "flashattn: " followed by the lua_pushfstring-formatted text
+ * (%s %d %I %f %c %p only). */
+int fal_error(lua_State *L, const char *fmt, ...);
+/* Raises the context's last error (already "flashattn: ..."). */
+int fal_fail(lua_State *L, fa_context *ctx);
+/* Raises "flashattn: argument #n (name): <text>", numbering as Lua does
+ * for method calls (self not counted). */
+int fal_argerror(lua_State *L, int idx, const char *name, const char *fmt, ...);
+/* "expected <what>, got <type of idx>". */
+int fal_typeerror(lua_State *L, int idx, const char *name, const char *what);
+/* The type name used in messages (__name for userdata). */
+const char *fal_typename(lua_State *L, int idx);
+
+/* A call into the core: on out-of-memory, collect garbage (unreferenced
+ * tensors give their memory back) and try once more; on failure raise
+ * the context's message. */
+#define FAL_CALL(L, ctx, call)                                                                                         \
+  do {                                                                                                                 \
+    fa_status fal_st_ = (call);                                                                                        \
+    if (fal_st_ == FA_ERR_OUT_OF_MEMORY) {                                                                             \
+      fal_collect(L);                                                                                                  \
+      fal_st_ = (call);                                                                                                \
+    }                                                                                                                  \
+    if (fal_st_ != FA_OK) fal_fail((L), (ctx));                                                                        \
+  } while (0)
+
+/* ---- argument helpers (lstate.c) --------------------------------------- */
+
+/* An integral number (float values with no fraction accepted). */
+int64_t fal_checkint(lua_State *L, int idx, const char *name);
+double fal_checknum(lua_State *L, int idx, const char *name);
+/* A number or a boolean (true = 1) as an element value. */
+double fal_checkvalue(lua_State *L, int idx, const char *name);
+/* Lua's 1-based dimension to the core's 0-based one (clamped into int). */
+int fal_dim0(int64_t dim1);
+/* A userdata buffer of n elements of `size` bytes, pushed on the stack. */
+void *fal_newbuffer(lua_State *L, int64_t n, size_t size, const char *what);
+
+/* ---- tensors (ltensor.c) ----------------------------------------------- */
+
+typedef struct {
+  fa_tensor *t; /* one reference; NULL once freed */
+} fal_box;
+
+/* Pushes the tensor metatable, creating it (methods included) on first use. */
+void fal_tensor_metatable(lua_State *L);
+/* Pushes an empty box and returns its slot for a core call's out-parameter. */
+fa_tensor **fal_newbox(lua_State *L);
+/* The live tensor at idx, or an error naming the argument. */
+fa_tensor *fal_tensor(lua_State *L, int idx, const char *name);
+/* NULL when idx does not hold a tensor box (freed or not). */
+fal_box *fal_tobox(lua_State *L, int idx);
+/* Returns the box at `slot_idx` unless it holds `orig`, the tensor at
+ * `orig_idx`: then that Lua value itself is returned (t:to() of nothing to
+ * change gives t, opts.out comes back as the same object). */
+void fal_prefer_same(lua_State *L, int slot_idx, int orig_idx);
+/* Releases a box's tensor now (temporaries: do not wait for the GC). */
+void fal_box_release(lua_State *L, int idx);
+
+/* Reads a shape from the arguments first..last: either numbers or one
+ * table of numbers (lconstruct.c).  Returns the number of dimensions. */
+int fal_read_shape(lua_State *L, int first, int last, int64_t shape[FA_MAX_DIMS], const char *name);
+
+/* ---- options (lopts.c) ------------------------------------------------- */
+
+/* The opts table at idx (absent or nil = none): checks that every key is
+ * one of `allowed` (NULL-terminated) and returns 1, or 0 when absent. */
+int fal_opts(lua_State *L, int idx, const char *fname, const char *const *allowed);
+/* Getters: 1 and *out set when the option is present (not nil), else 0. */
+int fal_opt_int(lua_State *L, int idx, const char *key, int64_t *out);
+int fal_opt_num(lua_State *L, int idx, const char *key, double *out);
+int fal_opt_bool(lua_State *L, int idx, const char *key, int *out);
+/* One of names[] (NULL-terminated): *out = its index. */
+int fal_opt_enum(lua_State *L, int idx, const char *key, const char *const *names, int *out);
+int fal_opt_dtype(lua_State *L, int idx, const char *key, fa_dtype *out);
+int fal_opt_device(lua_State *L, int idx, const char *key, fa_device *out);
+/* A live tensor or NULL (borrowed: the opts table keeps it alive). */
+fa_tensor *fal_opt_tensor(lua_State *L, int idx, const char *key);
+/* {a, b}: a table of exactly 2 integers. */
+int fal_opt_pair(lua_State *L, int idx, const char *key, int64_t *a, int64_t *b);
+/* A table or a tensor of numbers: pushes a userdata buffer of doubles and
+ * returns it with *n entries; NULL (nothing pushed) when absent. */
+double *fal_opt_numbers(lua_State *L, int idx, const char *key, int64_t *n);
+/* Parses a dtype or device name for messages "flashattn: <what>: ...". */
+int fal_parse_dtype(lua_State *L, int idx, const char *what, fa_dtype *out);
+int fal_parse_device(lua_State *L, int idx, const char *what, fa_device *out);
+
+/* Keeps the module's shared library loaded for the process (lpin.c). */
+void fal_pin_module(void);
+
+/* ---- function tables registered by luaopen_flashattn (lmodule.c) ------- */
+
+extern const luaL_Reg fal_construct_funcs[]; /* lconstruct.c */
+extern const luaL_Reg fal_compare_funcs[];   /* ltensor_ops.c */
+extern const luaL_Reg fal_kernel_funcs[];    /* lkernels.c */
+extern const luaL_Reg fal_cost_funcs[];      /* lkernels.c */
+extern const luaL_Reg fal_bench_funcs[];     /* lbench.c */
+/* Tensor methods and metamethods from other files than ltensor.c. */
+extern const luaL_Reg fal_tensor_op_methods[]; /* ltensor_ops.c */
+extern const luaL_Reg fal_tensor_op_meta[];    /* ltensor_ops.c */
+int fal_tensor_tostring(lua_State *L);         /* ltostring.c */
+
+#endif

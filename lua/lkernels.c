@@ -1,0 +1,208 @@
+/* The kernels (API §2) and their cost models (§3): fa.softmax,
+ * fa.attention, fa.attention_reference, fa.merge_states, fa.matmul,
+ * fa.cost.attention, fa.cost.softmax.  Option tables become the C option
+ * structs; the core checks every value. */
+#include <string.h>
+
+#include "lbinding.h"
+
+/* Names in the order of the C enums (index = enum value). */
+static const char *const softmax_algos[] = {"auto", "naive", "safe", "online", "fused", NULL};
+static const char *const attn_algos[] = {"auto", "naive", "two_pass", "flash_row", "flash", NULL};
+static const char *const matmul_algos[] = {"auto", "naive", "tiled", "blas", NULL};
+
+static const char *const softmax_keys[] = {"algo", "block", "out", NULL};
+static const char *const attn_keys[] = {"algo",    "scale", "causal",     "window", "mask",    "kv_lens",
+                                        "alibi",   "softcap", "tile",     "return_lse", "out", "lse_out", NULL};
+static const char *const matmul_keys[] = {"algo", "tile", "out", NULL};
+
+/* ---- options ------------------------------------------------------------------ */
+
+static void read_softmax_opts(lua_State *L, int idx, const char *fname, fa_softmax_opts *o) {
+  int algo;
+  fa_softmax_opts_init(o);
+  if (!fal_opts(L, idx, fname, softmax_keys)) return;
+  if (fal_opt_enum(L, idx, "algo", softmax_algos, &algo)) o->algo = (fa_softmax_algo)algo;
+  fal_opt_int(L, idx, "block", &o->block);
+  o->out = fal_opt_tensor(L, idx, "out");
+}
+
+static fa_causal read_causal(lua_State *L, int idx) {
+  fa_causal c = FA_CAUSAL_NONE;
+  int tt = lua_getfield(L, idx, "causal");
+  if (tt == LUA_TBOOLEAN) c = lua_toboolean(L, -1) ? FA_CAUSAL_BOTTOM_RIGHT : FA_CAUSAL_NONE;
+  else if (tt == LUA_TSTRING && strcmp(lua_tostring(L, -1), "bottom_right") == 0) c = FA_CAUSAL_BOTTOM_RIGHT;
+  else if (tt == LUA_TSTRING && strcmp(lua_tostring(L, -1), "top_left") == 0) c = FA_CAUSAL_TOP_LEFT;
+  else if (tt == LUA_TSTRING)
+    fal_error(L, "opts.causal: expected false, true, 'bottom_right' or 'top_left', got '%s'", lua_tostring(L, -1));
+  else if (tt != LUA_TNIL)
+    fal_error(L, "opts.causal: expected false, true, 'bottom_right' or 'top_left', got %s", fal_typename(L, -1));
+  lua_pop(L, 1);
+  return c;
+}
+
+/* Fills o from the opts table at idx.  kv_lens and alibi arrays are pushed
+ * as userdata and must stay on the stack until the call is done. */
+static void read_attn_opts(lua_State *L, int idx, const char *fname, fa_attention_opts *o) {
+  int algo;
+  fa_attention_opts_init(o);
+  if (!fal_opts(L, idx, fname, attn_keys)) return;
+  if (fal_opt_enum(L, idx, "algo", attn_algos, &algo)) o->algo = (fa_attention_algo)algo;
+  o->has_scale = fal_opt_num(L, idx, "scale", &o->scale);
+  o->causal = read_causal(L, idx);
+  o->has_window = fal_opt_pair(L, idx, "window", &o->window_left, &o->window_right);
+  o->mask = fal_opt_tensor(L, idx, "mask");
+  int64_t n;
+  const double *lens = fal_opt_numbers(L, idx, "kv_lens", &n);
+  if (lens) {
+    int64_t *ilens = (int64_t *)fal_newbuffer(L, n, sizeof *ilens, "kv_lens");
+    for (int64_t i = 0; i < n; i++) {
+      if (!(lens[i] >= -9.2e18 && lens[i] <= 9.2e18) || (double)(int64_t)lens[i] != lens[i])
+        fal_error(L, "opts.kv_lens[%I]: expected an integer, got %f", (lua_Integer)i + 1, (lua_Number)lens[i]);
+      ilens[i] = (int64_t)lens[i];
+    }
+    o->kv_lens = ilens;
+    o->n_kv_lens = n;
+  }
+  o->alibi = fal_opt_numbers(L, idx, "alibi", &o->n_alibi);
+  fal_opt_num(L, idx, "softcap", &o->softcap);
+  fal_opt_pair(L, idx, "tile", &o->tile_q, &o->tile_k);
+  fal_opt_bool(L, idx, "return_lse", &o->return_lse);
+  o->out = fal_opt_tensor(L, idx, "out");
+  o->lse_out = fal_opt_tensor(L, idx, "lse_out");
+}
+
+static void read_matmul_opts(lua_State *L, int idx, fa_matmul_opts *o) {
+  int algo;
+  fa_matmul_opts_init(o);
+  if (!fal_opts(L, idx, "fa.matmul", matmul_keys)) return;
+  if (fal_opt_enum(L, idx, "algo", matmul_algos, &algo)) o->algo = (fa_matmul_algo)algo;
+  fal_opt_int(L, idx, "tile", &o->tile);
+  o->out = fal_opt_tensor(L, idx, "out");
+}
+
+/* When the result in the box at slot is opts[key] itself, return that Lua
+ * value (fa.softmax(x, {out = y}) == y). */
+static void prefer_opt(lua_State *L, int slot, int opts_idx, const char *key) {
+  if (!lua_istable(L, opts_idx)) return;
+  lua_getfield(L, opts_idx, key);
+  fal_prefer_same(L, slot, lua_gettop(L));
+  lua_pop(L, 1);
+}
+
+/* ---- kernels --------------------------------------------------------------------- */
+
+static int l_softmax(lua_State *L) {
+  fa_context *ctx = fal_ctx(L);
+  fa_softmax_opts o;
+  lua_settop(L, 2);
+  fa_tensor **y = fal_newbox(L); /* 3 */
+  fa_tensor *x = fal_tensor(L, 1, "x");
+  read_softmax_opts(L, 2, "fa.softmax", &o);
+  FAL_CALL(L, ctx, fa_softmax(ctx, x, &o, y));
+  prefer_opt(L, 3, 2, "out");
+  return 1;
+}
+
+static int attention(lua_State *L, int reference, const char *fname) {
+  fa_context *ctx = fal_ctx(L);
+  fa_attention_opts o;
+  lua_settop(L, 4);
+  fa_tensor **out = fal_newbox(L); /* 5 */
+  fa_tensor **lse = fal_newbox(L); /* 6 */
+  fa_tensor *q = fal_tensor(L, 1, "q"), *k = fal_tensor(L, 2, "k"), *v = fal_tensor(L, 3, "v");
+  read_attn_opts(L, 4, fname, &o); /* may push the kv_lens and alibi arrays */
+  if (reference) FAL_CALL(L, ctx, fa_attention_reference(ctx, q, k, v, &o, out, lse));
+  else FAL_CALL(L, ctx, fa_attention(ctx, q, k, v, &o, out, lse));
+  /* lse only when asked for: the core may compute it anyway */
+  int want_lse = o.return_lse || o.lse_out;
+  lua_settop(L, 6); /* the arrays are no longer needed */
+  prefer_opt(L, 5, 4, "out");
+  if (!want_lse) {
+    fal_box_release(L, 6);
+    lua_settop(L, 5);
+    return 1;
+  }
+  prefer_opt(L, 6, 4, "lse_out");
+  return 2;
+}
+
+static int l_attention(lua_State *L) { return attention(L, 0, "fa.attention"); }
+static int l_attention_reference(lua_State *L) { return attention(L, 1, "fa.attention_reference"); }
+
+static int l_merge_states(lua_State *L) {
+  fa_context *ctx = fal_ctx(L);
+  lua_settop(L, 4);
+  fa_tensor **o = fal_newbox(L);
+  fa_tensor **lse = fal_newbox(L);
+  fa_tensor *o1 = fal_tensor(L, 1, "o1"), *l1 = fal_tensor(L, 2, "lse1");
+  fa_tensor *o2 = fal_tensor(L, 3, "o2"), *l2 = fal_tensor(L, 4, "lse2");
+  FAL_CALL(L, ctx, fa_merge_states(ctx, o1, l1, o2, l2, o, lse));
+  return 2;
+}
+
+static int l_matmul(lua_State *L) {
+  fa_context *ctx = fal_ctx(L);
+  fa_matmul_opts o;
+  lua_settop(L, 3);
+  fa_tensor **c = fal_newbox(L); /* 4 */
+  fa_tensor *a = fal_tensor(L, 1, "a"), *b = fal_tensor(L, 2, "b");
+  read_matmul_opts(L, 3, &o);
+  FAL_CALL(L, ctx, fa_matmul(ctx, a, b, &o, c));
+  prefer_opt(L, 4, 3, "out");
+  return 1;
+}
+
+/* fa.softmax_fused_max_n([dtype [, device]]): the longest row "fused" takes. */
+static int l_softmax_fused_max_n(lua_State *L) {
+  fa_context *ctx = fal_ctx(L);
+  fa_dtype dtype = FA_F32;
+  fa_device device = fa_context_device(ctx);
+  if (!lua_isnoneornil(L, 1)) fal_parse_dtype(L, 1, "argument #1 (dtype)", &dtype);
+  if (!lua_isnoneornil(L, 2)) fal_parse_device(L, 2, "argument #2 (device)", &device);
+  lua_pushinteger(L, (lua_Integer)fa_softmax_fused_max_n(ctx, dtype, device));
+  return 1;
+}
+
+/* ---- costs ---------------------------------------------------------------------------- */
+
+static int push_cost(lua_State *L, const fa_cost *c) {
+  lua_createtable(L, 0, 2);
+  lua_pushnumber(L, (lua_Number)c->flops);
+  lua_setfield(L, -2, "flops");
+  lua_pushnumber(L, (lua_Number)c->bytes);
+  lua_setfield(L, -2, "bytes");
+  return 1;
+}
+
+static int l_cost_attention(lua_State *L) {
+  fa_context *ctx = fal_ctx(L);
+  fa_attention_opts o;
+  fa_cost c;
+  lua_settop(L, 4);
+  fa_tensor *q = fal_tensor(L, 1, "q"), *k = fal_tensor(L, 2, "k"), *v = fal_tensor(L, 3, "v");
+  read_attn_opts(L, 4, "fa.cost.attention", &o);
+  FAL_CALL(L, ctx, fa_cost_attention(ctx, q, k, v, &o, &c));
+  return push_cost(L, &c);
+}
+
+static int l_cost_softmax(lua_State *L) {
+  fa_context *ctx = fal_ctx(L);
+  fa_softmax_opts o;
+  fa_cost c;
+  lua_settop(L, 2);
+  fa_tensor *x = fal_tensor(L, 1, "x");
+  read_softmax_opts(L, 2, "fa.cost.softmax", &o);
+  FAL_CALL(L, ctx, fa_cost_softmax(ctx, x, &o, &c));
+  return push_cost(L, &c);
+}
+
+const luaL_Reg fal_kernel_funcs[] = {{"softmax", l_softmax},
+                                     {"attention", l_attention},
+                                     {"attention_reference", l_attention_reference},
+                                     {"merge_states", l_merge_states},
+                                     {"matmul", l_matmul},
+                                     {"softmax_fused_max_n", l_softmax_fused_max_n},
+                                     {NULL, NULL}};
+
+const luaL_Reg fal_cost_funcs[] = {{"attention", l_cost_attention}, {"softmax", l_cost_softmax}, {NULL, NULL}};

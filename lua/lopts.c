@@ -1,0 +1,186 @@
+/* Reading option tables: every key is checked against the function's list
+ * (a typo such as `caual` is an error, never silently ignored), and each
+ * value is checked for its Lua type.  Value ranges are the core's job. */
+#include <string.h>
+
+#include "lbinding.h"
+
+int fal_opts(lua_State *L, int idx, const char *fname, const char *const *allowed) {
+  if (lua_isnoneornil(L, idx)) return 0;
+  idx = lua_absindex(L, idx);
+  if (!lua_istable(L, idx)) fal_typeerror(L, idx, "opts", "table");
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    lua_pop(L, 1); /* the value; the key stays for lua_next */
+    int known = 0;
+    if (lua_type(L, -1) == LUA_TSTRING) {
+      const char *key = lua_tostring(L, -1);
+      for (const char *const *a = allowed; *a && !known; a++) known = strcmp(key, *a) == 0;
+    }
+    if (!known) {
+      const char *shown = luaL_tolstring(L, -1, NULL); /* a copy: lua_next's key is untouched */
+      fal_error(L, "opts: unknown option '%s' for %s", shown, fname);
+    }
+  }
+  return 1;
+}
+
+/* Pushes opts[key]; returns its type (nil: absent, nothing left pushed). */
+static int get(lua_State *L, int idx, const char *key) {
+  int tt = lua_getfield(L, idx, key);
+  if (tt == LUA_TNIL) lua_pop(L, 1);
+  return tt;
+}
+
+static int bad(lua_State *L, const char *key, const char *what) {
+  return fal_error(L, "opts.%s: expected %s, got %s", key, what, fal_typename(L, -1));
+}
+
+int fal_opt_int(lua_State *L, int idx, const char *key, int64_t *out) {
+  int isint;
+  int tt = get(L, idx, key);
+  if (tt == LUA_TNIL) return 0;
+  if (tt != LUA_TNUMBER) bad(L, key, "an integer");
+  lua_Integer v = lua_tointegerx(L, -1, &isint);
+  if (!isint) fal_error(L, "opts.%s: expected an integer, got %f", key, (double)lua_tonumber(L, -1));
+  *out = (int64_t)v;
+  lua_pop(L, 1);
+  return 1;
+}
+
+int fal_opt_num(lua_State *L, int idx, const char *key, double *out) {
+  int tt = get(L, idx, key);
+  if (tt == LUA_TNIL) return 0;
+  if (tt != LUA_TNUMBER) bad(L, key, "number");
+  *out = (double)lua_tonumber(L, -1);
+  lua_pop(L, 1);
+  return 1;
+}
+
+int fal_opt_bool(lua_State *L, int idx, const char *key, int *out) {
+  int tt = get(L, idx, key);
+  if (tt == LUA_TNIL) return 0;
+  if (tt != LUA_TBOOLEAN) bad(L, key, "boolean");
+  *out = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return 1;
+}
+
+int fal_opt_enum(lua_State *L, int idx, const char *key, const char *const *names, int *out) {
+  int tt = get(L, idx, key);
+  if (tt == LUA_TNIL) return 0;
+  if (tt == LUA_TSTRING) {
+    const char *s = lua_tostring(L, -1);
+    for (int i = 0; names[i]; i++)
+      if (strcmp(s, names[i]) == 0) {
+        *out = i;
+        lua_pop(L, 1);
+        return 1;
+      }
+  }
+  /* "expected one of a, b, c, got 'x'" */
+  luaL_Buffer b;
+  int top = lua_gettop(L);
+  luaL_buffinit(L, &b);
+  for (int i = 0; names[i]; i++) {
+    if (i) luaL_addstring(&b, ", ");
+    luaL_addstring(&b, names[i]);
+  }
+  luaL_pushresult(&b);
+  if (tt == LUA_TSTRING)
+    return fal_error(L, "opts.%s: expected one of %s, got '%s'", key, lua_tostring(L, -1), lua_tostring(L, top));
+  return fal_error(L, "opts.%s: expected one of %s, got %s", key, lua_tostring(L, -1), fal_typename(L, top));
+}
+
+int fal_parse_dtype(lua_State *L, int idx, const char *what, fa_dtype *out) {
+  if (lua_type(L, idx) == LUA_TSTRING && fa_dtype_parse(lua_tostring(L, idx), out) == 0) return 1;
+  if (lua_type(L, idx) == LUA_TSTRING)
+    return fal_error(L, "%s: expected one of f32, f16, bf16, f64, bool (or float, half, bfloat16, double), got '%s'",
+                     what, lua_tostring(L, idx));
+  return fal_error(L, "%s: expected one of f32, f16, bf16, f64, bool (or float, half, bfloat16, double), got %s", what,
+                   fal_typename(L, idx));
+}
+
+int fal_parse_device(lua_State *L, int idx, const char *what, fa_device *out) {
+  if (lua_type(L, idx) == LUA_TSTRING && fa_device_parse(lua_tostring(L, idx), out) == 0) return 1;
+  if (lua_type(L, idx) == LUA_TSTRING)
+    return fal_error(L, "%s: expected one of cpu, cuda, got '%s'", what, lua_tostring(L, idx));
+  return fal_error(L, "%s: expected one of cpu, cuda, got %s", what, fal_typename(L, idx));
+}
+
+int fal_opt_dtype(lua_State *L, int idx, const char *key, fa_dtype *out) {
+  if (get(L, idx, key) == LUA_TNIL) return 0;
+  lua_pushfstring(L, "opts.%s", key);
+  fal_parse_dtype(L, -2, lua_tostring(L, -1), out);
+  lua_pop(L, 2);
+  return 1;
+}
+
+int fal_opt_device(lua_State *L, int idx, const char *key, fa_device *out) {
+  if (get(L, idx, key) == LUA_TNIL) return 0;
+  lua_pushfstring(L, "opts.%s", key);
+  fal_parse_device(L, -2, lua_tostring(L, -1), out);
+  lua_pop(L, 2);
+  return 1;
+}
+
+fa_tensor *fal_opt_tensor(lua_State *L, int idx, const char *key) {
+  if (get(L, idx, key) == LUA_TNIL) return NULL;
+  fal_box *b = fal_tobox(L, -1);
+  if (!b) bad(L, key, FAL_TENSOR_MT);
+  if (!b->t) fal_error(L, "opts.%s: tensor has been freed", key);
+  lua_pop(L, 1); /* the opts table keeps it alive */
+  return b->t;
+}
+
+static int64_t pair_elem(lua_State *L, const char *key, int i) {
+  int isint;
+  lua_rawgeti(L, -1, i);
+  lua_Integer v = lua_tointegerx(L, -1, &isint);
+  if (lua_type(L, -1) != LUA_TNUMBER || !isint)
+    fal_error(L, "opts.%s[%d]: expected an integer, got %s", key, i,
+              lua_type(L, -1) == LUA_TNUMBER ? lua_tostring(L, -1) : fal_typename(L, -1));
+  lua_pop(L, 1);
+  return (int64_t)v;
+}
+
+int fal_opt_pair(lua_State *L, int idx, const char *key, int64_t *a, int64_t *b) {
+  int tt = get(L, idx, key);
+  if (tt == LUA_TNIL) return 0;
+  if (tt != LUA_TTABLE) bad(L, key, "a table of 2 integers");
+  if (lua_rawlen(L, -1) != 2)
+    fal_error(L, "opts.%s: expected a table of 2 integers, got %d entries", key, (int)lua_rawlen(L, -1));
+  *a = pair_elem(L, key, 1);
+  *b = pair_elem(L, key, 2);
+  lua_pop(L, 1);
+  return 1;
+}
+
+double *fal_opt_numbers(lua_State *L, int idx, const char *key, int64_t *n) {
+  idx = lua_absindex(L, idx);
+  int tt = get(L, idx, key);
+  if (tt == LUA_TNIL) return NULL;
+  int vi = lua_gettop(L);
+  double *buf;
+  if (tt == LUA_TTABLE) {
+    *n = (int64_t)lua_rawlen(L, vi);
+    buf = (double *)fal_newbuffer(L, *n, sizeof *buf, key);
+    for (int64_t i = 0; i < *n; i++) {
+      if (lua_rawgeti(L, vi, (lua_Integer)i + 1) != LUA_TNUMBER)
+        fal_error(L, "opts.%s[%I]: expected number, got %s", key, (lua_Integer)i + 1, fal_typename(L, -1));
+      buf[i] = (double)lua_tonumber(L, -1);
+      lua_pop(L, 1);
+    }
+  } else {
+    fal_box *b = fal_tobox(L, vi);
+    if (!b) bad(L, key, "a table or a tensor of numbers");
+    if (!b->t) fal_error(L, "opts.%s: tensor has been freed", key);
+    if (fa_tensor_ndim(b->t) != 1) fal_error(L, "opts.%s: expected a 1-D tensor, got %d dimensions", key, fa_tensor_ndim(b->t));
+    fa_context *ctx = fal_ctx(L);
+    *n = fa_tensor_numel(b->t);
+    buf = (double *)fal_newbuffer(L, *n, sizeof *buf, key);
+    FAL_CALL(L, ctx, fa_tensor_read_f64(ctx, b->t, buf));
+  }
+  lua_remove(L, vi); /* leave only the buffer */
+  return buf;
+}

@@ -1,0 +1,217 @@
+/* Per-lua_State binding state (contexts, seed counter, bench buffer),
+ * error raising and small argument helpers.
+ *
+ * The state is a userdata in the registry with a __gc, so it lives exactly
+ * as long as the lua_State and its resources go with lua_close. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lbinding.h"
+
+/* Its address is the registry key of the state (unique per process). */
+static const char state_key = 0;
+
+#define FLUSH_BYTES ((size_t)64 << 20) /* larger than the last-level caches we target */
+#define GC_MIN_STEP ((size_t)64 << 20)
+
+static int state_gc(lua_State *L) {
+  fal_state *s = (fal_state *)lua_touserdata(L, 1);
+  if (s->own) fa_context_destroy(s->own);
+  s->own = NULL;
+  free(s->flush);
+  s->flush = NULL;
+  return 0;
+}
+
+fal_state *fal_state_get(lua_State *L) {
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &state_key) == LUA_TUSERDATA) {
+    fal_state *s = (fal_state *)lua_touserdata(L, -1);
+    lua_pop(L, 1);
+    return s;
+  }
+  lua_pop(L, 1);
+  fal_state *s = (fal_state *)lua_newuserdatauv(L, sizeof *s, 0);
+  memset(s, 0, sizeof *s);
+  lua_createtable(L, 0, 2);
+  lua_pushcfunction(L, state_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_pushliteral(L, "flashattn.State");
+  lua_setfield(L, -2, "__name");
+  lua_setmetatable(L, -2);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &state_key); /* the registry keeps it */
+  return s;
+}
+
+/* The module's own context on the default device; NULL when impossible. */
+static fa_context *own_context(fal_state *s) {
+  if (!s->own && fa_context_create(fa_default_device(), &s->own) != FA_OK) s->own = NULL;
+  return s->own;
+}
+
+fa_context *fal_ctx(lua_State *L) {
+  fal_state *s = fal_state_get(L);
+  if (s->host) return s->host;
+  fa_context *ctx = own_context(s);
+  if (!ctx)
+    fal_error(L, "cannot create a context on the default device '%s' (check FLASHATTN_DEVICE, or call "
+                 "fa.set_default_device('cpu'))",
+              fa_device_name(fa_default_device()));
+  return ctx;
+}
+
+FA_API fa_context *fa_lua_get_context(lua_State *L) {
+  fal_state *s = fal_state_get(L);
+  return s->host ? s->host : own_context(s);
+}
+
+FA_API void fa_lua_set_context(lua_State *L, fa_context *ctx) { fal_state_get(L)->host = ctx; }
+
+fa_status fal_make_own_context(lua_State *L, fa_device device) {
+  fal_state *s = fal_state_get(L);
+  if (s->own) return FA_OK;
+  fa_status st = fa_context_create(device, &s->own);
+  if (st != FA_OK) s->own = NULL;
+  return st;
+}
+
+uint64_t fal_next_seed(lua_State *L) {
+  /* splitmix64 of a counter: distinct, well-mixed seeds that are still
+   * reproducible run to run (like PyTorch's fixed default seed) */
+  uint64_t z = ++fal_state_get(L)->seed_counter * 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+void fal_flush_host_cache(lua_State *L) {
+  fal_state *s = fal_state_get(L);
+  if (!s->flush) {
+    s->flush = (unsigned char *)malloc(FLUSH_BYTES);
+    if (!s->flush) fal_error(L, "fa.bench: cannot allocate the %d MiB cache-flush buffer", (int)(FLUSH_BYTES >> 20));
+    s->flush_bytes = FLUSH_BYTES;
+  }
+  /* a new value each round: the stores cannot be skipped as redundant */
+  memset(s->flush, (int)(++s->flush_round & 0xff), s->flush_bytes);
+}
+
+static void reset_gc_base(fal_state *s) {
+  fa_memory(FA_CPU, &s->gc_base[0], NULL);
+  fa_memory(FA_CUDA, &s->gc_base[1], NULL);
+}
+
+void fal_collect(lua_State *L) {
+  lua_gc(L, LUA_GCCOLLECT, 0);
+  reset_gc_base(fal_state_get(L));
+}
+
+void fal_gc_pressure(lua_State *L) {
+  fal_state *s = fal_state_get(L);
+  static const fa_device devs[2] = {FA_CPU, FA_CUDA};
+  int collect = 0;
+  for (int i = 0; i < 2; i++) {
+    size_t cur, base = s->gc_base[i];
+    fa_memory(devs[i], &cur, NULL);
+    if (cur < base) s->gc_base[i] = base = cur; /* memory went back: follow it down */
+    /* collect when the engine has grown by max(64 MiB, what it held after
+     * the last collection), or by half the room left under a set limit */
+    size_t step = base > GC_MIN_STEP ? base : GC_MIN_STEP;
+    size_t limit = fa_memory_limit(devs[i]);
+    if (limit > base && (limit - base) / 2 < step) step = (limit - base) / 2;
+    if (cur - base > step) collect = 1;
+  }
+  if (collect) fal_collect(L);
+}
+
+/* ---- errors ---------------------------------------------------------- */
+
+int fal_error(lua_State *L, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  lua_pushliteral(L, "flashattn: ");
+  lua_pushvfstring(L, fmt, ap);
+  va_end(ap);
+  lua_concat(L, 2);
+  return lua_error(L);
+}
+
+int fal_fail(lua_State *L, fa_context *ctx) {
+  const char *msg = fa_context_error(ctx);
+  if (!msg || !*msg) msg = "flashattn: the engine failed without a message";
+  lua_pushstring(L, msg);
+  return lua_error(L);
+}
+
+const char *fal_typename(lua_State *L, int idx) {
+  int tt = luaL_getmetafield(L, idx, "__name");
+  if (tt != LUA_TNIL) {
+    const char *name = tt == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+    lua_pop(L, 1); /* the string stays alive in the metatable */
+    if (name) return name;
+  }
+  if (lua_type(L, idx) == LUA_TLIGHTUSERDATA) return "light userdata";
+  return luaL_typename(L, idx);
+}
+
+/* Pushes "argument #n (name)", or "self" for the receiver of a method call. */
+static void push_arglabel(lua_State *L, int idx, const char *name) {
+  lua_Debug ar;
+  int n = idx;
+  if (lua_getstack(L, 0, &ar) && lua_getinfo(L, "n", &ar) && ar.namewhat && strcmp(ar.namewhat, "method") == 0)
+    n--; /* like luaL_argerror: obj:m(x) calls x argument #1 */
+  if (n == 0) lua_pushliteral(L, "self");
+  else if (name) lua_pushfstring(L, "argument #%d (%s)", n, name);
+  else lua_pushfstring(L, "argument #%d", n);
+}
+
+int fal_argerror(lua_State *L, int idx, const char *name, const char *fmt, ...) {
+  va_list ap;
+  lua_pushliteral(L, "flashattn: ");
+  push_arglabel(L, idx, name);
+  lua_pushliteral(L, ": ");
+  va_start(ap, fmt);
+  lua_pushvfstring(L, fmt, ap);
+  va_end(ap);
+  lua_concat(L, 4);
+  return lua_error(L);
+}
+
+int fal_typeerror(lua_State *L, int idx, const char *name, const char *what) {
+  return fal_argerror(L, idx, name, "expected %s, got %s", what, fal_typename(L, idx));
+}
+
+/* ---- argument helpers -------------------------------------------------- */
+
+int64_t fal_checkint(lua_State *L, int idx, const char *name) {
+  int isint;
+  lua_Integer v;
+  if (lua_type(L, idx) != LUA_TNUMBER) fal_typeerror(L, idx, name, "an integer");
+  v = lua_tointegerx(L, idx, &isint);
+  if (!isint) fal_argerror(L, idx, name, "expected an integer, got %f", (double)lua_tonumber(L, idx));
+  return (int64_t)v;
+}
+
+double fal_checknum(lua_State *L, int idx, const char *name) {
+  if (lua_type(L, idx) != LUA_TNUMBER) fal_typeerror(L, idx, name, "number");
+  return (double)lua_tonumber(L, idx);
+}
+
+double fal_checkvalue(lua_State *L, int idx, const char *name) {
+  if (lua_type(L, idx) == LUA_TBOOLEAN) return lua_toboolean(L, idx) ? 1.0 : 0.0;
+  if (lua_type(L, idx) != LUA_TNUMBER) fal_typeerror(L, idx, name, "number or boolean");
+  return (double)lua_tonumber(L, idx);
+}
+
+int fal_dim0(int64_t dim1) {
+  /* out-of-range values stay out of range (the core names them) */
+  if (dim1 > 1000) return 1000;
+  if (dim1 < -1000) return -1000;
+  return (int)dim1 - 1;
+}
+
+void *fal_newbuffer(lua_State *L, int64_t n, size_t size, const char *what) {
+  if (n < 0 || (uint64_t)n > (SIZE_MAX / 2) / (size ? size : 1))
+    fal_error(L, "%s: %I elements is too many", what, (lua_Integer)n);
+  return lua_newuserdatauv(L, (size_t)n * size, 0);
+}

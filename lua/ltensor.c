@@ -1,0 +1,416 @@
+/* The tensor userdata (metatable "flashattn.Tensor"), modelled on Lua's
+ * liolib.c: a box holding one fa_tensor reference, NULL once freed;
+ * __gc, __close and t:free() share one idempotent function; a freed
+ * tensor raises an error on use instead of crashing.  This file has the
+ * type itself, indexing, and the methods that describe, view, convert
+ * and access elements. */
+#include <string.h>
+
+#include "lbinding.h"
+
+/* ---- the box ------------------------------------------------------------ */
+
+fal_box *fal_tobox(lua_State *L, int idx) { return (fal_box *)luaL_testudata(L, idx, FAL_TENSOR_MT); }
+
+fa_tensor **fal_newbox(lua_State *L) {
+  fal_gc_pressure(L); /* before the new result: Lua cannot see tensor bytes */
+  fal_box *b = (fal_box *)lua_newuserdatauv(L, sizeof *b, 0);
+  b->t = NULL;
+  fal_tensor_metatable(L);
+  lua_setmetatable(L, -2);
+  return &b->t;
+}
+
+fa_tensor *fal_tensor(lua_State *L, int idx, const char *name) {
+  fal_box *b = fal_tobox(L, idx);
+  if (!b) fal_typeerror(L, idx, name, FAL_TENSOR_MT);
+  if (!b->t) fal_argerror(L, idx, name, "tensor has been freed");
+  return b->t;
+}
+
+void fal_box_release(lua_State *L, int idx) {
+  fal_box *b = fal_tobox(L, idx);
+  if (b && b->t) {
+    fa_tensor_release(b->t);
+    b->t = NULL;
+  }
+}
+
+void fal_prefer_same(lua_State *L, int slot_idx, int orig_idx) {
+  slot_idx = lua_absindex(L, slot_idx);
+  orig_idx = lua_absindex(L, orig_idx);
+  fal_box *slot = fal_tobox(L, slot_idx), *orig = fal_tobox(L, orig_idx);
+  if (slot && orig && slot->t && slot->t == orig->t) {
+    fa_tensor_release(slot->t); /* the extra reference the core handed out */
+    slot->t = NULL;
+    lua_pushvalue(L, orig_idx);
+    lua_replace(L, slot_idx);
+  }
+}
+
+FA_API void fa_lua_push_tensor(lua_State *L, fa_tensor *t) {
+  if (!t) {
+    lua_pushnil(L);
+    return;
+  }
+  fa_tensor **slot = fal_newbox(L);
+  fa_tensor_retain(t);
+  *slot = t;
+}
+
+FA_API fa_tensor *fa_lua_check_tensor(lua_State *L, int idx) { return fal_tensor(L, idx, NULL); }
+
+/* __gc, __close and t:free(): drop the reference once. */
+static int t_free(lua_State *L) {
+  fal_box *b = fal_tobox(L, 1);
+  if (!b) return fal_typeerror(L, 1, "self", FAL_TENSOR_MT);
+  if (b->t) {
+    fa_tensor_release(b->t);
+    b->t = NULL;
+  }
+  return 0;
+}
+
+#define SELF(L) fal_tensor((L), 1, "self")
+
+/* ---- description ---------------------------------------------------------- */
+
+static int t_shape(lua_State *L) {
+  fa_tensor *t = SELF(L);
+  int n = fa_tensor_ndim(t);
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) {
+    lua_pushinteger(L, (lua_Integer)fa_tensor_size(t, i));
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+static int t_size(lua_State *L) {
+  if (lua_isnoneornil(L, 2)) return t_shape(L); /* Torch: t:size() is the whole shape */
+  fa_tensor *t = SELF(L);
+  int64_t d = fal_checkint(L, 2, "dim");
+  if (d < 1 || d > fa_tensor_ndim(t))
+    fal_error(L, "size: dimension %I out of range for a %d-D tensor", (lua_Integer)d, fa_tensor_ndim(t));
+  lua_pushinteger(L, (lua_Integer)fa_tensor_size(t, (int)d - 1));
+  return 1;
+}
+
+static int t_dim(lua_State *L) {
+  lua_pushinteger(L, fa_tensor_ndim(SELF(L)));
+  return 1;
+}
+
+static int t_numel(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)fa_tensor_numel(SELF(L)));
+  return 1;
+}
+
+static int t_len(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)fa_tensor_size(SELF(L), 0));
+  return 1;
+}
+
+static int t_dtype(lua_State *L) {
+  lua_pushstring(L, fa_dtype_name(fa_tensor_dtype(SELF(L))));
+  return 1;
+}
+
+static int t_device(lua_State *L) {
+  lua_pushstring(L, fa_device_name(fa_tensor_device(SELF(L))));
+  return 1;
+}
+
+static int t_is_contiguous(lua_State *L) {
+  lua_pushboolean(L, fa_tensor_is_contiguous(SELF(L)));
+  return 1;
+}
+
+/* ---- conversions ------------------------------------------------------------ */
+
+/* A converted copy, or t itself when nothing changes. */
+static int convert(lua_State *L, fa_dtype dtype, fa_device device) {
+  fa_context *ctx = fal_ctx(L);
+  lua_settop(L, 1);
+  fa_tensor **r = fal_newbox(L);
+  fa_tensor *t = SELF(L);
+  FAL_CALL(L, ctx, fa_tensor_to(ctx, t, dtype, device, r));
+  fal_prefer_same(L, -1, 1);
+  return 1;
+}
+
+/* t:to(x [, y]): each of x, y a dtype or a device name. */
+static int t_to(lua_State *L) {
+  fa_tensor *t = SELF(L);
+  fa_dtype dtype = fa_tensor_dtype(t);
+  fa_device device = fa_tensor_device(t);
+  int n = lua_gettop(L);
+  if (n < 2) fal_typeerror(L, 2, "x", "a dtype or device name");
+  for (int i = 2; i <= n && i <= 3; i++) {
+    const char *s = lua_type(L, i) == LUA_TSTRING ? lua_tostring(L, i) : NULL;
+    if (!s) fal_typeerror(L, i, "x", "a dtype or device name");
+    if (fa_dtype_parse(s, &dtype) != 0 && fa_device_parse(s, &device) != 0)
+      fal_argerror(L, i, "x",
+                   "expected a dtype (f32, f16, bf16, f64, bool, or float, half, bfloat16, double) or a device "
+                   "(cpu, cuda), got '%s'",
+                   s);
+  }
+  return convert(L, dtype, device);
+}
+
+static int t_cpu(lua_State *L) { return convert(L, fa_tensor_dtype(SELF(L)), FA_CPU); }
+static int t_cuda(lua_State *L) { return convert(L, fa_tensor_dtype(SELF(L)), FA_CUDA); }
+static int t_float(lua_State *L) { return convert(L, FA_F32, fa_tensor_device(SELF(L))); }
+static int t_half(lua_State *L) { return convert(L, FA_F16, fa_tensor_device(SELF(L))); }
+static int t_bf16(lua_State *L) { return convert(L, FA_BF16, fa_tensor_device(SELF(L))); }
+static int t_double(lua_State *L) { return convert(L, FA_F64, fa_tensor_device(SELF(L))); }
+
+static int t_clone(lua_State *L) {
+  fa_context *ctx = fal_ctx(L);
+  lua_settop(L, 1);
+  fa_tensor **r = fal_newbox(L);
+  FAL_CALL(L, ctx, fa_tensor_clone(ctx, SELF(L), r));
+  return 1;
+}
+
+static int t_contiguous(lua_State *L) {
+  fa_context *ctx = fal_ctx(L);
+  lua_settop(L, 1);
+  fa_tensor **r = fal_newbox(L);
+  FAL_CALL(L, ctx, fa_tensor_contiguous(ctx, SELF(L), r));
+  fal_prefer_same(L, -1, 1);
+  return 1;
+}
+
+static int t_copy_(lua_State *L) {
+  fa_context *ctx = fal_ctx(L);
+  fa_tensor *t = SELF(L);
+  fa_tensor *src = fal_tensor(L, 2, "src");
+  FAL_CALL(L, ctx, fa_tensor_copy(ctx, t, src));
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int t_fill_(lua_State *L) {
+  fa_context *ctx = fal_ctx(L);
+  fa_tensor *t = SELF(L);
+  double v = fal_checkvalue(L, 2, "value");
+  FAL_CALL(L, ctx, fa_tensor_fill(ctx, t, v));
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* ---- elements ---------------------------------------------------------------- */
+
+/* Reads the 1-based indices at first..first+ndim-1 into 0-based idx. */
+static void read_index(lua_State *L, fa_tensor *t, int first, int given, const char *what, int64_t *idx) {
+  int nd = fa_tensor_ndim(t);
+  if (given != nd)
+    fal_error(L, "%s: expected %d %s for a %d-D tensor, got %d", what, nd, nd == 1 ? "index" : "indices", nd, given);
+  for (int i = 0; i < nd; i++) idx[i] = fal_checkint(L, first + i, "index") - 1;
+}
+
+static int t_get(lua_State *L) {
+  fa_context *ctx = fal_ctx(L);
+  fa_tensor *t = SELF(L);
+  int64_t idx[FA_MAX_DIMS];
+  double v;
+  read_index(L, t, 2, lua_gettop(L) - 1, "get", idx);
+  FAL_CALL(L, ctx, fa_tensor_get(ctx, t, idx, &v));
+  lua_pushnumber(L, (lua_Number)v);
+  return 1;
+}
+
+static int t_set(lua_State *L) {
+  fa_context *ctx = fal_ctx(L);
+  fa_tensor *t = SELF(L);
+  int64_t idx[FA_MAX_DIMS];
+  int n = lua_gettop(L);
+  if (n < 2) fal_error(L, "set: expected indices and a value");
+  read_index(L, t, 2, n - 2, "set", idx);
+  double v = fal_checkvalue(L, n, "value");
+  FAL_CALL(L, ctx, fa_tensor_set(ctx, t, idx, v));
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* t[i]: the key as a 0-based index, or an error for a non-integral number. */
+static int64_t key_index(lua_State *L) {
+  int isint;
+  lua_Integer i = lua_tointegerx(L, 2, &isint);
+  if (!isint) fal_error(L, "tensor index: expected an integer, got %f", (double)lua_tonumber(L, 2));
+  return (int64_t)i - 1;
+}
+
+/* __index: methods by name, t[i] by integer (1-D: the number; N-D: the
+ * view of the sub-tensor, as Torch7 does). */
+static int t_index(lua_State *L) {
+  if (lua_type(L, 2) != LUA_TNUMBER) {
+    lua_pushvalue(L, 2);
+    lua_rawget(L, lua_upvalueindex(1));
+    return 1;
+  }
+  fa_context *ctx = fal_ctx(L);
+  if (fa_tensor_ndim(SELF(L)) == 1) {
+    int64_t i = key_index(L);
+    double v;
+    FAL_CALL(L, ctx, fa_tensor_get(ctx, SELF(L), &i, &v));
+    lua_pushnumber(L, (lua_Number)v);
+    return 1;
+  }
+  fa_tensor **r = fal_newbox(L);
+  FAL_CALL(L, ctx, fa_tensor_select(ctx, SELF(L), 0, key_index(L), r));
+  return 1;
+}
+
+/* __newindex: t[i] = v sets an element of a 1-D tensor; for N-D, a number
+ * fills the sub-tensor and a tensor is copied into it (Torch7). */
+static int t_newindex(lua_State *L) {
+  if (lua_type(L, 2) != LUA_TNUMBER) {
+    const char *k = luaL_tolstring(L, 2, NULL);
+    return fal_error(L, "cannot assign field '%s' of a " FAL_TENSOR_MT, k);
+  }
+  fa_context *ctx = fal_ctx(L);
+  if (fa_tensor_ndim(SELF(L)) == 1) {
+    int64_t i = key_index(L);
+    double v = fal_checkvalue(L, 3, "value");
+    FAL_CALL(L, ctx, fa_tensor_set(ctx, SELF(L), &i, v));
+    return 0;
+  }
+  fa_tensor **r = fal_newbox(L);
+  int ri = lua_gettop(L);
+  FAL_CALL(L, ctx, fa_tensor_select(ctx, SELF(L), 0, key_index(L), r));
+  if (fal_tobox(L, 3)) {
+    FAL_CALL(L, ctx, fa_tensor_copy(ctx, *r, fal_tensor(L, 3, "value")));
+  } else {
+    double v = fal_checkvalue(L, 3, "value");
+    FAL_CALL(L, ctx, fa_tensor_fill(ctx, *r, v));
+  }
+  fal_box_release(L, ri);
+  return 0;
+}
+
+/* ---- views ------------------------------------------------------------------- */
+
+static int t_view(lua_State *L) {
+  fa_context *ctx = fal_ctx(L);
+  int64_t shape[FA_MAX_DIMS];
+  int n = lua_gettop(L);
+  int nd = fal_read_shape(L, 2, n, shape, "shape");
+  fa_tensor **r = fal_newbox(L);
+  FAL_CALL(L, ctx, fa_tensor_view(ctx, SELF(L), nd, shape, r));
+  return 1;
+}
+
+/* A view when the strides allow it, else a view of a contiguous copy. */
+static int t_reshape(lua_State *L) {
+  fa_context *ctx = fal_ctx(L);
+  int64_t shape[FA_MAX_DIMS];
+  int n = lua_gettop(L);
+  int nd = fal_read_shape(L, 2, n, shape, "shape");
+  fa_tensor *t = SELF(L);
+  fa_tensor **r = fal_newbox(L);
+  if (fa_tensor_is_contiguous(t)) {
+    FAL_CALL(L, ctx, fa_tensor_view(ctx, t, nd, shape, r));
+    return 1;
+  }
+  fa_tensor **c = fal_newbox(L);
+  int ci = lua_gettop(L);
+  FAL_CALL(L, ctx, fa_tensor_contiguous(ctx, t, c));
+  FAL_CALL(L, ctx, fa_tensor_view(ctx, *c, nd, shape, r));
+  fal_box_release(L, ci); /* the view holds the copy's storage */
+  lua_pop(L, 1);
+  return 1;
+}
+
+static int t_select(lua_State *L) {
+  fa_context *ctx = fal_ctx(L);
+  lua_settop(L, 3); /* the result box must not take an absent argument's place */
+  fa_tensor **r = fal_newbox(L);
+  int dim = fal_dim0(fal_checkint(L, 2, "dim"));
+  int64_t i = fal_checkint(L, 3, "index") - 1;
+  FAL_CALL(L, ctx, fa_tensor_select(ctx, SELF(L), dim, i, r));
+  return 1;
+}
+
+static int t_narrow(lua_State *L) {
+  fa_context *ctx = fal_ctx(L);
+  lua_settop(L, 4); /* the result box must not take an absent argument's place */
+  fa_tensor **r = fal_newbox(L);
+  int dim = fal_dim0(fal_checkint(L, 2, "dim"));
+  int64_t start = fal_checkint(L, 3, "start") - 1;
+  int64_t len = fal_checkint(L, 4, "length");
+  FAL_CALL(L, ctx, fa_tensor_narrow(ctx, SELF(L), dim, start, len, r));
+  return 1;
+}
+
+/* t:transpose(d1, d2); a 2-D tensor may omit them (Torch's t:t()). */
+static int t_transpose(lua_State *L) {
+  fa_context *ctx = fal_ctx(L);
+  lua_settop(L, 3); /* the result box must not take an absent argument's place */
+  fa_tensor **r = fal_newbox(L);
+  int d1 = 0, d2 = 1;
+  if (!lua_isnoneornil(L, 2) || fa_tensor_ndim(SELF(L)) != 2) {
+    d1 = fal_dim0(fal_checkint(L, 2, "dim1"));
+    d2 = fal_dim0(fal_checkint(L, 3, "dim2"));
+  }
+  FAL_CALL(L, ctx, fa_tensor_transpose(ctx, SELF(L), d1, d2, r));
+  return 1;
+}
+
+/* ---- totable ------------------------------------------------------------------ */
+
+static void build_table(lua_State *L, const double *v, const int64_t *shape, int nd, int d, int64_t *pos) {
+  luaL_checkstack(L, 2, "totable");
+  lua_createtable(L, shape[d] > 0x7fffffff ? 0 : (int)shape[d], 0);
+  for (int64_t i = 0; i < shape[d]; i++) {
+    if (d == nd - 1) lua_pushnumber(L, (lua_Number)v[(*pos)++]);
+    else build_table(L, v, shape, nd, d + 1, pos);
+    lua_rawseti(L, -2, (lua_Integer)i + 1);
+  }
+}
+
+static int t_totable(lua_State *L) {
+  fa_context *ctx = fal_ctx(L);
+  fa_tensor *t = SELF(L);
+  int64_t shape[FA_MAX_DIMS], pos = 0;
+  int nd = fa_tensor_ndim(t);
+  for (int i = 0; i < nd; i++) shape[i] = fa_tensor_size(t, i);
+  double *v = (double *)fal_newbuffer(L, fa_tensor_numel(t), sizeof *v, "totable");
+  FAL_CALL(L, ctx, fa_tensor_read_f64(ctx, t, v));
+  build_table(L, v, shape, nd, 0, &pos);
+  return 1;
+}
+
+/* ---- the metatable ------------------------------------------------------------ */
+
+static const luaL_Reg methods[] = {
+    {"shape", t_shape},       {"size", t_size},
+    {"dim", t_dim},           {"numel", t_numel},
+    {"dtype", t_dtype},       {"device", t_device},
+    {"to", t_to},             {"cpu", t_cpu},
+    {"cuda", t_cuda},         {"float", t_float},
+    {"half", t_half},         {"bf16", t_bf16},
+    {"double", t_double},     {"clone", t_clone},
+    {"copy_", t_copy_},       {"fill_", t_fill_},
+    {"get", t_get},           {"set", t_set},
+    {"view", t_view},         {"reshape", t_reshape},
+    {"select", t_select},     {"narrow", t_narrow},
+    {"transpose", t_transpose}, {"contiguous", t_contiguous},
+    {"is_contiguous", t_is_contiguous}, {"totable", t_totable},
+    {"free", t_free},         {NULL, NULL}};
+
+static const luaL_Reg meta[] = {{"__gc", t_free},         {"__close", t_free}, {"__len", t_len},
+                                {"__newindex", t_newindex}, {"__tostring", fal_tensor_tostring}, {NULL, NULL}};
+
+void fal_tensor_metatable(lua_State *L) {
+  if (!luaL_newmetatable(L, FAL_TENSOR_MT)) return; /* already made (sets __name when new) */
+  luaL_setfuncs(L, meta, 0);
+  luaL_setfuncs(L, fal_tensor_op_meta, 0);
+  /* __index: a closure over the methods table so that integer keys work too */
+  lua_createtable(L, 0, 48);
+  luaL_setfuncs(L, methods, 0);
+  luaL_setfuncs(L, fal_tensor_op_methods, 0);
+  lua_pushcclosure(L, t_index, 1);
+  lua_setfield(L, -2, "__index");
+}

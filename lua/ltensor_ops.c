@@ -1,0 +1,188 @@
+/* Tensor arithmetic (methods and the + - * / and unary - metamethods),
+ * reductions, t:isfinite() and the comparison helpers fa.max_abs_diff,
+ * fa.rel_error and fa.allclose. */
+#include <math.h>
+
+#include "lbinding.h"
+
+/* ---- arithmetic ------------------------------------------------------------ */
+
+/* Pushes a op x with a the tensor at ai and x the number or tensor at xi. */
+static int tensor_op(lua_State *L, int ai, const char *aname, fa_binary_op op, int xi, const char *xname) {
+  fa_context *ctx = fal_ctx(L);
+  lua_settop(L, 2); /* operands at 1 and 2; the result box above them */
+  fa_tensor **r = fal_newbox(L);
+  fa_tensor *a = fal_tensor(L, ai, aname);
+  if (lua_type(L, xi) == LUA_TNUMBER) {
+    double s = (double)lua_tonumber(L, xi);
+    FAL_CALL(L, ctx, fa_tensor_binary(ctx, a, op, NULL, s, r));
+  } else {
+    if (!fal_tobox(L, xi)) fal_typeerror(L, xi, xname, "number or " FAL_TENSOR_MT);
+    fa_tensor *b = fal_tensor(L, xi, xname);
+    FAL_CALL(L, ctx, fa_tensor_binary(ctx, a, op, b, 0.0, r));
+  }
+  return 1;
+}
+
+static int t_add(lua_State *L) { return tensor_op(L, 1, "self", FA_BIN_ADD, 2, "x"); }
+static int t_sub(lua_State *L) { return tensor_op(L, 1, "self", FA_BIN_SUB, 2, "x"); }
+static int t_mul(lua_State *L) { return tensor_op(L, 1, "self", FA_BIN_MUL, 2, "x"); }
+static int t_div(lua_State *L) { return tensor_op(L, 1, "self", FA_BIN_DIV, 2, "x"); }
+
+/* s op t for a number s on the left. */
+static int number_op(lua_State *L, fa_binary_op op) {
+  if (op == FA_BIN_ADD || op == FA_BIN_MUL) return tensor_op(L, 2, "b", op, 1, "a"); /* commutative */
+  fa_context *ctx = fal_ctx(L);
+  lua_settop(L, 2);
+  fa_tensor **r = fal_newbox(L);
+  fa_tensor **tmp = fal_newbox(L);
+  int tmpi = lua_gettop(L);
+  fa_tensor *t = fal_tensor(L, 2, "b");
+  double s = (double)lua_tonumber(L, 1);
+  if (op == FA_BIN_SUB) {
+    /* s - t = (-t) + s, exactly: negation is exact and addition commutes */
+    FAL_CALL(L, ctx, fa_tensor_binary(ctx, t, FA_BIN_MUL, NULL, -1.0, tmp));
+    FAL_CALL(L, ctx, fa_tensor_binary(ctx, *tmp, FA_BIN_ADD, NULL, s, r));
+  } else {
+    /* s / t through a tensor full of s (no reciprocal rounding) */
+    int64_t shape[FA_MAX_DIMS];
+    int nd = fa_tensor_ndim(t);
+    for (int i = 0; i < nd; i++) shape[i] = fa_tensor_size(t, i);
+    FAL_CALL(L, ctx, fa_tensor_empty(ctx, nd, shape, fa_tensor_dtype(t), fa_tensor_device(t), tmp));
+    FAL_CALL(L, ctx, fa_tensor_fill(ctx, *tmp, s));
+    FAL_CALL(L, ctx, fa_tensor_binary(ctx, *tmp, FA_BIN_DIV, t, 0.0, r));
+  }
+  fal_box_release(L, tmpi);
+  lua_pop(L, 1);
+  return 1;
+}
+
+/* __add etc.: tensor op tensor, tensor op number, number op tensor. */
+static int arith(lua_State *L, fa_binary_op op) {
+  if (fal_tobox(L, 1)) return tensor_op(L, 1, "a", op, 2, "b");
+  if (lua_type(L, 1) == LUA_TNUMBER && fal_tobox(L, 2)) return number_op(L, op);
+  return fal_typeerror(L, 1, "a", "number or " FAL_TENSOR_MT);
+}
+
+static int m_add(lua_State *L) { return arith(L, FA_BIN_ADD); }
+static int m_sub(lua_State *L) { return arith(L, FA_BIN_SUB); }
+static int m_mul(lua_State *L) { return arith(L, FA_BIN_MUL); }
+static int m_div(lua_State *L) { return arith(L, FA_BIN_DIV); }
+
+static int m_unm(lua_State *L) {
+  lua_settop(L, 1); /* Lua passes the operand twice */
+  lua_pushnumber(L, -1);
+  return tensor_op(L, 1, "a", FA_BIN_MUL, 2, "b");
+}
+
+/* ---- reductions ------------------------------------------------------------- */
+
+static int reduce(lua_State *L, fa_reduce_op op) {
+  fa_context *ctx = fal_ctx(L);
+  double v;
+  FAL_CALL(L, ctx, fa_tensor_reduce(ctx, fal_tensor(L, 1, "self"), op, &v));
+  lua_pushnumber(L, (lua_Number)v);
+  return 1;
+}
+
+static int t_sum(lua_State *L) { return reduce(L, FA_REDUCE_SUM); }
+static int t_max(lua_State *L) { return reduce(L, FA_REDUCE_MAX); }
+static int t_min(lua_State *L) { return reduce(L, FA_REDUCE_MIN); }
+static int t_norm(lua_State *L) { return reduce(L, FA_REDUCE_NORM); }
+
+static int t_isfinite(lua_State *L) {
+  fa_context *ctx = fal_ctx(L);
+  int ok;
+  FAL_CALL(L, ctx, fa_tensor_isfinite(ctx, fal_tensor(L, 1, "self"), &ok));
+  lua_pushboolean(L, ok);
+  return 1;
+}
+
+/* ---- comparisons -------------------------------------------------------------- */
+
+static int l_max_abs_diff(lua_State *L) {
+  fa_context *ctx = fal_ctx(L);
+  double v;
+  FAL_CALL(L, ctx, fa_max_abs_diff(ctx, fal_tensor(L, 1, "a"), fal_tensor(L, 2, "b"), &v));
+  lua_pushnumber(L, (lua_Number)v);
+  return 1;
+}
+
+static int l_rel_error(lua_State *L) {
+  fa_context *ctx = fal_ctx(L);
+  double v;
+  FAL_CALL(L, ctx, fa_rel_error(ctx, fal_tensor(L, 1, "a"), fal_tensor(L, 2, "ref"), &v));
+  lua_pushnumber(L, (lua_Number)v);
+  return 1;
+}
+
+static int close_enough(double x, double y, double rtol, double atol) {
+  if (x == y) return 1; /* equal infinities too */
+  if (isnan(x) || isnan(y) || isinf(x) || isinf(y)) return 0;
+  return fabs(x - y) <= atol + rtol * fabs(y);
+}
+
+/* Pushes "2x3". */
+static const char *shape_str(lua_State *L, fa_tensor *t) {
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  for (int i = 0; i < fa_tensor_ndim(t); i++) {
+    lua_pushfstring(L, i ? "x%I" : "%I", (lua_Integer)fa_tensor_size(t, i));
+    luaL_addvalue(&b);
+  }
+  luaL_pushresult(&b);
+  return lua_tostring(L, -1);
+}
+
+#define ALLCLOSE_CHUNK ((int64_t)1 << 20) /* elements read per step: bounded host memory */
+
+/* fa.allclose(a, b, rtol, atol): |a - b| <= atol + rtol·|b| everywhere,
+ * NaN never close (PyTorch's rule with equal_nan = false). */
+static int l_allclose(lua_State *L) {
+  fa_context *ctx = fal_ctx(L);
+  lua_settop(L, 4);
+  fa_tensor **ca = fal_newbox(L); /* chunk views */
+  int cai = lua_gettop(L);
+  fa_tensor **cb = fal_newbox(L);
+  int cbi = lua_gettop(L);
+  fa_tensor *a = fal_tensor(L, 1, "a"), *b = fal_tensor(L, 2, "b");
+  double rtol = lua_isnoneornil(L, 3) ? 1e-5 : fal_checknum(L, 3, "rtol");
+  double atol = lua_isnoneornil(L, 4) ? 1e-8 : fal_checknum(L, 4, "atol");
+  int same = fa_tensor_ndim(a) == fa_tensor_ndim(b);
+  for (int i = 0; same && i < fa_tensor_ndim(a); i++) same = fa_tensor_size(a, i) == fa_tensor_size(b, i);
+  if (!same) fal_error(L, "allclose: shapes differ: %s vs %s", shape_str(L, a), shape_str(L, b));
+
+  /* walk dimension 1 in chunks of whole rows */
+  int64_t rows = fa_tensor_size(a, 0), numel = fa_tensor_numel(a);
+  int64_t per_row = rows ? numel / rows : 0;
+  int64_t step = per_row ? ALLCLOSE_CHUNK / per_row : rows;
+  if (step < 1) step = 1;
+  int64_t cap = step * per_row;
+  double *va = (double *)fal_newbuffer(L, cap, sizeof *va, "allclose");
+  double *vb = (double *)fal_newbuffer(L, cap, sizeof *vb, "allclose");
+  int ok = 1;
+  for (int64_t r0 = 0; ok && r0 < rows; r0 += step) {
+    int64_t len = rows - r0 < step ? rows - r0 : step;
+    fal_box_release(L, cai);
+    fal_box_release(L, cbi);
+    FAL_CALL(L, ctx, fa_tensor_narrow(ctx, a, 0, r0, len, ca));
+    FAL_CALL(L, ctx, fa_tensor_narrow(ctx, b, 0, r0, len, cb));
+    FAL_CALL(L, ctx, fa_tensor_read_f64(ctx, *ca, va));
+    FAL_CALL(L, ctx, fa_tensor_read_f64(ctx, *cb, vb));
+    for (int64_t i = 0; ok && i < len * per_row; i++) ok = close_enough(va[i], vb[i], rtol, atol);
+  }
+  fal_box_release(L, cai);
+  fal_box_release(L, cbi);
+  lua_pushboolean(L, ok);
+  return 1;
+}
+
+const luaL_Reg fal_tensor_op_methods[] = {{"add", t_add}, {"sub", t_sub},   {"mul", t_mul},   {"div", t_div},
+                                          {"sum", t_sum}, {"max", t_max},   {"min", t_min},   {"norm", t_norm},
+                                          {"isfinite", t_isfinite},         {NULL, NULL}};
+
+const luaL_Reg fal_tensor_op_meta[] = {{"__add", m_add}, {"__sub", m_sub}, {"__mul", m_mul},
+                                       {"__div", m_div}, {"__unm", m_unm}, {NULL, NULL}};
+
+const luaL_Reg fal_compare_funcs[] = {{"max_abs_diff", l_max_abs_diff}, {"rel_error", l_rel_error},
+                                      {"allclose", l_allclose},         {NULL, NULL}};
