@@ -40,7 +40,14 @@ template <> struct Elem<double> {
   static __device__ __forceinline__ double store(double v) { return v; }
 };
 
-static __device__ __forceinline__ float ex(float v) { return expf(v); }
+/* e^v as 2^(v·log2 e) on the SFU: about 2 ulp, subnormal results flushed
+ * to 0 (far below any probability that matters), -inf -> 0, NaN -> NaN.
+ * Softmax is bound by memory only if its exponentials are this cheap. */
+static __device__ __forceinline__ float ex(float v) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v * 1.4426950408889634f));
+  return r;
+}
 static __device__ __forceinline__ double ex(double v) { return exp(v); }
 
 /* 16 bytes of T: the unit of every vector load and store. */
@@ -104,6 +111,22 @@ template <typename A> static __device__ MD<A> block_reduce_md(MD<A> s, MD<A> *sc
 template <typename A> static __device__ __forceinline__ A normalise(A x, MD<A> s) {
   return s.m == -(A)INFINITY ? (s.d == s.d ? (A)0 : s.d) : ex(x - s.m) / s.d;
 }
+/* The same with the division done once per row: y = e^(x-m) · (1/d). */
+template <typename A> struct Norm {
+  A m, inv, fill; /* fill: the value of every element when the row is empty */
+  int empty;
+};
+template <typename A> static __device__ __forceinline__ Norm<A> norm_of(MD<A> s) {
+  Norm<A> n;
+  n.m = s.m;
+  n.inv = (A)1 / s.d;
+  n.empty = s.m == -(A)INFINITY;
+  n.fill = s.d == s.d ? (A)0 : s.d;
+  return n;
+}
+template <typename A> static __device__ __forceinline__ A apply_norm(A x, const Norm<A> &n) {
+  return n.empty ? n.fill : ex(x - n.m) * n.inv;
+}
 
 /* ---- the seeds' passes: one kernel each ---- */
 
@@ -112,7 +135,7 @@ enum { PASS_NAIVE_SUM = 0, PASS_MAX, PASS_SUM, PASS_ONLINE };
 /* One block per row (grid-stride over rows): the statistic of one pass.
  * PASS_NAIVE_SUM holds e^x in T, so f16 overflows past e^11.09. */
 template <typename T, int PASS>
-__global__ void row_pass_kernel(const T *__restrict__ x, typename Elem<T>::acc *m, typename Elem<T>::acc *d,
+__global__ void __launch_bounds__(512) row_pass_kernel(const T *__restrict__ x, typename Elem<T>::acc *m, typename Elem<T>::acc *d,
                                 int64_t rows, int64_t n, int64_t block) {
   typedef typename Elem<T>::acc A;
   __shared__ MD<A> scratch[32];
@@ -182,7 +205,7 @@ __global__ void normalise_kernel(const T *__restrict__ x, T *__restrict__ y, con
 }
 
 /* fused: the row in shared memory (as T), read from global memory once. */
-template <typename T> __global__ void fused_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows, int64_t n) {
+template <typename T> __global__ void __launch_bounds__(1024) fused_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows, int64_t n) {
   typedef typename Elem<T>::acc A;
   extern __shared__ __align__(16) unsigned char fused_smem[];
   T *row = (T *)fused_smem;
@@ -231,15 +254,57 @@ __global__ void warp_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int
         s = md_add_block(s, v, VN);
       }
     }
-    s = warp_reduce_md(s);
+    Norm<float> nm = norm_of(warp_reduce_md(s));
 #pragma unroll
     for (int e = 0; e < E; e++) {
       int64_t vi = lane + 32 * e;
       if (vi < nvec) {
         Vec16<T> o;
 #pragma unroll
-        for (int i = 0; i < VN; i++) o.v[i] = Elem<T>::store(normalise((float)Elem<T>::load(buf[e].v[i]), s));
+        for (int i = 0; i < VN; i++) o.v[i] = Elem<T>::store(apply_norm((float)Elem<T>::load(buf[e].v[i]), nm));
         yr[vi] = o;
+      }
+    }
+  }
+}
+
+/* ---- auto, medium rows: WARPS warps per row, the row in registers ----
+ * Each thread holds E 16-byte vectors; one read, one write, a block-wide
+ * merge of the warps' (m, d) through shared memory. */
+template <typename T, int E, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32) block_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows,
+                                                                int64_t n) {
+  const int VN = Vec16<T>::N, TH = WARPS * 32;
+  __shared__ MD<float> scratch[32];
+  int64_t nvec = n / VN;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const Vec16<T> *xr = (const Vec16<T> *)(x + r * n);
+    Vec16<T> *yr = (Vec16<T> *)(y + r * n);
+    Vec16<T> buf[E];
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+      int64_t vi = threadIdx.x + (int64_t)TH * e;
+      if (vi < nvec) buf[e] = xr[vi];
+    }
+    MD<float> s = {-INFINITY, 0.f};
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+      if (threadIdx.x + (int64_t)TH * e < nvec) {
+        float v[Vec16<T>::N];
+#pragma unroll
+        for (int i = 0; i < VN; i++) v[i] = Elem<T>::load(buf[e].v[i]);
+        s = md_add_block(s, v, VN);
+      }
+    }
+    Norm<float> nm = norm_of(block_reduce_md(s, scratch));
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+      int64_t vi = threadIdx.x + (int64_t)TH * e;
+      if (vi < nvec) {
+        Vec16<T> o;
+#pragma unroll
+        for (int i = 0; i < VN; i++) o.v[i] = Elem<T>::store(apply_norm((float)Elem<T>::load(buf[e].v[i]), nm));
+        __stcs((uint4 *)&yr[vi], *(const uint4 *)&o);
       }
     }
   }
@@ -283,12 +348,13 @@ __global__ void __launch_bounds__(1024) cluster_rows_kernel(const T *__restrict_
     MD<float> all = {-INFINITY, 0.f};
     for (unsigned b = 0; b < csize; b++) all = md_merge(all, *cluster.map_shared_rank(&partial, b));
     cluster.sync(); /* nobody overwrites `partial` while another block reads it */
+    Norm<float> nm = norm_of(all);
 #pragma unroll 4
     for (int64_t vi = lo + threadIdx.x; vi < hi; vi += blockDim.x) {
       Vec16<T> t = vi - lo < hold ? kept[vi - lo] : xr[vi];
       Vec16<T> o;
 #pragma unroll
-      for (int i = 0; i < VN; i++) o.v[i] = Elem<T>::store(normalise((float)Elem<T>::load(t.v[i]), all));
+      for (int i = 0; i < VN; i++) o.v[i] = Elem<T>::store(apply_norm((float)Elem<T>::load(t.v[i]), nm));
       __stcs((uint4 *)&yr[vi], *(const uint4 *)&o); /* streamed: the output need not stay in L2 */
     }
   }
@@ -365,6 +431,15 @@ template <typename T, int E> static fa_status warp_rows(fa_context *ctx, const T
   return FA_OK;
 }
 
+template <typename T, int E, int WARPS>
+static fa_status block_rows(fa_context *ctx, const T *x, T *y, int64_t rows, int64_t n) {
+  int64_t cap = (int64_t)g_sms * (2048 / (WARPS * 32)) * 4;
+  int grid = (int)(rows < cap ? rows : cap);
+  block_rows_kernel<T, E, WARPS><<<grid, WARPS * 32, 0, fa_cuda_stream(ctx)>>>(x, y, rows, n);
+  FA_CUDA_CHECK_LAUNCH(ctx, "block_rows_kernel");
+  return FA_OK;
+}
+
 /* Chooses the cluster size and how much of each block's part stays in
  * shared memory; returns 0 when the device cannot run such a cluster. */
 template <typename T> static int cluster_rows(fa_context *ctx, const T *x, T *y, int64_t rows, int64_t n, fa_status *st) {
@@ -423,6 +498,14 @@ static fa_status softmax_typed(fa_context *ctx, fa_softmax_algo algo, int64_t bl
     if (nvec <= 64) return warp_rows<T, 2>(ctx, x, y, rows, n);
     if (nvec <= 128) return warp_rows<T, 4>(ctx, x, y, rows, n);
     if (nvec <= 256) return warp_rows<T, 8>(ctx, x, y, rows, n);
+    /* rows that fill the GPU: a block per row with the row in registers */
+    if (rows >= 2 * (int64_t)g_sms) {
+      if (nvec <= 512) return block_rows<T, 8, 2>(ctx, x, y, rows, n);
+      if (nvec <= 1024) return block_rows<T, 8, 4>(ctx, x, y, rows, n);
+      if (nvec <= 2048) return block_rows<T, 8, 8>(ctx, x, y, rows, n);
+      if (nvec <= 4096) return block_rows<T, 8, 16>(ctx, x, y, rows, n);
+      if (nvec <= 8192) return block_rows<T, 8, 32>(ctx, x, y, rows, n);
+    }
     if (cluster_rows<T>(ctx, x, y, rows, n, &st)) return st;
   }
   (void)aligned;

@@ -33,7 +33,7 @@ for _, dt in ipairs { "f32", "f16" } do
           for _ = 1, inner do fa.softmax(x, opts) end
         end, { warmup = 2, rep = quick and 5 or 15 })
         local us = b.median_ms / inner * 1e3
-        local bytes = fa.cost.softmax(x, { algo = "fused" }).bytes -- read + write once
+        local bytes = 2 * M * N * (dt == "f32" and 4 or 2) -- read + write once
         local gbs = bytes / (us * 1e-6) / 1e9
         print(string.format("%-6s %-16s %-7s %10.1f %9.0f %10.2e", dt, M .. "x" .. N, algo, us, gbs, rel))
         results[#results + 1] = { dtype = dt, M = M, N = N, algo = algo, time_us = us, gbs = gbs, rel_err = rel }

@@ -14,21 +14,23 @@
 -- cost models (fa.cost).  Runs on the default device (FLASHATTN_DEVICE
 -- overrides it).
 --
--- options: --quick (fewer settings), --full (L up to 4096), --H n (heads,
--- default 2), --rep n, --json FILE (needs lua-cjson), --help
+-- options: --quick (fewer settings), --full (L up to 4096), --smoke (tiny
+-- sizes, one repetition: checks that the script runs, for CTest), --H n
+-- (heads, default 2), --rep n, --json FILE (needs lua-cjson), --help
 local fa = require "flashattn"
 
 local function usage()
-  print((arg and arg[0] or "demo_sweep.lua") .. " [--quick|--full] [--H n] [--rep n] [--json FILE]")
+  print((arg and arg[0] or "demo_sweep.lua") .. " [--quick|--full|--smoke] [--H n] [--rep n] [--json FILE]")
 end
 
-local opt = {H = 2, rep = nil, quick = false, full = false, json = nil}
+local opt = {H = 2, rep = nil, quick = false, full = false, smoke = false, json = nil}
 do
   local i = 1
   while arg and arg[i] do
     local a = arg[i]
     if a == "--quick" then opt.quick = true
     elseif a == "--full" then opt.full = true
+    elseif a == "--smoke" then opt.smoke = true; opt.rep = opt.rep or 1
     elseif a == "--H" then i = i + 1; opt.H = assert(math.tointeger(tonumber(arg[i])), "--H needs an integer")
     elseif a == "--rep" then i = i + 1; opt.rep = assert(math.tointeger(tonumber(arg[i])), "--rep needs an integer")
     elseif a == "--json" then i = i + 1; opt.json = assert(arg[i], "--json needs a file name")
@@ -64,7 +66,7 @@ local function timed(fn, first_ms)
   if not rep then
     if first_ms < 20 then rep = 10 elseif first_ms < 200 then rep = 5 elseif first_ms < 1000 then rep = 3 else rep = 2 end
   end
-  return fa.bench(fn, {warmup = 1, rep = rep, flush_cache = true})
+  return fa.bench(fn, {warmup = opt.smoke and 0 or 1, rep = rep, flush_cache = true})
 end
 
 local function mib(b) return b / 2 ^ 20 end
@@ -93,8 +95,8 @@ print(string.rep("-", 96))
 
 -- ---- softmax ---------------------------------------------------------------
 do
-  local Ns = opt.quick and {1024, 16384} or {1024, 4096, 16384, 65536}
-  local total = 1 << 21 -- elements per input (8 MiB in f32)
+  local Ns = opt.smoke and {256} or opt.quick and {1024, 16384} or {1024, 4096, 16384, 65536}
+  local total = opt.smoke and 1 << 12 or 1 << 21 -- elements per input (8 MiB in f32)
   for _, N in ipairs(Ns) do
     local M = total // N
     local x = fa.randn({M, N}, {seed = N, device = device}) * 2
@@ -120,7 +122,9 @@ end
 
 -- ---- attention -------------------------------------------------------------
 local settings
-if opt.quick then
+if opt.smoke then
+  settings = {{64, 16}, {128, 32}}
+elseif opt.quick then
   settings = {{256, 64}, {1024, 64}}
 elseif opt.full then
   settings = {{256, 64}, {512, 64}, {1024, 64}, {2048, 64}, {4096, 64}, {512, 128}, {1024, 128}, {2048, 128}}

@@ -20,11 +20,13 @@ local seed = 1234
 for _, dt in ipairs { "f32", "f16", "bf16", "f64" } do
   local c = fa.randn({ 3, 5, 7 }, { dtype = dt, device = "cpu", seed = seed })
   local g = fa.randn({ 3, 5, 7 }, { dtype = dt, device = "cuda", seed = seed })
-  check("randn " .. dt, fa.rel_error(g:cpu(), c), 0)
-  check("transpose copy " .. dt, fa.rel_error(g:transpose(1, 3):contiguous():cpu(), c:transpose(1, 3):contiguous()), 0)
+  -- f64: the GPU's log/cos may differ from the CPU's in the last place
+  local exact = dt == "f64" and 1e-15 or 0
+  check("randn " .. dt, fa.rel_error(g:cpu(), c), exact)
+  check("transpose copy " .. dt, fa.rel_error(g:transpose(1, 3):contiguous():cpu(), c:transpose(1, 3):contiguous()), exact)
   check("sum " .. dt, math.abs(g:sum() - c:sum()) / (c:norm() + 1e-30), 1e-12)
   check("to f32 " .. dt, fa.rel_error(g:float():cpu(), c:float()), 0)
-  check("mul " .. dt, fa.rel_error((g * 3):cpu(), c * 3), 0)
+  check("mul " .. dt, fa.rel_error((g * 3):cpu(), c * 3), exact)
 end
 
 -- softmax: every algo and dtype against the f64 CPU result
@@ -34,7 +36,10 @@ for _, dt in ipairs { "f32", "f16", "bf16", "f64" } do
   for _, s in ipairs(shapes) do
     local x = fa.randn(s, { dtype = dt, device = "cuda", seed = s[1] * 7 + s[2] }) * 3
     local ref = fa.softmax(x:cpu():double(), { algo = "safe" })
+    -- naive overflows f16 past e^11.09 by design: only checked where it cannot
+    local naive_ok = dt ~= "f16" or x:max() < 11
     for _, algo in ipairs { "auto", "naive", "safe", "online", "fused" } do
+      if algo == "naive" and not naive_ok then goto next_algo end
       local ok, y = pcall(fa.softmax, x, { algo = algo, block = algo == "online" and 256 or nil })
       if ok then
         check(string.format("softmax %s %s %dx%d", algo, dt, s[1], s[2]), fa.rel_error(y:cpu(), ref), tol[dt])
@@ -42,6 +47,7 @@ for _, dt in ipairs { "f32", "f16", "bf16", "f64" } do
         failures = failures + 1
         print("FAIL softmax " .. algo .. " " .. dt .. ": " .. tostring(y))
       end
+      ::next_algo::
     end
   end
 end
