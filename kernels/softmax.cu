@@ -3,20 +3,19 @@
  * naive / safe / online: the seeds' passes, one kernel per pass, for the
  * experiments (online takes the block size B of the seeds' Triton kernel).
  * fused: a row staged in shared memory, read once.
- * auto: a warp per row with the row in registers for short rows; for longer
- * rows a cluster of up to 16 blocks per row, each holding its part of the row
- * in shared memory, whose (m, d) partials are merged through distributed
- * shared memory with the seeds' rescale formula, so the row is read once and
- * the GPU stays full even with few rows.  Anything the vector paths cannot
- * take (misaligned rows, f64) goes to the online kernels. */
+ * auto: a warp per row with the row in registers for short rows, a block per
+ * row for medium rows when there are enough of them; otherwise each row is
+ * split over several blocks, each holding its segment in shared memory,
+ * whose (m, d) partials are merged with the seeds' rescale formula, so the
+ * row is read once and the GPU stays full even with few rows.  Anything the
+ * vector paths cannot take (misaligned rows, f64, rows longer than the
+ * resident blocks can hold) goes to the online kernels. */
 #include "common.cuh"
 
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
 
-namespace cg = cooperative_groups;
 
 /* ---- element types: storage T, accumulation in float (double for f64) ---- */
 template <typename T> struct Elem {
@@ -310,55 +309,68 @@ __global__ void __launch_bounds__(WARPS * 32) block_rows_kernel(const T *__restr
   }
 }
 
-/* ---- auto, long rows: a cluster of blocks per row ----
- * Block `rank` of a cluster owns vectors [rank·chunk, (rank+1)·chunk) of
- * the row.  Pass 1 reads them once, keeping the first `hold` vectors in
- * shared memory, and folds them into (m, d).  The cluster's partials are
- * merged through distributed shared memory.  Pass 2 writes the output from
- * shared memory (and re-reads the rest, if any, while it is still in L2). */
+/* ---- auto, long rows: each row split over several blocks ----
+ * Work item w is segment w % segs of row w / segs: `chunk` vectors that the
+ * block reads once into shared memory while folding them into (m, d).  The
+ * block publishes its partial and counts itself in on the row; once all
+ * segments are in, it merges them with the seeds' rescale formula and
+ * writes its segment from shared memory.  All blocks are resident at once
+ * (a cooperative launch), and a row's segments are consecutive items taken
+ * in order, so the wait always ends. */
 template <typename T>
-__global__ void __launch_bounds__(1024) cluster_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows,
-                                                            int64_t n, int64_t chunk, int64_t hold) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* clusters are Hopper's */
+__global__ void __launch_bounds__(512) split_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows,
+                                                         int64_t n, int64_t chunk, int segs, MD<float> *partials,
+                                                         unsigned *arrived) {
   const int VN = Vec16<T>::N;
-  extern __shared__ __align__(16) unsigned char cluster_smem[];
-  Vec16<T> *kept = (Vec16<T> *)cluster_smem;
+  extern __shared__ __align__(16) unsigned char split_smem[];
+  Vec16<T> *kept = (Vec16<T> *)split_smem;
   __shared__ MD<float> scratch[32];
-  __shared__ MD<float> partial;
-  cg::cluster_group cluster = cg::this_cluster();
-  unsigned rank = cluster.block_rank(), csize = cluster.num_blocks();
-  int64_t nvec = n / VN;
-  int64_t lo = rank * chunk, hi = lo + chunk < nvec ? lo + chunk : nvec;
-  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+  __shared__ MD<float> row_state;
+  int64_t nvec = n / VN, items = rows * segs;
+  for (int64_t w = blockIdx.x; w < items; w += gridDim.x) {
+    int64_t r = w / segs, lo = (w % segs) * chunk, hi = lo + chunk < nvec ? lo + chunk : nvec;
     const Vec16<T> *xr = (const Vec16<T> *)(x + r * n);
     Vec16<T> *yr = (Vec16<T> *)(y + r * n);
     MD<float> s = {-INFINITY, 0.f};
 #pragma unroll 4
     for (int64_t vi = lo + threadIdx.x; vi < hi; vi += blockDim.x) {
       Vec16<T> t = xr[vi];
-      if (vi - lo < hold) kept[vi - lo] = t;
+      kept[vi - lo] = t;
       float v[Vec16<T>::N];
 #pragma unroll
       for (int i = 0; i < VN; i++) v[i] = Elem<T>::load(t.v[i]);
       s = md_add_block(s, v, VN);
     }
     s = block_reduce_md(s, scratch);
-    if (threadIdx.x == 0) partial = s;
-    cluster.sync(); /* every block's partial is visible cluster-wide */
-    MD<float> all = {-INFINITY, 0.f};
-    for (unsigned b = 0; b < csize; b++) all = md_merge(all, *cluster.map_shared_rank(&partial, b));
-    cluster.sync(); /* nobody overwrites `partial` while another block reads it */
-    Norm<float> nm = norm_of(all);
+    if (threadIdx.x < 32) { /* warp 0 publishes, waits for the row, merges */
+      MD<float> *rp = partials + r * segs;
+      if (threadIdx.x == 0) {
+        rp[w % segs] = s;
+        __threadfence(); /* the partial is visible before the count says so */
+        atomicAdd(&arrived[r], 1u);
+        while (atomicAdd(&arrived[r], 0u) < (unsigned)segs) __nanosleep(32);
+      }
+      __syncwarp();
+      __threadfence();
+      MD<float> all = {-INFINITY, 0.f};
+      for (int k = threadIdx.x; k < segs; k += 32) { /* L2 reads: other blocks wrote them */
+        MD<float> p = {__ldcg(&rp[k].m), __ldcg(&rp[k].d)};
+        all = md_merge(all, p);
+      }
+      all = warp_reduce_md(all);
+      if (threadIdx.x == 0) row_state = all;
+    }
+    __syncthreads();
+    Norm<float> nm = norm_of(row_state);
 #pragma unroll 4
     for (int64_t vi = lo + threadIdx.x; vi < hi; vi += blockDim.x) {
-      Vec16<T> t = vi - lo < hold ? kept[vi - lo] : xr[vi];
-      Vec16<T> o;
+      Vec16<T> t = kept[vi - lo], o;
 #pragma unroll
       for (int i = 0; i < VN; i++) o.v[i] = Elem<T>::store(apply_norm((float)Elem<T>::load(t.v[i]), nm));
       __stcs((uint4 *)&yr[vi], *(const uint4 *)&o); /* streamed: the output need not stay in L2 */
     }
+    __syncthreads(); /* kept and row_state are reused by the next item */
   }
-#endif
 }
 
 /* ---- launchers ---- */
@@ -440,44 +452,51 @@ static fa_status block_rows(fa_context *ctx, const T *x, T *y, int64_t rows, int
   return FA_OK;
 }
 
-/* Chooses the cluster size and how much of each block's part stays in
- * shared memory; returns 0 when the device cannot run such a cluster. */
-template <typename T> static int cluster_rows(fa_context *ctx, const T *x, T *y, int64_t rows, int64_t n, fa_status *st) {
+/* Splits rows into segments of about 32 KiB held in shared memory and
+ * launches as many blocks as can be resident.  Returns 0 (nothing
+ * launched) when the rows are too long for the resident blocks to hold. */
+template <typename T> static int split_rows(fa_context *ctx, const T *x, T *y, int64_t rows, int64_t n, fa_status *st) {
   const int64_t VN = 16 / sizeof(T), nvec = n / VN;
-  const int64_t target = 64 * 1024 / 16; /* vectors per block: 64 KiB parts keep several blocks per SM */
-  int64_t csize = (nvec + target - 1) / target;
-  if (csize > 16) csize = 16;
-  /* few rows: split further so that the GPU has enough blocks */
-  while (csize < 16 && rows * csize < 2 * (int64_t)g_sms && nvec / (csize * 2) >= 1024) csize *= 2;
-  if (csize > 16) csize = 16;
-  int64_t chunk = (nvec + csize - 1) / csize;
-  int64_t max_hold = (g_smem_optin - 1024) / 16;
-  int64_t hold = chunk < max_hold ? chunk : max_hold;
-  size_t smem = (size_t)hold * 16;
-  int threads = chunk >= 4096 ? 1024 : chunk >= 1024 ? 512 : 256;
-  cudaError_t err = cudaFuncSetAttribute(cluster_rows_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  if (err == cudaSuccess && csize > 8)
-    err = cudaFuncSetAttribute(cluster_rows_kernel<T>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = (unsigned)csize;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.gridDim = dim3((unsigned)csize, (unsigned)grid_for_rows(rows), 1);
-  cfg.blockDim = dim3((unsigned)threads, 1, 1);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = fa_cuda_stream(ctx);
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  int clusters = 0;
-  if (err == cudaSuccess) err = cudaOccupancyMaxActiveClusters(&clusters, cluster_rows_kernel<T>, &cfg);
-  if (err != cudaSuccess || clusters < 1) {
-    (void)cudaGetLastError();
-    return 0; /* the caller falls back to the online kernels */
+  const int threads = 512;
+  int64_t chunk = 2048; /* vectors: 32 KiB */
+  int per_sm = 0;
+  for (;; chunk *= 2) {
+    size_t smem = (size_t)chunk * 16;
+    if ((int64_t)smem > g_smem_optin - 2048) return 0;
+    if (cudaFuncSetAttribute(split_rows_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, split_rows_kernel<T>, threads, smem) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    int64_t segs = (nvec + chunk - 1) / chunk;
+    if (per_sm > 0 && segs <= (int64_t)per_sm * g_sms) break; /* a row's blocks fit at once */
   }
-  err = cudaLaunchKernelEx(&cfg, cluster_rows_kernel<T>, x, y, rows, n, chunk, hold);
-  *st = fa_cuda_error(ctx, err == cudaSuccess ? cudaGetLastError() : err, "cluster_rows_kernel");
+  int segs = (int)((nvec + chunk - 1) / chunk);
+  chunk = (nvec + segs - 1) / segs; /* even segments */
+  int64_t items = rows * segs, resident = (int64_t)per_sm * g_sms;
+  int grid = (int)(items < resident ? items : resident);
+  size_t smem = (size_t)chunk * 16, pbytes = (size_t)items * sizeof(MD<float>), cbytes = (size_t)rows * sizeof(unsigned);
+  void *partials = NULL, *arrived = NULL;
+  cudaStream_t stream = fa_cuda_stream(ctx);
+  if ((*st = fa_cuda_malloc(ctx, &partials, pbytes))) return 1;
+  if ((*st = fa_cuda_malloc(ctx, &arrived, cbytes))) {
+    fa_cuda_free(partials, pbytes);
+    return 1;
+  }
+  cudaError_t err = cudaMemsetAsync(arrived, 0, cbytes, stream);
+  if (err == cudaSuccess) {
+    MD<float> *pp = (MD<float> *)partials;
+    unsigned *ap = (unsigned *)arrived;
+    void *args[] = {(void *)&x, (void *)&y, (void *)&rows, (void *)&n, (void *)&chunk, (void *)&segs, (void *)&pp, (void *)&ap};
+    err = cudaLaunchCooperativeKernel((const void *)split_rows_kernel<T>, dim3(grid), dim3(threads), args, smem, stream);
+  }
+  fa_cuda_free(partials, pbytes); /* stream-ordered: after the kernel */
+  fa_cuda_free(arrived, cbytes);
+  if (err == cudaErrorCooperativeLaunchTooLarge) { /* other work holds part of the GPU */
+    (void)cudaGetLastError();
+    return 0;
+  }
+  *st = fa_cuda_error(ctx, err, "split_rows_kernel");
   return 1;
 }
 
@@ -506,7 +525,7 @@ static fa_status softmax_typed(fa_context *ctx, fa_softmax_algo algo, int64_t bl
       if (nvec <= 4096) return block_rows<T, 8, 16>(ctx, x, y, rows, n);
       if (nvec <= 8192) return block_rows<T, 8, 32>(ctx, x, y, rows, n);
     }
-    if (cluster_rows<T>(ctx, x, y, rows, n, &st)) return st;
+    if (split_rows<T>(ctx, x, y, rows, n, &st)) return st;
   }
   (void)aligned;
   return seeds_passes<T>(ctx, FA_SOFTMAX_ONLINE, block, x, y, rows, n);

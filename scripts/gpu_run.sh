@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run, on a lent H100/H200 (through the device tool, from the
 # repository root, carrying .deps):
-#   bash scripts/gpu_run.sh [all|test|sanitize|bench]   (default all)
+#   bash scripts/gpu_run.sh [all | any of: test sanitize bench]   (default all)
 # Builds for sm_90a, runs the LuaUnit suites with FLASHATTN_DEVICE=cuda
 # (every CUDA op against the CPU / f64 reference), compute-sanitizer
 # memcheck and racecheck over a small pass, and the benchmarks with their
@@ -11,7 +11,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-what=${1:-all}
+what=" ${*:-all} "
 D=$PWD/.deps/root
 if [ ! -x "$D/usr/bin/lua5.4" ]; then
   for f in .deps/debs/*.deb; do dpkg-deb -x "$f" "$D"; done
@@ -33,14 +33,14 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 export FLASHATTN_DEVICE=cuda
 rc=0
 
-if [ "$what" = all ] || [ "$what" = test ]; then
+if [[ $what == *" all "* || $what == *" test "* ]]; then
   step "LuaUnit suites and C tests on cuda"
   # attention, merge and matmul have no CUDA kernels yet: their suites run on the CPU build only
   ctest --test-dir $B --output-on-failure -j4 -E "${CTEST_EXCLUDE:-attention|merge|matmul|module|install|example}" >"$OUT/ctest.log" 2>&1 || rc=1
   grep -E "tests passed|Failed|\*\*\*" "$OUT/ctest.log" | tee -a "$OUT/summary.txt"
 fi
 
-if [ "$what" = all ] || [ "$what" = sanitize ]; then
+if [[ $what == *" all "* || $what == *" sanitize "* ]]; then
   for tool in memcheck racecheck synccheck; do
     step "compute-sanitizer $tool (small pass)"
     compute-sanitizer --tool $tool --error-exitcode 9 $B/flashattn-lua scripts/gpu_check.lua --small \
@@ -49,7 +49,7 @@ if [ "$what" = all ] || [ "$what" = sanitize ]; then
   done
 fi
 
-if [ "$what" = all ] || [ "$what" = bench ]; then
+if [[ $what == *" all "* || $what == *" bench "* ]]; then
   step "softmax: engine, then peers (torch, the seeds' Triton kernel, device copy)"
   $B/flashattn-lua scripts/bench_softmax.lua --json "$OUT/softmax_engine.json" 2>&1 | tee "$OUT/bench_softmax.log" || rc=1
   python3 scripts/peers_softmax.py --engine "$OUT/softmax_engine.json" --json "$OUT/softmax.json" \
