@@ -1,0 +1,117 @@
+-- fa.merge_states (API.md §2): two partial attentions over disjoint key sets
+-- merged in log space equal the attention over all keys; an empty state
+-- (lse = −inf) leaves the other unchanged.
+local U = require "fa_testutil"
+local fa, lu = U.fa, U.lu
+local dev = U.device
+
+TestMerge = {}
+
+local function split_and_merge(q, k, v, n1, algo, dim)
+  local Lk = k:size(dim)
+  local k1, k2 = k:narrow(dim, 1, n1), k:narrow(dim, n1 + 1, Lk - n1)
+  local v1, v2 = v:narrow(dim, 1, n1), v:narrow(dim, n1 + 1, Lk - n1)
+  local o1, l1 = fa.attention(q, k1, v1, {algo = algo, return_lse = true})
+  local o2, l2 = fa.attention(q, k2, v2, {algo = algo, return_lse = true})
+  return fa.merge_states(o1, l1, o2, l2)
+end
+
+function TestMerge:test_two_halves_make_the_whole()
+  local shapes = {
+    {{2, 3, 17, 16}, {2, 3, 40, 16}, {2, 3, 40, 8}, 3},  -- 4-D, Dv != D
+    {{4, 9, 32}, {2, 33, 32}, {2, 33, 32}, 2},           -- 3-D, GQA
+    {{7, 16}, {129, 16}, {129, 16}, 1},                  -- 2-D
+    {{1, 1, 1, 64}, {1, 1, 1000, 64}, {1, 1, 1000, 64}, 3}, -- decode, long
+  }
+  for si, s in ipairs(shapes) do
+    for _, dtype in ipairs(U.dtypes) do
+      local q, k, v = U.randn(s[1], dtype), U.randn(s[2], dtype), U.randn(s[3], dtype)
+      local dim = #s[2] - 1 -- the L dimension of k and v
+      local Lk = s[2][dim]
+      local ro, rl = U.reference(q, k, v, {})
+      for _, n1 in ipairs({1, Lk // 2, Lk - 1}) do
+        local algo = U.pick({"flash", "naive", "two_pass", "flash_row", "auto"}, si + n1)
+        local o, lse = split_and_merge(q, k, v, n1, algo, dim)
+        local what = ("merge %s %s split %d+%d (%s)"):format(dtype, U.shape_str(s[2]), n1, Lk - n1, algo)
+        lu.assertEquals(o:dtype(), dtype, what)
+        lu.assertEquals(o:device(), dev, what)
+        -- lse is f32 (API.md), so the merge weights of f64 states carry f32 rounding
+        U.assert_close(o, ro, dtype, what, math.max(U.tol[dtype], 1e-6))
+        U.assert_lse(lse, rl, dtype, what .. " lse")
+      end
+    end
+  end
+end
+
+function TestMerge:test_three_way_merge_is_associative()
+  local q, k, v = U.randn({1, 2, 9, 16}), U.randn({1, 2, 30, 16}), U.randn({1, 2, 30, 16})
+  local parts = {}
+  for i = 0, 2 do
+    local o, l = fa.attention(q, k:narrow(3, i * 10 + 1, 10), v:narrow(3, i * 10 + 1, 10), {return_lse = true})
+    parts[i + 1] = {o, l}
+  end
+  local a, la = fa.merge_states(parts[1][1], parts[1][2], parts[2][1], parts[2][2])
+  a, la = fa.merge_states(a, la, parts[3][1], parts[3][2])
+  local b, lb = fa.merge_states(parts[2][1], parts[2][2], parts[3][1], parts[3][2])
+  b, lb = fa.merge_states(parts[1][1], parts[1][2], b, lb)
+  local ro, rl = U.reference(q, k, v, {})
+  U.assert_close(a, ro, "f32", "((1,2),3)")
+  U.assert_close(b, ro, "f32", "(1,(2,3))")
+  U.assert_lse(la, rl, "f32")
+  U.assert_lse(lb, rl, "f32")
+end
+
+function TestMerge:test_empty_state_leaves_the_other_unchanged()
+  for _, dtype in ipairs(U.dtypes) do
+    local q, k, v = U.randn({2, 2, 11, 8}, dtype), U.randn({2, 2, 13, 8}, dtype), U.randn({2, 2, 13, 8}, dtype)
+    local o1, l1 = fa.attention(q, k, v, {return_lse = true})
+    local o_empty = U.randn({2, 2, 11, 8}, dtype) -- whatever it holds, its weight is 0
+    local l_empty = fa.full({2, 2, 11}, -math.huge, {dtype = "f32", device = dev})
+    local o, lse = fa.merge_states(o1, l1, o_empty, l_empty)
+    lu.assertEquals(fa.max_abs_diff(o, o1), 0, dtype .. ": merge(state, empty) = state")
+    lu.assertEquals(fa.max_abs_diff(lse, l1), 0, dtype .. ": lse unchanged")
+    o, lse = fa.merge_states(o_empty, l_empty, o1, l1)
+    lu.assertEquals(fa.max_abs_diff(o, o1), 0, dtype .. ": merge(empty, state) = state")
+    lu.assertEquals(fa.max_abs_diff(lse, l1), 0)
+    -- both empty: zeros and −inf, no NaN
+    local z = fa.zeros({2, 2, 11, 8}, {dtype = dtype, device = dev})
+    o, lse = fa.merge_states(z, l_empty, z, l_empty)
+    lu.assertTrue(o:isfinite(), dtype .. ": merging two empty states gives NaN")
+    lu.assertEquals(o:norm(), 0)
+    lu.assertEquals(lse:max(), -math.huge)
+  end
+end
+
+-- Rows that are fully masked in one part (lse = −inf there) merge right.
+function TestMerge:test_partially_empty_rows()
+  local q, k, v = U.randn({1, 1, 12, 8}), U.randn({1, 1, 12, 8}), U.randn({1, 1, 12, 8})
+  -- causal top_left over the whole, split into keys 1..6 and 7..12: rows 1..6
+  -- see nothing of the second half
+  local m1 = fa.tensor(U.nested({12, 6}, function(i, j) return j <= i end), {device = dev})
+  local m2 = fa.tensor(U.nested({12, 6}, function(i, j) return j + 6 <= i end), {device = dev})
+  local o1, l1 = fa.attention(q, k:narrow(3, 1, 6), v:narrow(3, 1, 6), {mask = m1, return_lse = true})
+  local o2, l2 = fa.attention(q, k:narrow(3, 7, 6), v:narrow(3, 7, 6), {mask = m2, return_lse = true})
+  lu.assertEquals(l2:narrow(3, 1, 6):max(), -math.huge)
+  local o, lse = fa.merge_states(o1, l1, o2, l2)
+  local ro, rl = U.reference(q, k, v, {causal = "top_left"})
+  U.assert_close(o, ro, "f32", "merge with empty rows")
+  U.assert_lse(lse, rl, "f32")
+end
+
+function TestMerge:test_errors()
+  local o = U.randn({2, 3, 4})
+  local l = U.randn({2, 3})
+  U.assert_fa_error({}, fa.merge_states, o, l, U.randn({2, 3, 5}), l)
+  U.assert_fa_error({}, fa.merge_states, o, l, o, U.randn({2, 4}))
+  U.assert_fa_error({}, fa.merge_states, o, U.randn({2, 3, 4}), o, l)
+  U.assert_fa_error({"lse1"}, fa.merge_states, o, nil, o, l)
+  U.assert_fa_error({"o2"}, fa.merge_states, o, l, "x", l)
+  local f = U.randn({2, 3, 4})
+  f:free()
+  U.assert_fa_error({}, fa.merge_states, o, l, f, l)
+  -- still works
+  local m = fa.merge_states(o, l, o, l)
+  U.assert_close(m, o:double(), "f32", "merge of a state with itself")
+end
+
+U.run()
