@@ -192,8 +192,9 @@ typedef struct {
 
 FA_API void fa_attention_opts_init(fa_attention_opts *o);
 /* q (B,Hq,Lq,D), k (B,Hkv,Lk,D), v (B,Hkv,Lk,Dv); 3-D (H,L,D) and 2-D (L,D)
- * too.  *o gets a (…,Lq,Dv) tensor in q's dtype; *lse (may be NULL unless
- * return_lse) a (…,Lq) f32 tensor. */
+ * too.  *o gets a (…,Lq,Dv) tensor in q's dtype.  The lse, a (…,Lq) f32
+ * tensor, is computed when `lse` is not NULL (then *lse holds it) or when
+ * return_lse / lse_out ask for it; `lse` may be NULL in any case. */
 FA_API fa_status fa_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v,
                               const fa_attention_opts *opts, fa_tensor **o, fa_tensor **lse);
 /* The same function in f64 on the CPU by the plainest code (outputs f64 on the CPU). */

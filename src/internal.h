@@ -151,9 +151,10 @@ int64_t fa_cpu_softmax_fused_max_n(fa_dtype dt);
 /* Row-major C(m,n) = A(m,k)·B(k,n), f32 or f64, contiguous. */
 fa_status fa_cpu_matmul(fa_context *ctx, fa_matmul_algo algo, int64_t tile, fa_dtype dt, const void *a,
                         const void *b, void *c, int64_t m, int64_t k, int64_t n);
-/* o, lse contiguous: rows x dv in compute dtype dt, lse f32 */
-void fa_cpu_merge_states(fa_dtype dt, const void *o1, const float *lse1, const void *o2, const float *lse2, void *o,
-                         float *lse, int64_t rows, int64_t dv);
+/* o contiguous rows x dv in compute dtype dt; lse in f64 (so that f64
+ * states merge to f64 precision) */
+void fa_cpu_merge_states(fa_dtype dt, const void *o1, const double *lse1, const void *o2, const double *lse2, void *o,
+                         double *lse, int64_t rows, int64_t dv);
 int fa_cpu_threads(void);
 const char *fa_cpu_simd(void);
 /* Set BLAS to one thread (the engine threads with OpenMP itself). */

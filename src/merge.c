@@ -13,10 +13,10 @@ fa_status fa_merge_states(fa_context *ctx, fa_tensor *o1, fa_tensor *lse1, fa_te
   fa_dtype compute = o1->dtype == FA_F64 ? FA_F64 : FA_F32;
   fa_tensor *a = NULL, *b = NULL, *la = NULL, *lb = NULL, *ro = NULL, *rl = NULL;
   if ((st = fa_tensor_cpu_contiguous(ctx, o1, compute, &a)) || (st = fa_tensor_cpu_contiguous(ctx, o2, compute, &b)) ||
-      (st = fa_tensor_cpu_contiguous(ctx, lse1, FA_F32, &la)) ||
-      (st = fa_tensor_cpu_contiguous(ctx, lse2, FA_F32, &lb)) ||
+      (st = fa_tensor_cpu_contiguous(ctx, lse1, FA_F64, &la)) ||
+      (st = fa_tensor_cpu_contiguous(ctx, lse2, FA_F64, &lb)) ||
       (st = fa_tensor_new_like(ctx, o1, compute, FA_CPU, &ro)) ||
-      (st = fa_tensor_new_like(ctx, lse1, FA_F32, FA_CPU, &rl)))
+      (st = fa_tensor_new_like(ctx, lse1, FA_F64, FA_CPU, &rl)))
     goto done;
   int64_t dv = o1->shape[o1->ndim - 1], rows = dv ? fa_tensor_numel(o1) / dv : 0;
   fa_cpu_merge_states(compute, fa_tensor_ptr(a), fa_tensor_ptr(la), fa_tensor_ptr(b), fa_tensor_ptr(lb),

@@ -4,7 +4,7 @@
  *   o   = e^(lse1-lse)·o1 + e^(lse2-lse)·o2
  * An empty side (lse = -inf) leaves the other side exactly as it was; two
  * empty sides give o = 0, lse = -inf; a NaN lse makes its row NaN.  The
- * weights are computed in double; o1, o2, o (f32 or f64) are contiguous
+ * weights and lse are computed in double; o1, o2, o (f32 or f64) are contiguous
  * rows x dv and o may be o1 or o2 (lse may be lse1 or lse2). */
 #include "internal.h"
 
@@ -14,7 +14,7 @@
 #define FA_MERGE_PAR_MIN 65536 /* elements below which threads cost more than they give */
 
 #define FA_MERGE_DEFINE(T, S)                                                                               \
-  static void merge_row_##S(const T *o1, double l1, const T *o2, double l2, T *o, float *lse, int64_t dv) {  \
+  static void merge_row_##S(const T *o1, double l1, const T *o2, double l2, T *o, double *lse, int64_t dv) {  \
     if (l1 == -INFINITY && l2 == -INFINITY) {                                                                \
       for (int64_t i = 0; i < dv; i++) o[i] = 0;                                                             \
       *lse = -INFINITY;                                                                                      \
@@ -23,21 +23,21 @@
     if (l1 == -INFINITY || l2 == -INFINITY) { /* one side empty: the other, bit for bit */                  \
       const T *src = l2 == -INFINITY ? o1 : o2;                                                              \
       if (src != o) memmove(o, src, (size_t)dv * sizeof(T));                                                 \
-      *lse = (float)(l2 == -INFINITY ? l1 : l2);                                                             \
+      *lse = l2 == -INFINITY ? l1 : l2;                                                             \
       return;                                                                                                \
     }                                                                                                        \
     double m = l1 > l2 ? l1 : l2;                                                                            \
     double l = m + log1p(exp(-fabs(l1 - l2))); /* NaN if either is NaN, or both +inf */                     \
     double w1 = exp(l1 - l), w2 = exp(l2 - l);                                                               \
     for (int64_t i = 0; i < dv; i++) o[i] = (T)(w1 * (double)o1[i] + w2 * (double)o2[i]);                   \
-    *lse = (float)l;                                                                                         \
+    *lse = l;                                                                                         \
   }
 
 FA_MERGE_DEFINE(float, f32)
 FA_MERGE_DEFINE(double, f64)
 
-void fa_cpu_merge_states(fa_dtype dt, const void *o1, const float *lse1, const void *o2, const float *lse2, void *o,
-                         float *lse, int64_t rows, int64_t dv) {
+void fa_cpu_merge_states(fa_dtype dt, const void *o1, const double *lse1, const void *o2, const double *lse2, void *o,
+                         double *lse, int64_t rows, int64_t dv) {
   if (dt != FA_F32 && dt != FA_F64) return; /* the dispatch passes the compute dtype only */
   int par = rows > 1 && rows * dv >= FA_MERGE_PAR_MIN;
 #pragma omp parallel for schedule(static) if (par)
