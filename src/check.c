@@ -4,7 +4,10 @@
 #include "cpu/attention_tiles.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
+
+#define FA_MAX_HEAD_DIM 65536
 
 int fa_is_float_dtype(fa_dtype d) { return d == FA_F32 || d == FA_F16 || d == FA_BF16 || d == FA_F64; }
 
@@ -121,6 +124,13 @@ fa_status fa_check_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_ten
                    (long long)d->Hq, (long long)d->Hkv);
   if (d->D < 1 || d->Dv < 1)
     return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: %s: head dimension must be >= 1, got 0", d->D < 1 ? "q" : "v");
+  if (d->D > FA_MAX_HEAD_DIM || d->Dv > FA_MAX_HEAD_DIM) /* BLAS takes int sizes; no head is this wide */
+    return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: %s: head dimension %lld is above the largest supported, %d",
+                   d->D > FA_MAX_HEAD_DIM ? "q" : "v", (long long)(d->D > FA_MAX_HEAD_DIM ? d->D : d->Dv),
+                   FA_MAX_HEAD_DIM);
+  if (d->Lq > INT32_MAX || d->Lk > INT32_MAX)
+    return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: %s: sequence length %lld is above %d", d->Lq > INT32_MAX ? "q" : "k",
+                   (long long)(d->Lq > INT32_MAX ? d->Lq : d->Lk), INT32_MAX);
   d->rank = q->ndim;
   d->device = q->storage->device;
   d->dtype = q->dtype;

@@ -1,0 +1,54 @@
+/* Body of attention_flash_row.c for one compute type (attention_instantiate.h).
+ *
+ * The seeds' one-pass recurrence for one query row, over its allowed keys:
+ *   m' = max(m, s_j)
+ *   d  = d·e^(m - m') + e^(s_j - m')
+ *   o  = o·e^(m - m') + e^(s_j - m')·v_j
+ * and finally o / d.  Dot products go through a small buffer only so that
+ * the shared score routine sees row segments. */
+
+#define FA_ROW_CHUNK 64
+
+static void FA_R(flash_row)(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i) {
+  const int64_t D = p->D, Dv = p->Dv, hk = fa_attn_kv_head(p, h), row = (b * p->Hq + h) * p->Lq + i;
+  const REAL *q = (const REAL *)p->q + row * D;
+  const REAL *k = (const REAL *)p->k + (b * p->Hkv + hk) * p->Lk * D;
+  const REAL *v = (const REAL *)p->v + (b * p->Hkv + hk) * p->Lk * Dv;
+  REAL *o = (REAL *)p->o + row * Dv;
+  REAL s[FA_ROW_CHUNK];
+  REAL m = -(REAL)INFINITY, d = 0;
+  int64_t lo, hi;
+  fa_attn_key_range(p, b, i, &lo, &hi);
+  memset(o, 0, (size_t)Dv * sizeof *o);
+  for (int64_t j0 = lo; j0 < hi; j0 += FA_ROW_CHUNK) {
+    const int64_t n = hi - j0 < FA_ROW_CHUNK ? hi - j0 : FA_ROW_CHUNK;
+    for (int64_t c = 0; c < n; c++) {
+      const REAL *kj = k + (j0 + c) * D;
+      REAL dot = 0;
+      for (int64_t e = 0; e < D; e++) dot += q[e] * kj[e];
+      s[c] = dot;
+    }
+    FA_R(fa_attn_scores)(p, b, h, i, j0, n, lo, hi, s);
+    for (int64_t c = 0; c < n; c++) {
+      const REAL sj = s[c];
+      if (sj == -(REAL)INFINITY) continue; /* masked: weight 0, and e^(-inf - -inf) is NaN */
+      REAL m_new = sj > m ? sj : m;
+      if (sj != sj) m_new = sj; /* a NaN score makes the row NaN */
+      const REAL corr = FA_EXP(m - m_new), pj = FA_EXP(sj - m_new);
+      const REAL *vj = v + (j0 + c) * Dv;
+      d = d * corr + pj;
+      for (int64_t e = 0; e < Dv; e++) o[e] = o[e] * corr + pj * vj[e];
+      m = m_new;
+    }
+  }
+  FA_R(fa_attn_finish)(o, Dv, 1, Dv, &m, &d, p->lse ? p->lse + row : NULL);
+}
+
+static fa_status FA_R(flash_row_all)(const fa_attn_problem *p) {
+  const int64_t rows = p->B * p->Hq * p->Lq;
+#pragma omp parallel for schedule(dynamic, 16)
+  for (int64_t r = 0; r < rows; r++) FA_R(flash_row)(p, r / (p->Hq * p->Lq), r / p->Lq % p->Hq, r % p->Lq);
+  return FA_OK;
+}
+
+#undef FA_ROW_CHUNK

@@ -1,0 +1,143 @@
+/* What flash, two_pass and naive share, for one compute type: a work item
+ * is a query tile (Br = tile_q rows of one batch and head); each thread
+ * owns a workspace of the tile's size; key tiles of Bc = tile_k keys cover
+ * only the union of the rows' key ranges.  Included by their _impl.h. */
+
+typedef struct {
+  REAL *s;              /* Br x Bc: scores, then probabilities */
+  REAL *m, *l, *alpha;  /* per row: running max, denominator, rescale factor */
+  int64_t *lo, *hi;     /* per row: key range */
+} FA_R(qtile_ws);
+
+typedef struct {
+  int64_t b, h, i0, rows;
+  int64_t ulo, uhi; /* union of the rows' key ranges (ulo >= uhi: none) */
+  const REAL *q, *k, *v; /* the tile's first query row; the head's keys, values */
+  REAL *o;               /* the tile's first output row, the running output */
+  float *lse;            /* the tile's first lse entry, or NULL */
+} FA_R(qtile);
+
+typedef void (*FA_R(qtile_fn))(const fa_attn_problem *p, const FA_R(qtile) *t, const FA_R(qtile_ws) *w);
+
+/* 0 when it does not fit a size_t (naive's tiles are whole heads). */
+static size_t FA_R(qtile_ws_bytes)(const fa_attn_problem *p) {
+  const size_t br = (size_t)p->tile_q, bc = (size_t)p->tile_k;
+  if (bc > SIZE_MAX / 4 / sizeof(REAL) / br) return 0;
+  return fa_attn_bytes(br * bc, sizeof(REAL)) + 3 * fa_attn_bytes(br, sizeof(REAL)) +
+         2 * fa_attn_bytes(br, sizeof(int64_t));
+}
+
+static FA_R(qtile_ws) FA_R(qtile_ws_carve)(const fa_attn_problem *p, char *at) {
+  const size_t br = (size_t)p->tile_q;
+  FA_R(qtile_ws) w;
+  w.s = (REAL *)at, at += fa_attn_bytes(br * (size_t)p->tile_k, sizeof(REAL));
+  w.m = (REAL *)at, at += fa_attn_bytes(br, sizeof(REAL));
+  w.l = (REAL *)at, at += fa_attn_bytes(br, sizeof(REAL));
+  w.alpha = (REAL *)at, at += fa_attn_bytes(br, sizeof(REAL));
+  w.lo = (int64_t *)at, at += fa_attn_bytes(br, sizeof(int64_t));
+  w.hi = (int64_t *)at;
+  return w;
+}
+
+/* Key ranges and their union, m = -inf, l = 0, output rows zeroed. */
+static FA_R(qtile) FA_R(qtile_begin)(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
+                                     const FA_R(qtile_ws) *w) {
+  const int64_t hk = fa_attn_kv_head(p, h), row0 = (b * p->Hq + h) * p->Lq + i0;
+  FA_R(qtile) t = {b, h, i0, rows, p->Lk, 0,
+                   (const REAL *)p->q + row0 * p->D,
+                   (const REAL *)p->k + (b * p->Hkv + hk) * p->Lk * p->D,
+                   (const REAL *)p->v + (b * p->Hkv + hk) * p->Lk * p->Dv,
+                   (REAL *)p->o + row0 * p->Dv,
+                   p->lse ? p->lse + row0 : NULL};
+  for (int64_t r = 0; r < rows; r++) {
+    fa_attn_key_range(p, b, i0 + r, &w->lo[r], &w->hi[r]);
+    if (w->lo[r] < w->hi[r]) {
+      t.ulo = w->lo[r] < t.ulo ? w->lo[r] : t.ulo;
+      t.uhi = w->hi[r] > t.uhi ? w->hi[r] : t.uhi;
+    }
+    w->m[r] = -(REAL)INFINITY;
+    w->l[r] = 0;
+  }
+  memset(t.o, 0, (size_t)(rows * p->Dv) * sizeof *t.o);
+  return t;
+}
+
+/* Whether some row attends a key in [j0, j0 + n). */
+static inline int FA_R(qtile_attends)(const FA_R(qtile) *t, const FA_R(qtile_ws) *w, int64_t j0, int64_t n) {
+  for (int64_t r = 0; r < t->rows; r++)
+    if (w->lo[r] < j0 + n && w->hi[r] > j0) return 1;
+  return 0;
+}
+
+/* w->s = the final scores of keys [j0, j0 + n) for the tile's rows. */
+static void FA_R(qtile_scores)(const fa_attn_problem *p, const FA_R(qtile) *t, const FA_R(qtile_ws) *w, int64_t j0,
+                               int64_t n) {
+  FA_GEMM(1, t->rows, n, p->D, t->q, p->D, t->k + j0 * p->D, p->D, 0, w->s, p->tile_k);
+  for (int64_t r = 0; r < t->rows; r++)
+    FA_R(fa_attn_scores)(p, t->b, t->h, t->i0 + r, j0, n, w->lo[r], w->hi[r], w->s + r * p->tile_k);
+}
+
+/* Whether x[0..n) holds no NaN or inf (x·0 is 0 exactly for finite x);
+ * partial sums per lane let GCC vectorise without reassociating. */
+static inline int FA_R(all_finite)(const REAL *x, int64_t n) {
+  REAL lane[16] = {0}, sum = 0;
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16)
+    for (int k = 0; k < 16; k++) lane[k] += x[j + k] * 0;
+  for (; j < n; j++) sum += x[j] * 0;
+  for (int k = 0; k < 16; k++) sum += lane[k];
+  return sum == 0;
+}
+
+/* Whether row r's final score for key j is not -inf, i.e. whether the
+ * reference lets key j's value into the row (recomputed: rare path). */
+static int FA_R(qtile_touches)(const fa_attn_problem *p, const FA_R(qtile) *t, const FA_R(qtile_ws) *w, int64_t r,
+                               int64_t j) {
+  const REAL *q = t->q + r * p->D, *k = t->k + j * p->D;
+  REAL s = 0;
+  for (int64_t e = 0; e < p->D; e++) s += q[e] * k[e];
+  FA_R(fa_attn_scores)(p, t->b, t->h, t->i0 + r, j, 1, w->lo[r], w->hi[r], &s);
+  return s != -(REAL)INFINITY;
+}
+
+/* Output rows += P·V for keys [j0, j0 + n), P in w->s (row stride ld). */
+static void FA_R(qtile_pv)(const fa_attn_problem *p, const FA_R(qtile) *t, const FA_R(qtile_ws) *w, int64_t ld,
+                           int64_t j0, int64_t n) {
+  const int64_t Dv = p->Dv;
+  const REAL *v = t->v + j0 * Dv;
+  if (FA_R(all_finite)(v, n * Dv)) {
+    FA_GEMM(0, t->rows, Dv, n, w->s, ld, v, Dv, 1, t->o, Dv);
+    return;
+  }
+  /* A NaN or inf value must reach exactly the rows that attend its key,
+   * but in a gemm a masked key's zero weight times NaN is NaN too: loops
+   * that skip the zero weights of keys the row does not attend. */
+  for (int64_t r = 0; r < t->rows; r++)
+    for (int64_t j = 0; j < n; j++) {
+      const REAL pj = w->s[r * ld + j];
+      if (pj == 0 && !FA_R(qtile_touches)(p, t, w, r, j0 + j)) continue;
+      for (int64_t d = 0; d < Dv; d++) t->o[r * Dv + d] += pj * v[j * Dv + d];
+    }
+}
+
+/* Runs fn on every query tile, OpenMP-parallel with one workspace per thread. */
+static fa_status FA_R(qtile_run)(fa_context *ctx, const fa_attn_problem *p, FA_R(qtile_fn) fn) {
+  const int64_t Br = p->tile_q, tiles = (p->Lq + Br - 1) / Br, items = p->B * p->Hq * tiles;
+  fa_attn_workspace ws;
+  fa_status st = fa_attn_workspace_init(ctx, &ws, items, FA_R(qtile_ws_bytes)(p));
+  if (st) return st;
+#pragma omp parallel num_threads(ws.threads)
+  {
+    const FA_R(qtile_ws) w = FA_R(qtile_ws_carve)(p, fa_attn_workspace_slice(&ws, omp_get_thread_num()));
+    /* Last tiles first: under a causal mask they hold the most keys, and
+     * handing them out early evens out the dynamic schedule. */
+#pragma omp for schedule(dynamic)
+    for (int64_t it = 0; it < items; it++) {
+      const int64_t bh = it / tiles, i0 = (tiles - 1 - it % tiles) * Br;
+      const FA_R(qtile) t = FA_R(qtile_begin)(p, bh / p->Hq, bh % p->Hq, i0, p->Lq - i0 < Br ? p->Lq - i0 : Br, &w);
+      fn(p, &t, &w);
+    }
+  }
+  fa_attn_workspace_free(&ws);
+  return FA_OK;
+}

@@ -1,0 +1,88 @@
+/* fa_cpu_attention_reference: attention in f64 by the plainest code, to
+ * check the other algorithms against.  Written apart from them on purpose:
+ * it tests each key against causal / window / kv_lens / mask itself rather
+ * than using fa_attn_key_range or the shared score routine.  Per row: the
+ * scores of the allowed keys, their max, e^(s - max), the sum, o = Σ p v. */
+#include "internal.h"
+
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+static int key_allowed(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i, int64_t j) {
+  const int64_t diag = i + p->Lk - p->Lq; /* the key aligned with query i (bottom-right) */
+  if (p->kv_lens && j >= p->kv_lens[b]) return 0;
+  if (p->causal == FA_CAUSAL_BOTTOM_RIGHT && j > diag) return 0;
+  if (p->causal == FA_CAUSAL_TOP_LEFT && j > i) return 0;
+  if (p->has_window && p->win_left >= 0 && j < diag && diag - j > p->win_left) return 0;
+  if (p->has_window && p->win_right >= 0 && j > diag && j - diag > p->win_right) return 0;
+  if (p->mask_b) {
+    const int64_t *ms = p->mask_strides;
+    if (!p->mask_b[b * ms[0] + h * ms[1] + i * ms[2] + j * ms[3]]) return 0;
+  }
+  return 1;
+}
+
+static double score(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i, int64_t j) {
+  const int64_t D = p->D, hk = h / (p->Hq / p->Hkv);
+  const double *q = (const double *)p->q + ((b * p->Hq + h) * p->Lq + i) * D;
+  const double *k = (const double *)p->k + ((b * p->Hkv + hk) * p->Lk + j) * D;
+  double s = 0;
+  for (int64_t e = 0; e < D; e++) s += q[e] * k[e];
+  s *= p->scale;
+  if (p->softcap > 0) s = p->softcap * tanh(s / p->softcap);
+  if (p->alibi) s -= p->alibi[h] * fabs((double)(i + p->Lk - p->Lq - j));
+  if (p->mask_f) {
+    const int64_t *ms = p->mask_strides;
+    s += ((const double *)p->mask_f)[b * ms[0] + h * ms[1] + i * ms[2] + j * ms[3]];
+  }
+  return s;
+}
+
+/* One output row; s is scratch for Lk scores (-inf where not allowed). */
+static void reference_row(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i, double *s) {
+  const int64_t Lk = p->Lk, Dv = p->Dv, hk = h / (p->Hq / p->Hkv), row = (b * p->Hq + h) * p->Lq + i;
+  const double *v = (const double *)p->v + (b * p->Hkv + hk) * Lk * Dv;
+  double *o = (double *)p->o + row * Dv;
+  double mx = -INFINITY;
+  int has_nan = 0;
+  for (int64_t j = 0; j < Lk; j++) {
+    s[j] = key_allowed(p, b, h, i, j) ? score(p, b, h, i, j) : -INFINITY;
+    if (isnan(s[j])) has_nan = 1;
+    else if (s[j] > mx) mx = s[j];
+  }
+  for (int64_t e = 0; e < Dv; e++) o[e] = 0;
+  if (has_nan || mx == -INFINITY) { /* NaN in, NaN out; nothing allowed: zeros */
+    for (int64_t e = 0; e < Dv; e++) o[e] = has_nan ? NAN : 0;
+    if (p->lse64) p->lse64[row] = has_nan ? NAN : -INFINITY;
+    return;
+  }
+  double sum = 0;
+  for (int64_t j = 0; j < Lk; j++) {
+    if (s[j] == -INFINITY) continue;
+    const double w = exp(s[j] - mx);
+    sum += w;
+    for (int64_t e = 0; e < Dv; e++) o[e] += w * v[j * Dv + e];
+  }
+  for (int64_t e = 0; e < Dv; e++) o[e] /= sum;
+  if (p->lse64) p->lse64[row] = mx + log(sum);
+}
+
+fa_status fa_cpu_attention_reference(fa_context *ctx, const fa_attn_problem *p) {
+  const int64_t rows = p->B * p->Hq * p->Lq;
+  int threads = omp_get_max_threads();
+  if (rows < threads) threads = rows > 0 ? (int)rows : 1;
+  const size_t lk = p->Lk > 0 ? (size_t)p->Lk : 1;
+  if (lk > SIZE_MAX / sizeof(double) / (size_t)threads)
+    return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: attention_reference: Lk = %lld is too large",
+                   (long long)p->Lk);
+  const size_t bytes = lk * sizeof(double) * (size_t)threads;
+  fa_status st = FA_OK;
+  double *scratch = fa_host_alloc(ctx, bytes, &st);
+  if (!scratch) return st;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 4)
+  for (int64_t r = 0; r < rows; r++)
+    reference_row(p, r / (p->Hq * p->Lq), r / p->Lq % p->Hq, r % p->Lq, scratch + (size_t)omp_get_thread_num() * lk);
+  fa_host_free(scratch, bytes);
+  return FA_OK;
+}

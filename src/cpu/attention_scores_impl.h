@@ -1,0 +1,100 @@
+/* Body of attention_scores.c for one compute type (attention_instantiate.h
+ * includes it once per type).  No include guard on purpose.
+ * FA_CPU_CLONES (fast_exp.h) builds the per-score loops for AVX-512, AVX2
+ * and the baseline, picked at load time. */
+
+/* Independent partial sums let GCC vectorise the sum without reassociating
+ * floating point (which it may not do at -O3). */
+#define FA_LANES 16
+
+FA_CPU_CLONES
+void FA_R(fa_attn_scores)(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n,
+                          int64_t lo, int64_t hi, REAL *s) {
+  const REAL scale = (REAL)p->scale;
+  for (int64_t j = 0; j < n; j++) s[j] *= scale;
+  if (p->softcap > 0) {
+    const REAL c = (REAL)p->softcap;
+    for (int64_t j = 0; j < n; j++) s[j] = c * FA_TANH(s[j] / c);
+  }
+  if (p->alibi) {
+    const double slope = p->alibi[h];
+    const int64_t diag = i + p->Lk - p->Lq - j0; /* distance = |diag - j| */
+    for (int64_t j = 0; j < n; j++) {
+      const int64_t d = diag > j ? diag - j : j - diag;
+      s[j] -= (REAL)(slope * (double)d);
+    }
+  }
+  const int64_t *ms = p->mask_strides;
+  const int64_t mrow = b * ms[0] + h * ms[1] + i * ms[2] + j0 * ms[3];
+  if (p->mask_f) {
+    const REAL *mf = (const REAL *)p->mask_f + mrow;
+    for (int64_t j = 0; j < n; j++) s[j] += mf[j * ms[3]];
+  }
+  /* Disallowed scores are replaced, not added to, so a NaN there is dropped. */
+  int64_t a = lo - j0, e = hi - j0;
+  a = a < 0 ? 0 : (a > n ? n : a);
+  e = e < a ? a : (e > n ? n : e);
+  for (int64_t j = 0; j < a; j++) s[j] = -(REAL)INFINITY;
+  for (int64_t j = e; j < n; j++) s[j] = -(REAL)INFINITY;
+  if (p->mask_b) {
+    const uint8_t *mb = p->mask_b + mrow;
+    for (int64_t j = a; j < e; j++)
+      if (!mb[j * ms[3]]) s[j] = -(REAL)INFINITY;
+  }
+}
+
+static inline REAL FA_R(exp_sum)(REAL *s, int64_t n, REAL m) {
+  for (int64_t j = 0; j < n; j++) s[j] = FA_EXP(s[j] - m);
+  REAL lane[FA_LANES] = {0};
+  int64_t j = 0;
+  for (; j + FA_LANES <= n; j += FA_LANES)
+    for (int k = 0; k < FA_LANES; k++) lane[k] += s[j + k];
+  REAL sum = 0;
+  for (; j < n; j++) sum += s[j];
+  for (int k = 0; k < FA_LANES; k++) sum += lane[k];
+  return sum;
+}
+
+FA_CPU_CLONES
+REAL FA_R(fa_attn_exp_sum)(REAL *s, int64_t n, REAL m) { return FA_R(exp_sum)(s, n, m); }
+
+FA_CPU_CLONES
+void FA_R(fa_attn_online)(REAL *s, int64_t ld, int64_t rows, int64_t n, REAL *m, REAL *l, REAL *alpha) {
+  for (int64_t r = 0; r < rows; r++) {
+    REAL *row = s + r * ld;
+    const REAL mt = FA_R(row_max)(row, n), m_old = m[r];
+    REAL m_new = mt > m_old ? mt : m_old;
+    if (mt != mt) m_new = mt; /* NaN sticks to its row */
+    if (m_old != m_old) m_new = m_old;
+    if (m_new == -(REAL)INFINITY) { /* nothing attended yet: e^(-inf - -inf) would be NaN */
+      memset(row, 0, (size_t)n * sizeof *row);
+      alpha[r] = 1;
+      continue;
+    }
+    const REAL sum = FA_R(exp_sum)(row, n, m_new);
+    const REAL a = FA_EXP(m_old - m_new); /* 0 when m_old = -inf, 1 when unchanged */
+    alpha[r] = a;
+    l[r] = l[r] * a + sum;
+    m[r] = m_new;
+  }
+}
+
+void FA_R(fa_attn_lse)(const REAL *m, const REAL *l, int64_t rows, float *lse) {
+  for (int64_t r = 0; r < rows; r++) lse[r] = l[r] == 0 ? -INFINITY : (float)(m[r] + FA_LOG(l[r]));
+}
+
+void FA_R(fa_attn_finish)(REAL *o, int64_t ldo, int64_t rows, int64_t dv, const REAL *m, const REAL *l,
+                          float *lse) {
+  for (int64_t r = 0; r < rows; r++) {
+    REAL *orow = o + r * ldo;
+    if (l[r] == 0) { /* no key attended */
+      memset(orow, 0, (size_t)dv * sizeof *orow);
+      continue;
+    }
+    const REAL inv = 1 / l[r];
+    for (int64_t d = 0; d < dv; d++) orow[d] *= inv;
+  }
+  if (lse) FA_R(fa_attn_lse)(m, l, rows, lse);
+}
+
+#undef FA_LANES
