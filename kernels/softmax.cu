@@ -312,49 +312,63 @@ __global__ void __launch_bounds__(WARPS * 32) block_rows_kernel(const T *__restr
 /* ---- auto, long rows: each row split over several blocks ----
  * Work item w is segment w % segs of row w / segs: `chunk` vectors that the
  * block reads once into shared memory while folding them into (m, d).  The
- * block publishes its partial and counts itself in on the row; once all
- * segments are in, it merges them with the seeds' rescale formula and
- * writes its segment from shared memory.  All blocks are resident at once
- * (a cooperative launch), and a row's segments are consecutive items taken
- * in order, so the wait always ends. */
+ * block publishes its partial and counts itself in on the row, reads its
+ * next segment into a second buffer while the row's other segments come in,
+ * then merges the row's partials with the seeds' rescale formula and writes
+ * the segment from shared memory.  All blocks are resident at once (a
+ * cooperative launch), a row's segments are consecutive items taken in
+ * order and a read never waits, so every wait ends. */
+template <typename T>
+static __device__ __forceinline__ MD<float> read_segment(const T *__restrict__ x, int64_t n, int64_t w, int segs,
+                                                         int64_t chunk, Vec16<T> *buf) {
+  const int VN = Vec16<T>::N;
+  int64_t nvec = n / VN, lo = (w % segs) * chunk, hi = lo + chunk < nvec ? lo + chunk : nvec;
+  const Vec16<T> *xr = (const Vec16<T> *)(x + (w / segs) * n);
+  MD<float> s = {-INFINITY, 0.f};
+#pragma unroll 4
+  for (int64_t vi = lo + threadIdx.x; vi < hi; vi += blockDim.x) {
+    Vec16<T> t = xr[vi];
+    buf[vi - lo] = t;
+    float v[Vec16<T>::N];
+#pragma unroll
+    for (int i = 0; i < VN; i++) v[i] = Elem<T>::load(t.v[i]);
+    s = md_add_block(s, v, VN);
+  }
+  return s;
+}
+
 template <typename T>
 __global__ void __launch_bounds__(512) split_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows,
                                                          int64_t n, int64_t chunk, int segs, MD<float> *partials,
                                                          unsigned *arrived) {
   const int VN = Vec16<T>::N;
   extern __shared__ __align__(16) unsigned char split_smem[];
-  Vec16<T> *kept = (Vec16<T> *)split_smem;
+  Vec16<T> *base = (Vec16<T> *)split_smem; /* buffers at base and base + chunk */
   __shared__ MD<float> scratch[32];
   __shared__ MD<float> row_state;
-  int64_t nvec = n / VN, items = rows * segs;
-  for (int64_t w = blockIdx.x; w < items; w += gridDim.x) {
+  int64_t nvec = n / VN, items = rows * segs, w = blockIdx.x;
+  if (w >= items) return;
+  MD<float> s = read_segment(x, n, w, segs, chunk, base);
+  for (int k = 0; w < items; k ^= 1) {
     int64_t r = w / segs, lo = (w % segs) * chunk, hi = lo + chunk < nvec ? lo + chunk : nvec;
-    const Vec16<T> *xr = (const Vec16<T> *)(x + r * n);
-    Vec16<T> *yr = (Vec16<T> *)(y + r * n);
-    MD<float> s = {-INFINITY, 0.f};
-#pragma unroll 4
-    for (int64_t vi = lo + threadIdx.x; vi < hi; vi += blockDim.x) {
-      Vec16<T> t = xr[vi];
-      kept[vi - lo] = t;
-      float v[Vec16<T>::N];
-#pragma unroll
-      for (int i = 0; i < VN; i++) v[i] = Elem<T>::load(t.v[i]);
-      s = md_add_block(s, v, VN);
-    }
+    MD<float> *rp = partials + r * segs;
     s = block_reduce_md(s, scratch);
-    if (threadIdx.x < 32) { /* warp 0 publishes, waits for the row, merges */
-      MD<float> *rp = partials + r * segs;
-      if (threadIdx.x == 0) {
-        rp[w % segs] = s;
-        __threadfence(); /* the partial is visible before the count says so */
-        atomicAdd(&arrived[r], 1u);
+    if (threadIdx.x == 0) {
+      rp[w % segs] = s;
+      __threadfence(); /* the partial is visible before the count says so */
+      atomicAdd(&arrived[r], 1u);
+    }
+    int64_t next = w + gridDim.x;
+    MD<float> s_next = {-INFINITY, 0.f};
+    if (next < items) s_next = read_segment(x, n, next, segs, chunk, base + (k ? 0 : chunk));
+    if (threadIdx.x < 32) { /* warp 0 waits for the row and merges */
+      if (threadIdx.x == 0)
         while (atomicAdd(&arrived[r], 0u) < (unsigned)segs) __nanosleep(32);
-      }
       __syncwarp();
       __threadfence();
       MD<float> all = {-INFINITY, 0.f};
-      for (int k = threadIdx.x; k < segs; k += 32) { /* L2 reads: other blocks wrote them */
-        MD<float> p = {__ldcg(&rp[k].m), __ldcg(&rp[k].d)};
+      for (int j = threadIdx.x; j < segs; j += 32) { /* L2 reads: other blocks wrote them */
+        MD<float> p = {__ldcg(&rp[j].m), __ldcg(&rp[j].d)};
         all = md_merge(all, p);
       }
       all = warp_reduce_md(all);
@@ -362,6 +376,8 @@ __global__ void __launch_bounds__(512) split_rows_kernel(const T *__restrict__ x
     }
     __syncthreads();
     Norm<float> nm = norm_of(row_state);
+    Vec16<T> *kept = base + (k ? chunk : 0);
+    Vec16<T> *yr = (Vec16<T> *)(y + r * n);
 #pragma unroll 4
     for (int64_t vi = lo + threadIdx.x; vi < hi; vi += blockDim.x) {
       Vec16<T> t = kept[vi - lo], o;
@@ -369,7 +385,9 @@ __global__ void __launch_bounds__(512) split_rows_kernel(const T *__restrict__ x
       for (int i = 0; i < VN; i++) o.v[i] = Elem<T>::store(apply_norm((float)Elem<T>::load(t.v[i]), nm));
       __stcs((uint4 *)&yr[vi], *(const uint4 *)&o); /* streamed: the output need not stay in L2 */
     }
-    __syncthreads(); /* kept and row_state are reused by the next item */
+    __syncthreads(); /* this buffer and row_state are reused */
+    w = next;
+    s = s_next;
   }
 }
 
@@ -452,7 +470,8 @@ static fa_status block_rows(fa_context *ctx, const T *x, T *y, int64_t rows, int
   return FA_OK;
 }
 
-/* Splits rows into segments of about 32 KiB held in shared memory and
+/* Splits rows into segments of about 32 KiB (twice, double-buffered) held
+ * in shared memory and
  * launches as many blocks as can be resident.  Returns 0 (nothing
  * launched) when the rows are too long for the resident blocks to hold. */
 template <typename T> static int split_rows(fa_context *ctx, const T *x, T *y, int64_t rows, int64_t n, fa_status *st) {
@@ -461,7 +480,7 @@ template <typename T> static int split_rows(fa_context *ctx, const T *x, T *y, i
   int64_t chunk = 2048; /* vectors: 32 KiB */
   int per_sm = 0;
   for (;; chunk *= 2) {
-    size_t smem = (size_t)chunk * 16;
+    size_t smem = (size_t)chunk * 32; /* two buffers */
     if ((int64_t)smem > g_smem_optin - 2048) return 0;
     if (cudaFuncSetAttribute(split_rows_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, split_rows_kernel<T>, threads, smem) != cudaSuccess) {
@@ -475,7 +494,7 @@ template <typename T> static int split_rows(fa_context *ctx, const T *x, T *y, i
   chunk = (nvec + segs - 1) / segs; /* even segments */
   int64_t items = rows * segs, resident = (int64_t)per_sm * g_sms;
   int grid = (int)(items < resident ? items : resident);
-  size_t smem = (size_t)chunk * 16, pbytes = (size_t)items * sizeof(MD<float>), cbytes = (size_t)rows * sizeof(unsigned);
+  size_t smem = (size_t)chunk * 32, pbytes = (size_t)items * sizeof(MD<float>), cbytes = (size_t)rows * sizeof(unsigned);
   void *partials = NULL, *arrived = NULL;
   cudaStream_t stream = fa_cuda_stream(ctx);
   if ((*st = fa_cuda_malloc(ctx, &partials, pbytes))) return 1;
