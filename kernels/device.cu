@@ -83,7 +83,10 @@ extern "C" fa_status fa_cuda_timer_stop(fa_context *ctx, double *ms) {
   return FA_OK;
 }
 
+extern "C" void fa_cuda_cublas_release(fa_context *ctx); /* attention_naive.cu */
+
 extern "C" void fa_cuda_context_release(fa_context *ctx) {
+  fa_cuda_cublas_release(ctx);
   for (int i = 0; i < 2; i++)
     if (ctx->events[i]) {
       if (cudaEventDestroy((cudaEvent_t)ctx->events[i]) != cudaSuccess) (void)cudaGetLastError();

@@ -110,7 +110,7 @@ static fa_status deliver(fa_context *ctx, fa_tensor *buf, int rank, const fa_ten
     return FA_OK;
   }
   if (!r) {
-    if (dtype == view->dtype && device == FA_CPU) {
+    if (dtype == view->dtype && device == view->storage->device) {
       *result = view;
       return FA_OK;
     }
@@ -136,6 +136,102 @@ static void fill_empty(const fa_attn_problem *p) {
   }
 }
 
+/* ---- CUDA: inputs stay in their dtype on the device ---- */
+
+/* A device copy of n host values (kv_lens, alibi), freed by the caller. */
+static fa_status upload(fa_context *ctx, const void *host, size_t bytes, void **dev) {
+  fa_status st = fa_cuda_malloc(ctx, dev, bytes);
+  if (!st && (st = fa_cuda_memcpy(ctx, *dev, host, bytes, FA_COPY_H2D))) {
+    fa_cuda_free(*dev, bytes);
+    *dev = NULL;
+  }
+  return st;
+}
+
+static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
+                          const fa_attn_dims *d, int want_lse, fa_tensor **out, fa_tensor **lse) {
+  attn_buffers bufs = {0};
+  fa_attn_problem p;
+  void *kv_lens = NULL, *alibi = NULL;
+  size_t kv_bytes = sizeof(int64_t) * (size_t)d->B, alibi_bytes = sizeof(double) * (size_t)d->Hq;
+  memset(&p, 0, sizeof p);
+  p.B = d->B, p.Hq = d->Hq, p.Hkv = d->Hkv, p.Lq = d->Lq, p.Lk = d->Lk, p.D = d->D, p.Dv = d->Dv;
+  p.scale = o->has_scale ? o->scale : 1.0 / sqrt((double)d->D);
+  p.softcap = o->softcap;
+  p.causal = o->causal;
+  p.has_window = o->has_window && (o->window_left >= 0 || o->window_right >= 0);
+  p.win_left = o->window_left, p.win_right = o->window_right;
+  p.tile_q = o->tile_q ? o->tile_q : 64;
+  p.tile_k = o->tile_k ? o->tile_k : 64;
+  p.compute = d->dtype;
+  fa_status st = FA_OK;
+  if (d->algo != FA_ATTN_NAIVE && d->algo != FA_ATTN_FLASH_ROW &&
+      (st = fa_cuda_attention_check_tile(ctx, d->D, d->Dv, p.tile_q, p.tile_k)))
+    return st;
+  if (d->algo == FA_ATTN_FLASH_ROW && d->Dv > 256)
+    return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: flash_row on cuda: Dv = %lld is above 256", (long long)d->Dv);
+  if ((st = fa_tensor_contiguous(ctx, q, &bufs.q)) || (st = fa_tensor_contiguous(ctx, k, &bufs.k)) ||
+      (st = fa_tensor_contiguous(ctx, v, &bufs.v)))
+    goto done;
+  p.q = fa_tensor_ptr(bufs.q), p.k = fa_tensor_ptr(bufs.k), p.v = fa_tensor_ptr(bufs.v);
+  if (o->mask) {
+    fa_tensor *m = o->mask, *conv = NULL;
+    fa_dtype want = m->dtype == FA_BOOL ? FA_BOOL : FA_F32;
+    if ((st = fa_tensor_to(ctx, m, want, FA_CUDA, &conv))) goto done;
+    st = fa_tensor_contiguous(ctx, conv, &bufs.mask);
+    fa_tensor_release(conv);
+    if (st) goto done;
+    if (want == FA_BOOL) p.mask_b = fa_tensor_ptr(bufs.mask);
+    else p.mask_f = fa_tensor_ptr(bufs.mask);
+    for (int i = 0; i < 4; i++) p.mask_strides[i] = 0;
+    for (int i = 0; i < m->ndim; i++) p.mask_strides[4 - m->ndim + i] = m->shape[i] == 1 ? 0 : bufs.mask->strides[i];
+  }
+  if (o->kv_lens && (st = upload(ctx, o->kv_lens, kv_bytes, &kv_lens))) goto done;
+  if (o->alibi && (st = upload(ctx, o->alibi, alibi_bytes, &alibi))) goto done;
+  p.kv_lens = kv_lens, p.alibi = alibi;
+  int64_t oshape[4] = {d->B, d->Hq, d->Lq, d->Dv};
+  fa_tensor *uo = o->out, *ul = o->lse_out;
+  if (uo && fa_tensor_is_contiguous(uo)) {
+    fa_tensor_retain(uo);
+    bufs.o = uo;
+  } else if ((st = fa_tensor_new(ctx, 4, oshape, d->dtype, FA_CUDA, &bufs.o))) {
+    goto done;
+  }
+  p.o = fa_tensor_ptr(bufs.o);
+  if (want_lse) {
+    if (ul && fa_tensor_is_contiguous(ul)) {
+      fa_tensor_retain(ul);
+      bufs.lse = ul;
+    } else if ((st = fa_tensor_new(ctx, 3, oshape, FA_F32, FA_CUDA, &bufs.lse))) {
+      goto done;
+    }
+    p.lse = fa_tensor_ptr(bufs.lse);
+  }
+  if (d->B * d->Hq * d->Lq == 0) {
+  } else if (d->Lk == 0) { /* no keys: zeros and lse = -inf */
+    st = fa_tensor_fill(ctx, bufs.o, 0);
+    if (!st && want_lse) st = fa_tensor_fill(ctx, bufs.lse, -INFINITY);
+  } else if (d->algo == FA_ATTN_NAIVE) {
+    st = fa_cuda_attention_naive(ctx, &p);
+  } else {
+    st = fa_cuda_attention_fused(ctx, d->algo, &p);
+  }
+  if (st) goto done;
+  if ((st = deliver(ctx, bufs.o, d->rank, q, d->Dv, 1, uo, d->dtype, FA_CUDA, out))) goto done;
+  if (want_lse) {
+    fa_tensor *l = NULL;
+    st = deliver(ctx, bufs.lse, d->rank, q, 0, 0, ul, FA_F32, FA_CUDA, &l);
+    if (st) fa_tensor_drop(out);
+    else if (lse) *lse = l;
+    else fa_tensor_release(l);
+  }
+done:
+  fa_cuda_free(kv_lens, kv_bytes); /* stream-ordered: after the kernels */
+  fa_cuda_free(alibi, alibi_bytes);
+  buffers_drop(&bufs);
+  return st;
+}
+
 static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
                                int reference, fa_tensor **out, fa_tensor **lse) {
   fa_attention_opts defaults;
@@ -150,9 +246,7 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   fa_status st = fa_check_attention(ctx, q, k, v, o, &d);
   if (st) return st;
   int want_lse = o->return_lse || lse != NULL || o->lse_out;
-  if (!reference && d.device == FA_CUDA)
-    return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: attention: the CUDA backend has no attention kernel yet "
-                                            "(move the tensors to the cpu)");
+  if (!reference && d.device == FA_CUDA) return run_cuda(ctx, q, k, v, o, &d, want_lse, out, lse);
   fa_dtype compute = reference || d.dtype == FA_F64 ? FA_F64 : FA_F32;
   fa_tensor *user_out = reference ? NULL : o->out, *user_lse = reference ? NULL : o->lse_out;
   attn_buffers bufs = {0};

@@ -169,8 +169,11 @@ fa_status fa_check_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_ten
         return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.alibi[%lld]: expected a finite slope, got %g",
                        (long long)h + 1, o->alibi[h]);
   }
-  if ((o->tile_q || o->tile_k) && (o->tile_q < 1 || o->tile_q > FA_CPU_TILE_MAX || o->tile_k < 1 ||
-                                   o->tile_k > FA_CPU_TILE_MAX))
+  if ((o->tile_q || o->tile_k) && d->device == FA_CUDA &&
+      (st = fa_cuda_attention_check_tile(ctx, d->D, d->Dv, o->tile_q, o->tile_k)))
+    return st;
+  if ((o->tile_q || o->tile_k) && d->device == FA_CPU &&
+      (o->tile_q < 1 || o->tile_q > FA_CPU_TILE_MAX || o->tile_k < 1 || o->tile_k > FA_CPU_TILE_MAX))
     return fa_fail(ctx, FA_ERR_ARGUMENT,
                    "flashattn: opts.tile: expected {Br, Bc} with 1 <= Br <= %d and 1 <= Bc <= %d, got {%lld, %lld}",
                    FA_CPU_TILE_MAX, FA_CPU_TILE_MAX, (long long)o->tile_q, (long long)o->tile_k);

@@ -23,6 +23,7 @@ struct fa_context {
   uint64_t seed_counter; /* for random fills without an explicit seed */
   double timer_start_ms;  /* CPU timer */
   void *events[2];        /* CUDA timer: start and stop events, made on first use */
+  void *cublas;           /* cuBLAS handle, made on first use */
   char error[FA_ERRMSG_LEN];
 };
 
@@ -126,7 +127,7 @@ typedef struct {
   const int64_t *kv_lens; /* B entries or NULL */
   const double *alibi;    /* Hq entries or NULL */
   int64_t tile_q, tile_k; /* resolved: > 0 */
-  fa_dtype compute;       /* FA_F32 or FA_F64 on the CPU */
+  fa_dtype compute;       /* FA_F32 or FA_F64 on the CPU; the storage dtype on CUDA */
   /* Contiguous (B,H,L,D) inputs and outputs in the compute dtype (CPU). */
   const void *q, *k, *v;
   void *o;     /* (B,Hq,Lq,Dv) compute dtype */
@@ -170,7 +171,13 @@ fa_status fa_cuda_memcpy(fa_context *ctx, void *dst, const void *src, size_t nby
 fa_status fa_cuda_sync(fa_context *ctx);
 fa_status fa_cuda_timer_start(fa_context *ctx);
 fa_status fa_cuda_timer_stop(fa_context *ctx, double *ms);
-void fa_cuda_context_release(fa_context *ctx); /* the context's events */
+void fa_cuda_context_release(fa_context *ctx); /* the context's events and cuBLAS handle */
+/* Attention on device buffers: p holds device pointers, p->compute is the
+ * storage dtype (f32, f16, bf16) and the float mask is f32. */
+fa_status fa_cuda_attention_fused(fa_context *ctx, fa_attention_algo algo, const fa_attn_problem *p);
+fa_status fa_cuda_attention_naive(fa_context *ctx, const fa_attn_problem *p);
+/* FA_OK when {br, bc} is a tile the CUDA kernels take for these head dims. */
+fa_status fa_cuda_attention_check_tile(fa_context *ctx, int64_t D, int64_t Dv, int64_t br, int64_t bc);
 /* x, y contiguous (rows, n) device buffers of dtype dt (y may alias x). */
 fa_status fa_cuda_softmax(fa_context *ctx, fa_softmax_algo algo, int64_t block, fa_dtype dt, const void *x, void *y,
                           int64_t rows, int64_t n);

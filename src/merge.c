@@ -18,7 +18,8 @@ fa_status fa_merge_states(fa_context *ctx, fa_tensor *o1, fa_tensor *lse1, fa_te
       (st = fa_tensor_new_like(ctx, o1, compute, FA_CPU, &ro)) ||
       (st = fa_tensor_new_like(ctx, lse1, FA_F64, FA_CPU, &rl)))
     goto done;
-  int64_t dv = o1->shape[o1->ndim - 1], rows = dv ? fa_tensor_numel(o1) / dv : 0;
+  /* one row per lse entry (also when dv = 0: the lse still merge) */
+  int64_t dv = o1->shape[o1->ndim - 1], rows = fa_tensor_numel(lse1);
   fa_cpu_merge_states(compute, fa_tensor_ptr(a), fa_tensor_ptr(la), fa_tensor_ptr(b), fa_tensor_ptr(lb),
                       fa_tensor_ptr(ro), fa_tensor_ptr(rl), rows, dv);
   if ((st = fa_tensor_to(ctx, ro, o1->dtype, FA_CPU, o))) goto done;

@@ -11,6 +11,12 @@ int64_t fa_numel_of(int ndim, const int64_t *shape) {
   return n;
 }
 
+/* The product of the sizes, zeros counted as 1, stays below this: element
+ * counts, byte counts and the contiguous strides (which skip zero sizes)
+ * of any shape then fit an int64_t, even for an empty tensor such as
+ * 0 x 2^40 x 2^40. */
+#define FA_MAX_SPAN (INT64_MAX / 16)
+
 static fa_status check_shape(fa_context *ctx, int ndim, const int64_t *shape, const char *what) {
   if (ndim < 1 || ndim > FA_MAX_DIMS)
     return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: %s: expected 1 to 4 dimensions, got %d", what, ndim);
@@ -19,10 +25,10 @@ static fa_status check_shape(fa_context *ctx, int ndim, const int64_t *shape, co
     if (shape[i] < 0)
       return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: %s: size of dimension %d must be >= 0, got %lld", what, i + 1,
                      (long long)shape[i]);
-    if (shape[i] && n > INT64_MAX / 16 / shape[i])
+    if (shape[i] && n > FA_MAX_SPAN / shape[i])
       return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: %s: %lld elements in dimension %d is too many", what,
                      (long long)shape[i], i + 1);
-    n *= shape[i];
+    if (shape[i]) n *= shape[i];
   }
   return FA_OK;
 }
@@ -116,13 +122,20 @@ fa_status fa_tensor_wrap(fa_context *ctx, void *data, fa_device device, fa_dtype
   int64_t st_[FA_MAX_DIMS];
   int64_t span = 1;
   if (strides) {
+    int empty = fa_numel_of(ndim, shape) == 0;
     for (int i = 0; i < ndim; i++) {
       if (strides[i] < 0)
         return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: fa_tensor_wrap: stride %d must be >= 0, got %lld", i + 1,
                        (long long)strides[i]);
       st_[i] = strides[i];
-      if (shape[i] > 0) span += (shape[i] - 1) * strides[i];
+      /* the elements reached must be addressable: span < FA_MAX_SPAN */
+      if (!empty && shape[i] > 1 && strides[i] > (FA_MAX_SPAN - span) / (shape[i] - 1))
+        return fa_fail(ctx, FA_ERR_ARGUMENT,
+                       "flashattn: fa_tensor_wrap: stride %lld of dimension %d reaches past 2^59 elements",
+                       (long long)strides[i], i + 1);
+      if (!empty && shape[i] > 0) span += (shape[i] - 1) * strides[i];
     }
+    if (empty) span = 0;
   } else {
     contiguous_strides(ndim, shape, st_);
     span = fa_numel_of(ndim, shape);
@@ -195,13 +208,19 @@ fa_status fa_tensor_view(fa_context *ctx, fa_tensor *t, int ndim, const int64_t 
   if (ndim < 1 || ndim > FA_MAX_DIMS)
     return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: view: expected 1 to 4 dimensions, got %d", ndim);
   int infer = -1;
-  int64_t known = 1, n = fa_tensor_numel(t);
+  int64_t known = 1, span = 1, n = fa_tensor_numel(t);
   for (int i = 0; i < ndim; i++) {
     shape[i] = shape_in[i];
     if (shape[i] == -1 && infer < 0) infer = i;
     else if (shape[i] < 0)
       return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: view: bad size %lld for dimension %d", (long long)shape[i], i + 1);
-    else known *= shape[i];
+    else if (shape[i] && span > FA_MAX_SPAN / shape[i]) /* before it can wrap around to n */
+      return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: view: size %lld of dimension %d is too large", (long long)shape[i],
+                     i + 1);
+    else {
+      known *= shape[i];
+      if (shape[i]) span *= shape[i];
+    }
   }
   if (infer >= 0) {
     if (known == 0 || n % known)

@@ -72,3 +72,18 @@ fa_status fa_cuda_timer_stop(fa_context *ctx, double *ms) {
 }
 
 void fa_cuda_context_release(fa_context *ctx) { (void)ctx; }
+
+fa_status fa_cuda_attention_fused(fa_context *ctx, fa_attention_algo algo, const fa_attn_problem *p) {
+  (void)algo, (void)p;
+  return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
+}
+
+fa_status fa_cuda_attention_naive(fa_context *ctx, const fa_attn_problem *p) {
+  (void)p;
+  return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
+}
+
+fa_status fa_cuda_attention_check_tile(fa_context *ctx, int64_t D, int64_t Dv, int64_t br, int64_t bc) {
+  (void)D, (void)Dv, (void)br, (void)bc;
+  return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
+}

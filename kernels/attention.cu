@@ -1,0 +1,255 @@
+/* Attention on the GPU: the tiled kernel behind "flash" and "two_pass",
+ * and the seeds' one-row recurrence behind "flash_row".
+ *
+ * Tiled kernel: a block owns BR query rows of one (batch, head); key and
+ * value tiles of Bc rows are staged in shared memory (as f32) and the
+ * scores, the online rescaling and the output stay in registers.  Eight
+ * warps each own BR/8 rows; within a warp, lane j scores key j of a 32-key
+ * slice, and each lane accumulates every 32nd output column.  MODE_FLASH
+ * is the one-pass online softmax; MODE_STATS and MODE_OUTPUT are the two
+ * passes of "two_pass" (running (m, l) first, then the output with the
+ * final statistics).  Key tiles outside every row's causal / window /
+ * kv_lens range are never loaded. */
+#include "attention_common.cuh"
+
+#define NWARPS 8
+#define MAX_DV_PER_LANE 8 /* Dv up to 256 */
+
+enum { MODE_FLASH = 0, MODE_STATS, MODE_OUTPUT };
+
+template <typename T, int BR, int MODE>
+__global__ void __launch_bounds__(NWARPS * 32) attn_tiled_kernel(fa_attn_problem p, int Bc, float *stats) {
+  const int R = BR / NWARPS;
+  extern __shared__ float smem[];
+  __shared__ int64_t row_lo[BR], row_hi[BR];
+  __shared__ int64_t tile_lo, tile_hi;
+  const int D = (int)p.D, Dv = (int)p.Dv, DP = D + 1; /* K rows padded: lane j reads row j without conflicts */
+  float *Qs = smem, *Ks = Qs + BR * D, *Vs = Ks + Bc * DP;
+  const int64_t qtiles = (p.Lq + BR - 1) / BR;
+  const int64_t bh = blockIdx.x / qtiles, qt = qtiles - 1 - blockIdx.x % qtiles; /* long causal tiles first */
+  const int64_t b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv), i0 = qt * BR;
+  const T *q = (const T *)p.q + (bh * p.Lq) * D;
+  const T *k = (const T *)p.k + ((b * p.Hkv + hk) * p.Lk) * D;
+  const T *v = (const T *)p.v + ((b * p.Hkv + hk) * p.Lk) * Dv;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+
+  if (tid < BR) {
+    int64_t lo = 0, hi = 0;
+    if (i0 + tid < p.Lq) fa_attn_range_of(&p, b, i0 + tid, &lo, &hi);
+    row_lo[tid] = lo, row_hi[tid] = hi;
+  }
+  for (int idx = tid; idx < BR * D; idx += NWARPS * 32) {
+    int64_t i = i0 + idx / D;
+    Qs[idx] = i < p.Lq ? to_float(q[i * D + idx % D]) : 0.f;
+  }
+  __syncthreads();
+  if (tid == 0) { /* the keys any row of the tile attends */
+    int64_t lo = INT64_MAX, hi = 0;
+    for (int r = 0; r < BR; r++)
+      if (row_lo[r] < row_hi[r]) lo = min(lo, row_lo[r]), hi = max(hi, row_hi[r]);
+    tile_lo = lo < hi ? lo : 0, tile_hi = lo < hi ? hi : 0;
+  }
+  __syncthreads();
+
+  float m[R], l[R], o[R][MAX_DV_PER_LANE];
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    m[r] = -INFINITY, l[r] = 0.f;
+    int64_t i = i0 + warp * R + r;
+    if (MODE == MODE_OUTPUT && i < p.Lq) { /* the final (m, 1/l) of the row */
+      m[r] = stats[2 * (bh * p.Lq + i)];
+      float lr = stats[2 * (bh * p.Lq + i) + 1];
+      l[r] = lr > 0.f ? 1.f / lr : (lr == lr ? 0.f : lr);
+    }
+#pragma unroll
+    for (int c = 0; c < MAX_DV_PER_LANE; c++) o[r][c] = 0.f;
+  }
+
+  for (int64_t j0 = tile_lo; j0 < tile_hi; j0 += Bc) {
+    const int n = (int)min((int64_t)Bc, tile_hi - j0);
+    __syncthreads(); /* the previous tile is no longer read */
+    for (int idx = tid; idx < n * D; idx += NWARPS * 32) Ks[(idx / D) * DP + idx % D] = to_float(k[j0 * D + idx]);
+    if (MODE != MODE_STATS)
+      for (int idx = tid; idx < n * Dv; idx += NWARPS * 32) Vs[idx] = to_float(v[j0 * Dv + idx]);
+    __syncthreads();
+    for (int c0 = 0; c0 < n; c0 += 32) {
+      const int j = c0 + lane, nj = min(32, n - c0);
+      float acc[R];
+#pragma unroll
+      for (int r = 0; r < R; r++) acc[r] = 0.f;
+      if (j < n)
+        for (int d = 0; d < D; d++) {
+          float kv = Ks[j * DP + d];
+#pragma unroll
+          for (int r = 0; r < R; r++) acc[r] = fmaf(Qs[(warp * R + r) * D + d], kv, acc[r]);
+        }
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        const int rr = warp * R + r;
+        const int64_t i = i0 + rr;
+        float s = -INFINITY;
+        if (j < n && i < p.Lq) s = attn_score(p, b, h, i, j0 + j, acc[r], row_lo[rr], row_hi[rr]);
+        float pj;
+        if (MODE == MODE_OUTPUT) {
+          pj = s == -INFINITY ? 0.f : expf(s - m[r]) * l[r];
+        } else {
+          float m_new = fmaxf(m[r], warp_max(s));
+          float alpha = m_new == -INFINITY ? 1.f : expf(m[r] - m_new);
+          pj = s == -INFINITY ? 0.f : expf(s - m_new);
+          l[r] = l[r] * alpha + warp_sum(pj);
+          m[r] = m_new;
+          if (MODE == MODE_FLASH)
+#pragma unroll
+            for (int c = 0; c < MAX_DV_PER_LANE; c++) o[r][c] *= alpha;
+        }
+        if (MODE != MODE_STATS) {
+          for (int jj = 0; jj < nj; jj++) {
+            float pb = __shfl_sync(0xffffffffu, pj, jj);
+            float sb = __shfl_sync(0xffffffffu, s, jj);
+            if (sb == -INFINITY) continue; /* a masked key never touches the output (NaN in v stays out) */
+            const float *vrow = Vs + (c0 + jj) * Dv;
+#pragma unroll
+            for (int c = 0; c < MAX_DV_PER_LANE; c++) {
+              int col = c * 32 + lane;
+              if (col < Dv) o[r][c] = fmaf(pb, vrow[col], o[r][c]);
+            }
+          }
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    const int64_t i = i0 + warp * R + r;
+    if (i >= p.Lq) continue;
+    const int64_t row = bh * p.Lq + i;
+    if (MODE == MODE_STATS) {
+      if (lane == 0) stats[2 * row] = m[r], stats[2 * row + 1] = l[r];
+      continue;
+    }
+    float inv = MODE == MODE_OUTPUT ? 1.f : (l[r] > 0.f ? 1.f / l[r] : (l[r] == l[r] ? 0.f : l[r]));
+    T *orow = (T *)p.o + row * Dv;
+#pragma unroll
+    for (int c = 0; c < MAX_DV_PER_LANE; c++) {
+      int col = c * 32 + lane;
+      if (col < Dv) orow[col] = from_float<T>(o[r][c] * inv);
+    }
+    if (p.lse && lane == 0) {
+      float lr = MODE == MODE_OUTPUT ? stats[2 * row + 1] : l[r];
+      p.lse[row] = row_lse(m[r], lr);
+    }
+  }
+}
+
+/* "flash_row": the seeds' one-pass recurrence, one thread per query row,
+ * keys and values read straight from device memory, no tiling. */
+template <typename T> __global__ void attn_row_kernel(fa_attn_problem p) {
+  const int64_t row = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (row >= p.B * p.Hq * p.Lq) return;
+  const int64_t i = row % p.Lq, bh = row / p.Lq, b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv);
+  const int D = (int)p.D, Dv = (int)p.Dv;
+  const T *q = (const T *)p.q + row * D;
+  const T *k = (const T *)p.k + ((b * p.Hkv + hk) * p.Lk) * D;
+  const T *v = (const T *)p.v + ((b * p.Hkv + hk) * p.Lk) * Dv;
+  float o[256];
+  for (int c = 0; c < Dv; c++) o[c] = 0.f;
+  float m = -INFINITY, d = 0.f;
+  int64_t lo, hi;
+  fa_attn_range_of(&p, b, i, &lo, &hi);
+  for (int64_t j = lo; j < hi; j++) {
+    float dot = 0.f;
+    for (int c = 0; c < D; c++) dot = fmaf(to_float(q[c]), to_float(k[j * D + c]), dot);
+    float s = attn_score(p, b, h, i, j, dot, lo, hi);
+    if (s == -INFINITY) continue;
+    /* a NaN score is dropped by fmaxf but reaches d and o through e */
+    float m_new = fmaxf(m, s), alpha = m == -INFINITY ? 0.f : expf(m - m_new), e = expf(s - m_new);
+    d = d * alpha + e;
+    for (int c = 0; c < Dv; c++) o[c] = o[c] * alpha + e * to_float(v[j * Dv + c]);
+    m = m_new;
+  }
+  float inv = d > 0.f ? 1.f / d : (d == d ? 0.f : d);
+  T *orow = (T *)p.o + row * Dv;
+  for (int c = 0; c < Dv; c++) orow[c] = from_float<T>(o[c] * inv);
+  if (p.lse) p.lse[row] = row_lse(m, d);
+}
+
+/* ---- launchers ---- */
+
+static const int valid_br[] = {16, 32, 64, 128};
+
+static size_t tiled_smem(int br, int bc, int64_t D, int64_t Dv) {
+  return sizeof(float) * (size_t)(br * D + bc * (D + 1) + bc * Dv);
+}
+
+extern "C" fa_status fa_cuda_attention_check_tile(fa_context *ctx, int64_t D, int64_t Dv, int64_t br, int64_t bc) {
+  int dev = 0, smem_max = 0;
+  FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
+  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  smem_max -= 4096; /* the kernel's static shared memory */
+  int ok_br = 0;
+  for (int x : valid_br) ok_br |= br == x;
+  if (Dv > 32 * MAX_DV_PER_LANE)
+    return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: attention on cuda: value head dimension Dv = %lld is above %d",
+                   (long long)Dv, 32 * MAX_DV_PER_LANE);
+  if (!ok_br || bc < 1 || bc > 256 || tiled_smem((int)br, (int)bc, D, Dv) > (size_t)smem_max) {
+    int64_t bc_max = 0;
+    while (bc_max < 256 && tiled_smem(ok_br ? (int)br : 16, (int)bc_max + 1, D, Dv) <= (size_t)smem_max) bc_max++;
+    return fa_fail(ctx, FA_ERR_ARGUMENT,
+                   "flashattn: opts.tile: on cuda with D = %lld, Dv = %lld the valid tiles are Br in {16, 32, 64, "
+                   "128} and 1 <= Bc <= %lld (shared memory: %d bytes), got {%lld, %lld}",
+                   (long long)D, (long long)Dv, (long long)bc_max, smem_max, (long long)br, (long long)bc);
+  }
+  return FA_OK;
+}
+
+template <typename T, int BR, int MODE>
+static fa_status launch_tiled(fa_context *ctx, const fa_attn_problem *p, float *stats) {
+  int bc = (int)p->tile_k;
+  size_t smem = tiled_smem(BR, bc, p->D, p->Dv);
+  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(attn_tiled_kernel<T, BR, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          (int)smem));
+  int64_t blocks = p->B * p->Hq * ((p->Lq + BR - 1) / BR);
+  if (blocks > INT32_MAX) return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: attention on cuda: too many query tiles");
+  attn_tiled_kernel<T, BR, MODE><<<(unsigned)blocks, NWARPS * 32, smem, fa_cuda_stream(ctx)>>>(*p, bc, stats);
+  FA_CUDA_CHECK_LAUNCH(ctx, "attn_tiled_kernel");
+  return FA_OK;
+}
+
+template <typename T, int MODE> static fa_status tiled_by_br(fa_context *ctx, const fa_attn_problem *p, float *stats) {
+  switch (p->tile_q) {
+  case 16: return launch_tiled<T, 16, MODE>(ctx, p, stats);
+  case 32: return launch_tiled<T, 32, MODE>(ctx, p, stats);
+  case 128: return launch_tiled<T, 128, MODE>(ctx, p, stats);
+  default: return launch_tiled<T, 64, MODE>(ctx, p, stats);
+  }
+}
+
+template <typename T> static fa_status attention_typed(fa_context *ctx, fa_attention_algo algo, const fa_attn_problem *p) {
+  if (algo == FA_ATTN_FLASH_ROW) {
+    int64_t rows = p->B * p->Hq * p->Lq, blocks = (rows + 127) / 128;
+    attn_row_kernel<T><<<(unsigned)blocks, 128, 0, fa_cuda_stream(ctx)>>>(*p);
+    FA_CUDA_CHECK_LAUNCH(ctx, "attn_row_kernel");
+    return FA_OK;
+  }
+  if (algo != FA_ATTN_TWO_PASS) return tiled_by_br<T, MODE_FLASH>(ctx, p, NULL);
+  size_t bytes = sizeof(float) * 2 * (size_t)(p->B * p->Hq * p->Lq);
+  void *stats = NULL;
+  fa_status st = fa_cuda_malloc(ctx, &stats, bytes);
+  if (st) return st;
+  st = tiled_by_br<T, MODE_STATS>(ctx, p, (float *)stats);
+  if (!st) st = tiled_by_br<T, MODE_OUTPUT>(ctx, p, (float *)stats);
+  fa_cuda_free(stats, bytes); /* stream-ordered: after both passes */
+  return st;
+}
+
+extern "C" fa_status fa_cuda_attention_fused(fa_context *ctx, fa_attention_algo algo, const fa_attn_problem *p) {
+  switch (p->compute) {
+  case FA_F32: return attention_typed<float>(ctx, algo, p);
+  case FA_F16: return attention_typed<__half>(ctx, algo, p);
+  case FA_BF16: return attention_typed<__nv_bfloat16>(ctx, algo, p);
+  default:
+    return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: attention on cuda takes f32, f16 or bf16, got %s",
+                   fa_dtype_name(p->compute));
+  }
+}

@@ -1,0 +1,57 @@
+/* Device helpers shared by the CUDA attention kernels: element loads, the
+ * score rule (API §2) and warp reductions. */
+#ifndef FA_KERNELS_ATTENTION_COMMON_CUH
+#define FA_KERNELS_ATTENTION_COMMON_CUH
+
+#include "common.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+
+extern "C" {
+#include "attn_range.h"
+}
+
+static __device__ __forceinline__ float to_float(float v) { return v; }
+static __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+static __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> static __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+/* The final score of key j for query row i (head h of batch b) from the raw
+ * dot product, or -inf when the key is outside [lo, hi) or the bool mask
+ * says no: scale, softcap, alibi, float mask, in the contract's order.  On
+ * CUDA the float mask is f32. */
+static __device__ __forceinline__ float attn_score(const fa_attn_problem &p, int64_t b, int64_t h, int64_t i, int64_t j,
+                                                   float dot, int64_t lo, int64_t hi) {
+  if (j < lo || j >= hi) return -INFINITY;
+  int64_t mo = b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3];
+  if (p.mask_b && !p.mask_b[mo]) return -INFINITY;
+  float s = dot * (float)p.scale;
+  if (p.softcap > 0) {
+    float c = (float)p.softcap;
+    s = c * tanhf(s / c);
+  }
+  if (p.alibi) s -= (float)(p.alibi[h] * (double)llabs(i + p.Lk - p.Lq - j));
+  if (p.mask_f) s += ((const float *)p.mask_f)[mo];
+  return s;
+}
+
+static __device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+static __device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/* lse of a finished row: -inf for an empty row (l = 0), NaN stays NaN. */
+static __device__ __forceinline__ float row_lse(float m, float l) { return l == 0.f ? -INFINITY : m + logf(l); }
+
+#endif
