@@ -51,6 +51,40 @@ for _, dt in ipairs { "f32", "f16", "bf16", "f64" } do
     end
   end
 end
+-- attention: every algo and dtype, with the options, against the f64 reference
+local function attn_case(name, B, Hq, Hkv, Lq, Lk, D, Dv, opts)
+  local q = fa.randn({ B, Hq, Lq, D }, { device = "cuda", seed = 11 })
+  local k = fa.randn({ B, Hkv, Lk, D }, { device = "cuda", seed = 12 })
+  local v = fa.randn({ B, Hkv, Lk, Dv }, { device = "cuda", seed = 13 })
+  local ref_opts = {}
+  for key, val in pairs(opts) do ref_opts[key] = val end
+  ref_opts.return_lse = true
+  local ro, rl = fa.attention_reference(q, k, v, ref_opts)
+  for _, dt in ipairs { "f32", "f16", "bf16" } do
+    for _, algo in ipairs { "flash", "two_pass", "naive", "flash_row" } do
+      local o_opts = {}
+      for key, val in pairs(ref_opts) do o_opts[key] = val end
+      o_opts.algo = algo
+      local ok, o, lse = pcall(fa.attention, q:to(dt), k:to(dt), v:to(dt), o_opts)
+      if ok then
+        check(string.format("attention %s %s %s", name, algo, dt), fa.rel_error(o:cpu(), ro), tol[dt])
+        local finite = rl:isfinite()
+        if finite then check(string.format("lse %s %s %s", name, algo, dt), fa.rel_error(lse:cpu(), rl), tol[dt]) end
+      else
+        failures = failures + 1
+        print("FAIL attention " .. name .. " " .. algo .. " " .. dt .. ": " .. tostring(o))
+      end
+    end
+  end
+end
+local mask = fa.rand({ 1, 1, 37, 45 }, { seed = 5 }) + (-0.3)
+attn_case("plain", 1, 2, 2, 37, 45, 64, 64, {})
+attn_case("causal gqa dv", 2, 4, 2, 37, 45, 80, 48, { causal = true })
+attn_case("top_left window softcap", 1, 2, 1, 45, 37, 32, 32, { causal = "top_left", window = { 8, 2 }, softcap = 5 })
+attn_case("masks alibi kv_lens", 2, 2, 2, 37, 45, 16, 16,
+  { mask = mask:cuda(), alibi = { 0.5, 0.25 }, kv_lens = { 40, 13 } })
+attn_case("d128 tile", 1, 2, 2, 70, 70, 128, 128, { tile = { 32, 32 } })
+
 -- a fully masked row, and a NaN row that stays in its row
 local x = fa.tensor({ { -math.huge, -math.huge }, { 0 / 0, 1 }, { 1, 2 } }, { device = "cuda" })
 for _, algo in ipairs { "auto", "safe", "online", "fused" } do

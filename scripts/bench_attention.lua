@@ -1,0 +1,60 @@
+-- Attention forward on the GPU: the shapes of the CUDA attention issue
+-- (B·L = 16k tokens, H·D = 2048, L in {1024, 4096, 16384}, D in {64, 128},
+-- causal and not) in bf16, f16 and f32, timed with device events; each
+-- result checked on the last query rows of one head against the f64
+-- reference (the last rows keep the bottom-right causal alignment).
+-- Usage: flashattn-lua scripts/bench_attention.lua [--json FILE] [--quick] [--algos flash,naive,two_pass]
+local fa = require "flashattn"
+local json_path, quick, algos = nil, false, { "flash" }
+for i = 1, #arg do
+  if arg[i] == "--json" then json_path = arg[i + 1] end
+  if arg[i] == "--quick" then quick = true end
+  if arg[i] == "--algos" then
+    algos = {}
+    for a in arg[i + 1]:gmatch("[^,]+") do algos[#algos + 1] = a end
+  end
+end
+local Ls = quick and { 1024 } or { 1024, 4096, 16384 }
+local results = {}
+print(string.format("%-5s %4s %6s %-6s %-9s %9s %9s %9s", "dtype", "D", "L", "causal", "algo", "ms", "TFLOP/s", "rel_err"))
+for _, dt in ipairs { "bf16", "f16", "f32" } do
+  for _, D in ipairs { 64, 128 } do
+    for _, L in ipairs(Ls) do
+      local H, B = 2048 // D, 16384 // L
+      local q = fa.randn({ B, H, L, D }, { dtype = dt, device = "cuda", seed = 1 })
+      local k = fa.randn({ B, H, L, D }, { dtype = dt, device = "cuda", seed = 2 })
+      local v = fa.randn({ B, H, L, D }, { dtype = dt, device = "cuda", seed = 3 })
+      local rows = 4
+      local function head(t) return t:narrow(1, 1, 1):narrow(2, 1, 1) end
+      for _, causal in ipairs { false, true } do
+        local ref = fa.attention_reference(head(q):narrow(3, L - rows + 1, rows), head(k), head(v), { causal = causal })
+        for _, algo in ipairs(algos) do
+          local opts = { algo = algo, causal = causal }
+          local ok, o = pcall(fa.attention, q, k, v, opts)
+          if ok then
+            local rel = fa.rel_error(head(o):narrow(3, L - rows + 1, rows):cpu(), ref)
+            o:free()
+            local b = fa.bench(function() fa.attention(q, k, v, opts) end, { warmup = 2, rep = quick and 3 or 10 })
+            local cost = fa.cost.attention(q, k, v, opts)
+            local tflops = cost.flops / (b.median_ms * 1e-3) / 1e12
+            local gbs = cost.bytes / (b.median_ms * 1e-3) / 1e9
+            print(string.format("%-5s %4d %6d %-6s %-9s %9.3f %9.1f %9.2e", dt, D, L, tostring(causal), algo,
+              b.median_ms, tflops, rel))
+            results[#results + 1] = { dtype = dt, D = D, L = L, B = B, H = H, causal = causal, algo = algo,
+              ms = b.median_ms, tflops = tflops, model_gbs = gbs, model_bytes = cost.bytes, rel_err = rel }
+          else
+            print(string.format("%-5s %4d %6d %-6s %-9s %s", dt, D, L, tostring(causal), algo, tostring(o):sub(1, 80)))
+          end
+          collectgarbage()
+        end
+      end
+      q:free(); k:free(); v:free()
+    end
+  end
+end
+if json_path then
+  local cjson = require "cjson"
+  local f = assert(io.open(json_path, "w"))
+  f:write(cjson.encode { device = fa.device_info().name, results = results })
+  f:close()
+end

@@ -1,0 +1,71 @@
+"""Peers for the attention benchmark, measured in the same run on the same GPU:
+PyTorch's scaled_dot_product_attention with the flash (FlashAttention-2),
+cuDNN and efficient backends.  Merges the engine's figures
+(scripts/bench_attention.lua --json) into one result file with the ratios.
+
+Usage: python3 scripts/peers_attention.py --engine E.json --json OUT.json [--commit C]
+"""
+import argparse
+import datetime
+import json
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.functional import scaled_dot_product_attention as sdpa
+from triton.testing import do_bench
+
+BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION}
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+
+
+def peer_tflops(backend, dt, B, H, L, D, causal):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=DTYPES[dt]) for _ in range(3))
+    try:
+        with sdpa_kernel([BACKENDS[backend]]):
+            sdpa(q, k, v, is_causal=causal)
+            ms = do_bench(lambda: sdpa(q, k, v, is_causal=causal), warmup=10, rep=50, return_mode="median")
+    except RuntimeError:
+        return None
+    flops = 4.0 * B * H * L * L * D * (0.5 if causal else 1.0)
+    return flops / (ms * 1e-3) / 1e12
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--engine", required=True)
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--commit", default="unknown")
+    args = ap.parse_args()
+    with open(args.engine) as f:
+        engine = json.load(f)
+    rows = []
+    for r in engine["results"]:
+        if r["algo"] != "flash":
+            continue
+        row = dict(r)
+        for name in BACKENDS:
+            t = peer_tflops(name, r["dtype"], r["B"], r["H"], r["L"], r["D"], r["causal"])
+            row[f"torch_{name}_tflops"] = t
+            row[f"ratio_vs_{name}"] = r["tflops"] / t if t else None
+        rows.append(row)
+        torch.cuda.empty_cache()
+    result = {
+        "date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(), "commit": args.commit,
+        "benchmark": "attention forward, TFLOP/s = 4·B·H·L²·D (half for causal) / median time",
+        "shapes": rows, "engine_all_algos": engine["results"],
+    }
+    with open(args.json, "w") as f:
+        json.dump(result, f, indent=1)
+    fmt = lambda x: f"{x:7.1f}" if x else "    n/a"
+    print(f"{'dtype':5} {'D':>4} {'L':>6} {'causal':6} {'flash':>7} {'FA2':>7} {'cuDNN':>7} {'effic':>7} {'xFA2':>6} {'xcuDNN':>7} {'xeff':>6}")
+    for r in rows:
+        rat = lambda k: f"{r[k]:6.2f}" if r[k] else "   n/a"
+        print(f"{r['dtype']:5} {r['D']:4} {r['L']:6} {str(r['causal']):6} {r['tflops']:7.1f} "
+              f"{fmt(r['torch_flash_tflops'])} {fmt(r['torch_cudnn_tflops'])} {fmt(r['torch_efficient_tflops'])} "
+              f"{rat('ratio_vs_flash')} {rat('ratio_vs_cudnn'):>7} {rat('ratio_vs_efficient')}")
+
+
+if __name__ == "__main__":
+    main()
