@@ -113,6 +113,31 @@ void fal_prefer_same(lua_State *L, int slot_idx, int orig_idx);
 /* Releases a box's tensor now (temporaries: do not wait for the GC). */
 void fal_box_release(lua_State *L, int idx);
 
+/* Pins.  A script can run in the middle of a binding function: a finalizer
+ * (__gc) at any Lua allocation, an __index metamethod of an opts table, the
+ * finalizers of the full collection FAL_CALL runs on out-of-memory.  Such
+ * code may free a tensor (t:free()) whose fa_tensor the function holds, or
+ * drop the last reference to a tensor that only an __index call returned.
+ * So a function either takes the fa_tensor from its box inside the core
+ * call's own expression (no Lua code runs in between; FAL_CALL's retry takes
+ * it again), or pins it: fal_pin takes a reference of its own, held in a
+ * to-be-closed userdata that fal_pins_open pushes and Lua closes (releasing
+ * the references) when the function returns or raises, or when lua_settop
+ * pops it. */
+#define FAL_MAX_PINS 8
+typedef struct {
+  int n;
+  fa_tensor *t[FAL_MAX_PINS];
+} fal_pins;
+
+/* Pushes an empty pin list (one stack slot, to-be-closed). */
+fal_pins *fal_pins_open(lua_State *L);
+/* Releases the pins at idx now (before a lua_settop below them: Lua 5.4.4's
+ * lua_settop may use a stale stack pointer when it closes a slot itself). */
+void fal_pins_close(lua_State *L, int idx);
+/* The live tensor at idx (an error naming the argument otherwise), pinned. */
+fa_tensor *fal_pin(lua_State *L, fal_pins *pins, int idx, const char *name);
+
 /* Reads a shape from the arguments first..last: either numbers or one
  * table of numbers (lconstruct.c).  Returns the number of dimensions. */
 int fal_read_shape(lua_State *L, int first, int last, int64_t shape[FA_MAX_DIMS], const char *name);
@@ -130,8 +155,9 @@ int fal_opt_bool(lua_State *L, int idx, const char *key, int *out);
 int fal_opt_enum(lua_State *L, int idx, const char *key, const char *const *names, int *out);
 int fal_opt_dtype(lua_State *L, int idx, const char *key, fa_dtype *out);
 int fal_opt_device(lua_State *L, int idx, const char *key, fa_device *out);
-/* A live tensor or NULL (borrowed: the opts table keeps it alive). */
-fa_tensor *fal_opt_tensor(lua_State *L, int idx, const char *key);
+/* A live tensor or NULL, pinned in `pins` (the value may come from an
+ * __index metamethod that nothing else keeps alive). */
+fa_tensor *fal_opt_tensor(lua_State *L, int idx, const char *key, fal_pins *pins);
 /* {a, b}: a table of exactly 2 integers. */
 int fal_opt_pair(lua_State *L, int idx, const char *key, int64_t *a, int64_t *b);
 /* A table or a tensor of numbers: pushes a userdata buffer of doubles and

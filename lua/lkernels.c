@@ -18,13 +18,13 @@ static const char *const matmul_keys[] = {"algo", "tile", "out", NULL};
 
 /* ---- options ------------------------------------------------------------------ */
 
-static void read_softmax_opts(lua_State *L, int idx, const char *fname, fa_softmax_opts *o) {
+static void read_softmax_opts(lua_State *L, int idx, const char *fname, fa_softmax_opts *o, fal_pins *pins) {
   int algo;
   fa_softmax_opts_init(o);
   if (!fal_opts(L, idx, fname, softmax_keys)) return;
   if (fal_opt_enum(L, idx, "algo", softmax_algos, &algo)) o->algo = (fa_softmax_algo)algo;
   fal_opt_int(L, idx, "block", &o->block);
-  o->out = fal_opt_tensor(L, idx, "out");
+  o->out = fal_opt_tensor(L, idx, "out", pins);
 }
 
 static fa_causal read_causal(lua_State *L, int idx) {
@@ -43,7 +43,7 @@ static fa_causal read_causal(lua_State *L, int idx) {
 
 /* Fills o from the opts table at idx.  kv_lens and alibi arrays are pushed
  * as userdata and must stay on the stack until the call is done. */
-static void read_attn_opts(lua_State *L, int idx, const char *fname, fa_attention_opts *o) {
+static void read_attn_opts(lua_State *L, int idx, const char *fname, fa_attention_opts *o, fal_pins *pins) {
   int algo;
   fa_attention_opts_init(o);
   if (!fal_opts(L, idx, fname, attn_keys)) return;
@@ -51,7 +51,7 @@ static void read_attn_opts(lua_State *L, int idx, const char *fname, fa_attentio
   o->has_scale = fal_opt_num(L, idx, "scale", &o->scale);
   o->causal = read_causal(L, idx);
   o->has_window = fal_opt_pair(L, idx, "window", &o->window_left, &o->window_right);
-  o->mask = fal_opt_tensor(L, idx, "mask");
+  o->mask = fal_opt_tensor(L, idx, "mask", pins);
   int64_t n;
   const double *lens = fal_opt_numbers(L, idx, "kv_lens", &n);
   if (lens) {
@@ -68,17 +68,17 @@ static void read_attn_opts(lua_State *L, int idx, const char *fname, fa_attentio
   fal_opt_num(L, idx, "softcap", &o->softcap);
   fal_opt_pair(L, idx, "tile", &o->tile_q, &o->tile_k);
   fal_opt_bool(L, idx, "return_lse", &o->return_lse);
-  o->out = fal_opt_tensor(L, idx, "out");
-  o->lse_out = fal_opt_tensor(L, idx, "lse_out");
+  o->out = fal_opt_tensor(L, idx, "out", pins);
+  o->lse_out = fal_opt_tensor(L, idx, "lse_out", pins);
 }
 
-static void read_matmul_opts(lua_State *L, int idx, fa_matmul_opts *o) {
+static void read_matmul_opts(lua_State *L, int idx, fa_matmul_opts *o, fal_pins *pins) {
   int algo;
   fa_matmul_opts_init(o);
   if (!fal_opts(L, idx, "fa.matmul", matmul_keys)) return;
   if (fal_opt_enum(L, idx, "algo", matmul_algos, &algo)) o->algo = (fa_matmul_algo)algo;
   fal_opt_int(L, idx, "tile", &o->tile);
-  o->out = fal_opt_tensor(L, idx, "out");
+  o->out = fal_opt_tensor(L, idx, "out", pins);
 }
 
 /* When the result in the box at slot is opts[key] itself, return that Lua
@@ -96,10 +96,13 @@ static int l_softmax(lua_State *L) {
   fa_context *ctx = fal_ctx(L);
   fa_softmax_opts o;
   lua_settop(L, 2);
-  fa_tensor **y = fal_newbox(L); /* 3 */
-  fa_tensor *x = fal_tensor(L, 1, "x");
-  read_softmax_opts(L, 2, "fa.softmax", &o);
+  fa_tensor **y = fal_newbox(L);     /* 3 */
+  fal_pins *pins = fal_pins_open(L); /* 4: x and opts.out stay alive whatever the opts run */
+  fa_tensor *x = fal_pin(L, pins, 1, "x");
+  read_softmax_opts(L, 2, "fa.softmax", &o, pins);
   FAL_CALL(L, ctx, fa_softmax(ctx, x, &o, y));
+  fal_pins_close(L, 4);
+  lua_settop(L, 3);
   prefer_opt(L, 3, 2, "out");
   return 1;
 }
@@ -110,12 +113,14 @@ static int attention(lua_State *L, int reference, const char *fname) {
   lua_settop(L, 4);
   fa_tensor **out = fal_newbox(L); /* 5 */
   fa_tensor **lse = fal_newbox(L); /* 6 */
-  fa_tensor *q = fal_tensor(L, 1, "q"), *k = fal_tensor(L, 2, "k"), *v = fal_tensor(L, 3, "v");
-  read_attn_opts(L, 4, fname, &o); /* may push the kv_lens and alibi arrays */
+  fal_pins *pins = fal_pins_open(L); /* 7: q, k, v and the opts' tensors */
+  fa_tensor *q = fal_pin(L, pins, 1, "q"), *k = fal_pin(L, pins, 2, "k"), *v = fal_pin(L, pins, 3, "v");
+  read_attn_opts(L, 4, fname, &o, pins); /* may push the kv_lens and alibi arrays */
   if (reference) FAL_CALL(L, ctx, fa_attention_reference(ctx, q, k, v, &o, out, lse));
   else FAL_CALL(L, ctx, fa_attention(ctx, q, k, v, &o, out, lse));
   /* lse only when asked for: the core may compute it anyway */
   int want_lse = o.return_lse || o.lse_out;
+  fal_pins_close(L, 7);
   lua_settop(L, 6); /* the arrays are no longer needed */
   prefer_opt(L, 5, 4, "out");
   if (!want_lse) {
@@ -135,9 +140,9 @@ static int l_merge_states(lua_State *L) {
   lua_settop(L, 4);
   fa_tensor **o = fal_newbox(L);
   fa_tensor **lse = fal_newbox(L);
-  fa_tensor *o1 = fal_tensor(L, 1, "o1"), *l1 = fal_tensor(L, 2, "lse1");
-  fa_tensor *o2 = fal_tensor(L, 3, "o2"), *l2 = fal_tensor(L, 4, "lse2");
-  FAL_CALL(L, ctx, fa_merge_states(ctx, o1, l1, o2, l2, o, lse));
+  fal_tensor(L, 1, "o1"), fal_tensor(L, 2, "lse1"), fal_tensor(L, 3, "o2"), fal_tensor(L, 4, "lse2");
+  FAL_CALL(L, ctx, fa_merge_states(ctx, fal_tensor(L, 1, "o1"), fal_tensor(L, 2, "lse1"), fal_tensor(L, 3, "o2"),
+                                   fal_tensor(L, 4, "lse2"), o, lse));
   return 2;
 }
 
@@ -145,10 +150,13 @@ static int l_matmul(lua_State *L) {
   fa_context *ctx = fal_ctx(L);
   fa_matmul_opts o;
   lua_settop(L, 3);
-  fa_tensor **c = fal_newbox(L); /* 4 */
-  fa_tensor *a = fal_tensor(L, 1, "a"), *b = fal_tensor(L, 2, "b");
-  read_matmul_opts(L, 3, &o);
+  fa_tensor **c = fal_newbox(L);     /* 4 */
+  fal_pins *pins = fal_pins_open(L); /* 5 */
+  fa_tensor *a = fal_pin(L, pins, 1, "a"), *b = fal_pin(L, pins, 2, "b");
+  read_matmul_opts(L, 3, &o, pins);
   FAL_CALL(L, ctx, fa_matmul(ctx, a, b, &o, c));
+  fal_pins_close(L, 5);
+  lua_settop(L, 4);
   prefer_opt(L, 4, 3, "out");
   return 1;
 }
@@ -180,8 +188,9 @@ static int l_cost_attention(lua_State *L) {
   fa_attention_opts o;
   fa_cost c;
   lua_settop(L, 4);
-  fa_tensor *q = fal_tensor(L, 1, "q"), *k = fal_tensor(L, 2, "k"), *v = fal_tensor(L, 3, "v");
-  read_attn_opts(L, 4, "fa.cost.attention", &o);
+  fal_pins *pins = fal_pins_open(L);
+  fa_tensor *q = fal_pin(L, pins, 1, "q"), *k = fal_pin(L, pins, 2, "k"), *v = fal_pin(L, pins, 3, "v");
+  read_attn_opts(L, 4, "fa.cost.attention", &o, pins);
   FAL_CALL(L, ctx, fa_cost_attention(ctx, q, k, v, &o, &c));
   return push_cost(L, &c);
 }
@@ -191,8 +200,9 @@ static int l_cost_softmax(lua_State *L) {
   fa_softmax_opts o;
   fa_cost c;
   lua_settop(L, 2);
-  fa_tensor *x = fal_tensor(L, 1, "x");
-  read_softmax_opts(L, 2, "fa.cost.softmax", &o);
+  fal_pins *pins = fal_pins_open(L);
+  fa_tensor *x = fal_pin(L, pins, 1, "x");
+  read_softmax_opts(L, 2, "fa.cost.softmax", &o, pins);
   FAL_CALL(L, ctx, fa_cost_softmax(ctx, x, &o, &c));
   return push_cost(L, &c);
 }

@@ -124,13 +124,19 @@ int fal_opt_device(lua_State *L, int idx, const char *key, fa_device *out) {
   return 1;
 }
 
-fa_tensor *fal_opt_tensor(lua_State *L, int idx, const char *key) {
+fa_tensor *fal_opt_tensor(lua_State *L, int idx, const char *key, fal_pins *pins) {
   if (get(L, idx, key) == LUA_TNIL) return NULL;
   fal_box *b = fal_tobox(L, -1);
   if (!b) bad(L, key, FAL_TENSOR_MT);
   if (!b->t) fal_error(L, "opts.%s: tensor has been freed", key);
-  lua_pop(L, 1); /* the opts table keeps it alive */
-  return b->t;
+  if (pins->n == FAL_MAX_PINS) fal_error(L, "internal error: more than %d tensors pinned in one call", FAL_MAX_PINS);
+  /* pinned: the value may come from an __index function (nothing else
+   * keeps it alive), and later options may run code that frees it */
+  fa_tensor *t = b->t;
+  fa_tensor_retain(t);
+  pins->t[pins->n++] = t;
+  lua_pop(L, 1);
+  return t;
 }
 
 static int64_t pair_elem(lua_State *L, const char *key, int i) {
@@ -156,6 +162,13 @@ int fal_opt_pair(lua_State *L, int idx, const char *key, int64_t *a, int64_t *b)
   return 1;
 }
 
+/* The tensor in the box at vi, still alive, or an error. */
+static fa_tensor *opt_live(lua_State *L, int vi, const char *key) {
+  fal_box *b = fal_tobox(L, vi);
+  if (!b || !b->t) fal_error(L, "opts.%s: tensor has been freed", key);
+  return b->t;
+}
+
 double *fal_opt_numbers(lua_State *L, int idx, const char *key, int64_t *n) {
   idx = lua_absindex(L, idx);
   int tt = get(L, idx, key);
@@ -179,7 +192,9 @@ double *fal_opt_numbers(lua_State *L, int idx, const char *key, int64_t *n) {
     fa_context *ctx = fal_ctx(L);
     *n = fa_tensor_numel(b->t);
     buf = (double *)fal_newbuffer(L, *n, sizeof *buf, key);
-    FAL_CALL(L, ctx, fa_tensor_read_f64(ctx, b->t, buf));
+    /* the allocation may have run a finalizer that freed the tensor: look
+     * again, here and on FAL_CALL's retry */
+    FAL_CALL(L, ctx, fa_tensor_read_f64(ctx, opt_live(L, vi, key), buf));
   }
   lua_remove(L, vi); /* leave only the buffer */
   return buf;

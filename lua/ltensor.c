@@ -48,6 +48,46 @@ void fal_prefer_same(lua_State *L, int slot_idx, int orig_idx) {
   }
 }
 
+/* ---- pins (see lbinding.h) -------------------------------------------------- */
+
+#define FAL_PINS_MT "flashattn.Pins"
+
+/* __close and __gc (a coroutine that dies by an error leaves its
+ * to-be-closed slots open: then the collector releases). */
+static int pins_close(lua_State *L) {
+  fal_pins *p = (fal_pins *)luaL_checkudata(L, 1, FAL_PINS_MT);
+  while (p->n > 0) {
+    fa_tensor *t = p->t[--p->n];
+    p->t[p->n] = NULL;
+    fa_tensor_release(t);
+  }
+  return 0;
+}
+
+fal_pins *fal_pins_open(lua_State *L) {
+  fal_pins *p = (fal_pins *)lua_newuserdatauv(L, sizeof *p, 0);
+  p->n = 0;
+  if (luaL_newmetatable(L, FAL_PINS_MT)) {
+    lua_pushcfunction(L, pins_close);
+    lua_setfield(L, -2, "__close");
+    lua_pushcfunction(L, pins_close);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_setmetatable(L, -2);
+  lua_toclose(L, -1);
+  return p;
+}
+
+void fal_pins_close(lua_State *L, int idx) { lua_closeslot(L, idx); }
+
+fa_tensor *fal_pin(lua_State *L, fal_pins *pins, int idx, const char *name) {
+  fa_tensor *t = fal_tensor(L, idx, name);
+  if (pins->n == FAL_MAX_PINS) fal_error(L, "internal error: more than %d tensors pinned in one call", FAL_MAX_PINS);
+  fa_tensor_retain(t);
+  pins->t[pins->n++] = t;
+  return t;
+}
+
 FA_API void fa_lua_push_tensor(lua_State *L, fa_tensor *t) {
   if (!t) {
     lua_pushnil(L);
@@ -133,8 +173,7 @@ static int convert(lua_State *L, fa_dtype dtype, fa_device device) {
   fa_context *ctx = fal_ctx(L);
   lua_settop(L, 1);
   fa_tensor **r = fal_newbox(L);
-  fa_tensor *t = SELF(L);
-  FAL_CALL(L, ctx, fa_tensor_to(ctx, t, dtype, device, r));
+  FAL_CALL(L, ctx, fa_tensor_to(ctx, SELF(L), dtype, device, r));
   fal_prefer_same(L, -1, 1);
   return 1;
 }
@@ -184,18 +223,18 @@ static int t_contiguous(lua_State *L) {
 
 static int t_copy_(lua_State *L) {
   fa_context *ctx = fal_ctx(L);
-  fa_tensor *t = SELF(L);
-  fa_tensor *src = fal_tensor(L, 2, "src");
-  FAL_CALL(L, ctx, fa_tensor_copy(ctx, t, src));
+  SELF(L);
+  fal_tensor(L, 2, "src");
+  FAL_CALL(L, ctx, fa_tensor_copy(ctx, SELF(L), fal_tensor(L, 2, "src")));
   lua_settop(L, 1);
   return 1;
 }
 
 static int t_fill_(lua_State *L) {
   fa_context *ctx = fal_ctx(L);
-  fa_tensor *t = SELF(L);
+  SELF(L);
   double v = fal_checkvalue(L, 2, "value");
-  FAL_CALL(L, ctx, fa_tensor_fill(ctx, t, v));
+  FAL_CALL(L, ctx, fa_tensor_fill(ctx, SELF(L), v));
   lua_settop(L, 1);
   return 1;
 }
@@ -216,7 +255,7 @@ static int t_get(lua_State *L) {
   int64_t idx[FA_MAX_DIMS];
   double v;
   read_index(L, t, 2, lua_gettop(L) - 1, "get", idx);
-  FAL_CALL(L, ctx, fa_tensor_get(ctx, t, idx, &v));
+  FAL_CALL(L, ctx, fa_tensor_get(ctx, SELF(L), idx, &v));
   lua_pushnumber(L, (lua_Number)v);
   return 1;
 }
@@ -229,7 +268,7 @@ static int t_set(lua_State *L) {
   if (n < 2) fal_error(L, "set: expected indices and a value");
   read_index(L, t, 2, n - 2, "set", idx);
   double v = fal_checkvalue(L, n, "value");
-  FAL_CALL(L, ctx, fa_tensor_set(ctx, t, idx, v));
+  FAL_CALL(L, ctx, fa_tensor_set(ctx, SELF(L), idx, v));
   lua_settop(L, 1);
   return 1;
 }
@@ -308,15 +347,15 @@ static int t_reshape(lua_State *L) {
   int64_t shape[FA_MAX_DIMS];
   int n = lua_gettop(L);
   int nd = fal_read_shape(L, 2, n, shape, "shape");
-  fa_tensor *t = SELF(L);
+  SELF(L);
   fa_tensor **r = fal_newbox(L);
-  if (fa_tensor_is_contiguous(t)) {
-    FAL_CALL(L, ctx, fa_tensor_view(ctx, t, nd, shape, r));
+  if (fa_tensor_is_contiguous(SELF(L))) {
+    FAL_CALL(L, ctx, fa_tensor_view(ctx, SELF(L), nd, shape, r));
     return 1;
   }
   fa_tensor **c = fal_newbox(L);
   int ci = lua_gettop(L);
-  FAL_CALL(L, ctx, fa_tensor_contiguous(ctx, t, c));
+  FAL_CALL(L, ctx, fa_tensor_contiguous(ctx, SELF(L), c));
   FAL_CALL(L, ctx, fa_tensor_view(ctx, *c, nd, shape, r));
   fal_box_release(L, ci); /* the view holds the copy's storage */
   lua_pop(L, 1);
@@ -377,7 +416,7 @@ static int t_totable(lua_State *L) {
   int nd = fa_tensor_ndim(t);
   for (int i = 0; i < nd; i++) shape[i] = fa_tensor_size(t, i);
   double *v = (double *)fal_newbuffer(L, fa_tensor_numel(t), sizeof *v, "totable");
-  FAL_CALL(L, ctx, fa_tensor_read_f64(ctx, t, v));
+  FAL_CALL(L, ctx, fa_tensor_read_f64(ctx, SELF(L), v)); /* t may be freed by now */
   build_table(L, v, shape, nd, 0, &pos);
   return 1;
 }

@@ -12,14 +12,14 @@ static int tensor_op(lua_State *L, int ai, const char *aname, fa_binary_op op, i
   fa_context *ctx = fal_ctx(L);
   lua_settop(L, 2); /* operands at 1 and 2; the result box above them */
   fa_tensor **r = fal_newbox(L);
-  fa_tensor *a = fal_tensor(L, ai, aname);
+  fal_tensor(L, ai, aname);
   if (lua_type(L, xi) == LUA_TNUMBER) {
     double s = (double)lua_tonumber(L, xi);
-    FAL_CALL(L, ctx, fa_tensor_binary(ctx, a, op, NULL, s, r));
+    FAL_CALL(L, ctx, fa_tensor_binary(ctx, fal_tensor(L, ai, aname), op, NULL, s, r));
   } else {
     if (!fal_tobox(L, xi)) fal_typeerror(L, xi, xname, "number or " FAL_TENSOR_MT);
-    fa_tensor *b = fal_tensor(L, xi, xname);
-    FAL_CALL(L, ctx, fa_tensor_binary(ctx, a, op, b, 0.0, r));
+    fal_tensor(L, xi, xname);
+    FAL_CALL(L, ctx, fa_tensor_binary(ctx, fal_tensor(L, ai, aname), op, fal_tensor(L, xi, xname), 0.0, r));
   }
   return 1;
 }
@@ -37,7 +37,8 @@ static int number_op(lua_State *L, fa_binary_op op) {
   fa_tensor **r = fal_newbox(L);
   fa_tensor **tmp = fal_newbox(L);
   int tmpi = lua_gettop(L);
-  fa_tensor *t = fal_tensor(L, 2, "b");
+  fal_pins *pins = fal_pins_open(L); /* t through several calls, each of which may collect */
+  fa_tensor *t = fal_pin(L, pins, 2, "b");
   double s = (double)lua_tonumber(L, 1);
   if (op == FA_BIN_SUB) {
     /* s - t = (-t) + s, exactly: negation is exact and addition commutes */
@@ -53,7 +54,8 @@ static int number_op(lua_State *L, fa_binary_op op) {
     FAL_CALL(L, ctx, fa_tensor_binary(ctx, *tmp, FA_BIN_DIV, t, 0.0, r));
   }
   fal_box_release(L, tmpi);
-  lua_pop(L, 1);
+  fal_pins_close(L, tmpi + 1);
+  lua_settop(L, tmpi - 1); /* tmp and the pins */
   return 1;
 }
 
@@ -145,7 +147,8 @@ static int l_allclose(lua_State *L) {
   int cai = lua_gettop(L);
   fa_tensor **cb = fal_newbox(L);
   int cbi = lua_gettop(L);
-  fa_tensor *a = fal_tensor(L, 1, "a"), *b = fal_tensor(L, 2, "b");
+  fal_pins *pins = fal_pins_open(L); /* a and b through the allocations below */
+  fa_tensor *a = fal_pin(L, pins, 1, "a"), *b = fal_pin(L, pins, 2, "b");
   double rtol = lua_isnoneornil(L, 3) ? 1e-5 : fal_checknum(L, 3, "rtol");
   double atol = lua_isnoneornil(L, 4) ? 1e-8 : fal_checknum(L, 4, "atol");
   int same = fa_tensor_ndim(a) == fa_tensor_ndim(b);

@@ -117,8 +117,9 @@ int fal_tensor_tostring(lua_State *L) {
     lua_pushliteral(L, FAL_TENSOR_MT " (freed)"); /* like liolib's "file (closed)" */
     return 1;
   }
-  fa_tensor *t = box->t;
   fa_context *ctx = fal_ctx(L);
+  fal_pins *pins = fal_pins_open(L); /* t stays alive through the allocations below */
+  fa_tensor *t = fal_pin(L, pins, 1, "self");
   printer p;
   int64_t numel = fa_tensor_numel(t), shown = 1, size[FA_MAX_DIMS];
   int summarize = numel > SUMMARY_AT;
