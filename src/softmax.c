@@ -25,6 +25,17 @@ static fa_status run_backend(fa_context *ctx, const fa_softmax_opts *o, const fa
   return fa_cpu_softmax(ctx, o->algo, o->block, src->dtype, x->dtype, fa_tensor_ptr(src), fa_tensor_ptr(dst), rows, n);
 }
 
+/* out can take the rows in place unless it overlaps src without being
+ * exactly src (rows are read and written in parallel, in any order). */
+static int usable_in_place(const fa_tensor *out, const fa_tensor *src) {
+  if (out->storage != src->storage) return 1;
+  const char *o0 = fa_tensor_ptr(out), *s0 = fa_tensor_ptr(src);
+  size_t ob = (size_t)fa_tensor_numel(out) * fa_dtype_size(out->dtype);
+  size_t sb = (size_t)fa_tensor_numel(src) * fa_dtype_size(src->dtype);
+  if (o0 == s0 && ob == sb) return 1; /* the same elements (both contiguous) */
+  return o0 + ob <= s0 || s0 + sb <= o0;
+}
+
 fa_status fa_softmax(fa_context *ctx, fa_tensor *x, const fa_softmax_opts *opts, fa_tensor **y) {
   fa_softmax_opts defaults;
   if (!opts) {
@@ -42,7 +53,7 @@ fa_status fa_softmax(fa_context *ctx, fa_tensor *x, const fa_softmax_opts *opts,
   if (dev == FA_CPU) st = fa_tensor_cpu_contiguous(ctx, x, compute, &src);
   else st = fa_tensor_contiguous(ctx, x, &src);
   if (st) return st;
-  if (out && out->dtype == compute && fa_tensor_is_contiguous(out)) {
+  if (out && out->dtype == compute && fa_tensor_is_contiguous(out) && usable_in_place(out, src)) {
     fa_tensor_retain(out);
     dst = out;
   } else if (src != x) {

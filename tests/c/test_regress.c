@@ -76,6 +76,48 @@ static void test_merge_empty_value_dim(void) {
   fa_tensor_release(l2);
 }
 
+/* fa_softmax wrote into opts.out while it overlapped x (two narrows of one
+ * tensor, a row apart): rows were overwritten before they were read. */
+static void test_softmax_out_overlaps_x(void) {
+  tu_test = "softmax_out_overlaps_x";
+  const int64_t shape[2] = {9, 16};
+  fa_tensor *base = NULL, *x = NULL, *out = NULL, *xc = NULL, *want = NULL, *y = NULL;
+  CHECK_OK(ctx, fa_tensor_empty(ctx, 2, shape, FA_F32, FA_CPU, &base));
+  CHECK_OK(ctx, fa_tensor_fill_random(ctx, base, FA_FILL_NORMAL, 4));
+  CHECK_OK(ctx, fa_tensor_narrow(ctx, base, 0, 0, 8, &x));
+  CHECK_OK(ctx, fa_tensor_narrow(ctx, base, 0, 1, 8, &out));
+  CHECK_OK(ctx, fa_tensor_clone(ctx, x, &xc));
+  CHECK_OK(ctx, fa_softmax(ctx, xc, NULL, &want));
+  fa_softmax_opts o;
+  for (int algo = FA_SOFTMAX_AUTO; algo <= FA_SOFTMAX_FUSED; algo++) {
+    fa_softmax_opts_init(&o);
+    o.algo = (fa_softmax_algo)algo;
+    o.out = out;
+    CHECK_OK(ctx, fa_tensor_copy(ctx, x, xc)); /* x as it was */
+    CHECK_OK(ctx, fa_softmax(ctx, x, &o, &y));
+    double err = 1;
+    if (y) CHECK_OK(ctx, fa_rel_error(ctx, y, want, &err));
+    CHECK(y == out, "the result is opts.out");
+    CHECK(err < 1e-6, "algo %d: rel error %g against softmax of a copy", algo, err);
+    fa_tensor_release(y);
+    y = NULL;
+  }
+  /* exactly in place stays allowed */
+  fa_softmax_opts_init(&o);
+  o.out = x;
+  CHECK_OK(ctx, fa_tensor_copy(ctx, x, xc));
+  CHECK_OK(ctx, fa_softmax(ctx, x, &o, &y));
+  double err = 1;
+  if (y) CHECK_OK(ctx, fa_rel_error(ctx, y, want, &err));
+  CHECK(err < 1e-6, "in place: rel error %g", err);
+  fa_tensor_release(y);
+  fa_tensor_release(want);
+  fa_tensor_release(xc);
+  fa_tensor_release(out);
+  fa_tensor_release(x);
+  fa_tensor_release(base);
+}
+
 int main(void) {
   if (fa_context_create(FA_CPU, &ctx) != FA_OK) {
     fprintf(stderr, "no CPU context\n");
@@ -84,6 +126,7 @@ int main(void) {
   test_view_size_overflow();
   test_wrap_stride_overflow();
   test_merge_empty_value_dim();
+  test_softmax_out_overlaps_x();
   fa_context_destroy(ctx);
   tu_test = "end";
   CHECK(tu_mem_now() == 0, "engine memory at the end: %zu bytes (leak)", tu_mem_now());
