@@ -176,6 +176,10 @@ fa_device fa_tensor_device(const fa_tensor *t) { return t->storage->device; }
 void *fa_tensor_data(const fa_tensor *t) { return fa_tensor_ptr(t); }
 
 int fa_tensor_is_contiguous(const fa_tensor *t) {
+  /* an empty tensor has no element out of place (its strides, which
+   * count a size 0 as 1, would otherwise fail the test below) */
+  for (int i = 0; i < t->ndim; i++)
+    if (t->shape[i] == 0) return 1;
   int64_t s = 1;
   for (int i = t->ndim - 1; i >= 0; i--) {
     if (t->shape[i] != 1 && t->strides[i] != s) return 0;

@@ -118,6 +118,31 @@ static void test_softmax_out_overlaps_x(void) {
   fa_tensor_release(base);
 }
 
+/* An empty tensor with a size 0 after a size > 1 counted as non-contiguous
+ * (its strides count the 0 as 1), so view() refused it and attention with
+ * Lq = 0 failed in the engine's own view of its output. */
+static void test_empty_is_contiguous(void) {
+  tu_test = "empty_is_contiguous";
+  const int64_t qs[4] = {1, 4, 0, 4}, ks[4] = {1, 2, 3, 4}, flat1[1] = {0};
+  fa_tensor *q = NULL, *k = NULL, *o = NULL, *lse = NULL, *v = NULL;
+  CHECK_OK(ctx, fa_tensor_empty(ctx, 4, qs, FA_F32, FA_CPU, &q));
+  CHECK_OK(ctx, fa_tensor_empty(ctx, 4, ks, FA_F32, FA_CPU, &k));
+  CHECK_OK(ctx, fa_tensor_fill(ctx, k, 1.0));
+  CHECK(fa_tensor_is_contiguous(q), "an empty tensor is contiguous");
+  CHECK_OK(ctx, fa_tensor_view(ctx, q, 1, flat1, &v));
+  CHECK_OK(ctx, fa_attention(ctx, q, k, k, NULL, &o, &lse));
+  CHECK(o && fa_tensor_ndim(o) == 4 && fa_tensor_size(o, 2) == 0, "o is 1x4x0x4");
+  CHECK(lse && fa_tensor_ndim(lse) == 3 && fa_tensor_size(lse, 2) == 0, "lse is 1x4x0");
+  fa_tensor_release(o);
+  fa_tensor_release(lse);
+  o = lse = NULL;
+  CHECK_OK(ctx, fa_attention_reference(ctx, q, k, k, NULL, &o, NULL));
+  fa_tensor_release(o);
+  fa_tensor_release(v);
+  fa_tensor_release(k);
+  fa_tensor_release(q);
+}
+
 int main(void) {
   if (fa_context_create(FA_CPU, &ctx) != FA_OK) {
     fprintf(stderr, "no CPU context\n");
@@ -127,6 +152,7 @@ int main(void) {
   test_wrap_stride_overflow();
   test_merge_empty_value_dim();
   test_softmax_out_overlaps_x();
+  test_empty_is_contiguous();
   fa_context_destroy(ctx);
   tu_test = "end";
   CHECK(tu_mem_now() == 0, "engine memory at the end: %zu bytes (leak)", tu_mem_now());
