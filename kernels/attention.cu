@@ -12,6 +12,8 @@
  * kv_lens range are never loaded. */
 #include "attention_common.cuh"
 
+extern "C" fa_status fa_cuda_attention_mma(fa_context *ctx, const fa_attn_problem *p, int *taken);
+
 #define NWARPS 8
 #define MAX_DV_PER_LANE 8 /* Dv up to 256 */
 
@@ -232,7 +234,12 @@ template <typename T> static fa_status attention_typed(fa_context *ctx, fa_atten
     FA_CUDA_CHECK_LAUNCH(ctx, "attn_row_kernel");
     return FA_OK;
   }
-  if (algo != FA_ATTN_TWO_PASS) return tiled_by_br<T, MODE_FLASH>(ctx, p, NULL);
+  if (algo != FA_ATTN_TWO_PASS) {
+    int taken = 0;
+    fa_status st = fa_cuda_attention_mma(ctx, p, &taken); /* tensor cores when the call fits */
+    if (st || taken) return st;
+    return tiled_by_br<T, MODE_FLASH>(ctx, p, NULL);
+  }
   size_t bytes = sizeof(float) * 2 * (size_t)(p->B * p->Hq * p->Lq);
   void *stats = NULL;
   fa_status st = fa_cuda_malloc(ctx, &stats, bytes);

@@ -84,6 +84,12 @@ attn_case("top_left window softcap", 1, 2, 1, 45, 37, 32, 32, { causal = "top_le
 attn_case("masks alibi kv_lens", 2, 2, 2, 37, 45, 16, 16,
   { mask = mask:cuda(), alibi = { 0.5, 0.25 }, kv_lens = { 40, 13 } })
 attn_case("d128 tile", 1, 2, 2, 70, 70, 128, 128, { tile = { 32, 32 } })
+-- the tensor-core path (f16/bf16, D = Dv = 64 or 128, default tile), plain and with every option
+attn_case("mma d128", 2, 4, 1, 130, 97, 128, 128, {})
+local mask2 = (fa.rand({ 2, 1, 100, 130 }, { seed = 6 }) + (-0.5)):cuda()
+attn_case("mma d64 options", 2, 4, 2, 100, 130, 64, 64,
+  { causal = true, mask = mask2, alibi = { 0.1, 0.2, 0.3, 0.4 }, softcap = 20, kv_lens = { 120, 77 } })
+attn_case("mma d64 window", 1, 2, 2, 150, 150, 64, 64, { window = { 40, 7 } })
 
 -- a fully masked row, and a NaN row that stays in its row
 local x = fa.tensor({ { -math.huge, -math.huge }, { 0 / 0, 1 }, { 1, 2 } }, { device = "cuda" })

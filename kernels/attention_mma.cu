@@ -1,0 +1,314 @@
+/* "flash" on tensor cores for f16 and bf16 (head dims 64 and 128): the
+ * FlashAttention-2 schedule written with mma.sync.m16n8k16 (f32
+ * accumulation), ldmatrix and cp.async.
+ *
+ * A block of 4 warps owns 64 query rows of one (batch, head); each warp
+ * owns 16 rows.  Q stays in registers as mma A fragments.  Key and value
+ * tiles of 64 rows are copied into shared memory asynchronously, two
+ * buffers deep, so the next tile arrives while this one is computed.
+ * S = Q·Kᵀ stays in registers; the score rule, the online max and the
+ * rescaling run on those registers, and the probabilities are repacked as
+ * the A fragments of O += P·V, as FlashAttention-2 does.  Shared memory
+ * rows are XOR-swizzled in 16-byte chunks so that ldmatrix reads hit eight
+ * different bank groups. */
+#include "attention_common.cuh"
+
+#define MMA_BR 64
+#define MMA_BC 64
+#define MMA_WARPS 4
+
+static __device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* 16 bytes global -> shared; src_bytes = 0 fills zeros (rows past the end). */
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> static __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+static __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+static __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+template <typename T> static __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0,
+                                                                      uint32_t b1);
+template <> __device__ __forceinline__ void mma16816<__half>(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma16816<__nv_bfloat16>(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <typename T> static __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  __half2 h = __floats2half2_rn(lo, hi);
+  return *(uint32_t *)&h;
+}
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *(uint32_t *)&h;
+}
+
+static __device__ __forceinline__ float exp2_approx(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
+/* Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile whose
+ * rows hold CH chunks. */
+template <int CH> static __device__ __forceinline__ int swz(int row, int chunk) {
+  return (row * CH + (chunk ^ (row & 7))) * 16;
+}
+
+/* Copies rows [r0, r0 + 64) of a (rows × D) matrix into a swizzled tile;
+ * rows at or past `limit` are zero-filled, never read. */
+template <typename T, int D>
+static __device__ __forceinline__ void load_tile(char *tile, const T *src, int64_t r0, int64_t limit) {
+  const int CH = D / 8;
+  for (int c = threadIdx.x; c < MMA_BC * CH; c += MMA_WARPS * 32) {
+    int row = c / CH, chunk = c % CH;
+    bool in = r0 + row < limit;
+    const T *g = src + (in ? (r0 + row) * D + chunk * 8 : 0);
+    cp_async16(tile + swz<CH>(row, chunk), g, in ? 16 : 0);
+  }
+}
+
+template <typename T, int D, bool EXTRAS>
+__global__ void __launch_bounds__(MMA_WARPS * 32) attn_mma_kernel(fa_attn_problem p) {
+  const int CH = D / 8;
+  extern __shared__ __align__(128) char mma_smem[];
+  char *Qs = mma_smem, *Ks = Qs + MMA_BR * D * 2, *Vs = Ks + 2 * MMA_BC * D * 2; /* K, V: two buffers each */
+  __shared__ int64_t row_lo[MMA_BR], row_hi[MMA_BR];
+  __shared__ int64_t tile_lo, tile_hi;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int64_t qtiles = (p.Lq + MMA_BR - 1) / MMA_BR;
+  const int64_t bh = blockIdx.x / qtiles, qt = qtiles - 1 - blockIdx.x % qtiles; /* long causal tiles first */
+  const int64_t b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv), i0 = qt * MMA_BR;
+  const T *q = (const T *)p.q + bh * p.Lq * D;
+  const T *k = (const T *)p.k + (b * p.Hkv + hk) * p.Lk * D;
+  const T *v = (const T *)p.v + (b * p.Hkv + hk) * p.Lk * D;
+
+  load_tile<T, D>(Qs, q, i0, p.Lq);
+  cp_async_commit();
+  if (tid < MMA_BR) {
+    int64_t lo = 0, hi = 0;
+    if (i0 + tid < p.Lq) fa_attn_range_of(&p, b, i0 + tid, &lo, &hi);
+    row_lo[tid] = lo, row_hi[tid] = hi;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    int64_t lo = INT64_MAX, hi = 0;
+    for (int r = 0; r < MMA_BR; r++)
+      if (row_lo[r] < row_hi[r]) lo = min(lo, row_lo[r]), hi = max(hi, row_hi[r]);
+    tile_lo = lo < hi ? lo : 0, tile_hi = lo < hi ? hi : 0;
+  }
+  __syncthreads();
+  const int64_t t_lo = tile_lo, t_hi = tile_hi;
+  const int ntiles = (int)((t_hi - t_lo + MMA_BC - 1) / MMA_BC);
+  if (ntiles > 0) {
+    load_tile<T, D>(Ks, k, t_lo, t_hi);
+    load_tile<T, D>(Vs, v, t_lo, t_hi);
+  }
+  cp_async_commit();
+
+  /* Q fragments: this warp's 16 rows, D/16 k-steps */
+  cp_async_wait<1>();
+  __syncthreads();
+  uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; kk++)
+    ldmatrix_x4(qf[kk], smem_addr(Qs + swz<CH>(warp * 16 + (lane & 15), kk * 2 + (lane >> 4))));
+
+  const int g = lane >> 2, c2 = (lane & 3) * 2; /* accumulator row (and row + 8), column pair */
+  const int rA = warp * 16 + g, rB = rA + 8;
+  const int64_t iA = i0 + rA, iB = i0 + rB;
+  const int64_t loA = row_lo[rA], hiA = row_hi[rA], loB = row_lo[rB], hiB = row_hi[rB];
+  const float L2E = 1.4426950408889634f;
+  float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;
+  float o[D / 8][4];
+#pragma unroll
+  for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+
+  for (int t = 0; t < ntiles; t++) {
+    const int64_t j0 = t_lo + (int64_t)t * MMA_BC;
+    char *kt = Ks + (t & 1) * MMA_BC * D * 2, *vt = Vs + (t & 1) * MMA_BC * D * 2;
+    if (t + 1 < ntiles) { /* the next tile into the other buffers */
+      load_tile<T, D>(Ks + ((t + 1) & 1) * MMA_BC * D * 2, k, j0 + MMA_BC, t_hi);
+      load_tile<T, D>(Vs + ((t + 1) & 1) * MMA_BC * D * 2, v, j0 + MMA_BC, t_hi);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+
+    float s[MMA_BC / 8][4];
+#pragma unroll
+    for (int n = 0; n < MMA_BC / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+#pragma unroll
+      for (int n = 0; n < MMA_BC / 8; n += 2) {
+        uint32_t bf[4];
+        int key = n * 8 + (lane & 7) + ((lane >> 4) << 3);
+        ldmatrix_x4(bf, smem_addr(kt + swz<CH>(key, kk * 2 + ((lane >> 3) & 1))));
+        mma16816<T>(s[n], qf[kk], bf[0], bf[1]);
+        mma16816<T>(s[n + 1], qf[kk], bf[2], bf[3]);
+      }
+    }
+
+    /* the score rule, then the online max over this tile */
+    float tmA = -INFINITY, tmB = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < MMA_BC / 8; n++) {
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const int64_t j = j0 + n * 8 + c2 + e;
+        float sa, sb;
+        if (EXTRAS) {
+          sa = iA < p.Lq ? attn_score(p, b, h, iA, j, s[n][e], loA, hiA) : -INFINITY;
+          sb = iB < p.Lq ? attn_score(p, b, h, iB, j, s[n][2 + e], loB, hiB) : -INFINITY;
+        } else {
+          sa = j >= loA && j < hiA ? s[n][e] * (float)p.scale : -INFINITY;
+          sb = j >= loB && j < hiB ? s[n][2 + e] * (float)p.scale : -INFINITY;
+        }
+        s[n][e] = sa, s[n][2 + e] = sb;
+        tmA = fmaxf(tmA, sa), tmB = fmaxf(tmB, sb);
+      }
+    }
+    tmA = fmaxf(tmA, __shfl_xor_sync(0xffffffffu, tmA, 1));
+    tmA = fmaxf(tmA, __shfl_xor_sync(0xffffffffu, tmA, 2));
+    tmB = fmaxf(tmB, __shfl_xor_sync(0xffffffffu, tmB, 1));
+    tmB = fmaxf(tmB, __shfl_xor_sync(0xffffffffu, tmB, 2));
+    const float nmA = fmaxf(mA, tmA), nmB = fmaxf(mB, tmB);
+    const float alphaA = nmA == -INFINITY ? 1.f : exp2_approx((mA - nmA) * L2E);
+    const float alphaB = nmB == -INFINITY ? 1.f : exp2_approx((mB - nmB) * L2E);
+    mA = nmA, mB = nmB;
+    const float offA = nmA == -INFINITY ? 0.f : nmA * L2E, offB = nmB == -INFINITY ? 0.f : nmB * L2E;
+    float sumA = 0.f, sumB = 0.f;
+#pragma unroll
+    for (int n = 0; n < MMA_BC / 8; n++) {
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        float pa = exp2_approx(fmaf(s[n][e], L2E, -offA)); /* -inf -> 0 */
+        float pb = exp2_approx(fmaf(s[n][2 + e], L2E, -offB));
+        s[n][e] = pa, s[n][2 + e] = pb;
+        sumA += pa, sumB += pb;
+      }
+    }
+    lA = lA * alphaA + sumA; /* this thread's part of the row sum: reduced at the end */
+    lB = lB * alphaB + sumB;
+#pragma unroll
+    for (int d = 0; d < D / 8; d++) o[d][0] *= alphaA, o[d][1] *= alphaA, o[d][2] *= alphaB, o[d][3] *= alphaB;
+
+    /* O += P·V: S's accumulators of key columns 16kk..16kk+15 are P's A fragment */
+#pragma unroll
+    for (int kk = 0; kk < MMA_BC / 16; kk++) {
+      uint32_t pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                        pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int d = 0; d < D / 8; d += 2) {
+        uint32_t bf[4];
+        ldmatrix_x4_trans(bf, smem_addr(vt + swz<CH>(kk * 16 + (lane & 15), d + (lane >> 4))));
+        mma16816<T>(o[d], pa, bf[0], bf[1]);
+        mma16816<T>(o[d + 1], pa, bf[2], bf[3]);
+      }
+    }
+    __syncthreads(); /* this buffer is refilled two tiles on */
+  }
+
+  /* the row sums across the quad, then O / l and lse */
+  lA += __shfl_xor_sync(0xffffffffu, lA, 1);
+  lA += __shfl_xor_sync(0xffffffffu, lA, 2);
+  lB += __shfl_xor_sync(0xffffffffu, lB, 1);
+  lB += __shfl_xor_sync(0xffffffffu, lB, 2);
+  const float invA = lA > 0.f ? 1.f / lA : (lA == lA ? 0.f : lA);
+  const float invB = lB > 0.f ? 1.f / lB : (lB == lB ? 0.f : lB);
+  T *out = (T *)p.o + bh * p.Lq * D;
+#pragma unroll
+  for (int d = 0; d < D / 8; d++) {
+    int col = d * 8 + c2;
+    if (iA < p.Lq) *(uint32_t *)(out + iA * D + col) = pack2<T>(o[d][0] * invA, o[d][1] * invA);
+    if (iB < p.Lq) *(uint32_t *)(out + iB * D + col) = pack2<T>(o[d][2] * invB, o[d][3] * invB);
+  }
+  if (p.lse && (lane & 3) == 0) {
+    if (iA < p.Lq) p.lse[bh * p.Lq + iA] = row_lse(mA, lA);
+    if (iB < p.Lq) p.lse[bh * p.Lq + iB] = row_lse(mB, lB);
+  }
+}
+
+template <typename T> __global__ void values_nonfinite_kernel(const T *v, int64_t n, int *flag) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    if (!isfinite(to_float(v[i]))) *flag = 1;
+}
+
+template <typename T, int D, bool EXTRAS> static fa_status launch(fa_context *ctx, const fa_attn_problem *p) {
+  const size_t smem = (size_t)(MMA_BR + 4 * MMA_BC) * D * 2;
+  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(attn_mma_kernel<T, D, EXTRAS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          (int)smem));
+  int64_t blocks = p->B * p->Hq * ((p->Lq + MMA_BR - 1) / MMA_BR);
+  if (blocks > INT32_MAX) return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: attention on cuda: too many query tiles");
+  attn_mma_kernel<T, D, EXTRAS><<<(unsigned)blocks, MMA_WARPS * 32, smem, fa_cuda_stream(ctx)>>>(*p);
+  FA_CUDA_CHECK_LAUNCH(ctx, "attn_mma_kernel");
+  return FA_OK;
+}
+
+/* NaN or inf in v would reach rows that mask the key (0·NaN in the
+ * product): such calls go to the tiled kernel, which skips masked keys. */
+template <typename T> static fa_status values_finite(fa_context *ctx, const fa_attn_problem *p, int *finite) {
+  void *flag = NULL;
+  fa_status st = fa_cuda_malloc(ctx, &flag, sizeof(int));
+  if (st) return st;
+  int64_t n = p->B * p->Hkv * p->Lk * p->Dv;
+  cudaError_t err = cudaMemsetAsync(flag, 0, sizeof(int), fa_cuda_stream(ctx));
+  if (err == cudaSuccess) {
+    values_nonfinite_kernel<T><<<(unsigned)min((n + 255) / 256, (int64_t)2048), 256, 0, fa_cuda_stream(ctx)>>>(
+        (const T *)p->v, n, (int *)flag);
+    err = cudaGetLastError();
+  }
+  st = fa_cuda_error(ctx, err, "launch of values_nonfinite_kernel");
+  int host = 0;
+  if (!st) st = fa_cuda_memcpy(ctx, &host, flag, sizeof(int), FA_COPY_D2H);
+  fa_cuda_free(flag, sizeof(int));
+  *finite = !host;
+  return st;
+}
+
+template <typename T> static fa_status mma_typed(fa_context *ctx, const fa_attn_problem *p, int *taken) {
+  int finite = 0;
+  fa_status st = values_finite<T>(ctx, p, &finite);
+  if (st || !finite) return st;
+  *taken = 1;
+  const bool extras = p->mask_b || p->mask_f || p->alibi || p->softcap > 0;
+  if (p->D == 64) return extras ? launch<T, 64, true>(ctx, p) : launch<T, 64, false>(ctx, p);
+  return extras ? launch<T, 128, true>(ctx, p) : launch<T, 128, false>(ctx, p);
+}
+
+/* Runs "flash" on tensor cores when the call fits (f16/bf16, D = Dv = 64 or
+ * 128, 16-byte aligned rows, the tile {64, 64}, which is the default);
+ * *taken says whether it did. */
+extern "C" fa_status fa_cuda_attention_mma(fa_context *ctx, const fa_attn_problem *p, int *taken) {
+  *taken = 0;
+  if (p->compute != FA_F16 && p->compute != FA_BF16) return FA_OK;
+  if (p->D != p->Dv || (p->D != 64 && p->D != 128)) return FA_OK;
+  if (p->tile_q != MMA_BR || p->tile_k != MMA_BC) return FA_OK;
+  if (((uintptr_t)p->q | (uintptr_t)p->k | (uintptr_t)p->v | (uintptr_t)p->o) % 16) return FA_OK;
+  if (p->compute == FA_F16) return mma_typed<__half>(ctx, p, taken);
+  return mma_typed<__nv_bfloat16>(ctx, p, taken);
+}
