@@ -9,6 +9,7 @@
 
 #define DEFAULT_WARMUP 3
 #define DEFAULT_REP 20
+#define BENCH_MAX ((int64_t)1 << 24) /* warmup + rep far from overflow, times[] at most 128 MiB */
 #define DEVICE_FLUSH_ELEMS ((int64_t)32 << 20) /* 128 MiB of f32: twice an H100/H200 L2 */
 
 static const char *const bench_keys[] = {"warmup", "rep", "flush_cache", NULL};
@@ -43,8 +44,10 @@ static int l_bench(lua_State *L) {
     fal_opt_int(L, 2, "rep", &rep);
     fal_opt_bool(L, 2, "flush_cache", &flush);
   }
-  if (warmup < 0) fal_error(L, "opts.warmup: expected an integer >= 0, got %I", (lua_Integer)warmup);
-  if (rep < 1) fal_error(L, "opts.rep: expected an integer >= 1, got %I", (lua_Integer)rep);
+  if (warmup < 0 || warmup > BENCH_MAX)
+    fal_error(L, "opts.warmup: expected an integer from 0 to %I, got %I", (lua_Integer)BENCH_MAX, (lua_Integer)warmup);
+  if (rep < 1 || rep > BENCH_MAX)
+    fal_error(L, "opts.rep: expected an integer from 1 to %I, got %I", (lua_Integer)BENCH_MAX, (lua_Integer)rep);
   double *times = (double *)fal_newbuffer(L, rep, sizeof *times, "fa.bench"); /* 3 */
 
   /* on a GPU the flush writes a device buffer held only for this call, so

@@ -85,6 +85,8 @@ const char *fal_typename(lua_State *L, int idx);
 /* An integral number (float values with no fraction accepted). */
 int64_t fal_checkint(lua_State *L, int idx, const char *name);
 double fal_checknum(lua_State *L, int idx, const char *name);
+/* A 1-based index (an integer >= 1) as the core's 0-based one. */
+int64_t fal_checkindex(lua_State *L, int idx, const char *name);
 /* A number or a boolean (true = 1) as an element value. */
 double fal_checkvalue(lua_State *L, int idx, const char *name);
 /* Lua's 1-based dimension to the core's 0-based one (clamped into int). */

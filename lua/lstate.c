@@ -192,6 +192,12 @@ int64_t fal_checkint(lua_State *L, int idx, const char *name) {
   return (int64_t)v;
 }
 
+int64_t fal_checkindex(lua_State *L, int idx, const char *name) {
+  int64_t v = fal_checkint(L, idx, name);
+  if (v < 1) fal_argerror(L, idx, name, "expected an index >= 1, got %I", (lua_Integer)v);
+  return v - 1;
+}
+
 double fal_checknum(lua_State *L, int idx, const char *name) {
   if (lua_type(L, idx) != LUA_TNUMBER) fal_typeerror(L, idx, name, "number");
   return (double)lua_tonumber(L, idx);

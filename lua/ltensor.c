@@ -246,7 +246,7 @@ static void read_index(lua_State *L, fa_tensor *t, int first, int given, const c
   int nd = fa_tensor_ndim(t);
   if (given != nd)
     fal_error(L, "%s: expected %d %s for a %d-D tensor, got %d", what, nd, nd == 1 ? "index" : "indices", nd, given);
-  for (int i = 0; i < nd; i++) idx[i] = fal_checkint(L, first + i, "index") - 1;
+  for (int i = 0; i < nd; i++) idx[i] = fal_checkindex(L, first + i, "index");
 }
 
 static int t_get(lua_State *L) {
@@ -278,6 +278,7 @@ static int64_t key_index(lua_State *L) {
   int isint;
   lua_Integer i = lua_tointegerx(L, 2, &isint);
   if (!isint) fal_error(L, "tensor index: expected an integer, got %f", (double)lua_tonumber(L, 2));
+  if (i < 1) fal_error(L, "tensor index: expected an index >= 1, got %I", i);
   return (int64_t)i - 1;
 }
 
@@ -367,7 +368,7 @@ static int t_select(lua_State *L) {
   lua_settop(L, 3); /* the result box must not take an absent argument's place */
   fa_tensor **r = fal_newbox(L);
   int dim = fal_dim0(fal_checkint(L, 2, "dim"));
-  int64_t i = fal_checkint(L, 3, "index") - 1;
+  int64_t i = fal_checkindex(L, 3, "index");
   FAL_CALL(L, ctx, fa_tensor_select(ctx, SELF(L), dim, i, r));
   return 1;
 }
@@ -377,7 +378,7 @@ static int t_narrow(lua_State *L) {
   lua_settop(L, 4); /* the result box must not take an absent argument's place */
   fa_tensor **r = fal_newbox(L);
   int dim = fal_dim0(fal_checkint(L, 2, "dim"));
-  int64_t start = fal_checkint(L, 3, "start") - 1;
+  int64_t start = fal_checkindex(L, 3, "start");
   int64_t len = fal_checkint(L, 4, "length");
   FAL_CALL(L, ctx, fa_tensor_narrow(ctx, SELF(L), dim, start, len, r));
   return 1;
