@@ -25,6 +25,13 @@ static fa_status handle_of(fa_context *ctx, cublasHandle_t *h) {
   return cublas_error(ctx, cublasSetStream(*h, fa_cuda_stream(ctx)), "cublasSetStream");
 }
 
+extern "C" fa_status fa_cuda_cublas_handle(fa_context *ctx, void **handle) {
+  cublasHandle_t h = NULL;
+  fa_status st = handle_of(ctx, &h);
+  *handle = (void *)h;
+  return st;
+}
+
 extern "C" void fa_cuda_cublas_release(fa_context *ctx) {
   if (ctx->cublas) cublasDestroy((cublasHandle_t)ctx->cublas);
   ctx->cublas = NULL;

@@ -91,6 +91,30 @@ attn_case("mma d64 options", 2, 4, 2, 100, 130, 64, 64,
   { causal = true, mask = mask2, alibi = { 0.1, 0.2, 0.3, 0.4 }, softcap = 20, kv_lens = { 120, 77 } })
 attn_case("mma d64 window", 1, 2, 2, 150, 150, 64, 64, { window = { 40, 7 } })
 
+-- matmul: every algo and dtype against the f64 CPU product
+for _, dt in ipairs { "f32", "f16", "bf16", "f64" } do
+  local a = fa.randn({ 37, 53 }, { dtype = dt, device = "cuda", seed = 21 })
+  local b = fa.randn({ 53, 29 }, { dtype = dt, device = "cuda", seed = 22 })
+  local ref = fa.matmul(a:cpu():double(), b:cpu():double(), { algo = "naive" })
+  for _, algo in ipairs { "naive", "tiled", "blas", "auto" } do
+    local c = fa.matmul(a, b, { algo = algo, tile = algo == "tiled" and 8 or nil })
+    check(string.format("matmul %s %s", algo, dt), fa.rel_error(c:cpu(), ref), dt == "f64" and 1e-12 or tol[dt])
+  end
+end
+
+-- merge_states: two halves of the keys merged equal the whole
+for _, dt in ipairs { "f32", "f16", "bf16" } do
+  local q = fa.randn({ 2, 3, 17, 32 }, { dtype = dt, device = "cuda", seed = 31 })
+  local k = fa.randn({ 2, 3, 40, 32 }, { dtype = dt, device = "cuda", seed = 32 })
+  local v = fa.randn({ 2, 3, 40, 32 }, { dtype = dt, device = "cuda", seed = 33 })
+  local o1, l1 = fa.attention(q, k:narrow(3, 1, 25), v:narrow(3, 1, 25), { return_lse = true })
+  local o2, l2 = fa.attention(q, k:narrow(3, 26, 15), v:narrow(3, 26, 15), { return_lse = true })
+  local o, l = fa.merge_states(o1, l1, o2, l2)
+  local ro, rl = fa.attention_reference(q, k, v, { return_lse = true })
+  check("merge_states " .. dt, fa.rel_error(o:cpu(), ro), tol[dt])
+  check("merge_states lse " .. dt, fa.rel_error(l:cpu(), rl), tol[dt])
+end
+
 -- a fully masked row, and a NaN row that stays in its row
 local x = fa.tensor({ { -math.huge, -math.huge }, { 0 / 0, 1 }, { 1, 2 } }, { device = "cuda" })
 for _, algo in ipairs { "auto", "safe", "online", "fused" } do

@@ -87,3 +87,15 @@ fa_status fa_cuda_attention_check_tile(fa_context *ctx, int64_t D, int64_t Dv, i
   (void)D, (void)Dv, (void)br, (void)bc;
   return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
 }
+
+fa_status fa_cuda_matmul(fa_context *ctx, fa_matmul_algo algo, int64_t tile, fa_dtype dt, const void *a, const void *b,
+                         void *c, int64_t m, int64_t k, int64_t n) {
+  (void)algo, (void)tile, (void)dt, (void)a, (void)b, (void)c, (void)m, (void)k, (void)n;
+  return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
+}
+
+fa_status fa_cuda_merge_states(fa_context *ctx, fa_dtype dt, const void *o1, const float *l1, const void *o2,
+                               const float *l2, void *o, float *l, int64_t rows, int64_t dv) {
+  (void)dt, (void)o1, (void)l1, (void)o2, (void)l2, (void)o, (void)l, (void)rows, (void)dv;
+  return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
+}

@@ -1,0 +1,145 @@
+/* fa.matmul on the GPU: the seeds' naive product (a thread per output
+ * element), the tiled one (T×T tiles of A and B staged in shared memory,
+ * T = opts.tile), and cuBLAS.  Row-major, accumulation in f32 (f64 for f64). */
+#include "attention_common.cuh"
+
+#include <cublas_v2.h>
+
+template <typename T> struct Acc { typedef float type; };
+template <> struct Acc<double> { typedef double type; };
+static __device__ __forceinline__ double to_acc(double v) { return v; }
+template <typename T> static __device__ __forceinline__ float to_acc(T v) { return to_float(v); }
+template <typename T> static __device__ __forceinline__ T from_acc(float v) { return from_float<T>(v); }
+static __device__ __forceinline__ double from_acc_d(double v) { return v; }
+
+template <typename T>
+__global__ void matmul_naive_kernel(const T *a, const T *b, T *c, int64_t m, int64_t k, int64_t n) {
+  int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, row = (int64_t)blockIdx.y * blockDim.y + threadIdx.y;
+  if (row >= m || col >= n) return;
+  typename Acc<T>::type acc = 0;
+  for (int64_t x = 0; x < k; x++) acc += to_acc(a[row * k + x]) * to_acc(b[x * n + col]);
+  if constexpr (sizeof(T) == 8) c[row * n + col] = from_acc_d(acc);
+  else c[row * n + col] = from_acc<T>(acc);
+}
+
+template <typename T>
+__global__ void matmul_tiled_kernel(const T *a, const T *b, T *c, int64_t m, int64_t k, int64_t n) {
+  typedef typename Acc<T>::type A;
+  extern __shared__ __align__(16) unsigned char tiles_raw[];
+  const int t = blockDim.x;
+  A *as = (A *)tiles_raw, *bs = as + t * t;
+  int tx = threadIdx.x, ty = threadIdx.y;
+  int64_t row = (int64_t)blockIdx.y * t + ty, col = (int64_t)blockIdx.x * t + tx;
+  A acc = 0;
+  for (int64_t x0 = 0; x0 < k; x0 += t) {
+    as[ty * t + tx] = row < m && x0 + tx < k ? to_acc(a[row * k + x0 + tx]) : (A)0;
+    bs[ty * t + tx] = x0 + ty < k && col < n ? to_acc(b[(x0 + ty) * n + col]) : (A)0;
+    __syncthreads();
+    for (int x = 0; x < t; x++) acc += as[ty * t + x] * bs[x * t + tx];
+    __syncthreads();
+  }
+  if (row < m && col < n) {
+    if constexpr (sizeof(T) == 8) c[row * n + col] = from_acc_d(acc);
+    else c[row * n + col] = from_acc<T>(acc);
+  }
+}
+
+extern "C" fa_status fa_cuda_cublas_handle(fa_context *ctx, void **handle); /* attention_naive.cu */
+
+template <typename T> static cudaDataType_t dtype_of();
+template <> cudaDataType_t dtype_of<float>() { return CUDA_R_32F; }
+template <> cudaDataType_t dtype_of<double>() { return CUDA_R_64F; }
+template <> cudaDataType_t dtype_of<__half>() { return CUDA_R_16F; }
+template <> cudaDataType_t dtype_of<__nv_bfloat16>() { return CUDA_R_16BF; }
+
+template <typename T>
+static fa_status matmul_typed(fa_context *ctx, fa_matmul_algo algo, int64_t tile, const T *a, const T *b, T *c,
+                              int64_t m, int64_t k, int64_t n) {
+  cudaStream_t s = fa_cuda_stream(ctx);
+  if (algo == FA_MATMUL_NAIVE) {
+    dim3 block(16, 16), grid((unsigned)((n + 15) / 16), (unsigned)((m + 15) / 16));
+    matmul_naive_kernel<T><<<grid, block, 0, s>>>(a, b, c, m, k, n);
+    FA_CUDA_CHECK_LAUNCH(ctx, "matmul_naive_kernel");
+    return FA_OK;
+  }
+  if (algo == FA_MATMUL_TILED) {
+    int t = (int)(tile ? tile : 16);
+    dim3 block(t, t), grid((unsigned)((n + t - 1) / t), (unsigned)((m + t - 1) / t));
+    matmul_tiled_kernel<T><<<grid, block, 2 * t * t * sizeof(typename Acc<T>::type), s>>>(a, b, c, m, k, n);
+    FA_CUDA_CHECK_LAUNCH(ctx, "matmul_tiled_kernel");
+    return FA_OK;
+  }
+  if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX)
+    return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: matmul on cuda: sizes above cuBLAS's int range");
+  void *h = NULL;
+  fa_status st = fa_cuda_cublas_handle(ctx, &h);
+  if (st) return st;
+  /* row-major C = A·B is column-major Cᵀ = Bᵀ·Aᵀ */
+  const double one_d = 1.0, zero_d = 0.0;
+  const float one_f = 1.f, zero_f = 0.f;
+  const bool dbl = sizeof(T) == 8;
+  cublasStatus_t cs = cublasGemmEx((cublasHandle_t)h, CUBLAS_OP_N, CUBLAS_OP_N, (int)n, (int)m, (int)k,
+                                   dbl ? (const void *)&one_d : (const void *)&one_f, b, dtype_of<T>(), (int)n, a,
+                                   dtype_of<T>(), (int)k, dbl ? (const void *)&zero_d : (const void *)&zero_f, c,
+                                   dtype_of<T>(), (int)n, dbl ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F,
+                                   CUBLAS_GEMM_DEFAULT);
+  if (cs != CUBLAS_STATUS_SUCCESS)
+    return fa_fail(ctx, FA_ERR_BACKEND, "flashattn: cuBLAS error in cublasGemmEx: %s", cublasGetStatusString(cs));
+  return FA_OK;
+}
+
+extern "C" fa_status fa_cuda_matmul(fa_context *ctx, fa_matmul_algo algo, int64_t tile, fa_dtype dt, const void *a,
+                                    const void *b, void *c, int64_t m, int64_t k, int64_t n) {
+  if (algo == FA_MATMUL_TILED && tile && tile != 8 && tile != 16 && tile != 32)
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.tile: on cuda the tiled matmul takes 8, 16 or 32, got %lld",
+                   (long long)tile);
+  if (m == 0 || n == 0) return FA_OK;
+  switch (dt) {
+  case FA_F32: return matmul_typed<float>(ctx, algo, tile, (const float *)a, (const float *)b, (float *)c, m, k, n);
+  case FA_F64: return matmul_typed<double>(ctx, algo, tile, (const double *)a, (const double *)b, (double *)c, m, k, n);
+  case FA_F16: return matmul_typed<__half>(ctx, algo, tile, (const __half *)a, (const __half *)b, (__half *)c, m, k, n);
+  case FA_BF16:
+    return matmul_typed<__nv_bfloat16>(ctx, algo, tile, (const __nv_bfloat16 *)a, (const __nv_bfloat16 *)b,
+                                       (__nv_bfloat16 *)c, m, k, n);
+  default: return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: matmul: dtype %s has no CUDA kernel", fa_dtype_name(dt));
+  }
+}
+
+/* ---- merge_states: the seeds' rescale-and-add in log space, a thread per element ---- */
+template <typename T>
+__global__ void merge_kernel(const T *o1, const float *l1, const T *o2, const float *l2, T *o, float *l, int64_t rows,
+                             int64_t dv) {
+  for (int64_t x = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; x < rows * dv; x += (int64_t)gridDim.x * blockDim.x) {
+    int64_t r = x / dv;
+    float a = l1[r], bb = l2[r], m = fmaxf(a, bb), w1, w2, lse;
+    if (m == -INFINITY) w1 = w2 = 0.f, lse = -INFINITY; /* both empty */
+    else if (a == -INFINITY) w1 = 0.f, w2 = 1.f, lse = bb;
+    else if (bb == -INFINITY) w1 = 1.f, w2 = 0.f, lse = a;
+    else {
+      lse = m + log1pf(expf(-fabsf(a - bb)));
+      w1 = expf(a - lse), w2 = expf(bb - lse);
+    }
+    float v1 = w1 == 0.f ? 0.f : w1 * to_float(o1[x]), v2 = w2 == 0.f ? 0.f : w2 * to_float(o2[x]);
+    o[x] = from_float<T>(v1 + v2);
+    if (x % dv == 0) l[r] = lse;
+  }
+}
+
+extern "C" fa_status fa_cuda_merge_states(fa_context *ctx, fa_dtype dt, const void *o1, const float *l1, const void *o2,
+                                          const float *l2, void *o, float *l, int64_t rows, int64_t dv) {
+  int64_t n = rows * dv;
+  if (n == 0) return FA_OK;
+  unsigned blocks = (unsigned)min((n + 255) / 256, (int64_t)65535);
+  cudaStream_t s = fa_cuda_stream(ctx);
+  switch (dt) {
+  case FA_F32: merge_kernel<float><<<blocks, 256, 0, s>>>((const float *)o1, l1, (const float *)o2, l2, (float *)o, l, rows, dv); break;
+  case FA_F16: merge_kernel<__half><<<blocks, 256, 0, s>>>((const __half *)o1, l1, (const __half *)o2, l2, (__half *)o, l, rows, dv); break;
+  case FA_BF16:
+    merge_kernel<__nv_bfloat16><<<blocks, 256, 0, s>>>((const __nv_bfloat16 *)o1, l1, (const __nv_bfloat16 *)o2, l2,
+                                                       (__nv_bfloat16 *)o, l, rows, dv);
+    break;
+  default: return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: merge_states on cuda takes f32, f16 or bf16, got %s", fa_dtype_name(dt));
+  }
+  FA_CUDA_CHECK_LAUNCH(ctx, "merge_kernel");
+  return FA_OK;
+}
