@@ -22,26 +22,43 @@ __global__ void matmul_naive_kernel(const T *a, const T *b, T *c, int64_t m, int
   else c[row * n + col] = from_acc<T>(acc);
 }
 
+/* T×T tiles of A and B in shared memory (T = opts.tile); a block of
+ * bt×bt threads (bt = min(T, 32)), each thread owning an (T/bt)² block of C. */
 template <typename T>
-__global__ void matmul_tiled_kernel(const T *a, const T *b, T *c, int64_t m, int64_t k, int64_t n) {
+__global__ void matmul_tiled_kernel(const T *a, const T *b, T *c, int64_t m, int64_t k, int64_t n, int tile) {
   typedef typename Acc<T>::type A;
   extern __shared__ __align__(16) unsigned char tiles_raw[];
-  const int t = blockDim.x;
-  A *as = (A *)tiles_raw, *bs = as + t * t;
-  int tx = threadIdx.x, ty = threadIdx.y;
-  int64_t row = (int64_t)blockIdx.y * t + ty, col = (int64_t)blockIdx.x * t + tx;
-  A acc = 0;
-  for (int64_t x0 = 0; x0 < k; x0 += t) {
-    as[ty * t + tx] = row < m && x0 + tx < k ? to_acc(a[row * k + x0 + tx]) : (A)0;
-    bs[ty * t + tx] = x0 + ty < k && col < n ? to_acc(b[(x0 + ty) * n + col]) : (A)0;
+  const int bt = blockDim.x, per = tile / bt; /* per <= 4 */
+  A *as = (A *)tiles_raw, *bs = as + tile * tile;
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t row0 = (int64_t)blockIdx.y * tile, col0 = (int64_t)blockIdx.x * tile;
+  A acc[4][4] = {};
+  for (int64_t x0 = 0; x0 < k; x0 += tile) {
+    for (int r = ty; r < tile; r += bt)
+      for (int q = tx; q < tile; q += bt) {
+        int64_t ar = row0 + r, ak = x0 + q, bk = x0 + r, bc = col0 + q;
+        as[r * tile + q] = ar < m && ak < k ? to_acc(a[ar * k + ak]) : (A)0;
+        bs[r * tile + q] = bk < k && bc < n ? to_acc(b[bk * n + bc]) : (A)0;
+      }
     __syncthreads();
-    for (int x = 0; x < t; x++) acc += as[ty * t + x] * bs[x * t + tx];
+    for (int x = 0; x < tile; x++)
+#pragma unroll
+      for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+          if (i < per && j < per) acc[i][j] += as[(ty + i * bt) * tile + x] * bs[x * tile + tx + j * bt];
     __syncthreads();
   }
-  if (row < m && col < n) {
-    if constexpr (sizeof(T) == 8) c[row * n + col] = from_acc_d(acc);
-    else c[row * n + col] = from_acc<T>(acc);
-  }
+#pragma unroll
+  for (int i = 0; i < 4; i++)
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      int64_t row = row0 + ty + i * bt, col = col0 + tx + j * bt;
+      if (i < per && j < per && row < m && col < n) {
+        if constexpr (sizeof(T) == 8) c[row * n + col] = from_acc_d(acc[i][j]);
+        else c[row * n + col] = from_acc<T>(acc[i][j]);
+      }
+    }
 }
 
 extern "C" fa_status fa_cuda_cublas_handle(fa_context *ctx, void **handle); /* attention_naive.cu */
@@ -63,9 +80,11 @@ static fa_status matmul_typed(fa_context *ctx, fa_matmul_algo algo, int64_t tile
     return FA_OK;
   }
   if (algo == FA_MATMUL_TILED) {
-    int t = (int)(tile ? tile : 16);
-    dim3 block(t, t), grid((unsigned)((n + t - 1) / t), (unsigned)((m + t - 1) / t));
-    matmul_tiled_kernel<T><<<grid, block, 2 * t * t * sizeof(typename Acc<T>::type), s>>>(a, b, c, m, k, n);
+    int t = (int)(tile ? tile : 16), bt = t < 32 ? t : 32;
+    size_t smem = 2 * (size_t)t * t * sizeof(typename Acc<T>::type);
+    FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(matmul_tiled_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    dim3 block(bt, bt), grid((unsigned)((n + t - 1) / t), (unsigned)((m + t - 1) / t));
+    matmul_tiled_kernel<T><<<grid, block, smem, s>>>(a, b, c, m, k, n, t);
     FA_CUDA_CHECK_LAUNCH(ctx, "matmul_tiled_kernel");
     return FA_OK;
   }
@@ -90,9 +109,12 @@ static fa_status matmul_typed(fa_context *ctx, fa_matmul_algo algo, int64_t tile
 
 extern "C" fa_status fa_cuda_matmul(fa_context *ctx, fa_matmul_algo algo, int64_t tile, fa_dtype dt, const void *a,
                                     const void *b, void *c, int64_t m, int64_t k, int64_t n) {
-  if (algo == FA_MATMUL_TILED && tile && tile != 8 && tile != 16 && tile != 32)
-    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.tile: on cuda the tiled matmul takes 8, 16 or 32, got %lld",
-                   (long long)tile);
+  int64_t tile_max = dt == FA_F64 ? 64 : 128;
+  if (algo == FA_MATMUL_TILED && tile && (tile > tile_max || (tile > 32 && tile % 32)))
+    return fa_fail(ctx, FA_ERR_ARGUMENT,
+                   "flashattn: opts.tile: on cuda the tiled matmul takes 1 to 32, or a multiple of 32 up to %lld, "
+                   "got %lld",
+                   (long long)tile_max, (long long)tile);
   if (m == 0 || n == 0) return FA_OK;
   switch (dt) {
   case FA_F32: return matmul_typed<float>(ctx, algo, tile, (const float *)a, (const float *)b, (float *)c, m, k, n);
