@@ -2,8 +2,9 @@
  * FlashAttention-2 schedule written with mma.sync.m16n8k16 (f32
  * accumulation), ldmatrix and cp.async.
  *
- * A block of 4 warps owns 64 query rows of one (batch, head); each warp
- * owns 16 rows.  Q stays in registers as mma A fragments.  Key and value
+ * A block of 8 warps owns 128 query rows of one (batch, head); each warp
+ * owns 16 rows, and every key and value tile staged in shared memory
+ * serves all 128.  Q stays in registers as mma A fragments.  Key and value
  * tiles of 64 rows are copied into shared memory asynchronously, two
  * buffers deep, so the next tile arrives while this one is computed.
  * S = Q·Kᵀ stays in registers; the score rule, the online max and the
@@ -13,9 +14,9 @@
  * different bank groups. */
 #include "attention_common.cuh"
 
-#define MMA_BR 64
+#define MMA_WARPS 8
+#define MMA_BR (16 * MMA_WARPS)
 #define MMA_BC 64
-#define MMA_WARPS 4
 
 static __device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
@@ -77,12 +78,12 @@ template <int CH> static __device__ __forceinline__ int swz(int row, int chunk) 
   return (row * CH + (chunk ^ (row & 7))) * 16;
 }
 
-/* Copies rows [r0, r0 + 64) of a (rows × D) matrix into a swizzled tile;
+/* Copies rows [r0, r0 + ROWS) of a (rows × D) matrix into a swizzled tile;
  * rows at or past `limit` are zero-filled, never read. */
-template <typename T, int D>
+template <typename T, int D, int ROWS>
 static __device__ __forceinline__ void load_tile(char *tile, const T *src, int64_t r0, int64_t limit) {
   const int CH = D / 8;
-  for (int c = threadIdx.x; c < MMA_BC * CH; c += MMA_WARPS * 32) {
+  for (int c = threadIdx.x; c < ROWS * CH; c += MMA_WARPS * 32) {
     int row = c / CH, chunk = c % CH;
     bool in = r0 + row < limit;
     const T *g = src + (in ? (r0 + row) * D + chunk * 8 : 0);
@@ -106,7 +107,7 @@ __global__ void __launch_bounds__(MMA_WARPS * 32) attn_mma_kernel(fa_attn_proble
   const T *k = (const T *)p.k + (b * p.Hkv + hk) * p.Lk * D;
   const T *v = (const T *)p.v + (b * p.Hkv + hk) * p.Lk * D;
 
-  load_tile<T, D>(Qs, q, i0, p.Lq);
+  load_tile<T, D, MMA_BR>(Qs, q, i0, p.Lq);
   cp_async_commit();
   if (tid < MMA_BR) {
     int64_t lo = 0, hi = 0;
@@ -124,8 +125,8 @@ __global__ void __launch_bounds__(MMA_WARPS * 32) attn_mma_kernel(fa_attn_proble
   const int64_t t_lo = tile_lo, t_hi = tile_hi;
   const int ntiles = (int)((t_hi - t_lo + MMA_BC - 1) / MMA_BC);
   if (ntiles > 0) {
-    load_tile<T, D>(Ks, k, t_lo, t_hi);
-    load_tile<T, D>(Vs, v, t_lo, t_hi);
+    load_tile<T, D, MMA_BC>(Ks, k, t_lo, t_hi);
+    load_tile<T, D, MMA_BC>(Vs, v, t_lo, t_hi);
   }
   cp_async_commit();
 
@@ -151,8 +152,8 @@ __global__ void __launch_bounds__(MMA_WARPS * 32) attn_mma_kernel(fa_attn_proble
     const int64_t j0 = t_lo + (int64_t)t * MMA_BC;
     char *kt = Ks + (t & 1) * MMA_BC * D * 2, *vt = Vs + (t & 1) * MMA_BC * D * 2;
     if (t + 1 < ntiles) { /* the next tile into the other buffers */
-      load_tile<T, D>(Ks + ((t + 1) & 1) * MMA_BC * D * 2, k, j0 + MMA_BC, t_hi);
-      load_tile<T, D>(Vs + ((t + 1) & 1) * MMA_BC * D * 2, v, j0 + MMA_BC, t_hi);
+      load_tile<T, D, MMA_BC>(Ks + ((t + 1) & 1) * MMA_BC * D * 2, k, j0 + MMA_BC, t_hi);
+      load_tile<T, D, MMA_BC>(Vs + ((t + 1) & 1) * MMA_BC * D * 2, v, j0 + MMA_BC, t_hi);
     }
     cp_async_commit();
     cp_async_wait<1>();
@@ -301,7 +302,7 @@ template <typename T> static fa_status mma_typed(fa_context *ctx, const fa_attn_
 }
 
 /* Runs "flash" on tensor cores when the call fits (f16/bf16, D = Dv = 64 or
- * 128, 16-byte aligned rows, the tile {64, 64}, which is the default);
+ * 128, 16-byte aligned rows, the tile {128, 64}, the default for f16/bf16);
  * *taken says whether it did. */
 extern "C" fa_status fa_cuda_attention_mma(fa_context *ctx, const fa_attn_problem *p, int *taken) {
   *taken = 0;

@@ -4,11 +4,16 @@
 -- result checked on the last query rows of one head against the f64
 -- reference (the last rows keep the bottom-right causal alignment).
 -- Usage: flashattn-lua scripts/bench_attention.lua [--json FILE] [--quick] [--algos flash,naive,two_pass]
+--        [--dtypes bf16,f16,f32]
 local fa = require "flashattn"
-local json_path, quick, algos = nil, false, { "flash" }
+local json_path, quick, algos, dtypes = nil, false, { "flash" }, { "bf16", "f16", "f32" }
 for i = 1, #arg do
   if arg[i] == "--json" then json_path = arg[i + 1] end
   if arg[i] == "--quick" then quick = true end
+  if arg[i] == "--dtypes" then
+    dtypes = {}
+    for a in arg[i + 1]:gmatch("[^,]+") do dtypes[#dtypes + 1] = a end
+  end
   if arg[i] == "--algos" then
     algos = {}
     for a in arg[i + 1]:gmatch("[^,]+") do algos[#algos + 1] = a end
@@ -17,7 +22,7 @@ end
 local Ls = quick and { 1024 } or { 1024, 4096, 16384 }
 local results = {}
 print(string.format("%-5s %4s %6s %-6s %-9s %9s %9s %9s", "dtype", "D", "L", "causal", "algo", "ms", "TFLOP/s", "rel_err"))
-for _, dt in ipairs { "bf16", "f16", "f32" } do
+for _, dt in ipairs(dtypes) do
   for _, D in ipairs { 64, 128 } do
     for _, L in ipairs(Ls) do
       local H, B = 2048 // D, 16384 // L
