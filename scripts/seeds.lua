@@ -22,7 +22,7 @@ local S = {}
 S.FORMS = {
   ci = {traffic = {M = 256, N = 4096}, block = {M = 16, N = 16384, sizes = {16, 64, 256, 1024, 4096, 16384}},
         any_n = {12, 14, 16, 18}, attn = {H = 1, D = 32, L = {128, 256, 512, 1024}}, one_pass = {H = 1, D = 32, L = 256},
-        bitwise = {H = 1, D = 32, L = 128}, matmul = {n = 192, tiles = {16, 32, 64}}, rep = 3},
+        bitwise = {H = 1, D = 32, L = 128}, matmul = {n = 256, tiles = {16, 32, 64}}, rep = 3},
   full = {traffic = {M = 8192, N = 4096}, block = {M = 64, N = 1 << 20, sizes = {64, 256, 1024, 4096, 16384, 65536}},
           any_n = {14, 16, 18, 20, 22}, attn = {H = 8, D = 64, L = {512, 1024, 2048, 4096, 8192}},
           one_pass = {H = 8, D = 64, L = 2048}, bitwise = {H = 2, D = 64, L = 512},
