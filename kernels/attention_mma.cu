@@ -2,9 +2,9 @@
  * FlashAttention-2 schedule written with mma.sync.m16n8k16 (f32
  * accumulation), ldmatrix and cp.async.
  *
- * A block of 8 warps owns 128 query rows of one (batch, head); each warp
- * owns 16 rows, and every key and value tile staged in shared memory
- * serves all 128.  Q stays in registers as mma A fragments.  Key and value
+ * A block of 4 or 8 warps owns 64 or 128 query rows of one (batch, head);
+ * each warp owns 16 rows, and every key and value tile staged in shared
+ * memory serves them all.  Q stays in registers as mma A fragments.  Key and value
  * tiles of 64 rows are copied into shared memory asynchronously, two
  * buffers deep, so the next tile arrives while this one is computed.
  * S = Q·Kᵀ stays in registers; the score rule, the online max and the
@@ -14,9 +14,11 @@
  * different bank groups. */
 #include "attention_common.cuh"
 
-#define MMA_WARPS 8
-#define MMA_BR (16 * MMA_WARPS)
 #define MMA_BC 64
+/* warps per block: 8 (128 query rows) for D = 128, where sharing each key
+ * and value tile among more rows pays; 4 (64 rows) for D = 64, where more,
+ * smaller blocks fill the GPU better (measured on an H200) */
+#define MMA_WARPS(D) ((D) == 128 ? 8 : 4)
 
 static __device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
@@ -83,7 +85,7 @@ template <int CH> static __device__ __forceinline__ int swz(int row, int chunk) 
 template <typename T, int D, int ROWS>
 static __device__ __forceinline__ void load_tile(char *tile, const T *src, int64_t r0, int64_t limit) {
   const int CH = D / 8;
-  for (int c = threadIdx.x; c < ROWS * CH; c += MMA_WARPS * 32) {
+  for (int c = threadIdx.x; c < ROWS * CH; c += blockDim.x) {
     int row = c / CH, chunk = c % CH;
     bool in = r0 + row < limit;
     const T *g = src + (in ? (r0 + row) * D + chunk * 8 : 0);
@@ -92,8 +94,8 @@ static __device__ __forceinline__ void load_tile(char *tile, const T *src, int64
 }
 
 template <typename T, int D, bool EXTRAS>
-__global__ void __launch_bounds__(MMA_WARPS * 32) attn_mma_kernel(fa_attn_problem p) {
-  const int CH = D / 8;
+__global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_problem p) {
+  const int CH = D / 8, MMA_BR = 16 * MMA_WARPS(D);
   extern __shared__ __align__(128) char mma_smem[];
   char *Qs = mma_smem, *Ks = Qs + MMA_BR * D * 2, *Vs = Ks + 2 * MMA_BC * D * 2; /* K, V: two buffers each */
   __shared__ int64_t row_lo[MMA_BR], row_hi[MMA_BR];
@@ -260,12 +262,13 @@ template <typename T> __global__ void values_nonfinite_kernel(const T *v, int64_
 }
 
 template <typename T, int D, bool EXTRAS> static fa_status launch(fa_context *ctx, const fa_attn_problem *p) {
+  const int MMA_BR = 16 * MMA_WARPS(D);
   const size_t smem = (size_t)(MMA_BR + 4 * MMA_BC) * D * 2;
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(attn_mma_kernel<T, D, EXTRAS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           (int)smem));
   int64_t blocks = p->B * p->Hq * ((p->Lq + MMA_BR - 1) / MMA_BR);
   if (blocks > INT32_MAX) return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: attention on cuda: too many query tiles");
-  attn_mma_kernel<T, D, EXTRAS><<<(unsigned)blocks, MMA_WARPS * 32, smem, fa_cuda_stream(ctx)>>>(*p);
+  attn_mma_kernel<T, D, EXTRAS><<<(unsigned)blocks, MMA_WARPS(D) * 32, smem, fa_cuda_stream(ctx)>>>(*p);
   FA_CUDA_CHECK_LAUNCH(ctx, "attn_mma_kernel");
   return FA_OK;
 }
@@ -302,13 +305,13 @@ template <typename T> static fa_status mma_typed(fa_context *ctx, const fa_attn_
 }
 
 /* Runs "flash" on tensor cores when the call fits (f16/bf16, D = Dv = 64 or
- * 128, 16-byte aligned rows, the tile {128, 64}, the default for f16/bf16);
+ * 128, 16-byte aligned rows, the tile {16·warps, 64}, the default there);
  * *taken says whether it did. */
 extern "C" fa_status fa_cuda_attention_mma(fa_context *ctx, const fa_attn_problem *p, int *taken) {
   *taken = 0;
   if (p->compute != FA_F16 && p->compute != FA_BF16) return FA_OK;
   if (p->D != p->Dv || (p->D != 64 && p->D != 128)) return FA_OK;
-  if (p->tile_q != MMA_BR || p->tile_k != MMA_BC) return FA_OK;
+  if (p->tile_q != 16 * MMA_WARPS(p->D) || p->tile_k != MMA_BC) return FA_OK;
   if (((uintptr_t)p->q | (uintptr_t)p->k | (uintptr_t)p->v | (uintptr_t)p->o) % 16) return FA_OK;
   if (p->compute == FA_F16) return mma_typed<__half>(ctx, p, taken);
   return mma_typed<__nv_bfloat16>(ctx, p, taken);

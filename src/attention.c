@@ -161,9 +161,9 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
   p.causal = o->causal;
   p.has_window = o->has_window && (o->window_left >= 0 || o->window_right >= 0);
   p.win_left = o->window_left, p.win_right = o->window_right;
-  /* defaults: the tensor-core kernel's tile for f16/bf16, the f32 kernel's for f32 */
-  int lowp = d->dtype == FA_F16 || d->dtype == FA_BF16;
-  p.tile_q = o->tile_q ? o->tile_q : lowp ? 128 : 64;
+  /* defaults: the tensor-core kernel's tile (128 rows for f16/bf16 at D = 128), else 64 rows */
+  int wide = (d->dtype == FA_F16 || d->dtype == FA_BF16) && d->D == 128 && d->Dv == 128;
+  p.tile_q = o->tile_q ? o->tile_q : wide ? 128 : 64;
   p.tile_k = o->tile_k ? o->tile_k : 64;
   p.compute = d->dtype;
   fa_status st = FA_OK;
