@@ -85,7 +85,8 @@ template <int CH> static __device__ __forceinline__ int swz(int row, int chunk) 
 template <typename T, int D, int ROWS>
 static __device__ __forceinline__ void load_tile(char *tile, const T *src, int64_t r0, int64_t limit) {
   const int CH = D / 8;
-  for (int c = threadIdx.x; c < ROWS * CH; c += blockDim.x) {
+#pragma unroll
+  for (int c = threadIdx.x; c < ROWS * CH; c += MMA_WARPS(D) * 32) {
     int row = c / CH, chunk = c % CH;
     bool in = r0 + row < limit;
     const T *g = src + (in ? (r0 + row) * D + chunk * 8 : 0);
