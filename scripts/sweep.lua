@@ -105,7 +105,9 @@ local function default_parts(smoke)
   end
   return {
     -- the four softmax schedules; fused stops where a row no longer fits
-    part{name = "softmax", kernel = "softmax", defaults = {elements = 1 << 22},
+    -- (inputs of 16 MiB on a CPU, 128 MiB on a GPU: more than its L2)
+    part{name = "softmax", kernel = "softmax",
+         defaults = {elements = fa.default_device() == "cpu" and 1 << 22 or 1 << 25},
          axes = {N = {1024, 4096, 16384, 65536, 262144}, algo = {"naive", "safe", "online", "fused"}}},
     -- the attention algorithms against L: time, rate and memory (O(L^2) vs O(L))
     part{name = "attention", kernel = "attention",
@@ -116,10 +118,10 @@ local function default_parts(smoke)
     part{name = "masks", kernel = "attention",
          axes = {device = att_dev, mask = {"none", "bool", "float", "padding", "alibi"}, L = 1024, H = 4, D = 64,
                  algo = {"naive", "flash"}}},
-    -- the flash kernel's query and key tile sizes
+    -- the flash kernel's query and key tile sizes (valid on the CPU and CUDA)
     part{name = "tiles", kernel = "attention",
          axes = {device = att_dev[#att_dev], L = 2048, H = 4, D = 64, algo = "flash",
-                 Br = {16, 32, 64, 128, 256}, Bc = {16, 32, 64, 128, 256}}},
+                 Br = {16, 32, 64, 128}, Bc = {16, 32, 64, 128, 256}}},
   }
 end
 

@@ -65,8 +65,10 @@ end
 function TestSeeds:test_underflow_points()
   local r = result("naive_underflow")
   lu.assertTrue(r.holds, r.measured)
-  -- e^x rounds to 0 below 2^-150 (f32) and 2^-25 (f16)
-  lu.assertTrue(math.abs(r.values.f32_underflow - (-150 * math.log(2))) < 0.05, r.measured)
+  -- e^x rounds to 0 below 2^-150 (f32; below 2^-126 where the device flushes
+  -- subnormals to zero, as CUDA's fast exp does) and 2^-25 (f16)
+  local x32 = r.values.f32_underflow
+  lu.assertTrue(math.abs(x32 - (-150 * math.log(2))) < 0.05 or math.abs(x32 - (-126 * math.log(2))) < 0.05, r.measured)
   lu.assertTrue(math.abs(r.values.f16_underflow - (-25 * math.log(2))) < 0.05, r.measured)
 end
 

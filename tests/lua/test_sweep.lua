@@ -123,7 +123,7 @@ TestSweepRun = {}
 
 function TestSweepRun:test_rows_and_a_failed_tile()
   local rows = run{kernel = "attention", axes = {device = ATT_DEV, L = {32, 48}, D = 16, H = 2,
-                                                 algo = {"naive", "flash"}, tile = {"default", "8x8", "0x8"}}}
+                                                 algo = {"naive", "flash"}, tile = {"default", "16x16", "0x8"}}}
   lu.assertEquals(#rows, 12)
   for i, r in ipairs(rows) do
     if r.tile == "0x8" then
@@ -155,7 +155,7 @@ function TestSweepRun:test_sampled_reference_keeps_the_alignment()
   local rows = run{kernel = "attention", ref_budget = 1, ref_min_rows = 5,
                    axes = {device = ATT_DEV, causal = {false, true, "top_left"}, window = {"none", "3:2"},
                            mask = {"none", "bool", "float", "padding", "alibi"}, B = 2, H = 2, Lq = 24, Lk = 40,
-                           D = 8, algo = "flash", tile = "8x8"}}
+                           D = 8, algo = "flash", tile = "16x16"}}
   lu.assertEquals(#rows, 30)
   for _, r in ipairs(rows) do
     local what = ("causal=%s window=%s mask=%s"):format(r.causal, r.window, r.mask)
@@ -243,7 +243,7 @@ end
 -- ---- output ------------------------------------------------------------------------
 local function sample_rows()
   local rows = run{kernel = "attention", axes = {device = ATT_DEV, L = {16, 32}, D = 8, H = 1, algo = {"naive", "flash"},
-                                                 Br = {8, 9000}, Bc = {8, 16}}}
+                                                 Br = {16, 9000}, Bc = {16, 32}}}
   rows[1].rel_error = 0 / 0 -- non-finite figures must survive the writers
   rows[2].gbs = math.huge
   return rows
