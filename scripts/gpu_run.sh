@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run, on a lent H100/H200 (through the device tool, from the
 # repository root, carrying .deps):
-#   bash scripts/gpu_run.sh [all | any of: test sanitize bench attention]   (default all)
+#   bash scripts/gpu_run.sh [all | any of: test sanitize bench attention seeds]   (default all)
 # Builds for sm_90a, runs the LuaUnit suites with FLASHATTN_DEVICE=cuda
 # (every CUDA op against the CPU / f64 reference), compute-sanitizer
 # memcheck and racecheck over a small pass, and the benchmarks with their
@@ -60,5 +60,9 @@ if [[ $what == *" all "* || $what == *" attention "* ]]; then
   $B/flashattn-lua scripts/bench_attention.lua --json "$OUT/attention_engine.json" ${ATTN_ARGS:-} 2>&1 | tee "$OUT/bench_attention.log" || rc=1
   python3 scripts/peers_attention.py --engine "$OUT/attention_engine.json" --json "$OUT/attention.json" \
     --commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" 2>&1 | tee -a "$OUT/bench_attention.log" || rc=1
+fi
+if [[ $what == *" all "* || $what == *" seeds "* ]]; then
+  step "the seeds' claims, full form"
+  $B/flashattn-lua scripts/seeds.lua --full --json "$OUT/seeds.json" 2>&1 | tee "$OUT/seeds.log" || rc=1
 fi
 exit $rc
