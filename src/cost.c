@@ -5,6 +5,7 @@
 
 fa_status fa_cost_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *opts,
                             fa_cost *out) {
+  if (!out) return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: fa_cost_attention: out is NULL");
   fa_attention_opts defaults;
   if (!opts) {
     fa_attention_opts_init(&defaults);
@@ -40,6 +41,7 @@ fa_status fa_cost_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tens
 }
 
 fa_status fa_cost_softmax(fa_context *ctx, fa_tensor *x, const fa_softmax_opts *opts, fa_cost *out) {
+  if (!out) return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: fa_cost_softmax: out is NULL");
   fa_softmax_opts defaults;
   if (!opts) {
     fa_softmax_opts_init(&defaults);

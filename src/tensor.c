@@ -5,6 +5,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A 0-based index as the 1-based one messages show (no overflow at the top). */
+static long long fa_one_based(int64_t i) { return i < INT64_MAX ? (long long)i + 1 : (long long)i; }
+
+/* NULL where the C API wants a tensor, an array or a place for a result:
+ * an argument error, not a crash. */
+#define FA_NEED(p)                                                                                 \
+  do {                                                                                             \
+    if (!(p)) return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: %s: %s is NULL", __func__, #p);     \
+  } while (0)
+
 int64_t fa_numel_of(int ndim, const int64_t *shape) {
   int64_t n = 1;
   for (int i = 0; i < ndim; i++) n *= shape[i];
@@ -100,6 +110,9 @@ fa_status fa_tensor_new(fa_context *ctx, int ndim, const int64_t *shape, fa_dtyp
 
 fa_status fa_tensor_empty(fa_context *ctx, int ndim, const int64_t *shape, fa_dtype dtype, fa_device device,
                           fa_tensor **out) {
+  FA_NEED(out);
+  *out = NULL;
+  FA_NEED(shape);
   return fa_tensor_new(ctx, ndim, shape, dtype, device, out);
 }
 
@@ -111,7 +124,9 @@ fa_status fa_tensor_new_like(fa_context *ctx, const fa_tensor *like, fa_dtype dt
 fa_status fa_tensor_wrap(fa_context *ctx, void *data, fa_device device, fa_dtype dtype, int ndim,
                          const int64_t *shape, const int64_t *strides, void (*release)(void *data, void *user),
                          void *user, fa_tensor **out) {
+  FA_NEED(out);
   *out = NULL;
+  FA_NEED(shape);
   fa_status st = check_shape(ctx, ndim, shape, "fa_tensor_wrap: shape");
   if (st) return st;
   if ((unsigned)dtype > FA_BOOL) return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: fa_tensor_wrap: unknown dtype %d", (int)dtype);
@@ -201,13 +216,16 @@ static fa_status make_view(fa_context *ctx, fa_tensor *t, int ndim, const int64_
 
 static fa_status check_dim(fa_context *ctx, const fa_tensor *t, int dim, const char *what) {
   if (dim < 0 || dim >= t->ndim)
-    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: %s: dimension %d out of range for a %d-D tensor", what, dim + 1,
-                   t->ndim);
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: %s: dimension %lld out of range for a %d-D tensor", what,
+                   (long long)dim + 1, t->ndim);
   return FA_OK;
 }
 
 fa_status fa_tensor_view(fa_context *ctx, fa_tensor *t, int ndim, const int64_t *shape_in, fa_tensor **out) {
+  FA_NEED(out);
   *out = NULL;
+  FA_NEED(t);
+  FA_NEED(shape_in);
   int64_t shape[FA_MAX_DIMS], strides[FA_MAX_DIMS];
   if (ndim < 1 || ndim > FA_MAX_DIMS)
     return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: view: expected 1 to 4 dimensions, got %d", ndim);
@@ -244,14 +262,16 @@ fa_status fa_tensor_view(fa_context *ctx, fa_tensor *t, int ndim, const int64_t 
 }
 
 fa_status fa_tensor_select(fa_context *ctx, fa_tensor *t, int dim, int64_t index, fa_tensor **out) {
+  FA_NEED(out);
   *out = NULL;
+  FA_NEED(t);
   fa_status st = check_dim(ctx, t, dim, "select");
   if (st) return st;
   if (t->ndim == 1)
     return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: select: a 1-D tensor has no sub-tensor (use get)");
   if (index < 0 || index >= t->shape[dim])
     return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: index %lld out of range for dimension %d of size %lld",
-                   (long long)index + 1, dim + 1, (long long)t->shape[dim]);
+                   fa_one_based(index), dim + 1, (long long)t->shape[dim]);
   int64_t shape[FA_MAX_DIMS], strides[FA_MAX_DIMS];
   int k = 0;
   for (int i = 0; i < t->ndim; i++)
@@ -263,13 +283,15 @@ fa_status fa_tensor_select(fa_context *ctx, fa_tensor *t, int dim, int64_t index
 }
 
 fa_status fa_tensor_narrow(fa_context *ctx, fa_tensor *t, int dim, int64_t start, int64_t len, fa_tensor **out) {
+  FA_NEED(out);
   *out = NULL;
+  FA_NEED(t);
   fa_status st = check_dim(ctx, t, dim, "narrow");
   if (st) return st;
   if (start < 0 || len < 0 || start > t->shape[dim] || len > t->shape[dim] - start)
     return fa_fail(ctx, FA_ERR_ARGUMENT,
                    "flashattn: narrow: start %lld and length %lld do not fit dimension %d of size %lld",
-                   (long long)start + 1, (long long)len, dim + 1, (long long)t->shape[dim]);
+                   fa_one_based(start), (long long)len, dim + 1, (long long)t->shape[dim]);
   int64_t shape[FA_MAX_DIMS];
   memcpy(shape, t->shape, sizeof shape);
   shape[dim] = len;
@@ -277,7 +299,9 @@ fa_status fa_tensor_narrow(fa_context *ctx, fa_tensor *t, int dim, int64_t start
 }
 
 fa_status fa_tensor_transpose(fa_context *ctx, fa_tensor *t, int d1, int d2, fa_tensor **out) {
+  FA_NEED(out);
   *out = NULL;
+  FA_NEED(t);
   fa_status st = check_dim(ctx, t, d1, "transpose");
   if (!st) st = check_dim(ctx, t, d2, "transpose");
   if (st) return st;

@@ -8,6 +8,16 @@
 #include <math.h>
 #include <string.h>
 
+/* A 0-based index as the 1-based one messages show (no overflow at the top). */
+static long long fa_one_based(int64_t i) { return i < INT64_MAX ? (long long)i + 1 : (long long)i; }
+
+/* NULL where the C API wants a tensor, an array or a place for a result:
+ * an argument error, not a crash. */
+#define FA_NEED(p)                                                                                 \
+  do {                                                                                             \
+    if (!(p)) return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: %s: %s is NULL", __func__, #p);     \
+  } while (0)
+
 typedef struct {
   fa_tensor *t;
   char *base;   /* host address of the view's element 0 */
@@ -80,6 +90,8 @@ static int overlaps(const fa_tensor *a, const fa_tensor *b) {
 }
 
 fa_status fa_tensor_copy(fa_context *ctx, fa_tensor *dst, fa_tensor *src) {
+  FA_NEED(dst);
+  FA_NEED(src);
   fa_status st = check_same_shape(ctx, dst, src, "copy_");
   if (st) return st;
   int64_t n = fa_tensor_numel(dst);
@@ -128,6 +140,7 @@ fa_status fa_tensor_copy(fa_context *ctx, fa_tensor *dst, fa_tensor *src) {
 }
 
 fa_status fa_tensor_fill(fa_context *ctx, fa_tensor *t, double value) {
+  FA_NEED(t);
   if (t->storage->device == FA_CUDA) return fa_cuda_fill(ctx, t, -1, 0, value);
   host_map m;
   fa_status st = map_host(ctx, t, 0, &m);
@@ -140,6 +153,7 @@ fa_status fa_tensor_fill(fa_context *ctx, fa_tensor *t, double value) {
 }
 
 fa_status fa_tensor_fill_random(fa_context *ctx, fa_tensor *t, fa_fill_kind kind, uint64_t seed) {
+  FA_NEED(t);
   if ((unsigned)kind > FA_FILL_ARANGE) return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: fill: unknown kind %d", (int)kind);
   if (t->storage->device == FA_CUDA) return fa_cuda_fill(ctx, t, (int)kind, seed, 0);
   host_map m;
@@ -162,13 +176,16 @@ static fa_status element_offset(fa_context *ctx, const fa_tensor *t, const int64
   for (int i = 0; i < t->ndim; i++) {
     if (index[i] < 0 || index[i] >= t->shape[i])
       return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: index %lld out of range for dimension %d of size %lld",
-                     (long long)index[i] + 1, i + 1, (long long)t->shape[i]);
+                     fa_one_based(index[i]), i + 1, (long long)t->shape[i]);
     *off += index[i] * t->strides[i];
   }
   return FA_OK;
 }
 
 fa_status fa_tensor_get(fa_context *ctx, fa_tensor *t, const int64_t *index, double *value) {
+  FA_NEED(t);
+  FA_NEED(index);
+  FA_NEED(value);
   int64_t off;
   fa_status st = element_offset(ctx, t, index, &off);
   if (st) return st;
@@ -184,6 +201,8 @@ fa_status fa_tensor_get(fa_context *ctx, fa_tensor *t, const int64_t *index, dou
 }
 
 fa_status fa_tensor_set(fa_context *ctx, fa_tensor *t, const int64_t *index, double value) {
+  FA_NEED(t);
+  FA_NEED(index);
   int64_t off;
   fa_status st = element_offset(ctx, t, index, &off);
   if (st) return st;
@@ -198,6 +217,8 @@ fa_status fa_tensor_set(fa_context *ctx, fa_tensor *t, const int64_t *index, dou
 }
 
 fa_status fa_tensor_read_f64(fa_context *ctx, fa_tensor *t, double *out) {
+  FA_NEED(t);
+  FA_NEED(out);
   host_map m;
   fa_status st = map_host(ctx, t, 1, &m);
   if (st) return st;
@@ -209,6 +230,8 @@ fa_status fa_tensor_read_f64(fa_context *ctx, fa_tensor *t, double *out) {
 }
 
 fa_status fa_tensor_write_f64(fa_context *ctx, fa_tensor *t, const double *values) {
+  FA_NEED(t);
+  FA_NEED(values);
   host_map m;
   fa_status st = map_host(ctx, t, 0, &m);
   if (st) return st;
@@ -220,7 +243,9 @@ fa_status fa_tensor_write_f64(fa_context *ctx, fa_tensor *t, const double *value
 }
 
 fa_status fa_tensor_to(fa_context *ctx, fa_tensor *t, fa_dtype dtype, fa_device device, fa_tensor **out) {
+  FA_NEED(out);
   *out = NULL;
+  FA_NEED(t);
   if (dtype == t->dtype && device == t->storage->device) {
     fa_tensor_retain(t);
     *out = t;
@@ -244,6 +269,9 @@ fa_status fa_tensor_to(fa_context *ctx, fa_tensor *t, fa_dtype dtype, fa_device 
 }
 
 fa_status fa_tensor_clone(fa_context *ctx, fa_tensor *t, fa_tensor **out) {
+  FA_NEED(out);
+  *out = NULL;
+  FA_NEED(t);
   fa_tensor *r;
   fa_status st = fa_tensor_new_like(ctx, t, t->dtype, t->storage->device, &r);
   if (st) {
@@ -257,6 +285,9 @@ fa_status fa_tensor_clone(fa_context *ctx, fa_tensor *t, fa_tensor **out) {
 }
 
 fa_status fa_tensor_contiguous(fa_context *ctx, fa_tensor *t, fa_tensor **out) {
+  FA_NEED(out);
+  *out = NULL;
+  FA_NEED(t);
   if (fa_tensor_is_contiguous(t)) {
     fa_tensor_retain(t);
     *out = t;
@@ -282,6 +313,8 @@ fa_status fa_tensor_cpu_contiguous(fa_context *ctx, fa_tensor *t, fa_dtype dtype
 /* ---- reductions and elementwise arithmetic (accumulated in f64) ---- */
 
 fa_status fa_tensor_reduce(fa_context *ctx, fa_tensor *t, fa_reduce_op op, double *out) {
+  FA_NEED(t);
+  FA_NEED(out);
   int64_t n = fa_tensor_numel(t);
   if (n == 0 && (op == FA_REDUCE_MAX || op == FA_REDUCE_MIN))
     return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: %s of an empty tensor", op == FA_REDUCE_MAX ? "max" : "min");
@@ -312,6 +345,8 @@ fa_status fa_tensor_reduce(fa_context *ctx, fa_tensor *t, fa_reduce_op op, doubl
 }
 
 fa_status fa_tensor_isfinite(fa_context *ctx, fa_tensor *t, int *out) {
+  FA_NEED(t);
+  FA_NEED(out);
   if (t->storage->device == FA_CUDA) {
     double r[6];
     fa_status st = fa_cuda_reduce(ctx, t, r);
@@ -342,8 +377,10 @@ static double apply_op(fa_binary_op op, double x, double y) {
 
 fa_status fa_tensor_binary(fa_context *ctx, fa_tensor *a, fa_binary_op op, fa_tensor *b, double scalar,
                            fa_tensor **out) {
-  static const char *names[] = {"add", "sub", "mul", "div"};
+  FA_NEED(out);
   *out = NULL;
+  FA_NEED(a);
+  static const char *names[] = {"add", "sub", "mul", "div"};
   if ((unsigned)op > FA_BIN_DIV) return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: unknown binary op %d", (int)op);
   fa_status st;
   if (b) {
@@ -417,6 +454,9 @@ static fa_status compare(fa_context *ctx, fa_tensor *a, fa_tensor *b, const char
 }
 
 fa_status fa_rel_error(fa_context *ctx, fa_tensor *a, fa_tensor *ref, double *out) {
+  FA_NEED(a);
+  FA_NEED(ref);
+  FA_NEED(out);
   double num, den, md;
   fa_status st = compare(ctx, a, ref, "rel_error", &num, &den, &md);
   if (st) return st;
@@ -425,6 +465,9 @@ fa_status fa_rel_error(fa_context *ctx, fa_tensor *a, fa_tensor *ref, double *ou
 }
 
 fa_status fa_max_abs_diff(fa_context *ctx, fa_tensor *a, fa_tensor *b, double *out) {
+  FA_NEED(a);
+  FA_NEED(b);
+  FA_NEED(out);
   double num, den;
   return compare(ctx, a, b, "max_abs_diff", &num, &den, out);
 }

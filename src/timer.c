@@ -18,6 +18,7 @@ fa_status fa_timer_start(fa_context *ctx) {
 }
 
 fa_status fa_timer_stop(fa_context *ctx, double *ms) {
+  if (!ms) return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: fa_timer_stop: ms is NULL");
   if (ctx->device == FA_CUDA) return fa_cuda_timer_stop(ctx, ms);
   *ms = now_ms() - ctx->timer_start_ms;
   return FA_OK;

@@ -143,6 +143,49 @@ static void test_empty_is_contiguous(void) {
   fa_tensor_release(q);
 }
 
+/* NULL tensors, arrays and result pointers crashed every tensor function
+ * (fuzz_capi passes them): each is an argument error now. */
+static void test_null_arguments(void) {
+  tu_test = "null_arguments";
+  const int64_t shape[2] = {2, 3}, idx[2] = {0, 0};
+  fa_tensor *t = NULL, *r = NULL;
+  double v;
+  int ok;
+  CHECK_OK(ctx, fa_tensor_empty(ctx, 2, shape, FA_F32, FA_CPU, &t));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_tensor_empty(ctx, 2, NULL, FA_F32, FA_CPU, &r));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_tensor_empty(ctx, 2, shape, FA_F32, FA_CPU, NULL));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_tensor_view(ctx, NULL, 2, shape, &r));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_tensor_view(ctx, t, 2, NULL, &r));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_tensor_view(ctx, t, 2, shape, NULL));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_tensor_select(ctx, NULL, 0, 0, &r));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_tensor_narrow(ctx, NULL, 0, 0, 1, &r));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_tensor_transpose(ctx, NULL, 0, 1, &r));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_tensor_contiguous(ctx, NULL, &r));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_tensor_to(ctx, NULL, FA_F64, FA_CPU, &r));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_tensor_clone(ctx, t, NULL));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_tensor_copy(ctx, t, NULL));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_tensor_fill(ctx, NULL, 1.0));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_tensor_fill_random(ctx, NULL, FA_FILL_NORMAL, 1));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_tensor_get(ctx, t, NULL, &v));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_tensor_get(ctx, t, idx, NULL));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_tensor_set(ctx, NULL, idx, 1.0));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_tensor_read_f64(ctx, t, NULL));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_tensor_write_f64(ctx, t, NULL));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_tensor_reduce(ctx, NULL, FA_REDUCE_SUM, &v));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_tensor_isfinite(ctx, t, NULL));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_tensor_isfinite(ctx, NULL, &ok));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_tensor_binary(ctx, NULL, FA_BIN_ADD, NULL, 1.0, &r));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_tensor_binary(ctx, t, FA_BIN_ADD, NULL, 1.0, NULL));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_rel_error(ctx, t, NULL, &v));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_max_abs_diff(ctx, NULL, t, &v));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_cost_softmax(ctx, t, NULL, NULL));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_cost_attention(ctx, t, t, t, NULL, NULL));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_device_info(ctx, FA_CPU, NULL));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_timer_stop(ctx, NULL));
+  CHECK(r == NULL, "no result on failure");
+  fa_tensor_release(t);
+}
+
 int main(void) {
   if (fa_context_create(FA_CPU, &ctx) != FA_OK) {
     fprintf(stderr, "no CPU context\n");
@@ -153,6 +196,7 @@ int main(void) {
   test_merge_empty_value_dim();
   test_softmax_out_overlaps_x();
   test_empty_is_contiguous();
+  test_null_arguments();
   fa_context_destroy(ctx);
   tu_test = "end";
   CHECK(tu_mem_now() == 0, "engine memory at the end: %zu bytes (leak)", tu_mem_now());
