@@ -1133,7 +1133,7 @@ local function limit_episode()
   local expect, run, check = setup(gen)
   if not run then return end
   local budget = pick({0, 1, 64, 256, 1024, 4096, 16384, 65536})
-  local limited = fa.memory().current + budget
+  local limited = fa.memory().current + budget + 1 -- (0 would mean no limit)
   fa.set_memory_limit(limited)
   label = "[memory limit " .. budget .. " bytes] " .. label
   local ok, err = pcall(run)
