@@ -116,6 +116,10 @@ extern "C" fa_status fa_cuda_matmul(fa_context *ctx, fa_matmul_algo algo, int64_
                    "got %lld",
                    (long long)tile_max, (long long)tile);
   if (m == 0 || n == 0) return FA_OK;
+  if (k == 0) { /* an empty sum: zeros (cuBLAS rejects a leading dimension of 0) */
+    FA_CUDA_CHECK(ctx, cudaMemsetAsync(c, 0, (size_t)(m * n) * fa_dtype_size(dt), fa_cuda_stream(ctx)));
+    return FA_OK;
+  }
   switch (dt) {
   case FA_F32: return matmul_typed<float>(ctx, algo, tile, (const float *)a, (const float *)b, (float *)c, m, k, n);
   case FA_F64: return matmul_typed<double>(ctx, algo, tile, (const double *)a, (const double *)b, (double *)c, m, k, n);
@@ -127,29 +131,35 @@ extern "C" fa_status fa_cuda_matmul(fa_context *ctx, fa_matmul_algo algo, int64_
   }
 }
 
-/* ---- merge_states: the seeds' rescale-and-add in log space, a thread per element ---- */
+/* ---- merge_states: the seeds' rescale-and-add in log space ----
+ * One thread per output element (and one per row when Dv = 0); the weights
+ * and lse in f64, so that an f64 lse keeps its precision. */
 template <typename T>
-__global__ void merge_kernel(const T *o1, const float *l1, const T *o2, const float *l2, T *o, float *l, int64_t rows,
-                             int64_t dv) {
-  for (int64_t x = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; x < rows * dv; x += (int64_t)gridDim.x * blockDim.x) {
-    int64_t r = x / dv;
-    float a = l1[r], bb = l2[r], m = fmaxf(a, bb), w1, w2, lse;
-    if (m == -INFINITY) w1 = w2 = 0.f, lse = -INFINITY; /* both empty */
-    else if (a == -INFINITY) w1 = 0.f, w2 = 1.f, lse = bb;
-    else if (bb == -INFINITY) w1 = 1.f, w2 = 0.f, lse = a;
+__global__ void merge_kernel(const T *o1, const double *l1, const T *o2, const double *l2, T *o, double *l,
+                             int64_t rows, int64_t dv) {
+  const int64_t w = dv > 0 ? dv : 1;
+  for (int64_t x = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; x < rows * w; x += (int64_t)gridDim.x * blockDim.x) {
+    int64_t r = x / w;
+    double a = l1[r], bb = l2[r], m = fmax(a, bb), w1, w2, lse;
+    if (m == -INFINITY) w1 = w2 = 0.0, lse = -INFINITY; /* both empty */
+    else if (a == -INFINITY) w1 = 0.0, w2 = 1.0, lse = bb;
+    else if (bb == -INFINITY) w1 = 1.0, w2 = 0.0, lse = a;
     else {
-      lse = m + log1pf(expf(-fabsf(a - bb)));
-      w1 = expf(a - lse), w2 = expf(bb - lse);
+      lse = m + log1p(exp(-fabs(a - bb)));
+      w1 = exp(a - lse), w2 = exp(bb - lse);
     }
-    float v1 = w1 == 0.f ? 0.f : w1 * to_float(o1[x]), v2 = w2 == 0.f ? 0.f : w2 * to_float(o2[x]);
-    o[x] = from_float<T>(v1 + v2);
-    if (x % dv == 0) l[r] = lse;
+    if (dv > 0) {
+      double v1 = w1 == 0.0 ? 0.0 : w1 * to_float(o1[x]), v2 = w2 == 0.0 ? 0.0 : w2 * to_float(o2[x]);
+      o[x] = from_float<T>((float)(v1 + v2));
+    }
+    if (x % w == 0) l[r] = lse;
   }
 }
 
-extern "C" fa_status fa_cuda_merge_states(fa_context *ctx, fa_dtype dt, const void *o1, const float *l1, const void *o2,
-                                          const float *l2, void *o, float *l, int64_t rows, int64_t dv) {
-  int64_t n = rows * dv;
+extern "C" fa_status fa_cuda_merge_states(fa_context *ctx, fa_dtype dt, const void *o1, const double *l1,
+                                          const void *o2, const double *l2, void *o, double *l, int64_t rows,
+                                          int64_t dv) {
+  int64_t n = rows * (dv > 0 ? dv : 1);
   if (n == 0) return FA_OK;
   unsigned blocks = (unsigned)min((n + 255) / 256, (int64_t)65535);
   cudaStream_t s = fa_cuda_stream(ctx);

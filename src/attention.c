@@ -167,6 +167,9 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
   p.tile_k = o->tile_k ? o->tile_k : 64;
   p.compute = d->dtype;
   fa_status st = FA_OK;
+  if (d->dtype == FA_F64)
+    return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: q: attention on cuda takes f32, f16 or bf16, got f64 (f64 runs on "
+                                      "the cpu, and fa.attention_reference takes tensors on any device)");
   if (d->algo != FA_ATTN_NAIVE && d->algo != FA_ATTN_FLASH_ROW &&
       (st = fa_cuda_attention_check_tile(ctx, d->D, d->Dv, p.tile_q, p.tile_k)))
     return st;

@@ -2,19 +2,19 @@
  * by the seeds' rescale-and-add, in log space. */
 #include "check.h"
 
-/* On the GPU: f32/f16/bf16 states in their dtype, lse in f32. */
+/* On the GPU: f32/f16/bf16 states in their dtype, lse in f64. */
 static fa_status merge_cuda(fa_context *ctx, fa_tensor *o1, fa_tensor *lse1, fa_tensor *o2, fa_tensor *lse2,
                             fa_tensor **o, fa_tensor **lse) {
   fa_tensor *a = NULL, *b = NULL, *la = NULL, *lb = NULL, *ro = NULL, *rl = NULL;
   fa_status st;
   if ((st = fa_tensor_contiguous(ctx, o1, &a)) || (st = fa_tensor_contiguous(ctx, o2, &b)) ||
-      (st = fa_tensor_to(ctx, lse1, FA_F32, FA_CUDA, &la)) || (st = fa_tensor_to(ctx, lse2, FA_F32, FA_CUDA, &lb)) ||
+      (st = fa_tensor_to(ctx, lse1, FA_F64, FA_CUDA, &la)) || (st = fa_tensor_to(ctx, lse2, FA_F64, FA_CUDA, &lb)) ||
       (st = fa_tensor_new_like(ctx, o1, o1->dtype, FA_CUDA, &ro)) ||
-      (st = fa_tensor_new_like(ctx, lse1, FA_F32, FA_CUDA, &rl)))
+      (st = fa_tensor_new_like(ctx, lse1, FA_F64, FA_CUDA, &rl)))
     goto done;
   fa_tensor *lac = NULL, *lbc = NULL;
   if (!(st = fa_tensor_contiguous(ctx, la, &lac)) && !(st = fa_tensor_contiguous(ctx, lb, &lbc))) {
-    int64_t dv = o1->shape[o1->ndim - 1], rows = dv ? fa_tensor_numel(o1) / dv : 0;
+    int64_t dv = o1->shape[o1->ndim - 1], rows = fa_tensor_numel(lse1);
     st = fa_cuda_merge_states(ctx, o1->dtype, fa_tensor_ptr(a), fa_tensor_ptr(lac), fa_tensor_ptr(b),
                               fa_tensor_ptr(lbc), fa_tensor_ptr(ro), fa_tensor_ptr(rl), rows, dv);
   }
