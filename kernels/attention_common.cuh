@@ -51,6 +51,32 @@ static __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+template <typename T> __global__ void any_nonfinite_kernel(const T *v, int64_t n, int *flag) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    if (!isfinite(to_float(v[i]))) *flag = 1;
+}
+
+/* *found = 1 when the values v hold NaN or inf (one pass over v): a product
+ * on tensor cores or in cuBLAS would carry 0·NaN into rows that mask the
+ * key, so such calls take a path that skips masked keys. */
+template <typename T> static fa_status values_nonfinite(fa_context *ctx, const fa_attn_problem *p, int *found) {
+  void *flag = NULL;
+  *found = 0;
+  fa_status st = fa_cuda_malloc(ctx, &flag, sizeof(int));
+  if (st) return st;
+  int64_t n = p->B * p->Hkv * p->Lk * p->Dv;
+  cudaError_t err = cudaMemsetAsync(flag, 0, sizeof(int), fa_cuda_stream(ctx));
+  if (err == cudaSuccess) {
+    any_nonfinite_kernel<T><<<(unsigned)min((n + 255) / 256, (int64_t)4096), 256, 0, fa_cuda_stream(ctx)>>>(
+        (const T *)p->v, n, (int *)flag);
+    err = cudaGetLastError();
+  }
+  st = fa_cuda_error(ctx, err, "launch of any_nonfinite_kernel");
+  if (!st) st = fa_cuda_memcpy(ctx, found, flag, sizeof(int), FA_COPY_D2H);
+  fa_cuda_free(flag, sizeof(int));
+  return st;
+}
+
 /* lse of a finished row: -inf for an empty row (l = 0), NaN stays NaN. */
 static __device__ __forceinline__ float row_lse(float m, float l) { return l == 0.f ? -INFINITY : m + logf(l); }
 

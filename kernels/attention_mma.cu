@@ -257,11 +257,6 @@ __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_pro
   }
 }
 
-template <typename T> __global__ void values_nonfinite_kernel(const T *v, int64_t n, int *flag) {
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    if (!isfinite(to_float(v[i]))) *flag = 1;
-}
-
 template <typename T, int D, bool EXTRAS> static fa_status launch(fa_context *ctx, const fa_attn_problem *p) {
   const int MMA_BR = 16 * MMA_WARPS(D);
   const size_t smem = (size_t)(MMA_BR + 4 * MMA_BC) * D * 2;
@@ -274,31 +269,10 @@ template <typename T, int D, bool EXTRAS> static fa_status launch(fa_context *ct
   return FA_OK;
 }
 
-/* NaN or inf in v would reach rows that mask the key (0·NaN in the
- * product): such calls go to the tiled kernel, which skips masked keys. */
-template <typename T> static fa_status values_finite(fa_context *ctx, const fa_attn_problem *p, int *finite) {
-  void *flag = NULL;
-  fa_status st = fa_cuda_malloc(ctx, &flag, sizeof(int));
-  if (st) return st;
-  int64_t n = p->B * p->Hkv * p->Lk * p->Dv;
-  cudaError_t err = cudaMemsetAsync(flag, 0, sizeof(int), fa_cuda_stream(ctx));
-  if (err == cudaSuccess) {
-    values_nonfinite_kernel<T><<<(unsigned)min((n + 255) / 256, (int64_t)2048), 256, 0, fa_cuda_stream(ctx)>>>(
-        (const T *)p->v, n, (int *)flag);
-    err = cudaGetLastError();
-  }
-  st = fa_cuda_error(ctx, err, "launch of values_nonfinite_kernel");
-  int host = 0;
-  if (!st) st = fa_cuda_memcpy(ctx, &host, flag, sizeof(int), FA_COPY_D2H);
-  fa_cuda_free(flag, sizeof(int));
-  *finite = !host;
-  return st;
-}
-
 template <typename T> static fa_status mma_typed(fa_context *ctx, const fa_attn_problem *p, int *taken) {
-  int finite = 0;
-  fa_status st = values_finite<T>(ctx, p, &finite);
-  if (st || !finite) return st;
+  int nonfinite = 0; /* then the tiled kernel, which skips masked keys */
+  fa_status st = values_nonfinite<T>(ctx, p, &nonfinite);
+  if (st || nonfinite) return st;
   *taken = 1;
   const bool extras = p->mask_b || p->mask_f || p->alibi || p->softcap > 0;
   if (p->D == 64) return extras ? launch<T, 64, true>(ctx, p) : launch<T, 64, false>(ctx, p);

@@ -75,11 +75,6 @@ static __device__ __forceinline__ bool is_masked(float w) { return __float_as_ui
 static __device__ __forceinline__ bool is_masked(__half w) { return __half_as_ushort(w) == 0x8000u; }
 static __device__ __forceinline__ bool is_masked(__nv_bfloat16 w) { return __bfloat16_as_ushort(w) == 0x8000u; }
 
-template <typename T> __global__ void any_nonfinite_kernel(const T *v, int64_t n, int *flag) {
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    if (!isfinite(to_float(v[i]))) *flag = 1;
-}
-
 /* O = P·V skipping masked keys, for values holding NaN or inf (where
  * 0·NaN in a matrix product would reach rows that mask the key). */
 template <typename T> __global__ void naive_pv_skipping_kernel(fa_attn_problem p, const T *P) {
@@ -97,24 +92,6 @@ template <typename T> static cudaDataType_t cuda_type();
 template <> cudaDataType_t cuda_type<float>() { return CUDA_R_32F; }
 template <> cudaDataType_t cuda_type<__half>() { return CUDA_R_16F; }
 template <> cudaDataType_t cuda_type<__nv_bfloat16>() { return CUDA_R_16BF; }
-
-/* *found = 1 when v holds NaN or inf (one pass over v). */
-template <typename T> static fa_status values_nonfinite_typed(fa_context *ctx, const fa_attn_problem *p, int *found) {
-  void *flag = NULL;
-  fa_status st = fa_cuda_malloc(ctx, &flag, sizeof(int));
-  if (st) return st;
-  int64_t n = p->B * p->Hkv * p->Lk * p->Dv;
-  cudaError_t err = cudaMemsetAsync(flag, 0, sizeof(int), fa_cuda_stream(ctx));
-  if (err == cudaSuccess) {
-    any_nonfinite_kernel<T><<<(unsigned)min((n + 255) / 256, (int64_t)4096), 256, 0, fa_cuda_stream(ctx)>>>(
-        (const T *)p->v, n, (int *)flag);
-    err = cudaGetLastError();
-  }
-  st = fa_cuda_error(ctx, err, "launch of any_nonfinite_kernel");
-  if (!st) st = fa_cuda_memcpy(ctx, found, flag, sizeof(int), FA_COPY_D2H);
-  fa_cuda_free(flag, sizeof(int));
-  return st;
-}
 
 template <typename T> static fa_status naive_typed(fa_context *ctx, const fa_attn_problem *p) {
   const int64_t BH = p->B * p->Hq, n_s = BH * p->Lq * p->Lk;
@@ -158,7 +135,7 @@ template <typename T> static fa_status naive_typed(fa_context *ctx, const fa_att
       goto done;
     }
     int nonfinite = 0;
-    if ((st = values_nonfinite_typed<T>(ctx, p, &nonfinite))) goto done;
+    if ((st = values_nonfinite<T>(ctx, p, &nonfinite))) goto done;
     if (nonfinite) { /* values hold NaN or inf: the skipping product */
       naive_pv_skipping_kernel<T><<<(unsigned)(BH * p->Lq), 128, 0, fa_cuda_stream(ctx)>>>(*p, (const T *)P);
       st = fa_cuda_error(ctx, cudaGetLastError(), "launch of naive_pv_skipping_kernel");
