@@ -11,19 +11,26 @@
 #if defined(__linux__) || defined(__APPLE__)
 #define _GNU_SOURCE /* dladdr, RTLD_NODELETE */
 #include <dlfcn.h>
+#include <pthread.h>
 #endif
 
 #include "lbinding.h"
 
 static const char anchor = 0; /* an address inside this library */
 
-void fal_pin_module(void) {
 #if defined(__linux__) || defined(__APPLE__)
-  static int done = 0;
+static void pin_once(void) {
   Dl_info info;
-  if (done) return;
-  done = 1;
   if (dladdr(&anchor, &info) && info.dli_fname)
     (void)dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE); /* never closed, on purpose */
+}
+#endif
+
+/* Once per process, whichever thread opens the module first (host threads
+ * may each load it into their own lua_State at the same time). */
+void fal_pin_module(void) {
+#if defined(__linux__) || defined(__APPLE__)
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, pin_once);
 #endif
 }
