@@ -1,7 +1,7 @@
 /* host_plugin: a host application that embeds flashattn and lets a user
  * script drive it, without giving the script anything but the engine.
  *
- *   host_plugin [script.lua]      (default: the bundled plugin_script.lua)
+ *   host_plugin [--budget N] [script.lua]   (default: the bundled plugin_script.lua)
  *
  * The host owns its Q, K, V and O buffers (plain malloc'd floats), wraps them
  * zero-copy with fa_tensor_wrap, and runs the script in a restricted Lua
@@ -11,7 +11,20 @@
  * fa_context.  The script receives (q, k, v, o, params) as its arguments and
  * must leave the attention output in o (fa.attention with opts.out = o, or
  * o:copy_(...)).  The host then checks O against its own plain C computation.
- * A script error is reported with a Lua traceback. */
+ * A script error is reported with a Lua traceback.
+ *
+ * What the sandbox holds a script to (README "Reliability"):
+ *   - N Lua instructions at most (--budget, default 50 million): a count hook
+ *     raises an error past it, and then at every instruction, so that a
+ *     script cannot catch it with pcall and go on;
+ *   - 256 MiB of Lua heap (the state's allocator refuses more) and 1 GiB of
+ *     engine memory (fa_set_memory_limit; the process-wide engine settings
+ *     fa.set_memory_limit and fa.set_default_device are taken out of the
+ *     script's flashattn table);
+ *   - `load` of text only: a binary chunk (string.dump's) is not verified by
+ *     Lua and could break the interpreter.
+ * A single engine call is not interrupted by the hook (it runs C code):
+ * its size is bounded by the memory limit. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,6 +92,53 @@ static void on_release(void *data, void *user) {
 
 /* ---- the sandbox ------------------------------------------------------------ */
 
+#define HOOK_EVERY 1000                   /* instructions between two budget checks */
+#define LUA_HEAP_LIMIT ((size_t)256 << 20) /* bytes of Lua heap a script may hold */
+#define ENGINE_LIMIT ((size_t)1 << 30)     /* bytes of engine memory (tensors, workspaces) */
+
+static long long budget = 50000000, spent = 0;
+
+/* Counts instructions; past the budget every instruction raises. */
+static void budget_hook(lua_State *L, lua_Debug *ar) {
+  (void)ar;
+  spent += HOOK_EVERY;
+  if (spent > budget) {
+    lua_sethook(L, budget_hook, LUA_MASKCOUNT, 1); /* pcall cannot swallow it for good */
+    luaL_error(L, "host_plugin: instruction budget of %I exceeded", (lua_Integer)budget);
+  }
+}
+
+/* The state's allocator: the C library's, with a cap on the bytes in use. */
+typedef struct {
+  size_t used, limit;
+} heap;
+
+static void *capped_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
+  heap *h = (heap *)ud;
+  size_t old = ptr ? osize : 0;
+  if (nsize == 0) {
+    free(ptr);
+    h->used -= old;
+    return NULL;
+  }
+  if (nsize > old && nsize - old > h->limit - h->used) return NULL; /* Lua raises "not enough memory" */
+  void *p = realloc(ptr, nsize);
+  if (p) h->used = h->used - old + nsize;
+  return p;
+}
+
+/* load with the mode forced to "t": the base library's, as an upvalue. */
+static int text_load(lua_State *L) {
+  int n = lua_gettop(L);
+  if (n < 3) lua_settop(L, n = 3);
+  lua_pushliteral(L, "t");
+  lua_replace(L, 3);
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, 1);
+  lua_call(L, n, LUA_MULTRET);
+  return lua_gettop(L);
+}
+
 static int traceback(lua_State *L) {
   const char *msg = lua_tostring(L, 1);
   if (msg == NULL) {
@@ -89,8 +149,10 @@ static int traceback(lua_State *L) {
   return 1;
 }
 
+static heap lua_heap = {0, LUA_HEAP_LIMIT};
+
 static lua_State *new_sandbox(fa_context *ctx) {
-  lua_State *L = luaL_newstate();
+  lua_State *L = lua_newstate(capped_alloc, &lua_heap);
   if (!L) return NULL;
   static const luaL_Reg libs[] = {
       {LUA_GNAME, luaopen_base}, {LUA_TABLIBNAME, luaopen_table}, {LUA_STRLIBNAME, luaopen_string},
@@ -104,10 +166,21 @@ static lua_State *new_sandbox(fa_context *ctx) {
   lua_setglobal(L, "dofile");
   lua_pushnil(L);
   lua_setglobal(L, "loadfile");
-  /* the engine, as the global `flashattn`, on the host's context */
+  /* load: text chunks only */
+  lua_getglobal(L, "load");
+  lua_pushcclosure(L, text_load, 1);
+  lua_setglobal(L, "load");
+  /* the engine, as the global `flashattn`, on the host's context; the
+   * process-wide settings stay the host's */
   luaL_requiref(L, "flashattn", luaopen_flashattn, 1);
+  lua_pushnil(L);
+  lua_setfield(L, -2, "set_memory_limit");
+  lua_pushnil(L);
+  lua_setfield(L, -2, "set_default_device");
   lua_pop(L, 1);
   fa_lua_set_context(L, ctx);
+  fa_set_memory_limit(FA_CPU, ENGINE_LIMIT);
+  lua_sethook(L, budget_hook, LUA_MASKCOUNT, HOOK_EVERY);
   return L;
 }
 
@@ -132,7 +205,12 @@ static int check_sandbox(lua_State *L) {
 }
 
 int main(int argc, char **argv) {
-  const char *script = argc > 1 ? argv[1] : FA_PLUGIN_SCRIPT;
+  int a = 1;
+  if (argc > 2 && strcmp(argv[1], "--budget") == 0) {
+    budget = atoll(argv[2]);
+    a = 3;
+  }
+  const char *script = argc > a ? argv[a] : FA_PLUGIN_SCRIPT;
   const size_t nq = (size_t)B * HQ * LQ * D, nk = (size_t)B * HKV * LK * D, no = nq;
   float *Q = malloc(nq * sizeof *Q), *K = malloc(nk * sizeof *K), *V = malloc(nk * sizeof *V);
   float *O = malloc(no * sizeof *O);
