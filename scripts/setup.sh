@@ -6,6 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PKGS="cmake make gcc pkg-config lua5.4 liblua5.4-dev lua-unit libopenblas-dev lua-cjson lua-argparse gnuplot-nox"
+# the reliability stages of scripts/test.sh: valgrind; clang with libFuzzer and OpenMP
+PKGS="$PKGS valgrind clang libclang-rt-dev libomp-dev"
 missing=()
 for p in $PKGS; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
