@@ -117,10 +117,12 @@ static int t_free(lua_State *L) {
 
 static int t_shape(lua_State *L) {
   fa_tensor *t = SELF(L);
+  int64_t shape[FA_MAX_DIMS];
   int n = fa_tensor_ndim(t);
-  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) shape[i] = fa_tensor_size(t, i);
+  lua_createtable(L, n, 0); /* may run a finalizer that frees t: the sizes are copied */
   for (int i = 0; i < n; i++) {
-    lua_pushinteger(L, (lua_Integer)fa_tensor_size(t, i));
+    lua_pushinteger(L, (lua_Integer)shape[i]);
     lua_rawseti(L, -2, i + 1);
   }
   return 1;

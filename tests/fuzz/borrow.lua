@@ -115,11 +115,12 @@ end
 
 -- ---- 3. finalizers that free a call's tensors at any allocation --------------
 do
-  -- garbage whose finalizer frees t: with the collector's pause at 0 a step
+  -- garbage whose finalizers free t: with the collector's pause at 0 a step
   -- (and so a finalizer) runs at nearly every allocation
-  local function doomed(t) setmetatable({}, {__gc = function() t:free() end}) end
+  local function doomed(t) for _ = 1, 4 do setmetatable({}, {__gc = function() t:free() end}) end end
   local ops = {
     reshape = function() local t = fa.randn(4, 6):transpose(1, 2); doomed(t); return t:reshape(24) end,
+    shape = function() local t = fa.randn(4, 6, 2); doomed(t); return t:shape() end,
     totable = function() local t = fa.randn(4, 6); doomed(t); return t:totable() end,
     tostring = function() local t = fa.randn(40, 60); doomed(t); return tostring(t) end,
     allclose = function() local a, b = fa.randn(40, 6), fa.randn(40, 6); doomed(a); doomed(b); return fa.allclose(a, b) end,
@@ -147,7 +148,7 @@ do
   table.sort(names)
   collectgarbage("incremental", 0, 1000, 0)
   for _, name in ipairs(names) do
-    for _ = 1, 200 do try("finalizer frees: " .. name, ops[name]) end
+    for _ = 1, 500 do try("finalizer frees: " .. name, ops[name]) end
   end
   collectgarbage("incremental", 200, 100, 13) -- Lua's defaults
 end
