@@ -9,6 +9,10 @@
 -- ASan/valgrind), and the engine must hold nothing at the end.
 --   flashattn-lua tests/fuzz/borrow.lua
 local fa = require "flashattn"
+-- calls of each operation with finalizers that free its tensor (part 3): a
+-- finalizer runs at whichever allocation the collector reaches it, so the
+-- chance to hit a given one grows with the count (valgrind runs fewer)
+local ROUNDS = math.tointeger(tonumber(os.getenv("FLASHATTN_BORROW_ROUNDS") or "")) or 1500
 
 local failures, cases = 0, 0
 local function fail(name, msg)
@@ -115,9 +119,24 @@ end
 
 -- ---- 3. finalizers that free a call's tensors at any allocation --------------
 do
-  -- garbage whose finalizers free t: with the collector's pause at 0 a step
-  -- (and so a finalizer) runs at nearly every allocation
-  local function doomed(t) for _ = 1, 4 do setmetatable({}, {__gc = function() t:free() end}) end end
+  -- Finalizers that free the tensor of the call under way ("current").  New
+  -- objects survive the cycle they are made in, so garbage made just before a
+  -- call is finalized after it; instead a ring of old objects with such
+  -- finalizers is kept, and each call lets a few of them die.  With the
+  -- collector's pause at 0 a step runs at nearly every allocation, and the
+  -- dead ones' finalizers run at whichever of the call's allocations comes
+  -- when the cycle reaches them.
+  local current
+  local ring, head = {}, 0
+  local function bomb() return setmetatable({}, {__gc = function() if current then current:free() end end}) end
+  for i = 1, 64 do ring[i] = bomb() end
+  local function doomed(t)
+    current = t
+    for _ = 1, 4 do
+      head = head % #ring + 1
+      ring[head] = bomb()
+    end
+  end
   local ops = {
     reshape = function() local t = fa.randn(4, 6):transpose(1, 2); doomed(t); return t:reshape(24) end,
     shape = function() local t = fa.randn(4, 6, 2); doomed(t); return t:shape() end,
@@ -143,12 +162,35 @@ do
     end,
     matmul = function() local a, b = fa.randn(8, 8), fa.randn(8, 8); doomed(a); doomed(b); return fa.matmul(a, b, {out = fa.zeros(8, 8)}) end,
   }
+  -- every method, on a tensor that finalizers free while the method runs
+  local method_args = {
+    shape = {}, size = {2}, dim = {}, numel = {}, dtype = {}, device = {}, to = {"f64"}, cpu = {}, float = {},
+    half = {}, bf16 = {}, double = {}, clone = {}, contiguous = {}, is_contiguous = {}, totable = {}, sum = {},
+    max = {}, min = {}, norm = {}, isfinite = {}, fill_ = {2}, get = {1, 2}, set = {1, 2, 3}, view = {-1},
+    reshape = {3, -1}, select = {1, 2}, narrow = {2, 1, 2}, transpose = {}, add = {1}, sub = {1}, mul = {2},
+    div = {2}, free = {},
+  }
+  for name, args in pairs(method_args) do
+    ops["t:" .. name] = function()
+      local t = fa.randn(3, 4, {seed = 1})
+      if name == "reshape" then t = t:transpose() end
+      doomed(t)
+      return t[name](t, table.unpack(args))
+    end
+  end
+  ops["tostring(t), #t, t[1], t[1] = 0, -t"] = function()
+    local t = fa.randn(3, 4); doomed(t)
+    local s, n, row = tostring(t), #t, t[1]
+    t[1] = 0
+    return s, n, row, -t
+  end
+
   local names = {}
   for name in pairs(ops) do names[#names + 1] = name end
   table.sort(names)
   collectgarbage("incremental", 0, 1000, 0)
   for _, name in ipairs(names) do
-    for _ = 1, 500 do try("finalizer frees: " .. name, ops[name]) end
+    for _ = 1, ROUNDS do try("finalizer frees: " .. name, ops[name]) end
   end
   collectgarbage("incremental", 200, 100, 13) -- Lua's defaults
 end

@@ -1101,9 +1101,12 @@ end
 -- Script code that runs inside engine calls: garbage whose finalizer frees
 -- a pool tensor, and opts tables whose reads run code.
 local function gen_evil()
-  local t = pool_pick()
-  label = "a finalizer that frees a pool tensor"
-  setmetatable({}, {__gc = function() t:free() end})
+  local n = R(1, 4)
+  label = ("%d finalizers that free pool tensors"):format(n)
+  for _ = 1, n do
+    local t = pool_pick()
+    setmetatable({}, {__gc = function() t:free() end})
+  end
   return "any", function() return nil end
 end
 
