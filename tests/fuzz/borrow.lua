@@ -223,6 +223,25 @@ do
   end
 end
 
+-- ---- 5. a coroutine that dies inside a call, its pins still taken --------------------
+-- (Lua closes a dead coroutine's to-be-closed slots only on coroutine.close;
+-- the collector releases the pins otherwise)
+if coroutine then
+  for _, close in ipairs({false, true}) do
+    local co = coroutine.create(function()
+      local q = fa.randn(1, 2, 6, 8)
+      return fa.attention(q, q, q, setmetatable({}, {__index = function(_, key)
+        if key == "softcap" then error("fuzz-boom in a coroutine") end
+      end}))
+    end)
+    local ok, err = coroutine.resume(co)
+    cases = cases + 1
+    if ok or not tostring(err):find("fuzz%-boom") then fail("coroutine", "expected its error, got " .. tostring(err)) end
+    if close then coroutine.close(co) end
+    co = nil
+  end
+end
+
 collectgarbage()
 collectgarbage()
 local mem1 = fa.memory().current
