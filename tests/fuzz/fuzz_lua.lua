@@ -873,10 +873,7 @@ local function gen_ctor()
     end
     if chance(0.5) then args = {shape} else args = {table.unpack(shape)} end
     if name == "full" then args[#args + 1] = pick({1, -2.5, NaN, inf, true, false}) end
-    args[#args + 1] = opts
-    if name == "full" and type(args[#args - 1]) == "boolean" and dtype ~= "bool" then
-      -- a boolean value with an explicit dtype: converted
-    end
+    args[#args + 1] = opts -- (a boolean value with an explicit dtype is converted to it)
     label = ("fa.%s %s %s"):format(name, shape_str(shape), dtype)
     local n = #args
     return "ok", function() return fa[name](table.unpack(args, 1, n)) end, function(t)
