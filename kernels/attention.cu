@@ -20,16 +20,17 @@ extern "C" fa_status fa_cuda_attention_mma(fa_context *ctx, const fa_attn_proble
 enum { MODE_FLASH = 0, MODE_STATS, MODE_OUTPUT };
 
 template <typename T, int BR, int MODE>
-__global__ void __launch_bounds__(NWARPS * 32) attn_tiled_kernel(fa_attn_problem p, int Bc, float *stats) {
-  const int R = BR / NWARPS;
+__global__ void __launch_bounds__(NWARPS * 32) attn_tiled_kernel(fa_attn_problem p, int br, int Bc, float *stats) {
+  const int R = BR / NWARPS; /* BR >= br: the block computes br rows, the rest idle */
   extern __shared__ float smem[];
   __shared__ int64_t row_lo[BR], row_hi[BR];
   __shared__ int64_t tile_lo, tile_hi;
   const int D = (int)p.D, Dv = (int)p.Dv, DP = D + 1; /* K rows padded: lane j reads row j without conflicts */
   float *Qs = smem, *Ks = Qs + BR * D, *Vs = Ks + Bc * DP;
-  const int64_t qtiles = (p.Lq + BR - 1) / BR;
+  const int64_t qtiles = (p.Lq + br - 1) / br;
   const int64_t bh = blockIdx.x / qtiles, qt = qtiles - 1 - blockIdx.x % qtiles; /* long causal tiles first */
-  const int64_t b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv), i0 = qt * BR;
+  const int64_t b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv), i0 = qt * br;
+  const int64_t lim = min(p.Lq, i0 + br); /* rows [i0, lim) are this block's */
   const T *q = (const T *)p.q + (bh * p.Lq) * D;
   const T *k = (const T *)p.k + ((b * p.Hkv + hk) * p.Lk) * D;
   const T *v = (const T *)p.v + ((b * p.Hkv + hk) * p.Lk) * Dv;
@@ -37,12 +38,12 @@ __global__ void __launch_bounds__(NWARPS * 32) attn_tiled_kernel(fa_attn_problem
 
   if (tid < BR) {
     int64_t lo = 0, hi = 0;
-    if (i0 + tid < p.Lq) fa_attn_range_of(&p, b, i0 + tid, &lo, &hi);
+    if (i0 + tid < lim) fa_attn_range_of(&p, b, i0 + tid, &lo, &hi);
     row_lo[tid] = lo, row_hi[tid] = hi;
   }
   for (int idx = tid; idx < BR * D; idx += NWARPS * 32) {
     int64_t i = i0 + idx / D;
-    Qs[idx] = i < p.Lq ? to_float(q[i * D + idx % D]) : 0.f;
+    Qs[idx] = i < lim ? to_float(q[i * D + idx % D]) : 0.f;
   }
   __syncthreads();
   if (tid == 0) { /* the keys any row of the tile attends */
@@ -58,7 +59,7 @@ __global__ void __launch_bounds__(NWARPS * 32) attn_tiled_kernel(fa_attn_problem
   for (int r = 0; r < R; r++) {
     m[r] = -INFINITY, l[r] = 0.f;
     int64_t i = i0 + warp * R + r;
-    if (MODE == MODE_OUTPUT && i < p.Lq) { /* the final (m, 1/l) of the row */
+    if (MODE == MODE_OUTPUT && i < lim) { /* the final (m, 1/l) of the row */
       m[r] = stats[2 * (bh * p.Lq + i)];
       float lr = stats[2 * (bh * p.Lq + i) + 1];
       l[r] = lr > 0.f ? 1.f / lr : (lr == lr ? 0.f : lr);
@@ -90,7 +91,7 @@ __global__ void __launch_bounds__(NWARPS * 32) attn_tiled_kernel(fa_attn_problem
         const int rr = warp * R + r;
         const int64_t i = i0 + rr;
         float s = -INFINITY;
-        if (j < n && i < p.Lq) s = attn_score(p, b, h, i, j0 + j, acc[r], row_lo[rr], row_hi[rr]);
+        if (j < n && i < lim) s = attn_score(p, b, h, i, j0 + j, acc[r], row_lo[rr], row_hi[rr]);
         float pj;
         if (MODE == MODE_OUTPUT) {
           pj = s == -INFINITY ? 0.f : expf(s - m[r]) * l[r];
@@ -124,7 +125,7 @@ __global__ void __launch_bounds__(NWARPS * 32) attn_tiled_kernel(fa_attn_problem
 #pragma unroll
   for (int r = 0; r < R; r++) {
     const int64_t i = i0 + warp * R + r;
-    if (i >= p.Lq) continue;
+    if (i >= lim) continue;
     const int64_t row = bh * p.Lq + i;
     if (MODE == MODE_STATS) {
       if (lane == 0) stats[2 * row] = m[r], stats[2 * row + 1] = l[r];
@@ -178,7 +179,9 @@ template <typename T> __global__ void attn_row_kernel(fa_attn_problem p) {
 
 /* ---- launchers ---- */
 
-static const int valid_br[] = {16, 32, 64, 128};
+
+/* The kernel instance for Br rows: the smallest of 8, 16, 32, 64, 128 that holds them. */
+static int block_rows(int br) { return br <= 8 ? 8 : br <= 16 ? 16 : br <= 32 ? 32 : br <= 64 ? 64 : 128; }
 
 static size_t tiled_smem(int br, int bc, int64_t D, int64_t Dv) {
   return sizeof(float) * (size_t)(br * D + bc * (D + 1) + bc * Dv);
@@ -189,17 +192,17 @@ extern "C" fa_status fa_cuda_attention_check_tile(fa_context *ctx, int64_t D, in
   FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
   FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   smem_max -= 4096; /* the kernel's static shared memory */
-  int ok_br = 0;
-  for (int x : valid_br) ok_br |= br == x;
+  int ok_br = br >= 1 && br <= 128;
   if (Dv > 32 * MAX_DV_PER_LANE)
     return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: attention on cuda: value head dimension Dv = %lld is above %d",
                    (long long)Dv, 32 * MAX_DV_PER_LANE);
-  if (!ok_br || bc < 1 || bc > 256 || tiled_smem((int)br, (int)bc, D, Dv) > (size_t)smem_max) {
+  if (!ok_br || bc < 1 || bc > 256 || tiled_smem(block_rows((int)br), (int)bc, D, Dv) > (size_t)smem_max) {
     int64_t bc_max = 0;
-    while (bc_max < 256 && tiled_smem(ok_br ? (int)br : 16, (int)bc_max + 1, D, Dv) <= (size_t)smem_max) bc_max++;
+    while (bc_max < 256 && tiled_smem(block_rows(ok_br ? (int)br : 1), (int)bc_max + 1, D, Dv) <= (size_t)smem_max)
+      bc_max++;
     return fa_fail(ctx, FA_ERR_ARGUMENT,
-                   "flashattn: opts.tile: on cuda with D = %lld, Dv = %lld the valid tiles are Br in {16, 32, 64, "
-                   "128} and 1 <= Bc <= %lld (shared memory: %d bytes), got {%lld, %lld}",
+                   "flashattn: opts.tile: on cuda with D = %lld, Dv = %lld the valid tiles are 1 <= Br <= 128 and "
+                   "1 <= Bc <= %lld (shared memory: %d bytes), got {%lld, %lld}",
                    (long long)D, (long long)Dv, (long long)bc_max, smem_max, (long long)br, (long long)bc);
   }
   return FA_OK;
@@ -211,19 +214,21 @@ static fa_status launch_tiled(fa_context *ctx, const fa_attn_problem *p, float *
   size_t smem = tiled_smem(BR, bc, p->D, p->Dv);
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(attn_tiled_kernel<T, BR, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           (int)smem));
-  int64_t blocks = p->B * p->Hq * ((p->Lq + BR - 1) / BR);
+  int br = (int)p->tile_q;
+  int64_t blocks = p->B * p->Hq * ((p->Lq + br - 1) / br);
   if (blocks > INT32_MAX) return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: attention on cuda: too many query tiles");
-  attn_tiled_kernel<T, BR, MODE><<<(unsigned)blocks, NWARPS * 32, smem, fa_cuda_stream(ctx)>>>(*p, bc, stats);
+  attn_tiled_kernel<T, BR, MODE><<<(unsigned)blocks, NWARPS * 32, smem, fa_cuda_stream(ctx)>>>(*p, br, bc, stats);
   FA_CUDA_CHECK_LAUNCH(ctx, "attn_tiled_kernel");
   return FA_OK;
 }
 
 template <typename T, int MODE> static fa_status tiled_by_br(fa_context *ctx, const fa_attn_problem *p, float *stats) {
-  switch (p->tile_q) {
+  switch (block_rows((int)p->tile_q)) {
+  case 8: return launch_tiled<T, 8, MODE>(ctx, p, stats);
   case 16: return launch_tiled<T, 16, MODE>(ctx, p, stats);
   case 32: return launch_tiled<T, 32, MODE>(ctx, p, stats);
-  case 128: return launch_tiled<T, 128, MODE>(ctx, p, stats);
-  default: return launch_tiled<T, 64, MODE>(ctx, p, stats);
+  case 64: return launch_tiled<T, 64, MODE>(ctx, p, stats);
+  default: return launch_tiled<T, 128, MODE>(ctx, p, stats);
   }
 }
 
