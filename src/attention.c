@@ -62,14 +62,25 @@ static fa_status build_problem(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   return FA_OK;
 }
 
+/* Whether t shares storage with any input buffer (then the kernels must
+ * not write into it while they read the inputs). */
+static int shares_input(const fa_tensor *t, const attn_buffers *b) {
+  const fa_tensor *in[4] = {b->q, b->k, b->v, b->mask};
+  for (int i = 0; i < 4; i++)
+    if (in[i] && in[i]->storage == t->storage) return 1;
+  return 0;
+}
+
 /* Output buffers in the compute dtype: the caller's when they already are
- * contiguous host tensors of that dtype, else temporaries copied out later. */
+ * contiguous host tensors of that dtype and share no storage with the
+ * inputs (or each other), else temporaries copied out later. */
 static fa_status prepare_outputs(fa_context *ctx, const fa_attention_opts *o, const fa_attn_dims *d, fa_dtype compute,
                                  int want_lse, fa_tensor *out, fa_tensor *lse_out, fa_dtype lse_dtype,
                                  fa_attn_problem *p, attn_buffers *bufs) {
   int64_t shape[4] = {d->B, d->Hq, d->Lq, d->Dv};
   fa_status st;
-  if (out && out->dtype == compute && out->storage->device == FA_CPU && fa_tensor_is_contiguous(out)) {
+  if (out && out->dtype == compute && out->storage->device == FA_CPU && fa_tensor_is_contiguous(out) &&
+      !shares_input(out, bufs)) {
     fa_tensor_retain(out);
     bufs->o = out;
   } else if ((st = fa_tensor_new(ctx, 4, shape, compute, FA_CPU, &bufs->o))) {
@@ -78,7 +89,7 @@ static fa_status prepare_outputs(fa_context *ctx, const fa_attention_opts *o, co
   p->o = fa_tensor_ptr(bufs->o);
   if (want_lse) {
     if (lse_out && lse_out->dtype == lse_dtype && lse_out->storage->device == FA_CPU &&
-        fa_tensor_is_contiguous(lse_out)) {
+        fa_tensor_is_contiguous(lse_out) && !shares_input(lse_out, bufs) && lse_out->storage != bufs->o->storage) {
       fa_tensor_retain(lse_out);
       bufs->lse = lse_out;
     } else if ((st = fa_tensor_new(ctx, 3, shape, lse_dtype, FA_CPU, &bufs->lse))) {
@@ -196,7 +207,7 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
   p.kv_lens = kv_lens, p.alibi = alibi;
   int64_t oshape[4] = {d->B, d->Hq, d->Lq, d->Dv};
   fa_tensor *uo = o->out, *ul = o->lse_out;
-  if (uo && fa_tensor_is_contiguous(uo)) {
+  if (uo && fa_tensor_is_contiguous(uo) && !shares_input(uo, &bufs)) {
     fa_tensor_retain(uo);
     bufs.o = uo;
   } else if ((st = fa_tensor_new(ctx, 4, oshape, d->dtype, FA_CUDA, &bufs.o))) {
@@ -204,7 +215,7 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
   }
   p.o = fa_tensor_ptr(bufs.o);
   if (want_lse) {
-    if (ul && fa_tensor_is_contiguous(ul)) {
+    if (ul && fa_tensor_is_contiguous(ul) && !shares_input(ul, &bufs) && ul->storage != bufs.o->storage) {
       fa_tensor_retain(ul);
       bufs.lse = ul;
     } else if ((st = fa_tensor_new(ctx, 3, oshape, FA_F32, FA_CUDA, &bufs.lse))) {

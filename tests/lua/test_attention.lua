@@ -635,4 +635,18 @@ function TestAttention:test_views_as_inputs()
   end
 end
 
+
+-- opts.out that is one of the inputs: computed apart, then copied in
+function TestAttention:test_out_is_an_input()
+  for _, algo in ipairs(ALGOS) do
+    for _, which in ipairs({"q", "v"}) do
+      local q, k, v = qkv(1, 2, 2, 24, 24, 8, 8, "f32")
+      local ref = U.reference(q, k, v, {})
+      local out = which == "q" and q or v
+      local o = fa.attention(q, k, v, {algo = algo, out = out})
+      U.assert_close(o, ref, "f32", algo .. " out = " .. which)
+    end
+  end
+end
+
 U.run()
