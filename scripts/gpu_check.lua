@@ -126,5 +126,22 @@ for _, algo in ipairs { "auto", "safe", "online", "fused" } do
     print("FAIL masked/NaN rows " .. algo .. ": " .. tostring(y))
   end
 end
+-- out of device memory for real: a clean flashattn error, nothing kept, and the next call works
+do
+  local before = fa.memory("cuda").current
+  local ok, err = pcall(fa.zeros, { 2 ^ 38 }, { device = "cuda" }) -- 1 TiB of f32
+  checks = checks + 1
+  if ok or not tostring(err):find("^flashattn: out of memory") then
+    failures = failures + 1
+    print("FAIL out of memory on cuda: " .. tostring(err))
+  end
+  local after_ok, y = pcall(fa.softmax, fa.randn({ 4, 1000 }, { device = "cuda", seed = 9 }))
+  checks = checks + 1
+  if not after_ok or fa.memory("cuda").current < before then
+    failures = failures + 1
+    print("FAIL the call after out of memory: " .. tostring(y))
+  end
+end
+
 print(string.format("gpu_check: %d checks, %d failures", checks, failures))
 os.exit(failures == 0 and 0 or 1)
