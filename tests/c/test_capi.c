@@ -15,36 +15,7 @@
 #include <lualib.h>
 
 #include "flashattn.h"
-
-static int failures = 0, checks = 0;
-static const char *current_test = "";
-
-#define CHECK(cond, ...)                                                                   \
-  do {                                                                                     \
-    checks++;                                                                              \
-    if (!(cond)) {                                                                         \
-      failures++;                                                                          \
-      fprintf(stderr, "FAIL %s (%s:%d): %s: ", current_test, __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                                                        \
-      fprintf(stderr, "\n");                                                               \
-    }                                                                                      \
-  } while (0)
-
-#define CHECK_OK(ctx, call)                                                                                \
-  do {                                                                                                     \
-    fa_status st_ = (call);                                                                                \
-    CHECK(st_ == FA_OK, "%s returned %s: %s", #call, fa_status_name(st_), fa_context_error(ctx));         \
-  } while (0)
-
-/* The call must fail with `want` and leave a "flashattn:" message. */
-#define CHECK_STATUS(ctx, want, call)                                                                    \
-  do {                                                                                                   \
-    fa_status st_ = (call);                                                                              \
-    CHECK(st_ == (want), "%s returned %s, expected %s (%s)", #call, fa_status_name(st_),                \
-          fa_status_name(want), st_ == FA_OK ? "" : fa_context_error(ctx));                              \
-    if (st_ != FA_OK)                                                                                    \
-      CHECK(strncmp(fa_context_error(ctx), "flashattn:", 10) == 0, "message %s", fa_context_error(ctx)); \
-  } while (0)
+#include "testutil.h"
 
 static fa_context *ctx;
 
@@ -122,7 +93,7 @@ static double max_diff_f32(const float *a, const double *b, size_t n) {
 /* ---- tests ------------------------------------------------------------------ */
 
 static void test_names_and_parsing(void) {
-  current_test = "names";
+  tu_test = "names";
   CHECK(strcmp(fa_status_name(FA_OK), "") != 0, "status name");
   for (int s = FA_OK; s <= FA_ERR_BACKEND; s++)
     CHECK(fa_status_name((fa_status)s) && *fa_status_name((fa_status)s), "status %d has a name", s);
@@ -156,7 +127,7 @@ static void test_names_and_parsing(void) {
 }
 
 static void test_contexts(void) {
-  current_test = "contexts";
+  tu_test = "contexts";
   fa_context *c = NULL;
   CHECK_OK(c, fa_context_create(FA_CPU, &c));
   CHECK(c != NULL, "context");
@@ -185,7 +156,7 @@ static void test_contexts(void) {
 }
 
 static void test_wrap_zero_copy(void) {
-  current_test = "wrap";
+  tu_test = "wrap";
   float buf[6] = {1, 2, 3, 4, 5, 6};
   release_log log = {0, NULL};
   int64_t shape[2] = {2, 3};
@@ -268,7 +239,7 @@ static void test_wrap_zero_copy(void) {
 }
 
 static void test_views(void) {
-  current_test = "views";
+  tu_test = "views";
   float buf[24];
   for (int i = 0; i < 24; i++) buf[i] = (float)i;
   int64_t shape[3] = {2, 3, 4};
@@ -313,7 +284,7 @@ static void test_views(void) {
 }
 
 static void test_tensor_ops(void) {
-  current_test = "tensor ops";
+  tu_test = "tensor ops";
   int64_t shape[2] = {3, 5};
   fa_tensor *a = NULL, *b = NULL, *c = NULL, *h = NULL;
   CHECK_OK(ctx, fa_tensor_empty(ctx, 2, shape, FA_F32, FA_CPU, &a));
@@ -388,7 +359,7 @@ static void test_tensor_ops(void) {
 }
 
 static void test_status_codes(void) {
-  current_test = "status codes";
+  tu_test = "status codes";
   int64_t s4[4] = {1, 2, 8, 16}, s4k[4] = {1, 2, 10, 16}, s4bad[4] = {1, 3, 8, 16}, s4d[4] = {1, 2, 10, 8};
   fa_tensor *q = NULL, *k = NULL, *v = NULL, *qb = NULL, *q3 = NULL, *kd = NULL, *kh = NULL, *o = NULL, *lse = NULL;
   CHECK_OK(ctx, fa_tensor_empty(ctx, 4, s4, FA_F32, FA_CPU, &q));
@@ -523,7 +494,7 @@ static void test_status_codes(void) {
 /* Attention on buffers the host owns, the output written into the host's O
  * buffer through opts.out, against the plain C reference. */
 static void test_attention_on_wrapped(void) {
-  current_test = "attention on wrapped buffers";
+  tu_test = "attention on wrapped buffers";
   const int B = 2, Hq = 4, Hkv = 2, Lq = 37, Lk = 53, D = 32, Dv = 24;
   size_t nq = (size_t)B * Hq * Lq * D, nk = (size_t)B * Hkv * Lk * D, nv = (size_t)B * Hkv * Lk * Dv;
   size_t no = (size_t)B * Hq * Lq * Dv;
@@ -621,7 +592,7 @@ static void test_attention_on_wrapped(void) {
 }
 
 static void test_matmul_merge_cost_info(void) {
-  current_test = "matmul, merge, cost, info";
+  tu_test = "matmul, merge, cost, info";
   float A[6] = {1, 2, 3, 4, 5, 6}, Bm[6] = {1, 0, 0, 1, 1, 1}, C[4];
   int64_t sa[2] = {2, 3}, sb[2] = {3, 2}, sc[2] = {2, 2};
   fa_tensor *a = NULL, *b = NULL, *c = NULL, *res = NULL;
@@ -707,7 +678,7 @@ static void test_matmul_merge_cost_info(void) {
 /* Tensors handed to Lua and back (fa_lua_push_tensor, fa_lua_check_tensor,
  * fa_lua_set_context). */
 static void test_lua_handoff(void) {
-  current_test = "lua handoff";
+  tu_test = "lua handoff";
   float buf[4] = {1, 2, 3, 4};
   int64_t shape[1] = {4};
   release_log log = {0, NULL};
@@ -775,11 +746,11 @@ int main(void) {
   test_matmul_merge_cost_info();
   test_lua_handoff();
   fa_context_destroy(ctx);
-  current_test = "end";
+  tu_test = "end";
   size_t cur, peak;
   fa_memory(FA_CPU, &cur, &peak);
   CHECK(cur == start_mem && cur == 0, "engine memory at the end: %zu bytes (leak)", cur);
   CHECK(peak > 0, "peak");
-  printf("test_capi: %d checks, %d failures\n", checks, failures);
-  return failures ? 1 : 0;
+  printf("test_capi: %d checks, %d failures\n", tu_checks, tu_failures);
+  return tu_failures ? 1 : 0;
 }
