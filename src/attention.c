@@ -25,10 +25,9 @@ static void buffers_drop(attn_buffers *b) {
   fa_tensor_drop(&b->lse);
 }
 
-/* Fills p from dims and opts; converts inputs to contiguous host buffers of
- * the compute dtype. */
-static fa_status build_problem(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
-                               const fa_attn_dims *d, fa_dtype compute, fa_attn_problem *p, attn_buffers *bufs) {
+/* The options every backend reads the same way: shapes, scale, softcap,
+ * causal alignment, window (p is cleared first). */
+static void resolve_options(const fa_attention_opts *o, const fa_attn_dims *d, fa_attn_problem *p) {
   memset(p, 0, sizeof *p);
   p->B = d->B, p->Hq = d->Hq, p->Hkv = d->Hkv, p->Lq = d->Lq, p->Lk = d->Lk, p->D = d->D, p->Dv = d->Dv;
   p->scale = o->has_scale ? o->scale : 1.0 / sqrt((double)d->D);
@@ -36,6 +35,22 @@ static fa_status build_problem(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   p->causal = o->causal;
   p->has_window = o->has_window && (o->window_left >= 0 || o->window_right >= 0);
   p->win_left = o->window_left, p->win_right = o->window_right;
+}
+
+/* Points p at the mask's contiguous copy `buf` (bool or float), with
+ * right-aligned broadcast strides over (B, Hq, Lq, Lk): 0 where size 1. */
+static void attach_mask(fa_attn_problem *p, const fa_tensor *m, fa_tensor *buf) {
+  if (m->dtype == FA_BOOL) p->mask_b = fa_tensor_ptr(buf);
+  else p->mask_f = fa_tensor_ptr(buf);
+  for (int i = 0; i < 4; i++) p->mask_strides[i] = 0;
+  for (int i = 0; i < m->ndim; i++) p->mask_strides[4 - m->ndim + i] = m->shape[i] == 1 ? 0 : buf->strides[i];
+}
+
+/* Fills p from dims and opts; converts inputs to contiguous host buffers of
+ * the compute dtype. */
+static fa_status build_problem(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
+                               const fa_attn_dims *d, fa_dtype compute, fa_attn_problem *p, attn_buffers *bufs) {
+  resolve_options(o, d, p);
   p->kv_lens = o->kv_lens;
   p->alibi = o->alibi;
   p->tile_q = o->tile_q ? o->tile_q : FA_CPU_DEFAULT_TILE_Q;
@@ -50,14 +65,7 @@ static fa_status build_problem(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   if (o->mask) {
     fa_tensor *m = o->mask;
     if ((st = fa_tensor_cpu_contiguous(ctx, m, m->dtype == FA_BOOL ? FA_BOOL : compute, &bufs->mask))) return st;
-    if (m->dtype == FA_BOOL) p->mask_b = fa_tensor_ptr(bufs->mask);
-    else p->mask_f = fa_tensor_ptr(bufs->mask);
-    /* right-aligned broadcast over (B, Hq, Lq, Lk): stride 0 where size 1 */
-    for (int i = 0; i < 4; i++) p->mask_strides[i] = 0;
-    for (int i = 0; i < m->ndim; i++) {
-      int j = 4 - m->ndim + i;
-      p->mask_strides[j] = m->shape[i] == 1 ? 0 : bufs->mask->strides[i];
-    }
+    attach_mask(p, m, bufs->mask);
   }
   return FA_OK;
 }
@@ -165,13 +173,7 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
   fa_attn_problem p;
   void *kv_lens = NULL, *alibi = NULL;
   size_t kv_bytes = sizeof(int64_t) * (size_t)d->B, alibi_bytes = sizeof(double) * (size_t)d->Hq;
-  memset(&p, 0, sizeof p);
-  p.B = d->B, p.Hq = d->Hq, p.Hkv = d->Hkv, p.Lq = d->Lq, p.Lk = d->Lk, p.D = d->D, p.Dv = d->Dv;
-  p.scale = o->has_scale ? o->scale : 1.0 / sqrt((double)d->D);
-  p.softcap = o->softcap;
-  p.causal = o->causal;
-  p.has_window = o->has_window && (o->window_left >= 0 || o->window_right >= 0);
-  p.win_left = o->window_left, p.win_right = o->window_right;
+  resolve_options(o, d, &p);
   /* defaults: the tensor-core kernel's tile (128 rows for f16/bf16 at D = 128), else 64 rows */
   int wide = (d->dtype == FA_F16 || d->dtype == FA_BF16) && d->D == 128 && d->Dv == 128;
   p.tile_q = o->tile_q ? o->tile_q : wide ? 128 : 64;
@@ -197,10 +199,7 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
     st = fa_tensor_contiguous(ctx, conv, &bufs.mask);
     fa_tensor_release(conv);
     if (st) goto done;
-    if (want == FA_BOOL) p.mask_b = fa_tensor_ptr(bufs.mask);
-    else p.mask_f = fa_tensor_ptr(bufs.mask);
-    for (int i = 0; i < 4; i++) p.mask_strides[i] = 0;
-    for (int i = 0; i < m->ndim; i++) p.mask_strides[4 - m->ndim + i] = m->shape[i] == 1 ? 0 : bufs.mask->strides[i];
+    attach_mask(&p, m, bufs.mask);
   }
   if (o->kv_lens && (st = upload(ctx, o->kv_lens, kv_bytes, &kv_lens))) goto done;
   if (o->alibi && (st = upload(ctx, o->alibi, alibi_bytes, &alibi))) goto done;
