@@ -11,6 +11,8 @@ static __device__ __forceinline__ double to_acc(double v) { return v; }
 template <typename T> static __device__ __forceinline__ float to_acc(T v) { return to_float(v); }
 template <typename T> static __device__ __forceinline__ T from_acc(float v) { return from_float<T>(v); }
 static __device__ __forceinline__ double from_acc_d(double v) { return v; }
+template <typename T> static __device__ __forceinline__ T from_double(double v) { return from_float<T>((float)v); }
+template <> __device__ __forceinline__ double from_double<double>(double v) { return v; }
 
 template <typename T>
 __global__ void matmul_naive_kernel(const T *a, const T *b, T *c, int64_t m, int64_t k, int64_t n) {
@@ -133,7 +135,7 @@ extern "C" fa_status fa_cuda_matmul(fa_context *ctx, fa_matmul_algo algo, int64_
 
 /* ---- merge_states: the seeds' rescale-and-add in log space ----
  * One thread per output element (and one per row when Dv = 0); the weights
- * and lse in f64, so that an f64 lse keeps its precision. */
+ * and lse in f64, so that an f64 lse keeps its precision; f64 states too. */
 template <typename T>
 __global__ void merge_kernel(const T *o1, const double *l1, const T *o2, const double *l2, T *o, double *l,
                              int64_t rows, int64_t dv) {
@@ -149,8 +151,8 @@ __global__ void merge_kernel(const T *o1, const double *l1, const T *o2, const d
       w1 = exp(a - lse), w2 = exp(bb - lse);
     }
     if (dv > 0) {
-      double v1 = w1 == 0.0 ? 0.0 : w1 * to_float(o1[x]), v2 = w2 == 0.0 ? 0.0 : w2 * to_float(o2[x]);
-      o[x] = from_float<T>((float)(v1 + v2));
+      double v1 = w1 == 0.0 ? 0.0 : w1 * to_acc(o1[x]), v2 = w2 == 0.0 ? 0.0 : w2 * to_acc(o2[x]);
+      o[x] = from_double<T>(v1 + v2);
     }
     if (x % w == 0) l[r] = lse;
   }
@@ -165,12 +167,13 @@ extern "C" fa_status fa_cuda_merge_states(fa_context *ctx, fa_dtype dt, const vo
   cudaStream_t s = fa_cuda_stream(ctx);
   switch (dt) {
   case FA_F32: merge_kernel<float><<<blocks, 256, 0, s>>>((const float *)o1, l1, (const float *)o2, l2, (float *)o, l, rows, dv); break;
+  case FA_F64: merge_kernel<double><<<blocks, 256, 0, s>>>((const double *)o1, l1, (const double *)o2, l2, (double *)o, l, rows, dv); break;
   case FA_F16: merge_kernel<__half><<<blocks, 256, 0, s>>>((const __half *)o1, l1, (const __half *)o2, l2, (__half *)o, l, rows, dv); break;
   case FA_BF16:
     merge_kernel<__nv_bfloat16><<<blocks, 256, 0, s>>>((const __nv_bfloat16 *)o1, l1, (const __nv_bfloat16 *)o2, l2,
                                                        (__nv_bfloat16 *)o, l, rows, dv);
     break;
-  default: return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: merge_states on cuda takes f32, f16 or bf16, got %s", fa_dtype_name(dt));
+  default: return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: merge_states on cuda takes f32, f64, f16 or bf16, got %s", fa_dtype_name(dt));
   }
   FA_CUDA_CHECK_LAUNCH(ctx, "merge_kernel");
   return FA_OK;

@@ -484,6 +484,10 @@ local function gen_attention()
     end
   end
   if chance(0.25) then o.tile = {pick({1, 2, 3, 7, 16, 64, 128, 4096}), pick({1, 2, 5, 16, 256, 4096})} end
+  -- the CUDA rules: no f64 attention kernel (f64 is the CPU reference's), tiles up to 128 x 256
+  -- (the sizes generated here always fit shared memory below those)
+  if DEV == "cuda" and qd == "f64" then bad("f64 attention on cuda") end
+  if DEV == "cuda" and o.tile and (o.tile[1] > 128 or o.tile[2] > 256) then bad("tile past the cuda limits") end
   local want_lse = chance(0.4)
   if want_lse then o.return_lse = true end
 

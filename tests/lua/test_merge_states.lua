@@ -82,6 +82,28 @@ function TestMerge:test_empty_state_leaves_the_other_unchanged()
   end
 end
 
+-- f64 states (on every device) merge by the formula, in f64: checked in plain Lua.
+function TestMerge:test_f64_states_follow_the_formula()
+  local o1, o2 = U.randn({3, 5}, "f64"), U.randn({3, 5}, "f64")
+  local l1 = fa.tensor({0.5, -math.huge, 40}, {dtype = "f64", device = dev})
+  local l2 = fa.tensor({-1.25, 3, 40 + 1e-9}, {dtype = "f64", device = dev})
+  local o, lse = fa.merge_states(o1, l1, o2, l2)
+  lu.assertEquals(o:dtype(), "f64")
+  lu.assertEquals(lse:dtype(), "f64")
+  local a, b, got, gl = U.flat(o1), U.flat(o2), U.flat(o), U.flat(lse)
+  local la, lb = U.flat(l1), U.flat(l2)
+  for r = 1, 3 do
+    local m = math.max(la[r], lb[r])
+    local want_l = m + math.log(math.exp(la[r] - m) + math.exp(lb[r] - m))
+    lu.assertAlmostEquals(gl[r], want_l, 1e-12, "lse row " .. r)
+    for c = 1, 5 do
+      local i = (r - 1) * 5 + c
+      local want = math.exp(la[r] - want_l) * a[i] + math.exp(lb[r] - want_l) * b[i]
+      lu.assertAlmostEquals(got[i], want, 1e-12, ("o[%d][%d]"):format(r, c))
+    end
+  end
+end
+
 -- Rows that are fully masked in one part (lse = −inf there) merge right.
 function TestMerge:test_partially_empty_rows()
   local q, k, v = U.randn({1, 1, 12, 8}), U.randn({1, 1, 12, 8}), U.randn({1, 1, 12, 8})
