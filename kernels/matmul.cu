@@ -142,12 +142,14 @@ __global__ void merge_kernel(const T *o1, const double *l1, const T *o2, const d
   const int64_t w = dv > 0 ? dv : 1;
   for (int64_t x = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; x < rows * w; x += (int64_t)gridDim.x * blockDim.x) {
     int64_t r = x / w;
-    double a = l1[r], bb = l2[r], m = fmax(a, bb), w1, w2, lse;
-    if (m == -INFINITY) w1 = w2 = 0.0, lse = -INFINITY; /* both empty */
+    /* the empty cases by lse == -inf alone (as on the CPU): a NaN lse beside an
+     * empty state is kept, not taken for empty (fmax would drop the NaN) */
+    double a = l1[r], bb = l2[r], w1, w2, lse;
+    if (a == -INFINITY && bb == -INFINITY) w1 = w2 = 0.0, lse = -INFINITY;
     else if (a == -INFINITY) w1 = 0.0, w2 = 1.0, lse = bb;
     else if (bb == -INFINITY) w1 = 1.0, w2 = 0.0, lse = a;
     else {
-      lse = m + log1p(exp(-fabs(a - bb)));
+      lse = fmax(a, bb) + log1p(exp(-fabs(a - bb)));
       w1 = exp(a - lse), w2 = exp(bb - lse);
     }
     if (dv > 0) {

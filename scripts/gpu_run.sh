@@ -38,6 +38,9 @@ if [[ $what == *" all "* || $what == *" test "* ]]; then
   # the module/install/example tests load the engine the way a CPU user does: CPU build only
   ctest --test-dir $B --output-on-failure -j4 -E "${CTEST_EXCLUDE:-module|install|example}" >"$OUT/ctest.log" 2>&1 || rc=1
   grep -E "tests passed|Failed|\*\*\*" "$OUT/ctest.log" | tee -a "$OUT/summary.txt"
+  step "gpu_check, full pass (with out of device memory for real)"
+  $B/flashattn-lua scripts/gpu_check.lua >"$OUT/gpu_check.log" 2>&1 || rc=1
+  grep -E "FAIL|gpu_check:" "$OUT/gpu_check.log" | tee -a "$OUT/summary.txt"
 fi
 
 if [[ $what == *" all "* || $what == *" sanitize "* ]]; then

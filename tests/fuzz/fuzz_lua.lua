@@ -484,9 +484,8 @@ local function gen_attention()
     end
   end
   if chance(0.25) then o.tile = {pick({1, 2, 3, 7, 16, 64, 128, 4096}), pick({1, 2, 5, 16, 256, 4096})} end
-  -- the CUDA rules: no f64 attention kernel (f64 is the CPU reference's), tiles up to 128 x 256
+  -- the CUDA rule for tiles (fa.attention_reference checks them too): up to 128 x 256
   -- (the sizes generated here always fit shared memory below those)
-  if DEV == "cuda" and qd == "f64" then bad("f64 attention on cuda") end
   if DEV == "cuda" and o.tile and (o.tile[1] > 128 or o.tile[2] > 256) then bad("tile past the cuda limits") end
   local want_lse = chance(0.4)
   if want_lse then o.return_lse = true end
@@ -550,6 +549,8 @@ local function gen_attention()
 
   local reference = chance(0.1)
   local fname = reference and "fa.attention_reference" or "fa.attention"
+  -- no f64 attention kernel on cuda: f64 is the CPU reference's
+  if DEV == "cuda" and qd == "f64" and not reference then bad("f64 attention on cuda") end
   label = ("%s q %s %s, k %s, v %s, opts {%s}%s"):format(fname, shape_str(qs), qd, shape_str(ks), shape_str(vs),
     (function()
       local p = {}
@@ -733,6 +734,9 @@ local function gen_matmul()
   if algo then o.algo = algo end
   if chance(0.3) then o.tile = pick({0, 1, 3, 16, 64, 1024}) end
   if m == 5 then o.tile = pick({-1, 1025}); bad("tile") end
+  -- cuda's tiled matmul: 1 to 32, or a multiple of 32 up to 128 (64 for f64)
+  if DEV == "cuda" and o.algo == "tiled" and o.tile and o.tile > 0 and
+      (o.tile > (dtype == "f64" and 64 or 128) or (o.tile > 32 and o.tile % 32 ~= 0)) then bad("tile past the cuda limits") end
   if m == 6 then o.transpose = true; bad("unknown option") end
   if chance(0.15) and expect ~= "error" then
     o.out = fa.full({M, N}, NaN, {dtype = dtype, device = DEV})

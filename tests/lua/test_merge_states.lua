@@ -104,6 +104,19 @@ function TestMerge:test_f64_states_follow_the_formula()
   end
 end
 
+-- A NaN lse beside an empty state (lse = -inf) is a state, not an empty one:
+-- the merge keeps it (its o and its NaN lse), as on every device.
+function TestMerge:test_nan_lse_beside_an_empty_state()
+  local o1, o2 = U.randn({2, 3}), U.randn({2, 3})
+  local l1 = fa.tensor({0 / 0, -math.huge}, {device = dev})
+  local l2 = fa.tensor({-math.huge, 0 / 0}, {device = dev})
+  local o, lse = fa.merge_states(o1, l1, o2, l2)
+  lu.assertEquals(fa.max_abs_diff(o:narrow(1, 1, 1), o1:narrow(1, 1, 1)), 0)
+  lu.assertEquals(fa.max_abs_diff(o:narrow(1, 2, 1), o2:narrow(1, 2, 1)), 0)
+  local l = U.flat(lse)
+  lu.assertTrue(l[1] ~= l[1] and l[2] ~= l[2], "the NaN lse is kept")
+end
+
 -- Rows that are fully masked in one part (lse = −inf there) merge right.
 function TestMerge:test_partially_empty_rows()
   local q, k, v = U.randn({1, 1, 12, 8}), U.randn({1, 1, 12, 8}), U.randn({1, 1, 12, 8})
