@@ -12,24 +12,13 @@
  * the A fragments of O += P·V, as FlashAttention-2 does.  Shared memory
  * rows are XOR-swizzled in 16-byte chunks so that ldmatrix reads hit eight
  * different bank groups. */
-#include "attention_common.cuh"
+#include "attention_frag.cuh"
 
 #define MMA_BC 64
 /* warps per block: 8 (128 query rows) for D = 128, where sharing each key
  * and value tile among more rows pays; 4 (64 rows) for D = 64, where more,
  * smaller blocks fill the GPU better (measured on an H200) */
 #define MMA_WARPS(D) ((D) == 128 ? 8 : 4)
-
-static __device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-/* 16 bytes global -> shared; src_bytes = 0 fills zeros (rows past the end). */
-static __device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
-}
-static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> static __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 
 static __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -58,22 +47,6 @@ __device__ __forceinline__ void mma16816<__nv_bfloat16>(float c[4], const uint32
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-template <typename T> static __device__ __forceinline__ uint32_t pack2(float lo, float hi);
-template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
-  __half2 h = __floats2half2_rn(lo, hi);
-  return *(uint32_t *)&h;
-}
-template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *(uint32_t *)&h;
-}
-
-static __device__ __forceinline__ float exp2_approx(float x) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-  return r;
-}
-
 /* Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile whose
  * rows hold CH chunks. */
 template <int CH> static __device__ __forceinline__ int swz(int row, int chunk) {
@@ -100,7 +73,6 @@ __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_pro
   extern __shared__ __align__(128) char mma_smem[];
   char *Qs = mma_smem, *Ks = Qs + MMA_BR * D * 2, *Vs = Ks + 2 * MMA_BC * D * 2; /* K, V: two buffers each */
   __shared__ int64_t row_lo[MMA_BR], row_hi[MMA_BR];
-  __shared__ int64_t tile_lo, tile_hi;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t qtiles = (p.Lq + MMA_BR - 1) / MMA_BR;
@@ -112,20 +84,8 @@ __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_pro
 
   load_tile<T, D, MMA_BR>(Qs, q, i0, p.Lq);
   cp_async_commit();
-  if (tid < MMA_BR) {
-    int64_t lo = 0, hi = 0;
-    if (i0 + tid < p.Lq) fa_attn_range_of(&p, b, i0 + tid, &lo, &hi);
-    row_lo[tid] = lo, row_hi[tid] = hi;
-  }
-  __syncthreads();
-  if (tid == 0) {
-    int64_t lo = INT64_MAX, hi = 0;
-    for (int r = 0; r < MMA_BR; r++)
-      if (row_lo[r] < row_hi[r]) lo = min(lo, row_lo[r]), hi = max(hi, row_hi[r]);
-    tile_lo = lo < hi ? lo : 0, tile_hi = lo < hi ? hi : 0;
-  }
-  __syncthreads();
-  const int64_t t_lo = tile_lo, t_hi = tile_hi;
+  int64_t t_lo, t_hi;
+  tile_key_range<MMA_BR>(p, b, i0, row_lo, row_hi, &t_lo, &t_hi);
   const int ntiles = (int)((t_hi - t_lo + MMA_BC - 1) / MMA_BC);
   if (ntiles > 0) {
     load_tile<T, D, MMA_BC>(Ks, k, t_lo, t_hi);
@@ -143,10 +103,7 @@ __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_pro
 
   const int g = lane >> 2, c2 = (lane & 3) * 2; /* accumulator row (and row + 8), column pair */
   const int rA = warp * 16 + g, rB = rA + 8;
-  const int64_t iA = i0 + rA, iB = i0 + rB;
-  const int64_t loA = row_lo[rA], hiA = row_hi[rA], loB = row_lo[rB], hiB = row_hi[rB];
-  const float L2E = 1.4426950408889634f;
-  float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;
+  frag_rows r = {i0 + rA, i0 + rB, row_lo[rA], row_hi[rA], row_lo[rB], row_hi[rB], -INFINITY, -INFINITY, 0.f, 0.f};
   float o[D / 8][4];
 #pragma unroll
   for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
@@ -177,49 +134,7 @@ __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_pro
       }
     }
 
-    /* the score rule, then the online max over this tile */
-    float tmA = -INFINITY, tmB = -INFINITY;
-#pragma unroll
-    for (int n = 0; n < MMA_BC / 8; n++) {
-#pragma unroll
-      for (int e = 0; e < 2; e++) {
-        const int64_t j = j0 + n * 8 + c2 + e;
-        float sa, sb;
-        if (EXTRAS) {
-          sa = iA < p.Lq ? attn_score(p, b, h, iA, j, s[n][e], loA, hiA) : -INFINITY;
-          sb = iB < p.Lq ? attn_score(p, b, h, iB, j, s[n][2 + e], loB, hiB) : -INFINITY;
-        } else {
-          sa = j >= loA && j < hiA ? s[n][e] * (float)p.scale : -INFINITY;
-          sb = j >= loB && j < hiB ? s[n][2 + e] * (float)p.scale : -INFINITY;
-        }
-        s[n][e] = sa, s[n][2 + e] = sb;
-        tmA = fmaxf(tmA, sa), tmB = fmaxf(tmB, sb);
-      }
-    }
-    tmA = fmaxf(tmA, __shfl_xor_sync(0xffffffffu, tmA, 1));
-    tmA = fmaxf(tmA, __shfl_xor_sync(0xffffffffu, tmA, 2));
-    tmB = fmaxf(tmB, __shfl_xor_sync(0xffffffffu, tmB, 1));
-    tmB = fmaxf(tmB, __shfl_xor_sync(0xffffffffu, tmB, 2));
-    const float nmA = fmaxf(mA, tmA), nmB = fmaxf(mB, tmB);
-    const float alphaA = nmA == -INFINITY ? 1.f : exp2_approx((mA - nmA) * L2E);
-    const float alphaB = nmB == -INFINITY ? 1.f : exp2_approx((mB - nmB) * L2E);
-    mA = nmA, mB = nmB;
-    const float offA = nmA == -INFINITY ? 0.f : nmA * L2E, offB = nmB == -INFINITY ? 0.f : nmB * L2E;
-    float sumA = 0.f, sumB = 0.f;
-#pragma unroll
-    for (int n = 0; n < MMA_BC / 8; n++) {
-#pragma unroll
-      for (int e = 0; e < 2; e++) {
-        float pa = exp2_approx(fmaf(s[n][e], L2E, -offA)); /* -inf -> 0 */
-        float pb = exp2_approx(fmaf(s[n][2 + e], L2E, -offB));
-        s[n][e] = pa, s[n][2 + e] = pb;
-        sumA += pa, sumB += pb;
-      }
-    }
-    lA = lA * alphaA + sumA; /* this thread's part of the row sum: reduced at the end */
-    lB = lB * alphaB + sumB;
-#pragma unroll
-    for (int d = 0; d < D / 8; d++) o[d][0] *= alphaA, o[d][1] *= alphaA, o[d][2] *= alphaB, o[d][3] *= alphaB;
+    frag_softmax_tile<MMA_BC / 8, D / 8, EXTRAS>(p, b, h, j0, c2, r, s, o);
 
     /* O += P·V: S's accumulators of key columns 16kk..16kk+15 are P's A fragment */
 #pragma unroll
@@ -237,24 +152,7 @@ __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_pro
     __syncthreads(); /* this buffer is refilled two tiles on */
   }
 
-  /* the row sums across the quad, then O / l and lse */
-  lA += __shfl_xor_sync(0xffffffffu, lA, 1);
-  lA += __shfl_xor_sync(0xffffffffu, lA, 2);
-  lB += __shfl_xor_sync(0xffffffffu, lB, 1);
-  lB += __shfl_xor_sync(0xffffffffu, lB, 2);
-  const float invA = lA > 0.f ? 1.f / lA : (lA == lA ? 0.f : lA);
-  const float invB = lB > 0.f ? 1.f / lB : (lB == lB ? 0.f : lB);
-  T *out = (T *)p.o + bh * p.Lq * D;
-#pragma unroll
-  for (int d = 0; d < D / 8; d++) {
-    int col = d * 8 + c2;
-    if (iA < p.Lq) *(uint32_t *)(out + iA * D + col) = pack2<T>(o[d][0] * invA, o[d][1] * invA);
-    if (iB < p.Lq) *(uint32_t *)(out + iB * D + col) = pack2<T>(o[d][2] * invB, o[d][3] * invB);
-  }
-  if (p.lse && (lane & 3) == 0) {
-    if (iA < p.Lq) p.lse[bh * p.Lq + iA] = row_lse(mA, lA);
-    if (iB < p.Lq) p.lse[bh * p.Lq + iB] = row_lse(mB, lB);
-  }
+  frag_store<T, D / 8>(p, bh, lane, r, o);
 }
 
 template <typename T, int D, bool EXTRAS> static fa_status launch(fa_context *ctx, const fa_attn_problem *p) {
@@ -269,25 +167,45 @@ template <typename T, int D, bool EXTRAS> static fa_status launch(fa_context *ct
   return FA_OK;
 }
 
-template <typename T> static fa_status mma_typed(fa_context *ctx, const fa_attn_problem *p, int *taken) {
-  int nonfinite = 0; /* then the tiled kernel, which skips masked keys */
-  fa_status st = values_nonfinite<T>(ctx, p, &nonfinite);
-  if (st || nonfinite) return st;
-  *taken = 1;
+template <typename T> static fa_status mma_typed(fa_context *ctx, const fa_attn_problem *p) {
   const bool extras = p->mask_b || p->mask_f || p->alibi || p->softcap > 0;
   if (p->D == 64) return extras ? launch<T, 64, true>(ctx, p) : launch<T, 64, false>(ctx, p);
   return extras ? launch<T, 128, true>(ctx, p) : launch<T, 128, false>(ctx, p);
 }
 
+extern "C" int fa_cuda_wgmma_usable(void);
+extern "C" fa_status fa_cuda_attention_wgmma(fa_context *ctx, const fa_attn_problem *p);
+
+static int tensor_core_fit(fa_dtype dt, int64_t D, int64_t Dv) {
+  return (dt == FA_F16 || dt == FA_BF16) && D == Dv && (D == 64 || D == 128);
+}
+
+/* The default tile of "flash" on cuda: the wgmma kernel's {128, 128} on
+ * Hopper, the mma.sync kernel's {16·warps, 64} elsewhere, for the calls
+ * that fit tensor cores; {64, 64} for the SIMT kernel. */
+extern "C" void fa_cuda_attention_default_tile(fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc) {
+  *br = 64, *bc = 64;
+  if (!tensor_core_fit(dt, D, Dv)) return;
+  if (fa_cuda_wgmma_usable()) *br = 128, *bc = 128;
+  else *br = 16 * MMA_WARPS(D), *bc = MMA_BC;
+}
+
 /* Runs "flash" on tensor cores when the call fits (f16/bf16, D = Dv = 64 or
- * 128, 16-byte aligned rows, the tile {16·warps, 64}, the default there);
- * *taken says whether it did. */
+ * 128, 16-byte aligned rows, no NaN/inf in V) and the tile is one of theirs:
+ * {128, 128} on Hopper (wgmma), {16·warps, 64} (mma.sync; 64 rows at D = 64,
+ * 128 at D = 128) on any GPU.  *taken says whether it did. */
 extern "C" fa_status fa_cuda_attention_mma(fa_context *ctx, const fa_attn_problem *p, int *taken) {
   *taken = 0;
-  if (p->compute != FA_F16 && p->compute != FA_BF16) return FA_OK;
-  if (p->D != p->Dv || (p->D != 64 && p->D != 128)) return FA_OK;
-  if (p->tile_q != 16 * MMA_WARPS(p->D) || p->tile_k != MMA_BC) return FA_OK;
+  if (!tensor_core_fit(p->compute, p->D, p->Dv)) return FA_OK;
   if (((uintptr_t)p->q | (uintptr_t)p->k | (uintptr_t)p->v | (uintptr_t)p->o) % 16) return FA_OK;
-  if (p->compute == FA_F16) return mma_typed<__half>(ctx, p, taken);
-  return mma_typed<__nv_bfloat16>(ctx, p, taken);
+  const int wg = p->tile_q == 128 && p->tile_k == 128 && fa_cuda_wgmma_usable();
+  if (!wg && (p->tile_q != 16 * MMA_WARPS(p->D) || p->tile_k != MMA_BC)) return FA_OK;
+  int nonfinite = 0; /* then the tiled kernel, which skips masked keys */
+  fa_status st = p->compute == FA_F16 ? values_nonfinite<__half>(ctx, p, &nonfinite)
+                                      : values_nonfinite<__nv_bfloat16>(ctx, p, &nonfinite);
+  if (st || nonfinite) return st;
+  *taken = 1;
+  if (wg) return fa_cuda_attention_wgmma(ctx, p);
+  if (p->compute == FA_F16) return mma_typed<__half>(ctx, p);
+  return mma_typed<__nv_bfloat16>(ctx, p);
 }

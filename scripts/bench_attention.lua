@@ -3,7 +3,7 @@
 -- causal and not) in bf16, f16 and f32, timed with device events; each
 -- result checked on the last query rows of one head against the f64
 -- reference (the last rows keep the bottom-right causal alignment).
--- Usage: flashattn-lua scripts/bench_attention.lua [--json FILE] [--quick] [--algos flash,naive,two_pass]
+-- Usage: flashattn-lua scripts/bench_attention.lua [--json FILE] [--quick] [--algos flash,flash:sync,naive,two_pass]
 --        [--dtypes bf16,f16,f32]
 local fa = require "flashattn"
 local json_path, quick, algos, dtypes = nil, false, { "flash" }, { "bf16", "f16", "f32" }
@@ -34,7 +34,9 @@ for _, dt in ipairs(dtypes) do
       for _, causal in ipairs { false, true } do
         local ref = fa.attention_reference(head(q):narrow(3, L - rows + 1, rows), head(k), head(v), { causal = causal })
         for _, algo in ipairs(algos) do
+          -- "flash:sync": the mma.sync kernel by its tile (on Hopper the default is the wgmma kernel)
           local opts = { algo = algo, causal = causal }
+          if algo == "flash:sync" then opts.algo, opts.tile = "flash", D == 64 and { 64, 64 } or { 128, 64 } end
           local ok, o = pcall(fa.attention, q, k, v, opts)
           if ok then
             local rel = fa.rel_error(head(o):narrow(3, L - rows + 1, rows):cpu(), ref)

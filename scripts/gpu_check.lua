@@ -90,6 +90,12 @@ local mask2 = (fa.rand({ 2, 1, 100, 130 }, { seed = 6 }) + (-0.5)):cuda()
 attn_case("mma d64 options", 2, 4, 2, 100, 130, 64, 64,
   { causal = true, mask = mask2, alibi = { 0.1, 0.2, 0.3, 0.4 }, softcap = 20, kv_lens = { 120, 77 } })
 attn_case("mma d64 window", 1, 2, 2, 150, 150, 64, 64, { window = { 40, 7 } })
+attn_case("mma d128 long causal", 1, 2, 1, 300, 420, 128, 128, { causal = true })
+attn_case("mma d64 long", 1, 2, 2, 260, 390, 64, 64, {})
+-- the mma.sync kernel by its tiles (the default on Hopper is the wgmma kernel's {128, 128})
+attn_case("mma.sync d128", 2, 4, 1, 130, 97, 128, 128, { tile = { 128, 64 } })
+attn_case("mma.sync d64 options", 2, 4, 2, 100, 130, 64, 64,
+  { tile = { 64, 64 }, causal = true, mask = mask2, alibi = { 0.1, 0.2, 0.3, 0.4 }, softcap = 20, kv_lens = { 120, 77 } })
 
 -- matmul: every algo and dtype against the f64 CPU product
 for _, dt in ipairs { "f32", "f16", "bf16", "f64" } do

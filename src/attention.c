@@ -174,10 +174,11 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
   void *kv_lens = NULL, *alibi = NULL;
   size_t kv_bytes = sizeof(int64_t) * (size_t)d->B, alibi_bytes = sizeof(double) * (size_t)d->Hq;
   resolve_options(o, d, &p);
-  /* defaults: the tensor-core kernel's tile (128 rows for f16/bf16 at D = 128), else 64 rows */
-  int wide = (d->dtype == FA_F16 || d->dtype == FA_BF16) && d->D == 128 && d->Dv == 128;
-  p.tile_q = o->tile_q ? o->tile_q : wide ? 128 : 64;
-  p.tile_k = o->tile_k ? o->tile_k : 64;
+  /* defaults: the tile of the fastest kernel that takes the call */
+  int64_t br, bc;
+  fa_cuda_attention_default_tile(d->dtype, d->D, d->Dv, &br, &bc);
+  p.tile_q = o->tile_q ? o->tile_q : br;
+  p.tile_k = o->tile_k ? o->tile_k : bc;
   p.compute = d->dtype;
   fa_status st = FA_OK;
   if (d->dtype == FA_F64)

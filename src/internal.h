@@ -182,6 +182,8 @@ fa_status fa_cuda_matmul(fa_context *ctx, fa_matmul_algo algo, int64_t tile, fa_
 /* o rows x dv device buffers of dtype dt, lse f64 (rows entries, also when dv = 0) */
 fa_status fa_cuda_merge_states(fa_context *ctx, fa_dtype dt, const void *o1, const double *l1, const void *o2,
                                const double *l2, void *o, double *l, int64_t rows, int64_t dv);
+/* The default {Br, Bc} of "flash" on cuda for this dtype and head dims. */
+void fa_cuda_attention_default_tile(fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc);
 /* FA_OK when {br, bc} is a tile the CUDA kernels take for these head dims. */
 fa_status fa_cuda_attention_check_tile(fa_context *ctx, int64_t D, int64_t Dv, int64_t br, int64_t bc);
 /* x, y contiguous (rows, n) device buffers of dtype dt (y may alias x). */

@@ -1,0 +1,148 @@
+/* What the two tensor-core "flash" kernels (mma.sync in attention_mma.cu,
+ * Hopper wgmma in attention_wgmma.cu) share: asynchronous copies, packing,
+ * and the online softmax on score fragments.
+ *
+ * Both hold S and O in the accumulator layout of an m16n8 tile per warp:
+ * warp w owns query rows 16w + g and 16w + g + 8 (g = lane / 4); chunk n of
+ * 8 columns holds, in this thread, columns 8n + c2 and 8n + c2 + 1
+ * (c2 = 2·(lane % 4)) of row A in [n][0..1] and of row B in [n][2..3].
+ * The four lanes of a quad share a row. */
+#ifndef FA_KERNELS_ATTENTION_FRAG_CUH
+#define FA_KERNELS_ATTENTION_FRAG_CUH
+
+#include "attention_common.cuh"
+
+static __device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* 16 bytes global -> shared; src_bytes = 0 fills zeros (rows past the end). */
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> static __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+template <typename T> static __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  __half2 h = __floats2half2_rn(lo, hi);
+  return *(uint32_t *)&h;
+}
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *(uint32_t *)&h;
+}
+
+static __device__ __forceinline__ float exp2_approx(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
+/* The running state of this thread's two query rows. */
+struct frag_rows {
+  int64_t iA, iB, loA, hiA, loB, hiB; /* rows, and their key ranges [lo, hi) */
+  float mA, mB, lA, lB;               /* running max, this thread's part of the row sum */
+};
+
+/* One key tile [j0, j0 + 8·NC) of the online softmax: the score rule on the
+ * raw dot products in s, the tile max across the quad, P = exp(s - m) in s,
+ * the row sums, and O rescaled by exp(m_old - m_new). */
+template <int NC, int DC, bool EXTRAS>
+static __device__ __forceinline__ void frag_softmax_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0,
+                                                         int c2, frag_rows &r, float (*s)[4], float (*o)[4]) {
+  const float L2E = 1.4426950408889634f;
+  float tmA = -INFINITY, tmB = -INFINITY;
+#pragma unroll
+  for (int n = 0; n < NC; n++) {
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+      const int64_t j = j0 + n * 8 + c2 + e;
+      float sa, sb;
+      if (EXTRAS) {
+        sa = r.iA < p.Lq ? attn_score(p, b, h, r.iA, j, s[n][e], r.loA, r.hiA) : -INFINITY;
+        sb = r.iB < p.Lq ? attn_score(p, b, h, r.iB, j, s[n][2 + e], r.loB, r.hiB) : -INFINITY;
+      } else {
+        sa = j >= r.loA && j < r.hiA ? s[n][e] * (float)p.scale : -INFINITY;
+        sb = j >= r.loB && j < r.hiB ? s[n][2 + e] * (float)p.scale : -INFINITY;
+      }
+      s[n][e] = sa, s[n][2 + e] = sb;
+      tmA = fmaxf(tmA, sa), tmB = fmaxf(tmB, sb);
+    }
+  }
+  tmA = fmaxf(tmA, __shfl_xor_sync(0xffffffffu, tmA, 1));
+  tmA = fmaxf(tmA, __shfl_xor_sync(0xffffffffu, tmA, 2));
+  tmB = fmaxf(tmB, __shfl_xor_sync(0xffffffffu, tmB, 1));
+  tmB = fmaxf(tmB, __shfl_xor_sync(0xffffffffu, tmB, 2));
+  const float nmA = fmaxf(r.mA, tmA), nmB = fmaxf(r.mB, tmB);
+  const float alphaA = nmA == -INFINITY ? 1.f : exp2_approx((r.mA - nmA) * L2E);
+  const float alphaB = nmB == -INFINITY ? 1.f : exp2_approx((r.mB - nmB) * L2E);
+  r.mA = nmA, r.mB = nmB;
+  const float offA = nmA == -INFINITY ? 0.f : nmA * L2E, offB = nmB == -INFINITY ? 0.f : nmB * L2E;
+  float sumA = 0.f, sumB = 0.f;
+#pragma unroll
+  for (int n = 0; n < NC; n++) {
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+      float pa = exp2_approx(fmaf(s[n][e], L2E, -offA)); /* -inf -> 0 */
+      float pb = exp2_approx(fmaf(s[n][2 + e], L2E, -offB));
+      s[n][e] = pa, s[n][2 + e] = pb;
+      sumA += pa, sumB += pb;
+    }
+  }
+  r.lA = r.lA * alphaA + sumA; /* reduced across the quad at the end */
+  r.lB = r.lB * alphaB + sumB;
+#pragma unroll
+  for (int d = 0; d < DC; d++) o[d][0] *= alphaA, o[d][1] *= alphaA, o[d][2] *= alphaB, o[d][3] *= alphaB;
+}
+
+/* The end of a row: the sums across the quad, O / l into out (rows of D),
+ * and lse.  An empty row (l = 0) gives zeros and -inf; NaN stays NaN. */
+template <typename T, int DC>
+static __device__ __forceinline__ void frag_store(const fa_attn_problem &p, int64_t bh, int lane, frag_rows &r,
+                                                  float (*o)[4]) {
+  const int D = DC * 8, c2 = (lane & 3) * 2;
+  r.lA += __shfl_xor_sync(0xffffffffu, r.lA, 1);
+  r.lA += __shfl_xor_sync(0xffffffffu, r.lA, 2);
+  r.lB += __shfl_xor_sync(0xffffffffu, r.lB, 1);
+  r.lB += __shfl_xor_sync(0xffffffffu, r.lB, 2);
+  const float invA = r.lA > 0.f ? 1.f / r.lA : (r.lA == r.lA ? 0.f : r.lA);
+  const float invB = r.lB > 0.f ? 1.f / r.lB : (r.lB == r.lB ? 0.f : r.lB);
+  T *out = (T *)p.o + bh * p.Lq * D;
+#pragma unroll
+  for (int d = 0; d < DC; d++) {
+    int col = d * 8 + c2;
+    if (r.iA < p.Lq) *(uint32_t *)(out + r.iA * D + col) = pack2<T>(o[d][0] * invA, o[d][1] * invA);
+    if (r.iB < p.Lq) *(uint32_t *)(out + r.iB * D + col) = pack2<T>(o[d][2] * invB, o[d][3] * invB);
+  }
+  if (p.lse && (lane & 3) == 0) {
+    if (r.iA < p.Lq) p.lse[bh * p.Lq + r.iA] = row_lse(r.mA, r.lA);
+    if (r.iB < p.Lq) p.lse[bh * p.Lq + r.iB] = row_lse(r.mB, r.lB);
+  }
+}
+
+/* The key range of a query tile [i0, i0 + BR): each row's [lo, hi) into
+ * row_lo/row_hi, and the union of the non-empty ones into *t_lo, *t_hi
+ * (0, 0 when every row is empty).  Called by the whole block. */
+template <int BR>
+static __device__ __forceinline__ void tile_key_range(const fa_attn_problem &p, int64_t b, int64_t i0, int64_t *row_lo,
+                                                      int64_t *row_hi, int64_t *t_lo, int64_t *t_hi) {
+  __shared__ int64_t lo_s, hi_s;
+  const int tid = threadIdx.x;
+  if (tid < BR) {
+    int64_t lo = 0, hi = 0;
+    if (i0 + tid < p.Lq) fa_attn_range_of(&p, b, i0 + tid, &lo, &hi);
+    row_lo[tid] = lo, row_hi[tid] = hi;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    int64_t lo = INT64_MAX, hi = 0;
+    for (int x = 0; x < BR; x++)
+      if (row_lo[x] < row_hi[x]) lo = min(lo, row_lo[x]), hi = max(hi, row_hi[x]);
+    lo_s = lo < hi ? lo : 0, hi_s = lo < hi ? hi : 0;
+  }
+  __syncthreads();
+  *t_lo = lo_s, *t_hi = hi_s;
+}
+
+#endif

@@ -1,0 +1,170 @@
+/* "flash" on Hopper tensor cores (sm_90a) for f16 and bf16 at head dims 64
+ * and 128: warpgroup MMA (wgmma) reading K and V straight from shared
+ * memory.
+ *
+ * A block of two warpgroups (256 threads) owns 128 query rows of one
+ * (batch, head); warpgroup w computes rows 64w..64w+63.  Q and the key and
+ * value tiles of 128 rows live in shared memory in the layout wgmma reads
+ * (128-byte rows, XOR-swizzled, one 64-column block after the other);
+ * K and V tiles are copied asynchronously two buffers deep.  S = Q·Kᵀ is
+ * one chain of D/16 wgmma over shared memory; the score rule and the online
+ * softmax run on S's accumulators (the layout the mma.sync kernel uses, so
+ * the code is shared: attention_frag.cuh); P is repacked in registers as
+ * the A operand of O += P·V, whose B operand V is read transposed from
+ * shared memory. */
+#include "attention_frag.cuh"
+#include "wgmma_ops.cuh"
+
+#define WG_BR 128
+#define WG_BC 128
+#define WG_THREADS 256
+
+/* Byte offset of 16-byte chunk `chunk` (8 elements) of row `row` in a tile
+ * of ROWS rows: 64-column blocks of ROWS × 128 bytes, chunks swizzled by
+ * row % 8 within each 1024-byte group of 8 rows (the hardware's 128-byte
+ * swizzle, given 1024-byte aligned blocks). */
+template <int ROWS> static __device__ __forceinline__ int sw128(int row, int chunk) {
+  return (chunk >> 3) * ROWS * 128 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
+}
+
+/* Rows [r0, r0 + ROWS) of a (rows × D) matrix into a tile; rows at or past
+ * `limit` are zero-filled, never read. */
+template <typename T, int D, int ROWS>
+static __device__ __forceinline__ void wg_load_tile(char *tile, const T *src, int64_t r0, int64_t limit) {
+  const int CH = D / 8;
+#pragma unroll
+  for (int c = threadIdx.x; c < ROWS * CH; c += WG_THREADS) {
+    int row = c / CH, chunk = c % CH;
+    bool in = r0 + row < limit;
+    const T *g = src + (in ? (r0 + row) * D + chunk * 8 : 0);
+    cp_async16(tile + sw128<ROWS>(row, chunk), g, in ? 16 : 0);
+  }
+}
+
+static size_t wgmma_smem_bytes(int D) { return (size_t)(WG_BR + 4 * WG_BC) * D * 2 + 1024; /* + alignment */ }
+
+template <typename T, int D, bool EXTRAS>
+__global__ void __launch_bounds__(WG_THREADS, 1) attn_wgmma_kernel(fa_attn_problem p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(128) char wg_smem_raw[];
+  /* the swizzle is computed on address bits: blocks must be 1024-byte aligned */
+  char *Qs = wg_smem_raw + ((1024 - (smem_addr(wg_smem_raw) & 1023)) & 1023);
+  char *Ks = Qs + WG_BR * D * 2, *Vs = Ks + 2 * WG_BC * D * 2; /* K, V: two buffers each */
+  __shared__ int64_t row_lo[WG_BR], row_hi[WG_BR];
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  const int64_t qtiles = (p.Lq + WG_BR - 1) / WG_BR;
+  const int64_t bh = blockIdx.x / qtiles, qt = qtiles - 1 - blockIdx.x % qtiles; /* long causal tiles first */
+  const int64_t b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv), i0 = qt * WG_BR;
+  const T *q = (const T *)p.q + bh * p.Lq * D;
+  const T *k = (const T *)p.k + (b * p.Hkv + hk) * p.Lk * D;
+  const T *v = (const T *)p.v + (b * p.Hkv + hk) * p.Lk * D;
+
+  wg_load_tile<T, D, WG_BR>(Qs, q, i0, p.Lq);
+  cp_async_commit();
+  int64_t t_lo, t_hi;
+  tile_key_range<WG_BR>(p, b, i0, row_lo, row_hi, &t_lo, &t_hi);
+  const int ntiles = (int)((t_hi - t_lo + WG_BC - 1) / WG_BC);
+  if (ntiles > 0) {
+    wg_load_tile<T, D, WG_BC>(Ks, k, t_lo, t_hi);
+    wg_load_tile<T, D, WG_BC>(Vs, v, t_lo, t_hi);
+  }
+  cp_async_commit();
+
+  const int g = lane >> 2, c2 = (lane & 3) * 2;
+  const int rA = warp * 16 + g, rB = rA + 8;
+  frag_rows r = {i0 + rA, i0 + rB, row_lo[rA], row_hi[rA], row_lo[rB], row_hi[rB], -INFINITY, -INFINITY, 0.f, 0.f};
+  float o[D / 8][4];
+#pragma unroll
+  for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+  const uint32_t q_base = smem_addr(Qs) + wg * 64 * 128; /* this warpgroup's 64 rows */
+
+  for (int t = 0; t < ntiles; t++) {
+    const int64_t j0 = t_lo + (int64_t)t * WG_BC;
+    char *kt = Ks + (t & 1) * WG_BC * D * 2, *vt = Vs + (t & 1) * WG_BC * D * 2;
+    if (t + 1 < ntiles) { /* the next tile into the other buffers */
+      wg_load_tile<T, D, WG_BC>(Ks + ((t + 1) & 1) * WG_BC * D * 2, k, j0 + WG_BC, t_hi);
+      wg_load_tile<T, D, WG_BC>(Vs + ((t + 1) & 1) * WG_BC * D * 2, v, j0 + WG_BC, t_hi);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    fence_proxy_async();
+    __syncthreads();
+
+    /* S = Q·Kᵀ: k-step ks reads 32 bytes into the 128-byte rows of column block ks / 4 */
+    float s[WG_BC / 8][4];
+    const uint32_t k_base = smem_addr(kt);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) {
+      uint64_t da = wgmma_desc(q_base + (ks >> 2) * WG_BR * 128 + (ks & 3) * 32, 16, 1024);
+      uint64_t db = wgmma_desc(k_base + (ks >> 2) * WG_BC * 128 + (ks & 3) * 32, 16, 1024);
+      wgmma_ss<T, WG_BC>(&s[0][0], da, db, ks > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_hold<WG_BC / 2>(&s[0][0]);
+
+    frag_softmax_tile<WG_BC / 8, D / 8, EXTRAS>(p, b, h, j0, c2, r, s, o);
+
+    /* O += P·V: the accumulators of key columns 16kk..16kk+15 are P's A
+     * fragment; V's 16 rows kk·16.. are 2048 bytes on in every column block */
+    uint32_t pa[WG_BC / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < WG_BC / 16; kk++) {
+      pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]), pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+      pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+    const uint32_t v_base = smem_addr(vt);
+    wgmma_hold<D / 2>(&o[0][0]);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < WG_BC / 16; kk++)
+      wgmma_rs_tb<T, D>(&o[0][0], pa[kk], wgmma_desc(v_base + kk * 2048, WG_BC * 128, 1024), 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_hold<D / 2>(&o[0][0]);
+    __syncthreads(); /* this buffer is refilled two tiles on */
+  }
+
+  frag_store<T, D / 8>(p, bh, lane, r, o);
+#endif
+}
+
+template <typename T, int D, bool EXTRAS> static fa_status launch(fa_context *ctx, const fa_attn_problem *p) {
+  const size_t smem = wgmma_smem_bytes(D);
+  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(attn_wgmma_kernel<T, D, EXTRAS>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  int64_t blocks = p->B * p->Hq * ((p->Lq + WG_BR - 1) / WG_BR);
+  if (blocks > INT32_MAX) return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: attention on cuda: too many query tiles");
+  attn_wgmma_kernel<T, D, EXTRAS><<<(unsigned)blocks, WG_THREADS, smem, fa_cuda_stream(ctx)>>>(*p);
+  FA_CUDA_CHECK_LAUNCH(ctx, "attn_wgmma_kernel");
+  return FA_OK;
+}
+
+template <typename T> static fa_status wgmma_typed(fa_context *ctx, const fa_attn_problem *p) {
+  const bool extras = p->mask_b || p->mask_f || p->alibi || p->softcap > 0;
+  if (p->D == 64) return extras ? launch<T, 64, true>(ctx, p) : launch<T, 64, false>(ctx, p);
+  return extras ? launch<T, 128, true>(ctx, p) : launch<T, 128, false>(ctx, p);
+}
+
+/* Whether this build and device run the wgmma kernel: a Hopper GPU and
+ * sm_90a code in the binary (a kernel JIT-compiled from older PTX has an
+ * empty body). */
+extern "C" int fa_cuda_wgmma_usable(void) {
+  int dev = 0, major = 0;
+  cudaFuncAttributes attr;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ||
+      cudaFuncGetAttributes(&attr, attn_wgmma_kernel<__half, 64, false>) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return major == 9 && attr.ptxVersion >= 90 && attr.binaryVersion >= 90;
+}
+
+/* The tile of this kernel ({128, 128}) for f16/bf16 at D = Dv = 64 or 128;
+ * the caller has checked the rest (no NaN/inf in V, alignment). */
+extern "C" fa_status fa_cuda_attention_wgmma(fa_context *ctx, const fa_attn_problem *p) {
+  if (p->compute == FA_F16) return wgmma_typed<__half>(ctx, p);
+  return wgmma_typed<__nv_bfloat16>(ctx, p);
+}
