@@ -12,7 +12,7 @@
  * kv_lens range are never loaded. */
 #include "attention_common.cuh"
 
-extern "C" fa_status fa_cuda_attention_mma(fa_context *ctx, const fa_attn_problem *p, int *taken);
+extern "C" fa_status fa_cuda_attention_mma(fa_context *ctx, const fa_attn_problem *p, int **v_flag);
 
 #define NWARPS 8
 #define MAX_DV_PER_LANE 8 /* Dv up to 256 */
@@ -35,6 +35,7 @@ __global__ void __launch_bounds__(NWARPS * 32) attn_tiled_kernel(fa_attn_problem
   const T *k = (const T *)p.k + ((b * p.Hkv + hk) * p.Lk) * D;
   const T *v = (const T *)p.v + ((b * p.Hkv + hk) * p.Lk) * Dv;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  if (p.v_nonfinite && !*p.v_nonfinite) return; /* a fallback not needed: the tensor cores have run */
 
   if (tid < BR) {
     int64_t lo = 0, hi = 0;
@@ -240,10 +241,16 @@ template <typename T> static fa_status attention_typed(fa_context *ctx, fa_atten
     return FA_OK;
   }
   if (algo != FA_ATTN_TWO_PASS) {
-    int taken = 0;
-    fa_status st = fa_cuda_attention_mma(ctx, p, &taken); /* tensor cores when the call fits */
-    if (st || taken) return st;
-    return tiled_by_br<T, MODE_FLASH>(ctx, p, NULL);
+    int *v_flag = NULL;
+    fa_status st = fa_cuda_attention_mma(ctx, p, &v_flag); /* tensor cores when the call fits */
+    if (st) return st;
+    if (!v_flag) return tiled_by_br<T, MODE_FLASH>(ctx, p, NULL);
+    /* and this kernel after it, which runs only when V holds NaN or inf */
+    fa_attn_problem fallback = *p;
+    fallback.v_nonfinite = v_flag;
+    st = tiled_by_br<T, MODE_FLASH>(ctx, &fallback, NULL);
+    fa_cuda_free(v_flag, sizeof(int)); /* stream-ordered: after both kernels */
+    return st;
   }
   size_t bytes = sizeof(float) * 2 * (size_t)(p->B * p->Hq * p->Lq);
   void *stats = NULL;

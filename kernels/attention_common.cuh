@@ -51,28 +51,63 @@ static __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-template <typename T> __global__ void any_nonfinite_kernel(const T *v, int64_t n, int *flag) {
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    if (!isfinite(to_float(v[i]))) *flag = 1;
+/* Sets *flag when any of the n floats at v (W = uint16_t for f16/bf16,
+ * uint32_t for f32) is NaN or inf: all exponent bits set (mask 0x7C00 for
+ * f16, 0x7F80 for bf16, 0x7F800000 for f32).  16 bytes a load when v is
+ * 16-byte aligned. */
+template <typename W> __global__ void any_nonfinite_kernel(const W *v, int64_t n, W mask, int *flag) {
+  const int per = 16 / sizeof(W);
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x, first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const int64_t nvec = ((uintptr_t)v % 16) ? 0 : n / per;
+  bool bad = false;
+  for (int64_t i = first; i < nvec; i += stride) {
+    uint4 w = ((const uint4 *)v)[i];
+    const W *e = (const W *)&w;
+#pragma unroll
+    for (int x = 0; x < per; x++) bad |= (W)(e[x] & mask) == mask;
+  }
+  for (int64_t i = nvec * per + first; i < n; i += stride) bad |= (W)(v[i] & mask) == mask;
+  if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
 }
 
-/* *found = 1 when the values v hold NaN or inf (one pass over v): a product
- * on tensor cores or in cuBLAS would carry 0·NaN into rows that mask the
- * key, so such calls take a path that skips masked keys. */
-template <typename T> static fa_status values_nonfinite(fa_context *ctx, const fa_attn_problem *p, int *found) {
-  void *flag = NULL;
-  *found = 0;
-  fa_status st = fa_cuda_malloc(ctx, &flag, sizeof(int));
+/* A device int (from the pool: the caller frees it with fa_cuda_free) set
+ * to 1 when the values v (f32, f16 or bf16) hold NaN or inf, queued on the
+ * stream: one pass over v, no wait. */
+static fa_status values_nonfinite_flag(fa_context *ctx, const fa_attn_problem *p, int **flag) {
+  *flag = NULL;
+  void *f = NULL;
+  fa_status st = fa_cuda_malloc(ctx, &f, sizeof(int));
   if (st) return st;
   int64_t n = p->B * p->Hkv * p->Lk * p->Dv;
-  cudaError_t err = cudaMemsetAsync(flag, 0, sizeof(int), fa_cuda_stream(ctx));
-  if (err == cudaSuccess) {
-    any_nonfinite_kernel<T><<<(unsigned)min((n + 255) / 256, (int64_t)4096), 256, 0, fa_cuda_stream(ctx)>>>(
-        (const T *)p->v, n, (int *)flag);
+  cudaStream_t s = fa_cuda_stream(ctx);
+  cudaError_t err = cudaMemsetAsync(f, 0, sizeof(int), s);
+  if (err == cudaSuccess && n > 0) {
+    unsigned blocks = (unsigned)min((n / 8 + 255) / 256 + 1, (int64_t)2048);
+    if (p->compute == FA_F32)
+      any_nonfinite_kernel<uint32_t><<<blocks, 256, 0, s>>>((const uint32_t *)p->v, n, 0x7F800000u, (int *)f);
+    else
+      any_nonfinite_kernel<uint16_t><<<blocks, 256, 0, s>>>((const uint16_t *)p->v, n,
+                                                            (uint16_t)(p->compute == FA_F16 ? 0x7C00u : 0x7F80u),
+                                                            (int *)f);
     err = cudaGetLastError();
   }
-  st = fa_cuda_error(ctx, err, "launch of any_nonfinite_kernel");
-  if (!st) st = fa_cuda_memcpy(ctx, found, flag, sizeof(int), FA_COPY_D2H);
+  if ((st = fa_cuda_error(ctx, err, "launch of any_nonfinite_kernel"))) {
+    fa_cuda_free(f, sizeof(int));
+    return st;
+  }
+  *flag = (int *)f;
+  return FA_OK;
+}
+
+/* *found = 1 when the values v hold NaN or inf, waited for: a product on tensor cores or in cuBLAS would carry 0·NaN
+ * into rows that mask the key, so such calls take a path that skips masked
+ * keys. */
+static fa_status values_nonfinite(fa_context *ctx, const fa_attn_problem *p, int *found) {
+  int *flag = NULL;
+  *found = 0;
+  fa_status st = values_nonfinite_flag(ctx, p, &flag);
+  if (st) return st;
+  st = fa_cuda_memcpy(ctx, found, flag, sizeof(int), FA_COPY_D2H);
   fa_cuda_free(flag, sizeof(int));
   return st;
 }

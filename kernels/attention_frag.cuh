@@ -47,27 +47,39 @@ struct frag_rows {
 
 /* One key tile [j0, j0 + 8·NC) of the online softmax: the score rule on the
  * raw dot products in s, the tile max across the quad, P = exp(s - m) in s,
- * the row sums, and O rescaled by exp(m_old - m_new). */
-template <int NC, int DC, bool EXTRAS>
+ * the row sums; *alphaA, *alphaB = exp(m_old - m_new), by which O must be
+ * scaled (frag_rescale) before P·V is added to it.  full: every key of the
+ * tile is inside both rows' ranges and no mask, softcap or alibi applies,
+ * and scale > 0, so that the rule is the scale alone, folded into the
+ * exponent. */
+template <int NC, bool EXTRAS>
 static __device__ __forceinline__ void frag_softmax_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0,
-                                                         int c2, frag_rows &r, float (*s)[4], float (*o)[4]) {
-  const float L2E = 1.4426950408889634f;
+                                                         int c2, bool full, frag_rows &r, float (*s)[4],
+                                                         float *alphaA, float *alphaB) {
+  const float L2E = 1.4426950408889634f, scale = (float)p.scale;
   float tmA = -INFINITY, tmB = -INFINITY;
+  if (!EXTRAS && full) {
 #pragma unroll
-  for (int n = 0; n < NC; n++) {
+    for (int n = 0; n < NC; n++)
+      tmA = fmaxf(tmA, fmaxf(s[n][0], s[n][1])), tmB = fmaxf(tmB, fmaxf(s[n][2], s[n][3]));
+    tmA *= scale, tmB *= scale;
+  } else {
 #pragma unroll
-    for (int e = 0; e < 2; e++) {
-      const int64_t j = j0 + n * 8 + c2 + e;
-      float sa, sb;
-      if (EXTRAS) {
-        sa = r.iA < p.Lq ? attn_score(p, b, h, r.iA, j, s[n][e], r.loA, r.hiA) : -INFINITY;
-        sb = r.iB < p.Lq ? attn_score(p, b, h, r.iB, j, s[n][2 + e], r.loB, r.hiB) : -INFINITY;
-      } else {
-        sa = j >= r.loA && j < r.hiA ? s[n][e] * (float)p.scale : -INFINITY;
-        sb = j >= r.loB && j < r.hiB ? s[n][2 + e] * (float)p.scale : -INFINITY;
+    for (int n = 0; n < NC; n++) {
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const int64_t j = j0 + n * 8 + c2 + e;
+        float sa, sb;
+        if (EXTRAS) {
+          sa = r.iA < p.Lq ? attn_score(p, b, h, r.iA, j, s[n][e], r.loA, r.hiA) : -INFINITY;
+          sb = r.iB < p.Lq ? attn_score(p, b, h, r.iB, j, s[n][2 + e], r.loB, r.hiB) : -INFINITY;
+        } else {
+          sa = j >= r.loA && j < r.hiA ? s[n][e] * scale : -INFINITY;
+          sb = j >= r.loB && j < r.hiB ? s[n][2 + e] * scale : -INFINITY;
+        }
+        s[n][e] = sa, s[n][2 + e] = sb;
+        tmA = fmaxf(tmA, sa), tmB = fmaxf(tmB, sb);
       }
-      s[n][e] = sa, s[n][2 + e] = sb;
-      tmA = fmaxf(tmA, sa), tmB = fmaxf(tmB, sb);
     }
   }
   tmA = fmaxf(tmA, __shfl_xor_sync(0xffffffffu, tmA, 1));
@@ -75,23 +87,27 @@ static __device__ __forceinline__ void frag_softmax_tile(const fa_attn_problem &
   tmB = fmaxf(tmB, __shfl_xor_sync(0xffffffffu, tmB, 1));
   tmB = fmaxf(tmB, __shfl_xor_sync(0xffffffffu, tmB, 2));
   const float nmA = fmaxf(r.mA, tmA), nmB = fmaxf(r.mB, tmB);
-  const float alphaA = nmA == -INFINITY ? 1.f : exp2_approx((r.mA - nmA) * L2E);
-  const float alphaB = nmB == -INFINITY ? 1.f : exp2_approx((r.mB - nmB) * L2E);
+  *alphaA = nmA == -INFINITY ? 1.f : exp2_approx((r.mA - nmA) * L2E);
+  *alphaB = nmB == -INFINITY ? 1.f : exp2_approx((r.mB - nmB) * L2E);
   r.mA = nmA, r.mB = nmB;
   const float offA = nmA == -INFINITY ? 0.f : nmA * L2E, offB = nmB == -INFINITY ? 0.f : nmB * L2E;
+  const float k = !EXTRAS && full ? scale * L2E : L2E; /* s raw (full) or scaled */
   float sumA = 0.f, sumB = 0.f;
 #pragma unroll
   for (int n = 0; n < NC; n++) {
 #pragma unroll
     for (int e = 0; e < 2; e++) {
-      float pa = exp2_approx(fmaf(s[n][e], L2E, -offA)); /* -inf -> 0 */
-      float pb = exp2_approx(fmaf(s[n][2 + e], L2E, -offB));
+      float pa = exp2_approx(fmaf(s[n][e], k, -offA)); /* -inf -> 0 */
+      float pb = exp2_approx(fmaf(s[n][2 + e], k, -offB));
       s[n][e] = pa, s[n][2 + e] = pb;
       sumA += pa, sumB += pb;
     }
   }
-  r.lA = r.lA * alphaA + sumA; /* reduced across the quad at the end */
-  r.lB = r.lB * alphaB + sumB;
+  r.lA = r.lA * *alphaA + sumA; /* reduced across the quad at the end */
+  r.lB = r.lB * *alphaB + sumB;
+}
+
+template <int DC> static __device__ __forceinline__ void frag_rescale(float (*o)[4], float alphaA, float alphaB) {
 #pragma unroll
   for (int d = 0; d < DC; d++) o[d][0] *= alphaA, o[d][1] *= alphaA, o[d][2] *= alphaB, o[d][3] *= alphaB;
 }
@@ -122,12 +138,15 @@ static __device__ __forceinline__ void frag_store(const fa_attn_problem &p, int6
 }
 
 /* The key range of a query tile [i0, i0 + BR): each row's [lo, hi) into
- * row_lo/row_hi, and the union of the non-empty ones into *t_lo, *t_hi
- * (0, 0 when every row is empty).  Called by the whole block. */
+ * row_lo/row_hi, the union of the non-empty ones into *t_lo, *t_hi (0, 0
+ * when every row is empty), and the keys inside every row's range (rows
+ * past Lq aside) as [*all_lo, *all_hi), empty when all_hi <= all_lo.
+ * Called by the whole block. */
 template <int BR>
 static __device__ __forceinline__ void tile_key_range(const fa_attn_problem &p, int64_t b, int64_t i0, int64_t *row_lo,
-                                                      int64_t *row_hi, int64_t *t_lo, int64_t *t_hi) {
-  __shared__ int64_t lo_s, hi_s;
+                                                      int64_t *row_hi, int64_t *t_lo, int64_t *t_hi, int64_t *all_lo,
+                                                      int64_t *all_hi) {
+  __shared__ int64_t lo_s, hi_s, all_lo_s, all_hi_s;
   const int tid = threadIdx.x;
   if (tid < BR) {
     int64_t lo = 0, hi = 0;
@@ -136,13 +155,16 @@ static __device__ __forceinline__ void tile_key_range(const fa_attn_problem &p, 
   }
   __syncthreads();
   if (tid == 0) {
-    int64_t lo = INT64_MAX, hi = 0;
-    for (int x = 0; x < BR; x++)
+    int64_t lo = INT64_MAX, hi = 0, alo = 0, ahi = INT64_MAX;
+    for (int x = 0; x < BR; x++) {
       if (row_lo[x] < row_hi[x]) lo = min(lo, row_lo[x]), hi = max(hi, row_hi[x]);
+      if (i0 + x < p.Lq) alo = max(alo, row_lo[x]), ahi = min(ahi, row_hi[x]);
+    }
     lo_s = lo < hi ? lo : 0, hi_s = lo < hi ? hi : 0;
+    all_lo_s = alo, all_hi_s = ahi;
   }
   __syncthreads();
-  *t_lo = lo_s, *t_hi = hi_s;
+  *t_lo = lo_s, *t_hi = hi_s, *all_lo = all_lo_s, *all_hi = all_hi_s;
 }
 
 #endif

@@ -69,6 +69,7 @@ static __device__ __forceinline__ void load_tile(char *tile, const T *src, int64
 
 template <typename T, int D, bool EXTRAS>
 __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_problem p) {
+  if (*p.v_nonfinite) return; /* the fallback's */
   const int CH = D / 8, MMA_BR = 16 * MMA_WARPS(D);
   extern __shared__ __align__(128) char mma_smem[];
   char *Qs = mma_smem, *Ks = Qs + MMA_BR * D * 2, *Vs = Ks + 2 * MMA_BC * D * 2; /* K, V: two buffers each */
@@ -84,8 +85,9 @@ __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_pro
 
   load_tile<T, D, MMA_BR>(Qs, q, i0, p.Lq);
   cp_async_commit();
-  int64_t t_lo, t_hi;
-  tile_key_range<MMA_BR>(p, b, i0, row_lo, row_hi, &t_lo, &t_hi);
+  int64_t t_lo, t_hi, all_lo, all_hi;
+  tile_key_range<MMA_BR>(p, b, i0, row_lo, row_hi, &t_lo, &t_hi, &all_lo, &all_hi);
+  const bool scale_pos = p.scale > 0;
   const int ntiles = (int)((t_hi - t_lo + MMA_BC - 1) / MMA_BC);
   if (ntiles > 0) {
     load_tile<T, D, MMA_BC>(Ks, k, t_lo, t_hi);
@@ -134,7 +136,10 @@ __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_pro
       }
     }
 
-    frag_softmax_tile<MMA_BC / 8, D / 8, EXTRAS>(p, b, h, j0, c2, r, s, o);
+    float alphaA, alphaB;
+    const bool full = scale_pos && j0 >= all_lo && j0 + MMA_BC <= all_hi;
+    frag_softmax_tile<MMA_BC / 8, EXTRAS>(p, b, h, j0, c2, full, r, s, &alphaA, &alphaB);
+    frag_rescale<D / 8>(o, alphaA, alphaB);
 
     /* O += P·V: S's accumulators of key columns 16kk..16kk+15 are P's A fragment */
 #pragma unroll
@@ -190,22 +195,28 @@ extern "C" void fa_cuda_attention_default_tile(fa_dtype dt, int64_t D, int64_t D
   else *br = 16 * MMA_WARPS(D), *bc = MMA_BC;
 }
 
-/* Runs "flash" on tensor cores when the call fits (f16/bf16, D = Dv = 64 or
- * 128, 16-byte aligned rows, no NaN/inf in V) and the tile is one of theirs:
- * {128, 128} on Hopper (wgmma), {16·warps, 64} (mma.sync; 64 rows at D = 64,
- * 128 at D = 128) on any GPU.  *taken says whether it did. */
-extern "C" fa_status fa_cuda_attention_mma(fa_context *ctx, const fa_attn_problem *p, int *taken) {
-  *taken = 0;
+/* Queues "flash" on tensor cores when the call fits (f16/bf16, D = Dv = 64
+ * or 128, 16-byte aligned rows) and the tile is one of theirs: {128, 128}
+ * on Hopper (wgmma), {16·warps, 64} (mma.sync; 64 rows at D = 64, 128 at
+ * D = 128) on any GPU.  Then *v_flag is a device flag (the caller frees it),
+ * set on the stream when V holds NaN or inf: the kernel has then done
+ * nothing, and the caller's fallback, which skips masked keys, must run
+ * guarded by it.  *v_flag stays NULL when the call does not fit. */
+extern "C" fa_status fa_cuda_attention_mma(fa_context *ctx, const fa_attn_problem *p, int **v_flag) {
+  *v_flag = NULL;
   if (!tensor_core_fit(p->compute, p->D, p->Dv)) return FA_OK;
   if (((uintptr_t)p->q | (uintptr_t)p->k | (uintptr_t)p->v | (uintptr_t)p->o) % 16) return FA_OK;
   const int wg = p->tile_q == 128 && p->tile_k == 128 && fa_cuda_wgmma_usable();
   if (!wg && (p->tile_q != 16 * MMA_WARPS(p->D) || p->tile_k != MMA_BC)) return FA_OK;
-  int nonfinite = 0; /* then the tiled kernel, which skips masked keys */
-  fa_status st = p->compute == FA_F16 ? values_nonfinite<__half>(ctx, p, &nonfinite)
-                                      : values_nonfinite<__nv_bfloat16>(ctx, p, &nonfinite);
-  if (st || nonfinite) return st;
-  *taken = 1;
-  if (wg) return fa_cuda_attention_wgmma(ctx, p);
-  if (p->compute == FA_F16) return mma_typed<__half>(ctx, p);
-  return mma_typed<__nv_bfloat16>(ctx, p);
+  int *flag = NULL;
+  fa_status st = values_nonfinite_flag(ctx, p, &flag);
+  if (st) return st;
+  fa_attn_problem g = *p;
+  g.v_nonfinite = flag;
+  if (wg) st = fa_cuda_attention_wgmma(ctx, &g);
+  else if (p->compute == FA_F16) st = mma_typed<__half>(ctx, &g);
+  else st = mma_typed<__nv_bfloat16>(ctx, &g);
+  if (st) fa_cuda_free(flag, sizeof(int));
+  else *v_flag = flag;
+  return st;
 }

@@ -135,7 +135,7 @@ template <typename T> static fa_status naive_typed(fa_context *ctx, const fa_att
       goto done;
     }
     int nonfinite = 0;
-    if ((st = values_nonfinite<T>(ctx, p, &nonfinite))) goto done;
+    if ((st = values_nonfinite(ctx, p, &nonfinite))) goto done;
     if (nonfinite) { /* values hold NaN or inf: the skipping product */
       naive_pv_skipping_kernel<T><<<(unsigned)(BH * p->Lq), 128, 0, fa_cuda_stream(ctx)>>>(*p, (const T *)P);
       st = fa_cuda_error(ctx, cudaGetLastError(), "launch of naive_pv_skipping_kernel");

@@ -6,12 +6,14 @@
  * (batch, head); warpgroup w computes rows 64w..64w+63.  Q and the key and
  * value tiles of 128 rows live in shared memory in the layout wgmma reads
  * (128-byte rows, XOR-swizzled, one 64-column block after the other);
- * K and V tiles are copied asynchronously two buffers deep.  S = Q·Kᵀ is
- * one chain of D/16 wgmma over shared memory; the score rule and the online
- * softmax run on S's accumulators (the layout the mma.sync kernel uses, so
- * the code is shared: attention_frag.cuh); P is repacked in registers as
- * the A operand of O += P·V, whose B operand V is read transposed from
- * shared memory. */
+ * the next K and V tiles are copied asynchronously while one is computed.
+ * S = Q·Kᵀ is one chain of D/16 wgmma over shared memory; the score rule and
+ * the online softmax run on S's accumulators (the layout the mma.sync
+ * kernel uses, so the code is shared: attention_frag.cuh); P is repacked in
+ * registers as the A operand of O += P·V, whose B operand V is read
+ * transposed from shared memory.  The product P·V of one tile runs on the
+ * tensor cores while the softmax of the next is computed (FlashAttention-3's
+ * intra-warpgroup overlap). */
 #include "attention_frag.cuh"
 #include "wgmma_ops.cuh"
 
@@ -41,15 +43,32 @@ static __device__ __forceinline__ void wg_load_tile(char *tile, const T *src, in
   }
 }
 
-static size_t wgmma_smem_bytes(int D) { return (size_t)(WG_BR + 4 * WG_BC) * D * 2 + 1024; /* + alignment */ }
+static size_t wgmma_smem_bytes(int D) { return (size_t)(WG_BR + 5 * WG_BC) * D * 2 + 1024; /* + alignment */ }
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* Issues O += P·V for one key tile (committed, not waited for): the
+ * accumulators of key columns 16kk..16kk+15 are P's A fragment kk; V's 16
+ * rows kk·16.. are 2048 bytes on in every 64-column block (v_base: the
+ * tile, read N-major). */
+template <typename T, int D>
+static __device__ __forceinline__ void pv_issue(float (*o)[4], uint32_t (*pa)[4], uint32_t v_base) {
+  wgmma_hold<D / 2>(&o[0][0]);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < WG_BC / 16; kk++)
+    wgmma_rs_tb<T, D>(&o[0][0], pa[kk], wgmma_desc(v_base + kk * 2048, WG_BC * 128, 1024), 1);
+  wgmma_commit();
+}
+#endif
 
 template <typename T, int D, bool EXTRAS>
 __global__ void __launch_bounds__(WG_THREADS, 1) attn_wgmma_kernel(fa_attn_problem p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if (*p.v_nonfinite) return; /* the fallback's */
   extern __shared__ __align__(128) char wg_smem_raw[];
   /* the swizzle is computed on address bits: blocks must be 1024-byte aligned */
   char *Qs = wg_smem_raw + ((1024 - (smem_addr(wg_smem_raw) & 1023)) & 1023);
-  char *Ks = Qs + WG_BR * D * 2, *Vs = Ks + 2 * WG_BC * D * 2; /* K, V: two buffers each */
+  char *Ks = Qs + WG_BR * D * 2, *Vs = Ks + 2 * WG_BC * D * 2; /* K: two buffers, V: three */
   __shared__ int64_t row_lo[WG_BR], row_hi[WG_BR];
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
@@ -62,8 +81,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1) attn_wgmma_kernel(fa_attn_probl
 
   wg_load_tile<T, D, WG_BR>(Qs, q, i0, p.Lq);
   cp_async_commit();
-  int64_t t_lo, t_hi;
-  tile_key_range<WG_BR>(p, b, i0, row_lo, row_hi, &t_lo, &t_hi);
+  int64_t t_lo, t_hi, all_lo, all_hi;
+  tile_key_range<WG_BR>(p, b, i0, row_lo, row_hi, &t_lo, &t_hi, &all_lo, &all_hi);
   const int ntiles = (int)((t_hi - t_lo + WG_BC - 1) / WG_BC);
   if (ntiles > 0) {
     wg_load_tile<T, D, WG_BC>(Ks, k, t_lo, t_hi);
@@ -74,26 +93,32 @@ __global__ void __launch_bounds__(WG_THREADS, 1) attn_wgmma_kernel(fa_attn_probl
   const int g = lane >> 2, c2 = (lane & 3) * 2;
   const int rA = warp * 16 + g, rB = rA + 8;
   frag_rows r = {i0 + rA, i0 + rB, row_lo[rA], row_hi[rA], row_lo[rB], row_hi[rB], -INFINITY, -INFINITY, 0.f, 0.f};
+  const bool scale_pos = p.scale > 0;
   float o[D / 8][4];
 #pragma unroll
   for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
   const uint32_t q_base = smem_addr(Qs) + wg * 64 * 128; /* this warpgroup's 64 rows */
+  float s[WG_BC / 8][4];
+  uint32_t pa[WG_BC / 16][4]; /* P of the previous tile, as A fragments */
 
+  /* Tile t: S_t = Q·K_tᵀ is issued with O += P_{t-1}·V_{t-1} behind it; the
+   * softmax of S_t runs while the second product is on the tensor cores,
+   * and O is rescaled once it is done.  One barrier a tile: after it, every
+   * warpgroup is past tile t - 1, so K buffer (t+1)%2 and V buffer (t+1)%3
+   * are free for tile t + 1, whose copy overlaps this tile's work. */
   for (int t = 0; t < ntiles; t++) {
     const int64_t j0 = t_lo + (int64_t)t * WG_BC;
-    char *kt = Ks + (t & 1) * WG_BC * D * 2, *vt = Vs + (t & 1) * WG_BC * D * 2;
-    if (t + 1 < ntiles) { /* the next tile into the other buffers */
-      wg_load_tile<T, D, WG_BC>(Ks + ((t + 1) & 1) * WG_BC * D * 2, k, j0 + WG_BC, t_hi);
-      wg_load_tile<T, D, WG_BC>(Vs + ((t + 1) & 1) * WG_BC * D * 2, v, j0 + WG_BC, t_hi);
-    }
-    cp_async_commit();
-    cp_async_wait<1>();
+    cp_async_wait<0>();
     fence_proxy_async();
     __syncthreads();
+    if (t + 1 < ntiles) {
+      wg_load_tile<T, D, WG_BC>(Ks + ((t + 1) & 1) * WG_BC * D * 2, k, j0 + WG_BC, t_hi);
+      wg_load_tile<T, D, WG_BC>(Vs + ((t + 1) % 3) * WG_BC * D * 2, v, j0 + WG_BC, t_hi);
+    }
+    cp_async_commit();
 
     /* S = Q·Kᵀ: k-step ks reads 32 bytes into the 128-byte rows of column block ks / 4 */
-    float s[WG_BC / 8][4];
-    const uint32_t k_base = smem_addr(kt);
+    const uint32_t k_base = smem_addr(Ks + (t & 1) * WG_BC * D * 2);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < D / 16; ks++) {
@@ -102,29 +127,31 @@ __global__ void __launch_bounds__(WG_THREADS, 1) attn_wgmma_kernel(fa_attn_probl
       wgmma_ss<T, WG_BC>(&s[0][0], da, db, ks > 0);
     }
     wgmma_commit();
-    wgmma_wait<0>();
+    if (t > 0) {
+      pv_issue<T, D>(o, pa, smem_addr(Vs + ((t - 1) % 3) * WG_BC * D * 2));
+      wgmma_wait<1>();
+    } else {
+      wgmma_wait<0>();
+    }
     wgmma_hold<WG_BC / 2>(&s[0][0]);
 
-    frag_softmax_tile<WG_BC / 8, D / 8, EXTRAS>(p, b, h, j0, c2, r, s, o);
+    float alphaA, alphaB;
+    const bool full = scale_pos && j0 >= all_lo && j0 + WG_BC <= all_hi;
+    frag_softmax_tile<WG_BC / 8, EXTRAS>(p, b, h, j0, c2, full, r, s, &alphaA, &alphaB);
 
-    /* O += P·V: the accumulators of key columns 16kk..16kk+15 are P's A
-     * fragment; V's 16 rows kk·16.. are 2048 bytes on in every column block */
-    uint32_t pa[WG_BC / 16][4];
+    wgmma_wait<0>();
+    wgmma_hold<D / 2>(&o[0][0]);
+    frag_rescale<D / 8>(o, alphaA, alphaB);
 #pragma unroll
     for (int kk = 0; kk < WG_BC / 16; kk++) {
       pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]), pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
       pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     }
-    const uint32_t v_base = smem_addr(vt);
-    wgmma_hold<D / 2>(&o[0][0]);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < WG_BC / 16; kk++)
-      wgmma_rs_tb<T, D>(&o[0][0], pa[kk], wgmma_desc(v_base + kk * 2048, WG_BC * 128, 1024), 1);
-    wgmma_commit();
+  }
+  if (ntiles > 0) { /* the last tile's P·V */
+    pv_issue<T, D>(o, pa, smem_addr(Vs + ((ntiles - 1) % 3) * WG_BC * D * 2));
     wgmma_wait<0>();
     wgmma_hold<D / 2>(&o[0][0]);
-    __syncthreads(); /* this buffer is refilled two tiles on */
   }
 
   frag_store<T, D / 8>(p, bh, lane, r, o);
@@ -163,7 +190,7 @@ extern "C" int fa_cuda_wgmma_usable(void) {
 }
 
 /* The tile of this kernel ({128, 128}) for f16/bf16 at D = Dv = 64 or 128;
- * the caller has checked the rest (no NaN/inf in V, alignment). */
+ * the caller has checked the rest (alignment) and set p->v_nonfinite. */
 extern "C" fa_status fa_cuda_attention_wgmma(fa_context *ctx, const fa_attn_problem *p) {
   if (p->compute == FA_F16) return wgmma_typed<__half>(ctx, p);
   return wgmma_typed<__nv_bfloat16>(ctx, p);

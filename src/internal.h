@@ -133,6 +133,10 @@ typedef struct {
   void *o;     /* (B,Hq,Lq,Dv) compute dtype */
   float *lse;  /* (B,Hq,Lq) or NULL */
   double *lse64; /* reference: (B,Hq,Lq) or NULL */
+  /* CUDA: a device flag, set when v holds NaN or inf (NULL: not checked);
+   * the tensor-core kernels do nothing when it is set, and the fallback
+   * launched after them runs only then */
+  const int *v_nonfinite;
 } fa_attn_problem;
 
 /* The key range [lo, hi) that causal, window and kv_lens leave to query
