@@ -25,9 +25,10 @@ __global__ void matmul_naive_kernel(const T *a, const T *b, T *c, int64_t m, int
 }
 
 /* T×T tiles of A and B in shared memory (T = opts.tile); a block of
- * bt×bt threads (bt = min(T, 32)), each thread owning an (T/bt)² block of C. */
+ * bt×bt threads (bt = min(T, 32)), each thread owning an (T/bt)² block of C.
+ * Bounded for 1024 threads: f64 accumulators would not fit otherwise. */
 template <typename T>
-__global__ void matmul_tiled_kernel(const T *a, const T *b, T *c, int64_t m, int64_t k, int64_t n, int tile) {
+__global__ void __launch_bounds__(1024) matmul_tiled_kernel(const T *a, const T *b, T *c, int64_t m, int64_t k, int64_t n, int tile) {
   typedef typename Acc<T>::type A;
   extern __shared__ __align__(16) unsigned char tiles_raw[];
   const int bt = blockDim.x, per = tile / bt; /* per <= 4 */

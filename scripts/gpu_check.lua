@@ -106,6 +106,9 @@ for _, dt in ipairs { "f32", "f16", "bf16", "f64" } do
     local c = fa.matmul(a, b, { algo = algo, tile = algo == "tiled" and 8 or nil })
     check(string.format("matmul %s %s", algo, dt), fa.rel_error(c:cpu(), ref), dt == "f64" and 1e-12 or tol[dt])
   end
+  -- the largest tiles (1024 threads a block)
+  local c = fa.matmul(a, b, { algo = "tiled", tile = dt == "f64" and 64 or 128 })
+  check(string.format("matmul tiled max tile %s", dt), fa.rel_error(c:cpu(), ref), dt == "f64" and 1e-12 or tol[dt])
 end
 
 -- merge_states: two halves of the keys merged equal the whole
