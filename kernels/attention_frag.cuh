@@ -146,25 +146,31 @@ template <int BR>
 static __device__ __forceinline__ void tile_key_range(const fa_attn_problem &p, int64_t b, int64_t i0, int64_t *row_lo,
                                                       int64_t *row_hi, int64_t *t_lo, int64_t *t_hi, int64_t *all_lo,
                                                       int64_t *all_hi) {
-  __shared__ int64_t lo_s, hi_s, all_lo_s, all_hi_s;
+  __shared__ int64_t part[BR / 32][4];
   const int tid = threadIdx.x;
   if (tid < BR) {
     int64_t lo = 0, hi = 0;
     if (i0 + tid < p.Lq) fa_attn_range_of(&p, b, i0 + tid, &lo, &hi);
     row_lo[tid] = lo, row_hi[tid] = hi;
-  }
-  __syncthreads();
-  if (tid == 0) {
-    int64_t lo = INT64_MAX, hi = 0, alo = 0, ahi = INT64_MAX;
-    for (int x = 0; x < BR; x++) {
-      if (row_lo[x] < row_hi[x]) lo = min(lo, row_lo[x]), hi = max(hi, row_hi[x]);
-      if (i0 + x < p.Lq) alo = max(alo, row_lo[x]), ahi = min(ahi, row_hi[x]);
+    /* reduced in parallel (a serial pass over the rows would stall every block's start) */
+    const bool nonempty = lo < hi, valid = i0 + tid < p.Lq;
+    int64_t ulo = nonempty ? lo : INT64_MAX, uhi = nonempty ? hi : 0;
+    int64_t alo = valid ? lo : 0, ahi = valid ? hi : INT64_MAX;
+    for (int o = 16; o > 0; o >>= 1) {
+      ulo = min(ulo, (int64_t)__shfl_xor_sync(0xffffffffu, (long long)ulo, o));
+      uhi = max(uhi, (int64_t)__shfl_xor_sync(0xffffffffu, (long long)uhi, o));
+      alo = max(alo, (int64_t)__shfl_xor_sync(0xffffffffu, (long long)alo, o));
+      ahi = min(ahi, (int64_t)__shfl_xor_sync(0xffffffffu, (long long)ahi, o));
     }
-    lo_s = lo < hi ? lo : 0, hi_s = lo < hi ? hi : 0;
-    all_lo_s = alo, all_hi_s = ahi;
+    if ((tid & 31) == 0) part[tid >> 5][0] = ulo, part[tid >> 5][1] = uhi, part[tid >> 5][2] = alo, part[tid >> 5][3] = ahi;
   }
   __syncthreads();
-  *t_lo = lo_s, *t_hi = hi_s, *all_lo = all_lo_s, *all_hi = all_hi_s;
+  int64_t ulo = INT64_MAX, uhi = 0, alo = 0, ahi = INT64_MAX;
+#pragma unroll
+  for (int w = 0; w < BR / 32; w++)
+    ulo = min(ulo, part[w][0]), uhi = max(uhi, part[w][1]), alo = max(alo, part[w][2]), ahi = min(ahi, part[w][3]);
+  const bool any = ulo < uhi;
+  *t_lo = any ? ulo : 0, *t_hi = any ? uhi : 0, *all_lo = alo, *all_hi = ahi;
 }
 
 #endif
