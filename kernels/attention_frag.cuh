@@ -45,6 +45,15 @@ struct frag_rows {
   float mA, mB, lA, lB;               /* running max, this thread's part of the row sum */
 };
 
+/* The state of rows i0 + rA and i0 + rB of batch b, before any key. */
+static __device__ __forceinline__ frag_rows frag_rows_start(const fa_attn_problem &p, int64_t b, int64_t i0, int rA,
+                                                            int rB) {
+  frag_rows r = {i0 + rA, i0 + rB, 0, 0, 0, 0, -INFINITY, -INFINITY, 0.f, 0.f};
+  if (r.iA < p.Lq) fa_attn_range_of(&p, b, r.iA, &r.loA, &r.hiA);
+  if (r.iB < p.Lq) fa_attn_range_of(&p, b, r.iB, &r.loB, &r.hiB);
+  return r;
+}
+
 /* One key tile [j0, j0 + 8·NC) of the online softmax: the score rule on the
  * raw dot products in s, the tile max across the quad, P = exp(s - m) in s,
  * the row sums; *alphaA, *alphaB = exp(m_old - m_new), by which O must be
@@ -137,21 +146,19 @@ static __device__ __forceinline__ void frag_store(const fa_attn_problem &p, int6
   }
 }
 
-/* The key range of a query tile [i0, i0 + BR): each row's [lo, hi) into
- * row_lo/row_hi, the union of the non-empty ones into *t_lo, *t_hi (0, 0
- * when every row is empty), and the keys inside every row's range (rows
- * past Lq aside) as [*all_lo, *all_hi), empty when all_hi <= all_lo.
- * Called by the whole block. */
+/* The key range of a query tile [i0, i0 + BR): the union of its rows'
+ * non-empty ranges as [*t_lo, *t_hi) (0, 0 when every row is empty), and
+ * the keys inside every row's range (rows past Lq aside) as
+ * [*all_lo, *all_hi), empty when all_hi <= all_lo.  Called by the whole
+ * block. */
 template <int BR>
-static __device__ __forceinline__ void tile_key_range(const fa_attn_problem &p, int64_t b, int64_t i0, int64_t *row_lo,
-                                                      int64_t *row_hi, int64_t *t_lo, int64_t *t_hi, int64_t *all_lo,
-                                                      int64_t *all_hi) {
+static __device__ __forceinline__ void tile_key_range(const fa_attn_problem &p, int64_t b, int64_t i0, int64_t *t_lo,
+                                                      int64_t *t_hi, int64_t *all_lo, int64_t *all_hi) {
   __shared__ int64_t part[BR / 32][4];
   const int tid = threadIdx.x;
   if (tid < BR) {
     int64_t lo = 0, hi = 0;
     if (i0 + tid < p.Lq) fa_attn_range_of(&p, b, i0 + tid, &lo, &hi);
-    row_lo[tid] = lo, row_hi[tid] = hi;
     /* reduced in parallel (a serial pass over the rows would stall every block's start) */
     const bool nonempty = lo < hi, valid = i0 + tid < p.Lq;
     int64_t ulo = nonempty ? lo : INT64_MAX, uhi = nonempty ? hi : 0;

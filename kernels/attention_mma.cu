@@ -73,7 +73,6 @@ __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_pro
   const int CH = D / 8, MMA_BR = 16 * MMA_WARPS(D);
   extern __shared__ __align__(128) char mma_smem[];
   char *Qs = mma_smem, *Ks = Qs + MMA_BR * D * 2, *Vs = Ks + 2 * MMA_BC * D * 2; /* K, V: two buffers each */
-  __shared__ int64_t row_lo[MMA_BR], row_hi[MMA_BR];
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t qtiles = (p.Lq + MMA_BR - 1) / MMA_BR;
@@ -86,7 +85,7 @@ __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_pro
   load_tile<T, D, MMA_BR>(Qs, q, i0, p.Lq);
   cp_async_commit();
   int64_t t_lo, t_hi, all_lo, all_hi;
-  tile_key_range<MMA_BR>(p, b, i0, row_lo, row_hi, &t_lo, &t_hi, &all_lo, &all_hi);
+  tile_key_range<MMA_BR>(p, b, i0, &t_lo, &t_hi, &all_lo, &all_hi);
   const bool scale_pos = p.scale > 0;
   const int ntiles = (int)((t_hi - t_lo + MMA_BC - 1) / MMA_BC);
   if (ntiles > 0) {
@@ -105,7 +104,7 @@ __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_pro
 
   const int g = lane >> 2, c2 = (lane & 3) * 2; /* accumulator row (and row + 8), column pair */
   const int rA = warp * 16 + g, rB = rA + 8;
-  frag_rows r = {i0 + rA, i0 + rB, row_lo[rA], row_hi[rA], row_lo[rB], row_hi[rB], -INFINITY, -INFINITY, 0.f, 0.f};
+  frag_rows r = frag_rows_start(p, b, i0, rA, rB);
   float o[D / 8][4];
 #pragma unroll
   for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;

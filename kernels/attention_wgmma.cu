@@ -70,13 +70,12 @@ struct wg_item {
 
 /* Item x: the query tiles of a head are consecutive (their K and V stay in
  * L2 while the blocks working on them run), the long causal ones first.
- * Its rows' key ranges go to row_lo/row_hi.  Called by the whole block. */
-static __device__ __forceinline__ wg_item wg_item_at(const fa_attn_problem &p, int64_t x, int64_t *row_lo,
-                                                     int64_t *row_hi) {
+ * Called by the whole block. */
+static __device__ __forceinline__ wg_item wg_item_at(const fa_attn_problem &p, int64_t x) {
   wg_item it;
   const int64_t qtiles = (p.Lq + WG_BR - 1) / WG_BR;
   it.bh = x / qtiles, it.b = it.bh / p.Hq, it.h = it.bh % p.Hq, it.i0 = (qtiles - 1 - x % qtiles) * WG_BR;
-  tile_key_range<WG_BR>(p, it.b, it.i0, row_lo, row_hi, &it.t_lo, &it.t_hi, &it.all_lo, &it.all_hi);
+  tile_key_range<WG_BR>(p, it.b, it.i0, &it.t_lo, &it.t_hi, &it.all_lo, &it.all_hi);
   it.ntiles = (int)((it.t_hi - it.t_lo + WG_BC - 1) / WG_BC);
   return it;
 }
@@ -116,7 +115,6 @@ __global__ void __launch_bounds__(WG_THREADS, 1) attn_wgmma_kernel(fa_attn_probl
   /* the swizzle is computed on address bits: blocks must be 1024-byte aligned */
   char *Qs = wg_smem_raw + ((1024 - (smem_addr(wg_smem_raw) & 1023)) & 1023); /* two buffers */
   char *Ks = Qs + 2 * WG_BR * D * 2, *Vs = Ks + 2 * WG_BC * D * 2;             /* K: two buffers, V: three */
-  __shared__ int64_t row_lo[2][WG_BR], row_hi[2][WG_BR];
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   const int g = lane >> 2, c2 = (lane & 3) * 2;
@@ -125,7 +123,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) attn_wgmma_kernel(fa_attn_probl
   int64_t x = blockIdx.x;
   int qslot = 0;
   int64_t gt = 0; /* key tiles consumed by this block: the ring slot of the next */
-  wg_item cur = wg_item_at(p, x, row_lo[0], row_hi[0]);
+  wg_item cur = wg_item_at(p, x);
   wg_load_item<T, D>(p, cur, Qs, 0, Ks, Vs, 0);
   cp_async_commit();
 
@@ -133,13 +131,12 @@ __global__ void __launch_bounds__(WG_THREADS, 1) attn_wgmma_kernel(fa_attn_probl
     const int64_t nx = x + gridDim.x;
     const bool has_next = nx < nitems;
     wg_item next = cur;
-    if (has_next) next = wg_item_at(p, nx, row_lo[qslot ^ 1], row_hi[qslot ^ 1]);
+    if (has_next) next = wg_item_at(p, nx);
     if (cur.ntiles == 0 && has_next) { /* nothing to compute: the next item's copies now */
       wg_load_item<T, D>(p, next, Qs, qslot ^ 1, Ks, Vs, gt);
       cp_async_commit();
     }
-    frag_rows r = {cur.i0 + rA, cur.i0 + rB, row_lo[qslot][rA], row_hi[qslot][rA], row_lo[qslot][rB],
-                   row_hi[qslot][rB], -INFINITY, -INFINITY, 0.f, 0.f};
+    frag_rows r = frag_rows_start(p, cur.b, cur.i0, rA, rB);
     float o[D / 8][4];
 #pragma unroll
     for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
@@ -229,18 +226,20 @@ template <typename T> static fa_status wgmma_typed(fa_context *ctx, const fa_att
   return extras ? launch<T, 128, true>(ctx, p) : launch<T, 128, false>(ctx, p);
 }
 
-/* Whether this build and device run the wgmma kernel: a Hopper GPU and
- * sm_90a code in the binary (a kernel JIT-compiled from older PTX has an
- * empty body). */
+/* Whether this build and device run the wgmma kernel: a Hopper GPU, sm_90a
+ * code in the binary (a kernel JIT-compiled from older PTX has an empty
+ * body), and the shared memory it asks for. */
 extern "C" int fa_cuda_wgmma_usable(void) {
-  int dev = 0, major = 0;
+  int dev = 0, major = 0, smem_optin = 0;
   cudaFuncAttributes attr;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ||
-      cudaFuncGetAttributes(&attr, attn_wgmma_kernel<__half, 64, false>) != cudaSuccess) {
+      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) ||
+      cudaFuncGetAttributes(&attr, attn_wgmma_kernel<__half, 128, true>) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
-  return major == 9 && attr.ptxVersion >= 90 && attr.binaryVersion >= 90;
+  return major == 9 && attr.ptxVersion >= 90 && attr.binaryVersion >= 90 &&
+         wgmma_smem_bytes(128) + attr.sharedSizeBytes <= (size_t)smem_optin;
 }
 
 /* The tile of this kernel ({128, 128}) for f16/bf16 at D = Dv = 64 or 128;
