@@ -20,7 +20,8 @@ extern "C" fa_status fa_cuda_attention_mma(fa_context *ctx, const fa_attn_proble
 enum { MODE_FLASH = 0, MODE_STATS, MODE_OUTPUT };
 
 template <typename T, int BR, int MODE>
-__global__ void __launch_bounds__(NWARPS * 32) attn_tiled_kernel(fa_attn_problem p, int br, int Bc, float *stats) {
+static __device__ __forceinline__ void attn_tiled_block(const fa_attn_problem &p, int br, int Bc, float *stats,
+                                                        int64_t blk) {
   const int R = BR / NWARPS; /* BR >= br: the block computes br rows, the rest idle */
   extern __shared__ float smem[];
   __shared__ int64_t row_lo[BR], row_hi[BR];
@@ -28,14 +29,13 @@ __global__ void __launch_bounds__(NWARPS * 32) attn_tiled_kernel(fa_attn_problem
   const int D = (int)p.D, Dv = (int)p.Dv, DP = D + 1; /* K rows padded: lane j reads row j without conflicts */
   float *Qs = smem, *Ks = Qs + BR * D, *Vs = Ks + Bc * DP;
   const int64_t qtiles = (p.Lq + br - 1) / br;
-  const int64_t bh = blockIdx.x / qtiles, qt = qtiles - 1 - blockIdx.x % qtiles; /* long causal tiles first */
+  const int64_t bh = blk / qtiles, qt = qtiles - 1 - blk % qtiles; /* long causal tiles first */
   const int64_t b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv), i0 = qt * br;
   const int64_t lim = min(p.Lq, i0 + br); /* rows [i0, lim) are this block's */
   const T *q = (const T *)p.q + (bh * p.Lq) * D;
   const T *k = (const T *)p.k + ((b * p.Hkv + hk) * p.Lk) * D;
   const T *v = (const T *)p.v + ((b * p.Hkv + hk) * p.Lk) * Dv;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  if (p.v_nonfinite && !*p.v_nonfinite) return; /* a fallback not needed: the tensor cores have run */
 
   if (tid < BR) {
     int64_t lo = 0, hi = 0;
@@ -178,6 +178,20 @@ template <typename T> __global__ void attn_row_kernel(fa_attn_problem p) {
   if (p.lse) p.lse[row] = row_lse(m, d);
 }
 
+/* Query tile blocks blockIdx.x, blockIdx.x + gridDim.x, ... of nblk: one a
+ * block, except as the fallback of the tensor-core kernels (p.v_nonfinite
+ * set), launched with a grid of a few blocks per SM that returns at once
+ * unless V holds NaN or inf. */
+template <typename T, int BR, int MODE>
+__global__ void __launch_bounds__(NWARPS * 32) attn_tiled_kernel(fa_attn_problem p, int br, int Bc, float *stats,
+                                                                 int64_t nblk) {
+  if (p.v_nonfinite && !*p.v_nonfinite) return; /* not needed: the tensor cores have run */
+  for (int64_t blk = blockIdx.x; blk < nblk; blk += gridDim.x) {
+    attn_tiled_block<T, BR, MODE>(p, br, Bc, stats, blk);
+    __syncthreads(); /* its shared memory is the next one's */
+  }
+}
+
 /* ---- launchers ---- */
 
 
@@ -216,9 +230,16 @@ static fa_status launch_tiled(fa_context *ctx, const fa_attn_problem *p, float *
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(attn_tiled_kernel<T, BR, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           (int)smem));
   int br = (int)p->tile_q;
-  int64_t blocks = p->B * p->Hq * ((p->Lq + br - 1) / br);
-  if (blocks > INT32_MAX) return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: attention on cuda: too many query tiles");
-  attn_tiled_kernel<T, BR, MODE><<<(unsigned)blocks, NWARPS * 32, smem, fa_cuda_stream(ctx)>>>(*p, br, bc, stats);
+  int64_t blocks = p->B * p->Hq * ((p->Lq + br - 1) / br), grid = blocks;
+  if (p->v_nonfinite) { /* a fallback: mostly not needed, so a grid that is cheap to launch */
+    int dev = 0, sms = 0;
+    FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
+    FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    grid = min(blocks, (int64_t)sms * 2);
+  }
+  if (grid > INT32_MAX) return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: attention on cuda: too many query tiles");
+  if (grid == 0) return FA_OK;
+  attn_tiled_kernel<T, BR, MODE><<<(unsigned)grid, NWARPS * 32, smem, fa_cuda_stream(ctx)>>>(*p, br, bc, stats, blocks);
   FA_CUDA_CHECK_LAUNCH(ctx, "attn_tiled_kernel");
   return FA_OK;
 }

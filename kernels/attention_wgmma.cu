@@ -2,8 +2,8 @@
  * and 128: warpgroup MMA (wgmma) reading K and V straight from shared
  * memory.
  *
- * A block of two warpgroups (256 threads) works on 128 query rows of one
- * (batch, head) at a time; warpgroup w computes rows 64w..64w+63.  Q and the key and
+ * A block of two warpgroups (256 threads) owns 128 query rows of one
+ * (batch, head); warpgroup w computes rows 64w..64w+63.  Q and the key and
  * value tiles of 128 rows live in shared memory in the layout wgmma reads
  * (128-byte rows, XOR-swizzled, one 64-column block after the other);
  * the next K and V tiles are copied asynchronously while one is computed.
@@ -43,7 +43,7 @@ static __device__ __forceinline__ void wg_load_tile(char *tile, const T *src, in
   }
 }
 
-static size_t wgmma_smem_bytes(int D) { return (size_t)(2 * WG_BR + 5 * WG_BC) * D * 2 + 1024; /* + alignment */ }
+static size_t wgmma_smem_bytes(int D) { return (size_t)(WG_BR + 5 * WG_BC) * D * 2 + 1024; /* + alignment */ }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* Issues O += P·V for one key tile (committed, not waited for): the
@@ -61,145 +61,99 @@ static __device__ __forceinline__ void pv_issue(float (*o)[4], uint32_t (*pa)[4]
 }
 #endif
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-/* One work item: a query tile of one (batch, head), and its key range. */
-struct wg_item {
-  int64_t bh, b, h, i0, t_lo, t_hi, all_lo, all_hi;
-  int ntiles;
-};
-
-/* Item x: the query tiles of a head are consecutive (their K and V stay in
- * L2 while the blocks working on them run), the long causal ones first.
- * Called by the whole block. */
-static __device__ __forceinline__ wg_item wg_item_at(const fa_attn_problem &p, int64_t x) {
-  wg_item it;
-  const int64_t qtiles = (p.Lq + WG_BR - 1) / WG_BR;
-  it.bh = x / qtiles, it.b = it.bh / p.Hq, it.h = it.bh % p.Hq, it.i0 = (qtiles - 1 - x % qtiles) * WG_BR;
-  tile_key_range<WG_BR>(p, it.b, it.i0, &it.t_lo, &it.t_hi, &it.all_lo, &it.all_hi);
-  it.ntiles = (int)((it.t_hi - it.t_lo + WG_BC - 1) / WG_BC);
-  return it;
-}
-
-template <typename T, int D>
-static __device__ __forceinline__ const T *wg_kv(const fa_attn_problem &p, const wg_item &it, const void *base) {
-  return (const T *)base + (it.b * p.Hkv + it.h / (p.Hq / p.Hkv)) * p.Lk * D;
-}
-
-/* Key/value tile n of item it into ring slot `slot` (K: two buffers, V: three). */
-template <typename T, int D>
-static __device__ __forceinline__ void wg_load_kv(const fa_attn_problem &p, const wg_item &it, int n, char *Ks,
-                                                  char *Vs, int64_t slot) {
-  const int64_t j = it.t_lo + (int64_t)n * WG_BC;
-  wg_load_tile<T, D, WG_BC>(Ks + (slot & 1) * WG_BC * D * 2, wg_kv<T, D>(p, it, p.k), j, it.t_hi);
-  wg_load_tile<T, D, WG_BC>(Vs + (slot % 3) * WG_BC * D * 2, wg_kv<T, D>(p, it, p.v), j, it.t_hi);
-}
-
-/* The first copies of item it: its query tile into Q buffer qslot, its first key/value tile into ring slot `slot`. */
-template <typename T, int D>
-static __device__ __forceinline__ void wg_load_item(const fa_attn_problem &p, const wg_item &it, char *Qs, int qslot,
-                                                    char *Ks, char *Vs, int64_t slot) {
-  wg_load_tile<T, D, WG_BR>(Qs + qslot * WG_BR * D * 2, (const T *)p.q + it.bh * p.Lq * D, it.i0, p.Lq);
-  if (it.ntiles > 0) wg_load_kv<T, D>(p, it, 0, Ks, Vs, slot);
-}
-#endif
-
-/* Persistent: a block per SM walks the work items x = blockIdx.x,
- * blockIdx.x + gridDim.x, ...; the copies of the next item (its query tile,
- * its first key/value tile) are issued during the last tile of this one,
- * so that a block never waits for memory between items. */
 template <typename T, int D, bool EXTRAS>
-__global__ void __launch_bounds__(WG_THREADS, 1) attn_wgmma_kernel(fa_attn_problem p, int64_t nitems) {
+__global__ void __launch_bounds__(WG_THREADS, 1) attn_wgmma_kernel(fa_attn_problem p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  if (*p.v_nonfinite || blockIdx.x >= nitems) return; /* the fallback's */
+  if (*p.v_nonfinite) return; /* the fallback's */
   extern __shared__ __align__(128) char wg_smem_raw[];
   /* the swizzle is computed on address bits: blocks must be 1024-byte aligned */
-  char *Qs = wg_smem_raw + ((1024 - (smem_addr(wg_smem_raw) & 1023)) & 1023); /* two buffers */
-  char *Ks = Qs + 2 * WG_BR * D * 2, *Vs = Ks + 2 * WG_BC * D * 2;             /* K: two buffers, V: three */
+  char *Qs = wg_smem_raw + ((1024 - (smem_addr(wg_smem_raw) & 1023)) & 1023);
+  char *Ks = Qs + WG_BR * D * 2, *Vs = Ks + 2 * WG_BC * D * 2; /* K: two buffers, V: three */
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
-  const int g = lane >> 2, c2 = (lane & 3) * 2;
-  const int rA = warp * 16 + g, rB = rA + 8;
-  const bool scale_pos = p.scale > 0;
-  int64_t x = blockIdx.x;
-  int qslot = 0;
-  int64_t gt = 0; /* key tiles consumed by this block: the ring slot of the next */
-  wg_item cur = wg_item_at(p, x);
-  wg_load_item<T, D>(p, cur, Qs, 0, Ks, Vs, 0);
+  const int64_t qtiles = (p.Lq + WG_BR - 1) / WG_BR;
+  const int64_t bh = blockIdx.x / qtiles, qt = qtiles - 1 - blockIdx.x % qtiles; /* long causal tiles first */
+  const int64_t b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv), i0 = qt * WG_BR;
+  const T *q = (const T *)p.q + bh * p.Lq * D;
+  const T *k = (const T *)p.k + (b * p.Hkv + hk) * p.Lk * D;
+  const T *v = (const T *)p.v + (b * p.Hkv + hk) * p.Lk * D;
+
+  wg_load_tile<T, D, WG_BR>(Qs, q, i0, p.Lq);
+  cp_async_commit();
+  int64_t t_lo, t_hi, all_lo, all_hi;
+  tile_key_range<WG_BR>(p, b, i0, &t_lo, &t_hi, &all_lo, &all_hi);
+  const int ntiles = (int)((t_hi - t_lo + WG_BC - 1) / WG_BC);
+  if (ntiles > 0) {
+    wg_load_tile<T, D, WG_BC>(Ks, k, t_lo, t_hi);
+    wg_load_tile<T, D, WG_BC>(Vs, v, t_lo, t_hi);
+  }
   cp_async_commit();
 
-  for (;;) {
-    const int64_t nx = x + gridDim.x;
-    const bool has_next = nx < nitems;
-    wg_item next = cur;
-    if (has_next) next = wg_item_at(p, nx);
-    if (cur.ntiles == 0 && has_next) { /* nothing to compute: the next item's copies now */
-      wg_load_item<T, D>(p, next, Qs, qslot ^ 1, Ks, Vs, gt);
-      cp_async_commit();
+  const int g = lane >> 2, c2 = (lane & 3) * 2;
+  const int rA = warp * 16 + g, rB = rA + 8;
+  frag_rows r = frag_rows_start(p, b, i0, rA, rB);
+  const bool scale_pos = p.scale > 0;
+  float o[D / 8][4];
+#pragma unroll
+  for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+  const uint32_t q_base = smem_addr(Qs) + wg * 64 * 128; /* this warpgroup's 64 rows */
+  float s[WG_BC / 8][4];
+  uint32_t pa[WG_BC / 16][4]; /* P of the previous tile, as A fragments */
+
+  /* Tile t: S_t = Q·K_tᵀ is issued with O += P_{t-1}·V_{t-1} behind it; the
+   * softmax of S_t runs while the second product is on the tensor cores,
+   * and O is rescaled once it is done.  One barrier a tile: after it, every
+   * warpgroup is past tile t - 1, so K buffer (t+1)%2 and V buffer (t+1)%3
+   * are free for tile t + 1, whose copy overlaps this tile's work. */
+  for (int t = 0; t < ntiles; t++) {
+    const int64_t j0 = t_lo + (int64_t)t * WG_BC;
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();
+    if (t + 1 < ntiles) {
+      wg_load_tile<T, D, WG_BC>(Ks + ((t + 1) & 1) * WG_BC * D * 2, k, j0 + WG_BC, t_hi);
+      wg_load_tile<T, D, WG_BC>(Vs + ((t + 1) % 3) * WG_BC * D * 2, v, j0 + WG_BC, t_hi);
     }
-    frag_rows r = frag_rows_start(p, cur.b, cur.i0, rA, rB);
-    float o[D / 8][4];
+    cp_async_commit();
+
+    /* S = Q·Kᵀ: k-step ks reads 32 bytes into the 128-byte rows of column block ks / 4 */
+    const uint32_t k_base = smem_addr(Ks + (t & 1) * WG_BC * D * 2);
+    wgmma_fence();
 #pragma unroll
-    for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
-    const uint32_t q_base = smem_addr(Qs + qslot * WG_BR * D * 2) + wg * 64 * 128; /* this warpgroup's 64 rows */
-    float s[WG_BC / 8][4];
-    uint32_t pa[WG_BC / 16][4]; /* P of the previous tile, as A fragments */
-
-    /* Tile t: S_t = Q·K_tᵀ is issued with O += P_{t-1}·V_{t-1} behind it; the
-     * softmax of S_t runs while the second product is on the tensor cores,
-     * and O is rescaled once it is done.  One barrier a tile: after it, every
-     * warpgroup is past the previous tile, so K buffer (gt+1)%2 and V buffer
-     * (gt+1)%3 are free for the next tile (of this item or the next), whose
-     * copy overlaps this tile's work. */
-    for (int t = 0; t < cur.ntiles; t++, gt++) {
-      const int64_t j0 = cur.t_lo + (int64_t)t * WG_BC;
-      cp_async_wait<0>();
-      fence_proxy_async();
-      __syncthreads();
-      if (t + 1 < cur.ntiles) wg_load_kv<T, D>(p, cur, t + 1, Ks, Vs, gt + 1);
-      else if (has_next) wg_load_item<T, D>(p, next, Qs, qslot ^ 1, Ks, Vs, gt + 1);
-      cp_async_commit();
-
-      /* S = Q·Kᵀ: k-step ks reads 32 bytes into the 128-byte rows of column block ks / 4 */
-      const uint32_t k_base = smem_addr(Ks + (gt & 1) * WG_BC * D * 2);
-      wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ks++) {
-        uint64_t da = wgmma_desc(q_base + (ks >> 2) * WG_BR * 128 + (ks & 3) * 32, 16, 1024);
-        uint64_t db = wgmma_desc(k_base + (ks >> 2) * WG_BC * 128 + (ks & 3) * 32, 16, 1024);
-        wgmma_ss<T, WG_BC>(&s[0][0], da, db, ks > 0);
-      }
-      wgmma_commit();
-      if (t > 0) {
-        pv_issue<T, D>(o, pa, smem_addr(Vs + ((gt - 1) % 3) * WG_BC * D * 2));
-        wgmma_wait<1>();
-      } else {
-        wgmma_wait<0>();
-      }
-      wgmma_hold<WG_BC / 2>(&s[0][0]);
-
-      float alphaA, alphaB;
-      const bool full = scale_pos && j0 >= cur.all_lo && j0 + WG_BC <= cur.all_hi;
-      frag_softmax_tile<WG_BC / 8, EXTRAS>(p, cur.b, cur.h, j0, c2, full, r, s, &alphaA, &alphaB);
-
+    for (int ks = 0; ks < D / 16; ks++) {
+      uint64_t da = wgmma_desc(q_base + (ks >> 2) * WG_BR * 128 + (ks & 3) * 32, 16, 1024);
+      uint64_t db = wgmma_desc(k_base + (ks >> 2) * WG_BC * 128 + (ks & 3) * 32, 16, 1024);
+      wgmma_ss<T, WG_BC>(&s[0][0], da, db, ks > 0);
+    }
+    wgmma_commit();
+    if (t > 0) {
+      pv_issue<T, D>(o, pa, smem_addr(Vs + ((t - 1) % 3) * WG_BC * D * 2));
+      wgmma_wait<1>();
+    } else {
       wgmma_wait<0>();
-      wgmma_hold<D / 2>(&o[0][0]);
-      frag_rescale<D / 8>(o, alphaA, alphaB);
+    }
+    wgmma_hold<WG_BC / 2>(&s[0][0]);
+
+    float alphaA, alphaB;
+    const bool full = scale_pos && j0 >= all_lo && j0 + WG_BC <= all_hi;
+    frag_softmax_tile<WG_BC / 8, EXTRAS>(p, b, h, j0, c2, full, r, s, &alphaA, &alphaB);
+
+    wgmma_wait<0>();
+    wgmma_hold<D / 2>(&o[0][0]);
+    frag_rescale<D / 8>(o, alphaA, alphaB);
 #pragma unroll
-      for (int kk = 0; kk < WG_BC / 16; kk++) {
-        pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]), pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-        pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-      }
+    for (int kk = 0; kk < WG_BC / 16; kk++) {
+      pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]), pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+      pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     }
-    if (cur.ntiles > 0) { /* the last tile's P·V */
-      pv_issue<T, D>(o, pa, smem_addr(Vs + ((gt - 1) % 3) * WG_BC * D * 2));
-      wgmma_wait<0>();
-      wgmma_hold<D / 2>(&o[0][0]);
-    }
-    frag_store<T, D / 8>(p, cur.bh, lane, r, o);
-    if (!has_next) break;
-    x = nx, cur = next, qslot ^= 1;
   }
+  if (ntiles > 0) { /* the last tile's P·V */
+    pv_issue<T, D>(o, pa, smem_addr(Vs + ((ntiles - 1) % 3) * WG_BC * D * 2));
+    wgmma_wait<0>();
+    wgmma_hold<D / 2>(&o[0][0]);
+  }
+
+  frag_store<T, D / 8>(p, bh, lane, r, o);
 #endif
 }
 
@@ -207,15 +161,9 @@ template <typename T, int D, bool EXTRAS> static fa_status launch(fa_context *ct
   const size_t smem = wgmma_smem_bytes(D);
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(attn_wgmma_kernel<T, D, EXTRAS>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  int dev = 0, sms = 0, per_sm = 0;
-  FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
-  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  FA_CUDA_CHECK(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_wgmma_kernel<T, D, EXTRAS>,
-                                                                   WG_THREADS, smem));
-  const int64_t items = p->B * p->Hq * ((p->Lq + WG_BR - 1) / WG_BR);
-  const int64_t blocks = min(items, (int64_t)sms * (per_sm > 0 ? per_sm : 1));
-  if (blocks == 0) return FA_OK;
-  attn_wgmma_kernel<T, D, EXTRAS><<<(unsigned)blocks, WG_THREADS, smem, fa_cuda_stream(ctx)>>>(*p, items);
+  int64_t blocks = p->B * p->Hq * ((p->Lq + WG_BR - 1) / WG_BR);
+  if (blocks > INT32_MAX) return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: attention on cuda: too many query tiles");
+  attn_wgmma_kernel<T, D, EXTRAS><<<(unsigned)blocks, WG_THREADS, smem, fa_cuda_stream(ctx)>>>(*p);
   FA_CUDA_CHECK_LAUNCH(ctx, "attn_wgmma_kernel");
   return FA_OK;
 }
