@@ -7,6 +7,7 @@
 # memcheck and racecheck over a small pass, and the benchmarks with their
 # peers.  Logs and JSON results go to $OUT.  Lua travels as Debian
 # packages: run `bash scripts/fetch_gpu_deps.sh` here first (needs .deps/).
+# FA_COMMIT names the commit measured when the tree is a copy without .git.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -56,13 +57,13 @@ if [[ $what == *" all "* || $what == *" bench "* ]]; then
   step "softmax: engine, then peers (torch, the seeds' Triton kernel, device copy)"
   $B/flashattn-lua scripts/bench_softmax.lua --json "$OUT/softmax_engine.json" 2>&1 | tee "$OUT/bench_softmax.log" || rc=1
   python3 scripts/peers_softmax.py --engine "$OUT/softmax_engine.json" --json "$OUT/softmax.json" \
-    --commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" 2>&1 | tee -a "$OUT/bench_softmax.log" || rc=1
+    --commit "${FA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" 2>&1 | tee -a "$OUT/bench_softmax.log" || rc=1
 fi
 if [[ $what == *" all "* || $what == *" attention "* ]]; then
   step "attention: engine, then peers (torch SDPA: flash = FA2, cuDNN, efficient)"
   $B/flashattn-lua scripts/bench_attention.lua --json "$OUT/attention_engine.json" ${ATTN_ARGS:-} 2>&1 | tee "$OUT/bench_attention.log" || rc=1
   python3 scripts/peers_attention.py --engine "$OUT/attention_engine.json" --json "$OUT/attention.json" \
-    --commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" 2>&1 | tee -a "$OUT/bench_attention.log" || rc=1
+    --commit "${FA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" 2>&1 | tee -a "$OUT/bench_attention.log" || rc=1
 fi
 if [[ $what == *" all "* || $what == *" seeds "* ]]; then
   step "the seeds' claims, full form"
