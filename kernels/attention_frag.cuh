@@ -116,10 +116,9 @@ static __device__ __forceinline__ void frag_softmax_tile(const fa_attn_problem &
   r.lB = r.lB * *alphaB + sumB;
 }
 
-/* O *= alpha per row; skipped when no row of the warp changed its max
- * (alpha = 1 exactly: the common case once the max has settled). */
+/* O *= alpha per row (always: skipping it when no row of the warp moved its
+ * max measured slower on the H200, docs/perf/2026-11-22-attention-h200-run5.json). */
 template <int DC> static __device__ __forceinline__ void frag_rescale(float (*o)[4], float alphaA, float alphaB) {
-  if (!__any_sync(0xffffffffu, alphaA != 1.f || alphaB != 1.f)) return;
 #pragma unroll
   for (int d = 0; d < DC; d++) o[d][0] *= alphaA, o[d][1] *= alphaA, o[d][2] *= alphaB, o[d][3] *= alphaB;
 }
