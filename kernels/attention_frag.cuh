@@ -45,6 +45,20 @@ struct frag_rows {
   float mA, mB, lA, lB;               /* running max, this thread's part of the row sum */
 };
 
+/* Block blk's query tile of BR rows: the tiles of a head are consecutive,
+ * the long causal ones first; q, k, v point at its head's rows (GQA: the
+ * key/value head of query head h). */
+template <typename T, int D, int BR> struct frag_qtile {
+  int64_t bh, b, h, i0;
+  const T *q, *k, *v;
+  __device__ __forceinline__ frag_qtile(const fa_attn_problem &p, int64_t blk) {
+    const int64_t qtiles = (p.Lq + BR - 1) / BR;
+    bh = blk / qtiles, b = bh / p.Hq, h = bh % p.Hq, i0 = (qtiles - 1 - blk % qtiles) * BR;
+    const int64_t kv = (b * p.Hkv + h / (p.Hq / p.Hkv)) * p.Lk * D;
+    q = (const T *)p.q + bh * p.Lq * D, k = (const T *)p.k + kv, v = (const T *)p.v + kv;
+  }
+};
+
 /* The state of rows i0 + rA and i0 + rB of batch b, before any key. */
 static __device__ __forceinline__ frag_rows frag_rows_start(const fa_attn_problem &p, int64_t b, int64_t i0, int rA,
                                                             int rB) {

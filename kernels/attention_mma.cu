@@ -75,12 +75,9 @@ __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_pro
   char *Qs = mma_smem, *Ks = Qs + MMA_BR * D * 2, *Vs = Ks + 2 * MMA_BC * D * 2; /* K, V: two buffers each */
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int64_t qtiles = (p.Lq + MMA_BR - 1) / MMA_BR;
-  const int64_t bh = blockIdx.x / qtiles, qt = qtiles - 1 - blockIdx.x % qtiles; /* long causal tiles first */
-  const int64_t b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv), i0 = qt * MMA_BR;
-  const T *q = (const T *)p.q + bh * p.Lq * D;
-  const T *k = (const T *)p.k + (b * p.Hkv + hk) * p.Lk * D;
-  const T *v = (const T *)p.v + (b * p.Hkv + hk) * p.Lk * D;
+  const frag_qtile<T, D, MMA_BR> qt(p, blockIdx.x);
+  const int64_t bh = qt.bh, b = qt.b, h = qt.h, i0 = qt.i0;
+  const T *q = qt.q, *k = qt.k, *v = qt.v;
 
   load_tile<T, D, MMA_BR>(Qs, q, i0, p.Lq);
   cp_async_commit();

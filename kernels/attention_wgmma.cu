@@ -71,12 +71,9 @@ __global__ void __launch_bounds__(WG_THREADS, 1) attn_wgmma_kernel(fa_attn_probl
   char *Ks = Qs + WG_BR * D * 2, *Vs = Ks + 2 * WG_BC * D * 2; /* K: two buffers, V: three */
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
-  const int64_t qtiles = (p.Lq + WG_BR - 1) / WG_BR;
-  const int64_t bh = blockIdx.x / qtiles, qt = qtiles - 1 - blockIdx.x % qtiles; /* long causal tiles first */
-  const int64_t b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv), i0 = qt * WG_BR;
-  const T *q = (const T *)p.q + bh * p.Lq * D;
-  const T *k = (const T *)p.k + (b * p.Hkv + hk) * p.Lk * D;
-  const T *v = (const T *)p.v + (b * p.Hkv + hk) * p.Lk * D;
+  const frag_qtile<T, D, WG_BR> qt(p, blockIdx.x);
+  const int64_t bh = qt.bh, b = qt.b, h = qt.h, i0 = qt.i0;
+  const T *q = qt.q, *k = qt.k, *v = qt.v;
 
   wg_load_tile<T, D, WG_BR>(Qs, q, i0, p.Lq);
   cp_async_commit();
@@ -177,10 +174,10 @@ template <typename T> static fa_status wgmma_typed(fa_context *ctx, const fa_att
 /* Whether this build and device run the wgmma kernel: a Hopper GPU, sm_90a
  * code in the binary (a kernel JIT-compiled from older PTX has an empty
  * body), and the shared memory it asks for. */
-extern "C" int fa_cuda_wgmma_usable(void) {
-  int dev = 0, major = 0, smem_optin = 0;
+static int wgmma_probe(int dev) {
+  int major = 0, smem_optin = 0;
   cudaFuncAttributes attr;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ||
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ||
       cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) ||
       cudaFuncGetAttributes(&attr, attn_wgmma_kernel<__half, 128, true>) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -188,6 +185,20 @@ extern "C" int fa_cuda_wgmma_usable(void) {
   }
   return major == 9 && attr.ptxVersion >= 90 && attr.binaryVersion >= 90 &&
          wgmma_smem_bytes(128) + attr.sharedSizeBytes <= (size_t)smem_optin;
+}
+
+/* Asked twice a call (default tile, dispatch): probed once per device;
+ * racing threads store the same answer. */
+extern "C" int fa_cuda_wgmma_usable(void) {
+  static volatile signed char known[64]; /* 0: not probed, 1: no, 2: yes */
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  if (dev < 0 || dev >= 64) return wgmma_probe(dev);
+  if (!known[dev]) known[dev] = (signed char)(wgmma_probe(dev) ? 2 : 1);
+  return known[dev] == 2;
 }
 
 /* The tile of this kernel ({128, 128}) for f16/bf16 at D = Dv = 64 or 128;
