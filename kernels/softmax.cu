@@ -5,9 +5,9 @@
  * fused: a row staged in shared memory, read once.
  * auto: a warp per row with the row in registers for short rows, a block per
  * row for medium rows when there are enough of them; otherwise each row is
- * split over several blocks, each holding its segment in shared memory,
- * whose (m, d) partials are merged with the seeds' rescale formula, so the
- * row is read once and the GPU stays full even with few rows.  Anything the
+ * split over several blocks, each holding its segment in registers, whose
+ * (m, d) partials are merged with the seeds' rescale formula, so the row is
+ * read once and the GPU stays full even with few rows.  Anything the
  * vector paths cannot take (misaligned rows, f64, rows longer than the
  * resident blocks can hold) goes to the online kernels. */
 #include "common.cuh"
@@ -267,140 +267,107 @@ __global__ void warp_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int
   }
 }
 
-/* ---- auto, medium rows: WARPS warps per row, the row in registers ----
- * Each thread holds E 16-byte vectors; one read, one write, a block-wide
- * merge of the warps' (m, d) through shared memory. */
-template <typename T, int E, int WARPS>
-__global__ void __launch_bounds__(WARPS * 32) block_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows,
-                                                                int64_t n) {
+/* ---- auto, medium and long rows: a block per row or row segment ----
+ * Each thread holds E 16-byte vectors of its block's item in registers: one
+ * read, one write, a block-wide merge of the warps' (m, d) through shared
+ * memory.  Medium rows are one item each.  Long rows (SPLIT) are cut into
+ * segs segments of E·threads vectors, an item each, so that few rows still
+ * fill the GPU: the block publishes its segment's partial, counts itself in
+ * on the row, waits for the row's other segments and merges them with the
+ * seeds' rescale formula before it writes.  All blocks are resident (a
+ * cooperative launch), a row's segments are consecutive items taken in
+ * order, and a block publishes before it waits, so every wait ends.
+ * Measured on H200 against the alternatives
+ * (docs/perf/2026-11-22-softmax-h200-split-variants.json):
+ * segments staged in shared memory through cp.async, with the next one
+ * copied in during the wait, 0.58-0.67 x copy even with the waits removed;
+ * publishing an item ahead and reading it again from L2 to write it,
+ * 0.55-0.65; this, 0.65-0.77. */
+static __device__ __forceinline__ unsigned load_acquire(const unsigned *p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+/* Publishes item w's partial s of row r and returns the whole row's (m, d)
+ * to every thread once all segs segments are in. */
+static __device__ MD<float> merge_row(MD<float> s, int64_t w, int64_t r, int segs, MD<float> *partials,
+                                      unsigned *arrived, MD<float> *row_state) {
+  const MD<float> *rp = partials + r * segs;
+  if (threadIdx.x == 0) {
+    partials[w] = s;
+    __threadfence(); /* the partial is visible before the count says so */
+    atomicAdd(&arrived[r], 1u);
+  }
+  if (threadIdx.x < 32) { /* warp 0 waits for the row and merges it */
+    if (threadIdx.x == 0)
+      while (load_acquire(&arrived[r]) < (unsigned)segs) __nanosleep(32);
+    __syncwarp();
+    __threadfence();
+    MD<float> all = {-INFINITY, 0.f};
+    for (int j = threadIdx.x; j < segs; j += 32) { /* L2 reads: other blocks wrote them */
+      MD<float> p = {__ldcg(&rp[j].m), __ldcg(&rp[j].d)};
+      all = md_merge(all, p);
+    }
+    all = warp_reduce_md(all);
+    if (threadIdx.x == 0) *row_state = all;
+  }
+  __syncthreads(); /* *row_state is rewritten only after the next item's block_reduce_md barriers */
+  return *row_state;
+}
+
+template <typename T, int E, int WARPS, bool SPLIT>
+__global__ void __launch_bounds__(WARPS * 32, SPLIT ? 2 : 1) block_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows,
+                                                                int64_t n, int segs, MD<float> *partials,
+                                                                unsigned *arrived) {
   const int VN = Vec16<T>::N, TH = WARPS * 32;
   __shared__ MD<float> scratch[32];
-  int64_t nvec = n / VN;
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const Vec16<T> *xr = (const Vec16<T> *)(x + r * n);
-    Vec16<T> *yr = (Vec16<T> *)(y + r * n);
+  __shared__ MD<float> row_state;
+  const int64_t nvec = n / VN, seg_vecs = SPLIT ? (int64_t)E * TH : nvec, items = rows * segs;
+  for (int64_t w = blockIdx.x; w < items; w += gridDim.x) {
+    const int64_t r = w / segs, lo = (w % segs) * seg_vecs, len = min(seg_vecs, nvec - lo);
+    const Vec16<T> *xr = (const Vec16<T> *)(x + r * n) + lo;
+    Vec16<T> *yr = (Vec16<T> *)(y + r * n) + lo;
     Vec16<T> buf[E];
 #pragma unroll
     for (int e = 0; e < E; e++) {
       int64_t vi = threadIdx.x + (int64_t)TH * e;
-      if (vi < nvec) buf[e] = xr[vi];
+      if (vi < len) buf[e] = xr[vi];
     }
     MD<float> s = {-INFINITY, 0.f};
 #pragma unroll
     for (int e = 0; e < E; e++) {
-      if (threadIdx.x + (int64_t)TH * e < nvec) {
+      if (threadIdx.x + (int64_t)TH * e < len) {
         float v[Vec16<T>::N];
 #pragma unroll
         for (int i = 0; i < VN; i++) v[i] = Elem<T>::load(buf[e].v[i]);
         s = md_add_block(s, v, VN);
       }
     }
-    Norm<float> nm = norm_of(block_reduce_md(s, scratch));
+    s = block_reduce_md(s, scratch);
+    if (SPLIT) s = merge_row(s, w, r, segs, partials, arrived, &row_state);
+    Norm<float> nm = norm_of(s);
 #pragma unroll
     for (int e = 0; e < E; e++) {
       int64_t vi = threadIdx.x + (int64_t)TH * e;
-      if (vi < nvec) {
+      if (vi < len) {
         Vec16<T> o;
 #pragma unroll
         for (int i = 0; i < VN; i++) o.v[i] = Elem<T>::store(apply_norm((float)Elem<T>::load(buf[e].v[i]), nm));
-        __stcs((uint4 *)&yr[vi], *(const uint4 *)&o);
+        __stcs((uint4 *)&yr[vi], *(const uint4 *)&o); /* streamed: the output need not stay in L2 */
       }
     }
-  }
-}
-
-/* ---- auto, long rows: each row split over several blocks ----
- * Work item w is segment w % segs of row w / segs: `chunk` vectors that the
- * block reads once into shared memory while folding them into (m, d).  The
- * block publishes its partial and counts itself in on the row, reads its
- * next segment into a second buffer while the row's other segments come in,
- * then merges the row's partials with the seeds' rescale formula and writes
- * the segment from shared memory.  All blocks are resident at once (a
- * cooperative launch), a row's segments are consecutive items taken in
- * order and a read never waits, so every wait ends. */
-template <typename T>
-static __device__ __forceinline__ MD<float> read_segment(const T *__restrict__ x, int64_t n, int64_t w, int segs,
-                                                         int64_t chunk, Vec16<T> *buf) {
-  const int VN = Vec16<T>::N;
-  int64_t nvec = n / VN, lo = (w % segs) * chunk, hi = lo + chunk < nvec ? lo + chunk : nvec;
-  const Vec16<T> *xr = (const Vec16<T> *)(x + (w / segs) * n);
-  MD<float> s = {-INFINITY, 0.f};
-#pragma unroll 4
-  for (int64_t vi = lo + threadIdx.x; vi < hi; vi += blockDim.x) {
-    Vec16<T> t = xr[vi];
-    buf[vi - lo] = t;
-    float v[Vec16<T>::N];
-#pragma unroll
-    for (int i = 0; i < VN; i++) v[i] = Elem<T>::load(t.v[i]);
-    s = md_add_block(s, v, VN);
-  }
-  return s;
-}
-
-template <typename T>
-__global__ void __launch_bounds__(512) split_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows,
-                                                         int64_t n, int64_t chunk, int segs, MD<float> *partials,
-                                                         unsigned *arrived) {
-  const int VN = Vec16<T>::N;
-  extern __shared__ __align__(16) unsigned char split_smem[];
-  Vec16<T> *base = (Vec16<T> *)split_smem; /* buffers at base and base + chunk */
-  __shared__ MD<float> scratch[32];
-  __shared__ MD<float> row_state;
-  int64_t nvec = n / VN, items = rows * segs, w = blockIdx.x;
-  if (w >= items) return;
-  MD<float> s = read_segment(x, n, w, segs, chunk, base);
-  for (int k = 0; w < items; k ^= 1) {
-    int64_t r = w / segs, lo = (w % segs) * chunk, hi = lo + chunk < nvec ? lo + chunk : nvec;
-    MD<float> *rp = partials + r * segs;
-    s = block_reduce_md(s, scratch);
-    if (threadIdx.x == 0) {
-      rp[w % segs] = s;
-      __threadfence(); /* the partial is visible before the count says so */
-      atomicAdd(&arrived[r], 1u);
-    }
-    int64_t next = w + gridDim.x;
-    MD<float> s_next = {-INFINITY, 0.f};
-    if (next < items) s_next = read_segment(x, n, next, segs, chunk, base + (k ? 0 : chunk));
-    if (threadIdx.x < 32) { /* warp 0 waits for the row and merges */
-      if (threadIdx.x == 0)
-        while (atomicAdd(&arrived[r], 0u) < (unsigned)segs) __nanosleep(32);
-      __syncwarp();
-      __threadfence();
-      MD<float> all = {-INFINITY, 0.f};
-      for (int j = threadIdx.x; j < segs; j += 32) { /* L2 reads: other blocks wrote them */
-        MD<float> p = {__ldcg(&rp[j].m), __ldcg(&rp[j].d)};
-        all = md_merge(all, p);
-      }
-      all = warp_reduce_md(all);
-      if (threadIdx.x == 0) row_state = all;
-    }
-    __syncthreads();
-    Norm<float> nm = norm_of(row_state);
-    Vec16<T> *kept = base + (k ? chunk : 0);
-    Vec16<T> *yr = (Vec16<T> *)(y + r * n);
-#pragma unroll 4
-    for (int64_t vi = lo + threadIdx.x; vi < hi; vi += blockDim.x) {
-      Vec16<T> t = kept[vi - lo], o;
-#pragma unroll
-      for (int i = 0; i < VN; i++) o.v[i] = Elem<T>::store(apply_norm((float)Elem<T>::load(t.v[i]), nm));
-      __stcs((uint4 *)&yr[vi], *(const uint4 *)&o); /* streamed: the output need not stay in L2 */
-    }
-    __syncthreads(); /* this buffer and row_state are reused */
-    w = next;
-    s = s_next;
   }
 }
 
 /* ---- launchers ---- */
 
 static int g_sms = 0;
-static int g_smem_optin = 0;
 
 static fa_status device_limits(fa_context *ctx) {
   if (g_sms) return FA_OK;
   int dev = 0;
   FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
-  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&g_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev));
   return FA_OK;
 }
@@ -465,36 +432,28 @@ template <typename T, int E, int WARPS>
 static fa_status block_rows(fa_context *ctx, const T *x, T *y, int64_t rows, int64_t n) {
   int64_t cap = (int64_t)g_sms * (2048 / (WARPS * 32)) * 4;
   int grid = (int)(rows < cap ? rows : cap);
-  block_rows_kernel<T, E, WARPS><<<grid, WARPS * 32, 0, fa_cuda_stream(ctx)>>>(x, y, rows, n);
+  block_rows_kernel<T, E, WARPS, false><<<grid, WARPS * 32, 0, fa_cuda_stream(ctx)>>>(x, y, rows, n, 1, NULL, NULL);
   FA_CUDA_CHECK_LAUNCH(ctx, "block_rows_kernel");
   return FA_OK;
 }
 
-/* Splits rows into segments of about 32 KiB (twice, double-buffered) held
- * in shared memory and
- * launches as many blocks as can be resident.  Returns 0 (nothing
- * launched) when the rows are too long for the resident blocks to hold. */
+/* Long rows: segments of SPLIT_E vectors a thread, as many blocks as can
+ * be resident.  Returns 0 (nothing launched) when a row has more segments
+ * than there are resident blocks. */
+enum { SPLIT_E = 8, SPLIT_WARPS = 16 };
 template <typename T> static int split_rows(fa_context *ctx, const T *x, T *y, int64_t rows, int64_t n, fa_status *st) {
-  const int64_t VN = 16 / sizeof(T), nvec = n / VN;
-  const int threads = 512;
-  int64_t chunk = 2048; /* vectors: 32 KiB */
+  const int threads = SPLIT_WARPS * 32;
+  const int64_t nvec = n / (16 / sizeof(T)), seg_vecs = (int64_t)SPLIT_E * threads;
   int per_sm = 0;
-  for (;; chunk *= 2) {
-    size_t smem = (size_t)chunk * 32; /* two buffers */
-    if ((int64_t)smem > g_smem_optin - 2048) return 0;
-    if (cudaFuncSetAttribute(split_rows_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, split_rows_kernel<T>, threads, smem) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return 0;
-    }
-    int64_t segs = (nvec + chunk - 1) / chunk;
-    if (per_sm > 0 && segs <= (int64_t)per_sm * g_sms) break; /* a row's blocks fit at once */
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, block_rows_kernel<T, SPLIT_E, SPLIT_WARPS, true>, threads,
+                                                    0) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
   }
-  int segs = (int)((nvec + chunk - 1) / chunk);
-  chunk = (nvec + segs - 1) / segs; /* even segments */
-  int64_t items = rows * segs, resident = (int64_t)per_sm * g_sms;
-  int grid = (int)(items < resident ? items : resident);
-  size_t smem = (size_t)chunk * 32, pbytes = (size_t)items * sizeof(MD<float>), cbytes = (size_t)rows * sizeof(unsigned);
+  int64_t segs64 = (nvec + seg_vecs - 1) / seg_vecs, items = rows * segs64, resident = (int64_t)per_sm * g_sms;
+  if (per_sm <= 0 || segs64 > resident) return 0; /* a row's blocks must be resident at once */
+  int segs = (int)segs64, grid = (int)(items < resident ? items : resident);
+  size_t pbytes = (size_t)items * sizeof(MD<float>), cbytes = (size_t)rows * sizeof(unsigned);
   void *partials = NULL, *arrived = NULL;
   cudaStream_t stream = fa_cuda_stream(ctx);
   if ((*st = fa_cuda_malloc(ctx, &partials, pbytes))) return 1;
@@ -506,8 +465,9 @@ template <typename T> static int split_rows(fa_context *ctx, const T *x, T *y, i
   if (err == cudaSuccess) {
     MD<float> *pp = (MD<float> *)partials;
     unsigned *ap = (unsigned *)arrived;
-    void *args[] = {(void *)&x, (void *)&y, (void *)&rows, (void *)&n, (void *)&chunk, (void *)&segs, (void *)&pp, (void *)&ap};
-    err = cudaLaunchCooperativeKernel((const void *)split_rows_kernel<T>, dim3(grid), dim3(threads), args, smem, stream);
+    void *args[] = {(void *)&x, (void *)&y, (void *)&rows, (void *)&n, (void *)&segs, (void *)&pp, (void *)&ap};
+    err = cudaLaunchCooperativeKernel((const void *)block_rows_kernel<T, SPLIT_E, SPLIT_WARPS, true>, dim3(grid),
+                                      dim3(threads), args, 0, stream);
   }
   fa_cuda_free(partials, pbytes); /* stream-ordered: after the kernel */
   fa_cuda_free(arrived, cbytes);
@@ -515,7 +475,7 @@ template <typename T> static int split_rows(fa_context *ctx, const T *x, T *y, i
     (void)cudaGetLastError();
     return 0;
   }
-  *st = fa_cuda_error(ctx, err, "split_rows_kernel");
+  *st = fa_cuda_error(ctx, err, "block_rows_kernel (split rows)");
   return 1;
 }
 
