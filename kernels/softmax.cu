@@ -7,9 +7,9 @@
  * row for medium rows when there are enough of them; otherwise each row is
  * split over several blocks, each holding its segment in registers, whose
  * (m, d) partials are merged with the seeds' rescale formula, so the row is
- * read once and the GPU stays full even with few rows.  Anything the
- * vector paths cannot take (misaligned rows, f64, rows longer than the
- * resident blocks can hold) goes to the online kernels. */
+ * read once and the GPU stays full even with few rows (rows longer than
+ * the resident blocks can hold are read twice).  Anything the vector paths
+ * cannot take (misaligned rows, f64) goes to the online kernels. */
 #include "common.cuh"
 
 #include <cuda_bf16.h>
@@ -270,37 +270,44 @@ __global__ void warp_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int
 /* ---- auto, medium and long rows: a block per row or row segment ----
  * Each thread holds E 16-byte vectors of its block's item in registers: one
  * read, one write, a block-wide merge of the warps' (m, d) through shared
- * memory.  Medium rows are one item each.  Long rows (SPLIT) are cut into
- * segs segments of E·threads vectors, an item each, so that few rows still
- * fill the GPU: the block publishes its segment's partial, counts itself in
- * on the row, waits for the row's other segments and merges them with the
- * seeds' rescale formula before it writes.  All blocks are resident (a
- * cooperative launch), a row's segments are consecutive items taken in
- * order, and a block publishes before it waits, so every wait ends.
+ * memory.  Medium rows are one item each (ITEM_ROW).  Long rows are cut
+ * into segs segments of E·threads vectors, an item each, so that few rows
+ * still fill the GPU.  ITEM_SEGMENT: the block publishes its segment's
+ * partial, counts itself in on the row, waits for the row's other segments
+ * and merges them with the seeds' rescale formula before it writes; all
+ * blocks are resident (a cooperative launch), a row's segments are
+ * consecutive items taken in order, and a block publishes before it waits,
+ * so every wait ends.  Rows too long for the resident blocks take two
+ * launches instead: ITEM_STATS publishes every segment's partial, then
+ * ITEM_WRITE reads each segment again, merges its row and writes (three
+ * passes over memory instead of two, but any length and the whole GPU).
  * Measured on H200 against the alternatives
  * (docs/perf/2026-11-22-softmax-h200-split-variants.json):
  * segments staged in shared memory through cp.async, with the next one
  * copied in during the wait, 0.58-0.67 x copy even with the waits removed;
  * publishing an item ahead and reading it again from L2 to write it,
- * 0.55-0.65; this, 0.65-0.77. */
+ * 0.55-0.65; ITEM_SEGMENT, 0.65-0.77. */
+enum { ITEM_ROW = 0, ITEM_SEGMENT, ITEM_STATS, ITEM_WRITE };
+
 static __device__ __forceinline__ unsigned load_acquire(const unsigned *p) {
   unsigned v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
 
-/* Publishes item w's partial s of row r and returns the whole row's (m, d)
- * to every thread once all segs segments are in. */
+/* The whole (m, d) of row r, to every thread, from its segs partials.  With
+ * arrived (ITEM_SEGMENT): publishes item w's partial s first and waits until
+ * all of the row's segments are in. */
 static __device__ MD<float> merge_row(MD<float> s, int64_t w, int64_t r, int segs, MD<float> *partials,
                                       unsigned *arrived, MD<float> *row_state) {
   const MD<float> *rp = partials + r * segs;
-  if (threadIdx.x == 0) {
+  if (arrived && threadIdx.x == 0) {
     partials[w] = s;
     __threadfence(); /* the partial is visible before the count says so */
     atomicAdd(&arrived[r], 1u);
   }
   if (threadIdx.x < 32) { /* warp 0 waits for the row and merges it */
-    if (threadIdx.x == 0)
+    if (arrived && threadIdx.x == 0)
       while (load_acquire(&arrived[r]) < (unsigned)segs) __nanosleep(32);
     __syncwarp();
     __threadfence();
@@ -312,18 +319,20 @@ static __device__ MD<float> merge_row(MD<float> s, int64_t w, int64_t r, int seg
     all = warp_reduce_md(all);
     if (threadIdx.x == 0) *row_state = all;
   }
-  __syncthreads(); /* *row_state is rewritten only after the next item's block_reduce_md barriers */
-  return *row_state;
+  __syncthreads();
+  MD<float> out = *row_state;
+  if (!arrived) __syncthreads(); /* no block_reduce_md barrier comes before the next item rewrites it */
+  return out;
 }
 
-template <typename T, int E, int WARPS, bool SPLIT>
-__global__ void __launch_bounds__(WARPS * 32, SPLIT ? 2 : 1) block_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows,
+template <typename T, int E, int WARPS, int MODE>
+__global__ void __launch_bounds__(WARPS * 32, MODE == ITEM_ROW ? 1 : 2) block_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows,
                                                                 int64_t n, int segs, MD<float> *partials,
                                                                 unsigned *arrived) {
   const int VN = Vec16<T>::N, TH = WARPS * 32;
   __shared__ MD<float> scratch[32];
   __shared__ MD<float> row_state;
-  const int64_t nvec = n / VN, seg_vecs = SPLIT ? (int64_t)E * TH : nvec, items = rows * segs;
+  const int64_t nvec = n / VN, seg_vecs = MODE == ITEM_ROW ? nvec : (int64_t)E * TH, items = rows * segs;
   for (int64_t w = blockIdx.x; w < items; w += gridDim.x) {
     const int64_t r = w / segs, lo = (w % segs) * seg_vecs, len = min(seg_vecs, nvec - lo);
     const Vec16<T> *xr = (const Vec16<T> *)(x + r * n) + lo;
@@ -335,17 +344,24 @@ __global__ void __launch_bounds__(WARPS * 32, SPLIT ? 2 : 1) block_rows_kernel(c
       if (vi < len) buf[e] = xr[vi];
     }
     MD<float> s = {-INFINITY, 0.f};
+    if (MODE != ITEM_WRITE) {
 #pragma unroll
-    for (int e = 0; e < E; e++) {
-      if (threadIdx.x + (int64_t)TH * e < len) {
-        float v[Vec16<T>::N];
+      for (int e = 0; e < E; e++) {
+        if (threadIdx.x + (int64_t)TH * e < len) {
+          float v[Vec16<T>::N];
 #pragma unroll
-        for (int i = 0; i < VN; i++) v[i] = Elem<T>::load(buf[e].v[i]);
-        s = md_add_block(s, v, VN);
+          for (int i = 0; i < VN; i++) v[i] = Elem<T>::load(buf[e].v[i]);
+          s = md_add_block(s, v, VN);
+        }
       }
+      s = block_reduce_md(s, scratch);
     }
-    s = block_reduce_md(s, scratch);
-    if (SPLIT) s = merge_row(s, w, r, segs, partials, arrived, &row_state);
+    if (MODE == ITEM_STATS) {
+      if (threadIdx.x == 0) partials[w] = s;
+      continue;
+    }
+    if (MODE == ITEM_SEGMENT || MODE == ITEM_WRITE)
+      s = merge_row(s, w, r, segs, partials, MODE == ITEM_SEGMENT ? arrived : NULL, &row_state);
     Norm<float> nm = norm_of(s);
 #pragma unroll
     for (int e = 0; e < E; e++) {
@@ -432,51 +448,59 @@ template <typename T, int E, int WARPS>
 static fa_status block_rows(fa_context *ctx, const T *x, T *y, int64_t rows, int64_t n) {
   int64_t cap = (int64_t)g_sms * (2048 / (WARPS * 32)) * 4;
   int grid = (int)(rows < cap ? rows : cap);
-  block_rows_kernel<T, E, WARPS, false><<<grid, WARPS * 32, 0, fa_cuda_stream(ctx)>>>(x, y, rows, n, 1, NULL, NULL);
+  block_rows_kernel<T, E, WARPS, ITEM_ROW><<<grid, WARPS * 32, 0, fa_cuda_stream(ctx)>>>(x, y, rows, n, 1, NULL, NULL);
   FA_CUDA_CHECK_LAUNCH(ctx, "block_rows_kernel");
   return FA_OK;
 }
 
-/* Long rows: segments of SPLIT_E vectors a thread, as many blocks as can
- * be resident.  Returns 0 (nothing launched) when a row has more segments
- * than there are resident blocks. */
+/* Long rows: segments of SPLIT_E vectors a thread, in as many blocks as
+ * can be resident (ITEM_SEGMENT), or, when a row has more segments than
+ * that or the GPU is shared, in two launches (ITEM_STATS, ITEM_WRITE). */
 enum { SPLIT_E = 8, SPLIT_WARPS = 16 };
-template <typename T> static int split_rows(fa_context *ctx, const T *x, T *y, int64_t rows, int64_t n, fa_status *st) {
+template <typename T> static fa_status split_rows(fa_context *ctx, const T *x, T *y, int64_t rows, int64_t n) {
   const int threads = SPLIT_WARPS * 32;
   const int64_t nvec = n / (16 / sizeof(T)), seg_vecs = (int64_t)SPLIT_E * threads;
+  const int64_t segs = (nvec + seg_vecs - 1) / seg_vecs, items = rows * segs;
+  if (segs > INT32_MAX) return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: softmax on cuda: rows too long");
   int per_sm = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, block_rows_kernel<T, SPLIT_E, SPLIT_WARPS, true>, threads,
-                                                    0) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  int64_t segs64 = (nvec + seg_vecs - 1) / seg_vecs, items = rows * segs64, resident = (int64_t)per_sm * g_sms;
-  if (per_sm <= 0 || segs64 > resident) return 0; /* a row's blocks must be resident at once */
-  int segs = (int)segs64, grid = (int)(items < resident ? items : resident);
+  FA_CUDA_CHECK(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                         &per_sm, block_rows_kernel<T, SPLIT_E, SPLIT_WARPS, ITEM_SEGMENT>, threads, 0));
+  const int64_t resident = (int64_t)per_sm * g_sms;
+  int isegs = (int)segs;
   size_t pbytes = (size_t)items * sizeof(MD<float>), cbytes = (size_t)rows * sizeof(unsigned);
   void *partials = NULL, *arrived = NULL;
   cudaStream_t stream = fa_cuda_stream(ctx);
-  if ((*st = fa_cuda_malloc(ctx, &partials, pbytes))) return 1;
-  if ((*st = fa_cuda_malloc(ctx, &arrived, cbytes))) {
-    fa_cuda_free(partials, pbytes);
-    return 1;
-  }
-  cudaError_t err = cudaMemsetAsync(arrived, 0, cbytes, stream);
-  if (err == cudaSuccess) {
-    MD<float> *pp = (MD<float> *)partials;
+  fa_status st = fa_cuda_malloc(ctx, &partials, pbytes);
+  if (st) return st;
+  MD<float> *pp = (MD<float> *)partials;
+  cudaError_t err = cudaErrorCooperativeLaunchTooLarge;
+  if (segs <= resident) { /* a row's blocks can all be resident at once */
+    if ((st = fa_cuda_malloc(ctx, &arrived, cbytes))) {
+      fa_cuda_free(partials, pbytes);
+      return st;
+    }
     unsigned *ap = (unsigned *)arrived;
-    void *args[] = {(void *)&x, (void *)&y, (void *)&rows, (void *)&n, (void *)&segs, (void *)&pp, (void *)&ap};
-    err = cudaLaunchCooperativeKernel((const void *)block_rows_kernel<T, SPLIT_E, SPLIT_WARPS, true>, dim3(grid),
-                                      dim3(threads), args, 0, stream);
+    int grid = (int)(items < resident ? items : resident);
+    err = cudaMemsetAsync(arrived, 0, cbytes, stream);
+    if (err == cudaSuccess) {
+      void *args[] = {(void *)&x, (void *)&y, (void *)&rows, (void *)&n, (void *)&isegs, (void *)&pp, (void *)&ap};
+      err = cudaLaunchCooperativeKernel((const void *)block_rows_kernel<T, SPLIT_E, SPLIT_WARPS, ITEM_SEGMENT>,
+                                        dim3(grid), dim3(threads), args, 0, stream);
+    }
+    fa_cuda_free(arrived, cbytes); /* stream-ordered: after the kernel */
   }
-  fa_cuda_free(partials, pbytes); /* stream-ordered: after the kernel */
-  fa_cuda_free(arrived, cbytes);
-  if (err == cudaErrorCooperativeLaunchTooLarge) { /* other work holds part of the GPU */
+  if (err == cudaErrorCooperativeLaunchTooLarge) { /* too long for one wave, or other work holds part of the GPU */
     (void)cudaGetLastError();
-    return 0;
+    int grid = (int)(items < (int64_t)g_sms * 64 ? items : (int64_t)g_sms * 64);
+    block_rows_kernel<T, SPLIT_E, SPLIT_WARPS, ITEM_STATS><<<grid, threads, 0, stream>>>(x, y, rows, n, isegs, pp, NULL);
+    err = cudaGetLastError();
+    if (err == cudaSuccess) {
+      block_rows_kernel<T, SPLIT_E, SPLIT_WARPS, ITEM_WRITE><<<grid, threads, 0, stream>>>(x, y, rows, n, isegs, pp, NULL);
+      err = cudaGetLastError();
+    }
   }
-  *st = fa_cuda_error(ctx, err, "block_rows_kernel (split rows)");
-  return 1;
+  fa_cuda_free(partials, pbytes); /* stream-ordered: after the kernels */
+  return fa_cuda_error(ctx, err, "block_rows_kernel (split rows)");
 }
 
 template <typename T>
@@ -504,7 +528,7 @@ static fa_status softmax_typed(fa_context *ctx, fa_softmax_algo algo, int64_t bl
       if (nvec <= 4096) return block_rows<T, 8, 16>(ctx, x, y, rows, n);
       if (nvec <= 8192) return block_rows<T, 8, 32>(ctx, x, y, rows, n);
     }
-    if (split_rows<T>(ctx, x, y, rows, n, &st)) return st;
+    return split_rows<T>(ctx, x, y, rows, n);
   }
   (void)aligned;
   return seeds_passes<T>(ctx, FA_SOFTMAX_ONLINE, block, x, y, rows, n);
