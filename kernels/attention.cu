@@ -9,10 +9,13 @@
  * is the one-pass online softmax; MODE_STATS and MODE_OUTPUT are the two
  * passes of "two_pass" (running (m, l) first, then the output with the
  * final statistics).  Key tiles outside every row's causal / window /
- * kv_lens range are never loaded. */
+ * kv_lens range are never loaded.  "flash" runs here for the calls that
+ * the faster kernels (attention_wgmma.cu, attention_mma.cu,
+ * attention_f32.cu) do not take, and behind them when V holds NaN or inf. */
 #include "attention_common.cuh"
 
 extern "C" fa_status fa_cuda_attention_mma(fa_context *ctx, const fa_attn_problem *p, int **v_flag);
+extern "C" fa_status fa_cuda_attention_f32(fa_context *ctx, const fa_attn_problem *p, int **v_flag);
 
 #define NWARPS 8
 #define MAX_DV_PER_LANE 8 /* Dv up to 256 */
@@ -263,7 +266,9 @@ template <typename T> static fa_status attention_typed(fa_context *ctx, fa_atten
   }
   if (algo != FA_ATTN_TWO_PASS) {
     int *v_flag = NULL;
-    fa_status st = fa_cuda_attention_mma(ctx, p, &v_flag); /* tensor cores when the call fits */
+    /* tensor cores (f16/bf16) or the register-tiled f32 kernel when the call fits */
+    fa_status st = p->compute == FA_F32 ? fa_cuda_attention_f32(ctx, p, &v_flag)
+                                        : fa_cuda_attention_mma(ctx, p, &v_flag);
     if (st) return st;
     if (!v_flag) return tiled_by_br<T, MODE_FLASH>(ctx, p, NULL);
     /* and this kernel after it, which runs only when V holds NaN or inf */

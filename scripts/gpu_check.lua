@@ -102,6 +102,26 @@ attn_case("mma d64 long", 1, 2, 2, 260, 390, 64, 64, {})
 attn_case("mma.sync d128", 2, 4, 1, 130, 97, 128, 128, { tile = { 128, 64 } })
 attn_case("mma.sync d64 options", 2, 4, 2, 100, 130, 64, 64,
   { tile = { 64, 64 }, causal = true, mask = mask2, alibi = { 0.1, 0.2, 0.3, 0.4 }, softcap = 20, kv_lens = { 120, 77 } })
+-- the register-tiled f32 kernel (f32, D = Dv = 64 or 128, default tile {64, 64}; the f16/bf16 runs of
+-- these cases take the tensor cores), plain and with every option, over several query and key tiles
+local bmask3 = {}
+for h = 1, 4 do
+  bmask3[h] = {}
+  for i = 1, 100 do
+    bmask3[h][i] = {}
+    for j = 1, 130 do bmask3[h][i][j] = (h * 7 + i * 3 + j * 5) % 11 ~= 0 end
+  end
+end
+bmask3 = fa.tensor({ bmask3 }, { device = "cuda" })
+attn_case("f32 tiled d64", 2, 4, 2, 70, 131, 64, 64, {})
+attn_case("f32 tiled d128 causal", 2, 4, 2, 131, 70, 128, 128, { causal = true })
+attn_case("f32 tiled d64 options", 2, 4, 2, 100, 130, 64, 64,
+  { causal = "top_left", mask = mask2, alibi = { 0.1, 0.2, 0.3, 0.4 }, softcap = 20, kv_lens = { 120, 77 } })
+attn_case("f32 tiled d128 options", 2, 4, 2, 100, 130, 128, 128,
+  { causal = true, mask = bmask3, alibi = { 0.1, 0.2, 0.3, 0.4 }, softcap = 20, kv_lens = { 130, 77 } })
+attn_case("f32 tiled d128 window", 1, 2, 2, 150, 150, 128, 128, { window = { 40, 7 } })
+attn_case("f32 tiled d64 long causal", 1, 2, 1, 300, 420, 64, 64, { causal = true })
+attn_case("f32 tiled d128 long", 1, 2, 2, 260, 390, 128, 128, {})
 
 -- matmul: every algo and dtype against the f64 CPU product
 for _, dt in ipairs { "f32", "f16", "bf16", "f64" } do
