@@ -182,18 +182,18 @@ static int tensor_core_fit(fa_dtype dt, int64_t D, int64_t Dv) {
 }
 
 /* The default tile of "flash" on cuda: the wgmma kernel's {128, 128} on
- * Hopper, the mma.sync kernel's {16·warps, 64} elsewhere, for the calls
+ * Hopper ({128, 64} at D = 64), the mma.sync kernel's {16·warps, 64} elsewhere, for the calls
  * that fit tensor cores; {64, 64} for the SIMT kernel. */
 extern "C" void fa_cuda_attention_default_tile(fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc) {
   *br = 64, *bc = 64;
   if (!tensor_core_fit(dt, D, Dv)) return;
-  if (fa_cuda_wgmma_usable()) *br = 128, *bc = 128;
+  if (fa_cuda_wgmma_usable()) *br = 128, *bc = D == 64 ? 64 : 128; /* D = 64: two blocks an SM (run 7) */
   else *br = 16 * MMA_WARPS(D), *bc = MMA_BC;
 }
 
 /* Queues "flash" on tensor cores when the call fits (f16/bf16, D = Dv = 64
  * or 128, 16-byte aligned rows) and the tile is one of theirs: {128, 128}
- * on Hopper (wgmma), {16·warps, 64} (mma.sync; 64 rows at D = 64, 128 at
+ * on Hopper (wgmma; also {128, 64} at D = 64), {16·warps, 64} (mma.sync; 64 rows at D = 64, 128 at
  * D = 128) on any GPU.  Then *v_flag is a device flag (the caller frees it),
  * set on the stream when V holds NaN or inf: the kernel has then done
  * nothing, and the caller's fallback, which skips masked keys, must run
@@ -202,7 +202,7 @@ extern "C" fa_status fa_cuda_attention_mma(fa_context *ctx, const fa_attn_proble
   *v_flag = NULL;
   if (!tensor_core_fit(p->compute, p->D, p->Dv)) return FA_OK;
   if (((uintptr_t)p->q | (uintptr_t)p->k | (uintptr_t)p->v | (uintptr_t)p->o) % 16) return FA_OK;
-  const int wg = p->tile_q == 128 && p->tile_k == 128 && fa_cuda_wgmma_usable();
+  const int wg = p->tile_q == 128 && (p->tile_k == 128 || (p->tile_k == 64 && p->D == 64)) && fa_cuda_wgmma_usable();
   if (!wg && (p->tile_q != 16 * MMA_WARPS(p->D) || p->tile_k != MMA_BC)) return FA_OK;
   int *flag = NULL;
   fa_status st = values_nonfinite_flag(ctx, p, &flag);

@@ -4,7 +4,8 @@
  *
  * A block of two warpgroups (256 threads) owns 128 query rows of one
  * (batch, head); warpgroup w computes rows 64w..64w+63.  Q and the key and
- * value tiles of 128 rows live in shared memory in the layout wgmma reads
+ * value tiles of BC rows (128; 64 at D = 64 with tile {128, 64}, so that two
+ * blocks share an SM and one's softmax overlaps the other's products) live in shared memory in the layout wgmma reads
  * (128-byte rows, XOR-swizzled, one 64-column block after the other);
  * the next K and V tiles are copied asynchronously while one is computed.
  * S = Q·Kᵀ is one chain of D/16 wgmma over shared memory; the score rule and
@@ -18,7 +19,6 @@
 #include "wgmma_ops.cuh"
 
 #define WG_BR 128
-#define WG_BC 128
 #define WG_THREADS 256
 
 /* Byte offset of 16-byte chunk `chunk` (8 elements) of row `row` in a tile
@@ -43,32 +43,32 @@ static __device__ __forceinline__ void wg_load_tile(char *tile, const T *src, in
   }
 }
 
-static size_t wgmma_smem_bytes(int D) { return (size_t)(WG_BR + 5 * WG_BC) * D * 2 + 1024; /* + alignment */ }
+static size_t wgmma_smem_bytes(int D, int BC) { return (size_t)(WG_BR + 5 * BC) * D * 2 + 1024; /* + alignment */ }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* Issues O += P·V for one key tile (committed, not waited for): the
  * accumulators of key columns 16kk..16kk+15 are P's A fragment kk; V's 16
  * rows kk·16.. are 2048 bytes on in every 64-column block (v_base: the
  * tile, read N-major). */
-template <typename T, int D>
+template <typename T, int D, int BC>
 static __device__ __forceinline__ void pv_issue(float (*o)[4], uint32_t (*pa)[4], uint32_t v_base) {
   wgmma_hold<D / 2>(&o[0][0]);
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < WG_BC / 16; kk++)
-    wgmma_rs_tb<T, D>(&o[0][0], pa[kk], wgmma_desc(v_base + kk * 2048, WG_BC * 128, 1024), 1);
+  for (int kk = 0; kk < BC / 16; kk++)
+    wgmma_rs_tb<T, D>(&o[0][0], pa[kk], wgmma_desc(v_base + kk * 2048, BC * 128, 1024), 1);
   wgmma_commit();
 }
 #endif
 
-template <typename T, int D, bool EXTRAS>
-__global__ void __launch_bounds__(WG_THREADS, 1) attn_wgmma_kernel(fa_attn_problem p) {
+template <typename T, int D, int BC, bool EXTRAS>
+__global__ void __launch_bounds__(WG_THREADS, BC == 64 && !EXTRAS ? 2 : 1) attn_wgmma_kernel(fa_attn_problem p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   if (*p.v_nonfinite) return; /* the fallback's */
   extern __shared__ __align__(128) char wg_smem_raw[];
   /* the swizzle is computed on address bits: blocks must be 1024-byte aligned */
   char *Qs = wg_smem_raw + ((1024 - (smem_addr(wg_smem_raw) & 1023)) & 1023);
-  char *Ks = Qs + WG_BR * D * 2, *Vs = Ks + 2 * WG_BC * D * 2; /* K: two buffers, V: three */
+  char *Ks = Qs + WG_BR * D * 2, *Vs = Ks + 2 * BC * D * 2; /* K: two buffers, V: three */
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   const frag_qtile<T, D, WG_BR> qt(p, blockIdx.x);
@@ -79,10 +79,10 @@ __global__ void __launch_bounds__(WG_THREADS, 1) attn_wgmma_kernel(fa_attn_probl
   cp_async_commit();
   int64_t t_lo, t_hi, all_lo, all_hi;
   tile_key_range<WG_BR>(p, b, i0, &t_lo, &t_hi, &all_lo, &all_hi);
-  const int ntiles = (int)((t_hi - t_lo + WG_BC - 1) / WG_BC);
+  const int ntiles = (int)((t_hi - t_lo + BC - 1) / BC);
   if (ntiles > 0) {
-    wg_load_tile<T, D, WG_BC>(Ks, k, t_lo, t_hi);
-    wg_load_tile<T, D, WG_BC>(Vs, v, t_lo, t_hi);
+    wg_load_tile<T, D, BC>(Ks, k, t_lo, t_hi);
+    wg_load_tile<T, D, BC>(Vs, v, t_lo, t_hi);
   }
   cp_async_commit();
 
@@ -94,8 +94,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1) attn_wgmma_kernel(fa_attn_probl
 #pragma unroll
   for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
   const uint32_t q_base = smem_addr(Qs) + wg * 64 * 128; /* this warpgroup's 64 rows */
-  float s[WG_BC / 8][4];
-  uint32_t pa[WG_BC / 16][4]; /* P of the previous tile, as A fragments */
+  float s[BC / 8][4];
+  uint32_t pa[BC / 16][4]; /* P of the previous tile, as A fragments */
 
   /* Tile t: S_t = Q·K_tᵀ is issued with O += P_{t-1}·V_{t-1} behind it; the
    * softmax of S_t runs while the second product is on the tensor cores,
@@ -103,49 +103,49 @@ __global__ void __launch_bounds__(WG_THREADS, 1) attn_wgmma_kernel(fa_attn_probl
    * warpgroup is past tile t - 1, so K buffer (t+1)%2 and V buffer (t+1)%3
    * are free for tile t + 1, whose copy overlaps this tile's work. */
   for (int t = 0; t < ntiles; t++) {
-    const int64_t j0 = t_lo + (int64_t)t * WG_BC;
+    const int64_t j0 = t_lo + (int64_t)t * BC;
     cp_async_wait<0>();
     fence_proxy_async();
     __syncthreads();
     if (t + 1 < ntiles) {
-      wg_load_tile<T, D, WG_BC>(Ks + ((t + 1) & 1) * WG_BC * D * 2, k, j0 + WG_BC, t_hi);
-      wg_load_tile<T, D, WG_BC>(Vs + ((t + 1) % 3) * WG_BC * D * 2, v, j0 + WG_BC, t_hi);
+      wg_load_tile<T, D, BC>(Ks + ((t + 1) & 1) * BC * D * 2, k, j0 + BC, t_hi);
+      wg_load_tile<T, D, BC>(Vs + ((t + 1) % 3) * BC * D * 2, v, j0 + BC, t_hi);
     }
     cp_async_commit();
 
     /* S = Q·Kᵀ: k-step ks reads 32 bytes into the 128-byte rows of column block ks / 4 */
-    const uint32_t k_base = smem_addr(Ks + (t & 1) * WG_BC * D * 2);
+    const uint32_t k_base = smem_addr(Ks + (t & 1) * BC * D * 2);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < D / 16; ks++) {
       uint64_t da = wgmma_desc(q_base + (ks >> 2) * WG_BR * 128 + (ks & 3) * 32, 16, 1024);
-      uint64_t db = wgmma_desc(k_base + (ks >> 2) * WG_BC * 128 + (ks & 3) * 32, 16, 1024);
-      wgmma_ss<T, WG_BC>(&s[0][0], da, db, ks > 0);
+      uint64_t db = wgmma_desc(k_base + (ks >> 2) * BC * 128 + (ks & 3) * 32, 16, 1024);
+      wgmma_ss<T, BC>(&s[0][0], da, db, ks > 0);
     }
     wgmma_commit();
     if (t > 0) {
-      pv_issue<T, D>(o, pa, smem_addr(Vs + ((t - 1) % 3) * WG_BC * D * 2));
+      pv_issue<T, D, BC>(o, pa, smem_addr(Vs + ((t - 1) % 3) * BC * D * 2));
       wgmma_wait<1>();
     } else {
       wgmma_wait<0>();
     }
-    wgmma_hold<WG_BC / 2>(&s[0][0]);
+    wgmma_hold<BC / 2>(&s[0][0]);
 
     float alphaA, alphaB;
-    const bool full = scale_pos && j0 >= all_lo && j0 + WG_BC <= all_hi;
-    frag_softmax_tile<WG_BC / 8, EXTRAS>(p, b, h, j0, c2, full, r, s, &alphaA, &alphaB);
+    const bool full = scale_pos && j0 >= all_lo && j0 + BC <= all_hi;
+    frag_softmax_tile<BC / 8, EXTRAS>(p, b, h, j0, c2, full, r, s, &alphaA, &alphaB);
 
     wgmma_wait<0>();
     wgmma_hold<D / 2>(&o[0][0]);
     frag_rescale<D / 8>(o, alphaA, alphaB);
 #pragma unroll
-    for (int kk = 0; kk < WG_BC / 16; kk++) {
+    for (int kk = 0; kk < BC / 16; kk++) {
       pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]), pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
       pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     }
   }
   if (ntiles > 0) { /* the last tile's P·V */
-    pv_issue<T, D>(o, pa, smem_addr(Vs + ((ntiles - 1) % 3) * WG_BC * D * 2));
+    pv_issue<T, D, BC>(o, pa, smem_addr(Vs + ((ntiles - 1) % 3) * BC * D * 2));
     wgmma_wait<0>();
     wgmma_hold<D / 2>(&o[0][0]);
   }
@@ -154,21 +154,22 @@ __global__ void __launch_bounds__(WG_THREADS, 1) attn_wgmma_kernel(fa_attn_probl
 #endif
 }
 
-template <typename T, int D, bool EXTRAS> static fa_status launch(fa_context *ctx, const fa_attn_problem *p) {
-  const size_t smem = wgmma_smem_bytes(D);
-  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(attn_wgmma_kernel<T, D, EXTRAS>,
+template <typename T, int D, int BC, bool EXTRAS> static fa_status launch(fa_context *ctx, const fa_attn_problem *p) {
+  const size_t smem = wgmma_smem_bytes(D, BC);
+  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(attn_wgmma_kernel<T, D, BC, EXTRAS>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   int64_t blocks = p->B * p->Hq * ((p->Lq + WG_BR - 1) / WG_BR);
   if (blocks > INT32_MAX) return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: attention on cuda: too many query tiles");
-  attn_wgmma_kernel<T, D, EXTRAS><<<(unsigned)blocks, WG_THREADS, smem, fa_cuda_stream(ctx)>>>(*p);
+  attn_wgmma_kernel<T, D, BC, EXTRAS><<<(unsigned)blocks, WG_THREADS, smem, fa_cuda_stream(ctx)>>>(*p);
   FA_CUDA_CHECK_LAUNCH(ctx, "attn_wgmma_kernel");
   return FA_OK;
 }
 
 template <typename T> static fa_status wgmma_typed(fa_context *ctx, const fa_attn_problem *p) {
   const bool extras = p->mask_b || p->mask_f || p->alibi || p->softcap > 0;
-  if (p->D == 64) return extras ? launch<T, 64, true>(ctx, p) : launch<T, 64, false>(ctx, p);
-  return extras ? launch<T, 128, true>(ctx, p) : launch<T, 128, false>(ctx, p);
+  if (p->D == 64 && p->tile_k == 64) return extras ? launch<T, 64, 64, true>(ctx, p) : launch<T, 64, 64, false>(ctx, p);
+  if (p->D == 64) return extras ? launch<T, 64, 128, true>(ctx, p) : launch<T, 64, 128, false>(ctx, p);
+  return extras ? launch<T, 128, 128, true>(ctx, p) : launch<T, 128, 128, false>(ctx, p);
 }
 
 /* Whether this build and device run the wgmma kernel: a Hopper GPU, sm_90a
@@ -179,12 +180,12 @@ static int wgmma_probe(int dev) {
   cudaFuncAttributes attr;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ||
       cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) ||
-      cudaFuncGetAttributes(&attr, attn_wgmma_kernel<__half, 128, true>) != cudaSuccess) {
+      cudaFuncGetAttributes(&attr, attn_wgmma_kernel<__half, 128, 128, true>) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
   return major == 9 && attr.ptxVersion >= 90 && attr.binaryVersion >= 90 &&
-         wgmma_smem_bytes(128) + attr.sharedSizeBytes <= (size_t)smem_optin;
+         wgmma_smem_bytes(128, 128) + attr.sharedSizeBytes <= (size_t)smem_optin;
 }
 
 /* Asked twice a call (default tile, dispatch): probed once per device;
@@ -201,7 +202,8 @@ extern "C" int fa_cuda_wgmma_usable(void) {
   return known[dev] == 2;
 }
 
-/* The tile of this kernel ({128, 128}) for f16/bf16 at D = Dv = 64 or 128;
+/* The tiles of this kernel ({128, 128}, and {128, 64} at D = 64: half the
+ * key tile, two blocks an SM) for f16/bf16 at D = Dv = 64 or 128;
  * the caller has checked the rest (alignment) and set p->v_nonfinite. */
 extern "C" fa_status fa_cuda_attention_wgmma(fa_context *ctx, const fa_attn_problem *p) {
   if (p->compute == FA_F16) return wgmma_typed<__half>(ctx, p);
