@@ -99,19 +99,6 @@ static fa_status values_nonfinite_flag(fa_context *ctx, const fa_attn_problem *p
   return FA_OK;
 }
 
-/* *found = 1 when the values v hold NaN or inf, waited for: a product on tensor cores or in cuBLAS would carry 0·NaN
- * into rows that mask the key, so such calls take a path that skips masked
- * keys. */
-static fa_status values_nonfinite(fa_context *ctx, const fa_attn_problem *p, int *found) {
-  int *flag = NULL;
-  *found = 0;
-  fa_status st = values_nonfinite_flag(ctx, p, &flag);
-  if (st) return st;
-  st = fa_cuda_memcpy(ctx, found, flag, sizeof(int), FA_COPY_D2H);
-  fa_cuda_free(flag, sizeof(int));
-  return st;
-}
-
 /* lse of a finished row: -inf for an empty row (l = 0), NaN stays NaN. */
 static __device__ __forceinline__ float row_lse(float m, float l) { return l == 0.f ? -INFINITY : m + logf(l); }
 

@@ -37,38 +37,42 @@ extern "C" void fa_cuda_cublas_release(fa_context *ctx) {
   ctx->cublas = NULL;
 }
 
-/* One block per query row: scores from S, the row's max and sum, P = e^(s-m)/l. */
-template <typename T> __global__ void naive_softmax_kernel(fa_attn_problem p, const float *S, T *P) {
-  __shared__ float red[32];
-  const int64_t row = blockIdx.x, i = row % p.Lq, bh = row / p.Lq, b = bh / p.Hq, h = bh % p.Hq;
-  const float *srow = S + row * p.Lk;
-  T *prow = P + row * p.Lk;
-  int64_t lo, hi;
-  fa_attn_range_of(&p, b, i, &lo, &hi);
-  float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < p.Lk; j += blockDim.x) mx = fmaxf(mx, attn_score(p, b, h, i, j, srow[j], lo, hi));
-  mx = warp_max(mx);
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = mx;
-  __syncthreads();
-  mx = warp_max((threadIdx.x & 31) < blockDim.x / 32 ? red[threadIdx.x & 31] : -INFINITY); /* every warp */
-  __syncthreads();
-  float sum = 0.f;
-  for (int64_t j = threadIdx.x; j < p.Lk; j += blockDim.x) {
-    float s = attn_score(p, b, h, i, j, srow[j], lo, hi);
-    sum += s == -INFINITY ? 0.f : expf(s - mx);
+/* A warp per query row: one pass over S for the row's running (max, sum)
+ * (the online rule per lane, merged across the warp), a second (from L2)
+ * for P = e^(s-m)/l; the score rule applied to each raw product on the
+ * way.  (A block per row with three passes over S ran at a quarter of the
+ * bandwidth: its rows are too short to pay for two block-wide barriers.) */
+template <typename T> __global__ void naive_softmax_kernel(fa_attn_problem p, const float *S, T *P, int64_t rows) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
+  for (int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); row < rows; row += warps) {
+    const int64_t i = row % p.Lq, bh = row / p.Lq, b = bh / p.Hq, h = bh % p.Hq;
+    const float *srow = S + row * p.Lk;
+    T *prow = P + row * p.Lk;
+    int64_t lo, hi;
+    fa_attn_range_of(&p, b, i, &lo, &hi);
+    float m = -INFINITY, d = 0.f; /* a NaN score is dropped by the max but reaches d */
+    for (int64_t j = lane; j < p.Lk; j += 32) {
+      float s = attn_score(p, b, h, i, j, srow[j], lo, hi);
+      if (s == -INFINITY) continue;
+      if (s > m) d = d * expf(m - s) + 1.f, m = s;
+      else d += expf(s - m);
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      float mo = __shfl_xor_sync(0xffffffffu, m, o), dO = __shfl_xor_sync(0xffffffffu, d, o);
+      float mn = fmaxf(m, mo);
+      d = mn == -INFINITY ? d + dO : d * expf(m - mn) + dO * expf(mo - mn);
+      m = mn;
+    }
+    float inv = d > 0.f ? 1.f / d : (d == d ? 0.f : d);
+    /* a masked key's weight is -0: the same product in cuBLAS, and a mark
+     * for the path that must skip masked keys (non-finite values in v) */
+    for (int64_t j = lane; j < p.Lk; j += 32) {
+      float s = attn_score(p, b, h, i, j, __ldcs(&srow[j]), lo, hi);
+      prow[j] = from_float<T>(s == -INFINITY ? -0.f : expf(s - m) * inv);
+    }
+    if (p.lse && lane == 0) p.lse[row] = row_lse(m, d);
   }
-  sum = warp_sum(sum);
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = sum;
-  __syncthreads();
-  sum = warp_sum((threadIdx.x & 31) < blockDim.x / 32 ? red[threadIdx.x & 31] : 0.f);
-  float inv = sum > 0.f ? 1.f / sum : (sum == sum ? 0.f : sum);
-  /* a masked key's weight is -0: the same product in cuBLAS, and a mark
-   * for the path that must skip masked keys (non-finite values in v) */
-  for (int64_t j = threadIdx.x; j < p.Lk; j += blockDim.x) {
-    float s = attn_score(p, b, h, i, j, srow[j], lo, hi);
-    prow[j] = from_float<T>(s == -INFINITY ? -0.f : expf(s - mx) * inv);
-  }
-  if (p.lse && threadIdx.x == 0) p.lse[row] = row_lse(mx, sum);
 }
 
 static __device__ __forceinline__ bool is_masked(float w) { return __float_as_uint(w) == 0x80000000u; }
@@ -76,15 +80,20 @@ static __device__ __forceinline__ bool is_masked(__half w) { return __half_as_us
 static __device__ __forceinline__ bool is_masked(__nv_bfloat16 w) { return __bfloat16_as_ushort(w) == 0x8000u; }
 
 /* O = P·V skipping masked keys, for values holding NaN or inf (where
- * 0·NaN in a matrix product would reach rows that mask the key). */
-template <typename T> __global__ void naive_pv_skipping_kernel(fa_attn_problem p, const T *P) {
-  const int64_t row = blockIdx.x, bh = row / p.Lq, b = bh / p.Hq, hk = (bh % p.Hq) / (p.Hq / p.Hkv);
-  const T *prow = P + row * p.Lk, *v = (const T *)p.v + ((b * p.Hkv + hk) * p.Lk) * p.Dv;
-  for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) {
-    float acc = 0.f;
-    for (int64_t j = 0; j < p.Lk; j++)
-      if (!is_masked(prow[j])) acc = fmaf(to_float(prow[j]), to_float(v[j * p.Dv + c]), acc);
-    ((T *)p.o)[row * p.Dv + c] = from_float<T>(acc);
+ * 0·NaN in a matrix product would reach rows that mask the key): queued
+ * behind the cuBLAS product, it overwrites O only when *flag says so, so
+ * that the common case waits for nothing (a small grid that returns). */
+template <typename T> __global__ void naive_pv_skipping_kernel(fa_attn_problem p, const T *P, const int *flag) {
+  if (!*flag) return;
+  for (int64_t row = blockIdx.x; row < p.B * p.Hq * p.Lq; row += gridDim.x) {
+    const int64_t bh = row / p.Lq, b = bh / p.Hq, hk = (bh % p.Hq) / (p.Hq / p.Hkv);
+    const T *prow = P + row * p.Lk, *v = (const T *)p.v + ((b * p.Hkv + hk) * p.Lk) * p.Dv;
+    for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) {
+      float acc = 0.f;
+      for (int64_t j = 0; j < p.Lk; j++)
+        if (!is_masked(prow[j])) acc = fmaf(to_float(prow[j]), to_float(v[j * p.Dv + c]), acc);
+      ((T *)p.o)[row * p.Dv + c] = from_float<T>(acc);
+    }
   }
 }
 
@@ -128,17 +137,12 @@ template <typename T> static fa_status naive_typed(fa_context *ctx, const fa_att
                                           CUBLAS_GEMM_DEFAULT),
                       "cublasGemmBatchedEx (Q·Kᵀ)");
     if (st) goto done;
-    naive_softmax_kernel<T><<<(unsigned)(BH * p->Lq), 256, 0, fa_cuda_stream(ctx)>>>(*p, (const float *)S, (T *)P);
+    const int64_t rows = BH * p->Lq, blocks = (rows + 7) / 8;
+    naive_softmax_kernel<T><<<(unsigned)(blocks < 65536 * 4 ? blocks : 65536 * 4), 256, 0, fa_cuda_stream(ctx)>>>(
+        *p, (const float *)S, (T *)P, rows);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) {
       st = fa_cuda_error(ctx, err, "launch of naive_softmax_kernel");
-      goto done;
-    }
-    int nonfinite = 0;
-    if ((st = values_nonfinite(ctx, p, &nonfinite))) goto done;
-    if (nonfinite) { /* values hold NaN or inf: the skipping product */
-      naive_pv_skipping_kernel<T><<<(unsigned)(BH * p->Lq), 128, 0, fa_cuda_stream(ctx)>>>(*p, (const T *)P);
-      st = fa_cuda_error(ctx, cudaGetLastError(), "launch of naive_pv_skipping_kernel");
       goto done;
     }
     /* row-major O (Lq×Dv) is column-major Oᵀ = Vᵀ·Pᵀ: m = Dv, n = Lq, k = Lk */
@@ -148,6 +152,13 @@ template <typename T> static fa_status naive_typed(fa_context *ctx, const fa_att
                                           (int)p->Lk, &zero, (void **)(d + 5 * BH), cuda_type<T>(), (int)p->Dv, (int)BH,
                                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                       "cublasGemmBatchedEx (P·V)");
+    if (st) goto done;
+    int *flag = NULL; /* values hold NaN or inf: the skipping product replaces O */
+    if ((st = values_nonfinite_flag(ctx, p, &flag))) goto done;
+    naive_pv_skipping_kernel<T><<<(unsigned)(rows < 1024 ? rows : 1024), 128, 0, fa_cuda_stream(ctx)>>>(
+        *p, (const T *)P, flag);
+    st = fa_cuda_error(ctx, cudaGetLastError(), "launch of naive_pv_skipping_kernel");
+    fa_cuda_free(flag, sizeof(int)); /* stream-ordered: after the kernel */
   }
 done:
   free(host);

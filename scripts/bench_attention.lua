@@ -3,8 +3,8 @@
 -- causal and not) in bf16, f16 and f32, timed with device events; each
 -- result checked on the last query rows of one head against the f64
 -- reference (the last rows keep the bottom-right causal alignment).
--- Usage: flashattn-lua scripts/bench_attention.lua [--json FILE] [--quick] [--algos flash,flash:sync,naive,two_pass]
---        [--dtypes bf16,f16,f32]
+-- Usage: flashattn-lua scripts/bench_attention.lua [--json FILE] [--quick]
+--        [--algos flash,flash:sync,flash:bc128,naive,two_pass] [--dtypes bf16,f16,f32]
 local fa = require "flashattn"
 local json_path, quick, algos, dtypes = nil, false, { "flash" }, { "bf16", "f16", "f32" }
 for i = 1, #arg do
@@ -21,7 +21,20 @@ for i = 1, #arg do
 end
 local Ls = quick and { 1024 } or { 1024, 4096, 16384 }
 local results = {}
-print(string.format("%-5s %4s %6s %-6s %-9s %9s %9s %9s", "dtype", "D", "L", "causal", "algo", "ms", "TFLOP/s", "rel_err"))
+-- the device copy bandwidth, so that each algo's time can be set against
+-- what its traffic model (fa.cost) predicts at that bandwidth (model_ratio =
+-- measured time / predicted time)
+local copy_gbs
+do
+  local x = fa.zeros({ 2 ^ 28 }, { device = "cuda" })
+  local y = fa.zeros({ 2 ^ 28 }, { device = "cuda" })
+  local b = fa.bench(function() y:copy_(x) end, { warmup = 2, rep = 10 })
+  copy_gbs = 2 * 4 * 2 ^ 28 / (b.median_ms * 1e-3) / 1e9
+  x:free(); y:free()
+  print(string.format("device copy %.0f GB/s", copy_gbs))
+end
+print(string.format("%-5s %4s %6s %-6s %-9s %9s %9s %9s %9s", "dtype", "D", "L", "causal", "algo", "ms", "TFLOP/s",
+  "x model", "rel_err"))
 for _, dt in ipairs(dtypes) do
   for _, D in ipairs { 64, 128 } do
     for _, L in ipairs(Ls) do
@@ -34,9 +47,13 @@ for _, dt in ipairs(dtypes) do
       for _, causal in ipairs { false, true } do
         local ref = fa.attention_reference(head(q):narrow(3, L - rows + 1, rows), head(k), head(v), { causal = causal })
         for _, algo in ipairs(algos) do
-          -- "flash:sync": the mma.sync kernel by its tile (on Hopper the default is the wgmma kernel)
+          -- "flash:sync": the mma.sync kernel by its tile (on Hopper the default is the wgmma kernel);
+          -- "flash:bc128": the Hopper kernel with key tiles of 128 at D = 64, tile {128, 128} (f16/bf16 at
+          -- D = 64 only; the default there is {128, 64})
           local opts = { algo = algo, causal = causal }
           if algo == "flash:sync" then opts.algo, opts.tile = "flash", D == 64 and { 64, 64 } or { 128, 64 } end
+          if algo == "flash:bc128" then opts.algo, opts.tile = "flash", { 128, 128 } end
+          if algo == "flash:bc128" and (dt == "f32" or D ~= 64) then goto next_algo end
           local ok, o = pcall(fa.attention, q, k, v, opts)
           if ok then
             local rel = fa.rel_error(head(o):narrow(3, L - rows + 1, rows):cpu(), ref)
@@ -45,14 +62,16 @@ for _, dt in ipairs(dtypes) do
             local cost = fa.cost.attention(q, k, v, opts)
             local tflops = cost.flops / (b.median_ms * 1e-3) / 1e12
             local gbs = cost.bytes / (b.median_ms * 1e-3) / 1e9
-            print(string.format("%-5s %4d %6d %-6s %-9s %9.3f %9.1f %9.2e", dt, D, L, tostring(causal), algo,
-              b.median_ms, tflops, rel))
+            print(string.format("%-5s %4d %6d %-6s %-9s %9.3f %9.1f %9.2f %9.2e", dt, D, L, tostring(causal), algo,
+              b.median_ms, tflops, copy_gbs / gbs, rel))
             results[#results + 1] = { dtype = dt, D = D, L = L, B = B, H = H, causal = causal, algo = algo,
-              ms = b.median_ms, tflops = tflops, model_gbs = gbs, model_bytes = cost.bytes, rel_err = rel }
+              ms = b.median_ms, tflops = tflops, model_gbs = gbs, model_bytes = cost.bytes,
+              model_ratio = copy_gbs / gbs, rel_err = rel }
           else
             print(string.format("%-5s %4d %6d %-6s %-9s %s", dt, D, L, tostring(causal), algo, tostring(o):sub(1, 80)))
           end
           collectgarbage()
+          ::next_algo::
         end
       end
       q:free(); k:free(); v:free()
@@ -62,6 +81,6 @@ end
 if json_path then
   local cjson = require "cjson"
   local f = assert(io.open(json_path, "w"))
-  f:write(cjson.encode { device = fa.device_info().name, results = results })
+  f:write(cjson.encode { device = fa.device_info().name, copy_gbs = copy_gbs, results = results })
   f:close()
 end

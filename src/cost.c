@@ -23,9 +23,13 @@ fa_status fa_cost_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tens
   double lse = opts->return_lse ? 4.0 * rows : 0.0;
   double mask = opts->mask ? (double)fa_tensor_numel(opts->mask) * (double)fa_dtype_size(opts->mask->dtype) : 0.0;
   switch (d.algo) {
-  case FA_ATTN_NAIVE: /* S written and read back, P written and read back */
-    out->bytes = es * (Q + K + V + O + 4.0 * S);
+  case FA_ATTN_NAIVE: { /* S written and read back, P written and read back */
+    /* S is held in f32 (f64 for f64 inputs); P in the inputs' dtype on CUDA
+     * (cuBLAS reads it for P·V), in S's on the CPU */
+    double ss = es > 4.0 ? es : 4.0, ps = d.device == FA_CUDA ? es : ss;
+    out->bytes = es * (Q + K + V + O) + 2.0 * (ss + ps) * S;
     break;
+  }
   case FA_ATTN_TWO_PASS: /* Q and K read twice, (m, l) per row written then read */
     out->bytes = es * (2.0 * Q + 2.0 * K + V + O) + 16.0 * rows;
     break;
