@@ -489,7 +489,8 @@ template <typename T> static fa_status split_rows(fa_context *ctx, const T *x, T
     }
     fa_cuda_free(arrived, cbytes); /* stream-ordered: after the kernel */
   }
-  if (err == cudaErrorCooperativeLaunchTooLarge) { /* too long for one wave, or other work holds part of the GPU */
+  if (err == cudaErrorCooperativeLaunchTooLarge || err == cudaErrorNotSupported) {
+    /* too long for one wave, other work holds part of the GPU, or no cooperative launch here */
     (void)cudaGetLastError();
     int grid = (int)(items < (int64_t)g_sms * 64 ? items : (int64_t)g_sms * 64);
     block_rows_kernel<T, SPLIT_E, SPLIT_WARPS, ITEM_STATS><<<grid, threads, 0, stream>>>(x, y, rows, n, isegs, pp, NULL);
