@@ -73,7 +73,7 @@ template <typename W> __global__ void any_nonfinite_kernel(const W *v, int64_t n
 /* A device int (from the pool: the caller frees it with fa_cuda_free) set
  * to 1 when the values v (f32, f16 or bf16) hold NaN or inf, queued on the
  * stream: one pass over v, no wait. */
-static fa_status values_nonfinite_flag(fa_context *ctx, const fa_attn_problem *p, int **flag) {
+static inline fa_status values_nonfinite_flag(fa_context *ctx, const fa_attn_problem *p, int **flag) {
   *flag = NULL;
   void *f = NULL;
   fa_status st = fa_cuda_malloc(ctx, &f, sizeof(int));
@@ -97,6 +97,28 @@ static fa_status values_nonfinite_flag(fa_context *ctx, const fa_attn_problem *p
   }
   *flag = (int *)f;
   return FA_OK;
+}
+
+/* Whether a call needs the per-score rule beyond the key range and the
+ * scale (masks, alibi, softcap): the fast kernels' EXTRAS instances. */
+static inline bool attn_has_extras(const fa_attn_problem *p) {
+  return p->mask_b || p->mask_f || p->alibi || p->softcap > 0;
+}
+
+/* Queues run(ctx, g) for a fast kernel that does nothing when V holds NaN
+ * or inf: g is *p with v_nonfinite set to a fresh device flag (one pass
+ * over V, no wait), which comes back in *v_flag for the caller to free and
+ * to guard its fallback (a kernel that skips masked keys) with. */
+static inline fa_status launch_guarded_by_v_flag(fa_context *ctx, const fa_attn_problem *p, int **v_flag,
+                                                 fa_status (*run)(fa_context *, const fa_attn_problem *)) {
+  int *flag = NULL;
+  fa_status st = values_nonfinite_flag(ctx, p, &flag);
+  if (st) return st;
+  fa_attn_problem g = *p;
+  g.v_nonfinite = flag;
+  if ((st = run(ctx, &g))) fa_cuda_free(flag, sizeof(int));
+  else *v_flag = flag;
+  return st;
 }
 
 /* lse of a finished row: -inf for an empty row (l = 0), NaN stays NaN. */

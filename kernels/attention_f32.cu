@@ -260,15 +260,8 @@ extern "C" fa_status fa_cuda_attention_f32(fa_context *ctx, const fa_attn_proble
   FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
   FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   if (f32_smem_bytes((int)p->D) + 1024 > (size_t)smem_optin) return FA_OK; /* + the static 576 bytes */
-  int *flag = NULL;
-  fa_status st = values_nonfinite_flag(ctx, p, &flag);
-  if (st) return st;
-  fa_attn_problem g = *p;
-  g.v_nonfinite = flag;
-  const bool extras = p->mask_b || p->mask_f || p->alibi || p->softcap > 0;
-  if (p->D == 64) st = extras ? launch_f32<64, true>(ctx, &g) : launch_f32<64, false>(ctx, &g);
-  else st = extras ? launch_f32<128, true>(ctx, &g) : launch_f32<128, false>(ctx, &g);
-  if (st) fa_cuda_free(flag, sizeof(int));
-  else *v_flag = flag;
-  return st;
+  const bool extras = attn_has_extras(p);
+  if (p->D == 64)
+    return launch_guarded_by_v_flag(ctx, p, v_flag, extras ? launch_f32<64, true> : launch_f32<64, false>);
+  return launch_guarded_by_v_flag(ctx, p, v_flag, extras ? launch_f32<128, true> : launch_f32<128, false>);
 }

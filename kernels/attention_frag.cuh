@@ -1,6 +1,7 @@
 /* What the two tensor-core "flash" kernels (mma.sync in attention_mma.cu,
- * Hopper wgmma in attention_wgmma.cu) share: asynchronous copies, packing,
- * and the online softmax on score fragments.
+ * Hopper wgmma in attention_wgmma.cu) share: their tile layouts and the
+ * tile loader, asynchronous copies, packing, and the online softmax on
+ * score fragments.
  *
  * Both hold S and O in the accumulator layout of an m16n8 tile per warp:
  * warp w owns query rows 16w + g and 16w + g + 8 (g = lane / 4); chunk n of
@@ -37,6 +38,36 @@ static __device__ __forceinline__ float exp2_approx(float x) {
   float r;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
   return r;
+}
+
+/* Byte offset of 16-byte chunk `chunk` (8 elements) of row `row` in the
+ * mma.sync kernel's tiles: row after row of CH chunks, chunks XOR-swizzled
+ * by row % 8 (ldmatrix reads them without bank conflicts). */
+template <int CH> static __device__ __forceinline__ int swz(int row, int chunk) {
+  return (row * CH + (chunk ^ (row & 7))) * 16;
+}
+
+/* The same in the wgmma kernel's tiles of ROWS rows: 64-column blocks of
+ * ROWS × 128 bytes, chunks swizzled by row % 8 within each 1024-byte group
+ * of 8 rows (the hardware's 128-byte swizzle, given 1024-byte aligned
+ * blocks). */
+template <int ROWS> static __device__ __forceinline__ int sw128(int row, int chunk) {
+  return (chunk >> 3) * ROWS * 128 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
+}
+
+/* Rows [r0, r0 + ROWS) of a (rows × D) f16/bf16 matrix into a tile of
+ * either layout (WGMMA: sw128, else swz) by THREADS threads, a cp.async per
+ * chunk; rows at or past `limit` are zero-filled, never read. */
+template <typename T, int D, int ROWS, int THREADS, bool WGMMA>
+static __device__ __forceinline__ void load_tile(char *tile, const T *src, int64_t r0, int64_t limit) {
+  const int CH = D / 8;
+#pragma unroll
+  for (int c = threadIdx.x; c < ROWS * CH; c += THREADS) {
+    int row = c / CH, chunk = c % CH;
+    bool in = r0 + row < limit;
+    const T *g = src + (in ? (r0 + row) * D + chunk * 8 : 0);
+    cp_async16(tile + (WGMMA ? sw128<ROWS>(row, chunk) : swz<CH>(row, chunk)), g, in ? 16 : 0);
+  }
 }
 
 /* The running state of this thread's two query rows. */

@@ -47,25 +47,6 @@ __device__ __forceinline__ void mma16816<__nv_bfloat16>(float c[4], const uint32
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile whose
- * rows hold CH chunks. */
-template <int CH> static __device__ __forceinline__ int swz(int row, int chunk) {
-  return (row * CH + (chunk ^ (row & 7))) * 16;
-}
-
-/* Copies rows [r0, r0 + ROWS) of a (rows × D) matrix into a swizzled tile;
- * rows at or past `limit` are zero-filled, never read. */
-template <typename T, int D, int ROWS>
-static __device__ __forceinline__ void load_tile(char *tile, const T *src, int64_t r0, int64_t limit) {
-  const int CH = D / 8;
-#pragma unroll
-  for (int c = threadIdx.x; c < ROWS * CH; c += MMA_WARPS(D) * 32) {
-    int row = c / CH, chunk = c % CH;
-    bool in = r0 + row < limit;
-    const T *g = src + (in ? (r0 + row) * D + chunk * 8 : 0);
-    cp_async16(tile + swz<CH>(row, chunk), g, in ? 16 : 0);
-  }
-}
 
 template <typename T, int D, bool EXTRAS>
 __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_problem p) {
@@ -79,15 +60,15 @@ __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_pro
   const int64_t bh = qt.bh, b = qt.b, h = qt.h, i0 = qt.i0;
   const T *q = qt.q, *k = qt.k, *v = qt.v;
 
-  load_tile<T, D, MMA_BR>(Qs, q, i0, p.Lq);
+  load_tile<T, D, MMA_BR, MMA_WARPS(D) * 32, false>(Qs, q, i0, p.Lq);
   cp_async_commit();
   int64_t t_lo, t_hi, all_lo, all_hi;
   tile_key_range<MMA_BR>(p, b, i0, &t_lo, &t_hi, &all_lo, &all_hi);
   const bool scale_pos = p.scale > 0;
   const int ntiles = (int)((t_hi - t_lo + MMA_BC - 1) / MMA_BC);
   if (ntiles > 0) {
-    load_tile<T, D, MMA_BC>(Ks, k, t_lo, t_hi);
-    load_tile<T, D, MMA_BC>(Vs, v, t_lo, t_hi);
+    load_tile<T, D, MMA_BC, MMA_WARPS(D) * 32, false>(Ks, k, t_lo, t_hi);
+    load_tile<T, D, MMA_BC, MMA_WARPS(D) * 32, false>(Vs, v, t_lo, t_hi);
   }
   cp_async_commit();
 
@@ -110,8 +91,8 @@ __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_pro
     const int64_t j0 = t_lo + (int64_t)t * MMA_BC;
     char *kt = Ks + (t & 1) * MMA_BC * D * 2, *vt = Vs + (t & 1) * MMA_BC * D * 2;
     if (t + 1 < ntiles) { /* the next tile into the other buffers */
-      load_tile<T, D, MMA_BC>(Ks + ((t + 1) & 1) * MMA_BC * D * 2, k, j0 + MMA_BC, t_hi);
-      load_tile<T, D, MMA_BC>(Vs + ((t + 1) & 1) * MMA_BC * D * 2, v, j0 + MMA_BC, t_hi);
+      load_tile<T, D, MMA_BC, MMA_WARPS(D) * 32, false>(Ks + ((t + 1) & 1) * MMA_BC * D * 2, k, j0 + MMA_BC, t_hi);
+      load_tile<T, D, MMA_BC, MMA_WARPS(D) * 32, false>(Vs + ((t + 1) & 1) * MMA_BC * D * 2, v, j0 + MMA_BC, t_hi);
     }
     cp_async_commit();
     cp_async_wait<1>();
@@ -169,7 +150,7 @@ template <typename T, int D, bool EXTRAS> static fa_status launch(fa_context *ct
 }
 
 template <typename T> static fa_status mma_typed(fa_context *ctx, const fa_attn_problem *p) {
-  const bool extras = p->mask_b || p->mask_f || p->alibi || p->softcap > 0;
+  const bool extras = attn_has_extras(p);
   if (p->D == 64) return extras ? launch<T, 64, true>(ctx, p) : launch<T, 64, false>(ctx, p);
   return extras ? launch<T, 128, true>(ctx, p) : launch<T, 128, false>(ctx, p);
 }
@@ -204,15 +185,6 @@ extern "C" fa_status fa_cuda_attention_mma(fa_context *ctx, const fa_attn_proble
   if (((uintptr_t)p->q | (uintptr_t)p->k | (uintptr_t)p->v | (uintptr_t)p->o) % 16) return FA_OK;
   const int wg = p->tile_q == 128 && (p->tile_k == 128 || (p->tile_k == 64 && p->D == 64)) && fa_cuda_wgmma_usable();
   if (!wg && (p->tile_q != 16 * MMA_WARPS(p->D) || p->tile_k != MMA_BC)) return FA_OK;
-  int *flag = NULL;
-  fa_status st = values_nonfinite_flag(ctx, p, &flag);
-  if (st) return st;
-  fa_attn_problem g = *p;
-  g.v_nonfinite = flag;
-  if (wg) st = fa_cuda_attention_wgmma(ctx, &g);
-  else if (p->compute == FA_F16) st = mma_typed<__half>(ctx, &g);
-  else st = mma_typed<__nv_bfloat16>(ctx, &g);
-  if (st) fa_cuda_free(flag, sizeof(int));
-  else *v_flag = flag;
-  return st;
+  if (wg) return launch_guarded_by_v_flag(ctx, p, v_flag, fa_cuda_attention_wgmma);
+  return launch_guarded_by_v_flag(ctx, p, v_flag, p->compute == FA_F16 ? mma_typed<__half> : mma_typed<__nv_bfloat16>);
 }

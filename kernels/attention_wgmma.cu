@@ -21,28 +21,6 @@
 #define WG_BR 128
 #define WG_THREADS 256
 
-/* Byte offset of 16-byte chunk `chunk` (8 elements) of row `row` in a tile
- * of ROWS rows: 64-column blocks of ROWS × 128 bytes, chunks swizzled by
- * row % 8 within each 1024-byte group of 8 rows (the hardware's 128-byte
- * swizzle, given 1024-byte aligned blocks). */
-template <int ROWS> static __device__ __forceinline__ int sw128(int row, int chunk) {
-  return (chunk >> 3) * ROWS * 128 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
-}
-
-/* Rows [r0, r0 + ROWS) of a (rows × D) matrix into a tile; rows at or past
- * `limit` are zero-filled, never read. */
-template <typename T, int D, int ROWS>
-static __device__ __forceinline__ void wg_load_tile(char *tile, const T *src, int64_t r0, int64_t limit) {
-  const int CH = D / 8;
-#pragma unroll
-  for (int c = threadIdx.x; c < ROWS * CH; c += WG_THREADS) {
-    int row = c / CH, chunk = c % CH;
-    bool in = r0 + row < limit;
-    const T *g = src + (in ? (r0 + row) * D + chunk * 8 : 0);
-    cp_async16(tile + sw128<ROWS>(row, chunk), g, in ? 16 : 0);
-  }
-}
-
 static size_t wgmma_smem_bytes(int D, int BC) { return (size_t)(WG_BR + 5 * BC) * D * 2 + 1024; /* + alignment */ }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -75,14 +53,14 @@ __global__ void __launch_bounds__(WG_THREADS, BC == 64 && !EXTRAS ? 2 : 1) attn_
   const int64_t bh = qt.bh, b = qt.b, h = qt.h, i0 = qt.i0;
   const T *q = qt.q, *k = qt.k, *v = qt.v;
 
-  wg_load_tile<T, D, WG_BR>(Qs, q, i0, p.Lq);
+  load_tile<T, D, WG_BR, WG_THREADS, true>(Qs, q, i0, p.Lq);
   cp_async_commit();
   int64_t t_lo, t_hi, all_lo, all_hi;
   tile_key_range<WG_BR>(p, b, i0, &t_lo, &t_hi, &all_lo, &all_hi);
   const int ntiles = (int)((t_hi - t_lo + BC - 1) / BC);
   if (ntiles > 0) {
-    wg_load_tile<T, D, BC>(Ks, k, t_lo, t_hi);
-    wg_load_tile<T, D, BC>(Vs, v, t_lo, t_hi);
+    load_tile<T, D, BC, WG_THREADS, true>(Ks, k, t_lo, t_hi);
+    load_tile<T, D, BC, WG_THREADS, true>(Vs, v, t_lo, t_hi);
   }
   cp_async_commit();
 
@@ -108,8 +86,8 @@ __global__ void __launch_bounds__(WG_THREADS, BC == 64 && !EXTRAS ? 2 : 1) attn_
     fence_proxy_async();
     __syncthreads();
     if (t + 1 < ntiles) {
-      wg_load_tile<T, D, BC>(Ks + ((t + 1) & 1) * BC * D * 2, k, j0 + BC, t_hi);
-      wg_load_tile<T, D, BC>(Vs + ((t + 1) % 3) * BC * D * 2, v, j0 + BC, t_hi);
+      load_tile<T, D, BC, WG_THREADS, true>(Ks + ((t + 1) & 1) * BC * D * 2, k, j0 + BC, t_hi);
+      load_tile<T, D, BC, WG_THREADS, true>(Vs + ((t + 1) % 3) * BC * D * 2, v, j0 + BC, t_hi);
     }
     cp_async_commit();
 
@@ -166,7 +144,7 @@ template <typename T, int D, int BC, bool EXTRAS> static fa_status launch(fa_con
 }
 
 template <typename T> static fa_status wgmma_typed(fa_context *ctx, const fa_attn_problem *p) {
-  const bool extras = p->mask_b || p->mask_f || p->alibi || p->softcap > 0;
+  const bool extras = attn_has_extras(p);
   if (p->D == 64 && p->tile_k == 64) return extras ? launch<T, 64, 64, true>(ctx, p) : launch<T, 64, 64, false>(ctx, p);
   if (p->D == 64) return extras ? launch<T, 64, 128, true>(ctx, p) : launch<T, 64, 128, false>(ctx, p);
   return extras ? launch<T, 128, 128, true>(ctx, p) : launch<T, 128, 128, false>(ctx, p);

@@ -37,14 +37,7 @@ end
 
 local function finite(v) return v == v and v ~= math.huge and v ~= -math.huge end
 
-local function flat(t)
-  local out = {}
-  local function walk(x)
-    if type(x) == "table" then for i = 1, #x do walk(x[i]) end else out[#out + 1] = x end
-  end
-  walk(t:cpu():totable())
-  return out
-end
+local function flat(t) return t:reshape({ t:numel() }):cpu():totable() end
 
 -- Median time of fn(out): the first call makes the output, the timed ones
 -- write into it, so that allocation is not timed.

@@ -79,14 +79,7 @@ local function is_own_error(e) return type(e) == "string" and e:find("fuzz%-boom
 
 -- ---- values ---------------------------------------------------------------------------
 -- Flat row-major array of a tensor's values (bool as 1/0).
-local function flat(t)
-  local out = {}
-  local function walk(x)
-    if type(x) == "table" then for i = 1, #x do walk(x[i]) end else out[#out + 1] = x end
-  end
-  walk(t:cpu():totable())
-  return out
-end
+local function flat(t) return t:reshape({ t:numel() }):cpu():totable() end
 
 local function finite(x) return x == x and x ~= inf and x ~= -inf end
 

@@ -83,18 +83,7 @@ function U.cpu(t)
 end
 
 -- Row-major flat Lua array of a tensor's values.
-function U.flat(t)
-  local out = {}
-  local function walk(x)
-    if type(x) == "table" then
-      for i = 1, #x do walk(x[i]) end
-    else
-      out[#out + 1] = x
-    end
-  end
-  walk(t:cpu():totable())
-  return out
-end
+function U.flat(t) return t:reshape({t:numel()}):cpu():totable() end
 
 -- A tensor from a flat array and a shape.
 function U.from_flat(flat, shape, dtype, device)
