@@ -8,14 +8,16 @@
  * slice, and each lane accumulates every 32nd output column.  MODE_FLASH
  * is the one-pass online softmax; MODE_STATS and MODE_OUTPUT are the two
  * passes of "two_pass" (running (m, l) first, then the output with the
- * final statistics).  Key tiles outside every row's causal / window /
+ * final statistics; the fast kernels have the same two passes).  Key tiles outside every row's causal / window /
  * kv_lens range are never loaded.  "flash" runs here for the calls that
  * the faster kernels (attention_wgmma.cu, attention_mma.cu,
  * attention_f32.cu) do not take, and behind them when V holds NaN or inf. */
 #include "attention_common.cuh"
 
-extern "C" fa_status fa_cuda_attention_mma(fa_context *ctx, const fa_attn_problem *p, int **v_flag);
-extern "C" fa_status fa_cuda_attention_f32(fa_context *ctx, const fa_attn_problem *p, int **v_flag);
+extern "C" fa_status fa_cuda_attention_mma(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo algo,
+                                           int **v_flag);
+extern "C" fa_status fa_cuda_attention_f32(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo algo,
+                                           int **v_flag);
 
 #define NWARPS 8
 #define MAX_DV_PER_LANE 8 /* Dv up to 256 */
@@ -23,8 +25,8 @@ extern "C" fa_status fa_cuda_attention_f32(fa_context *ctx, const fa_attn_proble
 enum { MODE_FLASH = 0, MODE_STATS, MODE_OUTPUT };
 
 template <typename T, int BR, int MODE>
-static __device__ __forceinline__ void attn_tiled_block(const fa_attn_problem &p, int br, int Bc, float *stats,
-                                                        int64_t blk) {
+static __device__ __forceinline__ void attn_tiled_block(const fa_attn_problem &p, int br, int Bc, int64_t blk) {
+  float *stats = p.row_stats; /* two_pass: (m, l) of every row */
   const int R = BR / NWARPS; /* BR >= br: the block computes br rows, the rest idle */
   extern __shared__ float smem[];
   __shared__ int64_t row_lo[BR], row_hi[BR];
@@ -186,11 +188,10 @@ template <typename T> __global__ void attn_row_kernel(fa_attn_problem p) {
  * set), launched with a grid of a few blocks per SM that returns at once
  * unless V holds NaN or inf. */
 template <typename T, int BR, int MODE>
-__global__ void __launch_bounds__(NWARPS * 32) attn_tiled_kernel(fa_attn_problem p, int br, int Bc, float *stats,
-                                                                 int64_t nblk) {
+__global__ void __launch_bounds__(NWARPS * 32) attn_tiled_kernel(fa_attn_problem p, int br, int Bc, int64_t nblk) {
   if (p.v_nonfinite && !*p.v_nonfinite) return; /* not needed: the tensor cores have run */
   for (int64_t blk = blockIdx.x; blk < nblk; blk += gridDim.x) {
-    attn_tiled_block<T, BR, MODE>(p, br, Bc, stats, blk);
+    attn_tiled_block<T, BR, MODE>(p, br, Bc, blk);
     __syncthreads(); /* its shared memory is the next one's */
   }
 }
@@ -227,7 +228,7 @@ extern "C" fa_status fa_cuda_attention_check_tile(fa_context *ctx, int64_t D, in
 }
 
 template <typename T, int BR, int MODE>
-static fa_status launch_tiled(fa_context *ctx, const fa_attn_problem *p, float *stats) {
+static fa_status launch_tiled(fa_context *ctx, const fa_attn_problem *p) {
   int bc = (int)p->tile_k;
   size_t smem = tiled_smem(BR, bc, p->D, p->Dv);
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(attn_tiled_kernel<T, BR, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -242,19 +243,41 @@ static fa_status launch_tiled(fa_context *ctx, const fa_attn_problem *p, float *
   }
   if (grid > INT32_MAX) return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: attention on cuda: too many query tiles");
   if (grid == 0) return FA_OK;
-  attn_tiled_kernel<T, BR, MODE><<<(unsigned)grid, NWARPS * 32, smem, fa_cuda_stream(ctx)>>>(*p, br, bc, stats, blocks);
+  attn_tiled_kernel<T, BR, MODE><<<(unsigned)grid, NWARPS * 32, smem, fa_cuda_stream(ctx)>>>(*p, br, bc, blocks);
   FA_CUDA_CHECK_LAUNCH(ctx, "attn_tiled_kernel");
   return FA_OK;
 }
 
-template <typename T, int MODE> static fa_status tiled_by_br(fa_context *ctx, const fa_attn_problem *p, float *stats) {
+template <typename T, int MODE> static fa_status tiled_by_br(fa_context *ctx, const fa_attn_problem *p) {
   switch (block_rows((int)p->tile_q)) {
-  case 8: return launch_tiled<T, 8, MODE>(ctx, p, stats);
-  case 16: return launch_tiled<T, 16, MODE>(ctx, p, stats);
-  case 32: return launch_tiled<T, 32, MODE>(ctx, p, stats);
-  case 64: return launch_tiled<T, 64, MODE>(ctx, p, stats);
-  default: return launch_tiled<T, 128, MODE>(ctx, p, stats);
+  case 8: return launch_tiled<T, 8, MODE>(ctx, p);
+  case 16: return launch_tiled<T, 16, MODE>(ctx, p);
+  case 32: return launch_tiled<T, 32, MODE>(ctx, p);
+  case 64: return launch_tiled<T, 64, MODE>(ctx, p);
+  default: return launch_tiled<T, 128, MODE>(ctx, p);
   }
+}
+
+/* "flash" or "two_pass" (p->row_stats set): the tensor-core kernels
+ * (f16/bf16) or the register-tiled f32 kernel when the call fits, then this
+ * file's kernel, which takes every call: alone when they did not fit, else
+ * guarded by their flag (it runs only when V holds NaN or inf, for
+ * two_pass only the output pass, on the statistics they wrote). */
+template <typename T> static fa_status tiled_typed(fa_context *ctx, fa_attention_algo algo, const fa_attn_problem *p) {
+  int *v_flag = NULL;
+  fa_status st = p->compute == FA_F32 ? fa_cuda_attention_f32(ctx, p, algo, &v_flag)
+                                      : fa_cuda_attention_mma(ctx, p, algo, &v_flag);
+  if (st) return st;
+  if (!v_flag && algo == FA_ATTN_TWO_PASS) {
+    st = tiled_by_br<T, MODE_STATS>(ctx, p);
+    return st ? st : tiled_by_br<T, MODE_OUTPUT>(ctx, p);
+  }
+  if (!v_flag) return tiled_by_br<T, MODE_FLASH>(ctx, p);
+  fa_attn_problem fallback = *p;
+  fallback.v_nonfinite = v_flag;
+  st = algo == FA_ATTN_TWO_PASS ? tiled_by_br<T, MODE_OUTPUT>(ctx, &fallback) : tiled_by_br<T, MODE_FLASH>(ctx, &fallback);
+  fa_cuda_free(v_flag, sizeof(int)); /* stream-ordered: after the kernels */
+  return st;
 }
 
 template <typename T> static fa_status attention_typed(fa_context *ctx, fa_attention_algo algo, const fa_attn_problem *p) {
@@ -264,26 +287,14 @@ template <typename T> static fa_status attention_typed(fa_context *ctx, fa_atten
     FA_CUDA_CHECK_LAUNCH(ctx, "attn_row_kernel");
     return FA_OK;
   }
-  if (algo != FA_ATTN_TWO_PASS) {
-    int *v_flag = NULL;
-    /* tensor cores (f16/bf16) or the register-tiled f32 kernel when the call fits */
-    fa_status st = p->compute == FA_F32 ? fa_cuda_attention_f32(ctx, p, &v_flag)
-                                        : fa_cuda_attention_mma(ctx, p, &v_flag);
-    if (st) return st;
-    if (!v_flag) return tiled_by_br<T, MODE_FLASH>(ctx, p, NULL);
-    /* and this kernel after it, which runs only when V holds NaN or inf */
-    fa_attn_problem fallback = *p;
-    fallback.v_nonfinite = v_flag;
-    st = tiled_by_br<T, MODE_FLASH>(ctx, &fallback, NULL);
-    fa_cuda_free(v_flag, sizeof(int)); /* stream-ordered: after both kernels */
-    return st;
-  }
+  if (algo != FA_ATTN_TWO_PASS) return tiled_typed<T>(ctx, algo, p);
   size_t bytes = sizeof(float) * 2 * (size_t)(p->B * p->Hq * p->Lq);
   void *stats = NULL;
   fa_status st = fa_cuda_malloc(ctx, &stats, bytes);
   if (st) return st;
-  st = tiled_by_br<T, MODE_STATS>(ctx, p, (float *)stats);
-  if (!st) st = tiled_by_br<T, MODE_OUTPUT>(ctx, p, (float *)stats);
+  fa_attn_problem g = *p;
+  g.row_stats = (float *)stats;
+  st = tiled_typed<T>(ctx, algo, &g);
   fa_cuda_free(stats, bytes); /* stream-ordered: after both passes */
   return st;
 }

@@ -105,20 +105,39 @@ static inline bool attn_has_extras(const fa_attn_problem *p) {
   return p->mask_b || p->mask_f || p->alibi || p->softcap > 0;
 }
 
-/* Queues run(ctx, g) for a fast kernel that does nothing when V holds NaN
- * or inf: g is *p with v_nonfinite set to a fresh device flag (one pass
- * over V, no wait), which comes back in *v_flag for the caller to free and
- * to guard its fallback (a kernel that skips masked keys) with. */
-static inline fa_status launch_guarded_by_v_flag(fa_context *ctx, const fa_attn_problem *p, int **v_flag,
-                                                 fa_status (*run)(fa_context *, const fa_attn_problem *)) {
+/* Queues run(ctx, g, pass) for a fast kernel that does nothing when V
+ * holds NaN or inf: g is *p with v_nonfinite set to a fresh device flag
+ * (one pass over V, no wait), which comes back in *v_flag for the caller
+ * to free and to guard its fallback (a kernel that skips masked keys)
+ * with. */
+static inline fa_status launch_guarded_by_v_flag(fa_context *ctx, const fa_attn_problem *p, int pass, int **v_flag,
+                                                 fa_status (*run)(fa_context *, const fa_attn_problem *, int)) {
   int *flag = NULL;
   fa_status st = values_nonfinite_flag(ctx, p, &flag);
   if (st) return st;
   fa_attn_problem g = *p;
   g.v_nonfinite = flag;
-  if ((st = run(ctx, &g))) fa_cuda_free(flag, sizeof(int));
+  if ((st = run(ctx, &g, pass))) fa_cuda_free(flag, sizeof(int));
   else *v_flag = flag;
   return st;
+}
+
+/* What a fast kernel instance computes: "flash" (the one-pass online
+ * softmax), or one pass of "two_pass": the rows' final (m, l) into
+ * p.row_stats from the scores alone (no V), then O with those statistics
+ * (no rescaling). */
+enum { PASS_FLASH = 0, PASS_STATS, PASS_OUTPUT };
+
+/* Queues algo ("flash" or "two_pass") on a fast kernel through run: one
+ * guarded launch for flash; for two_pass the statistics pass (it reads no
+ * V, so needs no guard) and the guarded output pass, both with *p's
+ * row_stats. */
+static inline fa_status launch_fast_passes(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo algo,
+                                           int **v_flag,
+                                           fa_status (*run)(fa_context *, const fa_attn_problem *, int)) {
+  if (algo != FA_ATTN_TWO_PASS) return launch_guarded_by_v_flag(ctx, p, PASS_FLASH, v_flag, run);
+  fa_status st = run(ctx, p, PASS_STATS);
+  return st ? st : launch_guarded_by_v_flag(ctx, p, PASS_OUTPUT, v_flag, run);
 }
 
 /* lse of a finished row: -inf for an empty row (l = 0), NaN stays NaN. */

@@ -69,9 +69,12 @@ static __device__ __forceinline__ float f4_at(const float4 &v, int k) {
   return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
 }
 
-template <int D, bool EXTRAS>
+/* PASS (attention_common.cuh): flash, or the statistics pass of two_pass
+ * (no V, no P) or its output pass (probabilities final, no rescaling). */
+template <int D, bool EXTRAS, int PASS>
 __global__ void __launch_bounds__(F32_THREADS, D == 64 && !EXTRAS ? 3 : 2) attn_f32_kernel(fa_attn_problem p) {
-  if (*p.v_nonfinite) return; /* the fallback's */
+  const bool WITH_V = PASS != PASS_STATS;
+  if (WITH_V && *p.v_nonfinite) return; /* the fallback's */
   const int CH = D / 4, NH = D / 64, PCH = F32_BC / 4; /* chunks of a Q/K/V row, column halves, chunks of a P row */
   extern __shared__ __align__(16) float f32_smem[];
   float *Qs = f32_smem, *Ks = Qs + F32_BR * D, *Vs = Ks + F32_BC * D, *Ps = Vs + F32_BC * D;
@@ -106,6 +109,8 @@ __global__ void __launch_bounds__(F32_THREADS, D == 64 && !EXTRAS ? 3 : 2) attn_
 #pragma unroll
   for (int i = 0; i < F32_RM; i++) {
     m[i] = -INFINITY, l[i] = 0.f;
+    /* PASS_OUTPUT: m holds the row's final offset m + ln l, P = exp(s - m - ln l) */
+    if (PASS == PASS_OUTPUT) m[i] = frag_stats_offset(p, bh, i0 + F32_RM * ty + i) / L2E;
 #pragma unroll
     for (int c = 0; c < NH; c++) o[i][c] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
@@ -114,7 +119,7 @@ __global__ void __launch_bounds__(F32_THREADS, D == 64 && !EXTRAS ? 3 : 2) attn_
     const int64_t j0 = t_lo + (int64_t)t * F32_BC;
     cp_async_wait<0>();
     __syncthreads(); /* K_t (and Q) are in; every thread is past P·V of tile t - 1: V and P are free */
-    f32_load_tile<D, F32_BC, SW_NONE>(Vs, qt.v, j0, t_hi);
+    if (WITH_V) f32_load_tile<D, F32_BC, SW_NONE>(Vs, qt.v, j0, t_hi);
     cp_async_commit();
 
     /* S = Q·K_tᵀ: rows 8ty + i, keys tx + 16j, d in the order 0..D-1 */
@@ -160,23 +165,36 @@ __global__ void __launch_bounds__(F32_THREADS, D == 64 && !EXTRAS ? 3 : 2) attn_
           s[i][j] = x, tm = fmaxf(tm, x);
         }
       }
+      float alpha = 1.f, off;
+      if (PASS == PASS_OUTPUT) {
+        off = m[i];
+      } else {
 #pragma unroll
-      for (int x = 2; x < 32; x <<= 1) tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, x));
-      const float nm = fmaxf(m[i], tm);
-      const float alpha = nm == -INFINITY ? 1.f : exp2_approx((m[i] - nm) * L2E);
-      const float off = nm == -INFINITY ? 0.f : nm;
-      m[i] = nm;
+        for (int x = 2; x < 32; x <<= 1) tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, x));
+        const float nm = fmaxf(m[i], tm);
+        alpha = nm == -INFINITY ? 1.f : exp2_approx((m[i] - nm) * L2E);
+        off = nm == -INFINITY ? 0.f : nm;
+        m[i] = nm;
+      }
       float sum = 0.f;
 #pragma unroll
       for (int j = 0; j < 4; j++) {
         const float pj = exp2_approx(fmaf(s[i][j], sc, -off) * L2E); /* -inf -> 0 */
         s[i][j] = pj, sum += pj;
       }
-      l[i] = l[i] * alpha + sum; /* this thread's part: reduced across the row at the end */
+      if (PASS != PASS_OUTPUT) l[i] = l[i] * alpha + sum; /* this thread's part: reduced across the row at the end */
+      if (PASS == PASS_FLASH)
 #pragma unroll
-      for (int c = 0; c < NH; c++) o[i][c].x *= alpha, o[i][c].y *= alpha, o[i][c].z *= alpha, o[i][c].w *= alpha;
+        for (int c = 0; c < NH; c++) o[i][c].x *= alpha, o[i][c].y *= alpha, o[i][c].z *= alpha, o[i][c].w *= alpha;
+      if (WITH_V)
 #pragma unroll
-      for (int j = 0; j < 4; j++) Pw[i * F32_BC + 16 * (j ^ (ty & 1))] = s[i][j];
+        for (int j = 0; j < 4; j++) Pw[i * F32_BC + 16 * (j ^ (ty & 1))] = s[i][j];
+    }
+    if (!WITH_V) { /* the statistics pass: the next K tile once every thread is past this one */
+      __syncthreads();
+      if (t + 1 < ntiles) f32_load_tile<D, F32_BC, SW_K>(Ks, qt.k, j0 + F32_BC, t_hi);
+      cp_async_commit();
+      continue;
     }
 
     cp_async_wait<0>();
@@ -211,47 +229,65 @@ __global__ void __launch_bounds__(F32_THREADS, D == 64 && !EXTRAS ? 3 : 2) attn_
   }
   cp_async_wait<0>(); /* no copy in flight at the exit (no key tile: Q's) */
 
-  /* O / l (an empty row, l = 0: zeros and lse = -inf; NaN stays NaN) */
+  /* O / l (an empty row, l = 0: zeros and lse = -inf; NaN stays NaN); the
+   * statistics pass writes (m, l), the output pass's O is final */
 #pragma unroll
   for (int i = 0; i < F32_RM; i++) {
+    if (PASS != PASS_OUTPUT)
 #pragma unroll
-    for (int x = 2; x < 32; x <<= 1) l[i] += __shfl_xor_sync(0xffffffffu, l[i], x);
+      for (int x = 2; x < 32; x <<= 1) l[i] += __shfl_xor_sync(0xffffffffu, l[i], x);
     const int64_t row = i0 + F32_RM * ty + i;
     if (row >= p.Lq) continue;
-    const float inv = l[i] > 0.f ? 1.f / l[i] : (l[i] == l[i] ? 0.f : l[i]);
+    if (PASS == PASS_STATS) {
+      if (tx == 0) p.row_stats[2 * (bh * p.Lq + row)] = m[i], p.row_stats[2 * (bh * p.Lq + row) + 1] = l[i];
+      continue;
+    }
+    const float inv = PASS == PASS_OUTPUT ? 1.f : l[i] > 0.f ? 1.f / l[i] : (l[i] == l[i] ? 0.f : l[i]);
     float4 *out = (float4 *)((float *)p.o + (bh * p.Lq + row) * D) + tx;
 #pragma unroll
     for (int hh = 0; hh < NH; hh++)
       out[16 * hh] = make_float4(o[i][hh].x * inv, o[i][hh].y * inv, o[i][hh].z * inv, o[i][hh].w * inv);
-    if (p.lse && tx == 0) p.lse[bh * p.Lq + row] = row_lse(m[i], l[i]);
+    if (p.lse && tx == 0) {
+      const float *st = p.row_stats + 2 * (bh * p.Lq + row); /* PASS_OUTPUT: the statistics pass's */
+      p.lse[bh * p.Lq + row] = PASS == PASS_OUTPUT ? row_lse(st[0], st[1]) : row_lse(m[i], l[i]);
+    }
   }
 }
 
 static size_t f32_smem_bytes(int D) { return sizeof(float) * (size_t)(F32_BR * D + 2 * F32_BC * D + F32_BR * F32_BC); }
 
-template <int D, bool EXTRAS> static fa_status launch_f32(fa_context *ctx, const fa_attn_problem *p) {
+template <int D, bool EXTRAS, int PASS> static fa_status launch_f32(fa_context *ctx, const fa_attn_problem *p) {
   const size_t smem = f32_smem_bytes(D);
-  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(attn_f32_kernel<D, EXTRAS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          (int)smem));
+  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(attn_f32_kernel<D, EXTRAS, PASS>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   /* as much of the SM's memory as shared as the kernel can use: two blocks an SM at D = 128 */
-  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(attn_f32_kernel<D, EXTRAS>, cudaFuncAttributePreferredSharedMemoryCarveout,
+  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(attn_f32_kernel<D, EXTRAS, PASS>,
+                                          cudaFuncAttributePreferredSharedMemoryCarveout,
                                           (int)cudaSharedmemCarveoutMaxShared));
   int64_t blocks = p->B * p->Hq * ((p->Lq + F32_BR - 1) / F32_BR);
   if (blocks > INT32_MAX) return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: attention on cuda: too many query tiles");
-  attn_f32_kernel<D, EXTRAS><<<(unsigned)blocks, F32_THREADS, smem, fa_cuda_stream(ctx)>>>(*p);
+  attn_f32_kernel<D, EXTRAS, PASS><<<(unsigned)blocks, F32_THREADS, smem, fa_cuda_stream(ctx)>>>(*p);
   FA_CUDA_CHECK_LAUNCH(ctx, "attn_f32_kernel");
   return FA_OK;
 }
 
-/* Queues "flash" on the register-tiled f32 kernel when the call fits (f32,
- * D = Dv = 64 or 128, 16-byte aligned q, k, v, o, the default tile
- * {64, 64}, Lq and Lk below 2^31) and the device has the shared memory (a
- * block takes 112 KB at D = 128: not on GPUs with 99 KB a block).  Then
- * *v_flag is a device flag (the caller frees it), set on the stream when V
- * holds NaN or inf: the kernel has then done nothing, and the caller's
- * fallback, which skips masked keys, must run guarded by it.  *v_flag
- * stays NULL when the call does not fit. */
-extern "C" fa_status fa_cuda_attention_f32(fa_context *ctx, const fa_attn_problem *p, int **v_flag) {
+template <int D, bool EXTRAS> static fa_status launch_f32_pass(fa_context *ctx, const fa_attn_problem *p, int pass) {
+  if (pass == PASS_STATS) return launch_f32<D, EXTRAS, PASS_STATS>(ctx, p);
+  if (pass == PASS_OUTPUT) return launch_f32<D, EXTRAS, PASS_OUTPUT>(ctx, p);
+  return launch_f32<D, EXTRAS, PASS_FLASH>(ctx, p);
+}
+
+/* Queues algo ("flash", or "two_pass" with p->row_stats set) on the
+ * register-tiled f32 kernel when the call fits (f32, D = Dv = 64 or 128,
+ * 16-byte aligned q, k, v, o, the default tile {64, 64}, Lq and Lk below
+ * 2^31) and the device has the shared memory (a block takes 112 KB at
+ * D = 128: not on GPUs with 99 KB a block).  Then *v_flag is a device flag
+ * (the caller frees it), set on the stream when V holds NaN or inf: the
+ * kernel reading V has then done nothing, and the caller's fallback, which
+ * skips masked keys, must run guarded by it.  *v_flag stays NULL when the
+ * call does not fit. */
+extern "C" fa_status fa_cuda_attention_f32(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo algo,
+                                           int **v_flag) {
   *v_flag = NULL;
   if (p->compute != FA_F32 || p->D != p->Dv || (p->D != 64 && p->D != 128)) return FA_OK;
   if (((uintptr_t)p->q | (uintptr_t)p->k | (uintptr_t)p->v | (uintptr_t)p->o) % 16) return FA_OK;
@@ -260,8 +296,7 @@ extern "C" fa_status fa_cuda_attention_f32(fa_context *ctx, const fa_attn_proble
   FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
   FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   if (f32_smem_bytes((int)p->D) + 1024 > (size_t)smem_optin) return FA_OK; /* + the static 576 bytes */
-  const bool extras = attn_has_extras(p);
-  if (p->D == 64)
-    return launch_guarded_by_v_flag(ctx, p, v_flag, extras ? launch_f32<64, true> : launch_f32<64, false>);
-  return launch_guarded_by_v_flag(ctx, p, v_flag, extras ? launch_f32<128, true> : launch_f32<128, false>);
+  const bool x = attn_has_extras(p);
+  if (p->D == 64) return launch_fast_passes(ctx, p, algo, v_flag, x ? launch_f32_pass<64, true> : launch_f32_pass<64, false>);
+  return launch_fast_passes(ctx, p, algo, v_flag, x ? launch_f32_pass<128, true> : launch_f32_pass<128, false>);
 }

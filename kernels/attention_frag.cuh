@@ -99,24 +99,24 @@ static __device__ __forceinline__ frag_rows frag_rows_start(const fa_attn_proble
   return r;
 }
 
-/* One key tile [j0, j0 + 8·NC) of the online softmax: the score rule on the
- * raw dot products in s, the tile max across the quad, P = exp(s - m) in s,
- * the row sums; *alphaA, *alphaB = exp(m_old - m_new), by which O must be
- * scaled (frag_rescale) before P·V is added to it.  full: every key of the
- * tile is inside both rows' ranges and no mask, softcap or alibi applies,
- * and scale > 0, so that the rule is the scale alone, folded into the
- * exponent. */
+/* The score rule on key tile [j0, j0 + 8·NC) of this thread's raw dot
+ * products in s: scaled scores, -inf outside a row's range or where the
+ * mask says no.  full: every key of the tile is inside both rows' ranges,
+ * no mask, softcap or alibi applies, and scale > 0, so that the rule is the
+ * scale alone: s stays raw (the scale is folded into the exponent) and
+ * only the maxima are scaled.  *tmA, *tmB: this thread's maxima of rows A
+ * and B, in scaled units. */
 template <int NC, bool EXTRAS>
-static __device__ __forceinline__ void frag_softmax_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0,
-                                                         int c2, bool full, frag_rows &r, float (*s)[4],
-                                                         float *alphaA, float *alphaB) {
-  const float L2E = 1.4426950408889634f, scale = (float)p.scale;
-  float tmA = -INFINITY, tmB = -INFINITY;
+static __device__ __forceinline__ void frag_score_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0,
+                                                       int c2, bool full, const frag_rows &r, float (*s)[4],
+                                                       float *tmA, float *tmB) {
+  const float scale = (float)p.scale;
+  float mA = -INFINITY, mB = -INFINITY;
   if (!EXTRAS && full) {
 #pragma unroll
     for (int n = 0; n < NC; n++)
-      tmA = fmaxf(tmA, fmaxf(s[n][0], s[n][1])), tmB = fmaxf(tmB, fmaxf(s[n][2], s[n][3]));
-    tmA *= scale, tmB *= scale;
+      mA = fmaxf(mA, fmaxf(s[n][0], s[n][1])), mB = fmaxf(mB, fmaxf(s[n][2], s[n][3]));
+    mA *= scale, mB *= scale;
   } else {
 #pragma unroll
     for (int n = 0; n < NC; n++) {
@@ -132,10 +132,50 @@ static __device__ __forceinline__ void frag_softmax_tile(const fa_attn_problem &
           sb = j >= r.loB && j < r.hiB ? s[n][2 + e] * scale : -INFINITY;
         }
         s[n][e] = sa, s[n][2 + e] = sb;
-        tmA = fmaxf(tmA, sa), tmB = fmaxf(tmB, sb);
+        mA = fmaxf(mA, sa), mB = fmaxf(mB, sb);
       }
     }
   }
+  *tmA = mA, *tmB = mB;
+}
+
+/* The multiplier of a tile's s in the exponent's base-2 units: scale·log2 e
+ * when frag_score_tile left s raw (full), log2 e when it scaled it. */
+template <bool EXTRAS> static __device__ __forceinline__ float frag_exp_factor(const fa_attn_problem &p, bool full) {
+  const float L2E = 1.4426950408889634f;
+  return !EXTRAS && full ? (float)p.scale * L2E : L2E;
+}
+
+/* s = 2^(s·k - off) in place for rows A and B (-inf -> 0), and this
+ * thread's sums of each row. */
+template <int NC>
+static __device__ __forceinline__ void frag_exp_tile(float (*s)[4], float k, float offA, float offB, float *sumA,
+                                                     float *sumB) {
+  float a = 0.f, b = 0.f;
+#pragma unroll
+  for (int n = 0; n < NC; n++) {
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+      float pa = exp2_approx(fmaf(s[n][e], k, -offA));
+      float pb = exp2_approx(fmaf(s[n][2 + e], k, -offB));
+      s[n][e] = pa, s[n][2 + e] = pb;
+      a += pa, b += pb;
+    }
+  }
+  *sumA = a, *sumB = b;
+}
+
+/* One key tile [j0, j0 + 8·NC) of the online softmax: the score rule, the
+ * tile max across the quad, P = exp(s - m) in s, the row sums;
+ * *alphaA, *alphaB = exp(m_old - m_new), by which O must be scaled
+ * (frag_rescale) before P·V is added to it. */
+template <int NC, bool EXTRAS>
+static __device__ __forceinline__ void frag_softmax_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0,
+                                                         int c2, bool full, frag_rows &r, float (*s)[4],
+                                                         float *alphaA, float *alphaB) {
+  const float L2E = 1.4426950408889634f;
+  float tmA, tmB;
+  frag_score_tile<NC, EXTRAS>(p, b, h, j0, c2, full, r, s, &tmA, &tmB);
   tmA = fmaxf(tmA, __shfl_xor_sync(0xffffffffu, tmA, 1));
   tmA = fmaxf(tmA, __shfl_xor_sync(0xffffffffu, tmA, 2));
   tmB = fmaxf(tmB, __shfl_xor_sync(0xffffffffu, tmB, 1));
@@ -145,20 +185,33 @@ static __device__ __forceinline__ void frag_softmax_tile(const fa_attn_problem &
   *alphaB = nmB == -INFINITY ? 1.f : exp2_approx((r.mB - nmB) * L2E);
   r.mA = nmA, r.mB = nmB;
   const float offA = nmA == -INFINITY ? 0.f : nmA * L2E, offB = nmB == -INFINITY ? 0.f : nmB * L2E;
-  const float k = !EXTRAS && full ? scale * L2E : L2E; /* s raw (full) or scaled */
-  float sumA = 0.f, sumB = 0.f;
-#pragma unroll
-  for (int n = 0; n < NC; n++) {
-#pragma unroll
-    for (int e = 0; e < 2; e++) {
-      float pa = exp2_approx(fmaf(s[n][e], k, -offA)); /* -inf -> 0 */
-      float pb = exp2_approx(fmaf(s[n][2 + e], k, -offB));
-      s[n][e] = pa, s[n][2 + e] = pb;
-      sumA += pa, sumB += pb;
-    }
-  }
+  float sumA, sumB;
+  frag_exp_tile<NC>(s, frag_exp_factor<EXTRAS>(p, full), offA, offB, &sumA, &sumB);
   r.lA = r.lA * *alphaA + sumA; /* reduced across the quad at the end */
   r.lB = r.lB * *alphaB + sumB;
+}
+
+/* "two_pass", statistics pass: this thread's parts of the row sums added
+ * across the quad, and (m, l) of rows A and B into p.row_stats. */
+static __device__ __forceinline__ void frag_stats_store(const fa_attn_problem &p, int64_t bh, int lane, frag_rows &r) {
+  r.lA += __shfl_xor_sync(0xffffffffu, r.lA, 1);
+  r.lA += __shfl_xor_sync(0xffffffffu, r.lA, 2);
+  r.lB += __shfl_xor_sync(0xffffffffu, r.lB, 1);
+  r.lB += __shfl_xor_sync(0xffffffffu, r.lB, 2);
+  if ((lane & 3) == 0) {
+    if (r.iA < p.Lq) p.row_stats[2 * (bh * p.Lq + r.iA)] = r.mA, p.row_stats[2 * (bh * p.Lq + r.iA) + 1] = r.lA;
+    if (r.iB < p.Lq) p.row_stats[2 * (bh * p.Lq + r.iB)] = r.mB, p.row_stats[2 * (bh * p.Lq + r.iB) + 1] = r.lB;
+  }
+}
+
+/* "two_pass", output pass: from the rows' final (m, l), the offsets that
+ * make 2^(s·k - off) = exp(s - m) / l, so that P comes out normalised:
+ * m·log2 e + log2 l (0 for an empty row, whose scores are all -inf; NaN
+ * when l is, so that the row comes out NaN). */
+static __device__ __forceinline__ float frag_stats_offset(const fa_attn_problem &p, int64_t bh, int64_t i) {
+  if (i >= p.Lq) return 0.f;
+  const float m = p.row_stats[2 * (bh * p.Lq + i)], l = p.row_stats[2 * (bh * p.Lq + i) + 1];
+  return m == -INFINITY ? (l == l ? 0.f : l) : fmaf(m, 1.4426950408889634f, log2f(l));
 }
 
 /* O *= alpha per row (always: skipping it when no row of the warp moved its
@@ -169,17 +222,22 @@ template <int DC> static __device__ __forceinline__ void frag_rescale(float (*o)
 }
 
 /* The end of a row: the sums across the quad, O / l into out (rows of D),
- * and lse.  An empty row (l = 0) gives zeros and -inf; NaN stays NaN. */
-template <typename T, int DC>
+ * and lse.  An empty row (l = 0) gives zeros and -inf; NaN stays NaN.
+ * NORMALIZED (the output pass of "two_pass"): O is final, lse comes from
+ * p.row_stats. */
+template <typename T, int DC, bool NORMALIZED = false>
 static __device__ __forceinline__ void frag_store(const fa_attn_problem &p, int64_t bh, int lane, frag_rows &r,
                                                   float (*o)[4]) {
   const int D = DC * 8, c2 = (lane & 3) * 2;
-  r.lA += __shfl_xor_sync(0xffffffffu, r.lA, 1);
-  r.lA += __shfl_xor_sync(0xffffffffu, r.lA, 2);
-  r.lB += __shfl_xor_sync(0xffffffffu, r.lB, 1);
-  r.lB += __shfl_xor_sync(0xffffffffu, r.lB, 2);
-  const float invA = r.lA > 0.f ? 1.f / r.lA : (r.lA == r.lA ? 0.f : r.lA);
-  const float invB = r.lB > 0.f ? 1.f / r.lB : (r.lB == r.lB ? 0.f : r.lB);
+  float invA = 1.f, invB = 1.f;
+  if (!NORMALIZED) {
+    r.lA += __shfl_xor_sync(0xffffffffu, r.lA, 1);
+    r.lA += __shfl_xor_sync(0xffffffffu, r.lA, 2);
+    r.lB += __shfl_xor_sync(0xffffffffu, r.lB, 1);
+    r.lB += __shfl_xor_sync(0xffffffffu, r.lB, 2);
+    invA = r.lA > 0.f ? 1.f / r.lA : (r.lA == r.lA ? 0.f : r.lA);
+    invB = r.lB > 0.f ? 1.f / r.lB : (r.lB == r.lB ? 0.f : r.lB);
+  }
   T *out = (T *)p.o + bh * p.Lq * D;
 #pragma unroll
   for (int d = 0; d < DC; d++) {
@@ -187,9 +245,10 @@ static __device__ __forceinline__ void frag_store(const fa_attn_problem &p, int6
     if (r.iA < p.Lq) *(uint32_t *)(out + r.iA * D + col) = pack2<T>(o[d][0] * invA, o[d][1] * invA);
     if (r.iB < p.Lq) *(uint32_t *)(out + r.iB * D + col) = pack2<T>(o[d][2] * invB, o[d][3] * invB);
   }
-  if (p.lse && (lane & 3) == 0) {
-    if (r.iA < p.Lq) p.lse[bh * p.Lq + r.iA] = row_lse(r.mA, r.lA);
-    if (r.iB < p.Lq) p.lse[bh * p.Lq + r.iB] = row_lse(r.mB, r.lB);
+  if (p.lse && (lane & 3) == 0) { /* NORMALIZED: the statistics pass's (m, l) */
+    const float *st = p.row_stats + 2 * bh * p.Lq;
+    if (r.iA < p.Lq) p.lse[bh * p.Lq + r.iA] = NORMALIZED ? row_lse(st[2 * r.iA], st[2 * r.iA + 1]) : row_lse(r.mA, r.lA);
+    if (r.iB < p.Lq) p.lse[bh * p.Lq + r.iB] = NORMALIZED ? row_lse(st[2 * r.iB], st[2 * r.iB + 1]) : row_lse(r.mB, r.lB);
   }
 }
 

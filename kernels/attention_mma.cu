@@ -48,9 +48,13 @@ __device__ __forceinline__ void mma16816<__nv_bfloat16>(float c[4], const uint32
 }
 
 
-template <typename T, int D, bool EXTRAS>
+/* PASS (attention_common.cuh): flash, or the statistics pass of two_pass
+ * (no V tiles, no P·V) or its output pass (probabilities final, no
+ * rescaling). */
+template <typename T, int D, bool EXTRAS, int PASS>
 __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_problem p) {
-  if (*p.v_nonfinite) return; /* the fallback's */
+  const bool WITH_V = PASS != PASS_STATS;
+  if (WITH_V && *p.v_nonfinite) return; /* the fallback's */
   const int CH = D / 8, MMA_BR = 16 * MMA_WARPS(D);
   extern __shared__ __align__(128) char mma_smem[];
   char *Qs = mma_smem, *Ks = Qs + MMA_BR * D * 2, *Vs = Ks + 2 * MMA_BC * D * 2; /* K, V: two buffers each */
@@ -68,7 +72,7 @@ __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_pro
   const int ntiles = (int)((t_hi - t_lo + MMA_BC - 1) / MMA_BC);
   if (ntiles > 0) {
     load_tile<T, D, MMA_BC, MMA_WARPS(D) * 32, false>(Ks, k, t_lo, t_hi);
-    load_tile<T, D, MMA_BC, MMA_WARPS(D) * 32, false>(Vs, v, t_lo, t_hi);
+    if (WITH_V) load_tile<T, D, MMA_BC, MMA_WARPS(D) * 32, false>(Vs, v, t_lo, t_hi);
   }
   cp_async_commit();
 
@@ -83,16 +87,20 @@ __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_pro
   const int g = lane >> 2, c2 = (lane & 3) * 2; /* accumulator row (and row + 8), column pair */
   const int rA = warp * 16 + g, rB = rA + 8;
   frag_rows r = frag_rows_start(p, b, i0, rA, rB);
-  float o[D / 8][4];
+  /* PASS_OUTPUT: the rows' final exponent offsets */
+  const float offA = PASS == PASS_OUTPUT ? frag_stats_offset(p, bh, r.iA) : 0.f;
+  const float offB = PASS == PASS_OUTPUT ? frag_stats_offset(p, bh, r.iB) : 0.f;
+  float o[WITH_V ? D / 8 : 1][4];
 #pragma unroll
-  for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+  for (int d = 0; d < (WITH_V ? D / 8 : 1); d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
 
   for (int t = 0; t < ntiles; t++) {
     const int64_t j0 = t_lo + (int64_t)t * MMA_BC;
     char *kt = Ks + (t & 1) * MMA_BC * D * 2, *vt = Vs + (t & 1) * MMA_BC * D * 2;
     if (t + 1 < ntiles) { /* the next tile into the other buffers */
       load_tile<T, D, MMA_BC, MMA_WARPS(D) * 32, false>(Ks + ((t + 1) & 1) * MMA_BC * D * 2, k, j0 + MMA_BC, t_hi);
-      load_tile<T, D, MMA_BC, MMA_WARPS(D) * 32, false>(Vs + ((t + 1) & 1) * MMA_BC * D * 2, v, j0 + MMA_BC, t_hi);
+      if (WITH_V)
+        load_tile<T, D, MMA_BC, MMA_WARPS(D) * 32, false>(Vs + ((t + 1) & 1) * MMA_BC * D * 2, v, j0 + MMA_BC, t_hi);
     }
     cp_async_commit();
     cp_async_wait<1>();
@@ -113,14 +121,20 @@ __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_pro
       }
     }
 
-    float alphaA, alphaB;
     const bool full = scale_pos && j0 >= all_lo && j0 + MMA_BC <= all_hi;
-    frag_softmax_tile<MMA_BC / 8, EXTRAS>(p, b, h, j0, c2, full, r, s, &alphaA, &alphaB);
-    frag_rescale<D / 8>(o, alphaA, alphaB);
+    if (PASS == PASS_OUTPUT) {
+      float tmA, tmB, sumA, sumB; /* unused: the statistics are final */
+      frag_score_tile<MMA_BC / 8, EXTRAS>(p, b, h, j0, c2, full, r, s, &tmA, &tmB);
+      frag_exp_tile<MMA_BC / 8>(s, frag_exp_factor<EXTRAS>(p, full), offA, offB, &sumA, &sumB);
+    } else {
+      float alphaA, alphaB;
+      frag_softmax_tile<MMA_BC / 8, EXTRAS>(p, b, h, j0, c2, full, r, s, &alphaA, &alphaB);
+      if (PASS == PASS_FLASH) frag_rescale<D / 8>(o, alphaA, alphaB);
+    }
 
     /* O += P·V: S's accumulators of key columns 16kk..16kk+15 are P's A fragment */
 #pragma unroll
-    for (int kk = 0; kk < MMA_BC / 16; kk++) {
+    for (int kk = 0; kk < (WITH_V ? MMA_BC / 16 : 0); kk++) {
       uint32_t pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
                         pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
@@ -134,29 +148,36 @@ __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_pro
     __syncthreads(); /* this buffer is refilled two tiles on */
   }
 
-  frag_store<T, D / 8>(p, bh, lane, r, o);
+  if (PASS == PASS_STATS) frag_stats_store(p, bh, lane, r);
+  else frag_store<T, D / 8, PASS == PASS_OUTPUT>(p, bh, lane, r, o);
 }
 
-template <typename T, int D, bool EXTRAS> static fa_status launch(fa_context *ctx, const fa_attn_problem *p) {
+template <typename T, int D, bool EXTRAS, int PASS> static fa_status launch(fa_context *ctx, const fa_attn_problem *p) {
   const int MMA_BR = 16 * MMA_WARPS(D);
   const size_t smem = (size_t)(MMA_BR + 4 * MMA_BC) * D * 2;
-  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(attn_mma_kernel<T, D, EXTRAS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          (int)smem));
+  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(attn_mma_kernel<T, D, EXTRAS, PASS>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   int64_t blocks = p->B * p->Hq * ((p->Lq + MMA_BR - 1) / MMA_BR);
   if (blocks > INT32_MAX) return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: attention on cuda: too many query tiles");
-  attn_mma_kernel<T, D, EXTRAS><<<(unsigned)blocks, MMA_WARPS(D) * 32, smem, fa_cuda_stream(ctx)>>>(*p);
+  attn_mma_kernel<T, D, EXTRAS, PASS><<<(unsigned)blocks, MMA_WARPS(D) * 32, smem, fa_cuda_stream(ctx)>>>(*p);
   FA_CUDA_CHECK_LAUNCH(ctx, "attn_mma_kernel");
   return FA_OK;
 }
 
-template <typename T> static fa_status mma_typed(fa_context *ctx, const fa_attn_problem *p) {
-  const bool extras = attn_has_extras(p);
-  if (p->D == 64) return extras ? launch<T, 64, true>(ctx, p) : launch<T, 64, false>(ctx, p);
-  return extras ? launch<T, 128, true>(ctx, p) : launch<T, 128, false>(ctx, p);
+template <typename T, int D, bool EXTRAS> static fa_status launch_pass(fa_context *ctx, const fa_attn_problem *p, int pass) {
+  if (pass == PASS_STATS) return launch<T, D, EXTRAS, PASS_STATS>(ctx, p);
+  if (pass == PASS_OUTPUT) return launch<T, D, EXTRAS, PASS_OUTPUT>(ctx, p);
+  return launch<T, D, EXTRAS, PASS_FLASH>(ctx, p);
+}
+
+template <typename T> static fa_status mma_typed(fa_context *ctx, const fa_attn_problem *p, int pass) {
+  const bool x = attn_has_extras(p);
+  if (p->D == 64) return x ? launch_pass<T, 64, true>(ctx, p, pass) : launch_pass<T, 64, false>(ctx, p, pass);
+  return x ? launch_pass<T, 128, true>(ctx, p, pass) : launch_pass<T, 128, false>(ctx, p, pass);
 }
 
 extern "C" int fa_cuda_wgmma_usable(void);
-extern "C" fa_status fa_cuda_attention_wgmma(fa_context *ctx, const fa_attn_problem *p);
+extern "C" fa_status fa_cuda_attention_wgmma(fa_context *ctx, const fa_attn_problem *p, int pass);
 
 static int tensor_core_fit(fa_dtype dt, int64_t D, int64_t Dv) {
   return (dt == FA_F16 || dt == FA_BF16) && D == Dv && (D == 64 || D == 128);
@@ -172,19 +193,22 @@ extern "C" void fa_cuda_attention_default_tile(fa_dtype dt, int64_t D, int64_t D
   else *br = 16 * MMA_WARPS(D), *bc = MMA_BC;
 }
 
-/* Queues "flash" on tensor cores when the call fits (f16/bf16, D = Dv = 64
- * or 128, 16-byte aligned rows) and the tile is one of theirs: {128, 128}
- * on Hopper (wgmma; also {128, 64} at D = 64), {16·warps, 64} (mma.sync; 64 rows at D = 64, 128 at
- * D = 128) on any GPU.  Then *v_flag is a device flag (the caller frees it),
- * set on the stream when V holds NaN or inf: the kernel has then done
- * nothing, and the caller's fallback, which skips masked keys, must run
- * guarded by it.  *v_flag stays NULL when the call does not fit. */
-extern "C" fa_status fa_cuda_attention_mma(fa_context *ctx, const fa_attn_problem *p, int **v_flag) {
+/* Queues algo ("flash", or "two_pass" with p->row_stats set) on tensor
+ * cores when the call fits (f16/bf16, D = Dv = 64 or 128, 16-byte aligned
+ * rows) and the tile is one of theirs: {128, 128} on Hopper (wgmma; also
+ * {128, 64} at D = 64), {16·warps, 64} (mma.sync; 64 rows at D = 64, 128
+ * at D = 128) on any GPU.  Then *v_flag is a device flag (the caller frees
+ * it), set on the stream when V holds NaN or inf: the kernel reading V has
+ * then done nothing, and the caller's fallback, which skips masked keys,
+ * must run guarded by it (for two_pass, its output pass on the statistics
+ * written here).  *v_flag stays NULL when the call does not fit. */
+extern "C" fa_status fa_cuda_attention_mma(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo algo,
+                                           int **v_flag) {
   *v_flag = NULL;
   if (!tensor_core_fit(p->compute, p->D, p->Dv)) return FA_OK;
   if (((uintptr_t)p->q | (uintptr_t)p->k | (uintptr_t)p->v | (uintptr_t)p->o) % 16) return FA_OK;
   const int wg = p->tile_q == 128 && (p->tile_k == 128 || (p->tile_k == 64 && p->D == 64)) && fa_cuda_wgmma_usable();
   if (!wg && (p->tile_q != 16 * MMA_WARPS(p->D) || p->tile_k != MMA_BC)) return FA_OK;
-  if (wg) return launch_guarded_by_v_flag(ctx, p, v_flag, fa_cuda_attention_wgmma);
-  return launch_guarded_by_v_flag(ctx, p, v_flag, p->compute == FA_F16 ? mma_typed<__half> : mma_typed<__nv_bfloat16>);
+  if (wg) return launch_fast_passes(ctx, p, algo, v_flag, fa_cuda_attention_wgmma);
+  return launch_fast_passes(ctx, p, algo, v_flag, p->compute == FA_F16 ? mma_typed<__half> : mma_typed<__nv_bfloat16>);
 }

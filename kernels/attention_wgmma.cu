@@ -39,10 +39,16 @@ static __device__ __forceinline__ void pv_issue(float (*o)[4], uint32_t (*pa)[4]
 }
 #endif
 
-template <typename T, int D, int BC, bool EXTRAS>
-__global__ void __launch_bounds__(WG_THREADS, BC == 64 && !EXTRAS ? 2 : 1) attn_wgmma_kernel(fa_attn_problem p) {
+/* PASS (attention_frag.cuh): PASS_FLASH as above; PASS_STATS loads no V and
+ * issues no P·V (one block of two warpgroups in less shared memory, two an
+ * SM); PASS_OUTPUT turns each tile's scores into final probabilities with
+ * the rows' (m, l) and accumulates O without rescaling. */
+template <typename T, int D, int BC, bool EXTRAS, int PASS>
+__global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (BC == 64 && !EXTRAS) ? 2 : 1)
+    attn_wgmma_kernel(fa_attn_problem p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  if (*p.v_nonfinite) return; /* the fallback's */
+  const bool WITH_V = PASS != PASS_STATS;
+  if (WITH_V && *p.v_nonfinite) return; /* the fallback's */
   extern __shared__ __align__(128) char wg_smem_raw[];
   /* the swizzle is computed on address bits: blocks must be 1024-byte aligned */
   char *Qs = wg_smem_raw + ((1024 - (smem_addr(wg_smem_raw) & 1023)) & 1023);
@@ -60,20 +66,23 @@ __global__ void __launch_bounds__(WG_THREADS, BC == 64 && !EXTRAS ? 2 : 1) attn_
   const int ntiles = (int)((t_hi - t_lo + BC - 1) / BC);
   if (ntiles > 0) {
     load_tile<T, D, BC, WG_THREADS, true>(Ks, k, t_lo, t_hi);
-    load_tile<T, D, BC, WG_THREADS, true>(Vs, v, t_lo, t_hi);
+    if (WITH_V) load_tile<T, D, BC, WG_THREADS, true>(Vs, v, t_lo, t_hi);
   }
   cp_async_commit();
 
   const int g = lane >> 2, c2 = (lane & 3) * 2;
   const int rA = warp * 16 + g, rB = rA + 8;
   frag_rows r = frag_rows_start(p, b, i0, rA, rB);
+  /* PASS_OUTPUT: the rows' final exponent offsets */
+  const float offA = PASS == PASS_OUTPUT ? frag_stats_offset(p, bh, r.iA) : 0.f;
+  const float offB = PASS == PASS_OUTPUT ? frag_stats_offset(p, bh, r.iB) : 0.f;
   const bool scale_pos = p.scale > 0;
-  float o[D / 8][4];
+  float o[WITH_V ? D / 8 : 1][4];
 #pragma unroll
-  for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+  for (int d = 0; d < (WITH_V ? D / 8 : 1); d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
   const uint32_t q_base = smem_addr(Qs) + wg * 64 * 128; /* this warpgroup's 64 rows */
   float s[BC / 8][4];
-  uint32_t pa[BC / 16][4]; /* P of the previous tile, as A fragments */
+  uint32_t pa[WITH_V ? BC / 16 : 1][4]; /* P of the previous tile, as A fragments */
 
   /* Tile t: S_t = Q·K_tᵀ is issued with O += P_{t-1}·V_{t-1} behind it; the
    * softmax of S_t runs while the second product is on the tensor cores,
@@ -87,7 +96,7 @@ __global__ void __launch_bounds__(WG_THREADS, BC == 64 && !EXTRAS ? 2 : 1) attn_
     __syncthreads();
     if (t + 1 < ntiles) {
       load_tile<T, D, BC, WG_THREADS, true>(Ks + ((t + 1) & 1) * BC * D * 2, k, j0 + BC, t_hi);
-      load_tile<T, D, BC, WG_THREADS, true>(Vs + ((t + 1) % 3) * BC * D * 2, v, j0 + BC, t_hi);
+      if (WITH_V) load_tile<T, D, BC, WG_THREADS, true>(Vs + ((t + 1) % 3) * BC * D * 2, v, j0 + BC, t_hi);
     }
     cp_async_commit();
 
@@ -101,7 +110,7 @@ __global__ void __launch_bounds__(WG_THREADS, BC == 64 && !EXTRAS ? 2 : 1) attn_
       wgmma_ss<T, BC>(&s[0][0], da, db, ks > 0);
     }
     wgmma_commit();
-    if (t > 0) {
+    if (WITH_V && t > 0) {
       pv_issue<T, D, BC>(o, pa, smem_addr(Vs + ((t - 1) % 3) * BC * D * 2));
       wgmma_wait<1>();
     } else {
@@ -109,18 +118,29 @@ __global__ void __launch_bounds__(WG_THREADS, BC == 64 && !EXTRAS ? 2 : 1) attn_
     }
     wgmma_hold<BC / 2>(&s[0][0]);
 
-    float alphaA, alphaB;
     const bool full = scale_pos && j0 >= all_lo && j0 + BC <= all_hi;
-    frag_softmax_tile<BC / 8, EXTRAS>(p, b, h, j0, c2, full, r, s, &alphaA, &alphaB);
+    float alphaA = 1.f, alphaB = 1.f;
+    if (PASS == PASS_OUTPUT) {
+      float tmA, tmB, sumA, sumB; /* unused: the statistics are final */
+      frag_score_tile<BC / 8, EXTRAS>(p, b, h, j0, c2, full, r, s, &tmA, &tmB);
+      frag_exp_tile<BC / 8>(s, frag_exp_factor<EXTRAS>(p, full), offA, offB, &sumA, &sumB);
+    } else {
+      frag_softmax_tile<BC / 8, EXTRAS>(p, b, h, j0, c2, full, r, s, &alphaA, &alphaB);
+    }
+    if (!WITH_V) continue;
 
     wgmma_wait<0>();
     wgmma_hold<D / 2>(&o[0][0]);
-    frag_rescale<D / 8>(o, alphaA, alphaB);
+    if (PASS == PASS_FLASH) frag_rescale<D / 8>(o, alphaA, alphaB);
 #pragma unroll
     for (int kk = 0; kk < BC / 16; kk++) {
       pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]), pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
       pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     }
+  }
+  if (PASS == PASS_STATS) {
+    frag_stats_store(p, bh, lane, r);
+    return;
   }
   if (ntiles > 0) { /* the last tile's P·V */
     pv_issue<T, D, BC>(o, pa, smem_addr(Vs + ((ntiles - 1) % 3) * BC * D * 2));
@@ -128,26 +148,35 @@ __global__ void __launch_bounds__(WG_THREADS, BC == 64 && !EXTRAS ? 2 : 1) attn_
     wgmma_hold<D / 2>(&o[0][0]);
   }
 
-  frag_store<T, D / 8>(p, bh, lane, r, o);
+  frag_store<T, D / 8, PASS == PASS_OUTPUT>(p, bh, lane, r, o);
 #endif
 }
 
-template <typename T, int D, int BC, bool EXTRAS> static fa_status launch(fa_context *ctx, const fa_attn_problem *p) {
-  const size_t smem = wgmma_smem_bytes(D, BC);
-  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(attn_wgmma_kernel<T, D, BC, EXTRAS>,
+template <typename T, int D, int BC, bool EXTRAS, int PASS>
+static fa_status launch(fa_context *ctx, const fa_attn_problem *p) {
+  /* the statistics pass holds no V tiles */
+  const size_t smem = PASS == PASS_STATS ? (size_t)(WG_BR + 2 * BC) * D * 2 + 1024 : wgmma_smem_bytes(D, BC);
+  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(attn_wgmma_kernel<T, D, BC, EXTRAS, PASS>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   int64_t blocks = p->B * p->Hq * ((p->Lq + WG_BR - 1) / WG_BR);
   if (blocks > INT32_MAX) return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: attention on cuda: too many query tiles");
-  attn_wgmma_kernel<T, D, BC, EXTRAS><<<(unsigned)blocks, WG_THREADS, smem, fa_cuda_stream(ctx)>>>(*p);
+  attn_wgmma_kernel<T, D, BC, EXTRAS, PASS><<<(unsigned)blocks, WG_THREADS, smem, fa_cuda_stream(ctx)>>>(*p);
   FA_CUDA_CHECK_LAUNCH(ctx, "attn_wgmma_kernel");
   return FA_OK;
 }
 
-template <typename T> static fa_status wgmma_typed(fa_context *ctx, const fa_attn_problem *p) {
-  const bool extras = attn_has_extras(p);
-  if (p->D == 64 && p->tile_k == 64) return extras ? launch<T, 64, 64, true>(ctx, p) : launch<T, 64, 64, false>(ctx, p);
-  if (p->D == 64) return extras ? launch<T, 64, 128, true>(ctx, p) : launch<T, 64, 128, false>(ctx, p);
-  return extras ? launch<T, 128, 128, true>(ctx, p) : launch<T, 128, 128, false>(ctx, p);
+template <typename T, int D, int BC, bool EXTRAS> static fa_status launch_pass(fa_context *ctx, const fa_attn_problem *p, int pass) {
+  if (pass == PASS_STATS) return launch<T, D, BC, EXTRAS, PASS_STATS>(ctx, p);
+  if (pass == PASS_OUTPUT) return launch<T, D, BC, EXTRAS, PASS_OUTPUT>(ctx, p);
+  return launch<T, D, BC, EXTRAS, PASS_FLASH>(ctx, p);
+}
+
+template <typename T> static fa_status wgmma_typed(fa_context *ctx, const fa_attn_problem *p, int pass) {
+  const bool x = attn_has_extras(p);
+  if (p->D == 64 && p->tile_k == 64)
+    return x ? launch_pass<T, 64, 64, true>(ctx, p, pass) : launch_pass<T, 64, 64, false>(ctx, p, pass);
+  if (p->D == 64) return x ? launch_pass<T, 64, 128, true>(ctx, p, pass) : launch_pass<T, 64, 128, false>(ctx, p, pass);
+  return x ? launch_pass<T, 128, 128, true>(ctx, p, pass) : launch_pass<T, 128, 128, false>(ctx, p, pass);
 }
 
 /* Whether this build and device run the wgmma kernel: a Hopper GPU, sm_90a
@@ -158,7 +187,7 @@ static int wgmma_probe(int dev) {
   cudaFuncAttributes attr;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ||
       cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) ||
-      cudaFuncGetAttributes(&attr, attn_wgmma_kernel<__half, 128, 128, true>) != cudaSuccess) {
+      cudaFuncGetAttributes(&attr, attn_wgmma_kernel<__half, 128, 128, true, PASS_FLASH>) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
@@ -181,9 +210,10 @@ extern "C" int fa_cuda_wgmma_usable(void) {
 }
 
 /* The tiles of this kernel ({128, 128}, and {128, 64} at D = 64: half the
- * key tile, two blocks an SM) for f16/bf16 at D = Dv = 64 or 128;
- * the caller has checked the rest (alignment) and set p->v_nonfinite. */
-extern "C" fa_status fa_cuda_attention_wgmma(fa_context *ctx, const fa_attn_problem *p) {
-  if (p->compute == FA_F16) return wgmma_typed<__half>(ctx, p);
-  return wgmma_typed<__nv_bfloat16>(ctx, p);
+ * key tile, two blocks an SM) for f16/bf16 at D = Dv = 64 or 128, one
+ * pass (PASS_FLASH, PASS_STATS or PASS_OUTPUT); the caller has checked the
+ * rest (alignment) and set p->v_nonfinite (p->row_stats for two_pass). */
+extern "C" fa_status fa_cuda_attention_wgmma(fa_context *ctx, const fa_attn_problem *p, int pass) {
+  if (p->compute == FA_F16) return wgmma_typed<__half>(ctx, p, pass);
+  return wgmma_typed<__nv_bfloat16>(ctx, p, pass);
 }

@@ -137,6 +137,9 @@ typedef struct {
    * the tensor-core kernels do nothing when it is set, and the fallback
    * launched after them runs only then */
   const int *v_nonfinite;
+  /* CUDA "two_pass": (m, l) of every query row, B·Hq·Lq pairs in device
+   * memory, written by the statistics pass and read by the output pass */
+  float *row_stats;
 } fa_attn_problem;
 
 /* The key range [lo, hi) that causal, window and kv_lens leave to query

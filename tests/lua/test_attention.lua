@@ -475,66 +475,72 @@ function TestAttention:test_return_lse_shapes()
   end
 end
 
--- f32 "flash" at D = Dv = 64 and 128 with the default tile (on cuda the
--- register-tiled kernel, kernels/attention_f32.cu): sizes that are not
--- multiples of its 64-row tiles, Lq below and above Lk, GQA (Hq = 4,
--- Hkv = 2), lse, every option; fully masked rows; NaN and inf in V behind a
--- causal mask reach only the rows that attend them.
-function TestAttention:test_flash_f32_head_dims_64_128()
+-- "flash" and "two_pass" at D = Dv = 64 and 128 with the default tile, in
+-- f32 and one other dtype (on cuda the fast kernels: register-tiled f32,
+-- kernels/attention_f32.cu, and tensor cores for f16/bf16, each with the two
+-- passes of two_pass): sizes that are not multiples of their tiles, Lq below
+-- and above Lk, GQA (Hq = 4, Hkv = 2), lse, every option; fully masked rows;
+-- NaN and inf in V behind a causal mask reach only the rows that attend
+-- them.
+function TestAttention:test_fast_paths_head_dims_64_128()
   local B, Hq, Hkv = 2, 4, 2
   local function bmask(shape, p)
     return fa.tensor(U.nested(shape, function() return math.random() < p end), {device = dev})
   end
-  local function fmask(shape)
+  local function fmask(shape, dtype)
     return fa.tensor(U.nested(shape, function() return math.random() < 0.1 and -math.huge or 2 * math.random() - 1 end),
-      {dtype = "f32", device = dev})
+      {dtype = dtype, device = dev})
   end
-  for _, D in ipairs({64, 128}) do
-    for _, L in ipairs({{70, 131}, {131, 70}}) do
-      local Lq, Lk = L[1], L[2]
-      local q, k, v = qkv(B, Hq, Hkv, Lq, Lk, D, D, "f32")
-      local cases = {
-        {},
-        {causal = true, scale = 0.3},
-        {causal = "top_left", kv_lens = {Lk - 9, 40}},
-        {window = {20, 5}},
-        {window = {7, -1}, causal = true},
-        {mask = bmask({1, Hq, Lq, Lk}, 0.7), causal = "top_left"},
-        {mask = bmask({B, 1, 1, Lk}, 0.8)},
-        {mask = fmask({Hq, 1, Lk})},
-        {mask = fmask({B, 1, Lq, Lk}), alibi = {0.5, 0.25, 0.125, 0.0625}},
-        {softcap = 2},
-        {softcap = 5, alibi = {0.1, 0.2, 0.3, 0.4}, causal = true, kv_lens = {Lk, 33}, mask = fmask({Lq, Lk})},
-      }
-      for _, opts in ipairs(cases) do
-        local o = U.copy_opts(opts)
-        o.algo, o.return_lse = "flash", true
-        U.check_attention(q, k, v, o, ("f32 flash D=%d Lq=%d Lk=%d %s"):format(D, Lq, Lk, desc(opts)))
+  for _, run in ipairs({{"flash", "f32"}, {"two_pass", "f32"}, {"flash", other_dtype()}, {"two_pass", other_dtype()}}) do
+    local algo, dtype = run[1], run[2]
+    for _, D in ipairs({64, 128}) do
+      for _, L in ipairs({{70, 131}, {131, 70}}) do
+        local Lq, Lk = L[1], L[2]
+        local q, k, v = qkv(B, Hq, Hkv, Lq, Lk, D, D, dtype)
+        local what = ("%s %s D=%d Lq=%d Lk=%d"):format(dtype, algo, D, Lq, Lk)
+        local cases = {
+          {},
+          {causal = true, scale = 0.3},
+          {causal = "top_left", kv_lens = {Lk - 9, 40}},
+          {window = {20, 5}},
+          {window = {7, -1}, causal = true},
+          {mask = bmask({1, Hq, Lq, Lk}, 0.7), causal = "top_left"},
+          {mask = bmask({B, 1, 1, Lk}, 0.8)},
+          {mask = fmask({Hq, 1, Lk}, dtype)},
+          {mask = fmask({B, 1, Lq, Lk}, dtype), alibi = {0.5, 0.25, 0.125, 0.0625}},
+          {softcap = 2},
+          {softcap = 5, alibi = {0.1, 0.2, 0.3, 0.4}, causal = true, kv_lens = {Lk, 33}, mask = fmask({Lq, Lk}, dtype)},
+        }
+        for _, opts in ipairs(cases) do
+          local o = U.copy_opts(opts)
+          o.algo, o.return_lse = algo, true
+          U.check_attention(q, k, v, o, what .. " " .. desc(opts))
+        end
+        -- row 5 masked off entirely, and batch 2 with no key: zeros and lse = -inf
+        local m = fa.tensor(U.nested({Lq, Lk}, function(i) return i ~= 5 and math.random() < 0.9 end), {device = dev})
+        local o, lse = U.check_attention(q, k, v, {algo = algo, mask = m, kv_lens = {Lk, 0}, return_lse = true},
+          what .. " fully masked rows")
+        lu.assertTrue(o:isfinite())
+        lu.assertEquals(o:select(3, 5):norm(), 0)
+        lu.assertEquals(o[2]:norm(), 0)
+        lu.assertEquals(lse:select(3, 5):max(), -math.huge)
+        lu.assertEquals(lse[2]:max(), -math.huge)
+        -- NaN and inf in V (one batch: 3-D inputs): only the rows whose causal
+        -- range holds those keys see them; the others are finite and right
+        local vn = v[1]:clone()
+        vn:set(2, Lk - 40, 3, U.NaN)
+        vn:set(1, Lk - 10, 7, U.inf)
+        local causal = Lq < Lk and true or "top_left"
+        U.check_attention(q[1], k[1], vn, {algo = algo, causal = causal, return_lse = true},
+          ("%s NaN/inf in v, causal=%s"):format(what, tostring(causal)))
+        -- NaN in the scores (V finite): a NaN row of q, and a NaN key that only
+        -- the last rows attend
+        local qn, kn = q[1]:clone(), k[1]:clone()
+        qn:set(3, 3, 5, U.NaN)
+        kn:set(2, Lk - 5, 9, U.NaN)
+        U.check_attention(qn, kn, v[1], {algo = algo, causal = causal, return_lse = true},
+          ("%s NaN in q and k, causal=%s"):format(what, tostring(causal)))
       end
-      -- row 5 masked off entirely, and batch 2 with no key: zeros and lse = -inf
-      local m = fa.tensor(U.nested({Lq, Lk}, function(i) return i ~= 5 and math.random() < 0.9 end), {device = dev})
-      local o, lse = U.check_attention(q, k, v, {algo = "flash", mask = m, kv_lens = {Lk, 0}, return_lse = true},
-        ("f32 flash D=%d Lq=%d Lk=%d fully masked rows"):format(D, Lq, Lk))
-      lu.assertTrue(o:isfinite())
-      lu.assertEquals(o:select(3, 5):norm(), 0)
-      lu.assertEquals(o[2]:norm(), 0)
-      lu.assertEquals(lse:select(3, 5):max(), -math.huge)
-      lu.assertEquals(lse[2]:max(), -math.huge)
-      -- NaN and inf in V (one batch: 3-D inputs): only the rows whose causal
-      -- range holds those keys see them; the others are finite and right
-      local vn = v[1]:clone()
-      vn:set(2, Lk - 40, 3, U.NaN)
-      vn:set(1, Lk - 10, 7, U.inf)
-      local causal = Lq < Lk and true or "top_left"
-      U.check_attention(q[1], k[1], vn, {algo = "flash", causal = causal, return_lse = true},
-        ("f32 flash D=%d Lq=%d Lk=%d NaN/inf in v, causal=%s"):format(D, Lq, Lk, tostring(causal)))
-      -- NaN in the scores (V finite): a NaN row of q, and a NaN key that only
-      -- the last rows attend
-      local qn, kn = q[1]:clone(), k[1]:clone()
-      qn:set(3, 3, 5, U.NaN)
-      kn:set(2, Lk - 5, 9, U.NaN)
-      U.check_attention(qn, kn, v[1], {algo = "flash", causal = causal, return_lse = true},
-        ("f32 flash D=%d Lq=%d Lk=%d NaN in q and k, causal=%s"):format(D, Lq, Lk, tostring(causal)))
     end
   end
 end
