@@ -2,10 +2,17 @@
  * write: S = Q·Kᵀ through cuBLAS (batched over batch × head, f32 scores),
  * a row kernel that applies the score rule and the softmax and writes P in
  * the inputs' dtype, then O = P·V through cuBLAS.  S and P are materialised
- * in device memory. */
+ * in device memory.
+ * The softmax kernel is meant to run at memory bandwidth: the score rule
+ * per element is only the key range and the scale unless the call has
+ * masks, alibi or softcap (EXTRAS), S is read as float4 when Lk % 4 == 0,
+ * exponentials are ex2.approx (one per element and pass), and rows past
+ * NAIVE_LONG_ROW keys take a block each, with a grid sized so that the
+ * rows in flight fit in L2 and the second pass over S reads it from there. */
 #include "attention_common.cuh"
 
 #include <cublas_v2.h>
+#include <float.h>
 
 static fa_status cublas_error(fa_context *ctx, cublasStatus_t s, const char *what) {
   if (s == CUBLAS_STATUS_SUCCESS) return FA_OK;
@@ -37,42 +44,180 @@ extern "C" void fa_cuda_cublas_release(fa_context *ctx) {
   ctx->cublas = NULL;
 }
 
-/* A warp per query row: one pass over S for the row's running (max, sum)
- * (the online rule per lane, merged across the warp), a second (from L2)
- * for P = e^(s-m)/l; the score rule applied to each raw product on the
- * way.  (A block per row with three passes over S ran at a quarter of the
- * bandwidth: its rows are too short to pay for two block-wide barriers.) */
-template <typename T> __global__ void naive_softmax_kernel(fa_attn_problem p, const float *S, T *P, int64_t rows) {
+#define NAIVE_THREADS 256    /* a block: 8 rows (a warp each), or one long row */
+/* Longer rows take a block each: with a warp each, the grid that keeps
+ * their S within L2 would leave too few warps per SM to keep the memory
+ * busy (at 2048 keys it still has about 24). */
+#define NAIVE_LONG_ROW 2048
+#define NAIVE_L2E 1.4426950408889634f
+
+/* e^x as 2^(x·log2 e) on the SFU: about 2 ulp, results below 2^-126
+ * flushed to 0 (far below any weight that matters), -inf -> 0, NaN -> NaN.
+ * The tests' f32 tolerance (1e-5) leaves room for it, so every dtype uses
+ * it.  x is always a difference s - m taken in f32 first, so that the
+ * rounding of the log2 e product does not grow with the scores' size. */
+static __device__ __forceinline__ float exp_ftz(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x * NAIVE_L2E));
+  return r;
+}
+
+/* The score of key j, -inf when masked.  Without extras it is the key
+ * range and the scale: no int64 mask offset per element, and the same
+ * bits as attn_score (a call with an all-true mask gives the same P). */
+template <bool EXTRAS>
+static __device__ __forceinline__ float naive_score(const fa_attn_problem &p, int64_t b, int64_t h, int64_t i, int j,
+                                                    float dot, int lo, int hi, float scale) {
+  if (EXTRAS) return attn_score(p, b, h, i, j, dot, lo, hi);
+  return j >= lo && j < hi ? dot * scale : -INFINITY;
+}
+
+/* One score into the running (max m, sum d), one exponential: x =
+ * e^-|s-m| rescales d when s is the new max (d·x + 1), else is s's weight
+ * (d·1 + x).  A masked key (-inf) gets x = 0 (m is clamped to finite for
+ * the difference, so that an empty m gives no (-inf) - (-inf) = NaN); a
+ * NaN score is dropped by the max but reaches d.  No branches: the
+ * unrolled loop's loads can all be issued before its arithmetic. */
+static __device__ __forceinline__ void md_add(float s, float &m, float &d) {
+  const bool up = s > m;
+  const float x = exp_ftz(-fabsf(s - fmaxf(m, -FLT_MAX)));
+  d = fmaf(d, up ? x : 1.f, up ? 1.f : x);
+  m = fmaxf(m, s);
+}
+
+/* Two partial (m, d) states into one; an empty pair (both m -inf) adds its
+ * sums (0) rather than taking e^(-inf - -inf) = NaN. */
+static __device__ __forceinline__ void md_merge(float &m, float &d, float mo, float dO) {
+  const float mn = fmaxf(m, mo);
+  d = mn == -INFINITY ? d + dO : d * exp_ftz(m - mn) + dO * exp_ftz(mo - mn);
+  m = mn;
+}
+
+/* P of one score, e^(s-m)/d, or -0 for a masked key.  mc is m clamped to
+ * finite, so that the exponential is taken for every key without a NaN
+ * from (-inf) - (-inf) and the select needs no branch. */
+static __device__ __forceinline__ float p_of(float s, float mc, float inv) {
+  const float w = exp_ftz(s - mc) * inv;
+  return s == -INFINITY ? -0.f : w;
+}
+
+/* Four P values, stored at once (8 bytes for f16/bf16, 16 for f32). */
+template <typename T> struct alignas(4 * sizeof(T)) Vec4 {
+  T v[4];
+};
+
+/* P = softmax(score rule(S)) per query row, 32·WPR threads a row (WPR = 1:
+ * a warp per row, 8 rows a block; WPR = 8: a block per row, for rows past
+ * NAIVE_LONG_ROW keys).  Pass 1 reads the row for its online (max, sum),
+ * merged across the warp by shuffles and, with a block per row, across its
+ * warps through shared memory (one barrier a row); pass 2 re-reads it (the
+ * last use: streamed) and writes P = e^(s-m)/d.  Short rows keep a warp
+ * each: they would not repay a barrier (an earlier block-per-row kernel ran
+ * at a quarter of the bandwidth).  Long rows take a block each so that few
+ * are in flight per SM and, with the launcher's grid, their S is still in
+ * L2 for pass 2.  When Lk % 4 == 0 every row of S (of P) is 16-byte
+ * (8-byte) aligned and is read (written) in chunks of 4; otherwise the
+ * tail loops do the whole row one element at a time. */
+template <typename T, bool EXTRAS, int WPR>
+__global__ void __launch_bounds__(NAIVE_THREADS)
+    naive_softmax_kernel(fa_attn_problem p, const float *__restrict__ S, T *__restrict__ P, int64_t rows) {
+  static_assert(WPR == 1 || 32 * WPR == NAIVE_THREADS, "the barrier needs every thread of a block on one row");
+  const int nt = 32 * WPR, t = threadIdx.x % nt, rpb = NAIVE_THREADS / nt; /* threads a row, place, rows a block */
   const int lane = threadIdx.x & 31;
-  const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
-  for (int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); row < rows; row += warps) {
+  const int64_t Lk = p.Lk;
+  const int nv = Lk % 4 ? 0 : (int)(Lk / 4); /* float4 chunks a row (Lk <= INT32_MAX) */
+  const float scale = (float)p.scale;
+  constexpr int U = EXTRAS ? 2 : 4; /* chunks a thread has in flight (fewer with attn_score's registers) */
+  __shared__ float2 part[2][WPR]; /* the warps' states, two rows' worth: one barrier a row */
+  int buf = 0;
+  for (int64_t row = (int64_t)blockIdx.x * rpb + threadIdx.x / nt; row < rows;
+       row += (int64_t)gridDim.x * rpb, buf ^= 1) {
     const int64_t i = row % p.Lq, bh = row / p.Lq, b = bh / p.Hq, h = bh % p.Hq;
-    const float *srow = S + row * p.Lk;
-    T *prow = P + row * p.Lk;
-    int64_t lo, hi;
-    fa_attn_range_of(&p, b, i, &lo, &hi);
-    float m = -INFINITY, d = 0.f; /* a NaN score is dropped by the max but reaches d */
-    for (int64_t j = lane; j < p.Lk; j += 32) {
-      float s = attn_score(p, b, h, i, j, srow[j], lo, hi);
-      if (s == -INFINITY) continue;
-      if (s > m) d = d * expf(m - s) + 1.f, m = s;
-      else d += expf(s - m);
+    const float *srow = S + row * Lk;
+    T *prow = P + row * Lk;
+    int64_t lo64, hi64;
+    fa_attn_range_of(&p, b, i, &lo64, &hi64);
+    const int lo = (int)lo64, hi = (int)hi64; /* both in [0, Lk] */
+
+    float m = -INFINITY, d = 0.f;
+#pragma unroll(U)
+    for (int c = t; c < nv; c += nt) {
+      const float4 s = ((const float4 *)srow)[c];
+      md_add(naive_score<EXTRAS>(p, b, h, i, 4 * c, s.x, lo, hi, scale), m, d);
+      md_add(naive_score<EXTRAS>(p, b, h, i, 4 * c + 1, s.y, lo, hi, scale), m, d);
+      md_add(naive_score<EXTRAS>(p, b, h, i, 4 * c + 2, s.z, lo, hi, scale), m, d);
+      md_add(naive_score<EXTRAS>(p, b, h, i, 4 * c + 3, s.w, lo, hi, scale), m, d);
     }
-    for (int o = 16; o > 0; o >>= 1) {
-      float mo = __shfl_xor_sync(0xffffffffu, m, o), dO = __shfl_xor_sync(0xffffffffu, d, o);
-      float mn = fmaxf(m, mo);
-      d = mn == -INFINITY ? d + dO : d * expf(m - mn) + dO * expf(mo - mn);
-      m = mn;
+#pragma unroll(U)
+    for (int64_t j = 4 * (int64_t)nv + t; j < Lk; j += nt)
+      md_add(naive_score<EXTRAS>(p, b, h, i, (int)j, srow[j], lo, hi, scale), m, d);
+    for (int o = 16; o > 0; o >>= 1)
+      md_merge(m, d, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, d, o));
+    if (WPR > 1) { /* each warp merges all the warps' states alike, so every thread gets the same (m, d) */
+      if (lane == 0) part[buf][threadIdx.x >> 5] = make_float2(m, d);
+      __syncthreads();
+      const float2 w = part[buf][lane % WPR];
+      m = w.x, d = w.y;
+      for (int o = WPR / 2; o > 0; o >>= 1)
+        md_merge(m, d, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, d, o));
     }
-    float inv = d > 0.f ? 1.f / d : (d == d ? 0.f : d);
+
+    const float inv = d > 0.f ? 1.f / d : (d == d ? 0.f : d), mc = fmaxf(m, -FLT_MAX);
     /* a masked key's weight is -0: the same product in cuBLAS, and a mark
-     * for the path that must skip masked keys (non-finite values in v) */
-    for (int64_t j = lane; j < p.Lk; j += 32) {
-      float s = attn_score(p, b, h, i, j, __ldcs(&srow[j]), lo, hi);
-      prow[j] = from_float<T>(s == -INFINITY ? -0.f : expf(s - m) * inv);
+     * for the path that must skip masked keys (non-finite values in v).
+     * U chunks are loaded before any is stored: a store between two loads
+     * would hold the second back (the compiler cannot tell S from P). */
+    for (int c0 = t; c0 < nv; c0 += U * nt) {
+      float4 s[U];
+#pragma unroll
+      for (int q = 0; q < U; q++)
+        if (c0 + q * nt < nv) s[q] = __ldcs((const float4 *)srow + c0 + q * nt);
+#pragma unroll
+      for (int q = 0; q < U; q++) {
+        const int c = c0 + q * nt;
+        if (c >= nv) break;
+        Vec4<T> w;
+        w.v[0] = from_float<T>(p_of(naive_score<EXTRAS>(p, b, h, i, 4 * c, s[q].x, lo, hi, scale), mc, inv));
+        w.v[1] = from_float<T>(p_of(naive_score<EXTRAS>(p, b, h, i, 4 * c + 1, s[q].y, lo, hi, scale), mc, inv));
+        w.v[2] = from_float<T>(p_of(naive_score<EXTRAS>(p, b, h, i, 4 * c + 2, s[q].z, lo, hi, scale), mc, inv));
+        w.v[3] = from_float<T>(p_of(naive_score<EXTRAS>(p, b, h, i, 4 * c + 3, s[q].w, lo, hi, scale), mc, inv));
+        ((Vec4<T> *)prow)[c] = w;
+      }
     }
-    if (p.lse && lane == 0) p.lse[row] = row_lse(m, d);
+    for (int64_t j = 4 * (int64_t)nv + t; j < Lk; j += nt)
+      prow[j] = from_float<T>(p_of(naive_score<EXTRAS>(p, b, h, i, (int)j, __ldcs(&srow[j]), lo, hi, scale), mc, inv));
+    if (p.lse && t == 0) p.lse[row] = row_lse(m, d);
   }
+}
+
+/* The grid: at most one block per row group (and 2^18), and, for rows
+ * whose S (4·Lk bytes) would not stay in L2 between the two passes, only
+ * as many blocks as keep the rows in flight to half of L2, at least one a
+ * SM (a row longer than that misses L2 whatever the schedule). */
+template <typename T, bool EXTRAS, int WPR>
+static fa_status launch_softmax_as(fa_context *ctx, const fa_attn_problem *p, const float *S, T *P, int64_t rows) {
+  const int64_t rpb = NAIVE_THREADS / (32 * WPR);
+  int dev = 0, sms = 0, l2 = 0;
+  FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
+  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+  const int64_t fit = (int64_t)l2 / 2 / (4 * fa_max64(p->Lk, 1)) / rpb;
+  int64_t grid = (rows + rpb - 1) / rpb;
+  grid = fa_min64(grid, fa_min64(fa_max64(fit, sms), 65536 * 4));
+  if (grid <= 0) return FA_OK;
+  naive_softmax_kernel<T, EXTRAS, WPR><<<(unsigned)grid, NAIVE_THREADS, 0, fa_cuda_stream(ctx)>>>(*p, S, P, rows);
+  FA_CUDA_CHECK_LAUNCH(ctx, "naive_softmax_kernel");
+  return FA_OK;
+}
+
+template <typename T>
+static fa_status launch_softmax(fa_context *ctx, const fa_attn_problem *p, const float *S, T *P, int64_t rows) {
+  const bool extras = attn_has_extras(p), block_rows = p->Lk > NAIVE_LONG_ROW;
+  if (extras)
+    return block_rows ? launch_softmax_as<T, true, NAIVE_THREADS / 32>(ctx, p, S, P, rows)
+                      : launch_softmax_as<T, true, 1>(ctx, p, S, P, rows);
+  return block_rows ? launch_softmax_as<T, false, NAIVE_THREADS / 32>(ctx, p, S, P, rows)
+                    : launch_softmax_as<T, false, 1>(ctx, p, S, P, rows);
 }
 
 static __device__ __forceinline__ bool is_masked(float w) { return __float_as_uint(w) == 0x80000000u; }
@@ -137,14 +282,8 @@ template <typename T> static fa_status naive_typed(fa_context *ctx, const fa_att
                                           CUBLAS_GEMM_DEFAULT),
                       "cublasGemmBatchedEx (Q·Kᵀ)");
     if (st) goto done;
-    const int64_t rows = BH * p->Lq, blocks = (rows + 7) / 8;
-    naive_softmax_kernel<T><<<(unsigned)(blocks < 65536 * 4 ? blocks : 65536 * 4), 256, 0, fa_cuda_stream(ctx)>>>(
-        *p, (const float *)S, (T *)P, rows);
-    cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) {
-      st = fa_cuda_error(ctx, err, "launch of naive_softmax_kernel");
-      goto done;
-    }
+    const int64_t rows = BH * p->Lq;
+    if ((st = launch_softmax<T>(ctx, p, (const float *)S, (T *)P, rows))) goto done;
     /* row-major O (Lq×Dv) is column-major Oᵀ = Vᵀ·Pᵀ: m = Dv, n = Lq, k = Lk */
     st = cublas_error(ctx,
                       cublasGemmBatchedEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, (int)p->Dv, (int)p->Lq, (int)p->Lk, &one,
