@@ -33,8 +33,44 @@ do
   x:free(); y:free()
   print(string.format("device copy %.0f GB/s", copy_gbs))
 end
-print(string.format("%-5s %4s %6s %-6s %-9s %9s %9s %9s %9s", "dtype", "D", "L", "causal", "algo", "ms", "TFLOP/s",
-  "x model", "rel_err"))
+-- The compute roof of each dtype in this run: a large cuBLAS product
+-- (fa.matmul "blas"; f32 without TF32, as the kernels).  Traffic alone
+-- cannot be the floor of a schedule bound by its arithmetic (flash moves
+-- its inputs once and runs at tens of times that traffic time), so each
+-- result is also set against a roofline of its schedule (roof_ms): per
+-- kernel the larger of its traffic at the copy bandwidth and its executed
+-- FLOPs at the GEMM rate, summed over the kernels.
+local roof_tflops = {}
+for _, dt in ipairs(dtypes) do
+  local n = 8192
+  local a = fa.randn({ n, n }, { dtype = dt, device = "cuda", seed = 4 })
+  local b = fa.randn({ n, n }, { dtype = dt, device = "cuda", seed = 5 })
+  local r = fa.bench(function() fa.matmul(a, b, { algo = "blas" }) end, { warmup = 2, rep = 5 })
+  roof_tflops[dt] = 2 * n ^ 3 / (r.median_ms * 1e-3) / 1e12
+  a:free(); b:free(); collectgarbage()
+  print(string.format("GEMM %s %.0f TFLOP/s", dt, roof_tflops[dt]))
+end
+-- roof_ms of one call: S = B·H·L² scores, es bytes an element; cost.flops
+-- counts the useful products (halved when causal), cost.bytes the model's
+-- traffic (fa.cost)
+local function roof_ms(algo, cost, dt, B, H, L, D, causal)
+  local es, S = dt == "f32" and 4 or 2, B * H * L * L
+  local qk = es * B * H * L * D -- Q and K, V and O alike (D = Dv here)
+  local bw, peak = copy_gbs * 1e9, roof_tflops[dt] * 1e12
+  local function kernel(bytes, flops) return math.max(bytes / bw, flops / peak) end
+  local t
+  if algo == "naive" then -- both products in full; S in f32, P in the inputs' dtype
+    local half = (causal and 2 or 1) * cost.flops / 2
+    t = kernel(2 * qk + 4 * S, half) + (4 * S + es * S) / bw + kernel(es * S + 2 * qk, half)
+  elseif algo == "two_pass" then -- Q·Kᵀ twice: statistics, then output
+    t = kernel(2 * qk, cost.flops / 2) + kernel(4 * qk, cost.flops)
+  else
+    t = kernel(cost.bytes, cost.flops)
+  end
+  return t * 1e3
+end
+print(string.format("%-5s %4s %6s %-6s %-9s %9s %9s %9s %9s %9s", "dtype", "D", "L", "causal", "algo", "ms", "TFLOP/s",
+  "x model", "x roof", "rel_err"))
 for _, dt in ipairs(dtypes) do
   for _, D in ipairs { 64, 128 } do
     for _, L in ipairs(Ls) do
@@ -62,11 +98,12 @@ for _, dt in ipairs(dtypes) do
             local cost = fa.cost.attention(q, k, v, opts)
             local tflops = cost.flops / (b.median_ms * 1e-3) / 1e12
             local gbs = cost.bytes / (b.median_ms * 1e-3) / 1e9
-            print(string.format("%-5s %4d %6d %-6s %-9s %9.3f %9.1f %9.2f %9.2e", dt, D, L, tostring(causal), algo,
-              b.median_ms, tflops, copy_gbs / gbs, rel))
+            local roof = roof_ms(opts.algo, cost, dt, B, H, L, D, causal)
+            print(string.format("%-5s %4d %6d %-6s %-9s %9.3f %9.1f %9.2f %9.2f %9.2e", dt, D, L, tostring(causal), algo,
+              b.median_ms, tflops, copy_gbs / gbs, b.median_ms / roof, rel))
             results[#results + 1] = { dtype = dt, D = D, L = L, B = B, H = H, causal = causal, algo = algo,
               ms = b.median_ms, tflops = tflops, model_gbs = gbs, model_bytes = cost.bytes,
-              model_ratio = copy_gbs / gbs, rel_err = rel }
+              model_ratio = copy_gbs / gbs, roof_ms = roof, roof_ratio = b.median_ms / roof, rel_err = rel }
           else
             print(string.format("%-5s %4d %6d %-6s %-9s %s", dt, D, L, tostring(causal), algo, tostring(o):sub(1, 80)))
           end
@@ -81,6 +118,7 @@ end
 if json_path then
   local cjson = require "cjson"
   local f = assert(io.open(json_path, "w"))
-  f:write(cjson.encode { device = fa.device_info().name, copy_gbs = copy_gbs, results = results })
+  f:write(cjson.encode { device = fa.device_info().name, copy_gbs = copy_gbs, gemm_tflops = roof_tflops,
+    results = results })
   f:close()
 end
