@@ -177,7 +177,6 @@ template <typename T> static fa_status mma_typed(fa_context *ctx, const fa_attn_
 }
 
 extern "C" int fa_cuda_wgmma_usable(void);
-extern "C" int fa_cuda_wgmma_tile(int64_t D, int64_t br, int64_t bc);
 extern "C" fa_status fa_cuda_attention_wgmma(fa_context *ctx, const fa_attn_problem *p, int pass);
 
 static int tensor_core_fit(fa_dtype dt, int64_t D, int64_t Dv) {
@@ -196,9 +195,8 @@ extern "C" void fa_cuda_attention_default_tile(fa_dtype dt, int64_t D, int64_t D
 
 /* Queues algo ("flash", or "two_pass" with p->row_stats set) on tensor
  * cores when the call fits (f16/bf16, D = Dv = 64 or 128, 16-byte aligned
- * rows) and the tile is one of theirs: on Hopper the wgmma kernel's
- * (fa_cuda_wgmma_tile: {128, 128}, {128, 64} and {64, 128} at D = 64,
- * {64, 64} at D = 128), {16·warps, 64} (mma.sync; 64 rows at D = 64, 128
+ * rows) and the tile is one of theirs: {128, 128} on Hopper (wgmma; also
+ * {128, 64} at D = 64), {16·warps, 64} (mma.sync; 64 rows at D = 64, 128
  * at D = 128) on any GPU.  Then *v_flag is a device flag (the caller frees
  * it), set on the stream when V holds NaN or inf: the kernel reading V has
  * then done nothing, and the caller's fallback, which skips masked keys,
@@ -209,7 +207,7 @@ extern "C" fa_status fa_cuda_attention_mma(fa_context *ctx, const fa_attn_proble
   *v_flag = NULL;
   if (!tensor_core_fit(p->compute, p->D, p->Dv)) return FA_OK;
   if (((uintptr_t)p->q | (uintptr_t)p->k | (uintptr_t)p->v | (uintptr_t)p->o) % 16) return FA_OK;
-  const int wg = fa_cuda_wgmma_tile(p->D, p->tile_q, p->tile_k) && fa_cuda_wgmma_usable();
+  const int wg = p->tile_q == 128 && (p->tile_k == 128 || (p->tile_k == 64 && p->D == 64)) && fa_cuda_wgmma_usable();
   if (!wg && (p->tile_q != 16 * MMA_WARPS(p->D) || p->tile_k != MMA_BC)) return FA_OK;
   if (wg) return launch_fast_passes(ctx, p, algo, v_flag, fa_cuda_attention_wgmma);
   return launch_fast_passes(ctx, p, algo, v_flag, p->compute == FA_F16 ? mma_typed<__half> : mma_typed<__nv_bfloat16>);

@@ -2,12 +2,10 @@
  * and 128: warpgroup MMA (wgmma) reading K and V straight from shared
  * memory.
  *
- * A block of BR / 64 warpgroups (BR = 128: 256 threads; BR = 64: one
- * warpgroup, so that two blocks share an SM) owns BR query rows of one
+ * A block of two warpgroups (256 threads) owns 128 query rows of one
  * (batch, head); warpgroup w computes rows 64w..64w+63.  Q and the key and
  * value tiles of BC rows (128; 64 at D = 64 with tile {128, 64}, so that two
- * blocks share an SM and one's softmax overlaps the other's products) live
- * in shared memory in the layout wgmma reads
+ * blocks share an SM and one's softmax overlaps the other's products) live in shared memory in the layout wgmma reads
  * (128-byte rows, XOR-swizzled, one 64-column block after the other);
  * the next K and V tiles are copied asynchronously while one is computed.
  * S = Q·Kᵀ is one chain of D/16 wgmma over shared memory; the score rule and
@@ -20,8 +18,10 @@
 #include "attention_frag.cuh"
 #include "wgmma_ops.cuh"
 
-/* Q, two K tiles and three V tiles (BR query rows, BC keys), + alignment */
-static size_t wgmma_smem_bytes(int D, int BR, int BC) { return (size_t)(BR + 5 * BC) * D * 2 + 1024; }
+#define WG_BR 128
+#define WG_THREADS 256
+
+static size_t wgmma_smem_bytes(int D, int BC) { return (size_t)(WG_BR + 5 * BC) * D * 2 + 1024; /* + alignment */ }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* Issues O += P·V for one key tile (committed, not waited for): the
@@ -43,11 +43,10 @@ static __device__ __forceinline__ void pv_issue(float (*o)[4], uint32_t (*pa)[4]
  * issues no P·V (one block of two warpgroups in less shared memory, two an
  * SM); PASS_OUTPUT turns each tile's scores into final probabilities with
  * the rows' (m, l) and accumulates O without rescaling. */
-template <typename T, int D, int BR, int BC, bool EXTRAS, int PASS>
-__global__ void __launch_bounds__(2 * BR, BR == 64 || PASS == PASS_STATS || (BC == 64 && !EXTRAS) ? 2 : 1)
+template <typename T, int D, int BC, bool EXTRAS, int PASS>
+__global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (BC == 64 && !EXTRAS) ? 2 : 1)
     attn_wgmma_kernel(fa_attn_problem p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  const int WG_BR = BR, WG_THREADS = 2 * BR; /* a warpgroup per 64 rows */
   const bool WITH_V = PASS != PASS_STATS;
   if (WITH_V && *p.v_nonfinite) return; /* the fallback's */
   extern __shared__ __align__(128) char wg_smem_raw[];
@@ -153,50 +152,31 @@ __global__ void __launch_bounds__(2 * BR, BR == 64 || PASS == PASS_STATS || (BC 
 #endif
 }
 
-template <typename T, int D, int BR, int BC, bool EXTRAS, int PASS>
+template <typename T, int D, int BC, bool EXTRAS, int PASS>
 static fa_status launch(fa_context *ctx, const fa_attn_problem *p) {
   /* the statistics pass holds no V tiles */
-  const size_t smem = PASS == PASS_STATS ? (size_t)(BR + 2 * BC) * D * 2 + 1024 : wgmma_smem_bytes(D, BR, BC);
-  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(attn_wgmma_kernel<T, D, BR, BC, EXTRAS, PASS>,
+  const size_t smem = PASS == PASS_STATS ? (size_t)(WG_BR + 2 * BC) * D * 2 + 1024 : wgmma_smem_bytes(D, BC);
+  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(attn_wgmma_kernel<T, D, BC, EXTRAS, PASS>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  int64_t blocks = p->B * p->Hq * ((p->Lq + BR - 1) / BR);
+  int64_t blocks = p->B * p->Hq * ((p->Lq + WG_BR - 1) / WG_BR);
   if (blocks > INT32_MAX) return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: attention on cuda: too many query tiles");
-  attn_wgmma_kernel<T, D, BR, BC, EXTRAS, PASS><<<(unsigned)blocks, 2 * BR, smem, fa_cuda_stream(ctx)>>>(*p);
+  attn_wgmma_kernel<T, D, BC, EXTRAS, PASS><<<(unsigned)blocks, WG_THREADS, smem, fa_cuda_stream(ctx)>>>(*p);
   FA_CUDA_CHECK_LAUNCH(ctx, "attn_wgmma_kernel");
   return FA_OK;
 }
 
-template <typename T, int D, int BR, int BC>
-static fa_status launch_pass(fa_context *ctx, const fa_attn_problem *p, int pass) {
-  if (attn_has_extras(p)) {
-    if (pass == PASS_STATS) return launch<T, D, BR, BC, true, PASS_STATS>(ctx, p);
-    if (pass == PASS_OUTPUT) return launch<T, D, BR, BC, true, PASS_OUTPUT>(ctx, p);
-    return launch<T, D, BR, BC, true, PASS_FLASH>(ctx, p);
-  }
-  if (pass == PASS_STATS) return launch<T, D, BR, BC, false, PASS_STATS>(ctx, p);
-  if (pass == PASS_OUTPUT) return launch<T, D, BR, BC, false, PASS_OUTPUT>(ctx, p);
-  return launch<T, D, BR, BC, false, PASS_FLASH>(ctx, p);
+template <typename T, int D, int BC, bool EXTRAS> static fa_status launch_pass(fa_context *ctx, const fa_attn_problem *p, int pass) {
+  if (pass == PASS_STATS) return launch<T, D, BC, EXTRAS, PASS_STATS>(ctx, p);
+  if (pass == PASS_OUTPUT) return launch<T, D, BC, EXTRAS, PASS_OUTPUT>(ctx, p);
+  return launch<T, D, BC, EXTRAS, PASS_FLASH>(ctx, p);
 }
 
-/* The instance for the tile (fa_cuda_wgmma_tile has accepted it). */
 template <typename T> static fa_status wgmma_typed(fa_context *ctx, const fa_attn_problem *p, int pass) {
-  if (p->D == 64) {
-    if (p->tile_q == 64) return launch_pass<T, 64, 64, 128>(ctx, p, pass);
-    if (p->tile_k == 64) return launch_pass<T, 64, 128, 64>(ctx, p, pass);
-    return launch_pass<T, 64, 128, 128>(ctx, p, pass);
-  }
-  if (p->tile_q == 64) return launch_pass<T, 128, 64, 64>(ctx, p, pass);
-  return launch_pass<T, 128, 128, 128>(ctx, p, pass);
-}
-
-/* Whether {Br, Bc} is a tile of this kernel at head dim D (64 or 128):
- * {128, 128}; {128, 64} and {64, 128} at D = 64; {64, 64} at D = 128
- * ({64, 64} at D = 64 is the mma.sync kernel's).  Br = 64 is one
- * warpgroup a block, two blocks an SM. */
-extern "C" int fa_cuda_wgmma_tile(int64_t D, int64_t br, int64_t bc) {
-  if (br == 128 && bc == 128) return 1;
-  if (D == 64) return (br == 128 && bc == 64) || (br == 64 && bc == 128);
-  return br == 64 && bc == 64;
+  const bool x = attn_has_extras(p);
+  if (p->D == 64 && p->tile_k == 64)
+    return x ? launch_pass<T, 64, 64, true>(ctx, p, pass) : launch_pass<T, 64, 64, false>(ctx, p, pass);
+  if (p->D == 64) return x ? launch_pass<T, 64, 128, true>(ctx, p, pass) : launch_pass<T, 64, 128, false>(ctx, p, pass);
+  return x ? launch_pass<T, 128, 128, true>(ctx, p, pass) : launch_pass<T, 128, 128, false>(ctx, p, pass);
 }
 
 /* Whether this build and device run the wgmma kernel: a Hopper GPU, sm_90a
@@ -207,12 +187,12 @@ static int wgmma_probe(int dev) {
   cudaFuncAttributes attr;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ||
       cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) ||
-      cudaFuncGetAttributes(&attr, attn_wgmma_kernel<__half, 128, 128, 128, true, PASS_FLASH>) != cudaSuccess) {
+      cudaFuncGetAttributes(&attr, attn_wgmma_kernel<__half, 128, 128, true, PASS_FLASH>) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
   return major == 9 && attr.ptxVersion >= 90 && attr.binaryVersion >= 90 &&
-         wgmma_smem_bytes(128, 128, 128) + attr.sharedSizeBytes <= (size_t)smem_optin;
+         wgmma_smem_bytes(128, 128) + attr.sharedSizeBytes <= (size_t)smem_optin;
 }
 
 /* Asked twice a call (default tile, dispatch): probed once per device;
@@ -229,8 +209,9 @@ extern "C" int fa_cuda_wgmma_usable(void) {
   return known[dev] == 2;
 }
 
-/* The tiles of this kernel (fa_cuda_wgmma_tile) for f16/bf16 at
- * D = Dv = 64 or 128, one pass (PASS_FLASH, PASS_STATS or PASS_OUTPUT); the caller has checked the
+/* The tiles of this kernel ({128, 128}, and {128, 64} at D = 64: half the
+ * key tile, two blocks an SM) for f16/bf16 at D = Dv = 64 or 128, one
+ * pass (PASS_FLASH, PASS_STATS or PASS_OUTPUT); the caller has checked the
  * rest (alignment) and set p->v_nonfinite (p->row_stats for two_pass). */
 extern "C" fa_status fa_cuda_attention_wgmma(fa_context *ctx, const fa_attn_problem *p, int pass) {
   if (p->compute == FA_F16) return wgmma_typed<__half>(ctx, p, pass);

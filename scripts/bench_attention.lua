@@ -4,7 +4,7 @@
 -- result checked on the last query rows of one head against the f64
 -- reference (the last rows keep the bottom-right causal alignment).
 -- Usage: flashattn-lua scripts/bench_attention.lua [--json FILE] [--quick]
---        [--algos flash,flash:sync,flash:bc128,flash:br64,naive,two_pass] [--dtypes bf16,f16,f32]
+--        [--algos flash,flash:sync,flash:bc128,naive,two_pass] [--dtypes bf16,f16,f32]
 local fa = require "flashattn"
 local json_path, quick, algos, dtypes = nil, false, { "flash" }, { "bf16", "f16", "f32" }
 for i = 1, #arg do
@@ -90,9 +90,6 @@ for _, dt in ipairs(dtypes) do
           if algo == "flash:sync" then opts.algo, opts.tile = "flash", D == 64 and { 64, 64 } or { 128, 64 } end
           if algo == "flash:bc128" then opts.algo, opts.tile = "flash", { 128, 128 } end
           if algo == "flash:bc128" and (dt == "f32" or D ~= 64) then goto next_algo end
-          -- "flash:br64": the Hopper kernel with one warpgroup a block (64 query rows), two blocks an SM
-          if algo == "flash:br64" then opts.algo, opts.tile = "flash", D == 64 and { 64, 128 } or { 64, 64 } end
-          if algo == "flash:br64" and dt == "f32" then goto next_algo end
           local ok, o = pcall(fa.attention, q, k, v, opts)
           if ok then
             local rel = fa.rel_error(head(o):narrow(3, L - rows + 1, rows):cpu(), ref)

@@ -107,13 +107,6 @@ attn_case("wgmma d64 bc64", 2, 4, 2, 200, 333, 64, 64, { tile = { 128, 64 } })
 attn_case("wgmma d64 bc64 causal", 1, 2, 1, 300, 300, 64, 64, { tile = { 128, 64 }, causal = true })
 attn_case("wgmma d64 bc64 options", 2, 4, 2, 100, 130, 64, 64,
   { tile = { 128, 64 }, causal = true, mask = mask2, alibi = { 0.1, 0.2, 0.3, 0.4 }, softcap = 20, kv_lens = { 120, 77 } })
--- the Hopper kernel with one warpgroup a block (tile {64, 64} at D = 128, {64, 128} at D = 64)
-attn_case("wgmma d128 br64", 2, 4, 1, 130, 97, 128, 128, { tile = { 64, 64 } })
-attn_case("wgmma d128 br64 options", 2, 4, 2, 100, 130, 128, 128,
-  { tile = { 64, 64 }, causal = true, mask = mask2, alibi = { 0.1, 0.2, 0.3, 0.4 }, softcap = 20, kv_lens = { 120, 77 } })
-attn_case("wgmma d64 br64", 1, 2, 1, 300, 300, 64, 64, { tile = { 64, 128 }, causal = true })
-attn_case("wgmma d64 br64 options", 2, 4, 2, 100, 130, 64, 64,
-  { tile = { 64, 128 }, causal = "top_left", mask = mask2, alibi = { 0.1, 0.2, 0.3, 0.4 }, softcap = 20, kv_lens = { 120, 77 } })
 -- the register-tiled f32 kernel (f32, D = Dv = 64 or 128, default tile {64, 64}; the f16/bf16 runs of
 -- these cases take the tensor cores), plain and with every option, over several query and key tiles
 local bmask3 = {}
