@@ -127,18 +127,25 @@ static __device__ __forceinline__ void frag_score_tile(const fa_attn_problem &p,
       mA = fmaxf(mA, fmaxf(s[n][0], s[n][1])), mB = fmaxf(mB, fmaxf(s[n][2], s[n][3]));
     mA *= scale, mB *= scale;
   } else {
+    /* without extras the rule is the key range: as the rows' column bounds
+     * inside the tile, one 32-bit compare a score (a causal diagonal tile
+     * takes this path) */
+    const int64_t W = NC * 8;
+    const int aA = (int)max(min(r.loA - j0, W), (int64_t)0), nA = (int)max(min(r.hiA - j0, W), (int64_t)0) - aA;
+    const int aB = (int)max(min(r.loB - j0, W), (int64_t)0), nB = (int)max(min(r.hiB - j0, W), (int64_t)0) - aB;
 #pragma unroll
     for (int n = 0; n < NC; n++) {
 #pragma unroll
       for (int e = 0; e < 2; e++) {
-        const int64_t j = j0 + n * 8 + c2 + e;
         float sa, sb;
         if (EXTRAS) {
+          const int64_t j = j0 + n * 8 + c2 + e;
           sa = r.iA < p.Lq ? attn_score(p, b, h, r.iA, j, s[n][e], r.loA, r.hiA) : -INFINITY;
           sb = r.iB < p.Lq ? attn_score(p, b, h, r.iB, j, s[n][2 + e], r.loB, r.hiB) : -INFINITY;
         } else {
-          sa = j >= r.loA && j < r.hiA ? s[n][e] * scale : -INFINITY;
-          sb = j >= r.loB && j < r.hiB ? s[n][2 + e] * scale : -INFINITY;
+          const int col = n * 8 + c2 + e;
+          sa = (unsigned)(col - aA) < (unsigned)nA ? s[n][e] * scale : -INFINITY;
+          sb = (unsigned)(col - aB) < (unsigned)nB ? s[n][2 + e] * scale : -INFINITY;
         }
         s[n][e] = sa, s[n][2 + e] = sb;
         mA = fmaxf(mA, sa), mB = fmaxf(mB, sb);
