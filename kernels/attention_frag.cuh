@@ -85,15 +85,18 @@ struct frag_rows {
   float mA, mB, lA, lB;               /* running max, this thread's part of the row sum */
 };
 
-/* Block blk's query tile of BR rows: the tiles of a head are consecutive,
- * the long causal ones first; q, k, v point at its head's rows (GQA: the
- * key/value head of query head h). */
+/* Block blk's query tile of BR rows; q, k, v point at its head's rows (GQA:
+ * the key/value head of query head h).  Blocks go head by head, the long
+ * causal tiles of a head first; with p.sched_heads = G > 1, groups of G
+ * heads go tile row by tile row, longest first, so that the grid ends on
+ * short tiles while a group's keys and values still fit in L2. */
 template <typename T, int D, int BR> struct frag_qtile {
   int64_t bh, b, h, i0;
   const T *q, *k, *v;
   __device__ __forceinline__ frag_qtile(const fa_attn_problem &p, int64_t blk) {
-    const int64_t qtiles = (p.Lq + BR - 1) / BR;
-    bh = blk / qtiles, b = bh / p.Hq, h = bh % p.Hq, i0 = (qtiles - 1 - blk % qtiles) * BR;
+    const int64_t qtiles = (p.Lq + BR - 1) / BR, BH = p.B * p.Hq, G = p.sched_heads > 1 ? p.sched_heads : 1;
+    const int64_t grp = blk / (G * qtiles), in = blk % (G * qtiles), gh = min(G, BH - grp * G);
+    bh = grp * G + in % gh, b = bh / p.Hq, h = bh % p.Hq, i0 = (qtiles - 1 - in / gh) * BR;
     const int64_t kv = (b * p.Hkv + h / (p.Hq / p.Hkv)) * p.Lk * D;
     q = (const T *)p.q + bh * p.Lq * D, k = (const T *)p.k + kv, v = (const T *)p.v + kv;
   }

@@ -140,6 +140,10 @@ typedef struct {
   /* CUDA "two_pass": (m, l) of every query row, B·Hq·Lq pairs in device
    * memory, written by the statistics pass and read by the output pass */
   float *row_stats;
+  /* CUDA fast kernels: query tiles are taken in groups of this many heads,
+   * the longest first within a group (causal: a grid's last blocks are
+   * short ones); 0 or 1: head by head */
+  int64_t sched_heads;
 } fa_attn_problem;
 
 /* The key range [lo, hi) that causal, window and kv_lens leave to query
