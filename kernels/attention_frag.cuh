@@ -93,11 +93,15 @@ struct frag_rows {
 template <typename T, int D, int BR> struct frag_qtile {
   int64_t bh, b, h, i0;
   const T *q, *k, *v;
-  __device__ __forceinline__ frag_qtile(const fa_attn_problem &p, int64_t blk) {
-    const int64_t qtiles = (p.Lq + BR - 1) / BR, BH = p.B * p.Hq, G = p.sched_heads > 1 ? p.sched_heads : 1;
-    const int64_t grp = blk / (G * qtiles), in = blk % (G * qtiles), gh = min(G, BH - grp * G);
-    bh = grp * G + in % gh, b = bh / p.Hq, h = bh % p.Hq, i0 = (qtiles - 1 - in / gh) * BR;
-    const int64_t kv = (b * p.Hkv + h / (p.Hq / p.Hkv)) * p.Lk * D;
+  __device__ __forceinline__ frag_qtile(const fa_attn_problem &p, int64_t blk64) {
+    /* in 32 bits (the launch checked that the blocks fit): 64-bit divisions
+     * are software loops, a few hundred instructions at every block's start */
+    const unsigned blk = (unsigned)blk64, qtiles = (unsigned)((p.Lq + BR - 1) / BR), BH = (unsigned)(p.B * p.Hq);
+    const unsigned G = p.sched_heads > 1 ? (unsigned)p.sched_heads : 1u, Hq = (unsigned)p.Hq;
+    const unsigned grp = blk / (G * qtiles), in = blk % (G * qtiles), gh = min(G, BH - grp * G);
+    const unsigned ubh = grp * G + in % gh, ub = ubh / Hq, uh = ubh - ub * Hq, hk = uh / (Hq / (unsigned)p.Hkv);
+    bh = ubh, b = ub, h = uh, i0 = (int64_t)(qtiles - 1 - in / gh) * BR;
+    const int64_t kv = ((int64_t)ub * p.Hkv + hk) * p.Lk * D;
     q = (const T *)p.q + bh * p.Lq * D, k = (const T *)p.k + kv, v = (const T *)p.v + kv;
   }
 };
