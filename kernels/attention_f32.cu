@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(F32_THREADS, D == 64 && !EXTRAS ? 3 : 2) attn_
   __shared__ int row_lo[F32_BR], row_hi[F32_BR]; /* the rows' key ranges (the caller checked Lk, Lq < 2^31) */
 
   const int tid = threadIdx.x, lane = tid & 31, ty = (tid >> 5) * 2 + (lane & 1), tx = lane >> 1;
-  const frag_qtile<float, D, F32_BR> qt(p, blockIdx.x);
+  const frag_qtile<float, D, F32_BR, int64_t> qt(p, blockIdx.x); /* 64-bit: see frag_qtile */
   const int64_t bh = qt.bh, b = qt.b, h = qt.h, i0 = qt.i0;
 
   f32_load_tile<D, F32_BR, SW_Q>(Qs, qt.q, i0, p.Lq);

@@ -89,19 +89,22 @@ struct frag_rows {
  * the key/value head of query head h).  Blocks go head by head, the long
  * causal tiles of a head first; with p.sched_heads = G > 1, groups of G
  * heads go tile row by tile row, longest first, so that the grid ends on
- * short tiles while a group's keys and values still fit in L2. */
-template <typename T, int D, int BR> struct frag_qtile {
+ * short tiles while a group's keys and values still fit in L2.  The index
+ * arithmetic is done in I: unsigned by default (the launches checked that
+ * the blocks fit; 64-bit divisions are software loops, a few hundred
+ * instructions at every block's start: +2-4 % at L = 1024), int64_t for the
+ * f32 kernel, which sits at its register cap and spilled with the 32-bit
+ * form (-3-5 % at D = 64, docs/perf/2026-11-22-attention-h200-run14.json). */
+template <typename T, int D, int BR, typename I = unsigned> struct frag_qtile {
   int64_t bh, b, h, i0;
   const T *q, *k, *v;
   __device__ __forceinline__ frag_qtile(const fa_attn_problem &p, int64_t blk64) {
-    /* in 32 bits (the launch checked that the blocks fit): 64-bit divisions
-     * are software loops, a few hundred instructions at every block's start */
-    const unsigned blk = (unsigned)blk64, qtiles = (unsigned)((p.Lq + BR - 1) / BR), BH = (unsigned)(p.B * p.Hq);
-    const unsigned G = p.sched_heads > 1 ? (unsigned)p.sched_heads : 1u, Hq = (unsigned)p.Hq;
-    const unsigned grp = blk / (G * qtiles), in = blk % (G * qtiles), gh = min(G, BH - grp * G);
-    const unsigned ubh = grp * G + in % gh, ub = ubh / Hq, uh = ubh - ub * Hq, hk = uh / (Hq / (unsigned)p.Hkv);
-    bh = ubh, b = ub, h = uh, i0 = (int64_t)(qtiles - 1 - in / gh) * BR;
-    const int64_t kv = ((int64_t)ub * p.Hkv + hk) * p.Lk * D;
+    const I blk = (I)blk64, qtiles = (I)((p.Lq + BR - 1) / BR), BH = (I)(p.B * p.Hq), Hq = (I)p.Hq;
+    const I G = p.sched_heads > 1 ? (I)p.sched_heads : (I)1;
+    const I grp = blk / (G * qtiles), in = blk % (G * qtiles), gh = min(G, BH - grp * G);
+    const I ubh = grp * G + in % gh, uh = ubh % Hq;
+    bh = ubh, b = ubh / Hq, h = uh, i0 = (int64_t)(qtiles - 1 - in / gh) * BR;
+    const int64_t kv = (b * p.Hkv + uh / (Hq / (I)p.Hkv)) * p.Lk * D;
     q = (const T *)p.q + bh * p.Lq * D, k = (const T *)p.k + kv, v = (const T *)p.v + kv;
   }
 };
