@@ -94,11 +94,6 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (BC == 64 &&
     cp_async_wait<0>();
     fence_proxy_async();
     __syncthreads();
-    if (t + 1 < ntiles) {
-      load_tile<T, D, BC, WG_THREADS, true>(Ks + ((t + 1) & 1) * BC * D * 2, k, j0 + BC, t_hi);
-      if (WITH_V) load_tile<T, D, BC, WG_THREADS, true>(Vs + ((t + 1) % 3) * BC * D * 2, v, j0 + BC, t_hi);
-    }
-    cp_async_commit();
 
     /* S = Q·Kᵀ: k-step ks reads 32 bytes into the 128-byte rows of column block ks / 4 */
     const uint32_t k_base = smem_addr(Ks + (t & 1) * BC * D * 2);
@@ -110,12 +105,17 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (BC == 64 &&
       wgmma_ss<T, BC>(&s[0][0], da, db, ks > 0);
     }
     wgmma_commit();
-    if (WITH_V && t > 0) {
-      pv_issue<T, D, BC>(o, pa, smem_addr(Vs + ((t - 1) % 3) * BC * D * 2));
-      wgmma_wait<1>();
-    } else {
-      wgmma_wait<0>();
-    }
+    /* the next tile's copies, issued behind the products so that the tensor
+     * cores start right after the barrier (other buffers: K (t+1)%2, V
+     * (t+1)%3); without a branch, which would make ptxas serialise the
+     * products: past the last tile the rows are all zero-filled */
+    const int64_t next_hi = t + 1 < ntiles ? t_hi : j0 + BC;
+    load_tile<T, D, BC, WG_THREADS, true>(Ks + ((t + 1) & 1) * BC * D * 2, k, j0 + BC, next_hi);
+    if (WITH_V) load_tile<T, D, BC, WG_THREADS, true>(Vs + ((t + 1) % 3) * BC * D * 2, v, j0 + BC, next_hi);
+    cp_async_commit();
+    if (WITH_V && t > 0) pv_issue<T, D, BC>(o, pa, smem_addr(Vs + ((t - 1) % 3) * BC * D * 2));
+    if (WITH_V && t > 0) wgmma_wait<1>();
+    else wgmma_wait<0>();
     wgmma_hold<BC / 2>(&s[0][0]);
 
     const bool full = scale_pos && j0 >= all_lo && j0 + BC <= all_hi;
