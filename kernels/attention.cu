@@ -8,8 +8,9 @@
  * slice, and each lane accumulates every 32nd output column.  MODE_FLASH
  * is the one-pass online softmax; MODE_STATS and MODE_OUTPUT are the two
  * passes of "two_pass" (running (m, l) first, then the output with the
- * final statistics; the fast kernels have the same two passes).  Key tiles outside every row's causal / window /
- * kv_lens range are never loaded.  "flash" runs here for the calls that
+ * final statistics; the fast kernels have the same two passes).  Key
+ * tiles outside every row's causal / window / kv_lens range are never
+ * loaded.  "flash" runs here for the calls that
  * the faster kernels (attention_wgmma.cu, attention_mma.cu,
  * attention_f32.cu) do not take, and behind them when V holds NaN or inf. */
 #include "attention_common.cuh"
@@ -68,7 +69,7 @@ static __device__ __forceinline__ void attn_tiled_block(const fa_attn_problem &p
     if (MODE == MODE_OUTPUT && i < lim) { /* the final (m, 1/l) of the row */
       m[r] = stats[2 * (bh * p.Lq + i)];
       float lr = stats[2 * (bh * p.Lq + i) + 1];
-      l[r] = lr > 0.f ? 1.f / lr : (lr == lr ? 0.f : lr);
+      l[r] = row_inv(lr);
     }
 #pragma unroll
     for (int c = 0; c < MAX_DV_PER_LANE; c++) o[r][c] = 0.f;
@@ -137,7 +138,7 @@ static __device__ __forceinline__ void attn_tiled_block(const fa_attn_problem &p
       if (lane == 0) stats[2 * row] = m[r], stats[2 * row + 1] = l[r];
       continue;
     }
-    float inv = MODE == MODE_OUTPUT ? 1.f : (l[r] > 0.f ? 1.f / l[r] : (l[r] == l[r] ? 0.f : l[r]));
+    float inv = MODE == MODE_OUTPUT ? 1.f : row_inv(l[r]);
     T *orow = (T *)p.o + row * Dv;
 #pragma unroll
     for (int c = 0; c < MAX_DV_PER_LANE; c++) {
@@ -177,7 +178,7 @@ template <typename T> __global__ void attn_row_kernel(fa_attn_problem p) {
     for (int c = 0; c < Dv; c++) o[c] = o[c] * alpha + e * to_float(v[j * Dv + c]);
     m = m_new;
   }
-  float inv = d > 0.f ? 1.f / d : (d == d ? 0.f : d);
+  float inv = row_inv(d);
   T *orow = (T *)p.o + row * Dv;
   for (int c = 0; c < Dv; c++) orow[c] = from_float<T>(o[c] * inv);
   if (p.lse) p.lse[row] = row_lse(m, d);
@@ -258,11 +259,6 @@ template <typename T, int MODE> static fa_status tiled_by_br(fa_context *ctx, co
   }
 }
 
-/* "flash" or "two_pass" (p->row_stats set): the tensor-core kernels
- * (f16/bf16) or the register-tiled f32 kernel when the call fits, then this
- * file's kernel, which takes every call: alone when they did not fit, else
- * guarded by their flag (it runs only when V holds NaN or inf, for
- * two_pass only the output pass, on the statistics they wrote). */
 /* Heads a group of the fast kernels' block order (frag_qtile): with causal
  * masks the tiles of a head differ in length, and taking a group's
  * longest first ends the grid on short ones (the tail of long blocks cost
@@ -279,6 +275,11 @@ static fa_status schedule_heads(fa_context *ctx, const fa_attn_problem *p, int64
   return FA_OK;
 }
 
+/* "flash" or "two_pass" (p->row_stats set): the tensor-core kernels
+ * (f16/bf16) or the register-tiled f32 kernel when the call fits, then this
+ * file's kernel, which takes every call: alone when they did not fit, else
+ * guarded by their flag (it runs only when V holds NaN or inf, for
+ * two_pass only the output pass, on the statistics they wrote). */
 template <typename T> static fa_status tiled_typed(fa_context *ctx, fa_attention_algo algo, const fa_attn_problem *in) {
   fa_attn_problem sched = *in;
   fa_status st = schedule_heads(ctx, in, &sched.sched_heads);

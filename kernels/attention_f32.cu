@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(F32_THREADS, D == 64 && !EXTRAS ? 3 : 2) attn_
   if (ntiles > 0) f32_load_tile<D, F32_BC, SW_K>(Ks, qt.k, t_lo, t_hi);
   cp_async_commit();
 
-  const float L2E = 1.4426950408889634f, scale = (float)p.scale;
+  const float scale = (float)p.scale;
   const bool scale_pos = p.scale > 0;
   const int xq = f32_swz<SW_Q>(F32_RM * ty), xk = f32_swz<SW_K>(tx); /* the same for all rows of this thread */
   const float4 *Q4 = (const float4 *)Qs + F32_RM * ty * CH, *K4 = (const float4 *)Ks + tx * CH;
@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(F32_THREADS, D == 64 && !EXTRAS ? 3 : 2) attn_
   for (int i = 0; i < F32_RM; i++) {
     m[i] = -INFINITY, l[i] = 0.f;
     /* PASS_OUTPUT: m holds the row's final offset m + ln l, P = exp(s - m - ln l) */
-    if (PASS == PASS_OUTPUT) m[i] = frag_stats_offset(p, bh, i0 + F32_RM * ty + i) / L2E;
+    if (PASS == PASS_OUTPUT) m[i] = frag_stats_offset(p, bh, i0 + F32_RM * ty + i) / FA_LOG2E;
 #pragma unroll
     for (int c = 0; c < NH; c++) o[i][c] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
@@ -172,14 +172,14 @@ __global__ void __launch_bounds__(F32_THREADS, D == 64 && !EXTRAS ? 3 : 2) attn_
 #pragma unroll
         for (int x = 2; x < 32; x <<= 1) tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, x));
         const float nm = fmaxf(m[i], tm);
-        alpha = nm == -INFINITY ? 1.f : exp2_approx((m[i] - nm) * L2E);
+        alpha = nm == -INFINITY ? 1.f : exp2_approx((m[i] - nm) * FA_LOG2E);
         off = nm == -INFINITY ? 0.f : nm;
         m[i] = nm;
       }
       float sum = 0.f;
 #pragma unroll
       for (int j = 0; j < 4; j++) {
-        const float pj = exp2_approx(fmaf(s[i][j], sc, -off) * L2E); /* -inf -> 0 */
+        const float pj = exp2_approx(fmaf(s[i][j], sc, -off) * FA_LOG2E); /* -inf -> 0 */
         s[i][j] = pj, sum += pj;
       }
       if (PASS != PASS_OUTPUT) l[i] = l[i] * alpha + sum; /* this thread's part: reduced across the row at the end */
@@ -242,7 +242,7 @@ __global__ void __launch_bounds__(F32_THREADS, D == 64 && !EXTRAS ? 3 : 2) attn_
       if (tx == 0) p.row_stats[2 * (bh * p.Lq + row)] = m[i], p.row_stats[2 * (bh * p.Lq + row) + 1] = l[i];
       continue;
     }
-    const float inv = PASS == PASS_OUTPUT ? 1.f : l[i] > 0.f ? 1.f / l[i] : (l[i] == l[i] ? 0.f : l[i]);
+    const float inv = PASS == PASS_OUTPUT ? 1.f : row_inv(l[i]);
     float4 *out = (float4 *)((float *)p.o + (bh * p.Lq + row) * D) + tx;
 #pragma unroll
     for (int hh = 0; hh < NH; hh++)

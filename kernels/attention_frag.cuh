@@ -34,12 +34,6 @@ template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, f
   return *(uint32_t *)&h;
 }
 
-static __device__ __forceinline__ float exp2_approx(float x) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-  return r;
-}
-
 /* Byte offset of 16-byte chunk `chunk` (8 elements) of row `row` in the
  * mma.sync kernel's tiles: row after row of CH chunks, chunks XOR-swizzled
  * by row % 8 (ldmatrix reads them without bank conflicts). */
@@ -168,8 +162,7 @@ static __device__ __forceinline__ void frag_score_tile(const fa_attn_problem &p,
 /* The multiplier of a tile's s in the exponent's base-2 units: scale·log2 e
  * when frag_score_tile left s raw (full), log2 e when it scaled it. */
 template <bool EXTRAS> static __device__ __forceinline__ float frag_exp_factor(const fa_attn_problem &p, bool full) {
-  const float L2E = 1.4426950408889634f;
-  return !EXTRAS && full ? (float)p.scale * L2E : L2E;
+  return !EXTRAS && full ? (float)p.scale * FA_LOG2E : FA_LOG2E;
 }
 
 /* s = 2^(s·k - off) in place for rows A and B (-inf -> 0), and this
@@ -199,7 +192,6 @@ template <int NC, bool EXTRAS>
 static __device__ __forceinline__ void frag_softmax_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0,
                                                          int c2, bool full, frag_rows &r, float (*s)[4],
                                                          float *alphaA, float *alphaB) {
-  const float L2E = 1.4426950408889634f;
   float tmA, tmB;
   frag_score_tile<NC, EXTRAS>(p, b, h, j0, c2, full, r, s, &tmA, &tmB);
   tmA = fmaxf(tmA, __shfl_xor_sync(0xffffffffu, tmA, 1));
@@ -207,23 +199,38 @@ static __device__ __forceinline__ void frag_softmax_tile(const fa_attn_problem &
   tmB = fmaxf(tmB, __shfl_xor_sync(0xffffffffu, tmB, 1));
   tmB = fmaxf(tmB, __shfl_xor_sync(0xffffffffu, tmB, 2));
   const float nmA = fmaxf(r.mA, tmA), nmB = fmaxf(r.mB, tmB);
-  *alphaA = nmA == -INFINITY ? 1.f : exp2_approx((r.mA - nmA) * L2E);
-  *alphaB = nmB == -INFINITY ? 1.f : exp2_approx((r.mB - nmB) * L2E);
+  *alphaA = nmA == -INFINITY ? 1.f : exp2_approx((r.mA - nmA) * FA_LOG2E);
+  *alphaB = nmB == -INFINITY ? 1.f : exp2_approx((r.mB - nmB) * FA_LOG2E);
   r.mA = nmA, r.mB = nmB;
-  const float offA = nmA == -INFINITY ? 0.f : nmA * L2E, offB = nmB == -INFINITY ? 0.f : nmB * L2E;
+  const float offA = nmA == -INFINITY ? 0.f : nmA * FA_LOG2E, offB = nmB == -INFINITY ? 0.f : nmB * FA_LOG2E;
   float sumA, sumB;
   frag_exp_tile<NC>(s, frag_exp_factor<EXTRAS>(p, full), offA, offB, &sumA, &sumB);
   r.lA = r.lA * *alphaA + sumA; /* reduced across the quad at the end */
   r.lB = r.lB * *alphaB + sumB;
 }
 
-/* "two_pass", statistics pass: this thread's parts of the row sums added
- * across the quad, and (m, l) of rows A and B into p.row_stats. */
-static __device__ __forceinline__ void frag_stats_store(const fa_attn_problem &p, int64_t bh, int lane, frag_rows &r) {
+/* "two_pass", output pass: one key tile's final probabilities exp(s - m) / l
+ * in s, the score rule applied (offA, offB: frag_stats_offset). */
+template <int NC, bool EXTRAS>
+static __device__ __forceinline__ void frag_probs_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0,
+                                                       int c2, bool full, const frag_rows &r, float (*s)[4],
+                                                       float offA, float offB) {
+  float tmA, tmB, sumA, sumB; /* unused: the statistics are final */
+  frag_score_tile<NC, EXTRAS>(p, b, h, j0, c2, full, r, s, &tmA, &tmB);
+  frag_exp_tile<NC>(s, frag_exp_factor<EXTRAS>(p, full), offA, offB, &sumA, &sumB);
+}
+
+/* The row sums: this thread's parts added across the quad. */
+static __device__ __forceinline__ void frag_sum_quad(frag_rows &r) {
   r.lA += __shfl_xor_sync(0xffffffffu, r.lA, 1);
   r.lA += __shfl_xor_sync(0xffffffffu, r.lA, 2);
   r.lB += __shfl_xor_sync(0xffffffffu, r.lB, 1);
   r.lB += __shfl_xor_sync(0xffffffffu, r.lB, 2);
+}
+
+/* "two_pass", statistics pass: (m, l) of rows A and B into p.row_stats. */
+static __device__ __forceinline__ void frag_stats_store(const fa_attn_problem &p, int64_t bh, int lane, frag_rows &r) {
+  frag_sum_quad(r);
   if ((lane & 3) == 0) {
     if (r.iA < p.Lq) p.row_stats[2 * (bh * p.Lq + r.iA)] = r.mA, p.row_stats[2 * (bh * p.Lq + r.iA) + 1] = r.lA;
     if (r.iB < p.Lq) p.row_stats[2 * (bh * p.Lq + r.iB)] = r.mB, p.row_stats[2 * (bh * p.Lq + r.iB) + 1] = r.lB;
@@ -237,7 +244,7 @@ static __device__ __forceinline__ void frag_stats_store(const fa_attn_problem &p
 static __device__ __forceinline__ float frag_stats_offset(const fa_attn_problem &p, int64_t bh, int64_t i) {
   if (i >= p.Lq) return 0.f;
   const float m = p.row_stats[2 * (bh * p.Lq + i)], l = p.row_stats[2 * (bh * p.Lq + i) + 1];
-  return m == -INFINITY ? (l == l ? 0.f : l) : fmaf(m, 1.4426950408889634f, log2f(l));
+  return m == -INFINITY ? (l == l ? 0.f : l) : fmaf(m, FA_LOG2E, log2f(l));
 }
 
 /* O *= alpha per row (always: skipping it when no row of the warp moved its
@@ -257,12 +264,8 @@ static __device__ __forceinline__ void frag_store(const fa_attn_problem &p, int6
   const int D = DC * 8, c2 = (lane & 3) * 2;
   float invA = 1.f, invB = 1.f;
   if (!NORMALIZED) {
-    r.lA += __shfl_xor_sync(0xffffffffu, r.lA, 1);
-    r.lA += __shfl_xor_sync(0xffffffffu, r.lA, 2);
-    r.lB += __shfl_xor_sync(0xffffffffu, r.lB, 1);
-    r.lB += __shfl_xor_sync(0xffffffffu, r.lB, 2);
-    invA = r.lA > 0.f ? 1.f / r.lA : (r.lA == r.lA ? 0.f : r.lA);
-    invB = r.lB > 0.f ? 1.f / r.lB : (r.lB == r.lB ? 0.f : r.lB);
+    frag_sum_quad(r);
+    invA = row_inv(r.lA), invB = row_inv(r.lB);
   }
   T *out = (T *)p.o + bh * p.Lq * D;
 #pragma unroll

@@ -123,9 +123,7 @@ __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_pro
 
     const bool full = scale_pos && j0 >= all_lo && j0 + MMA_BC <= all_hi;
     if (PASS == PASS_OUTPUT) {
-      float tmA, tmB, sumA, sumB; /* unused: the statistics are final */
-      frag_score_tile<MMA_BC / 8, EXTRAS>(p, b, h, j0, c2, full, r, s, &tmA, &tmB);
-      frag_exp_tile<MMA_BC / 8>(s, frag_exp_factor<EXTRAS>(p, full), offA, offB, &sumA, &sumB);
+      frag_probs_tile<MMA_BC / 8, EXTRAS>(p, b, h, j0, c2, full, r, s, offA, offB);
     } else {
       float alphaA, alphaB;
       frag_softmax_tile<MMA_BC / 8, EXTRAS>(p, b, h, j0, c2, full, r, s, &alphaA, &alphaB);
@@ -184,8 +182,9 @@ static int tensor_core_fit(fa_dtype dt, int64_t D, int64_t Dv) {
 }
 
 /* The default tile of "flash" on cuda: the wgmma kernel's {128, 128} on
- * Hopper ({128, 64} at D = 64), the mma.sync kernel's {16·warps, 64} elsewhere, for the calls
- * that fit tensor cores; {64, 64} for the SIMT kernel. */
+ * Hopper ({128, 64} at D = 64), the mma.sync kernel's {16·warps, 64}
+ * elsewhere, for the calls that fit tensor cores; {64, 64} for the SIMT
+ * kernel. */
 extern "C" void fa_cuda_attention_default_tile(fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc) {
   *br = 64, *bc = 64;
   if (!tensor_core_fit(dt, D, Dv)) return;

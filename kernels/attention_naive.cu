@@ -49,18 +49,13 @@ extern "C" void fa_cuda_cublas_release(fa_context *ctx) {
  * their S within L2 would leave too few warps per SM to keep the memory
  * busy (at 2048 keys it still has about 24). */
 #define NAIVE_LONG_ROW 2048
-#define NAIVE_L2E 1.4426950408889634f
 
-/* e^x as 2^(x·log2 e) on the SFU: about 2 ulp, results below 2^-126
- * flushed to 0 (far below any weight that matters), -inf -> 0, NaN -> NaN.
- * The tests' f32 tolerance (1e-5) leaves room for it, so every dtype uses
- * it.  x is always a difference s - m taken in f32 first, so that the
- * rounding of the log2 e product does not grow with the scores' size. */
-static __device__ __forceinline__ float exp_ftz(float x) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x * NAIVE_L2E));
-  return r;
-}
+/* e^x on the SFU (exp2_approx; weights below 2^-126 flushed to 0, far below
+ * any that matters): the tests' f32 tolerance (1e-5) leaves room for it, so
+ * every dtype uses it.  x is always a difference s - m taken in f32 first,
+ * so that the rounding of the log2 e product does not grow with the scores'
+ * size. */
+static __device__ __forceinline__ float exp_ftz(float x) { return exp2_approx(x * FA_LOG2E); }
 
 /* The score of key j, -inf when masked.  Without extras it is the key
  * range and the scale: no int64 mask offset per element, and the same
@@ -162,7 +157,7 @@ __global__ void __launch_bounds__(NAIVE_THREADS)
         md_merge(m, d, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, d, o));
     }
 
-    const float inv = d > 0.f ? 1.f / d : (d == d ? 0.f : d), mc = fmaxf(m, -FLT_MAX);
+    const float inv = row_inv(d), mc = fmaxf(m, -FLT_MAX);
     /* a masked key's weight is -0: the same product in cuBLAS, and a mark
      * for the path that must skip masked keys (non-finite values in v).
      * U chunks are loaded before any is stored: a store between two loads

@@ -4,9 +4,10 @@
  *
  * A block of two warpgroups (256 threads) owns 128 query rows of one
  * (batch, head); warpgroup w computes rows 64w..64w+63.  Q and the key and
- * value tiles of BC rows (128; 64 at D = 64 with tile {128, 64}, so that two
- * blocks share an SM and one's softmax overlaps the other's products) live in shared memory in the layout wgmma reads
- * (128-byte rows, XOR-swizzled, one 64-column block after the other);
+ * value tiles of BC rows (128; 64 at D = 64 with tile {128, 64}, so that
+ * two blocks share an SM and one's softmax overlaps the other's products)
+ * live in shared memory in the layout wgmma reads (128-byte rows,
+ * XOR-swizzled, one 64-column block after the other);
  * the next K and V tiles are copied asynchronously while one is computed.
  * S = Q·Kᵀ is one chain of D/16 wgmma over shared memory; the score rule and
  * the online softmax run on S's accumulators (the layout the mma.sync
@@ -39,7 +40,7 @@ static __device__ __forceinline__ void pv_issue(float (*o)[4], uint32_t (*pa)[4]
 }
 #endif
 
-/* PASS (attention_frag.cuh): PASS_FLASH as above; PASS_STATS loads no V and
+/* PASS (attention_common.cuh): PASS_FLASH as above; PASS_STATS loads no V and
  * issues no P·V (one block of two warpgroups in less shared memory, two an
  * SM); PASS_OUTPUT turns each tile's scores into final probabilities with
  * the rows' (m, l) and accumulates O without rescaling. */
@@ -121,9 +122,7 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (BC == 64 &&
     const bool full = scale_pos && j0 >= all_lo && j0 + BC <= all_hi;
     float alphaA = 1.f, alphaB = 1.f;
     if (PASS == PASS_OUTPUT) {
-      float tmA, tmB, sumA, sumB; /* unused: the statistics are final */
-      frag_score_tile<BC / 8, EXTRAS>(p, b, h, j0, c2, full, r, s, &tmA, &tmB);
-      frag_exp_tile<BC / 8>(s, frag_exp_factor<EXTRAS>(p, full), offA, offB, &sumA, &sumB);
+      frag_probs_tile<BC / 8, EXTRAS>(p, b, h, j0, c2, full, r, s, offA, offB);
     } else {
       frag_softmax_tile<BC / 8, EXTRAS>(p, b, h, j0, c2, full, r, s, &alphaA, &alphaB);
     }
