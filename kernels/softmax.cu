@@ -5,13 +5,16 @@
  * fused: a row staged in shared memory, read once.
  * auto: a warp per row with the row in registers for short rows, a block per
  * row for medium rows when there are enough of them; otherwise each row is
- * split over several blocks, each holding its segment in registers, whose
- * (m, d) partials are merged with the seeds' rescale formula, so the row is
- * read once and the GPU stays full even with few rows (rows longer than
- * the resident blocks can hold are read twice).  Anything the vector paths
+ * split over the blocks of a thread-block cluster, each holding its segment
+ * on chip, whose (m, d) partials are merged with the seeds' rescale formula
+ * through distributed shared memory, so the row is read once and the GPU
+ * stays full even with few rows.  Rows longer than a cluster holds are
+ * split over the whole grid (read twice when even that cannot hold them).  Anything the vector paths
  * cannot take (misaligned rows, f64) goes to the online kernels. */
+#include "async_copy.cuh"
 #include "common.cuh"
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
@@ -127,6 +130,47 @@ template <typename A> static __device__ __forceinline__ A apply_norm(A x, const 
   return n.empty ? n.fill : ex(x - n.m) * n.inv;
 }
 
+/* ---- 16-byte vectors of a row, held on chip by the auto kernels ---- */
+
+/* The E vectors t, t + stride, … of a segment that lie below len. */
+template <typename T, int E>
+static __device__ __forceinline__ void vec_load(Vec16<T> *buf, const Vec16<T> *src, int64_t t, int64_t stride, int64_t len) {
+#pragma unroll
+  for (int e = 0; e < E; e++)
+    if (t + stride * e < len) buf[e] = src[t + stride * e];
+}
+/* Folds those vectors into s. */
+template <typename T, int E>
+static __device__ __forceinline__ MD<float> vec_fold(MD<float> s, const Vec16<T> *buf, int64_t t, int64_t stride, int64_t len) {
+  const int VN = Vec16<T>::N;
+#pragma unroll
+  for (int e = 0; e < E; e++) {
+    if (t + stride * e < len) {
+      float v[VN];
+#pragma unroll
+      for (int i = 0; i < VN; i++) v[i] = Elem<T>::load(buf[e].v[i]);
+      s = md_add_block(s, v, VN);
+    }
+  }
+  return s;
+}
+/* Writes them normalised; STREAM: past L2 (the output need not stay there). */
+template <typename T, int E, bool STREAM>
+static __device__ __forceinline__ void vec_store(Vec16<T> *dst, const Vec16<T> *buf, const Norm<float> &nm, int64_t t,
+                                                 int64_t stride, int64_t len) {
+  const int VN = Vec16<T>::N;
+#pragma unroll
+  for (int e = 0; e < E; e++) {
+    if (t + stride * e < len) {
+      Vec16<T> o;
+#pragma unroll
+      for (int i = 0; i < VN; i++) o.v[i] = Elem<T>::store(apply_norm(Elem<T>::load(buf[e].v[i]), nm));
+      if (STREAM) __stcs((uint4 *)&dst[t + stride * e], *(const uint4 *)&o);
+      else dst[t + stride * e] = o;
+    }
+  }
+}
+
 /* ---- the seeds' passes: one kernel each ---- */
 
 enum { PASS_NAIVE_SUM = 0, PASS_MAX, PASS_SUM, PASS_ONLINE };
@@ -238,32 +282,10 @@ __global__ void warp_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int
     const Vec16<T> *xr = (const Vec16<T> *)(x + r * n);
     Vec16<T> *yr = (Vec16<T> *)(y + r * n);
     Vec16<T> buf[E];
-#pragma unroll
-    for (int e = 0; e < E; e++) {
-      int64_t vi = lane + 32 * e;
-      if (vi < nvec) buf[e] = xr[vi];
-    }
+    vec_load<T, E>(buf, xr, lane, 32, nvec);
     MD<float> s = {-INFINITY, 0.f};
-#pragma unroll
-    for (int e = 0; e < E; e++) {
-      if (lane + 32 * e < nvec) {
-        float v[Vec16<T>::N];
-#pragma unroll
-        for (int i = 0; i < VN; i++) v[i] = Elem<T>::load(buf[e].v[i]);
-        s = md_add_block(s, v, VN);
-      }
-    }
-    Norm<float> nm = norm_of(warp_reduce_md(s));
-#pragma unroll
-    for (int e = 0; e < E; e++) {
-      int64_t vi = lane + 32 * e;
-      if (vi < nvec) {
-        Vec16<T> o;
-#pragma unroll
-        for (int i = 0; i < VN; i++) o.v[i] = Elem<T>::store(apply_norm((float)Elem<T>::load(buf[e].v[i]), nm));
-        yr[vi] = o;
-      }
-    }
+    Norm<float> nm = norm_of(warp_reduce_md(vec_fold<T, E>(s, buf, lane, 32, nvec)));
+    vec_store<T, E, false>(yr, buf, nm, lane, 32, nvec);
   }
 }
 
@@ -338,22 +360,10 @@ __global__ void __launch_bounds__(WARPS * 32, MODE == ITEM_ROW ? 1 : 2) block_ro
     const Vec16<T> *xr = (const Vec16<T> *)(x + r * n) + lo;
     Vec16<T> *yr = (Vec16<T> *)(y + r * n) + lo;
     Vec16<T> buf[E];
-#pragma unroll
-    for (int e = 0; e < E; e++) {
-      int64_t vi = threadIdx.x + (int64_t)TH * e;
-      if (vi < len) buf[e] = xr[vi];
-    }
+    vec_load<T, E>(buf, xr, threadIdx.x, TH, len);
     MD<float> s = {-INFINITY, 0.f};
     if (MODE != ITEM_WRITE) {
-#pragma unroll
-      for (int e = 0; e < E; e++) {
-        if (threadIdx.x + (int64_t)TH * e < len) {
-          float v[Vec16<T>::N];
-#pragma unroll
-          for (int i = 0; i < VN; i++) v[i] = Elem<T>::load(buf[e].v[i]);
-          s = md_add_block(s, v, VN);
-        }
-      }
+      s = vec_fold<T, E>(s, buf, threadIdx.x, TH, len);
       s = block_reduce_md(s, scratch);
     }
     if (MODE == ITEM_STATS) {
@@ -362,18 +372,61 @@ __global__ void __launch_bounds__(WARPS * 32, MODE == ITEM_ROW ? 1 : 2) block_ro
     }
     if (MODE == ITEM_SEGMENT || MODE == ITEM_WRITE)
       s = merge_row(s, w, r, segs, partials, MODE == ITEM_SEGMENT ? arrived : NULL, &row_state);
-    Norm<float> nm = norm_of(s);
-#pragma unroll
-    for (int e = 0; e < E; e++) {
-      int64_t vi = threadIdx.x + (int64_t)TH * e;
-      if (vi < len) {
-        Vec16<T> o;
-#pragma unroll
-        for (int i = 0; i < VN; i++) o.v[i] = Elem<T>::store(apply_norm((float)Elem<T>::load(buf[e].v[i]), nm));
-        __stcs((uint4 *)&yr[vi], *(const uint4 *)&o); /* streamed: the output need not stay in L2 */
-      }
-    }
+    vec_store<T, E, true>(yr, buf, norm_of(s), threadIdx.x, TH, len);
   }
+}
+
+/* ---- auto, long rows: a thread-block cluster per row ----
+ * The row is cut over the CL blocks of a cluster; each block holds its
+ * segment on chip, E vectors a thread in registers and, for the longest
+ * rows, S more a thread in shared memory (copied in by cp.async while the
+ * registers' part is folded).  After the cluster barrier every warp merges
+ * the CL partials from the blocks' shared memory (DSMEM).  One read, one
+ * write, and no global counter or spin-wait: clusters do not wait on each
+ * other, so they drift out of phase as single blocks do, where the
+ * grid-wide split above holds every block of a row in step. */
+template <typename T, int E, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32, 1024 / (WARPS * 32))
+    cluster_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows, int64_t n, int S) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* clusters; the launcher takes this code only when built so */
+  const int VN = Vec16<T>::N, TH = WARPS * 32;
+  extern __shared__ __align__(16) unsigned char cluster_smem[];
+  Vec16<T> *stash = (Vec16<T> *)cluster_smem; /* [S][TH]: each thread reads back only its own */
+  __shared__ MD<float> scratch[32];
+  __shared__ MD<float> partial[2]; /* by row parity: a block may publish row i+1 while others read row i */
+  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  const int cl = (int)cluster.num_blocks(), lane = threadIdx.x & 31;
+  const int64_t nvec = n / VN, seg = (int64_t)TH * (E + S), lo = (int64_t)cluster.block_rank() * seg;
+  const int64_t len = max((int64_t)0, min(seg, nvec - lo));
+  const int64_t nclusters = gridDim.x / cl;
+  int parity = 0;
+  for (int64_t r = blockIdx.x / cl; r < rows; r += nclusters, parity ^= 1) {
+    const Vec16<T> *xr = (const Vec16<T> *)(x + r * n) + lo;
+    Vec16<T> *yr = (Vec16<T> *)(y + r * n) + lo;
+    for (int s = 0; s < S; s++) {
+      int64_t vi = (int64_t)TH * (E + s) + threadIdx.x;
+      if (vi < len) cp_async16(&stash[s * TH + threadIdx.x], &xr[vi], 16);
+    }
+    cp_async_commit();
+    Vec16<T> buf[E];
+    vec_load<T, E>(buf, xr, threadIdx.x, TH, len);
+    MD<float> st = vec_fold<T, E>(MD<float>{-INFINITY, 0.f}, buf, threadIdx.x, TH, len);
+    cp_async_wait<0>();
+    for (int s = 0; s < S; s++) /* stash vector s: element TH·(E + s) + thread of the segment */
+      st = vec_fold<T, 1>(st, &stash[s * TH + threadIdx.x], threadIdx.x, TH, len - (int64_t)TH * (E + s));
+    st = block_reduce_md(st, scratch);
+    if (threadIdx.x == 0) partial[parity] = st;
+    cluster.sync(); /* release / acquire: every block's partial is visible */
+    MD<float> all = {-INFINITY, 0.f};
+    if (lane < cl) all = *cluster.map_shared_rank(&partial[parity], lane);
+    Norm<float> nm = norm_of(warp_reduce_md(all));
+    vec_store<T, E, true>(yr, buf, nm, threadIdx.x, TH, len);
+    for (int s = 0; s < S; s++)
+      vec_store<T, 1, true>(yr + (int64_t)TH * (E + s), &stash[s * TH + threadIdx.x], nm, threadIdx.x, TH,
+                            len - (int64_t)TH * (E + s));
+  }
+  cluster.sync(); /* no block leaves while another may still read its partial */
+#endif
 }
 
 /* ---- launchers ---- */
@@ -504,6 +557,79 @@ template <typename T> static fa_status split_rows(fa_context *ctx, const T *x, T
   return fa_cuda_error(ctx, err, "block_rows_kernel (split rows)");
 }
 
+/* Long rows on clusters: a layout (warps a block, blocks a cluster, stash
+ * vectors a thread in shared memory) for rows of nvec vectors.  Registers
+ * first, in the smallest cluster that holds the row: blocks of 16 warps,
+ * two an SM, then of 32; then 16 blocks (beyond the portable 8, where the
+ * GPU allows) and shared memory.  A layout that cannot be resident is not
+ * taken (the grid-wide split takes the row). */
+enum { CLUSTER_E = 8, CLUSTER_MAX = 16 };
+typedef struct {
+  int warps, cl, stash;
+} cluster_plan;
+
+static int cluster_plan_count(int64_t nvec, cluster_plan *plans) {
+  int k = 0;
+  for (int warps = 16; warps <= 32; warps *= 2) {
+    int64_t cl = (nvec + (int64_t)CLUSTER_E * warps * 32 - 1) / ((int64_t)CLUSTER_E * warps * 32);
+    if (cl <= CLUSTER_MAX) plans[k++] = cluster_plan{warps, (int)cl, 0};
+  }
+  for (int cl = 8; cl <= CLUSTER_MAX; cl *= 2) {
+    int64_t per_thread = (nvec + (int64_t)cl * 1024 - 1) / ((int64_t)cl * 1024);
+    if (per_thread > CLUSTER_E && per_thread - CLUSTER_E <= 64) plans[k++] = cluster_plan{32, cl, (int)(per_thread - CLUSTER_E)};
+  }
+  return k;
+}
+
+/* Launches plan pl when it can be resident (*taken = 1); else leaves the
+ * rows to the caller (*taken = 0). */
+template <typename T, int WARPS>
+static fa_status cluster_launch(fa_context *ctx, const T *x, T *y, int64_t rows, int64_t n, cluster_plan pl,
+                                int *taken) {
+  void (*fn)(const T *, T *, int64_t, int64_t, int) = cluster_rows_kernel<T, CLUSTER_E, WARPS>;
+  const size_t smem = (size_t)pl.stash * WARPS * 32 * 16;
+  *taken = 0;
+  cudaFuncAttributes fa;
+  if (cudaFuncGetAttributes(&fa, (const void *)fn) != cudaSuccess || fa.ptxVersion < 90 ||
+      cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess ||
+      (pl.cl > 8 && cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)) {
+    (void)cudaGetLastError(); /* built without clusters, or more shared memory or a larger cluster than this GPU has */
+    return FA_OK;
+  }
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = (unsigned)pl.cl, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)pl.cl);
+  cfg.blockDim = dim3(WARPS * 32);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = fa_cuda_stream(ctx);
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int active = 0;
+  if (cudaOccupancyMaxActiveClusters(&active, (const void *)fn, &cfg) != cudaSuccess || active == 0) {
+    (void)cudaGetLastError();
+    return FA_OK;
+  }
+  cfg.gridDim = dim3((unsigned)(min(rows, (int64_t)active) * pl.cl)); /* resident clusters, a row at a time each */
+  FA_CUDA_CHECK(ctx, cudaLaunchKernelEx(&cfg, fn, x, y, rows, n, pl.stash));
+  *taken = 1;
+  return FA_OK;
+}
+
+template <typename T>
+static fa_status cluster_rows(fa_context *ctx, const T *x, T *y, int64_t rows, int64_t n, int *taken) {
+  cluster_plan plans[4];
+  int count = cluster_plan_count(n / (16 / sizeof(T)), plans);
+  *taken = 0;
+  for (int i = 0; i < count && !*taken; i++) {
+    fa_status st = plans[i].warps == 16 ? cluster_launch<T, 16>(ctx, x, y, rows, n, plans[i], taken)
+                                        : cluster_launch<T, 32>(ctx, x, y, rows, n, plans[i], taken);
+    if (st) return st;
+  }
+  return FA_OK;
+}
+
 template <typename T>
 static fa_status softmax_typed(fa_context *ctx, fa_softmax_algo algo, int64_t block, const T *x, T *y, int64_t rows,
                                int64_t n) {
@@ -529,7 +655,9 @@ static fa_status softmax_typed(fa_context *ctx, fa_softmax_algo algo, int64_t bl
       if (nvec <= 4096) return block_rows<T, 8, 16>(ctx, x, y, rows, n);
       if (nvec <= 8192) return block_rows<T, 8, 32>(ctx, x, y, rows, n);
     }
-    return split_rows<T>(ctx, x, y, rows, n);
+    int taken = 0;
+    fa_status cst = cluster_rows<T>(ctx, x, y, rows, n, &taken);
+    return cst || taken ? cst : split_rows<T>(ctx, x, y, rows, n);
   }
   (void)aligned;
   return seeds_passes<T>(ctx, FA_SOFTMAX_ONLINE, block, x, y, rows, n);
