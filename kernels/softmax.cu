@@ -378,18 +378,20 @@ __global__ void __launch_bounds__(WARPS * 32, MODE == ITEM_ROW ? 1 : 2) block_ro
 
 /* ---- auto, long rows: a thread-block cluster per row ----
  * The row is cut over the CL blocks of a cluster; each block holds its
- * segment on chip, E vectors a thread in registers and, for the longest
- * rows, S more a thread in shared memory (copied in by cp.async while the
- * registers' part is folded).  After the cluster barrier every warp merges
- * the CL partials from the blocks' shared memory (DSMEM).  One read, one
- * write, and no global counter or spin-wait: clusters do not wait on each
- * other, so they drift out of phase as single blocks do, where the
- * grid-wide split above holds every block of a row in step. */
-template <typename T, int E, int WARPS>
-__global__ void __launch_bounds__(WARPS * 32, 1024 / (WARPS * 32))
-    cluster_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows, int64_t n, int S) {
+ * segment on chip, E vectors a thread in registers and S more a thread in
+ * shared memory (copied in by cp.async while the registers' part is
+ * folded).  After the cluster barrier every warp merges the CL partials
+ * from the blocks' shared memory (DSMEM).  One read, one write, and no
+ * global counter or spin-wait: clusters do not wait on each other.  Before
+ * it waits, a block asks the copy engine to bring the first pf vectors of
+ * its next segment into L2, so that memory stays busy through the barrier
+ * and the writes. */
+#define CLUSTER_THREADS 1024
+template <typename T, int E>
+__global__ void __launch_bounds__(CLUSTER_THREADS, 1)
+    cluster_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows, int64_t n, int S, int pf) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* clusters; the launcher takes this code only when built so */
-  const int VN = Vec16<T>::N, TH = WARPS * 32;
+  const int VN = Vec16<T>::N, TH = CLUSTER_THREADS;
   extern __shared__ __align__(16) unsigned char cluster_smem[];
   Vec16<T> *stash = (Vec16<T> *)cluster_smem; /* [S][TH]: each thread reads back only its own */
   __shared__ MD<float> scratch[32];
@@ -399,6 +401,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1024 / (WARPS * 32))
   const int64_t nvec = n / VN, seg = (int64_t)TH * (E + S), lo = (int64_t)cluster.block_rank() * seg;
   const int64_t len = max((int64_t)0, min(seg, nvec - lo));
   const int64_t nclusters = gridDim.x / cl;
+  const unsigned pf_bytes = (unsigned)min((int64_t)pf, len) * 16;
   int parity = 0;
   for (int64_t r = blockIdx.x / cl; r < rows; r += nclusters, parity ^= 1) {
     const Vec16<T> *xr = (const Vec16<T> *)(x + r * n) + lo;
@@ -415,7 +418,11 @@ __global__ void __launch_bounds__(WARPS * 32, 1024 / (WARPS * 32))
     for (int s = 0; s < S; s++) /* stash vector s: element TH·(E + s) + thread of the segment */
       st = vec_fold<T, 1>(st, &stash[s * TH + threadIdx.x], threadIdx.x, TH, len - (int64_t)TH * (E + s));
     st = block_reduce_md(st, scratch);
-    if (threadIdx.x == 0) partial[parity] = st;
+    if (threadIdx.x == 0) {
+      partial[parity] = st;
+      if (pf_bytes && r + nclusters < rows)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(xr + nclusters * nvec), "r"(pf_bytes) : "memory");
+    }
     cluster.sync(); /* release / acquire: every block's partial is visible */
     MD<float> all = {-INFINITY, 0.f};
     if (lane < cl) all = *cluster.map_shared_rank(&partial[parity], lane);
@@ -557,43 +564,44 @@ template <typename T> static fa_status split_rows(fa_context *ctx, const T *x, T
   return fa_cuda_error(ctx, err, "block_rows_kernel (split rows)");
 }
 
-/* Long rows on clusters: a layout (warps a block, blocks a cluster, stash
- * vectors a thread in shared memory) for rows of nvec vectors.  Registers
- * first, in the smallest cluster that holds the row: blocks of 16 warps,
- * two an SM, then of 32; then 16 blocks (beyond the portable 8, where the
- * GPU allows) and shared memory.  A layout that cannot be resident is not
- * taken (the grid-wide split takes the row). */
+/* Long rows on clusters: the layout for rows of nvec vectors (blocks a
+ * cluster, stash vectors a thread, vectors prefetched to L2).  The smallest
+ * cluster that holds the row with a stash within shared memory: each block
+ * waits only on the others of its row at its barrier, and the fewer they
+ * are, the shorter the wait (H200, docs/perf/2026-11-22-softmax-h200-run5.json). */
 enum { CLUSTER_E = 8, CLUSTER_MAX = 16 };
 typedef struct {
-  int warps, cl, stash;
+  int cl, stash, pf;
 } cluster_plan;
 
-static int cluster_plan_count(int64_t nvec, cluster_plan *plans) {
-  int k = 0;
-  for (int warps = 16; warps <= 32; warps *= 2) {
-    int64_t cl = (nvec + (int64_t)CLUSTER_E * warps * 32 - 1) / ((int64_t)CLUSTER_E * warps * 32);
-    if (cl <= CLUSTER_MAX) plans[k++] = cluster_plan{warps, (int)cl, 0};
-  }
-  for (int cl = 8; cl <= CLUSTER_MAX; cl *= 2) {
-    int64_t per_thread = (nvec + (int64_t)cl * 1024 - 1) / ((int64_t)cl * 1024);
-    if (per_thread > CLUSTER_E && per_thread - CLUSTER_E <= 64) plans[k++] = cluster_plan{32, cl, (int)(per_thread - CLUSTER_E)};
-  }
-  return k;
+static int plan_cluster(int64_t nvec, int smem_optin, cluster_plan *pl) {
+  const int64_t stash_max = (smem_optin - 2048) / (CLUSTER_THREADS * 16), per_block = CLUSTER_THREADS * (CLUSTER_E + stash_max);
+  const int64_t cl = (nvec + per_block - 1) / per_block;
+  if (cl > CLUSTER_MAX) return 0;
+  const int64_t per_thread = (nvec + cl * CLUSTER_THREADS - 1) / (cl * CLUSTER_THREADS);
+  pl->cl = (int)cl;
+  pl->stash = (int)max((int64_t)0, per_thread - CLUSTER_E);
+  pl->pf = (int)(per_thread * CLUSTER_THREADS / 2);
+  return 1;
 }
 
-/* Launches plan pl when it can be resident (*taken = 1); else leaves the
- * rows to the caller (*taken = 0). */
-template <typename T, int WARPS>
-static fa_status cluster_launch(fa_context *ctx, const T *x, T *y, int64_t rows, int64_t n, cluster_plan pl,
-                                int *taken) {
-  void (*fn)(const T *, T *, int64_t, int64_t, int) = cluster_rows_kernel<T, CLUSTER_E, WARPS>;
-  const size_t smem = (size_t)pl.stash * WARPS * 32 * 16;
-  *taken = 0;
+/* Launches the rows on clusters when a layout holds them and can be
+ * resident (*taken = 1); else leaves them to the caller (*taken = 0). */
+template <typename T>
+static fa_status cluster_rows(fa_context *ctx, const T *x, T *y, int64_t rows, int64_t n, int *taken) {
+  void (*fn)(const T *, T *, int64_t, int64_t, int, int) = cluster_rows_kernel<T, CLUSTER_E>;
+  int dev = 0, smem_optin = 0;
+  cluster_plan pl;
   cudaFuncAttributes fa;
-  if (cudaFuncGetAttributes(&fa, (const void *)fn) != cudaSuccess || fa.ptxVersion < 90 ||
-      cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess ||
+  *taken = 0;
+  FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
+  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  FA_CUDA_CHECK(ctx, cudaFuncGetAttributes(&fa, (const void *)fn));
+  if (fa.ptxVersion < 90 || !plan_cluster(n / (16 / sizeof(T)), smem_optin - (int)fa.sharedSizeBytes, &pl)) return FA_OK;
+  const size_t smem = (size_t)pl.stash * CLUSTER_THREADS * 16;
+  if (cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess ||
       (pl.cl > 8 && cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)) {
-    (void)cudaGetLastError(); /* built without clusters, or more shared memory or a larger cluster than this GPU has */
+    (void)cudaGetLastError(); /* a larger cluster than this GPU allows */
     return FA_OK;
   }
   cudaLaunchAttribute attr;
@@ -601,32 +609,19 @@ static fa_status cluster_launch(fa_context *ctx, const T *x, T *y, int64_t rows,
   attr.val.clusterDim.x = (unsigned)pl.cl, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((unsigned)pl.cl);
-  cfg.blockDim = dim3(WARPS * 32);
+  cfg.blockDim = dim3(CLUSTER_THREADS);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = fa_cuda_stream(ctx);
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
   int active = 0;
   if (cudaOccupancyMaxActiveClusters(&active, (const void *)fn, &cfg) != cudaSuccess || active == 0) {
-    (void)cudaGetLastError();
+    (void)cudaGetLastError(); /* the GPU is shared, or cannot place such a cluster */
     return FA_OK;
   }
   cfg.gridDim = dim3((unsigned)(min(rows, (int64_t)active) * pl.cl)); /* resident clusters, a row at a time each */
-  FA_CUDA_CHECK(ctx, cudaLaunchKernelEx(&cfg, fn, x, y, rows, n, pl.stash));
+  FA_CUDA_CHECK(ctx, cudaLaunchKernelEx(&cfg, fn, x, y, rows, n, pl.stash, pl.pf));
   *taken = 1;
-  return FA_OK;
-}
-
-template <typename T>
-static fa_status cluster_rows(fa_context *ctx, const T *x, T *y, int64_t rows, int64_t n, int *taken) {
-  cluster_plan plans[4];
-  int count = cluster_plan_count(n / (16 / sizeof(T)), plans);
-  *taken = 0;
-  for (int i = 0; i < count && !*taken; i++) {
-    fa_status st = plans[i].warps == 16 ? cluster_launch<T, 16>(ctx, x, y, rows, n, plans[i], taken)
-                                        : cluster_launch<T, 32>(ctx, x, y, rows, n, plans[i], taken);
-    if (st) return st;
-  }
   return FA_OK;
 }
 
