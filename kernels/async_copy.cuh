@@ -1,5 +1,8 @@
-/* Asynchronous 16-byte copies from global to shared memory (cp.async),
- * for the attention tile loaders and the softmax's shared-memory stash. */
+/* Asynchronous copies: 16 bytes from global to shared memory (cp.async),
+ * for the attention tile loaders and the softmax's shared-memory stash;
+ * and, on Hopper, 8 bytes into another block's shared memory in the
+ * cluster (st.async) counted on that block's mbarrier, for the softmax's
+ * cluster rows. */
 #ifndef FA_KERNELS_ASYNC_COPY_CUH
 #define FA_KERNELS_ASYNC_COPY_CUH
 
@@ -15,5 +18,39 @@ static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.asyn
 template <int N> static __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+/* The address of this block's shared variable at addr in block rank's. */
+static __device__ __forceinline__ uint32_t cluster_map(uint32_t addr, unsigned rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+static __device__ __forceinline__ void mbar_init(uint32_t bar, unsigned arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(arrivals) : "memory");
+}
+/* This phase of bar completes when bytes more have been stored into the block (and its one arrival). */
+static __device__ __forceinline__ void mbar_expect(uint32_t bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+/* Waits until the phase of bar with this parity has completed; what was
+ * stored into the block before it is then visible. */
+static __device__ __forceinline__ void mbar_wait(uint32_t bar, unsigned parity) {
+  asm volatile("{\n"
+               ".reg .pred done;\n"
+               "wait_%=:\n"
+               "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+               "@!done bra wait_%=;\n"
+               "}" ::"r"(bar),
+               "r"(parity)
+               : "memory");
+}
+/* Stores {a, b} at remote (a cluster address) and counts 8 bytes on the remote mbarrier rbar. */
+static __device__ __forceinline__ void st_async_f2(uint32_t remote, float a, float b, uint32_t rbar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(remote), "f"(a),
+               "f"(b), "r"(rbar)
+               : "memory");
+}
+#endif
 
 #endif

@@ -380,32 +380,41 @@ __global__ void __launch_bounds__(WARPS * 32, MODE == ITEM_ROW ? 1 : 2) block_ro
  * The row is cut over the CL blocks of a cluster; each block holds its
  * segment on chip, E vectors a thread in registers and S more a thread in
  * shared memory (copied in by cp.async while the registers' part is
- * folded).  After the cluster barrier every warp merges the CL partials
- * from the blocks' shared memory (DSMEM).  One read, one write, and no
- * global counter or spin-wait: clusters do not wait on each other.  Before
- * it waits, a block asks the copy engine to bring the first pf vectors of
- * its next segment into L2, so that memory stays busy through the barrier
- * and the writes. */
+ * folded).  Each block sends its (m, d) partial into every block of the
+ * cluster (st.async), counted on the receiver's mbarrier, and merges the
+ * CL partials it received.  One read, one write, no global counter or
+ * spin-wait, and no cluster barrier a row: its release would wait for the
+ * block's previous stores (measured: a cluster of one block with it ran
+ * 10 % below the block-per-row kernel). */
 #define CLUSTER_THREADS 1024
+enum { CLUSTER_E = 8, CLUSTER_MAX = 16 };
 template <typename T, int E>
 __global__ void __launch_bounds__(CLUSTER_THREADS, 1)
-    cluster_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows, int64_t n, int S, int pf) {
+    cluster_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows, int64_t n, int S) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* clusters; the launcher takes this code only when built so */
   const int VN = Vec16<T>::N, TH = CLUSTER_THREADS;
   extern __shared__ __align__(16) unsigned char cluster_smem[];
   Vec16<T> *stash = (Vec16<T> *)cluster_smem; /* [S][TH]: each thread reads back only its own */
   __shared__ MD<float> scratch[32];
-  __shared__ MD<float> partial[2]; /* by row parity: a block may publish row i+1 while others read row i */
+  __shared__ __align__(8) float partials[2][CLUSTER_MAX][2]; /* [row parity][sender]: (m, d) */
+  __shared__ __align__(8) uint64_t arrived[2];                 /* [row parity]: counts the partials' bytes */
   cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
-  const int cl = (int)cluster.num_blocks(), lane = threadIdx.x & 31;
-  const int64_t nvec = n / VN, seg = (int64_t)TH * (E + S), lo = (int64_t)cluster.block_rank() * seg;
+  const unsigned cl = cluster.num_blocks(), rank = cluster.block_rank();
+  const int64_t nvec = n / VN, seg = (int64_t)TH * (E + S), lo = (int64_t)rank * seg;
   const int64_t len = max((int64_t)0, min(seg, nvec - lo));
   const int64_t nclusters = gridDim.x / cl;
-  const unsigned pf_bytes = (unsigned)min((int64_t)pf, len) * 16;
-  int parity = 0;
-  for (int64_t r = blockIdx.x / cl; r < rows; r += nclusters, parity ^= 1) {
+  if (threadIdx.x == 0) {
+    mbar_init(smem_addr(&arrived[0]), 1);
+    mbar_init(smem_addr(&arrived[1]), 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  cluster.sync(); /* every block's mbarriers are ready before any partial is sent */
+  unsigned k = 0;
+  for (int64_t r = blockIdx.x / cl; r < rows; r += nclusters, k++) {
+    const unsigned b = k & 1; /* a block may send row k+1's partial while others still merge row k */
     const Vec16<T> *xr = (const Vec16<T> *)(x + r * n) + lo;
     Vec16<T> *yr = (Vec16<T> *)(y + r * n) + lo;
+    if (threadIdx.x == 0) mbar_expect(smem_addr(&arrived[b]), cl * 8);
     for (int s = 0; s < S; s++) {
       int64_t vi = (int64_t)TH * (E + s) + threadIdx.x;
       if (vi < len) cp_async16(&stash[s * TH + threadIdx.x], &xr[vi], 16);
@@ -418,21 +427,20 @@ __global__ void __launch_bounds__(CLUSTER_THREADS, 1)
     for (int s = 0; s < S; s++) /* stash vector s: element TH·(E + s) + thread of the segment */
       st = vec_fold<T, 1>(st, &stash[s * TH + threadIdx.x], threadIdx.x, TH, len - (int64_t)TH * (E + s));
     st = block_reduce_md(st, scratch);
-    if (threadIdx.x == 0) {
-      partial[parity] = st;
-      if (pf_bytes && r + nclusters < rows)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(xr + nclusters * nvec), "r"(pf_bytes) : "memory");
-    }
-    cluster.sync(); /* release / acquire: every block's partial is visible */
+    if (threadIdx.x < cl) /* thread j sends this block's partial to block j */
+      st_async_f2(cluster_map(smem_addr(&partials[b][rank][0]), threadIdx.x), st.m, st.d,
+                  cluster_map(smem_addr(&arrived[b]), threadIdx.x));
+    mbar_wait(smem_addr(&arrived[b]), (k >> 1) & 1);
     MD<float> all = {-INFINITY, 0.f};
-    if (lane < cl) all = *cluster.map_shared_rank(&partial[parity], lane);
+    const int lane = threadIdx.x & 31;
+    if (lane < (int)cl) all = MD<float>{partials[b][lane][0], partials[b][lane][1]};
     Norm<float> nm = norm_of(warp_reduce_md(all));
     vec_store<T, E, true>(yr, buf, nm, threadIdx.x, TH, len);
     for (int s = 0; s < S; s++)
       vec_store<T, 1, true>(yr + (int64_t)TH * (E + s), &stash[s * TH + threadIdx.x], nm, threadIdx.x, TH,
                             len - (int64_t)TH * (E + s));
   }
-  cluster.sync(); /* no block leaves while another may still read its partial */
+  cluster.sync(); /* no block leaves while a partial may still be on its way to it */
 #endif
 }
 
@@ -565,23 +573,21 @@ template <typename T> static fa_status split_rows(fa_context *ctx, const T *x, T
 }
 
 /* Long rows on clusters: the layout for rows of nvec vectors (blocks a
- * cluster, stash vectors a thread, vectors prefetched to L2).  The smallest
- * cluster that holds the row with a stash within shared memory: each block
- * waits only on the others of its row at its barrier, and the fewer they
- * are, the shorter the wait (H200, docs/perf/2026-11-22-softmax-h200-run5.json). */
-enum { CLUSTER_E = 8, CLUSTER_MAX = 16 };
+ * cluster, stash vectors a thread).  The smallest cluster that holds the
+ * row with a stash of up to 8 vectors a thread (128 KiB: larger stashes
+ * were slower on the H200, docs/perf/2026-11-22-softmax-h200-run5.json). */
+enum { CLUSTER_STASH_MAX = 8 };
 typedef struct {
-  int cl, stash, pf;
+  int cl, stash;
 } cluster_plan;
 
 static int plan_cluster(int64_t nvec, int smem_optin, cluster_plan *pl) {
-  const int64_t stash_max = (smem_optin - 2048) / (CLUSTER_THREADS * 16), per_block = CLUSTER_THREADS * (CLUSTER_E + stash_max);
-  const int64_t cl = (nvec + per_block - 1) / per_block;
+  const int64_t stash_max = min((int64_t)CLUSTER_STASH_MAX, (int64_t)(smem_optin - 1024) / (CLUSTER_THREADS * 16));
+  const int64_t per_block = CLUSTER_THREADS * (CLUSTER_E + stash_max), cl = (nvec + per_block - 1) / per_block;
   if (cl > CLUSTER_MAX) return 0;
   const int64_t per_thread = (nvec + cl * CLUSTER_THREADS - 1) / (cl * CLUSTER_THREADS);
   pl->cl = (int)cl;
   pl->stash = (int)max((int64_t)0, per_thread - CLUSTER_E);
-  pl->pf = (int)(per_thread * CLUSTER_THREADS / 2);
   return 1;
 }
 
@@ -589,7 +595,7 @@ static int plan_cluster(int64_t nvec, int smem_optin, cluster_plan *pl) {
  * resident (*taken = 1); else leaves them to the caller (*taken = 0). */
 template <typename T>
 static fa_status cluster_rows(fa_context *ctx, const T *x, T *y, int64_t rows, int64_t n, int *taken) {
-  void (*fn)(const T *, T *, int64_t, int64_t, int, int) = cluster_rows_kernel<T, CLUSTER_E>;
+  void (*fn)(const T *, T *, int64_t, int64_t, int) = cluster_rows_kernel<T, CLUSTER_E>;
   int dev = 0, smem_optin = 0;
   cluster_plan pl;
   cudaFuncAttributes fa;
@@ -620,7 +626,7 @@ static fa_status cluster_rows(fa_context *ctx, const T *x, T *y, int64_t rows, i
     return FA_OK;
   }
   cfg.gridDim = dim3((unsigned)(min(rows, (int64_t)active) * pl.cl)); /* resident clusters, a row at a time each */
-  FA_CUDA_CHECK(ctx, cudaLaunchKernelEx(&cfg, fn, x, y, rows, n, pl.stash, pl.pf));
+  FA_CUDA_CHECK(ctx, cudaLaunchKernelEx(&cfg, fn, x, y, rows, n, pl.stash));
   *taken = 1;
   return FA_OK;
 }
