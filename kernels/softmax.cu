@@ -378,9 +378,9 @@ __global__ void __launch_bounds__(WARPS * 32, MODE == ITEM_ROW ? 1 : 2) block_ro
 
 /* ---- auto, long rows: a thread-block cluster per row ----
  * The row is cut over the CL blocks of a cluster; each block holds its
- * segment on chip, E vectors a thread in registers and S more a thread in
- * shared memory (copied in by cp.async while the registers' part is
- * folded).  Each block sends its (m, d) partial into every block of the
+ * segment of per_thread vectors a thread on chip, up to E in registers and
+ * S = per_thread - E more in shared memory (copied in by cp.async while
+ * the registers' part is folded).  Each block sends its (m, d) partial into every block of the
  * cluster (st.async), counted on the receiver's mbarrier, and merges the
  * CL partials it received.  One read, one write, no global counter or
  * spin-wait, and no cluster barrier a row: its release would wait for the
@@ -390,7 +390,7 @@ __global__ void __launch_bounds__(WARPS * 32, MODE == ITEM_ROW ? 1 : 2) block_ro
 enum { CLUSTER_E = 8, CLUSTER_MAX = 16 };
 template <typename T, int E>
 __global__ void __launch_bounds__(CLUSTER_THREADS, 1)
-    cluster_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows, int64_t n, int S) {
+    cluster_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows, int64_t n, int per_thread) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* clusters; the launcher takes this code only when built so */
   const int VN = Vec16<T>::N, TH = CLUSTER_THREADS;
   extern __shared__ __align__(16) unsigned char cluster_smem[];
@@ -400,7 +400,8 @@ __global__ void __launch_bounds__(CLUSTER_THREADS, 1)
   __shared__ __align__(8) uint64_t arrived[2];                 /* [row parity]: counts the partials' bytes */
   cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
   const unsigned cl = cluster.num_blocks(), rank = cluster.block_rank();
-  const int64_t nvec = n / VN, seg = (int64_t)TH * (E + S), lo = (int64_t)rank * seg;
+  const int S = max(0, per_thread - E);
+  const int64_t nvec = n / VN, seg = (int64_t)TH * per_thread, lo = (int64_t)rank * seg;
   const int64_t len = max((int64_t)0, min(seg, nvec - lo));
   const int64_t nclusters = gridDim.x / cl;
   if (threadIdx.x == 0) {
@@ -573,21 +574,23 @@ template <typename T> static fa_status split_rows(fa_context *ctx, const T *x, T
 }
 
 /* Long rows on clusters: the layout for rows of nvec vectors (blocks a
- * cluster, stash vectors a thread).  The smallest cluster that holds the
- * row with a stash of up to 8 vectors a thread (128 KiB: larger stashes
- * were slower on the H200, docs/perf/2026-11-22-softmax-h200-run5.json). */
-enum { CLUSTER_STASH_MAX = 8 };
+ * cluster, vectors a thread).  In registers alone when up to 4 blocks hold
+ * the row; else in the smallest cluster that holds it with a stash of up
+ * to 8 vectors a thread (128 KiB): large clusters leave SMs of a GPC idle
+ * (16 blocks: 7 clusters on the H200's 132 SMs) and large stashes were
+ * slower (docs/perf/2026-11-22-softmax-h200-run5.json). */
+enum { CLUSTER_REGS_MAX = 4, CLUSTER_STASH_MAX = 8 };
 typedef struct {
-  int cl, stash;
+  int cl, per_thread;
 } cluster_plan;
 
 static int plan_cluster(int64_t nvec, int smem_optin, cluster_plan *pl) {
   const int64_t stash_max = min((int64_t)CLUSTER_STASH_MAX, (int64_t)(smem_optin - 1024) / (CLUSTER_THREADS * 16));
-  const int64_t per_block = CLUSTER_THREADS * (CLUSTER_E + stash_max), cl = (nvec + per_block - 1) / per_block;
+  int64_t cl = (nvec + CLUSTER_THREADS * CLUSTER_E - 1) / (CLUSTER_THREADS * CLUSTER_E);
+  if (cl > CLUSTER_REGS_MAX) cl = (nvec + CLUSTER_THREADS * (CLUSTER_E + stash_max) - 1) / (CLUSTER_THREADS * (CLUSTER_E + stash_max));
   if (cl > CLUSTER_MAX) return 0;
-  const int64_t per_thread = (nvec + cl * CLUSTER_THREADS - 1) / (cl * CLUSTER_THREADS);
   pl->cl = (int)cl;
-  pl->stash = (int)max((int64_t)0, per_thread - CLUSTER_E);
+  pl->per_thread = (int)((nvec + cl * CLUSTER_THREADS - 1) / (cl * CLUSTER_THREADS));
   return 1;
 }
 
@@ -604,7 +607,7 @@ static fa_status cluster_rows(fa_context *ctx, const T *x, T *y, int64_t rows, i
   FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   FA_CUDA_CHECK(ctx, cudaFuncGetAttributes(&fa, (const void *)fn));
   if (fa.ptxVersion < 90 || !plan_cluster(n / (16 / sizeof(T)), smem_optin - (int)fa.sharedSizeBytes, &pl)) return FA_OK;
-  const size_t smem = (size_t)pl.stash * CLUSTER_THREADS * 16;
+  const size_t smem = (size_t)max(0, pl.per_thread - CLUSTER_E) * CLUSTER_THREADS * 16;
   if (cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess ||
       (pl.cl > 8 && cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)) {
     (void)cudaGetLastError(); /* a larger cluster than this GPU allows */
@@ -626,7 +629,7 @@ static fa_status cluster_rows(fa_context *ctx, const T *x, T *y, int64_t rows, i
     return FA_OK;
   }
   cfg.gridDim = dim3((unsigned)(min(rows, (int64_t)active) * pl.cl)); /* resident clusters, a row at a time each */
-  FA_CUDA_CHECK(ctx, cudaLaunchKernelEx(&cfg, fn, x, y, rows, n, pl.stash));
+  FA_CUDA_CHECK(ctx, cudaLaunchKernelEx(&cfg, fn, x, y, rows, n, pl.per_thread));
   *taken = 1;
   return FA_OK;
 }
