@@ -386,13 +386,12 @@ __global__ void __launch_bounds__(WARPS * 32, MODE == ITEM_ROW ? 1 : 2) block_ro
  * spin-wait, and no cluster barrier a row: its release would wait for the
  * block's previous stores (measured: a cluster of one block with it ran
  * 10 % below the block-per-row kernel). */
-#define CLUSTER_THREADS 1024
 enum { CLUSTER_E = 8, CLUSTER_MAX = 16 };
-template <typename T, int E>
-__global__ void __launch_bounds__(CLUSTER_THREADS, 1)
+template <typename T, int E, int TH>
+__global__ void __launch_bounds__(TH, 1024 / TH)
     cluster_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows, int64_t n, int per_thread) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* clusters; the launcher takes this code only when built so */
-  const int VN = Vec16<T>::N, TH = CLUSTER_THREADS;
+  const int VN = Vec16<T>::N;
   extern __shared__ __align__(16) unsigned char cluster_smem[];
   Vec16<T> *stash = (Vec16<T> *)cluster_smem; /* [S][TH]: each thread reads back only its own */
   __shared__ MD<float> scratch[32];
@@ -415,7 +414,7 @@ __global__ void __launch_bounds__(CLUSTER_THREADS, 1)
     const unsigned b = k & 1; /* a block may send row k+1's partial while others still merge row k */
     const Vec16<T> *xr = (const Vec16<T> *)(x + r * n) + lo;
     Vec16<T> *yr = (Vec16<T> *)(y + r * n) + lo;
-    if (threadIdx.x == 0) mbar_expect(smem_addr(&arrived[b]), cl * 8);
+    if (threadIdx.x == 0 && cl > 1) mbar_expect(smem_addr(&arrived[b]), cl * 8);
     for (int s = 0; s < S; s++) {
       int64_t vi = (int64_t)TH * (E + s) + threadIdx.x;
       if (vi < len) cp_async16(&stash[s * TH + threadIdx.x], &xr[vi], 16);
@@ -428,14 +427,17 @@ __global__ void __launch_bounds__(CLUSTER_THREADS, 1)
     for (int s = 0; s < S; s++) /* stash vector s: element TH·(E + s) + thread of the segment */
       st = vec_fold<T, 1>(st, &stash[s * TH + threadIdx.x], threadIdx.x, TH, len - (int64_t)TH * (E + s));
     st = block_reduce_md(st, scratch);
-    if (threadIdx.x < cl) /* thread j sends this block's partial to block j */
-      st_async_f2(cluster_map(smem_addr(&partials[b][rank][0]), threadIdx.x), st.m, st.d,
-                  cluster_map(smem_addr(&arrived[b]), threadIdx.x));
-    mbar_wait(smem_addr(&arrived[b]), (k >> 1) & 1);
-    MD<float> all = {-INFINITY, 0.f};
-    const int lane = threadIdx.x & 31;
-    if (lane < (int)cl) all = MD<float>{partials[b][lane][0], partials[b][lane][1]};
-    Norm<float> nm = norm_of(warp_reduce_md(all));
+    if (cl > 1) { /* (a cluster of one has nothing to exchange, and st.async needs two blocks) */
+      if (threadIdx.x < cl) /* thread j sends this block's partial to block j */
+        st_async_f2(cluster_map(smem_addr(&partials[b][rank][0]), threadIdx.x), st.m, st.d,
+                    cluster_map(smem_addr(&arrived[b]), threadIdx.x));
+      mbar_wait(smem_addr(&arrived[b]), (k >> 1) & 1);
+      MD<float> all = {-INFINITY, 0.f};
+      const int lane = threadIdx.x & 31;
+      if (lane < (int)cl) all = MD<float>{partials[b][lane][0], partials[b][lane][1]};
+      st = warp_reduce_md(all);
+    }
+    const Norm<float> nm = norm_of(st);
     vec_store<T, E, true>(yr, buf, nm, threadIdx.x, TH, len);
     for (int s = 0; s < S; s++)
       vec_store<T, 1, true>(yr + (int64_t)TH * (E + s), &stash[s * TH + threadIdx.x], nm, threadIdx.x, TH,
@@ -573,44 +575,43 @@ template <typename T> static fa_status split_rows(fa_context *ctx, const T *x, T
   return fa_cuda_error(ctx, err, "block_rows_kernel (split rows)");
 }
 
-/* Long rows on clusters: the layout for rows of nvec vectors (blocks a
- * cluster, vectors a thread).  In registers alone when up to 4 blocks hold
- * the row; else in the smallest cluster that holds it with a stash of up
- * to 8 vectors a thread (128 KiB): large clusters leave SMs of a GPC idle
- * (16 blocks: 7 clusters on the H200's 132 SMs) and large stashes were
- * slower (docs/perf/2026-11-22-softmax-h200-run5.json). */
-enum { CLUSTER_REGS_MAX = 4, CLUSTER_STASH_MAX = 8 };
+/* Long rows on clusters: the layout for rows of nvec vectors (threads a
+ * block, blocks a cluster, vectors a thread), the first of these shapes
+ * that holds the row: blocks of 512 threads, two an SM (while one waits
+ * for its partials the other reads), with the row in registers in up to 8
+ * blocks; then with a stash; then blocks of 1024 threads with a stash.
+ * Large clusters leave SMs of a GPC idle (16 blocks of 1024 threads: 7
+ * clusters on the H200's 132 SMs) and stashes beyond 8 vectors a thread
+ * were slower (docs/perf/2026-11-22-softmax-h200-run5.json). */
 typedef struct {
-  int cl, per_thread;
+  int threads, cl, per_thread;
 } cluster_plan;
 
 static int plan_cluster(int64_t nvec, int smem_optin, cluster_plan *pl) {
-  const int64_t stash_max = min((int64_t)CLUSTER_STASH_MAX, (int64_t)(smem_optin - 1024) / (CLUSTER_THREADS * 16));
-  int64_t cl = (nvec + CLUSTER_THREADS * CLUSTER_E - 1) / (CLUSTER_THREADS * CLUSTER_E);
-  if (cl > CLUSTER_REGS_MAX) cl = (nvec + CLUSTER_THREADS * (CLUSTER_E + stash_max) - 1) / (CLUSTER_THREADS * (CLUSTER_E + stash_max));
-  if (cl > CLUSTER_MAX) return 0;
-  pl->cl = (int)cl;
-  pl->per_thread = (int)((nvec + cl * CLUSTER_THREADS - 1) / (cl * CLUSTER_THREADS));
-  return 1;
+  static const struct {
+    int threads, stash, cl_max;
+  } shapes[] = {{512, 0, 8}, {512, 8, 16}, {1024, 8, 16}};
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+    const int64_t th = shapes[i].threads, stash = shapes[i].stash;
+    const int64_t cl = (nvec + th * (CLUSTER_E + stash) - 1) / (th * (CLUSTER_E + stash));
+    if (cl > shapes[i].cl_max || stash * th * 16 * (1024 / th) > smem_optin) continue;
+    pl->threads = (int)th;
+    pl->cl = (int)cl;
+    pl->per_thread = (int)((nvec + cl * th - 1) / (cl * th));
+    return 1;
+  }
+  return 0;
 }
 
-/* Launches the rows on clusters when a layout holds them and can be
- * resident (*taken = 1); else leaves them to the caller (*taken = 0). */
-template <typename T>
-static fa_status cluster_rows(fa_context *ctx, const T *x, T *y, int64_t rows, int64_t n, int *taken) {
-  void (*fn)(const T *, T *, int64_t, int64_t, int) = cluster_rows_kernel<T, CLUSTER_E>;
-  int dev = 0, smem_optin = 0;
-  cluster_plan pl;
-  cudaFuncAttributes fa;
-  *taken = 0;
-  FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
-  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  FA_CUDA_CHECK(ctx, cudaFuncGetAttributes(&fa, (const void *)fn));
-  if (fa.ptxVersion < 90 || !plan_cluster(n / (16 / sizeof(T)), smem_optin - (int)fa.sharedSizeBytes, &pl)) return FA_OK;
-  const size_t smem = (size_t)max(0, pl.per_thread - CLUSTER_E) * CLUSTER_THREADS * 16;
+/* Launches the rows on clusters of pl when the GPU can hold such a cluster
+ * (*taken = 1); else leaves them to the caller (*taken = 0). */
+template <typename T, int TH>
+static fa_status cluster_launch(fa_context *ctx, const T *x, T *y, int64_t rows, int64_t n, cluster_plan pl, int *taken) {
+  void (*fn)(const T *, T *, int64_t, int64_t, int) = cluster_rows_kernel<T, CLUSTER_E, TH>;
+  const size_t smem = (size_t)max(0, pl.per_thread - CLUSTER_E) * TH * 16;
   if (cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess ||
       (pl.cl > 8 && cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)) {
-    (void)cudaGetLastError(); /* a larger cluster than this GPU allows */
+    (void)cudaGetLastError(); /* more shared memory or a larger cluster than this GPU allows */
     return FA_OK;
   }
   cudaLaunchAttribute attr;
@@ -618,7 +619,7 @@ static fa_status cluster_rows(fa_context *ctx, const T *x, T *y, int64_t rows, i
   attr.val.clusterDim.x = (unsigned)pl.cl, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((unsigned)pl.cl);
-  cfg.blockDim = dim3(CLUSTER_THREADS);
+  cfg.blockDim = dim3(TH);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = fa_cuda_stream(ctx);
   cfg.attrs = &attr;
@@ -632,6 +633,20 @@ static fa_status cluster_rows(fa_context *ctx, const T *x, T *y, int64_t rows, i
   FA_CUDA_CHECK(ctx, cudaLaunchKernelEx(&cfg, fn, x, y, rows, n, pl.per_thread));
   *taken = 1;
   return FA_OK;
+}
+
+template <typename T>
+static fa_status cluster_rows(fa_context *ctx, const T *x, T *y, int64_t rows, int64_t n, int *taken) {
+  int dev = 0, smem_optin = 0;
+  cudaFuncAttributes fa;
+  cluster_plan pl;
+  *taken = 0;
+  FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
+  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  FA_CUDA_CHECK(ctx, cudaFuncGetAttributes(&fa, (const void *)cluster_rows_kernel<T, CLUSTER_E, 1024>));
+  if (fa.ptxVersion < 90 || !plan_cluster(n / (16 / sizeof(T)), smem_optin - 1024, &pl)) return FA_OK;
+  return pl.threads == 512 ? cluster_launch<T, 512>(ctx, x, y, rows, n, pl, taken)
+                           : cluster_launch<T, 1024>(ctx, x, y, rows, n, pl, taken);
 }
 
 template <typename T>
