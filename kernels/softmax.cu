@@ -139,6 +139,13 @@ static __device__ __forceinline__ void vec_load(Vec16<T> *buf, const Vec16<T> *s
   for (int e = 0; e < E; e++)
     if (t + stride * e < len) buf[e] = src[t + stride * e];
 }
+/* The same vectors copied into shared memory by cp.async, at dst[TH·e + t] (not waited for). */
+template <typename T, int E>
+static __device__ __forceinline__ void vec_prefetch(Vec16<T> *dst, const Vec16<T> *src, int64_t t, int64_t stride, int64_t len) {
+#pragma unroll
+  for (int e = 0; e < E; e++)
+    if (t + stride * e < len) cp_async16(&dst[t + stride * e], &src[t + stride * e], 16);
+}
 /* Folds those vectors into s. */
 template <typename T, int E>
 static __device__ __forceinline__ MD<float> vec_fold(MD<float> s, const Vec16<T> *buf, int64_t t, int64_t stride, int64_t len) {
@@ -380,26 +387,28 @@ __global__ void __launch_bounds__(WARPS * 32, MODE == ITEM_ROW ? 1 : 2) block_ro
  * The row is cut over the CL blocks of a cluster; each block holds its
  * segment of per_thread vectors a thread on chip, up to E in registers and
  * S = per_thread - E more in shared memory (copied in by cp.async while
- * the registers' part is folded).  Each block sends its (m, d) partial into every block of the
+ * the registers' part is folded).  With PIPE, the segment fits registers
+ * and the stash holds the block's next segment instead, copied in while
+ * this one is folded, exchanged and written.  Each block sends its (m, d) partial into every block of the
  * cluster (st.async), counted on the receiver's mbarrier, and merges the
  * CL partials it received.  One read, one write, no global counter or
  * spin-wait, and no cluster barrier a row: its release would wait for the
  * block's previous stores (measured: a cluster of one block with it ran
  * 10 % below the block-per-row kernel). */
 enum { CLUSTER_E = 8, CLUSTER_MAX = 16 };
-template <typename T, int E, int TH>
+template <typename T, int E, int TH, bool PIPE>
 __global__ void __launch_bounds__(TH, 1024 / TH)
     cluster_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows, int64_t n, int per_thread) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* clusters; the launcher takes this code only when built so */
   const int VN = Vec16<T>::N;
   extern __shared__ __align__(16) unsigned char cluster_smem[];
-  Vec16<T> *stash = (Vec16<T> *)cluster_smem; /* [S][TH]: each thread reads back only its own */
+  Vec16<T> *stash = (Vec16<T> *)cluster_smem; /* [S or E][TH]: each thread reads back only its own */
   __shared__ MD<float> scratch[32];
   __shared__ __align__(8) float partials[2][CLUSTER_MAX][2]; /* [row parity][sender]: (m, d) */
   __shared__ __align__(8) uint64_t arrived[2];                 /* [row parity]: counts the partials' bytes */
   cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
   const unsigned cl = cluster.num_blocks(), rank = cluster.block_rank();
-  const int S = max(0, per_thread - E);
+  const int S = PIPE ? 0 : max(0, per_thread - E);
   const int64_t nvec = n / VN, seg = (int64_t)TH * per_thread, lo = (int64_t)rank * seg;
   const int64_t len = max((int64_t)0, min(seg, nvec - lo));
   const int64_t nclusters = gridDim.x / cl;
@@ -410,20 +419,31 @@ __global__ void __launch_bounds__(TH, 1024 / TH)
   }
   cluster.sync(); /* every block's mbarriers are ready before any partial is sent */
   unsigned k = 0;
+  if (PIPE && blockIdx.x / cl < rows) {
+    vec_prefetch<T, E>(stash, (const Vec16<T> *)(x + blockIdx.x / cl * n) + lo, threadIdx.x, TH, len);
+    cp_async_commit();
+  }
   for (int64_t r = blockIdx.x / cl; r < rows; r += nclusters, k++) {
     const unsigned b = k & 1; /* a block may send row k+1's partial while others still merge row k */
     const Vec16<T> *xr = (const Vec16<T> *)(x + r * n) + lo;
     Vec16<T> *yr = (Vec16<T> *)(y + r * n) + lo;
     if (threadIdx.x == 0 && cl > 1) mbar_expect(smem_addr(&arrived[b]), cl * 8);
-    for (int s = 0; s < S; s++) {
-      int64_t vi = (int64_t)TH * (E + s) + threadIdx.x;
-      if (vi < len) cp_async16(&stash[s * TH + threadIdx.x], &xr[vi], 16);
-    }
-    cp_async_commit();
     Vec16<T> buf[E];
-    vec_load<T, E>(buf, xr, threadIdx.x, TH, len);
+    if (PIPE) { /* the segment came in during the previous row; the next one comes in during this row */
+      cp_async_wait<0>();
+      vec_load<T, E>(buf, stash, threadIdx.x, TH, len);
+      if (r + nclusters < rows) vec_prefetch<T, E>(stash, xr + nclusters * nvec, threadIdx.x, TH, len);
+      cp_async_commit();
+    } else {
+      for (int s = 0; s < S; s++) {
+        int64_t vi = (int64_t)TH * (E + s) + threadIdx.x;
+        if (vi < len) cp_async16(&stash[s * TH + threadIdx.x], &xr[vi], 16);
+      }
+      cp_async_commit();
+      vec_load<T, E>(buf, xr, threadIdx.x, TH, len);
+    }
     MD<float> st = vec_fold<T, E>(MD<float>{-INFINITY, 0.f}, buf, threadIdx.x, TH, len);
-    cp_async_wait<0>();
+    if (!PIPE) cp_async_wait<0>();
     for (int s = 0; s < S; s++) /* stash vector s: element TH·(E + s) + thread of the segment */
       st = vec_fold<T, 1>(st, &stash[s * TH + threadIdx.x], threadIdx.x, TH, len - (int64_t)TH * (E + s));
     st = block_reduce_md(st, scratch);
@@ -584,20 +604,21 @@ template <typename T> static fa_status split_rows(fa_context *ctx, const T *x, T
  * clusters on the H200's 132 SMs) and stashes beyond 8 vectors a thread
  * were slower (docs/perf/2026-11-22-softmax-h200-run5.json). */
 typedef struct {
-  int threads, cl, per_thread;
+  int threads, cl, per_thread, pipe;
 } cluster_plan;
 
 static int plan_cluster(int64_t nvec, int smem_optin, cluster_plan *pl) {
   static const struct {
-    int threads, stash, cl_max;
-  } shapes[] = {{512, 0, 8}, {512, 8, 16}, {1024, 8, 16}};
+    int threads, stash, cl_max, pipe;
+  } shapes[] = {{1024, 0, 4, 1}, {512, 0, 8, 0}, {512, 8, 16, 0}, {1024, 8, 16, 0}};
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-    const int64_t th = shapes[i].threads, stash = shapes[i].stash;
+    const int64_t th = shapes[i].threads, stash = shapes[i].stash, pipe = shapes[i].pipe;
     const int64_t cl = (nvec + th * (CLUSTER_E + stash) - 1) / (th * (CLUSTER_E + stash));
-    if (cl > shapes[i].cl_max || stash * th * 16 * (1024 / th) > smem_optin) continue;
+    if (cl > shapes[i].cl_max || (pipe ? CLUSTER_E : stash) * th * 16 * (1024 / th) > smem_optin) continue;
     pl->threads = (int)th;
     pl->cl = (int)cl;
     pl->per_thread = (int)((nvec + cl * th - 1) / (cl * th));
+    pl->pipe = (int)pipe;
     return 1;
   }
   return 0;
@@ -605,10 +626,10 @@ static int plan_cluster(int64_t nvec, int smem_optin, cluster_plan *pl) {
 
 /* Launches the rows on clusters of pl when the GPU can hold such a cluster
  * (*taken = 1); else leaves them to the caller (*taken = 0). */
-template <typename T, int TH>
+template <typename T, int TH, bool PIPE>
 static fa_status cluster_launch(fa_context *ctx, const T *x, T *y, int64_t rows, int64_t n, cluster_plan pl, int *taken) {
-  void (*fn)(const T *, T *, int64_t, int64_t, int) = cluster_rows_kernel<T, CLUSTER_E, TH>;
-  const size_t smem = (size_t)max(0, pl.per_thread - CLUSTER_E) * TH * 16;
+  void (*fn)(const T *, T *, int64_t, int64_t, int) = cluster_rows_kernel<T, CLUSTER_E, TH, PIPE>;
+  const size_t smem = (size_t)(PIPE ? CLUSTER_E : max(0, pl.per_thread - CLUSTER_E)) * TH * 16;
   if (cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess ||
       (pl.cl > 8 && cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)) {
     (void)cudaGetLastError(); /* more shared memory or a larger cluster than this GPU allows */
@@ -643,10 +664,12 @@ static fa_status cluster_rows(fa_context *ctx, const T *x, T *y, int64_t rows, i
   *taken = 0;
   FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
   FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  FA_CUDA_CHECK(ctx, cudaFuncGetAttributes(&fa, (const void *)cluster_rows_kernel<T, CLUSTER_E, 1024>));
+  FA_CUDA_CHECK(ctx, cudaFuncGetAttributes(&fa, (const void *)cluster_rows_kernel<T, CLUSTER_E, 1024, false>));
   if (fa.ptxVersion < 90 || !plan_cluster(n / (16 / sizeof(T)), smem_optin - 1024, &pl)) return FA_OK;
-  return pl.threads == 512 ? cluster_launch<T, 512>(ctx, x, y, rows, n, pl, taken)
-                           : cluster_launch<T, 1024>(ctx, x, y, rows, n, pl, taken);
+  if (pl.pipe) return pl.threads == 512 ? cluster_launch<T, 512, true>(ctx, x, y, rows, n, pl, taken)
+                                        : cluster_launch<T, 1024, true>(ctx, x, y, rows, n, pl, taken);
+  return pl.threads == 512 ? cluster_launch<T, 512, false>(ctx, x, y, rows, n, pl, taken)
+                           : cluster_launch<T, 1024, false>(ctx, x, y, rows, n, pl, taken);
 }
 
 template <typename T>
