@@ -595,26 +595,30 @@ template <typename T> static fa_status split_rows(fa_context *ctx, const T *x, T
   return fa_cuda_error(ctx, err, "block_rows_kernel (split rows)");
 }
 
-/* Long rows on clusters: the layout for rows of nvec vectors (threads a
- * block, blocks a cluster, vectors a thread), the first of these shapes
- * that holds the row: blocks of 512 threads, two an SM (while one waits
- * for its partials the other reads), with the row in registers in up to 8
- * blocks; then with a stash; then blocks of 1024 threads with a stash.
- * Large clusters leave SMs of a GPC idle (16 blocks of 1024 threads: 7
- * clusters on the H200's 132 SMs) and stashes beyond 8 vectors a thread
- * were slower (docs/perf/2026-11-22-softmax-h200-run5.json). */
+/* Long rows on clusters: the layout for rows of nvec vectors of elem-byte
+ * elements (threads a block, blocks a cluster, vectors a thread, PIPE), the
+ * first of these that holds the row.  Measured on the H200 (run 5 of
+ * docs/perf/2026-11-22-softmax-h200-*.json, f16 and f32 at 1024 x 131072
+ * and 256 x 2^20): for 2-byte elements, whose conversions and exponentials
+ * take twice the time a byte, blocks of 1024 threads with the next segment
+ * copied in while this one is worked on (PIPE; without it 4 % slower);
+ * else blocks of 512 threads, two an SM, the row in registers in up to 8
+ * blocks (f32: 17 % faster than 1024 threads, where PIPE spills); else
+ * 1024 threads with a stash of 8 vectors a thread, the smallest cluster
+ * that holds the row (16 blocks of 1024 threads leave SMs idle: 7 clusters
+ * on 132 SMs; larger stashes were slower). */
 typedef struct {
   int threads, cl, per_thread, pipe;
 } cluster_plan;
 
-static int plan_cluster(int64_t nvec, int smem_optin, cluster_plan *pl) {
+static int plan_cluster(int64_t nvec, int elem, int smem_optin, cluster_plan *pl) {
   static const struct {
     int threads, stash, cl_max, pipe;
-  } shapes[] = {{1024, 0, 4, 1}, {512, 0, 8, 0}, {512, 8, 16, 0}, {1024, 8, 16, 0}};
+  } shapes[] = {{1024, 0, 4, 1}, {512, 0, 8, 0}, {1024, 8, 16, 0}};
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
     const int64_t th = shapes[i].threads, stash = shapes[i].stash, pipe = shapes[i].pipe;
     const int64_t cl = (nvec + th * (CLUSTER_E + stash) - 1) / (th * (CLUSTER_E + stash));
-    if (cl > shapes[i].cl_max || (pipe ? CLUSTER_E : stash) * th * 16 * (1024 / th) > smem_optin) continue;
+    if ((pipe && elem != 2) || cl > shapes[i].cl_max || (pipe ? CLUSTER_E : stash) * th * 16 > smem_optin) continue;
     pl->threads = (int)th;
     pl->cl = (int)cl;
     pl->per_thread = (int)((nvec + cl * th - 1) / (cl * th));
@@ -665,9 +669,9 @@ static fa_status cluster_rows(fa_context *ctx, const T *x, T *y, int64_t rows, i
   FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
   FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   FA_CUDA_CHECK(ctx, cudaFuncGetAttributes(&fa, (const void *)cluster_rows_kernel<T, CLUSTER_E, 1024, false>));
-  if (fa.ptxVersion < 90 || !plan_cluster(n / (16 / sizeof(T)), smem_optin - 1024, &pl)) return FA_OK;
-  if (pl.pipe) return pl.threads == 512 ? cluster_launch<T, 512, true>(ctx, x, y, rows, n, pl, taken)
-                                        : cluster_launch<T, 1024, true>(ctx, x, y, rows, n, pl, taken);
+  if (fa.ptxVersion < 90 || !plan_cluster(n / (16 / sizeof(T)), (int)sizeof(T), smem_optin - 1024, &pl)) return FA_OK;
+  if constexpr (sizeof(T) == 2) /* PIPE only for 2-byte elements */
+    if (pl.pipe) return cluster_launch<T, 1024, true>(ctx, x, y, rows, n, pl, taken);
   return pl.threads == 512 ? cluster_launch<T, 512, false>(ctx, x, y, rows, n, pl, taken)
                            : cluster_launch<T, 1024, false>(ctx, x, y, rows, n, pl, taken);
 }
