@@ -207,8 +207,14 @@ static size_t tiled_smem(int br, int bc, int64_t D, int64_t Dv) {
   return sizeof(float) * (size_t)(br * D + bc * (D + 1) + bc * Dv);
 }
 
-extern "C" fa_status fa_cuda_attention_check_tile(fa_context *ctx, int64_t D, int64_t Dv, int64_t br, int64_t bc) {
+/* A user's tile: any the SIMT kernel holds in shared memory, and the
+ * default tile of the call (a tensor-core tile, which may be larger). */
+extern "C" fa_status fa_cuda_attention_check_tile(fa_context *ctx, fa_dtype dt, int64_t D, int64_t Dv, int64_t br,
+                                                  int64_t bc) {
   int dev = 0, smem_max = 0;
+  int64_t def_br = 0, def_bc = 0;
+  fa_cuda_attention_default_tile(dt, D, Dv, &def_br, &def_bc);
+  if (br == def_br && bc == def_bc) return FA_OK;
   FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
   FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   smem_max -= 4096; /* the kernel's static shared memory */
@@ -222,9 +228,24 @@ extern "C" fa_status fa_cuda_attention_check_tile(fa_context *ctx, int64_t D, in
       bc_max++;
     return fa_fail(ctx, FA_ERR_ARGUMENT,
                    "flashattn: opts.tile: on cuda with D = %lld, Dv = %lld the valid tiles are 1 <= Br <= 128 and "
-                   "1 <= Bc <= %lld (shared memory: %d bytes), got {%lld, %lld}",
-                   (long long)D, (long long)Dv, (long long)bc_max, smem_max, (long long)br, (long long)bc);
+                   "1 <= Bc <= %lld (shared memory: %d bytes), and the default {%lld, %lld}; got {%lld, %lld}",
+                   (long long)D, (long long)Dv, (long long)bc_max, smem_max, (long long)def_br, (long long)def_bc,
+                   (long long)br, (long long)bc);
   }
+  return FA_OK;
+}
+
+/* The tile of this file's kernel for a call whose tile (a tensor-core
+ * kernel's) it cannot hold: the key tile halved, then 64 query rows,
+ * until it fits (for the fallback behind the fast kernels). */
+static fa_status simt_fit_tile(fa_context *ctx, fa_attn_problem *p) {
+  int dev = 0, smem_max = 0;
+  FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
+  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  smem_max -= 4096;
+  while (tiled_smem(block_rows((int)p->tile_q), (int)p->tile_k, p->D, p->Dv) > (size_t)smem_max && p->tile_k > 8)
+    p->tile_k /= 2;
+  if (tiled_smem(block_rows((int)p->tile_q), (int)p->tile_k, p->D, p->Dv) > (size_t)smem_max) p->tile_q = 64, p->tile_k = 32;
   return FA_OK;
 }
 
@@ -295,7 +316,9 @@ template <typename T> static fa_status tiled_typed(fa_context *ctx, fa_attention
   if (!v_flag) return tiled_by_br<T, MODE_FLASH>(ctx, p);
   fa_attn_problem fallback = *p;
   fallback.v_nonfinite = v_flag;
-  st = algo == FA_ATTN_TWO_PASS ? tiled_by_br<T, MODE_OUTPUT>(ctx, &fallback) : tiled_by_br<T, MODE_FLASH>(ctx, &fallback);
+  st = simt_fit_tile(ctx, &fallback);
+  if (!st)
+    st = algo == FA_ATTN_TWO_PASS ? tiled_by_br<T, MODE_OUTPUT>(ctx, &fallback) : tiled_by_br<T, MODE_FLASH>(ctx, &fallback);
   fa_cuda_free(v_flag, sizeof(int)); /* stream-ordered: after the kernels */
   return st;
 }

@@ -31,11 +31,14 @@ static size_t wgmma_smem_bytes(int D, int BC) { return (size_t)(WG_BR + 5 * BC) 
  * tile, read N-major). */
 template <typename T, int D, int BC>
 static __device__ __forceinline__ void pv_issue(float (*o)[4], uint32_t (*pa)[4], uint32_t v_base) {
+  const int N = D < 128 ? D : 128; /* D = 256: two products of 128 columns (two column blocks each) */
   wgmma_hold<D / 2>(&o[0][0]);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < BC / 16; kk++)
-    wgmma_rs_tb<T, D>(&o[0][0], pa[kk], wgmma_desc(v_base + kk * 2048, BC * 128, 1024), 1);
+#pragma unroll
+    for (int half = 0; half < D / N; half++)
+      wgmma_rs_tb<T, N>(&o[half * N / 8][0], pa[kk], wgmma_desc(v_base + half * 2 * BC * 128 + kk * 2048, BC * 128, 1024), 1);
   wgmma_commit();
 }
 #endif
@@ -45,7 +48,7 @@ static __device__ __forceinline__ void pv_issue(float (*o)[4], uint32_t (*pa)[4]
  * SM); PASS_OUTPUT turns each tile's scores into final probabilities with
  * the rows' (m, l) and accumulates O without rescaling. */
 template <typename T, int D, int BC, bool EXTRAS, int PASS>
-__global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (BC == 64 && !EXTRAS) ? 2 : 1)
+__global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && BC == 64 && !EXTRAS) ? 2 : 1)
     attn_wgmma_kernel(fa_attn_problem p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   const bool WITH_V = PASS != PASS_STATS;
@@ -175,6 +178,7 @@ template <typename T> static fa_status wgmma_typed(fa_context *ctx, const fa_att
   if (p->D == 64 && p->tile_k == 64)
     return x ? launch_pass<T, 64, 64, true>(ctx, p, pass) : launch_pass<T, 64, 64, false>(ctx, p, pass);
   if (p->D == 64) return x ? launch_pass<T, 64, 128, true>(ctx, p, pass) : launch_pass<T, 64, 128, false>(ctx, p, pass);
+  if (p->D == 256) return x ? launch_pass<T, 256, 64, true>(ctx, p, pass) : launch_pass<T, 256, 64, false>(ctx, p, pass);
   return x ? launch_pass<T, 128, 128, true>(ctx, p, pass) : launch_pass<T, 128, 128, false>(ctx, p, pass);
 }
 
@@ -209,7 +213,8 @@ extern "C" int fa_cuda_wgmma_usable(void) {
 }
 
 /* The tiles of this kernel ({128, 128}, and {128, 64} at D = 64: half the
- * key tile, two blocks an SM) for f16/bf16 at D = Dv = 64 or 128, one
+ * key tile, two blocks an SM; {128, 64} at D = 256, within one SM's shared
+ * memory) for f16/bf16 at D = Dv = 64, 128 or 256, one
  * pass (PASS_FLASH, PASS_STATS or PASS_OUTPUT); the caller has checked the
  * rest (alignment) and set p->v_nonfinite (p->row_stats for two_pass). */
 extern "C" fa_status fa_cuda_attention_wgmma(fa_context *ctx, const fa_attn_problem *p, int pass) {

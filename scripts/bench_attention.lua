@@ -4,15 +4,19 @@
 -- result checked on the last query rows of one head against the f64
 -- reference (the last rows keep the bottom-right causal alignment).
 -- Usage: flashattn-lua scripts/bench_attention.lua [--json FILE] [--quick]
---        [--algos flash,flash:sync,flash:bc128,naive,two_pass] [--dtypes bf16,f16,f32]
+--        [--algos flash,flash:sync,flash:bc128,naive,two_pass] [--dtypes bf16,f16,f32] [--dims 64,128,256]
 local fa = require "flashattn"
-local json_path, quick, algos, dtypes = nil, false, { "flash" }, { "bf16", "f16", "f32" }
+local json_path, quick, algos, dtypes, dims = nil, false, { "flash" }, { "bf16", "f16", "f32" }, { 64, 128 }
 for i = 1, #arg do
   if arg[i] == "--json" then json_path = arg[i + 1] end
   if arg[i] == "--quick" then quick = true end
   if arg[i] == "--dtypes" then
     dtypes = {}
     for a in arg[i + 1]:gmatch("[^,]+") do dtypes[#dtypes + 1] = a end
+  end
+  if arg[i] == "--dims" then
+    dims = {}
+    for a in arg[i + 1]:gmatch("[^,]+") do dims[#dims + 1] = assert(tonumber(a), "--dims: numbers") end
   end
   if arg[i] == "--algos" then
     algos = {}
@@ -72,7 +76,7 @@ end
 print(string.format("%-5s %4s %6s %-6s %-9s %9s %9s %9s %9s %9s", "dtype", "D", "L", "causal", "algo", "ms", "TFLOP/s",
   "x model", "x roof", "rel_err"))
 for _, dt in ipairs(dtypes) do
-  for _, D in ipairs { 64, 128 } do
+  for _, D in ipairs(dims) do
     for _, L in ipairs(Ls) do
       local H, B = 2048 // D, 16384 // L
       local q = fa.randn({ B, H, L, D }, { dtype = dt, device = "cuda", seed = 1 })

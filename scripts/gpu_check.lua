@@ -107,6 +107,11 @@ attn_case("wgmma d64 bc64", 2, 4, 2, 200, 333, 64, 64, { tile = { 128, 64 } })
 attn_case("wgmma d64 bc64 causal", 1, 2, 1, 300, 300, 64, 64, { tile = { 128, 64 }, causal = true })
 attn_case("wgmma d64 bc64 options", 2, 4, 2, 100, 130, 64, 64,
   { tile = { 128, 64 }, causal = true, mask = mask2, alibi = { 0.1, 0.2, 0.3, 0.4 }, softcap = 20, kv_lens = { 120, 77 } })
+-- the Hopper kernel at D = 256 (f16/bf16, default tile {128, 64}; f32 takes the SIMT kernel)
+attn_case("wgmma d256", 2, 4, 2, 200, 333, 256, 256, {})
+attn_case("wgmma d256 causal", 1, 2, 1, 300, 300, 256, 256, { causal = true })
+attn_case("wgmma d256 options", 2, 4, 2, 100, 130, 256, 256,
+  { causal = true, mask = mask2, alibi = { 0.1, 0.2, 0.3, 0.4 }, softcap = 20, kv_lens = { 120, 77 } })
 -- the register-tiled f32 kernel (f32, D = Dv = 64 or 128, default tile {64, 64}; the f16/bf16 runs of
 -- these cases take the tensor cores), plain and with every option, over several query and key tiles
 local bmask3 = {}

@@ -185,7 +185,7 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
     return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: q: attention on cuda takes f32, f16 or bf16, got f64 (f64 runs on "
                                       "the cpu, and fa.attention_reference takes tensors on any device)");
   if (d->algo != FA_ATTN_NAIVE && d->algo != FA_ATTN_FLASH_ROW &&
-      (st = fa_cuda_attention_check_tile(ctx, d->D, d->Dv, p.tile_q, p.tile_k)))
+      (st = fa_cuda_attention_check_tile(ctx, d->dtype, d->D, d->Dv, p.tile_q, p.tile_k)))
     return st;
   if (d->algo == FA_ATTN_FLASH_ROW && d->Dv > 256)
     return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: flash_row on cuda: Dv = %lld is above 256", (long long)d->Dv);

@@ -170,7 +170,7 @@ fa_status fa_check_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_ten
                        (long long)h + 1, o->alibi[h]);
   }
   if ((o->tile_q || o->tile_k) && d->device == FA_CUDA &&
-      (st = fa_cuda_attention_check_tile(ctx, d->D, d->Dv, o->tile_q, o->tile_k)))
+      (st = fa_cuda_attention_check_tile(ctx, d->dtype, d->D, d->Dv, o->tile_q, o->tile_k)))
     return st;
   if ((o->tile_q || o->tile_k) && d->device == FA_CPU &&
       (o->tile_q < 1 || o->tile_q > FA_CPU_TILE_MAX || o->tile_k < 1 || o->tile_k > FA_CPU_TILE_MAX))

@@ -196,7 +196,7 @@ fa_status fa_cuda_merge_states(fa_context *ctx, fa_dtype dt, const void *o1, con
 /* The default {Br, Bc} of "flash" on cuda for this dtype and head dims. */
 void fa_cuda_attention_default_tile(fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc);
 /* FA_OK when {br, bc} is a tile the CUDA kernels take for these head dims. */
-fa_status fa_cuda_attention_check_tile(fa_context *ctx, int64_t D, int64_t Dv, int64_t br, int64_t bc);
+fa_status fa_cuda_attention_check_tile(fa_context *ctx, fa_dtype dt, int64_t D, int64_t Dv, int64_t br, int64_t bc);
 /* x, y contiguous (rows, n) device buffers of dtype dt (y may alias x). */
 fa_status fa_cuda_softmax(fa_context *ctx, fa_softmax_algo algo, int64_t block, fa_dtype dt, const void *x, void *y,
                           int64_t rows, int64_t n);

@@ -88,8 +88,8 @@ void fa_cuda_attention_default_tile(fa_dtype dt, int64_t D, int64_t Dv, int64_t 
   *br = *bc = 64;
 }
 
-fa_status fa_cuda_attention_check_tile(fa_context *ctx, int64_t D, int64_t Dv, int64_t br, int64_t bc) {
-  (void)D, (void)Dv, (void)br, (void)bc;
+fa_status fa_cuda_attention_check_tile(fa_context *ctx, fa_dtype dt, int64_t D, int64_t Dv, int64_t br, int64_t bc) {
+  (void)dt, (void)D, (void)Dv, (void)br, (void)bc;
   return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
 }
 
