@@ -39,27 +39,28 @@ template <int ROWS> static __device__ __forceinline__ int sw128(int row, int chu
   return (chunk >> 3) * ROWS * 128 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
 }
 
-/* Rows [r0, r0 + ROWS) of a (rows × D) f16/bf16 matrix into a tile of
- * either layout (WGMMA: sw128, else swz) by THREADS threads, a cp.async per
- * chunk; rows at or past `limit` are zero-filled, never read.  Each thread
+/* Rows [r0, r0 + ROWS) of a (rows × DG) f16/bf16 matrix into a tile of D
+ * columns in either layout (WGMMA: sw128, else swz) by THREADS threads, a
+ * cp.async per chunk; rows at or past `limit` and columns past DG (a tile
+ * wider than the rows) are zero-filled, never read.  Each thread
  * keeps one chunk column and steps down the rows by a multiple of 8, so its
  * swizzle, its addresses and the trip count are fixed: per chunk the loop
  * is a compare, two adds and the copy (the generic form, with the trip
  * count left to the thread index, cost more integer work than the softmax). */
-template <typename T, int D, int ROWS, int THREADS, bool WGMMA>
+template <typename T, int D, int ROWS, int THREADS, bool WGMMA, int DG = D>
 static __device__ __forceinline__ void load_tile(char *tile, const T *src, int64_t r0, int64_t limit) {
   const int CH = D / 8, STEP = THREADS / CH; /* chunks a row; rows a pass */
   static_assert(THREADS % CH == 0 && STEP % 8 == 0 && ROWS % STEP == 0, "load_tile: a pass must cover whole rows");
   const int chunk = threadIdx.x % CH, row0 = threadIdx.x / CH;
   const int64_t left = limit - r0; /* rows that exist from r0 on */
   const int rows = left >= ROWS ? ROWS : left > 0 ? (int)left : 0;
-  const T *g = src + (r0 + row0) * D + chunk * 8;
+  const T *g = src + (r0 + row0) * DG + chunk * 8;
   char *t = tile + (WGMMA ? sw128<ROWS>(row0, chunk) : swz<CH>(row0, chunk));
   const int step_bytes = WGMMA ? STEP * 128 : STEP * CH * 16; /* row & 7 is the same every pass */
 #pragma unroll
   for (int it = 0; it < ROWS / STEP; it++) {
-    const bool in = row0 + it * STEP < rows;
-    cp_async16(t + it * step_bytes, in ? g + (int64_t)it * STEP * D : src, in ? 16 : 0);
+    const bool in = row0 + it * STEP < rows && chunk < DG / 8;
+    cp_async16(t + it * step_bytes, in ? g + (int64_t)it * STEP * DG : src, in ? 16 : 0);
   }
 }
 

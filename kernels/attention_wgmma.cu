@@ -22,7 +22,11 @@
 #define WG_BR 128
 #define WG_THREADS 256
 
-static size_t wgmma_smem_bytes(int D, int BC) { return (size_t)(WG_BR + 5 * BC) * D * 2 + 1024; /* + alignment */ }
+/* The width of the tiles in shared memory: whole 64-column (128-byte)
+ * swizzle blocks; D = 96 is held as 128, its last 32 columns zero. */
+#define WG_PAD(D) ((D) == 96 ? 128 : (D))
+
+static size_t wgmma_smem_bytes(int D, int BC) { return (size_t)(WG_BR + 5 * BC) * WG_PAD(D) * 2 + 1024; /* + alignment */ }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* Issues O += P·V for one key tile (committed, not waited for): the
@@ -52,25 +56,26 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && 
     attn_wgmma_kernel(fa_attn_problem p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   const bool WITH_V = PASS != PASS_STATS;
+  const int DP = WG_PAD(D); /* S = Q·Kᵀ takes D / 16 k-steps; P·V runs on DP columns, O's past D unused */
   if (WITH_V && *p.v_nonfinite) return; /* the fallback's */
   extern __shared__ __align__(128) char wg_smem_raw[];
   /* the swizzle is computed on address bits: blocks must be 1024-byte aligned */
   char *Qs = wg_smem_raw + ((1024 - (smem_addr(wg_smem_raw) & 1023)) & 1023);
-  char *Ks = Qs + WG_BR * D * 2, *Vs = Ks + 2 * BC * D * 2; /* K: two buffers, V: three */
+  char *Ks = Qs + WG_BR * DP * 2, *Vs = Ks + 2 * BC * DP * 2; /* K: two buffers, V: three */
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   const frag_qtile<T, D, WG_BR> qt(p, blockIdx.x);
   const int64_t bh = qt.bh, b = qt.b, h = qt.h, i0 = qt.i0;
   const T *q = qt.q, *k = qt.k, *v = qt.v;
 
-  load_tile<T, D, WG_BR, WG_THREADS, true>(Qs, q, i0, p.Lq);
+  load_tile<T, DP, WG_BR, WG_THREADS, true, D>(Qs, q, i0, p.Lq);
   cp_async_commit();
   int64_t t_lo, t_hi, all_lo, all_hi;
   tile_key_range<WG_BR>(p, b, i0, &t_lo, &t_hi, &all_lo, &all_hi);
   const int ntiles = (int)((t_hi - t_lo + BC - 1) / BC);
   if (ntiles > 0) {
-    load_tile<T, D, BC, WG_THREADS, true>(Ks, k, t_lo, t_hi);
-    if (WITH_V) load_tile<T, D, BC, WG_THREADS, true>(Vs, v, t_lo, t_hi);
+    load_tile<T, DP, BC, WG_THREADS, true, D>(Ks, k, t_lo, t_hi);
+    if (WITH_V) load_tile<T, DP, BC, WG_THREADS, true, D>(Vs, v, t_lo, t_hi);
   }
   cp_async_commit();
 
@@ -81,9 +86,9 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && 
   const float offA = PASS == PASS_OUTPUT ? frag_stats_offset(p, bh, r.iA) : 0.f;
   const float offB = PASS == PASS_OUTPUT ? frag_stats_offset(p, bh, r.iB) : 0.f;
   const bool scale_pos = p.scale > 0;
-  float o[WITH_V ? D / 8 : 1][4];
+  float o[WITH_V ? DP / 8 : 1][4];
 #pragma unroll
-  for (int d = 0; d < (WITH_V ? D / 8 : 1); d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+  for (int d = 0; d < (WITH_V ? DP / 8 : 1); d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
   const uint32_t q_base = smem_addr(Qs) + wg * 64 * 128; /* this warpgroup's 64 rows */
   float s[BC / 8][4];
   uint32_t pa[WITH_V ? BC / 16 : 1][4]; /* P of the previous tile, as A fragments */
@@ -100,7 +105,7 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && 
     __syncthreads();
 
     /* S = Q·Kᵀ: k-step ks reads 32 bytes into the 128-byte rows of column block ks / 4 */
-    const uint32_t k_base = smem_addr(Ks + (t & 1) * BC * D * 2);
+    const uint32_t k_base = smem_addr(Ks + (t & 1) * BC * DP * 2);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < D / 16; ks++) {
@@ -114,10 +119,10 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && 
      * (t+1)%3); without a branch, which would make ptxas serialise the
      * products: past the last tile the rows are all zero-filled */
     const int64_t next_hi = t + 1 < ntiles ? t_hi : j0 + BC;
-    load_tile<T, D, BC, WG_THREADS, true>(Ks + ((t + 1) & 1) * BC * D * 2, k, j0 + BC, next_hi);
-    if (WITH_V) load_tile<T, D, BC, WG_THREADS, true>(Vs + ((t + 1) % 3) * BC * D * 2, v, j0 + BC, next_hi);
+    load_tile<T, DP, BC, WG_THREADS, true, D>(Ks + ((t + 1) & 1) * BC * DP * 2, k, j0 + BC, next_hi);
+    if (WITH_V) load_tile<T, DP, BC, WG_THREADS, true, D>(Vs + ((t + 1) % 3) * BC * DP * 2, v, j0 + BC, next_hi);
     cp_async_commit();
-    if (WITH_V && t > 0) pv_issue<T, D, BC>(o, pa, smem_addr(Vs + ((t - 1) % 3) * BC * D * 2));
+    if (WITH_V && t > 0) pv_issue<T, DP, BC>(o, pa, smem_addr(Vs + ((t - 1) % 3) * BC * DP * 2));
     if (WITH_V && t > 0) wgmma_wait<1>();
     else wgmma_wait<0>();
     wgmma_hold<BC / 2>(&s[0][0]);
@@ -132,8 +137,8 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && 
     if (!WITH_V) continue;
 
     wgmma_wait<0>();
-    wgmma_hold<D / 2>(&o[0][0]);
-    if (PASS == PASS_FLASH) frag_rescale<D / 8>(o, alphaA, alphaB);
+    wgmma_hold<DP / 2>(&o[0][0]);
+    if (PASS == PASS_FLASH) frag_rescale<DP / 8>(o, alphaA, alphaB);
 #pragma unroll
     for (int kk = 0; kk < BC / 16; kk++) {
       pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]), pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
@@ -145,9 +150,9 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && 
     return;
   }
   if (ntiles > 0) { /* the last tile's P·V */
-    pv_issue<T, D, BC>(o, pa, smem_addr(Vs + ((ntiles - 1) % 3) * BC * D * 2));
+    pv_issue<T, DP, BC>(o, pa, smem_addr(Vs + ((ntiles - 1) % 3) * BC * DP * 2));
     wgmma_wait<0>();
-    wgmma_hold<D / 2>(&o[0][0]);
+    wgmma_hold<DP / 2>(&o[0][0]);
   }
 
   frag_store<T, D / 8, PASS == PASS_OUTPUT>(p, bh, lane, r, o);
@@ -157,7 +162,7 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && 
 template <typename T, int D, int BC, bool EXTRAS, int PASS>
 static fa_status launch(fa_context *ctx, const fa_attn_problem *p) {
   /* the statistics pass holds no V tiles */
-  const size_t smem = PASS == PASS_STATS ? (size_t)(WG_BR + 2 * BC) * D * 2 + 1024 : wgmma_smem_bytes(D, BC);
+  const size_t smem = PASS == PASS_STATS ? (size_t)(WG_BR + 2 * BC) * WG_PAD(D) * 2 + 1024 : wgmma_smem_bytes(D, BC);
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(attn_wgmma_kernel<T, D, BC, EXTRAS, PASS>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   int64_t blocks = p->B * p->Hq * ((p->Lq + WG_BR - 1) / WG_BR);
@@ -179,6 +184,7 @@ template <typename T> static fa_status wgmma_typed(fa_context *ctx, const fa_att
     return x ? launch_pass<T, 64, 64, true>(ctx, p, pass) : launch_pass<T, 64, 64, false>(ctx, p, pass);
   if (p->D == 64) return x ? launch_pass<T, 64, 128, true>(ctx, p, pass) : launch_pass<T, 64, 128, false>(ctx, p, pass);
   if (p->D == 256) return x ? launch_pass<T, 256, 64, true>(ctx, p, pass) : launch_pass<T, 256, 64, false>(ctx, p, pass);
+  if (p->D == 96) return x ? launch_pass<T, 96, 128, true>(ctx, p, pass) : launch_pass<T, 96, 128, false>(ctx, p, pass);
   return x ? launch_pass<T, 128, 128, true>(ctx, p, pass) : launch_pass<T, 128, 128, false>(ctx, p, pass);
 }
 
@@ -214,7 +220,7 @@ extern "C" int fa_cuda_wgmma_usable(void) {
 
 /* The tiles of this kernel ({128, 128}, and {128, 64} at D = 64: half the
  * key tile, two blocks an SM; {128, 64} at D = 256, within one SM's shared
- * memory) for f16/bf16 at D = Dv = 64, 128 or 256, one
+ * memory) for f16/bf16 at D = Dv = 64, 96, 128 or 256, one
  * pass (PASS_FLASH, PASS_STATS or PASS_OUTPUT); the caller has checked the
  * rest (alignment) and set p->v_nonfinite (p->row_stats for two_pass). */
 extern "C" fa_status fa_cuda_attention_wgmma(fa_context *ctx, const fa_attn_problem *p, int pass) {

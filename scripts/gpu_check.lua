@@ -107,7 +107,11 @@ attn_case("wgmma d64 bc64", 2, 4, 2, 200, 333, 64, 64, { tile = { 128, 64 } })
 attn_case("wgmma d64 bc64 causal", 1, 2, 1, 300, 300, 64, 64, { tile = { 128, 64 }, causal = true })
 attn_case("wgmma d64 bc64 options", 2, 4, 2, 100, 130, 64, 64,
   { tile = { 128, 64 }, causal = true, mask = mask2, alibi = { 0.1, 0.2, 0.3, 0.4 }, softcap = 20, kv_lens = { 120, 77 } })
--- the Hopper kernel at D = 256 (f16/bf16, default tile {128, 64}; f32 takes the SIMT kernel)
+-- the Hopper kernel at D = 96 (tiles 128 wide, the last 32 columns zero) and D = 256 (f16/bf16,
+-- default tiles {128, 128} and {128, 64}; f32 takes the SIMT kernel)
+attn_case("wgmma d96", 2, 4, 2, 200, 333, 96, 96, {})
+attn_case("wgmma d96 options", 2, 4, 2, 100, 130, 96, 96,
+  { causal = true, mask = mask2, alibi = { 0.1, 0.2, 0.3, 0.4 }, softcap = 20, kv_lens = { 120, 77 } })
 attn_case("wgmma d256", 2, 4, 2, 200, 333, 256, 256, {})
 attn_case("wgmma d256 causal", 1, 2, 1, 300, 300, 256, 256, { causal = true })
 attn_case("wgmma d256 options", 2, 4, 2, 100, 130, 256, 256,

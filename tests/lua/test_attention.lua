@@ -482,7 +482,7 @@ end
 -- and above Lk, GQA (Hq = 4, Hkv = 2), lse, every option; fully masked rows;
 -- NaN and inf in V behind a causal mask reach only the rows that attend
 -- them.
-function TestAttention:test_fast_paths_head_dims_64_128_256()
+function TestAttention:test_fast_paths_head_dims()
   local B, Hq, Hkv = 2, 4, 2
   local function bmask(shape, p)
     return fa.tensor(U.nested(shape, function() return math.random() < p end), {device = dev})
@@ -493,7 +493,7 @@ function TestAttention:test_fast_paths_head_dims_64_128_256()
   end
   for _, run in ipairs({{"flash", "f32"}, {"two_pass", "f32"}, {"flash", other_dtype()}, {"two_pass", other_dtype()}}) do
     local algo, dtype = run[1], run[2]
-    for _, D in ipairs({64, 128, 256}) do
+    for _, D in ipairs({64, 96, 128, 256}) do
       for _, L in ipairs({{70, 131}, {131, 70}}) do
         local Lq, Lk = L[1], L[2]
         local q, k, v = qkv(B, Hq, Hkv, Lq, Lk, D, D, dtype)
