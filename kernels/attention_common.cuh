@@ -15,7 +15,7 @@ extern "C" {
 
 static __device__ __forceinline__ float to_float(float v) { return v; }
 static __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-static __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+static __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return fa_bf16_to_float(__bfloat16_as_ushort(v)); }
 template <typename T> static __device__ __forceinline__ T from_float(float v);
 template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
 template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }

@@ -40,6 +40,10 @@ static inline fa_status fa_cuda_error(fa_context *ctx, cudaError_t err, const ch
     if (fa_cuda_err_ != cudaSuccess) return fa_cuda_error((ctx), fa_cuda_err_, "launch of " kernel_name);    \
   } while (0)
 
+/* bf16 to float by its bits (the upper half of the float): the header's
+ * conversion made the softmax kernels spill (ptxas, CUDA 13). */
+static __device__ __forceinline__ float fa_bf16_to_float(unsigned short bits) { return __uint_as_float((unsigned)bits << 16); }
+
 /* The context's stream (NULL ctx or stream: the legacy default stream). */
 static inline cudaStream_t fa_cuda_stream(const fa_context *ctx) {
   return ctx ? (cudaStream_t)ctx->stream : (cudaStream_t)0;

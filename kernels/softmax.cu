@@ -33,7 +33,7 @@ template <> struct Elem<__half> {
 };
 template <> struct Elem<__nv_bfloat16> {
   typedef float acc;
-  static __device__ __forceinline__ float load(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static __device__ __forceinline__ float load(__nv_bfloat16 v) { return fa_bf16_to_float(__bfloat16_as_ushort(v)); }
   static __device__ __forceinline__ __nv_bfloat16 store(float v) { return __float2bfloat16_rn(v); }
 };
 template <> struct Elem<double> {
