@@ -51,6 +51,16 @@ for _, dt in ipairs { "f32", "f16", "bf16", "f64" } do
     end
   end
 end
+-- softmax auto on clusters with more rows than clusters resident, every row checked: f16 with the
+-- next segment copied in during this one (PIPE), f32 with a shared-memory stash
+if not small then
+  for _, c in ipairs { { "f16", 200, 131072 }, { "f32", 100, 140000 } } do
+    local x = fa.randn({ c[2], c[3] }, { dtype = c[1], device = "cuda", seed = 8 }) * 3
+    check(("softmax auto %s %dx%d (cluster rows)"):format(c[1], c[2], c[3]),
+      fa.rel_error(fa.softmax(x):cpu(), fa.softmax(x:cpu():double(), { algo = "safe" })), tol[c[1]])
+    x:free()
+  end
+end
 -- softmax auto on rows longer than the resident blocks hold (two launches)
 if not small then
   local x = fa.randn({ 2, 2 ^ 23 + 8 }, { device = "cuda", seed = 5 }) * 3
