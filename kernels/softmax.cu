@@ -389,7 +389,7 @@ __global__ void __launch_bounds__(WARPS * 32, MODE == ITEM_ROW ? 1 : 2) block_ro
  * S = per_thread - E more in shared memory (copied in by cp.async while
  * the registers' part is folded).  With PIPE, the segment fits registers
  * and the stash holds the block's next segment instead, copied in while
- * this one is exchanged and written.  Each block sends its (m, d) partial
+ * this one is folded, exchanged and written.  Each block sends its (m, d) partial
  * into every block of the cluster (st.async), counted on the receiver's
  * mbarrier, and merges the CL partials it received.  One read, one write, no global counter or
  * spin-wait, and no cluster barrier a row: its release would wait for the
@@ -429,9 +429,12 @@ __global__ void __launch_bounds__(TH, 1024 / TH)
     Vec16<T> *yr = (Vec16<T> *)(y + r * n) + lo;
     if (threadIdx.x == 0 && cl > 1) mbar_expect(smem_addr(&arrived[b]), cl * 8);
     Vec16<T> buf[E];
-    if (PIPE) { /* the segment came in during the previous row */
+    if (PIPE) { /* the segment came in during the previous row; the next one comes in during this row */
       cp_async_wait<0>();
       vec_load<T, E>(buf, stash, threadIdx.x, TH, len);
+      __syncwarp(); /* orders these reads of the slots before the copies that overwrite them */
+      if (r + nclusters < rows) vec_prefetch<T, E>(stash, xr + nclusters * nvec, threadIdx.x, TH, len);
+      cp_async_commit();
     } else {
       for (int s = 0; s < S; s++) {
         int64_t vi = (int64_t)TH * (E + s) + threadIdx.x;
@@ -441,13 +444,7 @@ __global__ void __launch_bounds__(TH, 1024 / TH)
       vec_load<T, E>(buf, xr, threadIdx.x, TH, len);
     }
     MD<float> st = vec_fold<T, E>(MD<float>{-INFINITY, 0.f}, buf, threadIdx.x, TH, len);
-    if (PIPE) { /* the next segment comes in during this row's exchange and writes; issued after the
-                 * fold has used the registers, so the reads of those slots are done */
-      if (r + nclusters < rows) vec_prefetch<T, E>(stash, xr + nclusters * nvec, threadIdx.x, TH, len);
-      cp_async_commit();
-    } else {
-      cp_async_wait<0>();
-    }
+    if (!PIPE) cp_async_wait<0>();
     for (int s = 0; s < S; s++) /* stash vector s: element TH·(E + s) + thread of the segment */
       st = vec_fold<T, 1>(st, &stash[s * TH + threadIdx.x], threadIdx.x, TH, len - (int64_t)TH * (E + s));
     st = block_reduce_md(st, scratch);
