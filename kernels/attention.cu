@@ -207,17 +207,25 @@ static size_t tiled_smem(int br, int bc, int64_t D, int64_t Dv) {
   return sizeof(float) * (size_t)(br * D + bc * (D + 1) + bc * Dv);
 }
 
+/* The dynamic shared memory this file's kernel may ask for. */
+static fa_status tiled_smem_max(fa_context *ctx, int *smem_max) {
+  int dev = 0;
+  FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
+  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  *smem_max -= 4096; /* the kernel's static shared memory */
+  return FA_OK;
+}
+
 /* A user's tile: any the SIMT kernel holds in shared memory, and the
  * default tile of the call (a tensor-core tile, which may be larger). */
 extern "C" fa_status fa_cuda_attention_check_tile(fa_context *ctx, fa_dtype dt, int64_t D, int64_t Dv, int64_t br,
                                                   int64_t bc) {
-  int dev = 0, smem_max = 0;
+  int smem_max = 0;
   int64_t def_br = 0, def_bc = 0;
   fa_cuda_attention_default_tile(dt, D, Dv, &def_br, &def_bc);
   if (br == def_br && bc == def_bc) return FA_OK;
-  FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
-  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  smem_max -= 4096; /* the kernel's static shared memory */
+  fa_status st = tiled_smem_max(ctx, &smem_max);
+  if (st) return st;
   int ok_br = br >= 1 && br <= 128;
   if (Dv > 32 * MAX_DV_PER_LANE)
     return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: attention on cuda: value head dimension Dv = %lld is above %d",
@@ -236,17 +244,16 @@ extern "C" fa_status fa_cuda_attention_check_tile(fa_context *ctx, fa_dtype dt, 
 }
 
 /* The tile of this file's kernel for a call whose tile (a tensor-core
- * kernel's) it cannot hold: the key tile halved, then 64 query rows,
- * until it fits (for the fallback behind the fast kernels). */
+ * kernel's) it cannot hold: the key tile halved down to 8, then the query
+ * tile, until it fits (for the fallback behind the fast kernels). */
 static fa_status simt_fit_tile(fa_context *ctx, fa_attn_problem *p) {
-  int dev = 0, smem_max = 0;
-  FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
-  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  smem_max -= 4096;
-  while (tiled_smem(block_rows((int)p->tile_q), (int)p->tile_k, p->D, p->Dv) > (size_t)smem_max && p->tile_k > 8)
-    p->tile_k /= 2;
-  if (tiled_smem(block_rows((int)p->tile_q), (int)p->tile_k, p->D, p->Dv) > (size_t)smem_max) p->tile_q = 64, p->tile_k = 32;
-  return FA_OK;
+  int smem_max = 0;
+  fa_status st = tiled_smem_max(ctx, &smem_max);
+  while (!st && tiled_smem(block_rows((int)p->tile_q), (int)p->tile_k, p->D, p->Dv) > (size_t)smem_max && p->tile_q > 1) {
+    if (p->tile_k > 8) p->tile_k /= 2;
+    else p->tile_q /= 2;
+  }
+  return st;
 }
 
 template <typename T, int BR, int MODE>

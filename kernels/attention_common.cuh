@@ -145,13 +145,4 @@ static __device__ __forceinline__ float row_lse(float m, float l) { return l == 
 /* 1 / l of a finished row: 0 for an empty row (its O is zeros), NaN stays NaN. */
 static __device__ __forceinline__ float row_inv(float l) { return l > 0.f ? 1.f / l : (l == l ? 0.f : l); }
 
-#define FA_LOG2E 1.4426950408889634f
-/* 2^x on the SFU (about 2 ulp, results below 2^-126 flushed to 0, -inf -> 0,
- * NaN -> NaN): e^x is exp2_approx(x · FA_LOG2E). */
-static __device__ __forceinline__ float exp2_approx(float x) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-  return r;
-}
-
 #endif

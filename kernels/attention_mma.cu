@@ -183,23 +183,26 @@ static int tensor_core_fit(fa_dtype dt, int64_t D, int64_t Dv) {
          (D == 64 || D == 128 || ((D == 96 || D == 256) && fa_cuda_wgmma_usable()));
 }
 
-/* The default tile of "flash" on cuda: the wgmma kernel's {128, 128} on
- * Hopper ({128, 64} at D = 64 and 256), the mma.sync kernel's {16·warps, 64}
- * elsewhere, for the calls that fit tensor cores; {64, 64} for the SIMT
- * kernel. */
+/* The wgmma kernel's default key tile: 64 at D = 64 (two blocks an SM,
+ * run 7) and at D = 256 (the shared memory of one), else 128. */
+static int64_t wgmma_bc(int64_t D) { return D == 64 || D == 256 ? 64 : 128; }
+
+/* The default tile of "flash" on cuda: the wgmma kernel's {128, wgmma_bc}
+ * on Hopper, the mma.sync kernel's {16·warps, 64} elsewhere, for the calls
+ * that fit tensor cores; {64, 64} for the SIMT kernel. */
 extern "C" void fa_cuda_attention_default_tile(fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc) {
   *br = 64, *bc = 64;
   if (!tensor_core_fit(dt, D, Dv)) return;
-  /* D = 64: two blocks an SM (run 7); D = 256: the shared memory of one */
-  if (fa_cuda_wgmma_usable()) *br = 128, *bc = D == 64 || D == 256 ? 64 : 128;
+  if (fa_cuda_wgmma_usable()) *br = 128, *bc = wgmma_bc(D);
   else *br = 16 * MMA_WARPS(D), *bc = MMA_BC;
 }
 
 /* Queues algo ("flash", or "two_pass" with p->row_stats set) on tensor
  * cores when the call fits (f16/bf16, D = Dv = 64 or 128, or 96 or 256 on
- * Hopper; 16-byte aligned rows) and the tile is one of theirs: {128, 128}
- * on Hopper (wgmma; also {128, 64} at D = 64, only {128, 64} at D = 256),
- * {16·warps, 64} (mma.sync; 64 rows at D = 64, 128 at D = 128) on any GPU.  Then *v_flag is a device flag (the caller frees
+ * Hopper; 16-byte aligned rows) and the tile is one of theirs: {128,
+ * wgmma_bc} on Hopper (wgmma; also {128, 128} at D = 64), {16·warps, 64}
+ * (mma.sync, D = 64 or 128; 64 rows at D = 64, 128 at D = 128) on any
+ * GPU.  Then *v_flag is a device flag (the caller frees
  * it), set on the stream when V holds NaN or inf: the kernel reading V has
  * then done nothing, and the caller's fallback, which skips masked keys,
  * must run guarded by it (for two_pass, its output pass on the statistics
@@ -209,9 +212,10 @@ extern "C" fa_status fa_cuda_attention_mma(fa_context *ctx, const fa_attn_proble
   *v_flag = NULL;
   if (!tensor_core_fit(p->compute, p->D, p->Dv)) return FA_OK;
   if (((uintptr_t)p->q | (uintptr_t)p->k | (uintptr_t)p->v | (uintptr_t)p->o) % 16) return FA_OK;
-  const int wg = p->tile_q == 128 && fa_cuda_wgmma_usable() &&
-                 (p->D == 256 ? p->tile_k == 64 : p->tile_k == 128 || (p->tile_k == 64 && p->D == 64));
-  if (!wg && (p->D == 96 || p->D == 256 || p->tile_q != 16 * MMA_WARPS(p->D) || p->tile_k != MMA_BC)) return FA_OK;
+  const int wg = p->tile_q == 128 && (p->tile_k == wgmma_bc(p->D) || (p->D == 64 && p->tile_k == 128)) &&
+                 fa_cuda_wgmma_usable();
+  const int sync = (p->D == 64 || p->D == 128) && p->tile_q == 16 * MMA_WARPS(p->D) && p->tile_k == MMA_BC;
+  if (!wg && !sync) return FA_OK;
   if (wg) return launch_fast_passes(ctx, p, algo, v_flag, fa_cuda_attention_wgmma);
   return launch_fast_passes(ctx, p, algo, v_flag, p->compute == FA_F16 ? mma_typed<__half> : mma_typed<__nv_bfloat16>);
 }

@@ -40,6 +40,15 @@ static inline fa_status fa_cuda_error(fa_context *ctx, cudaError_t err, const ch
     if (fa_cuda_err_ != cudaSuccess) return fa_cuda_error((ctx), fa_cuda_err_, "launch of " kernel_name);    \
   } while (0)
 
+#define FA_LOG2E 1.4426950408889634f
+/* 2^x on the SFU (about 2 ulp, results below 2^-126 flushed to 0, -inf -> 0,
+ * NaN -> NaN): e^x is exp2_approx(x · FA_LOG2E). */
+static __device__ __forceinline__ float exp2_approx(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
 /* bf16 to float by its bits (the upper half of the float): the header's
  * conversion made the softmax kernels spill (ptxas, CUDA 13). */
 static __device__ __forceinline__ float fa_bf16_to_float(unsigned short bits) { return __uint_as_float((unsigned)bits << 16); }

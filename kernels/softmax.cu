@@ -9,8 +9,9 @@
  * on chip, whose (m, d) partials are merged with the seeds' rescale formula
  * through distributed shared memory, so the row is read once and the GPU
  * stays full even with few rows.  Rows longer than a cluster holds are
- * split over the whole grid (read twice when even that cannot hold them).  Anything the vector paths
- * cannot take (misaligned rows, f64) goes to the online kernels. */
+ * split over the whole grid (read twice when even that cannot hold them).
+ * Anything the vector paths cannot take (misaligned rows, f64) goes to the
+ * online kernels. */
 #include "async_copy.cuh"
 #include "common.cuh"
 
@@ -45,11 +46,7 @@ template <> struct Elem<double> {
 /* e^v as 2^(v·log2 e) on the SFU: about 2 ulp, subnormal results flushed
  * to 0 (far below any probability that matters), -inf -> 0, NaN -> NaN.
  * Softmax is bound by memory only if its exponentials are this cheap. */
-static __device__ __forceinline__ float ex(float v) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v * 1.4426950408889634f));
-  return r;
-}
+static __device__ __forceinline__ float ex(float v) { return exp2_approx(v * FA_LOG2E); }
 static __device__ __forceinline__ double ex(double v) { return exp(v); }
 
 /* 16 bytes of T: the unit of every vector load and store. */
@@ -435,17 +432,15 @@ __global__ void __launch_bounds__(TH, 1024 / TH)
       __syncwarp(); /* orders these reads of the slots before the copies that overwrite them */
       if (r + nclusters < rows) vec_prefetch<T, E>(stash, xr + nclusters * nvec, threadIdx.x, TH, len);
       cp_async_commit();
-    } else {
-      for (int s = 0; s < S; s++) {
-        int64_t vi = (int64_t)TH * (E + s) + threadIdx.x;
-        if (vi < len) cp_async16(&stash[s * TH + threadIdx.x], &xr[vi], 16);
-      }
+    } else { /* stash vector s: element TH·(E + s) + thread of the segment */
+      for (int s = 0; s < S; s++)
+        vec_prefetch<T, 1>(stash + s * TH, xr + (int64_t)TH * (E + s), threadIdx.x, TH, len - (int64_t)TH * (E + s));
       cp_async_commit();
       vec_load<T, E>(buf, xr, threadIdx.x, TH, len);
     }
     MD<float> st = vec_fold<T, E>(MD<float>{-INFINITY, 0.f}, buf, threadIdx.x, TH, len);
     if (!PIPE) cp_async_wait<0>();
-    for (int s = 0; s < S; s++) /* stash vector s: element TH·(E + s) + thread of the segment */
+    for (int s = 0; s < S; s++)
       st = vec_fold<T, 1>(st, &stash[s * TH + threadIdx.x], threadIdx.x, TH, len - (int64_t)TH * (E + s));
     st = block_reduce_md(st, scratch);
     if (cl > 1) { /* (a cluster of one has nothing to exchange, and st.async needs two blocks) */
@@ -470,12 +465,19 @@ __global__ void __launch_bounds__(TH, 1024 / TH)
 
 /* ---- launchers ---- */
 
-static int g_sms = 0;
+/* The device's SMs and opt-in shared memory a block, and whether the
+ * cluster kernel was built for it (sm_90 code; a kernel JIT-compiled from
+ * older PTX has an empty body): asked once, racing threads store the same. */
+static int g_sms = 0, g_smem_optin = 0, g_clusters = 0;
 
 static fa_status device_limits(fa_context *ctx) {
   if (g_sms) return FA_OK;
-  int dev = 0;
+  int dev = 0, smem = 0;
+  cudaFuncAttributes fa;
   FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
+  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  FA_CUDA_CHECK(ctx, cudaFuncGetAttributes(&fa, (const void *)cluster_rows_kernel<float, CLUSTER_E, 1024, false>));
+  g_smem_optin = smem, g_clusters = fa.ptxVersion >= 90;
   FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev));
   return FA_OK;
 }
@@ -610,6 +612,7 @@ template <typename T> static fa_status split_rows(fa_context *ctx, const T *x, T
  * on 132 SMs; larger stashes were slower). */
 typedef struct {
   int threads, cl, per_thread, pipe;
+  size_t smem; /* the stash: the segment's vectors past registers, or (PIPE) the next segment */
 } cluster_plan;
 
 static int plan_cluster(int64_t nvec, int elem, int smem_optin, cluster_plan *pl) {
@@ -619,11 +622,10 @@ static int plan_cluster(int64_t nvec, int elem, int smem_optin, cluster_plan *pl
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
     const int64_t th = shapes[i].threads, stash = shapes[i].stash, pipe = shapes[i].pipe;
     const int64_t cl = (nvec + th * (CLUSTER_E + stash) - 1) / (th * (CLUSTER_E + stash));
-    if ((pipe && elem != 2) || cl > shapes[i].cl_max || (pipe ? CLUSTER_E : stash) * th * 16 > smem_optin) continue;
-    pl->threads = (int)th;
-    pl->cl = (int)cl;
-    pl->per_thread = (int)((nvec + cl * th - 1) / (cl * th));
-    pl->pipe = (int)pipe;
+    const int64_t per_thread = (nvec + cl * th - 1) / (cl * th);
+    const size_t smem = (size_t)(pipe ? CLUSTER_E : max((int64_t)0, per_thread - CLUSTER_E)) * th * 16;
+    if ((pipe && elem != 2) || cl > shapes[i].cl_max || smem > (size_t)smem_optin) continue;
+    *pl = cluster_plan{(int)th, (int)cl, (int)per_thread, (int)pipe, smem};
     return 1;
   }
   return 0;
@@ -634,8 +636,7 @@ static int plan_cluster(int64_t nvec, int elem, int smem_optin, cluster_plan *pl
 template <typename T, int TH, bool PIPE>
 static fa_status cluster_launch(fa_context *ctx, const T *x, T *y, int64_t rows, int64_t n, cluster_plan pl, int *taken) {
   void (*fn)(const T *, T *, int64_t, int64_t, int) = cluster_rows_kernel<T, CLUSTER_E, TH, PIPE>;
-  const size_t smem = (size_t)(PIPE ? CLUSTER_E : max(0, pl.per_thread - CLUSTER_E)) * TH * 16;
-  if (cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess ||
+  if (cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem) != cudaSuccess ||
       (pl.cl > 8 && cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)) {
     (void)cudaGetLastError(); /* more shared memory or a larger cluster than this GPU allows */
     return FA_OK;
@@ -646,7 +647,7 @@ static fa_status cluster_launch(fa_context *ctx, const T *x, T *y, int64_t rows,
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((unsigned)pl.cl);
   cfg.blockDim = dim3(TH);
-  cfg.dynamicSmemBytes = smem;
+  cfg.dynamicSmemBytes = pl.smem;
   cfg.stream = fa_cuda_stream(ctx);
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
@@ -663,14 +664,9 @@ static fa_status cluster_launch(fa_context *ctx, const T *x, T *y, int64_t rows,
 
 template <typename T>
 static fa_status cluster_rows(fa_context *ctx, const T *x, T *y, int64_t rows, int64_t n, int *taken) {
-  int dev = 0, smem_optin = 0;
-  cudaFuncAttributes fa;
   cluster_plan pl;
   *taken = 0;
-  FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
-  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  FA_CUDA_CHECK(ctx, cudaFuncGetAttributes(&fa, (const void *)cluster_rows_kernel<T, CLUSTER_E, 1024, false>));
-  if (fa.ptxVersion < 90 || !plan_cluster(n / (16 / sizeof(T)), (int)sizeof(T), smem_optin - 1024, &pl)) return FA_OK;
+  if (!g_clusters || !plan_cluster(n / (16 / sizeof(T)), (int)sizeof(T), g_smem_optin - 1024, &pl)) return FA_OK;
   if constexpr (sizeof(T) == 2) /* PIPE only for 2-byte elements */
     if (pl.pipe) return cluster_launch<T, 1024, true>(ctx, x, y, rows, n, pl, taken);
   return pl.threads == 512 ? cluster_launch<T, 512, false>(ctx, x, y, rows, n, pl, taken)
