@@ -10,6 +10,7 @@
  * NAIVE_LONG_ROW keys take a block each, with a grid sized so that the
  * rows in flight fit in L2 and the second pass over S reads it from there. */
 #include "attention_common.cuh"
+#include "online_state.cuh"
 
 #include <cublas_v2.h>
 #include <float.h>
@@ -50,12 +51,11 @@ extern "C" void fa_cuda_cublas_release(fa_context *ctx) {
  * busy (at 2048 keys it still has about 24). */
 #define NAIVE_LONG_ROW 2048
 
-/* e^x on the SFU (exp2_approx; weights below 2^-126 flushed to 0, far below
- * any that matters): the tests' f32 tolerance (1e-5) leaves room for it, so
+/* e^x is fa_exp (online_state.cuh, on the SFU; weights below 2^-126
+ * flushed to 0): the tests' f32 tolerance (1e-5) leaves room for it, so
  * every dtype uses it.  x is always a difference s - m taken in f32 first,
  * so that the rounding of the log2 e product does not grow with the scores'
  * size. */
-static __device__ __forceinline__ float exp_ftz(float x) { return exp2_approx(x * FA_LOG2E); }
 
 /* The score of key j, -inf when masked.  Without extras it is the key
  * range and the scale: no int64 mask offset per element, and the same
@@ -75,24 +75,22 @@ static __device__ __forceinline__ float naive_score(const fa_attn_problem &p, in
  * unrolled loop's loads can all be issued before its arithmetic. */
 static __device__ __forceinline__ void md_add(float s, float &m, float &d) {
   const bool up = s > m;
-  const float x = exp_ftz(-fabsf(s - fmaxf(m, -FLT_MAX)));
+  const float x = fa_exp(-fabsf(s - fmaxf(m, -FLT_MAX)));
   d = fmaf(d, up ? x : 1.f, up ? 1.f : x);
   m = fmaxf(m, s);
 }
 
-/* Two partial (m, d) states into one; an empty pair (both m -inf) adds its
- * sums (0) rather than taking e^(-inf - -inf) = NaN. */
-static __device__ __forceinline__ void md_merge(float &m, float &d, float mo, float dO) {
-  const float mn = fmaxf(m, mo);
-  d = mn == -INFINITY ? d + dO : d * exp_ftz(m - mn) + dO * exp_ftz(mo - mn);
-  m = mn;
+/* (m, d) merged with lane ^ o's (the seeds' rescale, online_state.cuh). */
+static __device__ __forceinline__ void md_merge_into(float &m, float &d, int o) {
+  const MD<float> r = md_merge(MD<float>{m, d}, MD<float>{__shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, d, o)});
+  m = r.m, d = r.d;
 }
 
 /* P of one score, e^(s-m)/d, or -0 for a masked key.  mc is m clamped to
  * finite, so that the exponential is taken for every key without a NaN
  * from (-inf) - (-inf) and the select needs no branch. */
 static __device__ __forceinline__ float p_of(float s, float mc, float inv) {
-  const float w = exp_ftz(s - mc) * inv;
+  const float w = fa_exp(s - mc) * inv;
   return s == -INFINITY ? -0.f : w;
 }
 
@@ -147,14 +145,14 @@ __global__ void __launch_bounds__(NAIVE_THREADS)
     for (int64_t j = 4 * (int64_t)nv + t; j < Lk; j += nt)
       md_add(naive_score<EXTRAS>(p, b, h, i, (int)j, srow[j], lo, hi, scale), m, d);
     for (int o = 16; o > 0; o >>= 1)
-      md_merge(m, d, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, d, o));
+      md_merge_into(m, d, o);
     if (WPR > 1) { /* each warp merges all the warps' states alike, so every thread gets the same (m, d) */
       if (lane == 0) part[buf][threadIdx.x >> 5] = make_float2(m, d);
       __syncthreads();
       const float2 w = part[buf][lane % WPR];
       m = w.x, d = w.y;
       for (int o = WPR / 2; o > 0; o >>= 1)
-        md_merge(m, d, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, d, o));
+        md_merge_into(m, d, o);
     }
 
     const float inv = row_inv(d), mc = fmaxf(m, -FLT_MAX);

@@ -14,6 +14,7 @@
  * online kernels. */
 #include "async_copy.cuh"
 #include "common.cuh"
+#include "online_state.cuh"
 
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
@@ -43,31 +44,12 @@ template <> struct Elem<double> {
   static __device__ __forceinline__ double store(double v) { return v; }
 };
 
-/* e^v as 2^(v·log2 e) on the SFU: about 2 ulp, subnormal results flushed
- * to 0 (far below any probability that matters), -inf -> 0, NaN -> NaN.
- * Softmax is bound by memory only if its exponentials are this cheap. */
-static __device__ __forceinline__ float ex(float v) { return exp2_approx(v * FA_LOG2E); }
-static __device__ __forceinline__ double ex(double v) { return exp(v); }
-
 /* 16 bytes of T: the unit of every vector load and store. */
 template <typename T> struct __align__(16) Vec16 {
   static const int N = 16 / sizeof(T);
   T v[16 / sizeof(T)];
 };
 
-/* Running (m, d) of the online softmax; merging two states is the seeds'
- * rescale d = e^(m1-m)·d1 + e^(m2-m)·d2. */
-template <typename A> struct MD {
-  A m, d;
-};
-template <typename A> static __device__ __forceinline__ MD<A> md_merge(MD<A> a, MD<A> b) {
-  A m = fmax(a.m, b.m);
-  if (m == -(A)INFINITY) return a; /* both empty */
-  MD<A> r;
-  r.m = m;
-  r.d = a.d * ex(a.m - m) + b.d * ex(b.m - m);
-  return r;
-}
 /* A block of values folded in with one rescale (NaN stays in d). */
 template <typename A> static __device__ __forceinline__ MD<A> md_add_block(MD<A> s, const A *v, int k) {
   A bm = -(A)INFINITY;
@@ -77,8 +59,8 @@ template <typename A> static __device__ __forceinline__ MD<A> md_add_block(MD<A>
     for (int i = 0; i < k; i++) s.d += v[i] != v[i] ? v[i] : (A)0; /* NaN among -inf */
     return s;
   }
-  A d = s.d * ex(s.m - m);
-  for (int i = 0; i < k; i++) d += ex(v[i] - m);
+  A d = s.d * fa_exp(s.m - m);
+  for (int i = 0; i < k; i++) d += fa_exp(v[i] - m);
   s.m = m;
   s.d = d;
   return s;
@@ -108,7 +90,7 @@ template <typename A> static __device__ MD<A> block_reduce_md(MD<A> s, MD<A> *sc
 
 /* A row whose maximum is -inf gives zeros (NaN if a NaN hid among -infs). */
 template <typename A> static __device__ __forceinline__ A normalise(A x, MD<A> s) {
-  return s.m == -(A)INFINITY ? (s.d == s.d ? (A)0 : s.d) : ex(x - s.m) / s.d;
+  return s.m == -(A)INFINITY ? (s.d == s.d ? (A)0 : s.d) : fa_exp(x - s.m) / s.d;
 }
 /* The same with the division done once per row: y = e^(x-m) · (1/d). */
 template <typename A> struct Norm {
@@ -124,7 +106,7 @@ template <typename A> static __device__ __forceinline__ Norm<A> norm_of(MD<A> s)
   return n;
 }
 template <typename A> static __device__ __forceinline__ A apply_norm(A x, const Norm<A> &n) {
-  return n.empty ? n.fill : ex(x - n.m) * n.inv;
+  return n.empty ? n.fill : fa_exp(x - n.m) * n.inv;
 }
 
 /* ---- 16-byte vectors of a row, held on chip by the auto kernels ---- */
@@ -191,14 +173,14 @@ __global__ void __launch_bounds__(512) row_pass_kernel(const T *__restrict__ x, 
     MD<A> s = {-(A)INFINITY, (A)0};
     if (PASS == PASS_NAIVE_SUM) {
       s.m = 0;
-      for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s.d += Elem<T>::load(Elem<T>::store(ex(Elem<T>::load(xr[j]))));
+      for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s.d += Elem<T>::load(Elem<T>::store(fa_exp(Elem<T>::load(xr[j]))));
     } else if (PASS == PASS_MAX) {
       for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s.m = fmax(s.m, Elem<T>::load(xr[j]));
       for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s.d += Elem<T>::load(xr[j]) != Elem<T>::load(xr[j]);
     } else if (PASS == PASS_SUM) {
       A mr = m[r];
       if (mr != -(A)INFINITY)
-        for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s.d += ex(Elem<T>::load(xr[j]) - mr);
+        for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s.d += fa_exp(Elem<T>::load(xr[j]) - mr);
     } else { /* online: the row in blocks of `block` elements, one rescale per block and thread */
       A v[8];
       for (int64_t b0 = 0; b0 < n; b0 += block) {
@@ -243,7 +225,7 @@ __global__ void normalise_kernel(const T *__restrict__ x, T *__restrict__ y, con
     int64_t r = i / n;
     A v = Elem<T>::load(x[i]);
     if (NAIVE) {
-      y[i] = Elem<T>::store(Elem<T>::load(Elem<T>::store(ex(v))) / d[r]);
+      y[i] = Elem<T>::store(Elem<T>::load(Elem<T>::store(fa_exp(v))) / d[r]);
     } else {
       MD<A> s = {m[r], d[r]};
       y[i] = Elem<T>::store(normalise(v, s));

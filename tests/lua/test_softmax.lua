@@ -217,6 +217,34 @@ function TestSoftmax:test_nan_only_in_its_row()
   end
 end
 
+function TestSoftmax:test_nan_hidden_among_masked_entries()
+  -- a row of -inf with one NaN is NaN throughout, wherever the NaN sits (on
+  -- cuda: whichever thread, block or cluster holds it); a row of -inf alone
+  -- is zeros.  Lengths that take each of auto's paths on cuda.
+  for _, n in ipairs({2, 40, 5000, 200000}) do
+    local x = fa.full({3, n}, -math.huge, {device = dev})
+    x:set(2, n // 2 + 1, U.NaN)
+    x:set(3, n, U.NaN)
+    for _, algo in ipairs({"safe", "online", "fused", "auto"}) do
+      local ok, y = pcall(fa.softmax, x, {algo = algo})
+      if ok then
+        local what = algo .. " n=" .. n
+        lu.assertEquals(y:select(1, 1):max(), 0, what .. ": the row of -inf gives zeros")
+        lu.assertEquals(y:select(1, 1):min(), 0, what .. ": the row of -inf gives zeros")
+        for r = 2, 3 do
+          for _, j in ipairs({1, n // 2 + 1, n}) do
+            local v = y:get(r, j)
+            lu.assertTrue(v ~= v, what .. (": row %d, element %d should be NaN, is %s"):format(r, j, tostring(v)))
+          end
+        end
+      else
+        lu.assertEquals(algo, "fused", tostring(y))
+        lu.assertStrContains(tostring(y), "flashattn:")
+      end
+    end
+  end
+end
+
 function TestSoftmax:test_masked_entries()
   -- -inf entries get probability 0
   local x = fa.tensor({{-math.huge, 0, 0}, {1, -math.huge, 1}}, {device = dev})
