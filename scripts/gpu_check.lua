@@ -200,6 +200,44 @@ for _, n in ipairs { 2, 200000 } do
     end
   end
 end
+-- special values against the CPU, element by element (the same NaN
+-- positions, zeros where the CPU has zeros, close elsewhere), at lengths
+-- that take each of auto's paths, and the seeds' safe and online: +inf,
+-- -inf around few finite values, NaN beside -inf, a row of -inf, large
+-- scores, a constant row
+for _, n in ipairs(small and { 3, 40, 5000 } or { 3, 40, 700, 5000, 200000 }) do
+  for _, dt in ipairs { "f32", "f16", "bf16" } do
+    local x = fa.randn({ 6, n }, { seed = n + 5, device = "cpu" })
+    x:set(1, 1 + n // 3, math.huge)
+    x:narrow(1, 2, 1):fill_(-math.huge)
+    x:set(2, n, 1.5)
+    x:set(2, 1 + n // 2, -2)
+    x:set(3, 1 + n // 4, 0 / 0)
+    x:set(3, n, -math.huge)
+    x:narrow(1, 4, 1):fill_(-math.huge)
+    x:narrow(1, 5, 1):copy_(x:narrow(1, 5, 1) * 1000)
+    x:narrow(1, 6, 1):fill_(5)
+    x = x:to(dt)
+    local want = fa.softmax(x, { algo = "safe" }):float():totable()
+    local rtol, atol = dt == "f32" and 1e-5 or 2e-2, dt == "f32" and 1e-7 or 1e-4
+    for _, algo in ipairs { "auto", "safe", "online" } do
+      local got = fa.softmax(x:cuda(), { algo = algo }):cpu():float():totable()
+      local bad
+      for r = 1, 6 do
+        for j = 1, n do
+          local c, g = want[r][j], got[r][j]
+          local same = (c ~= c and g ~= g) or (c == c and math.abs(g - c) <= atol + rtol * math.abs(c))
+          if not same then bad = bad or ("row %d element %d: cpu %s, cuda %s"):format(r, j, c, g) end
+        end
+      end
+      checks = checks + 1
+      if bad then
+        failures = failures + 1
+        print(("FAIL softmax special values %s %s n=%d: %s"):format(algo, dt, n, bad))
+      end
+    end
+  end
+end
 -- out of device memory for real: a clean flashattn error, nothing kept, and the next call works
 -- (in the full pass only: compute-sanitizer counts the runtime's refusal as an error)
 if not small then
