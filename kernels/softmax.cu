@@ -20,6 +20,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
+#include <type_traits>
 
 
 /* ---- element types: storage T, accumulation in float (double for f64) ---- */
@@ -50,18 +51,21 @@ template <typename T> struct __align__(16) Vec16 {
   T v[16 / sizeof(T)];
 };
 
-/* A block of values folded in with one rescale (NaN stays in d). */
-template <typename A> static __device__ __forceinline__ MD<A> md_add_block(MD<A> s, const A *v, int k) {
-  A bm = -(A)INFINITY;
+/* A block of values v (of type V) folded into s with one rescale (NaN
+ * stays in d).  The exponentials are taken in V; a wider state A (double
+ * for f32 values) keeps a long sequential sum exact to f32's precision. */
+template <typename A, typename V = A>
+static __device__ __forceinline__ MD<A> md_add_block(MD<A> s, const V *v, int k) {
+  V bm = -(V)INFINITY;
   for (int i = 0; i < k; i++) bm = fmax(bm, v[i]);
-  A m = fmax(s.m, bm);
-  if (m == -(A)INFINITY) {
-    for (int i = 0; i < k; i++) s.d += v[i] != v[i] ? v[i] : (A)0; /* NaN among -inf */
+  const V m = fmax((V)s.m, bm); /* s.m is a V value */
+  if (m == -(V)INFINITY) {
+    for (int i = 0; i < k; i++) s.d += v[i] != v[i] ? (A)v[i] : (A)0; /* NaN among -inf */
     return s;
   }
-  A d = s.d * fa_exp(s.m - m);
-  for (int i = 0; i < k; i++) d += fa_exp(v[i] - m);
-  s.m = m;
+  A d = s.d * (A)fa_exp((V)s.m - m);
+  for (int i = 0; i < k; i++) d += (A)fa_exp(v[i] - m);
+  s.m = (A)m;
   s.d = d;
   return s;
 }
@@ -167,22 +171,25 @@ template <typename T, int PASS>
 __global__ void __launch_bounds__(512) row_pass_kernel(const T *__restrict__ x, typename Elem<T>::acc *m, typename Elem<T>::acc *d,
                                 int64_t rows, int64_t n, int64_t block) {
   typedef typename Elem<T>::acc A;
-  __shared__ MD<A> scratch[32];
+  /* online: with a small block a thread's share of the row is one long
+   * sequential sum (all of it at block = 1): kept in double for f32 values */
+  typedef typename std::conditional<PASS == PASS_ONLINE, double, A>::type W;
+  __shared__ MD<W> scratch[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T *xr = x + r * n;
-    MD<A> s = {-(A)INFINITY, (A)0};
-    if (PASS == PASS_NAIVE_SUM) {
+    MD<W> s = {-(W)INFINITY, (W)0};
+    if constexpr (PASS == PASS_NAIVE_SUM) {
       s.m = 0;
       for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s.d += Elem<T>::load(Elem<T>::store(fa_exp(Elem<T>::load(xr[j]))));
-    } else if (PASS == PASS_MAX) {
+    } else if constexpr (PASS == PASS_MAX) {
       for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s.m = fmax(s.m, Elem<T>::load(xr[j]));
       for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s.d += Elem<T>::load(xr[j]) != Elem<T>::load(xr[j]);
-    } else if (PASS == PASS_SUM) {
+    } else if constexpr (PASS == PASS_SUM) {
       A mr = m[r];
       if (mr != -(A)INFINITY)
         for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s.d += fa_exp(Elem<T>::load(xr[j]) - mr);
     } else { /* online: the row in blocks of `block` elements, one rescale per block and thread */
-      A v[8];
+      A v[8]; /* folded as A values into the W state */
       for (int64_t b0 = 0; b0 < n; b0 += block) {
         int64_t b1 = b0 + block < n ? b0 + block : n;
         int k = 0;
@@ -196,7 +203,7 @@ __global__ void __launch_bounds__(512) row_pass_kernel(const T *__restrict__ x, 
         if (k) s = md_add_block(s, v, k);
       }
     }
-    if (PASS == PASS_MAX) { /* a NaN anywhere makes the row NaN */
+    if constexpr (PASS == PASS_MAX) { /* a NaN anywhere makes the row NaN */
       A nan_count = s.d;
       s.d = 0;
       s = block_reduce_md(s, scratch);
@@ -204,9 +211,9 @@ __global__ void __launch_bounds__(512) row_pass_kernel(const T *__restrict__ x, 
       /* reduce the NaN count as a plain sum through the same path */
       c = block_reduce_md(c, scratch);
       if (threadIdx.x == 0) m[r] = c.d > 0 ? (A)NAN : s.m;
-    } else if (PASS == PASS_ONLINE) {
+    } else if constexpr (PASS == PASS_ONLINE) {
       s = block_reduce_md(s, scratch);
-      if (threadIdx.x == 0) m[r] = s.m, d[r] = s.d;
+      if (threadIdx.x == 0) m[r] = (A)s.m, d[r] = (A)s.d;
     } else {
       MD<A> c = {(A)0, s.d};
       c = block_reduce_md(c, scratch);

@@ -200,6 +200,16 @@ for _, n in ipairs { 2, 200000 } do
     end
   end
 end
+-- online with small blocks: with block = 1 one thread folds the whole row
+-- in sequence (the f32 sum is kept in double)
+for _, n in ipairs(small and { 4096 } or { 4096, 100000 }) do
+  local x = fa.randn({ 2, n }, { device = "cuda", seed = n }) * 3
+  local ref = fa.softmax(x:cpu():double(), { algo = "safe" })
+  for _, b in ipairs { 1, 7, 100 } do
+    check(("softmax online block %d f32 2x%d"):format(b, n), fa.rel_error(fa.softmax(x, { algo = "online", block = b }):cpu(), ref), tol.f32)
+  end
+end
+
 -- special values against the CPU, element by element (the same NaN
 -- positions, zeros where the CPU has zeros, close elsewhere), at lengths
 -- that take each of auto's paths, and the seeds' safe and online: +inf,
