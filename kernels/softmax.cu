@@ -163,7 +163,12 @@ static __device__ __forceinline__ void vec_store(Vec16<T> *dst, const Vec16<T> *
 
 /* ---- the seeds' passes: one kernel each ---- */
 
-enum { PASS_NAIVE_SUM = 0, PASS_MAX, PASS_SUM, PASS_ONLINE };
+enum { PASS_NAIVE_SUM = 0, PASS_MAX, PASS_SUM, PASS_ONLINE, PASS_ONLINE_WIDE };
+/* Values a thread folds in sequence past which the online pass keeps its
+ * state in double: a float sum of k terms drifts by about sqrt(k) f32
+ * roundings (k = 4096 reached 1.01e-5 once, above f32's 1e-5), and the
+ * double state's exp-based merges cost 2-3x on short rows. */
+#define ONLINE_WIDE_AFTER 1024
 
 /* One block per row (grid-stride over rows): the statistic of one pass.
  * PASS_NAIVE_SUM holds e^x in T, so f16 overflows past e^11.09. */
@@ -171,9 +176,11 @@ template <typename T, int PASS>
 __global__ void __launch_bounds__(512) row_pass_kernel(const T *__restrict__ x, typename Elem<T>::acc *m, typename Elem<T>::acc *d,
                                 int64_t rows, int64_t n, int64_t block) {
   typedef typename Elem<T>::acc A;
-  /* online: with a small block a thread's share of the row is one long
-   * sequential sum (all of it at block = 1): kept in double for f32 values */
-  typedef typename std::conditional<PASS == PASS_ONLINE, double, A>::type W;
+  /* PASS_ONLINE_WIDE: the online pass whose threads each fold a long
+   * sequence (a small block: all of the row at block = 1), in a double
+   * state so that the sum stays within f32's precision (the launcher takes
+   * it past ONLINE_WIDE_AFTER values a thread) */
+  typedef typename std::conditional<PASS == PASS_ONLINE_WIDE, double, A>::type W;
   __shared__ MD<W> scratch[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T *xr = x + r * n;
@@ -211,7 +218,7 @@ __global__ void __launch_bounds__(512) row_pass_kernel(const T *__restrict__ x, 
       /* reduce the NaN count as a plain sum through the same path */
       c = block_reduce_md(c, scratch);
       if (threadIdx.x == 0) m[r] = c.d > 0 ? (A)NAN : s.m;
-    } else if constexpr (PASS == PASS_ONLINE) {
+    } else if constexpr (PASS == PASS_ONLINE || PASS == PASS_ONLINE_WIDE) {
       s = block_reduce_md(s, scratch);
       if (threadIdx.x == 0) m[r] = (A)s.m, d[r] = (A)s.d;
     } else {
@@ -493,7 +500,9 @@ static fa_status seeds_passes(fa_context *ctx, fa_softmax_algo algo, int64_t blo
     row_pass_kernel<T, PASS_MAX><<<grid, threads, 0, st>>>(x, m, d, rows, n, block);
     if (cudaPeekAtLastError() == cudaSuccess) row_pass_kernel<T, PASS_SUM><<<grid, threads, 0, st>>>(x, m, d, rows, n, block);
   } else {
-    row_pass_kernel<T, PASS_ONLINE><<<grid, threads, 0, st>>>(x, m, d, rows, n, block);
+    const int64_t per_thread = (n + min(block, (int64_t)threads) - 1) / min(block, (int64_t)threads);
+    if (per_thread > ONLINE_WIDE_AFTER) row_pass_kernel<T, PASS_ONLINE_WIDE><<<grid, threads, 0, st>>>(x, m, d, rows, n, block);
+    else row_pass_kernel<T, PASS_ONLINE><<<grid, threads, 0, st>>>(x, m, d, rows, n, block);
   }
   cudaError_t err = cudaGetLastError();
   if (err == cudaSuccess) {
