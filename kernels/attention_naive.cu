@@ -80,12 +80,6 @@ static __device__ __forceinline__ void md_add(float s, float &m, float &d) {
   m = fmaxf(m, s);
 }
 
-/* (m, d) merged with lane ^ o's (the seeds' rescale, online_state.cuh). */
-static __device__ __forceinline__ void md_merge_into(float &m, float &d, int o) {
-  const MD<float> r = md_merge(MD<float>{m, d}, MD<float>{__shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, d, o)});
-  m = r.m, d = r.d;
-}
-
 /* P of one score, e^(s-m)/d, or -0 for a masked key.  mc is m clamped to
  * finite, so that the exponential is taken for every key without a NaN
  * from (-inf) - (-inf) and the select needs no branch. */
@@ -144,16 +138,14 @@ __global__ void __launch_bounds__(NAIVE_THREADS)
 #pragma unroll(U)
     for (int64_t j = 4 * (int64_t)nv + t; j < Lk; j += nt)
       md_add(naive_score<EXTRAS>(p, b, h, i, (int)j, srow[j], lo, hi, scale), m, d);
-    for (int o = 16; o > 0; o >>= 1)
-      md_merge_into(m, d, o);
+    MD<float> st = warp_reduce_md(MD<float>{m, d});
     if (WPR > 1) { /* each warp merges all the warps' states alike, so every thread gets the same (m, d) */
-      if (lane == 0) part[buf][threadIdx.x >> 5] = make_float2(m, d);
+      if (lane == 0) part[buf][threadIdx.x >> 5] = make_float2(st.m, st.d);
       __syncthreads();
       const float2 w = part[buf][lane % WPR];
-      m = w.x, d = w.y;
-      for (int o = WPR / 2; o > 0; o >>= 1)
-        md_merge_into(m, d, o);
+      st = md_reduce_lanes(MD<float>{w.x, w.y}, WPR);
     }
+    m = st.m, d = st.d;
 
     const float inv = row_inv(d), mc = fmaxf(m, -FLT_MAX);
     /* a masked key's weight is -0: the same product in cuBLAS, and a mark

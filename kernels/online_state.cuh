@@ -28,4 +28,13 @@ template <typename A> static __device__ __forceinline__ MD<A> md_merge(MD<A> a, 
   return MD<A>{m, a.d * fa_exp(a.m - m) + b.d * fa_exp(b.m - m)};
 }
 
+/* The states of each group of `lanes` adjacent lanes (a power of two up to
+ * 32) merged by shuffles; every lane of the group gets the result. */
+template <typename A> static __device__ __forceinline__ MD<A> md_reduce_lanes(MD<A> s, int lanes) {
+  for (int o = lanes / 2; o > 0; o >>= 1)
+    s = md_merge(s, MD<A>{__shfl_xor_sync(0xffffffffu, s.m, o), __shfl_xor_sync(0xffffffffu, s.d, o)});
+  return s;
+}
+template <typename A> static __device__ __forceinline__ MD<A> warp_reduce_md(MD<A> s) { return md_reduce_lanes(s, 32); }
+
 #endif

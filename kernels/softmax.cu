@@ -70,16 +70,6 @@ static __device__ __forceinline__ MD<A> md_add_block(MD<A> s, const V *v, int k)
   return s;
 }
 
-template <typename A> static __device__ __forceinline__ MD<A> warp_reduce_md(MD<A> s) {
-  for (int o = 16; o > 0; o >>= 1) {
-    MD<A> t;
-    t.m = __shfl_xor_sync(0xffffffffu, s.m, o);
-    t.d = __shfl_xor_sync(0xffffffffu, s.d, o);
-    s = md_merge(s, t);
-  }
-  return s;
-}
-
 /* Block-wide merge; every thread gets the result.  `scratch` holds 32. */
 template <typename A> static __device__ MD<A> block_reduce_md(MD<A> s, MD<A> *scratch) {
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
@@ -500,7 +490,7 @@ static fa_status seeds_passes(fa_context *ctx, fa_softmax_algo algo, int64_t blo
     row_pass_kernel<T, PASS_MAX><<<grid, threads, 0, st>>>(x, m, d, rows, n, block);
     if (cudaPeekAtLastError() == cudaSuccess) row_pass_kernel<T, PASS_SUM><<<grid, threads, 0, st>>>(x, m, d, rows, n, block);
   } else {
-    const int64_t per_thread = (n + min(block, (int64_t)threads) - 1) / min(block, (int64_t)threads);
+    const int64_t lanes = min(block, (int64_t)threads), per_thread = (n + lanes - 1) / lanes;
     if (per_thread > ONLINE_WIDE_AFTER) row_pass_kernel<T, PASS_ONLINE_WIDE><<<grid, threads, 0, st>>>(x, m, d, rows, n, block);
     else row_pass_kernel<T, PASS_ONLINE><<<grid, threads, 0, st>>>(x, m, d, rows, n, block);
   }
