@@ -1,37 +1,34 @@
-/* "flash" for f32 at head dims D = Dv = 64 and 128 on the CUDA cores:
- * FlashAttention-2's schedule, register-tiled, exact f32 (every product and
- * sum an f32 fmaf; no TF32).
+/* "flash" for f32 at head dims D = Dv = 64 and 128, exact: no TF32.
+ * FlashAttention-2's schedule with S = Q·Kᵀ on the FP64 tensor cores and
+ * O += P·V on the CUDA cores, interleaved so that both pipes work at once.
+ *
+ * Why FP64: an f32 product is exact in f64 and DMMA (mma.sync m16n8k4 f64)
+ * sums in f64, so S comes out at least as accurate as a chain of f32 FMAs,
+ * while one DMMA instruction does 512 multiply-adds: the CUDA cores, which
+ * ran both products at 37-38 TFLOP/s (cuBLAS SGEMM: 51), are left with P·V
+ * alone.  (The f32 peak of the FP64 tensor cores equals the FMA peak.)
  *
  * A block of 128 threads owns 64 query rows of one (batch, head) and walks
- * its key tiles of 64.  Each thread owns an 8 × 4 block of S (rows
- * 8ty..8ty+7, keys tx + 16j) and the 8 × D/16 block of O of the same rows
- * (columns 4tx.. and 64 + 4tx..).  Shared memory returns one word a lane a
- * clock (128 bytes per SM) while the SM issues 128 FMAs, so a thread can
- * load about one word per 4 FMAs: a 4 × 4 block of S (a 256-thread block)
- * loads 8 words per 16 FMAs and is bound by the loads; 8 × 4 loads 12 per
- * 32, and O += P·V 8 + 4·D/16 per 8·D/4.
- * Lanes are laid out (tx = lane / 2, ty = 2·warp + lane % 2) so that lanes
- * 2n and 2n+1 read the same K and V addresses and lanes n and n^2 the same
- * Q and P addresses: the patterns for which Volta and Turing are known to
- * pack two lanes into one return (elsewhere the layout costs nothing).
- * The 16 lanes of a row are one warp's, so the row max and sum are
- * shuffles.
- * Q, K and V tiles are copied by cp.async; the 16-byte chunks of Q and P
- * rows are XOR-swizzled by row bit 3 and those of K rows by row % 8, so
- * that the float4 reads are free of bank conflicts without padding: at
- * D = 128 the 112 KB a block uses leave room for two blocks per SM on
- * Hopper (padded rows would not).
- * K and V have one buffer each, filled in a staggered pipeline: V_t is
- * copied while S_t = Q·K_tᵀ and its softmax are computed, K_{t+1} while
- * O += P_t·V_t is; two barriers a tile.
- * P goes through shared memory: the product P·V needs every probability
- * of a row in each thread of the row.
+ * its key tiles of 32.  Two layouts of the same rows:
+ * - S: the m16n8 accumulator layout of attention_frag.cuh (warp w: rows
+ *   16w + g and + 8, g = lane / 4; keys 8n + 2(lane % 4) + 0, 1), whose
+ *   online softmax it shares;
+ * - O: each thread an 8 × D/16 block (rows 8ty.., ty = 2w + lane % 2;
+ *   columns 4tx.. and 64 + 4tx.., tx = lane / 2), P·V register-tiled: a
+ *   float4 of P and one of V feed 32 FMAs.
+ * Both give warp w rows 16w..16w+15, so P (through shared memory, as P·V
+ * needs a whole row per thread), the rescale factors and (m, l) pass
+ * between them within the warp.
+ * The pipeline: S_0 and its softmax; then per tile t, one loop that issues
+ * S_{t+1}'s DMMAs and P_t·V_t's FMAs together (per pass 16 DMMAs and 256
+ * FMAs a lane at D = 128), then the softmax of S_{t+1}.  A key tile of 64
+ * spilled (S in f64 takes 64 registers beside O's 64).
+ * Q, K and V tiles are copied by cp.async; 16-byte chunks are XOR-swizzled
+ * (f32_swz) so that the float4 reads and the P writes are free of bank
+ * conflicts without padding.
  * The softmax subtracts the running max in f32 (one fmaf: s·scale − m)
- * before ex2.approx of that times log2 e, so that the rounding does not
- * grow with the scores' magnitude.  Key tiles inside every row's range
- * with no mask, softcap or alibi and scale > 0 take only the scale (max of
- * the raw dot products times the scale); the others apply the rule per
- * element (attn_score with EXTRAS, a template flag, else the range).
+ * before the exponent (frag_exp_tile's EXACT form), so that the rounding
+ * does not grow with the scores' magnitude.
  * A masked key's p = 0 times NaN or inf in V would poison its row, so, as
  * the tensor-core kernels, the kernel does nothing when the caller's
  * device flag says V holds NaN or inf; the generic kernel, which skips
@@ -39,16 +36,40 @@
 #include "attention_frag.cuh"
 
 #define F32_BR 64
-#define F32_BC 64
+#define F32_BC 32 /* keys a tile */
 #define F32_THREADS 128
 #define F32_RM 8 /* query rows a thread */
 
-/* Swizzles of 16-byte chunks (XOR on the chunk index): Q and P rows by
- * row bit 3 (the two rows a warp reads at once are 8 apart), K rows by
- * row % 8 (a warp reads 16 consecutive rows), V not at all. */
-enum { SW_NONE = 0, SW_Q, SW_K };
+/* Swizzles of 16-byte chunks (XOR on the chunk index).  Q and K rows by
+ * row bit 0 into the other half of 8 chunks: the S product's float4 reads
+ * (8 lanes at a time: rows g, g + 1 of a pair, chunks 4kk + tig) then hit
+ * 8 distinct bank groups.  P rows by (row % 4, bit 3): the S layout's
+ * float2 writes (16 lanes: rows g = 0..3, keys 8n + 2tig) and the O
+ * layout's float4 reads (rows r and r + 8) are free of conflicts.  V not
+ * at all. */
+enum { SW_NONE = 0, SW_QK, SW_P };
 template <int SW> static __device__ __forceinline__ int f32_swz(int row) {
-  return SW == SW_Q ? ((row >> 3) & 1) << 2 : SW == SW_K ? row & 7 : 0;
+  return SW == SW_QK ? (row & 1) << 2 : SW == SW_P ? ((row & 3) << 1) | ((row >> 3) & 1) : 0;
+}
+
+/* D (16 × 8, f64) += A (16 × 16) · B (16 × 8) on the FP64 tensor cores: a
+ * product of two f32 values is exact in f64, and so is its sum with few
+ * others.  Lane (g = lane / 4, t = lane % 4) gives A[g][t + 4j] (a[2j]),
+ * A[g + 8][t + 4j] (a[2j + 1]) and B[t + 4j][g] (b[j]), j = 0..3, and
+ * holds D[g][2t..2t+1] (d0, d1) and D[g + 8][2t..2t+1] (d2, d3). */
+static __device__ __forceinline__ void dmma_16x8x16(double (&d)[4], const float4 &qa, const float4 &qb,
+                                                    const float4 &kb) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* the shape is sm_90's; fa_cuda_attention_f32_tile checks the build */
+  asm("mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5, %6, %7, %8, %9, %10, %11}, "
+      "{%12, %13, %14, %15}, {%0, %1, %2, %3};\n"
+      : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+      : "d"((double)qa.x), "d"((double)qb.x), "d"((double)qa.y), "d"((double)qb.y), "d"((double)qa.z),
+        "d"((double)qb.z), "d"((double)qa.w), "d"((double)qb.w), "d"((double)kb.x), "d"((double)kb.y),
+        "d"((double)kb.z), "d"((double)kb.w));
+#else
+  (void)d, (void)qa, (void)qb, (void)kb;
+  __trap();
+#endif
 }
 
 /* Rows [r0, r0 + ROWS) of a (rows × D) f32 matrix into a tile; rows at or
@@ -69,192 +90,220 @@ static __device__ __forceinline__ float f4_at(const float4 &v, int k) {
   return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
 }
 
+/* S += Q·K_tᵀ over Q/K chunk ch (swizzled) of every lane's k-slot, for NN
+ * key octets from KB: the S layout's rows r0, r0 + 8 from QA, QA + 8 rows;
+ * lane t's float4 gives k-slots t, t + 4, t + 8, t + 12 (the order of a
+ * dot product's terms is free, as long as Q and K agree). */
+template <int D, int NN>
+static __device__ __forceinline__ void f32_s_step(double (*acc)[4], const float4 *QA, const float4 *KB, int ch) {
+  const int CH = D / 4;
+  const float4 qa = QA[ch], qb = QA[8 * CH + ch];
+  float4 kb[NN];
+#pragma unroll
+  for (int n = 0; n < NN; n++) kb[n] = KB[8 * n * CH + ch];
+#pragma unroll
+  for (int n = 0; n < NN; n++) dmma_16x8x16(acc[n], qa, qb, kb[n]);
+}
+
+/* O += P·V_t over keys 4c..4c+3: the O layout's rows 8ty.., columns 4tx..
+ * and 64 + 4tx.. (V4 points at column chunk tx of key 0). */
+template <int D>
+static __device__ __forceinline__ void f32_pv_step(float4 (*o)[D / 64], const float4 *Ps, const float4 *V4, int c,
+                                                   int ty) {
+  const int CH = D / 4, NH = D / 64, PCH = F32_BC / 4;
+  float4 pr[F32_RM];
+#pragma unroll
+  for (int i = 0; i < F32_RM; i++) {
+    const int r = F32_RM * ty + i;
+    pr[i] = Ps[r * PCH + (c ^ f32_swz<SW_P>(r))];
+  }
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    float4 vv[NH];
+#pragma unroll
+    for (int hh = 0; hh < NH; hh++) vv[hh] = V4[(4 * c + k) * CH + 16 * hh];
+#pragma unroll
+    for (int i = 0; i < F32_RM; i++) {
+      const float pk = f4_at(pr[i], k);
+#pragma unroll
+      for (int hh = 0; hh < NH; hh++) {
+        o[i][hh].x = fmaf(pk, vv[hh].x, o[i][hh].x);
+        o[i][hh].y = fmaf(pk, vv[hh].y, o[i][hh].y);
+        o[i][hh].z = fmaf(pk, vv[hh].z, o[i][hh].z);
+        o[i][hh].w = fmaf(pk, vv[hh].w, o[i][hh].w);
+      }
+    }
+  }
+}
+
+/* The products of one step of the pipeline, interleaved: S_{t+1} = Q·K_{t+1}ᵀ
+ * (DO_S, FP64 tensor cores, from zero) and O += P_t·V_t (DO_PV, FMAs on
+ * the CUDA cores).  Each pass of the loop gives the tensor cores 16
+ * products of 16 × 8 × 4 and the CUDA cores 8·4·D/16 FMAs a lane (D = 128:
+ * 256 each way, so that both pipes are busy at once from one warp). */
+template <int D, bool DO_S, bool DO_PV>
+static __device__ __forceinline__ void f32_tile_products(double (*acc)[4], float4 (*o)[D / 64], const float4 *QA,
+                                                         const float4 *KB, int t4, int xs, const float4 *Ps,
+                                                         const float4 *V4, int ty) {
+  const int KSTEPS = D / 16, NQ = (F32_BC / 4) / KSTEPS, NN = (F32_BC / 8) / NQ; /* P chunks and key octets a step */
+  if (DO_S)
+#pragma unroll
+    for (int n = 0; n < F32_BC / 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0;
+#pragma unroll 1 /* unrolled, the next step's loads spill */
+  for (int kk = 0; kk < KSTEPS; kk++) {
+    const int ch = (4 * kk + t4) ^ xs;
+#pragma unroll
+    for (int q = 0; q < NQ; q++) {
+      if (DO_S) f32_s_step<D, NN>(acc + q * NN, QA, KB + q * NN * 8 * (D / 4), ch);
+      if (DO_PV) f32_pv_step<D>(o, Ps, V4, kk * NQ + q, ty);
+    }
+  }
+}
+
+/* S_t (key tile j0) in acc, in the S layout → the score rule, the online
+ * max across the quad, P_t = exp(s - m) into shared memory (Pw: this
+ * lane's P entries, f32_swz'd), and O (the O layout) scaled by the rows'
+ * alpha, which pass through row_alpha (flash); the output pass's P final
+ * (offA, offB: the rows' m + ln l). */
+template <int D, bool EXTRAS, int PASS>
+static __device__ __forceinline__ void f32_softmax_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0,
+                                                        bool full, frag_rows &r, float offA, float offB,
+                                                        double (*acc)[4], float4 (*o)[D / 64], float *row_alpha,
+                                                        float2 *Pw, int rA, int t4, int ty) {
+  const int NT = F32_BC / 8, NH = D / 64;
+  float s[NT][4];
+#pragma unroll
+  for (int n = 0; n < NT; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) s[n][e] = (float)acc[n][e];
+  if (PASS == PASS_OUTPUT) {
+    frag_probs_tile<NT, EXTRAS, true>(p, b, h, j0, 2 * t4, full, r, s, offA, offB);
+  } else {
+    float alphaA, alphaB;
+    frag_softmax_tile<NT, EXTRAS, true>(p, b, h, j0, 2 * t4, full, r, s, &alphaA, &alphaB);
+    if (PASS == PASS_FLASH && t4 == 0) row_alpha[rA] = alphaA, row_alpha[rA + 8] = alphaB;
+  }
+  if (PASS == PASS_STATS) return;
+  __syncwarp(); /* this warp's lanes are past P_{t-1}·V_{t-1}: P is free */
+#pragma unroll
+  for (int n = 0; n < NT; n++) {
+    Pw[2 * ((2 * n + (t4 >> 1)) ^ f32_swz<SW_P>(rA))] = make_float2(s[n][0], s[n][1]);
+    Pw[8 * (F32_BC / 2) + 2 * ((2 * n + (t4 >> 1)) ^ f32_swz<SW_P>(rA + 8))] = make_float2(s[n][2], s[n][3]);
+  }
+  if (PASS != PASS_FLASH) return;
+  __syncwarp(); /* row_alpha of this warp's rows */
+#pragma unroll
+  for (int i = 0; i < F32_RM; i++) {
+    const float alpha = row_alpha[F32_RM * ty + i];
+#pragma unroll
+    for (int c = 0; c < NH; c++) o[i][c].x *= alpha, o[i][c].y *= alpha, o[i][c].z *= alpha, o[i][c].w *= alpha;
+  }
+}
+
 /* PASS (attention_common.cuh): flash, or the statistics pass of two_pass
  * (no V, no P) or its output pass (probabilities final, no rescaling). */
 template <int D, bool EXTRAS, int PASS>
-__global__ void __launch_bounds__(F32_THREADS, D == 64 && !EXTRAS ? 3 : 2) attn_f32_kernel(fa_attn_problem p) {
+__global__ void __launch_bounds__(F32_THREADS, 2) attn_f32_kernel(fa_attn_problem p) {
   const bool WITH_V = PASS != PASS_STATS;
   if (WITH_V && *p.v_nonfinite) return; /* the fallback's */
-  const int CH = D / 4, NH = D / 64, PCH = F32_BC / 4; /* chunks of a Q/K/V row, column halves, chunks of a P row */
+  const int CH = D / 4, NH = D / 64, NT = F32_BC / 8; /* chunks of a Q/K/V row, column halves, key octets */
   extern __shared__ __align__(16) float f32_smem[];
-  float *Qs = f32_smem, *Ks = Qs + F32_BR * D, *Vs = Ks + F32_BC * D, *Ps = Vs + F32_BC * D;
-  __shared__ int row_lo[F32_BR], row_hi[F32_BR]; /* the rows' key ranges (the caller checked Lk, Lq < 2^31) */
+  float *Qs = f32_smem, *Ks = Qs + F32_BR * D, *Vs = Ks + 2 * F32_BC * D, *Ps = Vs + 2 * F32_BC * D; /* K_j, V_j in buffer j % 2 */
+  __shared__ float row_alpha[F32_BR], row_m[F32_BR], row_l[F32_BR]; /* from the S layout to the O layout (a warp's rows) */
 
-  const int tid = threadIdx.x, lane = tid & 31, ty = (tid >> 5) * 2 + (lane & 1), tx = lane >> 1;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int ty = warp * 2 + (lane & 1), tx = lane >> 1;     /* the O layout: rows 8ty.., columns 4tx.., 64 + 4tx.. */
+  const int g = lane >> 2, t4 = lane & 3, rA = 16 * warp + g; /* the S layout: rows rA, rA + 8, keys 8n + 2t4 + 0, 1 */
   const frag_qtile<float, D, F32_BR, int64_t> qt(p, blockIdx.x); /* 64-bit: see frag_qtile */
   const int64_t bh = qt.bh, b = qt.b, h = qt.h, i0 = qt.i0;
 
-  f32_load_tile<D, F32_BR, SW_Q>(Qs, qt.q, i0, p.Lq);
+  f32_load_tile<D, F32_BR, SW_QK>(Qs, qt.q, i0, p.Lq);
   cp_async_commit();
-  if (tid < F32_BR) {
-    int64_t lo = 0, hi = 0;
-    if (i0 + tid < p.Lq) fa_attn_range_of(&p, b, i0 + tid, &lo, &hi);
-    row_lo[tid] = (int)lo, row_hi[tid] = (int)hi;
-  }
+  frag_rows r = frag_rows_start(p, b, i0, rA, rA + 8);
   int64_t t_lo, t_hi, all_lo, all_hi;
-  tile_key_range<F32_BR>(p, b, i0, &t_lo, &t_hi, &all_lo, &all_hi); /* its barrier publishes row_lo, row_hi */
+  tile_key_range<F32_BR>(p, b, i0, &t_lo, &t_hi, &all_lo, &all_hi);
   const int ntiles = (int)((t_hi - t_lo + F32_BC - 1) / F32_BC);
-  if (ntiles > 0) f32_load_tile<D, F32_BC, SW_K>(Ks, qt.k, t_lo, t_hi);
+  if (ntiles > 0) f32_load_tile<D, F32_BC, SW_QK>(Ks, qt.k, t_lo, t_hi);
+  cp_async_commit();
+  if (ntiles > 1) f32_load_tile<D, F32_BC, SW_QK>(Ks + F32_BC * D, qt.k, t_lo + F32_BC, t_hi);
+  if (ntiles > 0 && WITH_V) f32_load_tile<D, F32_BC, SW_NONE>(Vs, qt.v, t_lo, t_hi);
   cp_async_commit();
 
-  const float scale = (float)p.scale;
   const bool scale_pos = p.scale > 0;
-  const int xq = f32_swz<SW_Q>(F32_RM * ty), xk = f32_swz<SW_K>(tx); /* the same for all rows of this thread */
-  const float4 *Q4 = (const float4 *)Qs + F32_RM * ty * CH, *K4 = (const float4 *)Ks + tx * CH;
-  const float4 *P4 = (const float4 *)Ps + F32_RM * ty * PCH, *V4 = (const float4 *)Vs + tx;
-  float *Pw = Ps + F32_RM * ty * F32_BC + tx; /* P[row][tx + 16j] is Pw[i·64 + 16·(j ^ (ty & 1))] */
+  const int xs = f32_swz<SW_QK>(g); /* rows rA, rA + 8 and keys 8n + g alike */
+  const float4 *QA = (const float4 *)Qs + rA * CH, *KB = (const float4 *)Ks + g * CH;
+  const float4 *P4 = (const float4 *)Ps, *V4 = (const float4 *)Vs + tx;
+  const int KBUF = F32_BC * CH; /* float4s a K or V buffer */
+  float2 *Pw = (float2 *)(Ps + rA * F32_BC) + (t4 & 1); /* P[rA + 8e][8n + 2t4..] at Pw[8e·32 + 2·((2n + t4/2) ^ swz)] */
+  float offA = 0.f, offB = 0.f; /* PASS_OUTPUT: the rows' final offsets m + ln l, P = exp(s - m - ln l) */
+  if (PASS == PASS_OUTPUT) offA = frag_stats_offset(p, bh, r.iA) / FA_LOG2E, offB = frag_stats_offset(p, bh, r.iB) / FA_LOG2E;
 
-  float m[F32_RM], l[F32_RM];
+  double acc[NT][4];
   float4 o[F32_RM][NH];
 #pragma unroll
-  for (int i = 0; i < F32_RM; i++) {
-    m[i] = -INFINITY, l[i] = 0.f;
-    /* PASS_OUTPUT: m holds the row's final offset m + ln l, P = exp(s - m - ln l) */
-    if (PASS == PASS_OUTPUT) m[i] = frag_stats_offset(p, bh, i0 + F32_RM * ty + i) / FA_LOG2E;
+  for (int i = 0; i < F32_RM; i++)
 #pragma unroll
     for (int c = 0; c < NH; c++) o[i][c] = make_float4(0.f, 0.f, 0.f, 0.f);
+
+  /* The pipeline: S_0 and its softmax; then, for each tile t, the copies
+   * of K_{t+2} and V_{t+1} into the buffers of K_t and V_{t-1}, S_{t+1}
+   * and O += P_t·V_t together, and the softmax of S_{t+1}: one barrier a
+   * tile.  P, row_alpha are a warp's own rows: warp barriers order them. */
+  if (ntiles > 0) {
+    cp_async_wait<1>();
+    __syncthreads(); /* Q and K_0 are in */
+    f32_tile_products<D, true, false>(acc, o, QA, KB, t4, xs, P4, V4, ty);
+    f32_softmax_tile<D, EXTRAS, PASS>(p, b, h, t_lo, scale_pos && t_lo >= all_lo && t_lo + F32_BC <= all_hi, r, offA, offB,
+                                      acc, o, row_alpha, Pw, rA, t4, ty);
   }
-
   for (int t = 0; t < ntiles; t++) {
-    const int64_t j0 = t_lo + (int64_t)t * F32_BC;
+    const int64_t j1 = t_lo + (int64_t)(t + 1) * F32_BC;
+    const bool more = t + 1 < ntiles;
     cp_async_wait<0>();
-    __syncthreads(); /* K_t (and Q) are in; every thread is past P·V of tile t - 1: V and P are free */
-    if (WITH_V) f32_load_tile<D, F32_BC, SW_NONE>(Vs, qt.v, j0, t_hi);
+    __syncthreads(); /* K_{t+1} and V_t are in; every warp is past K_t and V_{t-1} */
+    if (t + 2 < ntiles) f32_load_tile<D, F32_BC, SW_QK>(Ks + (t & 1) * F32_BC * D, qt.k, j1 + F32_BC, t_hi);
+    if (more && WITH_V) f32_load_tile<D, F32_BC, SW_NONE>(Vs + ((t + 1) & 1) * F32_BC * D, qt.v, j1, t_hi);
     cp_async_commit();
-
-    /* S = Q·K_tᵀ: rows 8ty + i, keys tx + 16j, d in the order 0..D-1 */
-    float s[F32_RM][4];
-#pragma unroll
-    for (int i = 0; i < F32_RM; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-#pragma unroll(D == 64 ? 2 : 4)
-    for (int c = 0; c < CH; c++) {
-      float4 a[F32_RM], kb[4];
-#pragma unroll
-      for (int i = 0; i < F32_RM; i++) a[i] = Q4[i * CH + (c ^ xq)];
-#pragma unroll
-      for (int j = 0; j < 4; j++) kb[j] = K4[j * 16 * CH + (c ^ xk)];
-#pragma unroll
-      for (int i = 0; i < F32_RM; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-          s[i][j] = fmaf(a[i].x, kb[j].x, s[i][j]);
-          s[i][j] = fmaf(a[i].y, kb[j].y, s[i][j]);
-          s[i][j] = fmaf(a[i].z, kb[j].z, s[i][j]);
-          s[i][j] = fmaf(a[i].w, kb[j].w, s[i][j]);
-        }
-    }
-
-    /* the score rule, the online max across the row's 16 lanes, P = exp(s - m) */
-    const bool fast = !EXTRAS && scale_pos && j0 >= all_lo && j0 + F32_BC <= all_hi;
-    const float sc = fast ? scale : 1.f; /* s raw (fast) or scaled */
-#pragma unroll
-    for (int i = 0; i < F32_RM; i++) {
-      float tm;
-      if (fast) {
-        tm = fmaxf(fmaxf(s[i][0], s[i][1]), fmaxf(s[i][2], s[i][3])) * scale;
-      } else {
-        const int r = F32_RM * ty + i;
-        const int64_t lo = row_lo[r], hi = row_hi[r];
-        tm = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-          const int64_t kj = j0 + tx + 16 * j;
-          float x;
-          if (EXTRAS) x = attn_score(p, b, h, i0 + r, kj, s[i][j], lo, hi); /* rows past Lq: lo = hi = 0 */
-          else x = kj >= lo && kj < hi ? s[i][j] * scale : -INFINITY;
-          s[i][j] = x, tm = fmaxf(tm, x);
-        }
-      }
-      float alpha = 1.f, off;
-      if (PASS == PASS_OUTPUT) {
-        off = m[i];
-      } else {
-#pragma unroll
-        for (int x = 2; x < 32; x <<= 1) tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, x));
-        const float nm = fmaxf(m[i], tm);
-        alpha = nm == -INFINITY ? 1.f : exp2_approx((m[i] - nm) * FA_LOG2E);
-        off = nm == -INFINITY ? 0.f : nm;
-        m[i] = nm;
-      }
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < 4; j++) {
-        const float pj = exp2_approx(fmaf(s[i][j], sc, -off) * FA_LOG2E); /* -inf -> 0 */
-        s[i][j] = pj, sum += pj;
-      }
-      if (PASS != PASS_OUTPUT) l[i] = l[i] * alpha + sum; /* this thread's part: reduced across the row at the end */
-      if (PASS == PASS_FLASH)
-#pragma unroll
-        for (int c = 0; c < NH; c++) o[i][c].x *= alpha, o[i][c].y *= alpha, o[i][c].z *= alpha, o[i][c].w *= alpha;
-      if (WITH_V)
-#pragma unroll
-        for (int j = 0; j < 4; j++) Pw[i * F32_BC + 16 * (j ^ (ty & 1))] = s[i][j];
-    }
-    if (!WITH_V) { /* the statistics pass: the next K tile once every thread is past this one */
-      __syncthreads();
-      if (t + 1 < ntiles) f32_load_tile<D, F32_BC, SW_K>(Ks, qt.k, j0 + F32_BC, t_hi);
-      cp_async_commit();
-      continue;
-    }
-
-    cp_async_wait<0>();
-    __syncthreads(); /* V_t and P are in; every thread is past S_t: K is free */
-    if (t + 1 < ntiles) f32_load_tile<D, F32_BC, SW_K>(Ks, qt.k, j0 + F32_BC, t_hi);
-    cp_async_commit();
-
-    /* O += P·V_t: keys 4c..4c+3 a step */
-#pragma unroll(D == 64 ? 4 : 2)
-    for (int c = 0; c < PCH; c++) {
-      float4 pr[F32_RM];
-#pragma unroll
-      for (int i = 0; i < F32_RM; i++) pr[i] = P4[i * PCH + (c ^ xq)];
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        float4 vv[NH];
-#pragma unroll
-        for (int hh = 0; hh < NH; hh++) vv[hh] = V4[(4 * c + k) * CH + 16 * hh];
-#pragma unroll
-        for (int i = 0; i < F32_RM; i++) {
-          const float pk = f4_at(pr[i], k);
-#pragma unroll
-          for (int hh = 0; hh < NH; hh++) {
-            o[i][hh].x = fmaf(pk, vv[hh].x, o[i][hh].x);
-            o[i][hh].y = fmaf(pk, vv[hh].y, o[i][hh].y);
-            o[i][hh].z = fmaf(pk, vv[hh].z, o[i][hh].z);
-            o[i][hh].w = fmaf(pk, vv[hh].w, o[i][hh].w);
-          }
-        }
-      }
-    }
+    const float4 *kb = KB + ((t + 1) & 1) * KBUF, *vb = V4 + (t & 1) * KBUF;
+    if (more && WITH_V) f32_tile_products<D, true, true>(acc, o, QA, kb, t4, xs, P4, vb, ty);
+    else if (more) f32_tile_products<D, true, false>(acc, o, QA, kb, t4, xs, P4, vb, ty);
+    else if (WITH_V) f32_tile_products<D, false, true>(acc, o, QA, kb, t4, xs, P4, vb, ty);
+    if (!more) break;
+    f32_softmax_tile<D, EXTRAS, PASS>(p, b, h, j1, scale_pos && j1 >= all_lo && j1 + F32_BC <= all_hi, r, offA, offB,
+                                      acc, o, row_alpha, Pw, rA, t4, ty);
   }
   cp_async_wait<0>(); /* no copy in flight at the exit (no key tile: Q's) */
 
+  /* the rows' (m, l): the statistics pass writes them, the others hand
+   * them to the O layout (the same warp's rows) */
+  if (PASS == PASS_STATS) {
+    frag_stats_store(p, bh, lane, r);
+    return;
+  }
+  if (PASS == PASS_FLASH) frag_sum_quad(r);
+  if (t4 == 0) row_m[rA] = r.mA, row_l[rA] = r.lA, row_m[rA + 8] = r.mB, row_l[rA + 8] = r.lB;
+  __syncwarp();
+
   /* O / l (an empty row, l = 0: zeros and lse = -inf; NaN stays NaN); the
-   * statistics pass writes (m, l), the output pass's O is final */
+   * output pass's O is final */
 #pragma unroll
   for (int i = 0; i < F32_RM; i++) {
-    if (PASS != PASS_OUTPUT)
-#pragma unroll
-      for (int x = 2; x < 32; x <<= 1) l[i] += __shfl_xor_sync(0xffffffffu, l[i], x);
-    const int64_t row = i0 + F32_RM * ty + i;
+    const int rr = F32_RM * ty + i;
+    const int64_t row = i0 + rr;
     if (row >= p.Lq) continue;
-    if (PASS == PASS_STATS) {
-      if (tx == 0) p.row_stats[2 * (bh * p.Lq + row)] = m[i], p.row_stats[2 * (bh * p.Lq + row) + 1] = l[i];
-      continue;
-    }
-    const float inv = PASS == PASS_OUTPUT ? 1.f : row_inv(l[i]);
+    const float inv = PASS == PASS_OUTPUT ? 1.f : row_inv(row_l[rr]);
     float4 *out = (float4 *)((float *)p.o + (bh * p.Lq + row) * D) + tx;
 #pragma unroll
     for (int hh = 0; hh < NH; hh++)
       out[16 * hh] = make_float4(o[i][hh].x * inv, o[i][hh].y * inv, o[i][hh].z * inv, o[i][hh].w * inv);
     if (p.lse && tx == 0) {
       const float *st = p.row_stats + 2 * (bh * p.Lq + row); /* PASS_OUTPUT: the statistics pass's */
-      p.lse[bh * p.Lq + row] = PASS == PASS_OUTPUT ? row_lse(st[0], st[1]) : row_lse(m[i], l[i]);
+      p.lse[bh * p.Lq + row] = PASS == PASS_OUTPUT ? row_lse(st[0], st[1]) : row_lse(row_m[rr], row_l[rr]);
     }
   }
 }
 
-static size_t f32_smem_bytes(int D) { return sizeof(float) * (size_t)(F32_BR * D + 2 * F32_BC * D + F32_BR * F32_BC); }
+static size_t f32_smem_bytes(int D) { return sizeof(float) * (size_t)(F32_BR * D + 4 * F32_BC * D + F32_BR * F32_BC); }
 
 template <int D, bool EXTRAS, int PASS> static fa_status launch_f32(fa_context *ctx, const fa_attn_problem *p) {
   const size_t smem = f32_smem_bytes(D);
@@ -277,11 +326,21 @@ template <int D, bool EXTRAS> static fa_status launch_f32_pass(fa_context *ctx, 
   return launch_f32<D, EXTRAS, PASS_FLASH>(ctx, p);
 }
 
+extern "C" int fa_cuda_wgmma_usable(void);
+
+/* The kernel needs sm_90 (the f64 m16n8k16 shape): a Hopper GPU and sm_90
+ * code in the binary, which is what the wgmma kernel's probe asks. */
+extern "C" int fa_cuda_attention_f32_tile(fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc) {
+  if (dt != FA_F32 || D != Dv || (D != 64 && D != 128) || !fa_cuda_wgmma_usable()) return 0;
+  *br = F32_BR, *bc = F32_BC;
+  return 1;
+}
+
 /* Queues algo ("flash", or "two_pass" with p->row_stats set) on the
- * register-tiled f32 kernel when the call fits (f32, D = Dv = 64 or 128,
- * 16-byte aligned q, k, v, o, the default tile {64, 64}, Lq and Lk below
- * 2^31) and the device has the shared memory (a block takes 112 KB at
- * D = 128: not on GPUs with 99 KB a block).  Then *v_flag is a device flag
+ * f32 kernel when the call fits (f32, D = Dv = 64 or 128, a Hopper GPU,
+ * 16-byte aligned q, k, v, o, the tile {64, 32}, Lq and Lk below 2^31) and
+ * the device has the shared memory (104 KB a block at D = 128, two blocks
+ * an SM).  Then *v_flag is a device flag
  * (the caller frees it), set on the stream when V holds NaN or inf: the
  * kernel reading V has then done nothing, and the caller's fallback, which
  * skips masked keys, must run guarded by it.  *v_flag stays NULL when the
@@ -289,7 +348,8 @@ template <int D, bool EXTRAS> static fa_status launch_f32_pass(fa_context *ctx, 
 extern "C" fa_status fa_cuda_attention_f32(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo algo,
                                            int **v_flag) {
   *v_flag = NULL;
-  if (p->compute != FA_F32 || p->D != p->Dv || (p->D != 64 && p->D != 128)) return FA_OK;
+  int64_t br, bc;
+  if (!fa_cuda_attention_f32_tile(p->compute, p->D, p->Dv, &br, &bc)) return FA_OK;
   if (((uintptr_t)p->q | (uintptr_t)p->k | (uintptr_t)p->v | (uintptr_t)p->o) % 16) return FA_OK;
   if (p->tile_q != F32_BR || p->tile_k != F32_BC || p->Lq > INT32_MAX || p->Lk > INT32_MAX) return FA_OK;
   int dev = 0, smem_optin = 0;

@@ -150,24 +150,28 @@ static __device__ __forceinline__ void frag_score_tile(const fa_attn_problem &p,
   *tmA = mA, *tmB = mB;
 }
 
-/* The multiplier of a tile's s in the exponent's base-2 units: scale·log2 e
- * when frag_score_tile left s raw (full), log2 e when it scaled it. */
-template <bool EXTRAS> static __device__ __forceinline__ float frag_exp_factor(const fa_attn_problem &p, bool full) {
-  return !EXTRAS && full ? (float)p.scale * FA_LOG2E : FA_LOG2E;
+/* The multiplier of a tile's s in the exponent: scale when frag_score_tile
+ * left s raw (full), else 1; in base-2 units (times log2 e) unless EXACT. */
+template <bool EXTRAS, bool EXACT = false>
+static __device__ __forceinline__ float frag_exp_factor(const fa_attn_problem &p, bool full) {
+  return (!EXTRAS && full ? (float)p.scale : 1.f) * (EXACT ? 1.f : FA_LOG2E);
 }
 
 /* s = 2^(s·k - off) in place for rows A and B (-inf -> 0), and this
- * thread's sums of each row. */
-template <int NC>
+ * thread's sums of each row.  EXACT (the f32 kernel): k and off in natural
+ * units, p = 2^((s·k - off)·log2 e), so that the rounding of the exponent
+ * does not grow with the scores' magnitude (one more multiply). */
+template <int NC, bool EXACT = false>
 static __device__ __forceinline__ void frag_exp_tile(float (*s)[4], float k, float offA, float offB, float *sumA,
                                                      float *sumB) {
   float a = 0.f, b = 0.f;
+  const float u = EXACT ? FA_LOG2E : 1.f;
 #pragma unroll
   for (int n = 0; n < NC; n++) {
 #pragma unroll
     for (int e = 0; e < 2; e++) {
-      float pa = exp2_approx(fmaf(s[n][e], k, -offA));
-      float pb = exp2_approx(fmaf(s[n][2 + e], k, -offB));
+      float pa = exp2_approx(fmaf(s[n][e], k, -offA) * u);
+      float pb = exp2_approx(fmaf(s[n][2 + e], k, -offB) * u);
       s[n][e] = pa, s[n][2 + e] = pb;
       a += pa, b += pb;
     }
@@ -179,7 +183,7 @@ static __device__ __forceinline__ void frag_exp_tile(float (*s)[4], float k, flo
  * tile max across the quad, P = exp(s - m) in s, the row sums;
  * *alphaA, *alphaB = exp(m_old - m_new), by which O must be scaled
  * (frag_rescale) before P·V is added to it. */
-template <int NC, bool EXTRAS>
+template <int NC, bool EXTRAS, bool EXACT = false>
 static __device__ __forceinline__ void frag_softmax_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0,
                                                          int c2, bool full, frag_rows &r, float (*s)[4],
                                                          float *alphaA, float *alphaB) {
@@ -193,22 +197,24 @@ static __device__ __forceinline__ void frag_softmax_tile(const fa_attn_problem &
   *alphaA = nmA == -INFINITY ? 1.f : exp2_approx((r.mA - nmA) * FA_LOG2E);
   *alphaB = nmB == -INFINITY ? 1.f : exp2_approx((r.mB - nmB) * FA_LOG2E);
   r.mA = nmA, r.mB = nmB;
-  const float offA = nmA == -INFINITY ? 0.f : nmA * FA_LOG2E, offB = nmB == -INFINITY ? 0.f : nmB * FA_LOG2E;
+  const float u = EXACT ? 1.f : FA_LOG2E;
+  const float offA = nmA == -INFINITY ? 0.f : nmA * u, offB = nmB == -INFINITY ? 0.f : nmB * u;
   float sumA, sumB;
-  frag_exp_tile<NC>(s, frag_exp_factor<EXTRAS>(p, full), offA, offB, &sumA, &sumB);
+  frag_exp_tile<NC, EXACT>(s, frag_exp_factor<EXTRAS, EXACT>(p, full), offA, offB, &sumA, &sumB);
   r.lA = r.lA * *alphaA + sumA; /* reduced across the quad at the end */
   r.lB = r.lB * *alphaB + sumB;
 }
 
 /* "two_pass", output pass: one key tile's final probabilities exp(s - m) / l
- * in s, the score rule applied (offA, offB: frag_stats_offset). */
-template <int NC, bool EXTRAS>
+ * in s, the score rule applied (offA, offB: frag_stats_offset, divided by
+ * log2 e when EXACT). */
+template <int NC, bool EXTRAS, bool EXACT = false>
 static __device__ __forceinline__ void frag_probs_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0,
                                                        int c2, bool full, const frag_rows &r, float (*s)[4],
                                                        float offA, float offB) {
   float tmA, tmB, sumA, sumB; /* unused: the statistics are final */
   frag_score_tile<NC, EXTRAS>(p, b, h, j0, c2, full, r, s, &tmA, &tmB);
-  frag_exp_tile<NC>(s, frag_exp_factor<EXTRAS>(p, full), offA, offB, &sumA, &sumB);
+  frag_exp_tile<NC, EXACT>(s, frag_exp_factor<EXTRAS, EXACT>(p, full), offA, offB, &sumA, &sumB);
 }
 
 /* The row sums: this thread's parts added across the quad. */

@@ -192,6 +192,7 @@ static int64_t wgmma_bc(int64_t D) { return D == 64 || D == 256 ? 64 : 128; }
  * that fit tensor cores; {64, 64} for the SIMT kernel. */
 extern "C" void fa_cuda_attention_default_tile(fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc) {
   *br = 64, *bc = 64;
+  if (fa_cuda_attention_f32_tile(dt, D, Dv, br, bc)) return;
   if (!tensor_core_fit(dt, D, Dv)) return;
   if (fa_cuda_wgmma_usable()) *br = 128, *bc = wgmma_bc(D);
   else *br = 16 * MMA_WARPS(D), *bc = MMA_BC;
