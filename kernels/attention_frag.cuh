@@ -1,7 +1,8 @@
 /* What the two tensor-core "flash" kernels (mma.sync in attention_mma.cu,
  * Hopper wgmma in attention_wgmma.cu) share: their tile layouts and the
  * tile loader, asynchronous copies, packing, and the online softmax on
- * score fragments.
+ * score fragments, which the f32 kernel (attention_f32.cu, S from FP64
+ * tensor cores in the same layout) uses too.
  *
  * Both hold S and O in the accumulator layout of an m16n8 tile per warp:
  * warp w owns query rows 16w + g and 16w + g + 8 (g = lane / 4); chunk n of
