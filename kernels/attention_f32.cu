@@ -2,11 +2,11 @@
  * FlashAttention-2's schedule with S = Q·Kᵀ on the FP64 tensor cores and
  * O += P·V on the CUDA cores, interleaved so that both pipes work at once.
  *
- * Why FP64: an f32 product is exact in f64 and DMMA (mma.sync m16n8k4 f64)
- * sums in f64, so S comes out at least as accurate as a chain of f32 FMAs,
- * while one DMMA instruction does 512 multiply-adds: the CUDA cores, which
- * ran both products at 37-38 TFLOP/s (cuBLAS SGEMM: 51), are left with P·V
- * alone.  (The f32 peak of the FP64 tensor cores equals the FMA peak.)
+ * Why FP64: an f32 product is exact in f64 and DMMA (mma.sync m16n8k16
+ * f64, sm_90) sums in f64, so S comes out at least as accurate as a chain
+ * of f32 FMAs, while one DMMA instruction does 2048 multiply-adds: the CUDA
+ * cores, which ran both products at 37-38 TFLOP/s (cuBLAS SGEMM: 51), are
+ * left with P·V alone.  (The FP64 tensor cores' peak equals the FMAs'.)
  *
  * A block of 128 threads owns 64 query rows of one (batch, head) and walks
  * its key tiles of 32.  Two layouts of the same rows:
@@ -20,9 +20,11 @@
  * needs a whole row per thread), the rescale factors and (m, l) pass
  * between them within the warp.
  * The pipeline: S_0 and its softmax; then per tile t, one loop that issues
- * S_{t+1}'s DMMAs and P_t·V_t's FMAs together (per pass 16 DMMAs and 256
- * FMAs a lane at D = 128), then the softmax of S_{t+1}.  A key tile of 64
- * spilled (S in f64 takes 64 registers beside O's 64).
+ * S_{t+1}'s DMMAs and P_t·V_t's FMAs together (per pass at D = 128: 4
+ * DMMAs, 8192 multiply-adds a warp, and 256 FMAs a lane, as many), then
+ * the softmax of S_{t+1}.  A key tile of 64 spilled (S in f64 takes 64
+ * registers beside O's 64).  Run one after the other, the two products
+ * measured no faster than the CUDA cores alone (docs/perf run 21's note).
  * Q, K and V tiles are copied by cp.async; 16-byte chunks are XOR-swizzled
  * (f32_swz) so that the float4 reads and the P writes are free of bank
  * conflicts without padding.
@@ -138,9 +140,9 @@ static __device__ __forceinline__ void f32_pv_step(float4 (*o)[D / 64], const fl
 
 /* The products of one step of the pipeline, interleaved: S_{t+1} = Q·K_{t+1}ᵀ
  * (DO_S, FP64 tensor cores, from zero) and O += P_t·V_t (DO_PV, FMAs on
- * the CUDA cores).  Each pass of the loop gives the tensor cores 16
- * products of 16 × 8 × 4 and the CUDA cores 8·4·D/16 FMAs a lane (D = 128:
- * 256 each way, so that both pipes are busy at once from one warp). */
+ * the CUDA cores).  Each pass of the loop gives the tensor cores NN
+ * products of 16 × 8 × 16 and the CUDA cores 8·4·D/16 FMAs a lane, the
+ * same work both ways, so that both pipes are busy at once from one warp. */
 template <int D, bool DO_S, bool DO_PV>
 static __device__ __forceinline__ void f32_tile_products(double (*acc)[4], float4 (*o)[D / 64], const float4 *QA,
                                                          const float4 *KB, int t4, int xs, const float4 *Ps,
