@@ -353,7 +353,7 @@ extern "C" fa_status fa_cuda_attention_f32(fa_context *ctx, const fa_attn_proble
   int64_t br, bc;
   if (!fa_cuda_attention_f32_tile(p->compute, p->D, p->Dv, &br, &bc)) return FA_OK;
   if (((uintptr_t)p->q | (uintptr_t)p->k | (uintptr_t)p->v | (uintptr_t)p->o) % 16) return FA_OK;
-  if (p->tile_q != F32_BR || p->tile_k != F32_BC || p->Lq > INT32_MAX || p->Lk > INT32_MAX) return FA_OK;
+  if (p->tile_q != br || p->tile_k != bc || p->Lq > INT32_MAX || p->Lk > INT32_MAX) return FA_OK;
   int dev = 0, smem_optin = 0;
   FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
   FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
