@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(F32_THREADS, 2) attn_f32_kernel(fa_attn_proble
   const int KBUF = F32_BC * CH; /* float4s a K or V buffer */
   float2 *Pw = (float2 *)(Ps + rA * F32_BC) + (t4 & 1); /* P[rA + 8e][8n + 2t4..] at Pw[8e·32 + 2·((2n + t4/2) ^ swz)] */
   float offA = 0.f, offB = 0.f; /* PASS_OUTPUT: the rows' final offsets m + ln l, P = exp(s - m - ln l) */
-  if (PASS == PASS_OUTPUT) offA = frag_stats_offset(p, bh, r.iA) / FA_LOG2E, offB = frag_stats_offset(p, bh, r.iB) / FA_LOG2E;
+  if (PASS == PASS_OUTPUT) offA = frag_stats_offset<true>(p, bh, r.iA), offB = frag_stats_offset<true>(p, bh, r.iB);
 
   double acc[NT][4];
   float4 o[F32_RM][NH];
@@ -357,7 +357,7 @@ extern "C" fa_status fa_cuda_attention_f32(fa_context *ctx, const fa_attn_proble
   int dev = 0, smem_optin = 0;
   FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
   FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  if (f32_smem_bytes((int)p->D) + 1024 > (size_t)smem_optin) return FA_OK; /* + the static 576 bytes */
+  if (f32_smem_bytes((int)p->D) + 1024 > (size_t)smem_optin) return FA_OK; /* + the static 832 bytes */
   const bool x = attn_has_extras(p);
   if (p->D == 64) return launch_fast_passes(ctx, p, algo, v_flag, x ? launch_f32_pass<64, true> : launch_f32_pass<64, false>);
   return launch_fast_passes(ctx, p, algo, v_flag, x ? launch_f32_pass<128, true> : launch_f32_pass<128, false>);

@@ -207,8 +207,7 @@ static __device__ __forceinline__ void frag_softmax_tile(const fa_attn_problem &
 }
 
 /* "two_pass", output pass: one key tile's final probabilities exp(s - m) / l
- * in s, the score rule applied (offA, offB: frag_stats_offset, divided by
- * log2 e when EXACT). */
+ * in s, the score rule applied (offA, offB: frag_stats_offset<EXACT>). */
 template <int NC, bool EXTRAS, bool EXACT = false>
 static __device__ __forceinline__ void frag_probs_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0,
                                                        int c2, bool full, const frag_rows &r, float (*s)[4],
@@ -237,12 +236,15 @@ static __device__ __forceinline__ void frag_stats_store(const fa_attn_problem &p
 
 /* "two_pass", output pass: from the rows' final (m, l), the offsets that
  * make 2^(s·k - off) = exp(s - m) / l, so that P comes out normalised:
- * m·log2 e + log2 l (0 for an empty row, whose scores are all -inf; NaN
- * when l is, so that the row comes out NaN). */
+ * m·log2 e + log2 l, or m + ln l in frag_exp_tile's EXACT units (0 for an
+ * empty row, whose scores are all -inf; NaN when l is, so that the row
+ * comes out NaN). */
+template <bool EXACT = false>
 static __device__ __forceinline__ float frag_stats_offset(const fa_attn_problem &p, int64_t bh, int64_t i) {
   if (i >= p.Lq) return 0.f;
   const float m = p.row_stats[2 * (bh * p.Lq + i)], l = p.row_stats[2 * (bh * p.Lq + i) + 1];
-  return m == -INFINITY ? (l == l ? 0.f : l) : fmaf(m, FA_LOG2E, log2f(l));
+  if (m == -INFINITY) return l == l ? 0.f : l;
+  return EXACT ? m + logf(l) : fmaf(m, FA_LOG2E, log2f(l));
 }
 
 /* O *= alpha per row (always: skipping it when no row of the warp moved its

@@ -189,7 +189,8 @@ static int64_t wgmma_bc(int64_t D) { return D == 64 || D == 256 ? 64 : 128; }
 
 /* The default tile of "flash" on cuda: the wgmma kernel's {128, wgmma_bc}
  * on Hopper, the mma.sync kernel's {16·warps, 64} elsewhere, for the calls
- * that fit tensor cores; {64, 64} for the SIMT kernel. */
+ * that fit tensor cores; the f32 kernel's {64, 32} for f32 at D = 64/128 on
+ * Hopper; {64, 64} for the SIMT kernel. */
 extern "C" void fa_cuda_attention_default_tile(fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc) {
   *br = 64, *bc = 64;
   if (fa_cuda_attention_f32_tile(dt, D, Dv, br, bc)) return;

@@ -491,7 +491,8 @@ static fa_status seeds_passes(fa_context *ctx, fa_softmax_algo algo, int64_t blo
     if (cudaPeekAtLastError() == cudaSuccess) row_pass_kernel<T, PASS_SUM><<<grid, threads, 0, st>>>(x, m, d, rows, n, block);
   } else {
     const int64_t lanes = min(block, (int64_t)threads), per_thread = (n + lanes - 1) / lanes;
-    if (per_thread > ONLINE_WIDE_AFTER) row_pass_kernel<T, PASS_ONLINE_WIDE><<<grid, threads, 0, st>>>(x, m, d, rows, n, block);
+    constexpr int WIDE = std::is_same<A, double>::value ? PASS_ONLINE : PASS_ONLINE_WIDE; /* f64: double already */
+    if (per_thread > ONLINE_WIDE_AFTER) row_pass_kernel<T, WIDE><<<grid, threads, 0, st>>>(x, m, d, rows, n, block);
     else row_pass_kernel<T, PASS_ONLINE><<<grid, threads, 0, st>>>(x, m, d, rows, n, block);
   }
   cudaError_t err = cudaGetLastError();
@@ -611,7 +612,7 @@ static int plan_cluster(int64_t nvec, int elem, int smem_optin, cluster_plan *pl
     const int64_t th = shapes[i].threads, stash = shapes[i].stash, pipe = shapes[i].pipe;
     const int64_t cl = (nvec + th * (CLUSTER_E + stash) - 1) / (th * (CLUSTER_E + stash));
     const int64_t per_thread = (nvec + cl * th - 1) / (cl * th);
-    const size_t smem = (size_t)(pipe ? CLUSTER_E : max((int64_t)0, per_thread - CLUSTER_E)) * th * 16;
+    const size_t smem = (size_t)(pipe ? (int64_t)CLUSTER_E : max((int64_t)0, per_thread - CLUSTER_E)) * th * 16;
     if ((pipe && elem != 2) || cl > shapes[i].cl_max || smem > (size_t)smem_optin) continue;
     *pl = cluster_plan{(int)th, (int)cl, (int)per_thread, (int)pipe, smem};
     return 1;

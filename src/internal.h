@@ -195,8 +195,8 @@ fa_status fa_cuda_merge_states(fa_context *ctx, fa_dtype dt, const void *o1, con
                                const double *l2, void *o, double *l, int64_t rows, int64_t dv);
 /* The default {Br, Bc} of "flash" on cuda for this dtype and head dims. */
 void fa_cuda_attention_default_tile(fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc);
-/* Nonzero when f32 calls of these head dims have the register-tiled exact-f32
- * kernel; then *br, *bc are its tile. */
+/* Nonzero when f32 calls of these head dims have the exact-f32 kernel (S on
+ * the FP64 tensor cores; Hopper) on this device; then *br, *bc are its tile. */
 int fa_cuda_attention_f32_tile(fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc);
 /* FA_OK when {br, bc} is a tile the CUDA kernels take for these head dims. */
 fa_status fa_cuda_attention_check_tile(fa_context *ctx, fa_dtype dt, int64_t D, int64_t Dv, int64_t br, int64_t bc);

@@ -569,6 +569,29 @@ function TestAttention:test_tiles()
   end
 end
 
+-- f32 at D = 64 and 128: the default tile (on Hopper cuda {64, 32}, the
+-- exact-f32 kernel) given explicitly, and {64, 64} (honoured by the SIMT
+-- kernel), at key lengths of 1, 2 and 3 key tiles of 32 and a partial one,
+-- so that the kernel's pipeline (the first tile's S alone, the last tile's
+-- P·V alone, double-buffered K and V) starts and ends at each phase; flash
+-- and two_pass, with and without a mask.
+function TestAttention:test_f32_kernel_tiles_and_key_counts()
+  for _, D in ipairs({64, 128}) do
+    for _, Lk in ipairs({1, 32, 33, 64, 95, 130}) do
+      local q, k, v = qkv(1, 2, 1, 70, Lk, D, D, "f32")
+      for _, tile in ipairs({{64, 32}, {64, 64}}) do
+        for _, algo in ipairs(TILED) do
+          local causal = U.pick({false, true, "top_left"}, Lk)
+          local what = ("f32 D=%d Lk=%d %s tile {%d,%d} causal=%s"):format(D, Lk, algo, tile[1], tile[2], tostring(causal))
+          U.check_attention(q, k, v, {algo = algo, tile = tile, causal = causal, return_lse = true}, what)
+          U.check_attention(q, k, v, {algo = algo, tile = tile, softcap = 3, kv_lens = {math.max(Lk - 3, 0)},
+            return_lse = true}, what .. " softcap kv_lens")
+        end
+      end
+    end
+  end
+end
+
 function TestAttention:test_out_and_lse_out()
   local q, k, v = qkv(2, 2, 2, 11, 13, 8, 8, "f32")
   for _, algo in ipairs(ALGOS) do
