@@ -290,16 +290,34 @@ template <typename T, int MODE> static fa_status tiled_by_br(fa_context *ctx, co
 /* Heads a group of the fast kernels' block order (frag_qtile): with causal
  * masks the tiles of a head differ in length, and taking a group's
  * longest first ends the grid on short ones (the tail of long blocks cost
- * up to a tenth at L = 1024); the group's keys and values are kept to half
- * of L2, so that they are still read once from memory. */
+ * up to a tenth at L = 1024).  f16/bf16: a group's keys and values are
+ * kept to about half of L2, so that they are still read once from memory,
+ * and the heads split into equal groups (the smallest divisor of B·Hq from
+ * that size up to twice it): a short last group started its long tiles in
+ * the grid's last wave (f16/bf16 2-6 % at L = 4096 and 16384).  f32: all
+ * heads in one group, the longest tiles of the whole grid first; at a
+ * tenth of the f16 rate its key/value reads stay far below the memory
+ * bandwidth without L2 reuse (D = 128: +4 % at L = 1024, +9 % at L = 4096;
+ * docs/perf/2026-11-22-attention-h200-run23.json). */
 static fa_status schedule_heads(fa_context *ctx, const fa_attn_problem *p, int64_t *heads) {
   *heads = 1;
   if (p->causal == FA_CAUSAL_NONE) return FA_OK;
+  const int64_t bh = p->B * p->Hq;
+  if (p->compute == FA_F32) {
+    *heads = bh;
+    return FA_OK;
+  }
   int dev = 0, l2 = 0;
   FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
   FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
-  const int64_t es = p->compute == FA_F32 ? 4 : 2, kv = p->Lk * (p->D + p->Dv) * es;
-  *heads = max((int64_t)1, min(p->B * p->Hq, (int64_t)l2 / 2 / max(kv, (int64_t)1)));
+  const int64_t kv = p->Lk * (p->D + p->Dv) * 2;
+  const int64_t fit = max((int64_t)1, min(bh, (int64_t)l2 / 2 / max(kv, (int64_t)1)));
+  *heads = fit;
+  for (int64_t g = fit; g <= min(bh, 2 * fit) && g < fit + 4096; g++) /* bounded: a host loop a call */
+    if (bh % g == 0) {
+      *heads = g;
+      break;
+    }
   return FA_OK;
 }
 
