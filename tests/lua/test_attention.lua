@@ -571,10 +571,11 @@ end
 
 -- f32 at D = 64 and 128: the default tile (on Hopper cuda {64, 32}, the
 -- exact-f32 kernel) given explicitly, and {64, 64} (honoured by the SIMT
--- kernel), at key lengths of 1, 2 and 3 key tiles of 32 and a partial one,
--- so that the kernel's pipeline (the first tile's S alone, the last tile's
--- P·V alone, double-buffered K and V) starts and ends at each phase; flash
--- and two_pass, with and without a mask.
+-- kernel), at key lengths from one to five key tiles of 32, whole and
+-- partial (1, 32, 33, 64, 95, 130), so that the kernel's pipeline (the first
+-- tile's S alone, the last tile's P·V alone, double-buffered K and V) starts
+-- and ends at each phase; flash and two_pass, causal in both alignments or
+-- not, and softcap with kv_lens.
 function TestAttention:test_f32_kernel_tiles_and_key_counts()
   for _, D in ipairs({64, 128}) do
     for _, Lk in ipairs({1, 32, 33, 64, 95, 130}) do
