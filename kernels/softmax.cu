@@ -10,7 +10,9 @@
  * through distributed shared memory, so the row is read once and the GPU
  * stays full even with few rows.  Rows longer than a cluster holds are
  * split over the whole grid (read twice when even that cannot hold them).
- * Anything the vector paths cannot take (misaligned rows, f64) goes to the
+ * Each thread folds what it holds in two steps, its maximum and then one
+ * exponential an element, and f32 keeps those for the store (one multiply
+ * an element there).  Anything the vector paths cannot take (misaligned rows, f64) goes to the
  * online kernels. */
 #include "async_copy.cuh"
 #include "common.cuh"
@@ -31,11 +33,13 @@ template <typename T> struct Elem {
 };
 template <> struct Elem<__half> {
   typedef float acc;
+  typedef __half2 pair;
   static __device__ __forceinline__ float load(__half v) { return __half2float(v); }
   static __device__ __forceinline__ __half store(float v) { return __float2half_rn(v); }
 };
 template <> struct Elem<__nv_bfloat16> {
   typedef float acc;
+  typedef __nv_bfloat162 pair;
   static __device__ __forceinline__ float load(__nv_bfloat16 v) { return fa_bf16_to_float(__bfloat16_as_ushort(v)); }
   static __device__ __forceinline__ __nv_bfloat16 store(float v) { return __float2bfloat16_rn(v); }
 };
@@ -86,24 +90,13 @@ template <typename A> static __device__ MD<A> block_reduce_md(MD<A> s, MD<A> *sc
 template <typename A> static __device__ __forceinline__ A normalise(A x, MD<A> s) {
   return s.m == -(A)INFINITY ? (s.d == s.d ? (A)0 : s.d) : fa_exp(x - s.m) / s.d;
 }
-/* The same with the division done once per row: y = e^(x-m) · (1/d). */
-template <typename A> struct Norm {
-  A m, inv, fill; /* fill: the value of every element when the row is empty */
-  int empty;
-};
-template <typename A> static __device__ __forceinline__ Norm<A> norm_of(MD<A> s) {
-  Norm<A> n;
-  n.m = s.m;
-  n.inv = (A)1 / s.d;
-  n.empty = s.m == -(A)INFINITY;
-  n.fill = s.d == s.d ? (A)0 : s.d;
-  return n;
-}
-template <typename A> static __device__ __forceinline__ A apply_norm(A x, const Norm<A> &n) {
-  return n.empty ? n.fill : fa_exp(x - n.m) * n.inv;
-}
 
-/* ---- 16-byte vectors of a row, held on chip by the auto kernels ---- */
+/* ---- 16-byte vectors of a row, held on chip by the auto kernels ----
+ * A thread folds what it holds in two steps: its maximum tm, then one
+ * exponential an element, e = 2^(x·a - o) (one FFMA; see offset_of).  f32
+ * keeps e in place of x, so that the store is y = e·c, one multiply; 16-bit
+ * types keep x (e in 16 bits would lose digits) and take e again from the
+ * row's maximum. */
 
 /* The E vectors t, t + stride, … of a segment that lie below len. */
 template <typename T, int E>
@@ -119,32 +112,106 @@ static __device__ __forceinline__ void vec_prefetch(Vec16<T> *dst, const Vec16<T
   for (int e = 0; e < E; e++)
     if (t + stride * e < len) cp_async16(&dst[t + stride * e], &src[t + stride * e], 16);
 }
-/* Folds those vectors into s. */
+/* Their maximum, -inf if none; NaN is passed over (a NaN reaches the row
+ * through d).  16-bit values two at a time in their own type: exact, and
+ * half the instructions with no conversions. */
 template <typename T, int E>
-static __device__ __forceinline__ MD<float> vec_fold(MD<float> s, const Vec16<T> *buf, int64_t t, int64_t stride, int64_t len) {
-  const int VN = Vec16<T>::N;
+static __device__ __forceinline__ float vec_max(const Vec16<T> *buf, int64_t t, int64_t stride, int64_t len) {
+  if constexpr (sizeof(T) == 2) {
+    typedef typename Elem<T>::pair P;
+    P m;
+    m.x = m.y = Elem<T>::store(-INFINITY);
+#pragma unroll
+    for (int e = 0; e < E; e++)
+      if (t + stride * e < len)
+#pragma unroll
+        for (int i = 0; i < Vec16<T>::N / 2; i++) m = __hmax2(m, ((const P *)buf[e].v)[i]);
+    return fmaxf(Elem<T>::load(m.x), Elem<T>::load(m.y));
+  } else {
+    float m = -INFINITY;
+#pragma unroll
+    for (int e = 0; e < E; e++)
+      if (t + stride * e < len)
+#pragma unroll
+        for (int i = 0; i < Vec16<T>::N; i++) m = fmaxf(m, Elem<T>::load(buf[e].v[i]));
+    return m;
+  }
+}
+
+/* The exponent of e = 2^(x·a - o) = e^(x - m) / k, hoisted out of the
+ * elements: a = log2 e, o = m·a rounded, and k = 2^(o - m·a) takes o's
+ * rounding back out once (without it, f32 rows near x = 1e3 came out 4e-5
+ * off and near 1e6 1e-2, in a host emulation).  Past |m| = 2^30, where only
+ * elements equal to m count, a = 1 and o = m (the rounding of m·a could
+ * overflow e); for m = -inf, o = 0, so that -inf gives e = 0 rather than
+ * NaN (and +inf gives NaN, as e^(inf - inf) does). */
+struct Offset {
+  float a, o, k;
+};
+static __device__ __forceinline__ Offset offset_of(float m) {
+  if (m == -INFINITY) return Offset{FA_LOG2E, 0.f, 1.f};
+  if (fabsf(m) >= 0x1p30f) return Offset{1.f, m, 1.f};
+  const float o = m * FA_LOG2E;
+  return Offset{FA_LOG2E, o, exp2_approx(fmaf(-m, FA_LOG2E, o))};
+}
+/* Σ e over the vectors; KEEP (f32): e overwrites x, for the store. */
+template <typename T, int E, bool KEEP>
+static __device__ __forceinline__ float vec_exp_sum(Vec16<T> *buf, Offset of, int64_t t, int64_t stride, int64_t len) {
+  float d = 0.f;
 #pragma unroll
   for (int e = 0; e < E; e++) {
     if (t + stride * e < len) {
-      float v[VN];
 #pragma unroll
-      for (int i = 0; i < VN; i++) v[i] = Elem<T>::load(buf[e].v[i]);
-      s = md_add_block(s, v, VN);
+      for (int i = 0; i < Vec16<T>::N; i++) {
+        const float v = exp2_approx(fmaf(Elem<T>::load(buf[e].v[i]), of.a, -of.o));
+        d += v;
+        if constexpr (KEEP) buf[e].v[i] = Elem<T>::store(v);
+      }
     }
   }
-  return s;
+  return d;
 }
-/* Writes them normalised; STREAM: past L2 (the output need not stay there). */
-template <typename T, int E, bool STREAM>
-static __device__ __forceinline__ void vec_store(Vec16<T> *dst, const Vec16<T> *buf, const Norm<float> &nm, int64_t t,
-                                                 int64_t stride, int64_t len) {
-  const int VN = Vec16<T>::N;
+/* A thread's (m, d) over its E vectors in registers, whose maximum tm is
+ * taken beforehand, and its S stash vectors (the cluster kernel's: vector
+ * E + s at stash[stride·s + t], which only this thread reads or writes):
+ * their maximum, then one exponential an element.  A thread with no finite
+ * maximum gives (-inf, 0), or NaN d if it held a NaN. */
+template <typename T, int E, bool KEEP>
+static __device__ __forceinline__ MD<float> vec_fold(float tm, Vec16<T> *buf, Vec16<T> *stash, int S, int64_t t,
+                                                     int64_t stride, int64_t len) {
+  for (int s = 0; s < S; s++) tm = fmaxf(tm, vec_max<T, 1>(&stash[stride * s + t], t, stride, len - stride * (E + s)));
+  const Offset of = offset_of(tm);
+  float d = vec_exp_sum<T, E, KEEP>(buf, of, t, stride, len);
+  for (int s = 0; s < S; s++) d += vec_exp_sum<T, 1, KEEP>(&stash[stride * s + t], of, t, stride, len - stride * (E + s));
+  return MD<float>{tm, d * of.k};
+}
+
+/* The store's y = e·c, e from x by the row's offset (a, o), or (KEEP) the
+ * e that the thread kept from its fold over its maximum tm.  A row whose
+ * maximum is -inf has e = 0, or NaN from a NaN: c = 0 gives zeros, c = NaN
+ * (a NaN hid among -infs) NaN throughout. */
+struct Scale {
+  float a, o, c;
+};
+template <bool KEEP> static __device__ __forceinline__ Scale store_scale(MD<float> row, float tm) {
+  const Offset of = offset_of(row.m);
+  if (row.m == -INFINITY) return Scale{of.a, of.o, row.d == row.d ? 0.f : row.d};
+  const float inv = 1.f / row.d;
+  return Scale{of.a, of.o, (KEEP ? offset_of(tm).k * fa_exp(tm - row.m) : of.k) * inv};
+}
+/* Writes the vectors as y = e·c; STREAM: past L2 (the output need not stay there). */
+template <typename T, int E, bool STREAM, bool KEEP>
+static __device__ __forceinline__ void vec_store(Vec16<T> *dst, const Vec16<T> *buf, Scale sc, int64_t t, int64_t stride,
+                                                 int64_t len) {
 #pragma unroll
   for (int e = 0; e < E; e++) {
     if (t + stride * e < len) {
       Vec16<T> o;
 #pragma unroll
-      for (int i = 0; i < VN; i++) o.v[i] = Elem<T>::store(apply_norm(Elem<T>::load(buf[e].v[i]), nm));
+      for (int i = 0; i < Vec16<T>::N; i++) {
+        const float v = Elem<T>::load(buf[e].v[i]);
+        o.v[i] = Elem<T>::store((KEEP ? v : exp2_approx(fmaf(v, sc.a, -sc.o))) * sc.c);
+      }
       if (STREAM) __stcs((uint4 *)&dst[t + stride * e], *(const uint4 *)&o);
       else dst[t + stride * e] = o;
     }
@@ -265,6 +332,7 @@ template <typename T> __global__ void __launch_bounds__(1024) fused_kernel(const
 template <typename T, int E>
 __global__ void warp_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows, int64_t n) {
   const int VN = Vec16<T>::N;
+  constexpr bool KEEP = sizeof(T) == 4;
   int lane = threadIdx.x & 31;
   int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
   int64_t nvec = n / VN;
@@ -273,9 +341,8 @@ __global__ void warp_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int
     Vec16<T> *yr = (Vec16<T> *)(y + r * n);
     Vec16<T> buf[E];
     vec_load<T, E>(buf, xr, lane, 32, nvec);
-    MD<float> s = {-INFINITY, 0.f};
-    Norm<float> nm = norm_of(warp_reduce_md(vec_fold<T, E>(s, buf, lane, 32, nvec)));
-    vec_store<T, E, false>(yr, buf, nm, lane, 32, nvec);
+    const MD<float> own = vec_fold<T, E, KEEP>(vec_max<T, E>(buf, lane, 32, nvec), buf, NULL, 0, lane, 32, nvec);
+    vec_store<T, E, false, KEEP>(yr, buf, store_scale<KEEP>(warp_reduce_md(own), own.m), lane, 32, nvec);
   }
 }
 
@@ -298,7 +365,9 @@ __global__ void warp_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int
  * segments staged in shared memory through cp.async, with the next one
  * copied in during the wait, 0.58-0.67 x copy even with the waits removed;
  * publishing an item ahead and reading it again from L2 to write it,
- * 0.55-0.65; ITEM_SEGMENT, 0.65-0.77. */
+ * 0.55-0.65; ITEM_SEGMENT, 0.65-0.77.  ITEM_ROW asks for 1024 threads an
+ * SM (64 registers a thread): left free, ptxas gave the 16-bit kernels of
+ * the two-step fold 71-95, and a 512-thread block an SM instead of two. */
 enum { ITEM_ROW = 0, ITEM_SEGMENT, ITEM_STATS, ITEM_WRITE };
 
 static __device__ __forceinline__ unsigned load_acquire(const unsigned *p) {
@@ -338,10 +407,11 @@ static __device__ MD<float> merge_row(MD<float> s, int64_t w, int64_t r, int seg
 }
 
 template <typename T, int E, int WARPS, int MODE>
-__global__ void __launch_bounds__(WARPS * 32, MODE == ITEM_ROW ? 1 : 2) block_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows,
-                                                                int64_t n, int segs, MD<float> *partials,
-                                                                unsigned *arrived) {
+__global__ void __launch_bounds__(WARPS * 32, MODE == ITEM_ROW ? 1024 / (WARPS * 32) : 2)
+    block_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows, int64_t n, int segs,
+                      MD<float> *partials, unsigned *arrived) {
   const int VN = Vec16<T>::N, TH = WARPS * 32;
+  constexpr bool KEEP = sizeof(T) == 4 && MODE != ITEM_WRITE; /* ITEM_WRITE takes e from x at the store */
   __shared__ MD<float> scratch[32];
   __shared__ MD<float> row_state;
   const int64_t nvec = n / VN, seg_vecs = MODE == ITEM_ROW ? nvec : (int64_t)E * TH, items = rows * segs;
@@ -351,10 +421,10 @@ __global__ void __launch_bounds__(WARPS * 32, MODE == ITEM_ROW ? 1 : 2) block_ro
     Vec16<T> *yr = (Vec16<T> *)(y + r * n) + lo;
     Vec16<T> buf[E];
     vec_load<T, E>(buf, xr, threadIdx.x, TH, len);
-    MD<float> s = {-INFINITY, 0.f};
+    MD<float> own = {-INFINITY, 0.f}, s = own;
     if (MODE != ITEM_WRITE) {
-      s = vec_fold<T, E>(s, buf, threadIdx.x, TH, len);
-      s = block_reduce_md(s, scratch);
+      own = vec_fold<T, E, KEEP>(vec_max<T, E>(buf, threadIdx.x, TH, len), buf, NULL, 0, threadIdx.x, TH, len);
+      s = block_reduce_md(own, scratch);
     }
     if (MODE == ITEM_STATS) {
       if (threadIdx.x == 0) partials[w] = s;
@@ -362,7 +432,7 @@ __global__ void __launch_bounds__(WARPS * 32, MODE == ITEM_ROW ? 1 : 2) block_ro
     }
     if (MODE == ITEM_SEGMENT || MODE == ITEM_WRITE)
       s = merge_row(s, w, r, segs, partials, MODE == ITEM_SEGMENT ? arrived : NULL, &row_state);
-    vec_store<T, E, true>(yr, buf, norm_of(s), threadIdx.x, TH, len);
+    vec_store<T, E, true, KEEP>(yr, buf, store_scale<KEEP>(s, own.m), threadIdx.x, TH, len);
   }
 }
 
@@ -370,7 +440,8 @@ __global__ void __launch_bounds__(WARPS * 32, MODE == ITEM_ROW ? 1 : 2) block_ro
  * The row is cut over the CL blocks of a cluster; each block holds its
  * segment of per_thread vectors a thread on chip, up to E in registers and
  * S = per_thread - E more in shared memory (copied in by cp.async while
- * the registers' part is folded).  With PIPE, the segment fits registers
+ * the registers' maximum is taken; f32 writes its exponentials back into
+ * the thread's own slots).  With PIPE, the segment fits registers
  * and the stash holds the block's next segment instead, copied in while
  * this one is folded, exchanged and written.  Each block sends its (m, d) partial
  * into every block of the cluster (st.async), counted on the receiver's
@@ -384,6 +455,7 @@ __global__ void __launch_bounds__(TH, 1024 / TH)
     cluster_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows, int64_t n, int per_thread) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* clusters; the launcher takes this code only when built so */
   const int VN = Vec16<T>::N;
+  constexpr bool KEEP = sizeof(T) == 4;
   extern __shared__ __align__(16) unsigned char cluster_smem[];
   Vec16<T> *stash = (Vec16<T> *)cluster_smem; /* [S or E][TH]: each thread reads back only its own */
   __shared__ MD<float> scratch[32];
@@ -424,11 +496,10 @@ __global__ void __launch_bounds__(TH, 1024 / TH)
       cp_async_commit();
       vec_load<T, E>(buf, xr, threadIdx.x, TH, len);
     }
-    MD<float> st = vec_fold<T, E>(MD<float>{-INFINITY, 0.f}, buf, threadIdx.x, TH, len);
+    const float tm = vec_max<T, E>(buf, threadIdx.x, TH, len); /* while the stash comes in */
     if (!PIPE) cp_async_wait<0>();
-    for (int s = 0; s < S; s++)
-      st = vec_fold<T, 1>(st, &stash[s * TH + threadIdx.x], threadIdx.x, TH, len - (int64_t)TH * (E + s));
-    st = block_reduce_md(st, scratch);
+    const MD<float> own = vec_fold<T, E, KEEP>(tm, buf, stash, S, threadIdx.x, TH, len);
+    MD<float> st = block_reduce_md(own, scratch);
     if (cl > 1) { /* (a cluster of one has nothing to exchange, and st.async needs two blocks) */
       if (threadIdx.x < cl) /* thread j sends this block's partial to block j */
         st_async_f2(cluster_map(smem_addr(&partials[b][rank][0]), threadIdx.x), st.m, st.d,
@@ -439,11 +510,11 @@ __global__ void __launch_bounds__(TH, 1024 / TH)
       if (lane < (int)cl) all = MD<float>{partials[b][lane][0], partials[b][lane][1]};
       st = warp_reduce_md(all);
     }
-    const Norm<float> nm = norm_of(st);
-    vec_store<T, E, true>(yr, buf, nm, threadIdx.x, TH, len);
+    const Scale sc = store_scale<KEEP>(st, own.m);
+    vec_store<T, E, true, KEEP>(yr, buf, sc, threadIdx.x, TH, len);
     for (int s = 0; s < S; s++)
-      vec_store<T, 1, true>(yr + (int64_t)TH * (E + s), &stash[s * TH + threadIdx.x], nm, threadIdx.x, TH,
-                            len - (int64_t)TH * (E + s));
+      vec_store<T, 1, true, KEEP>(yr + (int64_t)TH * (E + s), &stash[s * TH + threadIdx.x], sc, threadIdx.x, TH,
+                                  len - (int64_t)TH * (E + s));
   }
   cluster.sync(); /* no block leaves while a partial may still be on its way to it */
 #endif
