@@ -12,8 +12,8 @@
  * split over the whole grid (read twice when even that cannot hold them).
  * Each thread folds what it holds in two steps, its maximum and then one
  * exponential an element, and f32 keeps those for the store (one multiply
- * an element there).  Anything the vector paths cannot take (misaligned rows, f64) goes to the
- * online kernels. */
+ * an element there).  Anything the vector paths cannot take (misaligned
+ * rows, f64) goes to the online kernels. */
 #include "async_copy.cuh"
 #include "common.cuh"
 #include "online_state.cuh"
