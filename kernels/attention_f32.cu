@@ -207,7 +207,7 @@ static __device__ __forceinline__ void f32_softmax_tile(const fa_attn_problem &p
 template <int D, bool EXTRAS, int PASS>
 __global__ void __launch_bounds__(F32_THREADS, 2) attn_f32_kernel(fa_attn_problem p) {
   const bool WITH_V = PASS != PASS_STATS;
-  if (WITH_V && *p.v_nonfinite) return; /* the fallback's */
+  const int v_bad = WITH_V ? *p.v_nonfinite : 0; /* see leave_for_fallback */
   const int CH = D / 4, NH = D / 64, NT = F32_BC / 8; /* chunks of a Q/K/V row, column halves, key octets */
   extern __shared__ __align__(16) float f32_smem[];
   float *Qs = f32_smem, *Ks = Qs + F32_BR * D, *Vs = Ks + 2 * F32_BC * D, *Ps = Vs + 2 * F32_BC * D; /* K_j, V_j in buffer j % 2 */
@@ -230,6 +230,7 @@ __global__ void __launch_bounds__(F32_THREADS, 2) attn_f32_kernel(fa_attn_proble
   if (ntiles > 1) f32_load_tile<D, F32_BC, SW_QK>(Ks + F32_BC * D, qt.k, t_lo + F32_BC, t_hi);
   if (ntiles > 0 && WITH_V) f32_load_tile<D, F32_BC, SW_NONE>(Vs, qt.v, t_lo, t_hi);
   cp_async_commit();
+  if (leave_for_fallback(v_bad)) return;
 
   const bool scale_pos = p.scale > 0;
   const int xs = f32_swz<SW_QK>(g); /* rows rA, rA + 8 and keys 8n + g alike */

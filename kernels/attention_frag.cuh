@@ -65,6 +65,16 @@ static __device__ __forceinline__ void load_tile(char *tile, const T *src, int64
   }
 }
 
+/* Whether a fast kernel's block leaves its call to the fallback: v_bad, the
+ * flag that V holds NaN or inf, is read at the block's start and tested
+ * once the first copies are on their way, so that the read's latency is
+ * not in front of them; a block that leaves waits for its copies first. */
+static __device__ __forceinline__ bool leave_for_fallback(int v_bad) {
+  if (!v_bad) return false;
+  cp_async_wait<0>();
+  return true;
+}
+
 /* The running state of this thread's two query rows. */
 struct frag_rows {
   int64_t iA, iB, loA, hiA, loB, hiB; /* rows, and their key ranges [lo, hi) */
@@ -254,27 +264,48 @@ template <int DC> static __device__ __forceinline__ void frag_rescale(float (*o)
   for (int d = 0; d < DC; d++) o[d][0] *= alphaA, o[d][1] *= alphaA, o[d][2] *= alphaB, o[d][3] *= alphaB;
 }
 
-/* The end of a row: the sums across the quad, O / l into out (rows of D),
- * and lse.  An empty row (l = 0) gives zeros and -inf; NaN stays NaN.
- * NORMALIZED (the output pass of "two_pass"): O is final, lse comes from
- * p.row_stats. */
-template <typename T, int DC, bool NORMALIZED = false>
-static __device__ __forceinline__ void frag_store(const fa_attn_problem &p, int64_t bh, int lane, frag_rows &r,
-                                                  float (*o)[4]) {
-  const int D = DC * 8, c2 = (lane & 3) * 2;
+/* The end of the rows: O / l into out through shared memory, and lse (an
+ * empty row, l = 0, gives zeros and -inf; NaN stays NaN; NORMALIZED, the
+ * output pass of "two_pass": O is final, lse from p.row_stats).  The fragments' 4-byte
+ * pieces into the rows of `tile` that this group of GROUP threads owns
+ * (GROUP / 2 rows: a warp's 16 with mma.sync, a warpgroup's 64 with wgmma),
+ * in the tile's swizzle (WGMMA: sw128 of ROWS rows, else swz), free of bank
+ * conflicts; then a 16-byte chunk a thread, consecutive threads along a row.
+ * Straight from the fragments, each store instruction wrote 16 bytes into
+ * each of 8 rows: the wgmma kernel's bf16/f16 L = 1024 causal calls ran
+ * 6-12 % slower so (docs/perf/2026-11-22-attention-h200-run27.json).
+ * The group's rows of the tile must be read no more (Q's, once the products
+ * are done). */
+template <typename T, int D, bool NORMALIZED, bool WGMMA, int ROWS, int GROUP>
+static __device__ __forceinline__ void frag_store_staged(const fa_attn_problem &p, int64_t bh, int64_t i0, int lane,
+                                                         frag_rows &r, float (*o)[4], char *tile) {
+  static_assert(GROUP == 32 || (GROUP == 128 && ROWS == 128), "frag_store_staged: a warp, or a warpgroup of two");
+  const int CH = D / 8, g = lane >> 2, c2 = (lane & 3) * 2;
+  const int rA = (int)(r.iA - i0), rB = rA + 8; /* rA & 7 = rB & 7 = g */
   float invA = 1.f, invB = 1.f;
   if (!NORMALIZED) {
     frag_sum_quad(r);
     invA = row_inv(r.lA), invB = row_inv(r.lB);
   }
-  T *out = (T *)p.o + bh * p.Lq * D;
+  cp_async_wait<0>(); /* with no key tile, Q's copy may not have been waited for */
 #pragma unroll
-  for (int d = 0; d < DC; d++) {
-    int col = d * 8 + c2;
-    if (r.iA < p.Lq) *(uint32_t *)(out + r.iA * D + col) = pack2<T>(o[d][0] * invA, o[d][1] * invA);
-    if (r.iB < p.Lq) *(uint32_t *)(out + r.iB * D + col) = pack2<T>(o[d][2] * invB, o[d][3] * invB);
+  for (int d = 0; d < CH; d++) {
+    const int a = WGMMA ? sw128<ROWS>(rA, d) : swz<CH>(rA, d), b = WGMMA ? sw128<ROWS>(rB, d) : swz<CH>(rB, d);
+    *(uint32_t *)(tile + a + c2 * 2) = pack2<T>(o[d][0] * invA, o[d][1] * invA);
+    *(uint32_t *)(tile + b + c2 * 2) = pack2<T>(o[d][2] * invB, o[d][3] * invB);
   }
-  if (p.lse && (lane & 3) == 0) { /* NORMALIZED: the statistics pass's (m, l) */
+  if (GROUP == 32) __syncwarp();
+  else if (threadIdx.x < 128) asm volatile("bar.sync 1, 128;" ::: "memory"); /* barrier 0 is the block's */
+  else asm volatile("bar.sync 2, 128;" ::: "memory");
+  const int t = threadIdx.x % GROUP, row0 = (threadIdx.x / GROUP) * (GROUP / 2);
+  T *out = (T *)p.o + (bh * p.Lq + i0) * D;
+#pragma unroll
+  for (int it = 0; it < CH / 2; it++) {
+    const int c = it * GROUP + t, row = row0 + c / CH, ch = c % CH;
+    const int at = WGMMA ? sw128<ROWS>(row, ch) : swz<CH>(row, ch);
+    if (i0 + row < p.Lq) *(uint4 *)(out + (int64_t)row * D + ch * 8) = *(const uint4 *)(tile + at);
+  }
+  if (p.lse && (lane & 3) == 0) {
     const float *st = p.row_stats + 2 * bh * p.Lq;
     if (r.iA < p.Lq) p.lse[bh * p.Lq + r.iA] = NORMALIZED ? row_lse(st[2 * r.iA], st[2 * r.iA + 1]) : row_lse(r.mA, r.lA);
     if (r.iB < p.Lq) p.lse[bh * p.Lq + r.iB] = NORMALIZED ? row_lse(st[2 * r.iB], st[2 * r.iB + 1]) : row_lse(r.mB, r.lB);

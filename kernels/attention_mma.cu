@@ -11,7 +11,8 @@
  * rescaling run on those registers, and the probabilities are repacked as
  * the A fragments of O += P·V, as FlashAttention-2 does.  Shared memory
  * rows are XOR-swizzled in 16-byte chunks so that ldmatrix reads hit eight
- * different bank groups. */
+ * different bank groups.  O leaves through the warp's rows of the Q tile,
+ * a row at a time (frag_store_staged). */
 #include "attention_frag.cuh"
 
 #define MMA_BC 64
@@ -54,7 +55,7 @@ __device__ __forceinline__ void mma16816<__nv_bfloat16>(float c[4], const uint32
 template <typename T, int D, bool EXTRAS, int PASS>
 __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_problem p) {
   const bool WITH_V = PASS != PASS_STATS;
-  if (WITH_V && *p.v_nonfinite) return; /* the fallback's */
+  const int v_bad = WITH_V ? *p.v_nonfinite : 0; /* see leave_for_fallback */
   const int CH = D / 8, MMA_BR = 16 * MMA_WARPS(D);
   extern __shared__ __align__(128) char mma_smem[];
   char *Qs = mma_smem, *Ks = Qs + MMA_BR * D * 2, *Vs = Ks + 2 * MMA_BC * D * 2; /* K, V: two buffers each */
@@ -75,6 +76,7 @@ __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_pro
     if (WITH_V) load_tile<T, D, MMA_BC, MMA_WARPS(D) * 32, false>(Vs, v, t_lo, t_hi);
   }
   cp_async_commit();
+  if (leave_for_fallback(v_bad)) return;
 
   /* Q fragments: this warp's 16 rows, D/16 k-steps */
   cp_async_wait<1>();
@@ -147,7 +149,7 @@ __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_pro
   }
 
   if (PASS == PASS_STATS) frag_stats_store(p, bh, lane, r);
-  else frag_store<T, D / 8, PASS == PASS_OUTPUT>(p, bh, lane, r, o);
+  else frag_store_staged<T, D, PASS == PASS_OUTPUT, false, 0, 32>(p, bh, i0, lane, r, o, Qs); /* the warp's Q rows */
 }
 
 template <typename T, int D, bool EXTRAS, int PASS> static fa_status launch(fa_context *ctx, const fa_attn_problem *p) {

@@ -15,7 +15,8 @@
  * registers as the A operand of O += P·V, whose B operand V is read
  * transposed from shared memory.  The product P·V of one tile runs on the
  * tensor cores while the softmax of the next is computed (FlashAttention-3's
- * intra-warpgroup overlap). */
+ * intra-warpgroup overlap).  O leaves through the Q tile in shared memory,
+ * a row at a time (frag_store_staged). */
 #include "attention_frag.cuh"
 #include "wgmma_ops.cuh"
 
@@ -57,7 +58,7 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   const bool WITH_V = PASS != PASS_STATS;
   const int DP = WG_PAD(D); /* S = Q·Kᵀ takes D / 16 k-steps; P·V runs on DP columns, O's past D unused */
-  if (WITH_V && *p.v_nonfinite) return; /* the fallback's */
+  const int v_bad = WITH_V ? *p.v_nonfinite : 0; /* see leave_for_fallback */
   extern __shared__ __align__(128) char wg_smem_raw[];
   /* the swizzle is computed on address bits: blocks must be 1024-byte aligned */
   char *Qs = wg_smem_raw + ((1024 - (smem_addr(wg_smem_raw) & 1023)) & 1023);
@@ -78,6 +79,7 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && 
     if (WITH_V) load_tile<T, DP, BC, WG_THREADS, true, D>(Vs, v, t_lo, t_hi);
   }
   cp_async_commit();
+  if (leave_for_fallback(v_bad)) return;
 
   const int g = lane >> 2, c2 = (lane & 3) * 2;
   const int rA = warp * 16 + g, rB = rA + 8;
@@ -155,7 +157,7 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && 
     wgmma_hold<DP / 2>(&o[0][0]);
   }
 
-  frag_store<T, D / 8, PASS == PASS_OUTPUT>(p, bh, lane, r, o);
+  frag_store_staged<T, D, PASS == PASS_OUTPUT, true, WG_BR, 128>(p, bh, i0, lane, r, o, Qs); /* Q's rows */
 #endif
 }
 
