@@ -666,10 +666,14 @@ template <typename T> static fa_status split_rows(fa_context *ctx, const T *x, T
  * take twice the time a byte, blocks of 1024 threads with the next segment
  * copied in while this one is worked on (PIPE; without it 4 % slower);
  * else blocks of 512 threads, two an SM, the row in registers in up to 8
- * blocks (f32: 17 % faster than 1024 threads, where PIPE spills); else
- * 1024 threads with a stash of 8 vectors a thread, the smallest cluster
- * that holds the row (16 blocks of 1024 threads leave SMs idle: 7 clusters
- * on 132 SMs; larger stashes were slower). */
+ * blocks (f32: 17 % faster than 1024 threads, where PIPE spills); f32 rows
+ * up to twice that, two blocks an SM with a stash of 8 vectors a thread
+ * (f32 512 x 2^18: 5 % faster than the next; run 10); else 1024 threads
+ * with a stash of 8, the smallest cluster that holds the row (16 blocks of
+ * 1024 threads leave SMs idle: 7 clusters on 132 SMs; larger stashes were
+ * slower; at 2^20 f16 two blocks of 512 an SM in clusters of 16 were 4 %
+ * slower, and at 2^17 f32 1024 threads in clusters of 2, all SMs busy, 8 %
+ * slower than two blocks of 512 an SM in clusters of 8 on 120 SMs). */
 typedef struct {
   int threads, cl, per_thread, pipe;
   size_t smem; /* the stash: the segment's vectors past registers, or (PIPE) the next segment */
@@ -677,14 +681,14 @@ typedef struct {
 
 static int plan_cluster(int64_t nvec, int elem, int smem_optin, cluster_plan *pl) {
   static const struct {
-    int threads, stash, cl_max, pipe;
-  } shapes[] = {{1024, 0, 4, 1}, {512, 0, 8, 0}, {1024, 8, 16, 0}};
+    int threads, stash, cl_max, pipe, elem; /* elem: the element size served, 0 for any */
+  } shapes[] = {{1024, 0, 4, 1, 2}, {512, 0, 8, 0, 0}, {512, 8, 8, 0, 4}, {1024, 8, 16, 0, 0}};
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
     const int64_t th = shapes[i].threads, stash = shapes[i].stash, pipe = shapes[i].pipe;
     const int64_t cl = (nvec + th * (CLUSTER_E + stash) - 1) / (th * (CLUSTER_E + stash));
     const int64_t per_thread = (nvec + cl * th - 1) / (cl * th);
     const size_t smem = (size_t)(pipe ? (int64_t)CLUSTER_E : max((int64_t)0, per_thread - CLUSTER_E)) * th * 16;
-    if ((pipe && elem != 2) || cl > shapes[i].cl_max || smem > (size_t)smem_optin) continue;
+    if ((shapes[i].elem && elem != shapes[i].elem) || cl > shapes[i].cl_max || smem > (size_t)smem_optin) continue;
     *pl = cluster_plan{(int)th, (int)cl, (int)per_thread, (int)pipe, smem};
     return 1;
   }
