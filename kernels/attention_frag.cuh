@@ -266,16 +266,16 @@ template <int DC> static __device__ __forceinline__ void frag_rescale(float (*o)
 
 /* The end of the rows: O / l into out through shared memory, and lse (an
  * empty row, l = 0, gives zeros and -inf; NaN stays NaN; NORMALIZED, the
- * output pass of "two_pass": O is final, lse from p.row_stats).  The fragments' 4-byte
- * pieces into the rows of `tile` that this group of GROUP threads owns
- * (GROUP / 2 rows: a warp's 16 with mma.sync, a warpgroup's 64 with wgmma),
- * in the tile's swizzle (WGMMA: sw128 of ROWS rows, else swz), free of bank
- * conflicts; then a 16-byte chunk a thread, consecutive threads along a row.
- * Straight from the fragments, each store instruction wrote 16 bytes into
- * each of 8 rows: the wgmma kernel's bf16/f16 L = 1024 causal calls ran
- * 6-12 % slower so (docs/perf/2026-11-22-attention-h200-run27.json).
- * The group's rows of the tile must be read no more (Q's, once the products
- * are done). */
+ * output pass of "two_pass": O is final, lse from p.row_stats).  The
+ * fragments' 4-byte pieces go into the rows of `tile` that this group of
+ * GROUP threads owns (GROUP / 2 rows: a warp's 16 with mma.sync, a
+ * warpgroup's 64 with wgmma) in the tile's swizzle (WGMMA: sw128 of ROWS
+ * rows, else swz), free of bank conflicts; then out as a 16-byte chunk a
+ * thread, consecutive threads along a row.  Straight from the fragments,
+ * each store instruction wrote 16 bytes into each of 8 rows: the wgmma
+ * kernel's bf16/f16 L = 1024 causal calls ran 6-12 % slower so
+ * (docs/perf/2026-11-22-attention-h200-run27.json).  The group's rows of
+ * the tile must be read no more (Q's, once the products are done). */
 template <typename T, int D, bool NORMALIZED, bool WGMMA, int ROWS, int GROUP>
 static __device__ __forceinline__ void frag_store_staged(const fa_attn_problem &p, int64_t bh, int64_t i0, int lane,
                                                          frag_rows &r, float (*o)[4], char *tile) {
