@@ -280,8 +280,8 @@ template <typename T, int D, bool NORMALIZED, bool WGMMA, int ROWS, int GROUP>
 static __device__ __forceinline__ void frag_store_staged(const fa_attn_problem &p, int64_t bh, int64_t i0, int lane,
                                                          frag_rows &r, float (*o)[4], char *tile) {
   static_assert(GROUP == 32 || (GROUP == 128 && ROWS == 128), "frag_store_staged: a warp, or a warpgroup of two");
-  const int CH = D / 8, g = lane >> 2, c2 = (lane & 3) * 2;
-  const int rA = (int)(r.iA - i0), rB = rA + 8; /* rA & 7 = rB & 7 = g */
+  const int CH = D / 8, c2 = (lane & 3) * 2;
+  const int rA = (int)(r.iA - i0), rB = rA + 8; /* the tile rows of this lane's pieces */
   float invA = 1.f, invB = 1.f;
   if (!NORMALIZED) {
     frag_sum_quad(r);
