@@ -264,29 +264,63 @@ template <int DC> static __device__ __forceinline__ void frag_rescale(float (*o)
   for (int d = 0; d < DC; d++) o[d][0] *= alphaA, o[d][1] *= alphaA, o[d][2] *= alphaB, o[d][3] *= alphaB;
 }
 
-/* The end of the rows: O / l into out through shared memory, and lse (an
- * empty row, l = 0, gives zeros and -inf; NaN stays NaN; NORMALIZED, the
- * output pass of "two_pass": O is final, lse from p.row_stats).  The
- * fragments' 4-byte pieces go into the rows of `tile` that this group of
- * GROUP threads owns (GROUP / 2 rows: a warp's 16 with mma.sync, a
- * warpgroup's 64 with wgmma) in the tile's swizzle (WGMMA: sw128 of ROWS
- * rows, else swz), free of bank conflicts; then out as a 16-byte chunk a
- * thread, consecutive threads along a row.  Straight from the fragments,
- * each store instruction wrote 16 bytes into each of 8 rows: the wgmma
- * kernel's bf16/f16 L = 1024 causal calls ran 6-12 % slower so
- * (docs/perf/2026-11-22-attention-h200-run27.json).  The group's rows of
- * the tile must be read no more (Q's, once the products are done). */
+/* The end of the rows: the factors 1 / l that finish O (the quad's sums
+ * first; an empty row, l = 0, gives zeros, NaN stays NaN), or 1 when
+ * NORMALIZED (the output pass of "two_pass", whose O is final). */
+template <bool NORMALIZED>
+static __device__ __forceinline__ void frag_finish(frag_rows &r, float *invA, float *invB) {
+  *invA = *invB = 1.f;
+  if (!NORMALIZED) {
+    frag_sum_quad(r);
+    *invA = row_inv(r.lA), *invB = row_inv(r.lB);
+  }
+}
+
+/* lse of rows A and B (-inf for an empty row); NORMALIZED: from p.row_stats. */
+template <bool NORMALIZED>
+static __device__ __forceinline__ void frag_lse_store(const fa_attn_problem &p, int64_t bh, int lane, const frag_rows &r) {
+  if (p.lse && (lane & 3) == 0) {
+    const float *st = p.row_stats + 2 * bh * p.Lq;
+    if (r.iA < p.Lq) p.lse[bh * p.Lq + r.iA] = NORMALIZED ? row_lse(st[2 * r.iA], st[2 * r.iA + 1]) : row_lse(r.mA, r.lA);
+    if (r.iB < p.Lq) p.lse[bh * p.Lq + r.iB] = NORMALIZED ? row_lse(st[2 * r.iB], st[2 * r.iB + 1]) : row_lse(r.mB, r.lB);
+  }
+}
+
+/* O / l into out (rows of D) straight from the fragments, 4 bytes a store
+ * (each store instruction touches 8 rows), and lse. */
+template <typename T, int D, bool NORMALIZED>
+static __device__ __forceinline__ void frag_store(const fa_attn_problem &p, int64_t bh, int lane, frag_rows &r,
+                                                  float (*o)[4]) {
+  const int c2 = (lane & 3) * 2;
+  float invA, invB;
+  frag_finish<NORMALIZED>(r, &invA, &invB);
+  T *out = (T *)p.o + bh * p.Lq * D;
+#pragma unroll
+  for (int d = 0; d < D / 8; d++) {
+    const int col = d * 8 + c2;
+    if (r.iA < p.Lq) *(uint32_t *)(out + r.iA * D + col) = pack2<T>(o[d][0] * invA, o[d][1] * invA);
+    if (r.iB < p.Lq) *(uint32_t *)(out + r.iB * D + col) = pack2<T>(o[d][2] * invB, o[d][3] * invB);
+  }
+  frag_lse_store<NORMALIZED>(p, bh, lane, r);
+}
+
+/* The same through shared memory: the fragments' 4-byte pieces go into the
+ * rows of `tile` that this group of GROUP threads owns (GROUP / 2 rows: a
+ * warp's 16 with mma.sync, a warpgroup's 64 with wgmma) in the tile's
+ * swizzle (WGMMA: sw128 of ROWS rows, else swz), free of bank conflicts;
+ * then out as a 16-byte chunk a thread, consecutive threads along a row.
+ * The wgmma kernel's bf16/f16 L = 1024 causal calls ran 6-12 % faster so
+ * than with frag_store (docs/perf/2026-11-22-attention-h200-run27.json).
+ * The group's rows of the tile must be read no more (Q's, once the
+ * products are done). */
 template <typename T, int D, bool NORMALIZED, bool WGMMA, int ROWS, int GROUP>
 static __device__ __forceinline__ void frag_store_staged(const fa_attn_problem &p, int64_t bh, int64_t i0, int lane,
                                                          frag_rows &r, float (*o)[4], char *tile) {
   static_assert(GROUP == 32 || (GROUP == 128 && ROWS == 128), "frag_store_staged: a warp, or a warpgroup of two");
   const int CH = D / 8, c2 = (lane & 3) * 2;
   const int rA = (int)(r.iA - i0), rB = rA + 8; /* the tile rows of this lane's pieces */
-  float invA = 1.f, invB = 1.f;
-  if (!NORMALIZED) {
-    frag_sum_quad(r);
-    invA = row_inv(r.lA), invB = row_inv(r.lB);
-  }
+  float invA, invB;
+  frag_finish<NORMALIZED>(r, &invA, &invB);
   cp_async_wait<0>(); /* with no key tile, Q's copy may not have been waited for */
 #pragma unroll
   for (int d = 0; d < CH; d++) {
@@ -305,11 +339,7 @@ static __device__ __forceinline__ void frag_store_staged(const fa_attn_problem &
     const int at = WGMMA ? sw128<ROWS>(row, ch) : swz<CH>(row, ch);
     if (i0 + row < p.Lq) *(uint4 *)(out + (int64_t)row * D + ch * 8) = *(const uint4 *)(tile + at);
   }
-  if (p.lse && (lane & 3) == 0) {
-    const float *st = p.row_stats + 2 * bh * p.Lq;
-    if (r.iA < p.Lq) p.lse[bh * p.Lq + r.iA] = NORMALIZED ? row_lse(st[2 * r.iA], st[2 * r.iA + 1]) : row_lse(r.mA, r.lA);
-    if (r.iB < p.Lq) p.lse[bh * p.Lq + r.iB] = NORMALIZED ? row_lse(st[2 * r.iB], st[2 * r.iB + 1]) : row_lse(r.mB, r.lB);
-  }
+  frag_lse_store<NORMALIZED>(p, bh, lane, r);
 }
 
 /* The key range of a query tile [i0, i0 + BR): the union of its rows'
