@@ -40,6 +40,12 @@ template <int ROWS> static __device__ __forceinline__ int sw128(int row, int chu
   return (chunk >> 3) * ROWS * 128 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
 }
 
+/* Byte offset of chunk ch of row r in a tile of CH chunks a row, in either
+ * layout (WGMMA: sw128 of ROWS rows, else swz). */
+template <bool WGMMA, int ROWS, int CH> static __device__ __forceinline__ int tile_chunk(int r, int ch) {
+  return WGMMA ? sw128<ROWS>(r, ch) : swz<CH>(r, ch);
+}
+
 /* Rows [r0, r0 + ROWS) of a (rows × DG) f16/bf16 matrix into a tile of D
  * columns in either layout (WGMMA: sw128, else swz) by THREADS threads, a
  * cp.async per chunk; rows at or past `limit` and columns past DG (a tile
@@ -56,7 +62,7 @@ static __device__ __forceinline__ void load_tile(char *tile, const T *src, int64
   const int64_t left = limit - r0; /* rows that exist from r0 on */
   const int rows = left >= ROWS ? ROWS : left > 0 ? (int)left : 0;
   const T *g = src + (r0 + row0) * DG + chunk * 8;
-  char *t = tile + (WGMMA ? sw128<ROWS>(row0, chunk) : swz<CH>(row0, chunk));
+  char *t = tile + tile_chunk<WGMMA, ROWS, CH>(row0, chunk);
   const int step_bytes = WGMMA ? STEP * 128 : STEP * CH * 16; /* row & 7 is the same every pass */
 #pragma unroll
   for (int it = 0; it < ROWS / STEP; it++) {
@@ -307,7 +313,7 @@ static __device__ __forceinline__ void frag_store(const fa_attn_problem &p, int6
 /* The same through shared memory: the fragments' 4-byte pieces go into the
  * rows of `tile` that this group of GROUP threads owns (GROUP / 2 rows: a
  * warp's 16 with mma.sync, a warpgroup's 64 with wgmma) in the tile's
- * swizzle (WGMMA: sw128 of ROWS rows, else swz), free of bank conflicts;
+ * layout (tile_chunk), free of bank conflicts;
  * then out as a 16-byte chunk a thread, consecutive threads along a row.
  * The wgmma kernel's bf16/f16 L = 1024 causal calls ran 6-12 % faster so
  * than with frag_store (docs/perf/2026-11-22-attention-h200-run27.json).
@@ -324,7 +330,7 @@ static __device__ __forceinline__ void frag_store_staged(const fa_attn_problem &
   cp_async_wait<0>(); /* with no key tile, Q's copy may not have been waited for */
 #pragma unroll
   for (int d = 0; d < CH; d++) {
-    const int a = WGMMA ? sw128<ROWS>(rA, d) : swz<CH>(rA, d), b = WGMMA ? sw128<ROWS>(rB, d) : swz<CH>(rB, d);
+    const int a = tile_chunk<WGMMA, ROWS, CH>(rA, d), b = tile_chunk<WGMMA, ROWS, CH>(rB, d);
     *(uint32_t *)(tile + a + c2 * 2) = pack2<T>(o[d][0] * invA, o[d][1] * invA);
     *(uint32_t *)(tile + b + c2 * 2) = pack2<T>(o[d][2] * invB, o[d][3] * invB);
   }
@@ -336,7 +342,7 @@ static __device__ __forceinline__ void frag_store_staged(const fa_attn_problem &
 #pragma unroll
   for (int it = 0; it < CH / 2; it++) {
     const int c = it * GROUP + t, row = row0 + c / CH, ch = c % CH;
-    const int at = WGMMA ? sw128<ROWS>(row, ch) : swz<CH>(row, ch);
+    const int at = tile_chunk<WGMMA, ROWS, CH>(row, ch);
     if (i0 + row < p.Lq) *(uint4 *)(out + (int64_t)row * D + ch * 8) = *(const uint4 *)(tile + at);
   }
   frag_lse_store<NORMALIZED>(p, bh, lane, r);

@@ -97,6 +97,7 @@ template <typename A> static __device__ __forceinline__ A normalise(A x, MD<A> s
  * keeps e in place of x, so that the store is y = e·c, one multiply; 16-bit
  * types keep x (e in 16 bits would lose digits) and take e again from the
  * row's maximum. */
+template <typename T> constexpr bool keeps_e = sizeof(T) == 4;
 
 /* The E vectors t, t + stride, … of a segment that lie below len. */
 template <typename T, int E>
@@ -332,7 +333,7 @@ template <typename T> __global__ void __launch_bounds__(1024) fused_kernel(const
 template <typename T, int E>
 __global__ void warp_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows, int64_t n) {
   const int VN = Vec16<T>::N;
-  constexpr bool KEEP = sizeof(T) == 4;
+  constexpr bool KEEP = keeps_e<T>;
   int lane = threadIdx.x & 31;
   int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
   int64_t nvec = n / VN;
@@ -411,7 +412,7 @@ __global__ void __launch_bounds__(WARPS * 32, MODE == ITEM_ROW ? 1024 / (WARPS *
     block_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows, int64_t n, int segs,
                       MD<float> *partials, unsigned *arrived) {
   const int VN = Vec16<T>::N, TH = WARPS * 32;
-  constexpr bool KEEP = sizeof(T) == 4 && MODE != ITEM_WRITE; /* ITEM_WRITE takes e from x at the store */
+  constexpr bool KEEP = keeps_e<T> && MODE != ITEM_WRITE; /* ITEM_WRITE takes e from x at the store */
   __shared__ MD<float> scratch[32];
   __shared__ MD<float> row_state;
   const int64_t nvec = n / VN, seg_vecs = MODE == ITEM_ROW ? nvec : (int64_t)E * TH, items = rows * segs;
@@ -455,7 +456,7 @@ __global__ void __launch_bounds__(TH, 1024 / TH)
     cluster_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows, int64_t n, int per_thread) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* clusters; the launcher takes this code only when built so */
   const int VN = Vec16<T>::N;
-  constexpr bool KEEP = sizeof(T) == 4;
+  constexpr bool KEEP = keeps_e<T>;
   extern __shared__ __align__(16) unsigned char cluster_smem[];
   Vec16<T> *stash = (Vec16<T> *)cluster_smem; /* [S or E][TH]: each thread reads back only its own */
   __shared__ MD<float> scratch[32];
