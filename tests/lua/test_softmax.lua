@@ -220,8 +220,10 @@ end
 function TestSoftmax:test_nan_hidden_among_masked_entries()
   -- a row of -inf with one NaN is NaN throughout, wherever the NaN sits (on
   -- cuda: whichever thread, block or cluster holds it); a row of -inf alone
-  -- is zeros.  Lengths that take each of auto's paths on cuda.
-  for _, n in ipairs({2, 40, 5000, 200000}) do
+  -- is zeros.  Lengths that take each of auto's paths on cuda (f32 200000:
+  -- a cluster of two-an-SM blocks with a shared-memory stash; 300000: one
+  -- 1024-thread block an SM with a stash).
+  for _, n in ipairs({2, 40, 5000, 200000, 300000}) do
     local x = fa.full({3, n}, -math.huge, {device = dev})
     x:set(2, n // 2 + 1, U.NaN)
     x:set(3, n, U.NaN)
