@@ -449,7 +449,9 @@ __global__ void __launch_bounds__(WARPS * 32, MODE == ITEM_ROW ? 1024 / (WARPS *
  * mbarrier, and merges the CL partials it received.  One read, one write, no global counter or
  * spin-wait, and no cluster barrier a row: its release would wait for the
  * block's previous stores (measured: a cluster of one block with it ran
- * 10 % below the block-per-row kernel). */
+ * 10 % below the block-per-row kernel).  A ring of bulk copies (TMA) in
+ * place of the stash, each chunk written out as soon as its y was in place
+ * and the next row's copied in behind it, was 5-15 % slower (run 11). */
 enum { CLUSTER_E = 8, CLUSTER_MAX = 16 };
 template <typename T, int E, int TH, bool PIPE>
 __global__ void __launch_bounds__(TH, 1024 / TH)
@@ -457,7 +459,10 @@ __global__ void __launch_bounds__(TH, 1024 / TH)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* clusters; the launcher takes this code only when built so */
   const int VN = Vec16<T>::N;
   constexpr bool KEEP = keeps_e<T>;
-  extern __shared__ __align__(16) unsigned char cluster_smem[];
+  /* 128-byte aligned: after the 528 bytes of static shared memory below, a
+   * 16-byte aligned stash put each warp's 512-byte access over 5 lines of
+   * 128 bytes instead of 4 (3-7 % of the row time, run 11) */
+  extern __shared__ __align__(128) unsigned char cluster_smem[];
   Vec16<T> *stash = (Vec16<T> *)cluster_smem; /* [S or E][TH]: each thread reads back only its own */
   __shared__ MD<float> scratch[32];
   __shared__ __align__(8) float partials[2][CLUSTER_MAX][2]; /* [row parity][sender]: (m, d) */
