@@ -5,8 +5,13 @@
 -- reference (the last rows keep the bottom-right causal alignment).
 -- Usage: flashattn-lua scripts/bench_attention.lua [--json FILE] [--quick]
 --        [--algos flash,flash:sync,flash:bc128,naive,two_pass] [--dtypes bf16,f16,f32] [--dims 64,128,256]
+--        [--ls 1024,4096] [--rules plain,softcap,alibi,mask_bool,mask_float]
+-- --rules times each call again with the score rule beyond the key range:
+-- softcap = 30, alibi slopes 2^(-8h/H), a bool mask (one key in ten off)
+-- or a float mask (uniform in [-1, 0)), each (L, L) broadcast over B and H.
 local fa = require "flashattn"
 local json_path, quick, algos, dtypes, dims = nil, false, { "flash" }, { "bf16", "f16", "f32" }, { 64, 128 }
+local rules, ls = { "plain" }, nil
 for i = 1, #arg do
   if arg[i] == "--json" then json_path = arg[i + 1] end
   if arg[i] == "--quick" then quick = true end
@@ -22,8 +27,47 @@ for i = 1, #arg do
     algos = {}
     for a in arg[i + 1]:gmatch("[^,]+") do algos[#algos + 1] = a end
   end
+  if arg[i] == "--rules" then
+    rules = {}
+    for a in arg[i + 1]:gmatch("[^,]+") do rules[#rules + 1] = a end
+  end
+  if arg[i] == "--ls" then
+    ls = {}
+    for a in arg[i + 1]:gmatch("[^,]+") do ls[#ls + 1] = assert(tonumber(a), "--ls: numbers") end
+  end
 end
-local Ls = quick and { 1024 } or { 1024, 4096, 16384 }
+local Ls = ls or quick and { 1024 } or { 1024, 4096, 16384 }
+
+-- The options of a rule for L keys and H heads; ref_opts: the same for the
+-- reference on the first head's last `rows` query rows.
+local masks = {} -- [rule .. L]: built once
+local function rule_opts(rule, L, H, rows)
+  if rule == "plain" then return {}, {} end
+  if rule == "softcap" then return { softcap = 30 }, { softcap = 30 } end
+  if rule == "alibi" then
+    local slopes = {}
+    for h = 1, H do slopes[h] = 2 ^ (-8 * h / H) end
+    return { alibi = slopes }, { alibi = { slopes[1] } }
+  end
+  local key = rule .. L
+  if not masks[key] then
+    if rule == "mask_float" then
+      masks[key] = fa.rand({ 1, 1, L, L }, { seed = 7, device = "cuda" }) + (-1)
+    elseif rule == "mask_bool" then
+      local t = {}
+      for i = 1, L do
+        local r = {}
+        for j = 1, L do r[j] = (i * 7 + j * 3) % 10 ~= 0 end
+        t[i] = r
+      end
+      masks[key] = fa.tensor({ { t } }, { device = "cuda" })
+    else
+      error("--rules: unknown rule " .. rule)
+    end
+  end
+  local m = masks[key]
+  return { mask = m }, { mask = m:narrow(3, L - rows + 1, rows) }
+end
 local results = {}
 -- the device copy bandwidth, so that each algo's time can be set against
 -- what its traffic model (fa.cost) predicts at that bandwidth (model_ratio =
@@ -85,34 +129,41 @@ for _, dt in ipairs(dtypes) do
       local rows = 4
       local function head(t) return t:narrow(1, 1, 1):narrow(2, 1, 1) end
       for _, causal in ipairs { false, true } do
-        local ref = fa.attention_reference(head(q):narrow(3, L - rows + 1, rows), head(k), head(v), { causal = causal })
-        for _, algo in ipairs(algos) do
-          -- "flash:sync": the mma.sync kernel by its tile (on Hopper the default is the wgmma kernel);
-          -- "flash:bc128": the Hopper kernel with key tiles of 128 at D = 64, tile {128, 128} (f16/bf16 at
-          -- D = 64 only; the default there is {128, 64})
-          local opts = { algo = algo, causal = causal }
-          if algo == "flash:sync" then opts.algo, opts.tile = "flash", D == 64 and { 64, 64 } or { 128, 64 } end
-          if algo == "flash:bc128" then opts.algo, opts.tile = "flash", { 128, 128 } end
-          if algo == "flash:bc128" and (dt == "f32" or D ~= 64) then goto next_algo end
-          local ok, o = pcall(fa.attention, q, k, v, opts)
-          if ok then
-            local rel = fa.rel_error(head(o):narrow(3, L - rows + 1, rows):cpu(), ref)
-            o:free()
-            local b = fa.bench(function() fa.attention(q, k, v, opts) end, { warmup = 2, rep = quick and 3 or 10 })
-            local cost = fa.cost.attention(q, k, v, opts)
-            local tflops = cost.flops / (b.median_ms * 1e-3) / 1e12
-            local gbs = cost.bytes / (b.median_ms * 1e-3) / 1e9
-            local roof = roof_ms(opts.algo, cost, dt, B, H, L, D, causal)
-            print(string.format("%-5s %4d %6d %-6s %-9s %9.3f %9.1f %9.2f %9.2f %9.2e", dt, D, L, tostring(causal), algo,
-              b.median_ms, tflops, copy_gbs / gbs, b.median_ms / roof, rel))
-            results[#results + 1] = { dtype = dt, D = D, L = L, B = B, H = H, causal = causal, algo = algo,
-              ms = b.median_ms, tflops = tflops, model_gbs = gbs, model_bytes = cost.bytes,
-              model_ratio = copy_gbs / gbs, roof_ms = roof, roof_ratio = b.median_ms / roof, rel_err = rel }
-          else
-            print(string.format("%-5s %4d %6d %-6s %-9s %s", dt, D, L, tostring(causal), algo, tostring(o):sub(1, 80)))
+        for _, rule in ipairs(rules) do
+          local extra, ref_extra = rule_opts(rule, L, H, rows)
+          local ropts = { causal = causal }
+          for name, val in pairs(ref_extra) do ropts[name] = val end
+          local ref = fa.attention_reference(head(q):narrow(3, L - rows + 1, rows), head(k), head(v), ropts)
+          for _, algo in ipairs(algos) do
+            -- "flash:sync": the mma.sync kernel by its tile (on Hopper the default is the wgmma kernel);
+            -- "flash:bc128": the Hopper kernel with key tiles of 128 at D = 64, tile {128, 128} (f16/bf16 at
+            -- D = 64 only; the default there is {128, 64})
+            local opts = { algo = algo, causal = causal }
+            for name, val in pairs(extra) do opts[name] = val end
+            if algo == "flash:sync" then opts.algo, opts.tile = "flash", D == 64 and { 64, 64 } or { 128, 64 } end
+            if algo == "flash:bc128" then opts.algo, opts.tile = "flash", { 128, 128 } end
+            if algo == "flash:bc128" and (dt == "f32" or D ~= 64) then goto next_algo end
+            local ok, o = pcall(fa.attention, q, k, v, opts)
+            if ok then
+              local rel = fa.rel_error(head(o):narrow(3, L - rows + 1, rows):cpu(), ref)
+              o:free()
+              local b = fa.bench(function() fa.attention(q, k, v, opts) end, { warmup = 2, rep = quick and 3 or 10 })
+              local cost = fa.cost.attention(q, k, v, opts)
+              local tflops = cost.flops / (b.median_ms * 1e-3) / 1e12
+              local gbs = cost.bytes / (b.median_ms * 1e-3) / 1e9
+              local roof = roof_ms(opts.algo, cost, dt, B, H, L, D, causal)
+              local name = rule == "plain" and algo or algo .. "+" .. rule
+              print(string.format("%-5s %4d %6d %-6s %-9s %9.3f %9.1f %9.2f %9.2f %9.2e", dt, D, L, tostring(causal), name,
+                b.median_ms, tflops, copy_gbs / gbs, b.median_ms / roof, rel))
+              results[#results + 1] = { dtype = dt, D = D, L = L, B = B, H = H, causal = causal, algo = algo,
+                rule = rule, ms = b.median_ms, tflops = tflops, model_gbs = gbs, model_bytes = cost.bytes,
+                model_ratio = copy_gbs / gbs, roof_ms = roof, roof_ratio = b.median_ms / roof, rel_err = rel }
+            else
+              print(string.format("%-5s %4d %6d %-6s %-9s %s", dt, D, L, tostring(causal), algo, tostring(o):sub(1, 80)))
+            end
+            collectgarbage()
+            ::next_algo::
           end
-          collectgarbage()
-          ::next_algo::
         end
       end
       q:free(); k:free(); v:free()

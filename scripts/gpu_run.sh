@@ -13,23 +13,12 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 what=" ${*:-all} "
-D=$PWD/.deps/root
-if [ ! -x "$D/usr/bin/lua5.4" ]; then
-  for f in .deps/debs/*.deb; do dpkg-deb -x "$f" "$D"; done
-fi
-ML=$D/usr/lib/x86_64-linux-gnu
-export LD_LIBRARY_PATH=$ML:$ML/openblas-pthread:$D/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-export LUA_PATH="$D/usr/share/lua/5.4/?.lua;$D/usr/share/lua/5.4/?/init.lua;;"
-export LUA_CPATH="$ML/lua/5.4/?.so;;" PATH=$D/usr/bin:$PATH
+. scripts/gpu_env.sh
 B=build-gpu
 step() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 
 step "configure and build"
-cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real \
-  -DLUA_INCLUDE_DIR=$D/usr/include/lua5.4 -DLUA_LIBRARY=$ML/liblua5.4.so -DLUA_EXECUTABLE=$D/usr/bin/lua5.4 \
-  -DCMAKE_LIBRARY_PATH=$ML/openblas-pthread -DCMAKE_INCLUDE_PATH="$D/usr/include/x86_64-linux-gnu/openblas-pthread" \
-  -DCMAKE_C_FLAGS="-I$D/usr/include/x86_64-linux-gnu" >"$OUT/build.log" 2>&1 &&
-  cmake --build $B -j"$(nproc)" >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+gpu_build $B . >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$OUT/summary.txt"
 export FLASHATTN_DEVICE=cuda
 rc=0

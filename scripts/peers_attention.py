@@ -42,7 +42,7 @@ def main():
         engine = json.load(f)
     rows = []
     for r in engine["results"]:
-        if r["algo"] != "flash":
+        if r["algo"] != "flash" or r.get("rule", "plain") != "plain":
             continue
         row = dict(r)
         for name in BACKENDS:

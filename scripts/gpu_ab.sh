@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# A/B probes on the GPU: the working tree against other commits, built side
+# by side and measured in turns in one device call, so that a change is
+# judged against its base on the same card at the same time.
+#   here:  bash scripts/gpu_ab.sh prepare REV...   (each REV's tree into .snap/REV)
+#   there: bash scripts/gpu_ab.sh build   (carry .deps and .snap)
+#          bash scripts/gpu_ab.sh run ROUNDS SCRIPT [ARGS...]
+# `build` builds the working tree ("work", into build-gpu as gpu_run.sh
+# does) and every .snap/REV (build-ab/REV) for sm_90a, side by side; `run`
+# builds what is not built yet, then runs `flashattn-lua SCRIPT ARGS --json ...` ROUNDS times on each in
+# turn (work, REV..., work, REV...), and writes $OUT/ab.json: for every row
+# of the script's JSON results (keyed by dtype, D, L, causal, algo, rule)
+# the median ms of each build in each round, and prints the ratios.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if [ "${1:-}" = prepare ]; then
+  shift
+  for rev in "$@"; do
+    rm -rf ".snap/$rev" && mkdir -p ".snap/$rev" && git archive "$rev" | tar -x -C ".snap/$rev" || exit 1
+  done
+  exit 0
+fi
+mode=${1:-}
+[ "$mode" = build ] || { [ "$mode" = run ] && [ $# -ge 3 ]; } ||
+  { echo "usage: gpu_ab.sh prepare REV... | build | run ROUNDS SCRIPT [ARGS...]"; exit 2; }
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT/ab"
+. scripts/gpu_env.sh
+names=(work) dirs=(.) builds=(build-gpu)
+for d in .snap/*/; do
+  [ -f "$d/CMakeLists.txt" ] && names+=("$(basename "$d")") dirs+=("$d") builds+=("build-ab/$(basename "$d")")
+done
+njobs=$(($(nproc) / ${#names[@]} + 1)) pids=()
+for i in "${!names[@]}"; do
+  gpu_build "${builds[$i]}" "${dirs[$i]}" $njobs >"$OUT/ab/build_${names[$i]}.log" 2>&1 &
+  pids+=($!)
+done
+fail=0
+for pid in "${pids[@]}"; do wait "$pid" || fail=1; done
+[ $fail = 0 ] || { tail -30 "$OUT"/ab/build_*.log; exit 1; }
+[ "$mode" = build ] && exit 0
+rounds=$2 script=$3
+shift 3
+export FLASHATTN_DEVICE=cuda
+for r in $(seq 1 "$rounds"); do
+  for i in "${!names[@]}"; do
+    n=${names[$i]}
+    echo "== round $r: $n" | tee -a "$OUT/ab/ab.log"
+    "${builds[$i]}/flashattn-lua" "$script" "$@" --json "$OUT/ab/${n}_$r.json" 2>&1 | tee -a "$OUT/ab/ab.log" || exit 1
+  done
+done
+python3 - "$OUT" "$rounds" "${names[@]}" <<'PY'
+import json, sys
+out, rounds, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+rows, order = {}, []
+for n in names:
+    for r in range(1, rounds + 1):
+        d = json.load(open(f"{out}/ab/{n}_{r}.json"))
+        for x in d["results"]:
+            key = (x["dtype"], x["D"], x["L"], x["causal"], x["algo"], x.get("rule", "plain"))
+            if key not in rows:
+                rows[key] = {"dtype": x["dtype"], "D": x["D"], "L": x["L"], "causal": x["causal"], "algo": x["algo"],
+                             "rule": x.get("rule", "plain")}
+                order.append(key)
+            rows[key].setdefault(n + "_ms", []).append(round(x["ms"], 5))
+            rows[key].setdefault(n + "_rel_err", []).append(x.get("rel_err"))
+res = {"device": d.get("device"), "builds": names, "rounds": rounds, "rows": [rows[k] for k in order]}
+json.dump(res, open(f"{out}/ab.json", "w"), indent=1)
+print("dtype  D     L causal algo+rule            " + " ".join(f"{n:>10}" for n in names) + "   ratios to work")
+for k in order:
+    x = rows[k]
+    best = {n: min(x.get(n + "_ms", [float("nan")])) for n in names}
+    print(f"{k[0]:5} {k[1]:3} {k[2]:5} {str(k[3]):6} {k[4] + '+' + k[5]:22}" + " ".join(f"{best[n]:10.3f}" for n in names)
+          + "   " + " ".join(f"{best[n] / best['work']:.3f}" for n in names[1:]))
+PY
