@@ -23,22 +23,58 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
   return __float2bfloat16_rn(v);
 }
 
-/* The final score of key j for query row i (head h of batch b) from the raw
- * dot product, or -inf when the key is outside [lo, hi) or the bool mask
- * says no: scale, softcap, alibi, float mask, in the contract's order.  On
- * CUDA the float mask is f32. */
+/* The score rule beyond the key range (API §2: scale, softcap, alibi, float
+ * mask, and the bool mask, in the contract's order) for query row i of head
+ * h of batch b, from key j0 on.  Built once a row and key tile, so that a
+ * score costs what its options ask and no 64-bit index work: the mask row
+ * is a pointer, the alibi distance a float subtraction (exact below 2^24
+ * keys) times the slope in float (within an ulp of the bias of the
+ * double product); softcap multiplies by 1/c.  Each step is a function of
+ * its own, so that the tile kernels can take a step over a whole tile
+ * under one branch (score_rule_tile) and the one-score kernels all steps
+ * a score (attn_score).  On CUDA the float mask is f32. */
+struct score_rule {
+  const void *mask; /* the mask at (i, j0), or NULL: f32 when mask_float, else bool bytes */
+  int64_t ms;       /* its key stride */
+  bool mask_float;
+  float scale, cap, inv_cap, slope, dist0; /* dist0 = i + Lk - Lq - j0 */
+};
+static __device__ __forceinline__ score_rule score_rule_at(const fa_attn_problem &p, int64_t b, int64_t h, int64_t i,
+                                                           int64_t j0) {
+  score_rule ru;
+  const int64_t mo = b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j0 * p.mask_strides[3];
+  ru.mask_float = p.mask_f != NULL;
+  ru.mask = p.mask_f ? (const void *)((const float *)p.mask_f + mo) : p.mask_b ? (const void *)(p.mask_b + mo) : NULL;
+  ru.ms = p.mask_strides[3];
+  ru.scale = (float)p.scale;
+  ru.cap = (float)p.softcap, ru.inv_cap = p.softcap > 0 ? (float)(1.0 / p.softcap) : 0.f;
+  ru.slope = p.alibi ? (float)p.alibi[h] : 0.f;
+  ru.dist0 = (float)(i + p.Lk - p.Lq - j0);
+  return ru;
+}
+/* The steps, on key j0 + k (kf = k as a float). */
+static __device__ __forceinline__ float rule_softcap(const score_rule &ru, float s) { return ru.cap * tanhf(s * ru.inv_cap); }
+static __device__ __forceinline__ float rule_alibi(const score_rule &ru, float s, float kf) {
+  return fmaf(-ru.slope, fabsf(ru.dist0 - kf), s);
+}
+static __device__ __forceinline__ float rule_mask_float(const score_rule &ru, float s, int k) {
+  return s + ((const float *)ru.mask)[k * ru.ms];
+}
+static __device__ __forceinline__ bool rule_mask_keeps(const score_rule &ru, int k) {
+  return ((const uint8_t *)ru.mask)[k * ru.ms] != 0;
+}
+/* The final score of key j for query row i from the raw dot product, or
+ * -inf when the key is outside [lo, hi) or the bool mask says no (the
+ * kernels that take one score at a time). */
 static __device__ __forceinline__ float attn_score(const fa_attn_problem &p, int64_t b, int64_t h, int64_t i, int64_t j,
                                                    float dot, int64_t lo, int64_t hi) {
   if (j < lo || j >= hi) return -INFINITY;
-  int64_t mo = b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3];
-  if (p.mask_b && !p.mask_b[mo]) return -INFINITY;
-  float s = dot * (float)p.scale;
-  if (p.softcap > 0) {
-    float c = (float)p.softcap;
-    s = c * tanhf(s / c);
-  }
-  if (p.alibi) s -= (float)(p.alibi[h] * (double)llabs(i + p.Lk - p.Lq - j));
-  if (p.mask_f) s += ((const float *)p.mask_f)[mo];
+  const score_rule ru = score_rule_at(p, b, h, i, j);
+  if (ru.mask && !ru.mask_float && !rule_mask_keeps(ru, 0)) return -INFINITY;
+  float s = dot * ru.scale;
+  if (ru.cap > 0.f) s = rule_softcap(ru, s);
+  if (ru.slope != 0.f) s = rule_alibi(ru, s, 0.f);
+  if (ru.mask && ru.mask_float) s = rule_mask_float(ru, s, 0);
   return s;
 }
 
