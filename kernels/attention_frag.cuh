@@ -123,9 +123,10 @@ static __device__ __forceinline__ frag_rows frag_rows_start(const fa_attn_proble
 /* The score rule on key tile [j0, j0 + 8·NC) of this thread's raw dot
  * products in s: scaled scores, -inf outside a row's range or where the
  * mask says no.  full: every key of the tile is inside both rows' ranges
- * and scale > 0; without EXTRAS (no mask, softcap or alibi) the rule is
- * then the scale alone: s stays raw (the scale is folded into the
- * exponent) and only the maxima are scaled.  With EXTRAS each option is a
+ * (rows before Lq) and scale > 0; without EXTRAS (no mask, softcap or
+ * alibi) the rule is then the scale alone: s stays raw (the scale is folded
+ * into the exponent) and only the maxima are scaled; with EXTRAS the key
+ * range needs no test a score.  With EXTRAS each option is a
  * pass over the tile under one branch, so that a score pays for the
  * options set and the unrolled passes schedule as straight code (a branch
  * for each option at each score cost 1.6-1.7x, run 29).  *tmA, *tmB: this
@@ -149,52 +150,75 @@ static __device__ __forceinline__ void frag_score_tile(const fa_attn_problem &p,
   const int64_t W = NC * 8;
   const int aA = (int)max(min(r.loA - j0, W), (int64_t)0), nA = (int)max(min(r.hiA - j0, W), (int64_t)0) - aA;
   const int aB = (int)max(min(r.loB - j0, W), (int64_t)0), nB = (int)max(min(r.hiB - j0, W), (int64_t)0) - aB;
-  /* with extras, the rule for each row from this thread's first column on
-   * (a row past Lq has an empty range: its mask is never read) */
-  score_rule ruA, ruB;
-  if (EXTRAS) {
-    ruA = score_rule_at(p, b, h, r.iA, j0 + c2), ruB = score_rule_at(p, b, h, r.iB, j0 + c2);
+  if (!EXTRAS) {
 #pragma unroll
     for (int n = 0; n < NC; n++)
 #pragma unroll
-      for (int q = 0; q < 4; q++) s[n][q] *= scale;
-    if (ruA.cap > 0.f)
-#pragma unroll
-      for (int n = 0; n < NC; n++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) s[n][e] = rule_softcap(ruA, s[n][e]), s[n][2 + e] = rule_softcap(ruB, s[n][2 + e]);
-    if (ruA.slope != 0.f)
-#pragma unroll
-      for (int n = 0; n < NC; n++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-          const float kf = (float)(n * 8 + e);
-          s[n][e] = rule_alibi(ruA, s[n][e], kf), s[n][2 + e] = rule_alibi(ruB, s[n][2 + e], kf);
-        }
-    if (ruA.mask && ruA.mask_float)
-#pragma unroll
-      for (int n = 0; n < NC; n++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-          const int col = n * 8 + c2 + e, k = n * 8 + e;
-          if ((unsigned)(col - aA) < (unsigned)nA) s[n][e] = rule_mask_float(ruA, s[n][e], k);
-          if ((unsigned)(col - aB) < (unsigned)nB) s[n][2 + e] = rule_mask_float(ruB, s[n][2 + e], k);
-        }
+      for (int e = 0; e < 2; e++) {
+        const int col = n * 8 + c2 + e;
+        const float sa = (unsigned)(col - aA) < (unsigned)nA ? s[n][e] * scale : -INFINITY;
+        const float sb = (unsigned)(col - aB) < (unsigned)nB ? s[n][2 + e] * scale : -INFINITY;
+        s[n][e] = sa, s[n][2 + e] = sb;
+        mA = fmaxf(mA, sa), mB = fmaxf(mB, sb);
+      }
+    *tmA = mA, *tmB = mB;
+    return;
   }
-  const bool mask_bool = EXTRAS && ruA.mask && !ruA.mask_float;
+  /* with extras, the rule for each row from this thread's first column on.
+   * A mask is read only at keys in range: all of a full tile's for the rows
+   * before Lq (rows past it have no mask row; their scores are never
+   * stored), else the row's columns [a, a + n). */
+  const score_rule ruA = score_rule_at(p, b, h, r.iA, j0 + c2), ruB = score_rule_at(p, b, h, r.iB, j0 + c2);
+  const bool vA = r.iA < p.Lq, vB = r.iB < p.Lq;
+#define FRAG_IN(X, col) (full ? v##X : (unsigned)((col) - a##X) < (unsigned)n##X)
 #pragma unroll
-  for (int n = 0; n < NC; n++) {
+  for (int n = 0; n < NC; n++)
 #pragma unroll
-    for (int e = 0; e < 2; e++) {
-      const int col = n * 8 + c2 + e, k = n * 8 + e;
-      bool inA = (unsigned)(col - aA) < (unsigned)nA, inB = (unsigned)(col - aB) < (unsigned)nB;
-      if (mask_bool) inA = inA && rule_mask_keeps(ruA, k), inB = inB && rule_mask_keeps(ruB, k);
-      const float sa = inA ? (EXTRAS ? s[n][e] : s[n][e] * scale) : -INFINITY;
-      const float sb = inB ? (EXTRAS ? s[n][2 + e] : s[n][2 + e] * scale) : -INFINITY;
-      s[n][e] = sa, s[n][2 + e] = sb;
-      mA = fmaxf(mA, sa), mB = fmaxf(mB, sb);
-    }
-  }
+    for (int q = 0; q < 4; q++) s[n][q] *= scale;
+  if (ruA.cap > 0.f)
+#pragma unroll
+    for (int n = 0; n < NC; n++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) s[n][e] = rule_softcap(ruA, s[n][e]), s[n][2 + e] = rule_softcap(ruB, s[n][2 + e]);
+  if (ruA.slope != 0.f)
+#pragma unroll
+    for (int n = 0; n < NC; n++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const float kf = (float)(n * 8 + e);
+        s[n][e] = rule_alibi(ruA, s[n][e], kf), s[n][2 + e] = rule_alibi(ruB, s[n][2 + e], kf);
+      }
+  if (ruA.mask && ruA.mask_float)
+#pragma unroll
+    for (int n = 0; n < NC; n++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const int col = n * 8 + c2 + e, k = n * 8 + e;
+        if (FRAG_IN(A, col)) s[n][e] = rule_mask_float(ruA, s[n][e], k);
+        if (FRAG_IN(B, col)) s[n][2 + e] = rule_mask_float(ruB, s[n][2 + e], k);
+      }
+  if (ruA.mask && !ruA.mask_float)
+#pragma unroll
+    for (int n = 0; n < NC; n++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const int col = n * 8 + c2 + e, k = n * 8 + e;
+        if (FRAG_IN(A, col) && !rule_mask_keeps(ruA, k)) s[n][e] = -INFINITY;
+        if (FRAG_IN(B, col) && !rule_mask_keeps(ruB, k)) s[n][2 + e] = -INFINITY;
+      }
+#undef FRAG_IN
+  if (!full) /* the key range: a pass only on the tiles that need it */
+#pragma unroll
+    for (int n = 0; n < NC; n++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const int col = n * 8 + c2 + e;
+        if ((unsigned)(col - aA) >= (unsigned)nA) s[n][e] = -INFINITY;
+        if ((unsigned)(col - aB) >= (unsigned)nB) s[n][2 + e] = -INFINITY;
+      }
+#pragma unroll
+  for (int n = 0; n < NC; n++)
+    mA = fmaxf(mA, fmaxf(s[n][0], s[n][1])), mB = fmaxf(mB, fmaxf(s[n][2], s[n][3]));
   *tmA = mA, *tmB = mB;
 }
 
