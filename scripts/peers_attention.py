@@ -2,6 +2,10 @@
 PyTorch's scaled_dot_product_attention with the flash (FlashAttention-2),
 cuDNN and efficient backends.  Merges the engine's figures
 (scripts/bench_attention.lua --json) into one result file with the ratios.
+Rows with a score rule (bench_attention.lua --rules) are set against SDPA
+given the same rule as its attn_mask, on the backends that take one: the
+float mask (1, 1, L, L) in the query's dtype, the bool mask (same pattern),
+alibi as a (1, H, L, L) bias; softcap has no SDPA form (no peer).
 
 Usage: python3 scripts/peers_attention.py --engine E.json --json OUT.json [--commit C]
 """
@@ -19,13 +23,40 @@ BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTEN
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
 
-def peer_tflops(backend, dt, B, H, L, D, causal):
+def rule_mask(rule, dt, H, L, causal):
+    """SDPA's attn_mask for a rule of bench_attention.lua (None: plain), with
+    causal folded in (SDPA takes is_causal or a mask, not both); False when
+    SDPA has no form of it."""
+    if rule == "plain":
+        return None
+    if rule == "softcap":
+        return False
+    i = torch.arange(L, device="cuda").view(L, 1)
+    j = torch.arange(L, device="cuda").view(1, L)
+    if rule == "mask_bool":
+        keep = (i * 7 + j * 3) % 10 != 0
+        return (keep & (j <= i) if causal else keep).view(1, 1, L, L)
+    if rule == "mask_float":
+        m = torch.rand(1, 1, L, L, device="cuda", dtype=DTYPES[dt]) - 1
+    elif rule == "alibi":
+        slopes = torch.tensor([2.0 ** (-8 * h / H) for h in range(1, H + 1)], device="cuda").view(1, H, 1, 1)
+        m = (-slopes * (i - j).abs().view(1, 1, L, L)).to(DTYPES[dt])
+    else:
+        return False
+    return m.masked_fill(j > i, float("-inf")) if causal else m
+
+
+def peer_tflops(backend, dt, B, H, L, D, causal, rule="plain"):
     torch.backends.cuda.matmul.allow_tf32 = False
     q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=DTYPES[dt]) for _ in range(3))
+    mask = rule_mask(rule, dt, H, L, causal)
+    if mask is False:
+        return None
+    kw = {"is_causal": causal} if mask is None else {"attn_mask": mask}
     try:
         with sdpa_kernel([BACKENDS[backend]]):
-            sdpa(q, k, v, is_causal=causal)
-            ms = do_bench(lambda: sdpa(q, k, v, is_causal=causal), warmup=10, rep=50, return_mode="median")
+            sdpa(q, k, v, **kw)
+            ms = do_bench(lambda: sdpa(q, k, v, **kw), warmup=10, rep=50, return_mode="median")
     except RuntimeError:
         return None
     flops = 4.0 * B * H * L * L * D * (0.5 if causal else 1.0)
@@ -42,11 +73,11 @@ def main():
         engine = json.load(f)
     rows = []
     for r in engine["results"]:
-        if r["algo"] != "flash" or r.get("rule", "plain") != "plain":
+        if r["algo"] != "flash":
             continue
         row = dict(r)
         for name in BACKENDS:
-            t = peer_tflops(name, r["dtype"], r["B"], r["H"], r["L"], r["D"], r["causal"])
+            t = peer_tflops(name, r["dtype"], r["B"], r["H"], r["L"], r["D"], r["causal"], r.get("rule", "plain"))
             row[f"torch_{name}_tflops"] = t
             row[f"ratio_vs_{name}"] = r["tflops"] / t if t else None
         rows.append(row)
@@ -59,10 +90,10 @@ def main():
     with open(args.json, "w") as f:
         json.dump(result, f, indent=1)
     fmt = lambda x: f"{x:7.1f}" if x else "    n/a"
-    print(f"{'dtype':5} {'D':>4} {'L':>6} {'causal':6} {'flash':>7} {'FA2':>7} {'cuDNN':>7} {'effic':>7} {'xFA2':>6} {'xcuDNN':>7} {'xeff':>6}")
+    print(f"{'dtype':5} {'D':>4} {'L':>6} {'causal':6} {'rule':10} {'flash':>7} {'FA2':>7} {'cuDNN':>7} {'effic':>7} {'xFA2':>6} {'xcuDNN':>7} {'xeff':>6}")
     for r in rows:
         rat = lambda k: f"{r[k]:6.2f}" if r[k] else "   n/a"
-        print(f"{r['dtype']:5} {r['D']:4} {r['L']:6} {str(r['causal']):6} {r['tflops']:7.1f} "
+        print(f"{r['dtype']:5} {r['D']:4} {r['L']:6} {str(r['causal']):6} {r.get('rule', 'plain'):10} {r['tflops']:7.1f} "
               f"{fmt(r['torch_flash_tflops'])} {fmt(r['torch_cudnn_tflops'])} {fmt(r['torch_efficient_tflops'])} "
               f"{rat('ratio_vs_flash')} {rat('ratio_vs_cudnn'):>7} {rat('ratio_vs_efficient')}")
 
