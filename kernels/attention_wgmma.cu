@@ -53,7 +53,7 @@ static __device__ __forceinline__ void pv_issue(float (*o)[4], uint32_t (*pa)[4]
  * SM); PASS_OUTPUT turns each tile's scores into final probabilities with
  * the rows' (m, l) and accumulates O without rescaling. */
 template <typename T, int D, int BC, bool EXTRAS, int PASS>
-__global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && BC == 64 && !EXTRAS) ? 2 : 1)
+__global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && BC == 64) ? 2 : 1)
     attn_wgmma_kernel(fa_attn_problem p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   const bool WITH_V = PASS != PASS_STATS;
