@@ -37,6 +37,7 @@ struct score_rule {
   const void *mask; /* the mask at (i, j0), or NULL: f32 when mask_float, else bool bytes */
   int64_t ms;       /* its key stride */
   bool mask_float;
+  bool pairs; /* ms = 1 and the mask at (i, j0) aligned to two elements: keys k, k + 1 (k even) are one access */
   float scale, cap, inv_cap, slope, dist0; /* dist0 = i + Lk - Lq - j0 */
 };
 static __device__ __forceinline__ score_rule score_rule_at(const fa_attn_problem &p, int64_t b, int64_t h, int64_t i,
@@ -46,6 +47,7 @@ static __device__ __forceinline__ score_rule score_rule_at(const fa_attn_problem
   ru.mask_float = p.mask_f != NULL;
   ru.mask = p.mask_f ? (const void *)((const float *)p.mask_f + mo) : p.mask_b ? (const void *)(p.mask_b + mo) : NULL;
   ru.ms = p.mask_strides[3];
+  ru.pairs = ru.ms == 1 && ((uintptr_t)ru.mask & (ru.mask_float ? 7 : 1)) == 0;
   ru.scale = (float)p.scale;
   ru.cap = (float)p.softcap, ru.inv_cap = p.softcap > 0 ? (float)(1.0 / p.softcap) : 0.f;
   ru.slope = p.alibi ? (float)p.alibi[h] : 0.f;
@@ -62,6 +64,13 @@ static __device__ __forceinline__ float rule_mask_float(const score_rule &ru, fl
 }
 static __device__ __forceinline__ bool rule_mask_keeps(const score_rule &ru, int k) {
   return ((const uint8_t *)ru.mask)[k * ru.ms] != 0;
+}
+/* Keys k and k + 1 (k even) in one access, when ru.pairs. */
+static __device__ __forceinline__ float2 rule_mask_float2(const score_rule &ru, int k) {
+  return *(const float2 *)((const float *)ru.mask + k);
+}
+static __device__ __forceinline__ unsigned rule_mask_bytes2(const score_rule &ru, int k) {
+  return *(const uint16_t *)((const uint8_t *)ru.mask + k); /* key k in bits 0-7, k + 1 in bits 8-15 */
 }
 /* The final score of key j for query row i from the raw dot product, or
  * -inf when the key is outside [lo, hi) or the bool mask says no (the

@@ -188,7 +188,22 @@ static __device__ __forceinline__ void frag_score_tile(const fa_attn_problem &p,
         const float kf = (float)(n * 8 + e);
         s[n][e] = rule_alibi(ruA, s[n][e], kf), s[n][2 + e] = rule_alibi(ruB, s[n][2 + e], kf);
       }
-  if (ruA.mask && ruA.mask_float)
+  /* a full tile whose mask rows allow it reads a thread's key pairs in one
+   * access each (a pair could cross the end of a row elsewhere) */
+  const bool pairs = full && ruA.pairs && ruB.pairs;
+  if (ruA.mask && ruA.mask_float && pairs)
+#pragma unroll
+    for (int n = 0; n < NC; n++) {
+      if (vA) {
+        const float2 m = rule_mask_float2(ruA, n * 8);
+        s[n][0] += m.x, s[n][1] += m.y;
+      }
+      if (vB) {
+        const float2 m = rule_mask_float2(ruB, n * 8);
+        s[n][2] += m.x, s[n][3] += m.y;
+      }
+    }
+  else if (ruA.mask && ruA.mask_float)
 #pragma unroll
     for (int n = 0; n < NC; n++)
 #pragma unroll
@@ -197,7 +212,16 @@ static __device__ __forceinline__ void frag_score_tile(const fa_attn_problem &p,
         if (FRAG_IN(A, col)) s[n][e] = rule_mask_float(ruA, s[n][e], k);
         if (FRAG_IN(B, col)) s[n][2 + e] = rule_mask_float(ruB, s[n][2 + e], k);
       }
-  if (ruA.mask && !ruA.mask_float)
+  if (ruA.mask && !ruA.mask_float && pairs)
+#pragma unroll
+    for (int n = 0; n < NC; n++) {
+      const unsigned mA2 = vA ? rule_mask_bytes2(ruA, n * 8) : 0xffffu, mB2 = vB ? rule_mask_bytes2(ruB, n * 8) : 0xffffu;
+      if (!(mA2 & 0xffu)) s[n][0] = -INFINITY;
+      if (!(mA2 & 0xff00u)) s[n][1] = -INFINITY;
+      if (!(mB2 & 0xffu)) s[n][2] = -INFINITY;
+      if (!(mB2 & 0xff00u)) s[n][3] = -INFINITY;
+    }
+  else if (ruA.mask && !ruA.mask_float)
 #pragma unroll
     for (int n = 0; n < NC; n++)
 #pragma unroll
