@@ -149,6 +149,16 @@ static inline fa_status values_nonfinite_flag(fa_context *ctx, const fa_attn_pro
 static inline bool attn_has_extras(const fa_attn_problem *p) {
   return p->mask_b || p->mask_f || p->alibi || p->softcap > 0;
 }
+/* Which part of that rule a fast kernel's instance compiles (its EXTRAS
+ * parameter): none; softcap and alibi; or the masks as well (with softcap
+ * and alibi when set).  The instances without masks carry no mask code:
+ * compiled in, it cost softcap and alibi 3-8 % (the registers of the
+ * paired mask reads; docs/perf/2026-11-25-attention-h100-extras.json). */
+enum { EXTRAS_NONE = 0, EXTRAS_SCORE, EXTRAS_MASK };
+static inline int attn_extras_kind(const fa_attn_problem *p) {
+  if (p->mask_b || p->mask_f) return EXTRAS_MASK;
+  return p->alibi || p->softcap > 0 ? EXTRAS_SCORE : EXTRAS_NONE;
+}
 
 /* Queues run(ctx, g, pass) for a fast kernel that does nothing when V
  * holds NaN or inf: g is *p with v_nonfinite set to a fresh device flag

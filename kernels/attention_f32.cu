@@ -167,7 +167,7 @@ static __device__ __forceinline__ void f32_tile_products(double (*acc)[4], float
  * lane's P entries, f32_swz'd), and O (the O layout) scaled by the rows'
  * alpha, which pass through row_alpha (flash); the output pass's P final
  * (offA, offB: the rows' m + ln l). */
-template <int D, bool EXTRAS, int PASS>
+template <int D, int EXTRAS, int PASS>
 static __device__ __forceinline__ void f32_softmax_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0,
                                                         bool full, frag_rows &r, float offA, float offB,
                                                         double (*acc)[4], float4 (*o)[D / 64], float *row_alpha,
@@ -204,7 +204,7 @@ static __device__ __forceinline__ void f32_softmax_tile(const fa_attn_problem &p
 
 /* PASS (attention_common.cuh): flash, or the statistics pass of two_pass
  * (no V, no P) or its output pass (probabilities final, no rescaling). */
-template <int D, bool EXTRAS, int PASS>
+template <int D, int EXTRAS, int PASS>
 __global__ void __launch_bounds__(F32_THREADS, 2) attn_f32_kernel(fa_attn_problem p) {
   const bool WITH_V = PASS != PASS_STATS;
   const int v_bad = WITH_V ? *p.v_nonfinite : 0; /* see leave_for_fallback */
@@ -308,7 +308,7 @@ __global__ void __launch_bounds__(F32_THREADS, 2) attn_f32_kernel(fa_attn_proble
 
 static size_t f32_smem_bytes(int D) { return sizeof(float) * (size_t)(F32_BR * D + 4 * F32_BC * D + F32_BR * F32_BC); }
 
-template <int D, bool EXTRAS, int PASS> static fa_status launch_f32(fa_context *ctx, const fa_attn_problem *p) {
+template <int D, int EXTRAS, int PASS> static fa_status launch_f32(fa_context *ctx, const fa_attn_problem *p) {
   const size_t smem = f32_smem_bytes(D);
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(attn_f32_kernel<D, EXTRAS, PASS>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -323,7 +323,7 @@ template <int D, bool EXTRAS, int PASS> static fa_status launch_f32(fa_context *
   return FA_OK;
 }
 
-template <int D, bool EXTRAS> static fa_status launch_f32_pass(fa_context *ctx, const fa_attn_problem *p, int pass) {
+template <int D, int EXTRAS> static fa_status launch_f32_pass(fa_context *ctx, const fa_attn_problem *p, int pass) {
   if (pass == PASS_STATS) return launch_f32<D, EXTRAS, PASS_STATS>(ctx, p);
   if (pass == PASS_OUTPUT) return launch_f32<D, EXTRAS, PASS_OUTPUT>(ctx, p);
   return launch_f32<D, EXTRAS, PASS_FLASH>(ctx, p);
@@ -359,7 +359,14 @@ extern "C" fa_status fa_cuda_attention_f32(fa_context *ctx, const fa_attn_proble
   FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
   FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   if (f32_smem_bytes((int)p->D) + 1024 > (size_t)smem_optin) return FA_OK; /* + the static 832 bytes */
-  const bool x = attn_has_extras(p);
-  if (p->D == 64) return launch_fast_passes(ctx, p, algo, v_flag, x ? launch_f32_pass<64, true> : launch_f32_pass<64, false>);
-  return launch_fast_passes(ctx, p, algo, v_flag, x ? launch_f32_pass<128, true> : launch_f32_pass<128, false>);
+  const int x = attn_extras_kind(p);
+  if (p->D == 64)
+    return launch_fast_passes(ctx, p, algo, v_flag,
+                              x == EXTRAS_MASK    ? launch_f32_pass<64, EXTRAS_MASK>
+                              : x == EXTRAS_SCORE ? launch_f32_pass<64, EXTRAS_SCORE>
+                                                  : launch_f32_pass<64, EXTRAS_NONE>);
+  return launch_fast_passes(ctx, p, algo, v_flag,
+                            x == EXTRAS_MASK    ? launch_f32_pass<128, EXTRAS_MASK>
+                            : x == EXTRAS_SCORE ? launch_f32_pass<128, EXTRAS_SCORE>
+                                                : launch_f32_pass<128, EXTRAS_NONE>);
 }

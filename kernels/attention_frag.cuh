@@ -131,7 +131,7 @@ static __device__ __forceinline__ frag_rows frag_rows_start(const fa_attn_proble
  * options set and the unrolled passes schedule as straight code (a branch
  * for each option at each score cost 1.6-1.7x, run 29).  *tmA, *tmB: this
  * thread's maxima of rows A and B, in scaled units. */
-template <int NC, bool EXTRAS>
+template <int NC, int EXTRAS>
 static __device__ __forceinline__ void frag_score_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0,
                                                        int c2, bool full, const frag_rows &r, float (*s)[4],
                                                        float *tmA, float *tmB) {
@@ -191,7 +191,7 @@ static __device__ __forceinline__ void frag_score_tile(const fa_attn_problem &p,
   /* a full tile whose mask rows allow it reads a thread's key pairs in one
    * access each (a pair could cross the end of a row elsewhere) */
   const bool pairs = full && ruA.pairs && ruB.pairs;
-  if (ruA.mask && ruA.mask_float && pairs)
+  if (EXTRAS == EXTRAS_MASK && ruA.mask && ruA.mask_float && pairs)
 #pragma unroll
     for (int n = 0; n < NC; n++) {
       if (vA) {
@@ -203,7 +203,7 @@ static __device__ __forceinline__ void frag_score_tile(const fa_attn_problem &p,
         s[n][2] += m.x, s[n][3] += m.y;
       }
     }
-  else if (ruA.mask && ruA.mask_float)
+  else if (EXTRAS == EXTRAS_MASK && ruA.mask && ruA.mask_float)
 #pragma unroll
     for (int n = 0; n < NC; n++)
 #pragma unroll
@@ -212,7 +212,7 @@ static __device__ __forceinline__ void frag_score_tile(const fa_attn_problem &p,
         if (FRAG_IN(A, col)) s[n][e] = rule_mask_float(ruA, s[n][e], k);
         if (FRAG_IN(B, col)) s[n][2 + e] = rule_mask_float(ruB, s[n][2 + e], k);
       }
-  if (ruA.mask && !ruA.mask_float && pairs)
+  if (EXTRAS == EXTRAS_MASK && ruA.mask && !ruA.mask_float && pairs)
 #pragma unroll
     for (int n = 0; n < NC; n++) {
       const unsigned mA2 = vA ? rule_mask_bytes2(ruA, n * 8) : 0xffffu, mB2 = vB ? rule_mask_bytes2(ruB, n * 8) : 0xffffu;
@@ -221,7 +221,7 @@ static __device__ __forceinline__ void frag_score_tile(const fa_attn_problem &p,
       if (!(mB2 & 0xffu)) s[n][2] = -INFINITY;
       if (!(mB2 & 0xff00u)) s[n][3] = -INFINITY;
     }
-  else if (ruA.mask && !ruA.mask_float)
+  else if (EXTRAS == EXTRAS_MASK && ruA.mask && !ruA.mask_float)
 #pragma unroll
     for (int n = 0; n < NC; n++)
 #pragma unroll
@@ -248,7 +248,7 @@ static __device__ __forceinline__ void frag_score_tile(const fa_attn_problem &p,
 
 /* The multiplier of a tile's s in the exponent: scale when frag_score_tile
  * left s raw (full), else 1; in base-2 units (times log2 e) unless EXACT. */
-template <bool EXTRAS, bool EXACT = false>
+template <int EXTRAS, bool EXACT = false>
 static __device__ __forceinline__ float frag_exp_factor(const fa_attn_problem &p, bool full) {
   return (!EXTRAS && full ? (float)p.scale : 1.f) * (EXACT ? 1.f : FA_LOG2E);
 }
@@ -279,7 +279,7 @@ static __device__ __forceinline__ void frag_exp_tile(float (*s)[4], float k, flo
  * tile max across the quad, P = exp(s - m) in s, the row sums;
  * *alphaA, *alphaB = exp(m_old - m_new), by which O must be scaled
  * (frag_rescale) before P·V is added to it. */
-template <int NC, bool EXTRAS, bool EXACT = false>
+template <int NC, int EXTRAS, bool EXACT = false>
 static __device__ __forceinline__ void frag_softmax_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0,
                                                          int c2, bool full, frag_rows &r, float (*s)[4],
                                                          float *alphaA, float *alphaB) {
@@ -303,7 +303,7 @@ static __device__ __forceinline__ void frag_softmax_tile(const fa_attn_problem &
 
 /* "two_pass", output pass: one key tile's final probabilities exp(s - m) / l
  * in s, the score rule applied (offA, offB: frag_stats_offset<EXACT>). */
-template <int NC, bool EXTRAS, bool EXACT = false>
+template <int NC, int EXTRAS, bool EXACT = false>
 static __device__ __forceinline__ void frag_probs_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0,
                                                        int c2, bool full, const frag_rows &r, float (*s)[4],
                                                        float offA, float offB) {

@@ -52,7 +52,7 @@ __device__ __forceinline__ void mma16816<__nv_bfloat16>(float c[4], const uint32
 /* PASS (attention_common.cuh): flash, or the statistics pass of two_pass
  * (no V tiles, no P·V) or its output pass (probabilities final, no
  * rescaling). */
-template <typename T, int D, bool EXTRAS, int PASS>
+template <typename T, int D, int EXTRAS, int PASS>
 __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_problem p) {
   const bool WITH_V = PASS != PASS_STATS;
   const int v_bad = WITH_V ? *p.v_nonfinite : 0; /* see leave_for_fallback */
@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_pro
   else frag_store_staged<T, D, PASS == PASS_OUTPUT, false, 0, 32>(p, bh, i0, lane, r, o, Qs); /* the warp's Q rows */
 }
 
-template <typename T, int D, bool EXTRAS, int PASS> static fa_status launch(fa_context *ctx, const fa_attn_problem *p) {
+template <typename T, int D, int EXTRAS, int PASS> static fa_status launch(fa_context *ctx, const fa_attn_problem *p) {
   const int MMA_BR = 16 * MMA_WARPS(D);
   const size_t smem = (size_t)(MMA_BR + 4 * MMA_BC) * D * 2;
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(attn_mma_kernel<T, D, EXTRAS, PASS>,
@@ -164,16 +164,17 @@ template <typename T, int D, bool EXTRAS, int PASS> static fa_status launch(fa_c
   return FA_OK;
 }
 
-template <typename T, int D, bool EXTRAS> static fa_status launch_pass(fa_context *ctx, const fa_attn_problem *p, int pass) {
+template <typename T, int D, int EXTRAS> static fa_status launch_pass(fa_context *ctx, const fa_attn_problem *p, int pass) {
   if (pass == PASS_STATS) return launch<T, D, EXTRAS, PASS_STATS>(ctx, p);
   if (pass == PASS_OUTPUT) return launch<T, D, EXTRAS, PASS_OUTPUT>(ctx, p);
   return launch<T, D, EXTRAS, PASS_FLASH>(ctx, p);
 }
 
 template <typename T> static fa_status mma_typed(fa_context *ctx, const fa_attn_problem *p, int pass) {
+  /* one instance with the whole rule (the kernel for GPUs before Hopper and for explicit tiles) */
   const bool x = attn_has_extras(p);
-  if (p->D == 64) return x ? launch_pass<T, 64, true>(ctx, p, pass) : launch_pass<T, 64, false>(ctx, p, pass);
-  return x ? launch_pass<T, 128, true>(ctx, p, pass) : launch_pass<T, 128, false>(ctx, p, pass);
+  if (p->D == 64) return x ? launch_pass<T, 64, EXTRAS_MASK>(ctx, p, pass) : launch_pass<T, 64, EXTRAS_NONE>(ctx, p, pass);
+  return x ? launch_pass<T, 128, EXTRAS_MASK>(ctx, p, pass) : launch_pass<T, 128, EXTRAS_NONE>(ctx, p, pass);
 }
 
 extern "C" int fa_cuda_wgmma_usable(void);

@@ -52,7 +52,7 @@ static __device__ __forceinline__ void pv_issue(float (*o)[4], uint32_t (*pa)[4]
  * issues no P·V (one block of two warpgroups in less shared memory, two an
  * SM); PASS_OUTPUT turns each tile's scores into final probabilities with
  * the rows' (m, l) and accumulates O without rescaling. */
-template <typename T, int D, int BC, bool EXTRAS, int PASS>
+template <typename T, int D, int BC, int EXTRAS, int PASS>
 __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && BC == 64) ? 2 : 1)
     attn_wgmma_kernel(fa_attn_problem p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && 
 #endif
 }
 
-template <typename T, int D, int BC, bool EXTRAS, int PASS>
+template <typename T, int D, int BC, int EXTRAS, int PASS>
 static fa_status launch(fa_context *ctx, const fa_attn_problem *p) {
   /* the statistics pass holds no V tiles */
   const size_t smem = PASS == PASS_STATS ? (size_t)(WG_BR + 2 * BC) * WG_PAD(D) * 2 + 1024 : wgmma_smem_bytes(D, BC);
@@ -176,20 +176,25 @@ static fa_status launch(fa_context *ctx, const fa_attn_problem *p) {
   return FA_OK;
 }
 
-template <typename T, int D, int BC, bool EXTRAS> static fa_status launch_pass(fa_context *ctx, const fa_attn_problem *p, int pass) {
+template <typename T, int D, int BC, int EXTRAS> static fa_status launch_pass(fa_context *ctx, const fa_attn_problem *p, int pass) {
   if (pass == PASS_STATS) return launch<T, D, BC, EXTRAS, PASS_STATS>(ctx, p);
   if (pass == PASS_OUTPUT) return launch<T, D, BC, EXTRAS, PASS_OUTPUT>(ctx, p);
   return launch<T, D, BC, EXTRAS, PASS_FLASH>(ctx, p);
 }
 
+template <typename T, int D, int BC> static fa_status launch_extras(fa_context *ctx, const fa_attn_problem *p, int pass) {
+  const int x = attn_extras_kind(p);
+  if (x == EXTRAS_MASK) return launch_pass<T, D, BC, EXTRAS_MASK>(ctx, p, pass);
+  if (x == EXTRAS_SCORE) return launch_pass<T, D, BC, EXTRAS_SCORE>(ctx, p, pass);
+  return launch_pass<T, D, BC, EXTRAS_NONE>(ctx, p, pass);
+}
+
 template <typename T> static fa_status wgmma_typed(fa_context *ctx, const fa_attn_problem *p, int pass) {
-  const bool x = attn_has_extras(p);
-  if (p->D == 64 && p->tile_k == 64)
-    return x ? launch_pass<T, 64, 64, true>(ctx, p, pass) : launch_pass<T, 64, 64, false>(ctx, p, pass);
-  if (p->D == 64) return x ? launch_pass<T, 64, 128, true>(ctx, p, pass) : launch_pass<T, 64, 128, false>(ctx, p, pass);
-  if (p->D == 256) return x ? launch_pass<T, 256, 64, true>(ctx, p, pass) : launch_pass<T, 256, 64, false>(ctx, p, pass);
-  if (p->D == 96) return x ? launch_pass<T, 96, 128, true>(ctx, p, pass) : launch_pass<T, 96, 128, false>(ctx, p, pass);
-  return x ? launch_pass<T, 128, 128, true>(ctx, p, pass) : launch_pass<T, 128, 128, false>(ctx, p, pass);
+  if (p->D == 64 && p->tile_k == 64) return launch_extras<T, 64, 64>(ctx, p, pass);
+  if (p->D == 64) return launch_extras<T, 64, 128>(ctx, p, pass);
+  if (p->D == 256) return launch_extras<T, 256, 64>(ctx, p, pass);
+  if (p->D == 96) return launch_extras<T, 96, 128>(ctx, p, pass);
+  return launch_extras<T, 128, 128>(ctx, p, pass);
 }
 
 /* Whether this build and device run the wgmma kernel: a Hopper GPU, sm_90a
@@ -200,7 +205,7 @@ static int wgmma_probe(int dev) {
   cudaFuncAttributes attr;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ||
       cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) ||
-      cudaFuncGetAttributes(&attr, attn_wgmma_kernel<__half, 128, 128, true, PASS_FLASH>) != cudaSuccess) {
+      cudaFuncGetAttributes(&attr, attn_wgmma_kernel<__half, 128, 128, EXTRAS_MASK, PASS_FLASH>) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
