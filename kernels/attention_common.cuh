@@ -31,7 +31,7 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
  * keys) times the slope in float (within an ulp of the bias of the
  * double product); softcap multiplies by 1/c.  Each step is a function of
  * its own, so that the tile kernels can take a step over a whole tile
- * under one branch (score_rule_tile) and the one-score kernels all steps
+ * under one branch (frag_score_tile) and the one-score kernels all steps
  * a score (attn_score).  On CUDA the float mask is f32. */
 struct score_rule {
   const void *mask; /* the mask at (i, j0), or NULL: f32 when mask_float, else bool bytes */

@@ -123,14 +123,17 @@ static __device__ __forceinline__ frag_rows frag_rows_start(const fa_attn_proble
 /* The score rule on key tile [j0, j0 + 8·NC) of this thread's raw dot
  * products in s: scaled scores, -inf outside a row's range or where the
  * mask says no.  full: every key of the tile is inside both rows' ranges
- * (rows before Lq) and scale > 0; without EXTRAS (no mask, softcap or
+ * (rows before Lq) and scale > 0; with EXTRAS_NONE (no mask, softcap or
  * alibi) the rule is then the scale alone: s stays raw (the scale is folded
- * into the exponent) and only the maxima are scaled; with EXTRAS the key
- * range needs no test a score.  With EXTRAS each option is a
- * pass over the tile under one branch, so that a score pays for the
- * options set and the unrolled passes schedule as straight code (a branch
- * for each option at each score cost 1.6-1.7x, run 29).  *tmA, *tmB: this
- * thread's maxima of rows A and B, in scaled units. */
+ * into the exponent) and only the maxima are scaled; with extras the key
+ * range needs no test a score, and the mask's key pairs are read in one
+ * access where its rows allow.  With extras each option is a pass over the
+ * tile under one branch, so that a score pays for the options set and the
+ * unrolled passes schedule as straight code (attn_score a score, with a
+ * branch for each option, was 1.8-3.2x slower in bf16: call 1 of
+ * docs/perf/2026-11-25-attention-h100-extras.json); EXTRAS_SCORE
+ * instances compile no mask pass.  *tmA, *tmB: this thread's maxima of rows
+ * A and B, in scaled units. */
 template <int NC, int EXTRAS>
 static __device__ __forceinline__ void frag_score_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0,
                                                        int c2, bool full, const frag_rows &r, float (*s)[4],

@@ -12,29 +12,22 @@
 local fa = require "flashattn"
 local json_path, quick, algos, dtypes, dims = nil, false, { "flash" }, { "bf16", "f16", "f32" }, { 64, 128 }
 local rules, ls = { "plain" }, nil
+-- a comma list of strings, or of numbers when `numbers`
+local function list(i, numbers)
+  local t = {}
+  for a in assert(arg[i + 1], arg[i] .. ": a comma list"):gmatch("[^,]+") do
+    t[#t + 1] = numbers and assert(tonumber(a), arg[i] .. ": numbers") or a
+  end
+  return t
+end
 for i = 1, #arg do
   if arg[i] == "--json" then json_path = arg[i + 1] end
   if arg[i] == "--quick" then quick = true end
-  if arg[i] == "--dtypes" then
-    dtypes = {}
-    for a in arg[i + 1]:gmatch("[^,]+") do dtypes[#dtypes + 1] = a end
-  end
-  if arg[i] == "--dims" then
-    dims = {}
-    for a in arg[i + 1]:gmatch("[^,]+") do dims[#dims + 1] = assert(tonumber(a), "--dims: numbers") end
-  end
-  if arg[i] == "--algos" then
-    algos = {}
-    for a in arg[i + 1]:gmatch("[^,]+") do algos[#algos + 1] = a end
-  end
-  if arg[i] == "--rules" then
-    rules = {}
-    for a in arg[i + 1]:gmatch("[^,]+") do rules[#rules + 1] = a end
-  end
-  if arg[i] == "--ls" then
-    ls = {}
-    for a in arg[i + 1]:gmatch("[^,]+") do ls[#ls + 1] = assert(tonumber(a), "--ls: numbers") end
-  end
+  if arg[i] == "--dtypes" then dtypes = list(i) end
+  if arg[i] == "--dims" then dims = list(i, true) end
+  if arg[i] == "--algos" then algos = list(i) end
+  if arg[i] == "--rules" then rules = list(i) end
+  if arg[i] == "--ls" then ls = list(i, true) end
 end
 local Ls = ls or quick and { 1024 } or { 1024, 4096, 16384 }
 
