@@ -459,6 +459,20 @@ function TestAttention:test_softcap()
   end, "softcap + causal + alibi")
 end
 
+-- softcap at the ends of its range (any finite c > 0): past f32's range it
+-- is the identity there, far below it every score is about 0; never NaN
+-- (c·tanh(s/c) in f32 had inf·0 and 0/0).  D = 64 reaches the fast kernels.
+function TestAttention:test_softcap_range_ends()
+  for _, c in ipairs({1e300, 3e38, 1e-300, 1e-40}) do
+    for _, D in ipairs({16, 64}) do
+      check_all_algos(function(dt)
+        local q, k, v = qkv(1, 2, 2, 70, 131, D, D, dt)
+        return q, k, v, {softcap = c}
+      end, ("softcap %g D=%d"):format(c, D))
+    end
+  end
+end
+
 function TestAttention:test_return_lse_shapes()
   local q, k, v = qkv(2, 3, 3, 7, 9, 8, 8, "f32")
   for _, algo in ipairs(ALGOS) do
