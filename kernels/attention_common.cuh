@@ -7,7 +7,6 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <float.h>
 #include <math.h>
 
 extern "C" {
@@ -50,11 +49,7 @@ static __device__ __forceinline__ score_rule score_rule_at(const fa_attn_problem
   ru.ms = p.mask_strides[3];
   ru.pairs = ru.ms == 1 && ((uintptr_t)ru.mask & (ru.mask_float ? 7 : 1)) == 0;
   ru.scale = (float)p.scale;
-  /* c in float (as the CPU backend): past float's range softcap is the
-   * identity (off), below it the least normal; 1/c in float, as attn_score
-   * builds the rule a score */
-  ru.cap = p.softcap <= 0 || isinf((float)p.softcap) ? 0.f : fmaxf((float)p.softcap, FLT_MIN);
-  ru.inv_cap = ru.cap > 0.f ? 1.f / ru.cap : 0.f;
+  ru.cap = p.softcap_f, ru.inv_cap = p.softcap_inv_f; /* from the host: no division here */
   ru.slope = p.alibi ? (float)p.alibi[h] : 0.f;
   ru.dist0 = (float)(i + p.Lk - p.Lq - j0);
   return ru;

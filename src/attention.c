@@ -3,6 +3,7 @@
 #include "check.h"
 #include "cpu/attention_tiles.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -32,6 +33,10 @@ static void resolve_options(const fa_attention_opts *o, const fa_attn_dims *d, f
   p->B = d->B, p->Hq = d->Hq, p->Hkv = d->Hkv, p->Lq = d->Lq, p->Lk = d->Lk, p->D = d->D, p->Dv = d->Dv;
   p->scale = o->has_scale ? o->scale : 1.0 / sqrt((double)d->D);
   p->softcap = o->softcap;
+  if (o->softcap > 0 && !isinf((float)o->softcap)) {
+    p->softcap_f = (float)o->softcap > 0 ? (float)o->softcap : FLT_MIN;
+    p->softcap_inv_f = (float)(1.0 / (double)p->softcap_f);
+  }
   p->causal = o->causal;
   p->has_window = o->has_window && (o->window_left >= 0 || o->window_right >= 0);
   p->win_left = o->window_left, p->win_right = o->window_right;
