@@ -49,7 +49,7 @@ static __device__ __forceinline__ score_rule score_rule_at(const fa_attn_problem
   ru.ms = p.mask_strides[3];
   ru.pairs = ru.ms == 1 && ((uintptr_t)ru.mask & (ru.mask_float ? 7 : 1)) == 0;
   ru.scale = (float)p.scale;
-  ru.cap = p.softcap_f, ru.inv_cap = p.softcap_inv_f; /* from the host: no division here */
+  ru.cap = (float)p.softcap, ru.inv_cap = p.softcap > 0 ? (float)(1.0 / p.softcap) : 0.f; /* run_cuda fits c to f32 */
   ru.slope = p.alibi ? (float)p.alibi[h] : 0.f;
   ru.dist0 = (float)(i + p.Lk - p.Lq - j0);
   return ru;

@@ -33,10 +33,6 @@ static void resolve_options(const fa_attention_opts *o, const fa_attn_dims *d, f
   p->B = d->B, p->Hq = d->Hq, p->Hkv = d->Hkv, p->Lq = d->Lq, p->Lk = d->Lk, p->D = d->D, p->Dv = d->Dv;
   p->scale = o->has_scale ? o->scale : 1.0 / sqrt((double)d->D);
   p->softcap = o->softcap;
-  if (o->softcap > 0 && !isinf((float)o->softcap)) {
-    p->softcap_f = (float)o->softcap > 0 ? (float)o->softcap : FLT_MIN;
-    p->softcap_inv_f = (float)(1.0 / (double)p->softcap_f);
-  }
   p->causal = o->causal;
   p->has_window = o->has_window && (o->window_left >= 0 || o->window_right >= 0);
   p->win_left = o->window_left, p->win_right = o->window_right;
@@ -179,6 +175,10 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
   void *kv_lens = NULL, *alibi = NULL;
   size_t kv_bytes = sizeof(int64_t) * (size_t)d->B, alibi_bytes = sizeof(double) * (size_t)d->Hq;
   resolve_options(o, d, &p);
+  /* the kernels compute in f32: softcap as f32 takes it (as the CPU's f32
+   * path): past f32's range c·tanh(s/c) is s (off; (float)c·0 would be
+   * NaN), a c that rounds to 0 is the least normal (0/0 at s = 0) */
+  if (p.softcap > 0) p.softcap = isinf((float)p.softcap) ? 0 : fmax(p.softcap, FLT_MIN);
   /* defaults: the tile of the fastest kernel that takes the call */
   int64_t br, bc;
   fa_cuda_attention_default_tile(d->dtype, d->D, d->Dv, &br, &bc);

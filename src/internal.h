@@ -115,10 +115,6 @@ typedef struct {
   int64_t B, Hq, Hkv, Lq, Lk, D, Dv;
   double scale;
   double softcap;   /* 0 = off */
-  /* softcap as f32 arithmetic takes it (CUDA): c and 1/c, 0 = off; a c past
-   * f32's range is off (c·tanh(s/c) is s there), one that rounds to 0 the
-   * least normal */
-  float softcap_f, softcap_inv_f;
   fa_causal causal;
   int64_t win_left, win_right; /* -1 = unbounded on that side; used when has_window */
   int has_window;
