@@ -493,7 +493,8 @@ end
 -- f32 and one other dtype (on cuda the fast kernels: register-tiled f32,
 -- kernels/attention_f32.cu, and tensor cores for f16/bf16, each with the two
 -- passes of two_pass): sizes that are not multiples of their tiles, Lq below
--- and above Lk, GQA (Hq = 4, Hkv = 2), lse, every option; fully masked rows;
+-- and above Lk, GQA (Hq = 4, Hkv = 2), lse, every option (softcap and alibi
+-- alone take the kernels' instances without mask code); fully masked rows;
 -- NaN and inf in V behind a causal mask reach only the rows that attend
 -- them.
 function TestAttention:test_fast_paths_head_dims()
@@ -523,6 +524,7 @@ function TestAttention:test_fast_paths_head_dims()
           {mask = fmask({Hq, 1, Lk}, dtype)},
           {mask = fmask({B, 1, Lq, Lk}, dtype), alibi = {0.5, 0.25, 0.125, 0.0625}},
           {softcap = 2},
+          {alibi = {0.5, 0.25, 0.125, 0.0625}, causal = true},
           {softcap = 5, alibi = {0.1, 0.2, 0.3, 0.4}, causal = true, kv_lens = {Lk, 33}, mask = fmask({Lq, Lk}, dtype)},
         }
         for _, opts in ipairs(cases) do
