@@ -49,7 +49,7 @@ static __device__ __forceinline__ score_rule score_rule_at(const fa_attn_problem
   ru.ms = p.mask_strides[3];
   ru.pairs = ru.ms == 1 && ((uintptr_t)ru.mask & (ru.mask_float ? 7 : 1)) == 0;
   ru.scale = (float)p.scale;
-  ru.cap = (float)p.softcap, ru.inv_cap = p.softcap > 0 ? (float)(1.0 / p.softcap) : 0.f; /* run_cuda fits c to f32 */
+  ru.cap = (float)p.softcap, ru.inv_cap = p.softcap > 0 ? (float)(1.0 / p.softcap) : 0.f; /* c fitted to f32 (resolve_options) */
   ru.slope = p.alibi ? (float)p.alibi[h] : 0.f;
   ru.dist0 = (float)(i + p.Lk - p.Lq - j0);
   return ru;
@@ -144,12 +144,8 @@ static inline fa_status values_nonfinite_flag(fa_context *ctx, const fa_attn_pro
   return FA_OK;
 }
 
-/* Whether a call needs the per-score rule beyond the key range and the
- * scale (masks, alibi, softcap): the fast kernels' EXTRAS instances. */
-static inline bool attn_has_extras(const fa_attn_problem *p) {
-  return p->mask_b || p->mask_f || p->alibi || p->softcap > 0;
-}
-/* Which part of that rule a fast kernel's instance compiles (its EXTRAS
+/* Which part of the per-score rule beyond the key range and the scale
+ * (masks, alibi, softcap) a fast kernel's instance compiles (its EXTRAS
  * parameter): none; softcap and alibi; or the masks as well (with softcap
  * and alibi when set).  The instances without masks carry no mask code:
  * compiled in, it cost softcap and alibi 3-8 % (the registers of the
@@ -159,6 +155,8 @@ static inline int attn_extras_kind(const fa_attn_problem *p) {
   if (p->mask_b || p->mask_f) return EXTRAS_MASK;
   return p->alibi || p->softcap > 0 ? EXTRAS_SCORE : EXTRAS_NONE;
 }
+/* Whether a call needs any of that rule. */
+static inline bool attn_has_extras(const fa_attn_problem *p) { return attn_extras_kind(p) != EXTRAS_NONE; }
 
 /* Queues run(ctx, g, pass) for a fast kernel that does nothing when V
  * holds NaN or inf: g is *p with v_nonfinite set to a fresh device flag

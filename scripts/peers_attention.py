@@ -46,12 +46,12 @@ def rule_mask(rule, dt, H, L, causal):
     return m.masked_fill(j > i, float("-inf")) if causal else m
 
 
-def peer_tflops(backend, dt, B, H, L, D, causal, rule="plain"):
-    torch.backends.cuda.matmul.allow_tf32 = False
-    q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=DTYPES[dt]) for _ in range(3))
-    mask = rule_mask(rule, dt, H, L, causal)
+def peer_tflops(backend, dt, B, H, L, D, causal, mask=None):
+    """mask: rule_mask's (None: plain, False: no SDPA form)."""
     if mask is False:
         return None
+    torch.backends.cuda.matmul.allow_tf32 = False
+    q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=DTYPES[dt]) for _ in range(3))
     kw = {"is_causal": causal} if mask is None else {"attn_mask": mask}
     try:
         with sdpa_kernel([BACKENDS[backend]]):
@@ -76,11 +76,13 @@ def main():
         if r["algo"] != "flash":
             continue
         row = dict(r)
+        mask = rule_mask(r.get("rule", "plain"), r["dtype"], r["H"], r["L"], r["causal"])  # once for the backends
         for name in BACKENDS:
-            t = peer_tflops(name, r["dtype"], r["B"], r["H"], r["L"], r["D"], r["causal"], r.get("rule", "plain"))
+            t = peer_tflops(name, r["dtype"], r["B"], r["H"], r["L"], r["D"], r["causal"], mask)
             row[f"torch_{name}_tflops"] = t
             row[f"ratio_vs_{name}"] = r["tflops"] / t if t else None
         rows.append(row)
+        mask = None  # freed before the next shape
         torch.cuda.empty_cache()
     result = {
         "date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(), "commit": args.commit,

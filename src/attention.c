@@ -27,12 +27,17 @@ static void buffers_drop(attn_buffers *b) {
 }
 
 /* The options every backend reads the same way: shapes, scale, softcap,
- * causal alignment, window (p is cleared first). */
-static void resolve_options(const fa_attention_opts *o, const fa_attn_dims *d, fa_attn_problem *p) {
+ * causal alignment, window, the compute dtype (p is cleared first).  Every
+ * compute dtype but f64 works in f32, where softcap is taken as f32 takes
+ * it: past f32's range c·tanh(s/c) is s (off; c = inf would give inf·0 =
+ * NaN), a c that rounds to 0 is the least normal (0/0 at s = 0). */
+static void resolve_options(const fa_attention_opts *o, const fa_attn_dims *d, fa_dtype compute, fa_attn_problem *p) {
   memset(p, 0, sizeof *p);
   p->B = d->B, p->Hq = d->Hq, p->Hkv = d->Hkv, p->Lq = d->Lq, p->Lk = d->Lk, p->D = d->D, p->Dv = d->Dv;
   p->scale = o->has_scale ? o->scale : 1.0 / sqrt((double)d->D);
+  p->compute = compute;
   p->softcap = o->softcap;
+  if (compute != FA_F64 && p->softcap > 0) p->softcap = isinf((float)p->softcap) ? 0 : fmax(p->softcap, FLT_MIN);
   p->causal = o->causal;
   p->has_window = o->has_window && (o->window_left >= 0 || o->window_right >= 0);
   p->win_left = o->window_left, p->win_right = o->window_right;
@@ -51,12 +56,11 @@ static void attach_mask(fa_attn_problem *p, const fa_tensor *m, fa_tensor *buf) 
  * the compute dtype. */
 static fa_status build_problem(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
                                const fa_attn_dims *d, fa_dtype compute, fa_attn_problem *p, attn_buffers *bufs) {
-  resolve_options(o, d, p);
+  resolve_options(o, d, compute, p);
   p->kv_lens = o->kv_lens;
   p->alibi = o->alibi;
   p->tile_q = o->tile_q ? o->tile_q : FA_CPU_DEFAULT_TILE_Q;
   p->tile_k = o->tile_k ? o->tile_k : FA_CPU_DEFAULT_TILE_K;
-  p->compute = compute;
   fa_status st;
   if ((st = fa_tensor_cpu_contiguous(ctx, q, compute, &bufs->q)) ||
       (st = fa_tensor_cpu_contiguous(ctx, k, compute, &bufs->k)) ||
@@ -174,17 +178,12 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
   fa_attn_problem p;
   void *kv_lens = NULL, *alibi = NULL;
   size_t kv_bytes = sizeof(int64_t) * (size_t)d->B, alibi_bytes = sizeof(double) * (size_t)d->Hq;
-  resolve_options(o, d, &p);
-  /* the kernels compute in f32: softcap as f32 takes it (as the CPU's f32
-   * path): past f32's range c·tanh(s/c) is s (off; (float)c·0 would be
-   * NaN), a c that rounds to 0 is the least normal (0/0 at s = 0) */
-  if (p.softcap > 0) p.softcap = isinf((float)p.softcap) ? 0 : fmax(p.softcap, FLT_MIN);
+  resolve_options(o, d, d->dtype, &p);
   /* defaults: the tile of the fastest kernel that takes the call */
   int64_t br, bc;
   fa_cuda_attention_default_tile(d->dtype, d->D, d->Dv, &br, &bc);
   p.tile_q = o->tile_q ? o->tile_q : br;
   p.tile_k = o->tile_k ? o->tile_k : bc;
-  p.compute = d->dtype;
   fa_status st = FA_OK;
   if (d->dtype == FA_F64)
     return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: q: attention on cuda takes f32, f16 or bf16, got f64 (f64 runs on "

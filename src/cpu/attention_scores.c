@@ -3,7 +3,6 @@
 #include "cpu/attention_scores.h"
 #include "cpu/fast_exp.h"
 
-#include <float.h>
 #include <math.h>
 
 /* Row maxima for the online step.  The result is the largest score; a NaN

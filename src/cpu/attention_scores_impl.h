@@ -12,11 +12,8 @@ void FA_R(fa_attn_scores)(const fa_attn_problem *p, int64_t b, int64_t h, int64_
                           int64_t lo, int64_t hi, REAL *s) {
   const REAL scale = (REAL)p->scale;
   for (int64_t j = 0; j < n; j++) s[j] *= scale;
-  /* c·tanh(s/c) in REAL: a c past REAL's range is the identity there (and
-   * inf·0 would be NaN), a c that rounds to 0 is taken as the least normal
-   * (0/0 would be NaN at s = 0) */
-  if (p->softcap > 0 && !isinf((REAL)p->softcap)) {
-    const REAL c = (REAL)p->softcap > 0 ? (REAL)p->softcap : (REAL)FLT_MIN;
+  if (p->softcap > 0) { /* fitted to f32 when REAL is (resolve_options) */
+    const REAL c = (REAL)p->softcap;
     for (int64_t j = 0; j < n; j++) s[j] = c * FA_TANH(s[j] / c);
   }
   if (p->alibi) {
