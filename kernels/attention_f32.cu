@@ -25,9 +25,10 @@
  * the softmax of S_{t+1}.  A key tile of 64 spilled (S in f64 takes 64
  * registers beside O's 64).  Run one after the other, the two products
  * measured no faster than the CUDA cores alone (docs/perf run 21's note).
- * Q, K and V tiles are copied by cp.async; 16-byte chunks are XOR-swizzled
- * (f32_swz) so that the float4 reads and the P writes are free of bank
- * conflicts without padding.
+ * Q, K and V tiles are copied by cp.async: Q and K rows padded by 64
+ * bytes (F32_QKS), P's 16-byte chunks XOR-swizzled (p_swz), so that the
+ * float4 reads are free of bank conflicts and their addresses move by a
+ * constant from one pass of the product loop to the next.
  * The softmax subtracts the running max in f32 (one fmaf: s·scale − m)
  * before the exponent (frag_exp_tile's EXACT form), so that the rounding
  * does not grow with the scores' magnitude.
@@ -42,17 +43,24 @@
 #define F32_THREADS 128
 #define F32_RM 8 /* query rows a thread */
 
-/* Swizzles of 16-byte chunks (XOR on the chunk index).  Q and K rows by
- * row bit 0 into the other half of 8 chunks: the S product's float4 reads
- * (8 lanes at a time: rows g, g + 1 of a pair, chunks 4kk + tig) then hit
- * 8 distinct bank groups.  P rows by (row % 4, bit 3): the S layout's
- * float2 writes (16 lanes: rows g = 0..3, keys 8n + 2tig) and the O
- * layout's float4 reads (rows r and r + 8) are free of conflicts.  V not
- * at all. */
-enum { SW_NONE = 0, SW_QK, SW_P };
-template <int SW> static __device__ __forceinline__ int f32_swz(int row) {
-  return SW == SW_QK ? (row & 1) << 2 : SW == SW_P ? ((row & 3) << 1) | ((row >> 3) & 1) : 0;
-}
+/* Bank conflicts.  Q and K rows are F32_QKS floats apart, 64 bytes more
+ * than a row: the S product's float4 reads (8 lanes at a time: rows g,
+ * g + 1 of a pair, chunks 4kk + tig) then hit 8 distinct bank groups, and
+ * a pass's addresses are the last pass's plus 64 bytes.  This replaced an
+ * XOR swizzle on row bit 0 (no more shared memory: two blocks an SM still
+ * fit) and took the spills out of the instances with masks (f32 D = 128
+ * float mask 15-25 %, plain 1.5-2 % faster).  P's 16-byte chunks are
+ * XOR-swizzled by row bit 3 alone: the O layout's float4 reads (rows r and
+ * r + 8 in a phase) are free of conflicts, and a thread's eight rows
+ * (8ty..) share the key, so that a pass forms one address for its eight P
+ * reads.  The S layout's float2 writes (rows g = 0..3 in a phase) are then
+ * 4-way conflicts, eight stores a tile; with (row % 4) in the key as well,
+ * which made the writes free, the reads' addresses cost integer
+ * instructions every pass and D = 128 ran 6 % slower.  (Both measured in
+ * docs/perf/2026-11-25-attention-h100-f32-probes.json.)  V rows are read
+ * whole by a warp: no conflicts as they are. */
+#define F32_QKS(D) ((D) + 16)
+static __device__ __forceinline__ int p_swz(int row) { return (row >> 3) & 1; }
 
 /* D (16 × 8, f64) += A (16 × 16) · B (16 × 8) on the FP64 tensor cores: a
  * product of two f32 values is exact in f64, and so is its sum with few
@@ -74,9 +82,9 @@ static __device__ __forceinline__ void dmma_16x8x16(double (&d)[4], const float4
 #endif
 }
 
-/* Rows [r0, r0 + ROWS) of a (rows × D) f32 matrix into a tile; rows at or
- * past `limit` are zero-filled, never read. */
-template <int D, int ROWS, int SW>
+/* Rows [r0, r0 + ROWS) of a (rows × D) f32 matrix into a tile whose rows
+ * are RS floats apart; rows at or past `limit` are zero-filled, never read. */
+template <int D, int ROWS, int RS>
 static __device__ __forceinline__ void f32_load_tile(float *tile, const float *src, int64_t r0, int64_t limit) {
   const int CH = D / 4;
 #pragma unroll
@@ -84,7 +92,7 @@ static __device__ __forceinline__ void f32_load_tile(float *tile, const float *s
     const int c = threadIdx.x + it * F32_THREADS, row = c / CH, ch = c % CH;
     const bool in = r0 + row < limit;
     const float *g = src + (in ? (r0 + row) * D + ch * 4 : 0);
-    cp_async16(tile + (row * CH + (ch ^ f32_swz<SW>(row))) * 4, g, in ? 16 : 0);
+    cp_async16(tile + row * RS + ch * 4, g, in ? 16 : 0);
   }
 }
 
@@ -92,17 +100,17 @@ static __device__ __forceinline__ float f4_at(const float4 &v, int k) {
   return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
 }
 
-/* S += Q·K_tᵀ over Q/K chunk ch (swizzled) of every lane's k-slot, for NN
+/* S += Q·K_tᵀ over Q/K chunk ch of every lane's k-slot, for NN
  * key octets from KB: the S layout's rows r0, r0 + 8 from QA, QA + 8 rows;
  * lane t's float4 gives k-slots t, t + 4, t + 8, t + 12 (the order of a
  * dot product's terms is free, as long as Q and K agree). */
 template <int D, int NN>
 static __device__ __forceinline__ void f32_s_step(double (*acc)[4], const float4 *QA, const float4 *KB, int ch) {
-  const int CH = D / 4;
-  const float4 qa = QA[ch], qb = QA[8 * CH + ch];
+  const int QS = F32_QKS(D) / 4; /* float4s from one Q or K row to the next */
+  const float4 qa = QA[ch], qb = QA[8 * QS + ch];
   float4 kb[NN];
 #pragma unroll
-  for (int n = 0; n < NN; n++) kb[n] = KB[8 * n * CH + ch];
+  for (int n = 0; n < NN; n++) kb[n] = KB[8 * n * QS + ch];
 #pragma unroll
   for (int n = 0; n < NN; n++) dmma_16x8x16(acc[n], qa, qb, kb[n]);
 }
@@ -117,7 +125,7 @@ static __device__ __forceinline__ void f32_pv_step(float4 (*o)[D / 64], const fl
 #pragma unroll
   for (int i = 0; i < F32_RM; i++) {
     const int r = F32_RM * ty + i;
-    pr[i] = Ps[r * PCH + (c ^ f32_swz<SW_P>(r))];
+    pr[i] = Ps[r * PCH + (c ^ p_swz(r))];
   }
 #pragma unroll
   for (int k = 0; k < 4; k++) {
@@ -145,7 +153,7 @@ static __device__ __forceinline__ void f32_pv_step(float4 (*o)[D / 64], const fl
  * same work both ways, so that both pipes are busy at once from one warp. */
 template <int D, bool DO_S, bool DO_PV>
 static __device__ __forceinline__ void f32_tile_products(double (*acc)[4], float4 (*o)[D / 64], const float4 *QA,
-                                                         const float4 *KB, int t4, int xs, const float4 *Ps,
+                                                         const float4 *KB, int t4, const float4 *Ps,
                                                          const float4 *V4, int ty) {
   const int KSTEPS = D / 16, NQ = (F32_BC / 4) / KSTEPS, NN = (F32_BC / 8) / NQ; /* P chunks and key octets a step */
   if (DO_S)
@@ -153,10 +161,10 @@ static __device__ __forceinline__ void f32_tile_products(double (*acc)[4], float
     for (int n = 0; n < F32_BC / 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0;
 #pragma unroll 1 /* unrolled, the next step's loads spill */
   for (int kk = 0; kk < KSTEPS; kk++) {
-    const int ch = (4 * kk + t4) ^ xs;
+    const int ch = 4 * kk + t4;
 #pragma unroll
     for (int q = 0; q < NQ; q++) {
-      if (DO_S) f32_s_step<D, NN>(acc + q * NN, QA, KB + q * NN * 8 * (D / 4), ch);
+      if (DO_S) f32_s_step<D, NN>(acc + q * NN, QA, KB + q * NN * 8 * (F32_QKS(D) / 4), ch);
       if (DO_PV) f32_pv_step<D>(o, Ps, V4, kk * NQ + q, ty);
     }
   }
@@ -164,7 +172,7 @@ static __device__ __forceinline__ void f32_tile_products(double (*acc)[4], float
 
 /* S_t (key tile j0) in acc, in the S layout → the score rule, the online
  * max across the quad, P_t = exp(s - m) into shared memory (Pw: this
- * lane's P entries, f32_swz'd), and O (the O layout) scaled by the rows'
+ * lane's P entries, p_swz'd), and O (the O layout) scaled by the rows'
  * alpha, which pass through row_alpha (flash); the output pass's P final
  * (offA, offB: the rows' m + ln l). */
 template <int D, int EXTRAS, int PASS>
@@ -189,8 +197,8 @@ static __device__ __forceinline__ void f32_softmax_tile(const fa_attn_problem &p
   __syncwarp(); /* this warp's lanes are past P_{t-1}·V_{t-1}: P is free */
 #pragma unroll
   for (int n = 0; n < NT; n++) {
-    Pw[2 * ((2 * n + (t4 >> 1)) ^ f32_swz<SW_P>(rA))] = make_float2(s[n][0], s[n][1]);
-    Pw[8 * (F32_BC / 2) + 2 * ((2 * n + (t4 >> 1)) ^ f32_swz<SW_P>(rA + 8))] = make_float2(s[n][2], s[n][3]);
+    Pw[2 * ((2 * n + (t4 >> 1)) ^ p_swz(rA))] = make_float2(s[n][0], s[n][1]);
+    Pw[8 * (F32_BC / 2) + 2 * ((2 * n + (t4 >> 1)) ^ p_swz(rA + 8))] = make_float2(s[n][2], s[n][3]);
   }
   if (PASS != PASS_FLASH) return;
   __syncwarp(); /* row_alpha of this warp's rows */
@@ -210,7 +218,8 @@ __global__ void __launch_bounds__(F32_THREADS, 2) attn_f32_kernel(fa_attn_proble
   const int v_bad = WITH_V ? *p.v_nonfinite : 0; /* see leave_for_fallback */
   const int CH = D / 4, NH = D / 64, NT = F32_BC / 8; /* chunks of a Q/K/V row, column halves, key octets */
   extern __shared__ __align__(16) float f32_smem[];
-  float *Qs = f32_smem, *Ks = Qs + F32_BR * D, *Vs = Ks + 2 * F32_BC * D, *Ps = Vs + 2 * F32_BC * D; /* K_j, V_j in buffer j % 2 */
+  const int QKS = F32_QKS(D);
+  float *Qs = f32_smem, *Ks = Qs + F32_BR * QKS, *Vs = Ks + 2 * F32_BC * QKS, *Ps = Vs + 2 * F32_BC * D; /* K_j, V_j in buffer j % 2 */
   __shared__ float row_alpha[F32_BR], row_m[F32_BR], row_l[F32_BR]; /* from the S layout to the O layout (a warp's rows) */
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -219,24 +228,23 @@ __global__ void __launch_bounds__(F32_THREADS, 2) attn_f32_kernel(fa_attn_proble
   const frag_qtile<float, D, F32_BR, int64_t> qt(p, blockIdx.x); /* 64-bit: see frag_qtile */
   const int64_t bh = qt.bh, b = qt.b, h = qt.h, i0 = qt.i0;
 
-  f32_load_tile<D, F32_BR, SW_QK>(Qs, qt.q, i0, p.Lq);
+  f32_load_tile<D, F32_BR, QKS>(Qs, qt.q, i0, p.Lq);
   cp_async_commit();
   frag_rows r = frag_rows_start(p, b, i0, rA, rA + 8);
   int64_t t_lo, t_hi, all_lo, all_hi;
   tile_key_range<F32_BR>(p, b, i0, &t_lo, &t_hi, &all_lo, &all_hi);
   const int ntiles = (int)((t_hi - t_lo + F32_BC - 1) / F32_BC);
-  if (ntiles > 0) f32_load_tile<D, F32_BC, SW_QK>(Ks, qt.k, t_lo, t_hi);
+  if (ntiles > 0) f32_load_tile<D, F32_BC, QKS>(Ks, qt.k, t_lo, t_hi);
   cp_async_commit();
-  if (ntiles > 1) f32_load_tile<D, F32_BC, SW_QK>(Ks + F32_BC * D, qt.k, t_lo + F32_BC, t_hi);
-  if (ntiles > 0 && WITH_V) f32_load_tile<D, F32_BC, SW_NONE>(Vs, qt.v, t_lo, t_hi);
+  if (ntiles > 1) f32_load_tile<D, F32_BC, QKS>(Ks + F32_BC * QKS, qt.k, t_lo + F32_BC, t_hi);
+  if (ntiles > 0 && WITH_V) f32_load_tile<D, F32_BC, D>(Vs, qt.v, t_lo, t_hi);
   cp_async_commit();
   if (leave_for_fallback(v_bad)) return;
 
   const bool scale_pos = p.scale > 0;
-  const int xs = f32_swz<SW_QK>(g); /* rows rA, rA + 8 and keys 8n + g alike */
-  const float4 *QA = (const float4 *)Qs + rA * CH, *KB = (const float4 *)Ks + g * CH;
+  const float4 *QA = (const float4 *)Qs + rA * (QKS / 4), *KB = (const float4 *)Ks + g * (QKS / 4);
   const float4 *P4 = (const float4 *)Ps, *V4 = (const float4 *)Vs + tx;
-  const int KBUF = F32_BC * CH; /* float4s a K or V buffer */
+  const int KBUF = F32_BC * QKS / 4, VBUF = F32_BC * CH; /* float4s a K, a V buffer */
   float2 *Pw = (float2 *)(Ps + rA * F32_BC) + (t4 & 1); /* P[rA + 8e][8n + 2t4..] at Pw[8e·32 + 2·((2n + t4/2) ^ swz)] */
   float offA = 0.f, offB = 0.f; /* PASS_OUTPUT: the rows' final offsets m + ln l, P = exp(s - m - ln l) */
   if (PASS == PASS_OUTPUT) offA = frag_stats_offset<true>(p, bh, r.iA), offB = frag_stats_offset<true>(p, bh, r.iB);
@@ -255,7 +263,7 @@ __global__ void __launch_bounds__(F32_THREADS, 2) attn_f32_kernel(fa_attn_proble
   if (ntiles > 0) {
     cp_async_wait<1>();
     __syncthreads(); /* Q and K_0 are in */
-    f32_tile_products<D, true, false>(acc, o, QA, KB, t4, xs, P4, V4, ty);
+    f32_tile_products<D, true, false>(acc, o, QA, KB, t4, P4, V4, ty);
     f32_softmax_tile<D, EXTRAS, PASS>(p, b, h, t_lo, scale_pos && t_lo >= all_lo && t_lo + F32_BC <= all_hi, r, offA, offB,
                                       acc, o, row_alpha, Pw, rA, t4, ty);
   }
@@ -264,13 +272,13 @@ __global__ void __launch_bounds__(F32_THREADS, 2) attn_f32_kernel(fa_attn_proble
     const bool more = t + 1 < ntiles;
     cp_async_wait<0>();
     __syncthreads(); /* K_{t+1} and V_t are in; every warp is past K_t and V_{t-1} */
-    if (t + 2 < ntiles) f32_load_tile<D, F32_BC, SW_QK>(Ks + (t & 1) * F32_BC * D, qt.k, j1 + F32_BC, t_hi);
-    if (more && WITH_V) f32_load_tile<D, F32_BC, SW_NONE>(Vs + ((t + 1) & 1) * F32_BC * D, qt.v, j1, t_hi);
+    if (t + 2 < ntiles) f32_load_tile<D, F32_BC, QKS>(Ks + (t & 1) * F32_BC * QKS, qt.k, j1 + F32_BC, t_hi);
+    if (more && WITH_V) f32_load_tile<D, F32_BC, D>(Vs + ((t + 1) & 1) * F32_BC * D, qt.v, j1, t_hi);
     cp_async_commit();
-    const float4 *kb = KB + ((t + 1) & 1) * KBUF, *vb = V4 + (t & 1) * KBUF;
-    if (more && WITH_V) f32_tile_products<D, true, true>(acc, o, QA, kb, t4, xs, P4, vb, ty);
-    else if (more) f32_tile_products<D, true, false>(acc, o, QA, kb, t4, xs, P4, vb, ty);
-    else if (WITH_V) f32_tile_products<D, false, true>(acc, o, QA, kb, t4, xs, P4, vb, ty);
+    const float4 *kb = KB + ((t + 1) & 1) * KBUF, *vb = V4 + (t & 1) * VBUF;
+    if (more && WITH_V) f32_tile_products<D, true, true>(acc, o, QA, kb, t4, P4, vb, ty);
+    else if (more) f32_tile_products<D, true, false>(acc, o, QA, kb, t4, P4, vb, ty);
+    else if (WITH_V) f32_tile_products<D, false, true>(acc, o, QA, kb, t4, P4, vb, ty);
     if (!more) break;
     f32_softmax_tile<D, EXTRAS, PASS>(p, b, h, j1, scale_pos && j1 >= all_lo && j1 + F32_BC <= all_hi, r, offA, offB,
                                       acc, o, row_alpha, Pw, rA, t4, ty);
@@ -306,7 +314,9 @@ __global__ void __launch_bounds__(F32_THREADS, 2) attn_f32_kernel(fa_attn_proble
   }
 }
 
-static size_t f32_smem_bytes(int D) { return sizeof(float) * (size_t)(F32_BR * D + 4 * F32_BC * D + F32_BR * F32_BC); }
+static size_t f32_smem_bytes(int D) {
+  return sizeof(float) * (size_t)((F32_BR + 2 * F32_BC) * F32_QKS(D) + 2 * F32_BC * D + F32_BR * F32_BC);
+}
 
 template <int D, int EXTRAS, int PASS> static fa_status launch_f32(fa_context *ctx, const fa_attn_problem *p) {
   const size_t smem = f32_smem_bytes(D);
@@ -342,7 +352,7 @@ extern "C" int fa_cuda_attention_f32_tile(fa_dtype dt, int64_t D, int64_t Dv, in
 /* Queues algo ("flash", or "two_pass" with p->row_stats set) on the
  * f32 kernel when the call fits (f32, D = Dv = 64 or 128, a Hopper GPU,
  * 16-byte aligned q, k, v, o, the tile {64, 32}, Lq and Lk below 2^31) and
- * the device has the shared memory (104 KB a block at D = 128, two blocks
+ * the device has the shared memory (112 KB a block at D = 128, two blocks
  * an SM).  Then *v_flag is a device flag
  * (the caller frees it), set on the stream when V holds NaN or inf: the
  * kernel reading V has then done nothing, and the caller's fallback, which

@@ -561,6 +561,34 @@ function TestAttention:test_fast_paths_head_dims()
   end
 end
 
+-- NaN and inf in V with no causal and no window, where the CUDA fast kernels
+-- check V themselves (each block a share of the key tiles: Lq and Lk span
+-- several query and key tiles, so that the tiles with NaN fall to a block
+-- other than the first): a bool mask that hides a key from some rows, keys
+-- past kv_lens (never read), and every row attending the key.
+function TestAttention:test_fast_paths_nonfinite_v_without_causal()
+  local B, Hq, Hkv, Lq, Lk = 2, 4, 2, 200, 300
+  for _, run in ipairs({{"flash", "f32"}, {"two_pass", "f32"}, {"flash", other_dtype()}, {"two_pass", other_dtype()}}) do
+    local algo, dtype = run[1], run[2]
+    for _, D in ipairs({64, 96, 128, 256}) do
+      local q, k, v = qkv(B, Hq, Hkv, Lq, Lk, D, D, dtype)
+      local what = ("%s %s D=%d"):format(dtype, algo, D)
+      local vn = v:clone()
+      vn:set(1, 2, 250, 3, U.NaN) -- key tile 7 of 32 (f32), 1 of 128 (f16/bf16)
+      vn:set(2, 1, 290, 7, U.inf)
+      vn:set(2, 2, 140, 1, -U.inf)
+      local mask = fa.tensor(U.nested({B, 1, Lq, Lk}, function() return math.random() < 0.8 end), {device = dev})
+      for _, opts in ipairs({{mask = mask}, {kv_lens = {Lk, 120}}, {}, {softcap = 3, kv_lens = {260, Lk}}}) do
+        local o = U.copy_opts(opts)
+        o.algo, o.return_lse = algo, true
+        U.check_attention(q, k, vn, o, what .. " NaN/inf in v " .. desc(opts))
+      end
+      -- the flag of one call does not reach the next: finite V gives finite rows
+      U.check_attention(q, k, v, {algo = algo, mask = mask}, what .. " finite v after")
+    end
+  end
+end
+
 function TestAttention:test_tiles()
   -- {128, 64} and {128, 128} at D = 64 are the Hopper kernel's tiles on cuda (f16/bf16)
   local tiles = {{16, 16}, {32, 32}, {64, 64}, {16, 64}, {64, 16}, {128, 32}, {32, 128}, {128, 64}, {128, 128}}
