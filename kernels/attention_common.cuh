@@ -9,6 +9,8 @@
 #include <cuda_fp16.h>
 #include <math.h>
 
+#include <type_traits>
+
 extern "C" {
 #include "attn_range.h"
 }
@@ -96,47 +98,53 @@ static __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-/* Sets *flag when any of the n floats at v (W = uint16_t for f16/bf16,
- * uint32_t for f32) is NaN or inf: all exponent bits set (mask 0x7C00 for
- * f16, 0x7F80 for bf16, 0x7F800000 for f32).  16 bytes a load when v is
- * 16-byte aligned. */
-template <typename W> __global__ void any_nonfinite_kernel(const W *v, int64_t n, W mask, int *flag) {
-  const int per = 16 / sizeof(W);
+/* The exponent bits of a 32-bit word's element(s) of dtype T: all set is
+ * NaN or inf (one f32, or two f16 / bf16). */
+template <typename T> struct nonfinite_bits;
+template <> struct nonfinite_bits<float> { static const uint32_t mask = 0x7F800000u; };
+template <> struct nonfinite_bits<__half> { static const uint32_t mask = 0x7C007C00u; };
+template <> struct nonfinite_bits<__nv_bfloat16> { static const uint32_t mask = 0x7F807F80u; };
+
+/* Whether 16 bytes of T elements hold NaN or inf. */
+template <typename T> static __device__ __forceinline__ bool words_nonfinite(const uint4 &w) {
+  const uint32_t m = nonfinite_bits<T>::mask;
+  if (sizeof(T) == 4) return ((w.x & m) == m) | ((w.y & m) == m) | ((w.z & m) == m) | ((w.w & m) == m);
+  return (__vcmpeq2(w.x & m, m) | __vcmpeq2(w.y & m, m) | __vcmpeq2(w.z & m, m) | __vcmpeq2(w.w & m, m)) != 0;
+}
+
+/* Sets *flag when any of the n values at v (dtype T) is NaN or inf; 16
+ * bytes a load when v is 16-byte aligned. */
+template <typename T> __global__ void any_nonfinite_kernel(const T *v, int64_t n, int *flag) {
+  typedef typename std::conditional<sizeof(T) == 4, uint32_t, uint16_t>::type W;
+  const int per = 16 / sizeof(T);
   const int64_t stride = (int64_t)gridDim.x * blockDim.x, first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   const int64_t nvec = ((uintptr_t)v % 16) ? 0 : n / per;
+  const W m = (W)nonfinite_bits<T>::mask;
   bool bad = false;
-  for (int64_t i = first; i < nvec; i += stride) {
-    uint4 w = ((const uint4 *)v)[i];
-    const W *e = (const W *)&w;
-#pragma unroll
-    for (int x = 0; x < per; x++) bad |= (W)(e[x] & mask) == mask;
-  }
-  for (int64_t i = nvec * per + first; i < n; i += stride) bad |= (W)(v[i] & mask) == mask;
+  for (int64_t i = first; i < nvec; i += stride) bad |= words_nonfinite<T>(((const uint4 *)v)[i]);
+  for (int64_t i = nvec * per + first; i < n; i += stride) bad |= (W)(((const W *)v)[i] & m) == m;
   if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
 }
 
 /* A device int (from the pool: the caller frees it with fa_cuda_free) set
- * to 1 when the values v (f32, f16 or bf16) hold NaN or inf, queued on the
- * stream: one pass over v, no wait. */
-static inline fa_status values_nonfinite_flag(fa_context *ctx, const fa_attn_problem *p, int **flag) {
+ * to 0 on the stream; with scan, then set to 1 when the values v (f32, f16
+ * or bf16) hold NaN or inf: one pass over v, no wait. */
+static inline fa_status values_nonfinite_flag(fa_context *ctx, const fa_attn_problem *p, int **flag, bool scan = true) {
   *flag = NULL;
   void *f = NULL;
   fa_status st = fa_cuda_malloc(ctx, &f, sizeof(int));
   if (st) return st;
-  int64_t n = p->B * p->Hkv * p->Lk * p->Dv;
+  int64_t n = scan ? p->B * p->Hkv * p->Lk * p->Dv : 0;
   cudaStream_t s = fa_cuda_stream(ctx);
   cudaError_t err = cudaMemsetAsync(f, 0, sizeof(int), s);
   if (err == cudaSuccess && n > 0) {
     unsigned blocks = (unsigned)min((n / 8 + 255) / 256 + 1, (int64_t)2048);
-    if (p->compute == FA_F32)
-      any_nonfinite_kernel<uint32_t><<<blocks, 256, 0, s>>>((const uint32_t *)p->v, n, 0x7F800000u, (int *)f);
-    else
-      any_nonfinite_kernel<uint16_t><<<blocks, 256, 0, s>>>((const uint16_t *)p->v, n,
-                                                            (uint16_t)(p->compute == FA_F16 ? 0x7C00u : 0x7F80u),
-                                                            (int *)f);
+    if (p->compute == FA_F32) any_nonfinite_kernel<float><<<blocks, 256, 0, s>>>((const float *)p->v, n, (int *)f);
+    else if (p->compute == FA_F16) any_nonfinite_kernel<__half><<<blocks, 256, 0, s>>>((const __half *)p->v, n, (int *)f);
+    else any_nonfinite_kernel<__nv_bfloat16><<<blocks, 256, 0, s>>>((const __nv_bfloat16 *)p->v, n, (int *)f);
     err = cudaGetLastError();
   }
-  if ((st = fa_cuda_error(ctx, err, "launch of any_nonfinite_kernel"))) {
+  if ((st = fa_cuda_error(ctx, err, "the NaN/inf check of v"))) {
     fa_cuda_free(f, sizeof(int));
     return st;
   }
@@ -158,18 +166,23 @@ static inline int attn_extras_kind(const fa_attn_problem *p) {
 /* Whether a call needs any of that rule. */
 static inline bool attn_has_extras(const fa_attn_problem *p) { return attn_extras_kind(p) != EXTRAS_NONE; }
 
-/* Queues run(ctx, g, pass) for a fast kernel that does nothing when V
- * holds NaN or inf: g is *p with v_nonfinite set to a fresh device flag
- * (one pass over V, no wait), which comes back in *v_flag for the caller
- * to free and to guard its fallback (a kernel that skips masked keys)
- * with. */
+/* Queues run(ctx, g, pass) for a fast kernel guarded against NaN or inf in
+ * V: g is *p with v_nonfinite set to a fresh device flag, which comes back
+ * in *v_flag for the caller to free and to guard its fallback (a kernel
+ * that skips masked keys, run after this one) with.  A pass over V sets the
+ * flag before the kernel, whose blocks then do nothing; or, with
+ * self_check, the kernel's blocks check their shares of V themselves
+ * (g.v_check, the same flag) and a block that starts after the flag is set
+ * does nothing; the fallback then rewrites every output. */
 static inline fa_status launch_guarded_by_v_flag(fa_context *ctx, const fa_attn_problem *p, int pass, int **v_flag,
-                                                 fa_status (*run)(fa_context *, const fa_attn_problem *, int)) {
+                                                 fa_status (*run)(fa_context *, const fa_attn_problem *, int),
+                                                 bool self_check) {
   int *flag = NULL;
-  fa_status st = values_nonfinite_flag(ctx, p, &flag);
+  fa_status st = values_nonfinite_flag(ctx, p, &flag, !self_check);
   if (st) return st;
   fa_attn_problem g = *p;
   g.v_nonfinite = flag;
+  if (self_check) g.v_check = flag;
   if ((st = run(ctx, &g, pass))) fa_cuda_free(flag, sizeof(int));
   else *v_flag = flag;
   return st;
@@ -187,10 +200,11 @@ enum { PASS_FLASH = 0, PASS_STATS, PASS_OUTPUT };
  * row_stats. */
 static inline fa_status launch_fast_passes(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo algo,
                                            int **v_flag,
-                                           fa_status (*run)(fa_context *, const fa_attn_problem *, int)) {
-  if (algo != FA_ATTN_TWO_PASS) return launch_guarded_by_v_flag(ctx, p, PASS_FLASH, v_flag, run);
+                                           fa_status (*run)(fa_context *, const fa_attn_problem *, int),
+                                           bool self_check = false) {
+  if (algo != FA_ATTN_TWO_PASS) return launch_guarded_by_v_flag(ctx, p, PASS_FLASH, v_flag, run, self_check);
   fa_status st = run(ctx, p, PASS_STATS);
-  return st ? st : launch_guarded_by_v_flag(ctx, p, PASS_OUTPUT, v_flag, run);
+  return st ? st : launch_guarded_by_v_flag(ctx, p, PASS_OUTPUT, v_flag, run, self_check);
 }
 
 /* lse of a finished row: -inf for an empty row (l = 0), NaN stays NaN. */

@@ -209,7 +209,8 @@ extern "C" void fa_cuda_attention_default_tile(fa_dtype dt, int64_t D, int64_t D
  * (mma.sync, D = 64 or 128; 64 rows at D = 64, 128 at D = 128) on any
  * GPU.  Then *v_flag is a device flag (the caller frees
  * it), set on the stream when V holds NaN or inf: the kernel reading V has
- * then done nothing, and the caller's fallback, which skips masked keys,
+ * then done nothing (or, where it checks V itself, part of its work), and
+ * the caller's fallback, which skips masked keys, rewrites every output and
  * must run guarded by it (for two_pass, its output pass on the statistics
  * written here).  *v_flag stays NULL when the call does not fit. */
 extern "C" fa_status fa_cuda_attention_mma(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo algo,
@@ -221,6 +222,7 @@ extern "C" fa_status fa_cuda_attention_mma(fa_context *ctx, const fa_attn_proble
                  fa_cuda_wgmma_usable();
   const int sync = (p->D == 64 || p->D == 128) && p->tile_q == 16 * MMA_WARPS(p->D) && p->tile_k == MMA_BC;
   if (!wg && !sync) return FA_OK;
-  if (wg) return launch_fast_passes(ctx, p, algo, v_flag, fa_cuda_attention_wgmma);
+  /* the Hopper kernel's instances of two blocks an SM check V themselves (v_check_share) */
+  if (wg) return launch_fast_passes(ctx, p, algo, v_flag, fa_cuda_attention_wgmma, p->D == 64 && p->tile_k == 64);
   return launch_fast_passes(ctx, p, algo, v_flag, p->compute == FA_F16 ? mma_typed<__half> : mma_typed<__nv_bfloat16>);
 }

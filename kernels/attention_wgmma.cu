@@ -160,6 +160,7 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && 
   /* through Q's rows, but at D = 96, where that made the key loop's code 8 % slower at every L (run 28's d96_probe) */
   if constexpr (D == 96) frag_store<T, D, PASS == PASS_OUTPUT>(p, bh, lane, r, o);
   else frag_store_staged<T, D, PASS == PASS_OUTPUT, true, WG_BR, 128>(p, bh, i0, lane, r, o, Qs);
+  v_check_share<T, WG_BR>(p, v, i0);
 #endif
 }
 

@@ -137,6 +137,11 @@ typedef struct {
    * the tensor-core kernels do nothing when it is set, and the fallback
    * launched after them runs only then */
   const int *v_nonfinite;
+  /* CUDA: when set (to the same flag), the kernel's blocks check their
+   * shares of V themselves (v_check_share) instead of a pass over V before
+   * the kernel, so that the flag may be set while it runs (the Hopper kernel
+   * at D = 64 with key tiles of 64, two blocks an SM) */
+  int *v_check;
   /* CUDA "two_pass": (m, l) of every query row, B·Hq·Lq pairs in device
    * memory, written by the statistics pass and read by the output pass */
   float *row_stats;
