@@ -53,6 +53,11 @@ static __device__ __forceinline__ float exp2_approx(float x) {
  * conversion made the softmax kernels spill (ptxas, CUDA 13). */
 static __device__ __forceinline__ float fa_bf16_to_float(unsigned short bits) { return __uint_as_float((unsigned)bits << 16); }
 
+/* device.cu: a stream beside the context's.  fork: it waits for what the
+ * context's stream has queued; join: the context's stream waits for it. */
+extern "C" fa_status fa_cuda_fork(fa_context *ctx, cudaStream_t *side);
+extern "C" fa_status fa_cuda_join(fa_context *ctx);
+
 /* The context's stream (NULL ctx or stream: the legacy default stream). */
 static inline cudaStream_t fa_cuda_stream(const fa_context *ctx) {
   return ctx ? (cudaStream_t)ctx->stream : (cudaStream_t)0;

@@ -83,10 +83,57 @@ extern "C" fa_status fa_cuda_timer_stop(fa_context *ctx, double *ms) {
   return FA_OK;
 }
 
+/* ---- a side stream: work that may run beside the context's stream ---- */
+
+static void side_release(fa_context *ctx) {
+  for (int i = 0; i < 2; i++)
+    if (ctx->fork_events[i]) {
+      if (cudaEventDestroy((cudaEvent_t)ctx->fork_events[i]) != cudaSuccess) (void)cudaGetLastError();
+      ctx->fork_events[i] = NULL;
+    }
+  if (ctx->side_stream && cudaStreamDestroy((cudaStream_t)ctx->side_stream) != cudaSuccess) (void)cudaGetLastError();
+  ctx->side_stream = NULL;
+}
+
+/* Returns the side stream (non-blocking, on the current device), after
+ * making it wait for the work queued so far on the context's stream. */
+extern "C" fa_status fa_cuda_fork(fa_context *ctx, cudaStream_t *side) {
+  int dev = 0;
+  FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
+  if (ctx->side_stream && ctx->side_device != dev) side_release(ctx);
+  if (!ctx->side_stream) {
+    cudaStream_t s;
+    FA_CUDA_CHECK(ctx, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    ctx->side_stream = (void *)s, ctx->side_device = dev;
+  }
+  for (int i = 0; i < 2; i++)
+    if (!ctx->fork_events[i]) {
+      cudaEvent_t e;
+      FA_CUDA_CHECK(ctx, cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      ctx->fork_events[i] = (void *)e;
+    }
+  *side = (cudaStream_t)ctx->side_stream;
+  FA_CUDA_CHECK(ctx, cudaEventRecord((cudaEvent_t)ctx->fork_events[0], fa_cuda_stream(ctx)));
+  FA_CUDA_CHECK(ctx, cudaStreamWaitEvent(*side, (cudaEvent_t)ctx->fork_events[0], 0));
+  return FA_OK;
+}
+
+/* Makes the context's stream wait for the work queued so far on the side
+ * stream (after fa_cuda_fork); if that cannot be queued, waits for it here. */
+extern "C" fa_status fa_cuda_join(fa_context *ctx) {
+  cudaStream_t side = (cudaStream_t)ctx->side_stream;
+  cudaError_t err = cudaEventRecord((cudaEvent_t)ctx->fork_events[1], side);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(fa_cuda_stream(ctx), (cudaEvent_t)ctx->fork_events[1], 0);
+  if (err == cudaSuccess) return FA_OK;
+  (void)cudaStreamSynchronize(side);
+  return fa_cuda_error(ctx, err, "joining the side stream");
+}
+
 extern "C" void fa_cuda_cublas_release(fa_context *ctx); /* attention_naive.cu */
 
 extern "C" void fa_cuda_context_release(fa_context *ctx) {
   fa_cuda_cublas_release(ctx);
+  side_release(ctx);
   for (int i = 0; i < 2; i++)
     if (ctx->events[i]) {
       if (cudaEventDestroy((cudaEvent_t)ctx->events[i]) != cudaSuccess) (void)cudaGetLastError();

@@ -24,6 +24,9 @@ struct fa_context {
   double timer_start_ms;  /* CPU timer */
   void *events[2];        /* CUDA timer: start and stop events, made on first use */
   void *cublas;           /* cuBLAS handle, made on first use */
+  void *side_stream;      /* CUDA: a stream for work beside the context's (fa_cuda_fork), made on first use */
+  void *fork_events[2];   /* its fork and join events */
+  int side_device;        /* the device they were made on */
   char error[FA_ERRMSG_LEN];
 };
 
@@ -187,7 +190,7 @@ fa_status fa_cuda_memcpy(fa_context *ctx, void *dst, const void *src, size_t nby
 fa_status fa_cuda_sync(fa_context *ctx);
 fa_status fa_cuda_timer_start(fa_context *ctx);
 fa_status fa_cuda_timer_stop(fa_context *ctx, double *ms);
-void fa_cuda_context_release(fa_context *ctx); /* the context's events and cuBLAS handle */
+void fa_cuda_context_release(fa_context *ctx); /* the context's events, side stream and cuBLAS handle */
 /* Attention on device buffers: p holds device pointers, p->compute is the
  * storage dtype (f32, f16, bf16) and the float mask is f32. */
 fa_status fa_cuda_attention_fused(fa_context *ctx, fa_attention_algo algo, const fa_attn_problem *p);
