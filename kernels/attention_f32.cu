@@ -33,9 +33,11 @@
  * before the exponent (frag_exp_tile's EXACT form), so that the rounding
  * does not grow with the scores' magnitude.
  * A masked key's p = 0 times NaN or inf in V would poison its row, so, as
- * the tensor-core kernels, the kernel does nothing when the caller's
- * device flag says V holds NaN or inf; the generic kernel, which skips
- * masked keys, runs behind it guarded by the same flag. */
+ * the tensor-core kernels, a block does nothing when the caller's device
+ * flag says V holds NaN or inf (the pass that sets it may run beside the
+ * kernel: launch_guarded_by_v_flag); the generic kernel, which skips
+ * masked keys, runs behind it guarded by the same flag and rewrites every
+ * output. */
 #include "attention_frag.cuh"
 
 #define F32_BR 64

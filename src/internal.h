@@ -136,9 +136,10 @@ typedef struct {
   void *o;     /* (B,Hq,Lq,Dv) compute dtype */
   float *lse;  /* (B,Hq,Lq) or NULL */
   double *lse64; /* reference: (B,Hq,Lq) or NULL */
-  /* CUDA: a device flag, set when v holds NaN or inf (NULL: not checked);
-   * the tensor-core kernels do nothing when it is set, and the fallback
-   * launched after them runs only then */
+  /* CUDA: a device flag, set when v holds NaN or inf (NULL: not checked),
+   * possibly while the fast kernels run; their blocks do nothing once it is
+   * set, and the fallback launched after them runs only then, rewriting
+   * every output */
   const int *v_nonfinite;
   /* CUDA: when set (to the same flag), the kernel's blocks check their
    * shares of V themselves (v_check_share) instead of a pass over V before
