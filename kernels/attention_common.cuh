@@ -177,7 +177,7 @@ static inline bool attn_has_extras(const fa_attn_problem *p) { return attn_extra
  * that skips masked keys, run after this one) with.  The flag is set while
  * the kernel runs, and a block that starts after it is set does nothing;
  * the fallback then rewrites every output.  With self_check the kernel's
- * blocks check their shares of V themselves (g.v_check, the same flag).
+ * blocks check their shares of V themselves (g.v_self_check).
  * Else a pass over V sets it from a side stream, queued after the kernel
  * so that it takes the SMs the kernel's last blocks leave idle (in front
  * of the kernel it cost about 5 % of a 16-bit call at L = 1024), and the
@@ -190,7 +190,7 @@ static inline fa_status launch_guarded_by_v_flag(fa_context *ctx, const fa_attn_
   if (st) return st;
   fa_attn_problem g = *p;
   g.v_nonfinite = flag;
-  if (self_check) g.v_check = flag;
+  g.v_self_check = self_check;
   cudaStream_t side = 0;
   if (!self_check && (st = fa_cuda_fork(ctx, &side))) {
     fa_cuda_free(flag, sizeof(int));

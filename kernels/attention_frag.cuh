@@ -81,25 +81,26 @@ static __device__ __forceinline__ bool leave_for_fallback(int v_bad) {
   return true;
 }
 
-/* With p.v_check (launch_guarded_by_v_flag), the block of query tile qi of
- * nq checks the qi-th nq-th of its head's V (all Lk keys, as the pass before
- * the kernel does: a NaN no row attends costs the fallback's time, not a
- * wrong result) from global memory, mostly L2, after its output is out: off
- * the kernel's key loop, where the check from shared memory made the kernels
+/* With p.v_self_check (launch_guarded_by_v_flag), the block of query tile
+ * qi of nq checks the qi-th nq-th of its head's V (all Lk keys, as the pass
+ * over V does: a NaN no row attends costs the fallback's time, not a wrong
+ * result) from global memory, mostly L2, after its output is out: off the
+ * kernel's key loop, where the check from shared memory made the kernels
  * 2-6 % slower.  With two blocks an SM the other hides the reads, and this
- * costs less than the pass over V (about 5 % of a 16-bit call at D = 64,
- * L = 1024); with one block an SM (D = 128) it cost more (docs/perf/
- * 2026-11-25-attention-h100-f32-probes.json, calls 1 and 13).  Rows of Dv
- * elements: 16-byte multiples on the fast paths. */
+ * cost less than the pass over V queued in front of the kernel (about 5 % of
+ * a 16-bit call at D = 64, L = 1024); with one block an SM (D = 128) it cost
+ * more (docs/perf/2026-11-25-attention-h100-f32-probes.json, calls 1, 13,
+ * 14).  Against the pass from the side stream (call 19, D = 128) it has not
+ * been measured.  Rows of Dv elements: 16-byte multiples on the fast paths. */
 template <typename T, int BR>
 static __device__ __forceinline__ void v_check_share(const fa_attn_problem &p, const T *v, int64_t i0) {
-  if (!p.v_check) return;
+  if (!p.v_self_check) return;
   const int64_t nq = (p.Lq + BR - 1) / BR, qi = i0 / BR, n = p.Lk * p.Dv * (int64_t)sizeof(T) / 16;
   const int64_t lo = n * qi / nq, hi = n * (qi + 1) / nq;
   bool bad = false;
 #pragma unroll 4
   for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) bad |= words_nonfinite<T>(((const uint4 *)v)[i]);
-  if (bad) *p.v_check = 1;
+  if (bad) *p.v_nonfinite = 1;
 }
 
 /* The running state of this thread's two query rows. */

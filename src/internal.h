@@ -140,12 +140,11 @@ typedef struct {
    * possibly while the fast kernels run; their blocks do nothing once it is
    * set, and the fallback launched after them runs only then, rewriting
    * every output */
-  const int *v_nonfinite;
-  /* CUDA: when set (to the same flag), the kernel's blocks check their
-   * shares of V themselves (v_check_share) instead of a pass over V before
-   * the kernel, so that the flag may be set while it runs (the Hopper kernel
-   * at D = 64 with key tiles of 64, two blocks an SM) */
-  int *v_check;
+  int *v_nonfinite;
+  /* CUDA: the kernel's blocks set that flag themselves, each from its share
+   * of V (v_check_share), instead of a pass over V (the Hopper kernel at
+   * D = 64 with key tiles of 64, two blocks an SM) */
+  int v_self_check;
   /* CUDA "two_pass": (m, l) of every query row, B·Hq·Lq pairs in device
    * memory, written by the statistics pass and read by the output pass */
   float *row_stats;
