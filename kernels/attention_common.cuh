@@ -200,7 +200,7 @@ static inline fa_status launch_guarded_by_v_flag(fa_context *ctx, const fa_attn_
   if (!self_check) {
     const cudaError_t err = st ? cudaSuccess : queue_nonfinite_scan(p, flag, side);
     const fa_status joined = fa_cuda_join(ctx); /* waits here when it cannot be queued */
-    if (!st && !(st = fa_cuda_error(ctx, err, "the NaN/inf check of v"))) st = joined;
+    if (!st) st = err != cudaSuccess ? fa_cuda_error(ctx, err, "the NaN/inf check of v") : joined;
   }
   if (st) fa_cuda_free(flag, sizeof(int)); /* stream-ordered: after the work queued */
   else *v_flag = flag;

@@ -341,6 +341,13 @@ template <int D, int EXTRAS> static fa_status launch_f32_pass(fa_context *ctx, c
   return launch_f32<D, EXTRAS, PASS_FLASH>(ctx, p);
 }
 
+template <int D> static fa_status launch_f32_extras(fa_context *ctx, const fa_attn_problem *p, int pass) {
+  const int x = attn_extras_kind(p);
+  if (x == EXTRAS_MASK) return launch_f32_pass<D, EXTRAS_MASK>(ctx, p, pass);
+  if (x == EXTRAS_SCORE) return launch_f32_pass<D, EXTRAS_SCORE>(ctx, p, pass);
+  return launch_f32_pass<D, EXTRAS_NONE>(ctx, p, pass);
+}
+
 extern "C" int fa_cuda_wgmma_usable(void);
 
 /* The kernel needs sm_90 (the f64 m16n8k16 shape): a Hopper GPU and sm_90
@@ -371,14 +378,5 @@ extern "C" fa_status fa_cuda_attention_f32(fa_context *ctx, const fa_attn_proble
   FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
   FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   if (f32_smem_bytes((int)p->D) + 1024 > (size_t)smem_optin) return FA_OK; /* + the static 832 bytes */
-  const int x = attn_extras_kind(p);
-  if (p->D == 64)
-    return launch_fast_passes(ctx, p, algo, v_flag,
-                              x == EXTRAS_MASK    ? launch_f32_pass<64, EXTRAS_MASK>
-                              : x == EXTRAS_SCORE ? launch_f32_pass<64, EXTRAS_SCORE>
-                                                  : launch_f32_pass<64, EXTRAS_NONE>);
-  return launch_fast_passes(ctx, p, algo, v_flag,
-                            x == EXTRAS_MASK    ? launch_f32_pass<128, EXTRAS_MASK>
-                            : x == EXTRAS_SCORE ? launch_f32_pass<128, EXTRAS_SCORE>
-                                                : launch_f32_pass<128, EXTRAS_NONE>);
+  return launch_fast_passes(ctx, p, algo, v_flag, p->D == 64 ? launch_f32_extras<64> : launch_f32_extras<128>);
 }
