@@ -74,11 +74,29 @@ static __device__ __forceinline__ void load_tile(char *tile, const T *src, int64
 /* Whether a fast kernel's block leaves its call to the fallback: v_bad, the
  * flag that V holds NaN or inf, is read at the block's start and tested
  * once the first copies are on their way, so that the read's latency is
- * not in front of them; a block that leaves waits for its copies first. */
+ * not in front of them; a block that leaves waits for its copies first.
+ * The flag may be set while the kernel runs (launch_guarded_by_v_flag), so
+ * two threads of one block can read different values: the block decides
+ * as one (__syncthreads_or), or some threads would leave and the rest wait
+ * at a barrier they never reach.  Called by the whole block. */
 static __device__ __forceinline__ bool leave_for_fallback(int v_bad) {
-  if (!v_bad) return false;
+  if (!__syncthreads_or(v_bad)) return false;
   cp_async_wait<0>();
   return true;
+}
+
+/* A block whose query tile has no key (ntiles = 0, block-uniform) skips the
+ * key loop and with it the loop's wait for the copies and its barrier; the
+ * staged output store then writes into Q's tile.  cp.async completes per
+ * thread, so each thread waiting for its own copies is not enough: another
+ * thread's copy of Q may still land on the staged output (wrong rows, a
+ * different one each run: the Lq >> Lk causal race of issue 21).  Every
+ * copy is waited for and the block meets before any thread writes the
+ * tile.  Called by the whole block. */
+static __device__ __forceinline__ void settle_copies_without_keys(int ntiles) {
+  if (ntiles > 0) return;
+  cp_async_wait<0>();
+  __syncthreads();
 }
 
 /* With p.v_self_check (launch_guarded_by_v_flag), the block of query tile
@@ -431,7 +449,7 @@ static __device__ __forceinline__ void frag_store_staged(const fa_attn_problem &
   const int rA = (int)(r.iA - i0), rB = rA + 8; /* the tile rows of this lane's pieces */
   float invA, invB;
   frag_finish<NORMALIZED>(r, &invA, &invB);
-  cp_async_wait<0>(); /* with no key tile, Q's copy may not have been waited for */
+  cp_async_wait<0>(); /* none of this thread's copies in flight at the exit (the zero-filled ones past the last tile) */
 #pragma unroll
   for (int d = 0; d < CH; d++) {
     const int a = tile_chunk<WGMMA, ROWS, CH>(rA, d), b = tile_chunk<WGMMA, ROWS, CH>(rB, d);

@@ -80,6 +80,7 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && 
   }
   cp_async_commit();
   if (leave_for_fallback(v_bad)) return;
+  settle_copies_without_keys(ntiles); /* the output is staged through Q's tile */
 
   const int g = lane >> 2, c2 = (lane & 3) * 2;
   const int rA = warp * 16 + g, rB = rA + 8;
