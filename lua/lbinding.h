@@ -25,7 +25,18 @@
 
 /* ---- per-lua_State state (lstate.c) ----------------------------------- */
 
+/* Every tensor box and pin list is linked into its state's list from birth
+ * to its __gc.  lua_close does not finalize objects that finalizers create
+ * while the state closes, so the state's own __gc (the last of the
+ * module's to run) drops whatever is still linked. */
+typedef struct fal_link {
+  struct fal_link *prev, *next; /* NULL when not linked */
+  void (*drop)(struct fal_link *); /* releases the tensor references held */
+} fal_link;
+
 typedef struct {
+  fal_link live;          /* list head of the live boxes and pin lists */
+  int closed;             /* the state's __gc ran: lua_close is under way */
   fa_context *own;        /* the module's context, created lazily; destroyed on close */
   fa_context *host;       /* a host's context (fa_lua_set_context); not owned */
   uint64_t seed_counter;  /* random fills without opts.seed */
@@ -36,6 +47,12 @@ typedef struct {
 } fal_state;
 
 fal_state *fal_state_get(lua_State *L);
+/* The state, or an error when it is closing (nothing new may outlive it). */
+fal_state *fal_live_state(lua_State *L);
+/* Links l into the state's list (s from fal_live_state); fal_unlink takes
+ * it out (idempotent). */
+void fal_link_in(fal_state *s, fal_link *l, void (*drop)(fal_link *));
+void fal_unlink(fal_link *l);
 /* The context scripts run on (the host's, else the module's own); raises
  * when the module's context cannot be created. */
 fa_context *fal_ctx(lua_State *L);
@@ -51,6 +68,8 @@ void fal_flush_host_cache(lua_State *L);
 void fal_gc_pressure(lua_State *L);
 /* A full collection now (used before retrying an allocation). */
 void fal_collect(lua_State *L);
+/* Calls the host's poll callback, if any (fa_lua_set_poll; lbench.c). */
+void fal_poll(lua_State *L);
 
 /* ---- errors (lstate.c) ------------------------------------------------- */
 
@@ -66,6 +85,12 @@ int fal_argerror(lua_State *L, int idx, const char *name, const char *fmt, ...);
 int fal_typeerror(lua_State *L, int idx, const char *name, const char *what);
 /* The type name used in messages (__name for userdata). */
 const char *fal_typename(lua_State *L, int idx);
+/* Pushes a description of the value at idx for messages, without running
+ * any of its metamethods: 'text' for strings, the number, true/false, else
+ * "a <type>".  Returns it. */
+const char *fal_describe(lua_State *L, int idx);
+/* Pushes the label "argument #n (name)" as fal_argerror writes it. */
+const char *fal_arglabel(lua_State *L, int idx, const char *name);
 
 /* A call into the core: on out-of-memory, collect garbage (unreferenced
  * tensors give their memory back) and try once more; on failure raise
@@ -98,6 +123,7 @@ void *fal_newbuffer(lua_State *L, int64_t n, size_t size, const char *what);
 
 typedef struct {
   fa_tensor *t; /* one reference; NULL once freed */
+  fal_link link;
 } fal_box;
 
 /* Pushes the tensor metatable, creating it (methods included) on first use. */
@@ -106,7 +132,9 @@ void fal_tensor_metatable(lua_State *L);
 fa_tensor **fal_newbox(lua_State *L);
 /* The live tensor at idx, or an error naming the argument. */
 fa_tensor *fal_tensor(lua_State *L, int idx, const char *name);
-/* NULL when idx does not hold a tensor box (freed or not). */
+/* NULL when idx does not hold a tensor box (freed or not) of this copy of
+ * the module: another copy's boxes (another build of the engine loaded in
+ * the same state) are not ours to free. */
 fal_box *fal_tobox(lua_State *L, int idx);
 /* Returns the box at `slot_idx` unless it holds `orig`, the tensor at
  * `orig_idx`: then that Lua value itself is returned (t:to() of nothing to
@@ -130,6 +158,7 @@ void fal_box_release(lua_State *L, int idx);
 typedef struct {
   int n;
   fa_tensor *t[FAL_MAX_PINS];
+  fal_link link;
 } fal_pins;
 
 /* Pushes an empty pin list (one stack slot, to-be-closed). */

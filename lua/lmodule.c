@@ -10,7 +10,8 @@
 static fa_device opt_device(lua_State *L, int idx) {
   fa_device d;
   if (lua_isnoneornil(L, idx)) return fa_context_device(fal_ctx(L));
-  fal_parse_device(L, idx, "argument #1 (device)", &d);
+  if (lua_type(L, idx) == LUA_TSTRING && fa_device_parse(lua_tostring(L, idx), &d) == 0) return d;
+  fal_parse_device(L, idx, fal_arglabel(L, idx, "device"), &d); /* raises, naming argument #idx */
   return d;
 }
 
@@ -139,10 +140,10 @@ static const luaL_Reg module_funcs[] = {{"backends", l_backends},
 
 FA_API int luaopen_flashattn(lua_State *L) {
   luaL_checkversion(L);
-  fal_pin_module();
-  fal_state_get(L);
-  fal_tensor_metatable(L);
+  fal_pin_module(); /* first: this copy's code must outlive whatever it leaves in L */
+  fal_tensor_metatable(L); /* refuses a second copy of the module in L */
   lua_pop(L, 1);
+  fal_state_get(L);
   lua_createtable(L, 0, 48);
   luaL_setfuncs(L, module_funcs, 0);
   luaL_setfuncs(L, fal_construct_funcs, 0);

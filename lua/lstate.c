@@ -1,8 +1,14 @@
-/* Per-lua_State binding state (contexts, seed counter, bench buffer),
- * error raising and small argument helpers.
+/* Per-lua_State binding state (contexts, seed counter, bench buffer, the
+ * list of live boxes), error raising and small argument helpers.
  *
  * The state is a userdata in the registry with a __gc, so it lives exactly
- * as long as the lua_State and its resources go with lua_close. */
+ * as long as the lua_State and its resources go with lua_close.  It is made
+ * before any box (fal_newbox asks for it first), and Lua runs finalizers in
+ * the reverse order of their marking: at lua_close every box's __gc runs
+ * before the state's.  What a finalizer makes while the state closes gets
+ * no __gc of its own (Lua 5.4 marks nothing for finalization then): such
+ * boxes stay in the state's list and the state's __gc releases them; once
+ * it has run, nothing new (boxes, contexts, buffers) is made. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -16,10 +22,32 @@ static const char state_key = 0;
 #define FLUSH_BYTES ((size_t)64 << 20) /* larger than the last-level caches we target */
 #define GC_MIN_STEP ((size_t)64 << 20)
 
+void fal_link_in(fal_state *s, fal_link *l, void (*drop)(fal_link *)) {
+  l->drop = drop;
+  l->prev = &s->live;
+  l->next = s->live.next;
+  s->live.next->prev = l;
+  s->live.next = l;
+}
+
+void fal_unlink(fal_link *l) {
+  if (!l->prev) return;
+  l->prev->next = l->next;
+  l->next->prev = l->prev;
+  l->prev = l->next = NULL;
+}
+
 static int state_gc(lua_State *L) {
   fal_state *s = (fal_state *)lua_touserdata(L, 1);
+  s->closed = 1;
+  while (s->live.next != &s->live) { /* boxes made by finalizers during lua_close */
+    fal_link *l = s->live.next;
+    fal_unlink(l);
+    l->drop(l);
+  }
   if (s->own) fa_context_destroy(s->own);
   s->own = NULL;
+  s->host = NULL;
   free(s->flush);
   s->flush = NULL;
   return 0;
@@ -32,15 +60,28 @@ fal_state *fal_state_get(lua_State *L) {
     return s;
   }
   lua_pop(L, 1);
+  /* Inside a finalizer (Lua 5.4.4+ answers -1 there) a new state might be
+   * made during lua_close, unmarked: its __gc would never run. */
+  if (lua_gc(L, LUA_GCISRUNNING) < 0)
+    fal_error(L, "the module cannot be opened inside a finalizer (__gc): require it before");
   fal_state *s = (fal_state *)lua_newuserdatauv(L, sizeof *s, 0);
   memset(s, 0, sizeof *s);
-  lua_createtable(L, 0, 2);
+  s->live.prev = s->live.next = &s->live;
+  lua_createtable(L, 0, 3);
   lua_pushcfunction(L, state_gc);
   lua_setfield(L, -2, "__gc");
   lua_pushliteral(L, "flashattn.State");
   lua_setfield(L, -2, "__name");
+  lua_pushliteral(L, "flashattn.State");
+  lua_setfield(L, -2, "__metatable");
   lua_setmetatable(L, -2);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &state_key); /* the registry keeps it */
+  return s;
+}
+
+fal_state *fal_live_state(lua_State *L) {
+  fal_state *s = fal_state_get(L);
+  if (s->closed) fal_error(L, "the lua_State is closing: the module can no longer be used in it");
   return s;
 }
 
@@ -51,7 +92,7 @@ static fa_context *own_context(fal_state *s) {
 }
 
 fa_context *fal_ctx(lua_State *L) {
-  fal_state *s = fal_state_get(L);
+  fal_state *s = fal_live_state(L);
   if (s->host) return s->host;
   fa_context *ctx = own_context(s);
   if (!ctx)
@@ -63,13 +104,14 @@ fa_context *fal_ctx(lua_State *L) {
 
 FA_API fa_context *fa_lua_get_context(lua_State *L) {
   fal_state *s = fal_state_get(L);
+  if (s->closed) return NULL; /* a context made now would outlive the state */
   return s->host ? s->host : own_context(s);
 }
 
 FA_API void fa_lua_set_context(lua_State *L, fa_context *ctx) { fal_state_get(L)->host = ctx; }
 
 fa_status fal_make_own_context(lua_State *L, fa_device device) {
-  fal_state *s = fal_state_get(L);
+  fal_state *s = fal_live_state(L);
   if (s->own) return FA_OK;
   fa_status st = fa_context_create(device, &s->own);
   if (st != FA_OK) s->own = NULL;
@@ -86,7 +128,7 @@ uint64_t fal_next_seed(lua_State *L) {
 }
 
 void fal_flush_host_cache(lua_State *L) {
-  fal_state *s = fal_state_get(L);
+  fal_state *s = fal_live_state(L);
   if (!s->flush) {
     s->flush = (unsigned char *)malloc(FLUSH_BYTES);
     if (!s->flush) fal_error(L, "fa.bench: cannot allocate the %d MiB cache-flush buffer", (int)(FLUSH_BYTES >> 20));
@@ -155,7 +197,7 @@ const char *fal_typename(lua_State *L, int idx) {
 }
 
 /* Pushes "argument #n (name)", or "self" for the receiver of a method call. */
-static void push_arglabel(lua_State *L, int idx, const char *name) {
+const char *fal_arglabel(lua_State *L, int idx, const char *name) {
   lua_Debug ar;
   int n = idx;
   if (lua_getstack(L, 0, &ar) && lua_getinfo(L, "n", &ar) && ar.namewhat && strcmp(ar.namewhat, "method") == 0)
@@ -163,18 +205,46 @@ static void push_arglabel(lua_State *L, int idx, const char *name) {
   if (n == 0) lua_pushliteral(L, "self");
   else if (name) lua_pushfstring(L, "argument #%d (%s)", n, name);
   else lua_pushfstring(L, "argument #%d", n);
+  return lua_tostring(L, -1);
 }
 
 int fal_argerror(lua_State *L, int idx, const char *name, const char *fmt, ...) {
   va_list ap;
   lua_pushliteral(L, "flashattn: ");
-  push_arglabel(L, idx, name);
+  fal_arglabel(L, idx, name);
   lua_pushliteral(L, ": ");
   va_start(ap, fmt);
   lua_pushvfstring(L, fmt, ap);
   va_end(ap);
   lua_concat(L, 4);
   return lua_error(L);
+}
+
+#define DESCRIBE_MAX 48 /* longer strings are cut in messages */
+
+const char *fal_describe(lua_State *L, int idx) {
+  idx = lua_absindex(L, idx);
+  switch (lua_type(L, idx)) {
+  case LUA_TSTRING: {
+    size_t n;
+    const char *str = lua_tolstring(L, idx, &n); /* a string already: nothing converted */
+    lua_pushliteral(L, "'");
+    lua_pushlstring(L, str, n > DESCRIBE_MAX ? DESCRIBE_MAX : n);
+    lua_pushstring(L, n > DESCRIBE_MAX ? "...'" : "'");
+    lua_concat(L, 3);
+    break;
+  }
+  case LUA_TNUMBER:
+    if (lua_isinteger(L, idx)) lua_pushfstring(L, "%I", lua_tointeger(L, idx));
+    else lua_pushfstring(L, "%f", lua_tonumber(L, idx));
+    break;
+  case LUA_TBOOLEAN:
+    lua_pushstring(L, lua_toboolean(L, idx) ? "true" : "false");
+    break;
+  default: /* never __tostring: it may fail, return a non-string or run for long */
+    lua_pushfstring(L, "a %s", fal_typename(L, idx));
+  }
+  return lua_tostring(L, -1);
 }
 
 int fal_typeerror(lua_State *L, int idx, const char *name, const char *what) {

@@ -4,25 +4,55 @@
  * tensor raises an error on use instead of crashing.  This file has the
  * type itself, indexing, and the methods that describe, view, convert
  * and access elements. */
+#include <stddef.h>
 #include <string.h>
 
 #include "lbinding.h"
 
 /* ---- the box ------------------------------------------------------------ */
 
-fal_box *fal_tobox(lua_State *L, int idx) { return (fal_box *)luaL_testudata(L, idx, FAL_TENSOR_MT); }
+/* The addresses of these are this copy's registry keys for its metatables.
+ * Two builds of the engine may be loaded into one state (flashattn-lua has
+ * it linked in, and package.loadlib can open flashattn.so beside it): each
+ * copy must only ever see its own boxes, whose tensors it alone can free. */
+static const char tensor_mt_key = 0, pins_mt_key = 0;
+
+/* The userdata at idx when its metatable is this copy's one under key. */
+static void *toudata(lua_State *L, int idx, const void *key) {
+  void *p = lua_touserdata(L, idx);
+  if (!p || lua_type(L, idx) != LUA_TUSERDATA || !lua_getmetatable(L, idx)) return NULL;
+  lua_rawgetp(L, LUA_REGISTRYINDEX, key);
+  int ours = lua_rawequal(L, -1, -2);
+  lua_pop(L, 2);
+  return ours ? p : NULL;
+}
+
+fal_box *fal_tobox(lua_State *L, int idx) { return (fal_box *)toudata(L, idx, &tensor_mt_key); }
+
+static void box_drop(fal_link *l) {
+  fal_box *b = (fal_box *)((char *)l - offsetof(fal_box, link));
+  fa_tensor *t = b->t;
+  b->t = NULL;
+  fa_tensor_release(t);
+}
 
 fa_tensor **fal_newbox(lua_State *L) {
-  fal_gc_pressure(L); /* before the new result: Lua cannot see tensor bytes */
+  fal_state *s = fal_live_state(L); /* first: the state is older than every box */
+  fal_gc_pressure(L);               /* before the new result: Lua cannot see tensor bytes */
+  fal_tensor_metatable(L);
   fal_box *b = (fal_box *)lua_newuserdatauv(L, sizeof *b, 0);
   b->t = NULL;
-  fal_tensor_metatable(L);
+  fal_link_in(s, &b->link, box_drop); /* before anything else can raise */
+  lua_insert(L, -2);
   lua_setmetatable(L, -2);
   return &b->t;
 }
 
 fa_tensor *fal_tensor(lua_State *L, int idx, const char *name) {
   fal_box *b = fal_tobox(L, idx);
+  if (!b && lua_type(L, idx) == LUA_TUSERDATA && strcmp(fal_typename(L, idx), FAL_TENSOR_MT) == 0)
+    fal_argerror(L, idx, name, "a " FAL_TENSOR_MT " of another copy of the flashattn module (another build of the "
+                               "engine loaded in this lua_State): only its own copy can use it");
   if (!b) fal_typeerror(L, idx, name, FAL_TENSOR_MT);
   if (!b->t) fal_argerror(L, idx, name, "tensor has been freed");
   return b->t;
@@ -30,10 +60,7 @@ fa_tensor *fal_tensor(lua_State *L, int idx, const char *name) {
 
 void fal_box_release(lua_State *L, int idx) {
   fal_box *b = fal_tobox(L, idx);
-  if (b && b->t) {
-    fa_tensor_release(b->t);
-    b->t = NULL;
-  }
+  if (b) box_drop(&b->link);
 }
 
 void fal_prefer_same(lua_State *L, int slot_idx, int orig_idx) {
@@ -50,29 +77,53 @@ void fal_prefer_same(lua_State *L, int slot_idx, int orig_idx) {
 
 /* ---- pins (see lbinding.h) -------------------------------------------------- */
 
-#define FAL_PINS_MT "flashattn.Pins"
-
 /* __close and __gc (a coroutine that dies by an error leaves its
- * to-be-closed slots open: then the collector releases). */
-static int pins_close(lua_State *L) {
-  fal_pins *p = (fal_pins *)luaL_checkudata(L, 1, FAL_PINS_MT);
+ * to-be-closed slots open: then the collector releases, or the state's
+ * __gc when the pins were made while the state closed). */
+static void pins_drop(fal_link *l) {
+  fal_pins *p = (fal_pins *)((char *)l - offsetof(fal_pins, link));
   while (p->n > 0) {
     fa_tensor *t = p->t[--p->n];
     p->t[p->n] = NULL;
     fa_tensor_release(t);
   }
+}
+
+static int pins_close(lua_State *L) {
+  fal_pins *p = (fal_pins *)toudata(L, 1, &pins_mt_key);
+  if (p) pins_drop(&p->link);
+  return 0;
+}
+
+static int pins_gc(lua_State *L) {
+  fal_pins *p = (fal_pins *)toudata(L, 1, &pins_mt_key);
+  if (p) {
+    pins_drop(&p->link);
+    fal_unlink(&p->link);
+  }
   return 0;
 }
 
 fal_pins *fal_pins_open(lua_State *L) {
-  fal_pins *p = (fal_pins *)lua_newuserdatauv(L, sizeof *p, 0);
-  p->n = 0;
-  if (luaL_newmetatable(L, FAL_PINS_MT)) {
+  fal_state *s = fal_live_state(L);
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &pins_mt_key) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    lua_createtable(L, 0, 4);
     lua_pushcfunction(L, pins_close);
     lua_setfield(L, -2, "__close");
-    lua_pushcfunction(L, pins_close);
+    lua_pushcfunction(L, pins_gc);
     lua_setfield(L, -2, "__gc");
+    lua_pushliteral(L, "flashattn.Pins");
+    lua_setfield(L, -2, "__name");
+    lua_pushliteral(L, "flashattn.Pins");
+    lua_setfield(L, -2, "__metatable");
+    lua_pushvalue(L, -1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &pins_mt_key);
   }
+  fal_pins *p = (fal_pins *)lua_newuserdatauv(L, sizeof *p, 0);
+  p->n = 0;
+  fal_link_in(s, &p->link, pins_drop);
+  lua_insert(L, -2);
   lua_setmetatable(L, -2);
   lua_toclose(L, -1);
   return p;
@@ -88,25 +139,51 @@ fa_tensor *fal_pin(lua_State *L, fal_pins *pins, int idx, const char *name) {
   return t;
 }
 
+/* The box for fa_lua_push_tensor, made in protected mode: the reference
+ * it takes over must be released when making the box raises. */
+static int push_box(lua_State *L) {
+  fa_tensor *t = (fa_tensor *)lua_touserdata(L, 1);
+  *fal_newbox(L) = t;
+  return 1;
+}
+
 FA_API void fa_lua_push_tensor(lua_State *L, fa_tensor *t) {
   if (!t) {
     lua_pushnil(L);
     return;
   }
-  fa_tensor **slot = fal_newbox(L);
+  /* the reference first: making the box may run a finalizer that frees the
+   * box t came from (fa_lua_push_tensor(L, fa_lua_check_tensor(L, -1))) */
   fa_tensor_retain(t);
-  *slot = t;
+  if (!lua_checkstack(L, 2)) {
+    fa_tensor_release(t);
+    lua_pushliteral(L, "flashattn: fa_lua_push_tensor: Lua stack overflow");
+    lua_error(L);
+  }
+  lua_pushcfunction(L, push_box);
+  lua_pushlightuserdata(L, t);
+  if (lua_pcall(L, 1, 1, 0) != LUA_OK) {
+    fa_tensor_release(t);
+    lua_error(L); /* the message is on top */
+  }
 }
 
 FA_API fa_tensor *fa_lua_check_tensor(lua_State *L, int idx) { return fal_tensor(L, idx, NULL); }
 
-/* __gc, __close and t:free(): drop the reference once. */
+/* __close and t:free(): drop the reference once. */
 static int t_free(lua_State *L) {
   fal_box *b = fal_tobox(L, 1);
   if (!b) return fal_typeerror(L, 1, "self", FAL_TENSOR_MT);
-  if (b->t) {
-    fa_tensor_release(b->t);
-    b->t = NULL;
+  box_drop(&b->link);
+  return 0;
+}
+
+/* __gc: the box goes, and leaves the state's list. */
+static int t_gc(lua_State *L) {
+  fal_box *b = fal_tobox(L, 1);
+  if (b) {
+    box_drop(&b->link);
+    fal_unlink(&b->link);
   }
   return 0;
 }
@@ -308,10 +385,9 @@ static int t_index(lua_State *L) {
 /* __newindex: t[i] = v sets an element of a 1-D tensor; for N-D, a number
  * fills the sub-tensor and a tensor is copied into it (Torch7). */
 static int t_newindex(lua_State *L) {
-  if (lua_type(L, 2) != LUA_TNUMBER) {
-    const char *k = luaL_tolstring(L, 2, NULL);
-    return fal_error(L, "cannot assign field '%s' of a " FAL_TENSOR_MT, k);
-  }
+  if (lua_type(L, 2) != LUA_TNUMBER) /* the key described without its metamethods */
+    return fal_error(L, "tensor index: expected an integer, got %s (a " FAL_TENSOR_MT " has no fields to assign)",
+                     fal_describe(L, 2));
   fa_context *ctx = fal_ctx(L);
   if (fa_tensor_ndim(SELF(L)) == 1) {
     int64_t i = key_index(L);
@@ -442,11 +518,24 @@ static const luaL_Reg methods[] = {
     {"is_contiguous", t_is_contiguous}, {"totable", t_totable},
     {"free", t_free},         {NULL, NULL}};
 
-static const luaL_Reg meta[] = {{"__gc", t_free},         {"__close", t_free}, {"__len", t_len},
+static const luaL_Reg meta[] = {{"__gc", t_gc},         {"__close", t_free}, {"__len", t_len},
                                 {"__newindex", t_newindex}, {"__tostring", fal_tensor_tostring}, {NULL, NULL}};
 
 void fal_tensor_metatable(lua_State *L) {
-  if (!luaL_newmetatable(L, FAL_TENSOR_MT)) return; /* already made (sets __name when new) */
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &tensor_mt_key) == LUA_TTABLE) return;
+  lua_pop(L, 1);
+  /* registry[FAL_TENSOR_MT] but not ours: another copy owns this state */
+  if (luaL_getmetatable(L, FAL_TENSOR_MT) != LUA_TNIL)
+    fal_error(L, "another copy of the flashattn module (another build of the engine) is already loaded in this "
+                 "lua_State; a state can hold only one");
+  lua_pop(L, 1);
+  luaL_newmetatable(L, FAL_TENSOR_MT); /* sets __name */
+  lua_pushvalue(L, -1);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &tensor_mt_key);
+  /* getmetatable(t) gives this string: a script that could reach the table
+   * might remove __gc (every later tensor would leak) or call __gc itself */
+  lua_pushliteral(L, FAL_TENSOR_MT);
+  lua_setfield(L, -2, "__metatable");
   luaL_setfuncs(L, meta, 0);
   luaL_setfuncs(L, fal_tensor_op_meta, 0);
   /* __index: a closure over the methods table so that integer keys work too */
