@@ -262,6 +262,13 @@ FA_API fa_tensor *fa_lua_check_tensor(struct lua_State *L, int idx);
  * of it).  NULL returns to the module's own context. */
 FA_API void fa_lua_set_context(struct lua_State *L, fa_context *ctx);
 FA_API fa_context *fa_lua_get_context(struct lua_State *L);
+/* A callback the module's long loops call with the script's state (fa.bench
+ * before each repetition, fa.tensor every 65536 elements of a nested
+ * table): they run no Lua instruction, so a count hook never sees them.  It
+ * may raise a Lua error (luaL_error) to stop the call, as a hook does; the
+ * module keeps nothing when it does.  NULL removes it. */
+typedef void (*fa_lua_poll_fn)(struct lua_State *L, void *ud);
+FA_API void fa_lua_set_poll(struct lua_State *L, fa_lua_poll_fn fn, void *ud);
 
 #ifdef __cplusplus
 }

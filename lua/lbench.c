@@ -1,15 +1,19 @@
-/* fa.bench(fn, {warmup=, rep=, flush_cache=}) and fa.sync().
+/* fa.bench(fn, {warmup=, rep=, flush_cache=}) and fa.sync(); the host's
+ * poll callback (fa_lua_set_poll) that the binding's long loops call.
  *
- * Each repetition: (flush the caches,) wait for the device, start the
- * context's timer, call fn, stop the timer (fa_timer_*: CUDA events on the
- * context's stream, the monotonic clock on the CPU). */
+ * Each repetition: poll the host, (flush the caches,) wait for the device,
+ * start the context's timer, call fn, stop the timer (fa_timer_*: CUDA
+ * events on the context's stream, the monotonic clock on the CPU). */
 #include <stdlib.h>
+#include <string.h>
 
 #include "lbinding.h"
 
 #define DEFAULT_WARMUP 3
 #define DEFAULT_REP 20
-#define BENCH_MAX ((int64_t)1 << 24) /* warmup + rep far from overflow, times[] at most 128 MiB */
+/* warmup and rep each at most a million (README "Reliability"): times[] at
+ * most 8 MB, and a count the host's limits need not be the only bound of */
+#define BENCH_MAX ((int64_t)1000000)
 #define DEVICE_FLUSH_ELEMS ((int64_t)32 << 20) /* 128 MiB of f32: twice an H100/H200 L2 */
 
 static const char *const bench_keys[] = {"warmup", "rep", "flush_cache", NULL};
@@ -24,10 +28,54 @@ static void set_num(lua_State *L, const char *key, double v) {
   lua_setfield(L, -2, key);
 }
 
+/* ---- the host's poll ------------------------------------------------------ */
+
+/* A C function the engine calls runs no Lua instruction, so a count hook
+ * never sees fa.bench's repetitions or fa.tensor's walk: those loops call
+ * the host's callback instead, which may raise to stop the script. */
+typedef struct {
+  fa_lua_poll_fn fn;
+  void *ud;
+} poll_slot;
+
+static const char poll_key = 0; /* its address keys the registry entry */
+
+FA_API void fa_lua_set_poll(lua_State *L, fa_lua_poll_fn fn, void *ud) {
+  if (!fn) {
+    lua_pushnil(L);
+  } else {
+    poll_slot *p = (poll_slot *)lua_newuserdatauv(L, sizeof *p, 0);
+    p->fn = fn;
+    p->ud = ud;
+  }
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &poll_key);
+}
+
+void fal_poll(lua_State *L) {
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &poll_key);
+  poll_slot p = {NULL, NULL};
+  if (lua_type(L, -1) == LUA_TUSERDATA) p = *(const poll_slot *)lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  if (p.fn) p.fn(L, p.ud);
+}
+
+/* ---- fa.sync, fa.bench ------------------------------------------------------ */
+
 static int l_sync(lua_State *L) {
   fa_context *ctx = fal_ctx(L);
   FAL_CALL(L, ctx, fa_sync(ctx));
   return 0;
+}
+
+/* fn raised (the error on top): the flush buffer goes back now, and a
+ * message of fn's own (a yield across this C call boundary included) gets
+ * the prefix and the argument's name; the engine's own messages and
+ * non-string error values pass unchanged. */
+static int fn_failed(lua_State *L, int status) {
+  fal_box_release(L, 4);
+  const char *msg = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+  if (status == LUA_ERRMEM || !msg || strncmp(msg, "flashattn:", 10) == 0) return lua_error(L);
+  return fal_argerror(L, 1, "fn", "raised an error: %s", msg);
 }
 
 static int l_bench(lua_State *L) {
@@ -59,6 +107,7 @@ static int l_bench(lua_State *L) {
   }
 
   for (int64_t i = 0; i < warmup + rep; i++) {
+    fal_poll(L);
     if (flush) {
       fal_flush_host_cache(L);
       if (*dev_flush) FAL_CALL(L, ctx, fa_tensor_fill(ctx, *dev_flush, (double)i));
@@ -66,7 +115,8 @@ static int l_bench(lua_State *L) {
     FAL_CALL(L, ctx, fa_sync(ctx));
     FAL_CALL(L, ctx, fa_timer_start(ctx));
     lua_pushvalue(L, 1);
-    lua_call(L, 0, 0);
+    int st = lua_pcall(L, 0, 0, 0);
+    if (st != LUA_OK) fn_failed(L, st);
     double ms = 0;
     FAL_CALL(L, ctx, fa_timer_stop(ctx, &ms));
     if (i >= warmup) times[i - warmup] = ms;

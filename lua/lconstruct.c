@@ -150,13 +150,26 @@ static int l_arange(lua_State *L) {
 
 /* ---- fa.tensor(nested_table, opts) ------------------------------------------ */
 
+/* At most 2^27 elements from a nested table (README "Reliability"): a table
+ * whose rows are shared can claim any shape from a few KiB (four levels of
+ * one 1024-wide row: 2^40 elements), and a walk of that is endless.  A Lua
+ * table of 2^27 distinct numbers takes 2 GiB of heap; no script builds a
+ * larger one. */
+#define TABLE_MAX_ELEMS ((int64_t)1 << 27)
+/* elements written to the tensor at a time; the host is polled between */
+#define CHUNK ((int64_t)1 << 16)
+
 typedef struct {
   int nd;
   int64_t shape[FA_MAX_DIMS];
   int64_t path[FA_MAX_DIMS];
-  int kind;    /* LUA_TNUMBER or LUA_TBOOLEAN once the first element is seen, else LUA_TNONE */
-  double *out; /* NULL on the validating walk */
-  int64_t pos;
+  int kind;      /* LUA_TNUMBER or LUA_TBOOLEAN: the first element's, LUA_TNONE when empty */
+  double *chunk; /* CHUNK values (fewer for a small tensor) on their way to `flat` */
+  int64_t fill, done, cap;
+  fa_context *ctx;
+  fa_tensor *flat;  /* the new tensor as one dimension */
+  fa_tensor **part; /* a box (at part_idx) for the slice of `flat` being written */
+  int part_idx;
 } nest;
 
 /* Pushes the position "[i][j]" of depth `depth`. */
@@ -171,8 +184,21 @@ static const char *path_str(lua_State *L, const nest *s, int depth) {
   return lua_tostring(L, -1);
 }
 
+/* Writes the values gathered so far into their slice of the tensor. */
+static void flush(lua_State *L, nest *s) {
+  if (s->fill == 0) return;
+  FAL_CALL(L, s->ctx, fa_tensor_narrow(s->ctx, s->flat, 0, s->done, s->fill, s->part));
+  FAL_CALL(L, s->ctx, fa_tensor_write_f64(s->ctx, *s->part, s->chunk));
+  fal_box_release(L, s->part_idx);
+  s->done += s->fill;
+  s->fill = 0;
+  fal_poll(L);
+}
+
 /* Walks the table on top of the stack, at depth d, checking it is a
- * rectangular array of numbers or booleans; stores values when s->out. */
+ * rectangular array of numbers or booleans and storing its values.  Each
+ * level's length is checked against the shape, so the walk visits at most
+ * the shape's element count. */
 static void walk(lua_State *L, nest *s, int d) {
   if (d >= FA_MAX_DIMS) return; /* never: bounds the recursion for the compiler */
   int t = lua_gettop(L);
@@ -195,21 +221,29 @@ static void walk(lua_State *L, nest *s, int d) {
       if (tt != LUA_TNUMBER && tt != LUA_TBOOLEAN)
         fal_error(L, "fa.tensor: element %s: expected number or boolean, got %s", path_str(L, s, d + 1),
                   fal_typename(L, -1));
-      if (s->kind == LUA_TNONE) s->kind = tt;
-      else if (tt != s->kind)
+      if (tt != s->kind)
         fal_error(L, "fa.tensor: element %s: expected %s like the first element, got %s", path_str(L, s, d + 1),
                   lua_typename(L, s->kind), lua_typename(L, tt));
-      if (s->out) s->out[s->pos++] = tt == LUA_TBOOLEAN ? (double)lua_toboolean(L, -1) : (double)lua_tonumber(L, -1);
+      s->chunk[s->fill++] = tt == LUA_TBOOLEAN ? (double)lua_toboolean(L, -1) : (double)lua_tonumber(L, -1);
+      if (s->fill == s->cap) flush(L, s);
     }
     lua_pop(L, 1);
   }
+}
+
+static int too_many(lua_State *L, const nest *s) {
+  lua_pushliteral(L, "");
+  for (int j = 0; j < s->nd; j++) lua_pushfstring(L, j ? "x%I" : "%I", (lua_Integer)s->shape[j]);
+  lua_concat(L, s->nd + 1);
+  return fal_argerror(L, 1, "data", "a table of shape %s holds more than the %I elements fa.tensor takes",
+                      lua_tostring(L, -1), (lua_Integer)TABLE_MAX_ELEMS);
 }
 
 static int l_tensor(lua_State *L) {
   if (!lua_istable(L, 1)) fal_typeerror(L, 1, "data", "a (nested) table of numbers or booleans");
   nest s = {0};
   s.kind = LUA_TNONE;
-  /* the shape from the first element at each depth */
+  /* the shape from the first element at each depth, and the first element's type */
   lua_pushvalue(L, 1);
   while (lua_type(L, -1) == LUA_TTABLE) {
     if (s.nd == FA_MAX_DIMS) fal_error(L, "fa.tensor: more than %d levels of nesting (at most %d dimensions)", FA_MAX_DIMS, FA_MAX_DIMS);
@@ -219,32 +253,43 @@ static int l_tensor(lua_State *L) {
     lua_rawgeti(L, -1, 1);
     lua_remove(L, -2);
   }
+  if (lua_type(L, -1) == LUA_TNUMBER || lua_type(L, -1) == LUA_TBOOLEAN) s.kind = lua_type(L, -1);
   lua_pop(L, 1);
+
+  /* the element count from the shape, before any walk */
+  int64_t numel = 1;
+  for (int i = 0; i < s.nd; i++)
+    if (s.shape[i] == 0) numel = 0;
+  for (int i = 0; i < s.nd && numel > 0; i++) {
+    if (s.shape[i] > TABLE_MAX_ELEMS / numel) too_many(L, &s);
+    numel *= s.shape[i];
+  }
 
   ctor_args a;
   a.nd = s.nd;
   for (int i = 0; i < s.nd; i++) a.shape[i] = s.shape[i];
   a.value_idx = 0;
   a.opts_idx = 2;
-
-  lua_pushvalue(L, 1); /* validate first: the buffer is sized by a rectangular table */
-  walk(L, &s, 0);
-  lua_pop(L, 1);
-
   read_opts(L, &a, "fa.tensor", plain_opts);
   if (s.kind == LUA_TBOOLEAN && !a.has_dtype) a.dtype = FA_BOOL; /* booleans make a mask */
 
-  int64_t numel = 1;
-  for (int i = 0; i < s.nd; i++) numel *= s.shape[i];
-  s.out = (double *)fal_newbuffer(L, numel, sizeof(double), "fa.tensor");
-  s.pos = 0;
+  /* the tensor first: past the memory limit the call fails before any walk */
+  lua_settop(L, 2);
+  s.ctx = fal_ctx(L);
+  fa_tensor *t = new_tensor(L, s.ctx, &a); /* 3: only this call holds it */
+  fa_tensor **flat = fal_newbox(L);          /* 4 */
+  if (numel > 0) FAL_CALL(L, s.ctx, fa_tensor_view(s.ctx, t, 1, &numel, flat));
+  s.flat = *flat;
+  s.part = fal_newbox(L); /* 5 */
+  s.part_idx = 5;
+  s.cap = numel < CHUNK ? numel : CHUNK;
+  s.chunk = (double *)fal_newbuffer(L, s.cap, sizeof(double), "fa.tensor"); /* 6 */
   lua_pushvalue(L, 1);
   walk(L, &s, 0);
   lua_pop(L, 1);
-
-  fa_context *ctx = fal_ctx(L);
-  fa_tensor *t = new_tensor(L, ctx, &a);
-  FAL_CALL(L, ctx, fa_tensor_write_f64(ctx, t, s.out));
+  flush(L, &s);
+  fal_box_release(L, 4);
+  lua_settop(L, 3);
   return 1;
 }
 

@@ -3,9 +3,11 @@
 # repository root, carrying .deps):
 #   bash scripts/gpu_run.sh [all | any of: test sanitize bench attention seeds]   (default all)
 # Builds for sm_90a, runs the LuaUnit suites with FLASHATTN_DEVICE=cuda
-# (every CUDA op against the CPU / f64 reference), compute-sanitizer
-# memcheck and racecheck over a small pass, and the benchmarks with their
-# peers.  Logs and JSON results go to $OUT.  Lua travels as Debian
+# (every CUDA op against the CPU / f64 reference), the outside oracle
+# (scripts/oracle_attention.py: PyTorch on the same tensors, each case run
+# twice for bit-identical results), compute-sanitizer memcheck, racecheck,
+# synccheck and initcheck over a small pass and racecheck / initcheck over
+# the oracle's Lq >> Lk cases, and the benchmarks with their peers.  Logs and JSON results go to $OUT.  Lua travels as Debian
 # packages: run `bash scripts/fetch_gpu_deps.sh` here first (needs .deps/).
 # FA_COMMIT names the commit measured when the tree is a copy without .git.
 set -uo pipefail
@@ -16,6 +18,7 @@ what=" ${*:-all} "
 . scripts/gpu_env.sh
 B=build-gpu
 step() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+COMMIT=${FA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 
 step "configure and build"
 gpu_build $B . >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
@@ -31,14 +34,26 @@ if [[ $what == *" all "* || $what == *" test "* ]]; then
   step "gpu_check, full pass (with out of device memory for real)"
   $B/flashattn-lua scripts/gpu_check.lua >"$OUT/gpu_check.log" 2>&1 || rc=1
   grep -E "FAIL|gpu_check:" "$OUT/gpu_check.log" | tee -a "$OUT/summary.txt"
+  step "the outside oracle: PyTorch on the same tensors, ${ORACLE_CASES:-2000} seeded cases, each run twice"
+  python3 scripts/oracle_attention.py --lib $B/libflashattn.so --cases "${ORACLE_CASES:-2000}" --seed "${ORACLE_SEED:-1}" \
+    --json "$OUT/oracle.json" --commit "$COMMIT" >"$OUT/oracle.log" 2>&1 || rc=1
+  grep -E "^(FAIL|NONDET|oracle:|Traceback)" "$OUT/oracle.log" | head -40 | tee -a "$OUT/summary.txt"
 fi
 
 if [[ $what == *" all "* || $what == *" sanitize "* ]]; then
-  for tool in memcheck racecheck synccheck; do
-    step "compute-sanitizer $tool (small pass)"
+  for tool in memcheck racecheck synccheck initcheck; do
+    step "compute-sanitizer $tool (small pass: every kernel instance)"
     compute-sanitizer --tool $tool --error-exitcode 9 $B/flashattn-lua scripts/gpu_check.lua --small \
       >"$OUT/sanitize_$tool.log" 2>&1 || rc=1
     tail -3 "$OUT/sanitize_$tool.log" | tee -a "$OUT/summary.txt"
+  done
+  # the oracle's Lq >> Lk cases (whole query tiles with no key: issue 21's race), the engine's kernels only
+  for tool in racecheck initcheck; do
+    step "compute-sanitizer $tool over the oracle's Lq >> Lk cases"
+    compute-sanitizer --tool $tool --error-exitcode 9 --kernel-name kns=attn \
+      python3 scripts/oracle_attention.py --lib $B/libflashattn.so --cases "${SAN_ORACLE_CASES:-200}" \
+      --filter lq_gg_lk --max-elems $((1 << 20)) >"$OUT/sanitize_oracle_$tool.log" 2>&1 || rc=1
+    grep -E "oracle:|ERROR SUMMARY|Traceback" "$OUT/sanitize_oracle_$tool.log" | tee -a "$OUT/summary.txt"
   done
 fi
 
@@ -46,13 +61,13 @@ if [[ $what == *" all "* || $what == *" bench "* ]]; then
   step "softmax: engine, then peers (torch, the seeds' Triton kernel, device copy)"
   $B/flashattn-lua scripts/bench_softmax.lua --json "$OUT/softmax_engine.json" 2>&1 | tee "$OUT/bench_softmax.log" || rc=1
   python3 scripts/peers_softmax.py --engine "$OUT/softmax_engine.json" --json "$OUT/softmax.json" \
-    --commit "${FA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" 2>&1 | tee -a "$OUT/bench_softmax.log" || rc=1
+    --commit "$COMMIT" 2>&1 | tee -a "$OUT/bench_softmax.log" || rc=1
 fi
 if [[ $what == *" all "* || $what == *" attention "* ]]; then
   step "attention: engine, then peers (torch SDPA: flash = FA2, cuDNN, efficient)"
   $B/flashattn-lua scripts/bench_attention.lua --json "$OUT/attention_engine.json" ${ATTN_ARGS:-} 2>&1 | tee "$OUT/bench_attention.log" || rc=1
   python3 scripts/peers_attention.py --engine "$OUT/attention_engine.json" --json "$OUT/attention.json" \
-    --commit "${FA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" 2>&1 | tee -a "$OUT/bench_attention.log" || rc=1
+    --commit "$COMMIT" 2>&1 | tee -a "$OUT/bench_attention.log" || rc=1
 fi
 if [[ $what == *" all "* || $what == *" seeds "* ]]; then
   step "the seeds' claims, full form"
