@@ -28,8 +28,8 @@ static void check_shape_keys(lua_State *L, int t, int64_t n, const char *name) {
     int isint;
     lua_Integer k = lua_tointegerx(L, -1, &isint);
     if (lua_type(L, -1) != LUA_TNUMBER || !isint || k < 1 || k > n) {
-      const char *shown = luaL_tolstring(L, -1, NULL);
-      fal_error(L, "%s: unexpected key '%s' in the shape table (options go in a separate last table)", name, shown);
+      const char *shown = fal_describe(L, -1); /* never the key's __tostring */
+      fal_error(L, "%s: unexpected key %s in the shape table (options go in a separate last table)", name, shown);
     }
   }
 }
@@ -210,7 +210,7 @@ static void walk(lua_State *L, nest *s, int d) {
   for (int64_t i = 1; i <= n; i++) {
     s->path[d] = i;
     int tt = lua_rawgeti(L, t, (lua_Integer)i);
-    if (d < s->nd - 1) {
+    if (d < s->nd - 1 && d + 1 < FA_MAX_DIMS) { /* (nd <= FA_MAX_DIMS: the second test is for the compiler) */
       if (tt != LUA_TTABLE)
         fal_error(L, "fa.tensor: ragged table at %s: expected a table of %I elements, got %s", path_str(L, s, d + 1),
                   (lua_Integer)s->shape[d + 1], fal_typename(L, -1));

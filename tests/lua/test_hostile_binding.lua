@@ -52,6 +52,16 @@ function TestHostileBinding:test_newindex_key_described_without_metamethods()
   lu.assertNil(called.tostring, "__tostring was called")
 end
 
+-- A shape table with a stray key: described by type, never by its __tostring.
+function TestHostileBinding:test_shape_key_described_without_metamethods()
+  local key, called = hostile_key()
+  for _, make in ipairs({fa.zeros, fa.ones, fa.randn}) do
+    U.assert_fa_error({"shape", "table"}, function() make({2, 3, [key] = 1}) end)
+  end
+  U.assert_fa_error({"shape", "'dtype'"}, function() fa.zeros({2, 3, dtype = "f16"}) end)
+  lu.assertNil(called.tostring, "__tostring was called")
+end
+
 -- fa.set_memory_limit(bytes, device): a bad device is argument #2.
 function TestHostileBinding:test_device_argument_named()
   local before = fa.memory_limit()
