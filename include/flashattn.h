@@ -5,7 +5,14 @@
  * fa_context_error(ctx).  Tensors are reference counted: every fa_tensor *
  * handed out by a function here owns one reference that the caller drops
  * with fa_tensor_release().  Shapes are row-major, 1 to 4 dimensions,
- * strides are counted in elements. */
+ * strides are counted in elements.
+ *
+ * NULL is never a crash: a function that returns an fa_status gives
+ * FA_ERR_ARGUMENT for a NULL context, tensor, array or result pointer
+ * (the message is in the context, when there is one, and nothing is
+ * written to the results); the accessors give the neutral values noted
+ * beside them.  The Lua functions at the end need a valid lua_State, as
+ * Lua's own API does. */
 #ifndef FLASHATTN_H
 #define FLASHATTN_H
 
@@ -42,6 +49,11 @@ typedef enum { FA_CPU = 0, FA_CUDA } fa_device;
 typedef struct fa_context fa_context;
 typedef struct fa_tensor fa_tensor;
 
+/* What the accessors give for a NULL context or tensor: no dtype, no
+ * device (fa_dtype_name and fa_device_name show them as "?"). */
+#define FA_DTYPE_NONE ((fa_dtype)-1)
+#define FA_DEVICE_NONE ((fa_device)-1)
+
 /* ---- context ---------------------------------------------------------- */
 
 /* Creates a context whose default device is `device` (FA_CPU or FA_CUDA).
@@ -52,11 +64,11 @@ FA_API fa_status fa_context_create(fa_device device, fa_context **out);
 FA_API fa_device fa_default_device(void);
 FA_API void fa_context_destroy(fa_context *ctx);
 FA_API const char *fa_context_error(const fa_context *ctx);
-FA_API fa_device fa_context_device(const fa_context *ctx);
+FA_API fa_device fa_context_device(const fa_context *ctx); /* NULL: FA_DEVICE_NONE */
 FA_API fa_status fa_context_set_device(fa_context *ctx, fa_device device);
 /* A cudaStream_t for the CUDA backend (NULL = the default stream). */
 FA_API fa_status fa_context_set_stream(fa_context *ctx, void *stream);
-FA_API void *fa_context_stream(const fa_context *ctx);
+FA_API void *fa_context_stream(const fa_context *ctx); /* NULL ctx: NULL */
 /* Waits for all work queued on the context's stream. */
 FA_API fa_status fa_sync(fa_context *ctx);
 
@@ -65,7 +77,7 @@ FA_API const char *fa_dtype_name(fa_dtype d);
 FA_API const char *fa_device_name(fa_device d);
 FA_API size_t fa_dtype_size(fa_dtype d);
 /* Parses "f32", "float", "f16", "half", "bf16", "bfloat16", "f64",
- * "double", "bool".  Returns 0 on success. */
+ * "double", "bool".  Returns 0 on success, -1 otherwise (NULLs too). */
 FA_API int fa_dtype_parse(const char *name, fa_dtype *out);
 FA_API int fa_device_parse(const char *name, fa_device *out);
 /* 1 when the backend can run on this machine. */
@@ -77,14 +89,20 @@ FA_API int fa_backend_available(fa_device device);
 FA_API fa_status fa_tensor_empty(fa_context *ctx, int ndim, const int64_t *shape, fa_dtype dtype,
                                  fa_device device, fa_tensor **out);
 /* Zero-copy tensor over memory the host owns.  `strides` may be NULL for
- * row-major contiguous.  When the last reference goes, `release(data, user)`
- * is called if not NULL.  On failure `release` is not called. */
+ * row-major contiguous; given, each is >= 0 and the elements they address
+ * (also through size-1 and size-0 dimensions) lie within 2^59 elements of
+ * the first, so that no offset computation can overflow.  When the last
+ * reference goes, `release(data, user)` is called if not NULL.  On failure
+ * `release` is not called. */
 FA_API fa_status fa_tensor_wrap(fa_context *ctx, void *data, fa_device device, fa_dtype dtype, int ndim,
                                 const int64_t *shape, const int64_t *strides,
                                 void (*release)(void *data, void *user), void *user, fa_tensor **out);
 FA_API void fa_tensor_retain(fa_tensor *t);
 FA_API void fa_tensor_release(fa_tensor *t);
 
+/* Accessors.  A NULL t gives ndim 0, size, stride and numel -1, dtype
+ * FA_DTYPE_NONE, device FA_DEVICE_NONE, data NULL, is_contiguous 0; a dim
+ * out of range gives size and stride -1. */
 FA_API int fa_tensor_ndim(const fa_tensor *t);
 FA_API int64_t fa_tensor_size(const fa_tensor *t, int dim);   /* 0-based dim */
 FA_API int64_t fa_tensor_stride(const fa_tensor *t, int dim); /* elements */
@@ -155,7 +173,8 @@ FA_API void fa_softmax_opts_init(fa_softmax_opts *o);
 /* Softmax over the last dimension.  *y gets a new reference (opts->out
  * retained when given). */
 FA_API fa_status fa_softmax(fa_context *ctx, fa_tensor *x, const fa_softmax_opts *opts, fa_tensor **y);
-/* The largest row length the FUSED algo accepts for dtype on device. */
+/* The largest row length the FUSED algo accepts for dtype on device
+ * (ctx is not used and may be NULL). */
 FA_API int64_t fa_softmax_fused_max_n(fa_context *ctx, fa_dtype dtype, fa_device device);
 
 typedef enum {
@@ -175,7 +194,7 @@ typedef enum {
 typedef struct {
   fa_attention_algo algo;
   int has_scale;          /* 0: scale = 1/sqrt(D) */
-  double scale;
+  double scale;           /* finite; |scale| <= FLT_MAX where the call computes in f32 (not f64 inputs, not the reference) */
   fa_causal causal;
   int has_window;         /* window = {left, right}, -1 = unbounded */
   int64_t window_left, window_right;
@@ -185,11 +204,17 @@ typedef struct {
   const double *alibi;    /* Hq slopes or NULL */
   int64_t n_alibi;
   double softcap;         /* > 0: s -> c·tanh(s/c); 0 = off */
-  int64_t tile_q, tile_k; /* 0 = backend default */
+  int64_t tile_q, tile_k; /* 0 = backend default; FA_TILE_ZERO: see below */
   int return_lse;
-  fa_tensor *out, *lse_out; /* optional preallocated outputs */
+  fa_tensor *out, *lse_out; /* optional preallocated outputs; they must not overlap each other */
 } fa_attention_opts;
 
+/* A tile size of 0 that a user wrote (a binding's tile = {0, 0}): unlike
+ * 0, which asks for the backend's default, it is rejected like any size
+ * out of range, with the message naming the valid range and the 0. */
+#define FA_TILE_ZERO INT64_MIN
+
+/* The init functions leave a NULL o alone. */
 FA_API void fa_attention_opts_init(fa_attention_opts *o);
 /* q (B,Hq,Lq,D), k (B,Hkv,Lk,D), v (B,Hkv,Lk,Dv); 3-D (H,L,D) and 2-D (L,D)
  * too.  *o gets a (…,Lq,Dv) tensor in q's dtype.  The lse, a (…,Lq) f32
@@ -229,7 +254,9 @@ FA_API fa_status fa_cost_softmax(fa_context *ctx, fa_tensor *x, const fa_softmax
 FA_API fa_status fa_timer_start(fa_context *ctx);
 FA_API fa_status fa_timer_stop(fa_context *ctx, double *ms);
 
-/* Bytes held by the engine on a device (tensors and workspaces). */
+/* Bytes held by the engine on a device: tensors' storage and workspaces;
+ * the handles (every tensor's and storage's record, wrapped tensors' too)
+ * are host memory, counted on FA_CPU.  current or peak may be NULL. */
 FA_API void fa_memory(fa_device device, size_t *current, size_t *peak);
 FA_API void fa_reset_peak(fa_device device);
 /* Engine-wide cap on bytes held on a device (0 = none).  A request past it
@@ -259,7 +286,8 @@ FA_API void fa_lua_push_tensor(struct lua_State *L, fa_tensor *t);
  * borrowed: retain it to keep it. */
 FA_API fa_tensor *fa_lua_check_tensor(struct lua_State *L, int idx);
 /* Scripts in L run on ctx (owned by the host, which must outlive L's use
- * of it).  NULL returns to the module's own context. */
+ * of it).  NULL returns to the module's own context.  fa_lua_push_tensor
+ * pushes nil for a NULL t. */
 FA_API void fa_lua_set_context(struct lua_State *L, fa_context *ctx);
 FA_API fa_context *fa_lua_get_context(struct lua_State *L);
 /* A callback the module's long loops call with the script's state (fa.bench

@@ -1,9 +1,59 @@
 /* Reading option tables: every key is checked against the function's list
  * (a typo such as `caual` is an error, never silently ignored), and each
- * value is checked for its Lua type.  Value ranges are the core's job. */
+ * value is checked for its Lua type.  Value ranges are the core's job.
+ * No metamethod of a key runs, and an opts table's __index runs only
+ * inside fal_opts, protected (see snapshot). */
 #include <string.h>
 
 #include "lbinding.h"
+
+/* An unknown key as messages show it, without running its metamethods
+ * (a __tostring may return anything, or raise): strings quoted, numbers
+ * and booleans by value, anything else by type. */
+static const char *describe_key(lua_State *L, int ki) {
+  switch (lua_type(L, ki)) {
+  case LUA_TSTRING: return lua_pushfstring(L, "'%s'", lua_tostring(L, ki));
+  case LUA_TNUMBER:
+    if (lua_isinteger(L, ki)) return lua_pushfstring(L, "[%I]", lua_tointeger(L, ki));
+    return lua_pushfstring(L, "[%f]", lua_tonumber(L, ki));
+  case LUA_TBOOLEAN: return lua_toboolean(L, ki) ? "[true]" : "[false]";
+  default: return lua_pushfstring(L, "(a key of type %s)", fal_typename(L, ki));
+  }
+}
+
+/* t[key] for the protected reads of snapshot: (t, key) -> value. */
+static int index_field(lua_State *L) {
+  lua_gettable(L, 1);
+  return 1;
+}
+
+/* An opts table with an __index runs script code at every read, and that
+ * code may raise, or try to yield, which cannot cross the binding's C
+ * frames ("attempt to yield across a C-call boundary").  So each allowed
+ * option is read once here, in a protected call whose failure becomes a
+ * "flashattn:" error naming the option, into a plain table that takes the
+ * opts' place at idx: every later read (the getters below, and the
+ * kernels' own reads of opts) runs no code.  The copy also keeps alive
+ * what __index handed out. */
+static void snapshot(lua_State *L, int idx, const char *const *allowed) {
+  if (luaL_getmetafield(L, idx, "__index") == LUA_TNIL) return; /* reads are raw: nothing runs */
+  lua_pop(L, 1);
+  lua_newtable(L);
+  int copy = lua_gettop(L);
+  for (const char *const *a = allowed; *a; a++) {
+    lua_pushcfunction(L, index_field);
+    lua_pushvalue(L, idx);
+    lua_pushstring(L, *a);
+    int status = lua_pcall(L, 2, 1, 0);
+    if (status == LUA_ERRMEM) lua_error(L); /* Lua's own out of memory, as everywhere else */
+    if (status != LUA_OK && lua_type(L, -1) == LUA_TSTRING)
+      fal_error(L, "opts.%s: the opts table's __index raised an error: %s", *a, lua_tostring(L, -1));
+    if (status != LUA_OK)
+      fal_error(L, "opts.%s: the opts table's __index raised an error (a %s value)", *a, fal_typename(L, -1));
+    lua_setfield(L, copy, *a);
+  }
+  lua_replace(L, idx);
+}
 
 int fal_opts(lua_State *L, int idx, const char *fname, const char *const *allowed) {
   if (lua_isnoneornil(L, idx)) return 0;
@@ -17,11 +67,9 @@ int fal_opts(lua_State *L, int idx, const char *fname, const char *const *allowe
       const char *key = lua_tostring(L, -1);
       for (const char *const *a = allowed; *a && !known; a++) known = strcmp(key, *a) == 0;
     }
-    if (!known) {
-      const char *shown = luaL_tolstring(L, -1, NULL); /* a copy: lua_next's key is untouched */
-      fal_error(L, "opts: unknown option '%s' for %s", shown, fname);
-    }
+    if (!known) fal_error(L, "opts: unknown option %s for %s", describe_key(L, lua_gettop(L)), fname);
   }
+  snapshot(L, idx, allowed);
   return 1;
 }
 
@@ -150,14 +198,23 @@ static int64_t pair_elem(lua_State *L, const char *key, int i) {
   return (int64_t)v;
 }
 
+/* A size a script wrote: its 0 is not the C API's 0, "the backend's
+ * default" (which a script asks for by leaving the option out), but a size
+ * the core rejects naming the valid range. */
+static int64_t size_elem(lua_State *L, const char *key, int i) {
+  int64_t v = pair_elem(L, key, i);
+  return v == 0 ? FA_TILE_ZERO : v;
+}
+
 int fal_opt_pair(lua_State *L, int idx, const char *key, int64_t *a, int64_t *b) {
   int tt = get(L, idx, key);
   if (tt == LUA_TNIL) return 0;
   if (tt != LUA_TTABLE) bad(L, key, "a table of 2 integers");
   if (lua_rawlen(L, -1) != 2)
     fal_error(L, "opts.%s: expected a table of 2 integers, got %d entries", key, (int)lua_rawlen(L, -1));
-  *a = pair_elem(L, key, 1);
-  *b = pair_elem(L, key, 2);
+  int sizes = strcmp(key, "tile") == 0; /* window's 0 is a width */
+  *a = sizes ? size_elem(L, key, 1) : pair_elem(L, key, 1);
+  *b = sizes ? size_elem(L, key, 2) : pair_elem(L, key, 2);
   lua_pop(L, 1);
   return 1;
 }

@@ -42,15 +42,14 @@ void fa_reset_peak(fa_device device) {
 void fa_set_memory_limit(fa_device device, size_t bytes) { atomic_store(&mem_limit[dev_index(device)], bytes); }
 size_t fa_memory_limit(fa_device device) { return atomic_load(&mem_limit[dev_index(device)]); }
 
-void *fa_host_alloc(fa_context *ctx, size_t nbytes, fa_status *st) {
-  size_t rounded = (nbytes + 63) & ~(size_t)63;
-  if (rounded < nbytes || !fa_mem_acquire(FA_CPU, nbytes)) {
-    *st = fa_fail(ctx, FA_ERR_OUT_OF_MEMORY,
-                  "flashattn: out of memory: %zu bytes requested on cpu (engine holds %zu, limit %zu)", nbytes,
-                  atomic_load(&mem_current[0]), atomic_load(&mem_limit[0]));
-    return NULL;
-  }
-  void *p = rounded ? aligned_alloc(64, rounded) : malloc(1);
+static fa_status over_limit(fa_context *ctx, size_t nbytes) {
+  return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY,
+                 "flashattn: out of memory: %zu bytes requested on cpu (engine holds %zu, limit %zu)", nbytes,
+                 atomic_load(&mem_current[0]), atomic_load(&mem_limit[0]));
+}
+
+/* p from the host's allocator, or NULL with the counted bytes given back. */
+static void *host_result(fa_context *ctx, void *p, size_t nbytes, fa_status *st) {
   if (!p) {
     fa_mem_release(FA_CPU, nbytes);
     *st = fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: out of memory: the host could not give %zu bytes", nbytes);
@@ -60,8 +59,25 @@ void *fa_host_alloc(fa_context *ctx, size_t nbytes, fa_status *st) {
   return p;
 }
 
+void *fa_host_alloc(fa_context *ctx, size_t nbytes, fa_status *st) {
+  size_t rounded = (nbytes + 63) & ~(size_t)63;
+  if (rounded < nbytes || !fa_mem_acquire(FA_CPU, nbytes)) {
+    *st = over_limit(ctx, nbytes);
+    return NULL;
+  }
+  return host_result(ctx, rounded ? aligned_alloc(64, rounded) : malloc(1), nbytes, st);
+}
+
 void fa_host_free(void *p, size_t nbytes) {
   if (!p) return;
   free(p);
   fa_mem_release(FA_CPU, nbytes);
+}
+
+void *fa_handle_alloc(fa_context *ctx, size_t nbytes, fa_status *st) {
+  if (!fa_mem_acquire(FA_CPU, nbytes)) {
+    *st = over_limit(ctx, nbytes);
+    return NULL;
+  }
+  return host_result(ctx, calloc(1, nbytes), nbytes, st);
 }

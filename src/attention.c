@@ -8,6 +8,7 @@
 #include <string.h>
 
 void fa_attention_opts_init(fa_attention_opts *o) {
+  if (!o) return;
   memset(o, 0, sizeof *o);
   o->window_left = o->window_right = -1;
 }
@@ -262,8 +263,9 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   if (out) *out = NULL;
   if (lse) *lse = NULL;
   if (!out) return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: attention: the output pointer is NULL");
+  FA_NEED(ctx);
   fa_attn_dims d;
-  fa_status st = fa_check_attention(ctx, q, k, v, o, &d);
+  fa_status st = fa_check_attention(ctx, q, k, v, o, reference, &d);
   if (st) return st;
   int want_lse = o->return_lse || lse != NULL || o->lse_out;
   if (!reference && d.device == FA_CUDA) return run_cuda(ctx, q, k, v, o, &d, want_lse, out, lse);

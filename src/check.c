@@ -3,6 +3,7 @@
 
 #include "cpu/attention_tiles.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -93,8 +94,22 @@ static fa_status check_mask(fa_context *ctx, const fa_tensor *m, const fa_attn_d
 
 static const char *const attn_algo_names[] = {"auto", "naive", "two_pass", "flash_row", "flash"};
 
+/* opts.tile: 0 (both) is the backend's default; FA_TILE_ZERO is a 0 the
+ * user wrote, checked (and shown) as 0 so that it fails like any size out
+ * of range, with the backend's own range in the message. */
+static fa_status check_tile(fa_context *ctx, const fa_attention_opts *o, const fa_attn_dims *d) {
+  if (!o->tile_q && !o->tile_k) return FA_OK;
+  int64_t br = o->tile_q == FA_TILE_ZERO ? 0 : o->tile_q, bc = o->tile_k == FA_TILE_ZERO ? 0 : o->tile_k;
+  if (d->device == FA_CUDA) return fa_cuda_attention_check_tile(ctx, d->dtype, d->D, d->Dv, br, bc);
+  if (br < FA_CPU_TILE_MIN || br > FA_CPU_TILE_MAX || bc < FA_CPU_TILE_MIN || bc > FA_CPU_TILE_MAX)
+    return fa_fail(ctx, FA_ERR_ARGUMENT,
+                   "flashattn: opts.tile: expected {Br, Bc} with %d <= Br <= %d and %d <= Bc <= %d, got {%lld, %lld}",
+                   FA_CPU_TILE_MIN, FA_CPU_TILE_MAX, FA_CPU_TILE_MIN, FA_CPU_TILE_MAX, (long long)br, (long long)bc);
+  return FA_OK;
+}
+
 fa_status fa_check_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
-                             fa_attn_dims *d) {
+                             int reference, fa_attn_dims *d) {
   fa_status st;
   if ((st = check_float(ctx, q, "q")) || (st = fa_check_tensor(ctx, k, "k")) || (st = fa_check_tensor(ctx, v, "v")))
     return st;
@@ -142,6 +157,13 @@ fa_status fa_check_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_ten
   (void)attn_algo_names;
   if (o->has_scale && !isfinite(o->scale))
     return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.scale: expected a finite number, got %g", o->scale);
+  /* every backend but f64 multiplies by (float)scale: past f32's range
+   * that is inf, and the scores inf or NaN */
+  if (o->has_scale && !reference && d->dtype != FA_F64 && fabs(o->scale) > FLT_MAX)
+    return fa_fail(ctx, FA_ERR_ARGUMENT,
+                   "flashattn: opts.scale: expected |scale| <= %g (f32's range: %s inputs compute in f32; f64 inputs "
+                   "and attention_reference take any finite scale), got %g",
+                   (double)FLT_MAX, fa_dtype_name(d->dtype), o->scale);
   if ((unsigned)o->causal > FA_CAUSAL_TOP_LEFT)
     return fa_fail(ctx, FA_ERR_ARGUMENT,
                    "flashattn: opts.causal: expected false, true, \"bottom_right\" or \"top_left\"");
@@ -169,14 +191,7 @@ fa_status fa_check_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_ten
         return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.alibi[%lld]: expected a finite slope, got %g",
                        (long long)h + 1, o->alibi[h]);
   }
-  if ((o->tile_q || o->tile_k) && d->device == FA_CUDA &&
-      (st = fa_cuda_attention_check_tile(ctx, d->dtype, d->D, d->Dv, o->tile_q, o->tile_k)))
-    return st;
-  if ((o->tile_q || o->tile_k) && d->device == FA_CPU &&
-      (o->tile_q < 1 || o->tile_q > FA_CPU_TILE_MAX || o->tile_k < 1 || o->tile_k > FA_CPU_TILE_MAX))
-    return fa_fail(ctx, FA_ERR_ARGUMENT,
-                   "flashattn: opts.tile: expected {Br, Bc} with 1 <= Br <= %d and 1 <= Bc <= %d, got {%lld, %lld}",
-                   FA_CPU_TILE_MAX, FA_CPU_TILE_MAX, (long long)o->tile_q, (long long)o->tile_k);
+  if ((st = check_tile(ctx, o, d))) return st;
   if (o->mask && (st = check_mask(ctx, o->mask, d))) return st;
 
   int64_t oshape[4], lshape[4];
@@ -185,6 +200,11 @@ fa_status fa_check_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_ten
   if (o->out && (st = fa_check_out(ctx, o->out, "opts.out", d->rank, oshape, d->dtype, d->device))) return st;
   if (o->lse_out && (st = fa_check_out(ctx, o->lse_out, "opts.lse_out", d->rank - 1, lshape, FA_F32, d->device)))
     return st;
+  /* both are written: whichever came last would overwrite the other */
+  if (o->out && o->lse_out && fa_tensor_overlaps(o->out, o->lse_out))
+    return fa_fail(ctx, FA_ERR_ARGUMENT,
+                   "flashattn: opts.lse_out: overlaps opts.out in memory (one storage, intersecting byte ranges); "
+                   "expected two disjoint outputs");
   return FA_OK;
 }
 

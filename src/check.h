@@ -15,8 +15,10 @@ typedef struct {
 } fa_attn_dims;
 
 fa_status fa_check_tensor(fa_context *ctx, const fa_tensor *t, const char *name);
+/* `reference`: the call computes in f64 whatever the inputs (the scale's
+ * f32 range does not apply). */
 fa_status fa_check_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
-                             fa_attn_dims *d);
+                             int reference, fa_attn_dims *d);
 fa_status fa_check_softmax(fa_context *ctx, fa_tensor *x, const fa_softmax_opts *o);
 fa_status fa_check_matmul(fa_context *ctx, fa_tensor *a, fa_tensor *b, const fa_matmul_opts *o);
 fa_status fa_check_merge(fa_context *ctx, fa_tensor *o1, fa_tensor *lse1, fa_tensor *o2, fa_tensor *lse2);

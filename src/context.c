@@ -45,6 +45,7 @@ static fa_status check_device_usable(fa_context *ctx, fa_device device) {
 }
 
 fa_status fa_context_create(fa_device device, fa_context **out) {
+  if (!out) return FA_ERR_ARGUMENT; /* no context yet to hold a message */
   *out = NULL;
   if (device != FA_CPU && !fa_backend_available(device)) return FA_ERR_DEVICE;
   fa_context *ctx = calloc(1, sizeof *ctx);
@@ -64,22 +65,25 @@ void fa_context_destroy(fa_context *ctx) {
 
 const char *fa_context_error(const fa_context *ctx) { return ctx ? ctx->error : "flashattn: no context"; }
 
-fa_device fa_context_device(const fa_context *ctx) { return ctx->device; }
+fa_device fa_context_device(const fa_context *ctx) { return ctx ? ctx->device : FA_DEVICE_NONE; }
 
 fa_status fa_context_set_device(fa_context *ctx, fa_device device) {
+  FA_NEED(ctx);
   fa_status st = check_device_usable(ctx, device);
   if (st == FA_OK) ctx->device = device;
   return st;
 }
 
 fa_status fa_context_set_stream(fa_context *ctx, void *stream) {
+  FA_NEED(ctx);
   ctx->stream = stream;
   return FA_OK;
 }
 
-void *fa_context_stream(const fa_context *ctx) { return ctx->stream; }
+void *fa_context_stream(const fa_context *ctx) { return ctx ? ctx->stream : NULL; }
 
 fa_status fa_sync(fa_context *ctx) {
+  FA_NEED(ctx);
   if (ctx->device == FA_CUDA) return fa_cuda_sync(ctx);
   return FA_OK;
 }
@@ -97,6 +101,7 @@ size_t fa_dtype_size(fa_dtype d) { return (unsigned)d <= FA_BOOL ? dtype_sizes[d
 const char *fa_device_name(fa_device d) { return d == FA_CPU ? "cpu" : d == FA_CUDA ? "cuda" : "?"; }
 
 int fa_dtype_parse(const char *name, fa_dtype *out) {
+  if (!name || !out) return -1;
   static const struct { const char *name; fa_dtype d; } table[] = {
       {"f32", FA_F32},   {"float", FA_F32},     {"float32", FA_F32}, {"f16", FA_F16}, {"half", FA_F16},
       {"float16", FA_F16}, {"bf16", FA_BF16},  {"bfloat16", FA_BF16}, {"f64", FA_F64}, {"double", FA_F64},
@@ -110,6 +115,7 @@ int fa_dtype_parse(const char *name, fa_dtype *out) {
 }
 
 int fa_device_parse(const char *name, fa_device *out) {
+  if (!name || !out) return -1;
   if (strcmp(name, "cpu") == 0) *out = FA_CPU;
   else if (strcmp(name, "cuda") == 0 || strcmp(name, "gpu") == 0) *out = FA_CUDA;
   else return -1;

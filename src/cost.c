@@ -5,14 +5,15 @@
 
 fa_status fa_cost_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *opts,
                             fa_cost *out) {
-  if (!out) return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: fa_cost_attention: out is NULL");
+  FA_NEED(ctx);
+  FA_NEED(out);
   fa_attention_opts defaults;
   if (!opts) {
     fa_attention_opts_init(&defaults);
     opts = &defaults;
   }
   fa_attn_dims d;
-  fa_status st = fa_check_attention(ctx, q, k, v, opts, &d);
+  fa_status st = fa_check_attention(ctx, q, k, v, opts, 0, &d);
   if (st) return st;
   double es = (double)fa_dtype_size(d.dtype);
   double Q = (double)(d.B * d.Hq * d.Lq * d.D), K = (double)(d.B * d.Hkv * d.Lk * d.D);
@@ -45,7 +46,8 @@ fa_status fa_cost_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tens
 }
 
 fa_status fa_cost_softmax(fa_context *ctx, fa_tensor *x, const fa_softmax_opts *opts, fa_cost *out) {
-  if (!out) return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: fa_cost_softmax: out is NULL");
+  FA_NEED(ctx);
+  FA_NEED(out);
   fa_softmax_opts defaults;
   if (!opts) {
     fa_softmax_opts_init(&defaults);

@@ -22,7 +22,8 @@ static void cpu_name(char *buf, size_t n) {
 }
 
 fa_status fa_device_info(fa_context *ctx, fa_device device, fa_device_info_t *out) {
-  if (!out) return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: fa_device_info: out is NULL");
+  FA_NEED(ctx);
+  FA_NEED(out);
   memset(out, 0, sizeof *out);
   if (device == FA_CUDA) {
     if (!fa_cuda_available())

@@ -52,9 +52,17 @@ struct fa_tensor {
 };
 
 /* ---- errors (context.c) ---- */
-/* Formats "flashattn: ..." into ctx->error and returns status. */
+/* Formats "flashattn: ..." into ctx->error (when ctx is not NULL) and
+ * returns status. */
 fa_status fa_fail(fa_context *ctx, fa_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* NULL where the C API wants a context, a tensor, an array or a place for
+ * a result: an argument error, not a crash (in a function whose context
+ * is `ctx`; a NULL ctx gets the status alone). */
+#define FA_NEED(p)                                                                                 \
+  do {                                                                                             \
+    if (!(p)) return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: %s: %s is NULL", __func__, #p);     \
+  } while (0)
 /* Shape as "2x3x4" into buf. */
 const char *fa_shape_str(const fa_tensor *t, char *buf, size_t n);
 
@@ -62,6 +70,10 @@ const char *fa_shape_str(const fa_tensor *t, char *buf, size_t n);
 /* Host allocation counted against the CPU figures and limit (64-byte aligned). */
 void *fa_host_alloc(fa_context *ctx, size_t nbytes, fa_status *st);
 void fa_host_free(void *p, size_t nbytes);
+/* Tensor and storage records (zeroed; freed by fa_host_free), counted on
+ * the CPU like any other host memory: a script that holds millions of
+ * empty tensors meets the limit. */
+void *fa_handle_alloc(fa_context *ctx, size_t nbytes, fa_status *st);
 /* Counting for other allocators (CUDA): returns 0 when over the limit. */
 int fa_mem_acquire(fa_device device, size_t nbytes);
 void fa_mem_release(fa_device device, size_t nbytes);
@@ -76,6 +88,10 @@ static inline void *fa_tensor_ptr(const fa_tensor *t) {
   return (char *)t->storage->data + t->offset * (int64_t)fa_dtype_size(t->dtype);
 }
 int64_t fa_numel_of(int ndim, const int64_t *shape);
+/* Whether the byte ranges a and b span in one storage intersect (a
+ * strided view's range runs from its first to its last element; empty
+ * tensors span nothing). */
+int fa_tensor_overlaps(const fa_tensor *a, const fa_tensor *b);
 /* Contiguous tensor with dtype `dtype` on the CPU holding t's values
  * (t itself, retained, when it already is one). */
 fa_status fa_tensor_cpu_contiguous(fa_context *ctx, fa_tensor *t, fa_dtype dtype, fa_tensor **out);

@@ -3,7 +3,9 @@
 
 #include <string.h>
 
-void fa_matmul_opts_init(fa_matmul_opts *o) { memset(o, 0, sizeof *o); }
+void fa_matmul_opts_init(fa_matmul_opts *o) {
+  if (o) memset(o, 0, sizeof *o);
+}
 
 fa_status fa_matmul(fa_context *ctx, fa_tensor *a, fa_tensor *b, const fa_matmul_opts *opts, fa_tensor **c) {
   fa_matmul_opts defaults;
@@ -13,6 +15,7 @@ fa_status fa_matmul(fa_context *ctx, fa_tensor *a, fa_tensor *b, const fa_matmul
   }
   if (!c) return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: matmul: the output pointer is NULL");
   *c = NULL;
+  FA_NEED(ctx);
   fa_status st = fa_check_matmul(ctx, a, b, opts);
   if (st) return st;
   fa_device dev = a->storage->device;

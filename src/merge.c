@@ -16,6 +16,7 @@ fa_status fa_merge_states(fa_context *ctx, fa_tensor *o1, fa_tensor *lse1, fa_te
                           fa_tensor **o, fa_tensor **lse) {
   if (!o || !lse) return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: merge_states: an output pointer is NULL");
   *o = *lse = NULL;
+  FA_NEED(ctx);
   fa_status st = fa_check_merge(ctx, o1, lse1, o2, lse2);
   if (st) return st;
   fa_device dev = o1->storage->device;

@@ -4,7 +4,9 @@
 
 #include <string.h>
 
-void fa_softmax_opts_init(fa_softmax_opts *o) { memset(o, 0, sizeof *o); }
+void fa_softmax_opts_init(fa_softmax_opts *o) {
+  if (o) memset(o, 0, sizeof *o);
+}
 
 int64_t fa_softmax_fused_max_n(fa_context *ctx, fa_dtype dtype, fa_device device) {
   (void)ctx;
@@ -44,6 +46,7 @@ fa_status fa_softmax(fa_context *ctx, fa_tensor *x, const fa_softmax_opts *opts,
   }
   if (!y) return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: softmax: the output pointer is NULL");
   *y = NULL;
+  FA_NEED(ctx);
   fa_status st = fa_check_softmax(ctx, x, opts);
   if (st) return st;
   fa_device dev = x->storage->device;

@@ -8,13 +8,6 @@
 /* A 0-based index as the 1-based one messages show (no overflow at the top). */
 static long long fa_one_based(int64_t i) { return i < INT64_MAX ? (long long)i + 1 : (long long)i; }
 
-/* NULL where the C API wants a tensor, an array or a place for a result:
- * an argument error, not a crash. */
-#define FA_NEED(p)                                                                                 \
-  do {                                                                                             \
-    if (!(p)) return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: %s: %s is NULL", __func__, #p);     \
-  } while (0)
-
 int64_t fa_numel_of(int ndim, const int64_t *shape) {
   int64_t n = 1;
   for (int i = 0; i < ndim; i++) n *= shape[i];
@@ -51,9 +44,9 @@ static void contiguous_strides(int ndim, const int64_t *shape, int64_t *strides)
   }
 }
 
-static fa_tensor *tensor_alloc(fa_storage *s, fa_dtype dtype, int ndim, const int64_t *shape, const int64_t *strides,
-                               int64_t offset) {
-  fa_tensor *t = calloc(1, sizeof *t);
+static fa_tensor *tensor_alloc(fa_context *ctx, fa_status *st, fa_storage *s, fa_dtype dtype, int ndim,
+                               const int64_t *shape, const int64_t *strides, int64_t offset) {
+  fa_tensor *t = fa_handle_alloc(ctx, sizeof *t, st);
   if (!t) return NULL;
   atomic_init(&t->refcount, 1);
   t->storage = s;
@@ -70,7 +63,7 @@ static void storage_release(fa_storage *s) {
   if (s->release) s->release(s->data, s->user);
   else if (s->accounted && s->device == FA_CPU) fa_host_free(s->data, s->nbytes);
   else if (s->accounted && s->device == FA_CUDA) fa_cuda_free(s->data, s->nbytes);
-  free(s);
+  fa_host_free(s, sizeof *s);
 }
 
 fa_status fa_tensor_new(fa_context *ctx, int ndim, const int64_t *shape, fa_dtype dtype, fa_device device,
@@ -84,8 +77,8 @@ fa_status fa_tensor_new(fa_context *ctx, int ndim, const int64_t *shape, fa_dtyp
                    "flashattn: device 'cuda' is not available (no usable GPU or no CUDA backend in this build)");
   if (device != FA_CPU && device != FA_CUDA)
     return fa_fail(ctx, FA_ERR_DEVICE, "flashattn: device: expected cpu or cuda");
-  fa_storage *s = calloc(1, sizeof *s);
-  if (!s) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: out of host memory");
+  fa_storage *s = fa_handle_alloc(ctx, sizeof *s, &st);
+  if (!s) return st;
   size_t nbytes = (size_t)fa_numel_of(ndim, shape) * fa_dtype_size(dtype);
   atomic_init(&s->refcount, 1);
   s->device = device;
@@ -94,24 +87,22 @@ fa_status fa_tensor_new(fa_context *ctx, int ndim, const int64_t *shape, fa_dtyp
   if (device == FA_CPU) s->data = fa_host_alloc(ctx, nbytes, &st);
   else st = fa_cuda_malloc(ctx, &s->data, nbytes);
   if (st) {
-    free(s);
+    fa_host_free(s, sizeof *s);
     return st;
   }
   int64_t strides[FA_MAX_DIMS];
   contiguous_strides(ndim, shape, strides);
-  fa_tensor *t = tensor_alloc(s, dtype, ndim, shape, strides, 0);
-  if (!t) {
-    storage_release(s);
-    return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: out of host memory");
-  }
+  fa_tensor *t = tensor_alloc(ctx, &st, s, dtype, ndim, shape, strides, 0);
+  if (!t) storage_release(s);
   *out = t;
-  return FA_OK;
+  return st;
 }
 
 fa_status fa_tensor_empty(fa_context *ctx, int ndim, const int64_t *shape, fa_dtype dtype, fa_device device,
                           fa_tensor **out) {
   FA_NEED(out);
   *out = NULL;
+  FA_NEED(ctx);
   FA_NEED(shape);
   return fa_tensor_new(ctx, ndim, shape, dtype, device, out);
 }
@@ -121,11 +112,40 @@ fa_status fa_tensor_new_like(fa_context *ctx, const fa_tensor *like, fa_dtype dt
   return fa_tensor_new(ctx, like->ndim, like->shape, dtype, device, out);
 }
 
+/* Strides given with a wrapped tensor: each >= 0, and the furthest element
+ * any index could address - sizes 1 and 0 counted as 1 - within
+ * FA_MAX_SPAN of the first, so that the offsets of iteration,
+ * select and narrow (which may step over a size-1 or size-0 dimension's
+ * stride) stay far from overflow.  *span: elements from the first to past
+ * the last (0 for an empty tensor). */
+static fa_status check_strides(fa_context *ctx, int ndim, const int64_t *shape, const int64_t *strides,
+                               int64_t *span) {
+  int64_t reach = 0;
+  for (int i = 0; i < ndim; i++) {
+    int64_t steps = shape[i] > 1 ? shape[i] - 1 : 1;
+    if (strides[i] < 0 || strides[i] > (FA_MAX_SPAN - reach) / steps)
+      return fa_fail(ctx, FA_ERR_ARGUMENT,
+                     "flashattn: fa_tensor_wrap: stride %lld of dimension %d (size %lld): expected 0 to %lld, with "
+                     "every addressable element within %lld (2^59) elements of the first",
+                     (long long)strides[i], i + 1, (long long)shape[i],
+                     (long long)((FA_MAX_SPAN - reach) / steps), (long long)FA_MAX_SPAN);
+    reach += steps * strides[i];
+  }
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] == 0) n = 0;
+    if (n) n += (shape[i] - 1) * strides[i];
+  }
+  *span = n;
+  return FA_OK;
+}
+
 fa_status fa_tensor_wrap(fa_context *ctx, void *data, fa_device device, fa_dtype dtype, int ndim,
                          const int64_t *shape, const int64_t *strides, void (*release)(void *data, void *user),
                          void *user, fa_tensor **out) {
   FA_NEED(out);
   *out = NULL;
+  FA_NEED(ctx);
   FA_NEED(shape);
   fa_status st = check_shape(ctx, ndim, shape, "fa_tensor_wrap: shape");
   if (st) return st;
@@ -135,41 +155,26 @@ fa_status fa_tensor_wrap(fa_context *ctx, void *data, fa_device device, fa_dtype
   if (!data && fa_numel_of(ndim, shape) > 0)
     return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: fa_tensor_wrap: data is NULL");
   int64_t st_[FA_MAX_DIMS];
-  int64_t span = 1;
+  int64_t span = 0;
   if (strides) {
-    int empty = fa_numel_of(ndim, shape) == 0;
-    for (int i = 0; i < ndim; i++) {
-      if (strides[i] < 0)
-        return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: fa_tensor_wrap: stride %d must be >= 0, got %lld", i + 1,
-                       (long long)strides[i]);
-      st_[i] = strides[i];
-      /* the elements reached must be addressable: span < FA_MAX_SPAN */
-      if (!empty && shape[i] > 1 && strides[i] > (FA_MAX_SPAN - span) / (shape[i] - 1))
-        return fa_fail(ctx, FA_ERR_ARGUMENT,
-                       "flashattn: fa_tensor_wrap: stride %lld of dimension %d reaches past 2^59 elements",
-                       (long long)strides[i], i + 1);
-      if (!empty && shape[i] > 0) span += (shape[i] - 1) * strides[i];
-    }
-    if (empty) span = 0;
+    if ((st = check_strides(ctx, ndim, shape, strides, &span))) return st;
+    memcpy(st_, strides, sizeof(int64_t) * (size_t)ndim);
   } else {
     contiguous_strides(ndim, shape, st_);
     span = fa_numel_of(ndim, shape);
   }
-  fa_storage *s = calloc(1, sizeof *s);
-  if (!s) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: out of host memory");
+  fa_storage *s = fa_handle_alloc(ctx, sizeof *s, &st);
+  if (!s) return st;
   atomic_init(&s->refcount, 1);
   s->device = device;
   s->data = data;
   s->nbytes = (size_t)span * fa_dtype_size(dtype);
   s->release = release;
   s->user = user;
-  fa_tensor *t = tensor_alloc(s, dtype, ndim, shape, st_, 0);
-  if (!t) {
-    free(s);
-    return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: out of host memory");
-  }
+  fa_tensor *t = tensor_alloc(ctx, &st, s, dtype, ndim, shape, st_, 0);
+  if (!t) fa_host_free(s, sizeof *s); /* not storage_release: on failure `release` is not called */
   *out = t;
-  return FA_OK;
+  return st;
 }
 
 void fa_tensor_retain(fa_tensor *t) {
@@ -179,18 +184,20 @@ void fa_tensor_retain(fa_tensor *t) {
 void fa_tensor_release(fa_tensor *t) {
   if (!t || atomic_fetch_sub(&t->refcount, 1) != 1) return;
   storage_release(t->storage);
-  free(t);
+  fa_host_free(t, sizeof *t);
 }
 
-int fa_tensor_ndim(const fa_tensor *t) { return t->ndim; }
-int64_t fa_tensor_size(const fa_tensor *t, int dim) { return dim >= 0 && dim < t->ndim ? t->shape[dim] : -1; }
-int64_t fa_tensor_stride(const fa_tensor *t, int dim) { return dim >= 0 && dim < t->ndim ? t->strides[dim] : -1; }
-int64_t fa_tensor_numel(const fa_tensor *t) { return fa_numel_of(t->ndim, t->shape); }
-fa_dtype fa_tensor_dtype(const fa_tensor *t) { return t->dtype; }
-fa_device fa_tensor_device(const fa_tensor *t) { return t->storage->device; }
-void *fa_tensor_data(const fa_tensor *t) { return fa_tensor_ptr(t); }
+/* The accessors' neutral values for a NULL tensor are in flashattn.h. */
+int fa_tensor_ndim(const fa_tensor *t) { return t ? t->ndim : 0; }
+int64_t fa_tensor_size(const fa_tensor *t, int dim) { return t && dim >= 0 && dim < t->ndim ? t->shape[dim] : -1; }
+int64_t fa_tensor_stride(const fa_tensor *t, int dim) { return t && dim >= 0 && dim < t->ndim ? t->strides[dim] : -1; }
+int64_t fa_tensor_numel(const fa_tensor *t) { return t ? fa_numel_of(t->ndim, t->shape) : -1; }
+fa_dtype fa_tensor_dtype(const fa_tensor *t) { return t ? t->dtype : FA_DTYPE_NONE; }
+fa_device fa_tensor_device(const fa_tensor *t) { return t ? t->storage->device : FA_DEVICE_NONE; }
+void *fa_tensor_data(const fa_tensor *t) { return t ? fa_tensor_ptr(t) : NULL; }
 
 int fa_tensor_is_contiguous(const fa_tensor *t) {
+  if (!t) return 0;
   /* an empty tensor has no element out of place (its strides, which
    * count a size 0 as 1, would otherwise fail the test below) */
   for (int i = 0; i < t->ndim; i++)
@@ -207,8 +214,9 @@ int fa_tensor_is_contiguous(const fa_tensor *t) {
 
 static fa_status make_view(fa_context *ctx, fa_tensor *t, int ndim, const int64_t *shape, const int64_t *strides,
                            int64_t offset, fa_tensor **out) {
-  fa_tensor *v = tensor_alloc(t->storage, t->dtype, ndim, shape, strides, offset);
-  if (!v) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: out of host memory");
+  fa_status st;
+  fa_tensor *v = tensor_alloc(ctx, &st, t->storage, t->dtype, ndim, shape, strides, offset);
+  if (!v) return st;
   atomic_fetch_add(&t->storage->refcount, 1);
   *out = v;
   return FA_OK;
@@ -224,6 +232,7 @@ static fa_status check_dim(fa_context *ctx, const fa_tensor *t, int dim, const c
 fa_status fa_tensor_view(fa_context *ctx, fa_tensor *t, int ndim, const int64_t *shape_in, fa_tensor **out) {
   FA_NEED(out);
   *out = NULL;
+  FA_NEED(ctx);
   FA_NEED(t);
   FA_NEED(shape_in);
   int64_t shape[FA_MAX_DIMS], strides[FA_MAX_DIMS];
@@ -264,6 +273,7 @@ fa_status fa_tensor_view(fa_context *ctx, fa_tensor *t, int ndim, const int64_t 
 fa_status fa_tensor_select(fa_context *ctx, fa_tensor *t, int dim, int64_t index, fa_tensor **out) {
   FA_NEED(out);
   *out = NULL;
+  FA_NEED(ctx);
   FA_NEED(t);
   fa_status st = check_dim(ctx, t, dim, "select");
   if (st) return st;
@@ -285,6 +295,7 @@ fa_status fa_tensor_select(fa_context *ctx, fa_tensor *t, int dim, int64_t index
 fa_status fa_tensor_narrow(fa_context *ctx, fa_tensor *t, int dim, int64_t start, int64_t len, fa_tensor **out) {
   FA_NEED(out);
   *out = NULL;
+  FA_NEED(ctx);
   FA_NEED(t);
   fa_status st = check_dim(ctx, t, dim, "narrow");
   if (st) return st;
@@ -301,6 +312,7 @@ fa_status fa_tensor_narrow(fa_context *ctx, fa_tensor *t, int dim, int64_t start
 fa_status fa_tensor_transpose(fa_context *ctx, fa_tensor *t, int d1, int d2, fa_tensor **out) {
   FA_NEED(out);
   *out = NULL;
+  FA_NEED(ctx);
   FA_NEED(t);
   fa_status st = check_dim(ctx, t, d1, "transpose");
   if (!st) st = check_dim(ctx, t, d2, "transpose");

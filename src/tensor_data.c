@@ -11,13 +11,6 @@
 /* A 0-based index as the 1-based one messages show (no overflow at the top). */
 static long long fa_one_based(int64_t i) { return i < INT64_MAX ? (long long)i + 1 : (long long)i; }
 
-/* NULL where the C API wants a tensor, an array or a place for a result:
- * an argument error, not a crash. */
-#define FA_NEED(p)                                                                                 \
-  do {                                                                                             \
-    if (!(p)) return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: %s: %s is NULL", __func__, #p);     \
-  } while (0)
-
 typedef struct {
   fa_tensor *t;
   char *base;   /* host address of the view's element 0 */
@@ -80,8 +73,7 @@ static fa_status check_same_shape(fa_context *ctx, const fa_tensor *a, const fa_
                  fa_shape_str(b, bb, sizeof bb));
 }
 
-/* Does the storage range of a overlap b's?  (copy through a temporary then) */
-static int overlaps(const fa_tensor *a, const fa_tensor *b) {
+int fa_tensor_overlaps(const fa_tensor *a, const fa_tensor *b) {
   if (a->storage != b->storage) return 0;
   size_t es_a = fa_dtype_size(a->dtype), es_b = fa_dtype_size(b->dtype);
   char *a0 = fa_tensor_ptr(a), *a1 = a0 + span_elems(a) * (int64_t)es_a;
@@ -90,6 +82,7 @@ static int overlaps(const fa_tensor *a, const fa_tensor *b) {
 }
 
 fa_status fa_tensor_copy(fa_context *ctx, fa_tensor *dst, fa_tensor *src) {
+  FA_NEED(ctx);
   FA_NEED(dst);
   FA_NEED(src);
   fa_status st = check_same_shape(ctx, dst, src, "copy_");
@@ -107,7 +100,7 @@ fa_status fa_tensor_copy(fa_context *ctx, fa_tensor *dst, fa_tensor *src) {
     fa_copy_kind kind = dd == FA_CPU ? FA_COPY_D2H : sd == FA_CPU ? FA_COPY_H2D : FA_COPY_D2D;
     return fa_cuda_memcpy(ctx, fa_tensor_ptr(dst), fa_tensor_ptr(src), bytes, kind);
   }
-  if (overlaps(dst, src)) { /* e.g. t:copy_(t:transpose(1,2)) */
+  if (fa_tensor_overlaps(dst, src)) { /* e.g. t:copy_(t:transpose(1,2)): through a temporary */
     fa_tensor *tmp;
     if ((st = fa_tensor_clone(ctx, src, &tmp))) return st;
     st = fa_tensor_copy(ctx, dst, tmp);
@@ -140,6 +133,7 @@ fa_status fa_tensor_copy(fa_context *ctx, fa_tensor *dst, fa_tensor *src) {
 }
 
 fa_status fa_tensor_fill(fa_context *ctx, fa_tensor *t, double value) {
+  FA_NEED(ctx);
   FA_NEED(t);
   if (t->storage->device == FA_CUDA) return fa_cuda_fill(ctx, t, -1, 0, value);
   host_map m;
@@ -153,6 +147,7 @@ fa_status fa_tensor_fill(fa_context *ctx, fa_tensor *t, double value) {
 }
 
 fa_status fa_tensor_fill_random(fa_context *ctx, fa_tensor *t, fa_fill_kind kind, uint64_t seed) {
+  FA_NEED(ctx);
   FA_NEED(t);
   if ((unsigned)kind > FA_FILL_ARANGE) return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: fill: unknown kind %d", (int)kind);
   if (t->storage->device == FA_CUDA) return fa_cuda_fill(ctx, t, (int)kind, seed, 0);
@@ -183,6 +178,7 @@ static fa_status element_offset(fa_context *ctx, const fa_tensor *t, const int64
 }
 
 fa_status fa_tensor_get(fa_context *ctx, fa_tensor *t, const int64_t *index, double *value) {
+  FA_NEED(ctx);
   FA_NEED(t);
   FA_NEED(index);
   FA_NEED(value);
@@ -201,6 +197,7 @@ fa_status fa_tensor_get(fa_context *ctx, fa_tensor *t, const int64_t *index, dou
 }
 
 fa_status fa_tensor_set(fa_context *ctx, fa_tensor *t, const int64_t *index, double value) {
+  FA_NEED(ctx);
   FA_NEED(t);
   FA_NEED(index);
   int64_t off;
@@ -217,6 +214,7 @@ fa_status fa_tensor_set(fa_context *ctx, fa_tensor *t, const int64_t *index, dou
 }
 
 fa_status fa_tensor_read_f64(fa_context *ctx, fa_tensor *t, double *out) {
+  FA_NEED(ctx);
   FA_NEED(t);
   FA_NEED(out);
   host_map m;
@@ -230,6 +228,7 @@ fa_status fa_tensor_read_f64(fa_context *ctx, fa_tensor *t, double *out) {
 }
 
 fa_status fa_tensor_write_f64(fa_context *ctx, fa_tensor *t, const double *values) {
+  FA_NEED(ctx);
   FA_NEED(t);
   FA_NEED(values);
   host_map m;
@@ -245,6 +244,7 @@ fa_status fa_tensor_write_f64(fa_context *ctx, fa_tensor *t, const double *value
 fa_status fa_tensor_to(fa_context *ctx, fa_tensor *t, fa_dtype dtype, fa_device device, fa_tensor **out) {
   FA_NEED(out);
   *out = NULL;
+  FA_NEED(ctx);
   FA_NEED(t);
   if (dtype == t->dtype && device == t->storage->device) {
     fa_tensor_retain(t);
@@ -271,6 +271,7 @@ fa_status fa_tensor_to(fa_context *ctx, fa_tensor *t, fa_dtype dtype, fa_device 
 fa_status fa_tensor_clone(fa_context *ctx, fa_tensor *t, fa_tensor **out) {
   FA_NEED(out);
   *out = NULL;
+  FA_NEED(ctx);
   FA_NEED(t);
   fa_tensor *r;
   fa_status st = fa_tensor_new_like(ctx, t, t->dtype, t->storage->device, &r);
@@ -287,6 +288,7 @@ fa_status fa_tensor_clone(fa_context *ctx, fa_tensor *t, fa_tensor **out) {
 fa_status fa_tensor_contiguous(fa_context *ctx, fa_tensor *t, fa_tensor **out) {
   FA_NEED(out);
   *out = NULL;
+  FA_NEED(ctx);
   FA_NEED(t);
   if (fa_tensor_is_contiguous(t)) {
     fa_tensor_retain(t);
@@ -313,6 +315,7 @@ fa_status fa_tensor_cpu_contiguous(fa_context *ctx, fa_tensor *t, fa_dtype dtype
 /* ---- reductions and elementwise arithmetic (accumulated in f64) ---- */
 
 fa_status fa_tensor_reduce(fa_context *ctx, fa_tensor *t, fa_reduce_op op, double *out) {
+  FA_NEED(ctx);
   FA_NEED(t);
   FA_NEED(out);
   int64_t n = fa_tensor_numel(t);
@@ -345,6 +348,7 @@ fa_status fa_tensor_reduce(fa_context *ctx, fa_tensor *t, fa_reduce_op op, doubl
 }
 
 fa_status fa_tensor_isfinite(fa_context *ctx, fa_tensor *t, int *out) {
+  FA_NEED(ctx);
   FA_NEED(t);
   FA_NEED(out);
   if (t->storage->device == FA_CUDA) {
@@ -379,6 +383,7 @@ fa_status fa_tensor_binary(fa_context *ctx, fa_tensor *a, fa_binary_op op, fa_te
                            fa_tensor **out) {
   FA_NEED(out);
   *out = NULL;
+  FA_NEED(ctx);
   FA_NEED(a);
   static const char *names[] = {"add", "sub", "mul", "div"};
   if ((unsigned)op > FA_BIN_DIV) return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: unknown binary op %d", (int)op);
@@ -454,6 +459,7 @@ static fa_status compare(fa_context *ctx, fa_tensor *a, fa_tensor *b, const char
 }
 
 fa_status fa_rel_error(fa_context *ctx, fa_tensor *a, fa_tensor *ref, double *out) {
+  FA_NEED(ctx);
   FA_NEED(a);
   FA_NEED(ref);
   FA_NEED(out);
@@ -465,6 +471,7 @@ fa_status fa_rel_error(fa_context *ctx, fa_tensor *a, fa_tensor *ref, double *ou
 }
 
 fa_status fa_max_abs_diff(fa_context *ctx, fa_tensor *a, fa_tensor *b, double *out) {
+  FA_NEED(ctx);
   FA_NEED(a);
   FA_NEED(b);
   FA_NEED(out);

@@ -12,13 +12,15 @@ static double now_ms(void) {
 }
 
 fa_status fa_timer_start(fa_context *ctx) {
+  FA_NEED(ctx);
   if (ctx->device == FA_CUDA) return fa_cuda_timer_start(ctx);
   ctx->timer_start_ms = now_ms();
   return FA_OK;
 }
 
 fa_status fa_timer_stop(fa_context *ctx, double *ms) {
-  if (!ms) return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: fa_timer_stop: ms is NULL");
+  FA_NEED(ctx);
+  FA_NEED(ms);
   if (ctx->device == FA_CUDA) return fa_cuda_timer_stop(ctx, ms);
   *ms = now_ms() - ctx->timer_start_ms;
   return FA_OK;
