@@ -289,6 +289,8 @@ FA_API fa_tensor *fa_lua_check_tensor(struct lua_State *L, int idx);
  * of it).  NULL returns to the module's own context.  fa_lua_push_tensor
  * pushes nil for a NULL t. */
 FA_API void fa_lua_set_context(struct lua_State *L, fa_context *ctx);
+/* The context scripts in L run on; NULL once L is closing (lua_close has
+ * run the module's own finalizer). */
 FA_API fa_context *fa_lua_get_context(struct lua_State *L);
 /* A callback the module's long loops call with the script's state (fa.bench
  * before each repetition, fa.tensor every 65536 elements of a nested
