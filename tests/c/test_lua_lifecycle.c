@@ -220,7 +220,7 @@ static void test_push_checked_tensor(void) {
   /* 600 kB: past half the room under the limit, so the next box collects;
    * Lua's own collector waits so that the finalizer runs only then */
   run(L, "collectgarbage('stop')\n"
-         "victim = fa.full(150000, 2)\n"
+         "victim = fa.full(150000, 2, {device = 'cpu'})\n" /* the CPU's limit, whatever FLASHATTN_DEVICE says */
          "setmetatable({}, {__gc = function() victim:free() end})\n");
   lua_pushcfunction(L, push_checked);
   if (lua_pcall(L, 0, 0, 0) != LUA_OK) {
