@@ -450,6 +450,10 @@ static __device__ __forceinline__ void frag_store_staged(const fa_attn_problem &
   float invA, invB;
   frag_finish<NORMALIZED>(r, &invA, &invB);
   cp_async_wait<0>(); /* none of this thread's copies in flight at the exit (the zero-filled ones past the last tile) */
+  /* A warp's tile (mma.sync): every lane has read its Q fragments (ldmatrix) before any lane
+   * overwrites Q's rows.  With no key tile no barrier lies between the two (racecheck on the
+   * Lq >> Lk cases, 2026-11-25: WAR hazards between ldmatrix and these stores). */
+  if (GROUP == 32) __syncwarp();
 #pragma unroll
   for (int d = 0; d < CH; d++) {
     const int a = tile_chunk<WGMMA, ROWS, CH>(rA, d), b = tile_chunk<WGMMA, ROWS, CH>(rB, d);
