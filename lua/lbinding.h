@@ -191,6 +191,9 @@ int fal_opt_device(lua_State *L, int idx, const char *key, fa_device *out);
 fa_tensor *fal_opt_tensor(lua_State *L, int idx, const char *key, fal_pins *pins);
 /* {a, b}: a table of exactly 2 integers. */
 int fal_opt_pair(lua_State *L, int idx, const char *key, int64_t *a, int64_t *b);
+/* The same for a pair of sizes (tile): a 0 the script wrote reaches the core
+ * as FA_TILE_ZERO, an error naming the range, not the C API's "default". */
+int fal_opt_size_pair(lua_State *L, int idx, const char *key, int64_t *a, int64_t *b);
 /* A table or a tensor of numbers: pushes a userdata buffer of doubles and
  * returns it with *n entries; NULL (nothing pushed) when absent. */
 double *fal_opt_numbers(lua_State *L, int idx, const char *key, int64_t *n);

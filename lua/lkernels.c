@@ -66,7 +66,7 @@ static void read_attn_opts(lua_State *L, int idx, const char *fname, fa_attentio
   }
   o->alibi = fal_opt_numbers(L, idx, "alibi", &o->n_alibi);
   fal_opt_num(L, idx, "softcap", &o->softcap);
-  fal_opt_pair(L, idx, "tile", &o->tile_q, &o->tile_k);
+  fal_opt_size_pair(L, idx, "tile", &o->tile_q, &o->tile_k);
   fal_opt_bool(L, idx, "return_lse", &o->return_lse);
   o->out = fal_opt_tensor(L, idx, "out", pins);
   o->lse_out = fal_opt_tensor(L, idx, "lse_out", pins);

@@ -7,20 +7,6 @@
 
 #include "lbinding.h"
 
-/* An unknown key as messages show it, without running its metamethods
- * (a __tostring may return anything, or raise): strings quoted, numbers
- * and booleans by value, anything else by type. */
-static const char *describe_key(lua_State *L, int ki) {
-  switch (lua_type(L, ki)) {
-  case LUA_TSTRING: return lua_pushfstring(L, "'%s'", lua_tostring(L, ki));
-  case LUA_TNUMBER:
-    if (lua_isinteger(L, ki)) return lua_pushfstring(L, "[%I]", lua_tointeger(L, ki));
-    return lua_pushfstring(L, "[%f]", lua_tonumber(L, ki));
-  case LUA_TBOOLEAN: return lua_toboolean(L, ki) ? "[true]" : "[false]";
-  default: return lua_pushfstring(L, "(a key of type %s)", fal_typename(L, ki));
-  }
-}
-
 /* t[key] for the protected reads of snapshot: (t, key) -> value. */
 static int index_field(lua_State *L) {
   lua_gettable(L, 1);
@@ -67,7 +53,11 @@ int fal_opts(lua_State *L, int idx, const char *fname, const char *const *allowe
       const char *key = lua_tostring(L, -1);
       for (const char *const *a = allowed; *a && !known; a++) known = strcmp(key, *a) == 0;
     }
-    if (!known) fal_error(L, "opts: unknown option %s for %s", describe_key(L, lua_gettop(L)), fname);
+    if (!known) { /* described without running a metamethod; numbers and booleans as keys: [1], [true] */
+      const int bracket = lua_type(L, -1) == LUA_TNUMBER || lua_type(L, -1) == LUA_TBOOLEAN;
+      const char *shown = fal_describe(L, -1);
+      fal_error(L, bracket ? "opts: unknown option [%s] for %s" : "opts: unknown option %s for %s", shown, fname);
+    }
   }
   snapshot(L, idx, allowed);
   return 1;
@@ -206,17 +196,26 @@ static int64_t size_elem(lua_State *L, const char *key, int i) {
   return v == 0 ? FA_TILE_ZERO : v;
 }
 
-int fal_opt_pair(lua_State *L, int idx, const char *key, int64_t *a, int64_t *b) {
+/* opts[key] as two integers; sizes: a 0 is a size the script wrote
+ * (size_elem), else a value such as a window's width. */
+static int read_pair(lua_State *L, int idx, const char *key, int64_t *a, int64_t *b, int sizes) {
   int tt = get(L, idx, key);
   if (tt == LUA_TNIL) return 0;
   if (tt != LUA_TTABLE) bad(L, key, "a table of 2 integers");
   if (lua_rawlen(L, -1) != 2)
     fal_error(L, "opts.%s: expected a table of 2 integers, got %d entries", key, (int)lua_rawlen(L, -1));
-  int sizes = strcmp(key, "tile") == 0; /* window's 0 is a width */
   *a = sizes ? size_elem(L, key, 1) : pair_elem(L, key, 1);
   *b = sizes ? size_elem(L, key, 2) : pair_elem(L, key, 2);
   lua_pop(L, 1);
   return 1;
+}
+
+int fal_opt_pair(lua_State *L, int idx, const char *key, int64_t *a, int64_t *b) {
+  return read_pair(L, idx, key, a, b, 0);
+}
+
+int fal_opt_size_pair(lua_State *L, int idx, const char *key, int64_t *a, int64_t *b) {
+  return read_pair(L, idx, key, a, b, 1);
 }
 
 /* The tensor in the box at vi, still alive, or an error. */
