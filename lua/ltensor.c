@@ -362,15 +362,27 @@ static int64_t key_index(lua_State *L) {
 }
 
 /* __index: methods by name, t[i] by integer (1-D: the number; N-D: the
- * view of the sub-tensor, as Torch7 does). */
+ * view of the sub-tensor, as Torch7 does).  An integer i outside 1..#t reads
+ * nil, at every rank, as a Lua sequence does: `ipairs(t)` visits every
+ * element (1-D) or sub-tensor (N-D) and stops.  A key that is a number but
+ * not an integer stays an error, and so does a write past the end
+ * (t_newindex), as does any use of a freed tensor. */
 static int t_index(lua_State *L) {
   if (lua_type(L, 2) != LUA_TNUMBER) {
     lua_pushvalue(L, 2);
     lua_rawget(L, lua_upvalueindex(1));
     return 1;
   }
+  fa_tensor *self = SELF(L);
+  int isint;
+  lua_Integer key = lua_tointegerx(L, 2, &isint);
+  if (!isint) fal_error(L, "tensor index: expected an integer, got %f", (double)lua_tonumber(L, 2));
+  if (key < 1 || key > fa_tensor_size(self, 0)) {
+    lua_pushnil(L);
+    return 1;
+  }
   fa_context *ctx = fal_ctx(L);
-  if (fa_tensor_ndim(SELF(L)) == 1) {
+  if (fa_tensor_ndim(self) == 1) {
     int64_t i = key_index(L);
     double v;
     FAL_CALL(L, ctx, fa_tensor_get(ctx, SELF(L), &i, &v));
