@@ -8,6 +8,9 @@ cd "$(dirname "$0")/.."
 PKGS="cmake make gcc pkg-config lua5.4 liblua5.4-dev lua-unit libopenblas-dev lua-cjson lua-argparse gnuplot-nox"
 # the reliability stages of scripts/test.sh: valgrind; clang with libFuzzer and OpenMP
 PKGS="$PKGS valgrind clang libclang-rt-dev libomp-dev"
+# the scripts' progress bar: drawn only when stderr is a terminal (term.isatty)
+PKGS="$PKGS lua-term"
+PKGS="$PKGS libdlpack-dev python3-numpy"  # DLPack (issue 23)
 missing=()
 for p in $PKGS; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
