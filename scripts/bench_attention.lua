@@ -3,32 +3,49 @@
 -- causal and not) in bf16, f16 and f32, timed with device events; each
 -- result checked on the last query rows of one head against the f64
 -- reference (the last rows keep the bottom-right causal alignment).
--- Usage: flashattn-lua scripts/bench_attention.lua [--json FILE] [--quick]
+-- Usage: flashattn-lua scripts/bench_attention.lua [--json FILE] [--quick] [--seed S]
 --        [--algos flash,flash:sync,flash:bc128,naive,two_pass] [--dtypes bf16,f16,f32] [--dims 64,128,256]
 --        [--ls 1024,4096] [--rules plain,softcap,alibi,mask_bool,mask_float]
 -- --rules times each call again with the score rule beyond the key range:
 -- softcap = 30, alibi slopes 2^(-8h/H), a bool mask (one key in ten off)
 -- or a float mask (uniform in [-1, 0)), each (L, L) broadcast over B and H.
+-- --seed S: the inputs' seeds are S, S + 1, S + 2 (q, k, v), S + 3 and S + 4
+-- (the GEMM roof), S + 6 (the float mask); default 1.  The JSON's meta has
+-- the commit, the command line and the seed.  A bad argument is a one-line
+-- error on stderr and exit status 1.
+local root = (arg and arg[0] or ""):match("^(.*)/scripts/[^/]*$") or "."
+package.path = root .. "/lua/?.lua;" .. package.path
 local fa = require "flashattn"
-local json_path, quick, algos, dtypes, dims = nil, false, { "flash" }, { "bf16", "f16", "f32" }, { 64, 128 }
-local rules, ls = { "plain" }, nil
--- a comma list of strings, or of numbers when `numbers`
-local function list(i, numbers)
-  local t = {}
-  for a in assert(arg[i + 1], arg[i] .. ": a comma list"):gmatch("[^,]+") do
-    t[#t + 1] = numbers and assert(tonumber(a), arg[i] .. ": numbers") or a
+local sweep = require "flashattn.sweep"
+
+local function parse(argv)
+  local argparse = require "argparse"
+  local p = argparse("bench_attention.lua", "Attention forward on the GPU: the shapes of the CUDA attention issue.")
+  p:option("--json", "write the results to this JSON file")
+  p:flag("--quick", "L = 1024 only, 3 repetitions")
+  p:option("--algos", "comma list: flash, flash:sync, flash:bc128, naive, two_pass, flash_row")
+   :convert(sweep.list_arg("--algos")):default("flash")
+  p:option("--dtypes", "comma list of bf16, f16, f32"):convert(sweep.list_arg("--dtypes")):default("bf16,f16,f32")
+  p:option("--dims", "comma list of head dims"):convert(sweep.list_arg("--dims", true)):default("64,128")
+  p:option("--ls", "comma list of sequence lengths (default 1024,4096,16384)"):convert(sweep.list_arg("--ls", true))
+  p:option("--rules", "comma list: plain, softcap, alibi, mask_bool, mask_float")
+   :convert(sweep.list_arg("--rules")):default("plain")
+  p:option("--seed", "seed of the inputs"):convert(sweep.integer_arg(0, "--seed")):default("1")
+  local a = sweep.parse_args(p, argv, "bench_attention.lua")
+  local known = {dtypes = {bf16 = true, f16 = true, f32 = true},
+                 rules = {plain = true, softcap = true, alibi = true, mask_bool = true, mask_float = true},
+                 algos = {flash = true, ["flash:sync"] = true, ["flash:bc128"] = true, naive = true, two_pass = true,
+                          flash_row = true, auto = true}}
+  for field, names in pairs(known) do
+    for _, x in ipairs(a[field]) do
+      if not names[x] then error(("bench_attention.lua: --%s: unknown value '%s'"):format(field, x), 0) end
+    end
   end
-  return t
+  return a
 end
-for i = 1, #arg do
-  if arg[i] == "--json" then json_path = arg[i + 1] end
-  if arg[i] == "--quick" then quick = true end
-  if arg[i] == "--dtypes" then dtypes = list(i) end
-  if arg[i] == "--dims" then dims = list(i, true) end
-  if arg[i] == "--algos" then algos = list(i) end
-  if arg[i] == "--rules" then rules = list(i) end
-  if arg[i] == "--ls" then ls = list(i, true) end
-end
+local args = sweep.main("bench_attention.lua", parse, {...})
+local json_path, quick, algos, dtypes, dims = args.json, args.quick, args.algos, args.dtypes, args.dims
+local rules, ls, seed = args.rules, args.ls, args.seed
 local Ls = ls or quick and { 1024 } or { 1024, 4096, 16384 }
 
 -- The options of a rule for L keys and H heads; ref_opts: the same for the
@@ -45,7 +62,7 @@ local function rule_opts(rule, L, H, rows)
   local key = rule .. L
   if not masks[key] then
     if rule == "mask_float" then
-      masks[key] = fa.rand({ 1, 1, L, L }, { seed = 7, device = "cuda" }) + (-1)
+      masks[key] = fa.rand({ 1, 1, L, L }, { seed = seed + 6, device = "cuda" }) + (-1)
     elseif rule == "mask_bool" then
       local t = {}
       for i = 1, L do
@@ -84,8 +101,8 @@ end
 local roof_tflops = {}
 for _, dt in ipairs(dtypes) do
   local n = 8192
-  local a = fa.randn({ n, n }, { dtype = dt, device = "cuda", seed = 4 })
-  local b = fa.randn({ n, n }, { dtype = dt, device = "cuda", seed = 5 })
+  local a = fa.randn({ n, n }, { dtype = dt, device = "cuda", seed = seed + 3 })
+  local b = fa.randn({ n, n }, { dtype = dt, device = "cuda", seed = seed + 4 })
   local r = fa.bench(function() fa.matmul(a, b, { algo = "blas" }) end, { warmup = 2, rep = 5 })
   roof_tflops[dt] = 2 * n ^ 3 / (r.median_ms * 1e-3) / 1e12
   a:free(); b:free(); collectgarbage()
@@ -116,9 +133,9 @@ for _, dt in ipairs(dtypes) do
   for _, D in ipairs(dims) do
     for _, L in ipairs(Ls) do
       local H, B = 2048 // D, 16384 // L
-      local q = fa.randn({ B, H, L, D }, { dtype = dt, device = "cuda", seed = 1 })
-      local k = fa.randn({ B, H, L, D }, { dtype = dt, device = "cuda", seed = 2 })
-      local v = fa.randn({ B, H, L, D }, { dtype = dt, device = "cuda", seed = 3 })
+      local q = fa.randn({ B, H, L, D }, { dtype = dt, device = "cuda", seed = seed })
+      local k = fa.randn({ B, H, L, D }, { dtype = dt, device = "cuda", seed = seed + 1 })
+      local v = fa.randn({ B, H, L, D }, { dtype = dt, device = "cuda", seed = seed + 2 })
       local rows = 4
       local function head(t) return t:narrow(1, 1, 1):narrow(2, 1, 1) end
       for _, causal in ipairs { false, true } do
@@ -166,7 +183,7 @@ end
 if json_path then
   local cjson = require "cjson"
   local f = assert(io.open(json_path, "w"))
-  f:write(cjson.encode { device = fa.device_info().name, copy_gbs = copy_gbs, gemm_tflops = roof_tflops,
-    results = results })
+  f:write(cjson.encode { meta = sweep.run_meta(seed), device = fa.device_info().name, copy_gbs = copy_gbs,
+    gemm_tflops = roof_tflops, results = results })
   f:close()
 end

@@ -4,36 +4,33 @@
 -- same BLAS (fa.matmul algo "blas").
 --
 --   LUA_CPATH="build/lua/?.so;;" lua5.4 scripts/bench_cpu.lua [--json FILE] [--L n] [--H n] [--D n] [--rep n]
+--     [--gemm n] [--seed S]
 --
 -- Default problem: B = 1, H = 8, L = 4096, D = 64, f32, non-causal and
 -- causal.  Prints time (fa.bench median), GFLOP/s (fa.cost convention
 -- 4·B·H·L²·D, halved for causal), peak memory beyond the inputs, the
 -- sgemm rate, and the ratios flash GFLOP/s ÷ sgemm GFLOP/s and flash time ÷
 -- naive time.  --json FILE writes the same figures (lua-cjson when present).
+local root = (arg and arg[0] or ""):match("^(.*)/scripts/[^/]*$") or "."
+package.path = root .. "/lua/?.lua;" .. package.path
 local fa = require "flashattn"
+local sweep = require "flashattn.sweep"
 
-local opt = {B = 1, H = 8, L = 4096, D = 64, rep = 3, gemm_n = 2048, json = nil}
-do
-  local i = 1
-  local nums = {["--L"] = "L", ["--H"] = "H", ["--D"] = "D", ["--B"] = "B", ["--rep"] = "rep", ["--gemm"] = "gemm_n"}
-  while arg and arg[i] do
-    local a = arg[i]
-    if nums[a] then
-      i = i + 1
-      opt[nums[a]] = assert(math.tointeger(tonumber(arg[i] or "")), a .. " needs an integer")
-    elseif a == "--json" then
-      i = i + 1
-      opt.json = assert(arg[i], "--json needs a file name")
-    elseif a == "--help" or a == "-h" then
-      print("bench_cpu.lua [--json FILE] [--B n] [--H n] [--L n] [--D n] [--rep n] [--gemm n]")
-      return
-    else
-      io.stderr:write("bench_cpu: unknown argument " .. a .. "\n")
-      os.exit(2)
-    end
-    i = i + 1
+local function parse(argv)
+  local argparse = require "argparse"
+  local p = argparse("bench_cpu.lua", "The CPU backend's attention against naive and the machine's sgemm rate.")
+  p:option("--json", "write the figures to this JSON file")
+  for _, o in ipairs({{"--B", "batch", "1"}, {"--H", "heads", "8"}, {"--L", "sequence length", "4096"},
+                      {"--D", "head dim", "64"}, {"--rep", "repetitions", "3"}, {"--gemm", "sgemm size n", "2048"}}) do
+    p:option(o[1], o[2]):convert(sweep.integer_arg(1, o[1])):default(o[3])
   end
+  p:option("--seed", "seed of the inputs: the GEMM's seed and seed + 1, q, k, v seed + 2 to seed + 4")
+   :convert(sweep.integer_arg(0, "--seed")):default("1")
+  local a = sweep.parse_args(p, argv, "bench_cpu.lua")
+  a.gemm_n = a.gemm
+  return a
 end
+local opt = sweep.main("bench_cpu.lua", parse, {...})
 
 local device = "cpu"
 fa.set_default_device("cpu") -- this is the CPU benchmark, whatever the machine has
@@ -54,6 +51,7 @@ local function peak_of(fn)
 end
 
 local results = {
+  meta = sweep.run_meta(opt.seed),
   version = fa.version,
   device = {name = info.name, threads = info.threads, simd = info.simd},
   problem = {B = opt.B, H = opt.H, L = opt.L, D = opt.D, dtype = "f32"},
@@ -65,8 +63,8 @@ print(("flashattn %s, CPU: %s, %d threads, %s"):format(fa.version, info.name, in
 -- ---- sgemm through the engine's BLAS ---------------------------------------
 do
   local n = opt.gemm_n
-  local a = fa.randn({n, n}, {seed = 1, device = device})
-  local b = fa.randn({n, n}, {seed = 2, device = device})
+  local a = fa.randn({n, n}, {seed = opt.seed, device = device})
+  local b = fa.randn({n, n}, {seed = opt.seed + 1, device = device})
   local c = fa.zeros({n, n}, {device = device})
   local r = fa.bench(function() fa.matmul(a, b, {algo = "blas", out = c}) end, {warmup = 1, rep = opt.rep})
   local gflops = 2 * n ^ 3 / (r.median_ms * 1e-3) / 1e9
@@ -76,9 +74,9 @@ do
 end
 
 -- ---- attention -----------------------------------------------------------------
-local q = fa.randn({opt.B, opt.H, opt.L, opt.D}, {seed = 3, device = device})
-local k = fa.randn({opt.B, opt.H, opt.L, opt.D}, {seed = 4, device = device})
-local v = fa.randn({opt.B, opt.H, opt.L, opt.D}, {seed = 5, device = device})
+local q = fa.randn({opt.B, opt.H, opt.L, opt.D}, {seed = opt.seed + 2, device = device})
+local k = fa.randn({opt.B, opt.H, opt.L, opt.D}, {seed = opt.seed + 3, device = device})
+local v = fa.randn({opt.B, opt.H, opt.L, opt.D}, {seed = opt.seed + 4, device = device})
 
 print(("attention B=%d H=%d L=%d D=%d f32"):format(opt.B, opt.H, opt.L, opt.D))
 print(("%-8s %-6s %12s %12s %12s %12s"):format("causal", "algo", "median ms", "GFLOP/s", "peak MiB", "vs naive"))

@@ -16,33 +16,33 @@
 --
 -- options: --quick (fewer settings), --full (L up to 4096), --smoke (tiny
 -- sizes, one repetition: checks that the script runs, for CTest), --H n
--- (heads, default 2), --rep n, --json FILE, --help
+-- (heads, default 2), --rep n, --seed n, --json FILE (rows and a meta with
+-- commit, command line and seed), --progress auto|bar|lines|none, --help.
+-- A bad argument is a one-line error on stderr and exit status 1.
 local root = (arg and arg[0] or ""):match("^(.*)/scripts/[^/]*$") or "."
 package.path = root .. "/lua/?.lua;" .. package.path
 
 local fa = require "flashattn"
 local sweep = require "flashattn.sweep"
 
-local function usage()
-  print((arg and arg[0] or "demo_sweep.lua") .. " [--quick|--full|--smoke] [--H n] [--rep n] [--json FILE]")
+local function parse(argv)
+  local argparse = require "argparse"
+  local p = argparse("demo_sweep.lua", "The softmax and attention algorithms side by side on CPU-sized problems.")
+  p:mutex(p:flag("--quick", "fewer settings"), p:flag("--full", "L up to 4096"),
+          p:flag("--smoke", "tiny sizes, one repetition (checks that the script runs)"))
+  p:option("--H", "heads"):convert(sweep.integer_arg(1, "--H")):default("2")
+  p:option("--rep", "repetitions per point (default: fitted to a time budget)"):convert(sweep.integer_arg(1, "--rep"))
+  p:option("--seed", "seed of the inputs"):convert(sweep.integer_arg(0, "--seed")):default("1")
+  p:option("--json", "write every row to this JSON file")
+  p:option("--progress", "progress on stderr (auto: a bar on a terminal)"):choices({"auto", "bar", "lines", "none"})
+   :default("auto")
+  local opt = sweep.parse_args(p, argv, "demo_sweep.lua")
+  if opt.smoke then opt.rep = opt.rep or 1 end
+  return opt
 end
 
-local opt = {H = 2, quick = false, full = false, smoke = false}
-do
-  local i = 1
-  while arg and arg[i] do
-    local a = arg[i]
-    if a == "--quick" then opt.quick = true
-    elseif a == "--full" then opt.full = true
-    elseif a == "--smoke" then opt.smoke = true; opt.rep = opt.rep or 1
-    elseif a == "--H" then i = i + 1; opt.H = assert(math.tointeger(tonumber(arg[i])), "--H needs an integer")
-    elseif a == "--rep" then i = i + 1; opt.rep = assert(math.tointeger(tonumber(arg[i])), "--rep needs an integer")
-    elseif a == "--json" then i = i + 1; opt.json = assert(arg[i], "--json needs a file name")
-    elseif a == "--help" or a == "-h" then usage() return
-    else io.stderr:write("demo_sweep: unknown argument " .. a .. "\n"); usage(); os.exit(2) end
-    i = i + 1
-  end
-end
+local function main(argv)
+local opt = parse(argv)
 
 local device = fa.default_device()
 local info = fa.device_info(device)
@@ -50,7 +50,7 @@ print(("flashattn %s on %s: %s%s"):format(fa.version, device, info.name,
   device == "cpu" and (", %d threads, %s"):format(info.threads or 0, info.simd or "?") or ""))
 
 local Ns = opt.smoke and {256} or opt.quick and {1024, 16384} or {1024, 4096, 16384, 65536}
-local softmax = {name = "softmax", kernel = "softmax", rep = opt.rep, max_rep = 10,
+local softmax = {name = "softmax", kernel = "softmax", rep = opt.rep, max_rep = 10, seed = opt.seed,
                  defaults = {elements = opt.smoke and 1 << 12 or 1 << 21}, scale = 2,
                  axes = {device = device, N = Ns, algo = {"naive", "safe", "online", "fused", "auto"}}}
 
@@ -64,6 +64,7 @@ else settings = {{256, 64}, {512, 64}, {1024, 64}, {2048, 64}, {512, 128}, {1024
 -- tiles matter to the tiled algos only: the others run once, at the default
 local function attention_part(L, D)
   return {name = ("attention L=%d D=%d"):format(L, D), kernel = "attention", rep = opt.rep, max_rep = 10,
+          seed = opt.seed,
           axes = {device = device, L = L, D = D, H = opt.H,
                   algo = {"naive", "auto", "flash_row", "two_pass", "flash"}, tile = {"default", "64x64", "128x32"}},
           filter = function(p)
@@ -76,7 +77,7 @@ end
 local t0 = os.time()
 local all = {}
 local function show(spec, note)
-  local rows = sweep.run(spec, {progress = not opt.smoke and "bar" or false})
+  local rows = sweep.run(spec, {progress = opt.progress ~= "none" and opt.progress})
   print(("\n== %s"):format(spec.name))
   sweep.print_table(rows)
   if note then print(note) end
@@ -92,3 +93,7 @@ if opt.json then
   sweep.write_json(all, opt.json)
   print("wrote " .. opt.json)
 end
+return all
+end
+
+return sweep.main("demo_sweep.lua", main, {...})

@@ -1,11 +1,23 @@
 -- A quick check of every CUDA kernel against the CPU (f64), sized for
 -- compute-sanitizer (--small) or a fuller pass.  Exits non-zero on a
--- mismatch.  Usage: flashattn-lua scripts/gpu_check.lua [--small]
+-- mismatch.  Usage: flashattn-lua scripts/gpu_check.lua [--small | --lq-gg-lk]
+-- A bad argument is a one-line error on stderr and exit status 1.
+local root = (arg and arg[0] or ""):match("^(.*)/scripts/[^/]*$") or "."
+package.path = root .. "/lua/?.lua;" .. package.path
 local fa = require "flashattn"
--- --lq-gg-lk: only the attention cases with many whole query tiles that have no key (issue 21's
--- race), every fast instance: quick enough for racecheck and initcheck
-local empty_tiles_only = arg and arg[1] == "--lq-gg-lk"
-local small = arg and arg[1] == "--small" or empty_tiles_only
+local sweep = require "flashattn.sweep"
+local function parse(argv)
+  local argparse = require "argparse"
+  local p = argparse("gpu_check.lua", "Every CUDA kernel against the CPU (f64); exits non-zero on a mismatch.")
+  -- --lq-gg-lk: only the attention cases with many whole query tiles that have no key (issue 21's
+  -- race), every fast instance: quick enough for racecheck and initcheck
+  p:mutex(p:flag("--small", "sizes for compute-sanitizer"),
+          p:flag("--lq-gg-lk", "only the Lq >> Lk attention cases of every fast instance (racecheck, initcheck)"))
+  return sweep.parse_args(p, argv, "gpu_check.lua")
+end
+local args = sweep.main("gpu_check.lua", parse, {...})
+local empty_tiles_only = args.lq_gg_lk
+local small = args.small or empty_tiles_only
 local failures, checks = 0, 0
 local tol = { f32 = 1e-5, f16 = 2e-2, bf16 = 2e-2, f64 = 1e-12 }
 

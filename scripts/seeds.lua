@@ -1,9 +1,13 @@
--- seeds.lua: each claim of the seed notes (../shared/seeds/, in Chinese)
--- measured on this engine, printed as a table with the measured figure
+-- seeds.lua: each claim of the seed notes (the project's founding notes on
+-- softmax and attention, in Chinese, kept outside this repository: each claim
+-- is restated in its `claim` and `claimed` fields below) measured on this engine, printed as a table with the measured figure
 -- beside the claimed one and a verdict that says where a claim does not hold
 -- as stated.
 --
---   lua5.4 scripts/seeds.lua [--ci | --full] [--device D] [--json FILE] [--only id,id]
+--   lua5.4 scripts/seeds.lua [--ci | --full] [--device D] [--json FILE] [--only id,id] [--seed S]
+--
+-- A bad argument is a one-line error on stderr and exit status 1; the JSON
+-- has the commit, the command line and the seed base S (default 0).
 --
 -- --ci (the default) runs small sizes in a few seconds on a CPU (CTest's
 -- tests/lua/test_seeds.lua checks the claims that must hold at these sizes);
@@ -17,6 +21,7 @@
 local fa = require "flashattn"
 
 local S = {}
+local sweep -- flashattn.sweep, loaded by main() (the module form needs only the engine)
 
 -- ---- sizes ---------------------------------------------------------------------
 S.FORMS = {
@@ -620,7 +625,10 @@ function S.write_json(results, ctx, path)
   json.encode_invalid_numbers("null")
   local form_name
   for name, f in pairs(S.FORMS) do if f == ctx.form then form_name = name end end
-  local doc = {version = fa.version, date = os.date("!%Y-%m-%dT%H:%M:%SZ"), form = form_name, device = ctx.device,
+  local ok, sweep = pcall(require, "flashattn.sweep")
+  local meta = ok and sweep.run_meta(S.seed_base) or nil
+  local doc = {meta = meta, version = fa.version, date = os.date("!%Y-%m-%dT%H:%M:%SZ"), form = form_name,
+               seed = S.seed_base, device = ctx.device,
                attention_device = ctx.att_device, device_info = fa.device_info(ctx.device), claims = results}
   local f = assert(io.open(path, "w"))
   f:write(json.encode(doc), "\n")
@@ -635,14 +643,16 @@ local function main(argv)
   p:option("--device", "device for the softmax claims (attention and matmul fall back to the CPU)")
   p:option("--json", "write the results to this JSON file")
   p:option("--only", "comma list of claim ids")
-  p:option("--rep", "timing repetitions"):convert(math.tointeger)
-  local args = p:parse(argv)
+  p:option("--rep", "timing repetitions"):convert(sweep.integer_arg(1, "--rep"))
+  p:option("--seed", "added to every input's seed"):convert(sweep.integer_arg(0, "--seed")):default("0")
+  local args = sweep.parse_args(p, argv, "seeds.lua")
   local only
   if args.only then
     only = {}
     for id in args.only:gmatch("[^,%s]+") do only[id] = true end
   end
-  local results, ctx = S.run({form = args.full and "full" or "ci", device = args.device, only = only, rep = args.rep})
+  local results, ctx = S.run({form = args.full and "full" or "ci", device = args.device, only = only, rep = args.rep,
+                              seed = args.seed})
   local info = fa.device_info(ctx.device)
   print(("flashattn %s: the seeds' claims on %s (%s)%s, %s sizes\n"):format(fa.version, ctx.device, info.name or "?",
     ctx.att_device ~= ctx.device and (", attention and matmul on " .. ctx.att_device) or "",
@@ -663,4 +673,7 @@ end
 
 local first = ...
 if type(first) == "table" and first.module then return S end
-main({...})
+local root = (arg and arg[0] or ""):match("^(.*)/scripts/[^/]*$") or "."
+package.path = root .. "/lua/?.lua;" .. package.path
+sweep = require "flashattn.sweep"
+sweep.main("seeds.lua", main, {...})

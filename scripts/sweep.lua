@@ -15,7 +15,8 @@
 -- Softmax axes: --N (or --L), --M (rows; default 2^21/N), --dtype, --device,
 -- --algo, --block.  Results go to --out (default out/): NAME.csv, NAME.json
 -- and NAME_*.png/.svg charts when gnuplot is present; a progress bar with the
--- time left goes to stderr.  Runs with LUA_CPATH pointing at build/lua (or
+-- time left goes to stderr when it is a terminal (--progress lines for logs).
+-- A bad argument is a one-line error on stderr and exit status 1.  Runs with LUA_CPATH pointing at build/lua (or
 -- through build/flashattn-lua); the module is taken from this checkout's lua/.
 local root = (arg and arg[0] or ""):match("^(.*)/scripts/[^/]*$") or "."
 package.path = root .. "/lua/?.lua;" .. package.path
@@ -36,12 +37,12 @@ local function parser()
   for _, list in ipairs({COMMON_AXES, ATTENTION_AXES, SOFTMAX_AXES}) do
     for _, a in ipairs(list) do p:option("--" .. a, "axis " .. a .. ": comma list or a..b (powers of two)") end
   end
-  p:option("--rep", "repetitions per point (default: fitted to --budget-ms)"):convert(math.tointeger)
-  p:option("--warmup", "extra warm-up runs per point"):convert(math.tointeger)
-  p:option("--budget-ms", "time budget per point for the repetitions"):convert(tonumber)
+  p:option("--rep", "repetitions per point (default: fitted to --budget-ms)"):convert(sweep.integer_arg(1, "--rep"))
+  p:option("--warmup", "extra warm-up runs per point"):convert(sweep.integer_arg(0, "--warmup"))
+  p:option("--budget-ms", "time budget per point for the repetitions"):convert(sweep.number_arg("--budget-ms"))
   p:option("--ref-budget", "work allowed for the f64 reference per point (rows are sampled past it)")
-   :convert(math.tointeger)
-  p:option("--seed", "seed of the inputs"):convert(math.tointeger):default(1)
+   :convert(sweep.integer_arg(1, "--ref-budget"))
+  p:option("--seed", "seed of the inputs"):convert(sweep.integer_arg(0, "--seed")):default("1")
   p:flag("--no-flush", "do not flush caches between repetitions")
   p:flag("--no-reference", "skip the error check against the f64 reference")
   p:option("--out", "output directory"):default("out")
@@ -49,7 +50,8 @@ local function parser()
   p:option("--csv", "also write every row of every part to this CSV file")
   p:option("--json", "also write every row of every part to this JSON file")
   p:flag("--no-charts", "do not draw charts")
-  p:option("--progress", "progress display on stderr"):choices({"bar", "lines", "none"}):default("bar")
+  p:option("--progress", "progress display on stderr (auto: a bar on a terminal, else none)")
+   :choices({"auto", "bar", "lines", "none"}):default("auto")
   p:flag("--smoke", "the default study at tiny sizes (checks that it runs)")
   return p
 end
@@ -162,7 +164,7 @@ local function custom_charts(rows, dir, name, list, formats)
 end
 
 local function main(argv)
-  local args = parser():parse(argv)
+  local args = sweep.parse_args(parser(), argv, "sweep.lua")
   local kernel = args.kernel
   local axes, any_axis = cli_axes(args, kernel)
   local parts
@@ -207,4 +209,4 @@ local function main(argv)
   return all_rows
 end
 
-return main({...})
+return sweep.main("sweep.lua", main, {...})

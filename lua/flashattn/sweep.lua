@@ -221,6 +221,144 @@ local function work_of(p)
   return p.M * p.N + 1e4
 end
 
+-- ---- scripts: terminals, run metadata, command lines ---------------------------------
+-- Whether `file` (default io.stderr) is a terminal: through lua-term
+-- (Debian's lua-term) or else lua-posix; false when neither is installed, and
+-- for anything that is not an open Lua file.
+function M.isatty(file)
+  file = file or io.stderr
+  if io.type(file) ~= "file" then return false end
+  local ok, term = pcall(require, "term")
+  if ok and type(term) == "table" and term.isatty then
+    local fine, yes = pcall(term.isatty, file)
+    if fine then return yes == true end
+  end
+  local ok2, stdio = pcall(require, "posix.stdio")
+  local ok3, unistd = pcall(require, "posix.unistd")
+  if ok2 and ok3 then
+    local fine, yes = pcall(function() return unistd.isatty(stdio.fileno(file)) end)
+    if fine then return yes == 1 or yes == true end
+  end
+  return false
+end
+
+local function shell_word(w)
+  w = tostring(w)
+  if w ~= "" and not w:find("[^%w%-_./=:,@+]") then return w end
+  return "'" .. w:gsub("'", "'\\''") .. "'"
+end
+
+-- The command line that started this process (interpreter, script and
+-- arguments, shell-quoted), from the global `arg`; nil without one.
+function M.command_line()
+  if type(arg) ~= "table" then return nil end
+  local first = 0
+  while arg[first - 1] ~= nil do first = first - 1 end
+  local words = {}
+  for i = first, #arg do words[#words + 1] = shell_word(arg[i]) end
+  return table.concat(words, " ")
+end
+
+-- The checkout this module belongs to (lua/flashattn/sweep.lua's grandparent).
+local function source_root()
+  local src = debug.getinfo(1, "S").source
+  local dir = src:sub(1, 1) == "@" and src:sub(2):match("^(.*)/[^/]*$") or nil
+  if not dir then return "." end
+  return dir .. "/../.."
+end
+
+local commit_cache
+-- The commit measured: FA_COMMIT when set (a tree copied without .git), else
+-- `git describe --always --dirty` of this checkout, else "unknown".
+function M.commit()
+  if commit_cache then return commit_cache end
+  local env = os.getenv("FA_COMMIT")
+  if env and env ~= "" then commit_cache = env return env end
+  local p = io.popen("git -C " .. shell_word(source_root()) .. " describe --always --dirty --abbrev=12 2>/dev/null")
+  local text = p and p:read("a") or ""
+  if p then p:close() end
+  commit_cache = text:match("^%s*(%S+)") or "unknown"
+  return commit_cache
+end
+
+-- What every JSON file the scripts write carries: engine version, date,
+-- commit, command line and the seed of the inputs (a number, or a note where
+-- a script uses fixed seeds); `extra` fields are added.
+function M.run_meta(seed, extra)
+  local t = {version = fa.version, date = os.date("!%Y-%m-%dT%H:%M:%SZ"), commit = M.commit(),
+             command = M.command_line(), seed = seed}
+  for kk, vv in pairs(extra or {}) do t[kk] = vv end
+  return t
+end
+
+-- lua-argparse converters that name the option and say what they expected:
+-- integer_arg(lo, option) takes integers >= lo (default 1), number_arg(option)
+-- finite numbers, list_arg(option, numbers) comma lists (of numbers).
+function M.integer_arg(lo, option)
+  lo = lo or 1
+  return function(s)
+    local n = math.tointeger(tonumber(s))
+    if not n or n < lo then return nil, ("%s: expected an integer >= %d, got '%s'"):format(option or "option", lo, s) end
+    return n
+  end
+end
+
+function M.number_arg(option)
+  return function(s)
+    local n = tonumber(s)
+    if not n or n ~= n or n == math.huge or n == -math.huge then
+      return nil, ("%s: expected a number, got '%s'"):format(option or "option", s)
+    end
+    return n
+  end
+end
+
+function M.list_arg(option, numbers)
+  return function(s)
+    local t = {}
+    for a in s:gmatch("[^,]+") do
+      a = trim(a)
+      if numbers then
+        local n = math.tointeger(tonumber(a))
+        if not n or n < 1 then return nil, ("%s: expected a comma list of positive integers, got '%s'"):format(option, s) end
+        t[#t + 1] = n
+      else
+        t[#t + 1] = a
+      end
+    end
+    if #t == 0 then return nil, ("%s: expected a comma list, got '%s'"):format(option, s) end
+    return t
+  end
+end
+
+-- Parses argv with a lua-argparse parser; a bad argument is an error whose
+-- message is one line, "NAME: what is wrong" (see M.main).
+function M.parse_args(parser, argv, name)
+  local ok, args = parser:pparse(argv)
+  if not ok then error(("%s: %s (try --help)"):format(name, tostring(args)), 0) end
+  return args
+end
+
+-- Runs a script's main(argv).  When the script is the program (arg[0] names
+-- it), an error ends the process with its first line on stderr and exit
+-- status 1, no traceback (FLASHATTN_TRACEBACK=1 shows one); when the script
+-- was loaded by other code (a test), the error propagates.
+function M.main(name, fn, argv)
+  local program = type(arg) == "table" and type(arg[0]) == "string" and arg[0]:match("[^/]*$") == name
+  if not program then return fn(argv) end
+  local ok, result = xpcall(fn, function(e)
+    if os.getenv("FLASHATTN_TRACEBACK") == "1" then return debug.traceback(tostring(e), 2) end
+    return e
+  end, argv)
+  if ok then return result end
+  local msg = tostring(result)
+  if os.getenv("FLASHATTN_TRACEBACK") ~= "1" then msg = msg:match("[^\n]*") end
+  if msg:sub(1, 7) == "sweep: " then msg = msg:sub(8) end
+  if msg:sub(1, #name + 1) ~= name .. ":" and msg:sub(1, 10) ~= "flashattn:" then msg = name .. ": " .. msg end
+  io.stderr:write(msg, "\n")
+  os.exit(1)
+end
+
 -- ---- progress ---------------------------------------------------------------------
 local function clock() return os.time() end
 
@@ -233,11 +371,14 @@ end
 M.Progress = {}
 M.Progress.__index = M.Progress
 
--- mode: "bar" (one line rewritten with \r), "lines" (one line per point) or
--- false; out: a file (io.stderr by default).
+-- mode: "auto" (the default: "bar" when `out` is a terminal, else nothing),
+-- "bar" (one line rewritten with \r), "lines" (one line per point) or false;
+-- out: a file (io.stderr by default).
 function M.Progress.new(title, total_work, count, mode, out)
+  out = out or io.stderr
+  if mode == nil or mode == "auto" then mode = M.isatty(out) and "bar" or false end
   return setmetatable({title = title, total = total_work, count = count, done_work = 0, done = 0, failed = 0,
-                       t0 = clock(), mode = mode == nil and "bar" or mode, out = out or io.stderr, width = 0},
+                       t0 = clock(), mode = mode, out = out, width = 0},
                       M.Progress)
 end
 
@@ -416,8 +557,9 @@ local function timed(fn, cfg)
   end
   table.sort(times)
   local med = quantile(times, 0.5)
-  return {median_ms = med, min_ms = times[1], max_ms = times[#times], n = #times,
-          spread_pct = med > 0 and 100 * (quantile(times, 0.75) - quantile(times, 0.25)) / med or 0}
+  local q1, q3 = quantile(times, 0.25), quantile(times, 0.75)
+  return {median_ms = med, min_ms = times[1], max_ms = times[#times], n = #times, q1_ms = q1, q3_ms = q3,
+          spread_pct = med > 0 and 100 * (q3 - q1) / med or 0}
 end
 
 local function first_line(err)
@@ -487,6 +629,7 @@ local function measure(p, row, cfg, cache)
   local b = timed(function() call(opts) end, cfg)
   out:free()
   row.median_ms, row.min_ms, row.max_ms, row.reps = b.median_ms, b.min_ms, b.max_ms, b.n
+  row.q1_ms, row.q3_ms = b.q1_ms, b.q3_ms -- the interquartile range: the charts' error bars
   row.spread_pct = b.spread_pct
   local s = b.median_ms * 1e-3
   row.tflops = s > 0 and row.flops / s / 1e12 or nil
@@ -528,7 +671,8 @@ end
 -- Row fields that describe a point (as opposed to what was measured).
 M.POINT_FIELDS = {"kernel", "device", "dtype", "algo", "B", "H", "Hkv", "Lq", "Lk", "D", "Dv", "M", "N", "block",
                   "tile", "Br", "Bc", "causal", "window", "mask"}
-M.METRIC_FIELDS = {"status", "median_ms", "min_ms", "max_ms", "spread_pct", "reps", "tflops", "gbs", "flops",
+M.METRIC_FIELDS = {"status", "median_ms", "min_ms", "max_ms", "q1_ms", "q3_ms", "spread_pct", "reps", "tflops", "gbs",
+                   "flops",
                    "bytes", "rel_error", "ref_rows", "error_ok", "peak_bytes", "peak_mib", "error"}
 
 -- Runs a spec: {kernel=, axes=, defaults=, filter=fn(point)->bool, seed=,
@@ -553,6 +697,7 @@ function M.run(spec, cfg)
   for _, p in ipairs(points) do
     local row = {}
     for kk, vv in pairs(p) do row[kk] = vv end
+    row.seed = spec.seed or 1 -- measure()'s inputs: seed + 1, + 2, ...
     -- the point's device becomes the default: fa.bench, fa.sync and the
     -- engine's context then time and wait on the device that does the work
     local ok, err = pcall(function()
@@ -663,16 +808,20 @@ end
 
 function M.write_csv(rows, path) return write_file(path, M.to_csv(rows)) end
 
--- What the run was: engine version, date, the devices used.
+-- What the run was: engine version, date, commit, command line, the seed of
+-- the inputs (one number, or the list when parts differ) and the devices used.
 function M.meta(rows)
-  local devices = {}
+  local devices, seen, seeds = {}, {}, {}
   for _, r in ipairs(rows or {}) do
     if not devices[r.device] then
       local ok, info = pcall(fa.device_info, r.device)
       devices[r.device] = ok and info or {error = first_line(info)}
     end
+    if r.seed ~= nil and not seen[r.seed] then seen[r.seed] = true; seeds[#seeds + 1] = r.seed end
   end
-  return {version = fa.version, date = os.date("!%Y-%m-%dT%H:%M:%SZ"), devices = devices}
+  local seed = seeds[1]
+  if #seeds > 1 then seed = seeds end
+  return M.run_meta(seed, {devices = devices})
 end
 
 -- JSON through lua-cjson; NaN and infinities become null.
@@ -701,6 +850,11 @@ end
 -- ---- charts (gnuplot) -------------------------------------------------------------
 local function shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 local function gp_string(s) return "'" .. tostring(s):gsub("'", "''") .. "'" end
+-- a double-quoted gnuplot string: "\n" there is a line break (the terminals
+-- are noenhanced, so nothing else in it is markup)
+local function gp_dq(s)
+  return '"' .. tostring(s):gsub('[\\"]', "\\%0"):gsub("\n", "\\n") .. '"'
+end
 
 local gnuplot_cache
 -- The gnuplot terminals at hand: {png = "pngcairo" or "png", svg = true}, or
@@ -773,17 +927,76 @@ end
 
 local function usable(r, f) return r.status == "ok" and type(r[f]) == "number" and r[f] == r[f] end
 
--- A line chart: y against x, one line per combination of the `by` fields.
--- c = {x=, y=, by= {fields}, file= (path without extension), title=,
--- logx= (default true), logy=, formats= {"png", "svg"}}.
+-- Okabe and Ito's colour-blind-safe palette (black first, yellow last: it
+-- reads poorly on white), with a point type per series as a second cue.
+M.PALETTE = {"#000000", "#E69F00", "#56B4E9", "#009E73", "#0072B2", "#D55E00", "#CC79A7", "#F0E442"}
+
+local function palette_lines()
+  local lines = {}
+  for i, colour in ipairs(M.PALETTE) do
+    lines[i] = ("set linetype %d lc rgb '%s' lw 2 pt %d ps 1.2"):format(i, colour, ({7, 5, 9, 11, 13, 4, 6, 8})[i])
+  end
+  lines[#lines + 1] = ("set linetype cycle %d"):format(#M.PALETTE)
+  return table.concat(lines, "\n")
+end
+
+-- The settings every row shares, as "D=64 H=4 f32 cpu": what a chart's title
+-- states beside its varying axes.  `skip` names fields left out.
+function M.fixed_settings(rows, skip)
+  if #rows == 0 then return "" end
+  local varying = {}
+  for _, f in ipairs(M.varying(rows, M.POINT_FIELDS)) do varying[f] = true end
+  local r, parts = rows[1], {}
+  for _, f in ipairs(M.POINT_FIELDS) do
+    local v = r[f]
+    if v ~= nil and not varying[f] and not (skip or {})[f] and f ~= "kernel" then
+      if f == "device" or f == "dtype" then parts[#parts + 1] = tostring(v)
+      elseif f == "algo" then table.insert(parts, 1, tostring(v))
+      elseif f == "Br" or f == "Bc" then -- shown by tile
+      elseif f == "Hkv" and r.Hkv == r.H then -- MHA: said by H
+      elseif f == "Dv" and r.Dv == r.D then
+      elseif f == "Lk" and r.Lk == r.Lq and not varying.Lq then -- said by Lq
+      elseif (f == "window" or f == "mask" or f == "tile") and (v == "none" or v == "default") then
+      elseif f == "causal" then parts[#parts + 1] = v == "false" and "non-causal" or ("causal=" .. v)
+      elseif f == "block" and v == 0 then
+      else parts[#parts + 1] = f .. "=" .. tostring(v) end
+    end
+  end
+  return table.concat(parts, " ")
+end
+
+-- The interquartile range of a row's time, as (low, high) of a y field: time
+-- itself, or a rate (flops or bytes over time, so the bounds swap).
+function M.spread_of(r, y)
+  if type(r.q1_ms) ~= "number" or type(r.q3_ms) ~= "number" or type(r.median_ms) ~= "number" then return nil end
+  if y == "median_ms" then return r.q1_ms, r.q3_ms end
+  if (y == "tflops" or y == "gbs") and r.q1_ms > 0 and r.q3_ms > 0 then
+    return r[y] * r.median_ms / r.q3_ms, r[y] * r.median_ms / r.q1_ms
+  end
+  return nil
+end
+
+-- A line chart: y against x, one line per combination of the `by` fields,
+-- with the interquartile range of the timings as error bars where y is a
+-- time or a rate (c.errors = false leaves them out).  c = {x=, y=, by=
+-- {fields}, file= (path without extension), title=, logx= (default true),
+-- logy=, formats= {"png", "svg"}}.  The title gets the settings every row
+-- shares (M.fixed_settings) as a second line.
 function M.line_chart(rows, c)
   local by = c.by or {"algo"}
   local series, order = {}, {}
+  local with_errors = c.errors ~= false
+  local used = {}
   for _, r in ipairs(rows) do
     if usable(r, c.x) and usable(r, c.y) and (not c.logy or r[c.y] > 0) then
       local label = series_label(r, by)
       if not series[label] then series[label] = {}; order[#order + 1] = label end
-      table.insert(series[label], {r[c.x], r[c.y] * (c.scale or 1)})
+      local sc = c.scale or 1
+      local lo, hi
+      if with_errors then lo, hi = M.spread_of(r, c.y) end
+      if not lo or (c.logy and lo <= 0) then lo, hi = r[c.y], r[c.y] end
+      table.insert(series[label], {r[c.x], r[c.y] * sc, lo * sc, hi * sc})
+      used[#used + 1] = r
     end
   end
   if #order == 0 then return nil, "no measured points for " .. c.y end
@@ -791,20 +1004,26 @@ function M.line_chart(rows, c)
   for _, label in ipairs(order) do
     local pts = series[label]
     table.sort(pts, function(a, b) return a[1] < b[1] end)
-    local lines = {"# " .. label}
-    for _, pt in ipairs(pts) do lines[#lines + 1] = ("%.17g %.17g"):format(pt[1], pt[2]) end
+    local lines = {"# " .. label .. ": x y y_q1 y_q3"}
+    for _, pt in ipairs(pts) do lines[#lines + 1] = ("%.17g %.17g %.17g %.17g"):format(pt[1], pt[2], pt[3], pt[4]) end
     blocks[#blocks + 1] = table.concat(lines, "\n")
   end
   local dat = write_file(c.file .. ".dat", table.concat(blocks, "\n\n\n") .. "\n")
-  local pre = {("set title %s"):format(gp_string(c.title or (c.y .. " against " .. c.x))),
+  local title = c.title or (c.y .. " against " .. c.x)
+  local fixed = M.fixed_settings(used, (function() local t = {[c.x] = true}; for _, f in ipairs(by) do t[f] = true end
+    return t end)())
+  if fixed ~= "" and c.fixed ~= false then title = title .. "\n" .. fixed end
+  local pre = {palette_lines(),
+               ("set title %s"):format(gp_dq(title)),
                ("set xlabel %s"):format(gp_string(LABELS[c.x] or c.x)),
                ("set ylabel %s"):format(gp_string(c.ylabel or LABELS[c.y] or c.y)),
-               "set grid", "set key outside right top", "set pointsize 1.2"}
+               "set grid", "set key outside right top", "set bars small"}
   if c.logx ~= false then pre[#pre + 1] = "set logscale x 2" end
   if c.logy then pre[#pre + 1] = "set logscale y" end
   local plots = {}
   for i, label in ipairs(order) do
-    plots[i] = ("%s index %d using 1:2 with linespoints lw 2 title %s"):format(gp_string(dat), i - 1, gp_string(label))
+    plots[i] = ("%s index %d using 1:2:3:4 with yerrorlines lt %d title %s"):format(gp_string(dat), i - 1, i,
+      gp_string(label))
   end
   return run_gnuplot(c.file, table.concat(pre, "\n"), "plot " .. table.concat(plots, ", \\\n  "), c.formats)
 end
@@ -823,7 +1042,8 @@ local function sorted_values(rows, f)
 end
 
 -- A heat map of z over the grid x × y (tile sizes: x = "Br", y = "Bc");
--- failed cells are marked.  c = {x=, y=, z=, file=, title=, formats=}.
+-- failed cells are marked.  c = {x=, y=, z=, file=, title=, formats=, skip=
+-- {fields the title names already}}; the title gets the fixed settings.
 function M.heatmap(rows, c)
   local xs, ys = sorted_values(rows, c.x), sorted_values(rows, c.y)
   if #xs == 0 or #ys == 0 then return nil, "no points for a heat map" end
@@ -848,15 +1068,26 @@ function M.heatmap(rows, c)
     for i, v in ipairs(list) do t[i] = ("%s %d"):format(gp_string(tostring(v)), i - 1) end
     return "(" .. table.concat(t, ", ") .. ")"
   end
-  local pre = {("set title %s"):format(gp_string(c.title or (c.z .. " over " .. c.x .. " x " .. c.y))),
+  local title = c.title or (c.z .. " over " .. c.x .. " x " .. c.y)
+  local skip = {[c.x] = true, [c.y] = true, tile = true}
+  for _, f in ipairs(c.skip or {}) do skip[f] = true end -- already in the title
+  local fixed = M.fixed_settings(rows, skip)
+  if fixed ~= "" and c.fixed ~= false then title = title .. "\n" .. fixed end
+  -- viridis (perceptually uniform, readable with every common colour-vision
+  -- deficiency) instead of a rainbow; values on white boxes stay legible on
+  -- dark cells, failures in Okabe-Ito vermillion
+  local pre = {("set title %s"):format(gp_dq(title)),
                ("set xlabel %s"):format(gp_string(c.x)), ("set ylabel %s"):format(gp_string(c.y)),
                ("set cblabel %s"):format(gp_string(c.zlabel or LABELS[c.z] or c.z)),
                ("set xrange [-0.5:%g]"):format(#xs - 0.5), ("set yrange [-0.5:%g]"):format(#ys - 0.5),
                "set xtics " .. tics(xs), "set ytics " .. tics(ys),
-               "set style fill solid 1.0 noborder", "set palette rgbformulae 33,13,10", "unset key"}
+               "set style fill solid 1.0 noborder",
+               "set palette defined (0 '#440154', 1 '#3B528B', 2 '#21908C', 3 '#5DC863', 4 '#FDE725')",
+               "set style textbox opaque fc rgb 'white' noborder", "unset key"}
   local body = ("plot %s index 0 using 1:2:(0.5):(0.5):3 with boxxyerror fc palette, " ..
-    "%s index 0 using 1:2:(sprintf('%%.3g', $3)) with labels, " ..
-    "%s index 1 using 1:2:('failed') with labels tc rgb 'red'"):format(gp_string(dat), gp_string(dat), gp_string(dat))
+    "%s index 0 using 1:2:(sprintf('%%.3g', $3)) with labels boxed, " ..
+    "%s index 1 using 1:2:('failed') with labels boxed tc rgb '#D55E00'"):format(gp_string(dat), gp_string(dat),
+    gp_string(dat))
   return run_gnuplot(c.file, table.concat(pre, "\n"), body, c.formats)
 end
 
@@ -917,7 +1148,7 @@ function M.charts(rows, dir, name, opts)
       end
       local suffix = #order > 1 and ("_%d"):format(i) or ""
       keep(M.heatmap(groups[key], {x = "Br", y = "Bc", z = rate, file = base .. "_tiles" .. suffix,
-        formats = opts.formats, scale = scale, zlabel = rate_label,
+        formats = opts.formats, scale = scale, zlabel = rate_label, skip = others,
         title = ("%s: %s over tile sizes%s"):format(name, rate_label,
           key ~= "" and (" (" .. key .. ")") or "")}))
     end

@@ -318,8 +318,75 @@ function TestSweepOutput:test_charts()
     end
   end
   -- the heat map marks the failed (invalid) tiles
-  lu.assertStrContains(read(dir .. "/c_tiles_1.gp"), "failed")
+  local heat = read(dir .. "/c_tiles_1.gp")
+  lu.assertStrContains(heat, "failed")
+  -- a colour-blind-safe palette, not the rainbow; titles state the fixed settings
+  lu.assertNil(heat:find("rgbformulae", 1, true), "rainbow palette")
+  lu.assertStrContains(heat, "#440154")
+  lu.assertStrContains(heat, "f32 B=1 H=1 D=8 non-causal")
+  local rate, time = read(dir .. "/c_rate.gp"), read(dir .. "/c_time.gp")
+  for _, gp in ipairs({rate, time}) do
+    lu.assertStrContains(gp, "#E69F00") -- Okabe-Ito
+    lu.assertStrContains(gp, "yerrorlines") -- the interquartile range as error bars
+    lu.assertStrContains(gp, ATT_DEV .. " f32 B=1 H=1 D=8")
+  end
+  -- the error bars' data: x, y, low, high with low <= y <= high
+  local dat = read(dir .. "/c_time.dat")
+  local n = 0
+  for x, y, lo, hi in dat:gmatch("\n([%d.]%S*) (%S+) (%S+) (%S+)") do
+    n = n + 1
+    lu.assertTrue(tonumber(lo) <= tonumber(y) and tonumber(y) <= tonumber(hi), x)
+  end
+  lu.assertTrue(n > 0)
   os.execute("rm -rf '" .. dir .. "'")
+end
+
+function TestSweepOutput:test_fixed_settings_and_spread()
+  local rows = run({kernel = "attention", reference = false, rep = 3,
+                    axes = {device = ATT_DEV, L = {16, 32}, D = 8, H = 1, algo = "flash"}})
+  lu.assertEquals(sweep.fixed_settings(rows), "flash " .. ATT_DEV .. " f32 B=1 H=1 D=8 non-causal")
+  for _, r in ipairs(rows) do
+    lu.assertTrue(r.q1_ms <= r.median_ms and r.median_ms <= r.q3_ms)
+    local lo, hi = sweep.spread_of(r, "tflops")
+    lu.assertTrue(lo <= r.tflops and r.tflops <= hi)
+  end
+end
+
+function TestSweepOutput:test_meta_has_commit_command_and_seed()
+  local rows = run({kernel = "attention", reference = false, seed = 77,
+                    axes = {device = ATT_DEV, L = 16, D = 8, H = 1, algo = "flash"}})
+  local meta = sweep.meta(rows)
+  lu.assertEquals(meta.seed, 77)
+  lu.assertEquals(type(meta.commit), "string")
+  lu.assertTrue(#meta.commit > 0)
+  lu.assertStrContains(meta.command, "test_sweep.lua")
+  lu.assertEquals(meta.version, fa.version)
+  local with_env = sweep.run_meta(5, {x = 1})
+  lu.assertEquals({with_env.seed, with_env.x}, {5, 1})
+end
+
+function TestSweepRun:test_progress_only_on_a_terminal()
+  -- "auto" (the default) draws nothing into a file or a pipe
+  local f = io.tmpfile()
+  local p = sweep.Progress.new("t", 10, 2, nil, f)
+  p:step(5, "a")
+  p:finish()
+  f:seek("set")
+  lu.assertEquals(f:read("a"), "")
+  f:close()
+  lu.assertFalse(sweep.isatty(f))
+  lu.assertFalse(sweep.isatty({write = function() end}))
+  -- a missing lua-term and lua-posix read as "not a terminal"
+  local loaded, preload = package.loaded, package.preload
+  local saved = {term = loaded.term, ["posix.stdio"] = loaded["posix.stdio"], ["posix.unistd"] = loaded["posix.unistd"]}
+  for name in pairs(saved) do
+    loaded[name] = nil
+    preload[name] = function() error("module '" .. name .. "' not found") end
+  end
+  local ok, yes = pcall(sweep.isatty, io.stderr)
+  for name, m in pairs(saved) do loaded[name], preload[name] = m, nil end
+  lu.assertTrue(ok, tostring(yes))
+  lu.assertFalse(yes)
 end
 
 -- ---- scripts/sweep.lua ------------------------------------------------------------
@@ -352,6 +419,32 @@ function TestSweepScript:test_command_line_axes()
   lu.assertNotNil(read(dir .. "/cli.json"))
   lu.assertNotNil(read(dir .. "/all.csv"))
   os.execute("rm -rf '" .. dir .. "'")
+end
+
+-- A bad argument: one line on stderr, exit status 1, no traceback.
+function TestSweepScript:test_bad_arguments_one_line()
+  script_available()
+  local lua = arg and arg[-1]
+  if not lua then lu.skip("no interpreter path in arg[-1]") end
+  local cases = {
+    {"scripts/sweep.lua", "--bogus"}, {"scripts/sweep.lua", "--L", "x", "--no-charts", "--out", os.tmpname()},
+    {"scripts/sweep.lua", "--rep", "0"}, {"scripts/demo_sweep.lua", "--H", "x"},
+    {"scripts/bench_cpu.lua", "--L", "-1"}, {"scripts/bench_softmax.lua", "--seed"},
+    {"scripts/bench_attention.lua", "--dtypes", "f8"}, {"scripts/gpu_check.lua", "--small", "--lq-gg-lk"},
+    {"scripts/seeds.lua", "--rep", "zero"},
+  }
+  for _, c in ipairs(cases) do
+    local cmd = ("%q %s 2>&1 >/dev/null; echo \"rc=$?\""):format(lua, table.concat(c, " "))
+    local p = assert(io.popen(cmd))
+    local text = p:read("a")
+    p:close()
+    local name = c[1]:match("[^/]+$")
+    local msg, rc = text:match("^([^\n]*)\nrc=(%d+)\n$")
+    lu.assertNotNil(msg, c[1] .. ": expected one line and a status, got: " .. text)
+    lu.assertEquals(rc, "1", text)
+    lu.assertEquals(msg:sub(1, #name + 1), name .. ":", text)
+    lu.assertNil(msg:find("traceback", 1, true))
+  end
 end
 
 function TestSweepScript:test_config_file()
