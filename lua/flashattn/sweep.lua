@@ -49,7 +49,7 @@ M.MASKS = {
   alibi = "ALiBi slopes 2^(-8h/H)",
 }
 
--- Allowed relative error against the f64 reference (DESIGN.md, Measuring).
+-- Allowed relative error against the f64 reference (docs/perf/README.md, sweeps).
 M.TOLERANCE = {f32 = 1e-5, f16 = 2e-2, bf16 = 2e-2, f64 = 1e-12}
 
 -- ---- parsing values -------------------------------------------------------------
