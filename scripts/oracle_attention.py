@@ -1,5 +1,5 @@
-"""The outside oracle for fa.attention on the GPU (issue 21, DESIGN.md
-"Testing against an outside oracle").
+"""The outside oracle for fa.attention on the GPU (issue 21; docs/reliability.md
+says how it fits the GPU run).
 
 A seeded random grid in the style of FlashAttention's own tests: each case
 draws its shapes (Lq >> Lk, Lq << Lk, equal, odd and prime lengths, Lq = 1;

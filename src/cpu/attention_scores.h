@@ -1,5 +1,5 @@
 /* The per-score and per-row steps every CPU attention algorithm shares, so
- * that the semantics of API.md section 2 exist once:
+ * that the semantics of docs/lua-api.md §2 exist once:
  *   - fa_attn_scores_*: raw dot products -> final scores (scale, softcap,
  *     alibi, float mask, then -inf for keys a row may not attend);
  *   - fa_attn_online_*: the online-softmax step over a block of score rows

@@ -67,7 +67,7 @@ static inline void fa_sm_merge(double *m, double *d, double mb, double lb) {
 
 /* NAIVE for f16/bf16 tensors: each e^x is held in the storage dtype, as a
  * kernel working in that dtype would hold it, so f16 overflows to inf past
- * e^11.09 (65504) as the seeds say; sums are accumulated in f32 (API.md).
+ * e^11.09 (65504) as the seeds say; sums are accumulated in f32 (docs/lua-api.md).
  * Scalar: this algo exists to show the overflow, not to be fast. */
 static float sm_held(fa_dtype storage, float v) {
   return storage == FA_F16 ? fa_f16_to_f32(fa_f32_to_f16(v)) : fa_bf16_to_f32(fa_f32_to_bf16(v));

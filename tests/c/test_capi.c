@@ -1,4 +1,4 @@
-/* The C API (include/flashattn.h, API.md §5): contexts, zero-copy wrapping of
+/* The C API (include/flashattn.h, docs/c-api.md): contexts, zero-copy wrapping of
  * host buffers with release callbacks, views, every status code with its
  * "flashattn:" message, kernels on wrapped buffers against a plain C
  * reference, tensors handed to and from Lua, and reference counting (the

@@ -305,7 +305,7 @@ function U.check_attention(q, k, v, opts, what, cfg)
 end
 
 -- The plainest attention, in Lua, on 2-D Lua tables (rows of numbers):
--- the definitions of API.md §2 written out independently of the engine.
+-- the definitions of docs/lua-api.md §2 written out independently of the engine.
 -- o: scale, softcap, alibi (one slope), fmask (Lq×Lk table added), bmask
 -- (Lq×Lk booleans, true = attend), causal (false|true|"bottom_right"|
 -- "top_left"), window {left, right}, kv_len.  Returns O (Lq×Dv), lse (Lq).

@@ -1,4 +1,4 @@
--- fa.attention (API.md §2): every algo × dtype × option against
+-- fa.attention (docs/lua-api.md §2): every algo × dtype × option against
 -- fa.attention_reference (f64, CPU), and the reference itself against a
 -- hand-written Lua attention.  Sizes are sampled (L of 1, 7, 129, 1000; D of
 -- 1, 3, 64, 80, 128, 256), not crossed in full, to keep the suite fast under
@@ -68,7 +68,7 @@ TestReference = {}
 
 local function lua_rows(t) return t:cpu():double():totable() end
 
--- The definitions of API.md §2 (scale, causal variants, window, masks,
+-- The definitions of docs/lua-api.md §2 (scale, causal variants, window, masks,
 -- kv_lens, alibi, softcap, lse) written out in Lua agree with
 -- fa.attention_reference, and with every algo, on small 2-D problems.
 function TestReference:test_reference_matches_lua_definitions()

@@ -1,4 +1,4 @@
--- Errors (API.md §4): every bad input raises a Lua error whose message starts
+-- Errors (docs/lua-api.md §4): every bad input raises a Lua error whose message starts
 -- "flashattn:" and names the argument or option; afterwards the engine still
 -- works and holds no more memory than before (nothing leaked).
 local U = require "fa_testutil"

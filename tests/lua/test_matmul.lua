@@ -1,4 +1,4 @@
--- fa.matmul (API.md §2): every algo × dtype against an f64 product in Lua,
+-- fa.matmul (docs/lua-api.md §2): every algo × dtype against an f64 product in Lua,
 -- the tile option, views, opts.out and shape errors.
 local U = require "fa_testutil"
 local fa, lu = U.fa, U.lu

@@ -1,4 +1,4 @@
--- Measuring (API.md §3): fa.bench, fa.cost, fa.memory / reset_peak,
+-- Measuring (docs/lua-api.md §3): fa.bench, fa.cost, fa.memory / reset_peak,
 -- fa.device_info, fa.backends, fa.version, fa.sync.
 local U = require "fa_testutil"
 local fa, lu = U.fa, U.lu

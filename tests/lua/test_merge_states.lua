@@ -1,4 +1,4 @@
--- fa.merge_states (API.md §2): two partial attentions over disjoint key sets
+-- fa.merge_states (docs/lua-api.md §2): two partial attentions over disjoint key sets
 -- merged in log space equal the attention over all keys; an empty state
 -- (lse = −inf) leaves the other unchanged.
 local U = require "fa_testutil"
@@ -35,7 +35,7 @@ function TestMerge:test_two_halves_make_the_whole()
         local what = ("merge %s %s split %d+%d (%s)"):format(dtype, U.shape_str(s[2]), n1, Lk - n1, algo)
         lu.assertEquals(o:dtype(), dtype, what)
         lu.assertEquals(o:device(), dev, what)
-        -- lse is f32 (API.md), so the merge weights of f64 states carry f32 rounding
+        -- lse is f32 (docs/lua-api.md), so the merge weights of f64 states carry f32 rounding
         U.assert_close(o, ro, dtype, what, math.max(U.tol[dtype], 1e-6))
         U.assert_lse(lse, rl, dtype, what .. " lse")
       end

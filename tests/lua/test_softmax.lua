@@ -1,4 +1,4 @@
--- fa.softmax (API.md §2): every algo × dtype × shape against an f64 softmax
+-- fa.softmax (docs/lua-api.md §2): every algo × dtype × shape against an f64 softmax
 -- computed in Lua; overflow of the naive algo; online block sizes; the fused
 -- algo's row limit; views and opts.out.
 local U = require "fa_testutil"

@@ -1,4 +1,4 @@
--- Tensors (API.md §1): constructors, methods, metamethods, views, dtype
+-- Tensors (docs/lua-api.md §1): constructors, methods, metamethods, views, dtype
 -- conversions, reductions, arithmetic, freeing, comparison helpers.
 local U = require "fa_testutil"
 local fa, lu = U.fa, U.lu
