@@ -38,6 +38,7 @@ if [[ $what == *" all "* || $what == *" test "* ]]; then
   python3 scripts/oracle_attention.py --lib $B/libflashattn.so --cases "${ORACLE_CASES:-2000}" --seed "${ORACLE_SEED:-1}" \
     --json "$OUT/oracle.json" --commit "$COMMIT" >"$OUT/oracle.log" 2>&1 || rc=1
   grep -E "^(FAIL|NONDET|oracle:|Traceback)" "$OUT/oracle.log" | head -40 | tee -a "$OUT/summary.txt"
+  step "DLPack with PyTorch on the device (scripts/gpu_dlpack_check.py)"; python3 scripts/gpu_dlpack_check.py --lib $B/libflashattn.so >"$OUT/dlpack.log" 2>&1 || rc=1; grep -E "^FAIL|gpu_dlpack_check|Error" "$OUT/dlpack.log" | head -20 | tee -a "$OUT/summary.txt"
 fi
 
 if [[ $what == *" all "* || $what == *" sanitize "* ]]; then
