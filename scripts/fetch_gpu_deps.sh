@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 mkdir -p .deps/debs
 cd .deps/debs
 apt-get download lua5.4 liblua5.4-0 liblua5.4-dev lua-unit lua-argparse lua-term libreadline8 lua-cjson libopenblas0-pthread \
-  libopenblas-dev libopenblas-pthread-dev libgomp1
+  libopenblas-dev libopenblas-pthread-dev libgomp1 libdlpack-dev
