@@ -303,6 +303,52 @@ struct DLManagedTensor;
 FA_API fa_status fa_tensor_from_dlpack(fa_context *ctx, struct DLManagedTensor *managed, fa_tensor **out);
 FA_API fa_status fa_tensor_to_dlpack(fa_context *ctx, fa_tensor *t, struct DLManagedTensor **out);
 
+/* ---- files: .npy and .safetensors (API §7) ------------------------------ */
+
+/* See docs/io.md.  Readers: .npy versions 1.0 to 3.0, dtypes f4/f2/f8/b1,
+ * little- or big-endian (byte-swapped), C order, 1 to 4 dimensions;
+ * .safetensors with F32, F16, BF16, F64, BOOL tensors of 1 to 4 dimensions
+ * (__metadata__ is skipped).  A malformed, truncated or hostile file is an
+ * error ("flashattn: load '<path>': <fault>") and nothing is read past its
+ * end: npy headers up to 64 KiB, safetensors headers up to 100 MB, every
+ * data offset checked (in range, the buffer covered without holes or
+ * overlaps, each the size its shape and dtype say).  Tensors come from the
+ * engine's allocator (the memory limit applies) on the CPU, then move to
+ * `device`.  The *_buffer forms read the same bytes from host memory. */
+FA_API fa_status fa_load_npy(fa_context *ctx, const char *path, fa_device device, fa_tensor **out);
+FA_API fa_status fa_load_npy_buffer(fa_context *ctx, const void *data, size_t size, fa_device device,
+                                    fa_tensor **out);
+/* Writes t (any device, any strides) as a C-order little-endian .npy,
+ * version 1.0; bf16, which numpy lacks, is widened to f32 ('<f4'). */
+FA_API fa_status fa_save_npy(fa_context *ctx, const char *path, fa_tensor *t);
+
+/* *names and *tensors get *count entries sorted by name (bytewise), the
+ * names NUL-terminated UTF-8; the caller frees them together with
+ * fa_safetensors_free (which releases each tensor still there and accepts
+ * NULL entries, so a host may take tensors out).  On failure nothing is
+ * returned (*names, *tensors NULL, *count 0). */
+FA_API fa_status fa_load_safetensors(fa_context *ctx, const char *path, fa_device device, char ***names,
+                                     fa_tensor ***tensors, size_t *count);
+FA_API fa_status fa_load_safetensors_buffer(fa_context *ctx, const void *data, size_t size, fa_device device,
+                                            char ***names, fa_tensor ***tensors, size_t *count);
+FA_API void fa_safetensors_free(char **names, fa_tensor **tensors, size_t count);
+/* Writes count named tensors (names: distinct valid UTF-8, not
+ * "__metadata__"), in name order, contiguous, the header padded with
+ * spaces to a multiple of 8 bytes. */
+FA_API fa_status fa_save_safetensors(fa_context *ctx, const char *path, size_t count, const char *const *names,
+                                     fa_tensor *const *tensors);
+
+typedef enum { FA_FILE_NPY = 1, FA_FILE_SAFETENSORS = 2 } fa_file_format;
+/* The format of path: by its extension (.npy, .safetensors, any case),
+ * else by its first bytes (the npy magic; an 8-byte length then '{'). */
+FA_API fa_status fa_file_format_of(fa_context *ctx, const char *path, fa_file_format *out);
+
+/* fa.load and fa.save touch files only where a script could anyway: in a
+ * lua_State with the io library loaded, unless the host decides with this
+ * call (1 = allowed, 0 = refused; a sandbox without io refuses by default). */
+struct lua_State;
+FA_API void fa_lua_set_file_access(struct lua_State *L, int allowed);
+
 /* ---- Lua -------------------------------------------------------------- */
 
 struct lua_State;

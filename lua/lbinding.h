@@ -211,6 +211,7 @@ extern const luaL_Reg fal_compare_funcs[];   /* ltensor_ops.c */
 extern const luaL_Reg fal_kernel_funcs[];    /* lkernels.c */
 extern const luaL_Reg fal_cost_funcs[];      /* lkernels.c */
 extern const luaL_Reg fal_bench_funcs[];     /* lbench.c */
+extern const luaL_Reg fal_io_funcs[];        /* lio.c: fa.load, fa.save */
 /* Tensor methods and metamethods from other files than ltensor.c. */
 extern const luaL_Reg fal_tensor_op_methods[]; /* ltensor_ops.c */
 extern const luaL_Reg fal_tensor_op_meta[];    /* ltensor_ops.c */

@@ -10,7 +10,8 @@
 #   tsan      build-tsan/: ThreadSanitizer (gcc), CPU backend; the `tsan`
 #             label (tests/c/test_threads.c);
 #   fuzz      build-fuzz/: clang, ASan+UBSan and libFuzzer coverage; the
-#             `libfuzzer` label (tests/fuzz/fuzz_capi.c for 30 s).
+#             `libfuzzer` label (tests/fuzz/fuzz_capi.c for 30 s, the .npy and
+#             .safetensors readers, tests/fuzz/fuzz_io.c, for 20 s).
 # FLASHATTN_TEST_STAGES="release asan" runs some of them (default: all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,6 +57,6 @@ if stage fuzz; then
   banner "libFuzzer (label libfuzzer)"
   CC=clang cmake -S . -B build-fuzz -DFLASHATTN_SANITIZE=ON -DFLASHATTN_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_C_FLAGS=-fsanitize=fuzzer-no-link
-  cmake --build build-fuzz "$J" --target fuzz_capi
+  cmake --build build-fuzz "$J" --target fuzz_capi fuzz_io
   ctest --test-dir build-fuzz -L libfuzzer --output-on-failure
 fi
