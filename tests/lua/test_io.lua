@@ -1,4 +1,4 @@
--- fa.load and fa.save (API.md §7, docs/io.md): round trips of every dtype
+-- fa.load and fa.save (docs/io.md): round trips of every dtype
 -- and rank through .npy and .safetensors, views and (FLASHATTN_DEVICE=cuda)
 -- cuda tensors, files built byte by byte as numpy and the safetensors
 -- library write them (no numpy needed), and malformed, truncated and
