@@ -19,6 +19,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "flashattn_version.h" /* FA_VERSION, FA_VERSION_MAJOR/MINOR/PATCH */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -29,7 +31,10 @@ extern "C" {
 #define FA_API __attribute__((visibility("default")))
 #endif
 
-#define FA_VERSION "0.1.0"
+/* The version of the library linked at run time (FA_VERSION is the one
+ * compiled against); both come from project(VERSION) in CMakeLists.txt. */
+FA_API const char *fa_version(void);
+
 #define FA_MAX_DIMS 4
 
 typedef enum {

@@ -154,7 +154,7 @@ FA_API int luaopen_flashattn(lua_State *L) {
   lua_createtable(L, 0, 2);
   luaL_setfuncs(L, fal_cost_funcs, 0);
   lua_setfield(L, -2, "cost");
-  lua_pushliteral(L, FA_VERSION);
+  lua_pushstring(L, fa_version()); /* the linked library's */
   lua_setfield(L, -2, "version");
   return 1;
 }

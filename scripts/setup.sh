@@ -11,6 +11,8 @@ PKGS="$PKGS valgrind clang libclang-rt-dev libomp-dev"
 # the scripts' progress bar: drawn only when stderr is a terminal (term.isatty)
 PKGS="$PKGS lua-term"
 PKGS="$PKGS libdlpack-dev python3-numpy"  # DLPack (issue 23)
+# packaging (issue 23): flashattn.h compiled as C++ (g++), the rockspec built by luarocks make
+PKGS="$PKGS g++ luarocks"
 missing=()
 for p in $PKGS; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
