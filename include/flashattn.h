@@ -233,6 +233,12 @@ FA_API fa_status fa_attention_reference(fa_context *ctx, fa_tensor *q, fa_tensor
 /* Combines two partial attentions over disjoint key sets. */
 FA_API fa_status fa_merge_states(fa_context *ctx, fa_tensor *o1, fa_tensor *lse1, fa_tensor *o2, fa_tensor *lse2,
                                  fa_tensor **o, fa_tensor **lse);
+/* Combines n >= 1 partial attentions over disjoint key sets, os[i] with
+ * lses[i] (one shape, dtype and device for all): merged in f32 (f64 for
+ * f64) on both backends, exact with empty states (lse = -inf); fresh
+ * outputs in os[0]'s and lses[0]'s dtypes. */
+FA_API fa_status fa_merge_states_n(fa_context *ctx, int64_t n, fa_tensor *const *os, fa_tensor *const *lses,
+                                   fa_tensor **o, fa_tensor **lse);
 
 typedef enum { FA_MATMUL_AUTO = 0, FA_MATMUL_NAIVE, FA_MATMUL_TILED, FA_MATMUL_BLAS } fa_matmul_algo;
 typedef struct {

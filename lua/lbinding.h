@@ -156,13 +156,15 @@ void fal_box_release(lua_State *L, int idx);
  * pops it. */
 #define FAL_MAX_PINS 8
 typedef struct {
-  int n;
-  fa_tensor *t[FAL_MAX_PINS];
+  int n, cap;
   fal_link link;
+  fa_tensor *t[]; /* cap entries */
 } fal_pins;
 
-/* Pushes an empty pin list (one stack slot, to-be-closed). */
+/* Pushes an empty pin list (one stack slot, to-be-closed) of FAL_MAX_PINS
+ * entries, or of cap (a call taking a table of tensors). */
 fal_pins *fal_pins_open(lua_State *L);
+fal_pins *fal_pins_open_n(lua_State *L, int cap);
 /* Releases the pins at idx now (before a lua_settop below them: Lua 5.4.4's
  * lua_settop may use a stale stack pointer when it closes a slot itself). */
 void fal_pins_close(lua_State *L, int idx);

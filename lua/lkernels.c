@@ -4,6 +4,8 @@
  * structs; the core checks every value. */
 #include <string.h>
 
+#include <limits.h>
+
 #include "lbinding.h"
 
 /* Names in the order of the C enums (index = enum value). */
@@ -135,8 +137,34 @@ static int attention(lua_State *L, int reference, const char *fname) {
 static int l_attention(lua_State *L) { return attention(L, 0, "fa.attention"); }
 static int l_attention_reference(lua_State *L) { return attention(L, 1, "fa.attention_reference"); }
 
+/* fa.merge_states(os, lses): tables of any number of states.  Every tensor
+ * is pinned as it is read (a finalizer may empty the tables meanwhile). */
+static int merge_states_n(lua_State *L, fa_context *ctx) {
+  lua_settop(L, 2);
+  if (lua_type(L, 2) != LUA_TTABLE) fal_typeerror(L, 2, "lses", "a table of lse tensors");
+  const lua_Unsigned n = lua_rawlen(L, 1), nl = lua_rawlen(L, 2);
+  if (n != nl) fal_error(L, "merge_states: os holds %I states and lses %I", (lua_Integer)n, (lua_Integer)nl);
+  if (n < 1) fal_argerror(L, 1, "os", "expected a table of at least one state");
+  if (n > (lua_Unsigned)(INT_MAX / 2)) fal_argerror(L, 1, "os", "too many states");
+  fal_pins *pins = fal_pins_open_n(L, (int)(2 * n)); /* 3 */
+  fa_tensor **ts = (fa_tensor **)lua_newuserdatauv(L, 2 * (size_t)n * sizeof *ts, 0); /* 4 */
+  for (lua_Unsigned i = 0; i < 2 * n; i++) {
+    const int table = i < n ? 1 : 2;
+    const lua_Integer at = (lua_Integer)(i < n ? i : i - n) + 1;
+    const char *name = lua_pushfstring(L, "%s[%I]", table == 1 ? "os" : "lses", at); /* may collect: before the read */
+    lua_rawgeti(L, table, at);
+    ts[i] = fal_pin(L, pins, -1, name);
+    lua_pop(L, 2);
+  }
+  fa_tensor **o = fal_newbox(L);
+  fa_tensor **lse = fal_newbox(L);
+  FAL_CALL(L, ctx, fa_merge_states_n(ctx, (int64_t)n, ts, ts + n, o, lse));
+  return 2;
+}
+
 static int l_merge_states(lua_State *L) {
   fa_context *ctx = fal_ctx(L);
+  if (lua_type(L, 1) == LUA_TTABLE) return merge_states_n(L, ctx);
   lua_settop(L, 4);
   fa_tensor **o = fal_newbox(L);
   fa_tensor **lse = fal_newbox(L);

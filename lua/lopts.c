@@ -167,7 +167,7 @@ fa_tensor *fal_opt_tensor(lua_State *L, int idx, const char *key, fal_pins *pins
   fal_box *b = fal_tobox(L, -1);
   if (!b) bad(L, key, FAL_TENSOR_MT);
   if (!b->t) fal_error(L, "opts.%s: tensor has been freed", key);
-  if (pins->n == FAL_MAX_PINS) fal_error(L, "internal error: more than %d tensors pinned in one call", FAL_MAX_PINS);
+  if (pins->n == pins->cap) fal_error(L, "internal error: more than %d tensors pinned in one call", pins->cap);
   /* pinned: the value may come from an __index function (nothing else
    * keeps it alive), and later options may run code that frees it */
   fa_tensor *t = b->t;

@@ -104,7 +104,9 @@ static int pins_gc(lua_State *L) {
   return 0;
 }
 
-fal_pins *fal_pins_open(lua_State *L) {
+fal_pins *fal_pins_open(lua_State *L) { return fal_pins_open_n(L, FAL_MAX_PINS); }
+
+fal_pins *fal_pins_open_n(lua_State *L, int cap) {
   fal_state *s = fal_live_state(L);
   if (lua_rawgetp(L, LUA_REGISTRYINDEX, &pins_mt_key) != LUA_TTABLE) {
     lua_pop(L, 1);
@@ -120,8 +122,8 @@ fal_pins *fal_pins_open(lua_State *L) {
     lua_pushvalue(L, -1);
     lua_rawsetp(L, LUA_REGISTRYINDEX, &pins_mt_key);
   }
-  fal_pins *p = (fal_pins *)lua_newuserdatauv(L, sizeof *p, 0);
-  p->n = 0;
+  fal_pins *p = (fal_pins *)lua_newuserdatauv(L, sizeof *p + (size_t)cap * sizeof p->t[0], 0);
+  p->n = 0, p->cap = cap;
   fal_link_in(s, &p->link, pins_drop);
   lua_insert(L, -2);
   lua_setmetatable(L, -2);
@@ -133,7 +135,7 @@ void fal_pins_close(lua_State *L, int idx) { lua_closeslot(L, idx); }
 
 fa_tensor *fal_pin(lua_State *L, fal_pins *pins, int idx, const char *name) {
   fa_tensor *t = fal_tensor(L, idx, name);
-  if (pins->n == FAL_MAX_PINS) fal_error(L, "internal error: more than %d tensors pinned in one call", FAL_MAX_PINS);
+  if (pins->n == pins->cap) fal_error(L, "internal error: more than %d tensors pinned in one call", pins->cap);
   fa_tensor_retain(t);
   pins->t[pins->n++] = t;
   return t;

@@ -255,11 +255,17 @@ fa_status fa_check_matmul(fa_context *ctx, fa_tensor *a, fa_tensor *b, const fa_
 }
 
 fa_status fa_check_merge(fa_context *ctx, fa_tensor *o1, fa_tensor *lse1, fa_tensor *o2, fa_tensor *lse2) {
+  const fa_merge_names n = {"o1", "lse1", "o2", "lse2"};
+  return fa_check_merge_named(ctx, o1, lse1, o2, lse2, &n);
+}
+
+fa_status fa_check_merge_named(fa_context *ctx, fa_tensor *o1, fa_tensor *lse1, fa_tensor *o2, fa_tensor *lse2,
+                               const fa_merge_names *n) {
   fa_status st;
-  if ((st = check_float(ctx, o1, "o1")) || (st = fa_check_tensor(ctx, o2, "o2")) ||
-      (st = check_like(ctx, o2, "o2", o1, "o1")) || (st = check_float(ctx, lse1, "lse1")) ||
-      (st = fa_check_tensor(ctx, lse2, "lse2")) || (st = check_like(ctx, lse2, "lse2", lse1, "lse1")) ||
-      (st = check_device_of(ctx, lse1, "lse1", o1->storage->device)))
+  if ((st = check_float(ctx, o1, n->o1)) || (st = fa_check_tensor(ctx, o2, n->o2)) ||
+      (st = check_like(ctx, o2, n->o2, o1, n->o1)) || (st = check_float(ctx, lse1, n->lse1)) ||
+      (st = fa_check_tensor(ctx, lse2, n->lse2)) || (st = check_like(ctx, lse2, n->lse2, lse1, n->lse1)) ||
+      (st = check_device_of(ctx, lse1, n->lse1, o1->storage->device)))
     return st;
   char b1[64], b2[64];
   if (o1->ndim != o2->ndim || lse1->ndim != lse2->ndim) goto shape;
@@ -270,10 +276,11 @@ fa_status fa_check_merge(fa_context *ctx, fa_tensor *o1, fa_tensor *lse1, fa_ten
     if (lse1->shape[i] != lse2->shape[i] || (o1->ndim > 1 && lse1->shape[i] != o1->shape[i])) goto lse;
   return FA_OK;
 shape:
-  return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: merge_states: o1 (%s) and o2 (%s) must have one shape",
-                 fa_shape_str(o1, b1, sizeof b1), fa_shape_str(o2, b2, sizeof b2));
+  return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: merge_states: %s (%s) and %s (%s) must have one shape", n->o1,
+                 fa_shape_str(o1, b1, sizeof b1), n->o2, fa_shape_str(o2, b2, sizeof b2));
 lse:
-  return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: merge_states: lse must have o's shape without its last dimension: o is %s, lse1 is %s, lse2 %s",
-                 fa_shape_str(o1, b1, sizeof b1), fa_shape_str(lse1, b2, sizeof b2),
+  return fa_fail(ctx, FA_ERR_SHAPE,
+                 "flashattn: merge_states: lse must have o's shape without its last dimension: %s is %s, %s is %s, %s %s",
+                 n->o1, fa_shape_str(o1, b1, sizeof b1), n->lse1, fa_shape_str(lse1, b2, sizeof b2), n->lse2,
                  lse2->ndim == lse1->ndim ? "alike" : "differs");
 }

@@ -22,6 +22,12 @@ fa_status fa_check_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_ten
 fa_status fa_check_softmax(fa_context *ctx, fa_tensor *x, const fa_softmax_opts *o);
 fa_status fa_check_matmul(fa_context *ctx, fa_tensor *a, fa_tensor *b, const fa_matmul_opts *o);
 fa_status fa_check_merge(fa_context *ctx, fa_tensor *o1, fa_tensor *lse1, fa_tensor *o2, fa_tensor *lse2);
+/* The same with the arguments' names for messages (fa_merge_states_n: "os[3]"). */
+typedef struct {
+  const char *o1, *lse1, *o2, *lse2;
+} fa_merge_names;
+fa_status fa_check_merge_named(fa_context *ctx, fa_tensor *o1, fa_tensor *lse1, fa_tensor *o2, fa_tensor *lse2,
+                               const fa_merge_names *n);
 /* out given by the caller: shape (rank dims), dtype, device must match. */
 fa_status fa_check_out(fa_context *ctx, const fa_tensor *out, const char *name, int ndim, const int64_t *shape,
                        fa_dtype dtype, fa_device device);

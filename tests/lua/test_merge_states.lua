@@ -149,4 +149,92 @@ function TestMerge:test_errors()
   U.assert_close(m, o:double(), "f32", "merge of a state with itself")
 end
 
+
+-- fa.merge_states(os, lses): any number of states at once (docs/lua-api.md §2), on the keys cut
+-- into pieces, some of them empty (lse = -inf, zeros), equals the attention over all keys.
+function TestMerge:test_many_states_make_the_whole()
+  for _, dtype in ipairs(U.dtypes) do
+    local q, k, v = U.randn({2, 3, 5, 16}, dtype), U.randn({2, 3, 40, 16}, dtype), U.randn({2, 3, 40, 8}, dtype)
+    local ro, rl = U.reference(q, k, v, {})
+    local cuts = {0, 7, 7, 20, 21, 33, 40}
+    local os, lses = {}, {}
+    for i = 1, #cuts - 1 do
+      local n = cuts[i + 1] - cuts[i]
+      if n > 0 then
+        os[#os + 1], lses[#lses + 1] = fa.attention(q, k:narrow(3, cuts[i] + 1, n), v:narrow(3, cuts[i] + 1, n),
+          {return_lse = true})
+      else
+        os[#os + 1] = fa.zeros({2, 3, 5, 8}, {dtype = dtype, device = dev})
+        lses[#lses + 1] = fa.full({2, 3, 5}, -math.huge, {dtype = "f32", device = dev})
+      end
+    end
+    local o, lse = fa.merge_states(os, lses)
+    local what = ("merge of %d states %s"):format(#os, dtype)
+    lu.assertEquals(o:dtype(), dtype, what)
+    lu.assertEquals(o:device(), dev, what)
+    U.assert_close(o, ro, dtype, what, math.max(U.tol[dtype], 1e-6))
+    U.assert_lse(lse, rl, dtype, what .. " lse")
+    -- the two-state form agrees with the table form of two
+    local o2, l2 = fa.merge_states(os[1], lses[1], os[4], lses[4])
+    local o3, l3 = fa.merge_states({os[1], os[4]}, {lses[1], lses[4]})
+    U.assert_close(o3, o2, dtype, what .. " two states", math.max(U.tol[dtype], 1e-6))
+    U.assert_close(l3, l2, "f32", what .. " two states lse")
+  end
+end
+
+-- Empty states are exact: a state merged with any number of empty ones comes back bit for bit
+-- (in a fresh tensor), and all-empty gives zeros and -inf.
+function TestMerge:test_many_states_empty_ones_exact()
+  for _, dtype in ipairs(U.dtypes) do
+    local o1, l1 = fa.attention(U.randn({2, 4, 16}, dtype), U.randn({2, 9, 16}, dtype), U.randn({2, 9, 16}, dtype),
+      {return_lse = true})
+    local e, el = fa.zeros({2, 4, 16}, {dtype = dtype, device = dev}), fa.full({2, 4}, -math.huge, {device = dev})
+    local o, lse = fa.merge_states({e, o1, e, e}, {el, l1, el, el})
+    lu.assertEquals(fa.max_abs_diff(o, o1), 0, dtype)
+    lu.assertEquals(fa.max_abs_diff(lse, l1), 0, dtype)
+    local one, lone = fa.merge_states({o1}, {l1})
+    lu.assertEquals(fa.max_abs_diff(one, o1), 0, dtype)
+    lu.assertFalse(rawequal(one, o1), "a fresh tensor for one state")
+    one:fill_(7)
+    lu.assertTrue(o1:max() < 7, "the input is untouched")
+    local z, lz = fa.merge_states({e, e}, {el, el})
+    lu.assertEquals(z:norm(), 0)
+    lu.assertEquals(lz:max(), -math.huge)
+    lu.assertEquals(lone:dtype(), l1:dtype())
+  end
+end
+
+function TestMerge:test_many_states_errors()
+  local o, l = U.randn({2, 4, 8}, "f32"), fa.zeros({2, 4}, {device = dev})
+  U.assert_fa_error({"at least one"}, fa.merge_states, {}, {})
+  U.assert_fa_error({"os holds 2", "lses 1"}, fa.merge_states, {o, o}, {l})
+  U.assert_fa_error({"os[3]"}, fa.merge_states, {o, o, U.randn({2, 4, 9}, "f32")}, {l, l, l})
+  U.assert_fa_error({"lses[2]"}, fa.merge_states, {o, o}, {l, fa.zeros({2, 5}, {device = dev})})
+  U.assert_fa_error({"os[2]"}, fa.merge_states, {o, 5}, {l, l})
+  U.assert_fa_error({"lses"}, fa.merge_states, {o}, nil)
+  local freed = U.randn({2, 4, 8}, "f32")
+  freed:free()
+  U.assert_fa_error({"os[2]", "freed"}, fa.merge_states, {o, freed}, {l, l})
+  if dev == "cpu" then
+    U.assert_fa_error({"dtype"}, fa.merge_states, {o, o:to("f64")}, {l, l})
+  end
+end
+
+-- A finalizer that empties the tables and frees their tensors while the call runs loses nothing.
+function TestMerge:test_many_states_hostile_finalizer()
+  local os, lses = {}, {}
+  for i = 1, 20 do os[i], lses[i] = U.randn({3, 4, 8}, "f32"), fa.zeros({3, 4}, {device = dev}) end
+  local before = fa.memory().current
+  for _ = 1, 5 do
+    setmetatable({}, {__gc = function()
+      for i = 1, #os do os[i]:free(); os[i] = nil; lses[i] = nil end
+    end})
+  end
+  collectgarbage("step", 0)
+  local ok, o = pcall(fa.merge_states, os, lses)
+  lu.assertTrue(ok or tostring(o):find("^flashattn:") ~= nil, tostring(o))
+  collectgarbage()
+  lu.assertTrue(fa.memory().current <= before, "nothing kept")
+end
+
 U.run()
