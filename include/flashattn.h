@@ -360,6 +360,28 @@ FA_API fa_status fa_file_format_of(fa_context *ctx, const char *path, fa_file_fo
 struct lua_State;
 FA_API void fa_lua_set_file_access(struct lua_State *L, int allowed);
 
+/* ---- backward (API §10) -------------------------------------------------- */
+
+/* The gradients dq, dk, dv of fa_attention(q, k, v, opts) for the upstream
+ * gradient dout, from the forward's o (…, Lq, Dv) and lse (…, Lq): the same
+ * opts (every option of the forward; algo, tile's query size, return_lse,
+ * out and lse_out are not used), FlashAttention's recomputation of P from
+ * q, k and lse (nothing of size Lq·Lk stored), dk and dv summed over the
+ * query heads sharing a KV head (GQA/MQA).  dq, dk, dv get new tensors of
+ * q's, k's and v's shapes in q's dtype.  o and dout in q's dtype, lse any
+ * float dtype, all on q's device.  CPU backend: f32/f16/bf16 computed in
+ * f32, f64 in f64, bit-identical from run to run (deterministic by
+ * construction).  CUDA: FA_ERR_UNSUPPORTED in this version. */
+FA_API fa_status fa_attention_backward(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, fa_tensor *o,
+                                       fa_tensor *lse, fa_tensor *dout, const fa_attention_opts *opts, fa_tensor **dq,
+                                       fa_tensor **dk, fa_tensor **dv);
+/* The same in f64 on the CPU by the plainest code (S, P and dP materialised
+ * per head); o, lse, dout any float dtype; outputs f64 on the CPU. */
+FA_API fa_status fa_attention_backward_reference(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v,
+                                                 fa_tensor *o, fa_tensor *lse, fa_tensor *dout,
+                                                 const fa_attention_opts *opts, fa_tensor **dq, fa_tensor **dk,
+                                                 fa_tensor **dv);
+
 /* ---- Lua -------------------------------------------------------------- */
 
 struct lua_State;

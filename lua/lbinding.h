@@ -203,6 +203,11 @@ double *fal_opt_numbers(lua_State *L, int idx, const char *key, int64_t *n);
 int fal_parse_dtype(lua_State *L, int idx, const char *what, fa_dtype *out);
 int fal_parse_device(lua_State *L, int idx, const char *what, fa_device *out);
 
+/* The options of fa.attention at idx into o (lkernels.c): fname names the
+ * function in messages; kv_lens and alibi arrays are pushed as userdata and
+ * must stay on the stack until the call is done. */
+void read_attn_opts(lua_State *L, int idx, const char *fname, fa_attention_opts *o, fal_pins *pins);
+
 /* Keeps the module's shared library loaded for the process (lpin.c). */
 void fal_pin_module(void);
 
@@ -214,6 +219,7 @@ extern const luaL_Reg fal_kernel_funcs[];    /* lkernels.c */
 extern const luaL_Reg fal_cost_funcs[];      /* lkernels.c */
 extern const luaL_Reg fal_bench_funcs[];     /* lbench.c */
 extern const luaL_Reg fal_io_funcs[];        /* lio.c: fa.load, fa.save */
+extern const luaL_Reg fal_backward_funcs[];  /* lbackward.c: fa.attention_backward(_reference) */
 /* Tensor methods and metamethods from other files than ltensor.c. */
 extern const luaL_Reg fal_tensor_op_methods[]; /* ltensor_ops.c */
 extern const luaL_Reg fal_tensor_op_meta[];    /* ltensor_ops.c */

@@ -45,7 +45,7 @@ static fa_causal read_causal(lua_State *L, int idx) {
 
 /* Fills o from the opts table at idx.  kv_lens and alibi arrays are pushed
  * as userdata and must stay on the stack until the call is done. */
-static void read_attn_opts(lua_State *L, int idx, const char *fname, fa_attention_opts *o, fal_pins *pins) {
+void read_attn_opts(lua_State *L, int idx, const char *fname, fa_attention_opts *o, fal_pins *pins) {
   int algo;
   fa_attention_opts_init(o);
   if (!fal_opts(L, idx, fname, attn_keys)) return;

@@ -208,6 +208,26 @@ fa_status fa_check_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_ten
   return FA_OK;
 }
 
+/* o, lse, dout of a backward call against the forward's dims d (from
+ * fa_check_attention): o and dout (…, Lq, Dv), lse (…, Lq), all on q's
+ * device; o and dout in q's dtype (any float dtype for the reference, as
+ * fa.attention_reference gives f64), lse any float dtype. */
+fa_status fa_check_attention_backward(fa_context *ctx, fa_tensor *q, fa_tensor *o, fa_tensor *lse, fa_tensor *dout,
+                                      int reference, const fa_attn_dims *d) {
+  fa_status st;
+  if ((st = check_float(ctx, o, "o")) || (st = check_float(ctx, lse, "lse")) || (st = check_float(ctx, dout, "dout")))
+    return st;
+  int64_t oshape[4];
+  for (int i = 0; i < d->rank - 1; i++) oshape[i] = q->shape[i];
+  oshape[d->rank - 1] = d->Dv;
+  const fa_dtype odt = reference ? o->dtype : d->dtype, ddt = reference ? dout->dtype : d->dtype;
+  if ((st = fa_check_out(ctx, o, "o", d->rank, oshape, odt, d->device)) ||
+      (st = fa_check_out(ctx, dout, "dout", d->rank, oshape, ddt, d->device)) ||
+      (st = fa_check_out(ctx, lse, "lse", d->rank - 1, oshape, lse->dtype, d->device)))
+    return st;
+  return FA_OK;
+}
+
 fa_status fa_check_softmax(fa_context *ctx, fa_tensor *x, const fa_softmax_opts *o) {
   fa_status st = check_float(ctx, x, "x");
   if (st || !o) return st;

@@ -19,6 +19,10 @@ fa_status fa_check_tensor(fa_context *ctx, const fa_tensor *t, const char *name)
  * f32 range does not apply). */
 fa_status fa_check_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
                              int reference, fa_attn_dims *d);
+/* o, lse and dout of fa_attention_backward(_reference) against the dims
+ * fa_check_attention resolved from q, k, v and the opts. */
+fa_status fa_check_attention_backward(fa_context *ctx, fa_tensor *q, fa_tensor *o, fa_tensor *lse, fa_tensor *dout,
+                                      int reference, const fa_attn_dims *d);
 fa_status fa_check_softmax(fa_context *ctx, fa_tensor *x, const fa_softmax_opts *o);
 fa_status fa_check_matmul(fa_context *ctx, fa_tensor *a, fa_tensor *b, const fa_matmul_opts *o);
 fa_status fa_check_merge(fa_context *ctx, fa_tensor *o1, fa_tensor *lse1, fa_tensor *o2, fa_tensor *lse2);

@@ -1,0 +1,126 @@
+/* fa_attention_backward and fa_attention_backward_reference (API §10): the
+ * gradients of fa_attention with respect to q, k and v.  Checked once like
+ * the forward (fa_check_attention, then o, lse, dout), the options resolved
+ * into an fa_attn_problem, the inputs made contiguous host buffers of the
+ * compute dtype (f32; f64 for f64 inputs and for the reference), the
+ * gradients computed there and delivered in q's dtype and each input's
+ * shape.  CUDA: not in this version (an FA_ERR_UNSUPPORTED error, no silent
+ * fallback). */
+#include "check.h"
+#include "cpu/attention_backward.h"
+#include "cpu/attention_tiles.h"
+
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+enum { BW_Q, BW_K, BW_V, BW_O, BW_LSE, BW_DOUT, BW_MASK, BW_DQ, BW_DK, BW_DV, BW_N };
+
+/* The forward's options as fa_attention resolves them (attention.c's
+ * resolve_options and attach_mask), for the backward's problem. */
+static void bw_problem(const fa_attention_opts *o, const fa_attn_dims *d, fa_dtype compute, fa_attn_problem *p) {
+  memset(p, 0, sizeof *p);
+  p->B = d->B, p->Hq = d->Hq, p->Hkv = d->Hkv, p->Lq = d->Lq, p->Lk = d->Lk, p->D = d->D, p->Dv = d->Dv;
+  p->scale = o->has_scale ? o->scale : 1.0 / sqrt((double)d->D);
+  p->compute = compute;
+  p->softcap = o->softcap;
+  if (compute != FA_F64 && p->softcap > 0) p->softcap = isinf((float)p->softcap) ? 0 : fmax(p->softcap, FLT_MIN);
+  p->causal = o->causal;
+  p->has_window = o->has_window && (o->window_left >= 0 || o->window_right >= 0);
+  p->win_left = o->window_left, p->win_right = o->window_right;
+  p->kv_lens = o->kv_lens;
+  p->alibi = o->alibi;
+  p->tile_q = o->tile_q > 0 ? o->tile_q : FA_CPU_DEFAULT_TILE_Q;
+  p->tile_k = o->tile_k > 0 ? o->tile_k : FA_CPU_DEFAULT_TILE_K;
+}
+
+/* A contiguous (shape of `like`) view of the computed buffer, converted to
+ * dtype. */
+static fa_status bw_deliver(fa_context *ctx, fa_tensor *buf, const fa_tensor *like, fa_dtype dtype, fa_tensor **out) {
+  fa_tensor *view = NULL;
+  fa_status st = fa_tensor_view(ctx, buf, like->ndim, like->shape, &view);
+  if (!st) st = fa_tensor_to(ctx, view, dtype, FA_CPU, out);
+  fa_tensor_drop(&view);
+  return st;
+}
+
+static fa_status bw_zeros(fa_context *ctx, int64_t a, int64_t b, int64_t c, int64_t e, fa_dtype dt, fa_tensor **t) {
+  const int64_t shape[4] = {a, b, c, e};
+  fa_status st = fa_tensor_new(ctx, 4, shape, dt, FA_CPU, t);
+  if (!st && a * b * c * e > 0) memset(fa_tensor_ptr(*t), 0, (size_t)(a * b * c * e) * fa_dtype_size(dt));
+  return st;
+}
+
+static fa_status run_backward(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, fa_tensor *o, fa_tensor *lse,
+                              fa_tensor *dout, const fa_attention_opts *opts, int reference, fa_tensor **dq,
+                              fa_tensor **dk, fa_tensor **dv) {
+  fa_attention_opts defaults;
+  if (!opts) {
+    fa_attention_opts_init(&defaults);
+    opts = &defaults;
+  }
+  if (dq) *dq = NULL;
+  if (dk) *dk = NULL;
+  if (dv) *dv = NULL;
+  if (!dq || !dk || !dv)
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: attention_backward: an output pointer (dq, dk, dv) is NULL");
+  FA_NEED(ctx);
+  fa_attn_dims d;
+  fa_status st = fa_check_attention(ctx, q, k, v, opts, reference, &d);
+  if (st || (st = fa_check_attention_backward(ctx, q, o, lse, dout, reference, &d))) return st;
+  if (!reference && d.device == FA_CUDA)
+    return fa_fail(ctx, FA_ERR_UNSUPPORTED,
+                   "flashattn: attention_backward runs on the cpu backend in this version (q is on cuda; "
+                   "fa.attention_backward_reference takes tensors on any device)");
+  const fa_dtype compute = reference || d.dtype == FA_F64 ? FA_F64 : FA_F32;
+  fa_tensor *t[BW_N] = {0};
+  fa_attn_problem p;
+  bw_problem(opts, &d, compute, &p);
+  fa_tensor *in[BW_MASK] = {q, k, v, o, lse, dout};
+  for (int i = 0; i < BW_MASK; i++)
+    if ((st = fa_tensor_cpu_contiguous(ctx, in[i], compute, &t[i]))) goto done;
+  p.q = fa_tensor_ptr(t[BW_Q]), p.k = fa_tensor_ptr(t[BW_K]), p.v = fa_tensor_ptr(t[BW_V]);
+  if (opts->mask) {
+    fa_tensor *m = opts->mask;
+    if ((st = fa_tensor_cpu_contiguous(ctx, m, m->dtype == FA_BOOL ? FA_BOOL : compute, &t[BW_MASK]))) goto done;
+    if (m->dtype == FA_BOOL) p.mask_b = fa_tensor_ptr(t[BW_MASK]);
+    else p.mask_f = fa_tensor_ptr(t[BW_MASK]);
+    for (int i = 0; i < m->ndim; i++)
+      p.mask_strides[4 - m->ndim + i] = m->shape[i] == 1 ? 0 : t[BW_MASK]->strides[i];
+  }
+  if ((st = bw_zeros(ctx, d.B, d.Hq, d.Lq, d.D, compute, &t[BW_DQ])) ||
+      (st = bw_zeros(ctx, d.B, d.Hkv, d.Lk, d.D, compute, &t[BW_DK])) ||
+      (st = bw_zeros(ctx, d.B, d.Hkv, d.Lk, d.Dv, compute, &t[BW_DV])))
+    goto done;
+  fa_attn_backward g = {&p,
+                        fa_tensor_ptr(t[BW_O]),
+                        fa_tensor_ptr(t[BW_DOUT]),
+                        fa_tensor_ptr(t[BW_LSE]),
+                        fa_tensor_ptr(t[BW_DQ]),
+                        fa_tensor_ptr(t[BW_DK]),
+                        fa_tensor_ptr(t[BW_DV])};
+  if (d.B * d.Hq * d.Lq > 0 && d.Lk > 0)
+    st = reference ? fa_cpu_attention_backward_reference(ctx, &g) : fa_cpu_attention_backward(ctx, &g);
+  const fa_dtype odt = reference ? FA_F64 : d.dtype;
+  if (st || (st = bw_deliver(ctx, t[BW_DQ], q, odt, dq)) || (st = bw_deliver(ctx, t[BW_DK], k, odt, dk)) ||
+      (st = bw_deliver(ctx, t[BW_DV], v, odt, dv))) {
+    fa_tensor_drop(dq);
+    fa_tensor_drop(dk);
+    fa_tensor_drop(dv);
+  }
+done:
+  for (int i = 0; i < BW_N; i++) fa_tensor_drop(&t[i]);
+  return st;
+}
+
+fa_status fa_attention_backward(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, fa_tensor *o,
+                                fa_tensor *lse, fa_tensor *dout, const fa_attention_opts *opts, fa_tensor **dq,
+                                fa_tensor **dk, fa_tensor **dv) {
+  return run_backward(ctx, q, k, v, o, lse, dout, opts, 0, dq, dk, dv);
+}
+
+fa_status fa_attention_backward_reference(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, fa_tensor *o,
+                                          fa_tensor *lse, fa_tensor *dout, const fa_attention_opts *opts,
+                                          fa_tensor **dq, fa_tensor **dk, fa_tensor **dv) {
+  return run_backward(ctx, q, k, v, o, lse, dout, opts, 1, dq, dk, dv);
+}

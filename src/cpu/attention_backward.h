@@ -1,0 +1,25 @@
+/* The CPU backward pass of attention (API §10): the gradients dq, dk, dv of
+ * fa_attention with respect to q, k, v, from the forward's o and lse. */
+#ifndef FA_CPU_ATTENTION_BACKWARD_H
+#define FA_CPU_ATTENTION_BACKWARD_H
+
+#include "internal.h"
+
+/* p holds the forward's options and q, k, v in the compute dtype (f32 or
+ * f64, contiguous (B,H,L,D)); o and dout are (B,Hq,Lq,Dv), lse (B,Hq,Lq) in
+ * the compute dtype too.  dq (B,Hq,Lq,D), dk (B,Hkv,Lk,D), dv (B,Hkv,Lk,Dv)
+ * are written whole (zeros where nothing flows). */
+typedef struct {
+  const fa_attn_problem *p;
+  const void *o, *dout, *lse;
+  void *dq, *dk, *dv;
+} fa_attn_backward;
+
+/* FlashAttention's recomputation scheme, no Lq·Lk storage: one task per
+ * (batch, KV head) owns its dk, dv and the dq rows of its query heads, so
+ * that the result is the same from run to run whatever the threads. */
+fa_status fa_cpu_attention_backward(fa_context *ctx, const fa_attn_backward *g);
+/* The plainest code in f64: S, P, dP materialised per (batch, head). */
+fa_status fa_cpu_attention_backward_reference(fa_context *ctx, const fa_attn_backward *g);
+
+#endif

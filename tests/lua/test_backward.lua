@@ -1,0 +1,210 @@
+-- fa.attention_backward and fa.attention_backward_reference (docs/lua-api.md
+-- §2, API §10): the reference against central finite differences of
+-- fa.attention_reference in f64 (every option, GQA, every rank), the CPU
+-- backend against the reference in every dtype, bit-identical runs, errors,
+-- rows with no key.  On cuda only the refusal is checked (the backward runs
+-- on the cpu backend in this version); the reference runs on the CPU.
+local U = require "fa_testutil"
+local fa, lu = U.fa, U.lu
+
+TestBackward = {}
+
+local function randn(shape, dtype, device)
+  return fa.randn(shape, {dtype = dtype or "f64", device = device or "cpu", seed = U.next_seed()})
+end
+
+local function with_lse(opts)
+  local o = U.copy_opts(opts)
+  o.return_lse = true
+  return o
+end
+
+-- The option sets every check runs through: {name, Hq, Hkv, Lq, Lk, opts}
+-- (opts may be a function of the device, for masks).
+local cases = {
+  {"plain", 2, 2, 5, 7, {}},
+  {"scale", 2, 1, 4, 6, {scale = 0.7}},
+  {"causal bottom_right", 2, 2, 4, 7, {causal = true}},
+  {"causal top_left", 2, 2, 6, 5, {causal = "top_left"}},
+  {"window", 1, 1, 7, 7, {window = {2, 1}}},
+  {"kv_lens", 2, 1, 5, 6, {kv_lens = {4, 6}}},
+  {"alibi", 4, 2, 5, 6, {alibi = {0.5, 0.25, 0.125, 0.0625}}},
+  {"softcap", 2, 2, 5, 6, {softcap = 1.5, scale = 1}},
+  {"bool mask", 2, 2, 4, 6, function(dev)
+    local m = fa.rand({4, 6}, {device = dev, seed = U.next_seed()}):totable()
+    local b = fa.zeros({2, 1, 4, 6}, {dtype = "bool", device = dev})
+    for i = 1, 4 do for j = 1, 6 do b:set(1 + (i + j) % 2, 1, i, j, m[i][j] > 0.3 and 1 or 0) end end
+    return {mask = b}
+  end},
+  {"float mask", 4, 1, 5, 6, function(dev) return {mask = randn({1, 4, 1, 6}, "f32", dev), causal = true} end},
+  {"everything", 4, 2, 6, 8, function(dev)
+    return {causal = true, window = {3, -1}, kv_lens = {8, 5}, alibi = {0.3, 0.2, 0.1, 0.05}, softcap = 2,
+            mask = randn({6, 8}, "f64", dev), scale = 0.9}
+  end},
+}
+
+local function opts_of(c, dev) return type(c[6]) == "function" and c[6](dev) or c[6] end
+
+-- q, k, v, dout of a case, B = 2, D = 4, Dv = 3.
+local function inputs(c, dtype, device)
+  local B, Hq, Hkv, Lq, Lk = 2, c[2], c[3], c[4], c[5]
+  return randn({B, Hq, Lq, 4}, dtype, device), randn({B, Hkv, Lk, 4}, dtype, device),
+         randn({B, Hkv, Lk, 3}, dtype, device), randn({B, Hq, Lq, 3}, dtype, device)
+end
+
+-- Central differences of Σ dout ∘ attention_reference at a few elements of x.
+local function check_fd(name, q, k, v, dout, opts, grads)
+  local h = 1e-5
+  local function loss() return (fa.attention_reference(q, k, v, opts) * dout):sum() end
+  for ti, x in ipairs({q, k, v}) do
+    local g, shape = grads[ti], x:shape()
+    for n = 1, 5 do
+      local idx = {}
+      for d = 1, #shape do idx[d] = math.random(shape[d]) end
+      local x0 = x:get(table.unpack(idx))
+      idx[#shape + 1] = x0 + h
+      x:set(table.unpack(idx))
+      local lp = loss()
+      idx[#shape + 1] = x0 - h
+      x:set(table.unpack(idx))
+      local lm = loss()
+      idx[#shape + 1] = x0
+      x:set(table.unpack(idx))
+      idx[#shape + 1] = nil
+      local fd, an = (lp - lm) / (2 * h), g:get(table.unpack(idx))
+      if not (math.abs(fd - an) <= 1e-6 * math.max(1, math.abs(fd))) then
+        lu.fail(("%s: d%s at %s: finite differences %.10g, backward_reference %.10g [%s]")
+          :format(name, ({"q", "k", "v"})[ti], table.concat(idx, ","), fd, an, U.seed_note()))
+      end
+    end
+  end
+end
+
+function TestBackward:test_reference_matches_finite_differences()
+  for _, c in ipairs(cases) do
+    local opts = opts_of(c, "cpu")
+    local q, k, v, dout = inputs(c)
+    local o, lse = fa.attention_reference(q, k, v, with_lse(opts))
+    local dq, dk, dv = fa.attention_backward_reference(q, k, v, o, lse, dout, opts)
+    lu.assertEquals({dq:dtype(), dk:dtype(), dv:dtype()}, {"f64", "f64", "f64"})
+    lu.assertEquals(dk:shape(), k:shape())
+    lu.assertEquals(dv:shape(), v:shape())
+    check_fd(c[1], q, k, v, dout, opts, {dq, dk, dv})
+  end
+end
+
+function TestBackward:test_reference_ranks()
+  -- 3-D (H, L, D) with GQA and 2-D (L, D): the same as the 4-D call with B = 1
+  local q, k, v, dout = randn({4, 5, 4}), randn({2, 7, 4}), randn({2, 7, 3}), randn({4, 5, 3})
+  local opts = {causal = true}
+  local o, lse = fa.attention_reference(q, k, v, with_lse(opts))
+  local g3 = {fa.attention_backward_reference(q, k, v, o, lse, dout, opts)}
+  check_fd("3-D", q, k, v, dout, opts, g3)
+  local function r4(t) local s = t:shape() return t:reshape({1, s[1], s[2], s[3]}) end
+  local g4 = {fa.attention_backward_reference(r4(q), r4(k), r4(v), r4(o), lse:reshape({1, 4, 5}), r4(dout), opts)}
+  for i = 1, 3 do
+    lu.assertEquals(g3[i]:dim(), 3)
+    lu.assertEquals(fa.max_abs_diff(r4(g3[i]), g4[i]), 0)
+  end
+  local q2, k2, v2, d2 = randn({6, 4}), randn({9, 4}), randn({9, 5}), randn({6, 5})
+  local o2, l2 = fa.attention_reference(q2, k2, v2, {return_lse = true, window = {1, 1}})
+  local g2 = {fa.attention_backward_reference(q2, k2, v2, o2, l2, d2, {window = {1, 1}})}
+  lu.assertEquals(g2[2]:shape(), {9, 4})
+  check_fd("2-D", q2, k2, v2, d2, {window = {1, 1}}, g2)
+end
+
+local bw_tol = {f32 = 1e-4, f16 = 2e-2, bf16 = 2e-2, f64 = 1e-10}
+
+function TestBackward:test_backend_matches_reference()
+  if U.cuda then return end
+  for _, dtype in ipairs(U.all_dtypes) do
+    for ci, c in ipairs(cases) do
+      local opts = opts_of(c, "cpu")
+      if ci % 2 == 0 then opts = U.copy_opts(opts) opts.tile = {3, 2} end -- key tiles that split the rows
+      local q, k, v, dout = inputs(c, dtype)
+      local o, lse = fa.attention(q, k, v, with_lse(opts))
+      local r = {fa.attention_backward_reference(q, k, v, o, lse, dout, opts)}
+      local g = {fa.attention_backward(q, k, v, o, lse, dout, opts)}
+      for i = 1, 3 do
+        lu.assertEquals(g[i]:dtype(), dtype)
+        U.assert_close(g[i], r[i], dtype, ("%s %s d%s"):format(c[1], dtype, ({"q", "k", "v"})[i]), bw_tol[dtype])
+      end
+    end
+  end
+end
+
+local function same_bits(a, b)
+  local x, y = U.flat(a), U.flat(b)
+  for i = 1, #x do
+    if not (x[i] == y[i] or (x[i] ~= x[i] and y[i] ~= y[i])) then return false end
+  end
+  return true
+end
+
+function TestBackward:test_runs_are_bit_identical()
+  if U.cuda then return end
+  for _, dtype in ipairs({"f32", "bf16"}) do
+    local q, k, v, dout = randn({2, 8, 70, 16}, dtype), randn({2, 2, 90, 16}, dtype), randn({2, 2, 90, 8}, dtype),
+                          randn({2, 8, 70, 8}, dtype)
+    local opts = {causal = true, deterministic = true}
+    local o, lse = fa.attention(q, k, v, {causal = true, return_lse = true})
+    local a = {fa.attention_backward(q, k, v, o, lse, dout, opts)}
+    local b = {fa.attention_backward(q, k, v, o, lse, dout, {causal = true})}
+    for i = 1, 3 do lu.assertTrue(same_bits(a[i], b[i]), dtype .. " run-to-run") end
+  end
+end
+
+function TestBackward:test_rows_with_no_key()
+  -- kv_lens = 0 for batch 2: every row of it attends nothing (lse = -inf)
+  local q, k, v, dout = randn({2, 2, 3, 4}), randn({2, 1, 5, 4}), randn({2, 1, 5, 2}), randn({2, 2, 3, 2})
+  local opts = {kv_lens = {5, 0}}
+  local o, lse = fa.attention_reference(q, k, v, with_lse(opts))
+  lu.assertEquals(lse:get(2, 1, 1), -math.huge)
+  for _, f in ipairs({fa.attention_backward_reference, fa.attention_backward}) do
+    local dq, dk, dv = f(q, k, v, o, lse, dout, opts)
+    for _, g in ipairs({dq, dk, dv}) do
+      lu.assertTrue(g:isfinite())
+      lu.assertEquals(g:narrow(1, 2, 1):norm(), 0)
+      lu.assertTrue(g:narrow(1, 1, 1):norm() > 0)
+    end
+  end
+  -- no keys at all, and no queries
+  local k0, v0 = randn({2, 1, 0, 4}), randn({2, 1, 0, 2})
+  local o0, l0 = fa.attention(q, k0, v0, {return_lse = true})
+  local dq, dk, dv = fa.attention_backward(q, k0, v0, o0, l0, dout, {})
+  lu.assertEquals(dq:norm(), 0)
+  lu.assertEquals(dk:shape(), {2, 1, 0, 4})
+  lu.assertEquals(dv:shape(), {2, 1, 0, 2})
+  local qe, de = randn({2, 2, 0, 4}), randn({2, 2, 0, 2})
+  local oe, le = fa.attention(qe, k, v, {return_lse = true})
+  dq, dk, dv = fa.attention_backward_reference(qe, k, v, oe, le, de, {})
+  lu.assertEquals(dk:norm() + dv:norm(), 0)
+end
+
+function TestBackward:test_errors()
+  local dt = U.cuda and "f32" or "f64"
+  local q, k, v, dout = randn({1, 2, 3, 4}, dt, U.device), randn({1, 1, 5, 4}, dt, U.device),
+                        randn({1, 1, 5, 2}, dt, U.device), randn({1, 2, 3, 2}, dt, U.device)
+  local o, lse = fa.attention(q, k, v, {return_lse = true})
+  if U.cuda then
+    U.assert_fa_error({"attention_backward", "cpu backend"}, fa.attention_backward, q, k, v, o, lse, dout)
+    return
+  end
+  U.assert_fa_error({"=o", "shape"}, fa.attention_backward, q, k, v, dout:narrow(3, 1, 2), lse, dout)
+  U.assert_fa_error({"=lse", "shape"}, fa.attention_backward, q, k, v, o, o, dout)
+  U.assert_fa_error({"=dout", "shape"}, fa.attention_backward, q, k, v, o, lse, randn({1, 2, 3, 3}))
+  U.assert_fa_error({"=dout", "dtype"}, fa.attention_backward, q, k, v, o, lse, dout:float())
+  U.assert_fa_error({"=o", "float"}, fa.attention_backward, q, k, v, fa.zeros({1, 2, 3, 2}, {dtype = "bool"}), lse,
+                    dout)
+  U.assert_fa_error({"=k", "dtype"}, fa.attention_backward, q, k:float(), v, o, lse, dout)
+  U.assert_fa_error({"=dout"}, fa.attention_backward, q, k, v, o, lse, nil)
+  U.assert_fa_error({"opts.causal"}, fa.attention_backward, q, k, v, o, lse, dout, {causal = "x"})
+  U.assert_fa_error({"frobnicate"}, fa.attention_backward, q, k, v, o, lse, dout, {frobnicate = 1})
+  U.assert_fa_error({"deterministic"}, fa.attention_backward, q, k, v, o, lse, dout, {deterministic = 1})
+  U.assert_fa_error({"kv_lens"}, fa.attention_backward_reference, q, k, v, o, lse, dout, {kv_lens = {9}})
+  -- the reference takes o and dout of any float dtype (fa.attention_reference gives f64)
+  local dq = fa.attention_backward_reference(q:float(), k:float(), v:float(), o, lse:float(), dout)
+  lu.assertEquals(dq:dtype(), "f64")
+end
+
+U.run()
