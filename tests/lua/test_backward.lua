@@ -181,6 +181,21 @@ function TestBackward:test_rows_with_no_key()
   lu.assertEquals(dk:norm() + dv:norm(), 0)
 end
 
+function TestBackward:test_strided_layouts()
+  if U.cuda then return end
+  -- q, k, v, dout as (B, L, H, D) tensors seen through transposes: the same gradients as contiguous copies
+  local function bhld(B, L, H, D, dtype) return randn({B, L, H, D}, dtype):transpose(2, 3) end
+  for _, dtype in ipairs({"f32", "f64"}) do
+    local q, k, v, dout = bhld(2, 5, 4, 8, dtype), bhld(2, 7, 2, 8, dtype), bhld(2, 7, 2, 6, dtype),
+                          bhld(2, 5, 4, 6, dtype)
+    local opts = {causal = true, deterministic = false}
+    local o, lse = fa.attention(q, k, v, {causal = true, return_lse = true})
+    local a = {fa.attention_backward(q, k, v, o, lse, dout, opts)}
+    local b = {fa.attention_backward(q:clone(), k:clone(), v:clone(), o, lse, dout:clone(), opts)}
+    for i = 1, 3 do lu.assertTrue(same_bits(a[i], b[i]), dtype .. " strided") end
+  end
+end
+
 function TestBackward:test_errors()
   local dt = U.cuda and "f32" or "f64"
   local q, k, v, dout = randn({1, 2, 3, 4}, dt, U.device), randn({1, 1, 5, 4}, dt, U.device),
