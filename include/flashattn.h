@@ -212,6 +212,12 @@ typedef struct {
   int64_t tile_q, tile_k; /* 0 = backend default; FA_TILE_ZERO: see below */
   int return_lse;
   fa_tensor *out, *lse_out; /* optional preallocated outputs; they must not overlap each other */
+  /* Split-KV (API §8): 0 = auto (1 today: the chooser comes with the
+   * split-KV kernel), s >= 1 cuts the keys into s contiguous pieces,
+   * attended apart and merged (fa_merge_states_n): the same result within
+   * rounding.  With s > 1, causal = FA_CAUSAL_TOP_LEFT is FA_ERR_UNSUPPORTED;
+   * fa_attention_reference ignores it. */
+  int64_t splits;
 } fa_attention_opts;
 
 /* A tile size of 0 that a user wrote (a binding's tile = {0, 0}): unlike
@@ -381,6 +387,57 @@ FA_API fa_status fa_attention_backward_reference(fa_context *ctx, fa_tensor *q, 
                                                  fa_tensor *o, fa_tensor *lse, fa_tensor *dout,
                                                  const fa_attention_opts *opts, fa_tensor **dq, fa_tensor **dk,
                                                  fa_tensor **dv);
+
+/* ---- paged KV cache (API §8) ------------------------------------------ */
+
+/* A pool of fixed-size pages (K pages (P, H, page_size, D) and V pages
+ * (P, H, page_size, Dv), tensors of dtype on device), a page table per
+ * sequence and the sequences' lengths: sequences grow without copying.
+ * See docs/c-api.md.  Interim implementation: fa_kv_cache_attend gathers
+ * each sequence's pages into contiguous K/V and calls fa_attention per
+ * sequence (the split-KV kernel reading through the page table comes
+ * later).  A cache is used by one thread at a time. */
+typedef struct fa_kv_cache fa_kv_cache;
+typedef struct {
+  int64_t batch, heads, dim; /* B, Hkv, D: >= 1 */
+  int64_t dim_v;             /* Dv; 0 = dim */
+  int64_t capacity;          /* positions per sequence, >= 1 */
+  int64_t page_size;         /* positions per page; 0 = 16 */
+  int64_t pages;             /* pages in the pool; 0 = batch * ceil(capacity / page_size) */
+  fa_dtype dtype;            /* a float dtype; init: FA_F32 */
+  fa_device device;          /* init: FA_DEVICE_NONE = the context's device */
+} fa_kv_cache_opts;
+FA_API void fa_kv_cache_opts_init(fa_kv_cache_opts *o);
+/* The pool is allocated here, whole. */
+FA_API fa_status fa_kv_cache_create(fa_context *ctx, const fa_kv_cache_opts *opts, fa_kv_cache **out);
+/* k (B, Hkv, n, D), v (B, Hkv, n, Dv), any float dtype, the cache's device;
+ * sequence b takes its first lens[b] positions (0 <= lens[b] <= n; lens
+ * NULL = n for all, else n_lens == B).  Past capacity or past the free
+ * pages is an error that writes nothing; a failure during the copies
+ * leaves the lengths and the pool as they were. */
+FA_API fa_status fa_kv_cache_append(fa_context *ctx, fa_kv_cache *cache, fa_tensor *k, fa_tensor *v,
+                                    const int64_t *lens, int64_t n_lens);
+/* q (B, Hq, Lq, D), the cache's dtype and device, Hq % Hkv == 0, against
+ * each sequence's keys so far (o: (B, Hq, Lq, Dv) in q's dtype; lse as in
+ * fa_attention).  Options: scale, causal (aligned to each sequence's own
+ * length), window, alibi, softcap, return_lse, out, lse_out, splits; algo,
+ * tile, mask and kv_lens are FA_ERR_ARGUMENT.  A sequence of length 0
+ * gives zeros and lse = -inf. */
+FA_API fa_status fa_kv_cache_attend(fa_context *ctx, fa_kv_cache *cache, fa_tensor *q, const fa_attention_opts *opts,
+                                    fa_tensor **o, fa_tensor **lse);
+/* lens gets B entries. */
+FA_API fa_status fa_kv_cache_lengths(fa_context *ctx, const fa_kv_cache *cache, int64_t *lens);
+/* Sequence b (0-based) back to length 0, its pages back to the pool; b = -1: all. */
+FA_API fa_status fa_kv_cache_reset(fa_context *ctx, fa_kv_cache *cache, int64_t b);
+/* Sizes of a cache (NULL cache: -1): B, Hkv, D, Dv, capacity, page_size, pages, free pages. */
+typedef struct {
+  int64_t batch, heads, dim, dim_v, capacity, page_size, pages, free_pages;
+  fa_dtype dtype;
+  fa_device device;
+} fa_kv_cache_info;
+FA_API fa_status fa_kv_cache_get_info(fa_context *ctx, const fa_kv_cache *cache, fa_kv_cache_info *out);
+/* NULL is a no-op. */
+FA_API void fa_kv_cache_destroy(fa_kv_cache *cache);
 
 /* ---- Lua -------------------------------------------------------------- */
 

@@ -219,6 +219,9 @@ extern const luaL_Reg fal_kernel_funcs[];    /* lkernels.c */
 extern const luaL_Reg fal_cost_funcs[];      /* lkernels.c */
 extern const luaL_Reg fal_bench_funcs[];     /* lbench.c */
 extern const luaL_Reg fal_io_funcs[];        /* lio.c: fa.load, fa.save */
+extern const luaL_Reg fal_kvcache_funcs[];   /* lkvcache.c: fa.kv_cache */
+/* opts.splits (lkernels.c): a number >= 1 or "auto" (0) into *out; 0 when absent. */
+int fal_opt_splits(lua_State *L, int idx, int64_t *out);
 extern const luaL_Reg fal_backward_funcs[];  /* lbackward.c: fa.attention_backward(_reference) */
 /* Tensor methods and metamethods from other files than ltensor.c. */
 extern const luaL_Reg fal_tensor_op_methods[]; /* ltensor_ops.c */

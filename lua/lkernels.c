@@ -15,7 +15,7 @@ static const char *const matmul_algos[] = {"auto", "naive", "tiled", "blas", NUL
 
 static const char *const softmax_keys[] = {"algo", "block", "out", NULL};
 static const char *const attn_keys[] = {"algo",    "scale", "causal",     "window", "mask",    "kv_lens",
-                                        "alibi",   "softcap", "tile",     "return_lse", "out", "lse_out", NULL};
+                                        "alibi",   "softcap", "tile",     "return_lse", "out", "lse_out", "splits", NULL};
 static const char *const matmul_keys[] = {"algo", "tile", "out", NULL};
 
 /* ---- options ------------------------------------------------------------------ */
@@ -41,6 +41,21 @@ static fa_causal read_causal(lua_State *L, int idx) {
     fal_error(L, "opts.causal: expected false, true, 'bottom_right' or 'top_left', got %s", fal_typename(L, -1));
   lua_pop(L, 1);
   return c;
+}
+
+int fal_opt_splits(lua_State *L, int idx, int64_t *out) {
+  int tt = lua_getfield(L, idx, "splits");
+  if (tt == LUA_TNIL) {
+    lua_pop(L, 1);
+    return 0;
+  }
+  int isint = 0;
+  lua_Integer n = tt == LUA_TNUMBER ? lua_tointegerx(L, -1, &isint) : 0;
+  if (tt == LUA_TSTRING && strcmp(lua_tostring(L, -1), "auto") == 0) *out = 0;
+  else if (isint && n >= 1) *out = (int64_t)n;
+  else fal_error(L, "opts.splits: expected an integer >= 1 or 'auto', got %s", fal_describe(L, -1));
+  lua_pop(L, 1);
+  return 1;
 }
 
 /* Fills o from the opts table at idx.  kv_lens and alibi arrays are pushed
@@ -72,6 +87,7 @@ void read_attn_opts(lua_State *L, int idx, const char *fname, fa_attention_opts 
   fal_opt_bool(L, idx, "return_lse", &o->return_lse);
   o->out = fal_opt_tensor(L, idx, "out", pins);
   o->lse_out = fal_opt_tensor(L, idx, "lse_out", pins);
+  fal_opt_splits(L, idx, &o->splits);
 }
 
 static void read_matmul_opts(lua_State *L, int idx, fa_matmul_opts *o, fal_pins *pins) {

@@ -2,6 +2,7 @@
  * into an fa_attn_problem, and hand it to a backend. */
 #include "check.h"
 #include "cpu/attention_tiles.h"
+#include "splits.h"
 
 #include <float.h>
 #include <math.h>
@@ -266,7 +267,10 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   FA_NEED(ctx);
   fa_attn_dims d;
   fa_status st = fa_check_attention(ctx, q, k, v, o, reference, &d);
+  if (!st) st = fa_attention_splits_check(ctx, o, reference);
   if (st) return st;
+  const int64_t splits = reference ? 1 : fa_attention_splits_resolve(o, &d);
+  if (splits > 1) return fa_attention_splits_run(ctx, q, k, v, o, &d, splits, out, lse);
   int want_lse = o->return_lse || lse != NULL || o->lse_out;
   if (!reference && d.device == FA_CUDA) return run_cuda(ctx, q, k, v, o, &d, want_lse, out, lse);
   fa_dtype compute = reference || d.dtype == FA_F64 ? FA_F64 : FA_F32;

@@ -1,0 +1,344 @@
+/* fa_kv_cache: a paged KV cache (API §8).  A pool of fixed-size pages (K
+ * pages and V pages, tensors of the engine), a page table per sequence and
+ * the sequences' lengths.  Every argument is checked before anything is
+ * written.
+ *
+ * Interim implementation of attend: each sequence's pages are gathered
+ * into contiguous K/V (tensor copies, both backends) and fa_attention runs
+ * per sequence, so that causal and window align to that sequence's own
+ * length.  The split-KV kernel reading through the page table replaces it
+ * later (issue 24). */
+#include "splits.h"
+
+#include <math.h>
+#include <string.h>
+
+struct fa_kv_cache {
+  int64_t B, H, D, Dv, capacity, page_size, pages, max_pages; /* max_pages: per sequence */
+  fa_dtype dtype;
+  fa_device device;
+  fa_tensor *kpool, *vpool; /* (pages, H, page_size, D|Dv) */
+  int64_t *free_list, n_free; /* a stack of page indices */
+  int64_t *table;             /* B x max_pages page indices */
+  int64_t *lens;              /* B */
+};
+
+void fa_kv_cache_opts_init(fa_kv_cache_opts *o) {
+  if (!o) return;
+  memset(o, 0, sizeof *o);
+  o->dtype = FA_F32;
+  o->device = FA_DEVICE_NONE;
+}
+
+static size_t cache_host_bytes(int64_t B, int64_t max_pages, int64_t pages) {
+  return sizeof(struct fa_kv_cache) + sizeof(int64_t) * (size_t)(pages + B * max_pages + B);
+}
+
+void fa_kv_cache_destroy(fa_kv_cache *c) {
+  if (!c) return;
+  fa_tensor_drop(&c->kpool);
+  fa_tensor_drop(&c->vpool);
+  fa_host_free(c, cache_host_bytes(c->B, c->max_pages, c->pages));
+}
+
+#define KV_MAX_ENTRIES ((int64_t)1 << 40)
+
+fa_status fa_kv_cache_create(fa_context *ctx, const fa_kv_cache_opts *o, fa_kv_cache **out) {
+  FA_NEED(out);
+  *out = NULL;
+  FA_NEED(ctx);
+  FA_NEED(o);
+  const struct {
+    const char *name;
+    int64_t v;
+  } sizes[] = {{"batch", o->batch}, {"heads", o->heads}, {"dim", o->dim}, {"capacity", o->capacity}};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+    if (sizes[i].v < 1 || sizes[i].v > KV_MAX_ENTRIES)
+      return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: kv_cache: %s: expected an integer from 1 to 2^40, got %lld",
+                     sizes[i].name, (long long)sizes[i].v);
+  if (o->dim_v < 0 || o->dim_v > KV_MAX_ENTRIES)
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: kv_cache: dim_v: expected an integer >= 1 (0 = dim), got %lld",
+                   (long long)o->dim_v);
+  if (o->page_size < 0 || o->page_size > KV_MAX_ENTRIES)
+    return fa_fail(ctx, FA_ERR_ARGUMENT,
+                   "flashattn: kv_cache: page_size: expected an integer >= 1 (0 = 16), got %lld",
+                   (long long)o->page_size);
+  if (o->pages < 0 || o->pages > KV_MAX_ENTRIES)
+    return fa_fail(ctx, FA_ERR_ARGUMENT,
+                   "flashattn: kv_cache: pages: expected an integer >= 1 (0 = batch * ceil(capacity / page_size)), "
+                   "got %lld",
+                   (long long)o->pages);
+  if (!fa_is_float_dtype(o->dtype))
+    return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: kv_cache: dtype: expected a float dtype (f32, f16, bf16, f64), got %s",
+                   fa_dtype_name(o->dtype));
+  fa_device dev = o->device == FA_DEVICE_NONE ? ctx->device : o->device;
+  if (dev != FA_CPU && dev != FA_CUDA)
+    return fa_fail(ctx, FA_ERR_DEVICE, "flashattn: kv_cache: device: expected cpu or cuda");
+  if (!fa_backend_available(dev))
+    return fa_fail(ctx, FA_ERR_DEVICE, "flashattn: kv_cache: device %s is not available", fa_device_name(dev));
+  const int64_t ps = o->page_size ? o->page_size : 16, maxp = (o->capacity + ps - 1) / ps;
+  if (maxp > KV_MAX_ENTRIES / o->batch)
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: kv_cache: batch * capacity / page_size is too large");
+  const int64_t pages = o->pages ? o->pages : o->batch * maxp;
+  fa_status st;
+  fa_kv_cache *c = fa_host_alloc(ctx, cache_host_bytes(o->batch, maxp, pages), &st);
+  if (!c) return st;
+  memset(c, 0, sizeof *c);
+  c->B = o->batch, c->H = o->heads, c->D = o->dim, c->Dv = o->dim_v ? o->dim_v : o->dim;
+  c->capacity = o->capacity, c->page_size = ps, c->pages = pages, c->max_pages = maxp;
+  c->dtype = o->dtype, c->device = dev;
+  c->free_list = (int64_t *)(c + 1);
+  c->table = c->free_list + pages;
+  c->lens = c->table + c->B * maxp;
+  for (int64_t i = 0; i < pages; i++) c->free_list[i] = pages - 1 - i; /* page 0 on top */
+  c->n_free = pages;
+  for (int64_t i = 0; i < c->B * maxp; i++) c->table[i] = -1;
+  for (int64_t b = 0; b < c->B; b++) c->lens[b] = 0;
+  const int64_t ks[4] = {pages, c->H, ps, c->D}, vs[4] = {pages, c->H, ps, c->Dv};
+  if ((st = fa_tensor_new(ctx, 4, ks, c->dtype, dev, &c->kpool)) ||
+      (st = fa_tensor_new(ctx, 4, vs, c->dtype, dev, &c->vpool))) {
+    fa_kv_cache_destroy(c);
+    return st;
+  }
+  *out = c;
+  return FA_OK;
+}
+
+fa_status fa_kv_cache_get_info(fa_context *ctx, const fa_kv_cache *c, fa_kv_cache_info *out) {
+  FA_NEED(out);
+  out->batch = out->heads = out->dim = out->dim_v = out->capacity = out->page_size = out->pages = out->free_pages = -1;
+  out->dtype = FA_DTYPE_NONE, out->device = FA_DEVICE_NONE;
+  FA_NEED(c);
+  out->batch = c->B, out->heads = c->H, out->dim = c->D, out->dim_v = c->Dv, out->capacity = c->capacity;
+  out->page_size = c->page_size, out->pages = c->pages, out->free_pages = c->n_free;
+  out->dtype = c->dtype, out->device = c->device;
+  return FA_OK;
+}
+
+fa_status fa_kv_cache_lengths(fa_context *ctx, const fa_kv_cache *c, int64_t *lens) {
+  FA_NEED(c);
+  FA_NEED(lens);
+  memcpy(lens, c->lens, sizeof(int64_t) * (size_t)c->B);
+  return FA_OK;
+}
+
+static void release_pages(fa_kv_cache *c, int64_t b) {
+  int64_t *row = c->table + b * c->max_pages;
+  for (int64_t i = 0; i < c->max_pages && row[i] >= 0; i++) {
+    c->free_list[c->n_free++] = row[i];
+    row[i] = -1;
+  }
+  c->lens[b] = 0;
+}
+
+fa_status fa_kv_cache_reset(fa_context *ctx, fa_kv_cache *c, int64_t b) {
+  FA_NEED(c);
+  if (b < -1 || b >= c->B)
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: kv_cache reset: sequence %lld is out of range 0 to %lld (-1 = all)",
+                   (long long)b, (long long)c->B - 1);
+  if (b >= 0) release_pages(c, b);
+  else
+    for (int64_t i = 0; i < c->B; i++) release_pages(c, i);
+  return FA_OK;
+}
+
+/* Checks a (B, H, n, X) operand of append. */
+static fa_status check_kv_operand(fa_context *ctx, const fa_kv_cache *c, const fa_tensor *t, const char *name,
+                                  int64_t X, int64_t n) {
+  fa_status st = fa_check_tensor(ctx, t, name);
+  if (st) return st;
+  if (!fa_is_float_dtype(t->dtype))
+    return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: kv_cache append: %s: expected a float dtype, got %s", name,
+                   fa_dtype_name(t->dtype));
+  if (t->storage->device != c->device)
+    return fa_fail(ctx, FA_ERR_DEVICE, "flashattn: kv_cache append: %s: expected device %s (the cache's), got %s", name,
+                   fa_device_name(c->device), fa_device_name(t->storage->device));
+  char buf[64];
+  if (t->ndim != 4 || t->shape[0] != c->B || t->shape[1] != c->H || t->shape[3] != X || (n >= 0 && t->shape[2] != n))
+    return fa_fail(ctx, FA_ERR_SHAPE,
+                   "flashattn: kv_cache append: %s: expected shape (B, Hkv, n, %s) = (%lld, %lld, n, %lld), got %s",
+                   name, X == c->D && name[0] == 'k' ? "D" : "Dv", (long long)c->B, (long long)c->H, (long long)X,
+                   fa_shape_str(t, buf, sizeof buf));
+  return FA_OK;
+}
+
+/* Copies positions [from, from + count) of sequence b of src (B, H, n, X)
+ * into the pool at the sequence's positions [pos, pos + count); the pages
+ * are already in the table. */
+static fa_status copy_into_pages(fa_context *ctx, const fa_kv_cache *c, fa_tensor *pool, fa_tensor *src, int64_t b,
+                                 int64_t from, int64_t pos, int64_t count) {
+  fa_status st = FA_OK;
+  fa_tensor *sb = NULL;
+  if ((st = fa_tensor_select(ctx, src, 0, b, &sb))) return st; /* (H, n, X) */
+  while (count > 0 && !st) {
+    const int64_t page = c->table[b * c->max_pages + pos / c->page_size], off = pos % c->page_size;
+    const int64_t m = count < c->page_size - off ? count : c->page_size - off;
+    fa_tensor *pg = NULL, *dst = NULL, *s = NULL;
+    if (!(st = fa_tensor_select(ctx, pool, 0, page, &pg)) && !(st = fa_tensor_narrow(ctx, pg, 1, off, m, &dst)) &&
+        !(st = fa_tensor_narrow(ctx, sb, 1, from, m, &s)))
+      st = fa_tensor_copy(ctx, dst, s);
+    fa_tensor_drop(&pg), fa_tensor_drop(&dst), fa_tensor_drop(&s);
+    pos += m, from += m, count -= m;
+  }
+  fa_tensor_drop(&sb);
+  return st;
+}
+
+fa_status fa_kv_cache_append(fa_context *ctx, fa_kv_cache *c, fa_tensor *k, fa_tensor *v, const int64_t *lens,
+                             int64_t n_lens) {
+  FA_NEED(ctx);
+  FA_NEED(c);
+  fa_status st;
+  if ((st = check_kv_operand(ctx, c, k, "k", c->D, -1))) return st;
+  const int64_t n = k->shape[2];
+  if ((st = check_kv_operand(ctx, c, v, "v", c->Dv, n))) return st;
+  if (lens && n_lens != c->B)
+    return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: kv_cache append: lens: expected %lld entries (one per sequence), got %lld",
+                   (long long)c->B, (long long)n_lens);
+  int64_t need = 0;
+  for (int64_t b = 0; b < c->B; b++) {
+    const int64_t add = lens ? lens[b] : n;
+    if (add < 0 || add > n)
+      return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: kv_cache append: lens[%lld]: expected 0 to n = %lld, got %lld",
+                     (long long)b + 1, (long long)n, (long long)add);
+    if (add > c->capacity - c->lens[b])
+      return fa_fail(ctx, FA_ERR_ARGUMENT,
+                     "flashattn: kv_cache append: sequence %lld: %lld + %lld positions exceed the capacity %lld "
+                     "(nothing was written)",
+                     (long long)b + 1, (long long)c->lens[b], (long long)add, (long long)c->capacity);
+    need += (c->lens[b] + add + c->page_size - 1) / c->page_size - (c->lens[b] + c->page_size - 1) / c->page_size;
+  }
+  if (need > c->n_free)
+    return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY,
+                   "flashattn: kv_cache append: %lld new pages needed, %lld free in the pool of %lld (nothing was "
+                   "written)",
+                   (long long)need, (long long)c->n_free, (long long)c->pages);
+  /* take the pages (given back on failure: the lengths stay as they were) */
+  for (int64_t b = 0; b < c->B; b++) {
+    const int64_t add = lens ? lens[b] : n;
+    int64_t *row = c->table + b * c->max_pages;
+    for (int64_t p = (c->lens[b] + c->page_size - 1) / c->page_size; p * c->page_size < c->lens[b] + add; p++)
+      row[p] = c->free_list[--c->n_free];
+  }
+  for (int64_t b = 0; b < c->B && !st; b++) {
+    const int64_t add = lens ? lens[b] : n;
+    if (!add) continue;
+    if (!(st = copy_into_pages(ctx, c, c->kpool, k, b, 0, c->lens[b], add)))
+      st = copy_into_pages(ctx, c, c->vpool, v, b, 0, c->lens[b], add);
+  }
+  if (st) { /* undo: the pages taken go back, in the reverse order */
+    for (int64_t b = c->B - 1; b >= 0; b--) {
+      int64_t *row = c->table + b * c->max_pages;
+      const int64_t add = lens ? lens[b] : n;
+      const int64_t first = (c->lens[b] + c->page_size - 1) / c->page_size;
+      for (int64_t p = (c->lens[b] + add + c->page_size - 1) / c->page_size - 1; p >= first; p--) {
+        c->free_list[c->n_free++] = row[p];
+        row[p] = -1;
+      }
+    }
+    return st;
+  }
+  for (int64_t b = 0; b < c->B; b++) c->lens[b] += lens ? lens[b] : n;
+  return FA_OK;
+}
+
+/* Gathers sequence b's positions of pool into a fresh (1, H, L, X). */
+static fa_status gather_seq(fa_context *ctx, const fa_kv_cache *c, fa_tensor *pool, int64_t b, int64_t X,
+                            fa_tensor **out) {
+  const int64_t shape[4] = {1, c->H, c->lens[b], X};
+  fa_status st = fa_tensor_new(ctx, 4, shape, c->dtype, c->device, out);
+  if (st) return st;
+  fa_tensor *dst = NULL;
+  if (!(st = fa_tensor_select(ctx, *out, 0, 0, &dst))) { /* (H, L, X) */
+    int64_t pos = 0, count = c->lens[b];
+    while (count > 0 && !st) {
+      const int64_t page = c->table[b * c->max_pages + pos / c->page_size];
+      const int64_t m = count < c->page_size ? count : c->page_size;
+      fa_tensor *pg = NULL, *src = NULL, *d = NULL;
+      if (!(st = fa_tensor_select(ctx, pool, 0, page, &pg)) && !(st = fa_tensor_narrow(ctx, pg, 1, 0, m, &src)) &&
+          !(st = fa_tensor_narrow(ctx, dst, 1, pos, m, &d)))
+        st = fa_tensor_copy(ctx, d, src);
+      fa_tensor_drop(&pg), fa_tensor_drop(&src), fa_tensor_drop(&d);
+      pos += m, count -= m;
+    }
+  }
+  fa_tensor_drop(&dst);
+  if (st) fa_tensor_drop(out);
+  return st;
+}
+
+static fa_status check_attend(fa_context *ctx, const fa_kv_cache *c, const fa_tensor *q, const fa_attention_opts *o) {
+  fa_status st = fa_check_tensor(ctx, q, "q");
+  if (st) return st;
+  if (q->dtype != c->dtype)
+    return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: kv_cache attend: q: expected dtype %s (the cache's), got %s",
+                   fa_dtype_name(c->dtype), fa_dtype_name(q->dtype));
+  if (q->storage->device != c->device)
+    return fa_fail(ctx, FA_ERR_DEVICE, "flashattn: kv_cache attend: q: expected device %s (the cache's), got %s",
+                   fa_device_name(c->device), fa_device_name(q->storage->device));
+  char buf[64];
+  if (q->ndim != 4 || q->shape[0] != c->B || q->shape[3] != c->D || q->shape[1] < 1 || q->shape[1] % c->H)
+    return fa_fail(ctx, FA_ERR_SHAPE,
+                   "flashattn: kv_cache attend: q: expected shape (B, Hq, Lq, D) = (%lld, a multiple of %lld, Lq, "
+                   "%lld), got %s",
+                   (long long)c->B, (long long)c->H, (long long)c->D, fa_shape_str(q, buf, sizeof buf));
+  if (!o) return FA_OK;
+  const char *bad = o->algo != FA_ATTN_AUTO           ? "algo"
+                    : o->tile_q || o->tile_k          ? "tile"
+                    : o->mask                         ? "mask"
+                    : o->kv_lens                      ? "kv_lens (the cache's lengths are the key lengths)"
+                                                      : NULL;
+  if (bad)
+    return fa_fail(ctx, FA_ERR_ARGUMENT,
+                   "flashattn: kv_cache attend: opts.%s does not apply (scale, causal, window, alibi, softcap, "
+                   "return_lse, out, lse_out, splits do)",
+                   bad);
+  const int64_t oshape[4] = {q->shape[0], q->shape[1], q->shape[2], c->Dv};
+  if (o->out && (st = fa_check_out(ctx, o->out, "opts.out", 4, oshape, q->dtype, c->device))) return st;
+  if (o->lse_out && (st = fa_check_out(ctx, o->lse_out, "opts.lse_out", 3, oshape, FA_F32, c->device))) return st;
+  if (o->out && o->lse_out && fa_tensor_overlaps(o->out, o->lse_out))
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.lse_out: overlaps opts.out in memory; expected two disjoint outputs");
+  return FA_OK;
+}
+
+fa_status fa_kv_cache_attend(fa_context *ctx, fa_kv_cache *c, fa_tensor *q, const fa_attention_opts *opts,
+                             fa_tensor **o, fa_tensor **lse) {
+  if (o) *o = NULL;
+  if (lse) *lse = NULL;
+  FA_NEED(o);
+  FA_NEED(ctx);
+  FA_NEED(c);
+  fa_attention_opts defaults;
+  if (!opts) {
+    fa_attention_opts_init(&defaults);
+    opts = &defaults;
+  }
+  fa_status st = check_attend(ctx, c, q, opts);
+  if (st) return st;
+  /* the options of one sequence's call: the whole checked by fa_attention
+   * on the first sequence before anything is computed */
+  const int want_lse = opts->return_lse || lse || opts->lse_out;
+  fa_attention_opts so = *opts;
+  so.out = so.lse_out = NULL;
+  so.return_lse = want_lse;
+  const int64_t oshape[4] = {q->shape[0], q->shape[1], q->shape[2], c->Dv};
+  fa_tensor *ro = NULL, *rl = NULL, *kb = NULL, *vb = NULL, *qb = NULL, *ob = NULL, *lb = NULL, *dst = NULL;
+  if ((st = fa_tensor_new(ctx, 4, oshape, q->dtype, c->device, &ro))) goto done;
+  if (want_lse && (st = fa_tensor_new(ctx, 3, oshape, FA_F32, c->device, &rl))) goto done;
+  for (int64_t b = 0; b < c->B && !st; b++) {
+    if ((st = gather_seq(ctx, c, c->kpool, b, c->D, &kb)) || (st = gather_seq(ctx, c, c->vpool, b, c->Dv, &vb)) ||
+        (st = fa_tensor_narrow(ctx, q, 0, b, 1, &qb)) ||
+        (st = fa_attention(ctx, qb, kb, vb, &so, &ob, want_lse ? &lb : NULL)) ||
+        (st = fa_tensor_narrow(ctx, ro, 0, b, 1, &dst)) || (st = fa_tensor_copy(ctx, dst, ob)))
+      break;
+    fa_tensor_drop(&dst);
+    if (want_lse && (!(st = fa_tensor_narrow(ctx, rl, 0, b, 1, &dst)))) st = fa_tensor_copy(ctx, dst, lb);
+    fa_tensor_drop(&dst), fa_tensor_drop(&kb), fa_tensor_drop(&vb), fa_tensor_drop(&qb), fa_tensor_drop(&ob),
+        fa_tensor_drop(&lb);
+  }
+  if (!st) st = fa_deliver_results(ctx, opts, want_lse, &ro, &rl, o, lse);
+done:
+  fa_tensor_drop(&ro), fa_tensor_drop(&rl), fa_tensor_drop(&kb), fa_tensor_drop(&vb), fa_tensor_drop(&qb);
+  fa_tensor_drop(&ob), fa_tensor_drop(&lb), fa_tensor_drop(&dst);
+  return st;
+}

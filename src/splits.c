@@ -1,0 +1,93 @@
+/* opts.splits for fa_attention (API §8): the keys cut into s contiguous
+ * pieces, each attended by fa_attention and the partial states merged by
+ * fa_merge_states_n.  Exact (within rounding) for every rule of §2 but
+ * causal = top_left: piece [s, e) is computed on the keys [s, Lk) (a view)
+ * with kv_lens = min(kv_lens[b], e) - s, so that the bottom-right diagonal,
+ * the window and the alibi distances, which all count from the end of the
+ * keys, stay those of the whole call; a mask is narrowed the same way.
+ * Interim: the split-KV kernel and the "auto" chooser come later (today
+ * "auto" is 1 on every backend). */
+#include "splits.h"
+
+#include <string.h>
+
+fa_status fa_attention_splits_check(fa_context *ctx, const fa_attention_opts *o, int reference) {
+  if (!o) return FA_OK;
+  if (o->splits < 0 || o->splits > INT32_MAX)
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.splits: expected a number >= 1 or \"auto\" (0), got %lld",
+                   (long long)o->splits);
+  if (!reference && o->splits > 1 && o->causal == FA_CAUSAL_TOP_LEFT)
+    return fa_fail(ctx, FA_ERR_UNSUPPORTED,
+                   "flashattn: opts.splits: %lld pieces with causal = \"top_left\" are not supported yet (use "
+                   "bottom_right, or splits = 1)",
+                   (long long)o->splits);
+  return FA_OK;
+}
+
+int64_t fa_attention_splits_resolve(const fa_attention_opts *o, const fa_attn_dims *d) {
+  int64_t s = o && o->splits > 0 ? o->splits : 1;
+  if (s > d->Lk) s = d->Lk;
+  return s < 1 ? 1 : s;
+}
+
+fa_status fa_attention_splits_run(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
+                                  const fa_attn_dims *d, int64_t splits, fa_tensor **out, fa_tensor **lse) {
+  const int want_lse = o->return_lse || lse != NULL || o->lse_out;
+  const int kdim = k->ndim - 2; /* the key dimension */
+  fa_status st = FA_OK;
+  size_t nbytes = sizeof(fa_tensor *) * 2 * (size_t)splits + sizeof(int64_t) * (size_t)d->B;
+  fa_tensor **os = fa_host_alloc(ctx, nbytes, &st);
+  if (!os) return st;
+  memset(os, 0, nbytes);
+  fa_tensor **lses = os + splits;
+  int64_t *lens = (int64_t *)(lses + splits);
+  fa_tensor *kp = NULL, *vp = NULL, *mp = NULL, *ro = NULL, *rl = NULL;
+  for (int64_t i = 0; i < splits && !st; i++) {
+    const int64_t s = d->Lk * i / splits, e = d->Lk * (i + 1) / splits;
+    for (int64_t b = 0; b < d->B; b++) {
+      int64_t end = o->kv_lens && o->kv_lens[b] < e ? o->kv_lens[b] : e;
+      lens[b] = end > s ? end - s : 0;
+    }
+    fa_attention_opts po = *o;
+    po.splits = 1, po.out = po.lse_out = NULL, po.return_lse = 1;
+    po.kv_lens = lens, po.n_kv_lens = d->B;
+    if ((st = fa_tensor_narrow(ctx, k, kdim, s, d->Lk - s, &kp)) ||
+        (st = fa_tensor_narrow(ctx, v, kdim, s, d->Lk - s, &vp)))
+      break;
+    if (o->mask && o->mask->shape[o->mask->ndim - 1] != 1) {
+      if ((st = fa_tensor_narrow(ctx, o->mask, o->mask->ndim - 1, s, d->Lk - s, &mp))) break;
+      po.mask = mp;
+    }
+    st = fa_attention(ctx, q, kp, vp, &po, &os[i], &lses[i]);
+    fa_tensor_drop(&kp), fa_tensor_drop(&vp), fa_tensor_drop(&mp);
+  }
+  if (!st) st = fa_merge_states_n(ctx, splits, os, lses, &ro, &rl);
+  for (int64_t i = 0; i < splits; i++) {
+    if (os[i]) fa_tensor_release(os[i]);
+    if (lses[i]) fa_tensor_release(lses[i]);
+  }
+  fa_host_free(os, nbytes);
+  if (!st) st = fa_deliver_results(ctx, o, want_lse, &ro, &rl, out, lse);
+  fa_tensor_drop(&ro), fa_tensor_drop(&rl), fa_tensor_drop(&kp), fa_tensor_drop(&vp), fa_tensor_drop(&mp);
+  return st;
+}
+
+fa_status fa_deliver_results(fa_context *ctx, const fa_attention_opts *o, int want_lse, fa_tensor **ro,
+                             fa_tensor **rl, fa_tensor **out, fa_tensor **lse) {
+  fa_status st;
+  if (o->out) {
+    if ((st = fa_tensor_copy(ctx, o->out, *ro))) return st;
+    fa_tensor_drop(ro);
+    fa_tensor_retain(o->out);
+    *ro = o->out;
+  }
+  if (want_lse && o->lse_out) {
+    if ((st = fa_tensor_copy(ctx, o->lse_out, *rl))) return st;
+    fa_tensor_drop(rl);
+    fa_tensor_retain(o->lse_out);
+    *rl = o->lse_out;
+  }
+  *out = *ro, *ro = NULL;
+  if (lse && want_lse) *lse = *rl, *rl = NULL;
+  return FA_OK;
+}

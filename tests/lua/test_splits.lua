@@ -1,0 +1,138 @@
+-- opts.splits for fa.attention (docs/lua-api.md §5): the keys cut into s
+-- contiguous pieces, each attended, the states merged: the same result as
+-- the unsplit call within rounding, lse too, with every rule of the
+-- attention (causal bottom-right, window, kv_lens, alibi, softcap, mask)
+-- measured on the whole key sequence.  causal = "top_left" with s > 1 is
+-- an error for now; "auto" (the default) is 1 today.
+local U = require "fa_testutil"
+local fa, lu = U.fa, U.lu
+local dev = U.device
+
+TestSplits = {}
+
+local function rule_sets(B, Hq, Lq, Lk)
+  local alibi = {}
+  for h = 1, Hq do alibi[h] = 0.25 * h end
+  local kv = {}
+  for b = 1, B do kv[b] = (b * 7) % (Lk + 1) end
+  return {
+    {},
+    {causal = true},
+    {causal = "bottom_right", window = {3, 0}},
+    {window = {5, 2}},
+    {kv_lens = kv},
+    {kv_lens = kv, causal = true},
+    {alibi = alibi},
+    {alibi = alibi, causal = true, softcap = 3},
+    {softcap = 2, scale = 0.7},
+    {mask = U.rand({1, 1, Lq, Lk}, "f32"):to("f32", dev) - 0.5},
+  }
+end
+
+function TestSplits:test_equal_to_the_unsplit_call()
+  local shapes = {
+    {{2, 4, 1, 32}, {2, 2, 50, 32}, {2, 2, 50, 16}}, -- decode, GQA, Dv != D
+    {{1, 2, 16, 16}, {1, 2, 37, 16}, {1, 2, 37, 16}}, -- speculative Lq = 16
+    {{3, 5, 24}, {3, 19, 24}, {3, 19, 24}},           -- 3-D, Lq < Lk
+    {{9, 8}, {9, 8}, {9, 8}},                         -- 2-D
+  }
+  for si, s in ipairs(shapes) do
+    for _, dtype in ipairs(U.dtypes) do
+      local q, k, v = U.randn(s[1], dtype), U.randn(s[2], dtype), U.randn(s[3], dtype)
+      local B = #s[1] == 4 and s[1][1] or 1
+      local Hq = #s[1] >= 3 and s[1][#s[1] - 2] or 1
+      local Lq, Lk = s[1][#s[1] - 1], s[2][#s[2] - 1]
+      for ri, rules in ipairs(rule_sets(B, Hq, Lq, Lk)) do
+        local skip = (#s[1] < 4 and rules.kv_lens) or (rules.alibi and #rules.alibi ~= Hq)
+        if not skip then
+          local base = U.copy_opts(rules)
+          base.return_lse = true
+          local o1, l1 = fa.attention(q, k, v, base)
+          for _, sp in ipairs({2, 3, Lk + 5}) do
+            local opts = U.copy_opts(rules)
+            opts.return_lse = true
+            opts.splits = sp
+            opts.algo = U.pick({"flash", "naive", "two_pass", "flash_row", "auto"}, si + ri + sp)
+            local o, l = fa.attention(q, k, v, opts)
+            local what = ("splits=%d %s %s rules #%d"):format(sp, dtype, U.shape_str(s[2]), ri)
+            lu.assertEquals(o:dtype(), dtype, what)
+            lu.assertEquals(o:device(), dev, what)
+            U.assert_close(o, o1, dtype, what, math.max(U.tol[dtype], 1e-6))
+            U.assert_lse(l, l1, dtype, what .. " lse")
+          end
+        end
+      end
+    end
+  end
+end
+
+function TestSplits:test_against_the_reference()
+  local q, k, v = U.randn({2, 4, 3, 16}), U.randn({2, 2, 41, 16}), U.randn({2, 2, 41, 16})
+  local opts = {causal = true, window = {9, -1}, kv_lens = {41, 30}, alibi = {0.1, 0.2, 0.3, 0.4}, splits = 4,
+                return_lse = true}
+  local ro, rl = U.reference(q, k, v, opts)
+  local o, l = fa.attention(q, k, v, opts)
+  U.assert_close(o, ro, "f32", "splits vs reference")
+  U.assert_lse(l, rl, "f32", "splits vs reference lse")
+end
+
+function TestSplits:test_empty_rows_and_no_keys()
+  -- kv_lens 0: every piece empty: zeros and lse = -inf
+  local q, k, v = U.randn({2, 1, 2, 8}), U.randn({2, 1, 10, 8}), U.randn({2, 1, 10, 8})
+  local o, l = fa.attention(q, k, v, {kv_lens = {0, 10}, splits = 3, return_lse = true})
+  local t = U.flat(l)
+  lu.assertEquals(t[1], -math.huge)
+  lu.assertEquals(t[2], -math.huge)
+  lu.assertEquals(o:select(1, 1):norm(), 0)
+  -- Lk = 0: nothing to split
+  local k0, v0 = U.randn({2, 1, 0, 8}), U.randn({2, 1, 0, 8})
+  local o0, l0 = fa.attention(q, k0, v0, {splits = 4, return_lse = true})
+  lu.assertEquals(o0:norm(), 0)
+  lu.assertEquals(U.flat(l0)[1], -math.huge)
+end
+
+function TestSplits:test_out_and_lse_out()
+  local q, k, v = U.randn({1, 2, 3, 8}), U.randn({1, 2, 20, 8}), U.randn({1, 2, 20, 8})
+  local ro, rl = fa.attention(q, k, v, {return_lse = true})
+  local out, lse_out = U.poison({1, 2, 3, 8}, "f32"), U.poison({1, 2, 3}, "f32")
+  local o, l = fa.attention(q, k, v, {splits = 5, out = out, lse_out = lse_out})
+  lu.assertTrue(rawequal(o, out))
+  lu.assertTrue(rawequal(l, lse_out))
+  U.assert_close(out, ro, "f32", "out")
+  U.assert_lse(lse_out, rl, "f32", "lse_out")
+  -- out aliasing q: the inputs are read before out is written
+  local qq = q:clone()
+  local o2 = fa.attention(qq, k, v, {splits = 3, out = qq})
+  U.assert_close(o2, ro, "f32", "out = q")
+end
+
+function TestSplits:test_auto_and_errors()
+  local q, k, v = U.randn({1, 1, 2, 8}), U.randn({1, 1, 9, 8}), U.randn({1, 1, 9, 8})
+  local ro = fa.attention(q, k, v)
+  U.assert_close(fa.attention(q, k, v, {splits = "auto"}), ro, "f32", "auto")
+  for _, bad in ipairs({0, -1, 1.5, "many", true}) do
+    local ok, err = pcall(fa.attention, q, k, v, {splits = bad})
+    lu.assertFalse(ok)
+    lu.assertStrContains(err, "flashattn: opts.splits")
+  end
+  local ok, err = pcall(fa.attention, q, k, v, {splits = 2, causal = "top_left"})
+  lu.assertFalse(ok)
+  lu.assertStrContains(err, "flashattn: opts.splits")
+  lu.assertStrContains(err, "top_left")
+  -- top_left with one piece still runs; the reference ignores splits
+  fa.attention(q, k, v, {splits = 1, causal = "top_left"})
+  fa.attention_reference(q, k, v, {splits = 3, causal = "top_left"})
+end
+
+function TestSplits:test_hostile_finalizer_frees_inputs()
+  local q, k, v = U.randn({1, 2, 2, 8}), U.randn({1, 2, 30, 8}), U.randn({1, 2, 30, 8})
+  local ro = fa.attention(q, k, v)
+  local kk, vv = k:clone(), v:clone()
+  local opts = setmetatable({}, {__index = function(_, key)
+    if key == "splits" then kk:free(); vv:free(); collectgarbage() return 3 end
+  end})
+  local o = fa.attention(q, kk, vv, opts) -- pinned before the opts run
+  U.assert_close(o, ro, "f32", "hostile")
+end
+
+U.run()
