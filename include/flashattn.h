@@ -370,8 +370,9 @@ FA_API void fa_lua_set_file_access(struct lua_State *L, int allowed);
 
 /* The gradients dq, dk, dv of fa_attention(q, k, v, opts) for the upstream
  * gradient dout, from the forward's o (…, Lq, Dv) and lse (…, Lq): the same
- * opts (every option of the forward; algo, tile's query size, return_lse,
- * out and lse_out are not used), FlashAttention's recomputation of P from
+ * opts (every option of the forward; tile_q, tile_k are the backward's
+ * query and key tiles, 0 = 64; algo, return_lse, out and lse_out are not
+ * used), FlashAttention's recomputation of P from
  * q, k and lse (nothing of size Lq·Lk stored), dk and dv summed over the
  * query heads sharing a KV head (GQA/MQA).  dq, dk, dv get new tensors of
  * q's, k's and v's shapes in q's dtype.  o and dout in q's dtype, lse any

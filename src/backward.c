@@ -8,12 +8,12 @@
  * fallback). */
 #include "check.h"
 #include "cpu/attention_backward.h"
-#include "cpu/attention_tiles.h"
 
 #include <float.h>
 #include <math.h>
 #include <string.h>
 
+enum { BW_TILE = 64 };
 enum { BW_Q, BW_K, BW_V, BW_O, BW_LSE, BW_DOUT, BW_MASK, BW_DQ, BW_DK, BW_DV, BW_N };
 
 /* The forward's options as fa_attention resolves them (attention.c's
@@ -30,8 +30,8 @@ static void bw_problem(const fa_attention_opts *o, const fa_attn_dims *d, fa_dty
   p->win_left = o->window_left, p->win_right = o->window_right;
   p->kv_lens = o->kv_lens;
   p->alibi = o->alibi;
-  p->tile_q = o->tile_q > 0 ? o->tile_q : FA_CPU_DEFAULT_TILE_Q;
-  p->tile_k = o->tile_k > 0 ? o->tile_k : FA_CPU_DEFAULT_TILE_K;
+  p->tile_q = o->tile_q > 0 ? o->tile_q : BW_TILE; /* the backward's own default: three Br·Bc tiles in cache */
+  p->tile_k = o->tile_k > 0 ? o->tile_k : BW_TILE;
 }
 
 /* A contiguous (shape of `like`) view of the computed buffer, converted to

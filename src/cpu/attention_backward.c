@@ -1,10 +1,11 @@
 /* The CPU backward pass of attention (attention_backward.h).
  *
  * fa_cpu_attention_backward: FlashAttention's recomputation scheme.  The
- * row sums delta_i = rowsum(dO_i ∘ O_i) first; then, per key tile, every
- * query row that may attend to it recomputes its scores with the forward's
- * own score routine and P = e^(s − lse), and adds its share to dV, dK and
- * its dQ row.  Nothing of size Lq·Lk is stored.  One task per (batch, KV
+ * row sums delta_i = rowsum(dO_i ∘ O_i) first; then, per key tile and per
+ * query tile that may attend to it, S = Q·Kᵀ and dO·Vᵀ by BLAS, the scores
+ * by the forward's own routine, P = e^(s − lse), dS, and the tile's shares
+ * of dV, dK and dQ by BLAS.  Nothing of size Lq·Lk is stored (three Br·Bc
+ * tiles a thread).  One task per (batch, KV
  * head) owns that head's dk, dv and the dq rows of the query heads sharing
  * it (GQA), so no two threads write one element and the order of every sum
  * is fixed: the result is bit-identical from run to run and whatever the
@@ -20,10 +21,24 @@
 #include "attn_range.h"
 #include "cpu/attention_scores.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <string.h>
+
+/* Row-major C(m,n) = op(A)·op(B) + beta·C, single-threaded BLAS (the
+ * engine threads with OpenMP itself). */
+static inline void bw_gemm_f32(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                               const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k,
+              1.0f, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+}
+static inline void bw_gemm_f64(int ta, int tb, int64_t m, int64_t n, int64_t k, const double *a, int64_t lda,
+                               const double *b, int64_t ldb, double beta, double *c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k,
+              1.0, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+}
 
 #define FA_IMPL "cpu/attention_backward_impl.h"
 #include "cpu/attention_instantiate.h"

@@ -16,59 +16,75 @@ static inline REAL FA_R(bw_dot)(const REAL *a, const REAL *b, int64_t n) {
   return sum;
 }
 
-static inline void FA_R(bw_axpy)(REAL *y, REAL a, const REAL *x, int64_t n) {
-  for (int64_t e = 0; e < n; e++) y[e] += a * x[e];
-}
-
-/* One query row i of head h against keys j0..j0+n-1 (the row's allowed
- * range [lo, hi) meets them): recompute its scores and P from lse, then
- * dV += Pᵀ·dO, dS = P∘(dO·Vᵀ − delta), dK += dSᵀ·Q·scale', dQ += dS·K·scale'
- * (scale' = scale times softcap's 1 − tanh²).  s, raw: n entries each. */
-static void FA_R(bw_row)(const fa_attn_backward *g, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n,
-                         int64_t lo, int64_t hi, REAL delta, REAL *s, REAL *raw) {
+/* Query rows i0..i0+m-1 of head h against keys j0..j0+n-1: recompute
+ * S = Q·Kᵀ and P = e^(s − lse) (the forward's own score routine), then
+ * dV += Pᵀ·dO, dS = P∘(dO·Vᵀ − delta)·scale' (scale' = scale times
+ * softcap's 1 − tanh²), dK += dSᵀ·Q, dQ += dS·K, the products by BLAS.
+ * sp, dp, th: m·n entries each.  Returns without work when no row of the
+ * tile may attend to these keys. */
+FA_CPU_CLONES
+static void FA_R(bw_tile)(const fa_attn_backward *g, int64_t b, int64_t h, int64_t i0, int64_t m, int64_t j0,
+                          int64_t n, const REAL *delta, REAL *sp, REAL *dp, REAL *th) {
   const fa_attn_problem *p = g->p;
-  const int64_t D = p->D, Dv = p->Dv, hk = h / (p->Hq / p->Hkv), row = (b * p->Hq + h) * p->Lq + i;
+  const int64_t D = p->D, Dv = p->Dv, hk = h / (p->Hq / p->Hkv), row0 = (b * p->Hq + h) * p->Lq + i0;
   const int64_t kv = (b * p->Hkv + hk) * p->Lk + j0;
-  const REAL *q = (const REAL *)p->q + row * D, *k = (const REAL *)p->k + kv * D;
-  const REAL *v = (const REAL *)p->v + kv * Dv, *dout = (const REAL *)g->dout + row * Dv;
-  REAL *dq = (REAL *)g->dq + row * D, *dk = (REAL *)g->dk + kv * D, *dv = (REAL *)g->dv + kv * Dv;
-  const REAL lse = ((const REAL *)g->lse)[row], scale = (REAL)p->scale, c = (REAL)p->softcap;
-  for (int64_t j = 0; j < n; j++) s[j] = FA_R(bw_dot)(q, k + j * D, D);
-  if (p->softcap > 0)
-    for (int64_t j = 0; j < n; j++) raw[j] = FA_TANH(s[j] * scale / c); /* as fa_attn_scores rounds it */
-  FA_R(fa_attn_scores)(p, b, h, i, j0, n, lo, hi, s);
-  for (int64_t j = 0; j < n; j++) {
-    if (s[j] == -(REAL)INFINITY) continue; /* masked: nothing flows */
-    const REAL pij = FA_EXP(s[j] - lse);
-    FA_R(bw_axpy)(dv + j * Dv, pij, dout, Dv);
-    REAL ds = pij * (FA_R(bw_dot)(dout, v + j * Dv, Dv) - delta) * scale;
-    if (p->softcap > 0) ds *= 1 - raw[j] * raw[j];
-    FA_R(bw_axpy)(dk + j * D, ds, q, D);
-    FA_R(bw_axpy)(dq, ds, k + j * D, D);
+  const REAL *q = (const REAL *)p->q + row0 * D, *k = (const REAL *)p->k + kv * D;
+  const REAL *v = (const REAL *)p->v + kv * Dv, *dout = (const REAL *)g->dout + row0 * Dv;
+  const REAL *lse = (const REAL *)g->lse + row0;
+  REAL *dq = (REAL *)g->dq + row0 * D, *dk = (REAL *)g->dk + kv * D, *dv = (REAL *)g->dv + kv * Dv;
+  const REAL scale = (REAL)p->scale, c = (REAL)p->softcap;
+  int any = 0;
+  for (int64_t r = 0; r < m && !any; r++) {
+    int64_t lo, hi;
+    fa_attn_range_of(p, b, i0 + r, &lo, &hi);
+    any = hi > j0 && lo < j0 + n && lse[r] != -(REAL)INFINITY;
   }
+  if (!any) return;
+  FA_R(bw_gemm)(0, 1, m, n, D, q, D, k, D, 0, sp, n);       /* S = Q·Kᵀ */
+  FA_R(bw_gemm)(0, 1, m, n, Dv, dout, Dv, v, Dv, 0, dp, n); /* dP = dO·Vᵀ */
+  for (int64_t r = 0; r < m; r++) {
+    REAL *s = sp + r * n, *d = dp + r * n, *t = th + r * n;
+    int64_t lo, hi;
+    fa_attn_range_of(p, b, i0 + r, &lo, &hi);
+    if (hi <= j0 || lo >= j0 + n || lse[r] == -(REAL)INFINITY) { /* nothing flows from this row */
+      memset(s, 0, (size_t)n * sizeof *s);
+      memset(d, 0, (size_t)n * sizeof *d);
+      continue;
+    }
+    if (p->softcap > 0)
+      for (int64_t j = 0; j < n; j++) t[j] = FA_TANH(s[j] * scale / c); /* as fa_attn_scores rounds it */
+    FA_R(fa_attn_scores)(p, b, h, i0 + r, j0, n, lo, hi, s);
+    for (int64_t j = 0; j < n; j++) {
+      if (s[j] == -(REAL)INFINITY) { /* masked: nothing flows */
+        s[j] = d[j] = 0;
+        continue;
+      }
+      s[j] = FA_EXP(s[j] - lse[r]);
+      d[j] = s[j] * (d[j] - delta[r]) * scale;
+      if (p->softcap > 0) d[j] *= 1 - t[j] * t[j];
+    }
+  }
+  FA_R(bw_gemm)(1, 0, n, Dv, m, sp, n, dout, Dv, 1, dv, Dv); /* dV += Pᵀ·dO */
+  FA_R(bw_gemm)(1, 0, n, D, m, dp, n, q, D, 1, dk, D);       /* dK += dSᵀ·Q */
+  FA_R(bw_gemm)(0, 0, m, D, n, dp, n, k, D, 1, dq, D);       /* dQ += dS·K */
 }
 
 /* The task of (b, hk): the dk, dv of that KV head and the dq rows of its
- * query heads, key tile by key tile.  scratch: G·Lq + 2·Bc entries. */
+ * query heads, key tile by key tile.  scratch: G·Lq + 3·Br·Bc entries. */
 static void FA_R(bw_task)(const fa_attn_backward *g, int64_t b, int64_t hk, REAL *scratch) {
   const fa_attn_problem *p = g->p;
-  const int64_t G = p->Hq / p->Hkv, Lq = p->Lq, Lk = p->Lk, Dv = p->Dv, bc = p->tile_k, h0 = hk * G;
-  REAL *delta = scratch, *s = scratch + G * Lq, *raw = s + bc;
-  const REAL *o = (const REAL *)g->o, *dout = (const REAL *)g->dout, *lse = (const REAL *)g->lse;
+  const int64_t G = p->Hq / p->Hkv, Lq = p->Lq, Lk = p->Lk, Dv = p->Dv, br = p->tile_q, bc = p->tile_k, h0 = hk * G;
+  REAL *delta = scratch, *sp = scratch + G * Lq, *dp = sp + br * bc, *th = dp + br * bc;
+  const REAL *o = (const REAL *)g->o, *dout = (const REAL *)g->dout;
   for (int64_t r = 0; r < G * Lq; r++) { /* delta_i = rowsum(dO_i ∘ O_i) */
     const int64_t row = (b * p->Hq + h0) * Lq + r;
     delta[r] = FA_R(bw_dot)(dout + row * Dv, o + row * Dv, Dv);
   }
-  for (int64_t j0 = 0; j0 < Lk; j0 += bc) {
-    const int64_t n = Lk - j0 < bc ? Lk - j0 : bc;
+  for (int64_t j0 = 0; j0 < Lk; j0 += bc)
     for (int64_t h = h0; h < h0 + G; h++)
-      for (int64_t i = 0; i < Lq; i++) {
-        int64_t lo, hi;
-        fa_attn_range_of(p, b, i, &lo, &hi);
-        if (hi <= j0 || lo >= j0 + n || lse[(b * p->Hq + h) * Lq + i] == -(REAL)INFINITY) continue;
-        FA_R(bw_row)(g, b, h, i, j0, n, lo, hi, delta[(h - h0) * Lq + i], s, raw);
-      }
-  }
+      for (int64_t i0 = 0; i0 < Lq; i0 += br)
+        FA_R(bw_tile)(g, b, h, i0, Lq - i0 < br ? Lq - i0 : br, j0, Lk - j0 < bc ? Lk - j0 : bc,
+                      delta + (h - h0) * Lq + i0, sp, dp, th);
 }
 
 static fa_status FA_R(bw_run)(fa_context *ctx, const fa_attn_backward *g) {
@@ -76,7 +92,7 @@ static fa_status FA_R(bw_run)(fa_context *ctx, const fa_attn_backward *g) {
   const int64_t tasks = p->B * p->Hkv;
   int threads = omp_get_max_threads();
   if (tasks < threads) threads = tasks > 0 ? (int)tasks : 1;
-  const double per = (double)(p->Hq / p->Hkv) * (double)p->Lq + 2.0 * (double)p->tile_k;
+  const double per = (double)(p->Hq / p->Hkv) * (double)p->Lq + 3.0 * (double)p->tile_q * (double)p->tile_k;
   if (per * (double)threads * sizeof(REAL) > (double)SIZE_MAX / 2)
     return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: attention_backward: Lq = %lld is too large",
                    (long long)p->Lq);
