@@ -33,7 +33,7 @@ static void buffers_drop(attn_buffers *b) {
  * compute dtype but f64 works in f32, where softcap is taken as f32 takes
  * it: past f32's range c·tanh(s/c) is s (off; c = inf would give inf·0 =
  * NaN), a c that rounds to 0 is the least normal (0/0 at s = 0). */
-static void resolve_options(const fa_attention_opts *o, const fa_attn_dims *d, fa_dtype compute, fa_attn_problem *p) {
+void fa_attn_resolve_options(const fa_attention_opts *o, const fa_attn_dims *d, fa_dtype compute, fa_attn_problem *p) {
   memset(p, 0, sizeof *p);
   p->B = d->B, p->Hq = d->Hq, p->Hkv = d->Hkv, p->Lq = d->Lq, p->Lk = d->Lk, p->D = d->D, p->Dv = d->Dv;
   p->scale = o->has_scale ? o->scale : 1.0 / sqrt((double)d->D);
@@ -47,7 +47,7 @@ static void resolve_options(const fa_attention_opts *o, const fa_attn_dims *d, f
 
 /* Points p at the mask's contiguous copy `buf` (bool or float), with
  * right-aligned broadcast strides over (B, Hq, Lq, Lk): 0 where size 1. */
-static void attach_mask(fa_attn_problem *p, const fa_tensor *m, fa_tensor *buf) {
+void fa_attn_attach_mask(fa_attn_problem *p, const fa_tensor *m, fa_tensor *buf) {
   if (m->dtype == FA_BOOL) p->mask_b = fa_tensor_ptr(buf);
   else p->mask_f = fa_tensor_ptr(buf);
   for (int i = 0; i < 4; i++) p->mask_strides[i] = 0;
@@ -58,7 +58,7 @@ static void attach_mask(fa_attn_problem *p, const fa_tensor *m, fa_tensor *buf) 
  * the compute dtype. */
 static fa_status build_problem(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
                                const fa_attn_dims *d, fa_dtype compute, fa_attn_problem *p, attn_buffers *bufs) {
-  resolve_options(o, d, compute, p);
+  fa_attn_resolve_options(o, d, compute, p);
   p->kv_lens = o->kv_lens;
   p->alibi = o->alibi;
   p->tile_q = o->tile_q ? o->tile_q : FA_CPU_DEFAULT_TILE_Q;
@@ -72,7 +72,7 @@ static fa_status build_problem(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   if (o->mask) {
     fa_tensor *m = o->mask;
     if ((st = fa_tensor_cpu_contiguous(ctx, m, m->dtype == FA_BOOL ? FA_BOOL : compute, &bufs->mask))) return st;
-    attach_mask(p, m, bufs->mask);
+    fa_attn_attach_mask(p, m, bufs->mask);
   }
   return FA_OK;
 }
@@ -180,7 +180,7 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
   fa_attn_problem p;
   void *kv_lens = NULL, *alibi = NULL;
   size_t kv_bytes = sizeof(int64_t) * (size_t)d->B, alibi_bytes = sizeof(double) * (size_t)d->Hq;
-  resolve_options(o, d, d->dtype, &p);
+  fa_attn_resolve_options(o, d, d->dtype, &p);
   /* defaults: the tile of the fastest kernel that takes the call */
   int64_t br, bc;
   fa_cuda_attention_default_tile(d->dtype, d->D, d->Dv, &br, &bc);
@@ -206,7 +206,7 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
     st = fa_tensor_contiguous(ctx, conv, &bufs.mask);
     fa_tensor_release(conv);
     if (st) goto done;
-    attach_mask(&p, m, bufs.mask);
+    fa_attn_attach_mask(&p, m, bufs.mask);
   }
   if (o->kv_lens && (st = upload(ctx, o->kv_lens, kv_bytes, &kv_lens))) goto done;
   if (o->alibi && (st = upload(ctx, o->alibi, alibi_bytes, &alibi))) goto done;

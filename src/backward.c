@@ -9,25 +9,15 @@
 #include "check.h"
 #include "cpu/attention_backward.h"
 
-#include <float.h>
-#include <math.h>
 #include <string.h>
 
 enum { BW_TILE = 64 };
 enum { BW_Q, BW_K, BW_V, BW_O, BW_LSE, BW_DOUT, BW_MASK, BW_DQ, BW_DK, BW_DV, BW_N };
 
-/* The forward's options as fa_attention resolves them (attention.c's
- * resolve_options and attach_mask), for the backward's problem. */
+/* The forward's options as fa_attention resolves them, with the backward's
+ * own default tile. */
 static void bw_problem(const fa_attention_opts *o, const fa_attn_dims *d, fa_dtype compute, fa_attn_problem *p) {
-  memset(p, 0, sizeof *p);
-  p->B = d->B, p->Hq = d->Hq, p->Hkv = d->Hkv, p->Lq = d->Lq, p->Lk = d->Lk, p->D = d->D, p->Dv = d->Dv;
-  p->scale = o->has_scale ? o->scale : 1.0 / sqrt((double)d->D);
-  p->compute = compute;
-  p->softcap = o->softcap;
-  if (compute != FA_F64 && p->softcap > 0) p->softcap = isinf((float)p->softcap) ? 0 : fmax(p->softcap, FLT_MIN);
-  p->causal = o->causal;
-  p->has_window = o->has_window && (o->window_left >= 0 || o->window_right >= 0);
-  p->win_left = o->window_left, p->win_right = o->window_right;
+  fa_attn_resolve_options(o, d, compute, p);
   p->kv_lens = o->kv_lens;
   p->alibi = o->alibi;
   p->tile_q = o->tile_q > 0 ? o->tile_q : BW_TILE; /* the backward's own default: three Br·Bc tiles in cache */
@@ -83,10 +73,7 @@ static fa_status run_backward(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_te
   if (opts->mask) {
     fa_tensor *m = opts->mask;
     if ((st = fa_tensor_cpu_contiguous(ctx, m, m->dtype == FA_BOOL ? FA_BOOL : compute, &t[BW_MASK]))) goto done;
-    if (m->dtype == FA_BOOL) p.mask_b = fa_tensor_ptr(t[BW_MASK]);
-    else p.mask_f = fa_tensor_ptr(t[BW_MASK]);
-    for (int i = 0; i < m->ndim; i++)
-      p.mask_strides[4 - m->ndim + i] = m->shape[i] == 1 ? 0 : t[BW_MASK]->strides[i];
+    fa_attn_attach_mask(&p, m, t[BW_MASK]);
   }
   if ((st = bw_zeros(ctx, d.B, d.Hq, d.Lq, d.D, compute, &t[BW_DQ])) ||
       (st = bw_zeros(ctx, d.B, d.Hkv, d.Lk, d.D, compute, &t[BW_DK])) ||

@@ -15,6 +15,12 @@ typedef struct {
 } fa_attn_dims;
 
 fa_status fa_check_tensor(fa_context *ctx, const fa_tensor *t, const char *name);
+/* The options every attention computation reads the same way (attention.c;
+ * the backward too): p cleared, then shapes, scale, softcap, causal,
+ * window, the compute dtype. */
+void fa_attn_resolve_options(const fa_attention_opts *o, const fa_attn_dims *d, fa_dtype compute, fa_attn_problem *p);
+/* Points p at the mask's contiguous copy buf, with broadcast strides. */
+void fa_attn_attach_mask(fa_attn_problem *p, const fa_tensor *m, fa_tensor *buf);
 /* `reference`: the call computes in f64 whatever the inputs (the scale's
  * f32 range does not apply). */
 fa_status fa_check_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
