@@ -57,16 +57,9 @@ class AttnOpts(ctypes.Structure):
 
 
 class Engine:
-    """The C API through ctypes; Lua's symbols come from liblua, loaded
-    globally first (libflashattn also holds the Lua binding)."""
+    """The C API through ctypes (libflashattn holds no Lua)."""
 
     def __init__(self, lib):
-        for name in ("liblua5.4.so.0", "liblua5.4.so"):
-            try:
-                ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
-                break
-            except OSError:
-                pass
         self.lib = ctypes.CDLL(lib)
         L = self.lib
         vp, i64p = ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64)

@@ -318,27 +318,26 @@ fa_status fa_kv_cache_attend(fa_context *ctx, fa_kv_cache *c, fa_tensor *q, cons
   /* the options of one sequence's call: the whole checked by fa_attention
    * on the first sequence before anything is computed */
   const int want_lse = opts->return_lse || lse || opts->lse_out;
-  fa_attention_opts so = *opts;
-  so.out = so.lse_out = NULL;
+  fa_attention_opts so = *opts; /* out and lse_out: the sequence's rows of ro and rl, below */
   so.return_lse = want_lse;
   const int64_t oshape[4] = {q->shape[0], q->shape[1], q->shape[2], c->Dv};
-  fa_tensor *ro = NULL, *rl = NULL, *kb = NULL, *vb = NULL, *qb = NULL, *ob = NULL, *lb = NULL, *dst = NULL;
+  fa_tensor *ro = NULL, *rl = NULL, *kb = NULL, *vb = NULL, *qb = NULL, *ob = NULL, *lb = NULL, *rs = NULL, *ls = NULL;
   if ((st = fa_tensor_new(ctx, 4, oshape, q->dtype, c->device, &ro))) goto done;
   if (want_lse && (st = fa_tensor_new(ctx, 3, oshape, FA_F32, c->device, &rl))) goto done;
   for (int64_t b = 0; b < c->B && !st; b++) {
+    /* each sequence's call writes straight into its rows of ro and rl (opts.out / lse_out) */
     if ((st = gather_seq(ctx, c, c->kpool, b, c->D, &kb)) || (st = gather_seq(ctx, c, c->vpool, b, c->Dv, &vb)) ||
-        (st = fa_tensor_narrow(ctx, q, 0, b, 1, &qb)) ||
-        (st = fa_attention(ctx, qb, kb, vb, &so, &ob, want_lse ? &lb : NULL)) ||
-        (st = fa_tensor_narrow(ctx, ro, 0, b, 1, &dst)) || (st = fa_tensor_copy(ctx, dst, ob)))
+        (st = fa_tensor_narrow(ctx, q, 0, b, 1, &qb)) || (st = fa_tensor_narrow(ctx, ro, 0, b, 1, &rs)) ||
+        (want_lse && (st = fa_tensor_narrow(ctx, rl, 0, b, 1, &ls))))
       break;
-    fa_tensor_drop(&dst);
-    if (want_lse && (!(st = fa_tensor_narrow(ctx, rl, 0, b, 1, &dst)))) st = fa_tensor_copy(ctx, dst, lb);
-    fa_tensor_drop(&dst), fa_tensor_drop(&kb), fa_tensor_drop(&vb), fa_tensor_drop(&qb), fa_tensor_drop(&ob),
-        fa_tensor_drop(&lb);
+    so.out = rs, so.lse_out = ls;
+    st = fa_attention(ctx, qb, kb, vb, &so, &ob, want_lse ? &lb : NULL);
+    fa_tensor_drop(&rs), fa_tensor_drop(&ls), fa_tensor_drop(&kb), fa_tensor_drop(&vb), fa_tensor_drop(&qb),
+        fa_tensor_drop(&ob), fa_tensor_drop(&lb);
   }
   if (!st) st = fa_deliver_results(ctx, opts, want_lse, &ro, &rl, o, lse);
 done:
   fa_tensor_drop(&ro), fa_tensor_drop(&rl), fa_tensor_drop(&kb), fa_tensor_drop(&vb), fa_tensor_drop(&qb);
-  fa_tensor_drop(&ob), fa_tensor_drop(&lb), fa_tensor_drop(&dst);
+  fa_tensor_drop(&rs), fa_tensor_drop(&ls);
   return st;
 }

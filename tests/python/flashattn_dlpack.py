@@ -104,20 +104,7 @@ class FaError(RuntimeError):
 
 
 def load_library(path):
-    """libflashattn.so as a PyDLL.  While the library still carries the Lua
-    binding (its lua_* symbols left to the host), liblua is loaded
-    globally first."""
-    try:
-        return ctypes.PyDLL(path)
-    except OSError as e:
-        if "undefined symbol" not in str(e):
-            raise
-    for name in ("liblua5.4.so.0", "liblua5.4.so"):
-        try:
-            ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
-            break
-        except OSError:
-            pass
+    """libflashattn.so (no Lua in it) as a PyDLL."""
     return ctypes.PyDLL(path)
 
 
