@@ -151,6 +151,19 @@ done:
   return st;
 }
 
+fa_status fa_attn_deliver(fa_context *ctx, const fa_tensor *q, int rank, int64_t dv, fa_tensor *obuf, fa_tensor *lbuf,
+                          fa_tensor *user_out, fa_tensor *user_lse, fa_dtype odt, fa_dtype ldt, fa_device dev,
+                          fa_tensor **out, fa_tensor **lse) {
+  fa_status st = deliver(ctx, obuf, rank, q, dv, 1, user_out, odt, dev, out);
+  if (st || !lbuf) return st;
+  fa_tensor *l = NULL;
+  st = deliver(ctx, lbuf, rank, q, 0, 0, user_lse, ldt, dev, &l);
+  if (st) fa_tensor_drop(out);
+  else if (lse) *lse = l;
+  else fa_tensor_release(l);
+  return st;
+}
+
 /* Lk == 0 or every row empty needs no backend: zeros and lse = -inf. */
 static void fill_empty(const fa_attn_problem *p) {
   int64_t rows = p->B * p->Hq * p->Lq;
@@ -239,14 +252,8 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
     st = fa_cuda_attention_fused(ctx, d->algo, &p);
   }
   if (st) goto done;
-  if ((st = deliver(ctx, bufs.o, d->rank, q, d->Dv, 1, uo, d->dtype, FA_CUDA, out))) goto done;
-  if (want_lse) {
-    fa_tensor *l = NULL;
-    st = deliver(ctx, bufs.lse, d->rank, q, 0, 0, ul, FA_F32, FA_CUDA, &l);
-    if (st) fa_tensor_drop(out);
-    else if (lse) *lse = l;
-    else fa_tensor_release(l);
-  }
+  st = fa_attn_deliver(ctx, q, d->rank, d->Dv, bufs.o, want_lse ? bufs.lse : NULL, uo, ul, d->dtype, FA_F32, FA_CUDA,
+                       out, lse);
 done:
   fa_cuda_free(kv_lens, kv_bytes); /* stream-ordered: after the kernels */
   fa_cuda_free(alibi, alibi_bytes);
@@ -291,14 +298,8 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   }
   if (st) goto done;
   fa_device dev = reference ? FA_CPU : d.device;
-  if ((st = deliver(ctx, bufs.o, d.rank, q, d.Dv, 1, user_out, reference ? FA_F64 : d.dtype, dev, out))) goto done;
-  if (want_lse) {
-    fa_tensor *l = NULL;
-    st = deliver(ctx, bufs.lse, d.rank, q, 0, 0, user_lse, reference ? FA_F64 : FA_F32, dev, &l);
-    if (st) fa_tensor_drop(out);
-    else if (lse) *lse = l;
-    else fa_tensor_release(l);
-  }
+  st = fa_attn_deliver(ctx, q, d.rank, d.Dv, bufs.o, want_lse ? bufs.lse : NULL, user_out, user_lse,
+                       reference ? FA_F64 : d.dtype, reference ? FA_F64 : FA_F32, dev, out, lse);
 done:
   buffers_drop(&bufs);
   return st;

@@ -21,6 +21,14 @@ fa_status fa_check_tensor(fa_context *ctx, const fa_tensor *t, const char *name)
 void fa_attn_resolve_options(const fa_attention_opts *o, const fa_attn_dims *d, fa_dtype compute, fa_attn_problem *p);
 /* Points p at the mask's contiguous copy buf, with broadcast strides. */
 void fa_attn_attach_mask(fa_attn_problem *p, const fa_tensor *m, fa_tensor *buf);
+/* An attention call's computed output obuf (B, Hq, Lq, Dv) and lse lbuf
+ * (B, Hq, Lq; NULL: no lse wanted) handed out in q's rank: copied into
+ * user_out / user_lse when given (last: they may alias the inputs), else
+ * as tensors of odt / ldt on dev (views of the buffers when those already
+ * are); *lse is set only when lse is not NULL. */
+fa_status fa_attn_deliver(fa_context *ctx, const fa_tensor *q, int rank, int64_t dv, fa_tensor *obuf, fa_tensor *lbuf,
+                          fa_tensor *user_out, fa_tensor *user_lse, fa_dtype odt, fa_dtype ldt, fa_device dev,
+                          fa_tensor **out, fa_tensor **lse);
 /* `reference`: the call computes in f64 whatever the inputs (the scale's
  * f32 range does not apply). */
 fa_status fa_check_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,

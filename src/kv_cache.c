@@ -8,7 +8,7 @@
  * per sequence, so that causal and window align to that sequence's own
  * length.  The split-KV kernel reading through the page table replaces it
  * later (issue 24). */
-#include "splits.h"
+#include "check.h"
 
 #include <math.h>
 #include <string.h>
@@ -335,7 +335,9 @@ fa_status fa_kv_cache_attend(fa_context *ctx, fa_kv_cache *c, fa_tensor *q, cons
     fa_tensor_drop(&rs), fa_tensor_drop(&ls), fa_tensor_drop(&kb), fa_tensor_drop(&vb), fa_tensor_drop(&qb),
         fa_tensor_drop(&ob), fa_tensor_drop(&lb);
   }
-  if (!st) st = fa_deliver_results(ctx, opts, want_lse, &ro, &rl, o, lse);
+  if (!st)
+    st = fa_attn_deliver(ctx, q, 4, c->Dv, ro, want_lse ? rl : NULL, opts->out, opts->lse_out, q->dtype, FA_F32,
+                         c->device, o, lse);
 done:
   fa_tensor_drop(&ro), fa_tensor_drop(&rl), fa_tensor_drop(&kb), fa_tensor_drop(&vb), fa_tensor_drop(&qb);
   fa_tensor_drop(&rs), fa_tensor_drop(&ls);

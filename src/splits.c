@@ -67,27 +67,9 @@ fa_status fa_attention_splits_run(fa_context *ctx, fa_tensor *q, fa_tensor *k, f
     if (lses[i]) fa_tensor_release(lses[i]);
   }
   fa_host_free(os, nbytes);
-  if (!st) st = fa_deliver_results(ctx, o, want_lse, &ro, &rl, out, lse);
+  if (!st)
+    st = fa_attn_deliver(ctx, q, d->rank, d->Dv, ro, want_lse ? rl : NULL, o->out, o->lse_out, d->dtype, FA_F32,
+                         d->device, out, lse);
   fa_tensor_drop(&ro), fa_tensor_drop(&rl), fa_tensor_drop(&kp), fa_tensor_drop(&vp), fa_tensor_drop(&mp);
   return st;
-}
-
-fa_status fa_deliver_results(fa_context *ctx, const fa_attention_opts *o, int want_lse, fa_tensor **ro,
-                             fa_tensor **rl, fa_tensor **out, fa_tensor **lse) {
-  fa_status st;
-  if (o->out) {
-    if ((st = fa_tensor_copy(ctx, o->out, *ro))) return st;
-    fa_tensor_drop(ro);
-    fa_tensor_retain(o->out);
-    *ro = o->out;
-  }
-  if (want_lse && o->lse_out) {
-    if ((st = fa_tensor_copy(ctx, o->lse_out, *rl))) return st;
-    fa_tensor_drop(rl);
-    fa_tensor_retain(o->lse_out);
-    *rl = o->lse_out;
-  }
-  *out = *ro, *ro = NULL;
-  if (lse && want_lse) *lse = *rl, *rl = NULL;
-  return FA_OK;
 }

@@ -1,5 +1,5 @@
-/* opts.splits (src/splits.c) and what the paged KV cache (src/kv_cache.c)
- * shares with it: calls built from fa_attention and fa_merge_states_n. */
+/* opts.splits (src/splits.c): calls built from fa_attention and
+ * fa_merge_states_n. */
 #ifndef FA_SPLITS_H
 #define FA_SPLITS_H
 
@@ -14,11 +14,5 @@ int64_t fa_attention_splits_resolve(const fa_attention_opts *o, const fa_attn_di
 /* The split call of fa_attention (checked arguments, splits > 1). */
 fa_status fa_attention_splits_run(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
                                   const fa_attn_dims *d, int64_t splits, fa_tensor **out, fa_tensor **lse);
-/* Hands the computed (*ro, *rl) out as the call's results: copied into
- * o->out / o->lse_out when given (last, as they may alias the inputs),
- * then *out = the output and *lse = the lse when lse is not NULL.  *ro and
- * *rl are taken (NULL afterwards) or left to the caller to drop. */
-fa_status fa_deliver_results(fa_context *ctx, const fa_attention_opts *o, int want_lse, fa_tensor **ro,
-                             fa_tensor **rl, fa_tensor **out, fa_tensor **lse);
 
 #endif
