@@ -43,6 +43,15 @@ void fa_attn_resolve_options(const fa_attention_opts *o, const fa_attn_dims *d, 
   p->causal = o->causal;
   p->has_window = o->has_window && (o->window_left >= 0 || o->window_right >= 0);
   p->win_left = o->window_left, p->win_right = o->window_right;
+  fa_attn_strides_contiguous(p);
+}
+
+void fa_attn_strides_contiguous(fa_attn_problem *p) {
+  p->q_st = fa_attn_strides_dense(p->Hq, p->Lq, p->D);
+  p->k_st = fa_attn_strides_dense(p->Hkv, p->Lk, p->D);
+  p->v_st = fa_attn_strides_dense(p->Hkv, p->Lk, p->Dv);
+  p->o_st = fa_attn_strides_dense(p->Hq, p->Lq, p->Dv);
+  p->lse_st = fa_attn_strides_dense(p->Hq, p->Lq, 1);
 }
 
 /* Points p at the mask's contiguous copy `buf` (bool or float), with
@@ -128,13 +137,12 @@ static fa_status deliver(fa_context *ctx, fa_tensor *buf, int rank, const fa_ten
   if (n == 0) shape[n++] = 1;
   fa_status st;
   fa_tensor *view = NULL, *r = dst;
-  if ((st = fa_tensor_view(ctx, buf, n, shape, &view))) return st;
-  if (dst && dst->storage == buf->storage) { /* computed in place */
-    fa_tensor_release(view);
+  if (dst && dst == buf) { /* computed in place, through dst's strides */
     fa_tensor_retain(dst);
     *result = dst;
     return FA_OK;
   }
+  if ((st = fa_tensor_view(ctx, buf, n, shape, &view))) return st;
   if (!r) {
     if (dtype == view->dtype && device == view->storage->device) {
       *result = view;

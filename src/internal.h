@@ -130,6 +130,13 @@ void fa_iter_init(fa_iter *it, const fa_tensor *t);
 void fa_iter_next(fa_iter *it);
 
 /* ---- resolved attention problem (built once in attention.c) ---- */
+/* Element strides of the batch, head and sequence dimensions of an
+ * attention operand (API §6): its last dimension is contiguous, so a row
+ * of D elements starts at b·b_st + h·h_st + i·s_st.  0 where the operand
+ * has no such dimension (3-D and 2-D calls). */
+typedef struct {
+  int64_t b, h, s;
+} fa_attn_strides;
 typedef struct {
   int64_t B, Hq, Hkv, Lq, Lk, D, Dv;
   double scale;
@@ -147,11 +154,14 @@ typedef struct {
   const double *alibi;    /* Hq entries or NULL */
   int64_t tile_q, tile_k; /* resolved: > 0 */
   fa_dtype compute;       /* FA_F32 or FA_F64 on the CPU; the storage dtype on CUDA */
-  /* Contiguous (B,H,L,D) inputs and outputs in the compute dtype (CPU). */
+  /* Inputs and outputs, read and written through their strides (CPU: in
+   * the compute dtype).  o: (B,Hq,Lq,Dv); lse (f32) or lse64 (the
+   * reference's f64): (B,Hq,Lq) or NULL, lse_st.s its row stride. */
   const void *q, *k, *v;
-  void *o;     /* (B,Hq,Lq,Dv) compute dtype */
-  float *lse;  /* (B,Hq,Lq) or NULL */
-  double *lse64; /* reference: (B,Hq,Lq) or NULL */
+  void *o;
+  float *lse;
+  double *lse64;
+  fa_attn_strides q_st, k_st, v_st, o_st, lse_st;
   /* CUDA: a device flag, set when v holds NaN or inf (NULL: not checked),
    * possibly while the fast kernels run; their blocks do nothing once it is
    * set, and the fallback launched after them runs only then, rewriting
@@ -169,6 +179,16 @@ typedef struct {
    * short ones); 0 or 1: head by head */
   int64_t sched_heads;
 } fa_attn_problem;
+
+/* Strides of contiguous (B, H, L, X) buffers for q, k, v, o (X = D or Dv)
+ * and a contiguous (B, Hq, Lq) lse: the layout of the engine's own
+ * buffers (fa_attn_resolve_options sets these; the callers replace those
+ * of operands they hand over as they are). */
+void fa_attn_strides_contiguous(fa_attn_problem *p);
+static inline fa_attn_strides fa_attn_strides_dense(int64_t H, int64_t L, int64_t X) {
+  fa_attn_strides s = {H * L * X, L * X, X};
+  return s;
+}
 
 /* The key range [lo, hi) that causal, window and kv_lens leave to query
  * row i of batch b (hi <= lo when none).  Elementwise masks are not
