@@ -51,4 +51,10 @@ size_t fa_attn_bytes(size_t n, size_t size);
 /* The key/value head query head h reads (GQA/MQA share kv heads). */
 static inline int64_t fa_attn_kv_head(const fa_attn_problem *p, int64_t h) { return h / (p->Hq / p->Hkv); }
 
+/* Element offset of row i of head h of batch b of an operand laid out by
+ * st (the operands may be views of the caller's tensors, API §6). */
+static inline int64_t fa_attn_row_at(fa_attn_strides st, int64_t b, int64_t h, int64_t i) {
+  return b * st.b + h * st.h + i * st.s;
+}
+
 #endif

@@ -7,7 +7,7 @@
 #include "cpu/attention_query_tile_impl.h"
 
 static void FA_R(flash_tile)(const fa_attn_problem *p, const FA_R(qtile) *t, const FA_R(qtile_ws) *w) {
-  const int64_t Dv = p->Dv, Bc = p->tile_k;
+  const int64_t Dv = p->Dv, Bc = p->tile_k, ldo = p->o_st.s;
   for (int64_t j0 = t->ulo; j0 < t->uhi; j0 += Bc) {
     const int64_t n = t->uhi - j0 < Bc ? t->uhi - j0 : Bc;
     if (!FA_R(qtile_attends)(t, w, j0, n)) continue;
@@ -16,10 +16,10 @@ static void FA_R(flash_tile)(const fa_attn_problem *p, const FA_R(qtile) *t, con
     for (int64_t r = 0; r < t->rows; r++) {
       const REAL a = w->alpha[r];
       if (a == 1) continue;
-      REAL *orow = t->o + r * Dv;
+      REAL *orow = t->o + r * ldo;
       for (int64_t d = 0; d < Dv; d++) orow[d] *= a;
     }
     FA_R(qtile_pv)(p, t, w, Bc, j0, n);
   }
-  FA_R(fa_attn_finish)(t->o, Dv, t->rows, Dv, w->m, w->l, t->lse);
+  FA_R(fa_attn_finish)(t->o, ldo, t->rows, Dv, w->m, w->l, t->lse, p->lse_st.s);
 }

@@ -10,11 +10,11 @@
 #define FA_ROW_CHUNK 64
 
 static void FA_R(flash_row)(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i) {
-  const int64_t D = p->D, Dv = p->Dv, hk = fa_attn_kv_head(p, h), row = (b * p->Hq + h) * p->Lq + i;
-  const REAL *q = (const REAL *)p->q + row * D;
-  const REAL *k = (const REAL *)p->k + (b * p->Hkv + hk) * p->Lk * D;
-  const REAL *v = (const REAL *)p->v + (b * p->Hkv + hk) * p->Lk * Dv;
-  REAL *o = (REAL *)p->o + row * Dv;
+  const int64_t D = p->D, Dv = p->Dv, hk = fa_attn_kv_head(p, h), ldk = p->k_st.s, ldv = p->v_st.s;
+  const REAL *q = (const REAL *)p->q + fa_attn_row_at(p->q_st, b, h, i);
+  const REAL *k = (const REAL *)p->k + fa_attn_row_at(p->k_st, b, hk, 0);
+  const REAL *v = (const REAL *)p->v + fa_attn_row_at(p->v_st, b, hk, 0);
+  REAL *o = (REAL *)p->o + fa_attn_row_at(p->o_st, b, h, i);
   REAL s[FA_ROW_CHUNK];
   REAL m = -(REAL)INFINITY, d = 0;
   int64_t lo, hi;
@@ -23,7 +23,7 @@ static void FA_R(flash_row)(const fa_attn_problem *p, int64_t b, int64_t h, int6
   for (int64_t j0 = lo; j0 < hi; j0 += FA_ROW_CHUNK) {
     const int64_t n = hi - j0 < FA_ROW_CHUNK ? hi - j0 : FA_ROW_CHUNK;
     for (int64_t c = 0; c < n; c++) {
-      const REAL *kj = k + (j0 + c) * D;
+      const REAL *kj = k + (j0 + c) * ldk;
       REAL dot = 0;
       for (int64_t e = 0; e < D; e++) dot += q[e] * kj[e];
       s[c] = dot;
@@ -35,13 +35,13 @@ static void FA_R(flash_row)(const fa_attn_problem *p, int64_t b, int64_t h, int6
       REAL m_new = sj > m ? sj : m;
       if (sj != sj) m_new = sj; /* a NaN score makes the row NaN */
       const REAL corr = FA_EXP(m - m_new), pj = FA_EXP(sj - m_new);
-      const REAL *vj = v + (j0 + c) * Dv;
+      const REAL *vj = v + (j0 + c) * ldv;
       d = d * corr + pj;
       for (int64_t e = 0; e < Dv; e++) o[e] = o[e] * corr + pj * vj[e];
       m = m_new;
     }
   }
-  FA_R(fa_attn_finish)(o, Dv, 1, Dv, &m, &d, p->lse ? p->lse + row : NULL);
+  FA_R(fa_attn_finish)(o, Dv, 1, Dv, &m, &d, p->lse ? p->lse + fa_attn_row_at(p->lse_st, b, h, i) : NULL, 1);
 }
 
 static fa_status FA_R(flash_row_all)(const fa_attn_problem *p) {

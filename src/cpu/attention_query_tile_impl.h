@@ -9,6 +9,9 @@ typedef struct {
   int64_t *lo, *hi;     /* per row: key range */
 } FA_R(qtile_ws);
 
+/* The operands' rows lie p->q_st.s, p->k_st.s, ... elements apart (they
+ * may be views of the caller's tensors): the gemms take these as their
+ * leading dimensions. */
 typedef struct {
   int64_t b, h, i0, rows;
   int64_t ulo, uhi; /* union of the rows' key ranges (ulo >= uhi: none) */
@@ -42,13 +45,13 @@ static FA_R(qtile_ws) FA_R(qtile_ws_carve)(const fa_attn_problem *p, char *at) {
 /* Key ranges and their union, m = -inf, l = 0, output rows zeroed. */
 static FA_R(qtile) FA_R(qtile_begin)(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
                                      const FA_R(qtile_ws) *w) {
-  const int64_t hk = fa_attn_kv_head(p, h), row0 = (b * p->Hq + h) * p->Lq + i0;
+  const int64_t hk = fa_attn_kv_head(p, h);
   FA_R(qtile) t = {b, h, i0, rows, p->Lk, 0,
-                   (const REAL *)p->q + row0 * p->D,
-                   (const REAL *)p->k + (b * p->Hkv + hk) * p->Lk * p->D,
-                   (const REAL *)p->v + (b * p->Hkv + hk) * p->Lk * p->Dv,
-                   (REAL *)p->o + row0 * p->Dv,
-                   p->lse ? p->lse + row0 : NULL};
+                   (const REAL *)p->q + fa_attn_row_at(p->q_st, b, h, i0),
+                   (const REAL *)p->k + fa_attn_row_at(p->k_st, b, hk, 0),
+                   (const REAL *)p->v + fa_attn_row_at(p->v_st, b, hk, 0),
+                   (REAL *)p->o + fa_attn_row_at(p->o_st, b, h, i0),
+                   p->lse ? p->lse + fa_attn_row_at(p->lse_st, b, h, i0) : NULL};
   for (int64_t r = 0; r < rows; r++) {
     fa_attn_key_range(p, b, i0 + r, &w->lo[r], &w->hi[r]);
     if (w->lo[r] < w->hi[r]) {
@@ -57,8 +60,8 @@ static FA_R(qtile) FA_R(qtile_begin)(const fa_attn_problem *p, int64_t b, int64_
     }
     w->m[r] = -(REAL)INFINITY;
     w->l[r] = 0;
+    memset(t.o + r * p->o_st.s, 0, (size_t)p->Dv * sizeof *t.o);
   }
-  memset(t.o, 0, (size_t)(rows * p->Dv) * sizeof *t.o);
   return t;
 }
 
@@ -72,7 +75,7 @@ static inline int FA_R(qtile_attends)(const FA_R(qtile) *t, const FA_R(qtile_ws)
 /* w->s = the final scores of keys [j0, j0 + n) for the tile's rows. */
 static void FA_R(qtile_scores)(const fa_attn_problem *p, const FA_R(qtile) *t, const FA_R(qtile_ws) *w, int64_t j0,
                                int64_t n) {
-  FA_GEMM(1, t->rows, n, p->D, t->q, p->D, t->k + j0 * p->D, p->D, 0, w->s, p->tile_k);
+  FA_GEMM(1, t->rows, n, p->D, t->q, p->q_st.s, t->k + j0 * p->k_st.s, p->k_st.s, 0, w->s, p->tile_k);
   for (int64_t r = 0; r < t->rows; r++)
     FA_R(fa_attn_scores)(p, t->b, t->h, t->i0 + r, j0, n, w->lo[r], w->hi[r], w->s + r * p->tile_k);
 }
@@ -89,11 +92,20 @@ static inline int FA_R(all_finite)(const REAL *x, int64_t n) {
   return sum == 0;
 }
 
+/* The same for `rows` rows of n (row stride ld): one run when they are
+ * back to back, as in the engine's own buffers. */
+static int FA_R(rows_finite)(const REAL *x, int64_t rows, int64_t n, int64_t ld) {
+  if (ld == n) return FA_R(all_finite)(x, rows * n);
+  for (int64_t r = 0; r < rows; r++)
+    if (!FA_R(all_finite)(x + r * ld, n)) return 0;
+  return 1;
+}
+
 /* Whether row r's final score for key j is not -inf, i.e. whether the
  * reference lets key j's value into the row (recomputed: rare path). */
 static int FA_R(qtile_touches)(const fa_attn_problem *p, const FA_R(qtile) *t, const FA_R(qtile_ws) *w, int64_t r,
                                int64_t j) {
-  const REAL *q = t->q + r * p->D, *k = t->k + j * p->D;
+  const REAL *q = t->q + r * p->q_st.s, *k = t->k + j * p->k_st.s;
   REAL s = 0;
   for (int64_t e = 0; e < p->D; e++) s += q[e] * k[e];
   FA_R(fa_attn_scores)(p, t->b, t->h, t->i0 + r, j, 1, w->lo[r], w->hi[r], &s);
@@ -103,10 +115,10 @@ static int FA_R(qtile_touches)(const fa_attn_problem *p, const FA_R(qtile) *t, c
 /* Output rows += P·V for keys [j0, j0 + n), P in w->s (row stride ld). */
 static void FA_R(qtile_pv)(const fa_attn_problem *p, const FA_R(qtile) *t, const FA_R(qtile_ws) *w, int64_t ld,
                            int64_t j0, int64_t n) {
-  const int64_t Dv = p->Dv;
-  const REAL *v = t->v + j0 * Dv;
-  if (FA_R(all_finite)(v, n * Dv)) {
-    FA_GEMM(0, t->rows, Dv, n, w->s, ld, v, Dv, 1, t->o, Dv);
+  const int64_t Dv = p->Dv, ldv = p->v_st.s, ldo = p->o_st.s;
+  const REAL *v = t->v + j0 * ldv;
+  if (FA_R(rows_finite)(v, n, Dv, ldv)) {
+    FA_GEMM(0, t->rows, Dv, n, w->s, ld, v, ldv, 1, t->o, ldo);
     return;
   }
   /* A NaN or inf value must reach exactly the rows that attend its key,
@@ -116,7 +128,7 @@ static void FA_R(qtile_pv)(const fa_attn_problem *p, const FA_R(qtile) *t, const
     for (int64_t j = 0; j < n; j++) {
       const REAL pj = w->s[r * ld + j];
       if (pj == 0 && !FA_R(qtile_touches)(p, t, w, r, j0 + j)) continue;
-      for (int64_t d = 0; d < Dv; d++) t->o[r * Dv + d] += pj * v[j * Dv + d];
+      for (int64_t d = 0; d < Dv; d++) t->o[r * ldo + d] += pj * v[j * ldv + d];
     }
 }
 

@@ -9,6 +9,10 @@
 #include <omp.h>
 #include <string.h>
 
+/* Element offset of row i of head h of batch b of an operand laid out by
+ * st (a view of the caller's tensor, or the engine's own buffer). */
+static int64_t row_at(fa_attn_strides st, int64_t b, int64_t h, int64_t i) { return b * st.b + h * st.h + i * st.s; }
+
 static int key_allowed(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i, int64_t j) {
   const int64_t diag = i + p->Lk - p->Lq; /* the key aligned with query i (bottom-right) */
   if (p->kv_lens && j >= p->kv_lens[b]) return 0;
@@ -25,8 +29,8 @@ static int key_allowed(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i
 
 static double score(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i, int64_t j) {
   const int64_t D = p->D, hk = h / (p->Hq / p->Hkv);
-  const double *q = (const double *)p->q + ((b * p->Hq + h) * p->Lq + i) * D;
-  const double *k = (const double *)p->k + ((b * p->Hkv + hk) * p->Lk + j) * D;
+  const double *q = (const double *)p->q + row_at(p->q_st, b, h, i);
+  const double *k = (const double *)p->k + row_at(p->k_st, b, hk, j);
   double s = 0;
   for (int64_t e = 0; e < D; e++) s += q[e] * k[e];
   s *= p->scale;
@@ -41,9 +45,10 @@ static double score(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i, i
 
 /* One output row; s is scratch for Lk scores (-inf where not allowed). */
 static void reference_row(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i, double *s) {
-  const int64_t Lk = p->Lk, Dv = p->Dv, hk = h / (p->Hq / p->Hkv), row = (b * p->Hq + h) * p->Lq + i;
-  const double *v = (const double *)p->v + (b * p->Hkv + hk) * Lk * Dv;
-  double *o = (double *)p->o + row * Dv;
+  const int64_t Lk = p->Lk, Dv = p->Dv, hk = h / (p->Hq / p->Hkv);
+  const double *v = (const double *)p->v + row_at(p->v_st, b, hk, 0);
+  double *o = (double *)p->o + row_at(p->o_st, b, h, i);
+  double *lse = p->lse64 ? p->lse64 + row_at(p->lse_st, b, h, i) : NULL;
   double mx = -INFINITY;
   int has_nan = 0;
   for (int64_t j = 0; j < Lk; j++) {
@@ -54,7 +59,7 @@ static void reference_row(const fa_attn_problem *p, int64_t b, int64_t h, int64_
   for (int64_t e = 0; e < Dv; e++) o[e] = 0;
   if (has_nan || mx == -INFINITY) { /* NaN in, NaN out; nothing allowed: zeros */
     for (int64_t e = 0; e < Dv; e++) o[e] = has_nan ? NAN : 0;
-    if (p->lse64) p->lse64[row] = has_nan ? NAN : -INFINITY;
+    if (lse) *lse = has_nan ? NAN : -INFINITY;
     return;
   }
   double sum = 0;
@@ -62,10 +67,10 @@ static void reference_row(const fa_attn_problem *p, int64_t b, int64_t h, int64_
     if (s[j] == -INFINITY) continue;
     const double w = exp(s[j] - mx);
     sum += w;
-    for (int64_t e = 0; e < Dv; e++) o[e] += w * v[j * Dv + e];
+    for (int64_t e = 0; e < Dv; e++) o[e] += w * v[j * p->v_st.s + e];
   }
   for (int64_t e = 0; e < Dv; e++) o[e] /= sum;
-  if (p->lse64) p->lse64[row] = mx + log(sum);
+  if (lse) *lse = mx + log(sum);
 }
 
 fa_status fa_cpu_attention_reference(fa_context *ctx, const fa_attn_problem *p) {

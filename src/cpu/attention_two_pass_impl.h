@@ -30,5 +30,5 @@ static void FA_R(two_pass_tile)(const fa_attn_problem *p, const FA_R(qtile) *t, 
     }
     FA_R(qtile_pv)(p, t, w, Bc, j0, n);
   }
-  if (t->lse) FA_R(fa_attn_lse)(w->m, w->l, t->rows, t->lse);
+  if (t->lse) FA_R(fa_attn_lse)(w->m, w->l, t->rows, t->lse, p->lse_st.s);
 }
