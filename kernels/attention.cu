@@ -38,9 +38,10 @@ static __device__ __forceinline__ void attn_tiled_block(const fa_attn_problem &p
   const int64_t bh = blk / qtiles, qt = qtiles - 1 - blk % qtiles; /* long causal tiles first */
   const int64_t b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv), i0 = qt * br;
   const int64_t lim = min(p.Lq, i0 + br); /* rows [i0, lim) are this block's */
-  const T *q = (const T *)p.q + (bh * p.Lq) * D;
-  const T *k = (const T *)p.k + ((b * p.Hkv + hk) * p.Lk) * D;
-  const T *v = (const T *)p.v + ((b * p.Hkv + hk) * p.Lk) * Dv;
+  const T *q = (const T *)p.q + attn_at(p.q_st, b, h, 0);
+  const T *k = (const T *)p.k + attn_at(p.k_st, b, hk, 0);
+  const T *v = (const T *)p.v + attn_at(p.v_st, b, hk, 0);
+  const int64_t qs = p.q_st.s, ks = p.k_st.s, vs = p.v_st.s; /* row strides */
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
   if (tid < BR) {
@@ -50,7 +51,7 @@ static __device__ __forceinline__ void attn_tiled_block(const fa_attn_problem &p
   }
   for (int idx = tid; idx < BR * D; idx += NWARPS * 32) {
     int64_t i = i0 + idx / D;
-    Qs[idx] = i < lim ? to_float(q[i * D + idx % D]) : 0.f;
+    Qs[idx] = i < lim ? to_float(q[i * qs + idx % D]) : 0.f;
   }
   __syncthreads();
   if (tid == 0) { /* the keys any row of the tile attends */
@@ -78,9 +79,10 @@ static __device__ __forceinline__ void attn_tiled_block(const fa_attn_problem &p
   for (int64_t j0 = tile_lo; j0 < tile_hi; j0 += Bc) {
     const int n = (int)min((int64_t)Bc, tile_hi - j0);
     __syncthreads(); /* the previous tile is no longer read */
-    for (int idx = tid; idx < n * D; idx += NWARPS * 32) Ks[(idx / D) * DP + idx % D] = to_float(k[j0 * D + idx]);
+    for (int idx = tid; idx < n * D; idx += NWARPS * 32)
+      Ks[(idx / D) * DP + idx % D] = to_float(k[(j0 + idx / D) * ks + idx % D]);
     if (MODE != MODE_STATS)
-      for (int idx = tid; idx < n * Dv; idx += NWARPS * 32) Vs[idx] = to_float(v[j0 * Dv + idx]);
+      for (int idx = tid; idx < n * Dv; idx += NWARPS * 32) Vs[idx] = to_float(v[(j0 + idx / Dv) * vs + idx % Dv]);
     __syncthreads();
     for (int c0 = 0; c0 < n; c0 += 32) {
       const int j = c0 + lane, nj = min(32, n - c0);
@@ -139,7 +141,7 @@ static __device__ __forceinline__ void attn_tiled_block(const fa_attn_problem &p
       continue;
     }
     float inv = MODE == MODE_OUTPUT ? 1.f : row_inv(l[r]);
-    T *orow = (T *)p.o + row * Dv;
+    T *orow = (T *)p.o + attn_at(p.o_st, b, h, i);
 #pragma unroll
     for (int c = 0; c < MAX_DV_PER_LANE; c++) {
       int col = c * 32 + lane;
@@ -147,7 +149,7 @@ static __device__ __forceinline__ void attn_tiled_block(const fa_attn_problem &p
     }
     if (p.lse && lane == 0) {
       float lr = MODE == MODE_OUTPUT ? stats[2 * row + 1] : l[r];
-      p.lse[row] = row_lse(m[r], lr);
+      attn_lse_at(p, b, h, i) = row_lse(m[r], lr);
     }
   }
 }
@@ -159,9 +161,10 @@ template <typename T> __global__ void attn_row_kernel(fa_attn_problem p) {
   if (row >= p.B * p.Hq * p.Lq) return;
   const int64_t i = row % p.Lq, bh = row / p.Lq, b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv);
   const int D = (int)p.D, Dv = (int)p.Dv;
-  const T *q = (const T *)p.q + row * D;
-  const T *k = (const T *)p.k + ((b * p.Hkv + hk) * p.Lk) * D;
-  const T *v = (const T *)p.v + ((b * p.Hkv + hk) * p.Lk) * Dv;
+  const T *q = (const T *)p.q + attn_at(p.q_st, b, h, i);
+  const T *k = (const T *)p.k + attn_at(p.k_st, b, hk, 0);
+  const T *v = (const T *)p.v + attn_at(p.v_st, b, hk, 0);
+  const int64_t ks = p.k_st.s, vs = p.v_st.s;
   float o[256];
   for (int c = 0; c < Dv; c++) o[c] = 0.f;
   float m = -INFINITY, d = 0.f;
@@ -169,19 +172,19 @@ template <typename T> __global__ void attn_row_kernel(fa_attn_problem p) {
   fa_attn_range_of(&p, b, i, &lo, &hi);
   for (int64_t j = lo; j < hi; j++) {
     float dot = 0.f;
-    for (int c = 0; c < D; c++) dot = fmaf(to_float(q[c]), to_float(k[j * D + c]), dot);
+    for (int c = 0; c < D; c++) dot = fmaf(to_float(q[c]), to_float(k[j * ks + c]), dot);
     float s = attn_score(p, b, h, i, j, dot, lo, hi);
     if (s == -INFINITY) continue;
     /* a NaN score is dropped by fmaxf but reaches d and o through e */
     float m_new = fmaxf(m, s), alpha = m == -INFINITY ? 0.f : expf(m - m_new), e = expf(s - m_new);
     d = d * alpha + e;
-    for (int c = 0; c < Dv; c++) o[c] = o[c] * alpha + e * to_float(v[j * Dv + c]);
+    for (int c = 0; c < Dv; c++) o[c] = o[c] * alpha + e * to_float(v[j * vs + c]);
     m = m_new;
   }
   float inv = row_inv(d);
-  T *orow = (T *)p.o + row * Dv;
+  T *orow = (T *)p.o + attn_at(p.o_st, b, h, i);
   for (int c = 0; c < Dv; c++) orow[c] = from_float<T>(o[c] * inv);
-  if (p.lse) p.lse[row] = row_lse(m, d);
+  if (p.lse) attn_lse_at(p, b, h, i) = row_lse(m, d);
 }
 
 /* Query tile blocks blockIdx.x, blockIdx.x + gridDim.x, ... of nblk: one a

@@ -89,6 +89,27 @@ static __device__ __forceinline__ float attn_score(const fa_attn_problem &p, int
   return s;
 }
 
+/* Element offset of row i of head h of batch b in an operand of strides st
+ * (API §6: any batch, head and sequence strides, the last dimension
+ * contiguous). */
+static __host__ __device__ __forceinline__ int64_t attn_at(const fa_attn_strides &st, int64_t b, int64_t h, int64_t i) {
+  return b * st.b + h * st.h + i * st.s;
+}
+/* lse's place for row i of head h of batch b. */
+static __device__ __forceinline__ float &attn_lse_at(const fa_attn_problem &p, int64_t b, int64_t h, int64_t i) {
+  return p.lse[attn_at(p.lse_st, b, h, i)];
+}
+/* Whether every row of q, k, v and o starts on 16 bytes (their pointers,
+ * and their batch, head and sequence strides in bytes): the tensor-core
+ * kernels' 16-byte copies and stores. */
+static inline bool attn_rows_aligned16(const fa_attn_problem *p) {
+  const int64_t es = p->compute == FA_F32 ? 4 : 2;
+  const fa_attn_strides *st[4] = {&p->q_st, &p->k_st, &p->v_st, &p->o_st};
+  uint64_t bits = (uintptr_t)p->q | (uintptr_t)p->k | (uintptr_t)p->v | (uintptr_t)p->o;
+  for (int i = 0; i < 4; i++) bits |= (uint64_t)((st[i]->b | st[i]->h | st[i]->s) * es);
+  return bits % 16 == 0;
+}
+
 static __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
@@ -126,15 +147,43 @@ template <typename T> __global__ void any_nonfinite_kernel(const T *v, int64_t n
   if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
 }
 
+/* The same over strided values (API §6): rows of Dv elements at
+ * attn_at(v_st, b, h, l) for the B·Hkv·Lk rows, a warp a row (its lanes
+ * along the row, so that a warp's loads are one stretch of memory). */
+template <typename T> __global__ void any_nonfinite_rows_kernel(fa_attn_problem p, int *flag) {
+  typedef typename std::conditional<sizeof(T) == 4, uint32_t, uint16_t>::type W;
+  const W m = (W)nonfinite_bits<T>::mask;
+  const int lane = threadIdx.x & 31;
+  const int64_t rows = p.B * p.Hkv * p.Lk, warps = (int64_t)gridDim.x * (blockDim.x / 32);
+  bool bad = false;
+  for (int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; row < rows; row += warps) {
+    const int64_t l = row % p.Lk, bh = row / p.Lk;
+    const W *v = (const W *)p.v + attn_at(p.v_st, bh / p.Hkv, bh % p.Hkv, l);
+    for (int64_t c = lane; c < p.Dv; c += 32) bad |= (W)(v[c] & m) == m;
+  }
+  if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
+}
+
+/* Whether v's rows lie one after another, as a contiguous (B, Hkv, Lk, Dv)
+ * tensor's (one flat pass then covers them). */
+static inline bool attn_v_dense(const fa_attn_problem *p) {
+  const fa_attn_strides d = fa_attn_strides_dense(p->Hkv, p->Lk, p->Dv);
+  return (p->B == 1 || p->v_st.b == d.b) && (p->Hkv == 1 || p->v_st.h == d.h) && (p->Lk == 1 || p->v_st.s == d.s);
+}
+
 /* Queues on stream s the pass that sets *flag when the values v (f32, f16
  * or bf16) hold NaN or inf. */
-static inline cudaError_t queue_nonfinite_scan(const fa_attn_problem *p, int *flag, cudaStream_t s) {
+template <typename T> static inline void queue_nonfinite_scan_typed(const fa_attn_problem *p, int *flag, cudaStream_t s) {
   const int64_t n = p->B * p->Hkv * p->Lk * p->Dv;
-  if (n <= 0) return cudaSuccess;
   const unsigned blocks = (unsigned)min((n / 8 + 255) / 256 + 1, (int64_t)2048);
-  if (p->compute == FA_F32) any_nonfinite_kernel<float><<<blocks, 256, 0, s>>>((const float *)p->v, n, flag);
-  else if (p->compute == FA_F16) any_nonfinite_kernel<__half><<<blocks, 256, 0, s>>>((const __half *)p->v, n, flag);
-  else any_nonfinite_kernel<__nv_bfloat16><<<blocks, 256, 0, s>>>((const __nv_bfloat16 *)p->v, n, flag);
+  if (attn_v_dense(p)) any_nonfinite_kernel<T><<<blocks, 256, 0, s>>>((const T *)p->v, n, flag);
+  else any_nonfinite_rows_kernel<T><<<blocks, 256, 0, s>>>(*p, flag);
+}
+static inline cudaError_t queue_nonfinite_scan(const fa_attn_problem *p, int *flag, cudaStream_t s) {
+  if (p->B * p->Hkv * p->Lk * p->Dv <= 0) return cudaSuccess;
+  if (p->compute == FA_F32) queue_nonfinite_scan_typed<float>(p, flag, s);
+  else if (p->compute == FA_F16) queue_nonfinite_scan_typed<__half>(p, flag, s);
+  else queue_nonfinite_scan_typed<__nv_bfloat16>(p, flag, s);
   return cudaGetLastError();
 }
 

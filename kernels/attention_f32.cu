@@ -84,16 +84,18 @@ static __device__ __forceinline__ void dmma_16x8x16(double (&d)[4], const float4
 #endif
 }
 
-/* Rows [r0, r0 + ROWS) of a (rows × D) f32 matrix into a tile whose rows
- * are RS floats apart; rows at or past `limit` are zero-filled, never read. */
+/* Rows [r0, r0 + ROWS) of a matrix of D f32 columns, rows ld floats apart
+ * (a multiple of 4), into a tile whose rows are RS floats apart; rows at
+ * or past `limit` are zero-filled, never read. */
 template <int D, int ROWS, int RS>
-static __device__ __forceinline__ void f32_load_tile(float *tile, const float *src, int64_t r0, int64_t limit) {
+static __device__ __forceinline__ void f32_load_tile(float *tile, const float *src, int64_t ld, int64_t r0,
+                                                     int64_t limit) {
   const int CH = D / 4;
 #pragma unroll
   for (int it = 0; it < ROWS * CH / F32_THREADS; it++) {
     const int c = threadIdx.x + it * F32_THREADS, row = c / CH, ch = c % CH;
     const bool in = r0 + row < limit;
-    const float *g = src + (in ? (r0 + row) * D + ch * 4 : 0);
+    const float *g = src + (in ? (r0 + row) * ld + ch * 4 : 0);
     cp_async16(tile + row * RS + ch * 4, g, in ? 16 : 0);
   }
 }
@@ -230,16 +232,17 @@ __global__ void __launch_bounds__(F32_THREADS, 2) attn_f32_kernel(fa_attn_proble
   const frag_qtile<float, D, F32_BR, int64_t> qt(p, blockIdx.x); /* 64-bit: see frag_qtile */
   const int64_t bh = qt.bh, b = qt.b, h = qt.h, i0 = qt.i0;
 
-  f32_load_tile<D, F32_BR, QKS>(Qs, qt.q, i0, p.Lq);
+  const int64_t k_ld = p.k_st.s, v_ld = p.v_st.s; /* row strides (API §6) */
+  f32_load_tile<D, F32_BR, QKS>(Qs, qt.q, p.q_st.s, i0, p.Lq);
   cp_async_commit();
   frag_rows r = frag_rows_start(p, b, i0, rA, rA + 8);
   int64_t t_lo, t_hi, all_lo, all_hi;
   tile_key_range<F32_BR>(p, b, i0, &t_lo, &t_hi, &all_lo, &all_hi);
   const int ntiles = (int)((t_hi - t_lo + F32_BC - 1) / F32_BC);
-  if (ntiles > 0) f32_load_tile<D, F32_BC, QKS>(Ks, qt.k, t_lo, t_hi);
+  if (ntiles > 0) f32_load_tile<D, F32_BC, QKS>(Ks, qt.k, k_ld, t_lo, t_hi);
   cp_async_commit();
-  if (ntiles > 1) f32_load_tile<D, F32_BC, QKS>(Ks + F32_BC * QKS, qt.k, t_lo + F32_BC, t_hi);
-  if (ntiles > 0 && WITH_V) f32_load_tile<D, F32_BC, D>(Vs, qt.v, t_lo, t_hi);
+  if (ntiles > 1) f32_load_tile<D, F32_BC, QKS>(Ks + F32_BC * QKS, qt.k, k_ld, t_lo + F32_BC, t_hi);
+  if (ntiles > 0 && WITH_V) f32_load_tile<D, F32_BC, D>(Vs, qt.v, v_ld, t_lo, t_hi);
   cp_async_commit();
   if (leave_for_fallback(v_bad)) return;
 
@@ -274,8 +277,8 @@ __global__ void __launch_bounds__(F32_THREADS, 2) attn_f32_kernel(fa_attn_proble
     const bool more = t + 1 < ntiles;
     cp_async_wait<0>();
     __syncthreads(); /* K_{t+1} and V_t are in; every warp is past K_t and V_{t-1} */
-    if (t + 2 < ntiles) f32_load_tile<D, F32_BC, QKS>(Ks + (t & 1) * F32_BC * QKS, qt.k, j1 + F32_BC, t_hi);
-    if (more && WITH_V) f32_load_tile<D, F32_BC, D>(Vs + ((t + 1) & 1) * F32_BC * D, qt.v, j1, t_hi);
+    if (t + 2 < ntiles) f32_load_tile<D, F32_BC, QKS>(Ks + (t & 1) * F32_BC * QKS, qt.k, k_ld, j1 + F32_BC, t_hi);
+    if (more && WITH_V) f32_load_tile<D, F32_BC, D>(Vs + ((t + 1) & 1) * F32_BC * D, qt.v, v_ld, j1, t_hi);
     cp_async_commit();
     const float4 *kb = KB + ((t + 1) & 1) * KBUF, *vb = V4 + (t & 1) * VBUF;
     if (more && WITH_V) f32_tile_products<D, true, true>(acc, o, QA, kb, t4, P4, vb, ty);
@@ -305,13 +308,13 @@ __global__ void __launch_bounds__(F32_THREADS, 2) attn_f32_kernel(fa_attn_proble
     const int64_t row = i0 + rr;
     if (row >= p.Lq) continue;
     const float inv = PASS == PASS_OUTPUT ? 1.f : row_inv(row_l[rr]);
-    float4 *out = (float4 *)((float *)p.o + (bh * p.Lq + row) * D) + tx;
+    float4 *out = (float4 *)(qt.o + row * p.o_st.s) + tx;
 #pragma unroll
     for (int hh = 0; hh < NH; hh++)
       out[16 * hh] = make_float4(o[i][hh].x * inv, o[i][hh].y * inv, o[i][hh].z * inv, o[i][hh].w * inv);
     if (p.lse && tx == 0) {
       const float *st = p.row_stats + 2 * (bh * p.Lq + row); /* PASS_OUTPUT: the statistics pass's */
-      p.lse[bh * p.Lq + row] = PASS == PASS_OUTPUT ? row_lse(st[0], st[1]) : row_lse(row_m[rr], row_l[rr]);
+      qt.lse[row * p.lse_st.s] = PASS == PASS_OUTPUT ? row_lse(st[0], st[1]) : row_lse(row_m[rr], row_l[rr]);
     }
   }
 }
@@ -372,7 +375,7 @@ extern "C" fa_status fa_cuda_attention_f32(fa_context *ctx, const fa_attn_proble
   *v_flag = NULL;
   int64_t br, bc;
   if (!fa_cuda_attention_f32_tile(p->compute, p->D, p->Dv, &br, &bc)) return FA_OK;
-  if (((uintptr_t)p->q | (uintptr_t)p->k | (uintptr_t)p->v | (uintptr_t)p->o) % 16) return FA_OK;
+  if (!attn_rows_aligned16(p)) return FA_OK;
   if (p->tile_q != br || p->tile_k != bc || p->Lq > INT32_MAX || p->Lk > INT32_MAX) return FA_OK;
   int dev = 0, smem_optin = 0;
   FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));

@@ -46,7 +46,8 @@ template <bool WGMMA, int ROWS, int CH> static __device__ __forceinline__ int ti
   return WGMMA ? sw128<ROWS>(r, ch) : swz<CH>(r, ch);
 }
 
-/* Rows [r0, r0 + ROWS) of a (rows × DG) f16/bf16 matrix into a tile of D
+/* Rows [r0, r0 + ROWS) of a matrix of DG columns, rows ld elements apart
+ * (any multiple of 8: API §6's strided layouts), f16/bf16, into a tile of D
  * columns in either layout (WGMMA: sw128, else swz) by THREADS threads, a
  * cp.async per chunk; rows at or past `limit` and columns past DG (a tile
  * wider than the rows) are zero-filled, never read.  Each thread
@@ -55,19 +56,19 @@ template <bool WGMMA, int ROWS, int CH> static __device__ __forceinline__ int ti
  * is a compare, two adds and the copy (the generic form, with the trip
  * count left to the thread index, cost more integer work than the softmax). */
 template <typename T, int D, int ROWS, int THREADS, bool WGMMA, int DG = D>
-static __device__ __forceinline__ void load_tile(char *tile, const T *src, int64_t r0, int64_t limit) {
+static __device__ __forceinline__ void load_tile(char *tile, const T *src, int64_t ld, int64_t r0, int64_t limit) {
   const int CH = D / 8, STEP = THREADS / CH; /* chunks a row; rows a pass */
   static_assert(THREADS % CH == 0 && STEP % 8 == 0 && ROWS % STEP == 0, "load_tile: a pass must cover whole rows");
   const int chunk = threadIdx.x % CH, row0 = threadIdx.x / CH;
   const int64_t left = limit - r0; /* rows that exist from r0 on */
   const int rows = left >= ROWS ? ROWS : left > 0 ? (int)left : 0;
-  const T *g = src + (r0 + row0) * DG + chunk * 8;
+  const T *g = src + (r0 + row0) * ld + chunk * 8;
   char *t = tile + tile_chunk<WGMMA, ROWS, CH>(row0, chunk);
   const int step_bytes = WGMMA ? STEP * 128 : STEP * CH * 16; /* row & 7 is the same every pass */
 #pragma unroll
   for (int it = 0; it < ROWS / STEP; it++) {
     const bool in = row0 + it * STEP < rows && chunk < DG / 8;
-    cp_async16(t + it * step_bytes, in ? g + (int64_t)it * STEP * DG : src, in ? 16 : 0);
+    cp_async16(t + it * step_bytes, in ? g + (int64_t)it * STEP * ld : src, in ? 16 : 0);
   }
 }
 
@@ -100,7 +101,8 @@ static __device__ __forceinline__ void settle_copies_without_keys(int ntiles) {
 }
 
 /* With p.v_self_check (launch_guarded_by_v_flag), the block of query tile
- * qi of nq checks the qi-th nq-th of its head's V (all Lk keys, as the pass
+ * qi of nq checks the qi-th nq-th of its head's V (its rows of Dv = D
+ * elements, p.v_st.s apart; all Lk keys, as the pass
  * over V does: a NaN no row attends costs the fallback's time, not a wrong
  * result) from global memory, mostly L2, after its output is out: off the
  * kernel's key loop, where the check from shared memory made the kernels
@@ -110,14 +112,16 @@ static __device__ __forceinline__ void settle_copies_without_keys(int ntiles) {
  * more (docs/perf/2026-11-25-attention-h100-f32-probes.json, calls 1, 13,
  * 14).  Against the pass from the side stream (call 19, D = 128) it has not
  * been measured.  Rows of Dv elements: 16-byte multiples on the fast paths. */
-template <typename T, int BR>
+template <typename T, int D, int BR>
 static __device__ __forceinline__ void v_check_share(const fa_attn_problem &p, const T *v, int64_t i0) {
   if (!p.v_self_check) return;
-  const int64_t nq = (p.Lq + BR - 1) / BR, qi = i0 / BR, n = p.Lk * p.Dv * (int64_t)sizeof(T) / 16;
+  const int CPR = D * (int)sizeof(T) / 16; /* 16-byte chunks a row */
+  const int64_t nq = (p.Lq + BR - 1) / BR, qi = i0 / BR, n = p.Lk * CPR, vs = p.v_st.s;
   const int64_t lo = n * qi / nq, hi = n * (qi + 1) / nq;
   bool bad = false;
 #pragma unroll 4
-  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) bad |= words_nonfinite<T>(((const uint4 *)v)[i]);
+  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x)
+    bad |= words_nonfinite<T>(*(const uint4 *)(v + (i / CPR) * vs + (i % CPR) * (16 / sizeof(T))));
   if (bad) *p.v_nonfinite = 1;
 }
 
@@ -127,8 +131,9 @@ struct frag_rows {
   float mA, mB, lA, lB;               /* running max, this thread's part of the row sum */
 };
 
-/* Block blk's query tile of BR rows; q, k, v point at its head's rows (GQA:
- * the key/value head of query head h).  Blocks go head by head, the long
+/* Block blk's query tile of BR rows; q, k, v, o point at its head's rows
+ * (GQA: the key/value head of query head h; rows p.*_st.s apart), lse at
+ * its head's entries (NULL without lse).  Blocks go head by head, the long
  * causal tiles of a head first; with p.sched_heads = G > 1, groups of G
  * heads go tile row by tile row, longest first, so that the grid ends on
  * short tiles while a group's keys and values still fit in L2.  The index
@@ -140,14 +145,18 @@ struct frag_rows {
 template <typename T, int D, int BR, typename I = unsigned> struct frag_qtile {
   int64_t bh, b, h, i0;
   const T *q, *k, *v;
+  T *o;
+  float *lse;
   __device__ __forceinline__ frag_qtile(const fa_attn_problem &p, int64_t blk64) {
     const I blk = (I)blk64, qtiles = (I)((p.Lq + BR - 1) / BR), BH = (I)(p.B * p.Hq), Hq = (I)p.Hq;
     const I G = p.sched_heads > 1 ? (I)p.sched_heads : (I)1;
     const I grp = blk / (G * qtiles), in = blk % (G * qtiles), gh = min(G, BH - grp * G);
     const I ubh = grp * G + in % gh, uh = ubh % Hq;
     bh = ubh, b = ubh / Hq, h = uh, i0 = (int64_t)(qtiles - 1 - in / gh) * BR;
-    const int64_t kv = (b * p.Hkv + uh / (Hq / (I)p.Hkv)) * p.Lk * D;
-    q = (const T *)p.q + bh * p.Lq * D, k = (const T *)p.k + kv, v = (const T *)p.v + kv;
+    const int64_t hk = uh / (Hq / (I)p.Hkv);
+    q = (const T *)p.q + attn_at(p.q_st, b, h, 0), o = (T *)p.o + attn_at(p.o_st, b, h, 0);
+    k = (const T *)p.k + attn_at(p.k_st, b, hk, 0), v = (const T *)p.v + attn_at(p.v_st, b, hk, 0);
+    lse = p.lse ? p.lse + attn_at(p.lse_st, b, h, 0) : NULL;
   }
 };
 
@@ -404,32 +413,36 @@ static __device__ __forceinline__ void frag_finish(frag_rows &r, float *invA, fl
   }
 }
 
-/* lse of rows A and B (-inf for an empty row); NORMALIZED: from p.row_stats. */
+/* lse of rows A and B into lse (the head's entries, NULL: none wanted;
+ * -inf for an empty row); NORMALIZED: from p.row_stats. */
 template <bool NORMALIZED>
-static __device__ __forceinline__ void frag_lse_store(const fa_attn_problem &p, int64_t bh, int lane, const frag_rows &r) {
-  if (p.lse && (lane & 3) == 0) {
+static __device__ __forceinline__ void frag_lse_store(const fa_attn_problem &p, int64_t bh, float *lse, int lane,
+                                                      const frag_rows &r) {
+  if (lse && (lane & 3) == 0) {
     const float *st = p.row_stats + 2 * bh * p.Lq;
-    if (r.iA < p.Lq) p.lse[bh * p.Lq + r.iA] = NORMALIZED ? row_lse(st[2 * r.iA], st[2 * r.iA + 1]) : row_lse(r.mA, r.lA);
-    if (r.iB < p.Lq) p.lse[bh * p.Lq + r.iB] = NORMALIZED ? row_lse(st[2 * r.iB], st[2 * r.iB + 1]) : row_lse(r.mB, r.lB);
+    const int64_t ls = p.lse_st.s;
+    if (r.iA < p.Lq) lse[r.iA * ls] = NORMALIZED ? row_lse(st[2 * r.iA], st[2 * r.iA + 1]) : row_lse(r.mA, r.lA);
+    if (r.iB < p.Lq) lse[r.iB * ls] = NORMALIZED ? row_lse(st[2 * r.iB], st[2 * r.iB + 1]) : row_lse(r.mB, r.lB);
   }
 }
 
-/* O / l into out (rows of D) straight from the fragments, 4 bytes a store
- * (each store instruction touches 8 rows), and lse. */
+/* O / l into out (the head's rows, p.o_st.s apart) straight from the
+ * fragments, 4 bytes a store (each store instruction touches 8 rows), and
+ * lse. */
 template <typename T, int D, bool NORMALIZED>
-static __device__ __forceinline__ void frag_store(const fa_attn_problem &p, int64_t bh, int lane, frag_rows &r,
-                                                  float (*o)[4]) {
+static __device__ __forceinline__ void frag_store(const fa_attn_problem &p, int64_t bh, T *out, float *lse, int lane,
+                                                  frag_rows &r, float (*o)[4]) {
   const int c2 = (lane & 3) * 2;
+  const int64_t os = p.o_st.s;
   float invA, invB;
   frag_finish<NORMALIZED>(r, &invA, &invB);
-  T *out = (T *)p.o + bh * p.Lq * D;
 #pragma unroll
   for (int d = 0; d < D / 8; d++) {
     const int col = d * 8 + c2;
-    if (r.iA < p.Lq) *(uint32_t *)(out + r.iA * D + col) = pack2<T>(o[d][0] * invA, o[d][1] * invA);
-    if (r.iB < p.Lq) *(uint32_t *)(out + r.iB * D + col) = pack2<T>(o[d][2] * invB, o[d][3] * invB);
+    if (r.iA < p.Lq) *(uint32_t *)(out + r.iA * os + col) = pack2<T>(o[d][0] * invA, o[d][1] * invA);
+    if (r.iB < p.Lq) *(uint32_t *)(out + r.iB * os + col) = pack2<T>(o[d][2] * invB, o[d][3] * invB);
   }
-  frag_lse_store<NORMALIZED>(p, bh, lane, r);
+  frag_lse_store<NORMALIZED>(p, bh, lse, lane, r);
 }
 
 /* The same through shared memory: the fragments' 4-byte pieces go into the
@@ -442,8 +455,8 @@ static __device__ __forceinline__ void frag_store(const fa_attn_problem &p, int6
  * The group's rows of the tile must be read no more (Q's, once the
  * products are done). */
 template <typename T, int D, bool NORMALIZED, bool WGMMA, int ROWS, int GROUP>
-static __device__ __forceinline__ void frag_store_staged(const fa_attn_problem &p, int64_t bh, int64_t i0, int lane,
-                                                         frag_rows &r, float (*o)[4], char *tile) {
+static __device__ __forceinline__ void frag_store_staged(const fa_attn_problem &p, int64_t bh, T *out, float *lse,
+                                                         int64_t i0, int lane, frag_rows &r, float (*o)[4], char *tile) {
   static_assert(GROUP == 32 || (GROUP == 128 && ROWS == 128), "frag_store_staged: a warp, or a warpgroup of two");
   const int CH = D / 8, c2 = (lane & 3) * 2;
   const int rA = (int)(r.iA - i0), rB = rA + 8; /* the tile rows of this lane's pieces */
@@ -464,14 +477,15 @@ static __device__ __forceinline__ void frag_store_staged(const fa_attn_problem &
   else if (threadIdx.x < 128) asm volatile("bar.sync 1, 128;" ::: "memory"); /* barrier 0 is the block's */
   else asm volatile("bar.sync 2, 128;" ::: "memory");
   const int t = threadIdx.x % GROUP, row0 = (threadIdx.x / GROUP) * (GROUP / 2);
-  T *out = (T *)p.o + (bh * p.Lq + i0) * D;
+  const int64_t os = p.o_st.s;
+  T *rows = out + i0 * os;
 #pragma unroll
   for (int it = 0; it < CH / 2; it++) {
     const int c = it * GROUP + t, row = row0 + c / CH, ch = c % CH;
     const int at = tile_chunk<WGMMA, ROWS, CH>(row, ch);
-    if (i0 + row < p.Lq) *(uint4 *)(out + (int64_t)row * D + ch * 8) = *(const uint4 *)(tile + at);
+    if (i0 + row < p.Lq) *(uint4 *)(rows + row * os + ch * 8) = *(const uint4 *)(tile + at);
   }
-  frag_lse_store<NORMALIZED>(p, bh, lane, r);
+  frag_lse_store<NORMALIZED>(p, bh, lse, lane, r);
 }
 
 /* The key range of a query tile [i0, i0 + BR): the union of its rows'

@@ -64,16 +64,17 @@ __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_pro
   const frag_qtile<T, D, MMA_BR> qt(p, blockIdx.x);
   const int64_t bh = qt.bh, b = qt.b, h = qt.h, i0 = qt.i0;
   const T *q = qt.q, *k = qt.k, *v = qt.v;
+  const int64_t q_ld = p.q_st.s, k_ld = p.k_st.s, v_ld = p.v_st.s; /* row strides (API §6) */
 
-  load_tile<T, D, MMA_BR, MMA_WARPS(D) * 32, false>(Qs, q, i0, p.Lq);
+  load_tile<T, D, MMA_BR, MMA_WARPS(D) * 32, false>(Qs, q, q_ld, i0, p.Lq);
   cp_async_commit();
   int64_t t_lo, t_hi, all_lo, all_hi;
   tile_key_range<MMA_BR>(p, b, i0, &t_lo, &t_hi, &all_lo, &all_hi);
   const bool scale_pos = p.scale > 0;
   const int ntiles = (int)((t_hi - t_lo + MMA_BC - 1) / MMA_BC);
   if (ntiles > 0) {
-    load_tile<T, D, MMA_BC, MMA_WARPS(D) * 32, false>(Ks, k, t_lo, t_hi);
-    if (WITH_V) load_tile<T, D, MMA_BC, MMA_WARPS(D) * 32, false>(Vs, v, t_lo, t_hi);
+    load_tile<T, D, MMA_BC, MMA_WARPS(D) * 32, false>(Ks, k, k_ld, t_lo, t_hi);
+    if (WITH_V) load_tile<T, D, MMA_BC, MMA_WARPS(D) * 32, false>(Vs, v, v_ld, t_lo, t_hi);
   }
   cp_async_commit();
   if (leave_for_fallback(v_bad)) return;
@@ -100,9 +101,9 @@ __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_pro
     const int64_t j0 = t_lo + (int64_t)t * MMA_BC;
     char *kt = Ks + (t & 1) * MMA_BC * D * 2, *vt = Vs + (t & 1) * MMA_BC * D * 2;
     if (t + 1 < ntiles) { /* the next tile into the other buffers */
-      load_tile<T, D, MMA_BC, MMA_WARPS(D) * 32, false>(Ks + ((t + 1) & 1) * MMA_BC * D * 2, k, j0 + MMA_BC, t_hi);
+      load_tile<T, D, MMA_BC, MMA_WARPS(D) * 32, false>(Ks + ((t + 1) & 1) * MMA_BC * D * 2, k, k_ld, j0 + MMA_BC, t_hi);
       if (WITH_V)
-        load_tile<T, D, MMA_BC, MMA_WARPS(D) * 32, false>(Vs + ((t + 1) & 1) * MMA_BC * D * 2, v, j0 + MMA_BC, t_hi);
+        load_tile<T, D, MMA_BC, MMA_WARPS(D) * 32, false>(Vs + ((t + 1) & 1) * MMA_BC * D * 2, v, v_ld, j0 + MMA_BC, t_hi);
     }
     cp_async_commit();
     cp_async_wait<1>();
@@ -149,7 +150,7 @@ __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_pro
   }
 
   if (PASS == PASS_STATS) frag_stats_store(p, bh, lane, r);
-  else frag_store_staged<T, D, PASS == PASS_OUTPUT, false, 0, 32>(p, bh, i0, lane, r, o, Qs); /* the warp's Q rows */
+  else frag_store_staged<T, D, PASS == PASS_OUTPUT, false, 0, 32>(p, bh, qt.o, qt.lse, i0, lane, r, o, Qs); /* the warp's Q rows */
 }
 
 template <typename T, int D, int EXTRAS, int PASS> static fa_status launch(fa_context *ctx, const fa_attn_problem *p) {
@@ -217,7 +218,7 @@ extern "C" fa_status fa_cuda_attention_mma(fa_context *ctx, const fa_attn_proble
                                            int **v_flag) {
   *v_flag = NULL;
   if (!tensor_core_fit(p->compute, p->D, p->Dv)) return FA_OK;
-  if (((uintptr_t)p->q | (uintptr_t)p->k | (uintptr_t)p->v | (uintptr_t)p->o) % 16) return FA_OK;
+  if (!attn_rows_aligned16(p)) return FA_OK;
   const int wg = p->tile_q == 128 && (p->tile_k == wgmma_bc(p->D) || (p->D == 64 && p->tile_k == 128)) &&
                  fa_cuda_wgmma_usable();
   const int sync = (p->D == 64 || p->D == 128) && p->tile_q == 16 * MMA_WARPS(p->D) && p->tile_k == MMA_BC;

@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(NAIVE_THREADS)
     }
     for (int64_t j = 4 * (int64_t)nv + t; j < Lk; j += nt)
       prow[j] = from_float<T>(p_of(naive_score<EXTRAS>(p, b, h, i, (int)j, __ldcs(&srow[j]), lo, hi, scale), mc, inv));
-    if (p.lse && t == 0) p.lse[row] = row_lse(m, d);
+    if (p.lse && t == 0) attn_lse_at(p, b, h, i) = row_lse(m, d);
   }
 }
 
@@ -216,13 +216,14 @@ static __device__ __forceinline__ bool is_masked(__nv_bfloat16 w) { return __bfl
 template <typename T> __global__ void naive_pv_skipping_kernel(fa_attn_problem p, const T *P, const int *flag) {
   if (!*flag) return;
   for (int64_t row = blockIdx.x; row < p.B * p.Hq * p.Lq; row += gridDim.x) {
-    const int64_t bh = row / p.Lq, b = bh / p.Hq, hk = (bh % p.Hq) / (p.Hq / p.Hkv);
-    const T *prow = P + row * p.Lk, *v = (const T *)p.v + ((b * p.Hkv + hk) * p.Lk) * p.Dv;
+    const int64_t bh = row / p.Lq, b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv);
+    const T *prow = P + row * p.Lk, *v = (const T *)p.v + attn_at(p.v_st, b, hk, 0);
+    T *orow = (T *)p.o + attn_at(p.o_st, b, h, row % p.Lq);
     for (int64_t c = threadIdx.x; c < p.Dv; c += blockDim.x) {
       float acc = 0.f;
       for (int64_t j = 0; j < p.Lk; j++)
-        if (!is_masked(prow[j])) acc = fmaf(to_float(prow[j]), to_float(v[j * p.Dv + c]), acc);
-      ((T *)p.o)[row * p.Dv + c] = from_float<T>(acc);
+        if (!is_masked(prow[j])) acc = fmaf(to_float(prow[j]), to_float(v[j * p.v_st.s + c]), acc);
+      orow[c] = from_float<T>(acc);
     }
   }
 }
@@ -234,7 +235,8 @@ template <> cudaDataType_t cuda_type<__nv_bfloat16>() { return CUDA_R_16BF; }
 
 template <typename T> static fa_status naive_typed(fa_context *ctx, const fa_attn_problem *p) {
   const int64_t BH = p->B * p->Hq, n_s = BH * p->Lq * p->Lk;
-  if (p->Lq > INT32_MAX || p->Lk > INT32_MAX || BH > INT32_MAX)
+  if (p->Lq > INT32_MAX || p->Lk > INT32_MAX || BH > INT32_MAX || p->q_st.s > INT32_MAX || p->k_st.s > INT32_MAX ||
+      p->v_st.s > INT32_MAX || p->o_st.s > INT32_MAX)
     return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: naive attention on cuda: sizes above cuBLAS's int range");
   cublasHandle_t handle;
   fa_status st = handle_of(ctx, &handle);
@@ -247,13 +249,13 @@ template <typename T> static fa_status naive_typed(fa_context *ctx, const fa_att
       (st = fa_cuda_malloc(ctx, &ptrs, ptr_bytes)))
     goto done;
   for (int64_t bh = 0; bh < BH; bh++) { /* per (batch, head): K, Q, S, V, P, O; GQA shares K and V */
-    int64_t b = bh / p->Hq, hk = (bh % p->Hq) / (p->Hq / p->Hkv), kv = b * p->Hkv + hk;
-    host[bh] = (const T *)p->k + kv * p->Lk * p->D;
-    host[BH + bh] = (const T *)p->q + bh * p->Lq * p->D;
+    const int64_t b = bh / p->Hq, h = bh % p->Hq, hk = h / (p->Hq / p->Hkv);
+    host[bh] = (const T *)p->k + attn_at(p->k_st, b, hk, 0);
+    host[BH + bh] = (const T *)p->q + attn_at(p->q_st, b, h, 0);
     host[2 * BH + bh] = (float *)S + bh * p->Lq * p->Lk;
-    host[3 * BH + bh] = (const T *)p->v + kv * p->Lk * p->Dv;
+    host[3 * BH + bh] = (const T *)p->v + attn_at(p->v_st, b, hk, 0);
     host[4 * BH + bh] = (T *)P + bh * p->Lq * p->Lk;
-    host[5 * BH + bh] = (T *)p->o + bh * p->Lq * p->Dv;
+    host[5 * BH + bh] = (T *)p->o + attn_at(p->o_st, b, h, 0);
   }
   if ((st = fa_cuda_memcpy(ctx, ptrs, host, ptr_bytes, FA_COPY_H2D))) goto done;
   {
@@ -262,7 +264,7 @@ template <typename T> static fa_status naive_typed(fa_context *ctx, const fa_att
     /* row-major S (Lq×Lk) is column-major Sᵀ = Kᵀ·Q: m = Lk, n = Lq, k = D */
     st = cublas_error(ctx,
                       cublasGemmBatchedEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, (int)p->Lk, (int)p->Lq, (int)p->D, &one, d,
-                                          cuda_type<T>(), (int)p->D, d + BH, cuda_type<T>(), (int)p->D, &zero,
+                                          cuda_type<T>(), (int)p->k_st.s, d + BH, cuda_type<T>(), (int)p->q_st.s, &zero,
                                           (void **)(d + 2 * BH), CUDA_R_32F, (int)p->Lk, (int)BH, CUBLAS_COMPUTE_32F,
                                           CUBLAS_GEMM_DEFAULT),
                       "cublasGemmBatchedEx (Q·Kᵀ)");
@@ -272,8 +274,8 @@ template <typename T> static fa_status naive_typed(fa_context *ctx, const fa_att
     /* row-major O (Lq×Dv) is column-major Oᵀ = Vᵀ·Pᵀ: m = Dv, n = Lq, k = Lk */
     st = cublas_error(ctx,
                       cublasGemmBatchedEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, (int)p->Dv, (int)p->Lq, (int)p->Lk, &one,
-                                          d + 3 * BH, cuda_type<T>(), (int)p->Dv, d + 4 * BH, cuda_type<T>(),
-                                          (int)p->Lk, &zero, (void **)(d + 5 * BH), cuda_type<T>(), (int)p->Dv, (int)BH,
+                                          d + 3 * BH, cuda_type<T>(), (int)p->v_st.s, d + 4 * BH, cuda_type<T>(),
+                                          (int)p->Lk, &zero, (void **)(d + 5 * BH), cuda_type<T>(), (int)p->o_st.s, (int)BH,
                                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                       "cublasGemmBatchedEx (P·V)");
     if (st) goto done;

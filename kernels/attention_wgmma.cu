@@ -68,15 +68,16 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && 
   const frag_qtile<T, D, WG_BR> qt(p, blockIdx.x);
   const int64_t bh = qt.bh, b = qt.b, h = qt.h, i0 = qt.i0;
   const T *q = qt.q, *k = qt.k, *v = qt.v;
+  const int64_t q_ld = p.q_st.s, k_ld = p.k_st.s, v_ld = p.v_st.s; /* row strides (API §6) */
 
-  load_tile<T, DP, WG_BR, WG_THREADS, true, D>(Qs, q, i0, p.Lq);
+  load_tile<T, DP, WG_BR, WG_THREADS, true, D>(Qs, q, q_ld, i0, p.Lq);
   cp_async_commit();
   int64_t t_lo, t_hi, all_lo, all_hi;
   tile_key_range<WG_BR>(p, b, i0, &t_lo, &t_hi, &all_lo, &all_hi);
   const int ntiles = (int)((t_hi - t_lo + BC - 1) / BC);
   if (ntiles > 0) {
-    load_tile<T, DP, BC, WG_THREADS, true, D>(Ks, k, t_lo, t_hi);
-    if (WITH_V) load_tile<T, DP, BC, WG_THREADS, true, D>(Vs, v, t_lo, t_hi);
+    load_tile<T, DP, BC, WG_THREADS, true, D>(Ks, k, k_ld, t_lo, t_hi);
+    if (WITH_V) load_tile<T, DP, BC, WG_THREADS, true, D>(Vs, v, v_ld, t_lo, t_hi);
   }
   cp_async_commit();
   if (leave_for_fallback(v_bad)) return;
@@ -122,8 +123,8 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && 
      * (t+1)%3); without a branch, which would make ptxas serialise the
      * products: past the last tile the rows are all zero-filled */
     const int64_t next_hi = t + 1 < ntiles ? t_hi : j0 + BC;
-    load_tile<T, DP, BC, WG_THREADS, true, D>(Ks + ((t + 1) & 1) * BC * DP * 2, k, j0 + BC, next_hi);
-    if (WITH_V) load_tile<T, DP, BC, WG_THREADS, true, D>(Vs + ((t + 1) % 3) * BC * DP * 2, v, j0 + BC, next_hi);
+    load_tile<T, DP, BC, WG_THREADS, true, D>(Ks + ((t + 1) & 1) * BC * DP * 2, k, k_ld, j0 + BC, next_hi);
+    if (WITH_V) load_tile<T, DP, BC, WG_THREADS, true, D>(Vs + ((t + 1) % 3) * BC * DP * 2, v, v_ld, j0 + BC, next_hi);
     cp_async_commit();
     if (WITH_V && t > 0) pv_issue<T, DP, BC>(o, pa, smem_addr(Vs + ((t - 1) % 3) * BC * DP * 2));
     if (WITH_V && t > 0) wgmma_wait<1>();
@@ -159,9 +160,9 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && 
   }
 
   /* through Q's rows, but at D = 96, where that made the key loop's code 8 % slower at every L (run 28's d96_probe) */
-  if constexpr (D == 96) frag_store<T, D, PASS == PASS_OUTPUT>(p, bh, lane, r, o);
-  else frag_store_staged<T, D, PASS == PASS_OUTPUT, true, WG_BR, 128>(p, bh, i0, lane, r, o, Qs);
-  v_check_share<T, WG_BR>(p, v, i0);
+  if constexpr (D == 96) frag_store<T, D, PASS == PASS_OUTPUT>(p, bh, qt.o, qt.lse, lane, r, o);
+  else frag_store_staged<T, D, PASS == PASS_OUTPUT, true, WG_BR, 128>(p, bh, qt.o, qt.lse, i0, lane, r, o, Qs);
+  v_check_share<T, D, WG_BR>(p, v, i0);
 #endif
 }
 

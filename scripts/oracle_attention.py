@@ -4,8 +4,12 @@ says how it fits the GPU run).
 A seeded random grid in the style of FlashAttention's own tests: each case
 draws its shapes (Lq >> Lk, Lq << Lk, equal, odd and prime lengths, Lq = 1;
 head dims 32 to 256, odd ones too; MHA, GQA, MQA), dtype (f16, bf16, f32),
-layout (contiguous (B, H, L, D) or a transposed view of a (B, L, H, D)
-tensor) and score rule (causal in both alignments, window, softcap, alibi,
+layout (API §6, read and written where they lie: contiguous (B, H, L, D);
+"blhd", transposed views of the host's (B, L, H, D) tensors, the output
+too; "packed", q from a (B, L, H, D) tensor and k, v sliced from one packed
+(B, L, 2, H, D) tensor, the lse a slice of a wider buffer; "padded", rows
+8 or 1 elements wider than D, which the tensor cores' 16-byte copies
+cannot take at 1) and score rule (causal in both alignments, window, softcap, alibi,
 bool and float masks of several broadcast shapes, kv_lens, scale; and their
 combinations), makes q, k, v with torch on the GPU and hands the very same
 memory to the engine through its C API (ctypes, fa_tensor_wrap over the
@@ -75,9 +79,19 @@ class Engine:
         L.fa_attention_opts_init.argtypes = [ctypes.POINTER(AttnOpts)]
         L.fa_attention_opts_init.restype = None
         L.fa_attention.argtypes = [vp, vp, vp, vp, ctypes.POINTER(AttnOpts), ctypes.POINTER(vp), ctypes.POINTER(vp)]
+        L.fa_context_destroy.argtypes = [vp]
+        L.fa_context_destroy.restype = None
         self.ctx = vp()
         self.check(L.fa_context_create(FA_CUDA, ctypes.byref(self.ctx)), "fa_context_create")
         self.check(L.fa_context_set_stream(self.ctx, torch.cuda.current_stream().cuda_stream), "set_stream")
+
+    def close(self):
+        """Destroys the context (its cuBLAS handle, events and streams) while
+        the CUDA runtime is still up."""
+        if self.ctx:
+            self.lib.fa_sync(self.ctx)
+            self.lib.fa_context_destroy(self.ctx)
+            self.ctx = None
 
     def check(self, st, what):
         if st:
@@ -167,7 +181,8 @@ def draw_case(idx, seed, max_elems):
         c["B"] -= 1
     if c["B"] * c["Hq"] * c["Lq"] * c["Lk"] > max_elems:
         c["Hq"], c["Hkv"] = r.choice([(1, 1), (2, 1), (2, 2)])
-    c["layout"] = r.choice(["bhld", "bhld", "blhd"])
+    c["layout"] = r.choice(["bhld", "bhld", "blhd", "packed", "padded"])
+    c["pad"] = r.choice([8, 8, 1])
     c["causal"] = r.choice(["none", "none", "bottom_right", "bottom_right", "top_left"])
     c["window"] = None
     if r.random() < 0.2:
@@ -187,7 +202,7 @@ def draw_case(idx, seed, max_elems):
 
 def forced_cases(seed):
     """Issue 21's reproducers, always in the grid: the causal Lq >> Lk race."""
-    base = {"seed": seed, "Dv": None, "layout": "bhld", "window": None, "softcap": None, "alibi": None,
+    base = {"seed": seed, "Dv": None, "layout": "bhld", "pad": 8, "window": None, "softcap": None, "alibi": None,
             "mask": None, "kv_lens": None, "scale": None, "algo": "auto", "tile": None}
     out = []
     for dt in ("f16", "bf16"):
@@ -212,11 +227,18 @@ def make_inputs(c):
     dt = TORCH_DTYPES[c["dtype"]]
 
     def tensor(H, L, D):
-        if c["layout"] == "blhd":  # the host's (B, L, H, D), seen as (B, H, L, D)
+        if c["layout"] in ("blhd", "packed"):  # the host's (B, L, H, D), seen as (B, H, L, D)
             return torch.randn(c["B"], L, H, D, device="cuda", generator=g).to(dt).transpose(1, 2)
+        if c["layout"] == "padded":  # rows pad elements wider than D
+            return torch.randn(c["B"], H, L, D + c["pad"], device="cuda", generator=g).to(dt)[..., :D]
         return torch.randn(c["B"], H, L, D, device="cuda", generator=g).to(dt)
 
-    q, k, v = tensor(c["Hq"], c["Lq"], c["D"]), tensor(c["Hkv"], c["Lk"], c["D"]), tensor(c["Hkv"], c["Lk"], c["Dv"])
+    q = tensor(c["Hq"], c["Lq"], c["D"])
+    if c["layout"] == "packed" and c["D"] == c["Dv"]:  # k and v: slices of one (B, L, 2, H, D) tensor
+        kv = torch.randn(c["B"], c["Lk"], 2, c["Hkv"], c["D"], device="cuda", generator=g).to(dt)
+        k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
+    else:
+        k, v = tensor(c["Hkv"], c["Lk"], c["D"]), tensor(c["Hkv"], c["Lk"], c["Dv"])
     mask = None
     if c["mask"] is not None:
         kind, form = c["mask"]
@@ -328,16 +350,43 @@ def bits(t):
     return t.contiguous().view(-1).view(torch.int32 if t.element_size() == 4 else torch.int16)
 
 
+def make_outputs(c):
+    """NaN-poisoned out (B, Hq, Lq, Dv) and lse (B, Hq, Lq) in the case's
+    layout (views the engine writes through), and the whole buffers."""
+    dt, (B, H, L, Dv) = TORCH_DTYPES[c["dtype"]], (c["B"], c["Hq"], c["Lq"], c["Dv"])
+    nan = float("nan")
+    if c["layout"] in ("blhd", "packed"):
+        ob = torch.full((B, L, H, Dv), nan, device="cuda", dtype=dt)
+        out = ob.transpose(1, 2)
+    elif c["layout"] == "padded":
+        ob = torch.full((B, H, L, Dv + c["pad"]), nan, device="cuda", dtype=dt)
+        out = ob[..., :Dv]
+    else:
+        ob = out = torch.full((B, H, L, Dv), nan, device="cuda", dtype=dt)
+    if c["layout"] == "packed":
+        lb = torch.full((B, H, L + 3), nan, device="cuda", dtype=torch.float32)
+        lse = lb[..., 1:L + 1]
+    else:
+        lb = lse = torch.full((B, H, L), nan, device="cuda", dtype=torch.float32)
+    return out, lse, ob, lb
+
+
+def untouched(whole, view):
+    """Whether every element of buffer `whole` outside `view` is still NaN."""
+    mark = torch.zeros(whole.shape, dtype=torch.bool, device="cuda")
+    mark.as_strided(view.shape, view.stride(), view.storage_offset() - whole.storage_offset()).fill_(True)
+    return bool(torch.isnan(whole[~mark].float()).all().item())
+
+
 def run_case(eng, c):
     """(ok, deterministic, message)."""
     q, k, v, mask = make_inputs(c)
-    dt = TORCH_DTYPES[c["dtype"]]
-    shape_o = (c["B"], c["Hq"], c["Lq"], c["Dv"])
     outs = []
     for _ in range(2):
-        out = torch.full(shape_o, float("nan"), device="cuda", dtype=dt)
-        lse = torch.full(shape_o[:3], float("nan"), device="cuda", dtype=torch.float32)
+        out, lse, ob, lb = make_outputs(c)
         eng.attention(q, k, v, c, mask, out, lse)
+        if not (untouched(ob, out) and untouched(lb, lse)):
+            return False, True, "a write outside the output views"
         outs.append((out, lse))
     (o1, l1), (o2, l2) = outs
     same = torch.equal(bits(o1), bits(o2)) and torch.equal(bits(l1), bits(l2))
@@ -384,6 +433,7 @@ def main():
             nondet.append(describe(c))
             print(f"NONDETERMINISTIC {describe(c)}", flush=True)
     secs = time.time() - t0
+    eng.close()
     line = (f"oracle: {len(cases)} cases, {len(fails)} failures, {len(nondet)} not bit-identical when run twice "
             f"({secs:.0f} s, seed {a.seed}, filter {a.filter})")
     print(line, flush=True)

@@ -92,6 +92,10 @@ int64_t fa_numel_of(int ndim, const int64_t *shape);
  * strided view's range runs from its first to its last element; empty
  * tensors span nothing). */
 int fa_tensor_overlaps(const fa_tensor *a, const fa_tensor *b);
+/* Whether no two elements of t share a place in memory (no zero strides
+ * over dimensions of more than one element, no interleaved dimensions):
+ * a view a kernel may write through. */
+int fa_tensor_injective(const fa_tensor *t);
 /* Contiguous tensor with dtype `dtype` on the CPU holding t's values
  * (t itself, retained, when it already is one). */
 fa_status fa_tensor_cpu_contiguous(fa_context *ctx, fa_tensor *t, fa_dtype dtype, fa_tensor **out);

@@ -81,6 +81,26 @@ int fa_tensor_overlaps(const fa_tensor *a, const fa_tensor *b) {
   return a0 < b1 && b0 < a1;
 }
 
+int fa_tensor_injective(const fa_tensor *t) {
+  /* the dimensions of more than one element by rising stride: each must
+   * step past everything the ones inside it span */
+  int idx[FA_MAX_DIMS], n = 0;
+  for (int i = 0; i < t->ndim; i++)
+    if (t->shape[i] > 1) idx[n++] = i;
+  for (int i = 1; i < n; i++)
+    for (int j = i; j > 0 && t->strides[idx[j]] < t->strides[idx[j - 1]]; j--) {
+      int x = idx[j];
+      idx[j] = idx[j - 1], idx[j - 1] = x;
+    }
+  int64_t span = 1; /* elements the inner dimensions reach, plus one */
+  for (int i = 0; i < n; i++) {
+    const int64_t st = t->strides[idx[i]];
+    if (st < span) return 0;
+    span += st * (t->shape[idx[i]] - 1);
+  }
+  return 1;
+}
+
 fa_status fa_tensor_copy(fa_context *ctx, fa_tensor *dst, fa_tensor *src) {
   FA_NEED(ctx);
   FA_NEED(dst);
