@@ -5,6 +5,7 @@
 #include "splits.h"
 
 #include <float.h>
+#include <limits.h>
 #include <math.h>
 #include <string.h>
 
@@ -63,8 +64,41 @@ void fa_attn_attach_mask(fa_attn_problem *p, const fa_tensor *m, fa_tensor *buf)
   for (int i = 0; i < m->ndim; i++) p->mask_strides[4 - m->ndim + i] = m->shape[i] == 1 ? 0 : buf->strides[i];
 }
 
-/* Fills p from dims and opts; converts inputs to contiguous host buffers of
- * the compute dtype. */
+/* Operands where they lie (API §6): defined with the CUDA path below,
+ * which takes them the same way. */
+static void row_strides(const fa_tensor *t, int inner, fa_attn_strides *st);
+static int readable_in_place(const fa_tensor *t, fa_attn_strides *st);
+static int writable_in_place(const fa_tensor *t, int inner, const attn_buffers *b, const fa_tensor *other);
+
+/* t itself (retained; *st its strides) when the CPU kernels read it where
+ * it lies: a host tensor of the compute dtype, readable in place, its row
+ * stride an int (BLAS's leading dimensions).  Else a contiguous copy in
+ * the compute dtype, and *st keeps the dense strides. */
+static fa_status cpu_operand(fa_context *ctx, fa_tensor *t, fa_dtype compute, fa_tensor **buf, fa_attn_strides *st) {
+  fa_attn_strides here;
+  if (t->storage->device != FA_CPU || t->dtype != compute || !readable_in_place(t, &here) || here.s > INT_MAX)
+    return fa_tensor_cpu_contiguous(ctx, t, compute, buf);
+  fa_tensor_retain(t);
+  *buf = t;
+  *st = here;
+  return FA_OK;
+}
+
+/* Whether the CPU kernels write the caller's output t (dtype dt; inner and
+ * other as for writable_in_place) where it lies, its row stride an int as
+ * for the inputs; then *st its strides (else *st is left dense). */
+static int cpu_output_in_place(const fa_tensor *t, fa_dtype dt, int inner, const attn_buffers *b,
+                               const fa_tensor *other, fa_attn_strides *st) {
+  fa_attn_strides here;
+  if (!t || t->storage->device != FA_CPU || t->dtype != dt || !writable_in_place(t, inner, b, other)) return 0;
+  row_strides(t, inner, &here);
+  if (here.s > INT_MAX) return 0;
+  *st = here;
+  return 1;
+}
+
+/* Fills p from dims and opts; the inputs are read where they lie, or from
+ * contiguous host copies in the compute dtype (cpu_operand). */
 static fa_status build_problem(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
                                const fa_attn_dims *d, fa_dtype compute, fa_attn_problem *p, attn_buffers *bufs) {
   fa_attn_resolve_options(o, d, compute, p);
@@ -73,9 +107,9 @@ static fa_status build_problem(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   p->tile_q = o->tile_q ? o->tile_q : FA_CPU_DEFAULT_TILE_Q;
   p->tile_k = o->tile_k ? o->tile_k : FA_CPU_DEFAULT_TILE_K;
   fa_status st;
-  if ((st = fa_tensor_cpu_contiguous(ctx, q, compute, &bufs->q)) ||
-      (st = fa_tensor_cpu_contiguous(ctx, k, compute, &bufs->k)) ||
-      (st = fa_tensor_cpu_contiguous(ctx, v, compute, &bufs->v)))
+  if ((st = cpu_operand(ctx, q, compute, &bufs->q, &p->q_st)) ||
+      (st = cpu_operand(ctx, k, compute, &bufs->k, &p->k_st)) ||
+      (st = cpu_operand(ctx, v, compute, &bufs->v, &p->v_st)))
     return st;
   p->q = fa_tensor_ptr(bufs->q), p->k = fa_tensor_ptr(bufs->k), p->v = fa_tensor_ptr(bufs->v);
   if (o->mask) {
@@ -87,7 +121,8 @@ static fa_status build_problem(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
 }
 
 /* Whether t shares storage with any input buffer (then the kernels must
- * not write into it while they read the inputs). */
+ * not write into it while they read the inputs).  The buffers are the
+ * caller's tensors themselves where they are read in place. */
 static int shares_input(const fa_tensor *t, const attn_buffers *b) {
   const fa_tensor *in[4] = {b->q, b->k, b->v, b->mask};
   for (int i = 0; i < 4; i++)
@@ -95,16 +130,17 @@ static int shares_input(const fa_tensor *t, const attn_buffers *b) {
   return 0;
 }
 
-/* Output buffers in the compute dtype: the caller's when they already are
- * contiguous host tensors of that dtype and share no storage with the
- * inputs (or each other), else temporaries copied out later. */
+/* Output buffers in the compute dtype: the caller's, written through
+ * their strides, when they are host tensors of that dtype that the kernels
+ * can write where they lie (cpu_output_in_place: no two elements in one
+ * place, no storage shared with the inputs or each other), else dense
+ * temporaries copied out later. */
 static fa_status prepare_outputs(fa_context *ctx, const fa_attention_opts *o, const fa_attn_dims *d, fa_dtype compute,
                                  int want_lse, fa_tensor *out, fa_tensor *lse_out, fa_dtype lse_dtype,
                                  fa_attn_problem *p, attn_buffers *bufs) {
   int64_t shape[4] = {d->B, d->Hq, d->Lq, d->Dv};
   fa_status st;
-  if (out && out->dtype == compute && out->storage->device == FA_CPU && fa_tensor_is_contiguous(out) &&
-      !shares_input(out, bufs)) {
+  if (cpu_output_in_place(out, compute, 1, bufs, NULL, &p->o_st)) {
     fa_tensor_retain(out);
     bufs->o = out;
   } else if ((st = fa_tensor_new(ctx, 4, shape, compute, FA_CPU, &bufs->o))) {
@@ -112,8 +148,7 @@ static fa_status prepare_outputs(fa_context *ctx, const fa_attention_opts *o, co
   }
   p->o = fa_tensor_ptr(bufs->o);
   if (want_lse) {
-    if (lse_out && lse_out->dtype == lse_dtype && lse_out->storage->device == FA_CPU &&
-        fa_tensor_is_contiguous(lse_out) && !shares_input(lse_out, bufs) && lse_out->storage != bufs->o->storage) {
+    if (cpu_output_in_place(lse_out, lse_dtype, 0, bufs, bufs->o, &p->lse_st)) {
       fa_tensor_retain(lse_out);
       bufs->lse = lse_out;
     } else if ((st = fa_tensor_new(ctx, 3, shape, lse_dtype, FA_CPU, &bufs->lse))) {
@@ -172,18 +207,56 @@ fa_status fa_attn_deliver(fa_context *ctx, const fa_tensor *q, int rank, int64_t
   return st;
 }
 
-/* Lk == 0 or every row empty needs no backend: zeros and lse = -inf. */
+/* Lk == 0 or every row empty needs no backend: zeros and lse = -inf,
+ * through the outputs' strides (they may be the caller's views). */
 static void fill_empty(const fa_attn_problem *p) {
-  int64_t rows = p->B * p->Hq * p->Lq;
-  size_t es = fa_dtype_size(p->compute);
-  memset(p->o, 0, (size_t)(rows * p->Dv) * es);
-  for (int64_t r = 0; r < rows; r++) {
-    if (p->lse) p->lse[r] = -INFINITY;
-    if (p->lse64) p->lse64[r] = -INFINITY;
-  }
+  const size_t es = fa_dtype_size(p->compute);
+  const fa_attn_strides os = p->o_st, ls = p->lse_st;
+  for (int64_t b = 0; b < p->B; b++)
+    for (int64_t h = 0; h < p->Hq; h++)
+      for (int64_t i = 0; i < p->Lq; i++) {
+        memset((char *)p->o + (size_t)(b * os.b + h * os.h + i * os.s) * es, 0, (size_t)p->Dv * es);
+        const int64_t l = b * ls.b + h * ls.h + i * ls.s;
+        if (p->lse) p->lse[l] = -INFINITY;
+        if (p->lse64) p->lse64[l] = -INFINITY;
+      }
 }
 
 /* ---- CUDA: inputs stay in their dtype on the device ---- */
+
+/* *st from the strides of t's dimensions before its last `inner` (1: an
+ * operand's rows of X elements, 0: lse), right-aligned onto (batch, head,
+ * sequence).  A dimension of one element gets the stride of a dense layout
+ * (0, or the row length X for the sequence): it is never stepped, and the
+ * kernels' alignment tests and cuBLAS's leading dimensions then see
+ * ordinary values. */
+static void row_strides(const fa_tensor *t, int inner, fa_attn_strides *st) {
+  int64_t s[3] = {0, 0, inner ? t->shape[t->ndim - 1] : 1};
+  const int outer = t->ndim - inner;
+  for (int i = 0; i < outer; i++)
+    if (t->shape[i] > 1) s[3 - outer + i] = t->strides[i];
+  st->b = s[0], st->h = s[1], st->s = s[2];
+}
+
+/* Whether operand t (rank 2 to 4, rows of X elements) can be read where
+ * it lies (API §6): its last dimension contiguous and its rows at least X
+ * elements apart (cuBLAS's leading dimensions, in "naive"). */
+static int readable_in_place(const fa_tensor *t, fa_attn_strides *st) {
+  const int64_t X = t->shape[t->ndim - 1];
+  if (X > 1 && t->strides[t->ndim - 1] != 1) return 0;
+  row_strides(t, 1, st);
+  return st->s >= X;
+}
+
+/* Whether the kernels may write the caller's output t where it lies: rows
+ * with a contiguous last dimension (inner = 1; lse: inner = 0), no two
+ * elements in one place, sharing no storage with an input or with
+ * `other` (the other output). */
+static int writable_in_place(const fa_tensor *t, int inner, const attn_buffers *b, const fa_tensor *other) {
+  const int64_t X = inner ? t->shape[t->ndim - 1] : 1;
+  if (inner && X > 1 && t->strides[t->ndim - 1] != 1) return 0;
+  return fa_tensor_injective(t) && !shares_input(t, b) && !(other && other->storage == t->storage);
+}
 
 /* A device copy of n host values (kv_lens, alibi), freed by the caller. */
 static fa_status upload(fa_context *ctx, const void *host, size_t bytes, void **dev) {
