@@ -1,0 +1,235 @@
+-- fa.attention on tensors as hosts hold them (API §6): q, k, v as views
+-- whose last dimension is contiguous (a (B, L, H, D) tensor transposed, the
+-- narrows of a packed QKV tensor, a head or batch slice) are read where they
+-- lie, and opts.out / opts.lse_out views are written through their strides,
+-- nothing outside them touched.  Every result is checked against
+-- fa.attention_reference of contiguous copies.
+local U = require "fa_testutil"
+local fa, lu = U.fa, U.lu
+local dev = U.device
+
+local ALGOS = {"naive", "two_pass", "flash_row", "flash"}
+-- Small tiles on the CPU so that the views span several query and key tiles
+-- (the CUDA kernels take only their own tile sizes).
+local TILE = not U.cuda and {16, 16} or nil
+local B, HQ, HKV, LQ, LK = 2, 4, 2, 21, 29 -- GQA: two query heads a KV head
+local SENTINEL = 77 -- exact in bf16 too
+
+-- (B, L, H, D) values seen as (B, H, L, D).
+local function bhld(b, h, l, d, dtype) return U.randn({b, l, h, d}, dtype):transpose(2, 3) end
+
+-- Options cycled through the layouts: causal or not, a mask, kv_lens.
+local function options(i, b, lq, lk)
+  local sets = {
+    function() return {} end,
+    function() return {causal = true} end,
+    function()
+      local m = fa.tensor(U.nested({b, 1, lq, lk}, function() return math.random() < 0.7 end), {device = dev})
+      return {mask = m}
+    end,
+    function()
+      local lens = {}
+      for j = 1, b do lens[j] = math.max(1, lk - 3 * j) end
+      return {kv_lens = lens, causal = "top_left"}
+    end,
+  }
+  return U.pick(sets, i)()
+end
+
+-- Every algo on q, k, v (lse too, into poisoned outputs) against the
+-- reference of contiguous copies.
+local function check_algos(q, k, v, opts, what)
+  local ref = {U.reference(q:contiguous(), k:contiguous(), v:contiguous(), opts)}
+  for _, algo in ipairs(ALGOS) do
+    local o = U.copy_opts(opts)
+    o.algo, o.tile, o.return_lse = algo, TILE, true
+    U.check_attention(q, k, v, o, ("%s %s %s D=%d"):format(what, algo, q:dtype(), q:size(q:dim())), {ref = ref})
+  end
+end
+
+-- Whether every element of t is the sentinel.
+local function untouched(t) return t:min() == SENTINEL and t:max() == SENTINEL end
+
+TestLayouts = {}
+
+function TestLayouts:test_transposed_views()
+  local i = 0
+  for _, dtype in ipairs(U.dtypes) do
+    for _, D in ipairs({64, 40}) do
+      i = i + 1
+      local q, k, v = bhld(B, HQ, LQ, D, dtype), bhld(B, HKV, LK, D, dtype), bhld(B, HKV, LK, D, dtype)
+      lu.assertFalse(q:is_contiguous())
+      local before = q:clone()
+      check_algos(q, k, v, options(i, B, LQ, LK), "transposed")
+      lu.assertEquals(fa.max_abs_diff(q, before), 0, "attention modified its input")
+    end
+  end
+end
+
+-- fa.attention_reference reads f64 views where they lie too: the same
+-- values as on contiguous copies, to the bit.
+function TestLayouts:test_reference_reads_views()
+  local function view(h, l) return U.randn({B, l, h, 40}, "f64", 1, "cpu"):transpose(2, 3) end
+  local q, k, v = view(HQ, LQ), view(HKV, LK), view(HKV, LK)
+  local opts = {causal = true, return_lse = true}
+  local o, lse = fa.attention_reference(q, k, v, opts)
+  local oc, lsec = fa.attention_reference(q:contiguous(), k:contiguous(), v:contiguous(), opts)
+  lu.assertEquals(fa.max_abs_diff(o, oc), 0)
+  lu.assertEquals(fa.max_abs_diff(lse, lsec), 0)
+end
+
+-- q, k, v narrowed from one packed (B, L, Hq + 2·Hkv, D) tensor (the heads
+-- of (B, L, 3, H, D) side by side), then transposed.
+function TestLayouts:test_packed_qkv()
+  local i = 0
+  for _, dtype in ipairs({"f32", "f16", "bf16"}) do
+    for _, D in ipairs({64, 40}) do
+      i = i + 1
+      local x = U.randn({B, LQ, HQ + 2 * HKV, D}, dtype)
+      local q = x:narrow(3, 1, HQ):transpose(2, 3)
+      local k = x:narrow(3, HQ + 1, HKV):transpose(2, 3)
+      local v = x:narrow(3, HQ + HKV + 1, HKV):transpose(2, 3)
+      check_algos(q, k, v, options(i, B, LQ, LQ), "packed qkv")
+    end
+  end
+end
+
+-- A slice of the heads and a slice of the batch of contiguous tensors, and
+-- 3-D and 2-D views: (L, H, D) transposed, one head selected from it.
+function TestLayouts:test_slices_and_ranks()
+  for i, dtype in ipairs({"f32", "bf16"}) do
+    local D = i == 1 and 64 or 40
+    local q = U.randn({B, HQ + 3, LQ, D}, dtype):narrow(2, 2, HQ)
+    local k = U.randn({B + 2, HKV, LK, D}, dtype):narrow(1, 2, B)
+    local v = U.randn({B, HKV + 1, LK, D}, dtype):narrow(2, 1, HKV)
+    check_algos(q, k, v, options(i + 1, B, LQ, LK), "head and batch slices")
+    local q3 = U.randn({LQ, HQ, D}, dtype):transpose(1, 2)
+    local k3 = U.randn({LK, HKV, D}, dtype):transpose(1, 2)
+    local v3 = U.randn({LK, HKV + 2, D}, dtype):narrow(2, 2, HKV):transpose(1, 2)
+    check_algos(q3, k3, v3, {causal = true}, "3-D views")
+    local q2 = U.randn({LQ, 3, D}, dtype):select(2, 2)
+    local k2, v2 = U.randn({LK, 2, D}, dtype):select(2, 1), U.randn({LK, 5, D}, dtype):select(2, 5)
+    check_algos(q2, k2, v2, {}, "2-D views")
+  end
+end
+
+-- opts.out and opts.lse_out as views of larger (B, L, H, X) buffers: the
+-- result lands in the views, the rest of the buffers keeps its sentinel,
+-- and the returned tensors are the views themselves.
+function TestLayouts:test_out_views()
+  for di, dtype in ipairs({"f32", "f16", "bf16"}) do
+    local D = di == 2 and 40 or 64
+    local q, k, v = bhld(B, HQ, LQ, D, dtype), bhld(B, HKV, LK, D, dtype), bhld(B, HKV, LK, D, dtype)
+    local ro, rl = U.reference(q:contiguous(), k:contiguous(), v:contiguous(), {causal = true})
+    local obase = fa.full({B, LQ, HQ + 1, D + 5}, SENTINEL, {dtype = dtype, device = dev})
+    local lbase = fa.full({B, LQ, HQ + 2}, SENTINEL, {device = dev})
+    local out = obase:narrow(3, 1, HQ):narrow(4, 1, D):transpose(2, 3)
+    local lse_out = lbase:narrow(3, 2, HQ):transpose(2, 3)
+    for _, algo in ipairs(ALGOS) do
+      local what = ("%s %s out views"):format(algo, dtype)
+      out:fill_(U.NaN)
+      lse_out:fill_(U.NaN)
+      local o, lse = fa.attention(q, k, v, {algo = algo, tile = TILE, causal = true, out = out, lse_out = lse_out})
+      lu.assertTrue(rawequal(o, out), what .. ": the result is not opts.out")
+      lu.assertTrue(rawequal(lse, lse_out), what .. ": the lse is not opts.lse_out")
+      U.assert_close(out, ro, dtype, what)
+      U.assert_lse(lse_out, rl, dtype, what .. " lse")
+      lu.assertTrue(untouched(obase:narrow(4, D + 1, 5)) and untouched(obase:narrow(3, HQ + 1, 1)),
+        what .. ": written outside opts.out")
+      lu.assertTrue(untouched(lbase:narrow(3, 1, 1)) and untouched(lbase:narrow(3, HQ + 2, 1)),
+        what .. ": written outside opts.lse_out")
+    end
+  end
+  -- 2-D: one head of (L, H, X) buffers
+  local q, k, v = U.randn({LQ, 40}), U.randn({LK, 40}), U.randn({LK, 40})
+  local ro, rl = U.reference(q, k, v, {})
+  local obase = fa.full({LQ, 3, 40}, SENTINEL, {device = dev})
+  local lbase = fa.full({LQ, 3}, SENTINEL, {device = dev})
+  for _, algo in ipairs(ALGOS) do
+    local out, lse_out = obase:select(2, 2), lbase:select(2, 2)
+    local o = fa.attention(q, k, v, {algo = algo, out = out, lse_out = lse_out})
+    lu.assertTrue(rawequal(o, out), algo .. " 2-D: the result is not opts.out")
+    U.assert_close(out, ro, "f32", algo .. " 2-D out view")
+    U.assert_lse(lse_out, rl, "f32", algo .. " 2-D lse view")
+    lu.assertTrue(untouched(obase:select(2, 1)) and untouched(obase:select(2, 3)), algo .. " 2-D: written outside")
+    lu.assertTrue(untouched(lbase:select(2, 1)) and untouched(lbase:select(2, 3)), algo .. " 2-D: lse written outside")
+  end
+end
+
+-- No keys: zeros and lse = -inf written through the views' strides.
+function TestLayouts:test_no_keys_into_out_views()
+  local D = 40
+  local q = bhld(B, HQ, LQ, D, "f32")
+  local k, v = U.randn({B, 0, HKV, D}):transpose(2, 3), U.randn({B, 0, HKV, D}):transpose(2, 3)
+  local obase = fa.full({B, LQ, HQ, D + 3}, SENTINEL, {device = dev})
+  local lbase = fa.full({B, LQ, HQ + 1}, SENTINEL, {device = dev})
+  local out, lse_out = obase:narrow(4, 1, D):transpose(2, 3), lbase:narrow(3, 1, HQ):transpose(2, 3)
+  for _, algo in ipairs(ALGOS) do
+    out:fill_(U.NaN)
+    lse_out:fill_(U.NaN)
+    fa.attention(q, k, v, {algo = algo, out = out, lse_out = lse_out})
+    lu.assertTrue(out:min() == 0 and out:max() == 0, algo .. ": rows with no key are not zeros")
+    lu.assertTrue(lse_out:max() == -U.inf, algo .. ": the lse of rows with no key is not -inf")
+    lu.assertTrue(untouched(obase:narrow(4, D + 1, 3)) and untouched(lbase:narrow(3, HQ + 1, 1)),
+      algo .. ": written outside the views")
+  end
+end
+
+-- Outputs that are not written where they lie, in the inputs' storage or
+-- in each other's: computed apart and copied in, still right.  (Views with
+-- a zero stride go that way too; the binding makes none, fa_tensor_wrap can.)
+function TestLayouts:test_out_sharing_storage()
+  local H, L, D = 2, 24, 40
+  for _, algo in ipairs(ALGOS) do
+    -- out = q itself, a transposed view
+    local q, k, v = bhld(B, H, L, D, "f32"), bhld(B, H, L, D, "f32"), bhld(B, H, L, D, "f32")
+    local ro = U.reference(q:contiguous(), k:contiguous(), v:contiguous(), {causal = true})
+    local o = fa.attention(q, k, v, {algo = algo, tile = TILE, causal = true, out = q})
+    lu.assertTrue(rawequal(o, q), algo .. ": the result is not opts.out")
+    U.assert_close(q, ro, "f32", algo .. " out = q")
+    -- out = the v of a packed QKV tensor
+    local x = U.randn({B, L, 3 * H, D})
+    local xq, xk, xv = x:narrow(3, 1, H):transpose(2, 3), x:narrow(3, H + 1, H):transpose(2, 3),
+      x:narrow(3, 2 * H + 1, H):transpose(2, 3)
+    ro = U.reference(xq:contiguous(), xk:contiguous(), xv:contiguous(), {})
+    fa.attention(xq, xk, xv, {algo = algo, tile = TILE, out = xv})
+    U.assert_close(xv, ro, "f32", algo .. " out = packed v")
+    -- lse_out beside opts.out in one buffer (disjoint halves)
+    q, k, v = bhld(B, H, L, D, "f32"), bhld(B, H, L, D, "f32"), bhld(B, H, L, D, "f32")
+    local rl
+    ro, rl = U.reference(q:contiguous(), k:contiguous(), v:contiguous(), {})
+    local base = U.poison({2 * B, L, H, D})
+    local out, lse_out = base:narrow(1, 1, B):transpose(2, 3), base:narrow(1, B + 1, B):select(4, 3):transpose(2, 3)
+    fa.attention(q, k, v, {algo = algo, tile = TILE, out = out, lse_out = lse_out})
+    U.assert_close(out, ro, "f32", algo .. " out beside lse_out")
+    U.assert_lse(lse_out, rl, "f32", algo .. " lse_out beside out")
+  end
+end
+
+-- Views are read where they lie: a call on transposed inputs into strided
+-- outputs holds no more memory than the same call on contiguous tensors
+-- (f16 inputs, converted to f32 first, do hold more: the measure sees copies).
+function TestLayouts:test_views_are_not_copied()
+  if U.cuda then return end
+  local D = 64
+  local function peak(dtype, strided)
+    local q, k, v, out, lse_out
+    if strided then
+      q, k, v = bhld(B, HQ, LQ, D, dtype), bhld(B, HKV, LK, D, dtype), bhld(B, HKV, LK, D, dtype)
+      out = U.poison({B, LQ, HQ, D}, dtype):transpose(2, 3)
+      lse_out = U.poison({B, LQ, HQ}, "f32"):transpose(2, 3)
+    else
+      q, k, v = U.randn({B, HQ, LQ, D}, dtype), U.randn({B, HKV, LK, D}, dtype), U.randn({B, HKV, LK, D}, dtype)
+      out, lse_out = U.poison({B, HQ, LQ, D}, dtype), U.poison({B, HQ, LQ}, "f32")
+    end
+    local before = U.mem_current()
+    fa.reset_peak()
+    fa.attention(q, k, v, {out = out, lse_out = lse_out})
+    return fa.memory().peak - before
+  end
+  local dense = peak("f32", false)
+  lu.assertEquals(peak("f32", true), dense, "strided f32 views were copied")
+  lu.assertTrue(peak("f16", true) > dense, "the measure does not see the f16 inputs' copies")
+end
+
+U.run()
