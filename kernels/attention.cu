@@ -248,7 +248,7 @@ extern "C" fa_status fa_cuda_attention_check_tile(fa_context *ctx, fa_dtype dt, 
 
 /* The tile of this file's kernel for a call whose tile (a tensor-core
  * kernel's) it cannot hold: the key tile halved down to 8, then the query
- * tile, until it fits (for the fallback behind the fast kernels). */
+ * tile, until it fits. */
 static fa_status simt_fit_tile(fa_context *ctx, fa_attn_problem *p) {
   int smem_max = 0;
   fa_status st = tiled_smem_max(ctx, &smem_max);
@@ -337,16 +337,21 @@ template <typename T> static fa_status tiled_typed(fa_context *ctx, fa_attention
   int *v_flag = NULL;
   st = p->compute == FA_F32 ? fa_cuda_attention_f32(ctx, p, algo, &v_flag) : fa_cuda_attention_mma(ctx, p, algo, &v_flag);
   if (st) return st;
-  if (!v_flag && algo == FA_ATTN_TWO_PASS) {
-    st = tiled_by_br<T, MODE_STATS>(ctx, p);
-    return st ? st : tiled_by_br<T, MODE_OUTPUT>(ctx, p);
-  }
-  if (!v_flag) return tiled_by_br<T, MODE_FLASH>(ctx, p);
+  /* this file's kernel alone or behind them, with the call's tile where it
+   * holds it, else a smaller one (the default tile is a tensor-core tile,
+   * and a call they do not take, e.g. rows off 16 bytes, gets it too) */
   fa_attn_problem fallback = *p;
   fallback.v_nonfinite = v_flag;
-  st = simt_fit_tile(ctx, &fallback);
-  if (!st)
-    st = algo == FA_ATTN_TWO_PASS ? tiled_by_br<T, MODE_OUTPUT>(ctx, &fallback) : tiled_by_br<T, MODE_FLASH>(ctx, &fallback);
+  if ((st = simt_fit_tile(ctx, &fallback))) {
+    fa_cuda_free(v_flag, sizeof(int));
+    return st;
+  }
+  if (!v_flag && algo == FA_ATTN_TWO_PASS) {
+    st = tiled_by_br<T, MODE_STATS>(ctx, &fallback);
+    return st ? st : tiled_by_br<T, MODE_OUTPUT>(ctx, &fallback);
+  }
+  if (!v_flag) return tiled_by_br<T, MODE_FLASH>(ctx, &fallback);
+  st = algo == FA_ATTN_TWO_PASS ? tiled_by_br<T, MODE_OUTPUT>(ctx, &fallback) : tiled_by_br<T, MODE_FLASH>(ctx, &fallback);
   fa_cuda_free(v_flag, sizeof(int)); /* stream-ordered: after the kernels */
   return st;
 }

@@ -57,7 +57,8 @@ class AttnOpts(ctypes.Structure):
                 ("window_right", ctypes.c_int64), ("mask", ctypes.c_void_p), ("kv_lens", ctypes.POINTER(ctypes.c_int64)),
                 ("n_kv_lens", ctypes.c_int64), ("alibi", ctypes.POINTER(ctypes.c_double)), ("n_alibi", ctypes.c_int64),
                 ("softcap", ctypes.c_double), ("tile_q", ctypes.c_int64), ("tile_k", ctypes.c_int64),
-                ("return_lse", ctypes.c_int), ("out", ctypes.c_void_p), ("lse_out", ctypes.c_void_p)]
+                ("return_lse", ctypes.c_int), ("out", ctypes.c_void_p), ("lse_out", ctypes.c_void_p),
+                ("splits", ctypes.c_int64)]  # fa_attention_opts of include/flashattn.h, field for field
 
 
 class Engine:

@@ -248,6 +248,32 @@ static int readable_in_place(const fa_tensor *t, fa_attn_strides *st) {
   return st->s >= X;
 }
 
+/* Whether the rows of device operand t start on 16 bytes (its pointer and
+ * strides), as the tensor-core kernels' 16-byte copies need; or could not
+ * anyway (rows of X elements not a multiple of 16 bytes), so that a copy
+ * would not help. */
+static int rows_fit_tensor_cores(const fa_tensor *t) {
+  fa_attn_strides st;
+  row_strides(t, 1, &st);
+  const int64_t es = (int64_t)fa_dtype_size(t->dtype), row = t->shape[t->ndim - 1] * es;
+  return row % 16 || (((uintptr_t)fa_tensor_ptr(t) | (uint64_t)((st.b | st.h | st.s) * es)) % 16) == 0;
+}
+
+/* t itself (retained) when the kernels read it where it lies, else a
+ * contiguous copy; *st its strides.  Rows off 16 bytes are copied too: in
+ * place they would leave the call to the SIMT kernel, many times slower
+ * than the tensor cores, for the price of one pass over the operand. */
+static fa_status operand_on_device(fa_context *ctx, fa_tensor *t, fa_tensor **buf, fa_attn_strides *st) {
+  if (readable_in_place(t, st) && rows_fit_tensor_cores(t)) {
+    fa_tensor_retain(t);
+    *buf = t;
+    return FA_OK;
+  }
+  fa_status st_ = fa_tensor_contiguous(ctx, t, buf);
+  if (!st_) row_strides(*buf, 1, st);
+  return st_;
+}
+
 /* Whether the kernels may write the caller's output t where it lies: rows
  * with a contiguous last dimension (inner = 1; lse: inner = 0), no two
  * elements in one place, sharing no storage with an input or with
@@ -289,8 +315,8 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
     return st;
   if (d->algo == FA_ATTN_FLASH_ROW && d->Dv > 256)
     return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: flash_row on cuda: Dv = %lld is above 256", (long long)d->Dv);
-  if ((st = fa_tensor_contiguous(ctx, q, &bufs.q)) || (st = fa_tensor_contiguous(ctx, k, &bufs.k)) ||
-      (st = fa_tensor_contiguous(ctx, v, &bufs.v)))
+  if ((st = operand_on_device(ctx, q, &bufs.q, &p.q_st)) || (st = operand_on_device(ctx, k, &bufs.k, &p.k_st)) ||
+      (st = operand_on_device(ctx, v, &bufs.v, &p.v_st)))
     goto done;
   p.q = fa_tensor_ptr(bufs.q), p.k = fa_tensor_ptr(bufs.k), p.v = fa_tensor_ptr(bufs.v);
   if (o->mask) {
@@ -307,21 +333,23 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
   p.kv_lens = kv_lens, p.alibi = alibi;
   int64_t oshape[4] = {d->B, d->Hq, d->Lq, d->Dv};
   fa_tensor *uo = o->out, *ul = o->lse_out;
-  if (uo && fa_tensor_is_contiguous(uo) && !shares_input(uo, &bufs)) {
+  if (uo && writable_in_place(uo, 1, &bufs, NULL) && rows_fit_tensor_cores(uo)) { /* through its strides (API §6) */
     fa_tensor_retain(uo);
     bufs.o = uo;
   } else if ((st = fa_tensor_new(ctx, 4, oshape, d->dtype, FA_CUDA, &bufs.o))) {
     goto done;
   }
   p.o = fa_tensor_ptr(bufs.o);
+  row_strides(bufs.o, 1, &p.o_st);
   if (want_lse) {
-    if (ul && fa_tensor_is_contiguous(ul) && !shares_input(ul, &bufs) && ul->storage != bufs.o->storage) {
+    if (ul && writable_in_place(ul, 0, &bufs, bufs.o)) {
       fa_tensor_retain(ul);
       bufs.lse = ul;
     } else if ((st = fa_tensor_new(ctx, 3, oshape, FA_F32, FA_CUDA, &bufs.lse))) {
       goto done;
     }
     p.lse = fa_tensor_ptr(bufs.lse);
+    row_strides(bufs.lse, 0, &p.lse_st);
   }
   if (d->B * d->Hq * d->Lq == 0) {
   } else if (d->Lk == 0) { /* no keys: zeros and lse = -inf */
