@@ -218,6 +218,9 @@ typedef struct {
    * rounding.  With s > 1, causal = FA_CAUSAL_TOP_LEFT is FA_ERR_UNSUPPORTED;
    * fa_attention_reference ignores it. */
   int64_t splits;
+  const char *kernel; /* NULL or "": the fastest kernel that accepts the call (API §6); a name that
+                         fa_attention_kernels lists picks that kernel.  fa_attention_reference and the
+                         backward ignore it. */
 } fa_attention_opts;
 
 /* A tile size of 0 that a user wrote (a binding's tile = {0, 0}): unlike
@@ -236,6 +239,14 @@ FA_API fa_status fa_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_te
 /* The same function in f64 on the CPU by the plainest code (outputs f64 on the CPU). */
 FA_API fa_status fa_attention_reference(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v,
                                         const fa_attention_opts *opts, fa_tensor **o, fa_tensor **lse);
+/* The names of the kernels that accept this call of fa_attention (API §6),
+ * fastest first, for the call's device, with its algo and tile (opts may be
+ * NULL; opts->kernel is not read): up to cap of them into names (static
+ * strings; names may be NULL when cap is 0), and *n = how many accept (may
+ * exceed cap).  The first is the one fa_attention takes without
+ * opts->kernel. */
+FA_API fa_status fa_attention_kernels(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v,
+                                      const fa_attention_opts *opts, const char **names, int cap, int *n);
 /* Combines two partial attentions over disjoint key sets. */
 FA_API fa_status fa_merge_states(fa_context *ctx, fa_tensor *o1, fa_tensor *lse1, fa_tensor *o2, fa_tensor *lse2,
                                  fa_tensor **o, fa_tensor **lse);

@@ -16,7 +16,7 @@
 #include "attention_common.cuh"
 
 extern "C" fa_status fa_cuda_attention_mma(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo algo,
-                                           int **v_flag);
+                                           fa_attn_kernel kernel, int **v_flag);
 extern "C" fa_status fa_cuda_attention_f32(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo algo,
                                            int **v_flag);
 
@@ -329,14 +329,22 @@ static fa_status schedule_heads(fa_context *ctx, const fa_attn_problem *p, int64
  * file's kernel, which takes every call: alone when they did not fit, else
  * guarded by their flag (it runs only when V holds NaN or inf, for
  * two_pass only the output pass, on the statistics they wrote). */
-template <typename T> static fa_status tiled_typed(fa_context *ctx, fa_attention_algo algo, const fa_attn_problem *in) {
+template <typename T>
+static fa_status tiled_typed(fa_context *ctx, fa_attention_algo algo, fa_attn_kernel kernel, const fa_attn_problem *in) {
   fa_attn_problem sched = *in;
   fa_status st = schedule_heads(ctx, in, &sched.sched_heads);
   if (st) return st;
   const fa_attn_problem *p = &sched;
   int *v_flag = NULL;
-  st = p->compute == FA_F32 ? fa_cuda_attention_f32(ctx, p, algo, &v_flag) : fa_cuda_attention_mma(ctx, p, algo, &v_flag);
+  /* the fast kernels: the one named, or (auto) the f32 kernel for f32,
+   * else the tensor cores; a named "simt" runs alone */
+  if (kernel == FA_KERNEL_F32 || (kernel == FA_KERNEL_AUTO && p->compute == FA_F32))
+    st = fa_cuda_attention_f32(ctx, p, algo, &v_flag);
+  else if (kernel != FA_KERNEL_SIMT)
+    st = fa_cuda_attention_mma(ctx, p, algo, kernel, &v_flag);
   if (st) return st;
+  if (!v_flag && kernel != FA_KERNEL_AUTO && kernel != FA_KERNEL_SIMT) /* checked before: operands off 16 bytes? */
+    return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: opts.kernel: the kernel named declined the call on cuda");
   /* this file's kernel alone or behind them, with the call's tile where it
    * holds it, else a smaller one (the default tile is a tensor-core tile,
    * and a call they do not take, e.g. rows off 16 bytes, gets it too) */
@@ -356,30 +364,32 @@ template <typename T> static fa_status tiled_typed(fa_context *ctx, fa_attention
   return st;
 }
 
-template <typename T> static fa_status attention_typed(fa_context *ctx, fa_attention_algo algo, const fa_attn_problem *p) {
+template <typename T>
+static fa_status attention_typed(fa_context *ctx, fa_attention_algo algo, fa_attn_kernel kernel, const fa_attn_problem *p) {
   if (algo == FA_ATTN_FLASH_ROW) {
     int64_t rows = p->B * p->Hq * p->Lq, blocks = (rows + 127) / 128;
     attn_row_kernel<T><<<(unsigned)blocks, 128, 0, fa_cuda_stream(ctx)>>>(*p);
     FA_CUDA_CHECK_LAUNCH(ctx, "attn_row_kernel");
     return FA_OK;
   }
-  if (algo != FA_ATTN_TWO_PASS) return tiled_typed<T>(ctx, algo, p);
+  if (algo != FA_ATTN_TWO_PASS) return tiled_typed<T>(ctx, algo, kernel, p);
   size_t bytes = sizeof(float) * 2 * (size_t)(p->B * p->Hq * p->Lq);
   void *stats = NULL;
   fa_status st = fa_cuda_malloc(ctx, &stats, bytes);
   if (st) return st;
   fa_attn_problem g = *p;
   g.row_stats = (float *)stats;
-  st = tiled_typed<T>(ctx, algo, &g);
+  st = tiled_typed<T>(ctx, algo, kernel, &g);
   fa_cuda_free(stats, bytes); /* stream-ordered: after both passes */
   return st;
 }
 
-extern "C" fa_status fa_cuda_attention_fused(fa_context *ctx, fa_attention_algo algo, const fa_attn_problem *p) {
+extern "C" fa_status fa_cuda_attention_fused(fa_context *ctx, fa_attention_algo algo, fa_attn_kernel kernel,
+                                             const fa_attn_problem *p) {
   switch (p->compute) {
-  case FA_F32: return attention_typed<float>(ctx, algo, p);
-  case FA_F16: return attention_typed<__half>(ctx, algo, p);
-  case FA_BF16: return attention_typed<__nv_bfloat16>(ctx, algo, p);
+  case FA_F32: return attention_typed<float>(ctx, algo, kernel, p);
+  case FA_F16: return attention_typed<__half>(ctx, algo, kernel, p);
+  case FA_BF16: return attention_typed<__nv_bfloat16>(ctx, algo, kernel, p);
   default:
     return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: attention on cuda takes f32, f16 or bf16, got %s",
                    fa_dtype_name(p->compute));

@@ -15,6 +15,8 @@
  * a row at a time (frag_store_staged). */
 #include "attention_frag.cuh"
 
+#include <cstdio>
+
 #define MMA_BC 64
 /* warps per block: 8 (128 query rows) for D = 128, where sharing each key
  * and value tile among more rows pays; 4 (64 rows) for D = 64, where more,
@@ -191,6 +193,36 @@ static int tensor_core_fit(fa_dtype dt, int64_t D, int64_t Dv) {
  * run 7) and at D = 256 (the shared memory of one), else 128. */
 static int64_t wgmma_bc(int64_t D) { return D == 64 || D == 256 ? 64 : 128; }
 
+extern "C" int fa_cuda_attention_kernel_tile_ok(fa_attn_kernel kernel, int64_t D, int64_t br, int64_t bc) {
+  int64_t f_br = 0, f_bc = 0;
+  switch (kernel) {
+  case FA_KERNEL_WGMMA: return br == 128 && (bc == wgmma_bc(D) || (D == 64 && bc == 128));
+  case FA_KERNEL_MMA: return (D == 64 || D == 128) && br == 16 * MMA_WARPS(D) && bc == MMA_BC;
+  case FA_KERNEL_F32: return fa_cuda_attention_f32_tile(FA_F32, D, D, &f_br, &f_bc) && br == f_br && bc == f_bc;
+  default: return 0;
+  }
+}
+
+extern "C" int fa_cuda_attention_kernel_fit(fa_attn_kernel kernel, fa_dtype dt, int64_t D, int64_t Dv, int64_t *br,
+                                            int64_t *bc, char *why, size_t n) {
+  const bool wg = kernel == FA_KERNEL_WGMMA, f32 = kernel == FA_KERNEL_F32;
+  const bool dims = D == Dv && (D == 64 || D == 128 || (wg && (D == 96 || D == 256)));
+  if (f32 ? dt != FA_F32 : dt != FA_F16 && dt != FA_BF16)
+    snprintf(why, n, "%s inputs; it takes %s", fa_dtype_name(dt), f32 ? "f32" : "f16 or bf16");
+  else if (!dims)
+    snprintf(why, n, "D = %lld, Dv = %lld; it takes D = Dv = %s", (long long)D, (long long)Dv,
+             wg ? "64, 96, 128 or 256" : "64 or 128");
+  else if ((wg || f32) && !fa_cuda_wgmma_usable())
+    snprintf(why, n, "it needs a Hopper GPU (sm_90) and sm_90a code in this build");
+  else if (f32)
+    return fa_cuda_attention_f32_tile(dt, D, Dv, br, bc);
+  else if (wg)
+    return *br = 128, *bc = wgmma_bc(D), 1;
+  else
+    return *br = 16 * MMA_WARPS(D), *bc = MMA_BC, 1;
+  return 0;
+}
+
 /* The default tile of "flash" on cuda: the wgmma kernel's {128, wgmma_bc}
  * on Hopper, the mma.sync kernel's {16·warps, 64} elsewhere, for the calls
  * that fit tensor cores; the f32 kernel's {64, 32} for f32 at D = 64/128 on
@@ -204,7 +236,8 @@ extern "C" void fa_cuda_attention_default_tile(fa_dtype dt, int64_t D, int64_t D
 }
 
 /* Queues algo ("flash", or "two_pass" with p->row_stats set) on tensor
- * cores when the call fits (f16/bf16, D = Dv = 64 or 128, or 96 or 256 on
+ * cores (kernel: FA_KERNEL_AUTO either kernel, WGMMA or MMA only that
+ * one) when the call fits (f16/bf16, D = Dv = 64 or 128, or 96 or 256 on
  * Hopper; 16-byte aligned rows) and the tile is one of theirs: {128,
  * wgmma_bc} on Hopper (wgmma; also {128, 128} at D = 64), {16·warps, 64}
  * (mma.sync, D = 64 or 128; 64 rows at D = 64, 128 at D = 128) on any
@@ -215,13 +248,14 @@ extern "C" void fa_cuda_attention_default_tile(fa_dtype dt, int64_t D, int64_t D
  * must run guarded by it (for two_pass, its output pass on the statistics
  * written here).  *v_flag stays NULL when the call does not fit. */
 extern "C" fa_status fa_cuda_attention_mma(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo algo,
-                                           int **v_flag) {
+                                           fa_attn_kernel kernel, int **v_flag) {
   *v_flag = NULL;
   if (!tensor_core_fit(p->compute, p->D, p->Dv)) return FA_OK;
   if (!attn_rows_aligned16(p)) return FA_OK;
-  const int wg = p->tile_q == 128 && (p->tile_k == wgmma_bc(p->D) || (p->D == 64 && p->tile_k == 128)) &&
-                 fa_cuda_wgmma_usable();
-  const int sync = (p->D == 64 || p->D == 128) && p->tile_q == 16 * MMA_WARPS(p->D) && p->tile_k == MMA_BC;
+  const int wg = kernel != FA_KERNEL_MMA &&
+                 fa_cuda_attention_kernel_tile_ok(FA_KERNEL_WGMMA, p->D, p->tile_q, p->tile_k) && fa_cuda_wgmma_usable();
+  const int sync = kernel != FA_KERNEL_WGMMA &&
+                   fa_cuda_attention_kernel_tile_ok(FA_KERNEL_MMA, p->D, p->tile_q, p->tile_k);
   if (!wg && !sync) return FA_OK;
   /* the Hopper kernel's instances of two blocks an SM check V themselves (v_check_share) */
   if (wg) return launch_fast_passes(ctx, p, algo, v_flag, fa_cuda_attention_wgmma, p->D == 64 && p->tile_k == 64);

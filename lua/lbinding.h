@@ -193,6 +193,10 @@ int fal_opt_device(lua_State *L, int idx, const char *key, fa_device *out);
 fa_tensor *fal_opt_tensor(lua_State *L, int idx, const char *key, fal_pins *pins);
 /* {a, b}: a table of exactly 2 integers. */
 int fal_opt_pair(lua_State *L, int idx, const char *key, int64_t *a, int64_t *b);
+/* opts[key] as a string, left pushed on the stack (it stays alive there
+ * while the call runs, whatever the opts table becomes); NULL when absent
+ * (nothing pushed); an error naming the option for another type. */
+const char *fal_opt_string(lua_State *L, int idx, const char *key);
 /* The same for a pair of sizes (tile): a 0 the script wrote reaches the core
  * as FA_TILE_ZERO, an error naming the range, not the C API's "default". */
 int fal_opt_size_pair(lua_State *L, int idx, const char *key, int64_t *a, int64_t *b);

@@ -15,7 +15,7 @@ static const char *const matmul_algos[] = {"auto", "naive", "tiled", "blas", NUL
 
 static const char *const softmax_keys[] = {"algo", "block", "out", NULL};
 static const char *const attn_keys[] = {"algo",    "scale", "causal",     "window", "mask",    "kv_lens",
-                                        "alibi",   "softcap", "tile",     "return_lse", "out", "lse_out", "splits", NULL};
+                                        "alibi",   "softcap", "tile",     "return_lse", "out", "lse_out", "splits", "kernel", NULL};
 static const char *const matmul_keys[] = {"algo", "tile", "out", NULL};
 
 /* ---- options ------------------------------------------------------------------ */
@@ -88,6 +88,7 @@ void read_attn_opts(lua_State *L, int idx, const char *fname, fa_attention_opts 
   o->out = fal_opt_tensor(L, idx, "out", pins);
   o->lse_out = fal_opt_tensor(L, idx, "lse_out", pins);
   fal_opt_splits(L, idx, &o->splits);
+  o->kernel = fal_opt_string(L, idx, "kernel"); /* pushed: alive until the caller's settop */
 }
 
 static void read_matmul_opts(lua_State *L, int idx, fa_matmul_opts *o, fal_pins *pins) {
@@ -151,6 +152,27 @@ static int attention(lua_State *L, int reference, const char *fname) {
 }
 
 static int l_attention(lua_State *L) { return attention(L, 0, "fa.attention"); }
+
+/* fa.kernels(q, k, v [, opts]): the names of the kernels that accept the
+ * call, fastest first (API §6). */
+static int l_kernels(lua_State *L) {
+  fa_context *ctx = fal_ctx(L);
+  fa_attention_opts o;
+  const char *names[32];
+  int n = 0;
+  lua_settop(L, 4);
+  fal_pins *pins = fal_pins_open(L); /* 5: q, k, v and the opts' tensors */
+  fa_tensor *q = fal_pin(L, pins, 1, "q"), *k = fal_pin(L, pins, 2, "k"), *v = fal_pin(L, pins, 3, "v");
+  read_attn_opts(L, 4, "fa.kernels", &o, pins);
+  FAL_CALL(L, ctx, fa_attention_kernels(ctx, q, k, v, &o, names, 32, &n));
+  fal_pins_close(L, 5);
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n && i < 32; i++) {
+    lua_pushstring(L, names[i]);
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
 static int l_attention_reference(lua_State *L) { return attention(L, 1, "fa.attention_reference"); }
 
 /* fa.merge_states(os, lses): tables of any number of states.  Every tensor
@@ -254,6 +276,7 @@ static int l_cost_softmax(lua_State *L) {
 const luaL_Reg fal_kernel_funcs[] = {{"softmax", l_softmax},
                                      {"attention", l_attention},
                                      {"attention_reference", l_attention_reference},
+                                     {"kernels", l_kernels},
                                      {"merge_states", l_merge_states},
                                      {"matmul", l_matmul},
                                      {"softmax_fused_max_n", l_softmax_fused_max_n},

@@ -104,6 +104,13 @@ int fal_opt_bool(lua_State *L, int idx, const char *key, int *out) {
   return 1;
 }
 
+const char *fal_opt_string(lua_State *L, int idx, const char *key) {
+  int tt = get(L, idx, key);
+  if (tt == LUA_TNIL) return NULL;
+  if (tt != LUA_TSTRING) bad(L, key, "a string");
+  return lua_tostring(L, -1);
+}
+
 int fal_opt_enum(lua_State *L, int idx, const char *key, const char *const *names, int *out) {
   int tt = get(L, idx, key);
   if (tt == LUA_TNIL) return 0;

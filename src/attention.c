@@ -1,5 +1,6 @@
 /* fa_attention and fa_attention_reference: check once, resolve the options
  * into an fa_attn_problem, and hand it to a backend. */
+#include "attn_kernels.h"
 #include "check.h"
 #include "cpu/attention_tiles.h"
 #include "splits.h"
@@ -301,16 +302,18 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
   void *kv_lens = NULL, *alibi = NULL;
   size_t kv_bytes = sizeof(int64_t) * (size_t)d->B, alibi_bytes = sizeof(double) * (size_t)d->Hq;
   fa_attn_resolve_options(o, d, d->dtype, &p);
-  /* defaults: the tile of the fastest kernel that takes the call */
-  int64_t br, bc;
-  fa_cuda_attention_default_tile(d->dtype, d->D, d->Dv, &br, &bc);
+  /* defaults: the tile of the fastest kernel that takes the call, or of
+   * the kernel opts.kernel named (the opts' tile when given) */
+  int64_t br = d->kernel_br, bc = d->kernel_bc;
+  if (d->kernel == FA_KERNEL_AUTO) fa_cuda_attention_default_tile(d->dtype, d->D, d->Dv, &br, &bc);
   p.tile_q = o->tile_q ? o->tile_q : br;
   p.tile_k = o->tile_k ? o->tile_k : bc;
   fa_status st = FA_OK;
   if (d->dtype == FA_F64)
     return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: q: attention on cuda takes f32, f16 or bf16, got f64 (f64 runs on "
                                       "the cpu, and fa.attention_reference takes tensors on any device)");
-  if (d->algo != FA_ATTN_NAIVE && d->algo != FA_ATTN_FLASH_ROW &&
+  /* a named kernel's tile was checked with it (fa_check_attention_kernel) */
+  if (d->algo != FA_ATTN_NAIVE && d->algo != FA_ATTN_FLASH_ROW && d->kernel == FA_KERNEL_AUTO &&
       (st = fa_cuda_attention_check_tile(ctx, d->dtype, d->D, d->Dv, p.tile_q, p.tile_k)))
     return st;
   if (d->algo == FA_ATTN_FLASH_ROW && d->Dv > 256)
@@ -358,7 +361,7 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
   } else if (d->algo == FA_ATTN_NAIVE) {
     st = fa_cuda_attention_naive(ctx, &p);
   } else {
-    st = fa_cuda_attention_fused(ctx, d->algo, &p);
+    st = fa_cuda_attention_fused(ctx, d->algo, d->kernel, &p);
   }
   if (st) goto done;
   st = fa_attn_deliver(ctx, q, d->rank, d->Dv, bufs.o, want_lse ? bufs.lse : NULL, uo, ul, d->dtype, FA_F32, FA_CUDA,
@@ -384,6 +387,7 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   fa_attn_dims d;
   fa_status st = fa_check_attention(ctx, q, k, v, o, reference, &d);
   if (!st) st = fa_attention_splits_check(ctx, o, reference);
+  if (!st && !reference) st = fa_check_attention_kernel(ctx, o, &d);
   if (st) return st;
   const int64_t splits = reference ? 1 : fa_attention_splits_resolve(o, &d);
   if (splits > 1) return fa_attention_splits_run(ctx, q, k, v, o, &d, splits, out, lse);
@@ -422,4 +426,19 @@ fa_status fa_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v
 fa_status fa_attention_reference(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v,
                                  const fa_attention_opts *opts, fa_tensor **o, fa_tensor **lse) {
   return run_attention(ctx, q, k, v, opts, 1, o, lse);
+}
+
+fa_status fa_attention_kernels(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *opts,
+                               const char **names, int cap, int *n) {
+  FA_NEED(ctx);
+  FA_NEED(n);
+  *n = 0;
+  if (cap < 0) return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: %s: cap must be >= 0, got %d", __func__, cap);
+  if (cap > 0) FA_NEED(names);
+  fa_attention_opts defaults;
+  fa_attn_dims d;
+  fa_status st = fa_check_attention_or_defaults(ctx, q, k, v, &opts, &defaults, &d);
+  if (st) return st;
+  *n = fa_attn_kernels_accepting(&d, opts->algo, opts->tile_q, opts->tile_k, names, cap);
+  return FA_OK;
 }

@@ -1,5 +1,6 @@
 /* Argument checking for every operation (see check.h). */
 #include "check.h"
+#include "attn_kernels.h"
 
 #include "cpu/attention_tiles.h"
 
@@ -111,6 +112,8 @@ static fa_status check_tile(fa_context *ctx, const fa_attention_opts *o, const f
 fa_status fa_check_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
                              int reference, fa_attn_dims *d) {
   fa_status st;
+  d->kernel = FA_KERNEL_AUTO;
+  d->kernel_br = d->kernel_bc = 0;
   if ((st = check_float(ctx, q, "q")) || (st = fa_check_tensor(ctx, k, "k")) || (st = fa_check_tensor(ctx, v, "v")))
     return st;
   if ((st = check_like(ctx, k, "k", q, "q")) || (st = check_like(ctx, v, "v", q, "q"))) return st;
@@ -205,6 +208,51 @@ fa_status fa_check_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_ten
     return fa_fail(ctx, FA_ERR_ARGUMENT,
                    "flashattn: opts.lse_out: overlaps opts.out in memory (one storage, intersecting byte ranges); "
                    "expected two disjoint outputs");
+  return FA_OK;
+}
+
+fa_status fa_check_attention_or_defaults(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v,
+                                         const fa_attention_opts **opts, fa_attention_opts *defaults, fa_attn_dims *d) {
+  if (!*opts) {
+    fa_attention_opts_init(defaults);
+    *opts = defaults;
+  }
+  return fa_check_attention(ctx, q, k, v, *opts, 0, d);
+}
+
+/* The quoted names of the kernels on device dev (accepting: those that
+ * accept the call of d with algo and tile {tq, tk}) into buf; "none" when
+ * there are none. */
+static const char *kernel_names(const fa_attn_dims *d, fa_device dev, int accepting, fa_attention_algo algo,
+                                int64_t tq, int64_t tk, char *buf, size_t n) {
+  const char *names[FA_KERNEL_COUNT];
+  int count = 0;
+  if (accepting) {
+    count = fa_attn_kernels_accepting(d, algo, tq, tk, names, FA_KERNEL_COUNT);
+  } else {
+    for (int k = 0; k < FA_KERNEL_COUNT; k++)
+      if (fa_attn_kernel_table[k].device == dev) names[count++] = fa_attn_kernel_table[k].name;
+  }
+  size_t u = 0;
+  buf[0] = 0;
+  for (int i = 0; i < count && u < n; i++) u += (size_t)snprintf(buf + u, n - u, i ? ", \"%s\"" : "\"%s\"", names[i]);
+  return count ? buf : "none";
+}
+
+fa_status fa_check_attention_kernel(fa_context *ctx, const fa_attention_opts *o, fa_attn_dims *d) {
+  if (!o || !o->kernel || !o->kernel[0]) return FA_OK;
+  char list[192], why[192];
+  const fa_attn_kernel k = fa_attn_kernel_find(o->kernel);
+  if (k == FA_KERNEL_AUTO)
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.kernel: unknown kernel \"%.64s\"; the kernels on %s: %s",
+                   o->kernel, fa_device_name(d->device), kernel_names(d, d->device, 0, o->algo, 0, 0, list, sizeof list));
+  const int64_t tq = o->tile_q, tk = o->tile_k;
+  if (fa_attn_kernel_refuses(k, d, o->algo, tq, tk, &d->kernel_br, &d->kernel_bc, why, sizeof why))
+    return fa_fail(ctx, FA_ERR_UNSUPPORTED,
+                   "flashattn: opts.kernel: \"%s\" does not accept this call (%s); the kernels that accept it: %s",
+                   fa_attn_kernel_table[k].name, why, kernel_names(d, d->device, 1, o->algo, tq, tk, list, sizeof list));
+  d->kernel = k;
+  if (o->algo == FA_ATTN_AUTO) d->algo = fa_attn_kernel_table[k].algo;
   return FA_OK;
 }
 

@@ -12,6 +12,11 @@ typedef struct {
   fa_device device;
   fa_dtype dtype;
   fa_attention_algo algo; /* AUTO resolved */
+  /* opts.kernel (fa_check_attention_kernel): the named kernel and the
+   * tile it runs with (0: none, or the backend's default); FA_KERNEL_AUTO
+   * when none is named (and before that check) */
+  fa_attn_kernel kernel;
+  int64_t kernel_br, kernel_bc;
 } fa_attn_dims;
 
 fa_status fa_check_tensor(fa_context *ctx, const fa_tensor *t, const char *name);
@@ -33,6 +38,16 @@ fa_status fa_attn_deliver(fa_context *ctx, const fa_tensor *q, int rank, int64_t
  * f32 range does not apply). */
 fa_status fa_check_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
                              int reference, fa_attn_dims *d);
+/* fa_check_attention for the C API's entry points that take opts NULL as
+ * the defaults: *opts points at `defaults` (initialised) then. */
+fa_status fa_check_attention_or_defaults(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v,
+                                         const fa_attention_opts **opts, fa_attention_opts *defaults, fa_attn_dims *d);
+/* opts.kernel of fa_attention (after fa_check_attention): an unknown name
+ * is FA_ERR_ARGUMENT, a kernel that does not accept the call (device,
+ * dtype, head dims, algo, tile, GPU) FA_ERR_UNSUPPORTED, each naming the
+ * choices; else d->kernel, d->kernel_br/bc and d->algo (the kernel's own
+ * with algo auto) are set.  No kernel named: d is left alone. */
+fa_status fa_check_attention_kernel(fa_context *ctx, const fa_attention_opts *o, fa_attn_dims *d);
 /* o, lse and dout of fa_attention_backward(_reference) against the dims
  * fa_check_attention resolved from q, k, v and the opts. */
 fa_status fa_check_attention_backward(fa_context *ctx, fa_tensor *q, fa_tensor *o, fa_tensor *lse, fa_tensor *dout,

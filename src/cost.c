@@ -8,12 +8,8 @@ fa_status fa_cost_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tens
   FA_NEED(ctx);
   FA_NEED(out);
   fa_attention_opts defaults;
-  if (!opts) {
-    fa_attention_opts_init(&defaults);
-    opts = &defaults;
-  }
   fa_attn_dims d;
-  fa_status st = fa_check_attention(ctx, q, k, v, opts, 0, &d);
+  fa_status st = fa_check_attention_or_defaults(ctx, q, k, v, &opts, &defaults, &d);
   if (st) return st;
   double es = (double)fa_dtype_size(d.dtype);
   double Q = (double)(d.B * d.Hq * d.Lq * d.D), K = (double)(d.B * d.Hkv * d.Lk * d.D);

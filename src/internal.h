@@ -6,6 +6,7 @@
 #include "flashattn.h"
 
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -231,9 +232,38 @@ fa_status fa_cuda_sync(fa_context *ctx);
 fa_status fa_cuda_timer_start(fa_context *ctx);
 fa_status fa_cuda_timer_stop(fa_context *ctx, double *ms);
 void fa_cuda_context_release(fa_context *ctx); /* the context's events, side stream and cuBLAS handle */
+/* The attention kernels of the registry (src/attn_kernels.h; API §6), in
+ * its order, fastest first; FA_KERNEL_AUTO: none named, the automatic
+ * choice. */
+typedef enum {
+  FA_KERNEL_AUTO = -1,
+  FA_KERNEL_WGMMA = 0,  /* cuda: Hopper tensor cores, f16/bf16 */
+  FA_KERNEL_MMA,        /* cuda: mma.sync tensor cores, f16/bf16 */
+  FA_KERNEL_F32,        /* cuda: the exact-f32 kernel (Hopper) */
+  FA_KERNEL_SIMT,       /* cuda: the SIMT tiled kernel, every dtype */
+  FA_KERNEL_NAIVE,      /* cuda: algo naive (cuBLAS) */
+  FA_KERNEL_ROW,        /* cuda: algo flash_row */
+  FA_KERNEL_CPU_FLASH,
+  FA_KERNEL_CPU_TWO_PASS,
+  FA_KERNEL_CPU_NAIVE,
+  FA_KERNEL_CPU_FLASH_ROW,
+  FA_KERNEL_COUNT
+} fa_attn_kernel;
+
 /* Attention on device buffers: p holds device pointers, p->compute is the
- * storage dtype (f32, f16, bf16) and the float mask is f32. */
-fa_status fa_cuda_attention_fused(fa_context *ctx, fa_attention_algo algo, const fa_attn_problem *p);
+ * storage dtype (f32, f16, bf16) and the float mask is f32.  kernel:
+ * FA_KERNEL_AUTO (the fastest that takes the call and its tile), or
+ * WGMMA, MMA, F32 (that kernel, the SIMT kernel behind it for NaN/inf in
+ * V; FA_ERR_UNSUPPORTED when it declines) or SIMT (alone). */
+fa_status fa_cuda_attention_fused(fa_context *ctx, fa_attention_algo algo, fa_attn_kernel kernel,
+                                  const fa_attn_problem *p);
+/* For the fast kernels (WGMMA, MMA, F32): 1 when kernel takes calls of this
+ * dtype and these head dims on this device, *br, *bc its default tile;
+ * else 0 and why not into why (n bytes). */
+int fa_cuda_attention_kernel_fit(fa_attn_kernel kernel, fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc,
+                                 char *why, size_t n);
+/* Whether the fast kernel (fitting the call) takes tile {br, bc} at head dim D. */
+int fa_cuda_attention_kernel_tile_ok(fa_attn_kernel kernel, int64_t D, int64_t br, int64_t bc);
 fa_status fa_cuda_attention_naive(fa_context *ctx, const fa_attn_problem *p);
 /* Row-major C = A·B on device buffers of dtype dt. */
 fa_status fa_cuda_matmul(fa_context *ctx, fa_matmul_algo algo, int64_t tile, fa_dtype dt, const void *a, const void *b,

@@ -2,6 +2,8 @@
  * available and every call says so. */
 #include "internal.h"
 
+#include <stdio.h>
+
 #define FA_NO_CUDA_MSG "flashattn: this build has no CUDA backend"
 
 int fa_cuda_available(void) { return 0; }
@@ -73,9 +75,22 @@ fa_status fa_cuda_timer_stop(fa_context *ctx, double *ms) {
 
 void fa_cuda_context_release(fa_context *ctx) { (void)ctx; }
 
-fa_status fa_cuda_attention_fused(fa_context *ctx, fa_attention_algo algo, const fa_attn_problem *p) {
-  (void)algo, (void)p;
+fa_status fa_cuda_attention_fused(fa_context *ctx, fa_attention_algo algo, fa_attn_kernel kernel,
+                                  const fa_attn_problem *p) {
+  (void)algo, (void)kernel, (void)p;
   return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
+}
+
+int fa_cuda_attention_kernel_fit(fa_attn_kernel kernel, fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc,
+                                 char *why, size_t n) {
+  (void)kernel, (void)dt, (void)D, (void)Dv, (void)br, (void)bc;
+  snprintf(why, n, "this build has no CUDA");
+  return 0;
+}
+
+int fa_cuda_attention_kernel_tile_ok(fa_attn_kernel kernel, int64_t D, int64_t br, int64_t bc) {
+  (void)kernel, (void)D, (void)br, (void)bc;
+  return 0;
 }
 
 fa_status fa_cuda_attention_naive(fa_context *ctx, const fa_attn_problem *p) {

@@ -12,12 +12,7 @@ static fa_device dev = FA_CPU;
 
 static fa_tensor *randn(fa_context *ctx, int64_t a, int64_t b, int64_t c, int64_t d, uint64_t seed) {
   const int64_t shape[4] = {a, b, c, d};
-  fa_tensor *t = NULL;
-  if (fa_tensor_empty(ctx, 4, shape, FA_F32, dev, &t) || fa_tensor_fill_random(ctx, t, FA_FILL_NORMAL, seed)) {
-    fa_tensor_release(t);
-    return NULL;
-  }
-  return t;
+  return tu_randn(ctx, 4, shape, FA_F32, dev, seed);
 }
 
 /* max |a - b| over (possibly -inf) values: -inf must match -inf. */

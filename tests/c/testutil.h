@@ -39,6 +39,17 @@ static const char *tu_test = "";
       CHECK(strncmp(fa_context_error(ctx), "flashattn:", 10) == 0, "message %s", fa_context_error(ctx)); \
   } while (0)
 
+/* A tensor of standard normal values (NULL when that fails). */
+static inline fa_tensor *tu_randn(fa_context *ctx, int ndim, const int64_t *shape, fa_dtype dtype, fa_device dev,
+                                  uint64_t seed) {
+  fa_tensor *t = NULL;
+  if (fa_tensor_empty(ctx, ndim, shape, dtype, dev, &t) || fa_tensor_fill_random(ctx, t, FA_FILL_NORMAL, seed)) {
+    fa_tensor_release(t);
+    return NULL;
+  }
+  return t;
+}
+
 static inline size_t tu_mem_now(void) {
   size_t cur, peak;
   fa_memory(FA_CPU, &cur, &peak);

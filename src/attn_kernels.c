@@ -1,0 +1,89 @@
+/* The registry of attention kernels (API §6): see attn_kernels.h.  The
+ * CUDA entries ask kernels/ what their kernels take
+ * (fa_cuda_attention_kernel_fit); the CPU entries take every call of
+ * their algo. */
+#include "attn_kernels.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define ALGO(a) (1u << (a))
+#define FLASH_OR_TWO_PASS (ALGO(FA_ATTN_FLASH) | ALGO(FA_ATTN_TWO_PASS))
+
+const fa_attn_kernel_info fa_attn_kernel_table[FA_KERNEL_COUNT] = {
+    [FA_KERNEL_WGMMA] = {"wgmma", FA_CUDA, FLASH_OR_TWO_PASS, FA_ATTN_FLASH},
+    [FA_KERNEL_MMA] = {"mma", FA_CUDA, FLASH_OR_TWO_PASS, FA_ATTN_FLASH},
+    [FA_KERNEL_F32] = {"f32", FA_CUDA, FLASH_OR_TWO_PASS, FA_ATTN_FLASH},
+    [FA_KERNEL_SIMT] = {"simt", FA_CUDA, FLASH_OR_TWO_PASS, FA_ATTN_FLASH},
+    [FA_KERNEL_NAIVE] = {"naive", FA_CUDA, ALGO(FA_ATTN_NAIVE), FA_ATTN_NAIVE},
+    [FA_KERNEL_ROW] = {"row", FA_CUDA, ALGO(FA_ATTN_FLASH_ROW), FA_ATTN_FLASH_ROW},
+    [FA_KERNEL_CPU_FLASH] = {"cpu_flash", FA_CPU, ALGO(FA_ATTN_FLASH), FA_ATTN_FLASH},
+    [FA_KERNEL_CPU_TWO_PASS] = {"cpu_two_pass", FA_CPU, ALGO(FA_ATTN_TWO_PASS), FA_ATTN_TWO_PASS},
+    [FA_KERNEL_CPU_NAIVE] = {"cpu_naive", FA_CPU, ALGO(FA_ATTN_NAIVE), FA_ATTN_NAIVE},
+    [FA_KERNEL_CPU_FLASH_ROW] = {"cpu_flash_row", FA_CPU, ALGO(FA_ATTN_FLASH_ROW), FA_ATTN_FLASH_ROW},
+};
+
+static const char *const algo_names[] = {"auto", "naive", "two_pass", "flash_row", "flash"};
+
+fa_attn_kernel fa_attn_kernel_find(const char *name) {
+  for (int k = 0; name && k < FA_KERNEL_COUNT; k++)
+    if (strcmp(name, fa_attn_kernel_table[k].name) == 0) return (fa_attn_kernel)k;
+  return FA_KERNEL_AUTO;
+}
+
+/* The CUDA kernels' rules past device and algo. */
+static const char *cuda_refuses(fa_attn_kernel k, const fa_attn_dims *d, int64_t tq, int64_t tk, int64_t *br,
+                                int64_t *bc, char *buf, size_t n) {
+  if (d->dtype == FA_F64) return "f64 inputs; kernels on cuda take f32, f16 or bf16";
+  if (k == FA_KERNEL_NAIVE) return NULL;
+  if ((k == FA_KERNEL_ROW || k == FA_KERNEL_SIMT) && d->Dv > 256) {
+    snprintf(buf, n, "Dv = %lld, above 256", (long long)d->Dv);
+    return buf;
+  }
+  if (k == FA_KERNEL_ROW) return NULL;
+  if (k == FA_KERNEL_SIMT) { /* any tile check_tile let through; it fits a tensor-core tile itself */
+    if (!tq) fa_cuda_attention_default_tile(d->dtype, d->D, d->Dv, &tq, &tk);
+    *br = tq, *bc = tk;
+    return NULL;
+  }
+  int64_t def_br = 0, def_bc = 0;
+  if (!fa_cuda_attention_kernel_fit(k, d->dtype, d->D, d->Dv, &def_br, &def_bc, buf, n)) return buf;
+  if (tq && !fa_cuda_attention_kernel_tile_ok(k, d->D, tq, tk)) {
+    snprintf(buf, n, "opts.tile {%lld, %lld} is not one of its tiles; its default is {%lld, %lld}", (long long)tq,
+             (long long)tk, (long long)def_br, (long long)def_bc);
+    return buf;
+  }
+  *br = tq ? tq : def_br, *bc = tq ? tk : def_bc;
+  return NULL;
+}
+
+const char *fa_attn_kernel_refuses(fa_attn_kernel k, const fa_attn_dims *d, fa_attention_algo algo, int64_t tq,
+                                   int64_t tk, int64_t *br, int64_t *bc, char *buf, size_t n) {
+  const fa_attn_kernel_info *e = &fa_attn_kernel_table[k];
+  *br = *bc = 0;
+  if (d->device != e->device) {
+    snprintf(buf, n, "%s tensors; it runs on %s", fa_device_name(d->device), fa_device_name(e->device));
+    return buf;
+  }
+  if (algo != FA_ATTN_AUTO && !(e->algos & ALGO(algo))) {
+    snprintf(buf, n, "algo %s; it implements %s%s", algo_names[algo], algo_names[e->algo],
+             e->algos & ALGO(FA_ATTN_TWO_PASS) && e->algo != FA_ATTN_TWO_PASS ? " and two_pass" : "");
+    return buf;
+  }
+  if (e->device == FA_CUDA) return cuda_refuses(k, d, tq, tk, br, bc, buf, n);
+  if (k == FA_KERNEL_CPU_FLASH || k == FA_KERNEL_CPU_TWO_PASS) *br = tq, *bc = tk; /* 0: the backend's default */
+  return NULL;
+}
+
+int fa_attn_kernels_accepting(const fa_attn_dims *d, fa_attention_algo algo, int64_t tq, int64_t tk,
+                              const char **names, int cap) {
+  int count = 0;
+  char buf[160];
+  int64_t br, bc;
+  for (int k = 0; k < FA_KERNEL_COUNT; k++) {
+    if (fa_attn_kernel_refuses((fa_attn_kernel)k, d, algo, tq, tk, &br, &bc, buf, sizeof buf)) continue;
+    if (count < cap) names[count] = fa_attn_kernel_table[k].name;
+    count++;
+  }
+  return count;
+}

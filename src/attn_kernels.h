@@ -1,0 +1,35 @@
+/* The registry of attention kernels (API §6): every kernel fa_attention
+ * can run, its device, the algos it implements and what calls it takes.
+ * opts.kernel names one; fa_attention_kernels lists those that accept a
+ * call, fastest first (the registry's order), the first being the one the
+ * automatic choice takes. */
+#ifndef FA_ATTN_KERNELS_H
+#define FA_ATTN_KERNELS_H
+
+#include "check.h"
+
+typedef struct {
+  const char *name;
+  fa_device device;
+  unsigned algos;         /* bit 1u << a for each fa_attention_algo a it implements */
+  fa_attention_algo algo; /* the one it runs with algo auto */
+} fa_attn_kernel_info;
+
+extern const fa_attn_kernel_info fa_attn_kernel_table[FA_KERNEL_COUNT];
+
+/* The kernel of this name, or FA_KERNEL_AUTO when there is none. */
+fa_attn_kernel fa_attn_kernel_find(const char *name);
+
+/* NULL when kernel k accepts a call of dims d (device, dtype, head dims)
+ * with algo (FA_ATTN_AUTO: its own) and the checked opts tile {tq, tk}
+ * (0: its default); then *br, *bc are the tile it runs with (0 for the
+ * kernels without tiles).  Else why not, formatted into buf (n bytes). */
+const char *fa_attn_kernel_refuses(fa_attn_kernel k, const fa_attn_dims *d, fa_attention_algo algo, int64_t tq,
+                                   int64_t tk, int64_t *br, int64_t *bc, char *buf, size_t n);
+
+/* The names of the kernels that accept the call, in the registry's order,
+ * up to cap into names (may be NULL when cap is 0); returns how many. */
+int fa_attn_kernels_accepting(const fa_attn_dims *d, fa_attention_algo algo, int64_t tq, int64_t tk,
+                              const char **names, int cap);
+
+#endif

@@ -1,0 +1,153 @@
+-- The kernel registry (API §6): fa.kernels(q, k, v, opts) lists the kernels
+-- that accept a call, fastest first, the first being the automatic choice;
+-- opts.kernel = name runs that one (its tile unless opts.tile is given), an
+-- error naming the choices when it does not accept the call.
+local U = require "fa_testutil"
+local fa, lu = U.fa, U.lu
+local dev = U.device
+
+TestKernels = {}
+
+local CPU_KERNELS = {"cpu_flash", "cpu_two_pass", "cpu_naive", "cpu_flash_row"}
+local CPU_ALGO = {cpu_flash = "flash", cpu_two_pass = "two_pass", cpu_naive = "naive", cpu_flash_row = "flash_row"}
+local CUDA_ALGO = {wgmma = "flash", mma = "flash", f32 = "flash", simt = "flash", naive = "naive", row = "flash_row"}
+
+local function qkv(dtype, D, device, L)
+  L = L or 37
+  return U.randn({2, 4, L, D}, dtype, 1, device), U.randn({2, 2, L + 3, D}, dtype, 1, device),
+    U.randn({2, 2, L + 3, D}, dtype, 1, device)
+end
+
+local function contains(list, name)
+  for _, n in ipairs(list) do if n == name then return true end end
+  return false
+end
+
+function TestKernels:test_cpu_listing()
+  local q, k, v = qkv("f32", 16, "cpu")
+  lu.assertEquals(fa.kernels(q, k, v), CPU_KERNELS)
+  lu.assertEquals(fa.kernels(q, k, v, {algo = "auto"}), CPU_KERNELS)
+  lu.assertEquals(fa.kernels(q, k, v, {algo = "two_pass"}), {"cpu_two_pass"})
+  lu.assertEquals(fa.kernels(q, k, v, {algo = "flash"}), {"cpu_flash"})
+  lu.assertEquals(fa.kernels(q, k, v, {algo = "naive", causal = true}), {"cpu_naive"})
+  lu.assertEquals(fa.kernels(q, k, v, {algo = "flash_row"}), {"cpu_flash_row"})
+  local q64, k64, v64 = qkv("f64", 8, "cpu")
+  lu.assertEquals(fa.kernels(q64, k64, v64, {tile = {16, 16}}), CPU_KERNELS)
+  -- the arguments are checked as fa.attention checks them
+  U.assert_fa_error({"k", "head dimension"}, fa.kernels, q, U.randn({2, 2, 40, 8}, "f32", 1, "cpu"), v)
+  U.assert_fa_error({"opts.algo"}, fa.kernels, q, k, v, {algo = "fastest"})
+end
+
+function TestKernels:test_cpu_kernels_match_their_algo()
+  for _, dtype in ipairs({"f32", "f64"}) do
+    local q, k, v = qkv(dtype, 16, "cpu")
+    for _, opts in ipairs({{}, {causal = true, return_lse = true}, {window = {4, 1}, softcap = 3}}) do
+      for _, name in ipairs(CPU_KERNELS) do
+        local by_algo = U.copy_opts(opts)
+        by_algo.algo = CPU_ALGO[name]
+        local by_name = U.copy_opts(opts)
+        by_name.kernel = name
+        local o1, l1 = fa.attention(q, k, v, by_algo)
+        local o2, l2 = fa.attention(q, k, v, by_name)
+        lu.assertEquals(U.flat(o2), U.flat(o1), name .. " " .. dtype)
+        if opts.return_lse then lu.assertEquals(U.flat(l2), U.flat(l1), name .. " lse") end
+        -- the algo it implements may be named with it
+        by_name.algo = CPU_ALGO[name]
+        lu.assertEquals(U.flat(fa.attention(q, k, v, by_name)), U.flat(o1), name .. " with its algo")
+        U.check_attention(q, k, v, by_name, name .. " " .. dtype, {tol = math.max(U.tol[dtype], 1e-5)})
+      end
+    end
+  end
+end
+
+function TestKernels:test_cpu_kernel_with_tile_and_splits()
+  local q, k, v = qkv("f32", 16, "cpu")
+  U.check_attention(q, k, v, {kernel = "cpu_flash", tile = {8, 16}}, "cpu_flash tile")
+  U.check_attention(q, k, v, {kernel = "cpu_two_pass", splits = 3, return_lse = true}, "cpu_two_pass splits")
+end
+
+function TestKernels:test_errors()
+  local q, k, v = qkv("f32", 16, "cpu")
+  local msg = U.assert_fa_error({"opts.kernel", '"mma"', "cpu", '"cpu_flash"', '"cpu_flash_row"'},
+    fa.attention, q, k, v, {kernel = "mma"})
+  lu.assertStrContains(msg, "does not accept this call")
+  U.assert_fa_error({"opts.kernel", "unknown", '"foo"', '"cpu_flash", "cpu_two_pass", "cpu_naive", "cpu_flash_row"'},
+    fa.attention, q, k, v, {kernel = "foo"})
+  -- a kernel and an algo it does not implement
+  msg = U.assert_fa_error({"opts.kernel", '"cpu_naive"', "two_pass", '"cpu_two_pass"'},
+    fa.attention, q, k, v, {kernel = "cpu_naive", algo = "two_pass"})
+  lu.assertNotStrContains(msg, '"cpu_flash"')
+  U.assert_fa_error({"opts.kernel", "string", "number"}, fa.attention, q, k, v, {kernel = 3})
+  U.assert_fa_error({"opts.kernel", "string", "boolean"}, fa.attention, q, k, v, {kernel = true})
+  U.assert_fa_error({"opts.kernel", "string"}, fa.kernels, q, k, v, {kernel = {}})
+  -- the status: unknown names are argument errors, refusals unsupported
+  local ok, e = pcall(fa.attention, q, k, v, {kernel = "simt"})
+  lu.assertFalse(ok)
+  lu.assertStrContains(tostring(e), "it runs on cuda")
+  -- an empty name is the automatic choice; the reference ignores the option
+  lu.assertEquals(U.flat(fa.attention(q, k, v, {kernel = ""})), U.flat(fa.attention(q, k, v)))
+  lu.assertEquals(U.flat(fa.attention_reference(q, k, v, {kernel = "foo"})), U.flat(fa.attention_reference(q, k, v)))
+end
+
+-- ---- cuda --------------------------------------------------------------------------
+
+local function cuda_shapes()
+  return {{"f16", 64}, {"f16", 128}, {"f32", 64}, {"bf16", 96}, {"f16", 40}}
+end
+
+function TestKernels:test_cuda_every_listed_kernel()
+  if dev ~= "cuda" then lu.skip("cuda only") end
+  for _, s in ipairs(cuda_shapes()) do
+    local dtype, D = s[1], s[2]
+    local q, k, v = qkv(dtype, D, "cuda", 150)
+    local names = fa.kernels(q, k, v)
+    lu.assertTrue(#names >= 3, dtype .. " D=" .. D)
+    lu.assertTrue(contains(names, "simt") and contains(names, "naive") and contains(names, "row"))
+    lu.assertEquals(fa.kernels(q, k, v, {algo = "naive"}), {"naive"})
+    lu.assertEquals(fa.kernels(q, k, v, {algo = "flash_row"}), {"row"})
+    -- the automatic choice is the first: the same result bit for bit
+    local auto = U.flat(fa.attention(q, k, v, {causal = true}))
+    lu.assertEquals(U.flat(fa.attention(q, k, v, {causal = true, kernel = names[1]})), auto, names[1])
+    for _, name in ipairs(names) do
+      for _, opts in ipairs({{return_lse = true}, {causal = true, return_lse = true}}) do
+        local run = U.copy_opts(opts)
+        run.kernel = name
+        local what = ("%s %s D=%d causal=%s"):format(name, dtype, D, tostring(opts.causal))
+        U.check_attention(q, k, v, run, what)
+        if CUDA_ALGO[name] == "flash" then
+          run.algo = "two_pass"
+          U.check_attention(q, k, v, run, what .. " two_pass")
+        end
+      end
+    end
+    -- NaN in V: the fast kernels' fallback still runs behind them
+    local vn = v:cpu():to("f32")
+    local t = vn:totable()
+    t[1][1][1][1] = 0 / 0
+    vn = fa.tensor(t, {dtype = dtype, device = "cuda"})
+    for _, name in ipairs(names) do
+      if CUDA_ALGO[name] == "flash" then U.check_attention(q, k, vn, {kernel = name}, name .. " NaN in v") end
+    end
+  end
+end
+
+function TestKernels:test_cuda_refusals()
+  if dev ~= "cuda" then lu.skip("cuda only") end
+  local q, k, v = qkv("f32", 64, "cuda")
+  local msg = U.assert_fa_error({"opts.kernel", '"mma"', "f32 inputs", '"simt"', '"naive"', '"row"'},
+    fa.attention, q, k, v, {kernel = "mma"})
+  lu.assertNotStrContains(msg, '"wgmma"')
+  U.assert_fa_error({"opts.kernel", '"cpu_flash"', "cuda tensors", '"simt"'}, fa.attention, q, k, v,
+    {kernel = "cpu_flash"})
+  U.assert_fa_error({"opts.kernel", "unknown", '"wgmma", "mma", "f32", "simt", "naive", "row"'},
+    fa.attention, q, k, v, {kernel = "cpu_flsh"})
+  U.assert_fa_error({"opts.kernel", '"row"', "flash"}, fa.attention, q, k, v, {kernel = "row", algo = "flash"})
+  local h, hk, hv = qkv("f16", 64, "cuda")
+  U.assert_fa_error({"opts.kernel", '"mma"', "tile", '"simt"'}, fa.attention, h, hk, hv,
+    {kernel = "mma", tile = {32, 32}})
+  U.check_attention(h, hk, hv, {kernel = "simt", tile = {32, 32}}, "simt tile")
+  local w, wk, wv = qkv("f16", 48, "cuda")
+  U.assert_fa_error({"opts.kernel", '"mma"', "D = 48"}, fa.attention, w, wk, wv, {kernel = "mma"})
+end
+
+U.run()
