@@ -110,6 +110,13 @@ static inline bool attn_rows_aligned16(const fa_attn_problem *p) {
   return bits % 16 == 0;
 }
 
+/* Whether q, k and v's rows lie D (Dv) elements apart, as in contiguous
+ * heads: the tensor-core kernels' DENSE instances, whose row offsets are
+ * constants, take these calls. */
+static inline bool attn_rows_dense(const fa_attn_problem *p) {
+  return p->q_st.s == p->D && p->k_st.s == p->D && p->v_st.s == p->Dv;
+}
+
 static __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
@@ -147,19 +154,31 @@ template <typename T> __global__ void any_nonfinite_kernel(const T *v, int64_t n
   if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
 }
 
-/* The same over strided values (API §6): rows of Dv elements at
- * attn_at(v_st, b, h, l) for the B·Hkv·Lk rows, a warp a row (its lanes
- * along the row, so that a warp's loads are one stretch of memory). */
-template <typename T> __global__ void any_nonfinite_rows_kernel(fa_attn_problem p, int *flag) {
+/* The same over strided values (API §6): the rows of Dv elements at
+ * attn_at(v_st, b, h, l), head (b, h) by head along grid y, its rows along
+ * x (no 64-bit division a row).  VEC (rows of 16-byte multiples on 16
+ * bytes): each lane takes a 16-byte chunk, a warp 32 >> shift rows a step
+ * (a row's chunks on 1 << shift lanes); else a warp a row, a lane an
+ * element.  A warp a row with an element a lane made the scan of a strided
+ * 64 MB V cost a fifth of the call it guards (2026-11-25, H100). */
+template <typename T, bool VEC> __global__ void any_nonfinite_rows_kernel(fa_attn_problem p, int shift, int *flag) {
   typedef typename std::conditional<sizeof(T) == 4, uint32_t, uint16_t>::type W;
   const W m = (W)nonfinite_bits<T>::mask;
-  const int lane = threadIdx.x & 31;
-  const int64_t rows = p.B * p.Hkv * p.Lk, warps = (int64_t)gridDim.x * (blockDim.x / 32);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpb = blockDim.x >> 5;
+  const int per = VEC ? 32 >> shift : 1, sub = VEC ? lane >> shift : 0, col = VEC ? lane & ((1 << shift) - 1) : lane;
+  const int64_t cpr = VEC ? p.Dv * (int64_t)sizeof(T) / 16 : p.Dv; /* chunks (elements) a row */
+  const int64_t step = (int64_t)gridDim.x * wpb * per;
   bool bad = false;
-  for (int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; row < rows; row += warps) {
-    const int64_t l = row % p.Lk, bh = row / p.Lk;
-    const W *v = (const W *)p.v + attn_at(p.v_st, bh / p.Hkv, bh % p.Hkv, l);
-    for (int64_t c = lane; c < p.Dv; c += 32) bad |= (W)(v[c] & m) == m;
+  for (int64_t bh = blockIdx.y; bh < p.B * p.Hkv; bh += gridDim.y) {
+    const T *head = (const T *)p.v + attn_at(p.v_st, bh / p.Hkv, bh % p.Hkv, 0);
+    for (int64_t l = ((int64_t)blockIdx.x * wpb + warp) * per + sub; l < p.Lk; l += step) {
+      const T *row = head + l * p.v_st.s;
+      if (VEC) {
+        for (int64_t c = col; c < cpr; c += 1 << shift) bad |= words_nonfinite<T>(((const uint4 *)row)[c]);
+      } else {
+        for (int64_t c = col; c < cpr; c += 32) bad |= (W)(((const W *)row)[c] & m) == m;
+      }
+    }
   }
   if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
 }
@@ -176,8 +195,18 @@ static inline bool attn_v_dense(const fa_attn_problem *p) {
 template <typename T> static inline void queue_nonfinite_scan_typed(const fa_attn_problem *p, int *flag, cudaStream_t s) {
   const int64_t n = p->B * p->Hkv * p->Lk * p->Dv;
   const unsigned blocks = (unsigned)min((n / 8 + 255) / 256 + 1, (int64_t)2048);
-  if (attn_v_dense(p)) any_nonfinite_kernel<T><<<blocks, 256, 0, s>>>((const T *)p->v, n, flag);
-  else any_nonfinite_rows_kernel<T><<<blocks, 256, 0, s>>>(*p, flag);
+  if (attn_v_dense(p)) {
+    any_nonfinite_kernel<T><<<blocks, 256, 0, s>>>((const T *)p->v, n, flag);
+    return;
+  }
+  const int64_t es = sizeof(T), cpr = p->Dv * es / 16, heads = p->B * p->Hkv;
+  const bool vec = (p->Dv * es) % 16 == 0 &&
+                   (((uintptr_t)p->v | (uint64_t)((p->v_st.b | p->v_st.h | p->v_st.s) * es)) % 16) == 0;
+  int shift = 0; /* a row's chunks on 1 << shift lanes (at most 32) */
+  while (vec && shift < 5 && (1 << shift) < cpr) shift++;
+  const dim3 grid((unsigned)max((int64_t)1, blocks / max(heads, (int64_t)1)), (unsigned)min(heads, (int64_t)65535));
+  if (vec) any_nonfinite_rows_kernel<T, true><<<grid, 256, 0, s>>>(*p, shift, flag);
+  else any_nonfinite_rows_kernel<T, false><<<grid, 256, 0, s>>>(*p, 0, flag);
 }
 static inline cudaError_t queue_nonfinite_scan(const fa_attn_problem *p, int *flag, cudaStream_t s) {
   if (p->B * p->Hkv * p->Lk * p->Dv <= 0) return cudaSuccess;

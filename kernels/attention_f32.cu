@@ -85,18 +85,18 @@ static __device__ __forceinline__ void dmma_16x8x16(double (&d)[4], const float4
 }
 
 /* Rows [r0, r0 + ROWS) of a matrix of D f32 columns, rows ld floats apart
- * (a multiple of 4), into a tile whose rows are RS floats apart; rows at
+ * (a multiple of 4; D when DENSE), into a tile whose rows are RS floats apart; rows at
  * or past `limit` are zero-filled, never read. */
-template <int D, int ROWS, int RS>
+template <int D, int ROWS, int RS, bool DENSE>
 static __device__ __forceinline__ void f32_load_tile(float *tile, const float *src, int64_t ld, int64_t r0,
                                                      int64_t limit) {
   const int CH = D / 4;
+  const int64_t row_ld = DENSE ? D : ld; /* DENSE: constant offsets (see load_tile) */
 #pragma unroll
   for (int it = 0; it < ROWS * CH / F32_THREADS; it++) {
     const int c = threadIdx.x + it * F32_THREADS, row = c / CH, ch = c % CH;
     const bool in = r0 + row < limit;
-    const float *g = src + (in ? (r0 + row) * ld + ch * 4 : 0);
-    cp_async16(tile + row * RS + ch * 4, g, in ? 16 : 0);
+    cp_async16(tile + row * RS + ch * 4, src + (in ? (r0 + row) * row_ld + ch * 4 : 0), in ? 16 : 0);
   }
 }
 
@@ -216,7 +216,7 @@ static __device__ __forceinline__ void f32_softmax_tile(const fa_attn_problem &p
 
 /* PASS (attention_common.cuh): flash, or the statistics pass of two_pass
  * (no V, no P) or its output pass (probabilities final, no rescaling). */
-template <int D, int EXTRAS, int PASS>
+template <int D, int EXTRAS, int PASS, bool DENSE = true>
 __global__ void __launch_bounds__(F32_THREADS, 2) attn_f32_kernel(fa_attn_problem p) {
   const bool WITH_V = PASS != PASS_STATS;
   const int v_bad = WITH_V ? *p.v_nonfinite : 0; /* see leave_for_fallback */
@@ -233,16 +233,16 @@ __global__ void __launch_bounds__(F32_THREADS, 2) attn_f32_kernel(fa_attn_proble
   const int64_t bh = qt.bh, b = qt.b, h = qt.h, i0 = qt.i0;
 
   const int64_t k_ld = p.k_st.s, v_ld = p.v_st.s; /* row strides (API §6) */
-  f32_load_tile<D, F32_BR, QKS>(Qs, qt.q, p.q_st.s, i0, p.Lq);
+  f32_load_tile<D, F32_BR, QKS, DENSE>(Qs, qt.q, p.q_st.s, i0, p.Lq);
   cp_async_commit();
   frag_rows r = frag_rows_start(p, b, i0, rA, rA + 8);
   int64_t t_lo, t_hi, all_lo, all_hi;
   tile_key_range<F32_BR>(p, b, i0, &t_lo, &t_hi, &all_lo, &all_hi);
   const int ntiles = (int)((t_hi - t_lo + F32_BC - 1) / F32_BC);
-  if (ntiles > 0) f32_load_tile<D, F32_BC, QKS>(Ks, qt.k, k_ld, t_lo, t_hi);
+  if (ntiles > 0) f32_load_tile<D, F32_BC, QKS, DENSE>(Ks, qt.k, k_ld, t_lo, t_hi);
   cp_async_commit();
-  if (ntiles > 1) f32_load_tile<D, F32_BC, QKS>(Ks + F32_BC * QKS, qt.k, k_ld, t_lo + F32_BC, t_hi);
-  if (ntiles > 0 && WITH_V) f32_load_tile<D, F32_BC, D>(Vs, qt.v, v_ld, t_lo, t_hi);
+  if (ntiles > 1) f32_load_tile<D, F32_BC, QKS, DENSE>(Ks + F32_BC * QKS, qt.k, k_ld, t_lo + F32_BC, t_hi);
+  if (ntiles > 0 && WITH_V) f32_load_tile<D, F32_BC, D, DENSE>(Vs, qt.v, v_ld, t_lo, t_hi);
   cp_async_commit();
   if (leave_for_fallback(v_bad)) return;
 
@@ -277,8 +277,8 @@ __global__ void __launch_bounds__(F32_THREADS, 2) attn_f32_kernel(fa_attn_proble
     const bool more = t + 1 < ntiles;
     cp_async_wait<0>();
     __syncthreads(); /* K_{t+1} and V_t are in; every warp is past K_t and V_{t-1} */
-    if (t + 2 < ntiles) f32_load_tile<D, F32_BC, QKS>(Ks + (t & 1) * F32_BC * QKS, qt.k, k_ld, j1 + F32_BC, t_hi);
-    if (more && WITH_V) f32_load_tile<D, F32_BC, D>(Vs + ((t + 1) & 1) * F32_BC * D, qt.v, v_ld, j1, t_hi);
+    if (t + 2 < ntiles) f32_load_tile<D, F32_BC, QKS, DENSE>(Ks + (t & 1) * F32_BC * QKS, qt.k, k_ld, j1 + F32_BC, t_hi);
+    if (more && WITH_V) f32_load_tile<D, F32_BC, D, DENSE>(Vs + ((t + 1) & 1) * F32_BC * D, qt.v, v_ld, j1, t_hi);
     cp_async_commit();
     const float4 *kb = KB + ((t + 1) & 1) * KBUF, *vb = V4 + (t & 1) * VBUF;
     if (more && WITH_V) f32_tile_products<D, true, true>(acc, o, QA, kb, t4, P4, vb, ty);
@@ -308,13 +308,13 @@ __global__ void __launch_bounds__(F32_THREADS, 2) attn_f32_kernel(fa_attn_proble
     const int64_t row = i0 + rr;
     if (row >= p.Lq) continue;
     const float inv = PASS == PASS_OUTPUT ? 1.f : row_inv(row_l[rr]);
-    float4 *out = (float4 *)(qt.o + row * p.o_st.s) + tx;
+    float4 *out = (float4 *)(qt.out(p) + row * p.o_st.s) + tx;
 #pragma unroll
     for (int hh = 0; hh < NH; hh++)
       out[16 * hh] = make_float4(o[i][hh].x * inv, o[i][hh].y * inv, o[i][hh].z * inv, o[i][hh].w * inv);
     if (p.lse && tx == 0) {
       const float *st = p.row_stats + 2 * (bh * p.Lq + row); /* PASS_OUTPUT: the statistics pass's */
-      qt.lse[row * p.lse_st.s] = PASS == PASS_OUTPUT ? row_lse(st[0], st[1]) : row_lse(row_m[rr], row_l[rr]);
+      qt.lse(p)[row * p.lse_st.s] = PASS == PASS_OUTPUT ? row_lse(st[0], st[1]) : row_lse(row_m[rr], row_l[rr]);
     }
   }
 }
@@ -325,15 +325,15 @@ static size_t f32_smem_bytes(int D) {
 
 template <int D, int EXTRAS, int PASS> static fa_status launch_f32(fa_context *ctx, const fa_attn_problem *p) {
   const size_t smem = f32_smem_bytes(D);
-  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(attn_f32_kernel<D, EXTRAS, PASS>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  void (*kernel)(fa_attn_problem) = attn_rows_dense(p) ? attn_f32_kernel<D, EXTRAS, PASS, true>
+                                                        : attn_f32_kernel<D, EXTRAS, PASS, false>;
+  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   /* as much of the SM's memory as shared as the kernel can use: two blocks an SM at D = 128 */
-  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(attn_f32_kernel<D, EXTRAS, PASS>,
-                                          cudaFuncAttributePreferredSharedMemoryCarveout,
+  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                           (int)cudaSharedmemCarveoutMaxShared));
   int64_t blocks = p->B * p->Hq * ((p->Lq + F32_BR - 1) / F32_BR);
   if (blocks > INT32_MAX) return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: attention on cuda: too many query tiles");
-  attn_f32_kernel<D, EXTRAS, PASS><<<(unsigned)blocks, F32_THREADS, smem, fa_cuda_stream(ctx)>>>(*p);
+  kernel<<<(unsigned)blocks, F32_THREADS, smem, fa_cuda_stream(ctx)>>>(*p);
   FA_CUDA_CHECK_LAUNCH(ctx, "attn_f32_kernel");
   return FA_OK;
 }

@@ -47,7 +47,8 @@ template <bool WGMMA, int ROWS, int CH> static __device__ __forceinline__ int ti
 }
 
 /* Rows [r0, r0 + ROWS) of a matrix of DG columns, rows ld elements apart
- * (any multiple of 8: API §6's strided layouts), f16/bf16, into a tile of D
+ * (any multiple of 8: API §6's strided layouts; DG when DENSE), f16/bf16,
+ * into a tile of D
  * columns in either layout (WGMMA: sw128, else swz) by THREADS threads, a
  * cp.async per chunk; rows at or past `limit` and columns past DG (a tile
  * wider than the rows) are zero-filled, never read.  Each thread
@@ -55,20 +56,25 @@ template <bool WGMMA, int ROWS, int CH> static __device__ __forceinline__ int ti
  * swizzle, its addresses and the trip count are fixed: per chunk the loop
  * is a compare, two adds and the copy (the generic form, with the trip
  * count left to the thread index, cost more integer work than the softmax). */
-template <typename T, int D, int ROWS, int THREADS, bool WGMMA, int DG = D>
+template <typename T, int D, int ROWS, int THREADS, bool WGMMA, bool DENSE, int DG = D>
 static __device__ __forceinline__ void load_tile(char *tile, const T *src, int64_t ld, int64_t r0, int64_t limit) {
   const int CH = D / 8, STEP = THREADS / CH; /* chunks a row; rows a pass */
   static_assert(THREADS % CH == 0 && STEP % 8 == 0 && ROWS % STEP == 0, "load_tile: a pass must cover whole rows");
+  /* DENSE (rows DG apart, contiguous heads): the passes' offsets are
+   * constants of the copy instructions; a runtime stride costs an address
+   * computation a copy, 8-18 % of the key loop in 16 bits (A/B of
+   * 2026-11-25), hence the kernels' two instances */
+  const int64_t row_ld = DENSE ? DG : ld;
   const int chunk = threadIdx.x % CH, row0 = threadIdx.x / CH;
   const int64_t left = limit - r0; /* rows that exist from r0 on */
   const int rows = left >= ROWS ? ROWS : left > 0 ? (int)left : 0;
-  const T *g = src + (r0 + row0) * ld + chunk * 8;
+  const T *g = src + (r0 + row0) * row_ld + chunk * 8;
   char *t = tile + tile_chunk<WGMMA, ROWS, CH>(row0, chunk);
   const int step_bytes = WGMMA ? STEP * 128 : STEP * CH * 16; /* row & 7 is the same every pass */
 #pragma unroll
   for (int it = 0; it < ROWS / STEP; it++) {
     const bool in = row0 + it * STEP < rows && chunk < DG / 8;
-    cp_async16(t + it * step_bytes, in ? g + (int64_t)it * STEP * ld : src, in ? 16 : 0);
+    cp_async16(t + it * step_bytes, in ? g + it * STEP * row_ld : src, in ? 16 : 0);
   }
 }
 
@@ -131,9 +137,11 @@ struct frag_rows {
   float mA, mB, lA, lB;               /* running max, this thread's part of the row sum */
 };
 
-/* Block blk's query tile of BR rows; q, k, v, o point at its head's rows
- * (GQA: the key/value head of query head h; rows p.*_st.s apart), lse at
- * its head's entries (NULL without lse).  Blocks go head by head, the long
+/* Block blk's query tile of BR rows; q, k, v point at its head's rows
+ * (GQA: the key/value head of query head h; rows p.*_st.s apart); out()
+ * and lse() at its head's output rows and lse entries (NULL without lse),
+ * made at the end (held through the key loop, they cost registers).
+ * Blocks go head by head, the long
  * causal tiles of a head first; with p.sched_heads = G > 1, groups of G
  * heads go tile row by tile row, longest first, so that the grid ends on
  * short tiles while a group's keys and values still fit in L2.  The index
@@ -145,8 +153,10 @@ struct frag_rows {
 template <typename T, int D, int BR, typename I = unsigned> struct frag_qtile {
   int64_t bh, b, h, i0;
   const T *q, *k, *v;
-  T *o;
-  float *lse;
+  __device__ __forceinline__ T *out(const fa_attn_problem &p) const { return (T *)p.o + attn_at(p.o_st, b, h, 0); }
+  __device__ __forceinline__ float *lse(const fa_attn_problem &p) const {
+    return p.lse ? p.lse + attn_at(p.lse_st, b, h, 0) : NULL;
+  }
   __device__ __forceinline__ frag_qtile(const fa_attn_problem &p, int64_t blk64) {
     const I blk = (I)blk64, qtiles = (I)((p.Lq + BR - 1) / BR), BH = (I)(p.B * p.Hq), Hq = (I)p.Hq;
     const I G = p.sched_heads > 1 ? (I)p.sched_heads : (I)1;
@@ -154,9 +164,8 @@ template <typename T, int D, int BR, typename I = unsigned> struct frag_qtile {
     const I ubh = grp * G + in % gh, uh = ubh % Hq;
     bh = ubh, b = ubh / Hq, h = uh, i0 = (int64_t)(qtiles - 1 - in / gh) * BR;
     const int64_t hk = uh / (Hq / (I)p.Hkv);
-    q = (const T *)p.q + attn_at(p.q_st, b, h, 0), o = (T *)p.o + attn_at(p.o_st, b, h, 0);
+    q = (const T *)p.q + attn_at(p.q_st, b, h, 0);
     k = (const T *)p.k + attn_at(p.k_st, b, hk, 0), v = (const T *)p.v + attn_at(p.v_st, b, hk, 0);
-    lse = p.lse ? p.lse + attn_at(p.lse_st, b, h, 0) : NULL;
   }
 };
 

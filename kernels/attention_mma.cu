@@ -54,7 +54,7 @@ __device__ __forceinline__ void mma16816<__nv_bfloat16>(float c[4], const uint32
 /* PASS (attention_common.cuh): flash, or the statistics pass of two_pass
  * (no V tiles, no P·V) or its output pass (probabilities final, no
  * rescaling). */
-template <typename T, int D, int EXTRAS, int PASS>
+template <typename T, int D, int EXTRAS, int PASS, bool DENSE = true>
 __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_problem p) {
   const bool WITH_V = PASS != PASS_STATS;
   const int v_bad = WITH_V ? *p.v_nonfinite : 0; /* see leave_for_fallback */
@@ -68,15 +68,15 @@ __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_pro
   const T *q = qt.q, *k = qt.k, *v = qt.v;
   const int64_t q_ld = p.q_st.s, k_ld = p.k_st.s, v_ld = p.v_st.s; /* row strides (API §6) */
 
-  load_tile<T, D, MMA_BR, MMA_WARPS(D) * 32, false>(Qs, q, q_ld, i0, p.Lq);
+  load_tile<T, D, MMA_BR, MMA_WARPS(D) * 32, false, DENSE>(Qs, q, q_ld, i0, p.Lq);
   cp_async_commit();
   int64_t t_lo, t_hi, all_lo, all_hi;
   tile_key_range<MMA_BR>(p, b, i0, &t_lo, &t_hi, &all_lo, &all_hi);
   const bool scale_pos = p.scale > 0;
   const int ntiles = (int)((t_hi - t_lo + MMA_BC - 1) / MMA_BC);
   if (ntiles > 0) {
-    load_tile<T, D, MMA_BC, MMA_WARPS(D) * 32, false>(Ks, k, k_ld, t_lo, t_hi);
-    if (WITH_V) load_tile<T, D, MMA_BC, MMA_WARPS(D) * 32, false>(Vs, v, v_ld, t_lo, t_hi);
+    load_tile<T, D, MMA_BC, MMA_WARPS(D) * 32, false, DENSE>(Ks, k, k_ld, t_lo, t_hi);
+    if (WITH_V) load_tile<T, D, MMA_BC, MMA_WARPS(D) * 32, false, DENSE>(Vs, v, v_ld, t_lo, t_hi);
   }
   cp_async_commit();
   if (leave_for_fallback(v_bad)) return;
@@ -103,9 +103,9 @@ __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_pro
     const int64_t j0 = t_lo + (int64_t)t * MMA_BC;
     char *kt = Ks + (t & 1) * MMA_BC * D * 2, *vt = Vs + (t & 1) * MMA_BC * D * 2;
     if (t + 1 < ntiles) { /* the next tile into the other buffers */
-      load_tile<T, D, MMA_BC, MMA_WARPS(D) * 32, false>(Ks + ((t + 1) & 1) * MMA_BC * D * 2, k, k_ld, j0 + MMA_BC, t_hi);
+      load_tile<T, D, MMA_BC, MMA_WARPS(D) * 32, false, DENSE>(Ks + ((t + 1) & 1) * MMA_BC * D * 2, k, k_ld, j0 + MMA_BC, t_hi);
       if (WITH_V)
-        load_tile<T, D, MMA_BC, MMA_WARPS(D) * 32, false>(Vs + ((t + 1) & 1) * MMA_BC * D * 2, v, v_ld, j0 + MMA_BC, t_hi);
+        load_tile<T, D, MMA_BC, MMA_WARPS(D) * 32, false, DENSE>(Vs + ((t + 1) & 1) * MMA_BC * D * 2, v, v_ld, j0 + MMA_BC, t_hi);
     }
     cp_async_commit();
     cp_async_wait<1>();
@@ -152,17 +152,18 @@ __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(fa_attn_pro
   }
 
   if (PASS == PASS_STATS) frag_stats_store(p, bh, lane, r);
-  else frag_store_staged<T, D, PASS == PASS_OUTPUT, false, 0, 32>(p, bh, qt.o, qt.lse, i0, lane, r, o, Qs); /* the warp's Q rows */
+  else frag_store_staged<T, D, PASS == PASS_OUTPUT, false, 0, 32>(p, bh, qt.out(p), qt.lse(p), i0, lane, r, o, Qs); /* the warp's Q rows */
 }
 
 template <typename T, int D, int EXTRAS, int PASS> static fa_status launch(fa_context *ctx, const fa_attn_problem *p) {
   const int MMA_BR = 16 * MMA_WARPS(D);
   const size_t smem = (size_t)(MMA_BR + 4 * MMA_BC) * D * 2;
-  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(attn_mma_kernel<T, D, EXTRAS, PASS>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  void (*kernel)(fa_attn_problem) = attn_rows_dense(p) ? attn_mma_kernel<T, D, EXTRAS, PASS, true>
+                                                        : attn_mma_kernel<T, D, EXTRAS, PASS, false>;
+  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   int64_t blocks = p->B * p->Hq * ((p->Lq + MMA_BR - 1) / MMA_BR);
   if (blocks > INT32_MAX) return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: attention on cuda: too many query tiles");
-  attn_mma_kernel<T, D, EXTRAS, PASS><<<(unsigned)blocks, MMA_WARPS(D) * 32, smem, fa_cuda_stream(ctx)>>>(*p);
+  kernel<<<(unsigned)blocks, MMA_WARPS(D) * 32, smem, fa_cuda_stream(ctx)>>>(*p);
   FA_CUDA_CHECK_LAUNCH(ctx, "attn_mma_kernel");
   return FA_OK;
 }

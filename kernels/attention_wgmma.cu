@@ -52,7 +52,7 @@ static __device__ __forceinline__ void pv_issue(float (*o)[4], uint32_t (*pa)[4]
  * issues no P·V (one block of two warpgroups in less shared memory, two an
  * SM); PASS_OUTPUT turns each tile's scores into final probabilities with
  * the rows' (m, l) and accumulates O without rescaling. */
-template <typename T, int D, int BC, int EXTRAS, int PASS>
+template <typename T, int D, int BC, int EXTRAS, int PASS, bool DENSE = true>
 __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && BC == 64) ? 2 : 1)
     attn_wgmma_kernel(fa_attn_problem p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -70,14 +70,14 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && 
   const T *q = qt.q, *k = qt.k, *v = qt.v;
   const int64_t q_ld = p.q_st.s, k_ld = p.k_st.s, v_ld = p.v_st.s; /* row strides (API §6) */
 
-  load_tile<T, DP, WG_BR, WG_THREADS, true, D>(Qs, q, q_ld, i0, p.Lq);
+  load_tile<T, DP, WG_BR, WG_THREADS, true, DENSE, D>(Qs, q, q_ld, i0, p.Lq);
   cp_async_commit();
   int64_t t_lo, t_hi, all_lo, all_hi;
   tile_key_range<WG_BR>(p, b, i0, &t_lo, &t_hi, &all_lo, &all_hi);
   const int ntiles = (int)((t_hi - t_lo + BC - 1) / BC);
   if (ntiles > 0) {
-    load_tile<T, DP, BC, WG_THREADS, true, D>(Ks, k, k_ld, t_lo, t_hi);
-    if (WITH_V) load_tile<T, DP, BC, WG_THREADS, true, D>(Vs, v, v_ld, t_lo, t_hi);
+    load_tile<T, DP, BC, WG_THREADS, true, DENSE, D>(Ks, k, k_ld, t_lo, t_hi);
+    if (WITH_V) load_tile<T, DP, BC, WG_THREADS, true, DENSE, D>(Vs, v, v_ld, t_lo, t_hi);
   }
   cp_async_commit();
   if (leave_for_fallback(v_bad)) return;
@@ -123,8 +123,8 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && 
      * (t+1)%3); without a branch, which would make ptxas serialise the
      * products: past the last tile the rows are all zero-filled */
     const int64_t next_hi = t + 1 < ntiles ? t_hi : j0 + BC;
-    load_tile<T, DP, BC, WG_THREADS, true, D>(Ks + ((t + 1) & 1) * BC * DP * 2, k, k_ld, j0 + BC, next_hi);
-    if (WITH_V) load_tile<T, DP, BC, WG_THREADS, true, D>(Vs + ((t + 1) % 3) * BC * DP * 2, v, v_ld, j0 + BC, next_hi);
+    load_tile<T, DP, BC, WG_THREADS, true, DENSE, D>(Ks + ((t + 1) & 1) * BC * DP * 2, k, k_ld, j0 + BC, next_hi);
+    if (WITH_V) load_tile<T, DP, BC, WG_THREADS, true, DENSE, D>(Vs + ((t + 1) % 3) * BC * DP * 2, v, v_ld, j0 + BC, next_hi);
     cp_async_commit();
     if (WITH_V && t > 0) pv_issue<T, DP, BC>(o, pa, smem_addr(Vs + ((t - 1) % 3) * BC * DP * 2));
     if (WITH_V && t > 0) wgmma_wait<1>();
@@ -160,8 +160,8 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && 
   }
 
   /* through Q's rows, but at D = 96, where that made the key loop's code 8 % slower at every L (run 28's d96_probe) */
-  if constexpr (D == 96) frag_store<T, D, PASS == PASS_OUTPUT>(p, bh, qt.o, qt.lse, lane, r, o);
-  else frag_store_staged<T, D, PASS == PASS_OUTPUT, true, WG_BR, 128>(p, bh, qt.o, qt.lse, i0, lane, r, o, Qs);
+  if constexpr (D == 96) frag_store<T, D, PASS == PASS_OUTPUT>(p, bh, qt.out(p), qt.lse(p), lane, r, o);
+  else frag_store_staged<T, D, PASS == PASS_OUTPUT, true, WG_BR, 128>(p, bh, qt.out(p), qt.lse(p), i0, lane, r, o, Qs);
   v_check_share<T, D, WG_BR>(p, v, i0);
 #endif
 }
@@ -170,11 +170,12 @@ template <typename T, int D, int BC, int EXTRAS, int PASS>
 static fa_status launch(fa_context *ctx, const fa_attn_problem *p) {
   /* the statistics pass holds no V tiles */
   const size_t smem = PASS == PASS_STATS ? (size_t)(WG_BR + 2 * BC) * WG_PAD(D) * 2 + 1024 : wgmma_smem_bytes(D, BC);
-  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(attn_wgmma_kernel<T, D, BC, EXTRAS, PASS>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  void (*kernel)(fa_attn_problem) = attn_rows_dense(p) ? attn_wgmma_kernel<T, D, BC, EXTRAS, PASS, true>
+                                                        : attn_wgmma_kernel<T, D, BC, EXTRAS, PASS, false>;
+  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   int64_t blocks = p->B * p->Hq * ((p->Lq + WG_BR - 1) / WG_BR);
   if (blocks > INT32_MAX) return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: attention on cuda: too many query tiles");
-  attn_wgmma_kernel<T, D, BC, EXTRAS, PASS><<<(unsigned)blocks, WG_THREADS, smem, fa_cuda_stream(ctx)>>>(*p);
+  kernel<<<(unsigned)blocks, WG_THREADS, smem, fa_cuda_stream(ctx)>>>(*p);
   FA_CUDA_CHECK_LAUNCH(ctx, "attn_wgmma_kernel");
   return FA_OK;
 }

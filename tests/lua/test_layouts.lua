@@ -232,4 +232,29 @@ function TestLayouts:test_views_are_not_copied()
   lu.assertTrue(peak("f16", true) > dense, "the measure does not see the f16 inputs' copies")
 end
 
+-- NaN and inf in a strided V (a transposed (B, L, H, D) tensor) reach only
+-- the rows that attend them: on cuda the check of V runs over its rows
+-- where they lie, 16 bytes a lane where the rows allow (D = 64, 96, 128 in
+-- 16 bits: 8, 12, 16 chunks a row; 40: 5) and an element a lane where they
+-- do not (D = 36 in 16 bits: rows of 72 bytes).
+function TestLayouts:test_nonfinite_v_views()
+  local Lq, Lk = 40, 150
+  for _, dtype in ipairs(U.dtypes) do
+    for _, D in ipairs({36, 40, 64, 96, 128}) do
+      local q, k = bhld(B, HQ, Lq, D, dtype), bhld(B, HKV, Lk, D, dtype)
+      local base = U.randn({B, Lk, HKV, D}, dtype)
+      base:set(1, 120, 2, 3, U.NaN)
+      base:set(2, 30, 1, D, U.inf)
+      local v = base:transpose(2, 3)
+      for _, algo in ipairs({"flash", "two_pass", "naive"}) do
+        for _, opts in ipairs({{causal = true}, {kv_lens = {100, Lk}}, {}}) do
+          local o = U.copy_opts(opts)
+          o.algo, o.return_lse = algo, true
+          U.check_attention(q, k, v, o, ("NaN/inf in a strided v: %s %s D=%d"):format(algo, dtype, D))
+        end
+      end
+    end
+  end
+end
+
 U.run()
