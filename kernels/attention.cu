@@ -273,7 +273,7 @@ static fa_status launch_tiled(fa_context *ctx, const fa_attn_problem *p) {
     FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     grid = min(blocks, (int64_t)sms * 2);
   }
-  if (grid > INT32_MAX) return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: attention on cuda: too many query tiles");
+  if (fa_status st = attn_grid_fits(ctx, grid)) return st;
   if (grid == 0) return FA_OK;
   attn_tiled_kernel<T, BR, MODE><<<(unsigned)grid, NWARPS * 32, smem, fa_cuda_stream(ctx)>>>(*p, br, bc, blocks);
   FA_CUDA_CHECK_LAUNCH(ctx, "attn_tiled_kernel");

@@ -332,7 +332,7 @@ template <int D, int EXTRAS, int PASS> static fa_status launch_f32(fa_context *c
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                           (int)cudaSharedmemCarveoutMaxShared));
   int64_t blocks = p->B * p->Hq * ((p->Lq + F32_BR - 1) / F32_BR);
-  if (blocks > INT32_MAX) return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: attention on cuda: too many query tiles");
+  if (fa_status st = attn_grid_fits(ctx, blocks)) return st;
   kernel<<<(unsigned)blocks, F32_THREADS, smem, fa_cuda_stream(ctx)>>>(*p);
   FA_CUDA_CHECK_LAUNCH(ctx, "attn_f32_kernel");
   return FA_OK;

@@ -13,7 +13,7 @@
 #define FA_KERNELS_ATTENTION_FRAG_CUH
 
 #include "async_copy.cuh"
-#include "attention_common.cuh"
+#include "attention_nonfinite.cuh"
 
 template <typename T> static __device__ __forceinline__ uint32_t pack2(float lo, float hi);
 template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
@@ -78,20 +78,6 @@ static __device__ __forceinline__ void load_tile(char *tile, const T *src, int64
   }
 }
 
-/* Whether a fast kernel's block leaves its call to the fallback: v_bad, the
- * flag that V holds NaN or inf, is read at the block's start and tested
- * once the first copies are on their way, so that the read's latency is
- * not in front of them; a block that leaves waits for its copies first.
- * The flag may be set while the kernel runs (launch_guarded_by_v_flag), so
- * two threads of one block can read different values: the block decides
- * as one (__syncthreads_or), or some threads would leave and the rest wait
- * at a barrier they never reach.  Called by the whole block. */
-static __device__ __forceinline__ bool leave_for_fallback(int v_bad) {
-  if (!__syncthreads_or(v_bad)) return false;
-  cp_async_wait<0>();
-  return true;
-}
-
 /* A block whose query tile has no key (ntiles = 0, block-uniform) skips the
  * key loop and with it the loop's wait for the copies and its barrier; the
  * staged output store then writes into Q's tile.  cp.async completes per
@@ -104,31 +90,6 @@ static __device__ __forceinline__ void settle_copies_without_keys(int ntiles) {
   if (ntiles > 0) return;
   cp_async_wait<0>();
   __syncthreads();
-}
-
-/* With p.v_self_check (launch_guarded_by_v_flag), the block of query tile
- * qi of nq checks the qi-th nq-th of its head's V (its rows of Dv = D
- * elements, p.v_st.s apart; all Lk keys, as the pass
- * over V does: a NaN no row attends costs the fallback's time, not a wrong
- * result) from global memory, mostly L2, after its output is out: off the
- * kernel's key loop, where the check from shared memory made the kernels
- * 2-6 % slower.  With two blocks an SM the other hides the reads, and this
- * cost less than the pass over V queued in front of the kernel (about 5 % of
- * a 16-bit call at D = 64, L = 1024); with one block an SM (D = 128) it cost
- * more (docs/perf/2026-11-25-attention-h100-f32-probes.json, calls 1, 13,
- * 14).  Against the pass from the side stream (call 19, D = 128) it has not
- * been measured.  Rows of Dv elements: 16-byte multiples on the fast paths. */
-template <typename T, int D, int BR>
-static __device__ __forceinline__ void v_check_share(const fa_attn_problem &p, const T *v, int64_t i0) {
-  if (!p.v_self_check) return;
-  const int CPR = D * (int)sizeof(T) / 16; /* 16-byte chunks a row */
-  const int64_t nq = (p.Lq + BR - 1) / BR, qi = i0 / BR, n = p.Lk * CPR, vs = p.v_st.s;
-  const int64_t lo = n * qi / nq, hi = n * (qi + 1) / nq;
-  bool bad = false;
-#pragma unroll 4
-  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x)
-    bad |= words_nonfinite<T>(*(const uint4 *)(v + (i / CPR) * vs + (i % CPR) * (16 / sizeof(T))));
-  if (bad) *p.v_nonfinite = 1;
 }
 
 /* The running state of this thread's two query rows. */

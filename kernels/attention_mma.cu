@@ -162,7 +162,7 @@ template <typename T, int D, int EXTRAS, int PASS> static fa_status launch(fa_co
                                                         : attn_mma_kernel<T, D, EXTRAS, PASS, false>;
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   int64_t blocks = p->B * p->Hq * ((p->Lq + MMA_BR - 1) / MMA_BR);
-  if (blocks > INT32_MAX) return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: attention on cuda: too many query tiles");
+  if (fa_status st = attn_grid_fits(ctx, blocks)) return st;
   kernel<<<(unsigned)blocks, MMA_WARPS(D) * 32, smem, fa_cuda_stream(ctx)>>>(*p);
   FA_CUDA_CHECK_LAUNCH(ctx, "attn_mma_kernel");
   return FA_OK;

@@ -9,7 +9,7 @@
  * exponentials are ex2.approx (one per element and pass), and rows past
  * NAIVE_LONG_ROW keys take a block each, with a grid sized so that the
  * rows in flight fit in L2 and the second pass over S reads it from there. */
-#include "attention_common.cuh"
+#include "attention_nonfinite.cuh"
 #include "online_state.cuh"
 
 #include <cublas_v2.h>

@@ -174,7 +174,7 @@ static fa_status launch(fa_context *ctx, const fa_attn_problem *p) {
                                                         : attn_wgmma_kernel<T, D, BC, EXTRAS, PASS, false>;
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   int64_t blocks = p->B * p->Hq * ((p->Lq + WG_BR - 1) / WG_BR);
-  if (blocks > INT32_MAX) return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: attention on cuda: too many query tiles");
+  if (fa_status st = attn_grid_fits(ctx, blocks)) return st;
   kernel<<<(unsigned)blocks, WG_THREADS, smem, fa_cuda_stream(ctx)>>>(*p);
   FA_CUDA_CHECK_LAUNCH(ctx, "attn_wgmma_kernel");
   return FA_OK;

@@ -7,6 +7,8 @@
 #ifndef FA_KERNELS_COMMON_CUH
 #define FA_KERNELS_COMMON_CUH
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 extern "C" {
@@ -52,6 +54,35 @@ static __device__ __forceinline__ float exp2_approx(float x) {
 /* bf16 to float by its bits (the upper half of the float): the header's
  * conversion made the softmax kernels spill (ptxas, CUDA 13). */
 static __device__ __forceinline__ float fa_bf16_to_float(unsigned short bits) { return __uint_as_float((unsigned)bits << 16); }
+
+/* The dtype vocabulary of every kernel (the one): storage type T, its
+ * accumulation type acc (float; double for f64), load (T to acc) and store
+ * (acc to T, rounding to nearest); pair: two 16-bit elements as one. */
+template <typename T> struct Elem {
+  typedef float acc;
+  static __device__ __forceinline__ float load(T v) { return (float)v; }
+  static __device__ __forceinline__ T store(float v) { return (T)v; }
+};
+template <> struct Elem<__half> {
+  typedef float acc;
+  typedef __half2 pair;
+  static __device__ __forceinline__ float load(__half v) { return __half2float(v); }
+  static __device__ __forceinline__ __half store(float v) { return __float2half_rn(v); }
+};
+template <> struct Elem<__nv_bfloat16> {
+  typedef float acc;
+  typedef __nv_bfloat162 pair;
+  static __device__ __forceinline__ float load(__nv_bfloat16 v) { return fa_bf16_to_float(__bfloat16_as_ushort(v)); }
+  static __device__ __forceinline__ __nv_bfloat16 store(float v) { return __float2bfloat16_rn(v); }
+};
+template <> struct Elem<double> {
+  typedef double acc;
+  static __device__ __forceinline__ double load(double v) { return v; }
+  static __device__ __forceinline__ double store(double v) { return v; }
+};
+/* The same as functions, for the kernels that compute in float. */
+template <typename T> static __device__ __forceinline__ typename Elem<T>::acc to_float(T v) { return Elem<T>::load(v); }
+template <typename T> static __device__ __forceinline__ T from_float(typename Elem<T>::acc v) { return Elem<T>::store(v); }
 
 /* device.cu: a stream beside the context's.  fork: it waits for what the
  * context's stream has queued; join: the context's stream waits for it. */

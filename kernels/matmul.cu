@@ -5,23 +5,13 @@
 
 #include <cublas_v2.h>
 
-template <typename T> struct Acc { typedef float type; };
-template <> struct Acc<double> { typedef double type; };
-static __device__ __forceinline__ double to_acc(double v) { return v; }
-template <typename T> static __device__ __forceinline__ float to_acc(T v) { return to_float(v); }
-template <typename T> static __device__ __forceinline__ T from_acc(float v) { return from_float<T>(v); }
-static __device__ __forceinline__ double from_acc_d(double v) { return v; }
-template <typename T> static __device__ __forceinline__ T from_double(double v) { return from_float<T>((float)v); }
-template <> __device__ __forceinline__ double from_double<double>(double v) { return v; }
-
 template <typename T>
 __global__ void matmul_naive_kernel(const T *a, const T *b, T *c, int64_t m, int64_t k, int64_t n) {
   int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, row = (int64_t)blockIdx.y * blockDim.y + threadIdx.y;
   if (row >= m || col >= n) return;
-  typename Acc<T>::type acc = 0;
-  for (int64_t x = 0; x < k; x++) acc += to_acc(a[row * k + x]) * to_acc(b[x * n + col]);
-  if constexpr (sizeof(T) == 8) c[row * n + col] = from_acc_d(acc);
-  else c[row * n + col] = from_acc<T>(acc);
+  typename Elem<T>::acc acc = 0;
+  for (int64_t x = 0; x < k; x++) acc += to_float(a[row * k + x]) * to_float(b[x * n + col]);
+  c[row * n + col] = from_float<T>(acc);
 }
 
 /* T×T tiles of A and B in shared memory (T = opts.tile); a block of
@@ -29,7 +19,7 @@ __global__ void matmul_naive_kernel(const T *a, const T *b, T *c, int64_t m, int
  * Bounded for 1024 threads: f64 accumulators would not fit otherwise. */
 template <typename T>
 __global__ void __launch_bounds__(1024) matmul_tiled_kernel(const T *a, const T *b, T *c, int64_t m, int64_t k, int64_t n, int tile) {
-  typedef typename Acc<T>::type A;
+  typedef typename Elem<T>::acc A;
   extern __shared__ __align__(16) unsigned char tiles_raw[];
   const int bt = blockDim.x, per = tile / bt; /* per <= 4 */
   A *as = (A *)tiles_raw, *bs = as + tile * tile;
@@ -40,8 +30,8 @@ __global__ void __launch_bounds__(1024) matmul_tiled_kernel(const T *a, const T 
     for (int r = ty; r < tile; r += bt)
       for (int q = tx; q < tile; q += bt) {
         int64_t ar = row0 + r, ak = x0 + q, bk = x0 + r, bc = col0 + q;
-        as[r * tile + q] = ar < m && ak < k ? to_acc(a[ar * k + ak]) : (A)0;
-        bs[r * tile + q] = bk < k && bc < n ? to_acc(b[bk * n + bc]) : (A)0;
+        as[r * tile + q] = ar < m && ak < k ? to_float(a[ar * k + ak]) : (A)0;
+        bs[r * tile + q] = bk < k && bc < n ? to_float(b[bk * n + bc]) : (A)0;
       }
     __syncthreads();
     for (int x = 0; x < tile; x++)
@@ -58,8 +48,7 @@ __global__ void __launch_bounds__(1024) matmul_tiled_kernel(const T *a, const T 
     for (int j = 0; j < 4; j++) {
       int64_t row = row0 + ty + i * bt, col = col0 + tx + j * bt;
       if (i < per && j < per && row < m && col < n) {
-        if constexpr (sizeof(T) == 8) c[row * n + col] = from_acc_d(acc[i][j]);
-        else c[row * n + col] = from_acc<T>(acc[i][j]);
+        c[row * n + col] = from_float<T>(acc[i][j]);
       }
     }
 }
@@ -84,7 +73,7 @@ static fa_status matmul_typed(fa_context *ctx, fa_matmul_algo algo, int64_t tile
   }
   if (algo == FA_MATMUL_TILED) {
     int t = (int)(tile ? tile : 16), bt = t < 32 ? t : 32;
-    size_t smem = 2 * (size_t)t * t * sizeof(typename Acc<T>::type);
+    size_t smem = 2 * (size_t)t * t * sizeof(typename Elem<T>::acc);
     FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(matmul_tiled_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     dim3 block(bt, bt), grid((unsigned)((n + t - 1) / t), (unsigned)((m + t - 1) / t));
     matmul_tiled_kernel<T><<<grid, block, smem, s>>>(a, b, c, m, k, n, t);
@@ -154,8 +143,8 @@ __global__ void merge_kernel(const T *o1, const double *l1, const T *o2, const d
       w1 = exp(a - lse), w2 = exp(bb - lse);
     }
     if (dv > 0) {
-      double v1 = w1 == 0.0 ? 0.0 : w1 * to_acc(o1[x]), v2 = w2 == 0.0 ? 0.0 : w2 * to_acc(o2[x]);
-      o[x] = from_double<T>(v1 + v2);
+      double v1 = w1 == 0.0 ? 0.0 : w1 * to_float(o1[x]), v2 = w2 == 0.0 ? 0.0 : w2 * to_float(o2[x]);
+      o[x] = from_float<T>((typename Elem<T>::acc)(v1 + v2));
     }
     if (x % w == 0) l[r] = lse;
   }

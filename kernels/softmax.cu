@@ -25,29 +25,7 @@
 #include <type_traits>
 
 
-/* ---- element types: storage T, accumulation in float (double for f64) ---- */
-template <typename T> struct Elem {
-  typedef float acc;
-  static __device__ __forceinline__ float load(T v) { return (float)v; }
-  static __device__ __forceinline__ T store(float v) { return (T)v; }
-};
-template <> struct Elem<__half> {
-  typedef float acc;
-  typedef __half2 pair;
-  static __device__ __forceinline__ float load(__half v) { return __half2float(v); }
-  static __device__ __forceinline__ __half store(float v) { return __float2half_rn(v); }
-};
-template <> struct Elem<__nv_bfloat16> {
-  typedef float acc;
-  typedef __nv_bfloat162 pair;
-  static __device__ __forceinline__ float load(__nv_bfloat16 v) { return fa_bf16_to_float(__bfloat16_as_ushort(v)); }
-  static __device__ __forceinline__ __nv_bfloat16 store(float v) { return __float2bfloat16_rn(v); }
-};
-template <> struct Elem<double> {
-  typedef double acc;
-  static __device__ __forceinline__ double load(double v) { return v; }
-  static __device__ __forceinline__ double store(double v) { return v; }
-};
+/* element types: Elem<T> (common.cuh) */
 
 /* 16 bytes of T: the unit of every vector load and store. */
 template <typename T> struct __align__(16) Vec16 {

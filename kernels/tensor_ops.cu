@@ -3,6 +3,7 @@
  * with the CPU's counter-based generator, so a seed gives the same values
  * on both devices), reductions in f64 and arithmetic. */
 #include "common.cuh"
+#include "random_counter.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -41,8 +42,8 @@ static __device__ __forceinline__ int64_t offset_of(const Layout &l, int64_t k) 
 static __device__ __forceinline__ double load_elem(const Layout &l, int64_t off) {
   switch (l.dtype) {
   case FA_F32: return ((const float *)l.data)[off];
-  case FA_F16: return __half2float(((const __half *)l.data)[off]);
-  case FA_BF16: return __bfloat162float(((const __nv_bfloat16 *)l.data)[off]);
+  case FA_F16: return Elem<__half>::load(((const __half *)l.data)[off]);
+  case FA_BF16: return Elem<__nv_bfloat16>::load(((const __nv_bfloat16 *)l.data)[off]);
   case FA_F64: return ((const double *)l.data)[off];
   default: return ((const unsigned char *)l.data)[off] ? 1.0 : 0.0;
   }
@@ -52,27 +53,18 @@ static __device__ __forceinline__ double load_elem(const Layout &l, int64_t off)
 static __device__ __forceinline__ void store_elem(const Layout &l, int64_t off, double v) {
   switch (l.dtype) {
   case FA_F32: ((float *)l.data)[off] = (float)v; break;
-  case FA_F16: ((__half *)l.data)[off] = __float2half_rn((float)v); break;
-  case FA_BF16: ((__nv_bfloat16 *)l.data)[off] = __float2bfloat16_rn((float)v); break;
+  case FA_F16: ((__half *)l.data)[off] = Elem<__half>::store((float)v); break;
+  case FA_BF16: ((__nv_bfloat16 *)l.data)[off] = Elem<__nv_bfloat16>::store((float)v); break;
   case FA_F64: ((double *)l.data)[off] = v; break;
   default: ((unsigned char *)l.data)[off] = v != 0; break;
   }
 }
 
-/* The same generator as src/random.c. */
-static __device__ __forceinline__ uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-static __device__ __forceinline__ double bits_to_unit(uint64_t x) { return (double)(x >> 11) * 0x1.0p-53; }
+/* The generator of src/random_counter.h (the CPU's too). */
 static __device__ double random_value(int kind, uint64_t seed, uint64_t k) {
-  if (kind == FA_FILL_UNIFORM) return bits_to_unit(mix64(mix64(seed) + k * 0x9e3779b97f4a7c15ULL));
+  if (kind == FA_FILL_UNIFORM) return fa_rng_uniform(seed, k);
   if (kind == FA_FILL_ARANGE) return (double)k;
-  uint64_t base = mix64(seed ^ 0x6a09e667f3bcc909ULL);
-  double u1 = bits_to_unit(mix64(base + (2 * k) * 0x9e3779b97f4a7c15ULL));
-  double u2 = bits_to_unit(mix64(base + (2 * k + 1) * 0x9e3779b97f4a7c15ULL));
-  return sqrt(-2.0 * log(1.0 - u1)) * cos(6.283185307179586 * u2);
+  return fa_rng_normal(seed, k);
 }
 
 #define GRID_STRIDE(k, n)                                                                                    \

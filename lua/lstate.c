@@ -121,10 +121,7 @@ fa_status fal_make_own_context(lua_State *L, fa_device device) {
 uint64_t fal_next_seed(lua_State *L) {
   /* splitmix64 of a counter: distinct, well-mixed seeds that are still
    * reproducible run to run (like PyTorch's fixed default seed) */
-  uint64_t z = ++fal_state_get(L)->seed_counter * 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
+  return fa_seed_at(++fal_state_get(L)->seed_counter);
 }
 
 void fal_flush_host_cache(lua_State *L) {

@@ -7,10 +7,12 @@
 
 #include "internal.h"
 
+#ifndef FA_HOST_DEVICE
 #ifdef __CUDACC__
 #define FA_HOST_DEVICE __host__ __device__
 #else
 #define FA_HOST_DEVICE
+#endif
 #endif
 
 FA_HOST_DEVICE static inline int64_t fa_min64(int64_t a, int64_t b) { return a < b ? a : b; }

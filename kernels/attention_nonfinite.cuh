@@ -1,0 +1,229 @@
+/* NaN or inf in V, end to end: the one place of the protocol.
+ *
+ * API §2: NaN and inf in the inputs reach only the rows they touch.  The
+ * fast kernels (tensor cores: attention_wgmma.cu, attention_mma.cu; exact
+ * f32: attention_f32.cu) multiply P by whole tiles of V, where a masked
+ * key's weight is 0 and 0 · NaN = NaN would reach rows that never attend
+ * the key; the SIMT kernel (attention.cu) and naive's skipping product
+ * (attention_naive.cu) skip masked keys and are exact, but slow.  So:
+ *  1. values_nonfinite_flag makes a device flag, 0 on the stream;
+ *  2. launch_guarded_by_v_flag queues the fast kernel with p.v_nonfinite =
+ *     the flag, which is set when V holds NaN or inf: by a scan of V from a
+ *     side stream queued beside the kernel (queue_nonfinite_scan), or by
+ *     the kernel's blocks themselves, each a share of V after its output
+ *     (p.v_self_check, v_check_share);
+ *  3. a fast block reads the flag at its start and, once it is set, leaves
+ *     without writing (leave_for_fallback: the block decides as one);
+ *  4. the SIMT kernel runs behind it with the same flag (tiled_typed in
+ *     attention.cu): it returns at once while the flag is 0, else rewrites
+ *     every output (two_pass: its output pass, on the statistics the fast
+ *     statistics pass wrote from the scores alone).
+ * The flag may be set while the fast kernel runs: blocks that started
+ * before write outputs the fallback then overwrites, so the result never
+ * depends on the timing.  naive does the same with its own skipping P·V
+ * kernel behind cuBLAS.  The problem's fields: v_nonfinite, v_self_check
+ * (src/internal.h). */
+#ifndef FA_KERNELS_ATTENTION_NONFINITE_CUH
+#define FA_KERNELS_ATTENTION_NONFINITE_CUH
+
+#include "async_copy.cuh"
+#include "attention_common.cuh"
+
+/* The exponent bits of a 32-bit word's element(s) of dtype T: all set is
+ * NaN or inf (one f32, or two f16 / bf16). */
+template <typename T> struct nonfinite_bits;
+template <> struct nonfinite_bits<float> { static const uint32_t mask = 0x7F800000u; };
+template <> struct nonfinite_bits<__half> { static const uint32_t mask = 0x7C007C00u; };
+template <> struct nonfinite_bits<__nv_bfloat16> { static const uint32_t mask = 0x7F807F80u; };
+
+/* Whether 16 bytes of T elements hold NaN or inf. */
+template <typename T> static __device__ __forceinline__ bool words_nonfinite(const uint4 &w) {
+  const uint32_t m = nonfinite_bits<T>::mask;
+  if (sizeof(T) == 4) return ((w.x & m) == m) | ((w.y & m) == m) | ((w.z & m) == m) | ((w.w & m) == m);
+  return (__vcmpeq2(w.x & m, m) | __vcmpeq2(w.y & m, m) | __vcmpeq2(w.z & m, m) | __vcmpeq2(w.w & m, m)) != 0;
+}
+
+/* Sets *flag when any of the n values at v (dtype T) is NaN or inf; 16
+ * bytes a load when v is 16-byte aligned. */
+template <typename T> __global__ void any_nonfinite_kernel(const T *v, int64_t n, int *flag) {
+  typedef typename std::conditional<sizeof(T) == 4, uint32_t, uint16_t>::type W;
+  const int per = 16 / sizeof(T);
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x, first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const int64_t nvec = ((uintptr_t)v % 16) ? 0 : n / per;
+  const W m = (W)nonfinite_bits<T>::mask;
+  bool bad = false;
+  for (int64_t i = first; i < nvec; i += stride) bad |= words_nonfinite<T>(((const uint4 *)v)[i]);
+  for (int64_t i = nvec * per + first; i < n; i += stride) bad |= (W)(((const W *)v)[i] & m) == m;
+  if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
+}
+
+/* The same over strided values (API §6): the rows of Dv elements at
+ * attn_at(v_st, b, h, l), head (b, h) by head along grid y, its rows along
+ * x (no 64-bit division a row).  VEC (rows of 16-byte multiples on 16
+ * bytes): each lane takes a 16-byte chunk, a warp 32 >> shift rows a step
+ * (a row's chunks on 1 << shift lanes); else a warp a row, a lane an
+ * element.  A warp a row with an element a lane made the scan of a strided
+ * 64 MB V cost a fifth of the call it guards (2026-11-25, H100). */
+template <typename T, bool VEC> __global__ void any_nonfinite_rows_kernel(fa_attn_problem p, int shift, int *flag) {
+  typedef typename std::conditional<sizeof(T) == 4, uint32_t, uint16_t>::type W;
+  const W m = (W)nonfinite_bits<T>::mask;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpb = blockDim.x >> 5;
+  const int per = VEC ? 32 >> shift : 1, sub = VEC ? lane >> shift : 0, col = VEC ? lane & ((1 << shift) - 1) : lane;
+  const int64_t cpr = VEC ? p.Dv * (int64_t)sizeof(T) / 16 : p.Dv; /* chunks (elements) a row */
+  const int64_t step = (int64_t)gridDim.x * wpb * per;
+  bool bad = false;
+  for (int64_t bh = blockIdx.y; bh < p.B * p.Hkv; bh += gridDim.y) {
+    const T *head = (const T *)p.v + attn_at(p.v_st, bh / p.Hkv, bh % p.Hkv, 0);
+    for (int64_t l = ((int64_t)blockIdx.x * wpb + warp) * per + sub; l < p.Lk; l += step) {
+      const T *row = head + l * p.v_st.s;
+      if (VEC) {
+        for (int64_t c = col; c < cpr; c += 1 << shift) bad |= words_nonfinite<T>(((const uint4 *)row)[c]);
+      } else {
+        for (int64_t c = col; c < cpr; c += 32) bad |= (W)(((const W *)row)[c] & m) == m;
+      }
+    }
+  }
+  if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
+}
+
+/* Whether v's rows lie one after another, as a contiguous (B, Hkv, Lk, Dv)
+ * tensor's (one flat pass then covers them). */
+static inline bool attn_v_dense(const fa_attn_problem *p) {
+  const fa_attn_strides d = fa_attn_strides_dense(p->Hkv, p->Lk, p->Dv);
+  return (p->B == 1 || p->v_st.b == d.b) && (p->Hkv == 1 || p->v_st.h == d.h) && (p->Lk == 1 || p->v_st.s == d.s);
+}
+
+/* Queues on stream s the pass that sets *flag when the values v (f32, f16
+ * or bf16) hold NaN or inf. */
+template <typename T> static inline void queue_nonfinite_scan_typed(const fa_attn_problem *p, int *flag, cudaStream_t s) {
+  const int64_t n = p->B * p->Hkv * p->Lk * p->Dv;
+  const unsigned blocks = (unsigned)min((n / 8 + 255) / 256 + 1, (int64_t)2048);
+  if (attn_v_dense(p)) {
+    any_nonfinite_kernel<T><<<blocks, 256, 0, s>>>((const T *)p->v, n, flag);
+    return;
+  }
+  const int64_t es = sizeof(T), cpr = p->Dv * es / 16, heads = p->B * p->Hkv;
+  const bool vec = (p->Dv * es) % 16 == 0 &&
+                   (((uintptr_t)p->v | (uint64_t)((p->v_st.b | p->v_st.h | p->v_st.s) * es)) % 16) == 0;
+  int shift = 0; /* a row's chunks on 1 << shift lanes (at most 32) */
+  while (vec && shift < 5 && (1 << shift) < cpr) shift++;
+  const dim3 grid((unsigned)max((int64_t)1, blocks / max(heads, (int64_t)1)), (unsigned)min(heads, (int64_t)65535));
+  if (vec) any_nonfinite_rows_kernel<T, true><<<grid, 256, 0, s>>>(*p, shift, flag);
+  else any_nonfinite_rows_kernel<T, false><<<grid, 256, 0, s>>>(*p, 0, flag);
+}
+static inline cudaError_t queue_nonfinite_scan(const fa_attn_problem *p, int *flag, cudaStream_t s) {
+  if (p->B * p->Hkv * p->Lk * p->Dv <= 0) return cudaSuccess;
+  if (p->compute == FA_F32) queue_nonfinite_scan_typed<float>(p, flag, s);
+  else if (p->compute == FA_F16) queue_nonfinite_scan_typed<__half>(p, flag, s);
+  else queue_nonfinite_scan_typed<__nv_bfloat16>(p, flag, s);
+  return cudaGetLastError();
+}
+
+/* A device int (from the pool: the caller frees it with fa_cuda_free) set
+ * to 0 on the stream; with scan, then set to 1 when the values v hold NaN
+ * or inf: one pass over v, no wait. */
+static inline fa_status values_nonfinite_flag(fa_context *ctx, const fa_attn_problem *p, int **flag, bool scan = true) {
+  *flag = NULL;
+  void *f = NULL;
+  fa_status st = fa_cuda_malloc(ctx, &f, sizeof(int));
+  if (st) return st;
+  cudaStream_t s = fa_cuda_stream(ctx);
+  cudaError_t err = cudaMemsetAsync(f, 0, sizeof(int), s);
+  if (err == cudaSuccess && scan) err = queue_nonfinite_scan(p, (int *)f, s);
+  if ((st = fa_cuda_error(ctx, err, "the NaN/inf check of v"))) {
+    fa_cuda_free(f, sizeof(int));
+    return st;
+  }
+  *flag = (int *)f;
+  return FA_OK;
+}
+
+/* Queues run(ctx, g, pass) for a fast kernel guarded against NaN or inf in
+ * V: g is *p with v_nonfinite set to a fresh device flag, which comes back
+ * in *v_flag for the caller to free and to guard its fallback (a kernel
+ * that skips masked keys, run after this one) with.  The flag is set while
+ * the kernel runs, and a block that starts after it is set does nothing;
+ * the fallback then rewrites every output.  With self_check the kernel's
+ * blocks check their shares of V themselves (g.v_self_check).
+ * Else a pass over V sets it from a side stream, queued after the kernel
+ * so that it takes the SMs the kernel's last blocks leave idle (in front
+ * of the kernel it cost about 5 % of a 16-bit call at L = 1024), and the
+ * context's stream waits for it before anything that follows. */
+static inline fa_status launch_guarded_by_v_flag(fa_context *ctx, const fa_attn_problem *p, int pass, int **v_flag,
+                                                 fa_status (*run)(fa_context *, const fa_attn_problem *, int),
+                                                 bool self_check) {
+  int *flag = NULL;
+  fa_status st = values_nonfinite_flag(ctx, p, &flag, false);
+  if (st) return st;
+  fa_attn_problem g = *p;
+  g.v_nonfinite = flag;
+  g.v_self_check = self_check;
+  cudaStream_t side = 0;
+  if (!self_check && (st = fa_cuda_fork(ctx, &side))) {
+    fa_cuda_free(flag, sizeof(int));
+    return st;
+  }
+  st = run(ctx, &g, pass);
+  if (!self_check) {
+    const cudaError_t err = st ? cudaSuccess : queue_nonfinite_scan(p, flag, side);
+    const fa_status joined = fa_cuda_join(ctx); /* waits here when it cannot be queued */
+    if (!st) st = err != cudaSuccess ? fa_cuda_error(ctx, err, "the NaN/inf check of v") : joined;
+  }
+  if (st) fa_cuda_free(flag, sizeof(int)); /* stream-ordered: after the work queued */
+  else *v_flag = flag;
+  return st;
+}
+
+/* Queues algo ("flash" or "two_pass") on a fast kernel through run: one
+ * guarded launch for flash; for two_pass the statistics pass (it reads no
+ * V, so needs no guard) and the guarded output pass, both with *p's
+ * row_stats. */
+static inline fa_status launch_fast_passes(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo algo,
+                                           int **v_flag,
+                                           fa_status (*run)(fa_context *, const fa_attn_problem *, int),
+                                           bool self_check = false) {
+  if (algo != FA_ATTN_TWO_PASS) return launch_guarded_by_v_flag(ctx, p, PASS_FLASH, v_flag, run, self_check);
+  fa_status st = run(ctx, p, PASS_STATS);
+  return st ? st : launch_guarded_by_v_flag(ctx, p, PASS_OUTPUT, v_flag, run, self_check);
+}
+
+/* Whether a fast kernel's block leaves its call to the fallback: v_bad, the
+ * flag that V holds NaN or inf, is read at the block's start and tested
+ * once the first copies are on their way, so that the read's latency is
+ * not in front of them; a block that leaves waits for its copies first.
+ * The flag may be set while the kernel runs (launch_guarded_by_v_flag), so
+ * two threads of one block can read different values: the block decides
+ * as one (__syncthreads_or), or some threads would leave and the rest wait
+ * at a barrier they never reach.  Called by the whole block. */
+static __device__ __forceinline__ bool leave_for_fallback(int v_bad) {
+  if (!__syncthreads_or(v_bad)) return false;
+  cp_async_wait<0>();
+  return true;
+}
+
+/* With p.v_self_check (launch_guarded_by_v_flag), the block of query tile
+ * qi of nq checks the qi-th nq-th of its head's V (its rows of Dv = D
+ * elements, p.v_st.s apart; all Lk keys, as the pass
+ * over V does: a NaN no row attends costs the fallback's time, not a wrong
+ * result) from global memory, mostly L2, after its output is out: off the
+ * kernel's key loop, where the check from shared memory made the kernels
+ * 2-6 % slower.  With two blocks an SM the other hides the reads, and this
+ * cost less than the pass over V queued in front of the kernel (about 5 % of
+ * a 16-bit call at D = 64, L = 1024); with one block an SM (D = 128) it cost
+ * more (docs/perf/2026-11-25-attention-h100-f32-probes.json, calls 1, 13,
+ * 14).  Against the pass from the side stream (call 19, D = 128) it has not
+ * been measured.  Rows of Dv elements: 16-byte multiples on the fast paths. */
+template <typename T, int D, int BR>
+static __device__ __forceinline__ void v_check_share(const fa_attn_problem &p, const T *v, int64_t i0) {
+  if (!p.v_self_check) return;
+  const int CPR = D * (int)sizeof(T) / 16; /* 16-byte chunks a row */
+  const int64_t nq = (p.Lq + BR - 1) / BR, qi = i0 / BR, n = p.Lk * CPR, vs = p.v_st.s;
+  const int64_t lo = n * qi / nq, hi = n * (qi + 1) / nq;
+  bool bad = false;
+#pragma unroll 4
+  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x)
+    bad |= words_nonfinite<T>(*(const uint4 *)(v + (i / CPR) * vs + (i % CPR) * (16 / sizeof(T))));
+  if (bad) *p.v_nonfinite = 1;
+}
+
+#endif
