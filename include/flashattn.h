@@ -142,6 +142,10 @@ typedef enum { FA_FILL_UNIFORM = 0, FA_FILL_NORMAL, FA_FILL_ARANGE } fa_fill_kin
 /* Uniform [0,1) or standard normal values that depend only on (seed,
  * element index): the same on every device and dtype up to rounding. */
 FA_API fa_status fa_tensor_fill_random(fa_context *ctx, fa_tensor *t, fa_fill_kind kind, uint64_t seed);
+/* The n-th seed of the sequence the Lua binding draws from for random
+ * fills without opts.seed (splitmix64 of n): distinct, well mixed, and the
+ * same on every run. */
+FA_API uint64_t fa_seed_at(uint64_t n);
 
 typedef enum { FA_REDUCE_SUM = 0, FA_REDUCE_MAX, FA_REDUCE_MIN, FA_REDUCE_NORM } fa_reduce_op;
 /* Reductions accumulate in f64.  An empty tensor gives 0 (sum, norm) or
