@@ -53,6 +53,10 @@ typedef enum { FA_CPU = 0, FA_CUDA } fa_device;
 
 typedef struct fa_context fa_context;
 typedef struct fa_tensor fa_tensor;
+/* An attention variant's traced expression (API §9): opaque, built by the
+ * Lua binding (fa_expr_new below; its node format is internal). */
+typedef struct fa_expr fa_expr;
+typedef struct fa_expr_node fa_expr_node;
 
 /* What the accessors give for a NULL context or tensor: no dtype, no
  * device (fa_dtype_name and fa_device_name show them as "?"). */
@@ -225,7 +229,25 @@ typedef struct {
   const char *kernel; /* NULL or "": the fastest kernel that accepts the call (API §6); a name that
                          fa_attention_kernels lists picks that kernel.  fa_attention_reference and the
                          backward ignore it. */
+  /* Attention variants (API §9; docs/variants.md): expressions traced
+   * from a Lua score_mod(s, b, h, q, k) and mask_mod(b, h, q, k).  Only
+   * the Lua binding builds them in this version: C hosts leave them NULL.
+   * CPU backend and fa_attention_reference only (FA_ERR_UNSUPPORTED on
+   * cuda, with splits > 1 and in the backward). */
+  const fa_expr *score_mod, *mask_mod;
 } fa_attention_opts;
+
+/* Attention variants (API §9).  fa_expr_new makes an expression from n
+ * nodes in the engine's internal format (src/expr.h: not a stable C API in
+ * this version; the Lua binding's tracer is its one user), retaining the
+ * captured tensors; fa_expr_free releases it (NULL is ignored).
+ * fa_expr_eval gives its value at 0-based batch, head, query and key
+ * positions for a scaled score s (NaN where a captured tensor is read out
+ * of its range). */
+FA_API fa_status fa_expr_new(fa_context *ctx, const fa_expr_node *nodes, int n, fa_tensor *const *tensors,
+                             const char *const *names, int ntensors, fa_expr **out);
+FA_API void fa_expr_free(fa_expr *e);
+FA_API double fa_expr_eval(const fa_expr *e, double s, int64_t b, int64_t h, int64_t q, int64_t k);
 
 /* A tile size of 0 that a user wrote (a binding's tile = {0, 0}): unlike
  * 0, which asks for the backend's default, it is rejected like any size

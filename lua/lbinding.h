@@ -212,6 +212,18 @@ int fal_parse_device(lua_State *L, int idx, const char *what, fa_device *out);
  * must stay on the stack until the call is done. */
 void read_attn_opts(lua_State *L, int idx, const char *fname, fa_attention_opts *o, fal_pins *pins);
 
+/* ---- attention variants (ltrace.c; API §9) ---------------------------- */
+
+/* opts[key] ("score_mod" or "mask_mod") traced into an expression: NULL
+ * when absent (nothing pushed); else a holder userdata that owns it is left
+ * pushed (keep it on the stack until the call is done). */
+const fa_expr *fal_trace_opt(lua_State *L, int idx, const char *key);
+/* t[expr] while tracing (ltensor.c's __index, tensor at 1, key at 2): 1 and
+ * the expression pushed when the key is an expression, else 0. */
+int fal_trace_index(lua_State *L);
+/* fa.where into the module table at the top; remembers the table. */
+void fal_trace_open(lua_State *L);
+
 /* Keeps the module's shared library loaded for the process (lpin.c). */
 void fal_pin_module(void);
 

@@ -153,6 +153,7 @@ FA_API int luaopen_flashattn(lua_State *L) {
   luaL_setfuncs(L, fal_io_funcs, 0);
   luaL_setfuncs(L, fal_kvcache_funcs, 0);
   luaL_setfuncs(L, fal_backward_funcs, 0);
+  fal_trace_open(L);
   lua_createtable(L, 0, 2);
   luaL_setfuncs(L, fal_cost_funcs, 0);
   lua_setfield(L, -2, "cost");

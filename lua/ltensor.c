@@ -370,6 +370,7 @@ static int64_t key_index(lua_State *L) {
  * not an integer stays an error, and so does a write past the end
  * (t_newindex), as does any use of a freed tensor. */
 static int t_index(lua_State *L) {
+  if (lua_type(L, 2) == LUA_TUSERDATA && fal_trace_index(L)) return 1; /* slopes[h] while tracing (API §9) */
   if (lua_type(L, 2) != LUA_TNUMBER) {
     lua_pushvalue(L, 2);
     lua_rawget(L, lua_upvalueindex(1));

@@ -2,6 +2,7 @@
  * into an fa_attn_problem, and hand it to a backend. */
 #include "attn_kernels.h"
 #include "check.h"
+#include "expr.h"
 #include "cpu/attention_tiles.h"
 #include "splits.h"
 
@@ -105,6 +106,7 @@ static fa_status build_problem(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   fa_attn_resolve_options(o, d, compute, p);
   p->kv_lens = o->kv_lens;
   p->alibi = o->alibi;
+  p->score_mod = o->score_mod, p->mask_mod = o->mask_mod;
   p->tile_q = o->tile_q ? o->tile_q : FA_CPU_DEFAULT_TILE_Q;
   p->tile_k = o->tile_k ? o->tile_k : FA_CPU_DEFAULT_TILE_K;
   fa_status st;
@@ -401,6 +403,8 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
       (st = prepare_outputs(ctx, o, &d, compute, want_lse, user_out, user_lse, reference ? FA_F64 : FA_F32, &p,
                             &bufs)))
     goto done;
+  fa_expr_clear_fault(p.score_mod);
+  fa_expr_clear_fault(p.mask_mod);
   if (d.B * d.Hq * d.Lq == 0) {
   } else if (d.Lk == 0) {
     fill_empty(&p);
@@ -409,6 +413,9 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   } else {
     st = fa_cpu_attention(ctx, d.algo, &p);
   }
+  /* a tensor read out of range in a variant's expression (src/expr.h) */
+  if (!st) st = fa_expr_fault(ctx, p.mask_mod, "opts.mask_mod");
+  if (!st) st = fa_expr_fault(ctx, p.score_mod, "opts.score_mod");
   if (st) goto done;
   fa_device dev = reference ? FA_CPU : d.device;
   st = fa_attn_deliver(ctx, q, d.rank, d.Dv, bufs.o, want_lse ? bufs.lse : NULL, user_out, user_lse,

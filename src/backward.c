@@ -56,7 +56,8 @@ static fa_status run_backward(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_te
     return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: attention_backward: an output pointer (dq, dk, dv) is NULL");
   FA_NEED(ctx);
   fa_attn_dims d;
-  fa_status st = fa_check_attention(ctx, q, k, v, opts, reference, &d);
+  fa_status st = fa_check_no_variants(ctx, opts, reference ? "attention_backward_reference" : "attention_backward");
+  if (!st) st = fa_check_attention(ctx, q, k, v, opts, reference, &d);
   if (st || (st = fa_check_attention_backward(ctx, q, o, lse, dout, reference, &d))) return st;
   if (!reference && d.device == FA_CUDA)
     return fa_fail(ctx, FA_ERR_UNSUPPORTED,

@@ -1,6 +1,7 @@
 /* Argument checking for every operation (see check.h). */
 #include "check.h"
 #include "attn_kernels.h"
+#include "expr.h"
 
 #include "cpu/attention_tiles.h"
 
@@ -90,6 +91,46 @@ static fa_status check_mask(fa_context *ctx, const fa_tensor *m, const fa_attn_d
                      (long long)d->Lk, i + 1, (long long)got, (long long)want);
     }
   }
+  return FA_OK;
+}
+
+/* opts.score_mod and opts.mask_mod (API §9): the CPU backend and the
+ * reference take them; on cuda fa_attention refuses them, and so do
+ * splits > 1 (each piece would see its own key numbering).  The tensors
+ * an expression captured are on the call's device (the reference reads
+ * host copies of any device's). */
+static fa_status check_variants(fa_context *ctx, const fa_attention_opts *o, int reference, const fa_attn_dims *d) {
+  const fa_expr *ex[2] = {o->score_mod, o->mask_mod};
+  const char *name[2] = {"opts.score_mod", "opts.mask_mod"};
+  for (int i = 0; i < 2; i++) {
+    const fa_expr *e = ex[i];
+    if (!e) continue;
+    if (e->nodes[e->n - 1].is_bool != (i == 1))
+      return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: %s: expected an expression of %s, got one of %s", name[i],
+                     i ? "booleans" : "numbers", i ? "numbers" : "booleans");
+    if (reference) continue;
+    if (d->device == FA_CUDA)
+      return fa_fail(ctx, FA_ERR_UNSUPPORTED,
+                     "flashattn: %s on cuda: not in this version (the CPU backend and fa.attention_reference take it)",
+                     name[i]);
+    if (o->splits > 1)
+      return fa_fail(ctx, FA_ERR_UNSUPPORTED,
+                     "flashattn: %s with opts.splits = %lld: not in this version (use splits = 1)", name[i],
+                     (long long)o->splits);
+    for (int t = 0; t < e->ntensors; t++)
+      if (e->tensors[t]->storage->device != d->device)
+        return fa_fail(ctx, FA_ERR_DEVICE, "flashattn: %s: the captured tensor %s is on %s, expected %s (the call's device)",
+                       name[i], e->names[t], fa_device_name(e->tensors[t]->storage->device),
+                       fa_device_name(d->device));
+  }
+  return FA_OK;
+}
+
+fa_status fa_check_no_variants(fa_context *ctx, const fa_attention_opts *o, const char *what) {
+  if (o && (o->score_mod || o->mask_mod))
+    return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: %s: opts.%s is not supported in this version (the forward "
+                                            "fa.attention and fa.attention_reference take it)",
+                   what, o->score_mod ? "score_mod" : "mask_mod");
   return FA_OK;
 }
 
@@ -196,6 +237,7 @@ fa_status fa_check_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_ten
   }
   if ((st = check_tile(ctx, o, d))) return st;
   if (o->mask && (st = check_mask(ctx, o->mask, d))) return st;
+  if ((st = check_variants(ctx, o, reference, d))) return st;
 
   int64_t oshape[4], lshape[4];
   for (int i = 0; i < d->rank - 1; i++) oshape[i] = lshape[i] = q->shape[i];

@@ -183,6 +183,8 @@ typedef struct {
    * the longest first within a group (causal: a grid's last blocks are
    * short ones); 0 or 1: head by head */
   int64_t sched_heads;
+  /* CPU and the reference: the variants of API §9 (src/expr.h), or NULL */
+  const fa_expr *score_mod, *mask_mod;
 } fa_attn_problem;
 
 /* Strides of contiguous (B, H, L, X) buffers for q, k, v, o (X = D or Dv)

@@ -287,6 +287,8 @@ static fa_status check_attend(fa_context *ctx, const fa_kv_cache *c, const fa_te
                     : o->tile_q || o->tile_k          ? "tile"
                     : o->mask                         ? "mask"
                     : o->kv_lens                      ? "kv_lens (the cache's lengths are the key lengths)"
+                    : o->score_mod                    ? "score_mod (not in this version)"
+                    : o->mask_mod                     ? "mask_mod (not in this version)"
                                                       : NULL;
   if (bad)
     return fa_fail(ctx, FA_ERR_ARGUMENT,

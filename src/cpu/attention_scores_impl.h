@@ -7,9 +7,40 @@
  * floating point (which it may not do at -O3). */
 #define FA_LANES 16
 
+/* fa_attn_scores with a variant (API §9), score by score: a key is masked
+ * (-inf) outside [lo, hi), where the bool mask is false and where mask_mod
+ * is false (evaluated only for the keys the rest leaves); the others get
+ * the scale, score_mod, then softcap, alibi and the float mask as below.
+ * score_mod runs only for the keys the row attends, as in the reference. */
+static void FA_R(variant_scores)(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n,
+                                 int64_t lo, int64_t hi, REAL *s) {
+  const REAL scale = (REAL)p->scale, c = (REAL)p->softcap;
+  const int64_t *ms = p->mask_strides;
+  const int64_t mrow = b * ms[0] + h * ms[1] + i * ms[2] + j0 * ms[3];
+  const int64_t diag = i + p->Lk - p->Lq - j0;
+  for (int64_t j = 0; j < n; j++) {
+    const int64_t key = j0 + j;
+    if (key < lo || key >= hi || (p->mask_b && !p->mask_b[mrow + j * ms[3]]) ||
+        (p->mask_mod && fa_expr_eval(p->mask_mod, 0, b, h, i, key) == 0)) {
+      s[j] = -(REAL)INFINITY;
+      continue;
+    }
+    REAL x = s[j] * scale;
+    if (p->score_mod) x = (REAL)fa_expr_eval(p->score_mod, (double)x, b, h, i, key);
+    if (p->softcap > 0) x = c * FA_TANH(x / c);
+    if (p->alibi) x -= (REAL)(p->alibi[h] * (double)(diag > j ? diag - j : j - diag));
+    if (p->mask_f) x += ((const REAL *)p->mask_f)[mrow + j * ms[3]];
+    s[j] = x;
+  }
+}
+
 FA_CPU_CLONES
 void FA_R(fa_attn_scores)(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n,
                           int64_t lo, int64_t hi, REAL *s) {
+  if (p->score_mod || p->mask_mod) {
+    FA_R(variant_scores)(p, b, h, i, j0, n, lo, hi, s);
+    return;
+  }
   const REAL scale = (REAL)p->scale;
   for (int64_t j = 0; j < n; j++) s[j] *= scale;
   if (p->softcap > 0) { /* fitted to f32 when REAL is (resolve_options) */

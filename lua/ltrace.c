@@ -1,0 +1,518 @@
+/* Attention variants written in Lua (API §9; docs/variants.md): opts.score_mod
+ * and opts.mask_mod are traced.  The function is called once with symbolic
+ * arguments, userdata of metatable flashattn.Expr whose metamethods and
+ * methods record the operations as nodes (src/expr.h) instead of computing;
+ * what it returns is the expression, handed to the core as an fa_expr.
+ *
+ * Safety: a trace keeps no Lua value past the call but the tensors it
+ * captured (retained by the fa_expr, which a userdata "holder" left on the
+ * stack owns and frees at its __gc); it is bounded (FA_EXPR_MAX_NODES
+ * nodes, FA_EXPR_MAX_TENSORS tensors); every error inside the function,
+ * ours or the script's, comes back as a "flashattn: opts.score_mod: ..."
+ * error.  An expression kept by the script past its trace is an error to
+ * use. */
+#include <stdarg.h>
+#include <string.h>
+
+#include "lbinding.h"
+
+#include "../src/expr.h"
+
+#define TRACE_MT "flashattn.Trace"
+#define EXPR_MT "flashattn.Expr"
+#define HOLDER_MT "flashattn.ExprHolder"
+
+static const char module_key = 0; /* registry: the module table (a trace may capture it, for fa.where) */
+
+enum { K_NUM, K_BOOL, K_PARTIAL };
+
+typedef struct {
+  const char *what; /* "opts.score_mod" */
+  int n, done;
+  fa_expr_node nodes[FA_EXPR_MAX_NODES];
+} trace;
+
+/* An expression value: a node, or (K_PARTIAL) a captured tensor indexed
+ * with `have` of its `ndim` indices so far (bias[h] of a 2-D bias). */
+typedef struct {
+  int32_t node;
+  uint8_t kind, tensor, ndim, have;
+  int32_t idx[4];
+} expr;
+
+typedef struct {
+  fa_expr *e;
+  fal_link link;
+} holder;
+
+/* ---- errors ------------------------------------------------------------------------- */
+
+static int terr(lua_State *L, const trace *t, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  const char *msg = lua_pushvfstring(L, fmt, ap);
+  va_end(ap);
+  return fal_error(L, "%s: %s", t->what, msg);
+}
+
+/* ---- expressions ------------------------------------------------------------------ */
+
+static void expr_metatable(lua_State *L);
+
+static expr *toexpr(lua_State *L, int idx) { return (expr *)luaL_testudata(L, idx, EXPR_MT); }
+
+/* The trace of the expression at idx, pushed (its slot returned in *ti);
+ * an error when the trace is over. */
+static trace *trace_of(lua_State *L, int idx, int *ti) {
+  lua_getiuservalue(L, idx, 1);
+  trace *t = (trace *)luaL_testudata(L, -1, TRACE_MT);
+  if (!t) fal_error(L, "internal error: an expression without its trace");
+  if (t->done)
+    fal_error(L, "%s: an expression was used after the call that traced it (keep no expression past the "
+                 "function's return)", t->what);
+  *ti = lua_gettop(L);
+  return t;
+}
+
+/* The trace of the first expression among the arguments 1..n, pushed. */
+static trace *find_trace(lua_State *L, int n, int *ti) {
+  for (int i = 1; i <= n; i++)
+    if (toexpr(L, i)) return trace_of(L, i, ti);
+  return NULL;
+}
+
+static int add_node(lua_State *L, trace *t, int op, int is_bool, int a0, int a1, int a2, double c) {
+  if (t->n >= FA_EXPR_MAX_NODES)
+    terr(L, t, "the expression is too large (more than %d nodes)", FA_EXPR_MAX_NODES);
+  fa_expr_node *x = &t->nodes[t->n];
+  memset(x, 0, sizeof *x);
+  x->op = (uint8_t)op, x->is_bool = (uint8_t)is_bool;
+  x->a[0] = a0, x->a[1] = a1, x->a[2] = a2;
+  x->c = c;
+  return t->n++;
+}
+
+/* Pushes a new expression of trace (at ti) for node. */
+static expr *push_expr(lua_State *L, int ti, int node, int kind) {
+  expr *e = (expr *)lua_newuserdatauv(L, sizeof(expr), 1);
+  memset(e, 0, sizeof *e);
+  e->node = node, e->kind = (uint8_t)kind;
+  lua_pushvalue(L, ti);
+  lua_setiuservalue(L, -2, 1);
+  expr_metatable(L);
+  lua_setmetatable(L, -2);
+  return e;
+}
+
+static const char *kind_name(int is_bool) { return is_bool ? "a boolean" : "a number"; }
+
+/* The node of the operand at idx of operation `op` (numbers and booleans
+ * become constants); *is_bool its kind. */
+static int operand(lua_State *L, int idx, trace *t, const char *op, int *is_bool) {
+  switch (lua_type(L, idx)) {
+  case LUA_TNUMBER:
+    *is_bool = 0;
+    return add_node(L, t, FA_X_CONST, 0, 0, 0, 0, (double)lua_tonumber(L, idx));
+  case LUA_TBOOLEAN:
+    *is_bool = 1;
+    return add_node(L, t, FA_X_CONST, 1, 0, 0, 0, lua_toboolean(L, idx));
+  case LUA_TNIL:
+    terr(L, t, "%s got nil (a Lua table indexed by an expression, or a missing field or global, gives nil; "
+               "capture a tensor instead)", op);
+    break;
+  default:
+    break;
+  }
+  expr *e = toexpr(L, idx);
+  if (!e) terr(L, t, "%s got %s (expected a number, a boolean or an expression)", op, fal_typename(L, idx));
+  int ti;
+  if (trace_of(L, idx, &ti) != t) terr(L, t, "%s mixes expressions of two different traces", op);
+  lua_pop(L, 1);
+  if (e->kind == K_PARTIAL)
+    terr(L, t, "%s got a tensor indexed with %d of its %d dimensions (index every dimension: bias[h][q])", op,
+         (int)e->have, (int)e->ndim);
+  *is_bool = e->kind == K_BOOL;
+  return e->node;
+}
+
+/* A binary operation (upvalues: op, its name, the operands' kind: 0
+ * numbers, 1 booleans, 2 either (alike); the result's: 0 or 1). */
+static int binary(lua_State *L) {
+  const int op = (int)lua_tointeger(L, lua_upvalueindex(1));
+  const char *name = lua_tostring(L, lua_upvalueindex(2));
+  const int want = (int)lua_tointeger(L, lua_upvalueindex(3)), result = (int)lua_tointeger(L, lua_upvalueindex(4));
+  lua_settop(L, 2);
+  int ti, ba, bb;
+  trace *t = find_trace(L, 2, &ti);
+  if (!t) return fal_error(L, "%s: expected an expression", name);
+  const int a = operand(L, 1, t, name, &ba), b = operand(L, 2, t, name, &bb);
+  if (want == 2 && ba != bb) terr(L, t, "%s compares %s with %s", name, kind_name(ba), kind_name(bb));
+  if (want != 2 && (ba != want || bb != want))
+    terr(L, t, "%s needs %s operands, got %s", name, want ? "boolean" : "number", kind_name(ba != want ? ba : bb));
+  const int r = result == 2 ? ba : result;
+  push_expr(L, ti, add_node(L, t, op, r, a, b, 0, 0), r ? K_BOOL : K_NUM);
+  return 1;
+}
+
+/* A unary operation (upvalues: op, name, operand kind 0/1). */
+static int unary(lua_State *L) {
+  const int op = (int)lua_tointeger(L, lua_upvalueindex(1));
+  const char *name = lua_tostring(L, lua_upvalueindex(2));
+  const int want = (int)lua_tointeger(L, lua_upvalueindex(3));
+  int ti, ba;
+  if (!toexpr(L, 1)) return fal_error(L, "%s: expected an expression", name);
+  trace *t = trace_of(L, 1, &ti);
+  const int a = operand(L, 1, t, name, &ba);
+  if (ba != want) terr(L, t, "%s needs %s, got %s", name, want ? "a boolean" : "a number", kind_name(ba));
+  push_expr(L, ti, add_node(L, t, op, want, a, 0, 0, 0), want ? K_BOOL : K_NUM);
+  return 1;
+}
+
+/* Metamethods and methods that have no meaning in an expression. */
+static int refuse(lua_State *L) {
+  const char *why = lua_tostring(L, lua_upvalueindex(1));
+  trace *t = NULL;
+  for (int i = 1; i <= lua_gettop(L) && !t; i++)
+    if (toexpr(L, i)) {
+      lua_getiuservalue(L, i, 1);
+      t = (trace *)luaL_testudata(L, -1, TRACE_MT);
+    }
+  if (t) return terr(L, t, "%s", why);
+  return fal_error(L, "expression: %s", why);
+}
+
+/* Completes a tensor read once every dimension has its index. */
+static void push_index(lua_State *L, trace *t, int ti, int tensor, int ndim, int is_bool, const int32_t *idx,
+                       int have) {
+  if (have < ndim) {
+    expr *e = push_expr(L, ti, -1, K_PARTIAL);
+    e->tensor = (uint8_t)tensor, e->ndim = (uint8_t)ndim, e->have = (uint8_t)have;
+    memcpy(e->idx, idx, sizeof e->idx);
+    return;
+  }
+  const int node = add_node(L, t, FA_X_LOAD, is_bool, idx[0], idx[1], idx[2], 0);
+  t->nodes[node].a[3] = idx[3];
+  t->nodes[node].tensor = (uint8_t)tensor, t->nodes[node].ndim = (uint8_t)ndim;
+  push_expr(L, ti, node, is_bool ? K_BOOL : K_NUM);
+}
+
+/* The node of an index (a number or a number expression) at idx. */
+static int index_node(lua_State *L, int idx, trace *t) {
+  int b;
+  const int n = operand(L, idx, t, "a tensor index", &b);
+  if (b) terr(L, t, "a tensor index is a boolean, expected a number");
+  return n;
+}
+
+static const char *const method_list = "abs, exp, log, tanh, sqrt, floor, min, max, lt, le, gt, ge, eq, ne";
+
+/* __index: methods by name (upvalue 1: the methods table); a partial
+ * tensor read takes its next index. */
+static int expr_index(lua_State *L) {
+  expr *e = toexpr(L, 1);
+  int ti;
+  trace *t = trace_of(L, 1, &ti);
+  if (e->kind == K_PARTIAL && (lua_type(L, 2) == LUA_TNUMBER || toexpr(L, 2))) {
+    int32_t idx[4];
+    memcpy(idx, e->idx, sizeof idx);
+    idx[e->have] = index_node(L, 2, t);
+    /* the dtype: the tensor's, looked up again */
+    lua_getiuservalue(L, ti, 1);
+    lua_rawgeti(L, -1, e->tensor + 1);
+    fal_box *b = fal_tobox(L, -1);
+    const int is_bool = b && b->t && fa_tensor_dtype(b->t) == FA_BOOL;
+    lua_pop(L, 2);
+    push_index(L, t, ti, e->tensor, e->ndim, is_bool, idx, e->have + 1);
+    return 1;
+  }
+  if (lua_type(L, 2) == LUA_TSTRING && e->kind != K_PARTIAL) {
+    lua_pushvalue(L, 2);
+    if (lua_rawget(L, lua_upvalueindex(1)) != LUA_TNIL) return 1;
+    return terr(L, t, "unknown method or field '%s' of an expression (the methods: %s; fa.where(c, a, b))",
+                lua_tostring(L, 2), method_list);
+  }
+  if (e->kind == K_PARTIAL)
+    return terr(L, t, "a tensor read indexed with %s (expected a number or a number expression)",
+                fal_describe(L, 2));
+  return terr(L, t, "indexing an expression with %s (only captured tensors can be indexed)", fal_describe(L, 2));
+}
+
+/* ---- metatables ------------------------------------------------------------------ */
+
+typedef struct {
+  const char *name, *text;
+  int op, want, result; /* result < 0: unary */
+} opdef;
+
+static const opdef metaops[] = {
+    {"__add", "'+'", FA_X_ADD, 0, 0},     {"__sub", "'-'", FA_X_SUB, 0, 0},   {"__mul", "'*'", FA_X_MUL, 0, 0},
+    {"__div", "'/'", FA_X_DIV, 0, 0},     {"__mod", "'%'", FA_X_MOD, 0, 0},   {"__pow", "'^'", FA_X_POW, 0, 0},
+    {"__band", "'&'", FA_X_AND, 1, 1},    {"__bor", "'|'", FA_X_OR, 1, 1},    {"__unm", "unary '-'", FA_X_NEG, 0, -1},
+    {"__bnot", "'~'", FA_X_NOT, 1, -1},   {NULL, NULL, 0, 0, 0}};
+static const opdef methods[] = {
+    {"abs", ":abs()", FA_X_ABS, 0, -1},   {"exp", ":exp()", FA_X_EXP, 0, -1},   {"log", ":log()", FA_X_LOG, 0, -1},
+    {"tanh", ":tanh()", FA_X_TANH, 0, -1}, {"sqrt", ":sqrt()", FA_X_SQRT, 0, -1}, {"floor", ":floor()", FA_X_FLOOR, 0, -1},
+    {"min", ":min()", FA_X_MIN, 0, 0},    {"max", ":max()", FA_X_MAX, 0, 0},   {"lt", ":lt()", FA_X_LT, 0, 1},
+    {"le", ":le()", FA_X_LE, 0, 1},       {"gt", ":gt()", FA_X_GT, 0, 1},     {"ge", ":ge()", FA_X_GE, 0, 1},
+    {"eq", ":eq()", FA_X_EQ, 2, 1},       {"ne", ":ne()", FA_X_NE, 2, 1},     {NULL, NULL, 0, 0, 0}};
+static const char *const refused[][2] = {
+    {"__eq", "'==' compares expressions as Lua objects, not their values: use a:eq(b) (and a:ne(b) for '~=')"},
+    {"__lt", "'<' cannot return an expression: use a:lt(b) (a:gt(b) for '>')"},
+    {"__le", "'<=' cannot return an expression: use a:le(b) (a:ge(b) for '>=')"},
+    {"__idiv", "'//' is not supported: use (a / b):floor()"},
+    {"__bxor", "binary '~' (xor) is not supported: use a:ne(b) on booleans"},
+    {"__shl", "'<<' is not supported"},
+    {"__shr", "'>>' is not supported"},
+    {"__concat", "'..' of an expression is not supported"},
+    {"__len", "'#' of an expression is not supported"},
+    {"__call", "an expression is not a function"},
+    {"__newindex", "an expression cannot be assigned to"},
+    {"__tostring", "tostring or print of an expression is not supported (it has no value while traced)"},
+    {"__close", "an expression is not a to-be-closed value"},
+    {NULL, NULL}};
+
+static void push_op(lua_State *L, const opdef *d) {
+  lua_pushinteger(L, d->op);
+  lua_pushstring(L, d->text);
+  lua_pushinteger(L, d->want);
+  if (d->result < 0) {
+    lua_pushcclosure(L, unary, 3);
+  } else {
+    lua_pushinteger(L, d->result == 1 && d->want == 2 ? 1 : d->result);
+    lua_pushcclosure(L, binary, 4);
+  }
+}
+
+static void expr_metatable(lua_State *L) {
+  if (!luaL_newmetatable(L, EXPR_MT)) return;
+  for (const opdef *d = metaops; d->name; d++) {
+    push_op(L, d);
+    lua_setfield(L, -2, d->name);
+  }
+  for (int i = 0; refused[i][0]; i++) {
+    lua_pushstring(L, refused[i][1]);
+    lua_pushcclosure(L, refuse, 1);
+    lua_setfield(L, -2, refused[i][0]);
+  }
+  lua_newtable(L);
+  for (const opdef *d = methods; d->name; d++) {
+    push_op(L, d);
+    lua_setfield(L, -2, d->name);
+  }
+  lua_pushcclosure(L, expr_index, 1);
+  lua_setfield(L, -2, "__index");
+  lua_pushliteral(L, EXPR_MT);
+  lua_setfield(L, -2, "__metatable");
+}
+
+/* ---- captured tensors: t[expr] (ltensor.c's __index) ---------------------------- */
+
+int fal_trace_index(lua_State *L) {
+  if (!toexpr(L, 2)) return 0;
+  int ti;
+  trace *t = trace_of(L, 2, &ti);
+  fal_box *b = fal_tobox(L, 1);
+  if (!b || !b->t) terr(L, t, "a tensor indexed by an expression has been freed");
+  lua_getiuservalue(L, ti, 1); /* tensors: [box] = slot, [slot] = box */
+  const int tt = lua_gettop(L);
+  lua_pushvalue(L, 1);
+  int slot;
+  if (lua_rawget(L, tt) == LUA_TNUMBER) {
+    slot = (int)lua_tointeger(L, -1) - 1;
+  } else {
+    slot = (int)lua_rawlen(L, tt);
+    if (slot >= FA_EXPR_MAX_TENSORS) terr(L, t, "more than %d tensors captured", FA_EXPR_MAX_TENSORS);
+    lua_pushvalue(L, 1);
+    lua_pushinteger(L, slot + 1);
+    lua_rawset(L, tt);
+    lua_pushvalue(L, 1);
+    lua_rawseti(L, tt, slot + 1);
+  }
+  lua_settop(L, ti);
+  int32_t idx[4] = {0, 0, 0, 0};
+  idx[0] = index_node(L, 2, t);
+  push_index(L, t, ti, slot, fa_tensor_ndim(b->t), fa_tensor_dtype(b->t) == FA_BOOL, idx, 1);
+  return 1;
+}
+
+/* ---- fa.where(c, a, b) ------------------------------------------------------------ */
+
+static int l_where(lua_State *L) {
+  lua_settop(L, 3);
+  int ti, bc, ba, bb;
+  trace *t = find_trace(L, 3, &ti);
+  if (!t) { /* plain values: c ? a : b */
+    if (lua_type(L, 1) != LUA_TBOOLEAN) fal_argerror(L, 1, "c", "expected a boolean, got %s", fal_typename(L, 1));
+    lua_pushvalue(L, lua_toboolean(L, 1) ? 2 : 3);
+    return 1;
+  }
+  const int c = operand(L, 1, t, "fa.where's condition", &bc), a = operand(L, 2, t, "fa.where", &ba),
+            b = operand(L, 3, t, "fa.where", &bb);
+  if (!bc) terr(L, t, "fa.where's condition is a number, expected a boolean");
+  if (ba != bb) terr(L, t, "fa.where chooses between %s and %s (expected two of one kind)", kind_name(ba), kind_name(bb));
+  push_expr(L, ti, add_node(L, t, FA_X_WHERE, ba, c, a, b, 0), ba ? K_BOOL : K_NUM);
+  return 1;
+}
+
+/* ---- tracing ------------------------------------------------------------------------- */
+
+static void holder_drop(fal_link *l) {
+  holder *h = (holder *)((char *)l - offsetof(holder, link));
+  fa_expr *e = h->e;
+  h->e = NULL;
+  fa_expr_free(e);
+}
+
+static int holder_gc(lua_State *L) {
+  holder *h = (holder *)luaL_checkudata(L, 1, HOLDER_MT);
+  fal_unlink(&h->link);
+  holder_drop(&h->link);
+  return 0;
+}
+
+/* Keeps only the nodes the result depends on, in order. */
+static void prune(trace *t) {
+  int32_t map[FA_EXPR_MAX_NODES];
+  const int n = t->n;
+  for (int i = 0; i < n; i++) map[i] = 0;
+  map[n - 1] = 1;
+  for (int i = n - 1; i >= 0; i--) {
+    if (!map[i]) continue;
+    const fa_expr_node *x = &t->nodes[i];
+    const int na = x->op == FA_X_LOAD ? x->ndim : x->op == FA_X_WHERE ? 3
+                   : x->op <= FA_X_K                                  ? 0
+                   : (x->op >= FA_X_NEG && x->op <= FA_X_FLOOR) || x->op == FA_X_NOT ? 1 : 2;
+    for (int j = 0; j < na; j++) map[x->a[j]] = 1;
+    t->nodes[i].ndim = x->op == FA_X_LOAD ? x->ndim : (uint8_t)na; /* operand count, for the remap below */
+  }
+  int m = 0;
+  for (int i = 0; i < n; i++) {
+    if (!map[i]) continue;
+    fa_expr_node x = t->nodes[i];
+    for (int j = 0; j < x.ndim; j++) x.a[j] = map[x.a[j]] - 1;
+    if (x.op != FA_X_LOAD) x.ndim = 0;
+    t->nodes[m] = x;
+    map[i] = ++m;
+  }
+  t->n = m;
+}
+
+/* Traces the function at fidx (mask: mask_mod(b, h, q, k), else
+ * score_mod(s, b, h, q, k)); pushes the holder that owns the result. */
+static fa_expr *trace_fn(lua_State *L, int fidx, int mask, const char *what) {
+  fal_state *s = fal_live_state(L);
+  fidx = lua_absindex(L, fidx);
+  holder *h = (holder *)lua_newuserdatauv(L, sizeof(holder), 0);
+  h->e = NULL;
+  h->link.prev = h->link.next = NULL;
+  if (luaL_newmetatable(L, HOLDER_MT)) {
+    lua_pushcfunction(L, holder_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_pushliteral(L, HOLDER_MT);
+    lua_setfield(L, -2, "__metatable");
+  }
+  lua_setmetatable(L, -2);
+  fal_link_in(s, &h->link, holder_drop);
+  const int hi = lua_gettop(L);
+
+  trace *t = (trace *)lua_newuserdatauv(L, sizeof(trace), 2);
+  t->what = what, t->n = 0, t->done = 0;
+  luaL_newmetatable(L, TRACE_MT);
+  lua_setmetatable(L, -2);
+  const int ti = lua_gettop(L);
+  lua_newtable(L);
+  lua_setiuservalue(L, ti, 1);
+  lua_newtable(L); /* names: [box] = upvalue name */
+  const int names = lua_gettop(L);
+
+  /* what the function captured: tables are refused (a table indexed by an
+   * expression is nil), but _ENV and the module (fa.where) */
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &module_key);
+  const int mod = lua_gettop(L);
+  for (int i = 1;; i++) {
+    const char *up = lua_getupvalue(L, fidx, i);
+    if (!up) break;
+    if (lua_type(L, -1) == LUA_TTABLE && strcmp(up, "_ENV") != 0 && !lua_rawequal(L, -1, mod))
+      terr(L, t, "captures the Lua table '%s' (a variant may capture numbers, booleans, tensors and functions: "
+                 "make it a tensor)", up[0] ? up : "?");
+    if (fal_tobox(L, -1)) {
+      lua_pushvalue(L, -1);
+      lua_pushstring(L, up);
+      lua_rawset(L, names);
+    }
+    lua_pop(L, 1);
+  }
+  lua_settop(L, names);
+
+  lua_pushvalue(L, fidx);
+  const int first = mask ? FA_X_B : FA_X_S;
+  for (int op = first; op <= FA_X_K; op++) push_expr(L, ti, add_node(L, t, op, 0, 0, 0, 0, 0), K_NUM);
+  const int status = lua_pcall(L, FA_X_K - first + 1, 1, 0);
+  if (status == LUA_ERRMEM) lua_error(L);
+  if (status != LUA_OK) {
+    const size_t wl = strlen(what);
+    const char *msg = lua_tostring(L, -1);
+    if (msg && strncmp(msg, "flashattn: ", 11) == 0 && strncmp(msg + 11, what, wl) == 0) lua_error(L);
+    if (msg) fal_error(L, "%s: the function raised an error: %s", what, msg);
+    fal_error(L, "%s: the function raised an error (a %s value)", what, fal_typename(L, -1));
+  }
+  /* the result */
+  const int r = lua_gettop(L);
+  const char *want = mask ? "a boolean or a boolean expression (true = attend)" : "a number or a number expression";
+  int is_bool;
+  if (lua_type(L, r) == LUA_TNIL) terr(L, t, "returned nil, expected %s", want);
+  if (lua_type(L, r) != LUA_TNUMBER && lua_type(L, r) != LUA_TBOOLEAN && !toexpr(L, r))
+    terr(L, t, "returned %s, expected %s", fal_typename(L, r), want);
+  const int root = operand(L, r, t, "the result", &is_bool);
+  if (is_bool != mask)
+    terr(L, t, "returned %s%s, expected %s", kind_name(is_bool), toexpr(L, r) ? " expression" : "", want);
+  if (root != t->n - 1) { /* the result must be the last node */
+    fa_expr_node x = t->nodes[root];
+    const int c = add_node(L, t, FA_X_CONST, is_bool, 0, 0, 0, 0);
+    t->nodes[c] = x; /* a copy of the root (a leaf or an operation on earlier nodes) */
+  }
+  prune(t);
+
+  fa_tensor *tensors[FA_EXPR_MAX_TENSORS];
+  const char *tnames[FA_EXPR_MAX_TENSORS];
+  lua_getiuservalue(L, ti, 1);
+  const int tt = lua_gettop(L);
+  const int nt = (int)lua_rawlen(L, tt);
+  for (int i = 0; i < nt; i++) {
+    lua_rawgeti(L, tt, i + 1);
+    fal_box *b = fal_tobox(L, -1);
+    lua_pushvalue(L, -1);
+    lua_rawget(L, names);
+    tnames[i] = lua_tostring(L, -1); /* kept alive by the names table */
+    if (!b || !b->t) terr(L, t, "a tensor it captured (%s) was freed during the trace", tnames[i] ? tnames[i] : "?");
+    tensors[i] = b->t;
+    lua_pop(L, 2);
+  }
+  fa_context *ctx = fal_ctx(L);
+  /* no Lua code runs from here to the call: the tensors stay alive */
+  if (fa_expr_new(ctx, t->nodes, t->n, tensors, tnames, nt, &h->e) != FA_OK) fal_fail(L, ctx);
+  t->done = 1;
+  lua_settop(L, hi);
+  return h->e;
+}
+
+const fa_expr *fal_trace_opt(lua_State *L, int idx, const char *key) {
+  const int mask = strcmp(key, "mask_mod") == 0;
+  int tt = lua_getfield(L, idx, key);
+  if (tt == LUA_TNIL) {
+    lua_pop(L, 1);
+    return NULL;
+  }
+  if (tt != LUA_TFUNCTION) fal_error(L, "opts.%s: expected a function, got %s", key, fal_typename(L, -1));
+  const fa_expr *e = trace_fn(L, -1, mask, mask ? "opts.mask_mod" : "opts.score_mod");
+  lua_remove(L, -2); /* the function; the holder stays */
+  return e;
+}
+
+static const luaL_Reg trace_funcs[] = {{"where", l_where}, {NULL, NULL}};
+
+void fal_trace_open(lua_State *L) {
+  luaL_setfuncs(L, trace_funcs, 0);
+  lua_pushvalue(L, -1);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &module_key);
+}

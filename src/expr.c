@@ -1,0 +1,293 @@
+/* Attention variants (API §9): expressions and their evaluator (expr.h). */
+#include "expr.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static int arity(int op) {
+  switch (op) {
+  case FA_X_CONST: case FA_X_S: case FA_X_B: case FA_X_H: case FA_X_Q: case FA_X_K: return 0;
+  case FA_X_NEG: case FA_X_ABS: case FA_X_EXP: case FA_X_LOG: case FA_X_TANH: case FA_X_SQRT: case FA_X_FLOOR:
+  case FA_X_NOT: return 1;
+  case FA_X_WHERE: return 3;
+  default: return 2;
+  }
+}
+
+void fa_expr_free(fa_expr *e) {
+  if (!e) return;
+  for (int i = 0; i < e->ntensors; i++) {
+    fa_tensor_drop(&e->tensors[i]);
+    fa_tensor_drop(&e->host[i]);
+  }
+  if (e->nodes) fa_host_free(e->nodes, e->bytes);
+  fa_host_free(e, sizeof *e);
+}
+
+fa_status fa_expr_new(fa_context *ctx, const fa_expr_node *nodes, int n, fa_tensor *const *tensors,
+                      const char *const *names, int ntensors, fa_expr **out) {
+  *out = NULL;
+  if (n < 1 || n > FA_EXPR_MAX_NODES || ntensors < 0 || ntensors > FA_EXPR_MAX_TENSORS)
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: expression: %d nodes and %d tensors (expected 1 to %d and 0 to %d)",
+                   n, ntensors, FA_EXPR_MAX_NODES, FA_EXPR_MAX_TENSORS);
+  for (int i = 0; i < n; i++) {
+    const fa_expr_node *x = &nodes[i];
+    int na = x->op == FA_X_LOAD ? x->ndim : arity(x->op);
+    if (x->op >= FA_X_COUNT || (x->op == FA_X_LOAD && (x->tensor >= ntensors || x->ndim < 1 || x->ndim > 4 ||
+                                                        x->ndim != tensors[x->tensor]->ndim)))
+      return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: expression: node %d is malformed", i);
+    for (int j = 0; j < na; j++)
+      if (x->a[j] < 0 || x->a[j] >= i)
+        return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: expression: node %d's operand %d is not an earlier node", i, j);
+  }
+  fa_status st = FA_OK;
+  fa_expr *e = fa_host_alloc(ctx, sizeof *e, &st);
+  if (!e) return st;
+  memset(e, 0, sizeof *e);
+  e->bytes = sizeof *nodes * (size_t)n;
+  if (!(e->nodes = fa_host_alloc(ctx, e->bytes, &st))) {
+    fa_expr_free(e);
+    return st;
+  }
+  memcpy(e->nodes, nodes, e->bytes);
+  e->n = n;
+  for (int i = 0; i < ntensors; i++) {
+    fa_tensor *t = tensors[i];
+    fa_tensor_retain(t);
+    e->tensors[i] = t;
+    e->ntensors = i + 1;
+    if (t->storage->device == FA_CPU) {
+      fa_tensor_retain(t);
+      e->host[i] = t;
+    } else if ((st = fa_tensor_cpu_contiguous(ctx, t, t->dtype, &e->host[i]))) {
+      fa_expr_free(e);
+      return st;
+    }
+    if (names && names[i]) snprintf(e->names[i], sizeof e->names[i], "%s", names[i]);
+    else snprintf(e->names[i], sizeof e->names[i], "tensor #%d", i + 1);
+  }
+  *out = e;
+  return FA_OK;
+}
+
+/* Lua's float modulo: a - floor(a/b)·b, the sign of b. */
+static inline double lua_mod(double a, double b) {
+  double m = fmod(a, b);
+  if (m != 0 && (m > 0) != (b > 0)) m += b;
+  return m;
+}
+
+double fa_expr_eval(const fa_expr *e, double s, int64_t b, int64_t h, int64_t q, int64_t k) {
+  double v[FA_EXPR_MAX_NODES];
+  int16_t f[FA_EXPR_MAX_NODES]; /* the faulting read whose value reached this node, or -1 */
+  const int n = e->n;
+  const fa_expr_node *x = e->nodes;
+  for (int i = 0; i < n; i++, x++) {
+    const int32_t *a = x->a;
+    double r;
+    int16_t fi = -1;
+    switch (x->op) {
+    case FA_X_CONST: r = x->c; break;
+    case FA_X_S: r = s; break;
+    case FA_X_B: r = (double)(b + 1); break;
+    case FA_X_H: r = (double)(h + 1); break;
+    case FA_X_Q: r = (double)(q + 1); break;
+    case FA_X_K: r = (double)(k + 1); break;
+    case FA_X_NEG: r = -v[a[0]], fi = f[a[0]]; break;
+    case FA_X_ABS: r = fabs(v[a[0]]), fi = f[a[0]]; break;
+    case FA_X_EXP: r = exp(v[a[0]]), fi = f[a[0]]; break;
+    case FA_X_LOG: r = log(v[a[0]]), fi = f[a[0]]; break;
+    case FA_X_TANH: r = tanh(v[a[0]]), fi = f[a[0]]; break;
+    case FA_X_SQRT: r = sqrt(v[a[0]]), fi = f[a[0]]; break;
+    case FA_X_FLOOR: r = floor(v[a[0]]), fi = f[a[0]]; break;
+    case FA_X_NOT: r = v[a[0]] == 0, fi = f[a[0]]; break;
+    case FA_X_WHERE: {
+      const int c = v[a[0]] != 0;
+      r = c ? v[a[1]] : v[a[2]];
+      fi = f[a[0]] >= 0 ? f[a[0]] : f[a[c ? 1 : 2]];
+      break;
+    }
+    case FA_X_LOAD: {
+      const fa_tensor *t = e->host[x->tensor];
+      int64_t off = 0;
+      r = 0;
+      for (int d = 0; d < x->ndim; d++) {
+        const double ix = v[a[d]];
+        if (f[a[d]] >= 0 && fi < 0) fi = f[a[d]];
+        if (!(ix >= 1 && ix <= (double)t->shape[d]) || ix != floor(ix)) {
+          if (fi < 0) fi = (int16_t)i;
+          r = NAN;
+        } else {
+          off += ((int64_t)ix - 1) * t->strides[d];
+        }
+      }
+      if (r == 0) r = fa_load_f64(t->dtype, fa_tensor_ptr(t), off);
+      break;
+    }
+    default: {
+      const double p = v[a[0]], o = v[a[1]];
+      fi = f[a[0]] >= 0 ? f[a[0]] : f[a[1]];
+      switch (x->op) {
+      case FA_X_ADD: r = p + o; break;
+      case FA_X_SUB: r = p - o; break;
+      case FA_X_MUL: r = p * o; break;
+      case FA_X_DIV: r = p / o; break;
+      case FA_X_MOD: r = lua_mod(p, o); break;
+      case FA_X_POW: r = pow(p, o); break;
+      case FA_X_MIN: r = o < p ? o : p; break; /* Lua's math.min order: NaN in p stays */
+      case FA_X_MAX: r = o > p ? o : p; break;
+      case FA_X_LT: r = p < o; break;
+      case FA_X_LE: r = p <= o; break;
+      case FA_X_GT: r = p > o; break;
+      case FA_X_GE: r = p >= o; break;
+      case FA_X_EQ: r = p == o; break;
+      case FA_X_NE: r = p != o; break;
+      case FA_X_AND: r = p != 0 && o != 0; break;
+      case FA_X_OR: r = p != 0 || o != 0; break;
+      default: r = NAN; break;
+      }
+    }
+    }
+    v[i] = r;
+    f[i] = fi;
+  }
+  const int16_t bad = f[n - 1];
+  if (bad >= 0) {
+    fa_expr *m = (fa_expr *)e; /* the fault record is the one mutable part (allocated non-const) */
+    int expected = 0;
+    if (atomic_compare_exchange_strong(&m->fault, &expected, 1)) {
+      const fa_expr_node *l = &e->nodes[bad];
+      const fa_tensor *t = e->host[l->tensor];
+      m->fault_node = bad;
+      m->fault_dim = 0;
+      m->fault_index = 0;
+      for (int d = 0; d < l->ndim; d++) {
+        const double ix = v[l->a[d]];
+        if (!(ix >= 1 && ix <= (double)t->shape[d]) || ix != floor(ix)) {
+          m->fault_dim = d;
+          m->fault_index = ix != ix ? INT64_MIN : (int64_t)(fabs(ix) < 9e18 ? ix : 0);
+          if (ix != floor(ix) && ix == ix) m->fault_index = INT64_MAX; /* not an integer */
+          break;
+        }
+      }
+    }
+    return NAN;
+  }
+  return v[n - 1];
+}
+
+void fa_expr_clear_fault(const fa_expr *e) {
+  if (e) atomic_store(&((fa_expr *)e)->fault, 0);
+}
+
+static const char *const op_text[FA_X_COUNT] = {
+    [FA_X_ADD] = " + ", [FA_X_SUB] = " - ", [FA_X_MUL] = " * ", [FA_X_DIV] = " / ", [FA_X_MOD] = " % ",
+    [FA_X_POW] = " ^ ", [FA_X_NEG] = "-", [FA_X_ABS] = "abs", [FA_X_EXP] = "exp", [FA_X_LOG] = "log",
+    [FA_X_TANH] = "tanh", [FA_X_SQRT] = "sqrt", [FA_X_FLOOR] = "floor", [FA_X_MIN] = "min", [FA_X_MAX] = "max",
+    [FA_X_LT] = "lt", [FA_X_LE] = "le", [FA_X_GT] = "gt", [FA_X_GE] = "ge", [FA_X_EQ] = "eq", [FA_X_NE] = "ne",
+    [FA_X_AND] = " & ", [FA_X_OR] = " | ", [FA_X_NOT] = "~"};
+
+typedef struct {
+  char *buf;
+  size_t n, u;
+  int cut;
+} text;
+
+static void put(text *t, const char *s) {
+  size_t len = strlen(s);
+  if (t->u + len + 4 > t->n) {
+    t->cut = 1;
+    return;
+  }
+  memcpy(t->buf + t->u, s, len + 1);
+  t->u += len;
+}
+
+/* Depth-bounded: deep or wide expressions end in "...". */
+static void describe(const fa_expr *e, int i, text *t, int depth) {
+  if (t->cut || depth > 12) {
+    t->cut = 1;
+    return;
+  }
+  const fa_expr_node *x = &e->nodes[i];
+  char num[40];
+  switch (x->op) {
+  case FA_X_CONST:
+    if (x->is_bool) put(t, x->c != 0 ? "true" : "false");
+    else {
+      snprintf(num, sizeof num, "%.14g", x->c);
+      put(t, num);
+    }
+    return;
+  case FA_X_S: put(t, "s"); return;
+  case FA_X_B: put(t, "b"); return;
+  case FA_X_H: put(t, "h"); return;
+  case FA_X_Q: put(t, "q"); return;
+  case FA_X_K: put(t, "k"); return;
+  case FA_X_LOAD:
+    put(t, e->names[x->tensor]);
+    for (int d = 0; d < x->ndim; d++) {
+      put(t, "[");
+      describe(e, x->a[d], t, depth + 1);
+      put(t, "]");
+    }
+    return;
+  case FA_X_NEG: case FA_X_NOT:
+    put(t, op_text[x->op]);
+    put(t, "(");
+    describe(e, x->a[0], t, depth + 1);
+    put(t, ")");
+    return;
+  case FA_X_WHERE:
+    put(t, "where(");
+    for (int j = 0; j < 3; j++) {
+      if (j) put(t, ", ");
+      describe(e, x->a[j], t, depth + 1);
+    }
+    put(t, ")");
+    return;
+  default:
+    break;
+  }
+  const int na = arity(x->op);
+  if (op_text[x->op][0] == ' ') { /* infix */
+    put(t, "(");
+    describe(e, x->a[0], t, depth + 1);
+    put(t, op_text[x->op]);
+    describe(e, x->a[1], t, depth + 1);
+    put(t, ")");
+    return;
+  }
+  put(t, "(");
+  describe(e, x->a[0], t, depth + 1);
+  put(t, "):");
+  put(t, op_text[x->op]);
+  put(t, "(");
+  if (na == 2) describe(e, x->a[1], t, depth + 1);
+  put(t, ")");
+}
+
+const char *fa_expr_describe(const fa_expr *e, int i, char *buf, size_t n) {
+  text t = {buf, n, 0, 0};
+  buf[0] = 0;
+  if (n < 8) return buf;
+  describe(e, i, &t, 0);
+  if (t.cut) memcpy(buf + (t.u < n - 4 ? t.u : n - 4), "...", 4);
+  return buf;
+}
+
+fa_status fa_expr_fault(fa_context *ctx, const fa_expr *e, const char *what) {
+  if (!e || !atomic_load(&((fa_expr *)e)->fault)) return FA_OK;
+  char desc[160];
+  const fa_expr_node *l = &e->nodes[e->fault_node];
+  const fa_tensor *t = e->host[l->tensor];
+  fa_expr_describe(e, e->fault_node, desc, sizeof desc);
+  const long long size = (long long)t->shape[e->fault_dim];
+  if (e->fault_index == INT64_MAX || e->fault_index == INT64_MIN)
+    return fa_fail(ctx, FA_ERR_ARGUMENT,
+                   "flashattn: %s: %s: index %d is %s, expected an integer in 1..%lld", what, desc,
+                   e->fault_dim + 1, e->fault_index == INT64_MAX ? "not an integer" : "NaN", size);
+  return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: %s: %s: index %lld out of range 1..%lld (dimension %d)", what, desc,
+                 (long long)e->fault_index, size, e->fault_dim + 1);
+}

@@ -1,0 +1,79 @@
+/* Attention variants (API §9): the expression a traced score_mod or
+ * mask_mod built, as the engine holds and evaluates it.
+ *
+ * An expression is a list of nodes in dependency order (every operand is
+ * an earlier node), so that evaluating the nodes in order, each into its
+ * own slot of a small value array, evaluates the whole: one flat loop, no
+ * recursion, no allocation per call.  The last node is the result.
+ *
+ * Positions b, h, q, k are the 1-based numbering the script saw (the
+ * evaluator takes the kernels' 0-based ones and adds 1); s is the score
+ * after the scale (score_mod) and 0 in a mask_mod.  Values are f64;
+ * booleans are 0 and 1.
+ *
+ * A tensor element whose index falls outside the tensor is NaN, and when
+ * that value reaches the result the expression records a fault (the first
+ * one: which read, which index); the call that evaluated it then fails
+ * with a message naming the read (fa_expr_fault).  A value that an
+ * fa.where discards does not fault. */
+#ifndef FA_EXPR_H
+#define FA_EXPR_H
+
+#include "internal.h"
+
+#define FA_EXPR_MAX_NODES 4096
+#define FA_EXPR_MAX_TENSORS 16
+
+typedef enum {
+  FA_X_CONST = 0, /* c */
+  FA_X_S, FA_X_B, FA_X_H, FA_X_Q, FA_X_K,
+  FA_X_ADD, FA_X_SUB, FA_X_MUL, FA_X_DIV, FA_X_MOD, FA_X_POW, /* a op b, as Lua's float operators */
+  FA_X_NEG, FA_X_ABS, FA_X_EXP, FA_X_LOG, FA_X_TANH, FA_X_SQRT, FA_X_FLOOR,
+  FA_X_MIN, FA_X_MAX,
+  FA_X_LT, FA_X_LE, FA_X_GT, FA_X_GE, FA_X_EQ, FA_X_NE, /* booleans */
+  FA_X_AND, FA_X_OR, FA_X_NOT,
+  FA_X_WHERE, /* a ? b : c */
+  FA_X_LOAD,  /* tensors[tensor][a[0]]...[a[ndim-1]] (1-based indices, rounded down) */
+  FA_X_COUNT
+} fa_expr_op;
+
+struct fa_expr_node {
+  uint8_t op;
+  uint8_t is_bool; /* the value is a boolean (0/1) */
+  uint8_t tensor;  /* FA_X_LOAD: which captured tensor */
+  uint8_t ndim;    /* FA_X_LOAD: indices in a[] */
+  int32_t a[4];    /* operands: indices of earlier nodes */
+  double c;        /* FA_X_CONST */
+};
+
+struct fa_expr {
+  int n;                 /* nodes; the last is the result */
+  fa_expr_node *nodes;
+  int ntensors;
+  fa_tensor *tensors[FA_EXPR_MAX_TENSORS]; /* as captured (retained): their devices are checked */
+  fa_tensor *host[FA_EXPR_MAX_TENSORS];    /* what the evaluator reads: the same, or a host copy (retained) */
+  char names[FA_EXPR_MAX_TENSORS][32];     /* for messages: the upvalue's name, or "tensor #i" */
+  /* the first fault (see above): set once per evaluation run */
+  fa_atomic_int fault;
+  int32_t fault_node, fault_dim;
+  int64_t fault_index;
+  size_t bytes; /* of nodes, for fa_host_free */
+};
+
+/* fa_expr_new, fa_expr_free and fa_expr_eval are declared in flashattn.h
+ * (exported for the Lua binding, which includes this header for the node
+ * layout).  fa_expr_new copies the n nodes and retains the captured
+ * tensors; those not on the CPU are also copied there for the evaluator,
+ * which the reference uses.  names may be NULL.  The nodes must be in
+ * dependency order (checked). */
+
+/* Clears the fault record (before a call evaluates e). */
+void fa_expr_clear_fault(const fa_expr *e);
+/* FA_OK, or the fault as an FA_ERR_ARGUMENT error naming `what`
+ * ("opts.score_mod"), the read and the index. */
+fa_status fa_expr_fault(fa_context *ctx, const fa_expr *e, const char *what);
+
+/* Writes a readable form of node i (at most n bytes, cut with "...") into buf. */
+const char *fa_expr_describe(const fa_expr *e, int i, char *buf, size_t n);
+
+#endif

@@ -1,0 +1,269 @@
+-- Attention variants written in Lua (API §9, docs/variants.md): opts.score_mod
+-- and opts.mask_mod, traced once into an expression, on the CPU backend (every
+-- algo) and fa.attention_reference (any device).  Each of §9's five examples is
+-- checked against the same function built from §2's options or dense masks.
+-- On cuda, fa.attention with a variant is an error ("not in this version"),
+-- while the reference cases still run.
+local U = require "fa_testutil"
+local fa, lu = U.fa, U.lu
+local dev = U.device
+
+TestVariants = {}
+
+local algos = {"naive", "two_pass", "flash_row", "flash"}
+local cpu_dtypes = {"f32", "f64"}
+
+local function merged(a, b)
+  local r = U.copy_opts(a)
+  for key, val in pairs(b or {}) do r[key] = val end
+  return r
+end
+
+-- mod: the options with the variant; builtin: the same function from §2's
+-- options.  The reference of both must agree (f64), and fa.attention with the
+-- variant must match the builtin reference for every algo (cuda: an error).
+local function check_variant(q, k, v, mod, builtin, what, extra)
+  local ro, rl = U.reference(q, k, v, builtin)
+  local mo, ml = U.reference(q, k, v, mod)
+  U.assert_close(mo, ro, "f64", what .. " (reference)")
+  local a, b = U.flat(ml), U.flat(rl)
+  for i = 1, #b do
+    if not (a[i] == b[i] or math.abs(a[i] - b[i]) <= 1e-9 * math.max(1, math.abs(b[i]))) then
+      lu.fail(("%s (reference lse): entry %d is %s, expected %s; %s"):format(what, i, a[i], b[i], U.seed_note()))
+    end
+  end
+  if U.cuda then
+    U.assert_fa_error({"not in this version"}, fa.attention, q, k, v, mod)
+    return
+  end
+  for _, algo in ipairs(algos) do
+    U.check_attention(q, k, v, merged(mod, merged({algo = algo, return_lse = true}, extra)),
+      what .. " " .. algo .. " " .. q:dtype(), {ref = {ro, rl}})
+  end
+end
+
+local function inputs(dtype, B, Hq, Hkv, Lq, Lk, D)
+  return U.randn({B, Hq, Lq, D}, dtype), U.randn({B, Hkv, Lk, D}, dtype), U.randn({B, Hkv, Lk, D}, dtype)
+end
+
+-- A dense bool mask (1, 1, Lq, Lk) from f(q, k) with 1-based positions.
+local function dense(Lq, Lk, f)
+  local m = {}
+  for i = 1, Lq do
+    m[i] = {}
+    for j = 1, Lk do m[i][j] = f(i, j) end
+  end
+  return fa.tensor({{m}}, {dtype = "bool", device = dev})
+end
+
+local function dtypes() return U.cuda and {"f32"} or cpu_dtypes end
+
+function TestVariants:test_alibi()
+  for _, dtype in ipairs(dtypes()) do
+    local q, k, v = inputs(dtype, 2, 4, 2, 37, 37, 16) -- GQA
+    local slopes = fa.tensor({0.5, 0.25, 0.125, 0.0625}, {device = dev})
+    local alibi = function(s, b, h, q, k) return s - slopes[h] * (q - k):abs() end
+    check_variant(q, k, v, {score_mod = alibi}, {alibi = slopes}, "alibi")
+    check_variant(q, k, v, {score_mod = alibi, causal = true}, {alibi = slopes, causal = true}, "alibi causal")
+  end
+end
+
+function TestVariants:test_softcap()
+  for _, dtype in ipairs(dtypes()) do
+    local q, k, v = inputs(dtype, 1, 2, 2, 29, 41, 8)
+    local softcap = function(s) return (s / 30):tanh() * 30 end
+    check_variant(q, k, v, {score_mod = softcap, scale = 4}, {softcap = 30, scale = 4}, "softcap")
+    -- score_mod applies before the built-in softcap (docs/variants.md)
+    local twice = function(s) return s * 2 end
+    check_variant(q, k, v, {score_mod = twice, softcap = 3}, {scale = 2 / 8 ^ 0.5, softcap = 3}, "order")
+  end
+end
+
+function TestVariants:test_sliding()
+  local L, W = 45, 6
+  for _, dtype in ipairs(dtypes()) do
+    local q, k, v = inputs(dtype, 1, 4, 1, L, L, 16) -- MQA
+    local sliding = function(b, h, q, k) return q:ge(k) & (q - k):le(1024) end -- §9 as written
+    check_variant(q, k, v, {mask_mod = sliding}, {mask = dense(L, L, function(i, j) return i >= j end)}, "sliding 1024")
+    local narrow = function(b, h, q, k) return q:ge(k) & (q - k):le(W) end
+    check_variant(q, k, v, {mask_mod = narrow}, {mask = dense(L, L, function(i, j) return i >= j and i - j <= W end)},
+      "sliding", {tile = {8, 8}})
+    check_variant(q, k, v, {mask_mod = narrow}, {window = {W, 0}}, "sliding as window")
+  end
+end
+
+function TestVariants:test_document()
+  local L = 40
+  local ids = {}
+  for i = 1, L do ids[i] = i <= 7 and 1 or i <= 20 and 2 or i <= 21 and 3 or 4 end
+  local doc = fa.tensor(ids, {device = dev})
+  local document = function(b, h, q, k) return doc[q]:eq(doc[k]) & q:ge(k) end
+  local m = dense(L, L, function(i, j) return ids[i] == ids[j] and i >= j end)
+  for _, dtype in ipairs(dtypes()) do
+    local q, k, v = inputs(dtype, 2, 2, 2, L, L, 8)
+    check_variant(q, k, v, {mask_mod = document}, {mask = m}, "document")
+    -- causal combined with mask_mod (here redundant), and with a window
+    check_variant(q, k, v, {mask_mod = document, causal = true}, {mask = m}, "document causal")
+    check_variant(q, k, v, {mask_mod = document, window = {3, 0}}, {mask = m, window = {3, 0}}, "document window")
+  end
+end
+
+function TestVariants:test_prefix_lm()
+  local L, prefix = 33, 9
+  for _, dtype in ipairs(dtypes()) do
+    local q, k, v = inputs(dtype, 1, 2, 2, L, L, 16)
+    local prefix_lm = function(b, h, q, k) return k:le(prefix) | q:ge(k) end -- prefix: a number
+    check_variant(q, k, v, {mask_mod = prefix_lm}, {mask = dense(L, L, function(i, j) return j <= prefix or i >= j end)},
+      "prefix_lm")
+  end
+end
+
+-- b, h, q, k are 1-based (t[i]'s numbering), also with Lq ~= Lk; chained
+-- indexing bias[h][q]; fa.where; the numeric methods.
+function TestVariants:test_positions_and_methods()
+  local B, H, Lq, Lk = 2, 3, 7, 19
+  local q, k, v = inputs("f64", B, H, H, Lq, Lk, 8)
+  local bias = U.randn({H, Lq}, "f32")
+  local f = U.nested({B, H, Lq, Lk}, function(b, h, i, j)
+    local x = 0.1 * b + 0.01 * h + 0.05 * (i - j) + bias:get(h, i)
+    x = x + (j % 3 == 0 and math.sqrt(j) or math.exp(-j / 10)) + math.min(i, 4) - math.floor(j / 4)
+    return x + math.log(j) + math.tanh(i / 5) + 2 ^ (i % 3) + (-j) % 5
+  end)
+  local fmask = fa.tensor(f, {dtype = "f64", device = dev})
+  local mod = function(s, b, h, q, k)
+    local x = s + b * 0.1 + h * 0.01 + (q - k) * 0.05 + bias[h][q]
+    x = x + fa.where((k % 3):eq(0), k:sqrt(), (-k / 10):exp()) + q:min(4) - (k / 4):floor()
+    return x + k:log() + (q / 5):tanh() + 2 ^ (q % 3) + (-k) % 5
+  end
+  check_variant(q, k, v, {score_mod = mod}, {mask = fmask}, "positions")
+  -- mask_mod by batch and head: b = 2, h = 3 attends nothing (zeros, lse = -inf)
+  local mm = function(b, h, q, k) return ~(b:eq(2) & h:eq(3)) & (k - q):ne(1) end
+  local bm = U.nested({B, H, Lq, Lk}, function(b, h, i, j) return not (b == 2 and h == 3) and j - i ~= 1 end)
+  check_variant(q, k, v, {mask_mod = mm}, {mask = fa.tensor(bm, {dtype = "bool", device = dev})}, "batch head mask")
+end
+
+function TestVariants:test_fully_masked_rows()
+  local L = 12
+  for _, dtype in ipairs(dtypes()) do
+    local q, k, v = inputs(dtype, 1, 2, 2, L, L, 8)
+    local mm = function(b, h, q, k) return q:gt(3) & k:le(q) end -- rows 1..3 attend nothing
+    local opts = {mask_mod = mm, return_lse = true}
+    local calls = {{fa.attention_reference, "reference"}}
+    if not U.cuda then
+      for _, algo in ipairs(algos) do
+        calls[#calls + 1] = {function(a, b, c, o) return fa.attention(a, b, c, merged(o, {algo = algo})) end, algo}
+      end
+    end
+    for _, c in ipairs(calls) do
+      local o, lse = c[1](q, k, v, opts)
+      for i = 1, 3 do
+        for h = 1, 2 do
+          lu.assertEquals(lse:get(1, h, i), -math.huge, c[2])
+          for d = 1, 8 do lu.assertEquals(o:get(1, h, i, d), 0, c[2]) end
+        end
+      end
+      lu.assertTrue(lse:get(1, 1, 4) > -math.huge, c[2])
+    end
+    -- a mask_mod that returns a constant
+    check_variant(q, k, v, {mask_mod = function() return true end}, {}, "constant true")
+    check_variant(q, k, v, {score_mod = function() return 0 end}, {scale = 0}, "constant score")
+  end
+end
+
+-- NaN from score_mod propagates to its row only, as NaN scores do.
+function TestVariants:test_nan()
+  local q, k, v = inputs("f32", 1, 1, 1, 6, 6, 4)
+  local mod = function(s, b, h, q, k) return fa.where(q:eq(2) & k:eq(3), (s - s - 1):sqrt(), s) end
+  local calls = {fa.attention_reference}
+  if not U.cuda then calls[2] = fa.attention end
+  for _, f in ipairs(calls) do
+    local o = f(q, k, v, {score_mod = mod})
+    lu.assertTrue(U.is_nan(o:get(1, 1, 2, 1)))
+    lu.assertFalse(U.is_nan(o:get(1, 1, 1, 1)))
+    lu.assertFalse(U.is_nan(o:get(1, 1, 3, 1)))
+  end
+end
+
+function TestVariants:test_errors()
+  local q, k, v = inputs("f32", 1, 2, 2, 8, 8, 4)
+  local att = U.cuda and fa.attention_reference or fa.attention
+  local slopes = fa.tensor({1, 2}, {device = dev})
+  local function E(words, opts) U.assert_fa_error(words, att, q, k, v, opts) end
+  E({"score_mod", "unknown method", "foo"}, {score_mod = function(s) return s:foo() end})
+  E({"score_mod", "'bar'"}, {score_mod = function(s) return s.bar end})
+  E({"score_mod", "indexing an expression"}, {score_mod = function(s) return s[1] end})
+  E({"mask_mod", "'=='", ":eq"}, {mask_mod = function(b, h, q, k) return q == k end})
+  E({"mask_mod", "<", ":lt"}, {mask_mod = function(b, h, q, k) return q < k end})
+  local tbl = {1, 2}
+  E({"score_mod", "table", "tbl"}, {score_mod = function(s, b, h) return s + tbl[h] end})
+  E({"score_mod", "nil"}, {score_mod = function(s, b, h) return s + (_G.no_such_global or {})[h] end})
+  E({"score_mod", "returned nil"}, {score_mod = function(s) end})
+  E({"mask_mod", "returned a number"}, {mask_mod = function(b, h, q, k) return q - k end})
+  E({"score_mod", "returned a boolean"}, {score_mod = function(s, b, h, q, k) return q:ge(k) end})
+  E({"score_mod", "returned", "string"}, {score_mod = function(s) return "s" end})
+  E({"mask_mod", "'&'", "boolean"}, {mask_mod = function(b, h, q, k) return q & k end})
+  E({"mask_mod", "'|'", "boolean"}, {mask_mod = function(b, h, q, k) return q:ge(k) | 1 end})
+  E({"score_mod", "'+'", "number"}, {score_mod = function(s, b, h, q, k) return s + q:ge(k) end})
+  E({"mask_mod", "where", "condition"}, {mask_mod = function(b, h, q, k) return fa.where(q, true, false) end})
+  E({"score_mod", "raised an error", "boom"}, {score_mod = function(s) error("boom") end})
+  E({"score_mod", "raised an error", "table value"}, {score_mod = function(s) error({}) end})
+  E({"score_mod", "too large", "4096"}, {score_mod = function(s)
+    for _ = 1, 5000 do s = s + 1 end
+    return s
+  end})
+  E({"score_mod", "slopes[(h + 1)]", "index 3 out of range 1..2"},
+    {score_mod = function(s, b, h) return s + slopes[h + 1] end})
+  E({"score_mod", "not an integer"}, {score_mod = function(s, b, h) return s + slopes[h / 2] end})
+  E({"score_mod", "tostring"}, {score_mod = function(s)
+    local _ = tostring(s)
+    return s
+  end})
+  E({"score_mod", "print"}, {score_mod = function(s)
+    print(s)
+    return s
+  end})
+  E({"score_mod", "sin", "number expected"}, {score_mod = function(s) return math.sin(s) end})
+  E({"score_mod", "=opts.score_mod", "function"}, {score_mod = 3})
+  local bias = fa.zeros({2, 8}, {device = dev})
+  E({"score_mod", "1 of its 2 dimensions"}, {score_mod = function(s, b, h) return s + bias[h] end})
+  local kept
+  U.assert_fa_error({"score_mod", "after the call"}, function()
+    att(q, k, v, {score_mod = function(s) kept = s return s end})
+    return kept + 1
+  end)
+  E({"score_mod", "after the call"}, {score_mod = function(s) return s + kept end})
+  -- an out-of-range read that fa.where discards is no error
+  local o = att(q, k, v, {score_mod = function(s, b, h) return fa.where(h:lt(2), s + slopes[h + 1], s) end})
+  lu.assertTrue(o:isfinite())
+  -- the backward, splits and the kv cache refuse variants
+  local o2, lse = fa.attention_reference(q, k, v, {return_lse = true})
+  U.assert_fa_error({"score_mod", "not supported"}, fa.attention_backward_reference, q:cpu(), k:cpu(), v:cpu(),
+    o2, lse, o2, {score_mod = function(s) return s end})
+  if not U.cuda then
+    U.assert_fa_error({"mask_mod", "splits"}, fa.attention, q, k, v,
+      {splits = 2, mask_mod = function(b, h, q, k) return q:ge(k) end})
+  end
+end
+
+-- An error inside the traced function leaves nothing behind, and traces in a
+-- loop leak nothing (the captured tensors are released with the expression).
+function TestVariants:test_gc_stress()
+  local q, k, v = inputs("f32", 1, 2, 2, 8, 8, 4)
+  local att = U.cuda and fa.attention_reference or fa.attention
+  att(q, k, v, {score_mod = function(s) return s end})
+  local base = U.mem_current()
+  for i = 1, 200 do
+    local slopes = fa.tensor({i, i + 1}, {device = dev})
+    if i % 3 == 0 then
+      pcall(att, q, k, v, {score_mod = function(s, b, h) slopes:free() return s + slopes[h] end})
+    elseif i % 3 == 1 then
+      pcall(att, q, k, v, {score_mod = function(s, b, h) local x = s + slopes[h] error("x") end})
+    else
+      att(q, k, v, {score_mod = function(s, b, h) return s - slopes[h] * 0.01 end})
+    end
+    if i % 50 == 0 then collectgarbage() end
+  end
+  lu.assertEquals(U.mem_current(), base)
+end
+
+U.run()
