@@ -1,7 +1,7 @@
 /* Counter-based random numbers: value i of the stream of seed s depends on
  * (s, i) alone (splitmix64's finaliser over a Weyl sequence), so that every
  * device and dtype sees the same values.  Compiled for the host (src/random.c,
- * the binding's default seeds) and the device (kernels/tensor_ops.cu): the
+ * the binding's default seeds) and the device (kernels/tensor/tensor_ops.cu): the
  * generator exists once. */
 #ifndef FA_RANDOM_COUNTER_H
 #define FA_RANDOM_COUNTER_H

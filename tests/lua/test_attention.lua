@@ -491,7 +491,7 @@ end
 
 -- "flash" and "two_pass" at D = Dv = 64 and 128 with the default tile, in
 -- f32 and one other dtype (on cuda the fast kernels: register-tiled f32,
--- kernels/attention_f32.cu, and tensor cores for f16/bf16, each with the two
+-- kernels/attention/attention_f32.cu, and tensor cores for f16/bf16, each with the two
 -- passes of two_pass): sizes that are not multiples of their tiles, Lq below
 -- and above Lk, GQA (Hq = 4, Hkv = 2), lse, every option (softcap and alibi
 -- alone take the kernels' instances without mask code); fully masked rows;

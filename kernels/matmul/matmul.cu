@@ -1,7 +1,7 @@
 /* fa.matmul on the GPU: the seeds' naive product (a thread per output
  * element), the tiled one (T×T tiles of A and B staged in shared memory,
  * T = opts.tile), and cuBLAS.  Row-major, accumulation in f32 (f64 for f64). */
-#include "attention_common.cuh"
+#include "common.cuh"
 
 #include <cublas_v2.h>
 
