@@ -58,7 +58,8 @@ class AttnOpts(ctypes.Structure):
                 ("n_kv_lens", ctypes.c_int64), ("alibi", ctypes.POINTER(ctypes.c_double)), ("n_alibi", ctypes.c_int64),
                 ("softcap", ctypes.c_double), ("tile_q", ctypes.c_int64), ("tile_k", ctypes.c_int64),
                 ("return_lse", ctypes.c_int), ("out", ctypes.c_void_p), ("lse_out", ctypes.c_void_p),
-                ("splits", ctypes.c_int64), ("kernel", ctypes.c_char_p)]  # fa_attention_opts, field for field
+                ("splits", ctypes.c_int64), ("kernel", ctypes.c_char_p),
+                ("score_mod", ctypes.c_void_p), ("mask_mod", ctypes.c_void_p)]  # fa_attention_opts, field for field
 
 
 class Engine:
