@@ -29,7 +29,8 @@ from torch.nn.functional import scaled_dot_product_attention as sdpa
 from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from oracle_attention import CAUSAL, AttnOpts, Engine  # noqa: E402
+from fa_ctypes import CAUSAL, AttnOpts  # noqa: E402
+from oracle_attention import Engine  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 PEERS = {"fa2": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}

@@ -38,28 +38,18 @@ import ctypes
 import datetime
 import json
 import math
+import os
 import random
 import sys
 import time
 
 import torch
 
-FA_CPU, FA_CUDA = 0, 1
-FA_DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "f64": 3, "bool": 4}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from fa_ctypes import ALGOS, CAUSAL, FA_CPU, FA_CUDA, FA_DTYPES, AttnOpts, check_opts_mirror  # noqa: F401
+
 TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-ALGOS = {"auto": 0, "naive": 1, "two_pass": 2, "flash_row": 3, "flash": 4}
-CAUSAL = {"none": 0, "bottom_right": 1, "top_left": 2}
-
-
-class AttnOpts(ctypes.Structure):
-    _fields_ = [("algo", ctypes.c_int), ("has_scale", ctypes.c_int), ("scale", ctypes.c_double),
-                ("causal", ctypes.c_int), ("has_window", ctypes.c_int), ("window_left", ctypes.c_int64),
-                ("window_right", ctypes.c_int64), ("mask", ctypes.c_void_p), ("kv_lens", ctypes.POINTER(ctypes.c_int64)),
-                ("n_kv_lens", ctypes.c_int64), ("alibi", ctypes.POINTER(ctypes.c_double)), ("n_alibi", ctypes.c_int64),
-                ("softcap", ctypes.c_double), ("tile_q", ctypes.c_int64), ("tile_k", ctypes.c_int64),
-                ("return_lse", ctypes.c_int), ("out", ctypes.c_void_p), ("lse_out", ctypes.c_void_p),
-                ("splits", ctypes.c_int64), ("kernel", ctypes.c_char_p),
-                ("score_mod", ctypes.c_void_p), ("mask_mod", ctypes.c_void_p)]  # fa_attention_opts, field for field
 
 
 class Engine:
@@ -67,6 +57,7 @@ class Engine:
 
     def __init__(self, lib):
         self.lib = ctypes.CDLL(lib)
+        check_opts_mirror(self.lib)
         L = self.lib
         vp, i64p = ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64)
         L.fa_context_create.argtypes = [ctypes.c_int, ctypes.POINTER(vp)]
