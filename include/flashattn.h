@@ -57,6 +57,8 @@ typedef struct fa_tensor fa_tensor;
  * Lua binding (fa_expr_new below; its node format is internal). */
 typedef struct fa_expr fa_expr;
 typedef struct fa_expr_node fa_expr_node;
+/* Which (query tile, key tile) pairs a mask_mod leaves empty, full or partial (API §9). */
+typedef struct fa_block_mask fa_block_mask;
 
 /* What the accessors give for a NULL context or tensor: no dtype, no
  * device (fa_dtype_name and fa_device_name show them as "?"). */
@@ -235,6 +237,11 @@ typedef struct {
    * CPU backend and fa_attention_reference only (FA_ERR_UNSUPPORTED on
    * cuda, with splits > 1 and in the backward). */
   const fa_expr *score_mod, *mask_mod;
+  /* fa_block_mask_new's result for this call's mask_mod, B, Hq, Lq, Lk and
+   * tile (checked), or NULL: "flash" and "two_pass" on the CPU skip its empty
+   * tiles and evaluate mask_mod only on its partial ones.  It needs
+   * mask_mod; the reference ignores it. */
+  const fa_block_mask *block_mask;
 } fa_attention_opts;
 
 /* Attention variants (API §9).  fa_expr_new makes an expression from n
@@ -248,6 +255,23 @@ FA_API fa_status fa_expr_new(fa_context *ctx, const fa_expr_node *nodes, int n, 
                              const char *const *names, int ntensors, fa_expr **out);
 FA_API void fa_expr_free(fa_expr *e);
 FA_API double fa_expr_eval(const fa_expr *e, double s, int64_t b, int64_t h, int64_t q, int64_t k);
+
+/* fa_block_mask_new evaluates mask_mod (an expression of booleans) over
+ * every (b, h, q, k) of a (B, H, Lq, Lk) call, on the CPU, and keeps one
+ * state per (b, h, query tile of Br rows, key tile of Bc keys), O(tiles)
+ * memory: FA_BLOCK_EMPTY (no pair attends), FA_BLOCK_FULL (every pair
+ * does) or FA_BLOCK_PARTIAL.  fa_block_mask_tile gives one (0-based tile
+ * indices; -1 out of range), fa_block_mask_counts the three totals.
+ * Br = Bc = 0: the CPU's default tile.  Captured tensors of any device are
+ * read from the expression's host copies. */
+enum { FA_BLOCK_EMPTY = 0, FA_BLOCK_FULL = 1, FA_BLOCK_PARTIAL = 2 };
+FA_API fa_status fa_block_mask_new(fa_context *ctx, const fa_expr *mask_mod, int64_t B, int64_t H, int64_t Lq,
+                                   int64_t Lk, int64_t Br, int64_t Bc, fa_block_mask **out);
+FA_API void fa_block_mask_free(fa_block_mask *m);
+FA_API int fa_block_mask_tile(const fa_block_mask *m, int64_t b, int64_t h, int64_t qi, int64_t ki);
+FA_API void fa_block_mask_counts(const fa_block_mask *m, int64_t counts[3]);
+/* Its sizes: B, H, Lq, Lk, Br, Bc (sizes may be NULL when m is). */
+FA_API void fa_block_mask_sizes(const fa_block_mask *m, int64_t sizes[6]);
 
 /* A tile size of 0 that a user wrote (a binding's tile = {0, 0}): unlike
  * 0, which asks for the backend's default, it is rejected like any size
@@ -476,6 +500,39 @@ typedef struct {
 FA_API fa_status fa_kv_cache_get_info(fa_context *ctx, const fa_kv_cache *cache, fa_kv_cache_info *out);
 /* NULL is a no-op. */
 FA_API void fa_kv_cache_destroy(fa_kv_cache *cache);
+
+/* ---- sequence shards and ring attention (API §11; docs/ring.md) ------------ */
+
+/* How fa_shard cuts a sequence of L positions into n shards: CONTIGUOUS, n
+ * consecutive pieces (sizes differing by at most one, the larger first);
+ * ZIGZAG, 2n such chunks, shard i holding chunks i and 2n-1-i in that order
+ * (causal work balanced over the shards). */
+typedef enum { FA_SHARD_CONTIGUOUS = 0, FA_SHARD_ZIGZAG = 1 } fa_shard_layout;
+/* t cut along dim (0-based; negative counts from the end, -2 = the
+ * sequence of (..., L, D)) into shards[0..n-1]: views of t (contiguous) or
+ * new tensors (zigzag).  1 <= n <= L (contiguous), 2n <= L (zigzag).  On
+ * failure nothing is written to shards. */
+FA_API fa_status fa_shard(fa_context *ctx, fa_tensor *t, int n, int dim, fa_shard_layout layout, fa_tensor **shards);
+/* The full tensor back from n shards (one dtype, device and shape but for
+ * dim; zigzag: the lengths fa_shard makes): a new contiguous tensor. */
+FA_API fa_status fa_unshard(fa_context *ctx, int n, fa_tensor *const *shards, int dim, fa_shard_layout layout,
+                            fa_tensor **out);
+/* Ring attention over n shards of one sequence (fa_shard's with `layout`,
+ * an fa_shard_layout): qs[i] (B, Hq, L_i, D), ks[i] (B, Hkv, L_i, D),
+ * vs[i] (B, Hkv, L_i, Dv), ranks 2 to 4 as fa_attention, every tensor of
+ * one dtype on one device (the ring runs on one device in this version).
+ * At step r = 0..n-1 shard i attends K/V shard (i - r) mod n, pair by pair
+ * of chunks (above the causal diagonal skipped, on it causal, below it
+ * full), and the partial states are merged in f32 (f64 for f64, whose
+ * pieces run through fa_attention_reference) by fa_merge_states_n.
+ * outs[i] gets (..., L_i, Dv) in q's dtype; lses, when not NULL, gets lse
+ * shards (..., L_i) f32.  opts (NULL = defaults): algo, scale, causal (any
+ * of its values: Lq = Lk), softcap and tile apply; window, mask, kv_lens,
+ * alibi, splits > 1, kernel, score_mod, mask_mod, out and lse_out are
+ * FA_ERR_UNSUPPORTED.  On failure every outs[i] (and lses[i]) is NULL. */
+FA_API fa_status fa_ring_attention(fa_context *ctx, int n, fa_tensor *const *qs, fa_tensor *const *ks,
+                                   fa_tensor *const *vs, const fa_attention_opts *opts, int layout, fa_tensor **outs,
+                                   fa_tensor **lses);
 
 /* ---- Lua -------------------------------------------------------------- */
 

@@ -218,6 +218,9 @@ void read_attn_opts(lua_State *L, int idx, const char *fname, fa_attention_opts 
  * when absent (nothing pushed); else a holder userdata that owns it is left
  * pushed (keep it on the stack until the call is done). */
 const fa_expr *fal_trace_opt(lua_State *L, int idx, const char *key);
+/* opts.block_mask (a fa.block_mask result, left pushed) or NULL; when
+ * *mask_mod is NULL it becomes the block mask's own mask_mod. */
+const fa_block_mask *fal_trace_block_mask(lua_State *L, int idx, const fa_expr **mask_mod);
 /* t[expr] while tracing (ltensor.c's __index, tensor at 1, key at 2): 1 and
  * the expression pushed when the key is an expression, else 0. */
 int fal_trace_index(lua_State *L);

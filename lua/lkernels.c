@@ -16,7 +16,7 @@ static const char *const matmul_algos[] = {"auto", "naive", "tiled", "blas", NUL
 static const char *const softmax_keys[] = {"algo", "block", "out", NULL};
 static const char *const attn_keys[] = {"algo",    "scale", "causal",     "window", "mask",    "kv_lens",
                                         "alibi",   "softcap", "tile",     "return_lse", "out", "lse_out", "splits", "kernel",
-                                        "score_mod", "mask_mod", NULL};
+                                        "score_mod", "mask_mod", "block_mask", NULL};
 static const char *const matmul_keys[] = {"algo", "tile", "out", NULL};
 
 /* ---- options ------------------------------------------------------------------ */
@@ -93,6 +93,7 @@ void read_attn_opts(lua_State *L, int idx, const char *fname, fa_attention_opts 
   /* last: tracing runs the script's functions (API §9); their holders stay pushed */
   o->score_mod = fal_trace_opt(L, idx, "score_mod");
   o->mask_mod = fal_trace_opt(L, idx, "mask_mod");
+  o->block_mask = fal_trace_block_mask(L, idx, &o->mask_mod);
 }
 
 static void read_matmul_opts(lua_State *L, int idx, fa_matmul_opts *o, fal_pins *pins) {

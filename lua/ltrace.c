@@ -40,10 +40,13 @@ typedef struct {
   int32_t idx[4];
 } expr;
 
+/* A userdata owning one engine object (an fa_expr: the "holder"; an
+ * fa_block_mask), released at its __gc or when the state closes. */
 typedef struct {
-  fa_expr *e;
+  void *p;
+  void (*release)(void *);
   fal_link link;
-} holder;
+} handle;
 
 /* ---- errors ------------------------------------------------------------------------- */
 
@@ -356,19 +359,42 @@ static int l_where(lua_State *L) {
 
 /* ---- tracing ------------------------------------------------------------------------- */
 
-static void holder_drop(fal_link *l) {
-  holder *h = (holder *)((char *)l - offsetof(holder, link));
-  fa_expr *e = h->e;
-  h->e = NULL;
-  fa_expr_free(e);
+static void handle_drop(fal_link *l) {
+  handle *h = (handle *)((char *)l - offsetof(handle, link));
+  void *p = h->p;
+  h->p = NULL;
+  if (p) h->release(p);
 }
 
-static int holder_gc(lua_State *L) {
-  holder *h = (holder *)luaL_checkudata(L, 1, HOLDER_MT);
+static int handle_gc(lua_State *L) {
+  handle *h = (handle *)lua_touserdata(L, 1);
   fal_unlink(&h->link);
-  holder_drop(&h->link);
+  handle_drop(&h->link);
   return 0;
 }
+
+/* Pushes an empty handle of metatable mt (made with __gc on first use,
+ * then extended by setup) with nuv user values, linked into the state. */
+static handle *push_handle(lua_State *L, fal_state *s, const char *mt, void (*release)(void *), int nuv,
+                           void (*setup)(lua_State *L)) {
+  handle *h = (handle *)lua_newuserdatauv(L, sizeof(handle), nuv);
+  h->p = NULL;
+  h->release = release;
+  h->link.prev = h->link.next = NULL;
+  if (luaL_newmetatable(L, mt)) {
+    lua_pushcfunction(L, handle_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_pushstring(L, mt);
+    lua_setfield(L, -2, "__metatable");
+    if (setup) setup(L);
+  }
+  lua_setmetatable(L, -2);
+  fal_link_in(s, &h->link, handle_drop);
+  return h;
+}
+
+static void release_expr(void *p) { fa_expr_free((fa_expr *)p); }
+static void release_block(void *p) { fa_block_mask_free((fa_block_mask *)p); }
 
 /* Keeps only the nodes the result depends on, in order. */
 static void prune(trace *t) {
@@ -402,17 +428,7 @@ static void prune(trace *t) {
 static fa_expr *trace_fn(lua_State *L, int fidx, int mask, const char *what) {
   fal_state *s = fal_live_state(L);
   fidx = lua_absindex(L, fidx);
-  holder *h = (holder *)lua_newuserdatauv(L, sizeof(holder), 0);
-  h->e = NULL;
-  h->link.prev = h->link.next = NULL;
-  if (luaL_newmetatable(L, HOLDER_MT)) {
-    lua_pushcfunction(L, holder_gc);
-    lua_setfield(L, -2, "__gc");
-    lua_pushliteral(L, HOLDER_MT);
-    lua_setfield(L, -2, "__metatable");
-  }
-  lua_setmetatable(L, -2);
-  fal_link_in(s, &h->link, holder_drop);
+  handle *h = push_handle(L, s, HOLDER_MT, release_expr, 0, NULL);
   const int hi = lua_gettop(L);
 
   trace *t = (trace *)lua_newuserdatauv(L, sizeof(trace), 2);
@@ -490,10 +506,12 @@ static fa_expr *trace_fn(lua_State *L, int fidx, int mask, const char *what) {
   }
   fa_context *ctx = fal_ctx(L);
   /* no Lua code runs from here to the call: the tensors stay alive */
-  if (fa_expr_new(ctx, t->nodes, t->n, tensors, tnames, nt, &h->e) != FA_OK) fal_fail(L, ctx);
+  fa_expr *e = NULL;
+  if (fa_expr_new(ctx, t->nodes, t->n, tensors, tnames, nt, &e) != FA_OK) fal_fail(L, ctx);
+  h->p = e;
   t->done = 1;
   lua_settop(L, hi);
-  return h->e;
+  return e;
 }
 
 const fa_expr *fal_trace_opt(lua_State *L, int idx, const char *key) {
@@ -509,7 +527,113 @@ const fa_expr *fal_trace_opt(lua_State *L, int idx, const char *key) {
   return e;
 }
 
-static const luaL_Reg trace_funcs[] = {{"where", l_where}, {NULL, NULL}};
+/* ---- fa.block_mask(mask_mod, B, H, Lq, Lk [, opts]) --------------------------- */
+
+#define BLOCK_MT "flashattn.BlockMask"
+
+static fa_block_mask *check_block(lua_State *L) {
+  handle *b = (handle *)luaL_testudata(L, 1, BLOCK_MT);
+  if (!b) fal_argerror(L, 1, "self", "expected a " BLOCK_MT ", got %s", fal_typename(L, 1));
+  if (!b->p) fal_error(L, "block mask: released (the state is closing)");
+  return (fa_block_mask *)b->p;
+}
+
+static const char *const state_names[] = {"empty", "full", "partial"};
+
+/* bm:counts() -> empty, full, partial */
+static int bm_counts(lua_State *L) {
+  int64_t c[3];
+  fa_block_mask_counts(check_block(L), c);
+  for (int i = 0; i < 3; i++) lua_pushinteger(L, (lua_Integer)c[i]);
+  return 3;
+}
+
+/* bm:tile(b, h, qi, ki) -> "empty" | "full" | "partial" (1-based) */
+static int bm_tile(lua_State *L) {
+  const fa_block_mask *m = check_block(L);
+  int64_t i[4];
+  static const char *const names[] = {"b", "h", "qi", "ki"};
+  for (int a = 0; a < 4; a++) i[a] = fal_checkindex(L, a + 2, names[a]);
+  const int s = fa_block_mask_tile(m, i[0], i[1], i[2], i[3]);
+  if (s < 0) {
+    int64_t z[6];
+    fa_block_mask_sizes(m, z);
+    return fal_error(L, "block mask: tile(%I, %I, %I, %I) is out of range (1..%I, 1..%I, 1..%I, 1..%I)",
+                     (lua_Integer)i[0] + 1, (lua_Integer)i[1] + 1, (lua_Integer)i[2] + 1, (lua_Integer)i[3] + 1,
+                     (lua_Integer)z[0], (lua_Integer)z[1], (lua_Integer)((z[2] + z[4] - 1) / z[4]),
+                     (lua_Integer)((z[3] + z[5] - 1) / z[5]));
+  }
+  lua_pushstring(L, state_names[s]);
+  return 1;
+}
+
+/* bm:sizes() -> B, H, Lq, Lk, Br, Bc */
+static int bm_sizes(lua_State *L) {
+  int64_t z[6];
+  fa_block_mask_sizes(check_block(L), z);
+  for (int i = 0; i < 6; i++) lua_pushinteger(L, (lua_Integer)z[i]);
+  return 6;
+}
+
+static int bm_tostring(lua_State *L) {
+  const fa_block_mask *m = check_block(L);
+  int64_t z[6], c[3];
+  fa_block_mask_sizes(m, z);
+  fa_block_mask_counts(m, c);
+  lua_pushfstring(L, BLOCK_MT " (B, H, Lq, Lk) = (%I, %I, %I, %I), tile {%I, %I}: %I empty, %I full, %I partial",
+                  (lua_Integer)z[0], (lua_Integer)z[1], (lua_Integer)z[2], (lua_Integer)z[3], (lua_Integer)z[4],
+                  (lua_Integer)z[5], (lua_Integer)c[0], (lua_Integer)c[1], (lua_Integer)c[2]);
+  return 1;
+}
+
+static void block_setup(lua_State *L) {
+  static const luaL_Reg bm_methods[] = {{"counts", bm_counts}, {"tile", bm_tile}, {"sizes", bm_sizes}, {NULL, NULL}};
+  luaL_newlib(L, bm_methods);
+  lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, bm_tostring);
+  lua_setfield(L, -2, "__tostring");
+}
+
+static const char *const block_keys[] = {"tile", NULL};
+
+static int l_block_mask(lua_State *L) {
+  lua_settop(L, 6);
+  int64_t sz[4];
+  static const char *const names[] = {"B", "H", "Lq", "Lk"};
+  for (int i = 0; i < 4; i++) sz[i] = fal_checkint(L, i + 2, names[i]);
+  int64_t br = 0, bc = 0;
+  if (fal_opts(L, 6, "fa.block_mask", block_keys)) fal_opt_size_pair(L, 6, "tile", &br, &bc);
+  if (lua_type(L, 1) != LUA_TFUNCTION) fal_typeerror(L, 1, "mask_mod", "a function");
+  fal_state *s = fal_live_state(L);
+  const fa_expr *e = trace_fn(L, 1, 1, "fa.block_mask: mask_mod"); /* 7: the holder */
+  handle *b = push_handle(L, s, BLOCK_MT, release_block, 1, block_setup); /* 8 */
+  lua_pushvalue(L, 7);
+  lua_setiuservalue(L, 8, 1); /* the mask_mod: calls without their own use it */
+  fa_context *ctx = fal_ctx(L);
+  fa_block_mask *m = NULL;
+  FAL_CALL(L, ctx, fa_block_mask_new(ctx, e, sz[0], sz[1], sz[2], sz[3], br, bc, &m));
+  b->p = m;
+  return 1;
+}
+
+const fa_block_mask *fal_trace_block_mask(lua_State *L, int idx, const fa_expr **mask_mod) {
+  if (lua_getfield(L, idx, "block_mask") == LUA_TNIL) {
+    lua_pop(L, 1);
+    return NULL;
+  }
+  handle *b = (handle *)luaL_testudata(L, -1, BLOCK_MT);
+  if (!b) fal_error(L, "opts.block_mask: expected a " BLOCK_MT " (fa.block_mask), got %s", fal_typename(L, -1));
+  if (!b->p) fal_error(L, "opts.block_mask: released (the state is closing)");
+  if (!*mask_mod) { /* the block mask's own */
+    lua_getiuservalue(L, -1, 1);
+    handle *h = (handle *)luaL_testudata(L, -1, HOLDER_MT);
+    *mask_mod = h ? (const fa_expr *)h->p : NULL;
+    lua_pop(L, 1);
+  }
+  return (const fa_block_mask *)b->p; /* the block mask stays pushed, and with it its mask_mod */
+}
+
+static const luaL_Reg trace_funcs[] = {{"where", l_where}, {"block_mask", l_block_mask}, {NULL, NULL}};
 
 void fal_trace_open(lua_State *L) {
   luaL_setfuncs(L, trace_funcs, 0);

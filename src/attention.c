@@ -403,6 +403,7 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
       (st = prepare_outputs(ctx, o, &d, compute, want_lse, user_out, user_lse, reference ? FA_F64 : FA_F32, &p,
                             &bufs)))
     goto done;
+  if (!reference) p.block_mask = o->block_mask;
   fa_expr_clear_fault(p.score_mod);
   fa_expr_clear_fault(p.mask_mod);
   if (d.B * d.Hq * d.Lq == 0) {

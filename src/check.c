@@ -123,6 +123,18 @@ static fa_status check_variants(fa_context *ctx, const fa_attention_opts *o, int
                        name[i], e->names[t], fa_device_name(e->tensors[t]->storage->device),
                        fa_device_name(d->device));
   }
+  const fa_block_mask *m = o->block_mask;
+  if (!m || reference) return FA_OK;
+  if (!o->mask_mod)
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.block_mask: needs opts.mask_mod (the function it was made from)");
+  const int64_t br = o->tile_q ? o->tile_q : FA_CPU_DEFAULT_TILE_Q, bc = o->tile_k ? o->tile_k : FA_CPU_DEFAULT_TILE_K;
+  if (m->B != d->B || m->H != d->Hq || m->Lq != d->Lq || m->Lk != d->Lk || m->Br != br || m->Bc != bc)
+    return fa_fail(ctx, FA_ERR_SHAPE,
+                   "flashattn: opts.block_mask: made for (B, H, Lq, Lk) = (%lld, %lld, %lld, %lld) and tile {%lld, %lld}, "
+                   "the call has (%lld, %lld, %lld, %lld) and tile {%lld, %lld}",
+                   (long long)m->B, (long long)m->H, (long long)m->Lq, (long long)m->Lk, (long long)m->Br,
+                   (long long)m->Bc, (long long)d->B, (long long)d->Hq, (long long)d->Lq, (long long)d->Lk,
+                   (long long)br, (long long)bc);
   return FA_OK;
 }
 

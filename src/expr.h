@@ -67,6 +67,24 @@ struct fa_expr {
  * which the reference uses.  names may be NULL.  The nodes must be in
  * dependency order (checked). */
 
+/* fa_block_mask (flashattn.h): state[((b·H + h)·nq + qi)·nk + ki]. */
+struct fa_block_mask {
+  int64_t B, H, Lq, Lk, Br, Bc, nq, nk;
+  int64_t counts[3];
+  uint8_t *state;
+  size_t bytes;
+};
+
+/* The block mask's verdict on keys [j0, j0 + n) (n <= Bc) of query tile qi:
+ * FA_BLOCK_EMPTY or FA_BLOCK_FULL when every key tile they touch is, else
+ * FA_BLOCK_PARTIAL. */
+static inline int fa_block_mask_span(const fa_block_mask *m, int64_t b, int64_t h, int64_t qi, int64_t j0,
+                                     int64_t n) {
+  const uint8_t *row = m->state + ((b * m->H + h) * m->nq + qi) * m->nk;
+  const int first = row[j0 / m->Bc], last = row[(j0 + n - 1) / m->Bc];
+  return first == last ? first : FA_BLOCK_PARTIAL;
+}
+
 /* Clears the fault record (before a call evaluates e). */
 void fa_expr_clear_fault(const fa_expr *e);
 /* FA_OK, or the fault as an FA_ERR_ARGUMENT error naming `what`

@@ -185,6 +185,9 @@ typedef struct {
   int64_t sched_heads;
   /* CPU and the reference: the variants of API §9 (src/expr.h), or NULL */
   const fa_expr *score_mod, *mask_mod;
+  /* CPU "flash" and "two_pass": the call's opts.block_mask (checked to fit
+   * its sizes and tile), or NULL */
+  const fa_block_mask *block_mask;
 } fa_attn_problem;
 
 /* Strides of contiguous (B, H, L, X) buffers for q, k, v, o (X = D or Dv)

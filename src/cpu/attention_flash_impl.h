@@ -6,11 +6,14 @@
  * are the running output, so the workspace is one S tile and row stats. */
 #include "cpu/attention_query_tile_impl.h"
 
-static void FA_R(flash_tile)(const fa_attn_problem *p, const FA_R(qtile) *t, const FA_R(qtile_ws) *w) {
-  const int64_t Dv = p->Dv, Bc = p->tile_k, ldo = p->o_st.s;
+static void FA_R(flash_tile)(const fa_attn_problem *p0, const FA_R(qtile) *t, const FA_R(qtile_ws) *w) {
+  const int64_t Dv = p0->Dv, Bc = p0->tile_k, ldo = p0->o_st.s;
+  fa_attn_problem full;
+  if (p0->block_mask) full = *p0, full.mask_mod = NULL;
   for (int64_t j0 = t->ulo; j0 < t->uhi; j0 += Bc) {
     const int64_t n = t->uhi - j0 < Bc ? t->uhi - j0 : Bc;
-    if (!FA_R(qtile_attends)(t, w, j0, n)) continue;
+    const fa_attn_problem *p;
+    if (!FA_R(qtile_attends)(t, w, j0, n) || FA_R(qtile_block)(p0, t, j0, n, &full, &p) == FA_BLOCK_EMPTY) continue;
     FA_R(qtile_scores)(p, t, w, j0, n);
     FA_R(fa_attn_online)(w->s, Bc, t->rows, n, w->m, w->l, w->alpha);
     for (int64_t r = 0; r < t->rows; r++) {
@@ -21,5 +24,5 @@ static void FA_R(flash_tile)(const fa_attn_problem *p, const FA_R(qtile) *t, con
     }
     FA_R(qtile_pv)(p, t, w, Bc, j0, n);
   }
-  FA_R(fa_attn_finish)(t->o, ldo, t->rows, Dv, w->m, w->l, t->lse, p->lse_st.s);
+  FA_R(fa_attn_finish)(t->o, ldo, t->rows, Dv, w->m, w->l, t->lse, p0->lse_st.s);
 }

@@ -9,6 +9,7 @@
 #ifndef FA_CPU_ATTENTION_SCORES_H
 #define FA_CPU_ATTENTION_SCORES_H
 
+#include "expr.h"
 #include "internal.h"
 
 #include <stdint.h>

@@ -6,17 +6,20 @@
  * final, so the output needs no rescaling. */
 #include "cpu/attention_query_tile_impl.h"
 
-static void FA_R(two_pass_tile)(const fa_attn_problem *p, const FA_R(qtile) *t, const FA_R(qtile_ws) *w) {
-  const int64_t Bc = p->tile_k;
+static void FA_R(two_pass_tile)(const fa_attn_problem *p0, const FA_R(qtile) *t, const FA_R(qtile_ws) *w) {
+  const int64_t Bc = p0->tile_k;
+  fa_attn_problem full;
+  const fa_attn_problem *p;
+  if (p0->block_mask) full = *p0, full.mask_mod = NULL;
   for (int64_t j0 = t->ulo; j0 < t->uhi; j0 += Bc) { /* pass 1: statistics */
     const int64_t n = t->uhi - j0 < Bc ? t->uhi - j0 : Bc;
-    if (!FA_R(qtile_attends)(t, w, j0, n)) continue;
+    if (!FA_R(qtile_attends)(t, w, j0, n) || FA_R(qtile_block)(p0, t, j0, n, &full, &p) == FA_BLOCK_EMPTY) continue;
     FA_R(qtile_scores)(p, t, w, j0, n);
     FA_R(fa_attn_online)(w->s, Bc, t->rows, n, w->m, w->l, w->alpha);
   }
   for (int64_t j0 = t->ulo; j0 < t->uhi; j0 += Bc) { /* pass 2: probabilities times V */
     const int64_t n = t->uhi - j0 < Bc ? t->uhi - j0 : Bc;
-    if (!FA_R(qtile_attends)(t, w, j0, n)) continue;
+    if (!FA_R(qtile_attends)(t, w, j0, n) || FA_R(qtile_block)(p0, t, j0, n, &full, &p) == FA_BLOCK_EMPTY) continue;
     FA_R(qtile_scores)(p, t, w, j0, n);
     for (int64_t r = 0; r < t->rows; r++) {
       REAL *row = w->s + r * Bc;
@@ -30,5 +33,5 @@ static void FA_R(two_pass_tile)(const fa_attn_problem *p, const FA_R(qtile) *t, 
     }
     FA_R(qtile_pv)(p, t, w, Bc, j0, n);
   }
-  if (t->lse) FA_R(fa_attn_lse)(w->m, w->l, t->rows, t->lse, p->lse_st.s);
+  if (t->lse) FA_R(fa_attn_lse)(w->m, w->l, t->rows, t->lse, p0->lse_st.s);
 }

@@ -245,6 +245,129 @@ function TestVariants:test_errors()
   end
 end
 
+-- fa.block_mask: the states of every tile against a brute force in Lua.
+local function expected_states(f, B, H, Lq, Lk, Br, Bc)
+  local counts = {empty = 0, full = 0, partial = 0}
+  local states = {}
+  for b = 1, B do
+    for h = 1, H do
+      for qi = 1, (Lq + Br - 1) // Br do
+        for ki = 1, (Lk + Bc - 1) // Bc do
+          local any, all = false, true
+          for i = (qi - 1) * Br + 1, math.min(qi * Br, Lq) do
+            for j = (ki - 1) * Bc + 1, math.min(ki * Bc, Lk) do
+              if f(b, h, i, j) then any = true else all = false end
+            end
+          end
+          local st = all and "full" or any and "partial" or "empty"
+          counts[st] = counts[st] + 1
+          states[#states + 1] = {b, h, qi, ki, st}
+        end
+      end
+    end
+  end
+  return counts, states
+end
+
+local function check_block_mask(bm, f, B, H, Lq, Lk, Br, Bc, what)
+  local counts, states = expected_states(f, B, H, Lq, Lk, Br, Bc)
+  local e, fu, p = bm:counts()
+  lu.assertEquals({e, fu, p}, {counts.empty, counts.full, counts.partial}, what)
+  for _, s in ipairs(states) do lu.assertEquals(bm:tile(s[1], s[2], s[3], s[4]), s[5], what) end
+  lu.assertEquals({bm:sizes()}, {B, H, Lq, Lk, Br, Bc}, what)
+end
+
+function TestVariants:test_block_mask_counts()
+  -- causal, tiles 16x16 over L = 64: per (b, h) 4 diagonal tiles partial, 6 below full, 6 above empty
+  local causal = function(b, h, q, k) return q:ge(k) end
+  local bm = fa.block_mask(causal, 2, 3, 64, 64, {tile = {16, 16}})
+  lu.assertEquals({bm:counts()}, {36, 36, 24})
+  lu.assertEquals(bm:tile(1, 1, 1, 1), "partial")
+  lu.assertEquals(bm:tile(2, 3, 4, 1), "full")
+  lu.assertEquals(bm:tile(1, 2, 1, 4), "empty")
+  lu.assertStrContains(tostring(bm), "36 empty, 36 full, 24 partial")
+  check_block_mask(bm, function(b, h, i, j) return i >= j end, 2, 3, 64, 64, 16, 16, "causal")
+  -- a document mask over ragged tiles, the tensor on the device under test
+  local ids = {}
+  for i = 1, 50 do ids[i] = i <= 13 and 1 or i <= 14 and 2 or i <= 40 and 3 or 4 end
+  local doc = fa.tensor(ids, {device = dev})
+  local document = function(b, h, q, k) return doc[q]:eq(doc[k]) & (q:ge(k) | h:eq(2)) end
+  bm = fa.block_mask(document, 1, 2, 50, 50, {tile = {8, 16}})
+  check_block_mask(bm, function(b, h, i, j) return ids[i] == ids[j] and (i >= j or h == 2) end, 1, 2, 50, 50, 8, 16,
+    "document")
+  -- the default tile is the CPU's
+  local _, _, _, _, br, bc = fa.block_mask(causal, 1, 1, 5, 5):sizes()
+  lu.assertTrue(br >= 1 and bc >= 1)
+end
+
+function TestVariants:test_block_mask_results()
+  local Lq, Lk = 40, 57
+  local ids = {}
+  for i = 1, Lk do ids[i] = (i - 1) // 9 end
+  local doc = fa.tensor(ids, {device = dev})
+  local document = function(b, h, q, k) return doc[q]:le(doc[k] + 1) end
+  local bm = fa.block_mask(document, 2, 4, Lq, Lk, {tile = {8, 16}})
+  for _, dtype in ipairs(dtypes()) do
+    local q, k, v = inputs(dtype, 2, 4, 2, Lq, Lk, 8)
+    for _, extra in ipairs({{}, {causal = true}, {window = {20, 3}}}) do
+      local builtin = merged(extra, {mask = dense(Lq, Lk, function(i, j) return ids[i] <= ids[j] + 1 end)})
+      -- with the block mask and its own mask_mod, or with both given
+      check_variant(q, k, v, merged(extra, {block_mask = bm}), builtin, "block_mask", {tile = {8, 16}})
+      check_variant(q, k, v, merged(extra, {block_mask = bm, mask_mod = document}), builtin, "block_mask+mask_mod",
+        {tile = {8, 16}})
+    end
+  end
+  if U.cuda then return end
+  -- the tiles are really skipped: a block mask made from another function is
+  -- believed by "flash" and "two_pass" (empty tiles skipped, full tiles not
+  -- masked), while "naive" and "flash_row" evaluate mask_mod everywhere
+  local q, k, v = inputs("f32", 1, 1, 1, 32, 32, 8)
+  local none = fa.block_mask(function() return false end, 1, 1, 32, 32, {tile = {8, 8}})
+  local all = fa.block_mask(function() return true end, 1, 1, 32, 32, {tile = {8, 8}})
+  lu.assertEquals({none:counts()}, {16, 0, 0})
+  lu.assertEquals({all:counts()}, {0, 16, 0})
+  local causal = function(b, h, q, k) return q:ge(k) end
+  local plain = fa.attention(q, k, v, {})
+  local masked = fa.attention(q, k, v, {causal = true})
+  for _, algo in ipairs(algos) do
+    local skips = algo == "flash" or algo == "two_pass"
+    local o = fa.attention(q, k, v, {mask_mod = causal, block_mask = none, tile = {8, 8}, algo = algo})
+    if skips then lu.assertEquals(o:norm(), 0, algo) else U.assert_close(o, masked, "f32", algo) end
+    o = fa.attention(q, k, v, {mask_mod = causal, block_mask = all, tile = {8, 8}, algo = algo})
+    U.assert_close(o, skips and plain or masked, "f32", algo)
+  end
+end
+
+function TestVariants:test_block_mask_errors()
+  local causal = function(b, h, q, k) return q:ge(k) end
+  U.assert_fa_error({"mask_mod", "function"}, fa.block_mask, 3, 1, 1, 8, 8)
+  U.assert_fa_error({"=lk"}, fa.block_mask, causal, 1, 1, 8)
+  U.assert_fa_error({"block_mask", "mask_mod", "returned a number"}, fa.block_mask, function(b, h, q, k) return q end,
+    1, 1, 8, 8)
+  U.assert_fa_error({"tile", "{0, 8}"}, fa.block_mask, causal, 1, 1, 8, 8, {tile = {0, 8}})
+  U.assert_fa_error({"unknown option", "tiles"}, fa.block_mask, causal, 1, 1, 8, 8, {tiles = {8, 8}})
+  U.assert_fa_error({"=B", "H", "Lq", "Lk"}, fa.block_mask, causal, 0, 1, 8, 8)
+  local doc = fa.tensor({1, 2}, {device = dev})
+  U.assert_fa_error({"block_mask", "doc[(q + 1)]", "index 3 out of range"}, fa.block_mask,
+    function(b, h, q, k) return doc[q + 1]:eq(1) end, 1, 1, 3, 3)
+  local bm = fa.block_mask(causal, 1, 2, 16, 16, {tile = {8, 8}})
+  U.assert_fa_error({"out of range"}, bm.tile, bm, 1, 3, 1, 1)
+  local q, k, v = inputs("f32", 1, 2, 2, 16, 16, 8)
+  if U.cuda then
+    U.assert_fa_error({"not in this version"}, fa.attention, q, k, v, {block_mask = bm, tile = {8, 8}})
+    return
+  end
+  U.assert_fa_error({"block_mask", "tile {8, 8}", "tile {16, 16}"}, fa.attention, q, k, v,
+    {block_mask = bm, tile = {16, 16}})
+  local q2 = U.randn({1, 2, 17, 8}, "f32")
+  U.assert_fa_error({"block_mask", "(1, 2, 16, 16)", "(1, 2, 17, 16)"}, fa.attention, q2, k, v,
+    {block_mask = bm, tile = {8, 8}})
+  U.assert_fa_error({"block_mask", "BlockMask"}, fa.attention, q, k, v, {block_mask = {}})
+  -- the reference ignores a block mask
+  local o = fa.attention_reference(q, k, v, {block_mask = bm})
+  U.assert_close(o, fa.attention_reference(q, k, v, {causal = "top_left"}), "f64", "reference")
+end
+
 -- An error inside the traced function leaves nothing behind, and traces in a
 -- loop leak nothing (the captured tensors are released with the expression).
 function TestVariants:test_gc_stress()
@@ -260,6 +383,11 @@ function TestVariants:test_gc_stress()
       pcall(att, q, k, v, {score_mod = function(s, b, h) local x = s + slopes[h] error("x") end})
     else
       att(q, k, v, {score_mod = function(s, b, h) return s - slopes[h] * 0.01 end})
+    end
+    if i % 10 == 0 then
+      local shift = fa.tensor({i % 7}, {device = dev})
+      local bm = fa.block_mask(function(b, h, q, k) return q:ge(k + shift[1] - 3) end, 1, 2, 8, 8, {tile = {4, 4}})
+      if not U.cuda then att(q, k, v, {block_mask = bm, tile = {4, 4}}) end
     end
     if i % 50 == 0 then collectgarbage() end
   end
