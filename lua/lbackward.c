@@ -4,25 +4,12 @@
  * CPU backend is deterministic by construction, so it is always honoured). */
 #include "lbinding.h"
 
-#include <string.h>
-
-/* Pushes a raw copy of the opts table at idx without `deterministic` (and
- * with idx's metatable), for the forward's reader, which rejects keys it
- * does not know; *det gets the key's value. */
+/* Pushes a copy of the opts table at idx without `deterministic`, for the
+ * forward's reader, which rejects keys it does not know; *det gets the
+ * key's value. */
 static void opts_without_deterministic(lua_State *L, int idx, int *det) {
   fal_opt_bool(L, idx, "deterministic", det);
-  lua_newtable(L);
-  lua_pushnil(L);
-  while (lua_next(L, idx)) {
-    if (lua_type(L, -2) == LUA_TSTRING && strcmp(lua_tostring(L, -2), "deterministic") == 0) {
-      lua_pop(L, 1);
-      continue;
-    }
-    lua_pushvalue(L, -2);
-    lua_insert(L, -2);
-    lua_rawset(L, -4);
-  }
-  if (lua_getmetatable(L, idx)) lua_setmetatable(L, -2);
+  fal_opts_without(L, idx, "deterministic");
 }
 
 static int backward(lua_State *L, int reference, const char *fname) {

@@ -207,6 +207,11 @@ double *fal_opt_numbers(lua_State *L, int idx, const char *key, int64_t *n);
 int fal_parse_dtype(lua_State *L, int idx, const char *what, fa_dtype *out);
 int fal_parse_device(lua_State *L, int idx, const char *what, fa_device *out);
 
+/* Pushes a raw copy of the opts table at idx without `key` (and with idx's
+ * metatable), for a reader that rejects keys it does not know (fa.attention's
+ * options plus a function's own: lbackward.c, lring.c). */
+void fal_opts_without(lua_State *L, int idx, const char *key);
+
 /* The options of fa.attention at idx into o (lkernels.c): fname names the
  * function in messages; kv_lens and alibi arrays are pushed as userdata and
  * must stay on the stack until the call is done. */

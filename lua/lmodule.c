@@ -6,6 +6,8 @@
 
 #include "lbinding.h"
 
+extern const luaL_Reg fal_ring_funcs[]; /* lring.c: fa.shard, fa.unshard, fa.ring_attention */
+
 /* The device argument at idx, or the context's default device. */
 static fa_device opt_device(lua_State *L, int idx) {
   fa_device d;
@@ -153,6 +155,7 @@ FA_API int luaopen_flashattn(lua_State *L) {
   luaL_setfuncs(L, fal_io_funcs, 0);
   luaL_setfuncs(L, fal_kvcache_funcs, 0);
   luaL_setfuncs(L, fal_backward_funcs, 0);
+  luaL_setfuncs(L, fal_ring_funcs, 0);
   fal_trace_open(L);
   lua_createtable(L, 0, 2);
   luaL_setfuncs(L, fal_cost_funcs, 0);

@@ -262,3 +262,19 @@ double *fal_opt_numbers(lua_State *L, int idx, const char *key, int64_t *n) {
   lua_remove(L, vi); /* leave only the buffer */
   return buf;
 }
+
+void fal_opts_without(lua_State *L, int idx, const char *key) {
+  idx = lua_absindex(L, idx);
+  lua_newtable(L);
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    if (lua_type(L, -2) == LUA_TSTRING && strcmp(lua_tostring(L, -2), key) == 0) {
+      lua_pop(L, 1);
+      continue;
+    }
+    lua_pushvalue(L, -2);
+    lua_insert(L, -2);
+    lua_rawset(L, -4);
+  }
+  if (lua_getmetatable(L, idx)) lua_setmetatable(L, -2);
+}

@@ -1,0 +1,130 @@
+/* fa_shard, fa_unshard and fa_ring_attention from C (API §11): NULL
+ * contexts, arrays, entries and result pointers are argument errors that
+ * write nothing; the ring equals fa_attention on the whole tensors; failures
+ * keep no memory.  The Lua suite tests/lua/test_ring.lua covers the rest. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "testutil.h"
+
+static fa_context *ctx;
+
+static fa_tensor *randn(int64_t b, int64_t h, int64_t l, int64_t d, uint64_t seed) {
+  const int64_t shape[4] = {b, h, l, d};
+  fa_tensor *t = NULL;
+  CHECK_OK(ctx, fa_tensor_empty(ctx, 4, shape, FA_F32, FA_CPU, &t));
+  CHECK_OK(ctx, fa_tensor_fill_random(ctx, t, FA_FILL_NORMAL, seed));
+  return t;
+}
+
+static size_t host_bytes(void) {
+  size_t cur = 0;
+  fa_memory(FA_CPU, &cur, NULL);
+  return cur;
+}
+
+static void release_all(fa_tensor **ts, int n) {
+  for (int i = 0; i < n; i++)
+    if (ts[i]) fa_tensor_release(ts[i]), ts[i] = NULL;
+}
+
+static void test_nulls(void) {
+  tu_test = "NULL arguments";
+  fa_tensor *t = randn(1, 2, 8, 4, 1), *sh[4] = {NULL, NULL, NULL, NULL}, *out = NULL;
+  CHECK_STATUS(NULL, FA_ERR_ARGUMENT, fa_shard(NULL, t, 2, -2, FA_SHARD_CONTIGUOUS, sh));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_shard(ctx, NULL, 2, -2, FA_SHARD_CONTIGUOUS, sh));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_shard(ctx, t, 2, -2, FA_SHARD_CONTIGUOUS, NULL));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_shard(ctx, t, 2, -2, (fa_shard_layout)7, sh));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_shard(ctx, t, 2, 4, FA_SHARD_CONTIGUOUS, sh));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_shard(ctx, t, 0, -2, FA_SHARD_CONTIGUOUS, sh));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_shard(ctx, t, 5, -2, FA_SHARD_ZIGZAG, sh));
+  CHECK(!sh[0] && !sh[1], "nothing written on failure");
+
+  CHECK_STATUS(NULL, FA_ERR_ARGUMENT, fa_unshard(NULL, 1, &t, -2, FA_SHARD_CONTIGUOUS, &out));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_unshard(ctx, 1, NULL, -2, FA_SHARD_CONTIGUOUS, &out));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_unshard(ctx, 1, &t, -2, FA_SHARD_CONTIGUOUS, NULL));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_unshard(ctx, 2, sh, -2, FA_SHARD_CONTIGUOUS, &out));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_unshard(ctx, 0, &t, -2, FA_SHARD_CONTIGUOUS, &out));
+  CHECK(!out, "nothing written on failure");
+
+  fa_tensor *qs[2] = {t, t}, *none[2] = {t, NULL}, *outs[2] = {NULL, NULL}, *lses[2] = {NULL, NULL};
+  CHECK_STATUS(NULL, FA_ERR_ARGUMENT, fa_ring_attention(NULL, 2, qs, qs, qs, NULL, FA_SHARD_CONTIGUOUS, outs, lses));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_ring_attention(ctx, 2, qs, qs, qs, NULL, FA_SHARD_CONTIGUOUS, NULL, lses));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_ring_attention(ctx, 2, NULL, qs, qs, NULL, FA_SHARD_CONTIGUOUS, outs, lses));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_ring_attention(ctx, 2, qs, NULL, qs, NULL, FA_SHARD_CONTIGUOUS, outs, lses));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_ring_attention(ctx, 2, qs, qs, NULL, NULL, FA_SHARD_CONTIGUOUS, outs, lses));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_ring_attention(ctx, 2, none, qs, qs, NULL, FA_SHARD_CONTIGUOUS, outs, lses));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_ring_attention(ctx, 2, qs, none, qs, NULL, FA_SHARD_CONTIGUOUS, outs, lses));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_ring_attention(ctx, 2, qs, qs, none, NULL, FA_SHARD_CONTIGUOUS, outs, lses));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_ring_attention(ctx, 0, qs, qs, qs, NULL, FA_SHARD_CONTIGUOUS, outs, lses));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_ring_attention(ctx, 2, qs, qs, qs, NULL, 9, outs, lses));
+  fa_attention_opts o;
+  fa_attention_opts_init(&o);
+  o.has_window = 1, o.window_left = 2, o.window_right = 0;
+  CHECK_STATUS(ctx, FA_ERR_UNSUPPORTED, fa_ring_attention(ctx, 2, qs, qs, qs, &o, FA_SHARD_CONTIGUOUS, outs, lses));
+  CHECK(strstr(fa_context_error(ctx), "opts.window") != NULL, "names the option: %s", fa_context_error(ctx));
+  CHECK(!outs[0] && !outs[1] && !lses[0] && !lses[1], "nothing written on failure");
+  fa_tensor_release(t);
+}
+
+/* The ring over n shards against fa_attention on the whole tensors. */
+static void test_ring_equals_attention(void) {
+  tu_test = "ring equals attention";
+  fa_tensor *q = randn(2, 4, 11, 8, 11), *k = randn(2, 2, 11, 8, 12), *v = randn(2, 2, 11, 8, 13);
+  for (int layout = FA_SHARD_CONTIGUOUS; layout <= FA_SHARD_ZIGZAG; layout++)
+    for (int causal = 0; causal <= 1; causal++)
+      for (int n = 1; n <= 4; n++) {
+        if (layout == FA_SHARD_ZIGZAG && 2 * n > 11) continue;
+        fa_tensor *qs[4] = {0}, *ks[4] = {0}, *vs[4] = {0}, *os[4] = {0}, *ls[4] = {0};
+        fa_tensor *o = NULL, *lse = NULL, *want = NULL, *want_lse = NULL, *lse_all = NULL;
+        fa_attention_opts opts;
+        fa_attention_opts_init(&opts);
+        opts.causal = causal ? FA_CAUSAL_BOTTOM_RIGHT : FA_CAUSAL_NONE;
+        opts.return_lse = 1;
+        CHECK_OK(ctx, fa_shard(ctx, q, n, -2, (fa_shard_layout)layout, qs));
+        CHECK_OK(ctx, fa_shard(ctx, k, n, -2, (fa_shard_layout)layout, ks));
+        CHECK_OK(ctx, fa_shard(ctx, v, n, 2, (fa_shard_layout)layout, vs));
+        CHECK_OK(ctx, fa_ring_attention(ctx, n, qs, ks, vs, &opts, layout, os, ls));
+        CHECK_OK(ctx, fa_attention(ctx, q, k, v, &opts, &want, &want_lse));
+        CHECK_OK(ctx, fa_unshard(ctx, n, os, -2, (fa_shard_layout)layout, &o));
+        CHECK_OK(ctx, fa_unshard(ctx, n, ls, -1, (fa_shard_layout)layout, &lse_all));
+        double e = 1, le = 1;
+        CHECK_OK(ctx, fa_rel_error(ctx, o, want, &e));
+        CHECK_OK(ctx, fa_max_abs_diff(ctx, lse_all, want_lse, &le));
+        CHECK(e < 1e-5 && le < 1e-4, "layout %d causal %d n %d: rel error %g, lse %g", layout, causal, n, e, le);
+        /* without lses */
+        release_all(os, n);
+        CHECK_OK(ctx, fa_ring_attention(ctx, n, qs, ks, vs, NULL, layout, os, NULL));
+        release_all(qs, n), release_all(ks, n), release_all(vs, n), release_all(os, n), release_all(ls, n);
+        fa_tensor *all[5] = {o, lse, want, want_lse, lse_all};
+        release_all(all, 5);
+      }
+  fa_tensor_release(q), fa_tensor_release(k), fa_tensor_release(v);
+}
+
+/* Failures in the middle of the ring (a head count that does not divide,
+ * found by fa_attention) keep nothing. */
+static void test_failures_keep_nothing(void) {
+  tu_test = "failures keep nothing";
+  const size_t before = host_bytes();
+  fa_tensor *q = randn(1, 3, 8, 4, 21), *k = randn(1, 2, 8, 4, 22);
+  fa_tensor *qs[2] = {0}, *ks[2] = {0}, *os[2] = {0}, *ls[2] = {0};
+  CHECK_OK(ctx, fa_shard(ctx, q, 2, -2, FA_SHARD_ZIGZAG, qs));
+  CHECK_OK(ctx, fa_shard(ctx, k, 2, -2, FA_SHARD_ZIGZAG, ks));
+  fa_status st = fa_ring_attention(ctx, 2, qs, ks, ks, NULL, FA_SHARD_ZIGZAG, os, ls);
+  CHECK(st != FA_OK, "Hq = 3, Hkv = 2 must fail");
+  CHECK(!os[0] && !os[1] && !ls[0] && !ls[1], "nothing written on failure");
+  release_all(qs, 2), release_all(ks, 2);
+  fa_tensor_release(q), fa_tensor_release(k);
+  CHECK(host_bytes() == before, "host bytes %zu, before %zu", host_bytes(), before);
+}
+
+int main(void) {
+  if (fa_context_create(FA_CPU, &ctx) != FA_OK) return 1;
+  test_nulls();
+  test_ring_equals_attention();
+  test_failures_keep_nothing();
+  fa_context_destroy(ctx);
+  return tu_summary("test_ring");
+}
