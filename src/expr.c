@@ -27,7 +27,12 @@ void fa_expr_free(fa_expr *e) {
 
 fa_status fa_expr_new(fa_context *ctx, const fa_expr_node *nodes, int n, fa_tensor *const *tensors,
                       const char *const *names, int ntensors, fa_expr **out) {
+  FA_NEED(out);
   *out = NULL;
+  FA_NEED(nodes);
+  if (ntensors > 0) FA_NEED(tensors);
+  for (int i = 0; i < ntensors && i < FA_EXPR_MAX_TENSORS; i++)
+    if (!tensors[i]) return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: expression: tensor %d is NULL", i);
   if (n < 1 || n > FA_EXPR_MAX_NODES || ntensors < 0 || ntensors > FA_EXPR_MAX_TENSORS)
     return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: expression: %d nodes and %d tensors (expected 1 to %d and 0 to %d)",
                    n, ntensors, FA_EXPR_MAX_NODES, FA_EXPR_MAX_TENSORS);
@@ -78,103 +83,145 @@ static inline double lua_mod(double a, double b) {
   return m;
 }
 
-double fa_expr_eval(const fa_expr *e, double s, int64_t b, int64_t h, int64_t q, int64_t k) {
-  double v[FA_EXPR_MAX_NODES];
-  int16_t f[FA_EXPR_MAX_NODES]; /* the faulting read whose value reached this node, or -1 */
+/* Records the fault of read `bad` (its index values in ix) unless one is
+ * recorded already. */
+static void record_fault(const fa_expr *e, int bad, const double *ix) {
+  fa_expr *m = (fa_expr *)e; /* the fault record is the one mutable part (allocated non-const) */
+  int expected = 0;
+  if (!atomic_compare_exchange_strong(&m->fault, &expected, 1)) return;
+  const fa_expr_node *l = &e->nodes[bad];
+  const fa_tensor *t = e->host[l->tensor];
+  m->fault_node = bad;
+  m->fault_dim = 0;
+  m->fault_index = 0;
+  for (int d = 0; d < l->ndim; d++) {
+    const double x = ix[d];
+    if (!(x >= 1 && x <= (double)t->shape[d]) || x != floor(x)) {
+      m->fault_dim = d;
+      m->fault_index = x != x ? INT64_MIN : x != floor(x) ? INT64_MAX : (int64_t)(fabs(x) < 9e18 ? x : 0);
+      return;
+    }
+  }
+}
+
+/* The value arrays of one evaluation: node i, lane j at [i·lanes + j]. */
+#define FA_EXPR_SLOTS 8192
+#define FA_EXPR_LANES 64
+
+/* Lanes [0, m) of keys k0.., node by node: one dispatch per node and chunk. */
+static void eval_chunk(const fa_expr *e, const double *s, int64_t b, int64_t h, int64_t q, int64_t k0, int m, int lanes,
+                       const uint8_t *active, double *out, double *v, int16_t *f) {
   const int n = e->n;
   const fa_expr_node *x = e->nodes;
   for (int i = 0; i < n; i++, x++) {
-    const int32_t *a = x->a;
-    double r;
-    int16_t fi = -1;
+    double *r = v + i * lanes;
+    int16_t *fr = f + i * lanes;
+    const double *p = v + x->a[0] * lanes, *o = v + x->a[1] * lanes;
+    const int16_t *fp = f + x->a[0] * lanes, *fo = f + x->a[1] * lanes;
+#define UNARY(EXPR)                                                                                                    \
+  for (int j = 0; j < m; j++) r[j] = (EXPR), fr[j] = fp[j];                                                            \
+  break
+#define BINARY(EXPR)                                                                                                   \
+  for (int j = 0; j < m; j++) r[j] = (EXPR), fr[j] = fp[j] >= 0 ? fp[j] : fo[j];                                       \
+  break
+#define LEAF(EXPR)                                                                                                     \
+  for (int j = 0; j < m; j++) r[j] = (EXPR), fr[j] = -1;                                                               \
+  break
     switch (x->op) {
-    case FA_X_CONST: r = x->c; break;
-    case FA_X_S: r = s; break;
-    case FA_X_B: r = (double)(b + 1); break;
-    case FA_X_H: r = (double)(h + 1); break;
-    case FA_X_Q: r = (double)(q + 1); break;
-    case FA_X_K: r = (double)(k + 1); break;
-    case FA_X_NEG: r = -v[a[0]], fi = f[a[0]]; break;
-    case FA_X_ABS: r = fabs(v[a[0]]), fi = f[a[0]]; break;
-    case FA_X_EXP: r = exp(v[a[0]]), fi = f[a[0]]; break;
-    case FA_X_LOG: r = log(v[a[0]]), fi = f[a[0]]; break;
-    case FA_X_TANH: r = tanh(v[a[0]]), fi = f[a[0]]; break;
-    case FA_X_SQRT: r = sqrt(v[a[0]]), fi = f[a[0]]; break;
-    case FA_X_FLOOR: r = floor(v[a[0]]), fi = f[a[0]]; break;
-    case FA_X_NOT: r = v[a[0]] == 0, fi = f[a[0]]; break;
+    case FA_X_CONST: LEAF(x->c);
+    case FA_X_S: LEAF(s ? s[j] : 0);
+    case FA_X_B: LEAF((double)(b + 1));
+    case FA_X_H: LEAF((double)(h + 1));
+    case FA_X_Q: LEAF((double)(q + 1));
+    case FA_X_K: LEAF((double)(k0 + j + 1));
+    case FA_X_NEG: UNARY(-p[j]);
+    case FA_X_ABS: UNARY(fabs(p[j]));
+    case FA_X_EXP: UNARY(exp(p[j]));
+    case FA_X_LOG: UNARY(log(p[j]));
+    case FA_X_TANH: UNARY(tanh(p[j]));
+    case FA_X_SQRT: UNARY(sqrt(p[j]));
+    case FA_X_FLOOR: UNARY(floor(p[j]));
+    case FA_X_NOT: UNARY(p[j] == 0);
+    case FA_X_ADD: BINARY(p[j] + o[j]);
+    case FA_X_SUB: BINARY(p[j] - o[j]);
+    case FA_X_MUL: BINARY(p[j] * o[j]);
+    case FA_X_DIV: BINARY(p[j] / o[j]);
+    case FA_X_MOD: BINARY(lua_mod(p[j], o[j]));
+    case FA_X_POW: BINARY(pow(p[j], o[j]));
+    case FA_X_MIN: BINARY(o[j] < p[j] ? o[j] : p[j]); /* Lua's math.min order: NaN in p stays */
+    case FA_X_MAX: BINARY(o[j] > p[j] ? o[j] : p[j]);
+    case FA_X_LT: BINARY(p[j] < o[j]);
+    case FA_X_LE: BINARY(p[j] <= o[j]);
+    case FA_X_GT: BINARY(p[j] > o[j]);
+    case FA_X_GE: BINARY(p[j] >= o[j]);
+    case FA_X_EQ: BINARY(p[j] == o[j]);
+    case FA_X_NE: BINARY(p[j] != o[j]);
+    case FA_X_AND: BINARY(p[j] != 0 && o[j] != 0);
+    case FA_X_OR: BINARY(p[j] != 0 || o[j] != 0);
     case FA_X_WHERE: {
-      const int c = v[a[0]] != 0;
-      r = c ? v[a[1]] : v[a[2]];
-      fi = f[a[0]] >= 0 ? f[a[0]] : f[a[c ? 1 : 2]];
+      const double *c = v + x->a[2] * lanes;
+      const int16_t *fc = f + x->a[2] * lanes;
+      for (int j = 0; j < m; j++) {
+        const int t = p[j] != 0;
+        r[j] = t ? o[j] : c[j];
+        fr[j] = fp[j] >= 0 ? fp[j] : t ? fo[j] : fc[j];
+      }
       break;
     }
     case FA_X_LOAD: {
       const fa_tensor *t = e->host[x->tensor];
-      int64_t off = 0;
-      r = 0;
-      for (int d = 0; d < x->ndim; d++) {
-        const double ix = v[a[d]];
-        if (f[a[d]] >= 0 && fi < 0) fi = f[a[d]];
-        if (!(ix >= 1 && ix <= (double)t->shape[d]) || ix != floor(ix)) {
-          if (fi < 0) fi = (int16_t)i;
-          r = NAN;
-        } else {
-          off += ((int64_t)ix - 1) * t->strides[d];
+      const void *base = fa_tensor_ptr(t);
+      for (int j = 0; j < m; j++) {
+        int64_t off = 0;
+        int16_t fi = -1, ok = 1;
+        for (int d = 0; d < x->ndim; d++) {
+          const double ix = v[x->a[d] * lanes + j];
+          const int16_t fd = f[x->a[d] * lanes + j];
+          if (fd >= 0 && fi < 0) fi = fd;
+          if (!(ix >= 1 && ix <= (double)t->shape[d]) || ix != floor(ix)) ok = 0;
+          else off += ((int64_t)ix - 1) * t->strides[d];
         }
+        if (!ok && fi < 0) fi = (int16_t)i;
+        r[j] = ok ? fa_load_f64(t->dtype, base, off) : NAN;
+        fr[j] = fi;
       }
-      if (r == 0) r = fa_load_f64(t->dtype, fa_tensor_ptr(t), off);
       break;
     }
-    default: {
-      const double p = v[a[0]], o = v[a[1]];
-      fi = f[a[0]] >= 0 ? f[a[0]] : f[a[1]];
-      switch (x->op) {
-      case FA_X_ADD: r = p + o; break;
-      case FA_X_SUB: r = p - o; break;
-      case FA_X_MUL: r = p * o; break;
-      case FA_X_DIV: r = p / o; break;
-      case FA_X_MOD: r = lua_mod(p, o); break;
-      case FA_X_POW: r = pow(p, o); break;
-      case FA_X_MIN: r = o < p ? o : p; break; /* Lua's math.min order: NaN in p stays */
-      case FA_X_MAX: r = o > p ? o : p; break;
-      case FA_X_LT: r = p < o; break;
-      case FA_X_LE: r = p <= o; break;
-      case FA_X_GT: r = p > o; break;
-      case FA_X_GE: r = p >= o; break;
-      case FA_X_EQ: r = p == o; break;
-      case FA_X_NE: r = p != o; break;
-      case FA_X_AND: r = p != 0 && o != 0; break;
-      case FA_X_OR: r = p != 0 || o != 0; break;
-      default: r = NAN; break;
-      }
+    default: LEAF(NAN);
     }
-    }
-    v[i] = r;
-    f[i] = fi;
+#undef UNARY
+#undef BINARY
+#undef LEAF
   }
-  const int16_t bad = f[n - 1];
-  if (bad >= 0) {
-    fa_expr *m = (fa_expr *)e; /* the fault record is the one mutable part (allocated non-const) */
-    int expected = 0;
-    if (atomic_compare_exchange_strong(&m->fault, &expected, 1)) {
-      const fa_expr_node *l = &e->nodes[bad];
-      const fa_tensor *t = e->host[l->tensor];
-      m->fault_node = bad;
-      m->fault_dim = 0;
-      m->fault_index = 0;
-      for (int d = 0; d < l->ndim; d++) {
-        const double ix = v[l->a[d]];
-        if (!(ix >= 1 && ix <= (double)t->shape[d]) || ix != floor(ix)) {
-          m->fault_dim = d;
-          m->fault_index = ix != ix ? INT64_MIN : (int64_t)(fabs(ix) < 9e18 ? ix : 0);
-          if (ix != floor(ix) && ix == ix) m->fault_index = INT64_MAX; /* not an integer */
-          break;
-        }
-      }
-    }
-    return NAN;
+  const double *res = v + (n - 1) * lanes;
+  const int16_t *fres = f + (n - 1) * lanes;
+  for (int j = 0; j < m; j++) {
+    out[j] = res[j];
+    if (fres[j] < 0 || (active && !active[j])) continue;
+    const fa_expr_node *l = &e->nodes[fres[j]];
+    double ix[4];
+    for (int d = 0; d < l->ndim; d++) ix[d] = v[l->a[d] * lanes + j];
+    record_fault(e, fres[j], ix);
+    out[j] = NAN;
   }
-  return v[n - 1];
+}
+
+void fa_expr_eval_row(const fa_expr *e, const double *s, int64_t b, int64_t h, int64_t q, int64_t k0, int64_t n,
+                      const uint8_t *active, double *out) {
+  double v[FA_EXPR_SLOTS];
+  int16_t f[FA_EXPR_SLOTS];
+  int lanes = FA_EXPR_SLOTS / e->n;
+  if (lanes > FA_EXPR_LANES) lanes = FA_EXPR_LANES;
+  for (int64_t j0 = 0; j0 < n; j0 += lanes) {
+    const int m = n - j0 < lanes ? (int)(n - j0) : lanes;
+    eval_chunk(e, s ? s + j0 : NULL, b, h, q, k0 + j0, m, lanes, active ? active + j0 : NULL, out + j0, v, f);
+  }
+}
+
+double fa_expr_eval(const fa_expr *e, double s, int64_t b, int64_t h, int64_t q, int64_t k) {
+  double r;
+  fa_expr_eval_row(e, &s, b, h, q, k, 1, NULL, &r);
+  return r;
 }
 
 void fa_expr_clear_fault(const fa_expr *e) {

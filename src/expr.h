@@ -85,6 +85,13 @@ static inline int fa_block_mask_span(const fa_block_mask *m, int64_t b, int64_t 
   return first == last ? first : FA_BLOCK_PARTIAL;
 }
 
+/* out[j] = the value at key k0 + j (0-based) for s[j] (s NULL: 0), j < n,
+ * evaluated a chunk of keys at a time.  A fault is recorded only for keys
+ * whose active[j] is nonzero (active NULL: all); the others may hold
+ * anything.  fa_expr_eval is this with n = 1. */
+void fa_expr_eval_row(const fa_expr *e, const double *s, int64_t b, int64_t h, int64_t q, int64_t k0, int64_t n,
+                      const uint8_t *active, double *out);
+
 /* Clears the fault record (before a call evaluates e). */
 void fa_expr_clear_fault(const fa_expr *e);
 /* FA_OK, or the fault as an FA_ERR_ARGUMENT error naming `what`

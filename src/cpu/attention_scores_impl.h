@@ -7,30 +7,46 @@
  * floating point (which it may not do at -O3). */
 #define FA_LANES 16
 
-/* fa_attn_scores with a variant (API §9), score by score: a key is masked
- * (-inf) outside [lo, hi), where the bool mask is false and where mask_mod
- * is false (evaluated only for the keys the rest leaves); the others get
- * the scale, score_mod, then softcap, alibi and the float mask as below.
- * score_mod runs only for the keys the row attends, as in the reference. */
+/* fa_attn_scores with a variant (API §9), in chunks of keys: a key is
+ * masked (-inf) outside [lo, hi), where the bool mask is false and where
+ * mask_mod is false; the others get the scale, score_mod, then softcap,
+ * alibi and the float mask as below.  The expressions are evaluated for a
+ * whole chunk (src/expr.h: fa_expr_eval_row), but only the keys the row
+ * attends can fault: mask_mod's for the keys the rest leaves, score_mod's
+ * for the keys mask_mod leaves too, as in the reference. */
 static void FA_R(variant_scores)(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n,
                                  int64_t lo, int64_t hi, REAL *s) {
+  enum { CHUNK = 64 };
   const REAL scale = (REAL)p->scale, c = (REAL)p->softcap;
   const int64_t *ms = p->mask_strides;
   const int64_t mrow = b * ms[0] + h * ms[1] + i * ms[2] + j0 * ms[3];
   const int64_t diag = i + p->Lk - p->Lq - j0;
-  for (int64_t j = 0; j < n; j++) {
-    const int64_t key = j0 + j;
-    if (key < lo || key >= hi || (p->mask_b && !p->mask_b[mrow + j * ms[3]]) ||
-        (p->mask_mod && fa_expr_eval(p->mask_mod, 0, b, h, i, key) == 0)) {
-      s[j] = -(REAL)INFINITY;
-      continue;
+  double x[CHUNK], keep[CHUNK];
+  uint8_t act[CHUNK];
+  for (int64_t c0 = 0; c0 < n; c0 += CHUNK) {
+    const int64_t m = n - c0 < CHUNK ? n - c0 : CHUNK;
+    for (int64_t u = 0; u < m; u++) {
+      const int64_t j = c0 + u, key = j0 + j;
+      act[u] = key >= lo && key < hi && (!p->mask_b || p->mask_b[mrow + j * ms[3]]);
+      x[u] = (double)(s[j] * scale);
     }
-    REAL x = s[j] * scale;
-    if (p->score_mod) x = (REAL)fa_expr_eval(p->score_mod, (double)x, b, h, i, key);
-    if (p->softcap > 0) x = c * FA_TANH(x / c);
-    if (p->alibi) x -= (REAL)(p->alibi[h] * (double)(diag > j ? diag - j : j - diag));
-    if (p->mask_f) x += ((const REAL *)p->mask_f)[mrow + j * ms[3]];
-    s[j] = x;
+    if (p->mask_mod) {
+      fa_expr_eval_row(p->mask_mod, NULL, b, h, i, j0 + c0, m, act, keep);
+      for (int64_t u = 0; u < m; u++) act[u] = act[u] && keep[u] != 0; /* NaN (a fault) attends */
+    }
+    if (p->score_mod) fa_expr_eval_row(p->score_mod, x, b, h, i, j0 + c0, m, act, x);
+    for (int64_t u = 0; u < m; u++) {
+      const int64_t j = c0 + u;
+      if (!act[u]) {
+        s[j] = -(REAL)INFINITY;
+        continue;
+      }
+      REAL y = (REAL)x[u];
+      if (p->softcap > 0) y = c * FA_TANH(y / c);
+      if (p->alibi) y -= (REAL)(p->alibi[h] * (double)(diag > j ? diag - j : j - diag));
+      if (p->mask_f) y += ((const REAL *)p->mask_f)[mrow + j * ms[3]];
+      s[j] = y;
+    }
   }
 }
 
