@@ -37,7 +37,8 @@ static fa_shard_layout read_layout(lua_State *L, int idx) {
 /* n as an int (the core checks the range against L). */
 static int check_count(lua_State *L, int idx, const char *name) {
   int64_t n = fal_checkint(L, idx, name);
-  if (n < 1 || n > INT_MAX / 4) fal_argerror(L, idx, name, "expected an integer >= 1, got %I", (lua_Integer)n);
+  if (n < 1 || n > INT_MAX / 4)
+    fal_argerror(L, idx, name, "expected an integer from 1 to %d, got %I", INT_MAX / 4, (lua_Integer)n);
   return (int)n;
 }
 
