@@ -251,15 +251,12 @@ static int readable_in_place(const fa_tensor *t, fa_attn_strides *st) {
   return st->s >= X;
 }
 
-/* Whether the rows of device operand t start on 16 bytes (its pointer and
- * strides), as the tensor-core kernels' 16-byte copies need; or could not
+/* Whether the rows of device operand t (strides st) start on 16 bytes, as the tensor-core kernels' 16-byte copies need; or could not
  * anyway (rows of X elements not a multiple of 16 bytes), so that a copy
  * would not help. */
-static int rows_fit_tensor_cores(const fa_tensor *t) {
-  fa_attn_strides st;
-  row_strides(t, 1, &st);
+static int rows_fit_tensor_cores(const fa_tensor *t, const fa_attn_strides *st) {
   const int64_t es = (int64_t)fa_dtype_size(t->dtype), row = t->shape[t->ndim - 1] * es;
-  return row % 16 || (((uintptr_t)fa_tensor_ptr(t) | (uint64_t)((st.b | st.h | st.s) * es)) % 16) == 0;
+  return row % 16 || (((uintptr_t)fa_tensor_ptr(t) | (uint64_t)((st->b | st->h | st->s) * es)) % 16) == 0;
 }
 
 /* t itself (retained) when the kernels read it where it lies, else a
@@ -267,7 +264,7 @@ static int rows_fit_tensor_cores(const fa_tensor *t) {
  * place they would leave the call to the SIMT kernel, many times slower
  * than the tensor cores, for the price of one pass over the operand. */
 static fa_status operand_on_device(fa_context *ctx, fa_tensor *t, fa_tensor **buf, fa_attn_strides *st) {
-  if (readable_in_place(t, st) && rows_fit_tensor_cores(t)) {
+  if (readable_in_place(t, st) && rows_fit_tensor_cores(t, st)) {
     fa_tensor_retain(t);
     *buf = t;
     return FA_OK;
@@ -338,14 +335,16 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
   p.kv_lens = kv_lens, p.alibi = alibi;
   int64_t oshape[4] = {d->B, d->Hq, d->Lq, d->Dv};
   fa_tensor *uo = o->out, *ul = o->lse_out;
-  if (uo && writable_in_place(uo, 1, &bufs, NULL) && rows_fit_tensor_cores(uo)) { /* through its strides (API §6) */
+  if (uo) row_strides(uo, 1, &p.o_st);
+  if (uo && writable_in_place(uo, 1, &bufs, NULL) && rows_fit_tensor_cores(uo, &p.o_st)) { /* its strides (API §6) */
     fa_tensor_retain(uo);
     bufs.o = uo;
   } else if ((st = fa_tensor_new(ctx, 4, oshape, d->dtype, FA_CUDA, &bufs.o))) {
     goto done;
+  } else {
+    p.o_st = fa_attn_strides_dense(d->Hq, d->Lq, d->Dv);
   }
   p.o = fa_tensor_ptr(bufs.o);
-  row_strides(bufs.o, 1, &p.o_st);
   if (want_lse) {
     if (ul && writable_in_place(ul, 0, &bufs, bufs.o)) {
       fa_tensor_retain(ul);

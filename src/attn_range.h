@@ -6,14 +6,7 @@
 #define FA_ATTN_RANGE_H
 
 #include "internal.h"
-
-#ifndef FA_HOST_DEVICE
-#ifdef __CUDACC__
-#define FA_HOST_DEVICE __host__ __device__
-#else
-#define FA_HOST_DEVICE
-#endif
-#endif
+#include "host_device.h"
 
 FA_HOST_DEVICE static inline int64_t fa_min64(int64_t a, int64_t b) { return a < b ? a : b; }
 FA_HOST_DEVICE static inline int64_t fa_max64(int64_t a, int64_t b) { return a > b ? a : b; }

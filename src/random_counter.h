@@ -9,13 +9,8 @@
 #include <math.h>
 #include <stdint.h>
 
-#ifndef FA_HOST_DEVICE
-#ifdef __CUDACC__
-#define FA_HOST_DEVICE __host__ __device__
-#else
-#define FA_HOST_DEVICE
-#endif
-#endif
+#include "host_device.h"
+
 
 #define FA_GOLDEN_GAMMA 0x9e3779b97f4a7c15ULL
 
