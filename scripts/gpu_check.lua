@@ -159,6 +159,92 @@ attn_case("wgmma d256", 2, 4, 2, 200, 333, 256, 256, {})
 attn_case("wgmma d256 causal", 1, 2, 1, 300, 300, 256, 256, { causal = true })
 attn_case("wgmma d256 options", 2, 4, 2, 100, 130, 256, 256,
   { causal = true, mask = mask2, alibi = { 0.1, 0.2, 0.3, 0.4 }, softcap = 20, kv_lens = { 120, 77 } })
+-- the decode kernel (f16/bf16 "flash", D = Dv = 64 or 128, at most 64 query rows a key head): GQA
+-- packing of 16, 32 and 64 rows, chunks of keys chosen and given (opts.splits), every option
+attn_case("decode d128 gqa lq1", 2, 8, 2, 1, 3000, 128, 128, {})
+attn_case("decode d128 gqa lq1 splits 7", 2, 8, 2, 1, 3000, 128, 128, { splits = 7 })
+attn_case("decode d64 lq4 rows32 splits 1", 1, 8, 1, 4, 1029, 64, 64, { splits = 1 })
+local dmask = (fa.rand({ 2, 1, 16, 700 }, { seed = 7 }) + (-0.4)):cuda()
+attn_case("decode d64 lq16 rows64 options", 2, 8, 2, 16, 700, 64, 64,
+  { causal = true, mask = dmask, alibi = { 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8 }, softcap = 20, kv_lens = { 650, 9 } })
+attn_case("decode d128 lq4 top_left window", 1, 4, 1, 4, 1000, 128, 128, { causal = "top_left", window = { 100, 0 } })
+attn_case("decode d128 lq2 window splits 64", 2, 4, 4, 2, 5000, 128, 128, { window = { 300, 20 }, splits = 64 })
+attn_case("decode d128 short keys", 3, 4, 2, 3, 5, 128, 128, { causal = true })
+-- NaN and inf in V on keys no row attends (past kv_lens, masked): the output stays finite there
+do
+  local q = fa.randn({ 2, 4, 2, 128 }, { device = "cuda", seed = 21, dtype = "bf16" })
+  local k = fa.randn({ 2, 2, 300, 128 }, { device = "cuda", seed = 22, dtype = "bf16" })
+  local vt = fa.randn({ 2, 2, 300, 128 }, { seed = 23 }):totable()
+  vt[1][1][290][5], vt[2][2][200][7], vt[1][2][250][1] = 0 / 0, 1 / 0, -1 / 0
+  local v = fa.tensor(vt, { dtype = "bf16", device = "cuda" })
+  local opts = { kv_lens = { 280, 150 } }
+  for _, sp in ipairs { 0, 1, 5 } do
+    opts.splits = sp
+    local o = fa.attention(q, k, v, opts)
+    local ro = fa.attention_reference(q, k, v, opts)
+    check(("decode NaN/inf in V past kv_lens splits %d"):format(sp), fa.rel_error(o:cpu(), ro), tol.bf16)
+  end
+  -- attended: the rows that see it are NaN/inf as the reference's
+  local o = fa.attention(q, k, v, { splits = 3 })
+  local ro = fa.attention_reference(q, k, v, {})
+  local function finite_rows(t) -- "1" for a finite row, "0" for one with NaN or inf, row by row
+    local out = {}
+    for _, bt in ipairs(t:float():cpu():totable()) do
+      for _, ht in ipairs(bt) do
+        for _, row in ipairs(ht) do
+          local f = 1
+          for _, x in ipairs(row) do if x ~= x or x == math.huge or x == -math.huge then f = 0 end end
+          out[#out + 1] = f
+        end
+      end
+    end
+    return table.concat(out)
+  end
+  check("decode NaN/inf in V attended: the same rows non-finite", finite_rows(o) == finite_rows(ro) and 0 or 1, 0)
+end
+-- the paged cache on the decode kernel: ragged appends into pages of 16 and 5 (pages of a sequence
+-- scattered through the pool), attend with GQA and Lq 1 and 4, against each sequence's reference
+for _, ps in ipairs { 16, 5 } do
+  for _, dt in ipairs { "bf16", "f16" } do
+    local B, H, Hq, D, cap = 3, 2, 8, 128, 900
+    local cache = fa.kv_cache { batch = B, heads = H, dim = D, capacity = cap, page_size = ps, dtype = dt, device = "cuda" }
+    local ks, vs = {}, {}
+    local steps = { { 300, { 300, 17, 100 } }, { 64, nil }, { 500, { 3, 500, 0 } }, { 1, nil } }
+    for si, st in ipairs(steps) do
+      local k = fa.randn({ B, H, st[1], D }, { device = "cuda", seed = 40 + si, dtype = dt })
+      local v = fa.randn({ B, H, st[1], D }, { device = "cuda", seed = 50 + si, dtype = dt })
+      cache:append(k, v, st[2])
+      ks[si], vs[si] = k, v
+    end
+    local lens = cache:lengths()
+    for _, lq in ipairs { 1, 4 } do
+      for _, opts in ipairs { {}, { causal = true, splits = 3 }, { window = { 50, 0 }, causal = true } } do
+        local q = fa.randn({ B, Hq, lq, D }, { device = "cuda", seed = 60 + lq, dtype = dt })
+        local o = cache:attend(q, opts)
+        local o2 = cache:attend(q, opts)
+        for b = 1, B do
+          -- the sequence's keys as appended, step by step
+          local kb = fa.zeros({ 1, H, lens[b], D }, { dtype = "f64" })
+          local vb = fa.zeros({ 1, H, lens[b], D }, { dtype = "f64" })
+          local at = 0
+          for si, st in ipairs(steps) do
+            local n = st[2] and st[2][b] or st[1]
+            if n > 0 then
+              kb:narrow(3, at + 1, n):copy_(ks[si]:narrow(1, b, 1):narrow(3, 1, n):cpu():double())
+              vb:narrow(3, at + 1, n):copy_(vs[si]:narrow(1, b, 1):narrow(3, 1, n):cpu():double())
+              at = at + n
+            end
+          end
+          local ro = fa.attention_reference(q:narrow(1, b, 1):cpu():double(), kb, vb, opts)
+          check(("paged ps %d %s lq %d seq %d (len %d) %s"):format(ps, dt, lq, b, lens[b], opts.causal and "causal" or "plain"),
+            fa.rel_error(o:narrow(1, b, 1):cpu(), ro), tol[dt])
+        end
+        check(("paged ps %d %s lq %d run twice"):format(ps, dt, lq), fa.max_abs_diff(o2, o), 0)
+      end
+    end
+    cache:free()
+  end
+end
 -- the register-tiled f32 kernel (f32, D = Dv = 64 or 128, default tile {64, 64}; the f16/bf16 runs of
 -- these cases take the tensor cores), plain and with every option, over several query and key tiles
 local bmask3 = {}

@@ -294,6 +294,44 @@ static fa_status upload(fa_context *ctx, const void *host, size_t bytes, void **
   return st;
 }
 
+/* The outputs of a call on cuda: the caller's opts.out and opts.lse_out
+ * where the kernels can write them (API §6: their strides), else fresh
+ * dense buffers; p->o, p->lse and their strides point at them. */
+static fa_status cuda_outputs(fa_context *ctx, const fa_attention_opts *o, const fa_attn_dims *d, int want_lse,
+                              attn_buffers *bufs, fa_attn_problem *p) {
+  int64_t oshape[4] = {d->B, d->Hq, d->Lq, d->Dv};
+  fa_tensor *uo = o->out, *ul = o->lse_out;
+  fa_status st;
+  if (uo) row_strides(uo, 1, &p->o_st);
+  if (uo && writable_in_place(uo, 1, bufs, NULL) && rows_fit_tensor_cores(uo, &p->o_st)) {
+    fa_tensor_retain(uo);
+    bufs->o = uo;
+  } else if ((st = fa_tensor_new(ctx, 4, oshape, d->dtype, FA_CUDA, &bufs->o))) {
+    return st;
+  } else {
+    p->o_st = fa_attn_strides_dense(d->Hq, d->Lq, d->Dv);
+  }
+  p->o = fa_tensor_ptr(bufs->o);
+  if (want_lse) {
+    if (ul && writable_in_place(ul, 0, bufs, bufs->o)) {
+      fa_tensor_retain(ul);
+      bufs->lse = ul;
+    } else if ((st = fa_tensor_new(ctx, 3, oshape, FA_F32, FA_CUDA, &bufs->lse))) {
+      return st;
+    }
+    p->lse = fa_tensor_ptr(bufs->lse);
+    row_strides(bufs->lse, 0, &p->lse_st);
+  }
+  return FA_OK;
+}
+
+/* No keys: zeros and lse = -inf. */
+static fa_status cuda_fill_empty(fa_context *ctx, attn_buffers *bufs, int want_lse) {
+  fa_status st = fa_tensor_fill(ctx, bufs->o, 0);
+  if (!st && want_lse) st = fa_tensor_fill(ctx, bufs->lse, -INFINITY);
+  return st;
+}
+
 static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
                           const fa_attn_dims *d, int want_lse, fa_tensor **out, fa_tensor **lse) {
   attn_buffers bufs = {0};
@@ -333,42 +371,57 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
   if (o->kv_lens && (st = upload(ctx, o->kv_lens, kv_bytes, &kv_lens))) goto done;
   if (o->alibi && (st = upload(ctx, o->alibi, alibi_bytes, &alibi))) goto done;
   p.kv_lens = kv_lens, p.alibi = alibi;
-  int64_t oshape[4] = {d->B, d->Hq, d->Lq, d->Dv};
-  fa_tensor *uo = o->out, *ul = o->lse_out;
-  if (uo) row_strides(uo, 1, &p.o_st);
-  if (uo && writable_in_place(uo, 1, &bufs, NULL) && rows_fit_tensor_cores(uo, &p.o_st)) { /* its strides (API §6) */
-    fa_tensor_retain(uo);
-    bufs.o = uo;
-  } else if ((st = fa_tensor_new(ctx, 4, oshape, d->dtype, FA_CUDA, &bufs.o))) {
-    goto done;
-  } else {
-    p.o_st = fa_attn_strides_dense(d->Hq, d->Lq, d->Dv);
-  }
-  p.o = fa_tensor_ptr(bufs.o);
-  if (want_lse) {
-    if (ul && writable_in_place(ul, 0, &bufs, bufs.o)) {
-      fa_tensor_retain(ul);
-      bufs.lse = ul;
-    } else if ((st = fa_tensor_new(ctx, 3, oshape, FA_F32, FA_CUDA, &bufs.lse))) {
-      goto done;
-    }
-    p.lse = fa_tensor_ptr(bufs.lse);
-    row_strides(bufs.lse, 0, &p.lse_st);
-  }
+  if ((st = cuda_outputs(ctx, o, d, want_lse, &bufs, &p))) goto done;
   if (d->B * d->Hq * d->Lq == 0) {
   } else if (d->Lk == 0) { /* no keys: zeros and lse = -inf */
-    st = fa_tensor_fill(ctx, bufs.o, 0);
-    if (!st && want_lse) st = fa_tensor_fill(ctx, bufs.lse, -INFINITY);
+    st = cuda_fill_empty(ctx, &bufs, want_lse);
   } else if (d->algo == FA_ATTN_NAIVE) {
     st = fa_cuda_attention_naive(ctx, &p);
+  } else if (fa_attn_decode_takes(d, o)) {
+    st = fa_cuda_attention_decode(ctx, &p, NULL, o->splits);
   } else {
     st = fa_cuda_attention_fused(ctx, d->algo, d->kernel, &p);
   }
   if (st) goto done;
-  st = fa_attn_deliver(ctx, q, d->rank, d->Dv, bufs.o, want_lse ? bufs.lse : NULL, uo, ul, d->dtype, FA_F32, FA_CUDA,
-                       out, lse);
+  st = fa_attn_deliver(ctx, q, d->rank, d->Dv, bufs.o, want_lse ? bufs.lse : NULL, o->out, o->lse_out, d->dtype, FA_F32,
+                       FA_CUDA, out, lse);
 done:
   fa_cuda_free(kv_lens, kv_bytes); /* stream-ordered: after the kernels */
+  fa_cuda_free(alibi, alibi_bytes);
+  buffers_drop(&bufs);
+  return st;
+}
+
+fa_status fa_attention_paged(fa_context *ctx, fa_tensor *q, const fa_attn_paged_kv *kv, const fa_attention_opts *o,
+                             const fa_attn_dims *d, fa_tensor **out, fa_tensor **lse) {
+  attn_buffers bufs = {0};
+  fa_attn_problem p;
+  void *alibi = NULL;
+  const size_t alibi_bytes = sizeof(double) * (size_t)d->Hq;
+  const int want_lse = o->return_lse || lse != NULL || o->lse_out;
+  fa_attn_resolve_options(o, d, d->dtype, &p);
+  fa_status st;
+  if ((st = operand_on_device(ctx, q, &bufs.q, &p.q_st))) goto done;
+  p.q = fa_tensor_ptr(bufs.q);
+  p.k = fa_tensor_ptr(kv->kpool), p.v = fa_tensor_ptr(kv->vpool);
+  /* the pools are (pages, Hkv, page_size, D | Dv): strides within a page */
+  p.k_st.b = p.v_st.b = 0;
+  p.k_st.h = kv->pg.page_size * d->D, p.k_st.s = d->D;
+  p.v_st.h = kv->pg.page_size * d->Dv, p.v_st.s = d->Dv;
+  p.kv_lens = kv->lens;
+  if (o->alibi && (st = upload(ctx, o->alibi, alibi_bytes, &alibi))) goto done;
+  p.alibi = alibi;
+  if ((st = cuda_outputs(ctx, o, d, want_lse, &bufs, &p))) goto done;
+  if (d->B * d->Hq * d->Lq == 0) {
+  } else if (d->Lk == 0) {
+    st = cuda_fill_empty(ctx, &bufs, want_lse);
+  } else {
+    st = fa_cuda_attention_decode(ctx, &p, &kv->pg, o->splits);
+  }
+  if (!st)
+    st = fa_attn_deliver(ctx, q, 4, d->Dv, bufs.o, want_lse ? bufs.lse : NULL, o->out, o->lse_out, d->dtype, FA_F32,
+                         FA_CUDA, out, lse);
+done:
   fa_cuda_free(alibi, alibi_bytes);
   buffers_drop(&bufs);
   return st;
@@ -387,10 +440,12 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   FA_NEED(ctx);
   fa_attn_dims d;
   fa_status st = fa_check_attention(ctx, q, k, v, o, reference, &d);
-  if (!st) st = fa_attention_splits_check(ctx, o, reference);
   if (!st && !reference) st = fa_check_attention_kernel(ctx, o, &d);
+  /* the decode kernel cuts the keys into opts.splits chunks itself */
+  const int own_splits = !st && !reference && fa_attn_decode_takes(&d, o);
+  if (!st) st = fa_attention_splits_check(ctx, o, reference || own_splits);
   if (st) return st;
-  const int64_t splits = reference ? 1 : fa_attention_splits_resolve(o, &d);
+  const int64_t splits = reference || own_splits ? 1 : fa_attention_splits_resolve(o, &d);
   if (splits > 1) return fa_attention_splits_run(ctx, q, k, v, o, &d, splits, out, lse);
   int want_lse = o->return_lse || lse != NULL || o->lse_out;
   if (!reference && d.device == FA_CUDA) return run_cuda(ctx, q, k, v, o, &d, want_lse, out, lse);

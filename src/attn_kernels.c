@@ -11,6 +11,7 @@
 #define FLASH_OR_TWO_PASS (ALGO(FA_ATTN_FLASH) | ALGO(FA_ATTN_TWO_PASS))
 
 const fa_attn_kernel_info fa_attn_kernel_table[FA_KERNEL_COUNT] = {
+    [FA_KERNEL_DECODE] = {"decode", FA_CUDA, ALGO(FA_ATTN_FLASH), FA_ATTN_FLASH},
     [FA_KERNEL_WGMMA] = {"wgmma", FA_CUDA, FLASH_OR_TWO_PASS, FA_ATTN_FLASH},
     [FA_KERNEL_MMA] = {"mma", FA_CUDA, FLASH_OR_TWO_PASS, FA_ATTN_FLASH},
     [FA_KERNEL_F32] = {"f32", FA_CUDA, FLASH_OR_TWO_PASS, FA_ATTN_FLASH},
@@ -41,6 +42,11 @@ static const char *cuda_refuses(fa_attn_kernel k, const fa_attn_dims *d, int64_t
     return buf;
   }
   if (k == FA_KERNEL_ROW) return NULL;
+  if (k == FA_KERNEL_DECODE) {
+    if (!fa_cuda_attention_decode_fit(d->dtype, d->D, d->Dv, d->Hq, d->Hkv, d->Lq, buf, n)) return buf;
+    if (tq) return "opts.tile: it has no tile option (its key tiles are 64 keys; opts.splits cuts the keys)";
+    return NULL;
+  }
   if (k == FA_KERNEL_SIMT) { /* any tile check_tile let through; it fits a tensor-core tile itself */
     if (!tq) fa_cuda_attention_default_tile(d->dtype, d->D, d->Dv, &tq, &tk);
     *br = tq, *bc = tk;
@@ -86,4 +92,13 @@ int fa_attn_kernels_accepting(const fa_attn_dims *d, fa_attention_algo algo, int
     count++;
   }
   return count;
+}
+
+int fa_attn_decode_takes(const fa_attn_dims *d, const fa_attention_opts *o) {
+  char buf[160];
+  int64_t br, bc;
+  if (d->device != FA_CUDA || d->algo != FA_ATTN_FLASH) return 0;
+  if (d->kernel == FA_KERNEL_DECODE) return 1;
+  if (d->kernel != FA_KERNEL_AUTO || o->tile_q || o->tile_k) return 0;
+  return !fa_attn_kernel_refuses(FA_KERNEL_DECODE, d, FA_ATTN_FLASH, 0, 0, &br, &bc, buf, sizeof buf);
 }

@@ -32,4 +32,10 @@ const char *fa_attn_kernel_refuses(fa_attn_kernel k, const fa_attn_dims *d, fa_a
 int fa_attn_kernels_accepting(const fa_attn_dims *d, fa_attention_algo algo, int64_t tq, int64_t tk,
                               const char **names, int cap);
 
+/* Whether fa_attention runs a call of dims d (checked, opts.kernel
+ * resolved) and opts o on the decode kernel: named, or chosen
+ * automatically (cuda, algo flash, no tile given, a call it takes).  Its
+ * opts.splits are then its own chunks of keys, not separate calls. */
+int fa_attn_decode_takes(const fa_attn_dims *d, const fa_attention_opts *o);
+
 #endif

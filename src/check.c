@@ -205,8 +205,12 @@ fa_status fa_check_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_ten
   d->rank = q->ndim;
   d->device = q->storage->device;
   d->dtype = q->dtype;
-  if (!o) return FA_OK;
+  return o ? fa_check_attention_options(ctx, q, o, reference, d) : FA_OK;
+}
 
+fa_status fa_check_attention_options(fa_context *ctx, const fa_tensor *q, const fa_attention_opts *o, int reference,
+                                     fa_attn_dims *d) {
+  fa_status st;
   if ((unsigned)o->algo > FA_ATTN_FLASH)
     return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.algo: expected auto, naive, two_pass, flash_row or flash");
   d->algo = o->algo == FA_ATTN_AUTO ? FA_ATTN_FLASH : o->algo;

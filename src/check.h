@@ -34,10 +34,27 @@ void fa_attn_attach_mask(fa_attn_problem *p, const fa_tensor *m, fa_tensor *buf)
 fa_status fa_attn_deliver(fa_context *ctx, const fa_tensor *q, int rank, int64_t dv, fa_tensor *obuf, fa_tensor *lbuf,
                           fa_tensor *user_out, fa_tensor *user_lse, fa_dtype odt, fa_dtype ldt, fa_device dev,
                           fa_tensor **out, fa_tensor **lse);
+/* The keys and values of a paged KV cache (src/kv_cache.c) for the decode
+ * kernel: the pools (pages, Hkv, page_size, D | Dv), the page table and
+ * the sequences' lengths on the device. */
+typedef struct {
+  fa_tensor *kpool, *vpool;
+  fa_attn_paging pg;
+  const int64_t *lens;
+} fa_attn_paged_kv;
+/* Attention of q over a paged cache by the decode kernel: d holds the
+ * call's dims (Lk the longest sequence, rank 4, algo flash) and is one
+ * fa_attn_decode_takes accepts; o checked (no mask, kv_lens, tile). */
+fa_status fa_attention_paged(fa_context *ctx, fa_tensor *q, const fa_attn_paged_kv *kv, const fa_attention_opts *o,
+                             const fa_attn_dims *d, fa_tensor **out, fa_tensor **lse);
 /* `reference`: the call computes in f64 whatever the inputs (the scale's
  * f32 range does not apply). */
 fa_status fa_check_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
                              int reference, fa_attn_dims *d);
+/* The options part of fa_check_attention, for dims d of the call's q
+ * (shapes, device and dtype set): sets d->algo. */
+fa_status fa_check_attention_options(fa_context *ctx, const fa_tensor *q, const fa_attention_opts *o, int reference,
+                                     fa_attn_dims *d);
 /* fa_check_attention for the C API's entry points that take opts NULL as
  * the defaults: *opts points at `defaults` (initialised) then. */
 fa_status fa_check_attention_or_defaults(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v,

@@ -242,7 +242,8 @@ void fa_cuda_context_release(fa_context *ctx); /* the context's events, side str
  * choice. */
 typedef enum {
   FA_KERNEL_AUTO = -1,
-  FA_KERNEL_WGMMA = 0,  /* cuda: Hopper tensor cores, f16/bf16 */
+  FA_KERNEL_DECODE = 0, /* cuda: split-KV decoding, a few query rows a key head, f16/bf16 */
+  FA_KERNEL_WGMMA,      /* cuda: Hopper tensor cores, f16/bf16 */
   FA_KERNEL_MMA,        /* cuda: mma.sync tensor cores, f16/bf16 */
   FA_KERNEL_F32,        /* cuda: the exact-f32 kernel (Hopper) */
   FA_KERNEL_SIMT,       /* cuda: the SIMT tiled kernel, every dtype */
@@ -270,6 +271,25 @@ int fa_cuda_attention_kernel_fit(fa_attn_kernel kernel, fa_dtype dt, int64_t D, 
 /* Whether the fast kernel (fitting the call) takes tile {br, bc} at head dim D. */
 int fa_cuda_attention_kernel_tile_ok(fa_attn_kernel kernel, int64_t D, int64_t br, int64_t bc);
 fa_status fa_cuda_attention_naive(fa_context *ctx, const fa_attn_problem *p);
+/* Keys and values read through a page table (the paged KV cache, API §8):
+ * key j of batch b is row j % page_size of page table[b·max_pages + j /
+ * page_size] (device int32), whose rows start page·k_page (v_page)
+ * elements into the pool p->k (p->v); p->k_st.h and .s are the head and
+ * row strides within a page, p->kv_lens (device) the sequences' lengths,
+ * and each sequence is aligned (causal, window, alibi) to its own length. */
+typedef struct {
+  const int32_t *table;
+  int64_t max_pages, page_size, k_page, v_page;
+} fa_attn_paging;
+/* The decode kernel (kernels/attention/attention_decode.cu): 1 when it
+ * takes calls of this dtype, these head dims and Hq / Hkv · Lq query rows
+ * a key head, else 0 and why not into why (n bytes). */
+int fa_cuda_attention_decode_fit(fa_dtype dt, int64_t D, int64_t Dv, int64_t Hq, int64_t Hkv, int64_t Lq, char *why,
+                                 size_t n);
+/* "flash" by the split-KV decode kernel on device buffers (a call that
+ * fits; rows on 16 bytes, else FA_ERR_UNSUPPORTED); pg: a page table, or
+ * NULL; splits: chunks of keys (0: chosen from the shape and the GPU). */
+fa_status fa_cuda_attention_decode(fa_context *ctx, const fa_attn_problem *p, const fa_attn_paging *pg, int64_t splits);
 /* Row-major C = A·B on device buffers of dtype dt. */
 fa_status fa_cuda_matmul(fa_context *ctx, fa_matmul_algo algo, int64_t tile, fa_dtype dt, const void *a, const void *b,
                          void *c, int64_t m, int64_t k, int64_t n);

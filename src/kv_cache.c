@@ -3,12 +3,15 @@
  * the sequences' lengths.  Every argument is checked before anything is
  * written.
  *
- * Interim implementation of attend: each sequence's pages are gathered
- * into contiguous K/V (tensor copies, both backends) and fa_attention runs
- * per sequence, so that causal and window align to that sequence's own
- * length.  The split-KV kernel reading through the page table replaces it
- * later (issue 24). */
+ * attend on cuda, for the calls the decode kernel takes (f16/bf16, D = Dv
+ * = 64 or 128, at most 64 query rows a key head): the kernel reads the
+ * pools through a device copy of the page table, refreshed after appends
+ * and resets.  Elsewhere (the cpu, other calls) each sequence's pages are
+ * gathered into contiguous K/V and fa_attention runs per sequence.  Both
+ * align causal, window and alibi to each sequence's own length. */
+#include "attn_kernels.h"
 #include "check.h"
+#include "splits.h"
 
 #include <math.h>
 #include <string.h>
@@ -21,7 +24,14 @@ struct fa_kv_cache {
   int64_t *free_list, n_free; /* a stack of page indices */
   int64_t *table;             /* B x max_pages page indices */
   int64_t *lens;              /* B */
+  /* cuda: the table (int32) and the lengths on the device, for the decode
+   * kernel; stale after an append or reset until the next attend */
+  int32_t *dev_table;
+  int64_t *dev_lens;
+  int dev_stale;
 };
+
+static size_t dev_table_bytes(const fa_kv_cache *c) { return sizeof(int32_t) * (size_t)(c->B * c->max_pages); }
 
 void fa_kv_cache_opts_init(fa_kv_cache_opts *o) {
   if (!o) return;
@@ -36,6 +46,8 @@ static size_t cache_host_bytes(int64_t B, int64_t max_pages, int64_t pages) {
 
 void fa_kv_cache_destroy(fa_kv_cache *c) {
   if (!c) return;
+  fa_cuda_free(c->dev_table, dev_table_bytes(c));
+  fa_cuda_free(c->dev_lens, sizeof(int64_t) * (size_t)c->B);
   fa_tensor_drop(&c->kpool);
   fa_tensor_drop(&c->vpool);
   fa_host_free(c, cache_host_bytes(c->B, c->max_pages, c->pages));
@@ -129,6 +141,7 @@ static void release_pages(fa_kv_cache *c, int64_t b) {
     row[i] = -1;
   }
   c->lens[b] = 0;
+  c->dev_stale = 1;
 }
 
 fa_status fa_kv_cache_reset(fa_context *ctx, fa_kv_cache *c, int64_t b) {
@@ -239,6 +252,7 @@ fa_status fa_kv_cache_append(fa_context *ctx, fa_kv_cache *c, fa_tensor *k, fa_t
     return st;
   }
   for (int64_t b = 0; b < c->B; b++) c->lens[b] += lens ? lens[b] : n;
+  c->dev_stale = 1;
   return FA_OK;
 }
 
@@ -303,6 +317,39 @@ static fa_status check_attend(fa_context *ctx, const fa_kv_cache *c, const fa_te
   return FA_OK;
 }
 
+/* The device copies of the table and the lengths, made or refreshed. */
+static fa_status sync_device_table(fa_context *ctx, fa_kv_cache *c) {
+  const size_t tb = dev_table_bytes(c), lb = sizeof(int64_t) * (size_t)c->B;
+  fa_status st = FA_OK;
+  if (!c->dev_table && (st = fa_cuda_malloc(ctx, (void **)&c->dev_table, tb))) return st;
+  if (!c->dev_lens && (st = fa_cuda_malloc(ctx, (void **)&c->dev_lens, lb))) return st;
+  if (!c->dev_stale) return FA_OK;
+  int32_t *t32 = fa_host_alloc(ctx, tb, &st);
+  if (!t32) return st;
+  for (int64_t i = 0; i < c->B * c->max_pages; i++) t32[i] = (int32_t)c->table[i];
+  st = fa_cuda_memcpy(ctx, c->dev_table, t32, tb, FA_COPY_H2D);
+  fa_host_free(t32, tb);
+  if (!st) st = fa_cuda_memcpy(ctx, c->dev_lens, c->lens, lb, FA_COPY_H2D);
+  if (!st) c->dev_stale = 0;
+  return st;
+}
+
+/* The dims of attend as one call over the longest sequence, its options
+ * checked as fa_attention checks them: FA_OK and *takes = 1 when the
+ * decode kernel takes it. */
+static fa_status decode_dims(fa_context *ctx, const fa_kv_cache *c, const fa_tensor *q, const fa_attention_opts *o,
+                             fa_attn_dims *d, int *takes) {
+  memset(d, 0, sizeof *d);
+  *takes = 0;
+  d->rank = 4, d->B = c->B, d->Hq = q->shape[1], d->Hkv = c->H, d->Lq = q->shape[2], d->D = c->D, d->Dv = c->Dv;
+  for (int64_t b = 0; b < c->B; b++) d->Lk = c->lens[b] > d->Lk ? c->lens[b] : d->Lk;
+  d->device = c->device, d->dtype = c->dtype, d->kernel = FA_KERNEL_AUTO;
+  fa_status st = fa_check_attention_options(ctx, q, o, 0, d);
+  if (!st) st = fa_attention_splits_check(ctx, o, 1);
+  if (!st) *takes = c->pages <= INT32_MAX && d->Lk <= INT32_MAX && fa_attn_decode_takes(d, o);
+  return st;
+}
+
 fa_status fa_kv_cache_attend(fa_context *ctx, fa_kv_cache *c, fa_tensor *q, const fa_attention_opts *opts,
                              fa_tensor **o, fa_tensor **lse) {
   if (o) *o = NULL;
@@ -317,6 +364,17 @@ fa_status fa_kv_cache_attend(fa_context *ctx, fa_kv_cache *c, fa_tensor *q, cons
   }
   fa_status st = check_attend(ctx, c, q, opts);
   if (st) return st;
+  fa_attn_dims d;
+  int takes = 0;
+  if (c->device == FA_CUDA && (st = decode_dims(ctx, c, q, opts, &d, &takes))) return st;
+  if (takes) {
+    if ((st = sync_device_table(ctx, c))) return st;
+    const fa_attn_paged_kv kv = {c->kpool, c->vpool,
+                                 {c->dev_table, c->max_pages, c->page_size, c->H * c->page_size * c->D,
+                                  c->H * c->page_size * c->Dv},
+                                 c->dev_lens};
+    return fa_attention_paged(ctx, q, &kv, opts, &d, o, lse);
+  }
   /* the options of one sequence's call: the whole checked by fa_attention
    * on the first sequence before anything is computed */
   const int want_lse = opts->return_lse || lse || opts->lse_out;

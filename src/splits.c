@@ -5,18 +5,19 @@
  * with kv_lens = min(kv_lens[b], e) - s, so that the bottom-right diagonal,
  * the window and the alibi distances, which all count from the end of the
  * keys, stay those of the whole call; a mask is narrowed the same way.
- * Interim: the split-KV kernel and the "auto" chooser come later (today
- * "auto" is 1 on every backend). */
+ * The decode kernel on cuda (kernels/attention/attention_decode.cu) takes
+ * opts.splits itself, as chunks of one launch, "auto" (0) chosen from the
+ * shape and the GPU; this path is for the other calls, where "auto" is 1. */
 #include "splits.h"
 
 #include <string.h>
 
-fa_status fa_attention_splits_check(fa_context *ctx, const fa_attention_opts *o, int reference) {
+fa_status fa_attention_splits_check(fa_context *ctx, const fa_attention_opts *o, int any_causal) {
   if (!o) return FA_OK;
   if (o->splits < 0 || o->splits > INT32_MAX)
     return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.splits: expected a number >= 1 or \"auto\" (0), got %lld",
                    (long long)o->splits);
-  if (!reference && o->splits > 1 && o->causal == FA_CAUSAL_TOP_LEFT)
+  if (!any_causal && o->splits > 1 && o->causal == FA_CAUSAL_TOP_LEFT)
     return fa_fail(ctx, FA_ERR_UNSUPPORTED,
                    "flashattn: opts.splits: %lld pieces with causal = \"top_left\" are not supported yet (use "
                    "bottom_right, or splits = 1)",

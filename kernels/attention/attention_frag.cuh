@@ -152,11 +152,13 @@ static __device__ __forceinline__ frag_rows frag_rows_start(const fa_attn_proble
  * branch for each option, was 1.8-3.2x slower in bf16: call 1 of
  * docs/perf/2026-11-25-attention-h100-extras.json); EXTRAS_SCORE
  * instances compile no mask pass.  *tmA, *tmB: this thread's maxima of rows
- * A and B, in scaled units. */
+ * A and B, in scaled units.  Row B is of head hB when given (>= 0: the
+ * decode kernel packs the query heads of one key head into a tile), else
+ * of head h as row A. */
 template <int NC, int EXTRAS>
 static __device__ __forceinline__ void frag_score_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0,
                                                        int c2, bool full, const frag_rows &r, float (*s)[4],
-                                                       float *tmA, float *tmB) {
+                                                       float *tmA, float *tmB, int64_t hB = -1) {
   const float scale = (float)p.scale;
   float mA = -INFINITY, mB = -INFINITY;
   if (!EXTRAS && full) {
@@ -190,7 +192,7 @@ static __device__ __forceinline__ void frag_score_tile(const fa_attn_problem &p,
    * A mask is read only at keys in range: all of a full tile's for the rows
    * before Lq (rows past it have no mask row; their scores are never
    * stored), else the row's columns [a, a + n). */
-  const score_rule ruA = score_rule_at(p, b, h, r.iA, j0 + c2), ruB = score_rule_at(p, b, h, r.iB, j0 + c2);
+  const score_rule ruA = score_rule_at(p, b, h, r.iA, j0 + c2), ruB = score_rule_at(p, b, hB < 0 ? h : hB, r.iB, j0 + c2);
   const bool vA = r.iA < p.Lq, vB = r.iB < p.Lq;
 #define FRAG_IN(X, col) (full ? v##X : (unsigned)((col) - a##X) < (unsigned)n##X)
 #pragma unroll
@@ -304,9 +306,9 @@ static __device__ __forceinline__ void frag_exp_tile(float (*s)[4], float k, flo
 template <int NC, int EXTRAS, bool EXACT = false>
 static __device__ __forceinline__ void frag_softmax_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0,
                                                          int c2, bool full, frag_rows &r, float (*s)[4],
-                                                         float *alphaA, float *alphaB) {
+                                                         float *alphaA, float *alphaB, int64_t hB = -1) {
   float tmA, tmB;
-  frag_score_tile<NC, EXTRAS>(p, b, h, j0, c2, full, r, s, &tmA, &tmB);
+  frag_score_tile<NC, EXTRAS>(p, b, h, j0, c2, full, r, s, &tmA, &tmB, hB);
   tmA = fmaxf(tmA, __shfl_xor_sync(0xffffffffu, tmA, 1));
   tmA = fmaxf(tmA, __shfl_xor_sync(0xffffffffu, tmA, 2));
   tmB = fmaxf(tmB, __shfl_xor_sync(0xffffffffu, tmB, 1));

@@ -93,6 +93,18 @@ int fa_cuda_attention_kernel_tile_ok(fa_attn_kernel kernel, int64_t D, int64_t b
   return 0;
 }
 
+int fa_cuda_attention_decode_fit(fa_dtype dt, int64_t D, int64_t Dv, int64_t Hq, int64_t Hkv, int64_t Lq, char *why,
+                                 size_t n) {
+  (void)dt, (void)D, (void)Dv, (void)Hq, (void)Hkv, (void)Lq;
+  snprintf(why, n, "this build has no CUDA");
+  return 0;
+}
+
+fa_status fa_cuda_attention_decode(fa_context *ctx, const fa_attn_problem *p, const fa_attn_paging *pg, int64_t splits) {
+  (void)p, (void)pg, (void)splits;
+  return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
+}
+
 fa_status fa_cuda_attention_naive(fa_context *ctx, const fa_attn_problem *p) {
   (void)p;
   return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);

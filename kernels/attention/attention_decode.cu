@@ -1,0 +1,415 @@
+/* Decoding (API §8): a few query rows against a long cache of keys, read
+ * once at the memory bandwidth.  The seeds' merge formula is the schedule:
+ *
+ *  - the query heads that share a key/value head and all Lq query rows
+ *    are packed into one tile of G·Lq rows (GQA packing: K and V are read
+ *    once for all of them), 16 rows a warp's mma.sync A fragment;
+ *  - the keys that any row attends are cut into `splits` chunks of whole
+ *    64-key tiles, one thread block a (batch, key head, chunk): enough
+ *    blocks to fill the GPU even at batch 1;
+ *  - a block's warps split its key tiles (the 4 warps each take 16, 32 or
+ *    64 keys of every tile, as the row groups allow) and merge their
+ *    states through shared memory at the end;
+ *  - each chunk writes its normalised output and lse (f32), and a merge
+ *    kernel combines the chunks with the rescale formula (one chunk: the
+ *    block writes the output itself).
+ * Key and value tiles arrive by cp.async, three tiles deep, straight from
+ * the contiguous (any strides, API §6) or paged (a page table, the KV
+ * cache) layout.  Every score rule of §2 applies through the tensor-core
+ * kernels' fragment code (attention_frag.cuh).
+ *
+ * NaN or inf in V: a masked key's weight is 0, and 0 · NaN = NaN on the
+ * tensor cores would reach rows that never attend it.  Each warp checks the
+ * value fragments it is about to multiply (they are in registers anyway)
+ * and takes those 16 keys through a scalar product that skips zero weights
+ * when any is NaN or inf: exact, with no second kernel and no scan of V. */
+#include "attention_frag.cuh"
+#include "mma_sync.cuh"
+
+#include <cstdio>
+#include <cstring>
+
+#define DEC_WARPS 4
+#define DEC_THREADS (DEC_WARPS * 32)
+#define DEC_BC 64    /* keys a tile */
+#define DEC_STAGES 3 /* tiles in flight */
+#define DEC_MAX_SPLITS 256
+
+/* What a launch adds to the problem: the packing, the chunks, where the
+ * chunks' states go, and the page table (paged: k and v are the pools). */
+struct decode_args {
+  int G, rows, splits;   /* query heads a key head; G·Lq packed rows; chunks */
+  float *part_o, *part_lse; /* splits > 1: (splits, B, Hq, Lq, Dv) and (splits, B, Hq, Lq) */
+  fa_attn_paging pg;
+};
+
+/* Keys [j0, j0 + DEC_BC) of one key head into the K and V tiles (swizzled
+ * rows of D elements), rows at or past `end` zero-filled.  Paged: key j is
+ * row j % page_size of page table[j / page_size] of this batch. */
+template <typename T, int D, bool PAGED>
+static __device__ __forceinline__ void dec_load(char *kt, char *vt, const fa_attn_problem &p, const decode_args &a,
+                                                const T *kb, const T *vb, const int32_t *table, int64_t j0,
+                                                int64_t end) {
+  const int CH = D / 8, STEP = DEC_THREADS / CH;
+  const int chunk = threadIdx.x % CH, row0 = threadIdx.x / CH;
+#pragma unroll
+  for (int it = 0; it < DEC_BC / STEP; it++) {
+    const int r = row0 + it * STEP;
+    const int64_t j = j0 + r;
+    const bool in = j < end;
+    const T *ks = kb, *vs = vb;
+    if (in) {
+      int64_t kr = j, vr = j;
+      if (PAGED) {
+        const int64_t ps = a.pg.page_size;
+        const int64_t page = table[j / ps], off = j - (j / ps) * ps;
+        ks = kb + page * a.pg.k_page, vs = vb + page * a.pg.v_page;
+        kr = vr = off;
+      }
+      ks += kr * p.k_st.s, vs += vr * p.v_st.s;
+    }
+    cp_async16(kt + swz<CH>(r, chunk), ks + chunk * 8, in ? 16 : 0);
+    cp_async16(vt + swz<CH>(r, chunk), vs + chunk * 8, in ? 16 : 0);
+  }
+}
+
+/* Whether a 32-bit word of two 16-bit elements holds NaN or inf. */
+template <typename T> static __device__ __forceinline__ bool pair_nonfinite(uint32_t w) {
+  const uint32_t m = nonfinite_bits<T>::mask;
+  return __vcmpeq2(w & m, m) != 0;
+}
+
+/* O += P·V for 16 keys (rows kr..kr+15 of the V tile) one key at a time,
+ * skipping zero weights: the exact product for the rare tile with NaN or
+ * inf in V.  s holds P (f32) in the accumulator layout, keys n·8 + c2 (+1)
+ * of chunks 2kk and 2kk + 1. */
+template <typename T, int D, int NC>
+static __device__ __forceinline__ void dec_pv_exact(float (*o)[4], const float (*s)[4], int kk, const char *vt, int kr,
+                                                    int lane) {
+  const int CH = D / 8, c2 = (lane & 3) * 2;
+#pragma unroll
+  for (int jj = 0; jj < 16; jj++) {
+    const int src = (lane & ~3) | ((jj & 7) >> 1), n = 2 * kk + (jj >> 3), e = jj & 1;
+    const float pA = __shfl_sync(0xffffffffu, s[n][e], src), pB = __shfl_sync(0xffffffffu, s[n][2 + e], src);
+#pragma unroll
+    for (int d = 0; d < D / 8; d++) {
+      const T *v2 = (const T *)(vt + swz<CH>(kr + jj, d)) + c2;
+      const float v0 = to_float(v2[0]), v1 = to_float(v2[1]);
+      if (pA != 0.f) o[d][0] = fmaf(pA, v0, o[d][0]), o[d][1] = fmaf(pA, v1, o[d][1]);
+      if (pB != 0.f) o[d][2] = fmaf(pB, v0, o[d][2]), o[d][3] = fmaf(pB, v1, o[d][3]);
+    }
+  }
+}
+
+/* One (batch, key head, chunk) a block.  RG row groups of 16 packed rows
+ * (G·Lq <= 16·RG); warp w takes row group w % RG and the keys
+ * [w / RG · 8NC, ...) of every tile. */
+template <typename T, int D, int RG, int EXTRAS, bool PAGED>
+__global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_problem call, decode_args a) {
+  const int KS = DEC_WARPS / RG, NC = DEC_BC / KS / 8, TILE = DEC_BC * D * 2;
+  extern __shared__ __align__(128) char dec_smem[];
+  __shared__ int64_t sh_keys[4]; /* the union and the intersection of the rows' key ranges */
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, rg = warp % RG, ks = warp / RG;
+  const int64_t blk = blockIdx.x, split = blk % a.splits, bk = blk / a.splits, b = bk / call.Hkv, hk = bk % call.Hkv;
+  /* a cache's sequence is a call of its own length: causal, window and
+   * alibi count from its end (API §8) */
+  fa_attn_problem p = call;
+  if (PAGED) p.Lk = call.kv_lens[b], p.kv_lens = NULL;
+
+  if (tid == 0) { /* every packed row's query index appears: the ranges of rows 0..Lq-1 */
+    int64_t ulo = INT64_MAX, uhi = 0, ilo = 0, ihi = INT64_MAX;
+    for (int64_t i = 0; i < p.Lq; i++) {
+      int64_t lo, hi;
+      fa_attn_range_of(&p, b, i, &lo, &hi);
+      if (lo < hi) ulo = min(ulo, lo), uhi = max(uhi, hi);
+      ilo = max(ilo, lo), ihi = min(ihi, hi);
+    }
+    if (ulo >= uhi) ulo = uhi = 0;
+    sh_keys[0] = ulo, sh_keys[1] = uhi, sh_keys[2] = ilo, sh_keys[3] = ihi;
+  }
+  __syncthreads();
+  /* this chunk's keys [kb, ke): whole tiles of the union, split evenly */
+  const int64_t ulo = sh_keys[0], uhi = sh_keys[1];
+  const int64_t tiles = (uhi - ulo + DEC_BC - 1) / DEC_BC, per = (tiles + a.splits - 1) / a.splits;
+  const int64_t kb = ulo + split * per * DEC_BC, ke = min(uhi, kb + per * DEC_BC);
+  const int ntiles = ke > kb ? (int)((ke - kb + DEC_BC - 1) / DEC_BC) : 0;
+  const int64_t all_lo = max(sh_keys[2], kb), all_hi = min(sh_keys[3], ke); /* keys every row attends */
+
+  const T *kbase = (const T *)p.k + (PAGED ? hk * p.k_st.h : attn_at(p.k_st, b, hk, 0));
+  const T *vbase = (const T *)p.v + (PAGED ? hk * p.v_st.h : attn_at(p.v_st, b, hk, 0));
+  const int32_t *table = PAGED ? a.pg.table + b * a.pg.max_pages : NULL;
+#pragma unroll
+  for (int st = 0; st < DEC_STAGES - 1; st++) {
+    if (st < ntiles)
+      dec_load<T, D, PAGED>(dec_smem + st * 2 * TILE, dec_smem + st * 2 * TILE + TILE, p, a, kbase, vbase, table,
+                            kb + st * DEC_BC, ke);
+    cp_async_commit();
+  }
+
+  /* the warp's two packed rows: query row i of head h (a row past G·Lq has
+   * i = Lq: no keys, never stored) */
+  const int g = lane >> 2, c2 = (lane & 3) * 2, rA = rg * 16 + g, rB = rA + 8;
+  const bool okA = rA < a.rows, okB = rB < a.rows;
+  const int64_t Lq = p.Lq;
+  const int64_t hA = hk * a.G + (okA ? rA / Lq : 0), hB = hk * a.G + (okB ? rB / Lq : 0);
+  frag_rows r = {okA ? rA % Lq : Lq, okB ? rB % Lq : Lq, 0, 0, 0, 0, -INFINITY, -INFINITY, 0.f, 0.f};
+  if (okA) fa_attn_range_of(&p, b, r.iA, &r.loA, &r.hiA);
+  if (okB) fa_attn_range_of(&p, b, r.iB, &r.loB, &r.hiB);
+  r.loA = max(r.loA, kb), r.hiA = min(r.hiA, ke), r.loB = max(r.loB, kb), r.hiB = min(r.hiB, ke);
+  uint32_t qf[D / 16][4]; /* Q as mma A fragments, straight from memory (a few rows) */
+  {
+    const T *qA = (const T *)p.q + attn_at(p.q_st, b, hA, okA ? r.iA : 0) + c2;
+    const T *qB = (const T *)p.q + attn_at(p.q_st, b, hB, okB ? r.iB : 0) + c2;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+      qf[kk][0] = okA ? *(const uint32_t *)(qA + kk * 16) : 0u;
+      qf[kk][1] = okB ? *(const uint32_t *)(qB + kk * 16) : 0u;
+      qf[kk][2] = okA ? *(const uint32_t *)(qA + kk * 16 + 8) : 0u;
+      qf[kk][3] = okB ? *(const uint32_t *)(qB + kk * 16 + 8) : 0u;
+    }
+  }
+  float o[D / 8][4];
+#pragma unroll
+  for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+  const bool scale_pos = p.scale > 0;
+  const int kw = ks * NC * 8; /* the warp's first key in a tile */
+
+  for (int t = 0; t < ntiles; t++) {
+    cp_async_wait<DEC_STAGES - 2>();
+    __syncthreads(); /* tile t is in; the buffer of tile t - 1 is free */
+    {
+      const int tn = t + DEC_STAGES - 1;
+      char *kn = dec_smem + (tn % DEC_STAGES) * 2 * TILE;
+      if (tn < ntiles) dec_load<T, D, PAGED>(kn, kn + TILE, p, a, kbase, vbase, table, kb + (int64_t)tn * DEC_BC, ke);
+      cp_async_commit();
+    }
+    const char *kt = dec_smem + (t % DEC_STAGES) * 2 * TILE, *vt = kt + TILE;
+    const int64_t j0 = kb + (int64_t)t * DEC_BC + kw;
+
+    float s[NC][4];
+#pragma unroll
+    for (int n = 0; n < NC; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+#pragma unroll
+      for (int n = 0; n < NC; n += 2) {
+        uint32_t bf[4];
+        const int key = kw + n * 8 + (lane & 7) + ((lane >> 4) << 3);
+        ldmatrix_x4(bf, smem_addr(kt + swz<D / 8>(key, kk * 2 + ((lane >> 3) & 1))));
+        mma16816<T>(s[n], qf[kk], bf[0], bf[1]);
+        mma16816<T>(s[n + 1], qf[kk], bf[2], bf[3]);
+      }
+    const bool full = scale_pos && j0 >= all_lo && j0 + NC * 8 <= all_hi;
+    float alphaA, alphaB;
+    frag_softmax_tile<NC, EXTRAS>(p, b, hA, j0, c2, full, r, s, &alphaA, &alphaB, hB);
+    frag_rescale<D / 8>(o, alphaA, alphaB);
+
+#pragma unroll
+    for (int kk = 0; kk < NC / 2; kk++) {
+      uint32_t pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                        pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      uint32_t vf[D / 16][4];
+      bool bad = false;
+#pragma unroll
+      for (int d = 0; d < D / 16; d++) {
+        ldmatrix_x4_trans(vf[d], smem_addr(vt + swz<D / 8>(kw + kk * 16 + (lane & 15), 2 * d + (lane >> 4))));
+        bad |= pair_nonfinite<T>(vf[d][0]) | pair_nonfinite<T>(vf[d][1]) | pair_nonfinite<T>(vf[d][2]) |
+               pair_nonfinite<T>(vf[d][3]);
+      }
+      if (__any_sync(0xffffffffu, bad)) {
+        dec_pv_exact<T, D, NC>(o, s, kk, vt, kw + kk * 16, lane);
+        continue;
+      }
+#pragma unroll
+      for (int d = 0; d < D / 16; d++) {
+        mma16816<T>(o[2 * d], pa, vf[d][0], vf[d][1]);
+        mma16816<T>(o[2 * d + 1], pa, vf[d][2], vf[d][3]);
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads(); /* the tiles are free: the warps' states meet there */
+
+  if (KS > 1) { /* the key streams of a row group merged into its first warp */
+    const int W = D / 2 + 4; /* floats a lane: O, then mA, mB, lA, lB */
+    float *sc = (float *)dec_smem;
+    if (ks > 0) {
+      float *mine = sc + warp * W * 32 + lane;
+#pragma unroll
+      for (int d = 0; d < D / 8; d++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) mine[(d * 4 + q) * 32] = o[d][q];
+      mine[(D / 2) * 32] = r.mA, mine[(D / 2 + 1) * 32] = r.mB, mine[(D / 2 + 2) * 32] = r.lA,
+                      mine[(D / 2 + 3) * 32] = r.lB;
+    }
+    __syncthreads();
+    if (ks > 0) return;
+#pragma unroll
+    for (int k = 1; k < KS; k++) {
+      const float *th = sc + (k * RG + rg) * W * 32 + lane;
+      const float mA = th[(D / 2) * 32], mB = th[(D / 2 + 1) * 32];
+      const float MA = fmaxf(r.mA, mA), MB = fmaxf(r.mB, mB);
+      const float fA0 = MA == -INFINITY ? 1.f : exp2_approx((r.mA - MA) * FA_LOG2E);
+      const float fA1 = MA == -INFINITY ? 1.f : exp2_approx((mA - MA) * FA_LOG2E);
+      const float fB0 = MB == -INFINITY ? 1.f : exp2_approx((r.mB - MB) * FA_LOG2E);
+      const float fB1 = MB == -INFINITY ? 1.f : exp2_approx((mB - MB) * FA_LOG2E);
+#pragma unroll
+      for (int d = 0; d < D / 8; d++) {
+        o[d][0] = o[d][0] * fA0 + th[(d * 4 + 0) * 32] * fA1, o[d][1] = o[d][1] * fA0 + th[(d * 4 + 1) * 32] * fA1;
+        o[d][2] = o[d][2] * fB0 + th[(d * 4 + 2) * 32] * fB1, o[d][3] = o[d][3] * fB0 + th[(d * 4 + 3) * 32] * fB1;
+      }
+      r.lA = r.lA * fA0 + th[(D / 2 + 2) * 32] * fA1, r.lB = r.lB * fB0 + th[(D / 2 + 3) * 32] * fB1;
+      r.mA = MA, r.mB = MB;
+    }
+  }
+
+  frag_sum_quad(r);
+  const float invA = row_inv(r.lA), invB = row_inv(r.lB);
+  const float lseA = row_lse(r.mA, r.lA), lseB = row_lse(r.mB, r.lB);
+  if (a.splits == 1) { /* the output itself */
+    T *oA = (T *)p.o + attn_at(p.o_st, b, hA, r.iA) + c2, *oB = (T *)p.o + attn_at(p.o_st, b, hB, r.iB) + c2;
+#pragma unroll
+    for (int d = 0; d < D / 8; d++) {
+      if (okA) *(uint32_t *)(oA + d * 8) = pack2<T>(o[d][0] * invA, o[d][1] * invA);
+      if (okB) *(uint32_t *)(oB + d * 8) = pack2<T>(o[d][2] * invB, o[d][3] * invB);
+    }
+    if (p.lse && (lane & 3) == 0) {
+      if (okA) attn_lse_at(p, b, hA, r.iA) = lseA;
+      if (okB) attn_lse_at(p, b, hB, r.iB) = lseB;
+    }
+    return;
+  }
+  /* the chunk's state: (split, b, h, i) rows of Dv floats, and its lse */
+  const int64_t rowA = ((split * p.B + b) * p.Hq + hA) * Lq + r.iA, rowB = ((split * p.B + b) * p.Hq + hB) * Lq + r.iB;
+#pragma unroll
+  for (int d = 0; d < D / 8; d++) {
+    if (okA) *(float2 *)(a.part_o + rowA * D + d * 8 + c2) = make_float2(o[d][0] * invA, o[d][1] * invA);
+    if (okB) *(float2 *)(a.part_o + rowB * D + d * 8 + c2) = make_float2(o[d][2] * invB, o[d][3] * invB);
+  }
+  if ((lane & 3) == 0) {
+    if (okA) a.part_lse[rowA] = lseA;
+    if (okB) a.part_lse[rowB] = lseB;
+  }
+}
+
+/* The chunks' states combined, a warp a row: weights e^(lse_s - max), an
+ * empty chunk (lse = -inf) weighing nothing; the row's output through o's
+ * strides and its lse.  NaN in any chunk's lse makes the row NaN. */
+template <typename T, int D>
+__global__ void __launch_bounds__(128) attn_decode_merge_kernel(fa_attn_problem p, decode_args a) {
+  const int64_t R = p.B * p.Hq * p.Lq, row = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= R) return;
+  const int64_t i = row % p.Lq, bh = row / p.Lq, b = bh / p.Hq, h = bh % p.Hq;
+  float M = -INFINITY;
+  for (int s = 0; s < a.splits; s++) M = fmaxf(M, a.part_lse[s * R + row]);
+  float den = 0.f, acc[D / 32];
+#pragma unroll
+  for (int c = 0; c < D / 32; c++) acc[c] = 0.f;
+  for (int s = 0; s < a.splits; s++) {
+    const float l = a.part_lse[s * R + row];
+    const float w = l == -INFINITY ? 0.f : expf(l - M); /* NaN stays NaN */
+    if (w == 0.f) continue; /* nothing of an empty chunk, not even 0 · inf */
+    den += w;
+    const float *src = a.part_o + (s * R + row) * D + lane * (D / 32);
+#pragma unroll
+    for (int c = 0; c < D / 32; c++) acc[c] = fmaf(w, src[c], acc[c]);
+  }
+  const float inv = row_inv(den);
+  T *out = (T *)p.o + attn_at(p.o_st, b, h, i) + lane * (D / 32);
+#pragma unroll
+  for (int c = 0; c < D / 32; c++) out[c] = from_float<T>(acc[c] * inv);
+  if (p.lse && lane == 0) attn_lse_at(p, b, h, i) = den == 0.f ? -INFINITY : M + logf(den);
+}
+
+/* ---- launchers ---- */
+
+/* The row groups of a call: 16 packed rows each, 1, 2 or 4. */
+static int decode_row_groups(int64_t rows) { return rows <= 16 ? 1 : rows <= 32 ? 2 : 4; }
+
+extern "C" int fa_cuda_attention_decode_fit(fa_dtype dt, int64_t D, int64_t Dv, int64_t Hq, int64_t Hkv, int64_t Lq,
+                                            char *why, size_t n) {
+  const int64_t rows = Hkv > 0 ? Hq / Hkv * Lq : 0;
+  if (dt != FA_F16 && dt != FA_BF16) snprintf(why, n, "%s inputs; it takes f16 or bf16", fa_dtype_name(dt));
+  else if (D != Dv || (D != 64 && D != 128))
+    snprintf(why, n, "D = %lld, Dv = %lld; it takes D = Dv = 64 or 128", (long long)D, (long long)Dv);
+  else if (rows > 64)
+    snprintf(why, n, "%lld query rows a key head (Hq / Hkv · Lq); it takes at most 64", (long long)rows);
+  else
+    return 1;
+  return 0;
+}
+
+/* The chunks of a call: the user's, else enough blocks for two a
+ * streaming multiprocessor, each at least two tiles of keys. */
+static fa_status decode_splits(fa_context *ctx, const fa_attn_problem *p, int64_t want, int *splits) {
+  const int64_t tiles = (p->Lk + DEC_BC - 1) / DEC_BC, heads = p->B * p->Hkv;
+  int64_t s = want;
+  if (s <= 0) {
+    int dev = 0, sms = 0;
+    FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
+    FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    s = (2 * (int64_t)sms + heads - 1) / heads;
+    s = min(s, (tiles + 1) / 2);
+  }
+  *splits = (int)max((int64_t)1, min(s, min(tiles, (int64_t)DEC_MAX_SPLITS)));
+  return FA_OK;
+}
+
+typedef void (*decode_kernel_fn)(fa_attn_problem, decode_args);
+
+template <typename T, int D, int RG>
+static decode_kernel_fn decode_pick(int extras, bool paged) {
+  if (extras) return paged ? attn_decode_kernel<T, D, RG, EXTRAS_MASK, true> : attn_decode_kernel<T, D, RG, EXTRAS_MASK, false>;
+  return paged ? attn_decode_kernel<T, D, RG, EXTRAS_NONE, true> : attn_decode_kernel<T, D, RG, EXTRAS_NONE, false>;
+}
+
+template <typename T, int D>
+static fa_status decode_typed(fa_context *ctx, const fa_attn_problem *p, decode_args &a) {
+  const int rg = decode_row_groups(a.rows);
+  const int extras = attn_has_extras(p);
+  const bool paged = a.pg.table != NULL;
+  decode_kernel_fn k = rg == 1 ? decode_pick<T, D, 1>(extras, paged)
+                       : rg == 2 ? decode_pick<T, D, 2>(extras, paged)
+                                 : decode_pick<T, D, 4>(extras, paged);
+  const size_t smem = (size_t)DEC_STAGES * 2 * DEC_BC * D * 2;
+  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  const int64_t blocks = p->B * p->Hkv * a.splits, rows = p->B * p->Hq * p->Lq;
+  if (fa_status st = attn_grid_fits(ctx, blocks)) return st;
+  size_t part_bytes = 0;
+  void *part = NULL;
+  if (a.splits > 1) {
+    part_bytes = sizeof(float) * (size_t)(a.splits * rows) * (size_t)(D + 1);
+    if (fa_status st = fa_cuda_malloc(ctx, &part, part_bytes)) return st;
+    a.part_o = (float *)part, a.part_lse = (float *)part + (size_t)(a.splits * rows) * D;
+  }
+  cudaStream_t s = fa_cuda_stream(ctx);
+  k<<<(unsigned)blocks, DEC_THREADS, smem, s>>>(*p, a);
+  cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess && a.splits > 1) {
+    attn_decode_merge_kernel<T, D><<<(unsigned)((rows + 3) / 4), 128, 0, s>>>(*p, a);
+    err = cudaGetLastError();
+  }
+  fa_cuda_free(part, part_bytes); /* stream-ordered: after the kernels */
+  return fa_cuda_error(ctx, err, "launch of attn_decode_kernel");
+}
+
+/* Queues the decode kernel for p (checked to fit: fa_cuda_attention_decode_fit,
+ * and rows on 16 bytes); pg: the page table of a paged cache, or NULL;
+ * splits: the chunks of keys (0: chosen from the shape and the GPU). */
+extern "C" fa_status fa_cuda_attention_decode(fa_context *ctx, const fa_attn_problem *p, const fa_attn_paging *pg,
+                                              int64_t splits) {
+  char why[128];
+  if (!fa_cuda_attention_decode_fit(p->compute, p->D, p->Dv, p->Hq, p->Hkv, p->Lq, why, sizeof why) ||
+      !attn_rows_aligned16(p))
+    return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: the decode kernel does not take this call");
+  decode_args a;
+  memset(&a, 0, sizeof a);
+  a.G = (int)(p->Hq / p->Hkv), a.rows = (int)(a.G * p->Lq);
+  if (pg) a.pg = *pg;
+  fa_status st = decode_splits(ctx, p, splits, &a.splits);
+  if (st) return st;
+  if (p->compute == FA_F16)
+    return p->D == 64 ? decode_typed<__half, 64>(ctx, p, a) : decode_typed<__half, 128>(ctx, p, a);
+  return p->D == 64 ? decode_typed<__nv_bfloat16, 64>(ctx, p, a) : decode_typed<__nv_bfloat16, 128>(ctx, p, a);
+}
