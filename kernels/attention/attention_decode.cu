@@ -41,15 +41,25 @@ struct decode_args {
   int G, rows, splits;   /* query heads a key head; G·Lq packed rows; chunks */
   float *part_o, *part_lse; /* splits > 1: (splits, B, Hq, Lq, Dv) and (splits, B, Hq, Lq) */
   fa_attn_paging pg;
+  int pg_shift; /* log2 of a page size that is a power of two, else -1 */
 };
 
+/* Paged: the element offset of key j in the pools (the same in K's and
+ * V's: D = Dv), page table[j / page_size] of the batch, row j % page_size;
+ * a shift for pages of a power of two. */
+static __device__ __forceinline__ int64_t dec_page_offset(const fa_attn_problem &p, const decode_args &a,
+                                                          const int32_t *table, int64_t j) {
+  const int64_t slot = a.pg_shift >= 0 ? j >> a.pg_shift : j / a.pg.page_size;
+  return (int64_t)table[slot] * a.pg.k_page + (j - slot * a.pg.page_size) * p.k_st.s;
+}
+
 /* Keys [j0, j0 + DEC_BC) of one key head into the K and V tiles (swizzled
- * rows of D elements), rows at or past `end` zero-filled.  Paged: key j is
- * row j % page_size of page table[j / page_size] of this batch. */
+ * rows of D elements), rows at or past `end` zero-filled.  Contiguous: row
+ * j at kb + j·ld; paged: at kb + rowoff[j - j0] (dec_page_offset, made a
+ * tile ahead so that the table's latency is not the copies'). */
 template <typename T, int D, bool PAGED>
-static __device__ __forceinline__ void dec_load(char *kt, char *vt, const fa_attn_problem &p, const decode_args &a,
-                                                const T *kb, const T *vb, const int32_t *table, int64_t j0,
-                                                int64_t end) {
+static __device__ __forceinline__ void dec_load(char *kt, char *vt, const fa_attn_problem &p, const T *kb, const T *vb,
+                                                const int64_t *rowoff, int64_t j0, int64_t end) {
   const int CH = D / 8, STEP = DEC_THREADS / CH;
   const int chunk = threadIdx.x % CH, row0 = threadIdx.x / CH;
 #pragma unroll
@@ -59,14 +69,8 @@ static __device__ __forceinline__ void dec_load(char *kt, char *vt, const fa_att
     const bool in = j < end;
     const T *ks = kb, *vs = vb;
     if (in) {
-      int64_t kr = j, vr = j;
-      if (PAGED) {
-        const int64_t ps = a.pg.page_size;
-        const int64_t page = table[j / ps], off = j - (j / ps) * ps;
-        ks = kb + page * a.pg.k_page, vs = vb + page * a.pg.v_page;
-        kr = vr = off;
-      }
-      ks += kr * p.k_st.s, vs += vr * p.v_st.s;
+      if (PAGED) ks += rowoff[r], vs += rowoff[r];
+      else ks += j * p.k_st.s, vs += j * p.v_st.s;
     }
     cp_async16(kt + swz<CH>(r, chunk), ks + chunk * 8, in ? 16 : 0);
     cp_async16(vt + swz<CH>(r, chunk), vs + chunk * 8, in ? 16 : 0);
@@ -79,13 +83,14 @@ template <typename T> static __device__ __forceinline__ bool pair_nonfinite(uint
   return __vcmpeq2(w & m, m) != 0;
 }
 
-/* O += P·V for 16 keys (rows kr..kr+15 of the V tile) one key at a time,
- * skipping zero weights: the exact product for the rare tile with NaN or
- * inf in V.  s holds P (f32) in the accumulator layout, keys n·8 + c2 (+1)
- * of chunks 2kk and 2kk + 1. */
-template <typename T, int D, int NC>
+/* O += P·V for 16 keys (rows kr..kr+15 of the V tile) and the value
+ * columns of chunks [c0, c1) (8 a chunk) one key at a time, skipping zero
+ * weights: the exact product for the rare tile with NaN or inf in V.  s
+ * holds P (f32) in the accumulator layout, keys n·8 + c2 (+1) of chunks
+ * 2kk and 2kk + 1. */
+template <typename T, int D>
 static __device__ __forceinline__ void dec_pv_exact(float (*o)[4], const float (*s)[4], int kk, const char *vt, int kr,
-                                                    int lane) {
+                                                    int lane, int c0, int c1) {
   const int CH = D / 8, c2 = (lane & 3) * 2;
 #pragma unroll
   for (int jj = 0; jj < 16; jj++) {
@@ -93,6 +98,7 @@ static __device__ __forceinline__ void dec_pv_exact(float (*o)[4], const float (
     const float pA = __shfl_sync(0xffffffffu, s[n][e], src), pB = __shfl_sync(0xffffffffu, s[n][2 + e], src);
 #pragma unroll
     for (int d = 0; d < D / 8; d++) {
+      if (d < c0 || d >= c1) continue;
       const T *v2 = (const T *)(vt + swz<CH>(kr + jj, d)) + c2;
       const float v0 = to_float(v2[0]), v1 = to_float(v2[1]);
       if (pA != 0.f) o[d][0] = fmaf(pA, v0, o[d][0]), o[d][1] = fmaf(pA, v1, o[d][1]);
@@ -137,11 +143,21 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
 
   const T *kbase = (const T *)p.k + (PAGED ? hk * p.k_st.h : attn_at(p.k_st, b, hk, 0));
   const T *vbase = (const T *)p.v + (PAGED ? hk * p.v_st.h : attn_at(p.v_st, b, hk, 0));
+  /* paged: the rows' offsets of tile u in rowoff[u % 4], made at the end
+   * of the iteration before the one that copies the tile (the first
+   * three here) */
+  __shared__ int64_t rowoff[PAGED ? 4 : 1][DEC_BC];
   const int32_t *table = PAGED ? a.pg.table + b * a.pg.max_pages : NULL;
+  if (PAGED && tid < DEC_BC)
+    for (int u = 0; u < DEC_STAGES && u < ntiles; u++) {
+      const int64_t j = kb + (int64_t)u * DEC_BC + tid;
+      rowoff[u][tid] = j < ke ? dec_page_offset(p, a, table, j) : 0;
+    }
+  if (PAGED) __syncthreads();
 #pragma unroll
   for (int st = 0; st < DEC_STAGES - 1; st++) {
     if (st < ntiles)
-      dec_load<T, D, PAGED>(dec_smem + st * 2 * TILE, dec_smem + st * 2 * TILE + TILE, p, a, kbase, vbase, table,
+      dec_load<T, D, PAGED>(dec_smem + st * 2 * TILE, dec_smem + st * 2 * TILE + TILE, p, kbase, vbase, rowoff[PAGED ? st : 0],
                             kb + st * DEC_BC, ke);
     cp_async_commit();
   }
@@ -177,11 +193,18 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
   for (int t = 0; t < ntiles; t++) {
     cp_async_wait<DEC_STAGES - 2>();
     __syncthreads(); /* tile t is in; the buffer of tile t - 1 is free */
+    const int tn = t + DEC_STAGES - 1;
     {
-      const int tn = t + DEC_STAGES - 1;
       char *kn = dec_smem + (tn % DEC_STAGES) * 2 * TILE;
-      if (tn < ntiles) dec_load<T, D, PAGED>(kn, kn + TILE, p, a, kbase, vbase, table, kb + (int64_t)tn * DEC_BC, ke);
+      if (tn < ntiles)
+        dec_load<T, D, PAGED>(kn, kn + TILE, p, kbase, vbase, rowoff[PAGED ? tn % 4 : 0], kb + (int64_t)tn * DEC_BC, ke);
       cp_async_commit();
+    }
+    /* paged: the table entries of tile tn + 1, read now, used next iteration */
+    int64_t next_off = 0;
+    if (PAGED && tid < DEC_BC && tn + 1 < ntiles) {
+      const int64_t j = kb + (int64_t)(tn + 1) * DEC_BC + tid;
+      if (j < ke) next_off = dec_page_offset(p, a, table, j);
     }
     const char *kt = dec_smem + (t % DEC_STAGES) * 2 * TILE, *vt = kt + TILE;
     const int64_t j0 = kb + (int64_t)t * DEC_BC + kw;
@@ -208,24 +231,32 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
     for (int kk = 0; kk < NC / 2; kk++) {
       uint32_t pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
                         pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-      uint32_t vf[D / 16][4];
-      bool bad = false;
+      /* the value columns in two halves, so that half the fragments are
+       * held at once (registers: the 64-row instances were at the cap) */
 #pragma unroll
-      for (int d = 0; d < D / 16; d++) {
-        ldmatrix_x4_trans(vf[d], smem_addr(vt + swz<D / 8>(kw + kk * 16 + (lane & 15), 2 * d + (lane >> 4))));
-        bad |= pair_nonfinite<T>(vf[d][0]) | pair_nonfinite<T>(vf[d][1]) | pair_nonfinite<T>(vf[d][2]) |
-               pair_nonfinite<T>(vf[d][3]);
-      }
-      if (__any_sync(0xffffffffu, bad)) {
-        dec_pv_exact<T, D, NC>(o, s, kk, vt, kw + kk * 16, lane);
-        continue;
-      }
+      for (int half = 0; half < 2; half++) {
+        uint32_t vf[D / 32][4];
+        bool bad = false;
 #pragma unroll
-      for (int d = 0; d < D / 16; d++) {
-        mma16816<T>(o[2 * d], pa, vf[d][0], vf[d][1]);
-        mma16816<T>(o[2 * d + 1], pa, vf[d][2], vf[d][3]);
+        for (int d = 0; d < D / 32; d++) {
+          const int chunk = 2 * (half * D / 32 + d) + (lane >> 4);
+          ldmatrix_x4_trans(vf[d], smem_addr(vt + swz<D / 8>(kw + kk * 16 + (lane & 15), chunk)));
+          bad |= pair_nonfinite<T>(vf[d][0]) | pair_nonfinite<T>(vf[d][1]) | pair_nonfinite<T>(vf[d][2]) |
+                 pair_nonfinite<T>(vf[d][3]);
+        }
+        if (__any_sync(0xffffffffu, bad)) {
+          dec_pv_exact<T, D>(o, s, kk, vt, kw + kk * 16, lane, half * D / 16, (half + 1) * D / 16);
+          continue;
+        }
+#pragma unroll
+        for (int d = 0; d < D / 32; d++) {
+          const int dd = half * D / 32 + d;
+          mma16816<T>(o[2 * dd], pa, vf[d][0], vf[d][1]);
+          mma16816<T>(o[2 * dd + 1], pa, vf[d][2], vf[d][3]);
+        }
       }
     }
+    if (PAGED && tid < DEC_BC && tn + 1 < ntiles) rowoff[(tn + 1) % 4][tid] = next_off; /* read after the next barrier */
   }
   cp_async_wait<0>();
   __syncthreads(); /* the tiles are free: the warps' states meet there */
@@ -340,22 +371,6 @@ extern "C" int fa_cuda_attention_decode_fit(fa_dtype dt, int64_t D, int64_t Dv, 
   return 0;
 }
 
-/* The chunks of a call: the user's, else enough blocks for two a
- * streaming multiprocessor, each at least two tiles of keys. */
-static fa_status decode_splits(fa_context *ctx, const fa_attn_problem *p, int64_t want, int *splits) {
-  const int64_t tiles = (p->Lk + DEC_BC - 1) / DEC_BC, heads = p->B * p->Hkv;
-  int64_t s = want;
-  if (s <= 0) {
-    int dev = 0, sms = 0;
-    FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
-    FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    s = (2 * (int64_t)sms + heads - 1) / heads;
-    s = min(s, (tiles + 1) / 2);
-  }
-  *splits = (int)max((int64_t)1, min(s, min(tiles, (int64_t)DEC_MAX_SPLITS)));
-  return FA_OK;
-}
-
 typedef void (*decode_kernel_fn)(fa_attn_problem, decode_args);
 
 template <typename T, int D, int RG>
@@ -364,23 +379,69 @@ static decode_kernel_fn decode_pick(int extras, bool paged) {
   return paged ? attn_decode_kernel<T, D, RG, EXTRAS_NONE, true> : attn_decode_kernel<T, D, RG, EXTRAS_NONE, false>;
 }
 
+/* What a launch needs to know of an instance on a device, found once: the
+ * shared memory set (cudaFuncSetAttribute costs a few µs a call, and a
+ * decode step is a few µs of work), its blocks an SM, the SM count.  A
+ * race between two threads sets the same values twice. */
+#define DEC_DEVICES 16
+#define DEC_INSTANCES 48 /* dtype (2) x D (2) x row groups (3) x extras (2) x paged (2) */
+typedef struct {
+  int ready, slots; /* slots: its blocks resident on the whole GPU */
+} decode_instance;
+static decode_instance dec_instances[DEC_DEVICES][DEC_INSTANCES];
+
+static fa_status decode_instance_of(fa_context *ctx, decode_kernel_fn k, int id, size_t smem, int *slots) {
+  int dev = 0;
+  FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
+  decode_instance *in = dev < DEC_DEVICES ? &dec_instances[dev][id] : NULL;
+  if (in && __atomic_load_n(&in->ready, __ATOMIC_ACQUIRE)) {
+    *slots = in->slots;
+    return FA_OK;
+  }
+  int sms = 0, per_sm = 0;
+  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  FA_CUDA_CHECK(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, DEC_THREADS, smem));
+  *slots = max(1, sms * per_sm);
+  if (in) {
+    in->slots = *slots;
+    __atomic_store_n(&in->ready, 1, __ATOMIC_RELEASE);
+  }
+  return FA_OK;
+}
+
+/* The chunks of a call: the user's (at most one a tile, and 256), else as
+ * many as keep one wave of blocks (a second, part-filled wave costs as
+ * much as the first), with chunks of at least two tiles, and one for short
+ * caches (<= 512 keys: a merge would cost more than it saves). */
+static int decode_splits(const fa_attn_problem *p, int64_t want, int slots) {
+  const int64_t tiles = (p->Lk + DEC_BC - 1) / DEC_BC, heads = p->B * p->Hkv;
+  int64_t s = want;
+  if (s <= 0) s = p->Lk <= 8 * DEC_BC ? 1 : min(slots / heads, tiles / 2);
+  return (int)max((int64_t)1, min(s, min(tiles, (int64_t)DEC_MAX_SPLITS)));
+}
+
 template <typename T, int D>
-static fa_status decode_typed(fa_context *ctx, const fa_attn_problem *p, decode_args &a) {
+static fa_status decode_typed(fa_context *ctx, const fa_attn_problem *p, decode_args &a, int64_t want) {
   const int rg = decode_row_groups(a.rows);
   const int extras = attn_has_extras(p);
   const bool paged = a.pg.table != NULL;
   decode_kernel_fn k = rg == 1 ? decode_pick<T, D, 1>(extras, paged)
                        : rg == 2 ? decode_pick<T, D, 2>(extras, paged)
                                  : decode_pick<T, D, 4>(extras, paged);
+  const int id = ((((std::is_same<T, __half>::value ? 1 : 0) * 2 + (D == 128)) * 3 + rg / 2) * 2 + extras) * 2 + paged;
   const size_t smem = (size_t)DEC_STAGES * 2 * DEC_BC * D * 2;
-  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  int slots = 0;
+  fa_status st = decode_instance_of(ctx, k, id, smem, &slots);
+  if (st) return st;
+  a.splits = decode_splits(p, want, slots);
   const int64_t blocks = p->B * p->Hkv * a.splits, rows = p->B * p->Hq * p->Lq;
-  if (fa_status st = attn_grid_fits(ctx, blocks)) return st;
+  if ((st = attn_grid_fits(ctx, blocks))) return st;
   size_t part_bytes = 0;
   void *part = NULL;
   if (a.splits > 1) {
     part_bytes = sizeof(float) * (size_t)(a.splits * rows) * (size_t)(D + 1);
-    if (fa_status st = fa_cuda_malloc(ctx, &part, part_bytes)) return st;
+    if ((st = fa_cuda_malloc(ctx, &part, part_bytes))) return st;
     a.part_o = (float *)part, a.part_lse = (float *)part + (size_t)(a.splits * rows) * D;
   }
   cudaStream_t s = fa_cuda_stream(ctx);
@@ -406,10 +467,14 @@ extern "C" fa_status fa_cuda_attention_decode(fa_context *ctx, const fa_attn_pro
   decode_args a;
   memset(&a, 0, sizeof a);
   a.G = (int)(p->Hq / p->Hkv), a.rows = (int)(a.G * p->Lq);
-  if (pg) a.pg = *pg;
-  fa_status st = decode_splits(ctx, p, splits, &a.splits);
-  if (st) return st;
+  a.pg_shift = -1;
+  if (pg) {
+    a.pg = *pg;
+    for (int sh = 0; sh < 62; sh++)
+      if (((int64_t)1 << sh) == pg->page_size) a.pg_shift = sh;
+  }
   if (p->compute == FA_F16)
-    return p->D == 64 ? decode_typed<__half, 64>(ctx, p, a) : decode_typed<__half, 128>(ctx, p, a);
-  return p->D == 64 ? decode_typed<__nv_bfloat16, 64>(ctx, p, a) : decode_typed<__nv_bfloat16, 128>(ctx, p, a);
+    return p->D == 64 ? decode_typed<__half, 64>(ctx, p, a, splits) : decode_typed<__half, 128>(ctx, p, a, splits);
+  return p->D == 64 ? decode_typed<__nv_bfloat16, 64>(ctx, p, a, splits)
+                    : decode_typed<__nv_bfloat16, 128>(ctx, p, a, splits);
 }
