@@ -224,8 +224,8 @@ for _, ps in ipairs { 16, 5 } do
         local o2 = cache:attend(q, opts)
         for b = 1, B do
           -- the sequence's keys as appended, step by step
-          local kb = fa.zeros({ 1, H, lens[b], D }, { dtype = "f64" })
-          local vb = fa.zeros({ 1, H, lens[b], D }, { dtype = "f64" })
+          local kb = fa.zeros({ 1, H, lens[b], D }, { dtype = "f64", device = "cpu" })
+          local vb = fa.zeros({ 1, H, lens[b], D }, { dtype = "f64", device = "cpu" })
           local at = 0
           for si, st in ipairs(steps) do
             local n = st[2] and st[2][b] or st[1]

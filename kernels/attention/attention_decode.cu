@@ -19,10 +19,10 @@
  * kernels' fragment code (attention_frag.cuh).
  *
  * NaN or inf in V: a masked key's weight is 0, and 0 · NaN = NaN on the
- * tensor cores would reach rows that never attend it.  Each warp checks the
- * value fragments it is about to multiply (they are in registers anyway)
- * and takes those 16 keys through a scalar product that skips zero weights
- * when any is NaN or inf: exact, with no second kernel and no scan of V. */
+ * tensor cores would reach rows that never attend it.  Each thread checks
+ * the value chunks it copied into a tile, the tile's barrier gathers the
+ * answer, and a tile with NaN or inf goes through a scalar product that
+ * skips zero weights: exact, with no second kernel and no scan of V. */
 #include "attention_frag.cuh"
 #include "mma_sync.cuh"
 
@@ -77,20 +77,26 @@ static __device__ __forceinline__ void dec_load(char *kt, char *vt, const fa_att
   }
 }
 
-/* Whether a 32-bit word of two 16-bit elements holds NaN or inf. */
-template <typename T> static __device__ __forceinline__ bool pair_nonfinite(uint32_t w) {
-  const uint32_t m = nonfinite_bits<T>::mask;
-  return __vcmpeq2(w & m, m) != 0;
+/* Whether the chunks of a V tile that this thread copied (dec_load's)
+ * hold NaN or inf: after the thread's cp.async.wait its own copies are
+ * visible to it, so the block's barrier can carry the answer
+ * (__syncthreads_or) and no warp checks fragments it did not copy. */
+template <typename T, int D> static __device__ __forceinline__ bool dec_v_nonfinite(const char *vt) {
+  const int CH = D / 8, STEP = DEC_THREADS / CH;
+  const int chunk = threadIdx.x % CH, row0 = threadIdx.x / CH;
+  bool bad = false;
+#pragma unroll
+  for (int it = 0; it < DEC_BC / STEP; it++) bad |= words_nonfinite<T>(*(const uint4 *)(vt + swz<CH>(row0 + it * STEP, chunk)));
+  return bad;
 }
 
-/* O += P·V for 16 keys (rows kr..kr+15 of the V tile) and the value
- * columns of chunks [c0, c1) (8 a chunk) one key at a time, skipping zero
- * weights: the exact product for the rare tile with NaN or inf in V.  s
- * holds P (f32) in the accumulator layout, keys n·8 + c2 (+1) of chunks
- * 2kk and 2kk + 1. */
+/* O += P·V for 16 keys (rows kr..kr+15 of the V tile) one key at a time,
+ * skipping zero weights: the exact product for the rare tile with NaN or
+ * inf in V.  s holds P (f32) in the accumulator layout, keys n·8 + c2 (+1)
+ * of chunks 2kk and 2kk + 1. */
 template <typename T, int D>
 static __device__ __forceinline__ void dec_pv_exact(float (*o)[4], const float (*s)[4], int kk, const char *vt, int kr,
-                                                    int lane, int c0, int c1) {
+                                                    int lane) {
   const int CH = D / 8, c2 = (lane & 3) * 2;
 #pragma unroll
   for (int jj = 0; jj < 16; jj++) {
@@ -98,7 +104,6 @@ static __device__ __forceinline__ void dec_pv_exact(float (*o)[4], const float (
     const float pA = __shfl_sync(0xffffffffu, s[n][e], src), pB = __shfl_sync(0xffffffffu, s[n][2 + e], src);
 #pragma unroll
     for (int d = 0; d < D / 8; d++) {
-      if (d < c0 || d >= c1) continue;
       const T *v2 = (const T *)(vt + swz<CH>(kr + jj, d)) + c2;
       const float v0 = to_float(v2[0]), v1 = to_float(v2[1]);
       if (pA != 0.f) o[d][0] = fmaf(pA, v0, o[d][0]), o[d][1] = fmaf(pA, v1, o[d][1]);
@@ -192,7 +197,9 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
 
   for (int t = 0; t < ntiles; t++) {
     cp_async_wait<DEC_STAGES - 2>();
-    __syncthreads(); /* tile t is in; the buffer of tile t - 1 is free */
+    /* tile t is in; the buffer of tile t - 1 is free; and whether V's tile
+     * holds NaN or inf, each thread checking the chunks it copied */
+    const bool v_bad = __syncthreads_or(dec_v_nonfinite<T, D>(dec_smem + (t % DEC_STAGES) * 2 * TILE + TILE));
     const int tn = t + DEC_STAGES - 1;
     {
       char *kn = dec_smem + (tn % DEC_STAGES) * 2 * TILE;
@@ -231,22 +238,19 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
     for (int kk = 0; kk < NC / 2; kk++) {
       uint32_t pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
                         pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      if (v_bad) { /* rare: NaN or inf somewhere in this tile of V */
+        dec_pv_exact<T, D>(o, s, kk, vt, kw + kk * 16, lane);
+        continue;
+      }
       /* the value columns in two halves, so that half the fragments are
        * held at once (registers: the 64-row instances were at the cap) */
 #pragma unroll
       for (int half = 0; half < 2; half++) {
         uint32_t vf[D / 32][4];
-        bool bad = false;
 #pragma unroll
         for (int d = 0; d < D / 32; d++) {
           const int chunk = 2 * (half * D / 32 + d) + (lane >> 4);
           ldmatrix_x4_trans(vf[d], smem_addr(vt + swz<D / 8>(kw + kk * 16 + (lane & 15), chunk)));
-          bad |= pair_nonfinite<T>(vf[d][0]) | pair_nonfinite<T>(vf[d][1]) | pair_nonfinite<T>(vf[d][2]) |
-                 pair_nonfinite<T>(vf[d][3]);
-        }
-        if (__any_sync(0xffffffffu, bad)) {
-          dec_pv_exact<T, D>(o, s, kk, vt, kw + kk * 16, lane, half * D / 16, (half + 1) * D / 16);
-          continue;
         }
 #pragma unroll
         for (int d = 0; d < D / 32; d++) {
@@ -325,26 +329,39 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
 
 /* The chunks' states combined, a warp a row: weights e^(lse_s - max), an
  * empty chunk (lse = -inf) weighing nothing; the row's output through o's
- * strides and its lse.  NaN in any chunk's lse makes the row NaN. */
+ * strides and its lse.  NaN in any chunk's lse makes the row NaN.  The
+ * lanes take the chunks' lse together and the weights go through shared
+ * memory, so that the loads of the chunks' outputs are independent (a
+ * serial walk of the chunks took 12 µs for 32 chunks at batch 1). */
 template <typename T, int D>
 __global__ void __launch_bounds__(128) attn_decode_merge_kernel(fa_attn_problem p, decode_args a) {
+  __shared__ float wsh[4][DEC_MAX_SPLITS];
   const int64_t R = p.B * p.Hq * p.Lq, row = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (row >= R) return;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  if (row >= R) return; /* whole warps: no block barrier below */
   const int64_t i = row % p.Lq, bh = row / p.Lq, b = bh / p.Hq, h = bh % p.Hq;
   float M = -INFINITY;
-  for (int s = 0; s < a.splits; s++) M = fmaxf(M, a.part_lse[s * R + row]);
-  float den = 0.f, acc[D / 32];
+  for (int s = lane; s < a.splits; s += 32) M = fmaxf(M, a.part_lse[s * R + row]);
+  M = warp_max(M);
+  float den = 0.f;
+  for (int s = lane; s < a.splits; s += 32) {
+    const float l = a.part_lse[s * R + row];
+    const float wt = l == -INFINITY ? 0.f : expf(l - M); /* NaN stays NaN */
+    wsh[w][s] = wt;
+    den += wt;
+  }
+  den = warp_sum(den);
+  __syncwarp();
+  float acc[D / 32];
 #pragma unroll
   for (int c = 0; c < D / 32; c++) acc[c] = 0.f;
+  const float *src = a.part_o + row * D + lane * (D / 32);
+#pragma unroll 4
   for (int s = 0; s < a.splits; s++) {
-    const float l = a.part_lse[s * R + row];
-    const float w = l == -INFINITY ? 0.f : expf(l - M); /* NaN stays NaN */
-    if (w == 0.f) continue; /* nothing of an empty chunk, not even 0 · inf */
-    den += w;
-    const float *src = a.part_o + (s * R + row) * D + lane * (D / 32);
+    const float wt = wsh[w][s];
+    if (wt == 0.f) continue; /* nothing of an empty chunk, not even 0 · inf */
 #pragma unroll
-    for (int c = 0; c < D / 32; c++) acc[c] = fmaf(w, src[c], acc[c]);
+    for (int c = 0; c < D / 32; c++) acc[c] = fmaf(wt, src[s * R * D + c], acc[c]);
   }
   const float inv = row_inv(den);
   T *out = (T *)p.o + attn_at(p.o_st, b, h, i) + lane * (D / 32);
