@@ -356,12 +356,16 @@ __global__ void __launch_bounds__(128) attn_decode_merge_kernel(fa_attn_problem 
 #pragma unroll
   for (int c = 0; c < D / 32; c++) acc[c] = 0.f;
   const float *src = a.part_o + row * D + lane * (D / 32);
-#pragma unroll 4
+  /* every load unconditional, so that they are all in flight at once (a
+   * branch on the weight made each wait for the one before: 10-13 µs) */
+#pragma unroll 8
   for (int s = 0; s < a.splits; s++) {
     const float wt = wsh[w][s];
-    if (wt == 0.f) continue; /* nothing of an empty chunk, not even 0 · inf */
 #pragma unroll
-    for (int c = 0; c < D / 32; c++) acc[c] = fmaf(wt, src[s * R * D + c], acc[c]);
+    for (int c = 0; c < D / 32; c++) {
+      const float x = src[s * R * D + c];
+      acc[c] += wt == 0.f ? 0.f : wt * x; /* nothing of an empty chunk, not even 0 · inf */
+    }
   }
   const float inv = row_inv(den);
   T *out = (T *)p.o + attn_at(p.o_st, b, h, i) + lane * (D / 32);
