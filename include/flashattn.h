@@ -222,11 +222,14 @@ typedef struct {
   int64_t tile_q, tile_k; /* 0 = backend default; FA_TILE_ZERO: see below */
   int return_lse;
   fa_tensor *out, *lse_out; /* optional preallocated outputs; they must not overlap each other */
-  /* Split-KV (API §8): 0 = auto (1 today: the chooser comes with the
-   * split-KV kernel), s >= 1 cuts the keys into s contiguous pieces,
-   * attended apart and merged (fa_merge_states_n): the same result within
-   * rounding.  With s > 1, causal = FA_CAUSAL_TOP_LEFT is FA_ERR_UNSUPPORTED;
-   * fa_attention_reference ignores it. */
+  /* Split-KV (API §8): 0 = auto, s >= 1 cuts the keys into s contiguous
+   * pieces whose partial states are merged: the same result within
+   * rounding.  On cuda's decode kernel (f16/bf16, D = Dv = 64 or 128,
+   * Hq / Hkv * Lq <= 64, no tile) they are chunks of one launch and auto
+   * chooses their number; elsewhere they are separate calls merged by
+   * fa_merge_states_n, auto is 1, and with s > 1 causal =
+   * FA_CAUSAL_TOP_LEFT is FA_ERR_UNSUPPORTED.  fa_attention_reference
+   * ignores it. */
   int64_t splits;
   const char *kernel; /* NULL or "": the fastest kernel that accepts the call (API §6); a name that
                          fa_attention_kernels lists picks that kernel.  fa_attention_reference and the
@@ -482,9 +485,11 @@ FA_API fa_status fa_kv_cache_append(fa_context *ctx, fa_kv_cache *cache, fa_tens
 /* q (B, Hq, Lq, D), the cache's dtype and device, Hq % Hkv == 0, against
  * each sequence's keys so far (o: (B, Hq, Lq, Dv) in q's dtype; lse as in
  * fa_attention).  Options: scale, causal (aligned to each sequence's own
- * length), window, alibi, softcap, return_lse, out, lse_out, splits; algo,
- * tile, mask and kv_lens are FA_ERR_ARGUMENT.  A sequence of length 0
- * gives zeros and lse = -inf. */
+ * length, as window and alibi), window, alibi, softcap, return_lse, out,
+ * lse_out, splits; algo, tile, mask and kv_lens are FA_ERR_ARGUMENT.  A
+ * sequence of length 0 gives zeros and lse = -inf.  On cuda the decode
+ * kernel reads the pages where they lie when it takes the call (see
+ * splits); else the pages are gathered per sequence. */
 FA_API fa_status fa_kv_cache_attend(fa_context *ctx, fa_kv_cache *cache, fa_tensor *q, const fa_attention_opts *opts,
                                     fa_tensor **o, fa_tensor **lse);
 /* lens gets B entries. */

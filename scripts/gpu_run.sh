@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run, on a lent H100/H200 (through the device tool, from the
 # repository root, carrying .deps):
-#   bash scripts/gpu_run.sh [all | any of: test sanitize bench attention seeds]   (default all)
+#   bash scripts/gpu_run.sh [all | any of: test sanitize bench attention decode seeds]   (default all)
 # Builds for sm_90a, runs the LuaUnit suites with FLASHATTN_DEVICE=cuda
 # (every CUDA op against the CPU / f64 reference), the outside oracle
 # (scripts/oracle_attention.py: PyTorch on the same tensors, each case run
@@ -75,6 +75,12 @@ if [[ $what == *" all "* || $what == *" attention "* ]]; then
   $B/flashattn-lua scripts/bench_attention.lua --json "$OUT/attention_engine.json" ${ATTN_ARGS:-} 2>&1 | tee "$OUT/bench_attention.log" || rc=1
   python3 scripts/peers_attention.py --engine "$OUT/attention_engine.json" --json "$OUT/attention.json" \
     --commit "$COMMIT" 2>&1 | tee -a "$OUT/bench_attention.log" || rc=1
+fi
+if [[ $what == *" all "* || $what == *" decode "* ]]; then
+  step "decode: engine (contiguous, paged, Lq 4/16, the tiny call), then peers (torch SDPA: flash, cuDNN)"
+  $B/flashattn-lua scripts/bench_decode.lua --json "$OUT/decode_engine.json" 2>&1 | tee "$OUT/bench_decode.log" || rc=1
+  python3 scripts/peers_decode.py --engine "$OUT/decode_engine.json" --json "$OUT/decode.json" \
+    --commit "$COMMIT" 2>&1 | tee -a "$OUT/bench_decode.log" || rc=1
 fi
 if [[ $what == *" all "* || $what == *" seeds "* ]]; then
   step "the seeds' claims, full form"

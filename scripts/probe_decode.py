@@ -1,0 +1,52 @@
+"""Decode: where a call's time goes.  The kernels' own times (torch.profiler, CUPTI: every kernel in the
+process) and the cost of a call in a loop (wall clock over 2000 calls, host and GPU together), for the
+engine's decode kernel (C API through ctypes, as bench_layouts.py) and PyTorch SDPA's cuDNN and flash
+backends on the same shapes (bf16, D = 128, Hq = 32).
+
+Usage (on the GPU machine, after scripts/gpu_env.sh and a build):
+  python3 scripts/probe_decode.py build-gpu/libflashattn.so
+"""
+import sys, os, time, ctypes
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch
+from torch.profiler import profile, ProfilerActivity
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.functional import scaled_dot_product_attention as sdpa
+from bench_layouts import EngineCall
+from oracle_attention import Engine
+eng = Engine(sys.argv[1])
+def kernel_times(fn, n=20):
+    for _ in range(3): fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n): fn()
+        torch.cuda.synchronize()
+    return [(e.key[:60], e.device_time_total / n) for e in prof.key_averages() if e.device_time_total > 0]
+def wall_us(fn, n=2000):
+    for _ in range(10): fn()
+    torch.cuda.synchronize(); t = time.perf_counter()
+    for _ in range(n): fn()
+    torch.cuda.synchronize(); return (time.perf_counter() - t) / n * 1e6
+for (B, Hkv, Lq, Lk) in [(1, 8, 1, 256), (1, 8, 1, 4096), (1, 8, 1, 131072), (8, 8, 1, 32768), (8, 8, 4, 32768), (8, 8, 16, 32768), (64, 8, 1, 32768)]:
+    Hq, D = 32, 128
+    q = torch.randn(B, Hq, Lq, D, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(B, Hkv, Lk, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(B, Hkv, Lk, D, device="cuda", dtype=torch.bfloat16)
+    o = torch.empty(B, Hq, Lq, D, device="cuda", dtype=torch.bfloat16)
+    call = EngineCall(eng, "bf16", q, k, v, o, False)
+    kt = kernel_times(call)
+    gb = 2 * B * Hkv * Lk * D * 2 / 1e9
+    tot = sum(t for _, t in kt)
+    print(f"== B={B} Hkv={Hkv} Lq={Lq} Lk={Lk}: engine wall {wall_us(call):.1f} us/call, kernels {tot:.1f} us ({gb / tot * 1e6:.0f} GB/s)")
+    for n, t in kt: print(f"     {n:60} {t:8.1f} us")
+    for be in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION):
+        try:
+            with sdpa_kernel([be]):
+                f = lambda: sdpa(q, k, v, enable_gqa=True)
+                kt = kernel_times(f); tot = sum(t for _, t in kt)
+                print(f"   {be.name}: wall {wall_us(f):.1f} us/call, kernels {tot:.1f} us ({gb / tot * 1e6:.0f} GB/s)")
+        except RuntimeError as e:
+            print(f"   {be.name}: refused ({str(e)[:60]})")
+    call.close()
+    del q, k, v, o
+    torch.cuda.empty_cache()
