@@ -484,7 +484,7 @@ static fa_status decode_typed(fa_context *ctx, const fa_attn_problem *p, decode_
     attn_decode_merge_kernel<T, D><<<(unsigned)rows, 128, 0, s>>>(*p, a);
     err = cudaGetLastError();
   }
-  fa_cuda_free(part, part_bytes); /* stream-ordered: after the kernels */
+  fa_cuda_free_on(ctx, part, part_bytes); /* after the kernels, on their stream (capturable) */
   return fa_cuda_error(ctx, err, "launch of attn_decode_kernel");
 }
 

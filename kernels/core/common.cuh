@@ -89,6 +89,10 @@ template <typename T> static __device__ __forceinline__ T from_float(typename El
 extern "C" fa_status fa_cuda_fork(fa_context *ctx, cudaStream_t *side);
 extern "C" fa_status fa_cuda_join(fa_context *ctx);
 
+/* memory.cu: fa_cuda_free on the context's stream (a call's temporaries:
+ * capturable into a CUDA graph). */
+extern "C" void fa_cuda_free_on(fa_context *ctx, void *p, size_t nbytes);
+
 /* The context's stream (NULL ctx or stream: the legacy default stream). */
 static inline cudaStream_t fa_cuda_stream(const fa_context *ctx) {
   return ctx ? (cudaStream_t)ctx->stream : (cudaStream_t)0;

@@ -83,6 +83,16 @@ extern "C" void fa_cuda_free(void *p, size_t nbytes) {
   fa_mem_release(FA_CUDA, nbytes);
 }
 
+/* The same, ordered on the context's stream instead of the legacy one:
+ * for a call's own temporaries, so that a host may capture the call into
+ * a CUDA graph (an operation on the legacy stream ends a capture). */
+extern "C" void fa_cuda_free_on(fa_context *ctx, void *p, size_t nbytes) {
+  if (!p) return;
+  cudaError_t err = pool_ok ? cudaFreeAsync(p, fa_cuda_stream(ctx)) : cudaFree(p);
+  if (err != cudaSuccess) (void)cudaGetLastError();
+  fa_mem_release(FA_CUDA, nbytes);
+}
+
 /* Ordered on the context's stream; copies that touch host memory are
  * complete on return (the host buffer may be reused or read at once). */
 extern "C" fa_status fa_cuda_memcpy(fa_context *ctx, void *dst, const void *src, size_t nbytes, fa_copy_kind kind) {
