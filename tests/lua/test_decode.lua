@@ -1,0 +1,126 @@
+-- The decode kernel (API §8; cuda only): a few query rows per key head, the
+-- query heads of a key head packed together, the keys cut into chunks
+-- (opts.splits) merged in one more launch; the paged cache read through its
+-- page table.  On the CPU: the registry does not offer it and naming it is
+-- an error naming the kernels that take the call.  On cuda: it is the
+-- automatic choice for the calls it takes, and its results equal the f64
+-- reference with every score rule, every chunk count, NaN/inf in values no
+-- row attends, and through the paged cache.
+local U = require "fa_testutil"
+local fa, lu = U.fa, U.lu
+local dev = U.device
+
+TestDecode = {}
+
+local function contains(list, name)
+  for _, n in ipairs(list) do if n == name then return true end end
+  return false
+end
+
+local function qkv(dtype, B, Hq, Hkv, Lq, Lk, D)
+  return U.randn({B, Hq, Lq, D}, dtype), U.randn({B, Hkv, Lk, D}, dtype), U.randn({B, Hkv, Lk, D}, dtype)
+end
+
+function TestDecode:test_cpu_refuses()
+  local q, k, v = qkv("f32", 1, 4, 2, 1, 50, 64)
+  q, k, v = q:cpu(), k:cpu(), v:cpu()
+  lu.assertFalse(contains(fa.kernels(q, k, v), "decode"))
+  U.assert_fa_error({"opts.kernel", '"decode"', "cuda", '"cpu_flash"'}, fa.attention, q, k, v, {kernel = "decode"})
+end
+
+function TestDecode:test_registry_on_cuda()
+  if dev ~= "cuda" then lu.skip("cuda only") end
+  local q, k, v = qkv("bf16", 2, 8, 2, 4, 300, 128)
+  lu.assertEquals(fa.kernels(q, k, v)[1], "decode")
+  -- what it does not take: f32, D = 96, more than 64 rows a key head, a tile, algo two_pass
+  local f, fk, fv = qkv("f32", 1, 8, 2, 1, 300, 64)
+  lu.assertFalse(contains(fa.kernels(f, fk, fv), "decode"))
+  U.assert_fa_error({"opts.kernel", '"decode"', "f32"}, fa.attention, f, fk, fv, {kernel = "decode"})
+  local w, wk, wv = qkv("f16", 1, 8, 2, 1, 300, 96)
+  U.assert_fa_error({"opts.kernel", '"decode"', "D = 96"}, fa.attention, w, wk, wv, {kernel = "decode"})
+  local m, mk, mv = qkv("f16", 1, 16, 1, 5, 300, 64) -- 80 rows a key head
+  lu.assertFalse(contains(fa.kernels(m, mk, mv), "decode"))
+  U.assert_fa_error({"opts.kernel", '"decode"', "tile"}, fa.attention, q, k, v, {kernel = "decode", tile = {64, 64}})
+  U.assert_fa_error({"opts.kernel", '"decode"', "two_pass"}, fa.attention, q, k, v,
+    {kernel = "decode", algo = "two_pass"})
+end
+
+function TestDecode:test_results_on_cuda()
+  if dev ~= "cuda" then lu.skip("cuda only") end
+  local cases = {
+    {"bf16", 2, 8, 2, 1, 3000, 128, {}},
+    {"f16", 2, 8, 2, 1, 3000, 128, {splits = 7, return_lse = true}},
+    {"bf16", 1, 8, 1, 4, 1029, 64, {splits = 1}},
+    {"f16", 2, 8, 2, 16, 700, 64, {causal = true, alibi = {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8}, softcap = 20,
+                                   kv_lens = {650, 9}, return_lse = true}},
+    {"bf16", 1, 4, 1, 4, 1000, 128, {causal = "top_left", window = {100, 0}, splits = 5}},
+    {"bf16", 2, 4, 4, 2, 5000, 128, {window = {300, 20}, splits = 64}},
+    {"f16", 3, 4, 2, 3, 5, 128, {causal = true}},
+  }
+  for i, c in ipairs(cases) do
+    local q, k, v = qkv(c[1], c[2], c[3], c[4], c[5], c[6], c[7])
+    local what = ("decode case %d (%s, B %d, Hq %d, Hkv %d, Lq %d, Lk %d, D %d)"):format(i, table.unpack(c, 1, 7))
+    U.check_attention(q, k, v, c[8], what)
+    -- the same with the kernel named, and run twice: bit-identical
+    local opts = U.copy_opts(c[8])
+    opts.kernel = "decode"
+    local o1, o2 = fa.attention(q, k, v, opts), fa.attention(q, k, v, opts)
+    lu.assertEquals(fa.max_abs_diff(o1, o2), 0, what .. " run twice")
+  end
+  -- a bool mask, broadcast over heads
+  local q, k, v = qkv("bf16", 2, 8, 2, 2, 400, 64)
+  local keep = U.nested({2, 1, 2, 400}, function(b, _, i, j) return (b * 7 + i * 3 + j * 5) % 11 ~= 0 end)
+  U.check_attention(q, k, v, {mask = fa.tensor(keep, {dtype = "bool", device = dev})}, "decode bool mask")
+end
+
+function TestDecode:test_nonfinite_values_on_cuda()
+  if dev ~= "cuda" then lu.skip("cuda only") end
+  local q, k = U.randn({2, 4, 2, 128}, "bf16"), U.randn({2, 2, 300, 128}, "bf16")
+  local vt = U.randn({2, 2, 300, 128}, "f32"):cpu():totable()
+  vt[1][1][290][5], vt[2][2][200][7], vt[1][2][250][1] = 0 / 0, 1 / 0, -1 / 0
+  local v = fa.tensor(vt, {dtype = "bf16", device = dev})
+  for _, s in ipairs({"auto", 1, 5}) do -- past kv_lens: no row attends them, the output stays finite
+    U.check_attention(q, k, v, {kv_lens = {280, 150}, splits = s}, "decode NaN/inf past kv_lens, splits " .. s)
+  end
+end
+
+function TestDecode:test_paged_cache_on_cuda()
+  if dev ~= "cuda" then lu.skip("cuda only") end
+  for _, ps in ipairs({16, 5}) do
+    local B, H, Hq, D, cap = 3, 2, 8, 64, 600
+    local cache = fa.kv_cache{batch = B, heads = H, dim = D, capacity = cap, page_size = ps, dtype = "bf16", device = dev}
+    local keys = fa.zeros({B, H, cap, D}, {dtype = "f64", device = "cpu"})
+    local vals = fa.zeros({B, H, cap, D}, {dtype = "f64", device = "cpu"})
+    local lens = {0, 0, 0}
+    for _, st in ipairs({{200, {200, 17, 90}}, {40, nil}, {300, {3, 300, 0}}, {1, nil}}) do
+      local n = st[1]
+      local k, v = U.randn({B, H, n, D}, "bf16"), U.randn({B, H, n, D}, "bf16")
+      cache:append(k, v, st[2])
+      for b = 1, B do
+        local m = st[2] and st[2][b] or n
+        if m > 0 then
+          keys:narrow(1, b, 1):narrow(3, lens[b] + 1, m):copy_(k:narrow(1, b, 1):narrow(3, 1, m):cpu():double())
+          vals:narrow(1, b, 1):narrow(3, lens[b] + 1, m):copy_(v:narrow(1, b, 1):narrow(3, 1, m):cpu():double())
+        end
+        lens[b] = lens[b] + m
+      end
+    end
+    lu.assertEquals(cache:lengths(), lens)
+    for _, opts in ipairs({{}, {causal = true, splits = 3}, {window = {50, 0}, causal = true, return_lse = true}}) do
+      local q = U.randn({B, Hq, 4, D}, "bf16")
+      local o, lse = cache:attend(q, opts)
+      for b = 1, B do -- each sequence against its own keys, aligned to its own length
+        local r = U.copy_opts(opts)
+        r.return_lse = true
+        local ro, rl = fa.attention_reference(q:narrow(1, b, 1):cpu():double(),
+          keys:narrow(1, b, 1):narrow(3, 1, lens[b]), vals:narrow(1, b, 1):narrow(3, 1, lens[b]), r)
+        local what = ("paged ps %d seq %d (len %d)"):format(ps, b, lens[b])
+        U.assert_close(o:narrow(1, b, 1), ro, "bf16", what)
+        if opts.return_lse then U.assert_lse(lse:narrow(1, b, 1), rl, "bf16", what .. " lse") end
+      end
+    end
+    cache:free()
+  end
+end
+
+U.run()
