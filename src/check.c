@@ -305,10 +305,12 @@ fa_status fa_check_attention_kernel(fa_context *ctx, const fa_attention_opts *o,
     return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.kernel: unknown kernel \"%.64s\"; the kernels on %s: %s",
                    o->kernel, fa_device_name(d->device), kernel_names(d, d->device, 0, o->algo, 0, 0, list, sizeof list));
   const int64_t tq = o->tile_q, tk = o->tile_k;
-  if (fa_attn_kernel_refuses(k, d, o->algo, tq, tk, &d->kernel_br, &d->kernel_bc, why, sizeof why))
+  /* the reason is the pointer returned (a literal, or why filled in) */
+  const char *reason = fa_attn_kernel_refuses(k, d, o->algo, tq, tk, &d->kernel_br, &d->kernel_bc, why, sizeof why);
+  if (reason)
     return fa_fail(ctx, FA_ERR_UNSUPPORTED,
                    "flashattn: opts.kernel: \"%s\" does not accept this call (%s); the kernels that accept it: %s",
-                   fa_attn_kernel_table[k].name, why, kernel_names(d, d->device, 1, o->algo, tq, tk, list, sizeof list));
+                   fa_attn_kernel_table[k].name, reason, kernel_names(d, d->device, 1, o->algo, tq, tk, list, sizeof list));
   d->kernel = k;
   if (o->algo == FA_ATTN_AUTO) d->algo = fa_attn_kernel_table[k].algo;
   return FA_OK;

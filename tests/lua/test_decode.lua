@@ -43,6 +43,9 @@ function TestDecode:test_registry_on_cuda()
   U.assert_fa_error({"opts.kernel", '"decode"', "tile"}, fa.attention, q, k, v, {kernel = "decode", tile = {64, 64}})
   U.assert_fa_error({"opts.kernel", '"decode"', "two_pass"}, fa.attention, q, k, v,
     {kernel = "decode", algo = "two_pass"})
+  -- a refusal given as a fixed reason is named too (it once printed an unfilled buffer)
+  local d, dk, dv = qkv("f64", 1, 8, 2, 1, 30, 64)
+  U.assert_fa_error({"opts.kernel", '"wgmma"', "f64 inputs"}, fa.attention, d, dk, dv, {kernel = "wgmma"})
 end
 
 function TestDecode:test_results_on_cuda()
