@@ -238,7 +238,8 @@ typedef struct {
    * from a Lua score_mod(s, b, h, q, k) and mask_mod(b, h, q, k).  Only
    * the Lua binding builds them in this version: C hosts leave them NULL.
    * CPU backend and fa_attention_reference only (FA_ERR_UNSUPPORTED on
-   * cuda, with splits > 1 and in the backward). */
+   * cuda and with splits > 1); the CPU backward and its reference take
+   * them too, differentiating score_mod's expression. */
   const fa_expr *score_mod, *mask_mod;
   /* fa_block_mask_new's result for this call's mask_mod, B, Hq, Lq, Lk and
    * tile (checked), or NULL: "flash" and "two_pass" on the CPU skip its empty

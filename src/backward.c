@@ -7,6 +7,7 @@
  * shape.  CUDA: not in this version (an FA_ERR_UNSUPPORTED error, no silent
  * fallback). */
 #include "check.h"
+#include "expr.h"
 #include "cpu/attention_backward.h"
 
 #include <string.h>
@@ -20,6 +21,7 @@ static void bw_problem(const fa_attention_opts *o, const fa_attn_dims *d, fa_dty
   fa_attn_resolve_options(o, d, compute, p);
   p->kv_lens = o->kv_lens;
   p->alibi = o->alibi;
+  p->score_mod = o->score_mod, p->mask_mod = o->mask_mod; /* API §9: the chain rule through score_mod's expression */
   p->tile_q = o->tile_q > 0 ? o->tile_q : BW_TILE; /* the backward's own default: three Br·Bc tiles in cache */
   p->tile_k = o->tile_k > 0 ? o->tile_k : BW_TILE;
 }
@@ -56,8 +58,7 @@ static fa_status run_backward(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_te
     return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: attention_backward: an output pointer (dq, dk, dv) is NULL");
   FA_NEED(ctx);
   fa_attn_dims d;
-  fa_status st = fa_check_no_variants(ctx, opts, reference ? "attention_backward_reference" : "attention_backward");
-  if (!st) st = fa_check_attention(ctx, q, k, v, opts, reference, &d);
+  fa_status st = fa_check_attention(ctx, q, k, v, opts, reference, &d);
   if (st || (st = fa_check_attention_backward(ctx, q, o, lse, dout, reference, &d))) return st;
   if (!reference && d.device == FA_CUDA)
     return fa_fail(ctx, FA_ERR_UNSUPPORTED,
@@ -87,8 +88,13 @@ static fa_status run_backward(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_te
                         fa_tensor_ptr(t[BW_DQ]),
                         fa_tensor_ptr(t[BW_DK]),
                         fa_tensor_ptr(t[BW_DV])};
+  fa_expr_clear_fault(p.score_mod);
+  fa_expr_clear_fault(p.mask_mod);
   if (d.B * d.Hq * d.Lq > 0 && d.Lk > 0)
     st = reference ? fa_cpu_attention_backward_reference(ctx, &g) : fa_cpu_attention_backward(ctx, &g);
+  /* a tensor read out of range in a variant's expression (src/expr.h) */
+  if (!st) st = fa_expr_fault(ctx, p.mask_mod, "opts.mask_mod");
+  if (!st) st = fa_expr_fault(ctx, p.score_mod, "opts.score_mod");
   const fa_dtype odt = reference ? FA_F64 : d.dtype;
   if (st || (st = bw_deliver(ctx, t[BW_DQ], q, odt, dq)) || (st = bw_deliver(ctx, t[BW_DK], k, odt, dk)) ||
       (st = bw_deliver(ctx, t[BW_DV], v, odt, dv))) {

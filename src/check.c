@@ -138,14 +138,6 @@ static fa_status check_variants(fa_context *ctx, const fa_attention_opts *o, int
   return FA_OK;
 }
 
-fa_status fa_check_no_variants(fa_context *ctx, const fa_attention_opts *o, const char *what) {
-  if (o && (o->score_mod || o->mask_mod))
-    return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: %s: opts.%s is not supported in this version (the forward "
-                                            "fa.attention and fa.attention_reference take it)",
-                   what, o->score_mod ? "score_mod" : "mask_mod");
-  return FA_OK;
-}
-
 static const char *const attn_algo_names[] = {"auto", "naive", "two_pass", "flash_row", "flash"};
 
 /* opts.tile: 0 (both) is the backend's default; FA_TILE_ZERO is a 0 the

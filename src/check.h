@@ -69,9 +69,6 @@ fa_status fa_check_attention_kernel(fa_context *ctx, const fa_attention_opts *o,
  * fa_check_attention resolved from q, k, v and the opts. */
 fa_status fa_check_attention_backward(fa_context *ctx, fa_tensor *q, fa_tensor *o, fa_tensor *lse, fa_tensor *dout,
                                       int reference, const fa_attn_dims *d);
-/* FA_ERR_UNSUPPORTED naming `what` when opts has a score_mod or mask_mod
- * (the backward, API §10, does not take them yet). */
-fa_status fa_check_no_variants(fa_context *ctx, const fa_attention_opts *o, const char *what);
 fa_status fa_check_softmax(fa_context *ctx, fa_tensor *x, const fa_softmax_opts *o);
 fa_status fa_check_matmul(fa_context *ctx, fa_tensor *a, fa_tensor *b, const fa_matmul_opts *o);
 fa_status fa_check_merge(fa_context *ctx, fa_tensor *o1, fa_tensor *lse1, fa_tensor *o2, fa_tensor *lse2);

@@ -206,8 +206,51 @@ static void eval_chunk(const fa_expr *e, const double *s, int64_t b, int64_t h, 
   }
 }
 
-void fa_expr_eval_row(const fa_expr *e, const double *s, int64_t b, int64_t h, int64_t q, int64_t k0, int64_t n,
-                      const uint8_t *active, double *out) {
+/* The derivatives by s of the nodes whose values eval_chunk left in v
+ * (forward mode: one pass in node order), lanes [0, m).  Positions,
+ * constants, tensor reads, booleans and floor have none; where the value
+ * picks one operand (min, max, where, abs) the derivative is that
+ * operand's (0 at abs's kink). */
+static void grad_chunk(const fa_expr *e, int m, int lanes, const double *v, double *dv) {
+  const fa_expr_node *x = e->nodes;
+  for (int i = 0; i < e->n; i++, x++) {
+    double *r = dv + i * lanes;
+    const double *val = v + i * lanes, *p = v + x->a[0] * lanes, *o = v + x->a[1] * lanes;
+    const double *dp = dv + x->a[0] * lanes, *dq = dv + x->a[1] * lanes;
+#define D_(EXPR)                                                                                                       \
+  for (int j = 0; j < m; j++) r[j] = (EXPR);                                                                           \
+  break
+    switch (x->op) {
+    case FA_X_S: D_(1.0);
+    case FA_X_NEG: D_(-dp[j]);
+    case FA_X_ABS: D_(p[j] > 0 ? dp[j] : p[j] < 0 ? -dp[j] : 0.0);
+    case FA_X_EXP: D_(val[j] * dp[j]);
+    case FA_X_LOG: D_(dp[j] / p[j]);
+    case FA_X_TANH: D_((1 - val[j] * val[j]) * dp[j]);
+    case FA_X_SQRT: D_(dp[j] / (2 * val[j]));
+    case FA_X_ADD: D_(dp[j] + dq[j]);
+    case FA_X_SUB: D_(dp[j] - dq[j]);
+    case FA_X_MUL: D_(dp[j] * o[j] + p[j] * dq[j]);
+    case FA_X_DIV: D_((dp[j] - val[j] * dq[j]) / o[j]);
+    case FA_X_MOD: D_(dp[j] - floor(p[j] / o[j]) * dq[j]);
+    case FA_X_POW:
+      D_((dp[j] != 0 ? o[j] * pow(p[j], o[j] - 1) * dp[j] : 0.0) + (dq[j] != 0 ? val[j] * log(p[j]) * dq[j] : 0.0));
+    case FA_X_MIN: D_(o[j] < p[j] ? dq[j] : dp[j]);
+    case FA_X_MAX: D_(o[j] > p[j] ? dq[j] : dp[j]);
+    case FA_X_WHERE: {
+      const double *dc = dv + x->a[2] * lanes;
+      D_(p[j] != 0 ? dq[j] : dc[j]);
+    }
+    default: D_(0.0); /* constants, positions, loads, floor, booleans */
+    }
+#undef D_
+  }
+}
+
+/* Keys k0.., n of them, a chunk of lanes at a time; with dout (and dv,
+ * FA_EXPR_SLOTS of scratch) the derivatives by s as well. */
+static void eval_rows(const fa_expr *e, const double *s, int64_t b, int64_t h, int64_t q, int64_t k0, int64_t n,
+                      const uint8_t *active, double *out, double *dout, double *dv) {
   double v[FA_EXPR_SLOTS];
   int16_t f[FA_EXPR_SLOTS];
   int lanes = FA_EXPR_SLOTS / e->n;
@@ -215,7 +258,21 @@ void fa_expr_eval_row(const fa_expr *e, const double *s, int64_t b, int64_t h, i
   for (int64_t j0 = 0; j0 < n; j0 += lanes) {
     const int m = n - j0 < lanes ? (int)(n - j0) : lanes;
     eval_chunk(e, s ? s + j0 : NULL, b, h, q, k0 + j0, m, lanes, active ? active + j0 : NULL, out + j0, v, f);
+    if (!dout) continue;
+    grad_chunk(e, m, lanes, v, dv);
+    for (int j = 0; j < m; j++) dout[j0 + j] = dv[(e->n - 1) * lanes + j];
   }
+}
+
+void fa_expr_eval_row_grad(const fa_expr *e, const double *s, int64_t b, int64_t h, int64_t q, int64_t k0, int64_t n,
+                           const uint8_t *active, double *out, double *dout) {
+  double dv[FA_EXPR_SLOTS];
+  eval_rows(e, s, b, h, q, k0, n, active, out, dout, dv);
+}
+
+void fa_expr_eval_row(const fa_expr *e, const double *s, int64_t b, int64_t h, int64_t q, int64_t k0, int64_t n,
+                      const uint8_t *active, double *out) {
+  eval_rows(e, s, b, h, q, k0, n, active, out, NULL, NULL);
 }
 
 double fa_expr_eval(const fa_expr *e, double s, int64_t b, int64_t h, int64_t q, int64_t k) {

@@ -92,6 +92,11 @@ static inline int fa_block_mask_span(const fa_block_mask *m, int64_t b, int64_t 
 void fa_expr_eval_row(const fa_expr *e, const double *s, int64_t b, int64_t h, int64_t q, int64_t k0, int64_t n,
                       const uint8_t *active, double *out);
 
+/* fa_expr_eval_row, and in dout[j] the derivative of the value by s at
+ * key k0 + j (the backward's chain rule through a score_mod). */
+void fa_expr_eval_row_grad(const fa_expr *e, const double *s, int64_t b, int64_t h, int64_t q, int64_t k0, int64_t n,
+                           const uint8_t *active, double *out, double *dout);
+
 /* Clears the fault record (before a call evaluates e). */
 void fa_expr_clear_fault(const fa_expr *e);
 /* FA_OK, or the fault as an FA_ERR_ARGUMENT error naming `what`

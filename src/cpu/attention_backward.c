@@ -14,8 +14,9 @@
  * fa_cpu_attention_backward_reference: the plainest code in f64.  Per
  * (batch, query head) it materialises the raw products X = scale·QKᵀ, the
  * probabilities P and dP = dO·Vᵀ, then dS = P∘(dP − delta) and the chain
- * rule through the score rule of the forward (softcap's 1 − tanh²; alibi
- * and the float mask add constants). */
+ * rule through the score rule of the forward (score_mod's derivative, from
+ * its traced expression; softcap's 1 − tanh²; alibi and the float mask add
+ * constants; mask_mod masks as the forward does). */
 #include "cpu/attention_backward.h"
 
 #include "attn_range.h"
@@ -54,7 +55,10 @@ static int ref_allowed(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i
   fa_attn_range_of(p, b, i, &lo, &hi);
   if (j < lo || j >= hi) return 0;
   const int64_t *ms = p->mask_strides;
-  return !p->mask_b || p->mask_b[b * ms[0] + h * ms[1] + i * ms[2] + j * ms[3]];
+  if (p->mask_b && !p->mask_b[b * ms[0] + h * ms[1] + i * ms[2] + j * ms[3]]) return 0;
+  double keep = 1;
+  if (p->mask_mod) fa_expr_eval_row(p->mask_mod, NULL, b, h, i, j, 1, NULL, &keep);
+  return keep != 0; /* NaN (a fault) attends, as in the forward */
 }
 
 static double ref_dot(const double *a, const double *b, int64_t n) {
@@ -75,15 +79,26 @@ static void ref_head(const fa_attn_backward *g, int64_t b, int64_t h, double *x,
   const double c = p->softcap;
   for (int64_t i = 0; i < Lq; i++)
     for (int64_t j = 0; j < Lk; j++) {
-      const double xij = p->scale * ref_dot(q + i * D, k + j * D, D);
-      double s = c > 0 ? c * tanh(xij / c) : xij;
+      const int allowed = ref_allowed(p, b, h, i, j);
+      double y = p->scale * ref_dot(q + i * D, k + j * D, D), chain = 1; /* chain: d(score) / d(y) */
+      if (p->score_mod && allowed) {
+        const uint8_t on = 1;
+        const double y0 = y;
+        fa_expr_eval_row_grad(p->score_mod, &y0, b, h, i, j, 1, &on, &y, &chain);
+      }
+      double s = y;
+      if (c > 0) {
+        const double t = tanh(y / c);
+        s = c * t;
+        chain *= 1 - t * t;
+      }
       if (p->alibi) s -= p->alibi[h] * fabs((double)(i + Lk - Lq - j));
       if (p->mask_f) {
         const int64_t *ms = p->mask_strides;
         s += ((const double *)p->mask_f)[b * ms[0] + h * ms[1] + i * ms[2] + j * ms[3]];
       }
-      x[i * Lk + j] = xij;
-      pm[i * Lk + j] = ref_allowed(p, b, h, i, j) && lse[i] != -INFINITY ? exp(s - lse[i]) : 0;
+      x[i * Lk + j] = chain;
+      pm[i * Lk + j] = allowed && lse[i] != -INFINITY ? exp(s - lse[i]) : 0;
       dp[i * Lk + j] = ref_dot(dout + i * Dv, v + j * Dv, Dv);
     }
   for (int64_t i = 0; i < Lq; i++) {
@@ -93,12 +108,7 @@ static void ref_head(const fa_attn_backward *g, int64_t b, int64_t h, double *x,
       if (!ref_allowed(p, b, h, i, j)) continue;
       const double pij = pm[i * Lk + j];
       for (int64_t e = 0; e < Dv; e++) dv[j * Dv + e] += pij * dout[i * Dv + e];
-      double ds = pij * (dp[i * Lk + j] - delta);
-      if (c > 0) {
-        const double t = tanh(x[i * Lk + j] / c);
-        ds *= 1 - t * t;
-      }
-      ds *= p->scale;
+      const double ds = pij * (dp[i * Lk + j] - delta) * x[i * Lk + j] * p->scale;
       for (int64_t e = 0; e < D; e++) dq[i * D + e] += ds * k[j * D + e];
       for (int64_t e = 0; e < D; e++) dk[j * D + e] += ds * q[i * D + e];
     }

@@ -32,7 +32,7 @@ static void FA_R(bw_tile)(const fa_attn_backward *g, int64_t b, int64_t h, int64
   const REAL *v = (const REAL *)p->v + kv * Dv, *dout = (const REAL *)g->dout + row0 * Dv;
   const REAL *lse = (const REAL *)g->lse + row0;
   REAL *dq = (REAL *)g->dq + row0 * D, *dk = (REAL *)g->dk + kv * D, *dv = (REAL *)g->dv + kv * Dv;
-  const REAL scale = (REAL)p->scale, c = (REAL)p->softcap;
+  const REAL scale = (REAL)p->scale;
   int any = 0;
   for (int64_t r = 0; r < m && !any; r++) {
     int64_t lo, hi;
@@ -51,17 +51,14 @@ static void FA_R(bw_tile)(const fa_attn_backward *g, int64_t b, int64_t h, int64
       memset(d, 0, (size_t)n * sizeof *d);
       continue;
     }
-    if (p->softcap > 0)
-      for (int64_t j = 0; j < n; j++) t[j] = FA_TANH(s[j] * scale / c); /* as fa_attn_scores rounds it */
-    FA_R(fa_attn_scores)(p, b, h, i0 + r, j0, n, lo, hi, s);
+    FA_R(fa_attn_scores_chain)(p, b, h, i0 + r, j0, n, lo, hi, s, t); /* t: the rule's derivative */
     for (int64_t j = 0; j < n; j++) {
       if (s[j] == -(REAL)INFINITY) { /* masked: nothing flows */
         s[j] = d[j] = 0;
         continue;
       }
       s[j] = FA_EXP(s[j] - lse[r]);
-      d[j] = s[j] * (d[j] - delta[r]) * scale;
-      if (p->softcap > 0) d[j] *= 1 - t[j] * t[j];
+      d[j] = s[j] * (d[j] - delta[r]) * scale * t[j];
     }
   }
   FA_R(bw_gemm)(1, 0, n, Dv, m, sp, n, dout, Dv, 1, dv, Dv); /* dV += Pᵀ·dO */

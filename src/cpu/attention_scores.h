@@ -23,6 +23,13 @@ void fa_attn_scores_f64(const fa_attn_problem *p, int64_t b, int64_t h, int64_t 
                         int64_t lo, int64_t hi, double *s);
 
 /* s[j] <- e^(s[j] - m) for j < n; returns the sum.  m must not be -inf. */
+/* The same, and chain[j] = d(final score) / d(scaled product) of key j
+ * (the backward's chain rule through score_mod and softcap). */
+void fa_attn_scores_chain_f32(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n,
+                              int64_t lo, int64_t hi, float *s, float *chain);
+void fa_attn_scores_chain_f64(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n,
+                              int64_t lo, int64_t hi, double *s, double *chain);
+
 float fa_attn_exp_sum_f32(float *s, int64_t n, float m);
 double fa_attn_exp_sum_f64(double *s, int64_t n, double m);
 

@@ -15,13 +15,13 @@
  * attends can fault: mask_mod's for the keys the rest leaves, score_mod's
  * for the keys mask_mod leaves too, as in the reference. */
 static void FA_R(variant_scores)(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n,
-                                 int64_t lo, int64_t hi, REAL *s) {
+                                 int64_t lo, int64_t hi, REAL *s, REAL *chain) {
   enum { CHUNK = 64 };
   const REAL scale = (REAL)p->scale, c = (REAL)p->softcap;
   const int64_t *ms = p->mask_strides;
   const int64_t mrow = b * ms[0] + h * ms[1] + i * ms[2] + j0 * ms[3];
   const int64_t diag = i + p->Lk - p->Lq - j0;
-  double x[CHUNK], keep[CHUNK];
+  double x[CHUNK], keep[CHUNK], dx[CHUNK];
   uint8_t act[CHUNK];
   for (int64_t c0 = 0; c0 < n; c0 += CHUNK) {
     const int64_t m = n - c0 < CHUNK ? n - c0 : CHUNK;
@@ -34,15 +34,21 @@ static void FA_R(variant_scores)(const fa_attn_problem *p, int64_t b, int64_t h,
       fa_expr_eval_row(p->mask_mod, NULL, b, h, i, j0 + c0, m, act, keep);
       for (int64_t u = 0; u < m; u++) act[u] = act[u] && keep[u] != 0; /* NaN (a fault) attends */
     }
-    if (p->score_mod) fa_expr_eval_row(p->score_mod, x, b, h, i, j0 + c0, m, act, x);
+    if (p->score_mod && chain) fa_expr_eval_row_grad(p->score_mod, x, b, h, i, j0 + c0, m, act, x, dx);
+    else if (p->score_mod) fa_expr_eval_row(p->score_mod, x, b, h, i, j0 + c0, m, act, x);
     for (int64_t u = 0; u < m; u++) {
       const int64_t j = c0 + u;
+      if (chain) chain[j] = p->score_mod ? (REAL)dx[u] : 1;
       if (!act[u]) {
         s[j] = -(REAL)INFINITY;
         continue;
       }
       REAL y = (REAL)x[u];
-      if (p->softcap > 0) y = c * FA_TANH(y / c);
+      if (p->softcap > 0) {
+        const REAL th = FA_TANH(y / c);
+        y = c * th;
+        if (chain) chain[j] *= 1 - th * th;
+      }
       if (p->alibi) y -= (REAL)(p->alibi[h] * (double)(diag > j ? diag - j : j - diag));
       if (p->mask_f) y += ((const REAL *)p->mask_f)[mrow + j * ms[3]];
       s[j] = y;
@@ -54,7 +60,7 @@ FA_CPU_CLONES
 void FA_R(fa_attn_scores)(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n,
                           int64_t lo, int64_t hi, REAL *s) {
   if (p->score_mod || p->mask_mod) {
-    FA_R(variant_scores)(p, b, h, i, j0, n, lo, hi, s);
+    FA_R(variant_scores)(p, b, h, i, j0, n, lo, hi, s, NULL);
     return;
   }
   const REAL scale = (REAL)p->scale;
@@ -145,3 +151,22 @@ void FA_R(fa_attn_finish)(REAL *o, int64_t ldo, int64_t rows, int64_t dv, const 
 }
 
 #undef FA_LANES
+
+/* fa_attn_scores, and in chain[j] the derivative of key j's final score by
+ * its scaled product (the backward's chain rule): score_mod's derivative
+ * times softcap's 1 - tanh², 1 without either. */
+void FA_R(fa_attn_scores_chain)(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n,
+                                int64_t lo, int64_t hi, REAL *s, REAL *chain) {
+  if (p->score_mod || p->mask_mod) {
+    FA_R(variant_scores)(p, b, h, i, j0, n, lo, hi, s, chain);
+    return;
+  }
+  const REAL scale = (REAL)p->scale, c = (REAL)p->softcap;
+  for (int64_t j = 0; j < n; j++) chain[j] = 1;
+  if (p->softcap > 0)
+    for (int64_t j = 0; j < n; j++) {
+      const REAL th = FA_TANH(s[j] * scale / c); /* as fa_attn_scores rounds it */
+      chain[j] = 1 - th * th;
+    }
+  FA_R(fa_attn_scores)(p, b, h, i, j0, n, lo, hi, s);
+}

@@ -37,6 +37,18 @@ local cases = {
     return {mask = b}
   end},
   {"float mask", 4, 1, 5, 6, function(dev) return {mask = randn({1, 4, 1, 6}, "f32", dev), causal = true} end},
+  -- variants (API §9): the chain rule through the traced score_mod, mask_mod's keys masked
+  {"score_mod bias", 2, 1, 5, 6, {score_mod = function(s, b, h, q, k) return s - 0.25 * h * (q - k):abs() + 0.1 * b end}},
+  {"score_mod tanh cap", 2, 2, 4, 7, {score_mod = function(s) return 1.5 * (s / 1.5):tanh() end, scale = 1}},
+  {"score_mod nonlinear", 2, 2, 5, 6, {score_mod = function(s, b, h, q, k)
+    return fa.where(q:ge(k), s * s:exp() / (1 + s:exp()), s:max(-0.5) * 0.5 + (s * s + 1):sqrt():log())
+  end}},
+  {"score_mod table and mask_mod document", 2, 1, 6, 6, function(dev)
+    local bias = randn({6}, "f64", dev)
+    local doc = fa.tensor({1, 1, 1, 2, 2, 2}, {dtype = "f64", device = dev})
+    return {score_mod = function(s, b, h, q, k) return s + bias[k] end,
+            mask_mod = function(b, h, q, k) return doc[q]:eq(doc[k]) end, causal = true}
+  end},
   {"everything", 4, 2, 6, 8, function(dev)
     return {causal = true, window = {3, -1}, kv_lens = {8, 5}, alibi = {0.3, 0.2, 0.1, 0.05}, softcap = 2,
             mask = randn({6, 8}, "f64", dev), scale = 0.9}
