@@ -64,6 +64,7 @@ Usage (on the GPU machine, after scripts/gpu_env.sh and a build):
   python3 scripts/oracle_attention.py --lib build-gpu/libflashattn.so --filter decode --cases 300 --seed 1
 """
 import argparse
+import contextlib
 import ctypes
 import datetime
 import json
@@ -192,22 +193,35 @@ class Engine:
         arrays += [kv, alibi]
         return o
 
-    def attention(self, q, k, v, c, mask, out, lse):
-        """fa_attention on case c, into the torch tensors out and lse."""
-        held, arrays = [], []
+    @contextlib.contextmanager
+    def _held(self):
+        """A list of engine tensors, released when the block ends."""
+        held = []
         try:
-            tq, tk, tv = self.wrap(q, c["dtype"]), self.wrap(k, c["dtype"]), self.wrap(v, c["dtype"])
-            held += [tq, tk, tv]
-            o = self.opts(c, mask, out, lse, held, arrays)
-            ro, rl = ctypes.c_void_p(), ctypes.c_void_p()
-            self.check(self.lib.fa_attention(self.ctx, tq, tk, tv, ctypes.byref(o), ctypes.byref(ro), ctypes.byref(rl)),
-                       "fa_attention")
-            held += [ro, rl]  # the same tensors as out / lse, retained once more for the caller
-            self.check(self.lib.fa_sync(self.ctx), "fa_sync")
+            yield held
         finally:
             for t in held:
                 if t:
                     self.lib.fa_tensor_release(t)
+
+    def _call_into(self, what, call, held):
+        """call(&o, &lse) of an attention entry point writing into the case's
+        out / lse (it returns those tensors, retained once more: into held),
+        then waits for it."""
+        ro, rl = ctypes.c_void_p(), ctypes.c_void_p()
+        self.check(call(ctypes.byref(ro), ctypes.byref(rl)), what)
+        held += [ro, rl]
+        self.check(self.lib.fa_sync(self.ctx), "fa_sync")
+
+    def attention(self, q, k, v, c, mask, out, lse):
+        """fa_attention on case c, into the torch tensors out and lse."""
+        arrays = []
+        with self._held() as held:
+            tq, tk, tv = self.wrap(q, c["dtype"]), self.wrap(k, c["dtype"]), self.wrap(v, c["dtype"])
+            held += [tq, tk, tv]
+            o = self.opts(c, mask, out, lse, held, arrays)
+            self._call_into("fa_attention",
+                            lambda ro, rl: self.lib.fa_attention(self.ctx, tq, tk, tv, ctypes.byref(o), ro, rl), held)
 
     # the paged KV cache (API §8)
     def cache_create(self, c):
@@ -225,34 +239,24 @@ class Engine:
         """fa_kv_cache_append of the torch tensors k and v (sequence b takes
         its first lens[b] positions; lens None: all n): the status (0 = ok),
         not raised, for the calls that must fail."""
-        held = []
-        try:
+        with self._held() as held:
             tk, tv = self.wrap(k, dtype_name), self.wrap(v, dtype_name)
             held += [tk, tv]
             arr, n_lens = None, 0
             if lens is not None:
                 arr, n_lens = (ctypes.c_int64 * len(lens))(*lens), len(lens)
             return self.lib.fa_kv_cache_append(self.ctx, cache, tk, tv, arr, n_lens)
-        finally:
-            for t in held:
-                self.lib.fa_tensor_release(t)
 
     def cache_attend(self, cache, q, c, out, lse):
         """fa_kv_cache_attend on paged case c, into the torch tensors out and lse."""
-        held, arrays = [], []
-        try:
+        arrays = []
+        with self._held() as held:
             tq = self.wrap(q, c["dtype"])
             held.append(tq)
             o = self.opts(c, None, out, lse, held, arrays)
-            ro, rl = ctypes.c_void_p(), ctypes.c_void_p()
-            self.check(self.lib.fa_kv_cache_attend(self.ctx, cache, tq, ctypes.byref(o), ctypes.byref(ro),
-                                                   ctypes.byref(rl)), "fa_kv_cache_attend")
-            held += [ro, rl]  # the same tensors as out / lse, retained once more for the caller
-            self.check(self.lib.fa_sync(self.ctx), "fa_sync")
-        finally:
-            for t in held:
-                if t:
-                    self.lib.fa_tensor_release(t)
+            self._call_into("fa_kv_cache_attend",
+                            lambda ro, rl: self.lib.fa_kv_cache_attend(self.ctx, cache, tq, ctypes.byref(o), ro, rl),
+                            held)
 
     def cache_lengths(self, cache, B):
         lens = (ctypes.c_int64 * B)()

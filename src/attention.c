@@ -332,8 +332,9 @@ static fa_status cuda_fill_empty(fa_context *ctx, attn_buffers *bufs, int want_l
   return st;
 }
 
+/* decode: the decode kernel takes the call (fa_attn_decode_takes). */
 static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
-                          const fa_attn_dims *d, int want_lse, fa_tensor **out, fa_tensor **lse) {
+                          const fa_attn_dims *d, int decode, int want_lse, fa_tensor **out, fa_tensor **lse) {
   attn_buffers bufs = {0};
   fa_attn_problem p;
   void *kv_lens = NULL, *alibi = NULL;
@@ -377,7 +378,7 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
     st = cuda_fill_empty(ctx, &bufs, want_lse);
   } else if (d->algo == FA_ATTN_NAIVE) {
     st = fa_cuda_attention_naive(ctx, &p);
-  } else if (fa_attn_decode_takes(d, o)) {
+  } else if (decode) {
     st = fa_cuda_attention_decode(ctx, &p, NULL, o->splits);
   } else {
     st = fa_cuda_attention_fused(ctx, d->algo, d->kernel, &p);
@@ -442,13 +443,13 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   fa_status st = fa_check_attention(ctx, q, k, v, o, reference, &d);
   if (!st && !reference) st = fa_check_attention_kernel(ctx, o, &d);
   /* the decode kernel cuts the keys into opts.splits chunks itself */
-  const int own_splits = !st && !reference && fa_attn_decode_takes(&d, o);
-  if (!st) st = fa_attention_splits_check(ctx, o, reference || own_splits);
+  const int decode = !st && !reference && fa_attn_decode_takes(&d, o);
+  if (!st) st = fa_attention_splits_check(ctx, o, reference || decode);
   if (st) return st;
-  const int64_t splits = reference || own_splits ? 1 : fa_attention_splits_resolve(o, &d);
+  const int64_t splits = reference || decode ? 1 : fa_attention_splits_resolve(o, &d);
   if (splits > 1) return fa_attention_splits_run(ctx, q, k, v, o, &d, splits, out, lse);
   int want_lse = o->return_lse || lse != NULL || o->lse_out;
-  if (!reference && d.device == FA_CUDA) return run_cuda(ctx, q, k, v, o, &d, want_lse, out, lse);
+  if (!reference && d.device == FA_CUDA) return run_cuda(ctx, q, k, v, o, &d, decode, want_lse, out, lse);
   fa_dtype compute = reference || d.dtype == FA_F64 ? FA_F64 : FA_F32;
   fa_tensor *user_out = reference ? NULL : o->out, *user_lse = reference ? NULL : o->lse_out;
   attn_buffers bufs = {0};

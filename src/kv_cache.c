@@ -281,7 +281,11 @@ static fa_status gather_seq(fa_context *ctx, const fa_kv_cache *c, fa_tensor *po
   return st;
 }
 
-static fa_status check_attend(fa_context *ctx, const fa_kv_cache *c, const fa_tensor *q, const fa_attention_opts *o) {
+/* attend's arguments; *d: the call as one over the longest sequence, its
+ * options checked as fa_attention checks them (fa_check_attention_options:
+ * scale, causal, window, alibi, softcap, out, lse_out) and splits. */
+static fa_status check_attend(fa_context *ctx, const fa_kv_cache *c, const fa_tensor *q, const fa_attention_opts *o,
+                              fa_attn_dims *d) {
   fa_status st = fa_check_tensor(ctx, q, "q");
   if (st) return st;
   if (q->dtype != c->dtype)
@@ -296,7 +300,6 @@ static fa_status check_attend(fa_context *ctx, const fa_kv_cache *c, const fa_te
                    "flashattn: kv_cache attend: q: expected shape (B, Hq, Lq, D) = (%lld, a multiple of %lld, Lq, "
                    "%lld), got %s",
                    (long long)c->B, (long long)c->H, (long long)c->D, fa_shape_str(q, buf, sizeof buf));
-  if (!o) return FA_OK;
   const char *bad = o->algo != FA_ATTN_AUTO           ? "algo"
                     : o->tile_q || o->tile_k          ? "tile"
                     : o->mask                         ? "mask"
@@ -309,12 +312,12 @@ static fa_status check_attend(fa_context *ctx, const fa_kv_cache *c, const fa_te
                    "flashattn: kv_cache attend: opts.%s does not apply (scale, causal, window, alibi, softcap, "
                    "return_lse, out, lse_out, splits do)",
                    bad);
-  const int64_t oshape[4] = {q->shape[0], q->shape[1], q->shape[2], c->Dv};
-  if (o->out && (st = fa_check_out(ctx, o->out, "opts.out", 4, oshape, q->dtype, c->device))) return st;
-  if (o->lse_out && (st = fa_check_out(ctx, o->lse_out, "opts.lse_out", 3, oshape, FA_F32, c->device))) return st;
-  if (o->out && o->lse_out && fa_tensor_overlaps(o->out, o->lse_out))
-    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.lse_out: overlaps opts.out in memory; expected two disjoint outputs");
-  return FA_OK;
+  memset(d, 0, sizeof *d);
+  d->rank = 4, d->B = c->B, d->Hq = q->shape[1], d->Hkv = c->H, d->Lq = q->shape[2], d->D = c->D, d->Dv = c->Dv;
+  for (int64_t b = 0; b < c->B; b++) d->Lk = c->lens[b] > d->Lk ? c->lens[b] : d->Lk;
+  d->device = c->device, d->dtype = c->dtype, d->kernel = FA_KERNEL_AUTO;
+  if ((st = fa_check_attention_options(ctx, q, o, 0, d))) return st;
+  return fa_attention_splits_check(ctx, o, 1); /* top_left with splits: the decode kernel's; the gather path refuses it */
 }
 
 /* The device copies of the table and the lengths, made or refreshed. */
@@ -334,22 +337,6 @@ static fa_status sync_device_table(fa_context *ctx, fa_kv_cache *c) {
   return st;
 }
 
-/* The dims of attend as one call over the longest sequence, its options
- * checked as fa_attention checks them: FA_OK and *takes = 1 when the
- * decode kernel takes it. */
-static fa_status decode_dims(fa_context *ctx, const fa_kv_cache *c, const fa_tensor *q, const fa_attention_opts *o,
-                             fa_attn_dims *d, int *takes) {
-  memset(d, 0, sizeof *d);
-  *takes = 0;
-  d->rank = 4, d->B = c->B, d->Hq = q->shape[1], d->Hkv = c->H, d->Lq = q->shape[2], d->D = c->D, d->Dv = c->Dv;
-  for (int64_t b = 0; b < c->B; b++) d->Lk = c->lens[b] > d->Lk ? c->lens[b] : d->Lk;
-  d->device = c->device, d->dtype = c->dtype, d->kernel = FA_KERNEL_AUTO;
-  fa_status st = fa_check_attention_options(ctx, q, o, 0, d);
-  if (!st) st = fa_attention_splits_check(ctx, o, 1);
-  if (!st) *takes = c->pages <= INT32_MAX && d->Lk <= INT32_MAX && fa_attn_decode_takes(d, o);
-  return st;
-}
-
 fa_status fa_kv_cache_attend(fa_context *ctx, fa_kv_cache *c, fa_tensor *q, const fa_attention_opts *opts,
                              fa_tensor **o, fa_tensor **lse) {
   if (o) *o = NULL;
@@ -362,12 +349,10 @@ fa_status fa_kv_cache_attend(fa_context *ctx, fa_kv_cache *c, fa_tensor *q, cons
     fa_attention_opts_init(&defaults);
     opts = &defaults;
   }
-  fa_status st = check_attend(ctx, c, q, opts);
-  if (st) return st;
   fa_attn_dims d;
-  int takes = 0;
-  if (c->device == FA_CUDA && (st = decode_dims(ctx, c, q, opts, &d, &takes))) return st;
-  if (takes) {
+  fa_status st = check_attend(ctx, c, q, opts, &d);
+  if (st) return st;
+  if (c->pages <= INT32_MAX && d.Lk <= INT32_MAX && fa_attn_decode_takes(&d, opts)) { /* the table is int32 */
     if ((st = sync_device_table(ctx, c))) return st;
     const fa_attn_paged_kv kv = {c->kpool, c->vpool,
                                  {c->dev_table, c->max_pages, c->page_size, c->H * c->page_size * c->D,
@@ -375,8 +360,7 @@ fa_status fa_kv_cache_attend(fa_context *ctx, fa_kv_cache *c, fa_tensor *q, cons
                                  c->dev_lens};
     return fa_attention_paged(ctx, q, &kv, opts, &d, o, lse);
   }
-  /* the options of one sequence's call: the whole checked by fa_attention
-   * on the first sequence before anything is computed */
+  /* the options of one sequence's call (checked above) */
   const int want_lse = opts->return_lse || lse || opts->lse_out;
   fa_attention_opts so = *opts; /* out and lse_out: the sequence's rows of ro and rl, below */
   so.return_lse = want_lse;

@@ -406,35 +406,44 @@ extern "C" int fa_cuda_attention_decode_fit(fa_dtype dt, int64_t D, int64_t Dv, 
 
 typedef void (*decode_kernel_fn)(fa_attn_problem, decode_args);
 
-template <typename T, int D, int RG>
-static decode_kernel_fn decode_pick(int extras, bool paged) {
-  if (extras) return paged ? attn_decode_kernel<T, D, RG, EXTRAS_MASK, true> : attn_decode_kernel<T, D, RG, EXTRAS_MASK, false>;
-  return paged ? attn_decode_kernel<T, D, RG, EXTRAS_NONE, true> : attn_decode_kernel<T, D, RG, EXTRAS_NONE, false>;
+/* What a launch needs to know of an instance on a device, found once (per
+ * instance, per device): the shared memory set (cudaFuncSetAttribute costs
+ * a few µs a call, and a decode step is a few µs of work), and its blocks
+ * resident on the whole GPU.  A race between two threads sets the same
+ * values twice. */
+#define DEC_DEVICES 16
+typedef struct {
+  int ready, slots;
+} decode_instance;
+
+/* An instance and its record of each device (zero-initialised statics:
+ * no guard, C-style CUDA as common.cuh asks). */
+struct decode_entry {
+  decode_kernel_fn fn;
+  decode_instance *per_device;
+};
+template <typename T, int D, int RG, int EXTRAS, bool PAGED> static decode_entry decode_entry_of() {
+  static decode_instance per_device[DEC_DEVICES];
+  return {attn_decode_kernel<T, D, RG, EXTRAS, PAGED>, per_device};
+}
+template <typename T, int D, int RG> static decode_entry decode_pick(int extras, bool paged) {
+  if (extras)
+    return paged ? decode_entry_of<T, D, RG, EXTRAS_MASK, true>() : decode_entry_of<T, D, RG, EXTRAS_MASK, false>();
+  return paged ? decode_entry_of<T, D, RG, EXTRAS_NONE, true>() : decode_entry_of<T, D, RG, EXTRAS_NONE, false>();
 }
 
-/* What a launch needs to know of an instance on a device, found once: the
- * shared memory set (cudaFuncSetAttribute costs a few µs a call, and a
- * decode step is a few µs of work), its blocks an SM, the SM count.  A
- * race between two threads sets the same values twice. */
-#define DEC_DEVICES 16
-#define DEC_INSTANCES 48 /* dtype (2) x D (2) x row groups (3) x extras (2) x paged (2) */
-typedef struct {
-  int ready, slots; /* slots: its blocks resident on the whole GPU */
-} decode_instance;
-static decode_instance dec_instances[DEC_DEVICES][DEC_INSTANCES];
-
-static fa_status decode_instance_of(fa_context *ctx, decode_kernel_fn k, int id, size_t smem, int *slots) {
+static fa_status decode_slots(fa_context *ctx, const decode_entry &k, size_t smem, int *slots) {
   int dev = 0;
   FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
-  decode_instance *in = dev < DEC_DEVICES ? &dec_instances[dev][id] : NULL;
+  decode_instance *in = dev < DEC_DEVICES ? &k.per_device[dev] : NULL;
   if (in && __atomic_load_n(&in->ready, __ATOMIC_ACQUIRE)) {
     *slots = in->slots;
     return FA_OK;
   }
   int sms = 0, per_sm = 0;
-  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  FA_CUDA_CHECK(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, DEC_THREADS, smem));
+  FA_CUDA_CHECK(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.fn, DEC_THREADS, smem));
   *slots = max(1, sms * per_sm);
   if (in) {
     in->slots = *slots;
@@ -459,13 +468,12 @@ static fa_status decode_typed(fa_context *ctx, const fa_attn_problem *p, decode_
   const int rg = decode_row_groups(a.rows);
   const int extras = attn_has_extras(p);
   const bool paged = a.pg.table != NULL;
-  decode_kernel_fn k = rg == 1 ? decode_pick<T, D, 1>(extras, paged)
-                       : rg == 2 ? decode_pick<T, D, 2>(extras, paged)
-                                 : decode_pick<T, D, 4>(extras, paged);
-  const int id = ((((std::is_same<T, __half>::value ? 1 : 0) * 2 + (D == 128)) * 3 + rg / 2) * 2 + extras) * 2 + paged;
+  const decode_entry k = rg == 1 ? decode_pick<T, D, 1>(extras, paged)
+                         : rg == 2 ? decode_pick<T, D, 2>(extras, paged)
+                                   : decode_pick<T, D, 4>(extras, paged);
   const size_t smem = (size_t)DEC_STAGES * 2 * DEC_BC * D * 2;
   int slots = 0;
-  fa_status st = decode_instance_of(ctx, k, id, smem, &slots);
+  fa_status st = decode_slots(ctx, k, smem, &slots);
   if (st) return st;
   a.splits = decode_splits(p, want, slots);
   const int64_t blocks = p->B * p->Hkv * a.splits, rows = p->B * p->Hq * p->Lq;
@@ -478,7 +486,7 @@ static fa_status decode_typed(fa_context *ctx, const fa_attn_problem *p, decode_
     a.part_o = (float *)part, a.part_lse = (float *)part + (size_t)(a.splits * rows) * D;
   }
   cudaStream_t s = fa_cuda_stream(ctx);
-  k<<<(unsigned)blocks, DEC_THREADS, smem, s>>>(*p, a);
+  k.fn<<<(unsigned)blocks, DEC_THREADS, smem, s>>>(*p, a);
   cudaError_t err = cudaGetLastError();
   if (err == cudaSuccess && a.splits > 1) {
     attn_decode_merge_kernel<T, D><<<(unsigned)rows, 128, 0, s>>>(*p, a);
