@@ -17,19 +17,20 @@ void fa_attention_opts_init(fa_attention_opts *o) {
   o->window_left = o->window_right = -1;
 }
 
-/* Temporaries that a call holds while the backend runs. */
-typedef struct {
-  fa_tensor *q, *k, *v, *mask, *o, *lse;
-} attn_buffers;
+typedef fa_attn_buffers attn_buffers;
 
-static void buffers_drop(attn_buffers *b) {
+void fa_attn_buffers_drop(fa_attn_buffers *b) {
   fa_tensor_drop(&b->q);
   fa_tensor_drop(&b->k);
   fa_tensor_drop(&b->v);
   fa_tensor_drop(&b->mask);
   fa_tensor_drop(&b->o);
   fa_tensor_drop(&b->lse);
+  fa_cuda_free(b->kv_lens, b->kv_bytes); /* stream-ordered: after the kernels */
+  fa_cuda_free(b->alibi, b->alibi_bytes);
+  b->kv_lens = b->alibi = NULL;
 }
+static void buffers_drop(attn_buffers *b) { fa_attn_buffers_drop(b); }
 
 /* The options every backend reads the same way: shapes, scale, softcap,
  * causal alignment, window, the compute dtype (p is cleared first).  Every
@@ -263,7 +264,7 @@ static int rows_fit_tensor_cores(const fa_tensor *t, const fa_attn_strides *st) 
  * contiguous copy; *st its strides.  Rows off 16 bytes are copied too: in
  * place they would leave the call to the SIMT kernel, many times slower
  * than the tensor cores, for the price of one pass over the operand. */
-static fa_status operand_on_device(fa_context *ctx, fa_tensor *t, fa_tensor **buf, fa_attn_strides *st) {
+fa_status fa_attn_operand_on_device(fa_context *ctx, fa_tensor *t, fa_tensor **buf, fa_attn_strides *st) {
   if (readable_in_place(t, st) && rows_fit_tensor_cores(t, st)) {
     fa_tensor_retain(t);
     *buf = t;
@@ -332,13 +333,40 @@ static fa_status cuda_fill_empty(fa_context *ctx, attn_buffers *bufs, int want_l
   return st;
 }
 
+fa_status fa_attn_cuda_inputs(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
+                              const fa_attn_dims *d, fa_attn_problem *p, fa_attn_buffers *bufs) {
+  fa_status st;
+  if ((st = fa_attn_operand_on_device(ctx, q, &bufs->q, &p->q_st)) ||
+      (st = fa_attn_operand_on_device(ctx, k, &bufs->k, &p->k_st)) ||
+      (st = fa_attn_operand_on_device(ctx, v, &bufs->v, &p->v_st)))
+    return st;
+  p->q = fa_tensor_ptr(bufs->q), p->k = fa_tensor_ptr(bufs->k), p->v = fa_tensor_ptr(bufs->v);
+  if (o->mask) {
+    fa_tensor *m = o->mask, *conv = NULL;
+    fa_dtype want = m->dtype == FA_BOOL ? FA_BOOL : FA_F32;
+    if ((st = fa_tensor_to(ctx, m, want, FA_CUDA, &conv))) return st;
+    st = fa_tensor_contiguous(ctx, conv, &bufs->mask);
+    fa_tensor_release(conv);
+    if (st) return st;
+    fa_attn_attach_mask(p, m, bufs->mask);
+  }
+  if (o->kv_lens) {
+    bufs->kv_bytes = sizeof(int64_t) * (size_t)d->B;
+    if ((st = upload(ctx, o->kv_lens, bufs->kv_bytes, &bufs->kv_lens))) return st;
+  }
+  if (o->alibi) {
+    bufs->alibi_bytes = sizeof(double) * (size_t)d->Hq;
+    if ((st = upload(ctx, o->alibi, bufs->alibi_bytes, &bufs->alibi))) return st;
+  }
+  p->kv_lens = bufs->kv_lens, p->alibi = bufs->alibi;
+  return FA_OK;
+}
+
 /* decode: the decode kernel takes the call (fa_attn_decode_takes). */
 static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
                           const fa_attn_dims *d, int decode, int want_lse, fa_tensor **out, fa_tensor **lse) {
   attn_buffers bufs = {0};
   fa_attn_problem p;
-  void *kv_lens = NULL, *alibi = NULL;
-  size_t kv_bytes = sizeof(int64_t) * (size_t)d->B, alibi_bytes = sizeof(double) * (size_t)d->Hq;
   fa_attn_resolve_options(o, d, d->dtype, &p);
   /* defaults: the tile of the fastest kernel that takes the call, or of
    * the kernel opts.kernel named (the opts' tile when given) */
@@ -356,22 +384,7 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
     return st;
   if (d->algo == FA_ATTN_FLASH_ROW && d->Dv > 256)
     return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: flash_row on cuda: Dv = %lld is above 256", (long long)d->Dv);
-  if ((st = operand_on_device(ctx, q, &bufs.q, &p.q_st)) || (st = operand_on_device(ctx, k, &bufs.k, &p.k_st)) ||
-      (st = operand_on_device(ctx, v, &bufs.v, &p.v_st)))
-    goto done;
-  p.q = fa_tensor_ptr(bufs.q), p.k = fa_tensor_ptr(bufs.k), p.v = fa_tensor_ptr(bufs.v);
-  if (o->mask) {
-    fa_tensor *m = o->mask, *conv = NULL;
-    fa_dtype want = m->dtype == FA_BOOL ? FA_BOOL : FA_F32;
-    if ((st = fa_tensor_to(ctx, m, want, FA_CUDA, &conv))) goto done;
-    st = fa_tensor_contiguous(ctx, conv, &bufs.mask);
-    fa_tensor_release(conv);
-    if (st) goto done;
-    fa_attn_attach_mask(&p, m, bufs.mask);
-  }
-  if (o->kv_lens && (st = upload(ctx, o->kv_lens, kv_bytes, &kv_lens))) goto done;
-  if (o->alibi && (st = upload(ctx, o->alibi, alibi_bytes, &alibi))) goto done;
-  p.kv_lens = kv_lens, p.alibi = alibi;
+  if ((st = fa_attn_cuda_inputs(ctx, q, k, v, o, d, &p, &bufs))) goto done;
   if ((st = cuda_outputs(ctx, o, d, want_lse, &bufs, &p))) goto done;
   if (d->B * d->Hq * d->Lq == 0) {
   } else if (d->Lk == 0) { /* no keys: zeros and lse = -inf */
@@ -387,8 +400,6 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
   st = fa_attn_deliver(ctx, q, d->rank, d->Dv, bufs.o, want_lse ? bufs.lse : NULL, o->out, o->lse_out, d->dtype, FA_F32,
                        FA_CUDA, out, lse);
 done:
-  fa_cuda_free(kv_lens, kv_bytes); /* stream-ordered: after the kernels */
-  fa_cuda_free(alibi, alibi_bytes);
   buffers_drop(&bufs);
   return st;
 }
@@ -402,7 +413,7 @@ fa_status fa_attention_paged(fa_context *ctx, fa_tensor *q, const fa_attn_paged_
   const int want_lse = o->return_lse || lse != NULL || o->lse_out;
   fa_attn_resolve_options(o, d, d->dtype, &p);
   fa_status st;
-  if ((st = operand_on_device(ctx, q, &bufs.q, &p.q_st))) goto done;
+  if ((st = fa_attn_operand_on_device(ctx, q, &bufs.q, &p.q_st))) goto done;
   p.q = fa_tensor_ptr(bufs.q);
   p.k = fa_tensor_ptr(kv->kpool), p.v = fa_tensor_ptr(kv->vpool);
   /* the pools are (pages, Hkv, page_size, D | Dv): strides within a page */

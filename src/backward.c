@@ -4,8 +4,9 @@
  * into an fa_attn_problem, the inputs made contiguous host buffers of the
  * compute dtype (f32; f64 for f64 inputs and for the reference), the
  * gradients computed there and delivered in q's dtype and each input's
- * shape.  CUDA: not in this version (an FA_ERR_UNSUPPORTED error, no silent
- * fallback). */
+ * shape.  CUDA: the operands read where they lie (API §6), the gradients
+ * computed by kernels/attention/attention_backward*.cu into new dense
+ * tensors of q's dtype. */
 #include "check.h"
 #include "expr.h"
 #include "cpu/attention_backward.h"
@@ -43,6 +44,60 @@ static fa_status bw_zeros(fa_context *ctx, int64_t a, int64_t b, int64_t c, int6
   return st;
 }
 
+/* A new (a, b, c, e) tensor of dtype on cuda. */
+static fa_status bw_cuda_new(fa_context *ctx, int64_t a, int64_t b, int64_t c, int64_t e, fa_dtype dt, fa_tensor **t) {
+  const int64_t shape[4] = {a, b, c, e};
+  return fa_tensor_new(ctx, 4, shape, dt, FA_CUDA, t);
+}
+
+/* The CUDA backward: q, k, v, o and dout read where they lie (copies where
+ * they cannot be: fa_attn_operand_on_device), lse as f32, the gradients
+ * into new dense tensors of q's dtype, viewed in the inputs' shapes. */
+static fa_status run_backward_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, fa_tensor *o,
+                                   fa_tensor *lse, fa_tensor *dout, const fa_attention_opts *opts,
+                                   const fa_attn_dims *d, fa_tensor **dq, fa_tensor **dk, fa_tensor **dv) {
+  if (d->dtype == FA_F64)
+    return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: q: attention_backward on cuda takes f32, f16 or bf16, got f64 (f64 "
+                                      "runs on the cpu, and fa.attention_backward_reference takes any device)");
+  if (opts->score_mod || opts->mask_mod)
+    return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: opts.score_mod and opts.mask_mod run on the cpu backend in this "
+                                            "version (q is on cuda)");
+  fa_attn_buffers bufs = {0};
+  fa_tensor *ob = NULL, *db = NULL, *l32 = NULL, *lb = NULL, *g[3] = {0};
+  fa_attn_problem p;
+  fa_attn_grads gr;
+  fa_attn_resolve_options(opts, d, d->dtype, &p);
+  fa_status st = fa_attn_cuda_inputs(ctx, q, k, v, opts, d, &p, &bufs);
+  if (st || (st = fa_attn_operand_on_device(ctx, o, &ob, &p.o_st)) ||
+      (st = fa_attn_operand_on_device(ctx, dout, &db, &gr.dout_st)) ||
+      (st = fa_tensor_to(ctx, lse, FA_F32, FA_CUDA, &l32)) || (st = fa_tensor_contiguous(ctx, l32, &lb)))
+    goto done;
+  p.o = fa_tensor_ptr(ob), p.lse = fa_tensor_ptr(lb);
+  p.lse_st = fa_attn_strides_dense(d->Hq, d->Lq, 1);
+  if ((st = bw_cuda_new(ctx, d->B, d->Hq, d->Lq, d->D, d->dtype, &g[0])) ||
+      (st = bw_cuda_new(ctx, d->B, d->Hkv, d->Lk, d->D, d->dtype, &g[1])) ||
+      (st = bw_cuda_new(ctx, d->B, d->Hkv, d->Lk, d->Dv, d->dtype, &g[2])))
+    goto done;
+  gr.dout = fa_tensor_ptr(db);
+  gr.dq = fa_tensor_ptr(g[0]), gr.dk = fa_tensor_ptr(g[1]), gr.dv = fa_tensor_ptr(g[2]);
+  if ((st = fa_cuda_attention_backward(ctx, &p, &gr))) goto done;
+  fa_tensor *like[3] = {q, k, v}, **res[3] = {dq, dk, dv};
+  for (int i = 0; i < 3 && !st; i++) st = fa_tensor_view(ctx, g[i], like[i]->ndim, like[i]->shape, res[i]);
+  if (st) {
+    fa_tensor_drop(dq);
+    fa_tensor_drop(dk);
+    fa_tensor_drop(dv);
+  }
+done:
+  for (int i = 0; i < 3; i++) fa_tensor_drop(&g[i]);
+  fa_tensor_drop(&ob);
+  fa_tensor_drop(&db);
+  fa_tensor_drop(&l32);
+  fa_tensor_drop(&lb);
+  fa_attn_buffers_drop(&bufs);
+  return st;
+}
+
 static fa_status run_backward(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, fa_tensor *o, fa_tensor *lse,
                               fa_tensor *dout, const fa_attention_opts *opts, int reference, fa_tensor **dq,
                               fa_tensor **dk, fa_tensor **dv) {
@@ -60,10 +115,7 @@ static fa_status run_backward(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_te
   fa_attn_dims d;
   fa_status st = fa_check_attention(ctx, q, k, v, opts, reference, &d);
   if (st || (st = fa_check_attention_backward(ctx, q, o, lse, dout, reference, &d))) return st;
-  if (!reference && d.device == FA_CUDA)
-    return fa_fail(ctx, FA_ERR_UNSUPPORTED,
-                   "flashattn: attention_backward runs on the cpu backend in this version (q is on cuda; "
-                   "fa.attention_backward_reference takes tensors on any device)");
+  if (!reference && d.device == FA_CUDA) return run_backward_cuda(ctx, q, k, v, o, lse, dout, opts, &d, dq, dk, dv);
   const fa_dtype compute = reference || d.dtype == FA_F64 ? FA_F64 : FA_F32;
   fa_tensor *t[BW_N] = {0};
   fa_attn_problem p;

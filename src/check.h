@@ -34,6 +34,23 @@ void fa_attn_attach_mask(fa_attn_problem *p, const fa_tensor *m, fa_tensor *buf)
 fa_status fa_attn_deliver(fa_context *ctx, const fa_tensor *q, int rank, int64_t dv, fa_tensor *obuf, fa_tensor *lbuf,
                           fa_tensor *user_out, fa_tensor *user_lse, fa_dtype odt, fa_dtype ldt, fa_device dev,
                           fa_tensor **out, fa_tensor **lse);
+/* Temporaries that an attention call holds while the backend runs: the
+ * operands as the kernels read them (the caller's tensors, retained, or
+ * copies), the mask's copy, the outputs, and on cuda the device copies of
+ * kv_lens and alibi. */
+typedef struct {
+  fa_tensor *q, *k, *v, *mask, *o, *lse;
+  void *kv_lens, *alibi;
+  size_t kv_bytes, alibi_bytes;
+} fa_attn_buffers;
+void fa_attn_buffers_drop(fa_attn_buffers *b);
+/* An operand on cuda as the kernels read it (API §6): t itself (retained)
+ * where it lies, else a contiguous copy; *st its strides. */
+fa_status fa_attn_operand_on_device(fa_context *ctx, fa_tensor *t, fa_tensor **buf, fa_attn_strides *st);
+/* q, k, v, the mask, kv_lens and alibi of a call on cuda into p (options
+ * resolved) and bufs, which holds them until fa_attn_buffers_drop. */
+fa_status fa_attn_cuda_inputs(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
+                              const fa_attn_dims *d, fa_attn_problem *p, fa_attn_buffers *bufs);
 /* The keys and values of a paged KV cache (src/kv_cache.c) for the decode
  * kernel: the pools (pages, Hkv, page_size, D | Dv), the page table and
  * the sequences' lengths on the device. */

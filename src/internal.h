@@ -290,6 +290,18 @@ int fa_cuda_attention_decode_fit(fa_dtype dt, int64_t D, int64_t Dv, int64_t Hq,
  * fits; rows on 16 bytes, else FA_ERR_UNSUPPORTED); pg: a page table, or
  * NULL; splits: chunks of keys (0: chosen from the shape and the GPU). */
 fa_status fa_cuda_attention_decode(fa_context *ctx, const fa_attn_problem *p, const fa_attn_paging *pg, int64_t splits);
+/* The backward pass on device buffers (API §10): p as for the forward
+ * (q, k, v, o and lse (f32) read through their strides; the forward's
+ * options), dout (B, Hq, Lq, Dv) through dout_st; dq (B, Hq, Lq, D), dk
+ * (B, Hkv, Lk, D) and dv (B, Hkv, Lk, Dv) dense in p->compute, every
+ * element written (zeros where nothing flows).  No atomics: the same bits
+ * from run to run. */
+typedef struct {
+  const void *dout;
+  fa_attn_strides dout_st;
+  void *dq, *dk, *dv;
+} fa_attn_grads;
+fa_status fa_cuda_attention_backward(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g);
 /* Row-major C = A·B on device buffers of dtype dt. */
 fa_status fa_cuda_matmul(fa_context *ctx, fa_matmul_algo algo, int64_t tile, fa_dtype dt, const void *a, const void *b,
                          void *c, int64_t m, int64_t k, int64_t n);

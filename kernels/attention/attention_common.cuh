@@ -66,14 +66,22 @@ static __device__ __forceinline__ unsigned rule_mask_bytes2(const score_rule &ru
 }
 /* The final score of key j for query row i from the raw dot product, or
  * -inf when the key is outside [lo, hi) or the bool mask says no (the
- * kernels that take one score at a time). */
+ * kernels that take one score at a time).  chain, when given: the
+ * derivative of the score by the dot product (the backward's chain rule:
+ * the scale, times softcap's 1 - tanh^2; alibi and the float mask add
+ * constants). */
 static __device__ __forceinline__ float attn_score(const fa_attn_problem &p, int64_t b, int64_t h, int64_t i, int64_t j,
-                                                   float dot, int64_t lo, int64_t hi) {
+                                                   float dot, int64_t lo, int64_t hi, float *chain = nullptr) {
   if (j < lo || j >= hi) return -INFINITY;
   const score_rule ru = score_rule_at(p, b, h, i, j);
   if (ru.mask && !ru.mask_float && !rule_mask_keeps(ru, 0)) return -INFINITY;
   float s = dot * ru.scale;
-  if (ru.cap > 0.f) s = rule_softcap(ru, s);
+  if (chain) *chain = ru.scale;
+  if (ru.cap > 0.f) {
+    s = rule_softcap(ru, s);
+    const float t = s * ru.inv_cap; /* tanh(dot·scale / c) */
+    if (chain) *chain = ru.scale * (1.f - t * t);
+  }
   if (ru.slope != 0.f) s = rule_alibi(ru, s, 0.f);
   if (ru.mask && ru.mask_float) s = rule_mask_float(ru, s, 0);
   return s;

@@ -2,8 +2,9 @@
 -- §2, API §10): the reference against central finite differences of
 -- fa.attention_reference in f64 (every option, GQA, every rank), the CPU
 -- backend against the reference in every dtype, bit-identical runs, errors,
--- rows with no key.  On cuda only the refusal is checked (the backward runs
--- on the cpu backend in this version); the reference runs on the CPU.
+-- rows with no key.  With FLASHATTN_DEVICE=cuda the backend checks run on
+-- the GPU (the SIMT kernel at these small head dims; the tensor-core kernels
+-- at D = 64 and 128 in test_head_dims) against the reference on the CPU.
 local U = require "fa_testutil"
 local fa, lu = U.fa, U.lu
 
@@ -127,20 +128,63 @@ end
 
 local bw_tol = {f32 = 1e-4, f16 = 2e-2, bf16 = 2e-2, f64 = 1e-10}
 
+local function is_variant(opts) return opts.score_mod ~= nil or opts.mask_mod ~= nil end
+
+-- The backward of inputs (on the test's device) against the reference of
+-- their CPU copies: dtype, device, shape and values.
+local function check_backend(name, q, k, v, dout, opts, dtype, tol)
+  local o, lse = fa.attention(q, k, v, with_lse(opts))
+  local r = {fa.attention_backward_reference(q:cpu(), k:cpu(), v:cpu(), o:cpu(), lse:cpu(), dout:cpu(), opts)}
+  local g = {fa.attention_backward(q, k, v, o, lse, dout, opts)}
+  for i, x in ipairs({q, k, v}) do
+    lu.assertEquals(g[i]:dtype(), dtype)
+    lu.assertEquals(g[i]:device(), x:device())
+    lu.assertEquals(g[i]:shape(), x:shape())
+    U.assert_close(g[i]:cpu(), r[i], dtype, ("%s %s d%s"):format(name, dtype, ({"q", "k", "v"})[i]), tol or bw_tol[dtype])
+  end
+end
+
 function TestBackward:test_backend_matches_reference()
-  if U.cuda then return end
-  for _, dtype in ipairs(U.all_dtypes) do
+  for _, dtype in ipairs(U.cuda and U.dtypes or U.all_dtypes) do
     for ci, c in ipairs(cases) do
-      local opts = opts_of(c, "cpu")
+      local opts = opts_of(c, U.device)
       if ci % 2 == 0 then opts = U.copy_opts(opts) opts.tile = {3, 2} end -- key tiles that split the rows
-      local q, k, v, dout = inputs(c, dtype)
-      local o, lse = fa.attention(q, k, v, with_lse(opts))
-      local r = {fa.attention_backward_reference(q, k, v, o, lse, dout, opts)}
-      local g = {fa.attention_backward(q, k, v, o, lse, dout, opts)}
-      for i = 1, 3 do
-        lu.assertEquals(g[i]:dtype(), dtype)
-        U.assert_close(g[i], r[i], dtype, ("%s %s d%s"):format(c[1], dtype, ({"q", "k", "v"})[i]), bw_tol[dtype])
+      local q, k, v, dout = inputs(c, dtype, U.device)
+      if U.cuda and is_variant(opts) then -- the Lua variants run on the cpu backend in this version
+        local o, lse = fa.attention_reference(q, k, v, with_lse(opts))
+        U.assert_fa_error({"score_mod", "cpu"}, fa.attention_backward, q, k, v, o:to(dtype), lse, dout, opts)
+      else
+        check_backend(c[1], q, k, v, dout, opts, dtype)
       end
+    end
+  end
+end
+
+-- The head dims of the tensor-core kernels on cuda (f16/bf16 at D = Dv = 64
+-- and 128, 64-key and 64-row tiles) and of the SIMT kernel around them, with
+-- lengths off the tiles, GQA, and the options on partial and full tiles.
+function TestBackward:test_head_dims()
+  local shapes = { -- {D, Dv, Hq, Hkv, Lq, Lk, opts}
+    {64, 64, 4, 2, 130, 200, {}},
+    {64, 64, 2, 2, 200, 130, {causal = true}},
+    {128, 128, 2, 1, 97, 160, {causal = "top_left", window = {70, 5}}},
+    {128, 128, 2, 2, 70, 150, {alibi = {0.05, 0.02}, softcap = 3, kv_lens = {150, 40}}},
+    {64, 64, 2, 2, 66, 129, function(dev)
+      return {mask = fa.tensor(U.nested({66, 129}, function() return math.random() < 0.8 end), {device = dev}),
+              scale = 0.1}
+    end},
+    {96, 96, 2, 1, 40, 70, {causal = true}},
+    {40, 24, 2, 2, 33, 45, {}},
+  }
+  local dtypes = U.cuda and {"f16", "bf16", "f32"} or {"bf16", "f32"}
+  for _, dtype in ipairs(dtypes) do
+    for _, c in ipairs(shapes) do
+      local D, Dv, Hq, Hkv, Lq, Lk = table.unpack(c, 1, 6)
+      local opts = type(c[7]) == "function" and c[7](U.device) or c[7]
+      local q, k = randn({2, Hq, Lq, D}, dtype, U.device), randn({2, Hkv, Lk, D}, dtype, U.device)
+      local v, dout = randn({2, Hkv, Lk, Dv}, dtype, U.device), randn({2, Hq, Lq, Dv}, dtype, U.device)
+      check_backend(("D=%d Dv=%d Lq=%d Lk=%d"):format(D, Dv, Lq, Lk), q, k, v, dout, opts, dtype,
+                    dtype == "f32" and 1e-4 or 3e-2)
     end
   end
 end
@@ -154,15 +198,16 @@ local function same_bits(a, b)
 end
 
 function TestBackward:test_runs_are_bit_identical()
-  if U.cuda then return end
-  for _, dtype in ipairs({"f32", "bf16"}) do
-    local q, k, v, dout = randn({2, 8, 70, 16}, dtype), randn({2, 2, 90, 16}, dtype), randn({2, 2, 90, 8}, dtype),
-                          randn({2, 8, 70, 8}, dtype)
+  local shapes = {{16, 8, "f32"}, {16, 8, "bf16"}, {64, 64, "bf16"}, {128, 128, "f16"}}
+  for _, s in ipairs(shapes) do
+    local D, Dv, dtype, dev = s[1], s[2], s[3], U.device
+    local q, k, v, dout = randn({2, 8, 70, D}, dtype, dev), randn({2, 2, 90, D}, dtype, dev),
+                          randn({2, 2, 90, Dv}, dtype, dev), randn({2, 8, 70, Dv}, dtype, dev)
     local opts = {causal = true, deterministic = true}
     local o, lse = fa.attention(q, k, v, {causal = true, return_lse = true})
     local a = {fa.attention_backward(q, k, v, o, lse, dout, opts)}
     local b = {fa.attention_backward(q, k, v, o, lse, dout, {causal = true})}
-    for i = 1, 3 do lu.assertTrue(same_bits(a[i], b[i]), dtype .. " run-to-run") end
+    for i = 1, 3 do lu.assertTrue(same_bits(a[i], b[i]), ("%s D=%d run-to-run"):format(dtype, D)) end
   end
 end
 
@@ -194,12 +239,13 @@ function TestBackward:test_rows_with_no_key()
 end
 
 function TestBackward:test_strided_layouts()
-  if U.cuda then return end
   -- q, k, v, dout as (B, L, H, D) tensors seen through transposes: the same gradients as contiguous copies
-  local function bhld(B, L, H, D, dtype) return randn({B, L, H, D}, dtype):transpose(2, 3) end
-  for _, dtype in ipairs({"f32", "f64"}) do
-    local q, k, v, dout = bhld(2, 5, 4, 8, dtype), bhld(2, 7, 2, 8, dtype), bhld(2, 7, 2, 6, dtype),
-                          bhld(2, 5, 4, 6, dtype)
+  local function bhld(B, L, H, D, dtype) return randn({B, L, H, D}, dtype, U.device):transpose(2, 3) end
+  local shapes = U.cuda and {{8, 6, "f32"}, {64, 64, "bf16"}, {128, 128, "f16"}} or {{8, 6, "f32"}, {8, 6, "f64"}}
+  for _, s in ipairs(shapes) do
+    local D, Dv, dtype = s[1], s[2], s[3]
+    local q, k, v, dout = bhld(2, 75, 4, D, dtype), bhld(2, 77, 2, D, dtype), bhld(2, 77, 2, Dv, dtype),
+                          bhld(2, 75, 4, Dv, dtype)
     local opts = {causal = true, deterministic = false}
     local o, lse = fa.attention(q, k, v, {causal = true, return_lse = true})
     local a = {fa.attention_backward(q, k, v, o, lse, dout, opts)}
@@ -214,16 +260,21 @@ function TestBackward:test_errors()
                         randn({1, 1, 5, 2}, dt, U.device), randn({1, 2, 3, 2}, dt, U.device)
   local o, lse = fa.attention(q, k, v, {return_lse = true})
   if U.cuda then
-    U.assert_fa_error({"attention_backward", "cpu backend"}, fa.attention_backward, q, k, v, o, lse, dout)
-    return
+    local q64 = randn({1, 2, 3, 4}, "f64", U.device)
+    U.assert_fa_error({"=q", "f64", "cuda"}, fa.attention_backward, q64, q64, q64, q64, q64:narrow(4, 1, 1):reshape({1, 2, 3}),
+                      q64)
+    U.assert_fa_error({"head dims", "256"}, fa.attention_backward, randn({1, 1, 3, 300}, dt, U.device),
+                      randn({1, 1, 5, 300}, dt, U.device), v:narrow(2, 1, 1), o:narrow(2, 1, 1), lse:narrow(2, 1, 1),
+                      dout:narrow(2, 1, 1))
+    U.assert_fa_error({"=dout", "device"}, fa.attention_backward, q, k, v, o, lse, dout:cpu())
   end
   U.assert_fa_error({"=o", "shape"}, fa.attention_backward, q, k, v, dout:narrow(3, 1, 2), lse, dout)
   U.assert_fa_error({"=lse", "shape"}, fa.attention_backward, q, k, v, o, o, dout)
   U.assert_fa_error({"=dout", "shape"}, fa.attention_backward, q, k, v, o, lse, randn({1, 2, 3, 3}))
-  U.assert_fa_error({"=dout", "dtype"}, fa.attention_backward, q, k, v, o, lse, dout:float())
+  U.assert_fa_error({"=dout", "dtype"}, fa.attention_backward, q, k, v, o, lse, dout:to(U.cuda and "f16" or "f32"))
   U.assert_fa_error({"=o", "float"}, fa.attention_backward, q, k, v, fa.zeros({1, 2, 3, 2}, {dtype = "bool"}), lse,
                     dout)
-  U.assert_fa_error({"=k", "dtype"}, fa.attention_backward, q, k:float(), v, o, lse, dout)
+  U.assert_fa_error({"=k", "dtype"}, fa.attention_backward, q, k:to(U.cuda and "f16" or "f32"), v, o, lse, dout)
   U.assert_fa_error({"=dout"}, fa.attention_backward, q, k, v, o, lse, nil)
   U.assert_fa_error({"opts.causal"}, fa.attention_backward, q, k, v, o, lse, dout, {causal = "x"})
   U.assert_fa_error({"frobnicate"}, fa.attention_backward, q, k, v, o, lse, dout, {frobnicate = 1})
@@ -232,6 +283,7 @@ function TestBackward:test_errors()
   -- the reference takes o and dout of any float dtype (fa.attention_reference gives f64)
   local dq = fa.attention_backward_reference(q:float(), k:float(), v:float(), o, lse:float(), dout)
   lu.assertEquals(dq:dtype(), "f64")
+  lu.assertEquals(dq:device(), "cpu")
 end
 
 U.run()

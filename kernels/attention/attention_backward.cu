@@ -1,0 +1,268 @@
+/* The backward pass of attention on the GPU (API §10): FlashAttention's
+ * recomputation scheme, nothing of size Lq·Lk stored.
+ *
+ * Three launches: delta_i = rowsum(dO_i ∘ O_i) for every query row; then
+ * dK and dV by key tile (a block owns BW_BC keys of one (batch, KV head)
+ * and walks every query tile of every query head that shares that KV head,
+ * so GQA's sums stay in the block); then dQ by query tile (a block owns
+ * BW_BR rows of one (batch, head) and walks the key tiles of their range).
+ * Both recompute S = Q·Kᵀ and dP = dO·Vᵀ, P = exp(s - lse) with the
+ * forward's own score rule (attn_score) and dS = P ∘ (dP - delta) times
+ * the rule's derivative.  Each gradient element has one owner that adds
+ * its terms in a fixed order: no atomics, the same bits from run to run
+ * (opts.deterministic holds by construction).  This is the kernel for
+ * every dtype and head dim up to 256; the tensor-core kernels
+ * (attention_backward_mma.cu) take f16/bf16 at D = Dv = 64 and 128. */
+#include "attention_common.cuh"
+
+#define BW_THREADS 256
+#define BW_WARPS (BW_THREADS / 32)
+#define BW_BR 32 /* query rows a tile */
+#define BW_BC 32 /* keys a tile: a warp's lanes */
+
+extern "C" fa_status fa_cuda_attention_backward_mma(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g,
+                                                    const float *delta, int *done);
+
+/* delta of every query row (B·Hq·Lq, dense), a warp a row: the sum over
+ * Dv of dO·O in f32. */
+template <typename T> __global__ void bw_delta_kernel(fa_attn_problem p, fa_attn_grads g, float *delta) {
+  const int64_t row = (int64_t)blockIdx.x * BW_WARPS + (threadIdx.x >> 5);
+  if (row >= p.B * p.Hq * p.Lq) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t i = row % p.Lq, bh = row / p.Lq, b = bh / p.Hq, h = bh % p.Hq;
+  const T *o = (const T *)p.o + attn_at(p.o_st, b, h, i), *d = (const T *)g.dout + attn_at(g.dout_st, b, h, i);
+  float acc = 0.f;
+  for (int64_t e = lane; e < p.Dv; e += 32) acc = fmaf(to_float(o[e]), to_float(d[e]), acc);
+  acc = warp_sum(acc);
+  if (lane == 0) delta[row] = acc;
+}
+
+/* Rows [r0, r0 + ROWS) of one head's operand (rows ld elements apart, X
+ * columns) as f32 into tile (rows pitch apart); rows at or past limit are
+ * zeros. */
+template <typename T, int ROWS>
+static __device__ __forceinline__ void bw_stage(float *tile, int pitch, const T *src, int64_t ld, int64_t r0,
+                                                int64_t limit, int X) {
+  for (int idx = threadIdx.x; idx < ROWS * X; idx += BW_THREADS) {
+    const int r = idx / X, c = idx - r * X;
+    tile[r * pitch + c] = r0 + r < limit ? to_float(src[(r0 + r) * ld + c]) : 0.f;
+  }
+}
+
+/* What a block knows of its query tile's rows: key range, lse, delta. */
+struct bw_rows {
+  int64_t lo[BW_BR], hi[BW_BR];
+  float lse[BW_BR], delta[BW_BR];
+};
+
+/* Row r of the tile at i0 of head h into rows (the first BW_BR threads):
+ * whether it may take keys [j0, j1). */
+static __device__ __forceinline__ bool bw_row_load(const fa_attn_problem &p, const float *delta, bw_rows &rows,
+                                                   int64_t b, int64_t h, int64_t i0, int r, int64_t j0, int64_t j1) {
+  const int64_t i = i0 + r;
+  int64_t lo = 0, hi = 0;
+  float lse = -INFINITY, dl = 0.f;
+  if (i < p.Lq) {
+    fa_attn_range_of(&p, b, i, &lo, &hi);
+    lse = attn_lse_at(p, b, h, i);
+    dl = delta[(b * p.Hq + h) * p.Lq + i];
+  }
+  rows.lo[r] = lo, rows.hi[r] = hi, rows.lse[r] = lse, rows.delta[r] = dl;
+  return lo < hi && lo < j1 && hi > j0 && lse != -INFINITY; /* an empty row (lse = -inf) passes nothing back */
+}
+
+/* P and dS of the staged query tile (rows i0.., Qs rows D apart, dOs Dv)
+ * against the staged key tile (keys j0.., Ks rows D + 1 apart, Vs Dv + 1:
+ * lane c reads key c without bank conflicts): lane c takes key c, the
+ * warps the rows.  Zeros where a row takes nothing from a key (outside its
+ * range or the tensors, masked, or an empty row).  Ps (may be NULL) rows
+ * ps apart, dSs rows dss apart. */
+static __device__ __forceinline__ void bw_probs(const fa_attn_problem &p, int64_t b, int64_t h, int64_t i0, int64_t j0,
+                                                const float *Qs, const float *dOs, const float *Ks, const float *Vs,
+                                                const bw_rows &rows, float *Ps, int ps, float *dSs, int dss) {
+  const int c = threadIdx.x & 31, D = (int)p.D, Dv = (int)p.Dv;
+  const int64_t j = j0 + c;
+  for (int r = threadIdx.x >> 5; r < BW_BR; r += BW_WARPS) {
+    const int64_t i = i0 + r;
+    float pr = 0.f, ds = 0.f;
+    if (i < p.Lq && j < p.Lk && j >= rows.lo[r] && j < rows.hi[r] && rows.lse[r] != -INFINITY) {
+      float dot = 0.f, dp = 0.f, chain = 1.f;
+      for (int d = 0; d < D; d++) dot = fmaf(Qs[r * D + d], Ks[c * (D + 1) + d], dot);
+      for (int d = 0; d < Dv; d++) dp = fmaf(dOs[r * Dv + d], Vs[c * (Dv + 1) + d], dp);
+      const float s = attn_score(p, b, h, i, j, dot, rows.lo[r], rows.hi[r], &chain);
+      if (s != -INFINITY) { /* masked keys pass nothing back, whatever their values */
+        pr = expf(s - rows.lse[r]);
+        ds = pr * (dp - rows.delta[r]) * chain;
+      }
+    }
+    if (Ps) Ps[r * ps + c] = pr;
+    dSs[r * dss + c] = ds;
+  }
+}
+
+/* dK, dV of keys [j0, j0 + BW_BC) of one (batch, KV head): lane c owns key
+ * c, warp w the columns w, w + 8, ... (DMAX / 8 of each). */
+template <typename T, int DMAX>
+__global__ void __launch_bounds__(BW_THREADS) bw_dkdv_kernel(fa_attn_problem p, fa_attn_grads g, const float *delta) {
+  extern __shared__ float bw_smem[];
+  __shared__ bw_rows rows;
+  const int D = (int)p.D, Dv = (int)p.Dv;
+  float *Ks = bw_smem, *Vs = Ks + BW_BC * (D + 1), *Qs = Vs + BW_BC * (Dv + 1), *dOs = Qs + BW_BR * D;
+  float *Ps = dOs + BW_BR * Dv, *dSs = Ps + BW_BR * BW_BC;
+  const int64_t ktiles = (p.Lk + BW_BC - 1) / BW_BC, blk = blockIdx.x;
+  const int64_t bhk = blk / ktiles, j0 = blk % ktiles * BW_BC, b = bhk / p.Hkv, hk = bhk % p.Hkv;
+  const int64_t G = p.Hq / p.Hkv, j1 = min(j0 + BW_BC, p.Lk);
+  bw_stage<T, BW_BC>(Ks, D + 1, (const T *)p.k + attn_at(p.k_st, b, hk, 0), p.k_st.s, j0, p.Lk, D);
+  bw_stage<T, BW_BC>(Vs, Dv + 1, (const T *)p.v + attn_at(p.v_st, b, hk, 0), p.v_st.s, j0, p.Lk, Dv);
+  const int c = threadIdx.x & 31, w = threadIdx.x >> 5;
+  float dk[DMAX / 8], dv[DMAX / 8];
+#pragma unroll
+  for (int m = 0; m < DMAX / 8; m++) dk[m] = dv[m] = 0.f;
+  for (int64_t h = hk * G; h < hk * G + G; h++) {
+    const T *q = (const T *)p.q + attn_at(p.q_st, b, h, 0), *dout = (const T *)g.dout + attn_at(g.dout_st, b, h, 0);
+    for (int64_t i0 = 0; i0 < p.Lq; i0 += BW_BR) {
+      __syncthreads(); /* the last tile's readers are done */
+      const bool hit = threadIdx.x < BW_BR && bw_row_load(p, delta, rows, b, h, i0, threadIdx.x, j0, j1);
+      if (!__syncthreads_or(hit)) continue; /* no row of the tile takes these keys */
+      bw_stage<T, BW_BR>(Qs, D, q, p.q_st.s, i0, p.Lq, D);
+      bw_stage<T, BW_BR>(dOs, Dv, dout, g.dout_st.s, i0, p.Lq, Dv);
+      __syncthreads();
+      bw_probs(p, b, h, i0, j0, Qs, dOs, Ks, Vs, rows, Ps, BW_BC, dSs, BW_BC);
+      __syncthreads();
+      for (int r = 0; r < BW_BR; r++) {
+        const float pr = Ps[r * BW_BC + c], ds = dSs[r * BW_BC + c];
+#pragma unroll
+        for (int m = 0; m < DMAX / 8; m++) {
+          const int d = w + 8 * m;
+          if (d < Dv) dv[m] = fmaf(pr, dOs[r * Dv + d], dv[m]);
+          if (d < D) dk[m] = fmaf(ds, Qs[r * D + d], dk[m]);
+        }
+      }
+    }
+  }
+  if (j0 + c < p.Lk) {
+    const int64_t row = (b * p.Hkv + hk) * p.Lk + j0 + c;
+    T *dkr = (T *)g.dk + row * D, *dvr = (T *)g.dv + row * Dv;
+#pragma unroll
+    for (int m = 0; m < DMAX / 8; m++) {
+      const int d = w + 8 * m;
+      if (d < D) dkr[d] = from_float<T>(dk[m]);
+      if (d < Dv) dvr[d] = from_float<T>(dv[m]);
+    }
+  }
+}
+
+/* dQ of rows [i0, i0 + BW_BR) of one (batch, head): lane r owns row r,
+ * warp w the columns w, w + 8, ... */
+template <typename T, int DMAX>
+__global__ void __launch_bounds__(BW_THREADS) bw_dq_kernel(fa_attn_problem p, fa_attn_grads g, const float *delta) {
+  extern __shared__ float bw_smem[];
+  __shared__ bw_rows rows;
+  __shared__ int64_t span[2];
+  const int D = (int)p.D, Dv = (int)p.Dv;
+  float *Ks = bw_smem, *Vs = Ks + BW_BC * (D + 1), *Qs = Vs + BW_BC * (Dv + 1), *dOs = Qs + BW_BR * D;
+  float *dSs = dOs + BW_BR * Dv; /* rows BW_BC + 1 apart: lane r reads row r without bank conflicts */
+  const int64_t qtiles = (p.Lq + BW_BR - 1) / BW_BR, blk = blockIdx.x;
+  const int64_t bh = blk / qtiles, i0 = blk % qtiles * BW_BR, b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv);
+  if (threadIdx.x < BW_BR) bw_row_load(p, delta, rows, b, h, i0, threadIdx.x, 0, p.Lk);
+  bw_stage<T, BW_BR>(Qs, D, (const T *)p.q + attn_at(p.q_st, b, h, 0), p.q_st.s, i0, p.Lq, D);
+  bw_stage<T, BW_BR>(dOs, Dv, (const T *)g.dout + attn_at(g.dout_st, b, h, 0), g.dout_st.s, i0, p.Lq, Dv);
+  __syncthreads();
+  if (threadIdx.x == 0) { /* the keys any row of the tile takes */
+    int64_t lo = INT64_MAX, hi = 0;
+    for (int r = 0; r < BW_BR; r++)
+      if (rows.lo[r] < rows.hi[r] && rows.lse[r] != -INFINITY) lo = min(lo, rows.lo[r]), hi = max(hi, rows.hi[r]);
+    span[0] = lo < hi ? lo : 0, span[1] = lo < hi ? hi : 0;
+  }
+  __syncthreads();
+  const int64_t t_lo = span[0], t_hi = span[1];
+  const T *k = (const T *)p.k + attn_at(p.k_st, b, hk, 0), *v = (const T *)p.v + attn_at(p.v_st, b, hk, 0);
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  float dq[DMAX / 8];
+#pragma unroll
+  for (int m = 0; m < DMAX / 8; m++) dq[m] = 0.f;
+  for (int64_t j0 = t_lo; j0 < t_hi; j0 += BW_BC) {
+    __syncthreads(); /* the last tile's readers are done */
+    bw_stage<T, BW_BC>(Ks, D + 1, k, p.k_st.s, j0, p.Lk, D);
+    bw_stage<T, BW_BC>(Vs, Dv + 1, v, p.v_st.s, j0, p.Lk, Dv);
+    __syncthreads();
+    bw_probs(p, b, h, i0, j0, Qs, dOs, Ks, Vs, rows, NULL, 0, dSs, BW_BC + 1);
+    __syncthreads();
+    for (int c = 0; c < BW_BC; c++) {
+      const float ds = dSs[lane * (BW_BC + 1) + c];
+#pragma unroll
+      for (int m = 0; m < DMAX / 8; m++) {
+        const int d = w + 8 * m;
+        if (d < D) dq[m] = fmaf(ds, Ks[c * (D + 1) + d], dq[m]);
+      }
+    }
+  }
+  if (i0 + lane < p.Lq) {
+    T *dqr = (T *)g.dq + (bh * p.Lq + i0 + lane) * D;
+#pragma unroll
+    for (int m = 0; m < DMAX / 8; m++) {
+      const int d = w + 8 * m;
+      if (d < D) dqr[d] = from_float<T>(dq[m]);
+    }
+  }
+}
+
+template <typename T, int DMAX>
+static fa_status bw_launch(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, const float *delta) {
+  const int64_t D = p->D, Dv = p->Dv;
+  const size_t kv = (size_t)(BW_BC * (D + 1) + BW_BC * (Dv + 1)) * 4, qo = (size_t)(BW_BR * D + BW_BR * Dv) * 4;
+  const size_t smem_kv = kv + qo + 2 * BW_BR * BW_BC * 4, smem_q = kv + qo + BW_BR * (BW_BC + 1) * 4;
+  const int64_t kblocks = p->B * p->Hkv * ((p->Lk + BW_BC - 1) / BW_BC);
+  const int64_t qblocks = p->B * p->Hq * ((p->Lq + BW_BR - 1) / BW_BR);
+  fa_status st;
+  if ((st = attn_grid_fits(ctx, kblocks)) || (st = attn_grid_fits(ctx, qblocks))) return st;
+  cudaStream_t s = fa_cuda_stream(ctx);
+  if (kblocks > 0) {
+    FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(bw_dkdv_kernel<T, DMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)smem_kv));
+    bw_dkdv_kernel<T, DMAX><<<(unsigned)kblocks, BW_THREADS, smem_kv, s>>>(*p, *g, delta);
+    FA_CUDA_CHECK_LAUNCH(ctx, "bw_dkdv_kernel");
+  }
+  if (qblocks > 0) {
+    FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(bw_dq_kernel<T, DMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)smem_q));
+    bw_dq_kernel<T, DMAX><<<(unsigned)qblocks, BW_THREADS, smem_q, s>>>(*p, *g, delta);
+    FA_CUDA_CHECK_LAUNCH(ctx, "bw_dq_kernel");
+  }
+  return FA_OK;
+}
+
+template <typename T>
+static fa_status bw_typed(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, float *delta) {
+  const int64_t rows = p->B * p->Hq * p->Lq, blocks = (rows + BW_WARPS - 1) / BW_WARPS;
+  fa_status st = attn_grid_fits(ctx, blocks);
+  if (st) return st;
+  if (blocks > 0) {
+    bw_delta_kernel<T><<<(unsigned)blocks, BW_THREADS, 0, fa_cuda_stream(ctx)>>>(*p, *g, delta);
+    FA_CUDA_CHECK_LAUNCH(ctx, "bw_delta_kernel");
+  }
+  int done = 0;
+  if ((st = fa_cuda_attention_backward_mma(ctx, p, g, delta, &done)) || done) return st;
+  const int64_t X = p->D > p->Dv ? p->D : p->Dv;
+  if (X <= 64) return bw_launch<T, 64>(ctx, p, g, delta);
+  if (X <= 128) return bw_launch<T, 128>(ctx, p, g, delta);
+  return bw_launch<T, 256>(ctx, p, g, delta);
+}
+
+extern "C" fa_status fa_cuda_attention_backward(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g) {
+  if (p->D > 256 || p->Dv > 256)
+    return fa_fail(ctx, FA_ERR_UNSUPPORTED,
+                   "flashattn: attention_backward on cuda takes head dims up to 256 (D = %lld, Dv = %lld)",
+                   (long long)p->D, (long long)p->Dv);
+  const size_t bytes = (size_t)(p->B * p->Hq * p->Lq) * sizeof(float);
+  float *delta = NULL;
+  fa_status st = fa_cuda_malloc(ctx, (void **)&delta, bytes);
+  if (st) return st;
+  switch (p->compute) {
+  case FA_F16: st = bw_typed<__half>(ctx, p, g, delta); break;
+  case FA_BF16: st = bw_typed<__nv_bfloat16>(ctx, p, g, delta); break;
+  default: st = bw_typed<float>(ctx, p, g, delta); break;
+  }
+  fa_cuda_free_on(ctx, delta, bytes); /* stream-ordered: after the kernels */
+  return st;
+}

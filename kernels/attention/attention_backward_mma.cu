@@ -1,0 +1,290 @@
+/* The backward pass on tensor cores for f16 and bf16 at D = Dv = 64 and
+ * 128 (mma.sync.m16n8k16, f32 accumulation; ldmatrix and cp.async as the
+ * forward's attention_mma.cu), in the schedule of attention_backward.cu:
+ * delta first (there), then dK/dV by key tile and dQ by query tile, each
+ * gradient element owned by one thread, no atomics.
+ *
+ * dK/dV: a block of 4 warps owns 64 keys of one (batch, KV head), a warp
+ * 16 of them.  For each query tile of BR rows (every query head sharing
+ * the KV head) it computes Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ with the keys as the
+ * accumulators' rows, so that Pᵀ and dSᵀ repack in registers as the A
+ * fragments of dV += Pᵀ·dO and dK += dSᵀ·Q (dO and Q read transposed by
+ * ldmatrix.trans), FlashAttention-2's way of keeping P off shared memory.
+ * dQ: a block of 4 warps owns 64 query rows, a warp 16; per key tile S =
+ * Q·Kᵀ, dP = dO·Vᵀ, then dQ += dS·K.  P and dS go through bf16/f16 as
+ * FlashAttention's do. */
+#include "attention_frag.cuh"
+#include "mma_sync.cuh"
+
+#define BWM_WARPS 4
+#define BWM_THREADS (BWM_WARPS * 32)
+#define BWM_BC 64 /* keys a dK/dV block, and a dQ block's key tile */
+#define BWM_BQ 64 /* query rows a dQ block */
+/* query rows a dK/dV tile: Sᵀ and dPᵀ take BR / 2 registers each beside
+ * the 2·D / 2 of dK and dV */
+#define BWM_BR(D) ((D) == 128 ? 32 : 64)
+
+/* What a block knows of the query rows of its tile (index in the tile):
+ * key range, lse (natural and base-2), delta. */
+template <int R> struct bwm_rows {
+  int64_t lo[R], hi[R];
+  float lse[R], lse2[R], delta[R];
+};
+
+/* Row r of the tile at i0 of head h (one thread a row): whether it takes
+ * any of keys [j0, j1), and whether it takes all of them (*all). */
+template <int R>
+static __device__ __forceinline__ bool bwm_row_load(const fa_attn_problem &p, const float *delta, bwm_rows<R> &rows,
+                                                    int64_t b, int64_t h, int64_t i0, int r, int64_t j0, int64_t j1,
+                                                    bool *all) {
+  const int64_t i = i0 + r;
+  int64_t lo = 0, hi = 0;
+  float lse = -INFINITY, dl = 0.f;
+  if (i < p.Lq) {
+    fa_attn_range_of(&p, b, i, &lo, &hi);
+    lse = attn_lse_at(p, b, h, i);
+    dl = delta[(b * p.Hq + h) * p.Lq + i];
+  }
+  rows.lo[r] = lo, rows.hi[r] = hi, rows.lse[r] = lse, rows.lse2[r] = lse * FA_LOG2E, rows.delta[r] = dl;
+  const bool live = lse != -INFINITY; /* an empty row passes nothing back */
+  *all = live && i < p.Lq && lo <= j0 && hi >= j1;
+  return live && lo < hi && lo < j1 && hi > j0;
+}
+
+/* P and dS in place of one warp's S and dP accumulators (16 rows × 8·NC
+ * columns, the layout of attention_frag.cuh).  KEY_ROWS: the rows are keys
+ * and the columns query rows (the dK/dV kernel), else the transpose.
+ * Entry (row, col) is query i0 + qi, key j0 + kj with qi, kj its row or
+ * column plus qoff or koff.  full: no extras, and every query of the tile
+ * takes every key of it: the rule is the scale. */
+template <bool KEY_ROWS, int NC, int R>
+static __device__ __forceinline__ void bwm_probs(const fa_attn_problem &p, int64_t b, int64_t h, int64_t i0,
+                                                 int64_t j0, int qoff, int koff, const bwm_rows<R> &rows, bool full,
+                                                 float (*s)[4], float (*dp)[4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, c2 = (lane & 3) * 2;
+  const float scale = (float)p.scale, k2 = scale * FA_LOG2E;
+#pragma unroll
+  for (int n = 0; n < NC; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int row = g + (e >> 1) * 8, col = n * 8 + c2 + (e & 1);
+      const int qi = qoff + (KEY_ROWS ? col : row), kj = koff + (KEY_ROWS ? row : col);
+      float pr, chain = scale;
+      bool takes = true;
+      if (full) {
+        pr = exp2_approx(fmaf(s[n][e], k2, -rows.lse2[qi]));
+      } else {
+        const float sc = attn_score(p, b, h, i0 + qi, j0 + kj, s[n][e], rows.lo[qi], rows.hi[qi], &chain);
+        takes = sc != -INFINITY && rows.lse[qi] != -INFINITY;
+        pr = takes ? exp2_approx((sc - rows.lse[qi]) * FA_LOG2E) : 0.f;
+      }
+      s[n][e] = pr;
+      /* a key the row does not take passes nothing back, whatever dP holds (NaN in an unattended V) */
+      dp[n][e] = takes ? pr * (dp[n][e] - rows.delta[qi]) * chain : 0.f;
+    }
+}
+
+/* acc[16 × 8·NC] += A·Bᵀ for the warp: A's 16 rows from row a0 of tile At,
+ * B's 8·NC rows from row 0 of tile Bt (both D = 8·CH columns, the swz
+ * layout), the k-steps over D. */
+template <typename T, int CH, int NC>
+static __device__ __forceinline__ void bwm_gemm_abt(float (*acc)[4], const char *At, int a0, const char *Bt) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int kk = 0; kk < CH / 2; kk++) {
+    uint32_t af[4];
+    ldmatrix_x4(af, smem_addr(At + swz<CH>(a0 + (lane & 15), kk * 2 + (lane >> 4))));
+#pragma unroll
+    for (int n = 0; n < NC; n += 2) {
+      uint32_t bf[4];
+      const int row = n * 8 + (lane & 7) + ((lane >> 4) << 3);
+      ldmatrix_x4(bf, smem_addr(Bt + swz<CH>(row, kk * 2 + ((lane >> 3) & 1))));
+      mma16816<T>(acc[n], af, bf[0], bf[1]);
+      mma16816<T>(acc[n + 1], af, bf[2], bf[3]);
+    }
+  }
+}
+
+/* acc[16 × D] += X·B for the warp: X the warp's 16 × 16·KS accumulators
+ * (P or dS, repacked as A fragments in T), B rows 0..16·KS of tile Bt (D =
+ * 8·CH columns, swz) read transposed. */
+template <typename T, int CH, int KS>
+static __device__ __forceinline__ void bwm_gemm_xb(float (*acc)[4], const float (*x)[4], const char *Bt) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int kk = 0; kk < KS; kk++) {
+    const uint32_t xa[4] = {pack2<T>(x[2 * kk][0], x[2 * kk][1]), pack2<T>(x[2 * kk][2], x[2 * kk][3]),
+                            pack2<T>(x[2 * kk + 1][0], x[2 * kk + 1][1]), pack2<T>(x[2 * kk + 1][2], x[2 * kk + 1][3])};
+#pragma unroll
+    for (int d = 0; d < CH; d += 2) {
+      uint32_t bf[4];
+      ldmatrix_x4_trans(bf, smem_addr(Bt + swz<CH>(kk * 16 + (lane & 15), d + (lane >> 4))));
+      mma16816<T>(acc[d], xa, bf[0], bf[1]);
+      mma16816<T>(acc[d + 1], xa, bf[2], bf[3]);
+    }
+  }
+}
+
+/* The warp's 16 rows × D accumulators, rows r0 + (0..15) of a dense
+ * (rows, D) matrix out (rows at or past limit not written). */
+template <typename T, int CH>
+static __device__ __forceinline__ void bwm_store(T *out, int64_t r0, int64_t limit, const float (*acc)[4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, c2 = (lane & 3) * 2;
+  const int64_t ra = r0 + g, rb = ra + 8;
+#pragma unroll
+  for (int d = 0; d < CH; d++) {
+    if (ra < limit) *(uint32_t *)(out + ra * CH * 8 + d * 8 + c2) = pack2<T>(acc[d][0], acc[d][1]);
+    if (rb < limit) *(uint32_t *)(out + rb * CH * 8 + d * 8 + c2) = pack2<T>(acc[d][2], acc[d][3]);
+  }
+}
+
+/* Whether a call's score rule is the scale alone (no mask, alibi or
+ * softcap): then full tiles take P = 2^(s·scale·log2 e - lse·log2 e). */
+static __device__ __forceinline__ bool bwm_plain(const fa_attn_problem &p) {
+  return !p.mask_b && !p.mask_f && !p.alibi && !(p.softcap > 0);
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(BWM_THREADS) bwm_dkdv_kernel(fa_attn_problem p, fa_attn_grads g, const float *delta) {
+  constexpr int CH = D / 8, BR = BWM_BR(D), NC = BR / 8;
+  extern __shared__ __align__(128) char bwm_smem[];
+  __shared__ bwm_rows<BR> rows;
+  char *Ks = bwm_smem, *Vs = Ks + BWM_BC * D * 2, *Qs = Vs + BWM_BC * D * 2, *dOs = Qs + BR * D * 2;
+  const int warp = threadIdx.x >> 5;
+  const int64_t ktiles = (p.Lk + BWM_BC - 1) / BWM_BC, blk = blockIdx.x;
+  const int64_t bhk = blk / ktiles, j0 = blk % ktiles * BWM_BC, b = bhk / p.Hkv, hk = bhk % p.Hkv;
+  const int64_t G = p.Hq / p.Hkv, j1 = min(j0 + BWM_BC, p.Lk);
+  load_tile<T, D, BWM_BC, BWM_THREADS, false, false>(Ks, (const T *)p.k + attn_at(p.k_st, b, hk, 0), p.k_st.s, j0, p.Lk);
+  load_tile<T, D, BWM_BC, BWM_THREADS, false, false>(Vs, (const T *)p.v + attn_at(p.v_st, b, hk, 0), p.v_st.s, j0, p.Lk);
+  cp_async_commit();
+  const bool plain = bwm_plain(p);
+  float dk[CH][4], dv[CH][4];
+#pragma unroll
+  for (int d = 0; d < CH; d++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) dk[d][e] = dv[d][e] = 0.f;
+  for (int64_t h = hk * G; h < hk * G + G; h++) {
+    const T *q = (const T *)p.q + attn_at(p.q_st, b, h, 0), *dout = (const T *)g.dout + attn_at(g.dout_st, b, h, 0);
+    for (int64_t i0 = 0; i0 < p.Lq; i0 += BR) {
+      __syncthreads(); /* the last tile's readers are done */
+      bool all = true, hit = false;
+      if (threadIdx.x < BR) hit = bwm_row_load(p, delta, rows, b, h, i0, threadIdx.x, j0, j1, &all);
+      if (!__syncthreads_or(hit)) continue; /* no row of the tile takes these keys */
+      const bool full = __syncthreads_and(all) && plain && j1 - j0 == BWM_BC;
+      load_tile<T, D, BR, BWM_THREADS, false, false>(Qs, q, p.q_st.s, i0, p.Lq);
+      load_tile<T, D, BR, BWM_THREADS, false, false>(dOs, dout, g.dout_st.s, i0, p.Lq);
+      cp_async_commit();
+      cp_async_wait<0>();
+      __syncthreads();
+      float s[NC][4], dp[NC][4];
+#pragma unroll
+      for (int n = 0; n < NC; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.f;
+      bwm_gemm_abt<T, CH, NC>(s, Ks, warp * 16, Qs);   /* Sᵀ = K·Qᵀ */
+      bwm_gemm_abt<T, CH, NC>(dp, Vs, warp * 16, dOs); /* dPᵀ = V·dOᵀ */
+      bwm_probs<true, NC, BR>(p, b, h, i0, j0, 0, warp * 16, rows, full, s, dp);
+      bwm_gemm_xb<T, CH, BR / 16>(dv, s, dOs); /* dV += Pᵀ·dO */
+      bwm_gemm_xb<T, CH, BR / 16>(dk, dp, Qs); /* dK += dSᵀ·Q */
+    }
+  }
+  cp_async_wait<0>(); /* no copy in flight at the exit (a block whose keys no row takes) */
+  const int64_t r0 = (b * p.Hkv + hk) * p.Lk, j = j0 + warp * 16;
+  bwm_store<T, CH>((T *)g.dk + r0 * D, j, p.Lk, dk);
+  bwm_store<T, CH>((T *)g.dv + r0 * D, j, p.Lk, dv);
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(BWM_THREADS) bwm_dq_kernel(fa_attn_problem p, fa_attn_grads g, const float *delta) {
+  constexpr int CH = D / 8, NC = BWM_BC / 8;
+  extern __shared__ __align__(128) char bwm_smem[];
+  __shared__ bwm_rows<BWM_BQ> rows;
+  __shared__ int64_t span[2];
+  char *Qs = bwm_smem, *dOs = Qs + BWM_BQ * D * 2, *Ks = dOs + BWM_BQ * D * 2, *Vs = Ks + BWM_BC * D * 2;
+  const int warp = threadIdx.x >> 5, tid = threadIdx.x;
+  const int64_t qtiles = (p.Lq + BWM_BQ - 1) / BWM_BQ, blk = blockIdx.x;
+  const int64_t bh = blk / qtiles, i0 = blk % qtiles * BWM_BQ, b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv);
+  load_tile<T, D, BWM_BQ, BWM_THREADS, false, false>(Qs, (const T *)p.q + attn_at(p.q_st, b, h, 0), p.q_st.s, i0, p.Lq);
+  load_tile<T, D, BWM_BQ, BWM_THREADS, false, false>(dOs, (const T *)g.dout + attn_at(g.dout_st, b, h, 0), g.dout_st.s,
+                                                      i0, p.Lq);
+  cp_async_commit();
+  bool unused;
+  if (tid < BWM_BQ) bwm_row_load(p, delta, rows, b, h, i0, tid, 0, p.Lk, &unused);
+  __syncthreads();
+  if (tid == 0) { /* the keys any row of the tile takes */
+    int64_t lo = INT64_MAX, hi = 0;
+    for (int r = 0; r < BWM_BQ; r++)
+      if (rows.lo[r] < rows.hi[r] && rows.lse[r] != -INFINITY) lo = min(lo, rows.lo[r]), hi = max(hi, rows.hi[r]);
+    span[0] = lo < hi ? lo : 0, span[1] = lo < hi ? hi : 0;
+  }
+  __syncthreads();
+  const int64_t t_lo = span[0], t_hi = span[1];
+  const T *k = (const T *)p.k + attn_at(p.k_st, b, hk, 0), *v = (const T *)p.v + attn_at(p.v_st, b, hk, 0);
+  const bool plain = bwm_plain(p);
+  float dq[CH][4];
+#pragma unroll
+  for (int d = 0; d < CH; d++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) dq[d][e] = 0.f;
+  for (int64_t j0 = t_lo; j0 < t_hi; j0 += BWM_BC) {
+    __syncthreads(); /* the last tile's readers are done */
+    load_tile<T, D, BWM_BC, BWM_THREADS, false, false>(Ks, k, p.k_st.s, j0, p.Lk);
+    load_tile<T, D, BWM_BC, BWM_THREADS, false, false>(Vs, v, p.v_st.s, j0, p.Lk);
+    cp_async_commit();
+    const bool all = tid >= BWM_BQ || (i0 + tid < p.Lq && rows.lse[tid] != -INFINITY && rows.lo[tid] <= j0 &&
+                                       rows.hi[tid] >= j0 + BWM_BC);
+    const bool full = __syncthreads_and(all) && plain;
+    cp_async_wait<0>();
+    __syncthreads();
+    float s[NC][4], dp[NC][4];
+#pragma unroll
+    for (int n = 0; n < NC; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.f;
+    bwm_gemm_abt<T, CH, NC>(s, Qs, warp * 16, Ks);   /* S = Q·Kᵀ */
+    bwm_gemm_abt<T, CH, NC>(dp, dOs, warp * 16, Vs); /* dP = dO·Vᵀ */
+    bwm_probs<false, NC, BWM_BQ>(p, b, h, i0, j0, warp * 16, 0, rows, full, s, dp);
+    bwm_gemm_xb<T, CH, BWM_BC / 16>(dq, dp, Ks); /* dQ += dS·K */
+  }
+  cp_async_wait<0>();
+  bwm_store<T, CH>((T *)g.dq + bh * p.Lq * D, i0 + warp * 16, p.Lq, dq);
+}
+
+template <typename T, int D>
+static fa_status bwm_launch(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, const float *delta) {
+  const size_t smem_kv = (size_t)(2 * BWM_BC + 2 * BWM_BR(D)) * D * 2, smem_q = (size_t)(2 * BWM_BQ + 2 * BWM_BC) * D * 2;
+  const int64_t kblocks = p->B * p->Hkv * ((p->Lk + BWM_BC - 1) / BWM_BC);
+  const int64_t qblocks = p->B * p->Hq * ((p->Lq + BWM_BQ - 1) / BWM_BQ);
+  fa_status st;
+  if ((st = attn_grid_fits(ctx, kblocks)) || (st = attn_grid_fits(ctx, qblocks))) return st;
+  cudaStream_t s = fa_cuda_stream(ctx);
+  if (kblocks > 0) {
+    FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(bwm_dkdv_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)smem_kv));
+    bwm_dkdv_kernel<T, D><<<(unsigned)kblocks, BWM_THREADS, smem_kv, s>>>(*p, *g, delta);
+    FA_CUDA_CHECK_LAUNCH(ctx, "bwm_dkdv_kernel");
+  }
+  if (qblocks > 0) {
+    FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(bwm_dq_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)smem_q));
+    bwm_dq_kernel<T, D><<<(unsigned)qblocks, BWM_THREADS, smem_q, s>>>(*p, *g, delta);
+    FA_CUDA_CHECK_LAUNCH(ctx, "bwm_dq_kernel");
+  }
+  return FA_OK;
+}
+
+/* Runs the call when it fits these kernels (f16/bf16, D = Dv = 64 or 128,
+ * rows of q, k, v and dout on 16 bytes): *done = 1; else *done = 0 and
+ * nothing is queued (attention_backward.cu's kernel takes it). */
+extern "C" fa_status fa_cuda_attention_backward_mma(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g,
+                                                    const float *delta, int *done) {
+  *done = 0;
+  const bool half = p->compute == FA_F16 || p->compute == FA_BF16;
+  if (!half || p->D != p->Dv || (p->D != 64 && p->D != 128) || !attn_rows_aligned16(p)) return FA_OK;
+  const fa_attn_strides &ds = g->dout_st;
+  if (((uintptr_t)g->dout | (uint64_t)((ds.b | ds.h | ds.s) * 2)) % 16) return FA_OK;
+  *done = 1;
+  if (p->compute == FA_F16)
+    return p->D == 64 ? bwm_launch<__half, 64>(ctx, p, g, delta) : bwm_launch<__half, 128>(ctx, p, g, delta);
+  return p->D == 64 ? bwm_launch<__nv_bfloat16, 64>(ctx, p, g, delta) : bwm_launch<__nv_bfloat16, 128>(ctx, p, g, delta);
+}
