@@ -443,7 +443,11 @@ FA_API void fa_lua_set_file_access(struct lua_State *L, int allowed);
  * q's, k's and v's shapes in q's dtype.  o and dout in q's dtype, lse any
  * float dtype, all on q's device.  CPU backend: f32/f16/bf16 computed in
  * f32, f64 in f64, bit-identical from run to run (deterministic by
- * construction).  CUDA: FA_ERR_UNSUPPORTED in this version. */
+ * construction).  CUDA: f32/f16/bf16 with D, Dv <= 256 (FA_ERR_DTYPE for
+ * f64, FA_ERR_UNSUPPORTED past 256 and for score_mod / mask_mod), inputs
+ * read through their strides, dq, dk, dv new tensors on the device; every
+ * gradient element has one owner (no atomics): bit-identical from run to
+ * run too; tile_q / tile_k are ignored (the kernels' own tiles). */
 FA_API fa_status fa_attention_backward(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, fa_tensor *o,
                                        fa_tensor *lse, fa_tensor *dout, const fa_attention_opts *opts, fa_tensor **dq,
                                        fa_tensor **dk, fa_tensor **dv);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run, on a lent H100/H200 (through the device tool, from the
 # repository root, carrying .deps):
-#   bash scripts/gpu_run.sh [all | any of: test sanitize bench attention decode seeds]   (default all)
+#   bash scripts/gpu_run.sh [all | any of: test sanitize bench attention decode backward seeds]   (default all)
 # Builds for sm_90a, runs the LuaUnit suites with FLASHATTN_DEVICE=cuda
 # (every CUDA op against the CPU / f64 reference), the outside oracle
 # (scripts/oracle_attention.py: PyTorch on the same tensors, each case run
@@ -81,6 +81,15 @@ if [[ $what == *" all "* || $what == *" decode "* ]]; then
   $B/flashattn-lua scripts/bench_decode.lua --json "$OUT/decode_engine.json" 2>&1 | tee "$OUT/bench_decode.log" || rc=1
   python3 scripts/peers_decode.py --engine "$OUT/decode_engine.json" --json "$OUT/decode.json" \
     --commit "$COMMIT" 2>&1 | tee -a "$OUT/bench_decode.log" || rc=1
+fi
+if [[ $what == *" all "* || $what == *" backward "* ]]; then
+  step "backward: the oracle (PyTorch autograd, ${ORACLE_BW_CASES:-300} cases, each run twice), engine, peers (SDPA flash, cuDNN)"
+  python3 scripts/oracle_backward.py --lib $B/libflashattn.so --cases "${ORACLE_BW_CASES:-300}" --seed "${ORACLE_SEED:-1}" \
+    --json "$OUT/oracle_backward.json" --commit "$COMMIT" >"$OUT/oracle_backward.log" 2>&1 || rc=1
+  grep -E "^(FAIL|NONDET|oracle_backward:|Traceback)" "$OUT/oracle_backward.log" | head -40 | tee -a "$OUT/summary.txt"
+  $B/flashattn-lua scripts/bench_backward.lua --json "$OUT/backward_engine.json" ${BW_ARGS:-} 2>&1 | tee "$OUT/bench_backward.log" || rc=1
+  python3 scripts/peers_backward.py --engine "$OUT/backward_engine.json" --json "$OUT/backward.json" \
+    --commit "$COMMIT" 2>&1 | tee -a "$OUT/bench_backward.log" || rc=1
 fi
 if [[ $what == *" all "* || $what == *" seeds "* ]]; then
   step "the seeds' claims, full form"

@@ -144,49 +144,95 @@ static __device__ __forceinline__ bool bwm_plain(const fa_attn_problem &p) {
   return !p.mask_b && !p.mask_f && !p.alibi && !(p.softcap > 0);
 }
 
+/* The query rows whose key ranges meet keys [j0, j1) of batch b, as
+ * [*r0, *r1): an interval, since causal, window and kv_lens leave each row
+ * one range whose ends do not decrease from row to row (src/attn_range.h);
+ * found by bisection (one thread). */
+static __device__ void bwm_rows_meeting(const fa_attn_problem &p, int64_t b, int64_t j0, int64_t j1, int64_t *r0,
+                                        int64_t *r1) {
+  int64_t a = 0, z = p.Lq, lo, hi;
+  while (a < z) { /* the first row whose range ends after j0 */
+    const int64_t m = a + (z - a) / 2;
+    fa_attn_range_of(&p, b, m, &lo, &hi);
+    if (hi > j0) z = m;
+    else a = m + 1;
+  }
+  *r0 = a, z = p.Lq;
+  while (a < z) { /* the first row whose range starts at j1 or later */
+    const int64_t m = a + (z - a) / 2;
+    fa_attn_range_of(&p, b, m, &lo, &hi);
+    if (lo >= j1) z = m;
+    else a = m + 1;
+  }
+  *r1 = a;
+}
+
+/* The query tiles of a dK/dV block, every query head of its KV head in
+ * turn: tile t is head h0 + t / n, rows from i0 + (t % n)·BR. */
+struct bwm_qtiles {
+  int64_t h0, i0, n, count;
+  __device__ __forceinline__ int64_t head(int64_t t) const { return h0 + t / n; }
+  __device__ __forceinline__ int64_t row(int64_t t, int BR) const { return i0 + t % n * BR; }
+};
+
 template <typename T, int D>
 __global__ void __launch_bounds__(BWM_THREADS) bwm_dkdv_kernel(fa_attn_problem p, fa_attn_grads g, const float *delta) {
-  constexpr int CH = D / 8, BR = BWM_BR(D), NC = BR / 8;
+  constexpr int CH = D / 8, BR = BWM_BR(D), NC = BR / 8, QT = BR * D * 2; /* bytes of a Q or dO tile */
   extern __shared__ __align__(128) char bwm_smem[];
-  __shared__ bwm_rows<BR> rows;
-  char *Ks = bwm_smem, *Vs = Ks + BWM_BC * D * 2, *Qs = Vs + BWM_BC * D * 2, *dOs = Qs + BR * D * 2;
-  const int warp = threadIdx.x >> 5;
+  __shared__ bwm_rows<BR> rows[2];
+  __shared__ int64_t span[2];
+  char *Ks = bwm_smem, *Vs = Ks + BWM_BC * D * 2, *Qs = Vs + BWM_BC * D * 2; /* Q, dO, Q, dO: two stages */
+  const int warp = threadIdx.x >> 5, tid = threadIdx.x;
   const int64_t ktiles = (p.Lk + BWM_BC - 1) / BWM_BC, blk = blockIdx.x;
   const int64_t bhk = blk / ktiles, j0 = blk % ktiles * BWM_BC, b = bhk / p.Hkv, hk = bhk % p.Hkv;
   const int64_t G = p.Hq / p.Hkv, j1 = min(j0 + BWM_BC, p.Lk);
   load_tile<T, D, BWM_BC, BWM_THREADS, false, false>(Ks, (const T *)p.k + attn_at(p.k_st, b, hk, 0), p.k_st.s, j0, p.Lk);
   load_tile<T, D, BWM_BC, BWM_THREADS, false, false>(Vs, (const T *)p.v + attn_at(p.v_st, b, hk, 0), p.v_st.s, j0, p.Lk);
-  cp_async_commit();
+  if (tid == 0) bwm_rows_meeting(p, b, j0, j1, &span[0], &span[1]);
+  __syncthreads();
+  bwm_qtiles qt;
+  qt.h0 = hk * G, qt.i0 = span[0] / BR * BR;
+  qt.n = span[1] > span[0] ? (span[1] - qt.i0 + BR - 1) / BR : 0, qt.count = G * qt.n;
   const bool plain = bwm_plain(p);
+  /* stage s of tile t: its Q and dO tiles (cp.async, one commit group with
+   * K and V for t = 0) and its rows (this thread's row r = tid < BR: *all
+   * whether it takes every key of the block) */
+  auto stage = [&](int64_t t, int s, bool *all) {
+    const int64_t h = qt.head(t), i0 = qt.row(t, BR);
+    load_tile<T, D, BR, BWM_THREADS, false, false>(Qs + s * 2 * QT, (const T *)p.q + attn_at(p.q_st, b, h, 0),
+                                                   p.q_st.s, i0, p.Lq);
+    load_tile<T, D, BR, BWM_THREADS, false, false>(Qs + s * 2 * QT + QT, (const T *)g.dout + attn_at(g.dout_st, b, h, 0),
+                                                   g.dout_st.s, i0, p.Lq);
+    *all = true;
+    if (tid < BR) bwm_row_load(p, delta, rows[s], b, h, i0, tid, j0, j1, all);
+  };
+  bool all_next = true;
+  if (qt.count > 0) stage(0, 0, &all_next);
+  cp_async_commit();
   float dk[CH][4], dv[CH][4];
 #pragma unroll
   for (int d = 0; d < CH; d++)
 #pragma unroll
     for (int e = 0; e < 4; e++) dk[d][e] = dv[d][e] = 0.f;
-  for (int64_t h = hk * G; h < hk * G + G; h++) {
-    const T *q = (const T *)p.q + attn_at(p.q_st, b, h, 0), *dout = (const T *)g.dout + attn_at(g.dout_st, b, h, 0);
-    for (int64_t i0 = 0; i0 < p.Lq; i0 += BR) {
-      __syncthreads(); /* the last tile's readers are done */
-      bool all = true, hit = false;
-      if (threadIdx.x < BR) hit = bwm_row_load(p, delta, rows, b, h, i0, threadIdx.x, j0, j1, &all);
-      if (!__syncthreads_or(hit)) continue; /* no row of the tile takes these keys */
-      const bool full = __syncthreads_and(all) && plain && j1 - j0 == BWM_BC;
-      load_tile<T, D, BR, BWM_THREADS, false, false>(Qs, q, p.q_st.s, i0, p.Lq);
-      load_tile<T, D, BR, BWM_THREADS, false, false>(dOs, dout, g.dout_st.s, i0, p.Lq);
-      cp_async_commit();
-      cp_async_wait<0>();
-      __syncthreads();
-      float s[NC][4], dp[NC][4];
+  for (int64_t t = 0; t < qt.count; t++) {
+    const int s = (int)(t & 1);
+    const bool all = all_next;
+    if (t + 1 < qt.count) stage(t + 1, s ^ 1, &all_next); /* the next tile's copies fly while this one computes */
+    cp_async_commit();
+    cp_async_wait<1>();
+    const bool full = __syncthreads_and(all) && plain && j1 - j0 == BWM_BC; /* this tile's copies and rows are in */
+    const char *Qt = Qs + s * 2 * QT, *dOt = Qt + QT;
+    float sc[NC][4], dp[NC][4];
 #pragma unroll
-      for (int n = 0; n < NC; n++)
+    for (int n = 0; n < NC; n++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.f;
-      bwm_gemm_abt<T, CH, NC>(s, Ks, warp * 16, Qs);   /* Sᵀ = K·Qᵀ */
-      bwm_gemm_abt<T, CH, NC>(dp, Vs, warp * 16, dOs); /* dPᵀ = V·dOᵀ */
-      bwm_probs<true, NC, BR>(p, b, h, i0, j0, 0, warp * 16, rows, full, s, dp);
-      bwm_gemm_xb<T, CH, BR / 16>(dv, s, dOs); /* dV += Pᵀ·dO */
-      bwm_gemm_xb<T, CH, BR / 16>(dk, dp, Qs); /* dK += dSᵀ·Q */
-    }
+      for (int e = 0; e < 4; e++) sc[n][e] = dp[n][e] = 0.f;
+    bwm_gemm_abt<T, CH, NC>(sc, Ks, warp * 16, Qt);  /* Sᵀ = K·Qᵀ */
+    bwm_gemm_abt<T, CH, NC>(dp, Vs, warp * 16, dOt); /* dPᵀ = V·dOᵀ */
+    bwm_probs<true, NC, BR>(p, b, qt.head(t), qt.row(t, BR), j0, 0, warp * 16, rows[s], full, sc, dp);
+    bwm_gemm_xb<T, CH, BR / 16>(dv, sc, dOt); /* dV += Pᵀ·dO */
+    bwm_gemm_xb<T, CH, BR / 16>(dk, dp, Qt);  /* dK += dSᵀ·Q */
+    __syncthreads(); /* stage s is refilled by the next iteration */
   }
   cp_async_wait<0>(); /* no copy in flight at the exit (a block whose keys no row takes) */
   const int64_t r0 = (b * p.Hkv + hk) * p.Lk, j = j0 + warp * 16;
@@ -196,18 +242,18 @@ __global__ void __launch_bounds__(BWM_THREADS) bwm_dkdv_kernel(fa_attn_problem p
 
 template <typename T, int D>
 __global__ void __launch_bounds__(BWM_THREADS) bwm_dq_kernel(fa_attn_problem p, fa_attn_grads g, const float *delta) {
-  constexpr int CH = D / 8, NC = BWM_BC / 8;
+  constexpr int CH = D / 8, NC = BWM_BC / 8, KT = BWM_BC * D * 2; /* bytes of a K or V tile */
   extern __shared__ __align__(128) char bwm_smem[];
   __shared__ bwm_rows<BWM_BQ> rows;
   __shared__ int64_t span[2];
-  char *Qs = bwm_smem, *dOs = Qs + BWM_BQ * D * 2, *Ks = dOs + BWM_BQ * D * 2, *Vs = Ks + BWM_BC * D * 2;
+  char *Qs = bwm_smem, *dOs = Qs + BWM_BQ * D * 2, *Ks = dOs + BWM_BQ * D * 2; /* K, V, K, V: two stages */
   const int warp = threadIdx.x >> 5, tid = threadIdx.x;
   const int64_t qtiles = (p.Lq + BWM_BQ - 1) / BWM_BQ, blk = blockIdx.x;
-  const int64_t bh = blk / qtiles, i0 = blk % qtiles * BWM_BQ, b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv);
+  const int64_t bh = blk / qtiles, i0 = (qtiles - 1 - blk % qtiles) * BWM_BQ; /* long causal tiles first */
+  const int64_t b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv);
   load_tile<T, D, BWM_BQ, BWM_THREADS, false, false>(Qs, (const T *)p.q + attn_at(p.q_st, b, h, 0), p.q_st.s, i0, p.Lq);
   load_tile<T, D, BWM_BQ, BWM_THREADS, false, false>(dOs, (const T *)g.dout + attn_at(g.dout_st, b, h, 0), g.dout_st.s,
                                                       i0, p.Lq);
-  cp_async_commit();
   bool unused;
   if (tid < BWM_BQ) bwm_row_load(p, delta, rows, b, h, i0, tid, 0, p.Lk, &unused);
   __syncthreads();
@@ -218,33 +264,40 @@ __global__ void __launch_bounds__(BWM_THREADS) bwm_dq_kernel(fa_attn_problem p, 
     span[0] = lo < hi ? lo : 0, span[1] = lo < hi ? hi : 0;
   }
   __syncthreads();
-  const int64_t t_lo = span[0], t_hi = span[1];
+  const int64_t t_lo = span[0], t_hi = span[1], ntiles = (t_hi - t_lo + BWM_BC - 1) / BWM_BC;
   const T *k = (const T *)p.k + attn_at(p.k_st, b, hk, 0), *v = (const T *)p.v + attn_at(p.v_st, b, hk, 0);
   const bool plain = bwm_plain(p);
+  auto stage = [&](int64_t t, int s) {
+    load_tile<T, D, BWM_BC, BWM_THREADS, false, false>(Ks + s * 2 * KT, k, p.k_st.s, t_lo + t * BWM_BC, p.Lk);
+    load_tile<T, D, BWM_BC, BWM_THREADS, false, false>(Ks + s * 2 * KT + KT, v, p.v_st.s, t_lo + t * BWM_BC, p.Lk);
+  };
+  if (ntiles > 0) stage(0, 0);
+  cp_async_commit(); /* with Q and dO */
   float dq[CH][4];
 #pragma unroll
   for (int d = 0; d < CH; d++)
 #pragma unroll
     for (int e = 0; e < 4; e++) dq[d][e] = 0.f;
-  for (int64_t j0 = t_lo; j0 < t_hi; j0 += BWM_BC) {
-    __syncthreads(); /* the last tile's readers are done */
-    load_tile<T, D, BWM_BC, BWM_THREADS, false, false>(Ks, k, p.k_st.s, j0, p.Lk);
-    load_tile<T, D, BWM_BC, BWM_THREADS, false, false>(Vs, v, p.v_st.s, j0, p.Lk);
+  for (int64_t t = 0; t < ntiles; t++) {
+    const int s = (int)(t & 1);
+    const int64_t j0 = t_lo + t * BWM_BC;
+    if (t + 1 < ntiles) stage(t + 1, s ^ 1);
     cp_async_commit();
+    cp_async_wait<1>();
     const bool all = tid >= BWM_BQ || (i0 + tid < p.Lq && rows.lse[tid] != -INFINITY && rows.lo[tid] <= j0 &&
                                        rows.hi[tid] >= j0 + BWM_BC);
-    const bool full = __syncthreads_and(all) && plain;
-    cp_async_wait<0>();
-    __syncthreads();
-    float s[NC][4], dp[NC][4];
+    const bool full = __syncthreads_and(all) && plain; /* this tile's copies are in */
+    const char *Kt = Ks + s * 2 * KT, *Vt = Kt + KT;
+    float sc[NC][4], dp[NC][4];
 #pragma unroll
     for (int n = 0; n < NC; n++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.f;
-    bwm_gemm_abt<T, CH, NC>(s, Qs, warp * 16, Ks);   /* S = Q·Kᵀ */
-    bwm_gemm_abt<T, CH, NC>(dp, dOs, warp * 16, Vs); /* dP = dO·Vᵀ */
-    bwm_probs<false, NC, BWM_BQ>(p, b, h, i0, j0, warp * 16, 0, rows, full, s, dp);
-    bwm_gemm_xb<T, CH, BWM_BC / 16>(dq, dp, Ks); /* dQ += dS·K */
+      for (int e = 0; e < 4; e++) sc[n][e] = dp[n][e] = 0.f;
+    bwm_gemm_abt<T, CH, NC>(sc, Qs, warp * 16, Kt);  /* S = Q·Kᵀ */
+    bwm_gemm_abt<T, CH, NC>(dp, dOs, warp * 16, Vt); /* dP = dO·Vᵀ */
+    bwm_probs<false, NC, BWM_BQ>(p, b, h, i0, j0, warp * 16, 0, rows, full, sc, dp);
+    bwm_gemm_xb<T, CH, BWM_BC / 16>(dq, dp, Kt); /* dQ += dS·K */
+    __syncthreads(); /* stage s is refilled by the next iteration */
   }
   cp_async_wait<0>();
   bwm_store<T, CH>((T *)g.dq + bh * p.Lq * D, i0 + warp * 16, p.Lq, dq);
@@ -252,7 +305,7 @@ __global__ void __launch_bounds__(BWM_THREADS) bwm_dq_kernel(fa_attn_problem p, 
 
 template <typename T, int D>
 static fa_status bwm_launch(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, const float *delta) {
-  const size_t smem_kv = (size_t)(2 * BWM_BC + 2 * BWM_BR(D)) * D * 2, smem_q = (size_t)(2 * BWM_BQ + 2 * BWM_BC) * D * 2;
+  const size_t smem_kv = (size_t)(2 * BWM_BC + 4 * BWM_BR(D)) * D * 2, smem_q = (size_t)(2 * BWM_BQ + 4 * BWM_BC) * D * 2;
   const int64_t kblocks = p->B * p->Hkv * ((p->Lk + BWM_BC - 1) / BWM_BC);
   const int64_t qblocks = p->B * p->Hq * ((p->Lq + BWM_BQ - 1) / BWM_BQ);
   fa_status st;
