@@ -13,7 +13,7 @@
  * dQ: a block of 4 warps owns 64 query rows, a warp 16; per key tile S =
  * Q·Kᵀ, dP = dO·Vᵀ, then dQ += dS·K.  P and dS go through bf16/f16 as
  * FlashAttention's do. */
-#include "attention_frag.cuh"
+#include "attention_backward_common.cuh"
 #include "mma_sync.cuh"
 
 #define BWM_WARPS 4
@@ -23,66 +23,6 @@
 /* query rows a dK/dV tile: Sᵀ and dPᵀ take BR / 2 registers each beside
  * the 2·D / 2 of dK and dV */
 #define BWM_BR(D) ((D) == 128 ? 32 : 64)
-
-/* What a block knows of the query rows of its tile (index in the tile):
- * key range, lse (natural and base-2), delta. */
-template <int R> struct bwm_rows {
-  int64_t lo[R], hi[R];
-  float lse[R], lse2[R], delta[R];
-};
-
-/* Row r of the tile at i0 of head h (one thread a row): whether it takes
- * any of keys [j0, j1), and whether it takes all of them (*all). */
-template <int R>
-static __device__ __forceinline__ bool bwm_row_load(const fa_attn_problem &p, const float *delta, bwm_rows<R> &rows,
-                                                    int64_t b, int64_t h, int64_t i0, int r, int64_t j0, int64_t j1,
-                                                    bool *all) {
-  const int64_t i = i0 + r;
-  int64_t lo = 0, hi = 0;
-  float lse = -INFINITY, dl = 0.f;
-  if (i < p.Lq) {
-    fa_attn_range_of(&p, b, i, &lo, &hi);
-    lse = attn_lse_at(p, b, h, i);
-    dl = delta[(b * p.Hq + h) * p.Lq + i];
-  }
-  rows.lo[r] = lo, rows.hi[r] = hi, rows.lse[r] = lse, rows.lse2[r] = lse * FA_LOG2E, rows.delta[r] = dl;
-  const bool live = lse != -INFINITY; /* an empty row passes nothing back */
-  *all = live && i < p.Lq && lo <= j0 && hi >= j1;
-  return live && lo < hi && lo < j1 && hi > j0;
-}
-
-/* P and dS in place of one warp's S and dP accumulators (16 rows × 8·NC
- * columns, the layout of attention_frag.cuh).  KEY_ROWS: the rows are keys
- * and the columns query rows (the dK/dV kernel), else the transpose.
- * Entry (row, col) is query i0 + qi, key j0 + kj with qi, kj its row or
- * column plus qoff or koff.  full: no extras, and every query of the tile
- * takes every key of it: the rule is the scale. */
-template <bool KEY_ROWS, int NC, int R>
-static __device__ __forceinline__ void bwm_probs(const fa_attn_problem &p, int64_t b, int64_t h, int64_t i0,
-                                                 int64_t j0, int qoff, int koff, const bwm_rows<R> &rows, bool full,
-                                                 float (*s)[4], float (*dp)[4]) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, c2 = (lane & 3) * 2;
-  const float scale = (float)p.scale, k2 = scale * FA_LOG2E;
-#pragma unroll
-  for (int n = 0; n < NC; n++)
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-      const int row = g + (e >> 1) * 8, col = n * 8 + c2 + (e & 1);
-      const int qi = qoff + (KEY_ROWS ? col : row), kj = koff + (KEY_ROWS ? row : col);
-      float pr, chain = scale;
-      bool takes = true;
-      if (full) {
-        pr = exp2_approx(fmaf(s[n][e], k2, -rows.lse2[qi]));
-      } else {
-        const float sc = attn_score(p, b, h, i0 + qi, j0 + kj, s[n][e], rows.lo[qi], rows.hi[qi], &chain);
-        takes = sc != -INFINITY && rows.lse[qi] != -INFINITY;
-        pr = takes ? exp2_approx((sc - rows.lse[qi]) * FA_LOG2E) : 0.f;
-      }
-      s[n][e] = pr;
-      /* a key the row does not take passes nothing back, whatever dP holds (NaN in an unattended V) */
-      dp[n][e] = takes ? pr * (dp[n][e] - rows.delta[qi]) * chain : 0.f;
-    }
-}
 
 /* acc[16 × 8·NC] += A·Bᵀ for the warp: A's 16 rows from row a0 of tile At,
  * B's 8·NC rows from row 0 of tile Bt (both D = 8·CH columns, the swz
@@ -125,57 +65,7 @@ static __device__ __forceinline__ void bwm_gemm_xb(float (*acc)[4], const float 
   }
 }
 
-/* The warp's 16 rows × D accumulators, rows r0 + (0..15) of a dense
- * (rows, D) matrix out (rows at or past limit not written). */
-template <typename T, int CH>
-static __device__ __forceinline__ void bwm_store(T *out, int64_t r0, int64_t limit, const float (*acc)[4]) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, c2 = (lane & 3) * 2;
-  const int64_t ra = r0 + g, rb = ra + 8;
-#pragma unroll
-  for (int d = 0; d < CH; d++) {
-    if (ra < limit) *(uint32_t *)(out + ra * CH * 8 + d * 8 + c2) = pack2<T>(acc[d][0], acc[d][1]);
-    if (rb < limit) *(uint32_t *)(out + rb * CH * 8 + d * 8 + c2) = pack2<T>(acc[d][2], acc[d][3]);
-  }
-}
-
-/* Whether a call's score rule is the scale alone (no mask, alibi or
- * softcap): then full tiles take P = 2^(s·scale·log2 e - lse·log2 e). */
-static __device__ __forceinline__ bool bwm_plain(const fa_attn_problem &p) {
-  return !p.mask_b && !p.mask_f && !p.alibi && !(p.softcap > 0);
-}
-
-/* The query rows whose key ranges meet keys [j0, j1) of batch b, as
- * [*r0, *r1): an interval, since causal, window and kv_lens leave each row
- * one range whose ends do not decrease from row to row (src/attn_range.h);
- * found by bisection (one thread). */
-static __device__ void bwm_rows_meeting(const fa_attn_problem &p, int64_t b, int64_t j0, int64_t j1, int64_t *r0,
-                                        int64_t *r1) {
-  int64_t a = 0, z = p.Lq, lo, hi;
-  while (a < z) { /* the first row whose range ends after j0 */
-    const int64_t m = a + (z - a) / 2;
-    fa_attn_range_of(&p, b, m, &lo, &hi);
-    if (hi > j0) z = m;
-    else a = m + 1;
-  }
-  *r0 = a, z = p.Lq;
-  while (a < z) { /* the first row whose range starts at j1 or later */
-    const int64_t m = a + (z - a) / 2;
-    fa_attn_range_of(&p, b, m, &lo, &hi);
-    if (lo >= j1) z = m;
-    else a = m + 1;
-  }
-  *r1 = a;
-}
-
-/* The query tiles of a dK/dV block, every query head of its KV head in
- * turn: tile t is head h0 + t / n, rows from i0 + (t % n)·BR. */
-struct bwm_qtiles {
-  int64_t h0, i0, n, count;
-  __device__ __forceinline__ int64_t head(int64_t t) const { return h0 + t / n; }
-  __device__ __forceinline__ int64_t row(int64_t t, int BR) const { return i0 + t % n * BR; }
-};
-
-template <typename T, int D>
+template <typename T, int D, bool EXTRAS>
 __global__ void __launch_bounds__(BWM_THREADS) bwm_dkdv_kernel(fa_attn_problem p, fa_attn_grads g, const float *delta) {
   constexpr int CH = D / 8, BR = BWM_BR(D), NC = BR / 8, QT = BR * D * 2; /* bytes of a Q or dO tile */
   extern __shared__ __align__(128) char bwm_smem[];
@@ -193,7 +83,6 @@ __global__ void __launch_bounds__(BWM_THREADS) bwm_dkdv_kernel(fa_attn_problem p
   bwm_qtiles qt;
   qt.h0 = hk * G, qt.i0 = span[0] / BR * BR;
   qt.n = span[1] > span[0] ? (span[1] - qt.i0 + BR - 1) / BR : 0, qt.count = G * qt.n;
-  const bool plain = bwm_plain(p);
   /* stage s of tile t: its Q and dO tiles (cp.async, one commit group with
    * K and V for t = 0) and its rows (this thread's row r = tid < BR: *all
    * whether it takes every key of the block) */
@@ -220,7 +109,7 @@ __global__ void __launch_bounds__(BWM_THREADS) bwm_dkdv_kernel(fa_attn_problem p
     if (t + 1 < qt.count) stage(t + 1, s ^ 1, &all_next); /* the next tile's copies fly while this one computes */
     cp_async_commit();
     cp_async_wait<1>();
-    const bool full = __syncthreads_and(all) && plain && j1 - j0 == BWM_BC; /* this tile's copies and rows are in */
+    const bool full = __syncthreads_and(all) && !EXTRAS && j1 - j0 == BWM_BC; /* this tile's copies and rows are in */
     const char *Qt = Qs + s * 2 * QT, *dOt = Qt + QT;
     float sc[NC][4], dp[NC][4];
 #pragma unroll
@@ -229,7 +118,7 @@ __global__ void __launch_bounds__(BWM_THREADS) bwm_dkdv_kernel(fa_attn_problem p
       for (int e = 0; e < 4; e++) sc[n][e] = dp[n][e] = 0.f;
     bwm_gemm_abt<T, CH, NC>(sc, Ks, warp * 16, Qt);  /* Sᵀ = K·Qᵀ */
     bwm_gemm_abt<T, CH, NC>(dp, Vs, warp * 16, dOt); /* dPᵀ = V·dOᵀ */
-    bwm_probs<true, NC, BR>(p, b, qt.head(t), qt.row(t, BR), j0, 0, warp * 16, rows[s], full, sc, dp);
+    bwm_probs<true, NC, BR, EXTRAS>(p, b, qt.head(t), qt.row(t, BR), j0, 0, warp * 16, rows[s], full, sc, dp);
     bwm_gemm_xb<T, CH, BR / 16>(dv, sc, dOt); /* dV += Pᵀ·dO */
     bwm_gemm_xb<T, CH, BR / 16>(dk, dp, Qt);  /* dK += dSᵀ·Q */
     __syncthreads(); /* stage s is refilled by the next iteration */
@@ -240,7 +129,7 @@ __global__ void __launch_bounds__(BWM_THREADS) bwm_dkdv_kernel(fa_attn_problem p
   bwm_store<T, CH>((T *)g.dv + r0 * D, j, p.Lk, dv);
 }
 
-template <typename T, int D>
+template <typename T, int D, bool EXTRAS>
 __global__ void __launch_bounds__(BWM_THREADS) bwm_dq_kernel(fa_attn_problem p, fa_attn_grads g, const float *delta) {
   constexpr int CH = D / 8, NC = BWM_BC / 8, KT = BWM_BC * D * 2; /* bytes of a K or V tile */
   extern __shared__ __align__(128) char bwm_smem[];
@@ -266,7 +155,6 @@ __global__ void __launch_bounds__(BWM_THREADS) bwm_dq_kernel(fa_attn_problem p, 
   __syncthreads();
   const int64_t t_lo = span[0], t_hi = span[1], ntiles = (t_hi - t_lo + BWM_BC - 1) / BWM_BC;
   const T *k = (const T *)p.k + attn_at(p.k_st, b, hk, 0), *v = (const T *)p.v + attn_at(p.v_st, b, hk, 0);
-  const bool plain = bwm_plain(p);
   auto stage = [&](int64_t t, int s) {
     load_tile<T, D, BWM_BC, BWM_THREADS, false, false>(Ks + s * 2 * KT, k, p.k_st.s, t_lo + t * BWM_BC, p.Lk);
     load_tile<T, D, BWM_BC, BWM_THREADS, false, false>(Ks + s * 2 * KT + KT, v, p.v_st.s, t_lo + t * BWM_BC, p.Lk);
@@ -286,7 +174,7 @@ __global__ void __launch_bounds__(BWM_THREADS) bwm_dq_kernel(fa_attn_problem p, 
     cp_async_wait<1>();
     const bool all = tid >= BWM_BQ || (i0 + tid < p.Lq && rows.lse[tid] != -INFINITY && rows.lo[tid] <= j0 &&
                                        rows.hi[tid] >= j0 + BWM_BC);
-    const bool full = __syncthreads_and(all) && plain; /* this tile's copies are in */
+    const bool full = __syncthreads_and(all) && !EXTRAS; /* this tile's copies are in */
     const char *Kt = Ks + s * 2 * KT, *Vt = Kt + KT;
     float sc[NC][4], dp[NC][4];
 #pragma unroll
@@ -295,7 +183,7 @@ __global__ void __launch_bounds__(BWM_THREADS) bwm_dq_kernel(fa_attn_problem p, 
       for (int e = 0; e < 4; e++) sc[n][e] = dp[n][e] = 0.f;
     bwm_gemm_abt<T, CH, NC>(sc, Qs, warp * 16, Kt);  /* S = Q·Kᵀ */
     bwm_gemm_abt<T, CH, NC>(dp, dOs, warp * 16, Vt); /* dP = dO·Vᵀ */
-    bwm_probs<false, NC, BWM_BQ>(p, b, h, i0, j0, warp * 16, 0, rows, full, sc, dp);
+    bwm_probs<false, NC, BWM_BQ, EXTRAS>(p, b, h, i0, j0, warp * 16, 0, rows, full, sc, dp);
     bwm_gemm_xb<T, CH, BWM_BC / 16>(dq, dp, Kt); /* dQ += dS·K */
     __syncthreads(); /* stage s is refilled by the next iteration */
   }
@@ -303,7 +191,7 @@ __global__ void __launch_bounds__(BWM_THREADS) bwm_dq_kernel(fa_attn_problem p, 
   bwm_store<T, CH>((T *)g.dq + bh * p.Lq * D, i0 + warp * 16, p.Lq, dq);
 }
 
-template <typename T, int D>
+template <typename T, int D, bool EXTRAS>
 static fa_status bwm_launch(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, const float *delta) {
   const size_t smem_kv = (size_t)(2 * BWM_BC + 4 * BWM_BR(D)) * D * 2, smem_q = (size_t)(2 * BWM_BQ + 4 * BWM_BC) * D * 2;
   const int64_t kblocks = p->B * p->Hkv * ((p->Lk + BWM_BC - 1) / BWM_BC);
@@ -312,21 +200,34 @@ static fa_status bwm_launch(fa_context *ctx, const fa_attn_problem *p, const fa_
   if ((st = attn_grid_fits(ctx, kblocks)) || (st = attn_grid_fits(ctx, qblocks))) return st;
   cudaStream_t s = fa_cuda_stream(ctx);
   if (kblocks > 0) {
-    FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(bwm_dkdv_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(bwm_dkdv_kernel<T, D, EXTRAS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             (int)smem_kv));
-    bwm_dkdv_kernel<T, D><<<(unsigned)kblocks, BWM_THREADS, smem_kv, s>>>(*p, *g, delta);
+    bwm_dkdv_kernel<T, D, EXTRAS><<<(unsigned)kblocks, BWM_THREADS, smem_kv, s>>>(*p, *g, delta);
     FA_CUDA_CHECK_LAUNCH(ctx, "bwm_dkdv_kernel");
   }
   if (qblocks > 0) {
-    FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(bwm_dq_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(bwm_dq_kernel<T, D, EXTRAS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             (int)smem_q));
-    bwm_dq_kernel<T, D><<<(unsigned)qblocks, BWM_THREADS, smem_q, s>>>(*p, *g, delta);
+    bwm_dq_kernel<T, D, EXTRAS><<<(unsigned)qblocks, BWM_THREADS, smem_q, s>>>(*p, *g, delta);
     FA_CUDA_CHECK_LAUNCH(ctx, "bwm_dq_kernel");
   }
   return FA_OK;
 }
 
-/* Runs the call when it fits these kernels (f16/bf16, D = Dv = 64 or 128,
+/* The instance without the score rule's extras (masks, alibi, softcap)
+ * for the calls that set none: less code in the key loop. */
+template <typename T, int D>
+static fa_status bwm_extras(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, const float *delta) {
+  if (attn_has_extras(p)) return bwm_launch<T, D, true>(ctx, p, g, delta);
+  return bwm_launch<T, D, false>(ctx, p, g, delta);
+}
+
+extern "C" int fa_cuda_wgmma_usable(void);
+extern "C" fa_status fa_cuda_attention_backward_wgmma(fa_context *ctx, const fa_attn_problem *p,
+                                                      const fa_attn_grads *g, const float *delta);
+
+/* Runs the call on Hopper's wgmma kernels (attention_backward_wgmma.cu) or
+ * these when it fits them (f16/bf16, D = Dv = 64 or 128,
  * rows of q, k, v and dout on 16 bytes): *done = 1; else *done = 0 and
  * nothing is queued (attention_backward.cu's kernel takes it). */
 extern "C" fa_status fa_cuda_attention_backward_mma(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g,
@@ -337,7 +238,8 @@ extern "C" fa_status fa_cuda_attention_backward_mma(fa_context *ctx, const fa_at
   const fa_attn_strides &ds = g->dout_st;
   if (((uintptr_t)g->dout | (uint64_t)((ds.b | ds.h | ds.s) * 2)) % 16) return FA_OK;
   *done = 1;
+  if (fa_cuda_wgmma_usable()) return fa_cuda_attention_backward_wgmma(ctx, p, g, delta);
   if (p->compute == FA_F16)
-    return p->D == 64 ? bwm_launch<__half, 64>(ctx, p, g, delta) : bwm_launch<__half, 128>(ctx, p, g, delta);
-  return p->D == 64 ? bwm_launch<__nv_bfloat16, 64>(ctx, p, g, delta) : bwm_launch<__nv_bfloat16, 128>(ctx, p, g, delta);
+    return p->D == 64 ? bwm_extras<__half, 64>(ctx, p, g, delta) : bwm_extras<__half, 128>(ctx, p, g, delta);
+  return p->D == 64 ? bwm_extras<__nv_bfloat16, 64>(ctx, p, g, delta) : bwm_extras<__nv_bfloat16, 128>(ctx, p, g, delta);
 }

@@ -1,0 +1,134 @@
+/* What the tensor-core backward kernels share (attention_backward_mma.cu
+ * with mma.sync, attention_backward_wgmma.cu with Hopper's wgmma): the
+ * rows of a query tile, the score rule and the probabilities on the
+ * accumulators' layout (attention_frag.cuh: 16 rows a warp, chunks of 8
+ * columns), the store of a warp's gradient rows, and which query rows meet
+ * a block's keys. */
+#ifndef FA_KERNELS_ATTENTION_BACKWARD_COMMON_CUH
+#define FA_KERNELS_ATTENTION_BACKWARD_COMMON_CUH
+
+#include "attention_frag.cuh"
+
+/* What a block knows of the query rows of its tile (index in the tile):
+ * key range, lse (natural and base-2), delta. */
+template <int R> struct bwm_rows {
+  int64_t lo[R], hi[R];
+  float lse[R], lse2[R], delta[R];
+};
+
+/* Row r of the tile at i0 of head h (one thread a row): whether it takes
+ * any of keys [j0, j1), and whether it takes all of them (*all). */
+template <int R>
+static __device__ __forceinline__ bool bwm_row_load(const fa_attn_problem &p, const float *delta, bwm_rows<R> &rows,
+                                                    int64_t b, int64_t h, int64_t i0, int r, int64_t j0, int64_t j1,
+                                                    bool *all) {
+  const int64_t i = i0 + r;
+  int64_t lo = 0, hi = 0;
+  float lse = -INFINITY, dl = 0.f;
+  if (i < p.Lq) {
+    fa_attn_range_of(&p, b, i, &lo, &hi);
+    lse = attn_lse_at(p, b, h, i);
+    dl = delta[(b * p.Hq + h) * p.Lq + i];
+  }
+  rows.lo[r] = lo, rows.hi[r] = hi, rows.lse[r] = lse, rows.lse2[r] = lse * FA_LOG2E, rows.delta[r] = dl;
+  const bool live = lse != -INFINITY; /* an empty row passes nothing back */
+  *all = live && i < p.Lq && lo <= j0 && hi >= j1;
+  return live && lo < hi && lo < j1 && hi > j0;
+}
+
+/* P and dS in place of one warp's S and dP accumulators (16 rows × 8·NC
+ * columns, the layout of attention_frag.cuh).  KEY_ROWS: the rows are keys
+ * and the columns query rows (the dK/dV kernels), else the transpose.
+ * Entry (row, col) is query i0 + qi, key j0 + kj with qi, kj its row or
+ * column plus qoff or koff.  full: every query of the tile takes every key
+ * of it (and the rule has no extras: then it is the scale alone).  EXTRAS:
+ * the instance with the whole score rule (attn_score: masks, alibi,
+ * softcap); without, a tile that is not full only tests the key ranges. */
+template <bool KEY_ROWS, int NC, int R, bool EXTRAS>
+static __device__ __forceinline__ void bwm_probs(const fa_attn_problem &p, int64_t b, int64_t h, int64_t i0,
+                                                 int64_t j0, int qoff, int koff, const bwm_rows<R> &rows, bool full,
+                                                 float (*s)[4], float (*dp)[4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, c2 = (lane & 3) * 2;
+  const float scale = (float)p.scale, k2 = scale * FA_LOG2E;
+#define BWM_AT(n, e)                                                                                                 \
+  const int row = g + ((e) >> 1) * 8, col = (n) * 8 + c2 + ((e) & 1);                                                \
+  const int qi = qoff + (KEY_ROWS ? col : row), kj = koff + (KEY_ROWS ? row : col)
+  if (full) {
+#pragma unroll
+    for (int n = 0; n < NC; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        BWM_AT(n, e);
+        (void)kj;
+        const float pr = exp2_approx(fmaf(s[n][e], k2, -rows.lse2[qi]));
+        s[n][e] = pr;
+        dp[n][e] = pr * (dp[n][e] - rows.delta[qi]) * scale;
+      }
+    return;
+  }
+#pragma unroll
+  for (int n = 0; n < NC; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      BWM_AT(n, e);
+      const int64_t j = j0 + kj;
+      float pr, chain = scale;
+      bool takes;
+      if (EXTRAS) {
+        const float sc = attn_score(p, b, h, i0 + qi, j, s[n][e], rows.lo[qi], rows.hi[qi], &chain);
+        takes = sc != -INFINITY && rows.lse[qi] != -INFINITY;
+        pr = takes ? exp2_approx((sc - rows.lse[qi]) * FA_LOG2E) : 0.f;
+      } else {
+        takes = j >= rows.lo[qi] && j < rows.hi[qi] && rows.lse[qi] != -INFINITY;
+        pr = takes ? exp2_approx(fmaf(s[n][e], k2, -rows.lse2[qi])) : 0.f;
+      }
+      s[n][e] = pr;
+      /* a key the row does not take passes nothing back, whatever dP holds (NaN in an unattended V) */
+      dp[n][e] = takes ? pr * (dp[n][e] - rows.delta[qi]) * chain : 0.f;
+    }
+#undef BWM_AT
+}
+
+template <typename T, int CH>
+static __device__ __forceinline__ void bwm_store(T *out, int64_t r0, int64_t limit, const float (*acc)[4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, c2 = (lane & 3) * 2;
+  const int64_t ra = r0 + g, rb = ra + 8;
+#pragma unroll
+  for (int d = 0; d < CH; d++) {
+    if (ra < limit) *(uint32_t *)(out + ra * CH * 8 + d * 8 + c2) = pack2<T>(acc[d][0], acc[d][1]);
+    if (rb < limit) *(uint32_t *)(out + rb * CH * 8 + d * 8 + c2) = pack2<T>(acc[d][2], acc[d][3]);
+  }
+}
+
+/* The query rows whose key ranges meet keys [j0, j1) of batch b, as
+ * [*r0, *r1): an interval, since causal, window and kv_lens leave each row
+ * one range whose ends do not decrease from row to row (src/attn_range.h);
+ * found by bisection (one thread). */
+static __device__ void bwm_rows_meeting(const fa_attn_problem &p, int64_t b, int64_t j0, int64_t j1, int64_t *r0,
+                                        int64_t *r1) {
+  int64_t a = 0, z = p.Lq, lo, hi;
+  while (a < z) { /* the first row whose range ends after j0 */
+    const int64_t m = a + (z - a) / 2;
+    fa_attn_range_of(&p, b, m, &lo, &hi);
+    if (hi > j0) z = m;
+    else a = m + 1;
+  }
+  *r0 = a, z = p.Lq;
+  while (a < z) { /* the first row whose range starts at j1 or later */
+    const int64_t m = a + (z - a) / 2;
+    fa_attn_range_of(&p, b, m, &lo, &hi);
+    if (lo >= j1) z = m;
+    else a = m + 1;
+  }
+  *r1 = a;
+}
+
+/* The query tiles of a dK/dV block, every query head of its KV head in
+ * turn: tile t is head h0 + t / n, rows from i0 + (t % n)·BR. */
+struct bwm_qtiles {
+  int64_t h0, i0, n, count;
+  __device__ __forceinline__ int64_t head(int64_t t) const { return h0 + t / n; }
+  __device__ __forceinline__ int64_t row(int64_t t, int BR) const { return i0 + t % n * BR; }
+};
+
+#endif
