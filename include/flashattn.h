@@ -232,8 +232,10 @@ typedef struct {
    * ignores it. */
   int64_t splits;
   const char *kernel; /* NULL or "": the fastest kernel that accepts the call (API §6); a name that
-                         fa_attention_kernels lists picks that kernel.  fa_attention_reference and the
-                         backward ignore it. */
+                         fa_attention_kernels lists picks that kernel.  fa_attention_reference ignores
+                         it; the backward on cuda runs its own kernel of that name ("wgmma", "mma",
+                         "simt"; FA_ERR_UNSUPPORTED when it does not take the call) and makes its own
+                         choice for the forward's other names; a name no kernel has is FA_ERR_ARGUMENT. */
   /* Attention variants (API §9; docs/variants.md): expressions traced
    * from a Lua score_mod(s, b, h, q, k) and mask_mod(b, h, q, k).  Only
    * the Lua binding builds them in this version: C hosts leave them NULL.
@@ -447,7 +449,9 @@ FA_API void fa_lua_set_file_access(struct lua_State *L, int allowed);
  * f64, FA_ERR_UNSUPPORTED past 256 and for score_mod / mask_mod), inputs
  * read through their strides, dq, dk, dv new tensors on the device; every
  * gradient element has one owner (no atomics): bit-identical from run to
- * run too; tile_q / tile_k are ignored (the kernels' own tiles). */
+ * run too; tile_q / tile_k are ignored (the kernels' own tiles); opts.kernel
+ * names one of its kernels: "wgmma" (Hopper) and "mma" (f16/bf16, D = Dv =
+ * 64 or 128), "simt" (any call on cuda). */
 FA_API fa_status fa_attention_backward(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, fa_tensor *o,
                                        fa_tensor *lse, fa_tensor *dout, const fa_attention_opts *opts, fa_tensor **dq,
                                        fa_tensor **dk, fa_tensor **dv);

@@ -7,6 +7,7 @@
  * shape.  CUDA: the operands read where they lie (API §6), the gradients
  * computed by kernels/attention/attention_backward*.cu into new dense
  * tensors of q's dtype. */
+#include "attn_kernels.h"
 #include "check.h"
 #include "expr.h"
 #include "cpu/attention_backward.h"
@@ -44,6 +45,21 @@ static fa_status bw_zeros(fa_context *ctx, int64_t a, int64_t b, int64_t c, int6
   return st;
 }
 
+/* opts.kernel as the backward reads it (*k): one of its own kernels on
+ * cuda ("wgmma", "mma", "simt"), else the automatic choice (no name, or a
+ * forward kernel's: the same opts serve both passes); a name no kernel has
+ * is an error naming the choices. */
+static fa_status bw_kernel(fa_context *ctx, const fa_attention_opts *o, fa_attn_kernel *k) {
+  *k = o->kernel && *o->kernel ? fa_attn_kernel_find(o->kernel) : FA_KERNEL_AUTO;
+  if (o->kernel && *o->kernel && *k == FA_KERNEL_AUTO)
+    return fa_fail(ctx, FA_ERR_ARGUMENT,
+                   "flashattn: opts.kernel: no kernel is named '%.64s' (the backward's on cuda: wgmma, mma, simt; "
+                   "fa.kernels lists the forward's)",
+                   o->kernel);
+  if (*k != FA_KERNEL_WGMMA && *k != FA_KERNEL_MMA && *k != FA_KERNEL_SIMT) *k = FA_KERNEL_AUTO;
+  return FA_OK;
+}
+
 /* A new (a, b, c, e) tensor of dtype on cuda. */
 static fa_status bw_cuda_new(fa_context *ctx, int64_t a, int64_t b, int64_t c, int64_t e, fa_dtype dt, fa_tensor **t) {
   const int64_t shape[4] = {a, b, c, e};
@@ -55,7 +71,8 @@ static fa_status bw_cuda_new(fa_context *ctx, int64_t a, int64_t b, int64_t c, i
  * into new dense tensors of q's dtype, viewed in the inputs' shapes. */
 static fa_status run_backward_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, fa_tensor *o,
                                    fa_tensor *lse, fa_tensor *dout, const fa_attention_opts *opts,
-                                   const fa_attn_dims *d, fa_tensor **dq, fa_tensor **dk, fa_tensor **dv) {
+                                   const fa_attn_dims *d, fa_attn_kernel kernel, fa_tensor **dq, fa_tensor **dk,
+                                   fa_tensor **dv) {
   if (d->dtype == FA_F64)
     return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: q: attention_backward on cuda takes f32, f16 or bf16, got f64 (f64 "
                                       "runs on the cpu, and fa.attention_backward_reference takes any device)");
@@ -80,7 +97,7 @@ static fa_status run_backward_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, 
     goto done;
   gr.dout = fa_tensor_ptr(db);
   gr.dq = fa_tensor_ptr(g[0]), gr.dk = fa_tensor_ptr(g[1]), gr.dv = fa_tensor_ptr(g[2]);
-  if ((st = fa_cuda_attention_backward(ctx, &p, &gr))) goto done;
+  if ((st = fa_cuda_attention_backward(ctx, kernel, &p, &gr))) goto done;
   fa_tensor *like[3] = {q, k, v}, **res[3] = {dq, dk, dv};
   for (int i = 0; i < 3 && !st; i++) st = fa_tensor_view(ctx, g[i], like[i]->ndim, like[i]->shape, res[i]);
   if (st) {
@@ -114,8 +131,12 @@ static fa_status run_backward(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_te
   FA_NEED(ctx);
   fa_attn_dims d;
   fa_status st = fa_check_attention(ctx, q, k, v, opts, reference, &d);
-  if (st || (st = fa_check_attention_backward(ctx, q, o, lse, dout, reference, &d))) return st;
-  if (!reference && d.device == FA_CUDA) return run_backward_cuda(ctx, q, k, v, o, lse, dout, opts, &d, dq, dk, dv);
+  fa_attn_kernel kernel;
+  if (st || (st = fa_check_attention_backward(ctx, q, o, lse, dout, reference, &d)) ||
+      (st = bw_kernel(ctx, opts, &kernel)))
+    return st;
+  if (!reference && d.device == FA_CUDA)
+    return run_backward_cuda(ctx, q, k, v, o, lse, dout, opts, &d, kernel, dq, dk, dv);
   const fa_dtype compute = reference || d.dtype == FA_F64 ? FA_F64 : FA_F32;
   fa_tensor *t[BW_N] = {0};
   fa_attn_problem p;

@@ -301,7 +301,11 @@ typedef struct {
   fa_attn_strides dout_st;
   void *dq, *dk, *dv;
 } fa_attn_grads;
-fa_status fa_cuda_attention_backward(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g);
+/* kernel: FA_KERNEL_AUTO (the fastest that takes the call), or the
+ * backward's FA_KERNEL_WGMMA, FA_KERNEL_MMA or FA_KERNEL_SIMT
+ * (FA_ERR_UNSUPPORTED, saying why, when it does not take it). */
+fa_status fa_cuda_attention_backward(fa_context *ctx, fa_attn_kernel kernel, const fa_attn_problem *p,
+                                     const fa_attn_grads *g);
 /* Row-major C = A·B on device buffers of dtype dt. */
 fa_status fa_cuda_matmul(fa_context *ctx, fa_matmul_algo algo, int64_t tile, fa_dtype dt, const void *a, const void *b,
                          void *c, int64_t m, int64_t k, int64_t n);

@@ -12,7 +12,9 @@
  * its terms in a fixed order: no atomics, the same bits from run to run
  * (opts.deterministic holds by construction).  This is the kernel for
  * every dtype and head dim up to 256; the tensor-core kernels
- * (attention_backward_mma.cu) take f16/bf16 at D = Dv = 64 and 128. */
+ * (attention_backward_wgmma.cu on Hopper, attention_backward_mma.cu) take
+ * f16/bf16 at D = Dv = 64 and 128.  opts.kernel names one of the three
+ * ("wgmma", "mma", "simt"); else the fastest that takes the call runs. */
 #include "attention_common.cuh"
 
 #define BW_THREADS 256
@@ -20,8 +22,10 @@
 #define BW_BR 32 /* query rows a tile */
 #define BW_BC 32 /* keys a tile: a warp's lanes */
 
-extern "C" fa_status fa_cuda_attention_backward_mma(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g,
-                                                    const float *delta, int *done);
+extern "C" const char *fa_cuda_attention_backward_refuses(fa_attn_kernel k, const fa_attn_problem *p,
+                                                           const fa_attn_grads *g);
+extern "C" fa_status fa_cuda_attention_backward_mma(fa_context *ctx, fa_attn_kernel k, const fa_attn_problem *p,
+                                                    const fa_attn_grads *g, const float *delta);
 
 /* delta of every query row (B·Hq·Lq, dense), a warp a row: the sum over
  * Dv of dO·O in f32. */
@@ -233,7 +237,8 @@ static fa_status bw_launch(fa_context *ctx, const fa_attn_problem *p, const fa_a
 }
 
 template <typename T>
-static fa_status bw_typed(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, float *delta) {
+static fa_status bw_typed(fa_context *ctx, fa_attn_kernel k, const fa_attn_problem *p, const fa_attn_grads *g,
+                          float *delta) {
   const int64_t rows = p->B * p->Hq * p->Lq, blocks = (rows + BW_WARPS - 1) / BW_WARPS;
   fa_status st = attn_grid_fits(ctx, blocks);
   if (st) return st;
@@ -241,27 +246,46 @@ static fa_status bw_typed(fa_context *ctx, const fa_attn_problem *p, const fa_at
     bw_delta_kernel<T><<<(unsigned)blocks, BW_THREADS, 0, fa_cuda_stream(ctx)>>>(*p, *g, delta);
     FA_CUDA_CHECK_LAUNCH(ctx, "bw_delta_kernel");
   }
-  int done = 0;
-  if ((st = fa_cuda_attention_backward_mma(ctx, p, g, delta, &done)) || done) return st;
+  if (k != FA_KERNEL_SIMT) return fa_cuda_attention_backward_mma(ctx, k, p, g, delta);
   const int64_t X = p->D > p->Dv ? p->D : p->Dv;
   if (X <= 64) return bw_launch<T, 64>(ctx, p, g, delta);
   if (X <= 128) return bw_launch<T, 128>(ctx, p, g, delta);
   return bw_launch<T, 256>(ctx, p, g, delta);
 }
 
-extern "C" fa_status fa_cuda_attention_backward(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g) {
+/* The kernel named (FA_KERNEL_WGMMA, MMA or SIMT), or the fastest that
+ * takes the call (FA_KERNEL_AUTO): FA_OK and *k, or why the named one
+ * does not take it. */
+static fa_status bw_choose(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, fa_attn_kernel *k) {
+  static const fa_attn_kernel order[2] = {FA_KERNEL_WGMMA, FA_KERNEL_MMA};
+  static const char *const names[2] = {"wgmma", "mma"};
+  for (int i = 0; i < 2; i++) {
+    if (*k != FA_KERNEL_AUTO && *k != order[i]) continue;
+    const char *why = fa_cuda_attention_backward_refuses(order[i], p, g);
+    if (!why) return *k = order[i], FA_OK;
+    if (*k == order[i])
+      return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: opts.kernel: the backward's %s kernel does not take this call: %s",
+                     names[i], why);
+  }
+  *k = FA_KERNEL_SIMT;
+  return FA_OK;
+}
+
+extern "C" fa_status fa_cuda_attention_backward(fa_context *ctx, fa_attn_kernel kernel, const fa_attn_problem *p,
+                                                const fa_attn_grads *g) {
   if (p->D > 256 || p->Dv > 256)
     return fa_fail(ctx, FA_ERR_UNSUPPORTED,
                    "flashattn: attention_backward on cuda takes head dims up to 256 (D = %lld, Dv = %lld)",
                    (long long)p->D, (long long)p->Dv);
+  fa_status st = bw_choose(ctx, p, g, &kernel);
+  if (st) return st;
   const size_t bytes = (size_t)(p->B * p->Hq * p->Lq) * sizeof(float);
   float *delta = NULL;
-  fa_status st = fa_cuda_malloc(ctx, (void **)&delta, bytes);
-  if (st) return st;
+  if ((st = fa_cuda_malloc(ctx, (void **)&delta, bytes))) return st;
   switch (p->compute) {
-  case FA_F16: st = bw_typed<__half>(ctx, p, g, delta); break;
-  case FA_BF16: st = bw_typed<__nv_bfloat16>(ctx, p, g, delta); break;
-  default: st = bw_typed<float>(ctx, p, g, delta); break;
+  case FA_F16: st = bw_typed<__half>(ctx, kernel, p, g, delta); break;
+  case FA_BF16: st = bw_typed<__nv_bfloat16>(ctx, kernel, p, g, delta); break;
+  default: st = bw_typed<float>(ctx, kernel, p, g, delta); break;
   }
   fa_cuda_free_on(ctx, delta, bytes); /* stream-ordered: after the kernels */
   return st;

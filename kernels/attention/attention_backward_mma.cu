@@ -226,19 +226,27 @@ extern "C" int fa_cuda_wgmma_usable(void);
 extern "C" fa_status fa_cuda_attention_backward_wgmma(fa_context *ctx, const fa_attn_problem *p,
                                                       const fa_attn_grads *g, const float *delta);
 
-/* Runs the call on Hopper's wgmma kernels (attention_backward_wgmma.cu) or
- * these when it fits them (f16/bf16, D = Dv = 64 or 128,
- * rows of q, k, v and dout on 16 bytes): *done = 1; else *done = 0 and
- * nothing is queued (attention_backward.cu's kernel takes it). */
-extern "C" fa_status fa_cuda_attention_backward_mma(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g,
-                                                    const float *delta, int *done) {
-  *done = 0;
-  const bool half = p->compute == FA_F16 || p->compute == FA_BF16;
-  if (!half || p->D != p->Dv || (p->D != 64 && p->D != 128) || !attn_rows_aligned16(p)) return FA_OK;
+/* Why the tensor-core kernel k (FA_KERNEL_WGMMA or FA_KERNEL_MMA) does not
+ * take the call, or NULL: f16/bf16, D = Dv = 64 or 128, rows of q, k, v, o
+ * and dout on 16 bytes (their cp.async copies), and for wgmma a Hopper GPU
+ * with sm_90a code in this build. */
+extern "C" const char *fa_cuda_attention_backward_refuses(fa_attn_kernel k, const fa_attn_problem *p,
+                                                           const fa_attn_grads *g) {
   const fa_attn_strides &ds = g->dout_st;
-  if (((uintptr_t)g->dout | (uint64_t)((ds.b | ds.h | ds.s) * 2)) % 16) return FA_OK;
-  *done = 1;
-  if (fa_cuda_wgmma_usable()) return fa_cuda_attention_backward_wgmma(ctx, p, g, delta);
+  if (p->compute != FA_F16 && p->compute != FA_BF16) return "it takes f16 or bf16 inputs";
+  if (p->D != p->Dv || (p->D != 64 && p->D != 128)) return "it takes D = Dv = 64 or 128";
+  if (!attn_rows_aligned16(p) || ((uintptr_t)g->dout | (uint64_t)((ds.b | ds.h | ds.s) * 2)) % 16)
+    return "it needs the rows of q, k, v, o and dout on 16 bytes";
+  if (k == FA_KERNEL_WGMMA && !fa_cuda_wgmma_usable()) return "it needs a Hopper GPU (sm_90) and sm_90a code in this build";
+  return NULL;
+}
+
+/* Runs the call on the tensor-core kernel k: FA_KERNEL_WGMMA (Hopper's,
+ * attention_backward_wgmma.cu) or FA_KERNEL_MMA (these); the caller has
+ * checked that it takes the call (fa_cuda_attention_backward_refuses). */
+extern "C" fa_status fa_cuda_attention_backward_mma(fa_context *ctx, fa_attn_kernel k, const fa_attn_problem *p,
+                                                    const fa_attn_grads *g, const float *delta) {
+  if (k == FA_KERNEL_WGMMA) return fa_cuda_attention_backward_wgmma(ctx, p, g, delta);
   if (p->compute == FA_F16)
     return p->D == 64 ? bwm_extras<__half, 64>(ctx, p, g, delta) : bwm_extras<__half, 128>(ctx, p, g, delta);
   return p->D == 64 ? bwm_extras<__nv_bfloat16, 64>(ctx, p, g, delta) : bwm_extras<__nv_bfloat16, 128>(ctx, p, g, delta);

@@ -110,8 +110,9 @@ fa_status fa_cuda_attention_naive(fa_context *ctx, const fa_attn_problem *p) {
   return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
 }
 
-fa_status fa_cuda_attention_backward(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g) {
-  (void)p, (void)g;
+fa_status fa_cuda_attention_backward(fa_context *ctx, fa_attn_kernel kernel, const fa_attn_problem *p,
+                                     const fa_attn_grads *g) {
+  (void)kernel, (void)p, (void)g;
   return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
 }
 

@@ -197,6 +197,51 @@ local function same_bits(a, b)
   return true
 end
 
+-- opts.kernel: the backward's own kernels on cuda, each against the
+-- reference where it takes the call and refusing, saying why, where it does
+-- not; a forward kernel's name leaves the choice to the backward; an unknown
+-- name is an error on both devices.
+function TestBackward:test_kernels()
+  local q, k, v, dout = randn({1, 2, 70, 8}, "f32", U.device), randn({1, 1, 90, 8}, "f32", U.device),
+                        randn({1, 1, 90, 8}, "f32", U.device), randn({1, 2, 70, 8}, "f32", U.device)
+  local o, lse = fa.attention(q, k, v, {return_lse = true})
+  U.assert_fa_error({"opts.kernel", "frobnicate", "simt"}, fa.attention_backward, q, k, v, o, lse, dout,
+                    {kernel = "frobnicate"})
+  -- names the backward does not have here: the same gradients as without a name
+  local plain = {fa.attention_backward(q, k, v, o, lse, dout)}
+  for _, name in ipairs(U.cuda and {"decode", "f32", "naive"} or {"cpu_flash", "wgmma", "simt"}) do
+    local g = {fa.attention_backward(q, k, v, o, lse, dout, {kernel = name})}
+    for i = 1, 3 do lu.assertTrue(same_bits(g[i], plain[i]), "kernel " .. name) end
+  end
+  if not U.cuda then return end
+  U.assert_fa_error({"mma", "f16 or bf16"}, fa.attention_backward, q, k, v, o, lse, dout, {kernel = "mma"})
+  check_backend("simt f32", q, k, v, dout, {kernel = "simt", causal = true}, "f32")
+  local q48 = randn({1, 2, 10, 48}, "bf16", U.device)
+  local o48, l48 = fa.attention(q48, q48, q48, {return_lse = true})
+  U.assert_fa_error({"wgmma", "D = Dv = 64 or 128"}, fa.attention_backward, q48, q48, q48, o48, l48, q48,
+                    {kernel = "wgmma"})
+  local t64, hopper = randn({1, 1, 8, 64}, "bf16", U.device), false
+  for _, name in ipairs(fa.kernels(t64, t64, t64)) do hopper = hopper or name == "wgmma" end -- the forward's Hopper kernel runs here
+  for _, dtype in ipairs({"bf16", "f16"}) do
+    for _, D in ipairs({64, 128}) do
+      local qq, kk = randn({2, 4, 150, D}, dtype, U.device), randn({2, 2, 130, D}, dtype, U.device)
+      local vv, dd = randn({2, 2, 130, D}, dtype, U.device), randn({2, 4, 150, D}, dtype, U.device)
+      for _, kern in ipairs({"wgmma", "mma", "simt"}) do
+        for _, opts in ipairs({{causal = true}, {alibi = {0.1, 0.2, 0.3, 0.4}, window = {40, 3}}}) do
+          opts = U.copy_opts(opts)
+          opts.kernel = kern
+          if kern == "wgmma" and not hopper then
+            local oo, ll = fa.attention(qq, kk, vv, {return_lse = true})
+            U.assert_fa_error({"wgmma", "Hopper"}, fa.attention_backward, qq, kk, vv, oo, ll, dd, opts)
+          else
+            check_backend(("kernel %s D=%d"):format(kern, D), qq, kk, vv, dd, opts, dtype, 3e-2)
+          end
+        end
+      end
+    end
+  end
+end
+
 function TestBackward:test_runs_are_bit_identical()
   local shapes = {{16, 8, "f32"}, {16, 8, "bf16"}, {64, 64, "bf16"}, {128, 128, "f16"}}
   for _, s in ipairs(shapes) do
