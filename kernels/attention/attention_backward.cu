@@ -15,7 +15,7 @@
  * (attention_backward_wgmma.cu on Hopper, attention_backward_mma.cu) take
  * f16/bf16 at D = Dv = 64 and 128.  opts.kernel names one of the three
  * ("wgmma", "mma", "simt"); else the fastest that takes the call runs. */
-#include "attention_common.cuh"
+#include "attention_backward_common.cuh"
 
 #define BW_THREADS 256
 #define BW_WARPS (BW_THREADS / 32)
@@ -53,28 +53,6 @@ static __device__ __forceinline__ void bw_stage(float *tile, int pitch, const T 
   }
 }
 
-/* What a block knows of its query tile's rows: key range, lse, delta. */
-struct bw_rows {
-  int64_t lo[BW_BR], hi[BW_BR];
-  float lse[BW_BR], delta[BW_BR];
-};
-
-/* Row r of the tile at i0 of head h into rows (the first BW_BR threads):
- * whether it may take keys [j0, j1). */
-static __device__ __forceinline__ bool bw_row_load(const fa_attn_problem &p, const float *delta, bw_rows &rows,
-                                                   int64_t b, int64_t h, int64_t i0, int r, int64_t j0, int64_t j1) {
-  const int64_t i = i0 + r;
-  int64_t lo = 0, hi = 0;
-  float lse = -INFINITY, dl = 0.f;
-  if (i < p.Lq) {
-    fa_attn_range_of(&p, b, i, &lo, &hi);
-    lse = attn_lse_at(p, b, h, i);
-    dl = delta[(b * p.Hq + h) * p.Lq + i];
-  }
-  rows.lo[r] = lo, rows.hi[r] = hi, rows.lse[r] = lse, rows.delta[r] = dl;
-  return lo < hi && lo < j1 && hi > j0 && lse != -INFINITY; /* an empty row (lse = -inf) passes nothing back */
-}
-
 /* P and dS of the staged query tile (rows i0.., Qs rows D apart, dOs Dv)
  * against the staged key tile (keys j0.., Ks rows D + 1 apart, Vs Dv + 1:
  * lane c reads key c without bank conflicts): lane c takes key c, the
@@ -83,7 +61,7 @@ static __device__ __forceinline__ bool bw_row_load(const fa_attn_problem &p, con
  * ps apart, dSs rows dss apart. */
 static __device__ __forceinline__ void bw_probs(const fa_attn_problem &p, int64_t b, int64_t h, int64_t i0, int64_t j0,
                                                 const float *Qs, const float *dOs, const float *Ks, const float *Vs,
-                                                const bw_rows &rows, float *Ps, int ps, float *dSs, int dss) {
+                                                const bwm_rows<BW_BR> &rows, float *Ps, int ps, float *dSs, int dss) {
   const int c = threadIdx.x & 31, D = (int)p.D, Dv = (int)p.Dv;
   const int64_t j = j0 + c;
   for (int r = threadIdx.x >> 5; r < BW_BR; r += BW_WARPS) {
@@ -109,38 +87,37 @@ static __device__ __forceinline__ void bw_probs(const fa_attn_problem &p, int64_
 template <typename T, int DMAX>
 __global__ void __launch_bounds__(BW_THREADS) bw_dkdv_kernel(fa_attn_problem p, fa_attn_grads g, const float *delta) {
   extern __shared__ float bw_smem[];
-  __shared__ bw_rows rows;
+  __shared__ bwm_rows<BW_BR> rows;
   const int D = (int)p.D, Dv = (int)p.Dv;
   float *Ks = bw_smem, *Vs = Ks + BW_BC * (D + 1), *Qs = Vs + BW_BC * (Dv + 1), *dOs = Qs + BW_BR * D;
   float *Ps = dOs + BW_BR * Dv, *dSs = Ps + BW_BR * BW_BC;
   const int64_t ktiles = (p.Lk + BW_BC - 1) / BW_BC, blk = blockIdx.x;
   const int64_t bhk = blk / ktiles, j0 = blk % ktiles * BW_BC, b = bhk / p.Hkv, hk = bhk % p.Hkv;
-  const int64_t G = p.Hq / p.Hkv, j1 = min(j0 + BW_BC, p.Lk);
+  const int64_t j1 = min(j0 + BW_BC, p.Lk);
   bw_stage<T, BW_BC>(Ks, D + 1, (const T *)p.k + attn_at(p.k_st, b, hk, 0), p.k_st.s, j0, p.Lk, D);
   bw_stage<T, BW_BC>(Vs, Dv + 1, (const T *)p.v + attn_at(p.v_st, b, hk, 0), p.v_st.s, j0, p.Lk, Dv);
+  const bwm_qtiles qt = bwm_qtiles_meeting(p, b, hk, j0, j1, BW_BR); /* the query rows that meet these keys */
   const int c = threadIdx.x & 31, w = threadIdx.x >> 5;
   float dk[DMAX / 8], dv[DMAX / 8];
 #pragma unroll
   for (int m = 0; m < DMAX / 8; m++) dk[m] = dv[m] = 0.f;
-  for (int64_t h = hk * G; h < hk * G + G; h++) {
-    const T *q = (const T *)p.q + attn_at(p.q_st, b, h, 0), *dout = (const T *)g.dout + attn_at(g.dout_st, b, h, 0);
-    for (int64_t i0 = 0; i0 < p.Lq; i0 += BW_BR) {
-      __syncthreads(); /* the last tile's readers are done */
-      const bool hit = threadIdx.x < BW_BR && bw_row_load(p, delta, rows, b, h, i0, threadIdx.x, j0, j1);
-      if (!__syncthreads_or(hit)) continue; /* no row of the tile takes these keys */
-      bw_stage<T, BW_BR>(Qs, D, q, p.q_st.s, i0, p.Lq, D);
-      bw_stage<T, BW_BR>(dOs, Dv, dout, g.dout_st.s, i0, p.Lq, Dv);
-      __syncthreads();
-      bw_probs(p, b, h, i0, j0, Qs, dOs, Ks, Vs, rows, Ps, BW_BC, dSs, BW_BC);
-      __syncthreads();
-      for (int r = 0; r < BW_BR; r++) {
-        const float pr = Ps[r * BW_BC + c], ds = dSs[r * BW_BC + c];
+  for (int64_t t = 0; t < qt.count; t++) {
+    const int64_t h = qt.head(t), i0 = qt.row(t, BW_BR);
+    __syncthreads(); /* the last tile's readers are done */
+    bool all;
+    if (threadIdx.x < BW_BR) bwm_row_load(p, delta, rows, b, h, i0, threadIdx.x, j0, j1, &all);
+    bw_stage<T, BW_BR>(Qs, D, (const T *)p.q + attn_at(p.q_st, b, h, 0), p.q_st.s, i0, p.Lq, D);
+    bw_stage<T, BW_BR>(dOs, Dv, (const T *)g.dout + attn_at(g.dout_st, b, h, 0), g.dout_st.s, i0, p.Lq, Dv);
+    __syncthreads();
+    bw_probs(p, b, h, i0, j0, Qs, dOs, Ks, Vs, rows, Ps, BW_BC, dSs, BW_BC);
+    __syncthreads();
+    for (int r = 0; r < BW_BR; r++) {
+      const float pr = Ps[r * BW_BC + c], ds = dSs[r * BW_BC + c];
 #pragma unroll
-        for (int m = 0; m < DMAX / 8; m++) {
-          const int d = w + 8 * m;
-          if (d < Dv) dv[m] = fmaf(pr, dOs[r * Dv + d], dv[m]);
-          if (d < D) dk[m] = fmaf(ds, Qs[r * D + d], dk[m]);
-        }
+      for (int m = 0; m < DMAX / 8; m++) {
+        const int d = w + 8 * m;
+        if (d < Dv) dv[m] = fmaf(pr, dOs[r * Dv + d], dv[m]);
+        if (d < D) dk[m] = fmaf(ds, Qs[r * D + d], dk[m]);
       }
     }
   }
@@ -161,25 +138,16 @@ __global__ void __launch_bounds__(BW_THREADS) bw_dkdv_kernel(fa_attn_problem p, 
 template <typename T, int DMAX>
 __global__ void __launch_bounds__(BW_THREADS) bw_dq_kernel(fa_attn_problem p, fa_attn_grads g, const float *delta) {
   extern __shared__ float bw_smem[];
-  __shared__ bw_rows rows;
-  __shared__ int64_t span[2];
+  __shared__ bwm_rows<BW_BR> rows;
   const int D = (int)p.D, Dv = (int)p.Dv;
   float *Ks = bw_smem, *Vs = Ks + BW_BC * (D + 1), *Qs = Vs + BW_BC * (Dv + 1), *dOs = Qs + BW_BR * D;
   float *dSs = dOs + BW_BR * Dv; /* rows BW_BC + 1 apart: lane r reads row r without bank conflicts */
   const int64_t qtiles = (p.Lq + BW_BR - 1) / BW_BR, blk = blockIdx.x;
   const int64_t bh = blk / qtiles, i0 = blk % qtiles * BW_BR, b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv);
-  if (threadIdx.x < BW_BR) bw_row_load(p, delta, rows, b, h, i0, threadIdx.x, 0, p.Lk);
   bw_stage<T, BW_BR>(Qs, D, (const T *)p.q + attn_at(p.q_st, b, h, 0), p.q_st.s, i0, p.Lq, D);
   bw_stage<T, BW_BR>(dOs, Dv, (const T *)g.dout + attn_at(g.dout_st, b, h, 0), g.dout_st.s, i0, p.Lq, Dv);
-  __syncthreads();
-  if (threadIdx.x == 0) { /* the keys any row of the tile takes */
-    int64_t lo = INT64_MAX, hi = 0;
-    for (int r = 0; r < BW_BR; r++)
-      if (rows.lo[r] < rows.hi[r] && rows.lse[r] != -INFINITY) lo = min(lo, rows.lo[r]), hi = max(hi, rows.hi[r]);
-    span[0] = lo < hi ? lo : 0, span[1] = lo < hi ? hi : 0;
-  }
-  __syncthreads();
-  const int64_t t_lo = span[0], t_hi = span[1];
+  int64_t t_lo, t_hi;
+  bwm_tile_keys(p, delta, rows, b, h, i0, &t_lo, &t_hi); /* a barrier: the tiles are in too */
   const T *k = (const T *)p.k + attn_at(p.k_st, b, hk, 0), *v = (const T *)p.v + attn_at(p.v_st, b, hk, 0);
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   float dq[DMAX / 8];

@@ -131,4 +131,37 @@ struct bwm_qtiles {
   __device__ __forceinline__ int64_t row(int64_t t, int BR) const { return i0 + t % n * BR; }
 };
 
+/* The query tiles of the dK/dV block of keys [j0, j1) of KV head hk in
+ * batch b, BR rows a tile (called by the whole block). */
+static __device__ bwm_qtiles bwm_qtiles_meeting(const fa_attn_problem &p, int64_t b, int64_t hk, int64_t j0,
+                                                int64_t j1, int BR) {
+  __shared__ int64_t span[2];
+  if (threadIdx.x == 0) bwm_rows_meeting(p, b, j0, j1, &span[0], &span[1]);
+  __syncthreads();
+  bwm_qtiles qt;
+  qt.h0 = hk * (p.Hq / p.Hkv), qt.i0 = span[0] / BR * BR;
+  qt.n = span[1] > span[0] ? (span[1] - qt.i0 + BR - 1) / BR : 0, qt.count = p.Hq / p.Hkv * qt.n;
+  return qt;
+}
+
+/* The rows of the dQ block's query tile at i0 of head h into rows (its
+ * first R threads, one a row), and the keys any of them takes as
+ * [*t_lo, *t_hi) (0, 0 for none); called by the whole block. */
+template <int R>
+static __device__ void bwm_tile_keys(const fa_attn_problem &p, const float *delta, bwm_rows<R> &rows, int64_t b,
+                                     int64_t h, int64_t i0, int64_t *t_lo, int64_t *t_hi) {
+  __shared__ int64_t span[2];
+  bool unused;
+  if (threadIdx.x < R) bwm_row_load(p, delta, rows, b, h, i0, threadIdx.x, 0, p.Lk, &unused);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int64_t lo = INT64_MAX, hi = 0;
+    for (int r = 0; r < R; r++)
+      if (rows.lo[r] < rows.hi[r] && rows.lse[r] != -INFINITY) lo = min(lo, rows.lo[r]), hi = max(hi, rows.hi[r]);
+    span[0] = lo < hi ? lo : 0, span[1] = lo < hi ? hi : 0;
+  }
+  __syncthreads();
+  *t_lo = span[0], *t_hi = span[1];
+}
+
 #endif

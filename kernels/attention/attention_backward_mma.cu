@@ -70,19 +70,14 @@ __global__ void __launch_bounds__(BWM_THREADS) bwm_dkdv_kernel(fa_attn_problem p
   constexpr int CH = D / 8, BR = BWM_BR(D), NC = BR / 8, QT = BR * D * 2; /* bytes of a Q or dO tile */
   extern __shared__ __align__(128) char bwm_smem[];
   __shared__ bwm_rows<BR> rows[2];
-  __shared__ int64_t span[2];
   char *Ks = bwm_smem, *Vs = Ks + BWM_BC * D * 2, *Qs = Vs + BWM_BC * D * 2; /* Q, dO, Q, dO: two stages */
   const int warp = threadIdx.x >> 5, tid = threadIdx.x;
   const int64_t ktiles = (p.Lk + BWM_BC - 1) / BWM_BC, blk = blockIdx.x;
   const int64_t bhk = blk / ktiles, j0 = blk % ktiles * BWM_BC, b = bhk / p.Hkv, hk = bhk % p.Hkv;
-  const int64_t G = p.Hq / p.Hkv, j1 = min(j0 + BWM_BC, p.Lk);
+  const int64_t j1 = min(j0 + BWM_BC, p.Lk);
   load_tile<T, D, BWM_BC, BWM_THREADS, false, false>(Ks, (const T *)p.k + attn_at(p.k_st, b, hk, 0), p.k_st.s, j0, p.Lk);
   load_tile<T, D, BWM_BC, BWM_THREADS, false, false>(Vs, (const T *)p.v + attn_at(p.v_st, b, hk, 0), p.v_st.s, j0, p.Lk);
-  if (tid == 0) bwm_rows_meeting(p, b, j0, j1, &span[0], &span[1]);
-  __syncthreads();
-  bwm_qtiles qt;
-  qt.h0 = hk * G, qt.i0 = span[0] / BR * BR;
-  qt.n = span[1] > span[0] ? (span[1] - qt.i0 + BR - 1) / BR : 0, qt.count = G * qt.n;
+  const bwm_qtiles qt = bwm_qtiles_meeting(p, b, hk, j0, j1, BR);
   /* stage s of tile t: its Q and dO tiles (cp.async, one commit group with
    * K and V for t = 0) and its rows (this thread's row r = tid < BR: *all
    * whether it takes every key of the block) */
@@ -134,7 +129,6 @@ __global__ void __launch_bounds__(BWM_THREADS) bwm_dq_kernel(fa_attn_problem p, 
   constexpr int CH = D / 8, NC = BWM_BC / 8, KT = BWM_BC * D * 2; /* bytes of a K or V tile */
   extern __shared__ __align__(128) char bwm_smem[];
   __shared__ bwm_rows<BWM_BQ> rows;
-  __shared__ int64_t span[2];
   char *Qs = bwm_smem, *dOs = Qs + BWM_BQ * D * 2, *Ks = dOs + BWM_BQ * D * 2; /* K, V, K, V: two stages */
   const int warp = threadIdx.x >> 5, tid = threadIdx.x;
   const int64_t qtiles = (p.Lq + BWM_BQ - 1) / BWM_BQ, blk = blockIdx.x;
@@ -143,17 +137,9 @@ __global__ void __launch_bounds__(BWM_THREADS) bwm_dq_kernel(fa_attn_problem p, 
   load_tile<T, D, BWM_BQ, BWM_THREADS, false, false>(Qs, (const T *)p.q + attn_at(p.q_st, b, h, 0), p.q_st.s, i0, p.Lq);
   load_tile<T, D, BWM_BQ, BWM_THREADS, false, false>(dOs, (const T *)g.dout + attn_at(g.dout_st, b, h, 0), g.dout_st.s,
                                                       i0, p.Lq);
-  bool unused;
-  if (tid < BWM_BQ) bwm_row_load(p, delta, rows, b, h, i0, tid, 0, p.Lk, &unused);
-  __syncthreads();
-  if (tid == 0) { /* the keys any row of the tile takes */
-    int64_t lo = INT64_MAX, hi = 0;
-    for (int r = 0; r < BWM_BQ; r++)
-      if (rows.lo[r] < rows.hi[r] && rows.lse[r] != -INFINITY) lo = min(lo, rows.lo[r]), hi = max(hi, rows.hi[r]);
-    span[0] = lo < hi ? lo : 0, span[1] = lo < hi ? hi : 0;
-  }
-  __syncthreads();
-  const int64_t t_lo = span[0], t_hi = span[1], ntiles = (t_hi - t_lo + BWM_BC - 1) / BWM_BC;
+  int64_t t_lo, t_hi;
+  bwm_tile_keys(p, delta, rows, b, h, i0, &t_lo, &t_hi);
+  const int64_t ntiles = (t_hi - t_lo + BWM_BC - 1) / BWM_BC;
   const T *k = (const T *)p.k + attn_at(p.k_st, b, hk, 0), *v = (const T *)p.v + attn_at(p.v_st, b, hk, 0);
   auto stage = [&](int64_t t, int s) {
     load_tile<T, D, BWM_BC, BWM_THREADS, false, false>(Ks + s * 2 * KT, k, p.k_st.s, t_lo + t * BWM_BC, p.Lk);

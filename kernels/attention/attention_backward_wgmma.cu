@@ -79,19 +79,14 @@ __global__ void __launch_bounds__(BWG_THREADS(WGS), WGS == 1 ? 2 : 1) bwg_dkdv_k
   constexpr int KEYS = BWG_OWN(WGS), THREADS = BWG_THREADS(WGS);
   extern __shared__ __align__(128) char bwg_raw[];
   __shared__ bwm_rows<BR> rows[2];
-  __shared__ int64_t span[2];
   char *Ks = bwg_aligned(bwg_raw), *Vs = Ks + KEYS * D * 2, *Qs = Vs + KEYS * D * 2; /* Q, dO, Q, dO */
   const int warp = threadIdx.x >> 5, tid = threadIdx.x, wg = warp >> 2;
   const int64_t ktiles = (p.Lk + KEYS - 1) / KEYS, blk = blockIdx.x;
   const int64_t bhk = blk / ktiles, j0 = blk % ktiles * KEYS, b = bhk / p.Hkv, hk = bhk % p.Hkv;
-  const int64_t G = p.Hq / p.Hkv, j1 = min(j0 + KEYS, p.Lk);
+  const int64_t j1 = min(j0 + KEYS, p.Lk);
   load_tile<T, D, KEYS, THREADS, true, false>(Ks, (const T *)p.k + attn_at(p.k_st, b, hk, 0), p.k_st.s, j0, p.Lk);
   load_tile<T, D, KEYS, THREADS, true, false>(Vs, (const T *)p.v + attn_at(p.v_st, b, hk, 0), p.v_st.s, j0, p.Lk);
-  if (tid == 0) bwm_rows_meeting(p, b, j0, j1, &span[0], &span[1]);
-  __syncthreads();
-  bwm_qtiles qt;
-  qt.h0 = hk * G, qt.i0 = span[0] / BR * BR;
-  qt.n = span[1] > span[0] ? (span[1] - qt.i0 + BR - 1) / BR : 0, qt.count = G * qt.n;
+  const bwm_qtiles qt = bwm_qtiles_meeting(p, b, hk, j0, j1, BR);
   auto stage = [&](int64_t t, int s, bool *all) {
     const int64_t h = qt.head(t), i0 = qt.row(t, BR);
     load_tile<T, D, BR, THREADS, true, false>(Qs + s * 2 * QT, (const T *)p.q + attn_at(p.q_st, b, h, 0), p.q_st.s,
@@ -156,7 +151,6 @@ __global__ void __launch_bounds__(BWG_THREADS(WGS), WGS == 1 ? 2 : 1) bwg_dq_ker
   constexpr int ROWS = BWG_OWN(WGS), THREADS = BWG_THREADS(WGS);
   extern __shared__ __align__(128) char bwg_raw[];
   __shared__ bwm_rows<ROWS> rows;
-  __shared__ int64_t span[2];
   char *Qs = bwg_aligned(bwg_raw), *dOs = Qs + ROWS * D * 2, *Ks = dOs + ROWS * D * 2; /* K, V, K, V */
   const int warp = threadIdx.x >> 5, tid = threadIdx.x, wg = warp >> 2;
   const int64_t qtiles = (p.Lq + ROWS - 1) / ROWS, blk = blockIdx.x;
@@ -165,17 +159,9 @@ __global__ void __launch_bounds__(BWG_THREADS(WGS), WGS == 1 ? 2 : 1) bwg_dq_ker
   load_tile<T, D, ROWS, THREADS, true, false>(Qs, (const T *)p.q + attn_at(p.q_st, b, h, 0), p.q_st.s, i0, p.Lq);
   load_tile<T, D, ROWS, THREADS, true, false>(dOs, (const T *)g.dout + attn_at(g.dout_st, b, h, 0),
                                                       g.dout_st.s, i0, p.Lq);
-  bool unused;
-  if (tid < ROWS) bwm_row_load(p, delta, rows, b, h, i0, tid, 0, p.Lk, &unused);
-  __syncthreads();
-  if (tid == 0) { /* the keys any row of the tile takes */
-    int64_t lo = INT64_MAX, hi = 0;
-    for (int r = 0; r < ROWS; r++)
-      if (rows.lo[r] < rows.hi[r] && rows.lse[r] != -INFINITY) lo = min(lo, rows.lo[r]), hi = max(hi, rows.hi[r]);
-    span[0] = lo < hi ? lo : 0, span[1] = lo < hi ? hi : 0;
-  }
-  __syncthreads();
-  const int64_t t_lo = span[0], t_hi = span[1], ntiles = (t_hi - t_lo + BWG_BC - 1) / BWG_BC;
+  int64_t t_lo, t_hi;
+  bwm_tile_keys(p, delta, rows, b, h, i0, &t_lo, &t_hi);
+  const int64_t ntiles = (t_hi - t_lo + BWG_BC - 1) / BWG_BC;
   const T *k = (const T *)p.k + attn_at(p.k_st, b, hk, 0), *v = (const T *)p.v + attn_at(p.v_st, b, hk, 0);
   auto stage = [&](int64_t t, int s) {
     load_tile<T, D, BWG_BC, THREADS, true, false>(Ks + s * 2 * KT, k, p.k_st.s, t_lo + t * BWG_BC, p.Lk);
