@@ -34,6 +34,7 @@ local function parse(argv)
   p:option("--dtypes", "comma list of dtypes"):default("bf16")
   p:option("--ds", "comma list of head dims"):convert(sweep.list_arg("--ds", true))
   p:option("--ls", "comma list of sequence lengths"):convert(sweep.list_arg("--ls", true))
+  p:flag("--extras", "also the score rules beyond causal (alibi, softcap, masks, window) at D = 128, L = 4096")
   p:option("--check-max-l", "check shapes up to this L against the f64 reference")
    :convert(sweep.integer_arg(0, "--check-max-l")):default("2048")
   return sweep.parse_args(p, argv, NAME)
@@ -109,6 +110,47 @@ for dtype in args.dtypes:gmatch("[^,]+") do
   end
 end
 
+-- The score rules beyond causal, each against the plain call of the same shape in this run (the
+-- engine alone: the peers' backward takes no alibi or softcap): extras[i].plain_ratio = its time /
+-- the plain time.
+local extras = {}
+if args.extras then
+  local D, L = cuda and 128 or 32, cuda and 4096 or 256
+  local B, H = math.max(1, TOKENS // L), HD // D
+  local dtype = "bf16"
+  local function randn(s, shape) return fa.randn(shape or { B, H, L, D }, { dtype = dtype, device = dev, seed = s }) end
+  local q, k, v, dout = randn(seed), randn(seed + 1), randn(seed + 2), randn(seed + 3)
+  local slopes = {}
+  for h = 1, H do slopes[h] = 2 ^ (-8 * h / H) end
+  local bmask = fa.rand({ L, L }, { device = dev, seed = seed + 4 }) -- a float mask, values in [0, 1)
+  local rules = {
+    { "plain", {} },
+    { "causal", { causal = true } },
+    { "alibi causal", { causal = true, alibi = slopes } },
+    { "softcap 30", { softcap = 30 } },
+    { "window 1024", { window = { 1024, 0 } } },
+    { "float mask", { mask = bmask } },
+  }
+  local plain_ms
+  print(("extras: bf16, B = %d, H = %d, L = %d, D = %d"):format(B, H, L, D))
+  for _, r in ipairs(rules) do
+    local name, opts = r[1], r[2]
+    local fo = {}
+    for key, val in pairs(opts) do fo[key] = val end
+    fo.return_lse = true
+    local o, lse = fa.attention(q, k, v, fo)
+    local ms = time_ms(function()
+      local a, b, c = fa.attention_backward(q, k, v, o, lse, dout, opts)
+      a:free(); b:free(); c:free()
+    end)
+    plain_ms = plain_ms or ms
+    local row = { rule = name, dtype = dtype, B = B, H = H, L = L, D = D, ms = ms, plain_ratio = ms / plain_ms }
+    extras[#extras + 1] = row
+    print(("  %-14s %9.3f ms  x plain time %.2f"):format(name, ms, row.plain_ratio))
+    o:free(); lse:free()
+  end
+end
+
 if args.json then
   local cjson = require "cjson"
   local f = assert(io.open(args.json, "w"))
@@ -119,6 +161,7 @@ if args.json then
       timing = "fa.bench, caches flushed before each repetition, median",
     }),
     results = results,
+    extras = extras,
   })
   f:close()
   print("wrote " .. args.json)
