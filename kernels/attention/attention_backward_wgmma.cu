@@ -72,8 +72,10 @@ static __device__ __forceinline__ char *bwg_aligned(char *raw) {
 }
 #endif
 
+/* three blocks an SM at D = 64 without extras (168 registers, no spill):
+ * 1.11-1.14x two (H200, 2026-11-27); the extras' instance spills there */
 template <typename T, int D, int WGS, bool EXTRAS>
-__global__ void __launch_bounds__(BWG_THREADS(WGS), WGS == 1 ? 2 : 1) bwg_dkdv_kernel(fa_attn_problem p, fa_attn_grads g, const float *delta) {
+__global__ void __launch_bounds__(BWG_THREADS(WGS), WGS == 1 ? (D == 64 && !EXTRAS ? 3 : 2) : 1) bwg_dkdv_kernel(fa_attn_problem p, fa_attn_grads g, const float *delta) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int CH = D / 8, BR = BWG_BR, NC = BR / 8, QT = BR * D * 2; /* bytes of a Q or dO tile */
   constexpr int KEYS = BWG_OWN(WGS), THREADS = BWG_THREADS(WGS);
