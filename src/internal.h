@@ -234,6 +234,16 @@ void fa_cuda_free(void *p, size_t nbytes);
 typedef enum { FA_COPY_H2D, FA_COPY_D2H, FA_COPY_D2D } fa_copy_kind;
 fa_status fa_cuda_memcpy(fa_context *ctx, void *dst, const void *src, size_t nbytes, fa_copy_kind kind);
 fa_status fa_cuda_sync(fa_context *ctx);
+/* Pinned host memory, and host-to-device copies from it that do not wait
+ * (src unchanged until the stream has passed the copy: record an event
+ * after it and wait for that before writing src again). */
+fa_status fa_cuda_host_alloc(fa_context *ctx, void **p, size_t nbytes);
+void fa_cuda_host_free(void *p, size_t nbytes);
+fa_status fa_cuda_upload(fa_context *ctx, void *dst, const void *src, size_t nbytes);
+fa_status fa_cuda_event_new(fa_context *ctx, void **ev);
+void fa_cuda_event_free(void *ev);
+fa_status fa_cuda_event_record(fa_context *ctx, void *ev);
+fa_status fa_cuda_event_wait(fa_context *ctx, void *ev); /* the host waits */
 fa_status fa_cuda_timer_start(fa_context *ctx);
 fa_status fa_cuda_timer_stop(fa_context *ctx, double *ms);
 void fa_cuda_context_release(fa_context *ctx); /* the context's events, side stream and cuBLAS handle */
@@ -281,6 +291,19 @@ typedef struct {
   const int32_t *table;
   int64_t max_pages, page_size, k_page, v_page;
 } fa_attn_paging;
+/* The paged cache's append (kernels/tensor/kv_scatter.cu): segments of
+ * rows, each within one page, copied from src (B, H, n, X; its dtype the
+ * pool's, last dimension contiguous) into the pool (pages, H, page_size,
+ * X), one launch for up to FA_KV_SEGMENTS of them (a kernel argument). */
+typedef struct {
+  int32_t b, from, page, off, count;
+} fa_kv_segment;
+#define FA_KV_SEGMENTS 192 /* 3.8 KB: within the 4 KB of kernel arguments every driver takes */
+typedef struct {
+  int n;
+  fa_kv_segment seg[FA_KV_SEGMENTS];
+} fa_kv_segments;
+fa_status fa_cuda_kv_scatter(fa_context *ctx, const fa_kv_segments *s, fa_tensor *pool, const fa_tensor *src);
 /* The decode kernel (kernels/attention/attention_decode.cu): 1 when it
  * takes calls of this dtype, these head dims and Hq / Hkv · Lq query rows
  * a key head, else 0 and why not into why (n bytes). */

@@ -6,7 +6,10 @@
  * attend on cuda, for the calls the decode kernel takes (f16/bf16, D = Dv
  * = 64 or 128, at most 64 query rows a key head): the kernel reads the
  * pools through a device copy of the page table, refreshed after appends
- * and resets.  Elsewhere (the cpu, other calls) each sequence's pages are
+ * and resets (the changed entries, without waiting for the device).
+ * append on cuda copies every sequence's new positions in one launch a
+ * pool (fa_cuda_kv_scatter) when k and v have the cache's dtype and
+ * contiguous rows, else by a copy per sequence and page.  Elsewhere (the cpu, other calls) each sequence's pages are
  * gathered into contiguous K/V and fa_attention runs per sequence.  Both
  * align causal, window and alibi to each sequence's own length. */
 #include "attn_kernels.h"
@@ -25,11 +28,27 @@ struct fa_kv_cache {
   int64_t *table;             /* B x max_pages page indices */
   int64_t *lens;              /* B */
   /* cuda: the table (int32) and the lengths on the device, for the decode
-   * kernel; stale after an append or reset until the next attend */
-  int32_t *dev_table;
-  int64_t *dev_lens;
+   * kernel, brought up to date by the first attend after an append or
+   * reset: only the table entries that changed ([dirty_lo, dirty_hi)) and
+   * the lengths, copied without waiting for the device from pinned mirrors
+   * (h_table, h_lens) that are written again only once the event
+   * `uploaded` (recorded after the copies) has passed.  A whole-table
+   * upload with a stream synchronisation cost a decoding loop 2 MB and a
+   * wait a step at B = 64, capacity 32k, pages of 16. */
+  int32_t *dev_table, *h_table;
+  int64_t *dev_lens, *h_lens;
+  void *uploaded;
+  int64_t dirty_lo, dirty_hi;
   int dev_stale;
 };
+
+/* Table entry i (b · max_pages + page) changed. */
+static void mark_dirty(fa_kv_cache *c, int64_t i) {
+  if (c->dirty_lo >= c->dirty_hi) c->dirty_lo = i, c->dirty_hi = i + 1;
+  else if (i < c->dirty_lo) c->dirty_lo = i;
+  else if (i >= c->dirty_hi) c->dirty_hi = i + 1;
+  c->dev_stale = 1;
+}
 
 static size_t dev_table_bytes(const fa_kv_cache *c) { return sizeof(int32_t) * (size_t)(c->B * c->max_pages); }
 
@@ -46,6 +65,13 @@ static size_t cache_host_bytes(int64_t B, int64_t max_pages, int64_t pages) {
 
 void fa_kv_cache_destroy(fa_kv_cache *c) {
   if (!c) return;
+  if (c->uploaded && c->h_table) { /* no copy from the mirrors may be in flight when they go */
+    fa_context *none = NULL;
+    (void)fa_cuda_event_wait(none, c->uploaded);
+  }
+  fa_cuda_event_free(c->uploaded);
+  fa_cuda_host_free(c->h_table, dev_table_bytes(c));
+  fa_cuda_host_free(c->h_lens, sizeof(int64_t) * (size_t)c->B);
   fa_cuda_free(c->dev_table, dev_table_bytes(c));
   fa_cuda_free(c->dev_lens, sizeof(int64_t) * (size_t)c->B);
   fa_tensor_drop(&c->kpool);
@@ -106,6 +132,7 @@ fa_status fa_kv_cache_create(fa_context *ctx, const fa_kv_cache_opts *o, fa_kv_c
   c->n_free = pages;
   for (int64_t i = 0; i < c->B * maxp; i++) c->table[i] = -1;
   for (int64_t b = 0; b < c->B; b++) c->lens[b] = 0;
+  c->dirty_lo = 0, c->dirty_hi = c->B * maxp, c->dev_stale = 1; /* the device copy is made whole once */
   const int64_t ks[4] = {pages, c->H, ps, c->D}, vs[4] = {pages, c->H, ps, c->Dv};
   if ((st = fa_tensor_new(ctx, 4, ks, c->dtype, dev, &c->kpool)) ||
       (st = fa_tensor_new(ctx, 4, vs, c->dtype, dev, &c->vpool))) {
@@ -139,6 +166,7 @@ static void release_pages(fa_kv_cache *c, int64_t b) {
   for (int64_t i = 0; i < c->max_pages && row[i] >= 0; i++) {
     c->free_list[c->n_free++] = row[i];
     row[i] = -1;
+    mark_dirty(c, b * c->max_pages + i);
   }
   c->lens[b] = 0;
   c->dev_stale = 1;
@@ -197,6 +225,39 @@ static fa_status copy_into_pages(fa_context *ctx, const fa_kv_cache *c, fa_tenso
   return st;
 }
 
+/* cuda: whether append's copies go by fa_cuda_kv_scatter (k and v of the
+ * pools' dtype with contiguous rows, every index within int32). */
+static int scatter_fits(const fa_kv_cache *c, const fa_tensor *k, const fa_tensor *v) {
+  return c->device == FA_CUDA && k->dtype == c->dtype && v->dtype == c->dtype &&
+         (k->shape[3] <= 1 || k->strides[3] == 1) && (v->shape[3] <= 1 || v->strides[3] == 1) &&
+         c->B <= INT32_MAX && k->shape[2] <= INT32_MAX && c->pages <= INT32_MAX && c->page_size <= INT32_MAX;
+}
+
+/* The new positions of every sequence (its pages already in the table)
+ * copied by segments of rows within one page, batches of FA_KV_SEGMENTS a
+ * launch for K and for V. */
+static fa_status scatter_into_pages(fa_context *ctx, const fa_kv_cache *c, fa_tensor *k, fa_tensor *v,
+                                    const int64_t *lens, int64_t n) {
+  fa_kv_segments s;
+  s.n = 0;
+  fa_status st = FA_OK;
+  for (int64_t b = 0; b < c->B && !st; b++) {
+    int64_t pos = c->lens[b], from = 0, count = lens ? lens[b] : n;
+    while (count > 0 && !st) {
+      const int64_t off = pos % c->page_size, m = count < c->page_size - off ? count : c->page_size - off;
+      s.seg[s.n++] = (fa_kv_segment){(int32_t)b, (int32_t)from, (int32_t)c->table[b * c->max_pages + pos / c->page_size],
+                                     (int32_t)off, (int32_t)m};
+      pos += m, from += m, count -= m;
+      if (s.n == FA_KV_SEGMENTS) { /* a full batch */
+        if (!(st = fa_cuda_kv_scatter(ctx, &s, c->kpool, k))) st = fa_cuda_kv_scatter(ctx, &s, c->vpool, v);
+        s.n = 0;
+      }
+    }
+  }
+  if (!st && s.n && !(st = fa_cuda_kv_scatter(ctx, &s, c->kpool, k))) st = fa_cuda_kv_scatter(ctx, &s, c->vpool, v);
+  return st;
+}
+
 fa_status fa_kv_cache_append(fa_context *ctx, fa_kv_cache *c, fa_tensor *k, fa_tensor *v, const int64_t *lens,
                              int64_t n_lens) {
   FA_NEED(ctx);
@@ -230,15 +291,19 @@ fa_status fa_kv_cache_append(fa_context *ctx, fa_kv_cache *c, fa_tensor *k, fa_t
   for (int64_t b = 0; b < c->B; b++) {
     const int64_t add = lens ? lens[b] : n;
     int64_t *row = c->table + b * c->max_pages;
-    for (int64_t p = (c->lens[b] + c->page_size - 1) / c->page_size; p * c->page_size < c->lens[b] + add; p++)
+    for (int64_t p = (c->lens[b] + c->page_size - 1) / c->page_size; p * c->page_size < c->lens[b] + add; p++) {
       row[p] = c->free_list[--c->n_free];
+      mark_dirty(c, b * c->max_pages + p);
+    }
   }
-  for (int64_t b = 0; b < c->B && !st; b++) {
-    const int64_t add = lens ? lens[b] : n;
-    if (!add) continue;
-    if (!(st = copy_into_pages(ctx, c, c->kpool, k, b, 0, c->lens[b], add)))
-      st = copy_into_pages(ctx, c, c->vpool, v, b, 0, c->lens[b], add);
-  }
+  if (scatter_fits(c, k, v)) st = scatter_into_pages(ctx, c, k, v, lens, n);
+  else
+    for (int64_t b = 0; b < c->B && !st; b++) {
+      const int64_t add = lens ? lens[b] : n;
+      if (!add) continue;
+      if (!(st = copy_into_pages(ctx, c, c->kpool, k, b, 0, c->lens[b], add)))
+        st = copy_into_pages(ctx, c, c->vpool, v, b, 0, c->lens[b], add);
+    }
   if (st) { /* undo: the pages taken go back, in the reverse order */
     for (int64_t b = c->B - 1; b >= 0; b--) {
       int64_t *row = c->table + b * c->max_pages;
@@ -320,21 +385,28 @@ static fa_status check_attend(fa_context *ctx, const fa_kv_cache *c, const fa_te
   return fa_attention_splits_check(ctx, o, 1); /* top_left with splits: the decode kernel's; the gather path refuses it */
 }
 
-/* The device copies of the table and the lengths, made or refreshed. */
+/* The device copies of the table and the lengths, made or brought up to
+ * date (see struct fa_kv_cache); no API call at all when they are, so
+ * that a host may capture attend into a CUDA graph then. */
 static fa_status sync_device_table(fa_context *ctx, fa_kv_cache *c) {
   const size_t tb = dev_table_bytes(c), lb = sizeof(int64_t) * (size_t)c->B;
   fa_status st = FA_OK;
-  if (!c->dev_table && (st = fa_cuda_malloc(ctx, (void **)&c->dev_table, tb))) return st;
-  if (!c->dev_lens && (st = fa_cuda_malloc(ctx, (void **)&c->dev_lens, lb))) return st;
   if (!c->dev_stale) return FA_OK;
-  int32_t *t32 = fa_host_alloc(ctx, tb, &st);
-  if (!t32) return st;
-  for (int64_t i = 0; i < c->B * c->max_pages; i++) t32[i] = (int32_t)c->table[i];
-  st = fa_cuda_memcpy(ctx, c->dev_table, t32, tb, FA_COPY_H2D);
-  fa_host_free(t32, tb);
-  if (!st) st = fa_cuda_memcpy(ctx, c->dev_lens, c->lens, lb, FA_COPY_H2D);
-  if (!st) c->dev_stale = 0;
-  return st;
+  if ((!c->dev_table && (st = fa_cuda_malloc(ctx, (void **)&c->dev_table, tb))) ||
+      (!c->dev_lens && (st = fa_cuda_malloc(ctx, (void **)&c->dev_lens, lb))) ||
+      (!c->h_table && (st = fa_cuda_host_alloc(ctx, (void **)&c->h_table, tb))) ||
+      (!c->h_lens && (st = fa_cuda_host_alloc(ctx, (void **)&c->h_lens, lb))) ||
+      (!c->uploaded && (st = fa_cuda_event_new(ctx, &c->uploaded))))
+    return st;
+  if ((st = fa_cuda_event_wait(ctx, c->uploaded))) return st; /* the last copies have left the mirrors */
+  const int64_t lo = c->dirty_lo, hi = c->dirty_hi;
+  for (int64_t i = lo; i < hi; i++) c->h_table[i] = (int32_t)c->table[i];
+  memcpy(c->h_lens, c->lens, lb);
+  if ((st = fa_cuda_upload(ctx, c->dev_table + lo, c->h_table + lo, sizeof(int32_t) * (size_t)(hi > lo ? hi - lo : 0))) ||
+      (st = fa_cuda_upload(ctx, c->dev_lens, c->h_lens, lb)) || (st = fa_cuda_event_record(ctx, c->uploaded)))
+    return st; /* still stale: the next attend copies again */
+  c->dirty_lo = c->dirty_hi = 0, c->dev_stale = 0;
+  return FA_OK;
 }
 
 fa_status fa_kv_cache_attend(fa_context *ctx, fa_kv_cache *c, fa_tensor *q, const fa_attention_opts *opts,

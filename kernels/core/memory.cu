@@ -106,3 +106,53 @@ extern "C" fa_status fa_cuda_memcpy(fa_context *ctx, void *dst, const void *src,
   if (kind != FA_COPY_D2D) FA_CUDA_CHECK(ctx, cudaStreamSynchronize(s));
   return FA_OK;
 }
+
+/* Pinned host memory (counted as host memory in the engine's figures): the
+ * source of copies that must not wait for the device (fa_cuda_upload). */
+extern "C" fa_status fa_cuda_host_alloc(fa_context *ctx, void **p, size_t nbytes) {
+  *p = NULL;
+  if (!fa_cuda_available()) return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_DEVICE_MSG);
+  if (!fa_mem_acquire(FA_CPU, nbytes))
+    return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: out of memory: %zu bytes of pinned host memory requested",
+                   nbytes);
+  cudaError_t err = cudaMallocHost(p, nbytes ? nbytes : 1);
+  if (err == cudaSuccess) return FA_OK;
+  *p = NULL;
+  fa_mem_release(FA_CPU, nbytes);
+  return fa_cuda_error(ctx, err, "cudaMallocHost");
+}
+
+extern "C" void fa_cuda_host_free(void *p, size_t nbytes) {
+  if (!p) return;
+  if (cudaFreeHost(p) != cudaSuccess) (void)cudaGetLastError();
+  fa_mem_release(FA_CPU, nbytes);
+}
+
+/* Host to device on the context's stream without waiting: src is pinned
+ * (fa_cuda_host_alloc) and must stay as it is until the stream has passed
+ * the copy (an event recorded after it, fa_cuda_event_record). */
+extern "C" fa_status fa_cuda_upload(fa_context *ctx, void *dst, const void *src, size_t nbytes) {
+  if (nbytes == 0) return FA_OK;
+  FA_CUDA_CHECK(ctx, cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, fa_cuda_stream(ctx)));
+  return FA_OK;
+}
+
+/* Events for that: made without timing, recorded on the context's stream,
+ * waited for by the host (an event never recorded is complete). */
+extern "C" fa_status fa_cuda_event_new(fa_context *ctx, void **ev) {
+  cudaEvent_t e = NULL;
+  FA_CUDA_CHECK(ctx, cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  *ev = e;
+  return FA_OK;
+}
+extern "C" void fa_cuda_event_free(void *ev) {
+  if (ev && cudaEventDestroy((cudaEvent_t)ev) != cudaSuccess) (void)cudaGetLastError();
+}
+extern "C" fa_status fa_cuda_event_record(fa_context *ctx, void *ev) {
+  FA_CUDA_CHECK(ctx, cudaEventRecord((cudaEvent_t)ev, fa_cuda_stream(ctx)));
+  return FA_OK;
+}
+extern "C" fa_status fa_cuda_event_wait(fa_context *ctx, void *ev) {
+  FA_CUDA_CHECK(ctx, cudaEventSynchronize((cudaEvent_t)ev));
+  return FA_OK;
+}

@@ -35,6 +35,30 @@ fa_status fa_cuda_memcpy(fa_context *ctx, void *dst, const void *src, size_t nby
 
 fa_status fa_cuda_sync(fa_context *ctx) { return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG); }
 
+fa_status fa_cuda_host_alloc(fa_context *ctx, void **p, size_t nbytes) {
+  (void)nbytes;
+  *p = NULL;
+  return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
+}
+void fa_cuda_host_free(void *p, size_t nbytes) { (void)p, (void)nbytes; }
+fa_status fa_cuda_upload(fa_context *ctx, void *dst, const void *src, size_t nbytes) {
+  (void)dst, (void)src, (void)nbytes;
+  return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
+}
+fa_status fa_cuda_event_new(fa_context *ctx, void **ev) {
+  *ev = NULL;
+  return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
+}
+void fa_cuda_event_free(void *ev) { (void)ev; }
+fa_status fa_cuda_event_record(fa_context *ctx, void *ev) {
+  (void)ev;
+  return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
+}
+fa_status fa_cuda_event_wait(fa_context *ctx, void *ev) {
+  (void)ev;
+  return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
+}
+
 fa_status fa_cuda_softmax(fa_context *ctx, fa_softmax_algo algo, int64_t block, fa_dtype dt, const void *x, void *y,
                           int64_t rows, int64_t n) {
   (void)algo, (void)block, (void)dt, (void)x, (void)y, (void)rows, (void)n;
@@ -135,5 +159,10 @@ fa_status fa_cuda_matmul(fa_context *ctx, fa_matmul_algo algo, int64_t tile, fa_
 fa_status fa_cuda_merge_states(fa_context *ctx, fa_dtype dt, const void *o1, const double *l1, const void *o2,
                                const double *l2, void *o, double *l, int64_t rows, int64_t dv) {
   (void)dt, (void)o1, (void)l1, (void)o2, (void)l2, (void)o, (void)l, (void)rows, (void)dv;
+  return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
+}
+
+fa_status fa_cuda_kv_scatter(fa_context *ctx, const fa_kv_segments *s, fa_tensor *pool, const fa_tensor *src) {
+  (void)s, (void)pool, (void)src;
   return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
 }

@@ -44,6 +44,25 @@ local function check_attend(cache, m, q, opts, dtype, what)
   return o, lse
 end
 
+-- One append of many pages' worth (pages of 1: more segments than one copy launch takes on
+-- cuda), from a strided view, then single tokens as a decoding loop appends them.
+function TestKVCache:test_append_many_segments()
+  local B, H, D, cap = 3, 2, 8, 260
+  local cache <close> = fa.kv_cache{batch = B, heads = H, dim = D, capacity = cap, page_size = 1, device = dev}
+  local m = model(B, H, D, D, cap)
+  local k = U.randn({B, 250, H, D}):transpose(2, 3) -- (B, H, 250, D) seen through a transpose
+  local v = U.randn({B, H, 250, D})
+  cache:append(k, v, {250, 99, 201})
+  model_append(m, k, v, {250, 99, 201})
+  for step = 1, 5 do
+    local k1, v1 = U.randn({B, H, 1, D}), U.randn({B, H, 1, D})
+    cache:append(k1, v1, {step % 2, 1, 1})
+    model_append(m, k1, v1, {step % 2, 1, 1})
+    check_attend(cache, m, U.randn({B, 2 * H, 1, D}), {return_lse = true}, "f32", "step " .. step)
+  end
+  lu.assertEquals(cache:lengths(), m.lens)
+end
+
 function TestKVCache:test_append_attend_pages()
   for _, ps in ipairs({1, 3, 16}) do
     for _, dtype in ipairs(U.dtypes) do
