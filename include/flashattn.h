@@ -450,8 +450,8 @@ FA_API void fa_lua_set_file_access(struct lua_State *L, int allowed);
  * read through their strides, dq, dk, dv new tensors on the device; every
  * gradient element has one owner (no atomics): bit-identical from run to
  * run too; tile_q / tile_k are ignored (the kernels' own tiles); opts.kernel
- * names one of its kernels: "wgmma" (Hopper) and "mma" (f16/bf16, D = Dv =
- * 64 or 128), "simt" (any call on cuda). */
+ * names one of its kernels: "wgmma" (Hopper; f16/bf16, D = Dv = 64, 96 or
+ * 128), "mma" (f16/bf16, D = Dv = 64 or 128), "simt" (any call on cuda). */
 FA_API fa_status fa_attention_backward(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, fa_tensor *o,
                                        fa_tensor *lse, fa_tensor *dout, const fa_attention_opts *opts, fa_tensor **dq,
                                        fa_tensor **dk, fa_tensor **dv);

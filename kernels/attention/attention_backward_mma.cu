@@ -213,14 +213,15 @@ extern "C" fa_status fa_cuda_attention_backward_wgmma(fa_context *ctx, const fa_
                                                       const fa_attn_grads *g, const float *delta);
 
 /* Why the tensor-core kernel k (FA_KERNEL_WGMMA or FA_KERNEL_MMA) does not
- * take the call, or NULL: f16/bf16, D = Dv = 64 or 128, rows of q, k, v, o
+ * take the call, or NULL: f16/bf16, D = Dv = 64 or 128 (and 96 for wgmma), rows of q, k, v, o
  * and dout on 16 bytes (their cp.async copies), and for wgmma a Hopper GPU
  * with sm_90a code in this build. */
 extern "C" const char *fa_cuda_attention_backward_refuses(fa_attn_kernel k, const fa_attn_problem *p,
                                                            const fa_attn_grads *g) {
   const fa_attn_strides &ds = g->dout_st;
   if (p->compute != FA_F16 && p->compute != FA_BF16) return "it takes f16 or bf16 inputs";
-  if (p->D != p->Dv || (p->D != 64 && p->D != 128)) return "it takes D = Dv = 64 or 128";
+  if (p->D != p->Dv || (p->D != 64 && p->D != 128 && (k != FA_KERNEL_WGMMA || p->D != 96)))
+    return k == FA_KERNEL_WGMMA ? "it takes D = Dv = 64, 96 or 128" : "it takes D = Dv = 64 or 128";
   if (!attn_rows_aligned16(p) || ((uintptr_t)g->dout | (uint64_t)((ds.b | ds.h | ds.s) * 2)) % 16)
     return "it needs the rows of q, k, v, o and dout on 16 bytes";
   if (k == FA_KERNEL_WGMMA && !fa_cuda_wgmma_usable()) return "it needs a Hopper GPU (sm_90) and sm_90a code in this build";

@@ -1,5 +1,5 @@
 /* The backward pass on Hopper tensor cores (sm_90a) for f16 and bf16 at
- * D = Dv = 64 and 128: the schedule of attention_backward_mma.cu with
+ * D = Dv = 64, 96 (held as 128 wide) and 128: the schedule of attention_backward_mma.cu with
  * warpgroup MMA (wgmma), whose operands come straight from shared memory
  * (the layout of the forward's attention_wgmma.cu: 128-byte rows,
  * XOR-swizzled, one 64-column block after the other), so that a tile
@@ -26,6 +26,10 @@
 #define BWG_OWN(WGS) (64 * (WGS)) /* keys a dK/dV block, query rows a dQ block */
 #define BWG_WGS 1
 #define BWG_BR 64                 /* query rows a dK/dV tile */
+/* The width of the tiles in shared memory: D = 96 is held as 128 (whole
+ * 64-column swizzle blocks, as the forward's attention_wgmma.cu does), its
+ * last 32 columns zero, never stored. */
+#define BWG_PAD(D) ((D) == 96 ? 128 : (D))
 #define BWG_BC 64                 /* keys a dQ tile */
 
 /* The dynamic shared memory of each kernel (+ 1024: the swizzle wants
@@ -74,10 +78,10 @@ static __device__ __forceinline__ char *bwg_aligned(char *raw) {
 
 /* three blocks an SM at D = 64 without extras (168 registers, no spill):
  * 1.11-1.14x two (H200, 2026-11-27); the extras' instance spills there */
-template <typename T, int D, int WGS, bool EXTRAS>
-__global__ void __launch_bounds__(BWG_THREADS(WGS), WGS == 1 ? (D == 64 && !EXTRAS ? 3 : 2) : 1) bwg_dkdv_kernel(fa_attn_problem p, fa_attn_grads g, const float *delta) {
+template <typename T, int DG, int WGS, bool EXTRAS>
+__global__ void __launch_bounds__(BWG_THREADS(WGS), WGS == 1 ? (DG == 64 && !EXTRAS ? 3 : 2) : 1) bwg_dkdv_kernel(fa_attn_problem p, fa_attn_grads g, const float *delta) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int CH = D / 8, BR = BWG_BR, NC = BR / 8, QT = BR * D * 2; /* bytes of a Q or dO tile */
+  constexpr int D = BWG_PAD(DG), CH = D / 8, BR = BWG_BR, NC = BR / 8, QT = BR * D * 2; /* bytes of a Q or dO tile */
   constexpr int KEYS = BWG_OWN(WGS), THREADS = BWG_THREADS(WGS);
   extern __shared__ __align__(128) char bwg_raw[];
   __shared__ bwm_rows<BR> rows[2];
@@ -86,14 +90,14 @@ __global__ void __launch_bounds__(BWG_THREADS(WGS), WGS == 1 ? (D == 64 && !EXTR
   const int64_t ktiles = (p.Lk + KEYS - 1) / KEYS, blk = blockIdx.x;
   const int64_t bhk = blk / ktiles, j0 = blk % ktiles * KEYS, b = bhk / p.Hkv, hk = bhk % p.Hkv;
   const int64_t j1 = min(j0 + KEYS, p.Lk);
-  load_tile<T, D, KEYS, THREADS, true, false>(Ks, (const T *)p.k + attn_at(p.k_st, b, hk, 0), p.k_st.s, j0, p.Lk);
-  load_tile<T, D, KEYS, THREADS, true, false>(Vs, (const T *)p.v + attn_at(p.v_st, b, hk, 0), p.v_st.s, j0, p.Lk);
+  load_tile<T, D, KEYS, THREADS, true, false, DG>(Ks, (const T *)p.k + attn_at(p.k_st, b, hk, 0), p.k_st.s, j0, p.Lk);
+  load_tile<T, D, KEYS, THREADS, true, false, DG>(Vs, (const T *)p.v + attn_at(p.v_st, b, hk, 0), p.v_st.s, j0, p.Lk);
   const bwm_qtiles qt = bwm_qtiles_meeting(p, b, hk, j0, j1, BR);
   auto stage = [&](int64_t t, int s, bool *all) {
     const int64_t h = qt.head(t), i0 = qt.row(t, BR);
-    load_tile<T, D, BR, THREADS, true, false>(Qs + s * 2 * QT, (const T *)p.q + attn_at(p.q_st, b, h, 0), p.q_st.s,
+    load_tile<T, D, BR, THREADS, true, false, DG>(Qs + s * 2 * QT, (const T *)p.q + attn_at(p.q_st, b, h, 0), p.q_st.s,
                                                   i0, p.Lq);
-    load_tile<T, D, BR, THREADS, true, false>(Qs + s * 2 * QT + QT, (const T *)g.dout + attn_at(g.dout_st, b, h, 0),
+    load_tile<T, D, BR, THREADS, true, false, DG>(Qs + s * 2 * QT + QT, (const T *)g.dout + attn_at(g.dout_st, b, h, 0),
                                                   g.dout_st.s, i0, p.Lq);
     *all = true;
     if (tid < BR) bwm_row_load(p, delta, rows[s], b, h, i0, tid, j0, j1, all);
@@ -118,8 +122,8 @@ __global__ void __launch_bounds__(BWG_THREADS(WGS), WGS == 1 ? (D == 64 && !EXTR
     const uint32_t q_base = smem_addr(Qs + s * 2 * QT), do_base = q_base + QT;
     float sc[NC][4], dp[NC][4];
     wgmma_fence();
-    bwg_abt<T, D, BR, KEYS>(&sc[0][0], k_base, q_base);  /* Sᵀ = K·Qᵀ */
-    bwg_abt<T, D, BR, KEYS>(&dp[0][0], v_base, do_base); /* dPᵀ = V·dOᵀ */
+    bwg_abt<T, DG, BR, KEYS>(&sc[0][0], k_base, q_base);  /* Sᵀ = K·Qᵀ */
+    bwg_abt<T, DG, BR, KEYS>(&dp[0][0], v_base, do_base); /* dPᵀ = V·dOᵀ */
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_hold<BR / 2>(&sc[0][0]);
@@ -141,15 +145,15 @@ __global__ void __launch_bounds__(BWG_THREADS(WGS), WGS == 1 ? (D == 64 && !EXTR
   }
   cp_async_wait<0>(); /* no copy in flight at the exit (a block whose keys no row takes) */
   const int64_t r0 = (b * p.Hkv + hk) * p.Lk, j = j0 + warp * 16;
-  bwm_store<T, CH>((T *)g.dk + r0 * D, j, p.Lk, dk);
-  bwm_store<T, CH>((T *)g.dv + r0 * D, j, p.Lk, dv);
+  bwm_store<T, CH, DG>((T *)g.dk + r0 * DG, j, p.Lk, dk);
+  bwm_store<T, CH, DG>((T *)g.dv + r0 * DG, j, p.Lk, dv);
 #endif
 }
 
-template <typename T, int D, int WGS, bool EXTRAS>
+template <typename T, int DG, int WGS, bool EXTRAS>
 __global__ void __launch_bounds__(BWG_THREADS(WGS), WGS == 1 ? 2 : 1) bwg_dq_kernel(fa_attn_problem p, fa_attn_grads g, const float *delta) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int CH = D / 8, NC = BWG_BC / 8, KT = BWG_BC * D * 2; /* bytes of a K or V tile */
+  constexpr int D = BWG_PAD(DG), CH = D / 8, NC = BWG_BC / 8, KT = BWG_BC * D * 2; /* bytes of a K or V tile */
   constexpr int ROWS = BWG_OWN(WGS), THREADS = BWG_THREADS(WGS);
   extern __shared__ __align__(128) char bwg_raw[];
   __shared__ bwm_rows<ROWS> rows;
@@ -158,16 +162,16 @@ __global__ void __launch_bounds__(BWG_THREADS(WGS), WGS == 1 ? 2 : 1) bwg_dq_ker
   const int64_t qtiles = (p.Lq + ROWS - 1) / ROWS, blk = blockIdx.x;
   const int64_t bh = blk / qtiles, i0 = (qtiles - 1 - blk % qtiles) * ROWS; /* long causal tiles first */
   const int64_t b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv);
-  load_tile<T, D, ROWS, THREADS, true, false>(Qs, (const T *)p.q + attn_at(p.q_st, b, h, 0), p.q_st.s, i0, p.Lq);
-  load_tile<T, D, ROWS, THREADS, true, false>(dOs, (const T *)g.dout + attn_at(g.dout_st, b, h, 0),
+  load_tile<T, D, ROWS, THREADS, true, false, DG>(Qs, (const T *)p.q + attn_at(p.q_st, b, h, 0), p.q_st.s, i0, p.Lq);
+  load_tile<T, D, ROWS, THREADS, true, false, DG>(dOs, (const T *)g.dout + attn_at(g.dout_st, b, h, 0),
                                                       g.dout_st.s, i0, p.Lq);
   int64_t t_lo, t_hi;
   bwm_tile_keys(p, delta, rows, b, h, i0, &t_lo, &t_hi);
   const int64_t ntiles = (t_hi - t_lo + BWG_BC - 1) / BWG_BC;
   const T *k = (const T *)p.k + attn_at(p.k_st, b, hk, 0), *v = (const T *)p.v + attn_at(p.v_st, b, hk, 0);
   auto stage = [&](int64_t t, int s) {
-    load_tile<T, D, BWG_BC, THREADS, true, false>(Ks + s * 2 * KT, k, p.k_st.s, t_lo + t * BWG_BC, p.Lk);
-    load_tile<T, D, BWG_BC, THREADS, true, false>(Ks + s * 2 * KT + KT, v, p.v_st.s, t_lo + t * BWG_BC, p.Lk);
+    load_tile<T, D, BWG_BC, THREADS, true, false, DG>(Ks + s * 2 * KT, k, p.k_st.s, t_lo + t * BWG_BC, p.Lk);
+    load_tile<T, D, BWG_BC, THREADS, true, false, DG>(Ks + s * 2 * KT + KT, v, p.v_st.s, t_lo + t * BWG_BC, p.Lk);
   };
   if (ntiles > 0) stage(0, 0);
   cp_async_commit(); /* with Q and dO */
@@ -190,8 +194,8 @@ __global__ void __launch_bounds__(BWG_THREADS(WGS), WGS == 1 ? 2 : 1) bwg_dq_ker
     const uint32_t k_base = smem_addr(Ks + s * 2 * KT), v_base = k_base + KT;
     float sc[NC][4], dp[NC][4];
     wgmma_fence();
-    bwg_abt<T, D, BWG_BC, ROWS>(&sc[0][0], q_base, k_base);  /* S = Q·Kᵀ */
-    bwg_abt<T, D, BWG_BC, ROWS>(&dp[0][0], do_base, v_base); /* dP = dO·Vᵀ */
+    bwg_abt<T, DG, BWG_BC, ROWS>(&sc[0][0], q_base, k_base);  /* S = Q·Kᵀ */
+    bwg_abt<T, DG, BWG_BC, ROWS>(&dp[0][0], do_base, v_base); /* dP = dO·Vᵀ */
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_hold<BWG_BC / 2>(&sc[0][0]);
@@ -208,13 +212,13 @@ __global__ void __launch_bounds__(BWG_THREADS(WGS), WGS == 1 ? 2 : 1) bwg_dq_ker
     __syncthreads(); /* stage s is refilled by the next iteration */
   }
   cp_async_wait<0>();
-  bwm_store<T, CH>((T *)g.dq + bh * p.Lq * D, i0 + warp * 16, p.Lq, dq);
+  bwm_store<T, CH, DG>((T *)g.dq + bh * p.Lq * DG, i0 + warp * 16, p.Lq, dq);
 #endif
 }
 
 template <typename T, int D, int WGS, bool EXTRAS>
 static fa_status bwg_launch(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, const float *delta) {
-  const size_t smem_kv = bwg_smem_dkdv(D, WGS), smem_q = bwg_smem_dq(D, WGS);
+  const size_t smem_kv = bwg_smem_dkdv(BWG_PAD(D), WGS), smem_q = bwg_smem_dq(BWG_PAD(D), WGS);
   const int64_t kblocks = p->B * p->Hkv * ((p->Lk + BWG_OWN(WGS) - 1) / BWG_OWN(WGS));
   const int64_t qblocks = p->B * p->Hq * ((p->Lq + BWG_OWN(WGS) - 1) / BWG_OWN(WGS));
   fa_status st;
@@ -243,11 +247,15 @@ static fa_status bwg_typed(fa_context *ctx, const fa_attn_problem *p, const fa_a
   return bwg_launch<T, D, BWG_WGS, false>(ctx, p, g, delta);
 }
 
-/* f16/bf16, D = Dv = 64 or 128, rows on 16 bytes (the caller checked), on
- * a GPU where fa_cuda_wgmma_usable. */
+/* f16/bf16, D = Dv = 64, 96 or 128, rows on 16 bytes (the caller checked),
+ * on a GPU where fa_cuda_wgmma_usable. */
 extern "C" fa_status fa_cuda_attention_backward_wgmma(fa_context *ctx, const fa_attn_problem *p,
                                                       const fa_attn_grads *g, const float *delta) {
   if (p->compute == FA_F16)
-    return p->D == 64 ? bwg_typed<__half, 64>(ctx, p, g, delta) : bwg_typed<__half, 128>(ctx, p, g, delta);
-  return p->D == 64 ? bwg_typed<__nv_bfloat16, 64>(ctx, p, g, delta) : bwg_typed<__nv_bfloat16, 128>(ctx, p, g, delta);
+    return p->D == 64   ? bwg_typed<__half, 64>(ctx, p, g, delta)
+           : p->D == 96 ? bwg_typed<__half, 96>(ctx, p, g, delta)
+                        : bwg_typed<__half, 128>(ctx, p, g, delta);
+  return p->D == 64   ? bwg_typed<__nv_bfloat16, 64>(ctx, p, g, delta)
+         : p->D == 96 ? bwg_typed<__nv_bfloat16, 96>(ctx, p, g, delta)
+                      : bwg_typed<__nv_bfloat16, 128>(ctx, p, g, delta);
 }

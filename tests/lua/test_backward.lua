@@ -173,7 +173,8 @@ function TestBackward:test_head_dims()
       return {mask = fa.tensor(U.nested({66, 129}, function() return math.random() < 0.8 end), {device = dev}),
               scale = 0.1}
     end},
-    {96, 96, 2, 1, 40, 70, {causal = true}},
+    {96, 96, 2, 1, 40, 70, {causal = true}}, -- wgmma on Hopper (held as 128 wide), else simt
+    {96, 96, 2, 2, 130, 150, {alibi = {0.05, 0.02}, window = {60, 10}}},
     {40, 24, 2, 2, 33, 45, {}},
   }
   local dtypes = U.cuda and {"f16", "bf16", "f32"} or {"bf16", "f32"}
@@ -218,7 +219,7 @@ function TestBackward:test_kernels()
   check_backend("simt f32", q, k, v, dout, {kernel = "simt", causal = true}, "f32")
   local q48 = randn({1, 2, 10, 48}, "bf16", U.device)
   local o48, l48 = fa.attention(q48, q48, q48, {return_lse = true})
-  U.assert_fa_error({"wgmma", "D = Dv = 64 or 128"}, fa.attention_backward, q48, q48, q48, o48, l48, q48,
+  U.assert_fa_error({"wgmma", "D = Dv = 64, 96 or 128"}, fa.attention_backward, q48, q48, q48, o48, l48, q48,
                     {kernel = "wgmma"})
   local t64, hopper = randn({1, 1, 8, 64}, "bf16", U.device), false
   for _, name in ipairs(fa.kernels(t64, t64, t64)) do hopper = hopper or name == "wgmma" end -- the forward's Hopper kernel runs here
