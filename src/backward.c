@@ -131,9 +131,9 @@ static fa_status run_backward(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_te
   FA_NEED(ctx);
   fa_attn_dims d;
   fa_status st = fa_check_attention(ctx, q, k, v, opts, reference, &d);
-  fa_attn_kernel kernel;
+  fa_attn_kernel kernel = FA_KERNEL_AUTO;
   if (st || (st = fa_check_attention_backward(ctx, q, o, lse, dout, reference, &d)) ||
-      (st = bw_kernel(ctx, opts, &kernel)))
+      (!reference && (st = bw_kernel(ctx, opts, &kernel)))) /* the reference ignores opts.kernel */
     return st;
   if (!reference && d.device == FA_CUDA)
     return run_backward_cuda(ctx, q, k, v, o, lse, dout, opts, &d, kernel, dq, dk, dv);
