@@ -232,8 +232,8 @@ typedef struct {
    * ignores it. */
   int64_t splits;
   const char *kernel; /* NULL or "": the fastest kernel that accepts the call (API §6); a name that
-                         fa_attention_kernels lists picks that kernel.  fa_attention_reference ignores
-                         it; the backward on cuda runs its own kernel of that name ("wgmma", "mma",
+                         fa_attention_kernels lists picks that kernel.  The references (forward and
+                         backward) ignore it; the backward on cuda runs its own kernel of that name ("wgmma", "mma",
                          "simt"; FA_ERR_UNSUPPORTED when it does not take the call) and makes its own
                          choice for the forward's other names; a name no kernel has is FA_ERR_ARGUMENT. */
   /* Attention variants (API §9; docs/variants.md): expressions traced
