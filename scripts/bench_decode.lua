@@ -219,14 +219,6 @@ for _, Hkv in ipairs(HKVS) do
   end
 end
 
--- The host's wall clock in nanoseconds (GNU date); nil without it.
-local function wall_ns()
-  local p = io.popen("date +%s%N 2>/dev/null")
-  local text = p and p:read("a") or ""
-  if p then p:close() end
-  return math.tointeger(tonumber(text:match("^%s*(%d+)%s*$")))
-end
-
 -- The tiny call: what a call costs when there is almost nothing to read (the
 -- launches and the host's work; on cuda the timer's start event runs at once
 -- and its stop after the last kernel, so it is close to the wall figure
@@ -244,10 +236,10 @@ do
     -- wall: median of 3 loops, each less the cost of one clock read (a process start)
     local walls = {}
     for i = 1, 3 do
-      local a, b = wall_ns(), wall_ns()
-      local t0 = wall_ns()
+      local a, b = sweep.wall_ns(), sweep.wall_ns()
+      local t0 = sweep.wall_ns()
       loop(); fa.sync()
-      local t1 = wall_ns()
+      local t1 = sweep.wall_ns()
       if a and b and t0 and t1 then walls[i] = (t1 - t0) - (b - a) end
     end
     if #walls == 3 then

@@ -4,7 +4,10 @@
 -- one synchronisation at the end), against the same loop's attend alone on
 -- a cache that does not change.  bf16, D = 128, Hq = 32, Hkv = 8.
 -- Usage (GPU machine): build-gpu/flashattn-lua scripts/probe_kv_loop.lua [B] [prefill] [page_size] [steps]
+local root = (arg and arg[0] or ""):match("^(.*)/scripts/[^/]*$") or "."
+package.path = root .. "/lua/?.lua;" .. package.path
 local fa = require "flashattn"
+local sweep = require "flashattn.sweep"
 local B, prefill, ps, steps = tonumber(arg[1]) or 64, tonumber(arg[2]) or 4096, tonumber(arg[3]) or 16,
                               tonumber(arg[4]) or 1000
 local Hq, Hkv, D, dev = 32, 8, 128, "cuda"
@@ -16,13 +19,13 @@ local q, k1, v1 = r({ B, Hq, 1, D }, 3), r({ B, Hkv, 1, D }, 4), r({ B, Hkv, 1, 
 local function loop(append)
   for _ = 1, 5 do if append then cache:append(k1, v1) end; cache:attend(q):free() end -- warm
   fa.sync()
-  local start = io.popen and tonumber(io.popen("date +%s%N"):read("*l")) or 0
+  local start = sweep.wall_ns()
   for _ = 1, steps do
     if append then cache:append(k1, v1) end
     cache:attend(q):free()
   end
   fa.sync()
-  local stop = io.popen and tonumber(io.popen("date +%s%N"):read("*l")) or 0
+  local stop = sweep.wall_ns()
   return (stop - start) / 1e3 / steps
 end
 local with = loop(true)

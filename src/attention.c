@@ -17,8 +17,6 @@ void fa_attention_opts_init(fa_attention_opts *o) {
   o->window_left = o->window_right = -1;
 }
 
-typedef fa_attn_buffers attn_buffers;
-
 void fa_attn_buffers_drop(fa_attn_buffers *b) {
   fa_tensor_drop(&b->q);
   fa_tensor_drop(&b->k);
@@ -30,7 +28,6 @@ void fa_attn_buffers_drop(fa_attn_buffers *b) {
   fa_cuda_free(b->alibi, b->alibi_bytes);
   b->kv_lens = b->alibi = NULL;
 }
-static void buffers_drop(attn_buffers *b) { fa_attn_buffers_drop(b); }
 
 /* The options every backend reads the same way: shapes, scale, softcap,
  * causal alignment, window, the compute dtype (p is cleared first).  Every
@@ -71,7 +68,7 @@ void fa_attn_attach_mask(fa_attn_problem *p, const fa_tensor *m, fa_tensor *buf)
  * which takes them the same way. */
 static void row_strides(const fa_tensor *t, int inner, fa_attn_strides *st);
 static int readable_in_place(const fa_tensor *t, fa_attn_strides *st);
-static int writable_in_place(const fa_tensor *t, int inner, const attn_buffers *b, const fa_tensor *other);
+static int writable_in_place(const fa_tensor *t, int inner, const fa_attn_buffers *b, const fa_tensor *other);
 
 /* t itself (retained; *st its strides) when the CPU kernels read it where
  * it lies: a host tensor of the compute dtype, readable in place, its row
@@ -90,7 +87,7 @@ static fa_status cpu_operand(fa_context *ctx, fa_tensor *t, fa_dtype compute, fa
 /* Whether the CPU kernels write the caller's output t (dtype dt; inner and
  * other as for writable_in_place) where it lies, its row stride an int as
  * for the inputs; then *st its strides (else *st is left dense). */
-static int cpu_output_in_place(const fa_tensor *t, fa_dtype dt, int inner, const attn_buffers *b,
+static int cpu_output_in_place(const fa_tensor *t, fa_dtype dt, int inner, const fa_attn_buffers *b,
                                const fa_tensor *other, fa_attn_strides *st) {
   fa_attn_strides here;
   if (!t || t->storage->device != FA_CPU || t->dtype != dt || !writable_in_place(t, inner, b, other)) return 0;
@@ -103,7 +100,7 @@ static int cpu_output_in_place(const fa_tensor *t, fa_dtype dt, int inner, const
 /* Fills p from dims and opts; the inputs are read where they lie, or from
  * contiguous host copies in the compute dtype (cpu_operand). */
 static fa_status build_problem(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
-                               const fa_attn_dims *d, fa_dtype compute, fa_attn_problem *p, attn_buffers *bufs) {
+                               const fa_attn_dims *d, fa_dtype compute, fa_attn_problem *p, fa_attn_buffers *bufs) {
   fa_attn_resolve_options(o, d, compute, p);
   p->kv_lens = o->kv_lens;
   p->alibi = o->alibi;
@@ -127,7 +124,7 @@ static fa_status build_problem(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
 /* Whether t shares storage with any input buffer (then the kernels must
  * not write into it while they read the inputs).  The buffers are the
  * caller's tensors themselves where they are read in place. */
-static int shares_input(const fa_tensor *t, const attn_buffers *b) {
+static int shares_input(const fa_tensor *t, const fa_attn_buffers *b) {
   const fa_tensor *in[4] = {b->q, b->k, b->v, b->mask};
   for (int i = 0; i < 4; i++)
     if (in[i] && in[i]->storage == t->storage) return 1;
@@ -141,7 +138,7 @@ static int shares_input(const fa_tensor *t, const attn_buffers *b) {
  * temporaries copied out later. */
 static fa_status prepare_outputs(fa_context *ctx, const fa_attention_opts *o, const fa_attn_dims *d, fa_dtype compute,
                                  int want_lse, fa_tensor *out, fa_tensor *lse_out, fa_dtype lse_dtype,
-                                 fa_attn_problem *p, attn_buffers *bufs) {
+                                 fa_attn_problem *p, fa_attn_buffers *bufs) {
   int64_t shape[4] = {d->B, d->Hq, d->Lq, d->Dv};
   fa_status st;
   if (cpu_output_in_place(out, compute, 1, bufs, NULL, &p->o_st)) {
@@ -279,7 +276,7 @@ fa_status fa_attn_operand_on_device(fa_context *ctx, fa_tensor *t, fa_tensor **b
  * with a contiguous last dimension (inner = 1; lse: inner = 0), no two
  * elements in one place, sharing no storage with an input or with
  * `other` (the other output). */
-static int writable_in_place(const fa_tensor *t, int inner, const attn_buffers *b, const fa_tensor *other) {
+static int writable_in_place(const fa_tensor *t, int inner, const fa_attn_buffers *b, const fa_tensor *other) {
   const int64_t X = inner ? t->shape[t->ndim - 1] : 1;
   if (inner && X > 1 && t->strides[t->ndim - 1] != 1) return 0;
   return fa_tensor_injective(t) && !shares_input(t, b) && !(other && other->storage == t->storage);
@@ -299,7 +296,7 @@ static fa_status upload(fa_context *ctx, const void *host, size_t bytes, void **
  * where the kernels can write them (API §6: their strides), else fresh
  * dense buffers; p->o, p->lse and their strides point at them. */
 static fa_status cuda_outputs(fa_context *ctx, const fa_attention_opts *o, const fa_attn_dims *d, int want_lse,
-                              attn_buffers *bufs, fa_attn_problem *p) {
+                              fa_attn_buffers *bufs, fa_attn_problem *p) {
   int64_t oshape[4] = {d->B, d->Hq, d->Lq, d->Dv};
   fa_tensor *uo = o->out, *ul = o->lse_out;
   fa_status st;
@@ -327,7 +324,7 @@ static fa_status cuda_outputs(fa_context *ctx, const fa_attention_opts *o, const
 }
 
 /* No keys: zeros and lse = -inf. */
-static fa_status cuda_fill_empty(fa_context *ctx, attn_buffers *bufs, int want_lse) {
+static fa_status cuda_fill_empty(fa_context *ctx, fa_attn_buffers *bufs, int want_lse) {
   fa_status st = fa_tensor_fill(ctx, bufs->o, 0);
   if (!st && want_lse) st = fa_tensor_fill(ctx, bufs->lse, -INFINITY);
   return st;
@@ -365,7 +362,7 @@ fa_status fa_attn_cuda_inputs(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_te
 /* decode: the decode kernel takes the call (fa_attn_decode_takes). */
 static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
                           const fa_attn_dims *d, int decode, int want_lse, fa_tensor **out, fa_tensor **lse) {
-  attn_buffers bufs = {0};
+  fa_attn_buffers bufs = {0};
   fa_attn_problem p;
   fa_attn_resolve_options(o, d, d->dtype, &p);
   /* defaults: the tile of the fastest kernel that takes the call, or of
@@ -400,13 +397,13 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
   st = fa_attn_deliver(ctx, q, d->rank, d->Dv, bufs.o, want_lse ? bufs.lse : NULL, o->out, o->lse_out, d->dtype, FA_F32,
                        FA_CUDA, out, lse);
 done:
-  buffers_drop(&bufs);
+  fa_attn_buffers_drop(&bufs);
   return st;
 }
 
 fa_status fa_attention_paged(fa_context *ctx, fa_tensor *q, const fa_attn_paged_kv *kv, const fa_attention_opts *o,
                              const fa_attn_dims *d, fa_tensor **out, fa_tensor **lse) {
-  attn_buffers bufs = {0};
+  fa_attn_buffers bufs = {0};
   fa_attn_problem p;
   void *alibi = NULL;
   const size_t alibi_bytes = sizeof(double) * (size_t)d->Hq;
@@ -435,7 +432,7 @@ fa_status fa_attention_paged(fa_context *ctx, fa_tensor *q, const fa_attn_paged_
                          FA_CUDA, out, lse);
 done:
   fa_cuda_free(alibi, alibi_bytes);
-  buffers_drop(&bufs);
+  fa_attn_buffers_drop(&bufs);
   return st;
 }
 
@@ -463,7 +460,7 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   if (!reference && d.device == FA_CUDA) return run_cuda(ctx, q, k, v, o, &d, decode, want_lse, out, lse);
   fa_dtype compute = reference || d.dtype == FA_F64 ? FA_F64 : FA_F32;
   fa_tensor *user_out = reference ? NULL : o->out, *user_lse = reference ? NULL : o->lse_out;
-  attn_buffers bufs = {0};
+  fa_attn_buffers bufs = {0};
   fa_attn_problem p;
   if ((st = build_problem(ctx, q, k, v, o, &d, compute, &p, &bufs)) ||
       (st = prepare_outputs(ctx, o, &d, compute, want_lse, user_out, user_lse, reference ? FA_F64 : FA_F32, &p,
@@ -488,7 +485,7 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   st = fa_attn_deliver(ctx, q, d.rank, d.Dv, bufs.o, want_lse ? bufs.lse : NULL, user_out, user_lse,
                        reference ? FA_F64 : d.dtype, reference ? FA_F64 : FA_F32, dev, out, lse);
 done:
-  buffers_drop(&bufs);
+  fa_attn_buffers_drop(&bufs);
   return st;
 }
 

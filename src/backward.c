@@ -38,10 +38,18 @@ static fa_status bw_deliver(fa_context *ctx, fa_tensor *buf, const fa_tensor *li
   return st;
 }
 
-static fa_status bw_zeros(fa_context *ctx, int64_t a, int64_t b, int64_t c, int64_t e, fa_dtype dt, fa_tensor **t) {
-  const int64_t shape[4] = {a, b, c, e};
-  fa_status st = fa_tensor_new(ctx, 4, shape, dt, FA_CPU, t);
-  if (!st && a * b * c * e > 0) memset(fa_tensor_ptr(*t), 0, (size_t)(a * b * c * e) * fa_dtype_size(dt));
+/* The gradients' buffers dq (B, Hq, Lq, D), dk (B, Hkv, Lk, D) and dv
+ * (B, Hkv, Lk, Dv) of dtype dt on dev into g[0..2]: zeros on the CPU (its
+ * kernels add into them), uninitialised on cuda (its kernels write every
+ * element). */
+static fa_status bw_buffers(fa_context *ctx, const fa_attn_dims *d, fa_dtype dt, fa_device dev, fa_tensor **g) {
+  const int64_t shapes[3][4] = {{d->B, d->Hq, d->Lq, d->D}, {d->B, d->Hkv, d->Lk, d->D}, {d->B, d->Hkv, d->Lk, d->Dv}};
+  fa_status st = FA_OK;
+  for (int i = 0; i < 3 && !st; i++) {
+    const int64_t n = fa_numel_of(4, shapes[i]);
+    st = fa_tensor_new(ctx, 4, shapes[i], dt, dev, &g[i]);
+    if (!st && dev == FA_CPU && n > 0) memset(fa_tensor_ptr(g[i]), 0, (size_t)n * fa_dtype_size(dt));
+  }
   return st;
 }
 
@@ -58,12 +66,6 @@ static fa_status bw_kernel(fa_context *ctx, const fa_attention_opts *o, fa_attn_
                    o->kernel);
   if (*k != FA_KERNEL_WGMMA && *k != FA_KERNEL_MMA && *k != FA_KERNEL_SIMT) *k = FA_KERNEL_AUTO;
   return FA_OK;
-}
-
-/* A new (a, b, c, e) tensor of dtype on cuda. */
-static fa_status bw_cuda_new(fa_context *ctx, int64_t a, int64_t b, int64_t c, int64_t e, fa_dtype dt, fa_tensor **t) {
-  const int64_t shape[4] = {a, b, c, e};
-  return fa_tensor_new(ctx, 4, shape, dt, FA_CUDA, t);
 }
 
 /* The CUDA backward: q, k, v, o and dout read where they lie (copies where
@@ -91,10 +93,7 @@ static fa_status run_backward_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, 
     goto done;
   p.o = fa_tensor_ptr(ob), p.lse = fa_tensor_ptr(lb);
   p.lse_st = fa_attn_strides_dense(d->Hq, d->Lq, 1);
-  if ((st = bw_cuda_new(ctx, d->B, d->Hq, d->Lq, d->D, d->dtype, &g[0])) ||
-      (st = bw_cuda_new(ctx, d->B, d->Hkv, d->Lk, d->D, d->dtype, &g[1])) ||
-      (st = bw_cuda_new(ctx, d->B, d->Hkv, d->Lk, d->Dv, d->dtype, &g[2])))
-    goto done;
+  if ((st = bw_buffers(ctx, d, d->dtype, FA_CUDA, g))) goto done;
   gr.dout = fa_tensor_ptr(db);
   gr.dq = fa_tensor_ptr(g[0]), gr.dk = fa_tensor_ptr(g[1]), gr.dv = fa_tensor_ptr(g[2]);
   if ((st = fa_cuda_attention_backward(ctx, kernel, &p, &gr))) goto done;
@@ -150,10 +149,7 @@ static fa_status run_backward(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_te
     if ((st = fa_tensor_cpu_contiguous(ctx, m, m->dtype == FA_BOOL ? FA_BOOL : compute, &t[BW_MASK]))) goto done;
     fa_attn_attach_mask(&p, m, t[BW_MASK]);
   }
-  if ((st = bw_zeros(ctx, d.B, d.Hq, d.Lq, d.D, compute, &t[BW_DQ])) ||
-      (st = bw_zeros(ctx, d.B, d.Hkv, d.Lk, d.D, compute, &t[BW_DK])) ||
-      (st = bw_zeros(ctx, d.B, d.Hkv, d.Lk, d.Dv, compute, &t[BW_DV])))
-    goto done;
+  if ((st = bw_buffers(ctx, &d, compute, FA_CPU, &t[BW_DQ]))) goto done; /* BW_DQ, BW_DK, BW_DV in turn */
   fa_attn_backward g = {&p,
                         fa_tensor_ptr(t[BW_O]),
                         fa_tensor_ptr(t[BW_DOUT]),

@@ -231,15 +231,16 @@ int fa_cuda_available(void);
 fa_status fa_cuda_device_info(fa_context *ctx, fa_device_info_t *out);
 fa_status fa_cuda_malloc(fa_context *ctx, void **p, size_t nbytes);
 void fa_cuda_free(void *p, size_t nbytes);
-typedef enum { FA_COPY_H2D, FA_COPY_D2H, FA_COPY_D2D } fa_copy_kind;
+/* FA_COPY_H2D_PINNED: from pinned memory (fa_cuda_host_alloc), without
+ * waiting: the source must stay as it is until the stream has passed the
+ * copy (record an event after it and wait for that before writing it). */
+typedef enum { FA_COPY_H2D, FA_COPY_D2H, FA_COPY_D2D, FA_COPY_H2D_PINNED } fa_copy_kind;
 fa_status fa_cuda_memcpy(fa_context *ctx, void *dst, const void *src, size_t nbytes, fa_copy_kind kind);
 fa_status fa_cuda_sync(fa_context *ctx);
-/* Pinned host memory, and host-to-device copies from it that do not wait
- * (src unchanged until the stream has passed the copy: record an event
- * after it and wait for that before writing src again). */
+/* Pinned host memory (the source of FA_COPY_H2D_PINNED copies), and events
+ * to know when such a copy has left it. */
 fa_status fa_cuda_host_alloc(fa_context *ctx, void **p, size_t nbytes);
 void fa_cuda_host_free(void *p, size_t nbytes);
-fa_status fa_cuda_upload(fa_context *ctx, void *dst, const void *src, size_t nbytes);
 fa_status fa_cuda_event_new(fa_context *ctx, void **ev);
 void fa_cuda_event_free(void *ev);
 fa_status fa_cuda_event_record(fa_context *ctx, void *ev);

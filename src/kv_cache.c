@@ -9,9 +9,10 @@
  * and resets (the changed entries, without waiting for the device).
  * append on cuda copies every sequence's new positions in one launch a
  * pool (fa_cuda_kv_scatter) when k and v have the cache's dtype and
- * contiguous rows, else by a copy per sequence and page.  Elsewhere (the cpu, other calls) each sequence's pages are
- * gathered into contiguous K/V and fa_attention runs per sequence.  Both
- * align causal, window and alibi to each sequence's own length. */
+ * contiguous rows, else by a copy per sequence and page.  Elsewhere (the
+ * cpu, other calls) each sequence's pages are gathered into contiguous K/V
+ * and fa_attention runs per sequence.  Both align causal, window and alibi
+ * to each sequence's own length. */
 #include "attn_kernels.h"
 #include "check.h"
 #include "splits.h"
@@ -65,10 +66,7 @@ static size_t cache_host_bytes(int64_t B, int64_t max_pages, int64_t pages) {
 
 void fa_kv_cache_destroy(fa_kv_cache *c) {
   if (!c) return;
-  if (c->uploaded && c->h_table) { /* no copy from the mirrors may be in flight when they go */
-    fa_context *none = NULL;
-    (void)fa_cuda_event_wait(none, c->uploaded);
-  }
+  if (c->uploaded) (void)fa_cuda_event_wait(NULL, c->uploaded); /* no copy may be leaving the mirrors as they go */
   fa_cuda_event_free(c->uploaded);
   fa_cuda_host_free(c->h_table, dev_table_bytes(c));
   fa_cuda_host_free(c->h_lens, sizeof(int64_t) * (size_t)c->B);
@@ -203,6 +201,13 @@ static fa_status check_kv_operand(fa_context *ctx, const fa_kv_cache *c, const f
   return FA_OK;
 }
 
+/* The first run of sequence b's positions [pos, pos + count) that lies in
+ * one page: its page and row offset there; returns its length. */
+static int64_t page_run(const fa_kv_cache *c, int64_t b, int64_t pos, int64_t count, int64_t *page, int64_t *off) {
+  *page = c->table[b * c->max_pages + pos / c->page_size], *off = pos % c->page_size;
+  return count < c->page_size - *off ? count : c->page_size - *off;
+}
+
 /* Copies positions [from, from + count) of sequence b of src (B, H, n, X)
  * into the pool at the sequence's positions [pos, pos + count); the pages
  * are already in the table. */
@@ -212,8 +217,8 @@ static fa_status copy_into_pages(fa_context *ctx, const fa_kv_cache *c, fa_tenso
   fa_tensor *sb = NULL;
   if ((st = fa_tensor_select(ctx, src, 0, b, &sb))) return st; /* (H, n, X) */
   while (count > 0 && !st) {
-    const int64_t page = c->table[b * c->max_pages + pos / c->page_size], off = pos % c->page_size;
-    const int64_t m = count < c->page_size - off ? count : c->page_size - off;
+    int64_t page, off;
+    const int64_t m = page_run(c, b, pos, count, &page, &off);
     fa_tensor *pg = NULL, *dst = NULL, *s = NULL;
     if (!(st = fa_tensor_select(ctx, pool, 0, page, &pg)) && !(st = fa_tensor_narrow(ctx, pg, 1, off, m, &dst)) &&
         !(st = fa_tensor_narrow(ctx, sb, 1, from, m, &s)))
@@ -244,9 +249,9 @@ static fa_status scatter_into_pages(fa_context *ctx, const fa_kv_cache *c, fa_te
   for (int64_t b = 0; b < c->B && !st; b++) {
     int64_t pos = c->lens[b], from = 0, count = lens ? lens[b] : n;
     while (count > 0 && !st) {
-      const int64_t off = pos % c->page_size, m = count < c->page_size - off ? count : c->page_size - off;
-      s.seg[s.n++] = (fa_kv_segment){(int32_t)b, (int32_t)from, (int32_t)c->table[b * c->max_pages + pos / c->page_size],
-                                     (int32_t)off, (int32_t)m};
+      int64_t page, off;
+      const int64_t m = page_run(c, b, pos, count, &page, &off);
+      s.seg[s.n++] = (fa_kv_segment){(int32_t)b, (int32_t)from, (int32_t)page, (int32_t)off, (int32_t)m};
       pos += m, from += m, count -= m;
       if (s.n == FA_KV_SEGMENTS) { /* a full batch */
         if (!(st = fa_cuda_kv_scatter(ctx, &s, c->kpool, k))) st = fa_cuda_kv_scatter(ctx, &s, c->vpool, v);
@@ -402,8 +407,10 @@ static fa_status sync_device_table(fa_context *ctx, fa_kv_cache *c) {
   const int64_t lo = c->dirty_lo, hi = c->dirty_hi;
   for (int64_t i = lo; i < hi; i++) c->h_table[i] = (int32_t)c->table[i];
   memcpy(c->h_lens, c->lens, lb);
-  if ((st = fa_cuda_upload(ctx, c->dev_table + lo, c->h_table + lo, sizeof(int32_t) * (size_t)(hi > lo ? hi - lo : 0))) ||
-      (st = fa_cuda_upload(ctx, c->dev_lens, c->h_lens, lb)) || (st = fa_cuda_event_record(ctx, c->uploaded)))
+  if ((st = fa_cuda_memcpy(ctx, c->dev_table + lo, c->h_table + lo, sizeof(int32_t) * (size_t)(hi > lo ? hi - lo : 0),
+                           FA_COPY_H2D_PINNED)) ||
+      (st = fa_cuda_memcpy(ctx, c->dev_lens, c->h_lens, lb, FA_COPY_H2D_PINNED)) ||
+      (st = fa_cuda_event_record(ctx, c->uploaded)))
     return st; /* still stale: the next attend copies again */
   c->dirty_lo = c->dirty_hi = 0, c->dev_stale = 0;
   return FA_OK;

@@ -3,9 +3,10 @@
  *
  * Three launches: delta_i = rowsum(dO_i ∘ O_i) for every query row; then
  * dK and dV by key tile (a block owns BW_BC keys of one (batch, KV head)
- * and walks every query tile of every query head that shares that KV head,
- * so GQA's sums stay in the block); then dQ by query tile (a block owns
- * BW_BR rows of one (batch, head) and walks the key tiles of their range).
+ * and walks the query rows that meet them in every query head that shares
+ * that KV head, so GQA's sums stay in the block); then dQ by query tile (a
+ * block owns BW_BR rows of one (batch, head) and walks the key tiles of
+ * their range).
  * Both recompute S = Q·Kᵀ and dP = dO·Vᵀ, P = exp(s - lse) with the
  * forward's own score rule (attn_score) and dS = P ∘ (dP - delta) times
  * the rule's derivative.  Each gradient element has one owner that adds
@@ -13,7 +14,7 @@
  * (opts.deterministic holds by construction).  This is the kernel for
  * every dtype and head dim up to 256; the tensor-core kernels
  * (attention_backward_wgmma.cu on Hopper, attention_backward_mma.cu) take
- * f16/bf16 at D = Dv = 64 and 128.  opts.kernel names one of the three
+ * f16/bf16 at D = Dv = 64 and 128 (and 96 on Hopper).  opts.kernel names one of the three
  * ("wgmma", "mma", "simt"); else the fastest that takes the call runs. */
 #include "attention_backward_common.cuh"
 
@@ -62,10 +63,8 @@ __global__ void __launch_bounds__(BW_THREADS) bw_delta_kernel(fa_attn_problem p,
 template <typename T> static fa_status bw_delta(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g,
                                                 float *delta) {
   const int64_t rows = p->B * p->Hq * p->Lq;
-  const fa_attn_strides &os = p->o_st, &ds = g->dout_st;
   const int64_t es = (int64_t)sizeof(T), V = 16 / es;
-  const bool vec = p->Dv % V == 0 && ((uintptr_t)p->o | (uintptr_t)g->dout | (uint64_t)((os.b | os.h | os.s) * es) |
-                                      (uint64_t)((ds.b | ds.h | ds.s) * es)) % 16 == 0;
+  const bool vec = p->Dv % V == 0 && attn_rows_on16(p->o, p->o_st, es) && attn_rows_on16(g->dout, g->dout_st, es);
   const int64_t chunks = vec ? p->Dv / V : p->Dv;
   int lpr = 1;
   while (lpr < 32 && lpr < chunks) lpr *= 2;

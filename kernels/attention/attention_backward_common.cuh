@@ -9,6 +9,12 @@
 
 #include "attention_frag.cuh"
 
+/* N accumulator chunks of 8 columns (16 rows a warp) set to zero. */
+template <int N> static __device__ __forceinline__ void bwm_zero(float (*acc)[4]) {
+#pragma unroll
+  for (int n = 0; n < N; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+}
+
 /* What a block knows of the query rows of its tile (index in the tile):
  * key range, lse (natural and base-2), delta. */
 template <int R> struct bwm_rows {
@@ -42,8 +48,9 @@ static __device__ __forceinline__ bool bwm_row_load(const fa_attn_problem &p, co
  * Entry (row, col) is query i0 + qi, key j0 + kj with qi, kj its row or
  * column plus qoff or koff.  full: every query of the tile takes every key
  * of it (and the rule has no extras: then it is the scale alone).  EXTRAS:
- * the instance with the whole score rule (attn_score: masks, alibi,
- * softcap); without, a tile that is not full only tests the key ranges. */
+ * the instance with the whole score rule (masks, alibi, softcap: the
+ * forward's score_rule steps); without, a tile that is not full only tests
+ * the key ranges. */
 template <bool KEY_ROWS, int NC, int R, bool EXTRAS>
 static __device__ __forceinline__ void bwm_probs(const fa_attn_problem &p, int64_t b, int64_t h, int64_t i0,
                                                  int64_t j0, int qoff, int koff, const bwm_rows<R> &rows, bool full,
@@ -66,11 +73,14 @@ static __device__ __forceinline__ void bwm_probs(const fa_attn_problem &p, int64
       }
     return;
   }
-  /* the rule of API §2 in the forward's order (attn_score's), its per-tile
-   * parts taken once: the head's alibi slope, the mask at (b, h), softcap's
-   * 1/c; per score the key range, the bool mask, scale, softcap (tanh from
-   * one exp2: attn_score's per score, with 64-bit offsets and the slope
-   * loaded each time, ran the extras at 2.3-6.5x the plain call's time) */
+  /* the rule of API §2 in the forward's order (attn_score's steps), its
+   * per-tile parts taken once: the head's alibi slope, the mask of (b, h),
+   * softcap's c and 1/c as score_rule_at takes them; per score the key
+   * range, the bool mask, scale, softcap (tanh from one exp2, its value and
+   * derivative), alibi, the float mask.  attn_score a score, with 64-bit
+   * offsets and the slope loaded each time, ran the extras at 2.3-6.5x the
+   * plain call's time.  (A score_rule built here instead of these locals
+   * made the D = 128 dK/dV wgmma instance spill 76 bytes.) */
   const float slope = EXTRAS && p.alibi ? (float)p.alibi[h] : 0.f, off = (float)(p.Lk - p.Lq);
   const float cap = EXTRAS ? (float)p.softcap : 0.f, inv_cap = cap > 0.f ? (float)(1.0 / p.softcap) : 0.f;
   const int64_t *ms = p.mask_strides, mo = b * ms[0] + h * ms[1];
@@ -92,7 +102,7 @@ static __device__ __forceinline__ void bwm_probs(const fa_attn_problem &p, int64
           const float t = 1.f - __fdividef(2.f, exp2_approx(sc * inv_cap * (2.f * FA_LOG2E)) + 1.f); /* tanh */
           sc = cap * t, chain = scale * (1.f - t * t);
         }
-        if (slope != 0.f) sc = fmaf(-slope, fabsf((float)i + off - (float)j), sc);
+        if (slope != 0.f) sc = fmaf(-slope, fabsf((float)i + off - (float)j), sc); /* rule_alibi's, exact below 2^24 */
         if (mf && takes) sc += mf[at];
         takes = takes && sc != -INFINITY;
         pr = takes ? exp2_approx((sc - rows.lse[qi]) * FA_LOG2E) : 0.f;

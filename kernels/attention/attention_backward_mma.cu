@@ -94,10 +94,7 @@ __global__ void __launch_bounds__(BWM_THREADS) bwm_dkdv_kernel(fa_attn_problem p
   if (qt.count > 0) stage(0, 0, &all_next);
   cp_async_commit();
   float dk[CH][4], dv[CH][4];
-#pragma unroll
-  for (int d = 0; d < CH; d++)
-#pragma unroll
-    for (int e = 0; e < 4; e++) dk[d][e] = dv[d][e] = 0.f;
+  bwm_zero<CH>(dk), bwm_zero<CH>(dv);
   for (int64_t t = 0; t < qt.count; t++) {
     const int s = (int)(t & 1);
     const bool all = all_next;
@@ -107,10 +104,7 @@ __global__ void __launch_bounds__(BWM_THREADS) bwm_dkdv_kernel(fa_attn_problem p
     const bool full = __syncthreads_and(all) && !EXTRAS && j1 - j0 == BWM_BC; /* this tile's copies and rows are in */
     const char *Qt = Qs + s * 2 * QT, *dOt = Qt + QT;
     float sc[NC][4], dp[NC][4];
-#pragma unroll
-    for (int n = 0; n < NC; n++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) sc[n][e] = dp[n][e] = 0.f;
+    bwm_zero<NC>(sc), bwm_zero<NC>(dp);
     bwm_gemm_abt<T, CH, NC>(sc, Ks, warp * 16, Qt);  /* Sᵀ = K·Qᵀ */
     bwm_gemm_abt<T, CH, NC>(dp, Vs, warp * 16, dOt); /* dPᵀ = V·dOᵀ */
     bwm_probs<true, NC, BR, EXTRAS>(p, b, qt.head(t), qt.row(t, BR), j0, 0, warp * 16, rows[s], full, sc, dp);
@@ -148,10 +142,7 @@ __global__ void __launch_bounds__(BWM_THREADS) bwm_dq_kernel(fa_attn_problem p, 
   if (ntiles > 0) stage(0, 0);
   cp_async_commit(); /* with Q and dO */
   float dq[CH][4];
-#pragma unroll
-  for (int d = 0; d < CH; d++)
-#pragma unroll
-    for (int e = 0; e < 4; e++) dq[d][e] = 0.f;
+  bwm_zero<CH>(dq);
   for (int64_t t = 0; t < ntiles; t++) {
     const int s = (int)(t & 1);
     const int64_t j0 = t_lo + t * BWM_BC;
@@ -163,10 +154,7 @@ __global__ void __launch_bounds__(BWM_THREADS) bwm_dq_kernel(fa_attn_problem p, 
     const bool full = __syncthreads_and(all) && !EXTRAS; /* this tile's copies are in */
     const char *Kt = Ks + s * 2 * KT, *Vt = Kt + KT;
     float sc[NC][4], dp[NC][4];
-#pragma unroll
-    for (int n = 0; n < NC; n++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) sc[n][e] = dp[n][e] = 0.f;
+    bwm_zero<NC>(sc), bwm_zero<NC>(dp);
     bwm_gemm_abt<T, CH, NC>(sc, Qs, warp * 16, Kt);  /* S = Q·Kᵀ */
     bwm_gemm_abt<T, CH, NC>(dp, dOs, warp * 16, Vt); /* dP = dO·Vᵀ */
     bwm_probs<false, NC, BWM_BQ, EXTRAS>(p, b, h, i0, j0, warp * 16, 0, rows, full, sc, dp);
@@ -218,11 +206,10 @@ extern "C" fa_status fa_cuda_attention_backward_wgmma(fa_context *ctx, const fa_
  * with sm_90a code in this build. */
 extern "C" const char *fa_cuda_attention_backward_refuses(fa_attn_kernel k, const fa_attn_problem *p,
                                                            const fa_attn_grads *g) {
-  const fa_attn_strides &ds = g->dout_st;
   if (p->compute != FA_F16 && p->compute != FA_BF16) return "it takes f16 or bf16 inputs";
   if (p->D != p->Dv || (p->D != 64 && p->D != 128 && (k != FA_KERNEL_WGMMA || p->D != 96)))
     return k == FA_KERNEL_WGMMA ? "it takes D = Dv = 64, 96 or 128" : "it takes D = Dv = 64 or 128";
-  if (!attn_rows_aligned16(p) || ((uintptr_t)g->dout | (uint64_t)((ds.b | ds.h | ds.s) * 2)) % 16)
+  if (!attn_rows_aligned16(p) || !attn_rows_on16(g->dout, g->dout_st, 2))
     return "it needs the rows of q, k, v, o and dout on 16 bytes";
   if (k == FA_KERNEL_WGMMA && !fa_cuda_wgmma_usable()) return "it needs a Hopper GPU (sm_90) and sm_90a code in this build";
   return NULL;

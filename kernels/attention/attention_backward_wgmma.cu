@@ -22,20 +22,19 @@
  * (bf16 on an H200, 2026-11-27): the blocks of one warpgroup do not meet
  * at barriers, so one's softmax runs while the other's products are on the
  * tensor cores. */
-#define BWG_THREADS(WGS) (128 * (WGS))
-#define BWG_OWN(WGS) (64 * (WGS)) /* keys a dK/dV block, query rows a dQ block */
-#define BWG_WGS 1
-#define BWG_BR 64                 /* query rows a dK/dV tile */
+#define BWG_THREADS 128 /* one warpgroup */
+#define BWG_OWN 64      /* keys a dK/dV block, query rows a dQ block */
+#define BWG_BR 64       /* query rows a dK/dV tile */
 /* The width of the tiles in shared memory: D = 96 is held as 128 (whole
  * 64-column swizzle blocks, as the forward's attention_wgmma.cu does), its
  * last 32 columns zero, never stored. */
 #define BWG_PAD(D) ((D) == 96 ? 128 : (D))
-#define BWG_BC 64                 /* keys a dQ tile */
+#define BWG_BC 64       /* keys a dQ tile */
 
 /* The dynamic shared memory of each kernel (+ 1024: the swizzle wants
  * 1024-byte aligned tiles). */
-static size_t bwg_smem_dkdv(int D, int WGS) { return (size_t)(2 * BWG_OWN(WGS) + 4 * BWG_BR) * D * 2 + 1024; }
-static size_t bwg_smem_dq(int D, int WGS) { return (size_t)(2 * BWG_OWN(WGS) + 4 * BWG_BC) * D * 2 + 1024; }
+static size_t bwg_smem_dkdv(int D) { return (size_t)(2 * BWG_OWN + 4 * BWG_BR) * D * 2 + 1024; }
+static size_t bwg_smem_dq(int D) { return (size_t)(2 * BWG_OWN + 4 * BWG_BC) * D * 2 + 1024; }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* acc = A·Bᵀ over D (k-steps of 16): A the warpgroup's 64 rows at a_base of
@@ -78,15 +77,16 @@ static __device__ __forceinline__ char *bwg_aligned(char *raw) {
 
 /* three blocks an SM at D = 64 without extras (168 registers, no spill):
  * 1.11-1.14x two (H200, 2026-11-27); the extras' instance spills there */
-template <typename T, int DG, int WGS, bool EXTRAS>
-__global__ void __launch_bounds__(BWG_THREADS(WGS), WGS == 1 ? (DG == 64 && !EXTRAS ? 3 : 2) : 1) bwg_dkdv_kernel(fa_attn_problem p, fa_attn_grads g, const float *delta) {
+template <typename T, int DG, bool EXTRAS>
+__global__ void __launch_bounds__(BWG_THREADS, DG == 64 && !EXTRAS ? 3 : 2)
+    bwg_dkdv_kernel(fa_attn_problem p, fa_attn_grads g, const float *delta) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = BWG_PAD(DG), CH = D / 8, BR = BWG_BR, NC = BR / 8, QT = BR * D * 2; /* bytes of a Q or dO tile */
-  constexpr int KEYS = BWG_OWN(WGS), THREADS = BWG_THREADS(WGS);
+  constexpr int KEYS = BWG_OWN, THREADS = BWG_THREADS;
   extern __shared__ __align__(128) char bwg_raw[];
   __shared__ bwm_rows<BR> rows[2];
   char *Ks = bwg_aligned(bwg_raw), *Vs = Ks + KEYS * D * 2, *Qs = Vs + KEYS * D * 2; /* Q, dO, Q, dO */
-  const int warp = threadIdx.x >> 5, tid = threadIdx.x, wg = warp >> 2;
+  const int warp = threadIdx.x >> 5, tid = threadIdx.x;
   const int64_t ktiles = (p.Lk + KEYS - 1) / KEYS, blk = blockIdx.x;
   const int64_t bhk = blk / ktiles, j0 = blk % ktiles * KEYS, b = bhk / p.Hkv, hk = bhk % p.Hkv;
   const int64_t j1 = min(j0 + KEYS, p.Lk);
@@ -106,11 +106,8 @@ __global__ void __launch_bounds__(BWG_THREADS(WGS), WGS == 1 ? (DG == 64 && !EXT
   if (qt.count > 0) stage(0, 0, &all_next);
   cp_async_commit();
   float dk[CH][4], dv[CH][4];
-#pragma unroll
-  for (int d = 0; d < CH; d++)
-#pragma unroll
-    for (int e = 0; e < 4; e++) dk[d][e] = dv[d][e] = 0.f;
-  const uint32_t k_base = smem_addr(Ks) + wg * 64 * 128, v_base = smem_addr(Vs) + wg * 64 * 128;
+  bwm_zero<CH>(dk), bwm_zero<CH>(dv);
+  const uint32_t k_base = smem_addr(Ks), v_base = smem_addr(Vs);
   for (int64_t t = 0; t < qt.count; t++) {
     const int s = (int)(t & 1);
     const bool all = all_next;
@@ -150,15 +147,16 @@ __global__ void __launch_bounds__(BWG_THREADS(WGS), WGS == 1 ? (DG == 64 && !EXT
 #endif
 }
 
-template <typename T, int DG, int WGS, bool EXTRAS>
-__global__ void __launch_bounds__(BWG_THREADS(WGS), WGS == 1 ? 2 : 1) bwg_dq_kernel(fa_attn_problem p, fa_attn_grads g, const float *delta) {
+template <typename T, int DG, bool EXTRAS>
+__global__ void __launch_bounds__(BWG_THREADS, 2)
+    bwg_dq_kernel(fa_attn_problem p, fa_attn_grads g, const float *delta) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = BWG_PAD(DG), CH = D / 8, NC = BWG_BC / 8, KT = BWG_BC * D * 2; /* bytes of a K or V tile */
-  constexpr int ROWS = BWG_OWN(WGS), THREADS = BWG_THREADS(WGS);
+  constexpr int ROWS = BWG_OWN, THREADS = BWG_THREADS;
   extern __shared__ __align__(128) char bwg_raw[];
   __shared__ bwm_rows<ROWS> rows;
   char *Qs = bwg_aligned(bwg_raw), *dOs = Qs + ROWS * D * 2, *Ks = dOs + ROWS * D * 2; /* K, V, K, V */
-  const int warp = threadIdx.x >> 5, tid = threadIdx.x, wg = warp >> 2;
+  const int warp = threadIdx.x >> 5, tid = threadIdx.x;
   const int64_t qtiles = (p.Lq + ROWS - 1) / ROWS, blk = blockIdx.x;
   const int64_t bh = blk / qtiles, i0 = (qtiles - 1 - blk % qtiles) * ROWS; /* long causal tiles first */
   const int64_t b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv);
@@ -176,11 +174,8 @@ __global__ void __launch_bounds__(BWG_THREADS(WGS), WGS == 1 ? 2 : 1) bwg_dq_ker
   if (ntiles > 0) stage(0, 0);
   cp_async_commit(); /* with Q and dO */
   float dq[CH][4];
-#pragma unroll
-  for (int d = 0; d < CH; d++)
-#pragma unroll
-    for (int e = 0; e < 4; e++) dq[d][e] = 0.f;
-  const uint32_t q_base = smem_addr(Qs) + wg * 64 * 128, do_base = smem_addr(dOs) + wg * 64 * 128;
+  bwm_zero<CH>(dq);
+  const uint32_t q_base = smem_addr(Qs), do_base = smem_addr(dOs);
   for (int64_t t = 0; t < ntiles; t++) {
     const int s = (int)(t & 1);
     const int64_t j0 = t_lo + t * BWG_BC;
@@ -216,24 +211,24 @@ __global__ void __launch_bounds__(BWG_THREADS(WGS), WGS == 1 ? 2 : 1) bwg_dq_ker
 #endif
 }
 
-template <typename T, int D, int WGS, bool EXTRAS>
+template <typename T, int D, bool EXTRAS>
 static fa_status bwg_launch(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, const float *delta) {
-  const size_t smem_kv = bwg_smem_dkdv(BWG_PAD(D), WGS), smem_q = bwg_smem_dq(BWG_PAD(D), WGS);
-  const int64_t kblocks = p->B * p->Hkv * ((p->Lk + BWG_OWN(WGS) - 1) / BWG_OWN(WGS));
-  const int64_t qblocks = p->B * p->Hq * ((p->Lq + BWG_OWN(WGS) - 1) / BWG_OWN(WGS));
+  const size_t smem_kv = bwg_smem_dkdv(BWG_PAD(D)), smem_q = bwg_smem_dq(BWG_PAD(D));
+  const int64_t kblocks = p->B * p->Hkv * ((p->Lk + BWG_OWN - 1) / BWG_OWN);
+  const int64_t qblocks = p->B * p->Hq * ((p->Lq + BWG_OWN - 1) / BWG_OWN);
   fa_status st;
   if ((st = attn_grid_fits(ctx, kblocks)) || (st = attn_grid_fits(ctx, qblocks))) return st;
   cudaStream_t s = fa_cuda_stream(ctx);
   if (kblocks > 0) {
-    FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(bwg_dkdv_kernel<T, D, WGS, EXTRAS>,
+    FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(bwg_dkdv_kernel<T, D, EXTRAS>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
-    bwg_dkdv_kernel<T, D, WGS, EXTRAS><<<(unsigned)kblocks, BWG_THREADS(WGS), smem_kv, s>>>(*p, *g, delta);
+    bwg_dkdv_kernel<T, D, EXTRAS><<<(unsigned)kblocks, BWG_THREADS, smem_kv, s>>>(*p, *g, delta);
     FA_CUDA_CHECK_LAUNCH(ctx, "bwg_dkdv_kernel");
   }
   if (qblocks > 0) {
-    FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(bwg_dq_kernel<T, D, WGS, EXTRAS>,
+    FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(bwg_dq_kernel<T, D, EXTRAS>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
-    bwg_dq_kernel<T, D, WGS, EXTRAS><<<(unsigned)qblocks, BWG_THREADS(WGS), smem_q, s>>>(*p, *g, delta);
+    bwg_dq_kernel<T, D, EXTRAS><<<(unsigned)qblocks, BWG_THREADS, smem_q, s>>>(*p, *g, delta);
     FA_CUDA_CHECK_LAUNCH(ctx, "bwg_dq_kernel");
   }
   return FA_OK;
@@ -243,8 +238,8 @@ template <typename T, int D>
 static fa_status bwg_typed(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, const float *delta) {
   /* the instance without the score rule's extras (masks, alibi, softcap) for the calls that set none:
    * 2.2-2.5x faster than one instance with attn_score's code beside the plain path (H200, 2026-11-27) */
-  if (attn_has_extras(p)) return bwg_launch<T, D, BWG_WGS, true>(ctx, p, g, delta);
-  return bwg_launch<T, D, BWG_WGS, false>(ctx, p, g, delta);
+  if (attn_has_extras(p)) return bwg_launch<T, D, true>(ctx, p, g, delta);
+  return bwg_launch<T, D, false>(ctx, p, g, delta);
 }
 
 /* f16/bf16, D = Dv = 64, 96 or 128, rows on 16 bytes (the caller checked),

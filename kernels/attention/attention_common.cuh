@@ -97,15 +97,17 @@ static __host__ __device__ __forceinline__ int64_t attn_at(const fa_attn_strides
 static __device__ __forceinline__ float &attn_lse_at(const fa_attn_problem &p, int64_t b, int64_t h, int64_t i) {
   return p.lse[attn_at(p.lse_st, b, h, i)];
 }
-/* Whether every row of q, k, v and o starts on 16 bytes (their pointers,
- * and their batch, head and sequence strides in bytes): the tensor-core
- * kernels' 16-byte copies and stores. */
+/* Whether every row of an operand at ptr (strides st, elements of es
+ * bytes) starts on 16 bytes: the pointer and its batch, head and sequence
+ * strides in bytes; attn_rows_aligned16: q, k, v and o all do (the
+ * tensor-core kernels' 16-byte copies and stores). */
+static inline bool attn_rows_on16(const void *ptr, const fa_attn_strides &st, int64_t es) {
+  return ((uintptr_t)ptr | (uint64_t)((st.b | st.h | st.s) * es)) % 16 == 0;
+}
 static inline bool attn_rows_aligned16(const fa_attn_problem *p) {
   const int64_t es = p->compute == FA_F32 ? 4 : 2;
-  const fa_attn_strides *st[4] = {&p->q_st, &p->k_st, &p->v_st, &p->o_st};
-  uint64_t bits = (uintptr_t)p->q | (uintptr_t)p->k | (uintptr_t)p->v | (uintptr_t)p->o;
-  for (int i = 0; i < 4; i++) bits |= (uint64_t)((st[i]->b | st[i]->h | st[i]->s) * es);
-  return bits % 16 == 0;
+  return attn_rows_on16(p->q, p->q_st, es) && attn_rows_on16(p->k, p->k_st, es) && attn_rows_on16(p->v, p->v_st, es) &&
+         attn_rows_on16(p->o, p->o_st, es);
 }
 
 /* Whether q, k and v's rows lie D (Dv) elements apart, as in contiguous

@@ -94,21 +94,22 @@ extern "C" void fa_cuda_free_on(fa_context *ctx, void *p, size_t nbytes) {
 }
 
 /* Ordered on the context's stream; copies that touch host memory are
- * complete on return (the host buffer may be reused or read at once). */
+ * complete on return (the host buffer may be reused or read at once),
+ * but those from pinned memory (FA_COPY_H2D_PINNED), which do not wait. */
 extern "C" fa_status fa_cuda_memcpy(fa_context *ctx, void *dst, const void *src, size_t nbytes, fa_copy_kind kind) {
   if (nbytes == 0) return FA_OK;
   if (!fa_cuda_available()) return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_DEVICE_MSG);
-  cudaMemcpyKind k = kind == FA_COPY_H2D   ? cudaMemcpyHostToDevice
-                     : kind == FA_COPY_D2H ? cudaMemcpyDeviceToHost
-                                           : cudaMemcpyDeviceToDevice;
+  cudaMemcpyKind k = kind == FA_COPY_H2D || kind == FA_COPY_H2D_PINNED ? cudaMemcpyHostToDevice
+                     : kind == FA_COPY_D2H                            ? cudaMemcpyDeviceToHost
+                                                                      : cudaMemcpyDeviceToDevice;
   cudaStream_t s = fa_cuda_stream(ctx);
   FA_CUDA_CHECK(ctx, cudaMemcpyAsync(dst, src, nbytes, k, s));
-  if (kind != FA_COPY_D2D) FA_CUDA_CHECK(ctx, cudaStreamSynchronize(s));
+  if (kind == FA_COPY_H2D || kind == FA_COPY_D2H) FA_CUDA_CHECK(ctx, cudaStreamSynchronize(s));
   return FA_OK;
 }
 
 /* Pinned host memory (counted as host memory in the engine's figures): the
- * source of copies that must not wait for the device (fa_cuda_upload). */
+ * source of copies that must not wait for the device (FA_COPY_H2D_PINNED). */
 extern "C" fa_status fa_cuda_host_alloc(fa_context *ctx, void **p, size_t nbytes) {
   *p = NULL;
   if (!fa_cuda_available()) return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_DEVICE_MSG);
@@ -126,15 +127,6 @@ extern "C" void fa_cuda_host_free(void *p, size_t nbytes) {
   if (!p) return;
   if (cudaFreeHost(p) != cudaSuccess) (void)cudaGetLastError();
   fa_mem_release(FA_CPU, nbytes);
-}
-
-/* Host to device on the context's stream without waiting: src is pinned
- * (fa_cuda_host_alloc) and must stay as it is until the stream has passed
- * the copy (an event recorded after it, fa_cuda_event_record). */
-extern "C" fa_status fa_cuda_upload(fa_context *ctx, void *dst, const void *src, size_t nbytes) {
-  if (nbytes == 0) return FA_OK;
-  FA_CUDA_CHECK(ctx, cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, fa_cuda_stream(ctx)));
-  return FA_OK;
 }
 
 /* Events for that: made without timing, recorded on the context's stream,

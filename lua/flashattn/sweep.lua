@@ -281,6 +281,14 @@ function M.commit()
   return commit_cache
 end
 
+-- The host's wall clock in nanoseconds (GNU date); nil without it.
+function M.wall_ns()
+  local p = io.popen("date +%s%N 2>/dev/null")
+  local text = p and p:read("a") or ""
+  if p then p:close() end
+  return math.tointeger(tonumber(text:match("^%s*(%d+)%s*$")))
+end
+
 -- What every JSON file the scripts write carries: engine version, date,
 -- commit, command line and the seed of the inputs (a number, or a note where
 -- a script uses fixed seeds); `extra` fields are added.

@@ -41,10 +41,6 @@ fa_status fa_cuda_host_alloc(fa_context *ctx, void **p, size_t nbytes) {
   return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
 }
 void fa_cuda_host_free(void *p, size_t nbytes) { (void)p, (void)nbytes; }
-fa_status fa_cuda_upload(fa_context *ctx, void *dst, const void *src, size_t nbytes) {
-  (void)dst, (void)src, (void)nbytes;
-  return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
-}
 fa_status fa_cuda_event_new(fa_context *ctx, void **ev) {
   *ev = NULL;
   return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
