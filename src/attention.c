@@ -390,6 +390,10 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
     st = fa_cuda_attention_naive(ctx, &p);
   } else if (decode) {
     st = fa_cuda_attention_decode(ctx, &p, NULL, o->splits);
+  } else if (d->variant) {
+    p.score_mod = o->score_mod, p.mask_mod = o->mask_mod;
+    if (!(st = fa_expr_begin(ctx, p.score_mod, p.mask_mod, 0))) st = fa_cuda_attention_variant(ctx, d->kernel, &p);
+    if (!st) st = fa_expr_end(ctx, p.score_mod, p.mask_mod); /* a tensor read out of range (src/expr.h) */
   } else {
     st = fa_cuda_attention_fused(ctx, d->algo, d->kernel, &p);
   }
@@ -467,8 +471,7 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
                             &bufs)))
     goto done;
   if (!reference) p.block_mask = o->block_mask;
-  fa_expr_clear_fault(p.score_mod);
-  fa_expr_clear_fault(p.mask_mod);
+  if ((st = fa_expr_begin(ctx, p.score_mod, p.mask_mod, 1))) goto done;
   if (d.B * d.Hq * d.Lq == 0) {
   } else if (d.Lk == 0) {
     fill_empty(&p);
@@ -477,9 +480,7 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   } else {
     st = fa_cpu_attention(ctx, d.algo, &p);
   }
-  /* a tensor read out of range in a variant's expression (src/expr.h) */
-  if (!st) st = fa_expr_fault(ctx, p.mask_mod, "opts.mask_mod");
-  if (!st) st = fa_expr_fault(ctx, p.score_mod, "opts.score_mod");
+  if (!st) st = fa_expr_end(ctx, p.score_mod, p.mask_mod); /* a tensor read out of range (src/expr.h) */
   if (st) goto done;
   fa_device dev = reference ? FA_CPU : d.device;
   st = fa_attn_deliver(ctx, q, d.rank, d.Dv, bufs.o, want_lse ? bufs.lse : NULL, user_out, user_lse,

@@ -36,6 +36,8 @@ fa_attn_kernel fa_attn_kernel_find(const char *name) {
 static const char *cuda_refuses(fa_attn_kernel k, const fa_attn_dims *d, int64_t tq, int64_t tk, int64_t *br,
                                 int64_t *bc, char *buf, size_t n) {
   if (d->dtype == FA_F64) return "f64 inputs; kernels on cuda take f32, f16 or bf16";
+  if (d->variant && k != FA_KERNEL_WGMMA && k != FA_KERNEL_MMA && k != FA_KERNEL_SIMT)
+    return "opts.score_mod / opts.mask_mod: it has no variant hook (wgmma, mma and simt have)";
   if (k == FA_KERNEL_NAIVE) return NULL;
   if ((k == FA_KERNEL_ROW || k == FA_KERNEL_SIMT) && d->Dv > 256) {
     snprintf(buf, n, "Dv = %lld, above 256", (long long)d->Dv);
@@ -97,7 +99,7 @@ int fa_attn_kernels_accepting(const fa_attn_dims *d, fa_attention_algo algo, int
 int fa_attn_decode_takes(const fa_attn_dims *d, const fa_attention_opts *o) {
   char buf[160];
   int64_t br, bc;
-  if (d->device != FA_CUDA || d->algo != FA_ATTN_FLASH) return 0;
+  if (d->device != FA_CUDA || d->algo != FA_ATTN_FLASH || d->variant) return 0;
   if (d->kernel == FA_KERNEL_DECODE) return 1;
   if (d->kernel != FA_KERNEL_AUTO || o->tile_q || o->tile_k) return 0;
   return !fa_attn_kernel_refuses(FA_KERNEL_DECODE, d, FA_ATTN_FLASH, 0, 0, &br, &bc, buf, sizeof buf);

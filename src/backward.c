@@ -157,13 +157,10 @@ static fa_status run_backward(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_te
                         fa_tensor_ptr(t[BW_DQ]),
                         fa_tensor_ptr(t[BW_DK]),
                         fa_tensor_ptr(t[BW_DV])};
-  fa_expr_clear_fault(p.score_mod);
-  fa_expr_clear_fault(p.mask_mod);
-  if (d.B * d.Hq * d.Lq > 0 && d.Lk > 0)
+  st = fa_expr_begin(ctx, p.score_mod, p.mask_mod, 1);
+  if (!st && d.B * d.Hq * d.Lq > 0 && d.Lk > 0)
     st = reference ? fa_cpu_attention_backward_reference(ctx, &g) : fa_cpu_attention_backward(ctx, &g);
-  /* a tensor read out of range in a variant's expression (src/expr.h) */
-  if (!st) st = fa_expr_fault(ctx, p.mask_mod, "opts.mask_mod");
-  if (!st) st = fa_expr_fault(ctx, p.score_mod, "opts.score_mod");
+  if (!st) st = fa_expr_end(ctx, p.score_mod, p.mask_mod); /* a tensor read out of range (src/expr.h) */
   const fa_dtype odt = reference ? FA_F64 : d.dtype;
   if (st || (st = bw_deliver(ctx, t[BW_DQ], q, odt, dq)) || (st = bw_deliver(ctx, t[BW_DK], k, odt, dk)) ||
       (st = bw_deliver(ctx, t[BW_DV], v, odt, dv))) {

@@ -50,7 +50,10 @@ fa_status fa_block_mask_new(fa_context *ctx, const fa_expr *e, int64_t B, int64_
     fa_block_mask_free(m);
     return st;
   }
-  fa_expr_clear_fault(e);
+  if ((st = fa_expr_begin(ctx, NULL, e, 1))) {
+    fa_block_mask_free(m);
+    return st;
+  }
   const int64_t rows = B * H * nq;
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t r = 0; r < rows; r++)

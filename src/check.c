@@ -94,11 +94,15 @@ static fa_status check_mask(fa_context *ctx, const fa_tensor *m, const fa_attn_d
   return FA_OK;
 }
 
-/* opts.score_mod and opts.mask_mod (API §9): the CPU backend and the
- * reference take them; on cuda fa_attention refuses them, and so do
- * splits > 1 (each piece would see its own key numbering).  The tensors
- * an expression captured are on the call's device (the reference reads
- * host copies of any device's). */
+static const char *const attn_algo_names[] = {"auto", "naive", "two_pass", "flash_row", "flash"};
+
+/* opts.score_mod and opts.mask_mod (API §9): both backends and the
+ * reference take them, on cuda with "flash" (compiled into its kernels at
+ * run time); splits > 1 refuses them (each piece would see its own key
+ * numbering).  The tensors an expression captured are on the call's
+ * device (the reference reads host copies of any device's).  On cuda a
+ * block mask is checked against the call's shape and not used: its kernels
+ * evaluate mask_mod on every key in a row's range. */
 static fa_status check_variants(fa_context *ctx, const fa_attention_opts *o, int reference, const fa_attn_dims *d) {
   const fa_expr *ex[2] = {o->score_mod, o->mask_mod};
   const char *name[2] = {"opts.score_mod", "opts.mask_mod"};
@@ -109,10 +113,10 @@ static fa_status check_variants(fa_context *ctx, const fa_attention_opts *o, int
       return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: %s: expected an expression of %s, got one of %s", name[i],
                      i ? "booleans" : "numbers", i ? "numbers" : "booleans");
     if (reference) continue;
-    if (d->device == FA_CUDA)
+    if (d->device == FA_CUDA && d->algo != FA_ATTN_FLASH)
       return fa_fail(ctx, FA_ERR_UNSUPPORTED,
-                     "flashattn: %s on cuda: not in this version (the CPU backend and fa.attention_reference take it)",
-                     name[i]);
+                     "flashattn: %s on cuda: algo %s is not in this version (flash and auto take it)", name[i],
+                     attn_algo_names[d->algo]);
     if (o->splits > 1)
       return fa_fail(ctx, FA_ERR_UNSUPPORTED,
                      "flashattn: %s with opts.splits = %lld: not in this version (use splits = 1)", name[i],
@@ -127,7 +131,8 @@ static fa_status check_variants(fa_context *ctx, const fa_attention_opts *o, int
   if (!m || reference) return FA_OK;
   if (!o->mask_mod)
     return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.block_mask: needs opts.mask_mod (the function it was made from)");
-  const int64_t br = o->tile_q ? o->tile_q : FA_CPU_DEFAULT_TILE_Q, bc = o->tile_k ? o->tile_k : FA_CPU_DEFAULT_TILE_K;
+  const int64_t br = d->device == FA_CUDA ? m->Br : o->tile_q ? o->tile_q : FA_CPU_DEFAULT_TILE_Q;
+  const int64_t bc = d->device == FA_CUDA ? m->Bc : o->tile_k ? o->tile_k : FA_CPU_DEFAULT_TILE_K;
   if (m->B != d->B || m->H != d->Hq || m->Lq != d->Lq || m->Lk != d->Lk || m->Br != br || m->Bc != bc)
     return fa_fail(ctx, FA_ERR_SHAPE,
                    "flashattn: opts.block_mask: made for (B, H, Lq, Lk) = (%lld, %lld, %lld, %lld) and tile {%lld, %lld}, "
@@ -138,7 +143,6 @@ static fa_status check_variants(fa_context *ctx, const fa_attention_opts *o, int
   return FA_OK;
 }
 
-static const char *const attn_algo_names[] = {"auto", "naive", "two_pass", "flash_row", "flash"};
 
 /* opts.tile: 0 (both) is the backend's default; FA_TILE_ZERO is a 0 the
  * user wrote, checked (and shown) as 0 so that it fails like any size out
@@ -195,6 +199,7 @@ fa_status fa_check_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_ten
     return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: %s: sequence length %lld is above %d", d->Lq > INT32_MAX ? "q" : "k",
                    (long long)(d->Lq > INT32_MAX ? d->Lq : d->Lk), INT32_MAX);
   d->rank = q->ndim;
+  d->variant = 0;
   d->device = q->storage->device;
   d->dtype = q->dtype;
   return o ? fa_check_attention_options(ctx, q, o, reference, d) : FA_OK;
@@ -206,7 +211,7 @@ fa_status fa_check_attention_options(fa_context *ctx, const fa_tensor *q, const 
   if ((unsigned)o->algo > FA_ATTN_FLASH)
     return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.algo: expected auto, naive, two_pass, flash_row or flash");
   d->algo = o->algo == FA_ATTN_AUTO ? FA_ATTN_FLASH : o->algo;
-  (void)attn_algo_names;
+  d->variant = o->score_mod || o->mask_mod;
   if (o->has_scale && !isfinite(o->scale))
     return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.scale: expected a finite number, got %g", o->scale);
   /* every backend but f64 multiplies by (float)scale: past f32's range

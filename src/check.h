@@ -12,6 +12,7 @@ typedef struct {
   fa_device device;
   fa_dtype dtype;
   fa_attention_algo algo; /* AUTO resolved */
+  int variant;            /* opts.score_mod or opts.mask_mod (API §9) */
   /* opts.kernel (fa_check_attention_kernel): the named kernel and the
    * tile it runs with (0: none, or the backend's default); FA_KERNEL_AUTO
    * when none is named (and before that check) */

@@ -62,12 +62,9 @@ fa_status fa_expr_new(fa_context *ctx, const fa_expr_node *nodes, int n, fa_tens
     fa_tensor_retain(t);
     e->tensors[i] = t;
     e->ntensors = i + 1;
-    if (t->storage->device == FA_CPU) {
+    if (t->storage->device == FA_CPU) { /* a device tensor's copy is made when the CPU evaluates (fa_expr_begin) */
       fa_tensor_retain(t);
       e->host[i] = t;
-    } else if ((st = fa_tensor_cpu_contiguous(ctx, t, t->dtype, &e->host[i]))) {
-      fa_expr_free(e);
-      return st;
     }
     if (names && names[i]) snprintf(e->names[i], sizeof e->names[i], "%s", names[i]);
     else snprintf(e->names[i], sizeof e->names[i], "tensor #%d", i + 1);
@@ -90,7 +87,7 @@ static void record_fault(const fa_expr *e, int bad, const double *ix) {
   int expected = 0;
   if (!atomic_compare_exchange_strong(&m->fault, &expected, 1)) return;
   const fa_expr_node *l = &e->nodes[bad];
-  const fa_tensor *t = e->host[l->tensor];
+  const fa_tensor *t = e->tensors[l->tensor];
   m->fault_node = bad;
   m->fault_dim = 0;
   m->fault_index = 0;
@@ -170,6 +167,10 @@ static void eval_chunk(const fa_expr *e, const double *s, int64_t b, int64_t h, 
     }
     case FA_X_LOAD: {
       const fa_tensor *t = e->host[x->tensor];
+      if (!t) { /* no host copy (fa_expr_begin not called): no value, as a read out of range */
+        for (int j = 0; j < m; j++) r[j] = NAN, fr[j] = -1;
+        break;
+      }
       const void *base = fa_tensor_ptr(t);
       for (int j = 0; j < m; j++) {
         int64_t off = 0;
@@ -275,10 +276,48 @@ void fa_expr_eval_row(const fa_expr *e, const double *s, int64_t b, int64_t h, i
   eval_rows(e, s, b, h, q, k0, n, active, out, NULL, NULL);
 }
 
+/* The host copies of e's device tensors, made once: racing callers each
+ * make one, and the first stored is kept. */
+static fa_status make_host_copies(fa_context *ctx, const fa_expr *e) {
+  fa_expr *m = (fa_expr *)e; /* the copies are made on demand (allocated non-const) */
+  for (int i = 0; e && i < e->ntensors; i++) {
+    if (__atomic_load_n(&m->host[i], __ATOMIC_ACQUIRE)) continue;
+    fa_tensor *copy = NULL, *none = NULL;
+    fa_status st = fa_tensor_cpu_contiguous(ctx, e->tensors[i], e->tensors[i]->dtype, &copy);
+    if (st) return st;
+    if (!__atomic_compare_exchange_n(&m->host[i], &none, copy, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+      fa_tensor_drop(&copy);
+  }
+  return FA_OK;
+}
+
 double fa_expr_eval(const fa_expr *e, double s, int64_t b, int64_t h, int64_t q, int64_t k) {
   double r;
+  if (make_host_copies(NULL, e)) return NAN; /* a host copy of a device tensor could not be made */
   fa_expr_eval_row(e, &s, b, h, q, k, 1, NULL, &r);
   return r;
+}
+
+fa_status fa_expr_begin(fa_context *ctx, const fa_expr *score_mod, const fa_expr *mask_mod, int host) {
+  fa_expr_clear_fault(score_mod);
+  fa_expr_clear_fault(mask_mod);
+  fa_status st = host ? make_host_copies(ctx, score_mod) : FA_OK;
+  return st ? st : host ? make_host_copies(ctx, mask_mod) : FA_OK;
+}
+
+fa_status fa_expr_end(fa_context *ctx, const fa_expr *score_mod, const fa_expr *mask_mod) {
+  fa_status st = fa_expr_fault(ctx, mask_mod, "opts.mask_mod");
+  return st ? st : fa_expr_fault(ctx, score_mod, "opts.score_mod");
+}
+
+void fa_expr_set_fault(const fa_expr *e, int node, int dim, int64_t index) {
+  fa_expr *m = (fa_expr *)e; /* the fault record is the one mutable part */
+  int expected = 0;
+  if (!e || node < 0 || node >= e->n || e->nodes[node].op != FA_X_LOAD) return;
+  if (!atomic_compare_exchange_strong(&m->fault, &expected, 1)) return;
+  m->fault_node = node;
+  m->fault_dim = dim < e->nodes[node].ndim ? dim : 0;
+  m->fault_index = index;
 }
 
 void fa_expr_clear_fault(const fa_expr *e) {
@@ -385,7 +424,7 @@ fa_status fa_expr_fault(fa_context *ctx, const fa_expr *e, const char *what) {
   if (!e || !atomic_load(&((fa_expr *)e)->fault)) return FA_OK;
   char desc[160];
   const fa_expr_node *l = &e->nodes[e->fault_node];
-  const fa_tensor *t = e->host[l->tensor];
+  const fa_tensor *t = e->tensors[l->tensor];
   fa_expr_describe(e, e->fault_node, desc, sizeof desc);
   const long long size = (long long)t->shape[e->fault_dim];
   if (e->fault_index == INT64_MAX || e->fault_index == INT64_MIN)

@@ -51,7 +51,7 @@ struct fa_expr {
   fa_expr_node *nodes;
   int ntensors;
   fa_tensor *tensors[FA_EXPR_MAX_TENSORS]; /* as captured (retained): their devices are checked */
-  fa_tensor *host[FA_EXPR_MAX_TENSORS];    /* what the evaluator reads: the same, or a host copy (retained) */
+  fa_tensor *host[FA_EXPR_MAX_TENSORS];    /* what the CPU evaluator reads: the same, or a host copy made on demand (fa_expr_begin) */
   char names[FA_EXPR_MAX_TENSORS][32];     /* for messages: the upvalue's name, or "tensor #i" */
   /* the first fault (see above): set once per evaluation run */
   fa_atomic_int fault;
@@ -63,8 +63,9 @@ struct fa_expr {
 /* fa_expr_new, fa_expr_free and fa_expr_eval are declared in flashattn.h
  * (exported for the Lua binding, which includes this header for the node
  * layout).  fa_expr_new copies the n nodes and retains the captured
- * tensors; those not on the CPU are also copied there for the evaluator,
- * which the reference uses.  names may be NULL.  The nodes must be in
+ * tensors; those not on the CPU are copied there for the evaluator when a
+ * call first evaluates on the CPU (fa_expr_begin; fa_expr_eval itself).
+ * names may be NULL.  The nodes must be in
  * dependency order (checked). */
 
 /* fa_block_mask (flashattn.h): state[((b·H + h)·nq + qi)·nk + ki]. */
@@ -97,6 +98,16 @@ void fa_expr_eval_row(const fa_expr *e, const double *s, int64_t b, int64_t h, i
 void fa_expr_eval_row_grad(const fa_expr *e, const double *s, int64_t b, int64_t h, int64_t q, int64_t k0, int64_t n,
                            const uint8_t *active, double *out, double *dout);
 
+/* Records a fault found elsewhere (the run-time compiled kernels on cuda:
+ * read node `node`, its dimension dim, the index as record_fault codes
+ * it), unless one is recorded already. */
+void fa_expr_set_fault(const fa_expr *e, int node, int dim, int64_t index);
+/* Before a call evaluates score_mod and mask_mod (either may be NULL):
+ * their fault records cleared and, where the CPU evaluates them (host),
+ * the host copies of their device tensors made (once an expression). */
+fa_status fa_expr_begin(fa_context *ctx, const fa_expr *score_mod, const fa_expr *mask_mod, int host);
+/* After it: FA_OK, or the first fault as fa_expr_fault gives it (mask_mod's first). */
+fa_status fa_expr_end(fa_context *ctx, const fa_expr *score_mod, const fa_expr *mask_mod);
 /* Clears the fault record (before a call evaluates e). */
 void fa_expr_clear_fault(const fa_expr *e);
 /* FA_OK, or the fault as an FA_ERR_ARGUMENT error naming `what`

@@ -274,6 +274,11 @@ typedef enum {
  * V; FA_ERR_UNSUPPORTED when it declines) or SIMT (alone). */
 fa_status fa_cuda_attention_fused(fa_context *ctx, fa_attention_algo algo, fa_attn_kernel kernel,
                                   const fa_attn_problem *p);
+/* "flash" with p->score_mod and / or p->mask_mod (API §9; their captured
+ * tensors on the device), compiled at run time into the kernel named
+ * (AUTO, WGMMA, MMA or SIMT; kernels/attention/attention_variant.cu).  A
+ * read out of range is recorded in the expression (fa_expr_fault). */
+fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_attn_problem *p);
 /* For the fast kernels (WGMMA, MMA, F32): 1 when kernel takes calls of this
  * dtype and these head dims on this device, *br, *bc its default tile;
  * else 0 and why not into why (n bytes). */

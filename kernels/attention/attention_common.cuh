@@ -87,6 +87,17 @@ static __device__ __forceinline__ float attn_score(const fa_attn_problem &p, int
   return s;
 }
 
+/* A key's score under the rule of problem type PROB, for the kernels that
+ * score a key at a time (the SIMT kernel): attn_score for fa_attn_problem;
+ * the run-time compiled variants (attention_variant.cuh) specialise it
+ * for their problem type, which adds score_mod and mask_mod. */
+template <typename PROB> struct attn_rule {
+  static __device__ __forceinline__ float score(const PROB &p, int64_t b, int64_t h, int64_t i, int64_t j, float dot,
+                                                int64_t lo, int64_t hi) {
+    return attn_score(p, b, h, i, j, dot, lo, hi);
+  }
+};
+
 /* Element offset of row i of head h of batch b in an operand of strides st
  * (API §6: any batch, head and sequence strides, the last dimension
  * contiguous). */
@@ -117,6 +128,7 @@ static inline bool attn_rows_dense(const fa_attn_problem *p) {
   return p->q_st.s == p->D && p->k_st.s == p->D && p->v_st.s == p->Dv;
 }
 
+#ifndef __CUDACC_RTC__
 /* A launch of `blocks` query-tile blocks along the grid's x dimension, which
  * takes at most 2^31 - 1: FA_OK, or the error every attention kernel gives. */
 static inline fa_status attn_grid_fits(fa_context *ctx, int64_t blocks) {
@@ -124,6 +136,7 @@ static inline fa_status attn_grid_fits(fa_context *ctx, int64_t blocks) {
   return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: attention on cuda: too many query tiles (%lld blocks, at most %d)",
                  (long long)blocks, INT32_MAX);
 }
+#endif
 
 static __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -139,8 +152,11 @@ static __device__ __forceinline__ float warp_sum(float v) {
  * parameter): none; softcap and alibi; or the masks as well (with softcap
  * and alibi when set).  The instances without masks carry no mask code:
  * compiled in, it cost softcap and alibi 3-8 % (the registers of the
- * paired mask reads; docs/perf/2026-11-25-attention-h100-extras.json). */
-enum { EXTRAS_NONE = 0, EXTRAS_SCORE, EXTRAS_MASK };
+ * paired mask reads; docs/perf/2026-11-25-attention-h100-extras.json).
+ * EXTRAS_VARIANT: all of it with a traced score_mod / mask_mod (API §9),
+ * instantiated only in the run-time compiled variants
+ * (attention_variant.cuh, whose frag_variant_tile applies it). */
+enum { EXTRAS_NONE = 0, EXTRAS_SCORE, EXTRAS_MASK, EXTRAS_VARIANT };
 static inline int attn_extras_kind(const fa_attn_problem *p) {
   if (p->mask_b || p->mask_f) return EXTRAS_MASK;
   return p->alibi || p->softcap > 0 ? EXTRAS_SCORE : EXTRAS_NONE;

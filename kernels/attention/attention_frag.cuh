@@ -155,6 +155,12 @@ static __device__ __forceinline__ frag_rows frag_rows_start(const fa_attn_proble
  * A and B, in scaled units.  Row B is of head hB when given (>= 0: the
  * decode kernel packs the query heads of one key head into a tile), else
  * of head h as row A. */
+/* EXTRAS_VARIANT's rule, defined in attention_variant.cuh (run-time
+ * compiled: it calls the traced expression's code). */
+template <int NC>
+__device__ void frag_variant_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t hB, int64_t j0, int c2,
+                                         bool full, const frag_rows &r, float (*s)[4], int aA, int nA, int aB, int nB);
+
 template <int NC, int EXTRAS>
 static __device__ __forceinline__ void frag_score_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0,
                                                        int c2, bool full, const frag_rows &r, float (*s)[4],
@@ -174,6 +180,14 @@ static __device__ __forceinline__ void frag_score_tile(const fa_attn_problem &p,
   const int64_t W = NC * 8;
   const int aA = (int)max(min(r.loA - j0, W), (int64_t)0), nA = (int)max(min(r.hiA - j0, W), (int64_t)0) - aA;
   const int aB = (int)max(min(r.loB - j0, W), (int64_t)0), nB = (int)max(min(r.hiB - j0, W), (int64_t)0) - aB;
+  if constexpr (EXTRAS == EXTRAS_VARIANT) {
+    frag_variant_tile<NC>(p, b, h, hB < 0 ? h : hB, j0, c2, full, r, s, aA, nA, aB, nB);
+#pragma unroll
+    for (int n = 0; n < NC; n++)
+      mA = fmaxf(mA, fmaxf(s[n][0], s[n][1])), mB = fmaxf(mB, fmaxf(s[n][2], s[n][3]));
+    *tmA = mA, *tmB = mB;
+    return;
+  }
   if (!EXTRAS) {
 #pragma unroll
     for (int n = 0; n < NC; n++)

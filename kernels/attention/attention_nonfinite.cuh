@@ -86,6 +86,7 @@ template <typename T, bool VEC> __global__ void any_nonfinite_rows_kernel(fa_att
   if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
 }
 
+#ifndef __CUDACC_RTC__ /* host side: not in the run-time compiled variants */
 /* Whether v's rows lie one after another, as a contiguous (B, Hkv, Lk, Dv)
  * tensor's (one flat pass then covers them). */
 static inline bool attn_v_dense(const fa_attn_problem *p) {
@@ -186,6 +187,8 @@ static inline fa_status launch_fast_passes(fa_context *ctx, const fa_attn_proble
   fa_status st = run(ctx, p, PASS_STATS);
   return st ? st : launch_guarded_by_v_flag(ctx, p, PASS_OUTPUT, v_flag, run, self_check);
 }
+
+#endif
 
 /* Whether a fast kernel's block leaves its call to the fallback: v_bad, the
  * flag that V holds NaN or inf, is read at the block's start and tested

@@ -9,12 +9,15 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#ifndef __CUDACC_RTC__ /* NVRTC (attention variants): device code only */
 #include <cuda_runtime.h>
+#endif
 
 extern "C" {
 #include "internal.h"
 }
 
+#ifndef __CUDACC_RTC__
 /* Records a failed CUDA call on ctx: out of device memory as
  * FA_ERR_OUT_OF_MEMORY, anything else as FA_ERR_BACKEND.  The runtime's
  * last-error slot is cleared, so that a recoverable error is reported once
@@ -41,6 +44,8 @@ static inline fa_status fa_cuda_error(fa_context *ctx, cudaError_t err, const ch
     cudaError_t fa_cuda_err_ = cudaGetLastError();                                                           \
     if (fa_cuda_err_ != cudaSuccess) return fa_cuda_error((ctx), fa_cuda_err_, "launch of " kernel_name);    \
   } while (0)
+
+#endif
 
 #define FA_LOG2E 1.4426950408889634f
 /* 2^x on the SFU (about 2 ulp, results below 2^-126 flushed to 0, -inf -> 0,
@@ -84,6 +89,7 @@ template <> struct Elem<double> {
 template <typename T> static __device__ __forceinline__ typename Elem<T>::acc to_float(T v) { return Elem<T>::load(v); }
 template <typename T> static __device__ __forceinline__ T from_float(typename Elem<T>::acc v) { return Elem<T>::store(v); }
 
+#ifndef __CUDACC_RTC__
 /* device.cu: a stream beside the context's.  fork: it waits for what the
  * context's stream has queued; join: the context's stream waits for it. */
 extern "C" fa_status fa_cuda_fork(fa_context *ctx, cudaStream_t *side);
@@ -97,5 +103,6 @@ extern "C" void fa_cuda_free_on(fa_context *ctx, void *p, size_t nbytes);
 static inline cudaStream_t fa_cuda_stream(const fa_context *ctx) {
   return ctx ? (cudaStream_t)ctx->stream : (cudaStream_t)0;
 }
+#endif
 
 #endif

@@ -101,6 +101,11 @@ fa_status fa_cuda_attention_fused(fa_context *ctx, fa_attention_algo algo, fa_at
   return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
 }
 
+fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_attn_problem *p) {
+  (void)kernel, (void)p;
+  return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
+}
+
 int fa_cuda_attention_kernel_fit(fa_attn_kernel kernel, fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc,
                                  char *why, size_t n) {
   (void)kernel, (void)dt, (void)D, (void)Dv, (void)br, (void)bc;

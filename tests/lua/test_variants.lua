@@ -2,8 +2,8 @@
 -- and opts.mask_mod, traced once into an expression, on the CPU backend (every
 -- algo) and fa.attention_reference (any device).  Each of §9's five examples is
 -- checked against the same function built from §2's options or dense masks.
--- On cuda, fa.attention with a variant is an error ("not in this version"),
--- while the reference cases still run.
+-- On cuda the variants are compiled into the kernels at run time (NVRTC): each
+-- case runs on every kernel that takes it (fa.kernels: wgmma, mma, simt).
 local U = require "fa_testutil"
 local fa, lu = U.fa, U.lu
 local dev = U.device
@@ -21,7 +21,8 @@ end
 
 -- mod: the options with the variant; builtin: the same function from §2's
 -- options.  The reference of both must agree (f64), and fa.attention with the
--- variant must match the builtin reference for every algo (cuda: an error).
+-- variant must match the builtin reference for every algo (cuda: every kernel
+-- that takes the call, each by name, and the automatic choice).
 local function check_variant(q, k, v, mod, builtin, what, extra)
   local ro, rl = U.reference(q, k, v, builtin)
   local mo, ml = U.reference(q, k, v, mod)
@@ -33,7 +34,15 @@ local function check_variant(q, k, v, mod, builtin, what, extra)
     end
   end
   if U.cuda then
-    U.assert_fa_error({"not in this version"}, fa.attention, q, k, v, mod)
+    local names = fa.kernels(q, k, v, merged(mod, extra))
+    lu.assertTrue(#names >= 1, what)
+    names[#names + 1] = "auto"
+    for _, name in ipairs(names) do
+      local o = name == "auto" and {} or {kernel = name}
+      U.check_attention(q, k, v, merged(mod, merged(merged(o, {return_lse = true}), extra)),
+        what .. " " .. name .. " " .. q:dtype(), {ref = {ro, rl}})
+    end
+    U.assert_fa_error({"not in this version"}, fa.attention, q, k, v, merged(mod, {algo = "two_pass"}))
     return
   end
   for _, algo in ipairs(algos) do
@@ -56,7 +65,7 @@ local function dense(Lq, Lk, f)
   return fa.tensor({{m}}, {dtype = "bool", device = dev})
 end
 
-local function dtypes() return U.cuda and {"f32"} or cpu_dtypes end
+local function dtypes() return U.cuda and {"f32", "f16"} or cpu_dtypes end
 
 function TestVariants:test_alibi()
   for _, dtype in ipairs(dtypes()) do
@@ -122,7 +131,7 @@ end
 -- indexing bias[h][q]; fa.where; the numeric methods.
 function TestVariants:test_positions_and_methods()
   local B, H, Lq, Lk = 2, 3, 7, 19
-  local q, k, v = inputs("f64", B, H, H, Lq, Lk, 8)
+  local q, k, v = inputs(U.cuda and "f32" or "f64", B, H, H, Lq, Lk, 8) -- f64 does not run on cuda
   local bias = U.randn({H, Lq}, "f32")
   local f = U.nested({B, H, Lq, Lk}, function(b, h, i, j)
     local x = 0.1 * b + 0.01 * h + 0.05 * (i - j) + bias:get(h, i)
@@ -149,10 +158,8 @@ function TestVariants:test_fully_masked_rows()
     local mm = function(b, h, q, k) return q:gt(3) & k:le(q) end -- rows 1..3 attend nothing
     local opts = {mask_mod = mm, return_lse = true}
     local calls = {{fa.attention_reference, "reference"}}
-    if not U.cuda then
-      for _, algo in ipairs(algos) do
-        calls[#calls + 1] = {function(a, b, c, o) return fa.attention(a, b, c, merged(o, {algo = algo})) end, algo}
-      end
+    for _, algo in ipairs(U.cuda and {"flash"} or algos) do
+      calls[#calls + 1] = {function(a, b, c, o) return fa.attention(a, b, c, merged(o, {algo = algo})) end, algo}
     end
     for _, c in ipairs(calls) do
       local o, lse = c[1](q, k, v, opts)
@@ -174,9 +181,7 @@ end
 function TestVariants:test_nan()
   local q, k, v = inputs("f32", 1, 1, 1, 6, 6, 4)
   local mod = function(s, b, h, q, k) return fa.where(q:eq(2) & k:eq(3), (s - s - 1):sqrt(), s) end
-  local calls = {fa.attention_reference}
-  if not U.cuda then calls[2] = fa.attention end
-  for _, f in ipairs(calls) do
+  for _, f in ipairs({fa.attention_reference, fa.attention}) do
     local o = f(q, k, v, {score_mod = mod})
     lu.assertTrue(U.is_nan(o:get(1, 1, 2, 1)))
     lu.assertFalse(U.is_nan(o:get(1, 1, 1, 1)))
@@ -186,7 +191,7 @@ end
 
 function TestVariants:test_errors()
   local q, k, v = inputs("f32", 1, 2, 2, 8, 8, 4)
-  local att = U.cuda and fa.attention_reference or fa.attention
+  local att = fa.attention
   local slopes = fa.tensor({1, 2}, {device = dev})
   local function E(words, opts) U.assert_fa_error(words, att, q, k, v, opts) end
   E({"score_mod", "unknown method", "foo"}, {score_mod = function(s) return s:foo() end})
@@ -236,10 +241,8 @@ function TestVariants:test_errors()
   local o = att(q, k, v, {score_mod = function(s, b, h) return fa.where(h:lt(2), s + slopes[h + 1], s) end})
   lu.assertTrue(o:isfinite())
   -- splits refuse variants (the backward takes them: test_backward.lua)
-  if not U.cuda then
-    U.assert_fa_error({"mask_mod", "splits"}, fa.attention, q, k, v,
-      {splits = 2, mask_mod = function(b, h, q, k) return q:ge(k) end})
-  end
+  U.assert_fa_error({"mask_mod", "splits"}, fa.attention, q, k, v,
+    {splits = 2, mask_mod = function(b, h, q, k) return q:ge(k) end})
 end
 
 -- fa.block_mask: the states of every tile against a brute force in Lua.
@@ -350,8 +353,11 @@ function TestVariants:test_block_mask_errors()
   local bm = fa.block_mask(causal, 1, 2, 16, 16, {tile = {8, 8}})
   U.assert_fa_error({"out of range"}, bm.tile, bm, 1, 3, 1, 1)
   local q, k, v = inputs("f32", 1, 2, 2, 16, 16, 8)
-  if U.cuda then
-    U.assert_fa_error({"not in this version"}, fa.attention, q, k, v, {block_mask = bm, tile = {8, 8}})
+  if U.cuda then -- checked against the call's shape, then not used: the kernels evaluate mask_mod
+    U.assert_fa_error({"block_mask", "(1, 2, 16, 16)", "(1, 2, 17, 16)"}, fa.attention,
+      U.randn({1, 2, 17, 8}, "f32"), k, v, {block_mask = bm})
+    U.assert_close(fa.attention(q, k, v, {block_mask = bm}), fa.attention(q, k, v, {causal = "top_left"}), "f32",
+      "cuda block_mask")
     return
   end
   U.assert_fa_error({"block_mask", "tile {8, 8}", "tile {16, 16}"}, fa.attention, q, k, v,
@@ -369,7 +375,7 @@ end
 -- loop leak nothing (the captured tensors are released with the expression).
 function TestVariants:test_gc_stress()
   local q, k, v = inputs("f32", 1, 2, 2, 8, 8, 4)
-  local att = U.cuda and fa.attention_reference or fa.attention
+  local att = fa.attention
   att(q, k, v, {score_mod = function(s) return s end})
   local base = U.mem_current()
   for i = 1, 200 do
@@ -384,11 +390,45 @@ function TestVariants:test_gc_stress()
     if i % 10 == 0 then
       local shift = fa.tensor({i % 7}, {device = dev})
       local bm = fa.block_mask(function(b, h, q, k) return q:ge(k + shift[1] - 3) end, 1, 2, 8, 8, {tile = {4, 4}})
-      if not U.cuda then att(q, k, v, {block_mask = bm, tile = {4, 4}}) end
+      att(q, k, v, {block_mask = bm, tile = {4, 4}})
     end
     if i % 50 == 0 then collectgarbage() end
   end
   lu.assertEquals(U.mem_current(), base)
+end
+
+-- cuda: §9's examples on the tensor-core kernels (bf16 at D = 128, f16 at
+-- D = 64), with rows that do not fill a tile, GQA, and q, k, v given as
+-- transposed (B, L, H, D) views (the kernels' strided instances).
+function TestVariants:test_cuda_tensor_cores()
+  if not U.cuda then return end
+  local L, W, prefix = 200, 48, 70
+  local ids = {}
+  for i = 1, L do ids[i] = (i - 1) // 37 end
+  local doc = fa.tensor(ids, {device = dev})
+  local slopes = fa.tensor({0.5, 0.25, 0.125, 0.0625}, {device = dev})
+  local cases = {
+    {{score_mod = function(s, b, h, q, k) return s - slopes[h] * (q - k):abs() end}, {alibi = slopes}, "alibi"},
+    {{score_mod = function(s) return (s / 30):tanh() * 30 end, scale = 0.5}, {softcap = 30, scale = 0.5}, "softcap"},
+    {{mask_mod = function(b, h, q, k) return q:ge(k) & (q - k):le(W) end}, {window = {W, 0}}, "sliding"},
+    {{mask_mod = function(b, h, q, k) return doc[q]:eq(doc[k]) & q:ge(k) end},
+      {mask = dense(L, L, function(i, j) return ids[i] == ids[j] and i >= j end)}, "document"},
+    {{mask_mod = function(b, h, q, k) return k:le(prefix) | q:ge(k) end},
+      {mask = dense(L, L, function(i, j) return j <= prefix or i >= j end)}, "prefix_lm"},
+    {{score_mod = function(s, b, h, q, k) return s - slopes[h] * (q - k):abs() end,
+      mask_mod = function(b, h, q, k) return q:ge(k) & (q - k):le(W) end}, {alibi = slopes, window = {W, 0}},
+      "alibi + sliding"},
+  }
+  for _, c in ipairs({{"bf16", 128}, {"f16", 64}}) do
+    local dtype, D = c[1], c[2]
+    local q, k, v = inputs(dtype, 1, 4, 2, L, L, D)
+    local function view(h) return U.randn({1, L, h, D}, dtype):transpose(2, 3) end
+    local qt, kt, vt = view(4), view(2), view(2)
+    for _, x in ipairs(cases) do
+      check_variant(q, k, v, x[1], x[2], x[3])
+      check_variant(qt, kt, vt, x[1], x[2], x[3] .. " (views)")
+    end
+  end
 end
 
 U.run()

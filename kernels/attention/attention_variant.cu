@@ -1,0 +1,513 @@
+/* Attention variants on cuda (API §9): score_mod and mask_mod compiled at
+ * run time into the fused kernels.
+ *
+ * A call's traced expressions become CUDA C (src/variant_codegen.c); with
+ * the kernels' headers, held in the library (cmake/embed_sources.cmake),
+ * NVRTC compiles them into the Hopper (wgmma), mma.sync or SIMT kernel
+ * instantiated with the variant's problem type (attention_variant.cuh).
+ * NVRTC is opened with dlopen on first use, so that the engine loads and
+ * runs without it; its absence is an error of the variant calls alone.
+ *
+ * Compiled modules are cached by their whole key (the generated source,
+ * the kernel instances, the GPU architecture, and a hash of the embedded
+ * headers): in memory for the process, and on disk under
+ * $FLASHATTN_CACHE_DIR (default $XDG_CACHE_HOME/flashattn, else
+ * ~/.cache/flashattn; an empty value turns the disk cache off), a file a
+ * key holding the key itself, so that a hash collision is a miss.  The
+ * captured tensors travel with each launch (fa_variant_args), so new
+ * values or shapes never recompile. */
+#include "attention_variant.cuh"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <nvrtc.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+extern "C" {
+#include "variant_codegen.h"
+extern const int fa_rtc_source_count;
+extern const char *const fa_rtc_source_names[];
+extern const char *const fa_rtc_source_texts[];
+int fa_cuda_wgmma_usable(void);
+int fa_cuda_attention_kernel_tile_ok(fa_attn_kernel kernel, int64_t D, int64_t br, int64_t bc);
+}
+
+/* ---- NVRTC, opened on first use ---- */
+
+typedef struct {
+  int loaded; /* 0: not tried, 1: ready, -1: not found */
+  nvrtcResult (*create)(nvrtcProgram *, const char *, const char *, int, const char *const *, const char *const *);
+  nvrtcResult (*compile)(nvrtcProgram, int, const char *const *);
+  nvrtcResult (*add_name)(nvrtcProgram, const char *);
+  nvrtcResult (*lowered)(nvrtcProgram, const char *, const char **);
+  nvrtcResult (*cubin_size)(nvrtcProgram, size_t *);
+  nvrtcResult (*cubin)(nvrtcProgram, char *);
+  nvrtcResult (*log_size)(nvrtcProgram, size_t *);
+  nvrtcResult (*log)(nvrtcProgram, char *);
+  nvrtcResult (*destroy)(nvrtcProgram *);
+  const char *(*error)(nvrtcResult);
+  nvrtcResult (*version)(int *, int *);
+} nvrtc_api;
+
+static nvrtc_api nvrtc;
+static pthread_mutex_t rtc_lock = PTHREAD_MUTEX_INITIALIZER; /* NVRTC's loading and the module cache */
+
+#define NVRTC_SYM(field, name)                                                                                         \
+  if (!(*(void **)&nvrtc.field = dlsym(lib, name))) ok = 0
+
+static fa_status nvrtc_open(fa_context *ctx) {
+  if (nvrtc.loaded == 0) {
+    const char *env = getenv("FLASHATTN_NVRTC");
+    void *lib = dlopen(env && *env ? env : FA_NVRTC_LIBRARY, RTLD_NOW | RTLD_LOCAL);
+    if (!lib && !(env && *env)) lib = dlopen("libnvrtc.so", RTLD_NOW | RTLD_LOCAL);
+    int ok = lib != NULL;
+    if (ok) {
+      NVRTC_SYM(create, "nvrtcCreateProgram");
+      NVRTC_SYM(compile, "nvrtcCompileProgram");
+      NVRTC_SYM(add_name, "nvrtcAddNameExpression");
+      NVRTC_SYM(lowered, "nvrtcGetLoweredName");
+      NVRTC_SYM(cubin_size, "nvrtcGetCUBINSize");
+      NVRTC_SYM(cubin, "nvrtcGetCUBIN");
+      NVRTC_SYM(log_size, "nvrtcGetProgramLogSize");
+      NVRTC_SYM(log, "nvrtcGetProgramLog");
+      NVRTC_SYM(destroy, "nvrtcDestroyProgram");
+      NVRTC_SYM(error, "nvrtcGetErrorString");
+      NVRTC_SYM(version, "nvrtcVersion");
+    }
+    nvrtc.loaded = ok ? 1 : -1;
+  }
+  if (nvrtc.loaded == 1) return FA_OK;
+  return fa_fail(ctx, FA_ERR_UNSUPPORTED,
+                 "flashattn: opts.score_mod / opts.mask_mod on cuda: NVRTC (%s, part of the CUDA toolkit) could not be "
+                 "loaded; put it on the library path or name it in FLASHATTN_NVRTC",
+                 FA_NVRTC_LIBRARY);
+}
+
+/* ---- the module cache ---- */
+
+#define RTC_KERNELS 2 /* a call's instances: the SIMT kernel, and the fast kernel (if any) */
+
+/* One compiled kernel instance (a module of its own, so that the instances
+ * of a call compile side by side and the SIMT one is shared by calls on
+ * different fast kernels). */
+typedef struct rtc_kernel {
+  char *key;
+  size_t keylen;
+  cudaLibrary_t lib;
+  cudaKernel_t kernel;
+  struct rtc_kernel *next;
+} rtc_kernel;
+
+static rtc_kernel *compiled; /* the process's, never unloaded: queued launches may use them */
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
+  const unsigned char *b = (const unsigned char *)p;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+/* A hash of the embedded headers: a build with other kernels has other keys. */
+static uint64_t sources_hash(void) {
+  uint64_t h = 14695981039346656037ull;
+  for (int i = 0; i < fa_rtc_source_count; i++) {
+    h = fnv1a(h, fa_rtc_source_names[i], strlen(fa_rtc_source_names[i]) + 1);
+    h = fnv1a(h, fa_rtc_source_texts[i], strlen(fa_rtc_source_texts[i]) + 1);
+  }
+  return h;
+}
+
+/* The disk cache's folder (malloc'd), or NULL when it is off. */
+static char *cache_dir(void) {
+  const char *dir = getenv("FLASHATTN_CACHE_DIR");
+  char *path = NULL;
+  if (dir) {
+    if (!*dir) return NULL;
+    path = strdup(dir);
+  } else {
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    const char *base = xdg && *xdg ? xdg : home && *home ? home : NULL;
+    if (!base) return NULL;
+    const size_t n = strlen(base) + 32;
+    if ((path = (char *)malloc(n))) snprintf(path, n, "%s%s/flashattn", base, xdg && *xdg ? "" : "/.cache");
+  }
+  return path;
+}
+
+/* mkdir -p, quietly: a cache that cannot be written is only a slower call. */
+static void make_dirs(char *path) {
+  for (char *c = path + 1; *c; c++)
+    if (*c == '/') {
+      *c = 0;
+      (void)mkdir(path, 0755);
+      *c = '/';
+    }
+  (void)mkdir(path, 0755);
+}
+
+static char *cache_file(const char *dir, uint64_t h) {
+  const size_t n = strlen(dir) + 40;
+  char *f = (char *)malloc(n);
+  if (f) snprintf(f, n, "%s/%016llx.cubin", dir, (unsigned long long)h);
+  return f;
+}
+
+static const char CACHE_MAGIC[8] = {'F', 'A', 'V', 'A', 'R', '0', '0', '2'};
+
+/* A disk entry: the magic, the key (length, bytes), the lowered kernel
+ * name (length, bytes), the cubin (length, bytes). */
+static int read_blob(FILE *f, char **out, uint64_t *len, uint64_t max) {
+  *out = NULL;
+  if (fread(len, 8, 1, f) != 1 || *len > max || !(*out = (char *)malloc(*len + 1))) return 0;
+  if (fread(*out, 1, *len, f) != *len) return 0;
+  (*out)[*len] = 0;
+  return 1;
+}
+static int write_blob(FILE *f, const void *p, uint64_t len) {
+  return fwrite(&len, 8, 1, f) == 1 && fwrite(p, 1, len, f) == len;
+}
+
+/* The cached cubin of key (malloc'd, *size bytes) and its kernel's lowered
+ * name (malloc'd) from the disk, or NULL. */
+static char *disk_load(const char *key, size_t keylen, uint64_t h, char **lowered, size_t *size) {
+  char *dir = cache_dir(), *file = dir ? cache_file(dir, h) : NULL, *stored = NULL, *cubin = NULL;
+  FILE *f = file ? fopen(file, "rb") : NULL;
+  char magic[8];
+  uint64_t len = 0;
+  int ok = f && fread(magic, 1, 8, f) == 8 && !memcmp(magic, CACHE_MAGIC, 8) && read_blob(f, &stored, &len, keylen) &&
+           len == keylen && !memcmp(stored, key, keylen);
+  ok = ok && read_blob(f, lowered, &len, 4096);
+  ok = ok && read_blob(f, &cubin, &len, (uint64_t)1 << 32) && len > 0;
+  if (f) fclose(f);
+  free(stored), free(file), free(dir);
+  if (ok) {
+    *size = len;
+    return cubin;
+  }
+  free(cubin);
+  free(*lowered);
+  *lowered = NULL;
+  return NULL;
+}
+
+/* Writes an entry to the disk cache: a temporary file renamed into place. */
+static void disk_store(const char *key, size_t keylen, uint64_t h, const char *lowered, const char *cubin,
+                       size_t size) {
+  char *dir = cache_dir(), *file = dir ? cache_file(dir, h) : NULL, *tmp = NULL;
+  if (file) {
+    make_dirs(dir);
+    const size_t tn = strlen(file) + 32;
+    if ((tmp = (char *)malloc(tn))) snprintf(tmp, tn, "%s.%ld.tmp", file, (long)getpid());
+  }
+  FILE *f = tmp ? fopen(tmp, "wb") : NULL;
+  if (f) {
+    int ok = fwrite(CACHE_MAGIC, 1, 8, f) == 8 && write_blob(f, key, keylen);
+    ok = ok && write_blob(f, lowered, strlen(lowered));
+    ok = ok && write_blob(f, cubin, size);
+    if (fclose(f) == 0 && ok) (void)rename(tmp, file);
+    else (void)unlink(tmp);
+  }
+  free(tmp), free(file), free(dir);
+}
+
+/* NVRTC: the cubin (malloc'd) of src for arch with the kernel instance
+ * name, and its lowered name (malloc'd). */
+static fa_status rtc_compile(fa_context *ctx, const char *src, const char *arch, const char *name, char **cubin,
+                             size_t *size, char **lowered) {
+  nvrtcProgram prog;
+  nvrtcResult r = nvrtc.create(&prog, src, "flashattn_variant.cu", fa_rtc_source_count, fa_rtc_source_texts,
+                               fa_rtc_source_names);
+  if (r != NVRTC_SUCCESS)
+    return fa_fail(ctx, FA_ERR_BACKEND, "flashattn: opts.score_mod / opts.mask_mod: NVRTC: %s", nvrtc.error(r));
+  if (r == NVRTC_SUCCESS) r = nvrtc.add_name(prog, name);
+  const char *inc_env = getenv("FLASHATTN_CUDA_INCLUDE");
+  char arch_opt[32], inc_opt[4096];
+  snprintf(arch_opt, sizeof arch_opt, "-arch=%s", arch);
+  snprintf(inc_opt, sizeof inc_opt, "-I%s", inc_env && *inc_env ? inc_env : FA_CUDA_INCLUDE_DIR);
+  const char *opts[] = {arch_opt, "-std=c++17", "-default-device", "-w", inc_opt};
+  if (r == NVRTC_SUCCESS) r = nvrtc.compile(prog, (int)(sizeof opts / sizeof *opts), opts);
+  fa_status st = FA_OK;
+  if (r != NVRTC_SUCCESS) {
+    size_t ln = 0;
+    char *log = NULL;
+    if (nvrtc.log_size(prog, &ln) == NVRTC_SUCCESS && (log = (char *)malloc(ln + 1)) &&
+        nvrtc.log(prog, log) == NVRTC_SUCCESS)
+      log[ln] = 0;
+    else if (log)
+      log[0] = 0;
+    /* the log's first error: generated code that does not compile is the engine's bug */
+    const char *first = log ? strstr(log, "error") : NULL;
+    st = fa_fail(ctx, FA_ERR_BACKEND, "flashattn: opts.score_mod / opts.mask_mod: NVRTC could not compile the variant "
+                                      "for %s (%s): %.300s",
+                 arch, nvrtc.error(r), first ? first : log ? log : "no log");
+    free(log);
+  }
+  const char *ln = NULL;
+  if (!st && (nvrtc.lowered(prog, name, &ln) != NVRTC_SUCCESS || !ln || !(*lowered = strdup(ln))))
+    st = fa_fail(ctx, FA_ERR_BACKEND, "flashattn: opts.score_mod: NVRTC lost the kernel %s", name);
+  if (!st && (nvrtc.cubin_size(prog, size) != NVRTC_SUCCESS || !(*cubin = (char *)malloc(*size)) ||
+              nvrtc.cubin(prog, *cubin) != NVRTC_SUCCESS))
+    st = fa_fail(ctx, FA_ERR_BACKEND, "flashattn: opts.score_mod / opts.mask_mod: NVRTC gave no code for %s", arch);
+  nvrtc.destroy(&prog);
+  return st;
+}
+
+/* The cache key: the source, the instance, the arch, NVRTC's version and
+ * the embedded headers' hash (malloc'd). */
+static char *kernel_key(const char *src, const char *arch, const char *name, uint64_t headers, size_t *len) {
+  int major = 0, minor = 0;
+  nvrtc.version(&major, &minor);
+  const size_t cap = strlen(src) + strlen(name) + 256;
+  char *key = (char *)malloc(cap);
+  if (!key) return NULL;
+  const int w = snprintf(key, cap, "%s\n// %s nvrtc %d.%d headers %016llx\n// %s", src, arch, major, minor,
+                         (unsigned long long)headers, name);
+  *len = (size_t)w;
+  return key;
+}
+
+/* One instance to find or compile (a thread of its own when compiled). */
+typedef struct {
+  const char *src, *name;
+  const char *arch;
+  char *key, *cubin, *lowered;
+  size_t keylen, size;
+  uint64_t hash;
+  fa_status st;
+  fa_context err; /* the compile's error, copied to the caller's context */
+} rtc_job;
+
+static void *rtc_job_compile(void *arg) {
+  rtc_job *j = (rtc_job *)arg;
+  j->st = rtc_compile(&j->err, j->src, j->arch, j->name, &j->cubin, &j->size, &j->lowered);
+  if (!j->st) disk_store(j->key, j->keylen, j->hash, j->lowered, j->cubin, j->size);
+  return NULL;
+}
+
+/* The kernels names[0..n) of src for this device: from memory, else from
+ * the disk, else compiled, the missing ones side by side (NVRTC takes
+ * about a second an instance), and stored on both. */
+static fa_status rtc_kernels_get(fa_context *ctx, const char *src, const char *const *names, int n, cudaKernel_t *out) {
+  int dev = 0, major = 0, minor = 0;
+  FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
+  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  char arch[16];
+  snprintf(arch, sizeof arch, "sm_%d%d%s", major, minor, major == 9 ? "a" : ""); /* wgmma: sm_90a */
+  rtc_job jobs[RTC_KERNELS];
+  memset(jobs, 0, sizeof jobs);
+  pthread_t threads[RTC_KERNELS];
+  int started[RTC_KERNELS] = {0, 0};
+  pthread_mutex_lock(&rtc_lock); /* held throughout: one caller compiles a key, the others then find it */
+  fa_status st = nvrtc_open(ctx);
+  static uint64_t headers = 0; /* constant-initialised; set under the lock */
+  if (!st && !headers) headers = sources_hash();
+  for (int i = 0; !st && i < n; i++) {
+    rtc_job *j = &jobs[i];
+    j->src = src, j->name = names[i], j->arch = arch;
+    if (!(j->key = kernel_key(src, arch, names[i], headers, &j->keylen))) {
+      st = fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.score_mod: out of host memory");
+      break;
+    }
+    out[i] = NULL;
+    for (rtc_kernel *k = compiled; k; k = k->next)
+      if (k->keylen == j->keylen && !memcmp(k->key, j->key, j->keylen)) out[i] = k->kernel;
+    if (out[i]) continue;
+    j->hash = fnv1a(14695981039346656037ull, j->key, j->keylen);
+    j->cubin = disk_load(j->key, j->keylen, j->hash, &j->lowered, &j->size);
+    if (!j->cubin) started[i] = pthread_create(&threads[i], NULL, rtc_job_compile, j) == 0;
+    if (!j->cubin && !started[i]) rtc_job_compile(j); /* no thread to be had: here */
+  }
+  for (int i = 0; i < n; i++)
+    if (started[i]) pthread_join(threads[i], NULL);
+  for (int i = 0; !st && i < n; i++) {
+    rtc_job *j = &jobs[i];
+    if (out[i]) continue;
+    if (j->st) {
+      st = fa_fail(ctx, j->st, "%s", j->err.error);
+      break;
+    }
+    rtc_kernel *k = (rtc_kernel *)calloc(1, sizeof *k);
+    if (!k) {
+      st = fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.score_mod: out of host memory");
+      break;
+    }
+    cudaError_t err = cudaLibraryLoadData(&k->lib, j->cubin, NULL, NULL, 0, NULL, NULL, 0);
+    if (err == cudaSuccess) err = cudaLibraryGetKernel(&k->kernel, k->lib, j->lowered);
+    if (err != cudaSuccess) {
+      st = fa_cuda_error(ctx, err, "loading a compiled variant");
+      free(k);
+      break;
+    }
+    k->key = j->key, k->keylen = j->keylen, j->key = NULL;
+    k->next = compiled, compiled = k;
+    out[i] = k->kernel;
+  }
+  pthread_mutex_unlock(&rtc_lock);
+  for (int i = 0; i < RTC_KERNELS; i++) free(jobs[i].key), free(jobs[i].cubin), free(jobs[i].lowered);
+  return st;
+}
+
+/* ---- the call ---- */
+
+/* The captured tensors of e into slots base.. of a. */
+static void variant_tensors(const fa_expr *e, int base, fa_variant_args *a) {
+  for (int t = 0; e && t < e->ntensors; t++) {
+    const fa_tensor *x = e->tensors[t];
+    a->ptr[base + t] = fa_tensor_ptr(x);
+    for (int d = 0; d < 4; d++) {
+      a->shape[base + t][d] = d < x->ndim ? x->shape[d] : 1;
+      a->stride[base + t][d] = d < x->ndim ? x->strides[d] : 0;
+    }
+  }
+}
+
+static const char *type_name(fa_dtype dt) { return dt == FA_F16 ? "__half" : dt == FA_BF16 ? "__nv_bfloat16" : "float"; }
+
+static fa_status launch(fa_context *ctx, cudaKernel_t k, unsigned grid, unsigned threads, size_t smem, void **args,
+                        const char *what) {
+  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  FA_CUDA_CHECK(ctx, cudaLaunchKernel((const void *)k, dim3(grid), dim3(threads), args, smem, fa_cuda_stream(ctx)));
+  (void)what;
+  return FA_OK;
+}
+
+/* The fault records back from the device into the expressions (the caller
+ * reports them, as for the CPU: fa_expr_fault). */
+static fa_status read_faults(fa_context *ctx, const fa_attn_problem *p, const int64_t *bounds, long long *dev,
+                             int reads_s, int reads_m) {
+  const int n = 2 + 2 * (reads_s + reads_m);
+  long long *host = (long long *)malloc(sizeof(long long) * (size_t)n);
+  if (!host) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.score_mod: out of host memory");
+  fa_status st = fa_cuda_memcpy(ctx, host, dev, sizeof(long long) * (size_t)n, FA_COPY_D2H);
+  if (st) {
+    free(host);
+    return st;
+  }
+  const long long *rec[2] = {host, host + 1 + 2 * reads_s};
+  const fa_expr *ex[2] = {p->score_mod, p->mask_mod};
+  for (int w = 0; w < 2; w++) {
+    const fa_expr *e = ex[w];
+    if (!e || rec[w][0] < 0 || rec[w][0] >= e->n) continue;
+    const int node = (int)rec[w][0];
+    const int read = fa_variant_unsafe_reads(e, bounds, node); /* the node's slot */
+    if (read < 0 || read >= (w ? reads_m : reads_s)) continue;
+    const long long dim = rec[w][1 + 2 * read], index = rec[w][2 + 2 * read];
+    fa_expr_set_fault(e, node, dim >= 0 && dim < 4 ? (int)dim : 0, index);
+  }
+  free(host);
+  return FA_OK;
+}
+
+/* Which kernel runs a variant call: 2 wgmma, 1 mma, 0 the SIMT kernel alone. */
+static int variant_fast_kernel(fa_attn_kernel kernel, const fa_attn_problem *p) {
+  const bool tc = (p->compute == FA_F16 || p->compute == FA_BF16) && p->D == p->Dv && attn_rows_aligned16(p);
+  if (!tc || kernel == FA_KERNEL_SIMT) return 0;
+  if (kernel != FA_KERNEL_MMA && (p->D == 64 || p->D == 96 || p->D == 128 || p->D == 256) && fa_cuda_wgmma_usable() &&
+      fa_cuda_attention_kernel_tile_ok(FA_KERNEL_WGMMA, p->D, p->tile_q, p->tile_k))
+    return 2;
+  if (kernel != FA_KERNEL_WGMMA && (p->D == 64 || p->D == 128) &&
+      fa_cuda_attention_kernel_tile_ok(FA_KERNEL_MMA, p->D, p->tile_q, p->tile_k))
+    return 1;
+  return 0;
+}
+
+extern "C" fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_attn_problem *p) {
+  const int fast = variant_fast_kernel(kernel, p);
+  if (!fast && kernel != FA_KERNEL_AUTO && kernel != FA_KERNEL_SIMT)
+    return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: opts.kernel: the kernel named declined the call on cuda");
+  const bool dense = attn_rows_dense(p);
+  const char *T = type_name(p->compute);
+  /* the SIMT kernel: behind the fast one (a tile it holds), or alone with the call's tile */
+  fa_attn_problem simt = *p;
+  if (fast) simt.tile_q = 64, simt.tile_k = 64;
+  fa_status st = simt_fit_tile(ctx, &simt);
+  if (st) return st;
+  const int br = block_rows((int)simt.tile_q);
+  char fast_name[160], simt_name[160];
+  if (fast == 2)
+    snprintf(fast_name, sizeof fast_name, "attn_wgmma_kernel<%s, %lld, %lld, EXTRAS_VARIANT, PASS_FLASH, %s, fa_variant_problem>",
+             T, (long long)p->D, (long long)p->tile_k, dense ? "true" : "false");
+  else
+    snprintf(fast_name, sizeof fast_name, "attn_mma_kernel<%s, %lld, EXTRAS_VARIANT, PASS_FLASH, %s, fa_variant_problem>",
+             T, (long long)p->D, dense ? "true" : "false");
+  snprintf(simt_name, sizeof simt_name, "attn_tiled_kernel<%s, %d, MODE_FLASH, fa_variant_problem>", T, br);
+  const char *names[RTC_KERNELS] = {simt_name, fast_name};
+  const int64_t bounds[4] = {p->B, p->Hq, p->Lq, p->Lk};
+  char *code = fa_variant_source(p->score_mod, p->mask_mod, bounds);
+  char *src = NULL;
+  if (code) {
+    const size_t n = strlen(code) + 128;
+    if ((src = (char *)malloc(n)))
+      snprintf(src, n, "#include \"attention_variant.cuh\"\n%s#include \"attention_variant_rules.cuh\"\n", code);
+  }
+  free(code);
+  if (!src) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.score_mod: out of host memory");
+  cudaKernel_t kern[RTC_KERNELS] = {NULL, NULL};
+  st = rtc_kernels_get(ctx, src, names, fast ? 2 : 1, kern);
+  free(src);
+  if (st) return st;
+
+  fa_variant_problem vp;
+  memset(&vp, 0, sizeof vp);
+  (fa_attn_problem &)vp = *p;
+  const int ns = p->score_mod ? p->score_mod->ntensors : 0;
+  variant_tensors(p->score_mod, 0, &vp.va);
+  variant_tensors(p->mask_mod, ns, &vp.va);
+  /* the fault records, where an expression reads a tensor */
+  const int reads_s = fa_variant_unsafe_reads(p->score_mod, bounds, -1);
+  const int reads_m = fa_variant_unsafe_reads(p->mask_mod, bounds, -1);
+  if (reads_s < 0 || reads_m < 0) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.score_mod: out of host memory");
+  void *faults = NULL;
+  const size_t fault_bytes = sizeof(long long) * (size_t)(2 + 2 * (reads_s + reads_m));
+  if (reads_s + reads_m) {
+    if ((st = fa_cuda_malloc(ctx, &faults, fault_bytes))) return st;
+    const cudaError_t err = cudaMemsetAsync(faults, 0xff, fault_bytes, fa_cuda_stream(ctx));
+    if ((st = fa_cuda_error(ctx, err, "the variant's fault record"))) {
+      fa_cuda_free(faults, fault_bytes);
+      return st;
+    }
+    if (reads_s) vp.va.fault[0] = (long long *)faults;
+    if (reads_m) vp.va.fault[1] = (long long *)faults + 1 + 2 * reads_s;
+  }
+  int *v_flag = NULL;
+  if (fast) st = values_nonfinite_flag(ctx, p, &v_flag); /* NaN or inf in V: the SIMT kernel redoes the call */
+  if (!st && fast) {
+    vp.v_nonfinite = v_flag, vp.v_self_check = 0;
+    void *args[] = {&vp};
+    const int64_t rows = fast == 2 ? WG_BR : 16 * MMA_WARPS(p->D);
+    const int64_t blocks = p->B * p->Hq * ((p->Lq + rows - 1) / rows);
+    const size_t smem = fast == 2 ? wgmma_smem_bytes((int)p->D, (int)p->tile_k) : (size_t)(rows + 4 * MMA_BC) * p->D * 2;
+    st = attn_grid_fits(ctx, blocks);
+    if (!st)
+      st = launch(ctx, kern[1], (unsigned)blocks, fast == 2 ? WG_THREADS : MMA_WARPS(p->D) * 32, smem, args,
+                  "the variant's fast kernel");
+  }
+  if (!st) {
+    (fa_attn_problem &)vp = simt;
+    vp.v_nonfinite = v_flag;
+    int bc = (int)simt.tile_k, tq = (int)simt.tile_q;
+    int64_t nblk = p->B * p->Hq * ((p->Lq + tq - 1) / tq), grid = nblk;
+    if (v_flag) { /* mostly not needed: a grid that is cheap to launch */
+      int dev = 0, sms = 0;
+      const cudaError_t err = cudaGetDevice(&dev);
+      if (err == cudaSuccess && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess)
+        grid = min(nblk, (int64_t)sms * 2);
+    }
+    void *args[] = {&vp, &tq, &bc, &nblk};
+    st = attn_grid_fits(ctx, grid);
+    if (!st && grid > 0)
+      st = launch(ctx, kern[0], (unsigned)grid, NWARPS * 32, tiled_smem(br, bc, p->D, p->Dv), args,
+                  "the variant's SIMT kernel");
+  }
+  if (v_flag) fa_cuda_free(v_flag, sizeof(int)); /* stream-ordered */
+  if (faults) {
+    if (!st) st = read_faults(ctx, p, bounds, (long long *)faults, reads_s, reads_m);
+    fa_cuda_free(faults, fault_bytes);
+  }
+  return st;
+}

@@ -1,0 +1,56 @@
+/* Attention variants on cuda (API §9): what the run-time compiled kernels
+ * and their host side (attention_variant.cu) share.
+ *
+ * A variant's translation unit, compiled by NVRTC, is this header, then
+ * the traced expressions' `struct fa_variant` (src/variant_codegen.c:
+ * static score(args, s, b, h, q, k, fault) and mask(...) on 0-based
+ * positions, has_score and has_mask), then attention_variant_rules.cuh,
+ * which hooks them into the kernels' score rule.  The kernels are the
+ * built-in ones (attention_wgmma.cuh, attention_mma.cuh,
+ * attention_tiled.cuh) instantiated with PROB = fa_variant_problem: the
+ * problem plus the captured tensors, passed by value with each launch, so
+ * that new tensors or shapes never recompile. */
+#ifndef FA_KERNELS_ATTENTION_VARIANT_CUH
+#define FA_KERNELS_ATTENTION_VARIANT_CUH
+
+#include "attention_mma.cuh"
+#include "attention_tiled.cuh"
+#include "attention_wgmma.cuh"
+
+/* score_mod's captured tensors, then mask_mod's (expr.h's 16 each) */
+#define FA_VARIANT_SLOTS 32
+
+struct fa_variant_args {
+  const void *ptr[FA_VARIANT_SLOTS];
+  long long shape[FA_VARIANT_SLOTS][4], stride[FA_VARIANT_SLOTS][4]; /* elements */
+  /* the fault records of score_mod [0] and mask_mod [1] (NULL when it has
+   * no read), all -1 before the call: [0] the node of the first read whose
+   * out-of-range NaN reached a result; [1 + 2r], [2 + 2r] the dimension
+   * (0-based) and the index of read r's first bad access */
+  long long *fault[2];
+};
+struct fa_variant_problem : fa_attn_problem {
+  fa_variant_args va;
+};
+
+/* The index of a bad read that is NaN or not an integer (expr.c's codes). */
+#define FA_VARIANT_NAN_INDEX (-9223372036854775807LL - 1)
+#define FA_VARIANT_FRACTION_INDEX 9223372036854775807LL
+
+/* Lua's modulo, the sign of the divisor: of integers (d a constant other
+ * than 0) and of floats. */
+static __device__ __forceinline__ long long fa_variant_imod(long long a, long long d) {
+  const long long m = a % d;
+  return m != 0 && (m < 0) != (d < 0) ? m + d : m;
+}
+static __device__ __forceinline__ float fa_variant_fmod(float a, float d) {
+  float m = fmodf(a, d);
+  return m != 0.f && (m > 0.f) != (d > 0.f) ? m + d : m;
+}
+
+/* Read r's bad access (dimension d, index ix), kept from the first. */
+static __device__ __forceinline__ void fa_variant_note(long long *rec, int r, int d, long long ix) {
+  if (atomicCAS((unsigned long long *)&rec[1 + 2 * r], ~0ull, (unsigned long long)d) == ~0ull) rec[2 + 2 * r] = ix;
+}
+
+#endif

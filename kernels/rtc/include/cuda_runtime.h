@@ -1,0 +1,2 @@
+/* NVRTC: the host-only headers the kernels name, empty. */
+#pragma once

@@ -1,0 +1,397 @@
+/* Attention variants on cuda (API §9): the CUDA C of a traced score_mod and
+ * mask_mod, compiled at run time into the fused kernels
+ * (kernels/attention/attention_variant.cu).  Only this code reaches the
+ * compiler: numbers, the node operators and the captured tensors' reads,
+ * never text from a script.
+ *
+ * Each node becomes one constant of a type inferred from its operands:
+ * bool for the comparisons and logic, long long for integers (positions,
+ * integral constants, and + - * min max abs floor of integers: exact, as
+ * the CPU's f64 is below 2^53), float for the rest (the kernels' score
+ * type).  Reads check their indices as the CPU does: an index outside the
+ * tensor or not an integer reads NaN, and when that value reaches the
+ * result the kernel records the read (its node: the "fault" of expr.h). */
+#include "variant_codegen.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { TB, TI, TF }; /* a node's type: bool, long long, float */
+
+typedef struct {
+  char *s;
+  size_t n, cap;
+  int failed;
+} text;
+
+static void put(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(text *t, const char *fmt, ...) {
+  if (t->failed) return;
+  va_list ap;
+  for (;;) {
+    va_start(ap, fmt);
+    const int w = vsnprintf(t->s ? t->s + t->n : NULL, t->s ? t->cap - t->n : 0, fmt, ap);
+    va_end(ap);
+    if (w < 0) {
+      t->failed = 1;
+      return;
+    }
+    if (t->s && t->n + (size_t)w < t->cap) {
+      t->n += (size_t)w;
+      return;
+    }
+    size_t cap = t->cap ? t->cap : 4096;
+    while (cap <= t->n + (size_t)w) cap *= 2;
+    char *s = realloc(t->s, cap);
+    if (!s) {
+      t->failed = 1;
+      return;
+    }
+    t->s = s, t->cap = cap;
+  }
+}
+
+/* Node j as a value of type want, from its own type have. */
+static void operand(text *t, int j, int have, int want) {
+  if (have == want) put(t, "v%d", j);
+  else if (want == TF) put(t, have == TB ? "(v%d ? 1.f : 0.f)" : "(float)v%d", j);
+  else if (want == TI) put(t, have == TB ? "(v%d ? 1LL : 0LL)" : "(long long)v%d", j);
+  else put(t, have == TI ? "(v%d != 0)" : "(v%d != 0.f)", j); /* NaN != 0: true, as the CPU's */
+}
+
+/* The operands of node x. */
+static int operands(const fa_expr_node *x) {
+  switch (x->op) {
+  case FA_X_CONST: case FA_X_S: case FA_X_B: case FA_X_H: case FA_X_Q: case FA_X_K: return 0;
+  case FA_X_NEG: case FA_X_ABS: case FA_X_EXP: case FA_X_LOG: case FA_X_TANH: case FA_X_SQRT: case FA_X_FLOOR:
+  case FA_X_NOT: return 1;
+  case FA_X_WHERE: return 3;
+  case FA_X_LOAD: return x->ndim;
+  default: return 2;
+  }
+}
+
+static const char *ctype(int ty) { return ty == TB ? "bool" : ty == TI ? "long long" : "float"; }
+
+static void constant(text *t, const fa_expr_node *x, int ty) {
+  if (ty == TB) put(t, "%s", x->c != 0 ? "true" : "false");
+  else if (ty == TI) put(t, "%lldLL", (long long)x->c);
+  else if (x->c != x->c) put(t, "__int_as_float(0x7fffffff)");
+  else if (isinf(x->c)) put(t, "%s__int_as_float(0x7f800000)", x->c < 0 ? "-" : "");
+  else put(t, "(float)%.17g", x->c);
+}
+
+static int integral(double c) { return c == floor(c) && fabs(c) < 9007199254740992.0; }
+
+/* The range [lo, hi] of an integer node's values over a call's positions
+ * (b in 1..B, h in 1..H, q in 1..Lq, k in 1..Lk): what shows a read in
+ * range for every key, so that it needs no check a score (slopes[h],
+ * doc[q]).  Unknown: -inf..inf. */
+typedef struct {
+  double lo, hi;
+} range;
+
+static range span(double a, double b, double c, double d) {
+  range r = {fmin(fmin(a, b), fmin(c, d)), fmax(fmax(a, b), fmax(c, d))};
+  if (r.lo != r.lo || r.hi != r.hi) r.lo = -INFINITY, r.hi = INFINITY; /* inf - inf */
+  return r;
+}
+
+static range node_range(const fa_expr *e, int i, const range *rg, const int *ty, const int64_t *bounds) {
+  const fa_expr_node *x = &e->nodes[i];
+  const range all = {-INFINITY, INFINITY};
+  const int na = operands(x);
+  const range A = na > 0 ? rg[x->a[0]] : all, B = na > 1 ? rg[x->a[1]] : all, C = na > 2 ? rg[x->a[2]] : all;
+  if (ty[i] != TI) return all;
+  switch (x->op) {
+  case FA_X_CONST: return (range){x->c, x->c};
+  case FA_X_B: case FA_X_H: case FA_X_Q: case FA_X_K: return (range){1, (double)bounds[x->op - FA_X_B]};
+  case FA_X_NEG: return (range){-A.hi, -A.lo};
+  case FA_X_ABS: return A.lo >= 0 ? A : A.hi <= 0 ? (range){-A.hi, -A.lo} : (range){0, fmax(-A.lo, A.hi)};
+  case FA_X_FLOOR: return A;
+  case FA_X_ADD: return span(A.lo + B.lo, A.hi + B.hi, A.lo + B.lo, A.hi + B.hi);
+  case FA_X_SUB: return span(A.lo - B.hi, A.hi - B.lo, A.lo - B.hi, A.hi - B.lo);
+  case FA_X_MUL: return span(A.lo * B.lo, A.lo * B.hi, A.hi * B.lo, A.hi * B.hi);
+  case FA_X_MIN: return (range){fmin(A.lo, B.lo), fmin(A.hi, B.hi)};
+  case FA_X_MAX: return (range){fmax(A.lo, B.lo), fmax(A.hi, B.hi)};
+  case FA_X_MOD: { /* by a constant d: 0..d-1, or d+1..0 (the divisor's sign) */
+    const double d = e->nodes[x->a[1]].c;
+    return d > 0 ? (range){0, d - 1} : (range){d + 1, 0};
+  }
+  case FA_X_WHERE: return (range){fmin(B.lo, C.lo), fmax(B.hi, C.hi)};
+  case FA_X_LOAD: return (range){0, 1}; /* a bool tensor read as a number */
+  default: return all;
+  }
+}
+
+/* The types of e's nodes, which reads may fall outside their tensor
+ * (unsafe: not every index provably an integer within its dimension for
+ * the bounds B, H, Lq, Lk), and which values depend on such a read (may
+ * carry a fault). */
+static void infer(const fa_expr *e, const int64_t *bounds, int *ty, uint8_t *fl, uint8_t *unsafe) {
+  range *rg = malloc(sizeof *rg * (size_t)e->n); /* NULL: every read unsafe */
+  for (int i = 0; i < e->n; i++) {
+    const fa_expr_node *x = &e->nodes[i];
+    const int a = x->a[0], b = x->a[1], c = x->a[2];
+    int f = 0;
+    unsafe[i] = 0;
+    switch (x->op) {
+    case FA_X_CONST: ty[i] = x->is_bool ? TB : integral(x->c) ? TI : TF; break;
+    case FA_X_S: ty[i] = TF; break;
+    case FA_X_B: case FA_X_H: case FA_X_Q: case FA_X_K: ty[i] = TI; break;
+    case FA_X_NEG: case FA_X_ABS: case FA_X_FLOOR: ty[i] = ty[a] == TI ? TI : TF, f = fl[a]; break;
+    case FA_X_EXP: case FA_X_LOG: case FA_X_TANH: case FA_X_SQRT: ty[i] = TF, f = fl[a]; break;
+    case FA_X_NOT: ty[i] = TB, f = fl[a]; break;
+    case FA_X_ADD: case FA_X_SUB: case FA_X_MUL: case FA_X_MIN: case FA_X_MAX:
+      ty[i] = ty[a] == TI && ty[b] == TI ? TI : TF, f = fl[a] | fl[b];
+      break;
+    case FA_X_MOD: /* integers by a constant other than 0; else Lua's float modulo */
+      ty[i] = ty[a] == TI && ty[b] == TI && e->nodes[b].op == FA_X_CONST && e->nodes[b].c != 0 ? TI : TF;
+      f = fl[a] | fl[b];
+      break;
+    case FA_X_DIV: case FA_X_POW: ty[i] = TF, f = fl[a] | fl[b]; break;
+    case FA_X_LT: case FA_X_LE: case FA_X_GT: case FA_X_GE: case FA_X_EQ: case FA_X_NE:
+    case FA_X_AND: case FA_X_OR:
+      ty[i] = TB, f = fl[a] | fl[b];
+      break;
+    case FA_X_WHERE:
+      ty[i] = ty[b] == ty[c] ? ty[b] : TF, f = fl[a] | fl[b] | fl[c];
+      break;
+    case FA_X_LOAD: {
+      const fa_tensor *src = e->tensors[x->tensor];
+      ty[i] = x->is_bool ? TB : src->dtype == FA_BOOL ? TI : TF;
+      for (int d = 0; d < x->ndim; d++) {
+        f |= fl[x->a[d]];
+        if (!rg || ty[x->a[d]] != TI || !(rg[x->a[d]].lo >= 1 && rg[x->a[d]].hi <= (double)src->shape[d]))
+          unsafe[i] = 1;
+      }
+      f |= unsafe[i];
+      break;
+    }
+    default: ty[i] = TF; break;
+    }
+    fl[i] = (uint8_t)f;
+    if (rg) rg[i] = node_range(e, i, rg, ty, bounds);
+  }
+  free(rg);
+}
+
+/* The read of node i (reads: its ordinal among e's reads) of captured
+ * tensor slot `slot` of the kernel's arguments. */
+static void emit_load(text *t, const fa_expr *e, int i, const int *ty, const uint8_t *fl, int unsafe, int slot,
+                      int reads) {
+  const fa_expr_node *x = &e->nodes[i];
+  const fa_tensor *src = e->tensors[x->tensor];
+  if (!unsafe) { /* in range at every position of the call */
+    put(t, "  const long long o%d = ", i);
+    for (int d = 0; d < x->ndim; d++) {
+      put(t, "%s(", d ? " + " : "");
+      operand(t, x->a[d], ty[x->a[d]], TI);
+      put(t, " - 1) * a.stride[%d][%d]", slot, d);
+    }
+    put(t, ";\n  const bool k%d = true;\n", i);
+  } else {
+  /* the indices: 0-based i<i>_<d>, and whether each is inside the tensor */
+  for (int d = 0; d < x->ndim; d++) {
+    const int a = x->a[d];
+    if (ty[a] == TF) {
+      put(t, "  const float x%d_%d = v%d;\n", i, d, a);
+      put(t, "  const bool k%d_%d = x%d_%d >= 1.f && x%d_%d <= (float)a.shape[%d][%d] && x%d_%d == floorf(x%d_%d);\n", i,
+          d, i, d, i, d, slot, d, i, d, i, d);
+      put(t, "  const long long i%d_%d = k%d_%d ? (long long)x%d_%d - 1 : 0;\n", i, d, i, d, i, d);
+    } else {
+      put(t, "  const long long i%d_%d = ", i, d);
+      operand(t, a, ty[a], TI);
+      put(t, " - 1;\n");
+      put(t, "  const bool k%d_%d = (unsigned long long)i%d_%d < (unsigned long long)a.shape[%d][%d];\n", i, d, i, d,
+          slot, d);
+    }
+  }
+  put(t, "  const bool k%d = ", i);
+  for (int d = 0; d < x->ndim; d++) put(t, "%sk%d_%d", d ? " && " : "", i, d);
+  put(t, ";\n  const long long o%d = k%d ? ", i, i);
+  for (int d = 0; d < x->ndim; d++) put(t, "%si%d_%d * a.stride[%d][%d]", d ? " + " : "", i, d, slot, d);
+  put(t, " : 0;\n");
+  }
+  const char *load;
+  switch (src->dtype) {
+  case FA_F16: load = "__half2float(((const __half *)a.ptr[%d])[o%d])"; break;
+  case FA_BF16: load = "__bfloat162float(((const __nv_bfloat16 *)a.ptr[%d])[o%d])"; break;
+  case FA_F64: load = "(float)((const double *)a.ptr[%d])[o%d]"; break;
+  case FA_BOOL: load = "(long long)(((const unsigned char *)a.ptr[%d])[o%d] != 0)"; break;
+  default: load = "((const float *)a.ptr[%d])[o%d]"; break;
+  }
+  put(t, "  const %s v%d = k%d ? ", ctype(ty[i]), i, i);
+  if (ty[i] == TB) put(t, "(");
+  put(t, load, slot, i);
+  if (ty[i] == TB) put(t, " != 0)");
+  put(t, " : %s;\n", ty[i] == TB ? "true" : ty[i] == TI ? "0LL" : "__int_as_float(0x7fffffff)");
+  if (!fl[i]) return;
+  /* the fault: an index's own first, else this read's */
+  put(t, "  const int f%d = ", i);
+  for (int d = 0; d < x->ndim; d++)
+    if (fl[x->a[d]]) put(t, "f%d >= 0 ? f%d : ", x->a[d], x->a[d]);
+  put(t, "k%d ? -1 : %d;\n", i, i);
+  if (!unsafe) return;
+  /* which index, for the message: recorded by the first bad read of this node */
+  put(t, "  if (!k%d) {\n    int d = 0;\n    long long ix = 0;\n", i);
+  for (int d = x->ndim - 1; d >= 0; d--) {
+    const int a = x->a[d];
+    if (ty[a] == TF)
+      put(t, "    if (!k%d_%d) d = %d, ix = x%d_%d != x%d_%d ? FA_VARIANT_NAN_INDEX : x%d_%d != floorf(x%d_%d) ? "
+             "FA_VARIANT_FRACTION_INDEX : fabsf(x%d_%d) < 9e18f ? (long long)x%d_%d : 0;\n",
+          i, d, d, i, d, i, d, i, d, i, d, i, d, i, d);
+    else put(t, "    if (!k%d_%d) d = %d, ix = i%d_%d + 1;\n", i, d, d, i, d);
+  }
+  put(t, "    fa_variant_note(fault, %d, d, ix);\n  }\n", reads);
+}
+
+static void emit_node(text *t, const fa_expr *e, int i, const int *ty, const uint8_t *fl) {
+  const fa_expr_node *x = &e->nodes[i];
+  const int a = x->a[0], b = x->a[1], c = x->a[2], T = ty[i];
+  static const char *const cmp[] = {"<", "<=", ">", ">=", "==", "!="};
+  put(t, "  const %s v%d = ", ctype(T), i);
+  switch (x->op) {
+  case FA_X_CONST: constant(t, x, T); break;
+  case FA_X_S: put(t, "s"); break;
+  case FA_X_B: put(t, "(b + 1)"); break;
+  case FA_X_H: put(t, "(h + 1)"); break;
+  case FA_X_Q: put(t, "(q + 1)"); break;
+  case FA_X_K: put(t, "(k + 1)"); break;
+  case FA_X_NEG: put(t, "-"), operand(t, a, ty[a], T); break;
+  case FA_X_ABS:
+    if (T == TI) put(t, "(v%d < 0 ? -v%d : v%d)", a, a, a);
+    else put(t, "fabsf("), operand(t, a, ty[a], TF), put(t, ")");
+    break;
+  case FA_X_FLOOR:
+    if (T == TI) put(t, "v%d", a);
+    else put(t, "floorf("), operand(t, a, ty[a], TF), put(t, ")");
+    break;
+  case FA_X_EXP: case FA_X_LOG: case FA_X_TANH: case FA_X_SQRT: {
+    static const char *const fn[] = {"expf", "logf", "tanhf", "sqrtf"};
+    put(t, "%s(", fn[x->op - FA_X_EXP]), operand(t, a, ty[a], TF), put(t, ")");
+    break;
+  }
+  case FA_X_NOT: put(t, "!"), operand(t, a, ty[a], TB); break;
+  case FA_X_ADD: case FA_X_SUB: case FA_X_MUL: case FA_X_DIV:
+    operand(t, a, ty[a], T), put(t, " %c ", "+-*/"[x->op - FA_X_ADD]), operand(t, b, ty[b], T);
+    break;
+  case FA_X_MOD:
+    put(t, "%s(", T == TI ? "fa_variant_imod" : "fa_variant_fmod"), operand(t, a, ty[a], T), put(t, ", "),
+        operand(t, b, ty[b], T), put(t, ")");
+    break;
+  case FA_X_POW: put(t, "powf("), operand(t, a, ty[a], TF), put(t, ", "), operand(t, b, ty[b], TF), put(t, ")"); break;
+  case FA_X_MIN: case FA_X_MAX: /* Lua's order: o < p ? o : p keeps a NaN in p */
+    put(t, "("), operand(t, b, ty[b], T), put(t, x->op == FA_X_MIN ? " < " : " > "), operand(t, a, ty[a], T);
+    put(t, " ? "), operand(t, b, ty[b], T), put(t, " : "), operand(t, a, ty[a], T), put(t, ")");
+    break;
+  case FA_X_LT: case FA_X_LE: case FA_X_GT: case FA_X_GE: case FA_X_EQ: case FA_X_NE: {
+    const int w = ty[a] == ty[b] ? ty[a] : TF;
+    operand(t, a, ty[a], w), put(t, " %s ", cmp[x->op - FA_X_LT]), operand(t, b, ty[b], w);
+    break;
+  }
+  case FA_X_AND: case FA_X_OR:
+    operand(t, a, ty[a], TB), put(t, x->op == FA_X_AND ? " && " : " || "), operand(t, b, ty[b], TB);
+    break;
+  case FA_X_WHERE:
+    operand(t, a, ty[a], TB), put(t, " ? "), operand(t, b, ty[b], T), put(t, " : "), operand(t, c, ty[c], T);
+    break;
+  default: put(t, "__int_as_float(0x7fffffff)"); break;
+  }
+  put(t, ";\n");
+  if (!fl[i]) return;
+  /* the fault this value carries: its operands' in order; where: the taken branch's */
+  const int na = operands(x);
+  put(t, "  const int f%d = ", i);
+  if (x->op == FA_X_WHERE) {
+    if (fl[a]) put(t, "f%d >= 0 ? f%d : ", a, a);
+    operand(t, a, ty[a], TB);
+    if (fl[b]) put(t, " ? f%d", b);
+    else put(t, " ? -1");
+    if (fl[c]) put(t, " : f%d;\n", c);
+    else put(t, " : -1;\n");
+    return;
+  }
+  for (int j = 0; j < na; j++)
+    if (fl[x->a[j]]) put(t, "f%d >= 0 ? f%d : ", x->a[j], x->a[j]);
+  put(t, "-1;\n");
+}
+
+/* One function of the variant: score_mod (returns the score) or mask_mod
+ * (returns whether the key stays), its reads from argument slot base on. */
+static void emit_function(text *t, const fa_expr *e, const int64_t *bounds, int is_mask, int base) {
+  int *ty = calloc((size_t)e->n, sizeof *ty);
+  uint8_t *fl = calloc((size_t)e->n, 1), *live = calloc((size_t)e->n, 1), *unsafe = calloc((size_t)e->n, 1);
+  if (!ty || !fl || !live || !unsafe) {
+    t->failed = 1;
+    free(ty), free(fl), free(live), free(unsafe);
+    return;
+  }
+  infer(e, bounds, ty, fl, unsafe);
+  live[e->n - 1] = 1; /* what the result depends on */
+  for (int i = e->n - 1; i >= 0; i--) {
+    if (!live[i]) continue;
+    const fa_expr_node *x = &e->nodes[i];
+    for (int j = 0; j < operands(x); j++) live[x->a[j]] = 1;
+  }
+  put(t,
+      "  static __device__ __forceinline__ %s %s(const fa_variant_args &a, float s, long long b, long long h, "
+      "long long q, long long k, int &fault_node) {\n",
+      is_mask ? "bool" : "float", is_mask ? "mask" : "score");
+  put(t, "  (void)a, (void)s, (void)b, (void)h, (void)q, (void)k;\n");
+  put(t, "  long long *fault = a.fault[%d];\n  (void)fault;\n", is_mask);
+  int reads = 0;
+  for (int i = 0; i < e->n; i++) {
+    const fa_expr_node *x = &e->nodes[i];
+    if (x->op == FA_X_LOAD) {
+      if (live[i]) emit_load(t, e, i, ty, fl, unsafe[i], base + x->tensor, reads);
+      reads += unsafe[i];
+    } else if (live[i]) {
+      emit_node(t, e, i, ty, fl);
+    }
+  }
+  const int r = e->n - 1;
+  if (fl[r]) put(t, "  if (f%d >= 0) fault_node = f%d;\n", r, r);
+  put(t, "  return ");
+  operand(t, r, ty[r], is_mask ? TB : TF);
+  put(t, ";\n  }\n");
+  free(ty), free(fl), free(live), free(unsafe);
+}
+
+int fa_variant_unsafe_reads(const fa_expr *e, const int64_t *bounds, int node) {
+  if (!e) return 0;
+  int *ty = calloc((size_t)e->n, sizeof *ty), n = 0;
+  uint8_t *fl = calloc((size_t)e->n, 1), *unsafe = calloc((size_t)e->n, 1);
+  if (ty && fl && unsafe) {
+    infer(e, bounds, ty, fl, unsafe);
+    for (int i = 0; i < e->n && i != node; i++) n += e->nodes[i].op == FA_X_LOAD && unsafe[i];
+  } else {
+    n = -1;
+  }
+  free(ty), free(fl), free(unsafe);
+  return n;
+}
+
+char *fa_variant_source(const fa_expr *score_mod, const fa_expr *mask_mod, const int64_t *bounds) {
+  text t = {0};
+  put(&t, "struct fa_variant {\n");
+  put(&t, "  static const bool has_score = %s, has_mask = %s;\n", score_mod ? "true" : "false",
+      mask_mod ? "true" : "false");
+  if (score_mod) emit_function(&t, score_mod, bounds, 0, 0);
+  else
+    put(&t, "  static __device__ __forceinline__ float score(const fa_variant_args &, float s, long long, long long, "
+            "long long, long long, int &) { return s; }\n");
+  if (mask_mod) emit_function(&t, mask_mod, bounds, 1, score_mod ? score_mod->ntensors : 0);
+  else
+    put(&t, "  static __device__ __forceinline__ bool mask(const fa_variant_args &, float, long long, long long, "
+            "long long, long long, int &) { return true; }\n");
+  put(&t, "};\n");
+  if (t.failed) {
+    free(t.s);
+    return NULL;
+  }
+  return t.s;
+}
