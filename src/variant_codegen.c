@@ -19,7 +19,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { TB, TI, TF }; /* a node's type: bool, long long, float */
+/* A node's type: bool, long long, float, and TJ: an integer held in a
+ * float, exactly (|x| <= 2^24), so that positions and their differences
+ * cost what the built-in rules do (no 64-bit or conversion work a score) */
+enum { TB, TI, TF, TJ };
+#define EXACT_IN_FLOAT 16777216.0
 
 typedef struct {
   char *s;
@@ -56,10 +60,18 @@ static void put(text *t, const char *fmt, ...) {
 
 /* Node j as a value of type want, from its own type have. */
 static void operand(text *t, int j, int have, int want) {
-  if (have == want) put(t, "v%d", j);
-  else if (want == TF) put(t, have == TB ? "(v%d ? 1.f : 0.f)" : "(float)v%d", j);
+  if (have == want || (have == TJ && want == TF)) put(t, "v%d", j);
+  else if (want == TF || want == TJ) put(t, have == TB ? "(v%d ? 1.f : 0.f)" : "(float)v%d", j);
   else if (want == TI) put(t, have == TB ? "(v%d ? 1LL : 0LL)" : "(long long)v%d", j);
   else put(t, have == TI ? "(v%d != 0)" : "(v%d != 0.f)", j); /* NaN != 0: true, as the CPU's */
+}
+
+/* The type two integer or float operands meet in: long long if either is
+ * one, else float (TJ when both are exact integers). */
+static int meet(int a, int b) {
+  if (a == b) return a;
+  if ((a == TI || a == TJ) && (b == TI || b == TJ)) return TI;
+  return TF;
 }
 
 /* The operands of node x. */
@@ -79,6 +91,7 @@ static const char *ctype(int ty) { return ty == TB ? "bool" : ty == TI ? "long l
 static void constant(text *t, const fa_expr_node *x, int ty) {
   if (ty == TB) put(t, "%s", x->c != 0 ? "true" : "false");
   else if (ty == TI) put(t, "%lldLL", (long long)x->c);
+  else if (ty == TJ) put(t, "%lld.f", (long long)x->c);
   else if (x->c != x->c) put(t, "__int_as_float(0x7fffffff)");
   else if (isinf(x->c)) put(t, "%s__int_as_float(0x7f800000)", x->c < 0 ? "-" : "");
   else put(t, "(float)%.17g", x->c);
@@ -176,6 +189,14 @@ static void infer(const fa_expr *e, const int64_t *bounds, int *ty, uint8_t *fl,
     fl[i] = (uint8_t)f;
     if (rg) rg[i] = node_range(e, i, rg, ty, bounds);
   }
+  /* integers that stay exact in a float, computed from such integers only */
+  for (int i = 0; rg && i < e->n; i++) {
+    const fa_expr_node *x = &e->nodes[i];
+    if (ty[i] != TI || x->op == FA_X_LOAD || !(rg[i].lo >= -EXACT_IN_FLOAT && rg[i].hi <= EXACT_IN_FLOAT)) continue;
+    int exact = 1;
+    for (int j = 0; j < operands(x); j++) exact &= ty[x->a[j]] != TI;
+    if (exact) ty[i] = TJ;
+  }
   free(rg);
 }
 
@@ -257,17 +278,17 @@ static void emit_node(text *t, const fa_expr *e, int i, const int *ty, const uin
   switch (x->op) {
   case FA_X_CONST: constant(t, x, T); break;
   case FA_X_S: put(t, "s"); break;
-  case FA_X_B: put(t, "(b + 1)"); break;
-  case FA_X_H: put(t, "(h + 1)"); break;
-  case FA_X_Q: put(t, "(q + 1)"); break;
-  case FA_X_K: put(t, "(k + 1)"); break;
+  case FA_X_B: case FA_X_H: case FA_X_Q: case FA_X_K: /* bf + 1.f, or b + 1 past 2^24 */
+    put(t, T == TJ ? "(%cf + 1.f)" : "(%c + 1)", "bhqk"[x->op - FA_X_B]);
+    break;
   case FA_X_NEG: put(t, "-"), operand(t, a, ty[a], T); break;
   case FA_X_ABS:
     if (T == TI) put(t, "(v%d < 0 ? -v%d : v%d)", a, a, a);
+    else if (T == TJ) put(t, "fabsf(v%d)", a);
     else put(t, "fabsf("), operand(t, a, ty[a], TF), put(t, ")");
     break;
   case FA_X_FLOOR:
-    if (T == TI) put(t, "v%d", a);
+    if (T == TI || T == TJ) put(t, "v%d", a);
     else put(t, "floorf("), operand(t, a, ty[a], TF), put(t, ")");
     break;
   case FA_X_EXP: case FA_X_LOG: case FA_X_TANH: case FA_X_SQRT: {
@@ -276,8 +297,15 @@ static void emit_node(text *t, const fa_expr *e, int i, const int *ty, const uin
     break;
   }
   case FA_X_NOT: put(t, "!"), operand(t, a, ty[a], TB); break;
-  case FA_X_ADD: case FA_X_SUB: case FA_X_MUL: case FA_X_DIV:
-    operand(t, a, ty[a], T), put(t, " %c ", "+-*/"[x->op - FA_X_ADD]), operand(t, b, ty[b], T);
+  case FA_X_DIV:
+    if (e->nodes[b].op == FA_X_CONST && isfinite(e->nodes[b].c) && e->nodes[b].c != 0 &&
+        fabs(e->nodes[b].c) < 1e30 && fabs(e->nodes[b].c) > 1e-30) /* by a constant: times its reciprocal */
+      operand(t, a, ty[a], TF), put(t, " * (float)%.17g", 1.0 / e->nodes[b].c);
+    else
+      operand(t, a, ty[a], TF), put(t, " / "), operand(t, b, ty[b], TF);
+    break;
+  case FA_X_ADD: case FA_X_SUB: case FA_X_MUL:
+    operand(t, a, ty[a], T), put(t, " %c ", "+-*"[x->op - FA_X_ADD]), operand(t, b, ty[b], T);
     break;
   case FA_X_MOD:
     put(t, "%s(", T == TI ? "fa_variant_imod" : "fa_variant_fmod"), operand(t, a, ty[a], T), put(t, ", "),
@@ -289,7 +317,7 @@ static void emit_node(text *t, const fa_expr *e, int i, const int *ty, const uin
     put(t, " ? "), operand(t, b, ty[b], T), put(t, " : "), operand(t, a, ty[a], T), put(t, ")");
     break;
   case FA_X_LT: case FA_X_LE: case FA_X_GT: case FA_X_GE: case FA_X_EQ: case FA_X_NE: {
-    const int w = ty[a] == ty[b] ? ty[a] : TF;
+    const int w = meet(ty[a], ty[b]);
     operand(t, a, ty[a], w), put(t, " %s ", cmp[x->op - FA_X_LT]), operand(t, b, ty[b], w);
     break;
   }
@@ -339,9 +367,9 @@ static void emit_function(text *t, const fa_expr *e, const int64_t *bounds, int 
   }
   put(t,
       "  static __device__ __forceinline__ %s %s(const fa_variant_args &a, float s, long long b, long long h, "
-      "long long q, long long k, int &fault_node) {\n",
+      "long long q, long long k, float bf, float hf, float qf, float kf, int &fault_node) {\n",
       is_mask ? "bool" : "float", is_mask ? "mask" : "score");
-  put(t, "  (void)a, (void)s, (void)b, (void)h, (void)q, (void)k;\n");
+  put(t, "  (void)a, (void)s, (void)b, (void)h, (void)q, (void)k, (void)bf, (void)hf, (void)qf, (void)kf;\n");
   put(t, "  long long *fault = a.fault[%d];\n  (void)fault;\n", is_mask);
   int reads = 0;
   for (int i = 0; i < e->n; i++) {
@@ -383,11 +411,11 @@ char *fa_variant_source(const fa_expr *score_mod, const fa_expr *mask_mod, const
   if (score_mod) emit_function(&t, score_mod, bounds, 0, 0);
   else
     put(&t, "  static __device__ __forceinline__ float score(const fa_variant_args &, float s, long long, long long, "
-            "long long, long long, int &) { return s; }\n");
+            "long long, long long, float, float, float, float, int &) { return s; }\n");
   if (mask_mod) emit_function(&t, mask_mod, bounds, 1, score_mod ? score_mod->ntensors : 0);
   else
     put(&t, "  static __device__ __forceinline__ bool mask(const fa_variant_args &, float, long long, long long, "
-            "long long, long long, int &) { return true; }\n");
+            "long long, long long, float, float, float, float, int &) { return true; }\n");
   put(&t, "};\n");
   if (t.failed) {
     free(t.s);

@@ -87,15 +87,19 @@ static __device__ __forceinline__ float attn_score(const fa_attn_problem &p, int
   return s;
 }
 
-/* A key's score under the rule of problem type PROB, for the kernels that
- * score a key at a time (the SIMT kernel): attn_score for fa_attn_problem;
- * the run-time compiled variants (attention_variant.cuh) specialise it
- * for their problem type, which adds score_mod and mask_mod. */
+/* What the rule of problem type PROB adds to the kernels: score, a key's
+ * score for the kernels that take one at a time (the SIMT kernel), and
+ * narrow, the keys [*lo, *hi) a query tile from row i0 on must visit (the
+ * tensor-core kernels).  For fa_attn_problem: attn_score, and the key
+ * range as it is.  The run-time compiled variants (attention_variant.cuh)
+ * specialise it for their problem type: score_mod and mask_mod, and the
+ * key tiles that mask_mod leaves empty skipped. */
 template <typename PROB> struct attn_rule {
   static __device__ __forceinline__ float score(const PROB &p, int64_t b, int64_t h, int64_t i, int64_t j, float dot,
                                                 int64_t lo, int64_t hi) {
     return attn_score(p, b, h, i, j, dot, lo, hi);
   }
+  static __device__ __forceinline__ void narrow(const PROB &, int64_t, int64_t, int64_t, int64_t *, int64_t *) {}
 };
 
 /* Element offset of row i of head h of batch b in an operand of strides st

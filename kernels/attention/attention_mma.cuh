@@ -46,6 +46,7 @@ __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(PROB p) {
   cp_async_commit();
   int64_t t_lo, t_hi, all_lo, all_hi;
   tile_key_range<MMA_BR>(p, b, i0, &t_lo, &t_hi, &all_lo, &all_hi);
+  attn_rule<PROB>::narrow(p, b, h, i0, &t_lo, &t_hi);
   const bool scale_pos = p.scale > 0;
   const int ntiles = (int)((t_hi - t_lo + MMA_BC - 1) / MMA_BC);
   if (ntiles > 0) {

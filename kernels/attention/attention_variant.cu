@@ -90,7 +90,7 @@ static fa_status nvrtc_open(fa_context *ctx) {
 
 /* ---- the module cache ---- */
 
-#define RTC_KERNELS 2 /* a call's instances: the SIMT kernel, and the fast kernel (if any) */
+#define RTC_KERNELS 3 /* a call's instances: the SIMT kernel, the fast kernel and mask_mod's spans (if any) */
 
 /* One compiled kernel instance (a module of its own, so that the instances
  * of a call compile side by side and the SIMT one is shared by calls on
@@ -301,7 +301,7 @@ static fa_status rtc_kernels_get(fa_context *ctx, const char *src, const char *c
   rtc_job jobs[RTC_KERNELS];
   memset(jobs, 0, sizeof jobs);
   pthread_t threads[RTC_KERNELS];
-  int started[RTC_KERNELS] = {0, 0};
+  int started[RTC_KERNELS] = {0, 0, 0};
   pthread_mutex_lock(&rtc_lock); /* held throughout: one caller compiles a key, the others then find it */
   fa_status st = nvrtc_open(ctx);
   static uint64_t headers = 0; /* constant-initialised; set under the lock */
@@ -366,8 +366,6 @@ static void variant_tensors(const fa_expr *e, int base, fa_variant_args *a) {
   }
 }
 
-static const char *type_name(fa_dtype dt) { return dt == FA_F16 ? "__half" : dt == FA_BF16 ? "__nv_bfloat16" : "float"; }
-
 static fa_status launch(fa_context *ctx, cudaKernel_t k, unsigned grid, unsigned threads, size_t smem, void **args,
                         const char *what) {
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -416,49 +414,151 @@ static int variant_fast_kernel(fa_attn_kernel kernel, const fa_attn_problem *p) 
   return 0;
 }
 
-extern "C" fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_attn_problem *p) {
-  const int fast = variant_fast_kernel(kernel, p);
-  if (!fast && kernel != FA_KERNEL_AUTO && kernel != FA_KERNEL_SIMT)
+static bool expr_uses(const fa_expr *e, int op) {
+  for (int i = 0; e && i < e->n; i++)
+    if (e->nodes[i].op == op) return true;
+  return false;
+}
+
+/* What a variant call runs: the kernels (names[0] the SIMT kernel, [1] the
+ * fast one, [2] mask_mod's spans), the fast kernel's tile, the SIMT
+ * kernel's problem (its own tile) and the spans' layout. */
+typedef struct {
+  int fast, n;
+  int br, bc;          /* the fast kernel's tile */
+  fa_attn_problem simt; /* tile fitted to the SIMT kernel */
+  long long nb, nh, nq; /* spans: batches and heads told apart (1: mask_mod does not use b / h), query tiles */
+  char names[RTC_KERNELS][160];
+} variant_plan;
+
+static fa_status plan_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_attn_problem *p, variant_plan *v) {
+  memset(v, 0, sizeof *v);
+  v->fast = variant_fast_kernel(kernel, p);
+  if (!v->fast && kernel != FA_KERNEL_AUTO && kernel != FA_KERNEL_SIMT)
     return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: opts.kernel: the kernel named declined the call on cuda");
-  const bool dense = attn_rows_dense(p);
-  const char *T = type_name(p->compute);
+  const char *T = p->compute == FA_F16 ? "__half" : p->compute == FA_BF16 ? "__nv_bfloat16" : "float";
+  const char *dense = attn_rows_dense(p) ? "true" : "false";
   /* the SIMT kernel: behind the fast one (a tile it holds), or alone with the call's tile */
-  fa_attn_problem simt = *p;
-  if (fast) simt.tile_q = 64, simt.tile_k = 64;
-  fa_status st = simt_fit_tile(ctx, &simt);
+  v->simt = *p;
+  if (v->fast) v->simt.tile_q = 64, v->simt.tile_k = 64;
+  fa_status st = simt_fit_tile(ctx, &v->simt);
   if (st) return st;
-  const int br = block_rows((int)simt.tile_q);
-  char fast_name[160], simt_name[160];
-  if (fast == 2)
-    snprintf(fast_name, sizeof fast_name, "attn_wgmma_kernel<%s, %lld, %lld, EXTRAS_VARIANT, PASS_FLASH, %s, fa_variant_problem>",
-             T, (long long)p->D, (long long)p->tile_k, dense ? "true" : "false");
-  else
-    snprintf(fast_name, sizeof fast_name, "attn_mma_kernel<%s, %lld, EXTRAS_VARIANT, PASS_FLASH, %s, fa_variant_problem>",
-             T, (long long)p->D, dense ? "true" : "false");
-  snprintf(simt_name, sizeof simt_name, "attn_tiled_kernel<%s, %d, MODE_FLASH, fa_variant_problem>", T, br);
-  const char *names[RTC_KERNELS] = {simt_name, fast_name};
-  const int64_t bounds[4] = {p->B, p->Hq, p->Lq, p->Lk};
-  char *code = fa_variant_source(p->score_mod, p->mask_mod, bounds);
-  char *src = NULL;
+  snprintf(v->names[0], sizeof v->names[0], "attn_tiled_kernel<%s, %d, MODE_FLASH, fa_variant_problem>", T,
+           block_rows((int)v->simt.tile_q));
+  v->n = 1;
+  if (!v->fast) return FA_OK;
+  if (v->fast == 2) {
+    v->br = WG_BR, v->bc = (int)p->tile_k;
+    snprintf(v->names[1], sizeof v->names[1],
+             "attn_wgmma_kernel<%s, %lld, %d, EXTRAS_VARIANT, PASS_FLASH, %s, fa_variant_problem>", T, (long long)p->D,
+             v->bc, dense);
+  } else {
+    v->br = 16 * MMA_WARPS(p->D), v->bc = MMA_BC;
+    snprintf(v->names[1], sizeof v->names[1], "attn_mma_kernel<%s, %lld, EXTRAS_VARIANT, PASS_FLASH, %s, fa_variant_problem>",
+             T, (long long)p->D, dense);
+  }
+  v->n = 2;
+  if (p->mask_mod) { /* the key tiles mask_mod leaves empty are skipped, its full ones not masked */
+    v->nb = expr_uses(p->mask_mod, FA_X_B) ? p->B : 1;
+    v->nh = expr_uses(p->mask_mod, FA_X_H) ? p->Hq : 1;
+    v->nq = (p->Lq + v->br - 1) / v->br;
+    snprintf(v->names[2], sizeof v->names[2], "fa_variant_spans_kernel<%d, %d>", v->br, v->bc);
+    v->n = 3;
+  }
+  return FA_OK;
+}
+
+/* The CUDA C of the call's variant, in its translation unit (malloc'd):
+ * the expressions, and which of §2's rules the call sets. */
+static char *variant_unit(const fa_attn_problem *p, const int64_t *bounds) {
+  char *code = fa_variant_source(p->score_mod, p->mask_mod, bounds), *src = NULL;
   if (code) {
-    const size_t n = strlen(code) + 128;
+    const size_t n = strlen(code) + 512;
     if ((src = (char *)malloc(n)))
-      snprintf(src, n, "#include \"attention_variant.cuh\"\n%s#include \"attention_variant_rules.cuh\"\n", code);
+      snprintf(src, n,
+               "#include \"attention_variant.cuh\"\n%s"
+               "struct fa_variant_rules {\n  static const bool bool_mask = %s, float_mask = %s, softcap = %s, alibi = %s;\n};\n"
+               "#include \"attention_variant_rules.cuh\"\n",
+               code, p->mask_b ? "true" : "false", p->mask_f ? "true" : "false", p->softcap > 0 ? "true" : "false",
+               p->alibi ? "true" : "false");
   }
   free(code);
+  return src;
+}
+
+/* The SMs of the current device (a fallback grid's size), 0 when unknown. */
+static int sm_count(void) {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return sms;
+}
+
+/* Queues the call's kernels: mask_mod's spans, the fast kernel guarded by
+ * v_flag (NaN or inf in V), and the SIMT kernel, behind it when there is
+ * one (it runs only when v_flag is set), else alone. */
+static fa_status queue_variant(fa_context *ctx, const fa_attn_problem *p, const variant_plan *v, cudaKernel_t *kern,
+                               fa_variant_problem *vp, int *v_flag) {
+  fa_status st = FA_OK;
+  void *spans = NULL;
+  const size_t spans_bytes = sizeof(int) * 4 * (size_t)(v->nb * v->nh * v->nq);
+  if (v->n == 3) {
+    const long long grid = v->nb * v->nh * v->nq;
+    void *args[] = {vp, &spans, (void *)&v->nb, (void *)&v->nh};
+    vp->va.spans_nq = v->nq, vp->va.spans_br = v->br, vp->va.spans_bc = v->bc;
+    vp->va.spans_sb = v->nb > 1 ? v->nh : 0, vp->va.spans_sh = v->nh > 1 ? 1 : 0;
+    if (!(st = fa_cuda_malloc(ctx, &spans, spans_bytes)) && !(st = attn_grid_fits(ctx, grid)))
+      st = launch(ctx, kern[2], (unsigned)grid, 256, 0, args, "mask_mod's tiles");
+    vp->va.spans = (const int *)spans;
+  }
+  if (!st && v->fast) {
+    vp->v_nonfinite = v_flag, vp->v_self_check = 0;
+    void *args[] = {vp};
+    const int64_t blocks = p->B * p->Hq * ((p->Lq + v->br - 1) / v->br);
+    const size_t smem = v->fast == 2 ? wgmma_smem_bytes((int)p->D, v->bc) : (size_t)(v->br + 4 * MMA_BC) * p->D * 2;
+    if (!(st = attn_grid_fits(ctx, blocks)))
+      st = launch(ctx, kern[1], (unsigned)blocks, v->fast == 2 ? WG_THREADS : MMA_WARPS(p->D) * 32, smem, args,
+                  "the variant's fast kernel");
+  }
+  if (!st) {
+    const fa_variant_args va = vp->va;
+    (fa_attn_problem &)*vp = v->simt;
+    vp->va = va;
+    vp->v_nonfinite = v_flag;
+    int bc = (int)v->simt.tile_k, tq = (int)v->simt.tile_q;
+    long long nblk = p->B * p->Hq * ((p->Lq + tq - 1) / tq), grid = nblk;
+    if (v_flag && sm_count() > 0) grid = min(nblk, (long long)sm_count() * 2); /* mostly not needed: cheap to launch */
+    void *args[] = {vp, &tq, &bc, &nblk};
+    st = attn_grid_fits(ctx, grid);
+    if (!st && grid > 0)
+      st = launch(ctx, kern[0], (unsigned)grid, NWARPS * 32, tiled_smem(block_rows(tq), bc, p->D, p->Dv), args,
+                  "the variant's SIMT kernel");
+  }
+  if (spans) fa_cuda_free(spans, spans_bytes); /* stream-ordered: after the kernels */
+  return st;
+}
+
+extern "C" fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_attn_problem *p) {
+  variant_plan v;
+  fa_status st = plan_variant(ctx, kernel, p, &v);
+  if (st) return st;
+  const int64_t bounds[4] = {p->B, p->Hq, p->Lq, p->Lk};
+  char *src = variant_unit(p, bounds);
   if (!src) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.score_mod: out of host memory");
-  cudaKernel_t kern[RTC_KERNELS] = {NULL, NULL};
-  st = rtc_kernels_get(ctx, src, names, fast ? 2 : 1, kern);
+  const char *names[RTC_KERNELS] = {v.names[0], v.names[1], v.names[2]};
+  cudaKernel_t kern[RTC_KERNELS] = {NULL, NULL, NULL};
+  st = rtc_kernels_get(ctx, src, names, v.n, kern);
   free(src);
   if (st) return st;
 
   fa_variant_problem vp;
   memset(&vp, 0, sizeof vp);
   (fa_attn_problem &)vp = *p;
-  const int ns = p->score_mod ? p->score_mod->ntensors : 0;
   variant_tensors(p->score_mod, 0, &vp.va);
-  variant_tensors(p->mask_mod, ns, &vp.va);
-  /* the fault records, where an expression reads a tensor */
+  variant_tensors(p->mask_mod, p->score_mod ? p->score_mod->ntensors : 0, &vp.va);
+  /* the fault records, where an expression reads a tensor that may be out of range */
   const int reads_s = fa_variant_unsafe_reads(p->score_mod, bounds, -1);
   const int reads_m = fa_variant_unsafe_reads(p->mask_mod, bounds, -1);
   if (reads_s < 0 || reads_m < 0) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.score_mod: out of host memory");
@@ -466,44 +566,13 @@ extern "C" fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attn_kernel k
   const size_t fault_bytes = sizeof(long long) * (size_t)(2 + 2 * (reads_s + reads_m));
   if (reads_s + reads_m) {
     if ((st = fa_cuda_malloc(ctx, &faults, fault_bytes))) return st;
-    const cudaError_t err = cudaMemsetAsync(faults, 0xff, fault_bytes, fa_cuda_stream(ctx));
-    if ((st = fa_cuda_error(ctx, err, "the variant's fault record"))) {
-      fa_cuda_free(faults, fault_bytes);
-      return st;
-    }
+    st = fa_cuda_error(ctx, cudaMemsetAsync(faults, 0xff, fault_bytes, fa_cuda_stream(ctx)), "the variant's fault record");
     if (reads_s) vp.va.fault[0] = (long long *)faults;
     if (reads_m) vp.va.fault[1] = (long long *)faults + 1 + 2 * reads_s;
   }
   int *v_flag = NULL;
-  if (fast) st = values_nonfinite_flag(ctx, p, &v_flag); /* NaN or inf in V: the SIMT kernel redoes the call */
-  if (!st && fast) {
-    vp.v_nonfinite = v_flag, vp.v_self_check = 0;
-    void *args[] = {&vp};
-    const int64_t rows = fast == 2 ? WG_BR : 16 * MMA_WARPS(p->D);
-    const int64_t blocks = p->B * p->Hq * ((p->Lq + rows - 1) / rows);
-    const size_t smem = fast == 2 ? wgmma_smem_bytes((int)p->D, (int)p->tile_k) : (size_t)(rows + 4 * MMA_BC) * p->D * 2;
-    st = attn_grid_fits(ctx, blocks);
-    if (!st)
-      st = launch(ctx, kern[1], (unsigned)blocks, fast == 2 ? WG_THREADS : MMA_WARPS(p->D) * 32, smem, args,
-                  "the variant's fast kernel");
-  }
-  if (!st) {
-    (fa_attn_problem &)vp = simt;
-    vp.v_nonfinite = v_flag;
-    int bc = (int)simt.tile_k, tq = (int)simt.tile_q;
-    int64_t nblk = p->B * p->Hq * ((p->Lq + tq - 1) / tq), grid = nblk;
-    if (v_flag) { /* mostly not needed: a grid that is cheap to launch */
-      int dev = 0, sms = 0;
-      const cudaError_t err = cudaGetDevice(&dev);
-      if (err == cudaSuccess && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess)
-        grid = min(nblk, (int64_t)sms * 2);
-    }
-    void *args[] = {&vp, &tq, &bc, &nblk};
-    st = attn_grid_fits(ctx, grid);
-    if (!st && grid > 0)
-      st = launch(ctx, kern[0], (unsigned)grid, NWARPS * 32, tiled_smem(br, bc, p->D, p->Dv), args,
-                  "the variant's SIMT kernel");
-  }
+  if (!st && v.fast) st = values_nonfinite_flag(ctx, p, &v_flag); /* NaN or inf in V: the SIMT kernel redoes the call */
+  if (!st) st = queue_variant(ctx, p, &v, kern, &vp, v_flag);
   if (v_flag) fa_cuda_free(v_flag, sizeof(int)); /* stream-ordered */
   if (faults) {
     if (!st) st = read_faults(ctx, p, bounds, (long long *)faults, reads_s, reads_m);

@@ -28,10 +28,24 @@ struct fa_variant_args {
    * out-of-range NaN reached a result; [1 + 2r], [2 + 2r] the dimension
    * (0-based) and the index of read r's first bad access */
   long long *fault[2];
+  /* mask_mod's tiles (fa_variant_spans_kernel), or NULL: per (b, h, query
+   * tile of spans_br rows), int4 {first, end} of the key tiles of spans_bc
+   * keys it leaves nonempty, then {first, end} of a run of full ones; at
+   * (b·spans_sb + h·spans_sh)·spans_nq + query tile (a stride 0: the same
+   * for every batch or head) */
+  const int *spans;
+  long long spans_sb, spans_sh, spans_nq;
+  int spans_br, spans_bc;
 };
 struct fa_variant_problem : fa_attn_problem {
   fa_variant_args va;
 };
+
+/* The span record of query tile qt of head h of batch b. */
+static __device__ __forceinline__ const int *fa_variant_span(const fa_variant_problem &p, long long b, long long h,
+                                                             long long qt) {
+  return p.va.spans + 4 * ((b * p.va.spans_sb + h * p.va.spans_sh) * p.va.spans_nq + qt);
+}
 
 /* The index of a bad read that is NaN or not an integer (expr.c's codes). */
 #define FA_VARIANT_NAN_INDEX (-9223372036854775807LL - 1)
