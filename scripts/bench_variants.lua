@@ -13,7 +13,8 @@
 -- before each repetition, the median), TFLOP/s over the attended pairs
 -- (4·D·pairs·B·H / time, as FlexAttention counts), and the same for the
 -- built-in rule (alibi, softcap, window options; a dense bool mask where no
--- option computes it); first_call_s: wall time of the variant's first call
+-- option computes it); block_mask_ms: the variant with opts.block_mask from
+-- fa.block_mask (made once, block_mask_s; L = 4096); first_call_s: wall time of the variant's first call
 -- (NVRTC included unless FLASHATTN_CACHE_DIR holds it); each variant is
 -- first checked against the built-in call (bf16 tolerance).  Host cost of a
 -- cached variant: the time per call of a small call (B = H = 1, L = 128)
@@ -109,8 +110,8 @@ end
 
 local results, wrong = {}, 0
 print(("%s: %s, %s, D = %d, H = %d, %d repetitions"):format(NAME, info.name or dev, dtype, D, H, REP))
-print(("%-18s %6s %3s %9s %8s %9s %8s %7s %8s"):format("case", "L", "B", "ms", "TFLOP/s", "builtin", "TFLOP/s",
-  "ratio", "first s"))
+print(("%-18s %6s %3s %9s %8s %9s %8s %7s %8s %9s"):format("case", "L", "B", "ms", "TFLOP/s", "builtin", "TFLOP/s",
+  "ratio", "first s", "bmask ms"))
 local wanted
 if args.cases then
   wanted = {}
@@ -171,6 +172,15 @@ for _, shape in ipairs(shapes) do
         row.rel_err = fa.rel_error(o:float(), ref:float())
         o:free(); ref:free()
         row.ms = time_ms(function() fa.attention(q, k, v, vopts):free() end)
+        if vopts.mask_mod and L <= 4096 then -- opts.block_mask made once (fa.block_mask), as FlexAttention's
+          local t1 = wall()
+          local bm = fa.block_mask(vopts.mask_mod, B, H, L, L, cuda and { tile = { 128, 128 } } or nil)
+          row.block_mask_s = wall() - t1
+          local bo = {}
+          for key, val in pairs(vopts) do bo[key] = val end
+          bo.block_mask = bm
+          row.block_mask_ms = time_ms(function() fa.attention(q, k, v, bo):free() end)
+        end
         row.builtin_ms = time_ms(function() fa.attention(q, k, v, bopts):free() end)
         row.builtin = next(bopts) and table.concat((function()
           local t = {}
@@ -190,12 +200,13 @@ for _, shape in ipairs(shapes) do
         row.ratio_vs_builtin = row.builtin_ms / row.ms
       end
       results[#results + 1] = row
-      print(("%-18s %6d %3d %9s %8s %9s %8s %7s %8s  %s"):format(name, L, B,
+      print(("%-18s %6d %3d %9s %8s %9s %8s %7s %8s %9s  %s"):format(name, L, B,
         row.ms and ("%.3f"):format(row.ms) or "-", row.tflops and ("%.1f"):format(row.tflops) or "-",
         row.builtin_ms and ("%.3f"):format(row.builtin_ms) or "-",
         row.builtin_tflops and ("%.1f"):format(row.builtin_tflops) or "-",
         row.ratio_vs_builtin and ("%.2f"):format(row.ratio_vs_builtin) or "-",
         row.first_call_s and ("%.2f"):format(row.first_call_s) or "-",
+        row.block_mask_ms and ("%.3f"):format(row.block_mask_ms) or "-",
         row.status ~= "ok" and (row.status .. " " .. (row.error or tostring(row.rel_err))) or ""))
       collectgarbage()
     end

@@ -71,6 +71,7 @@ fa_status fa_block_mask_new(fa_context *ctx, const fa_expr *e, int64_t B, int64_
 void fa_block_mask_free(fa_block_mask *m) {
   if (!m) return;
   if (m->state) fa_host_free(m->state, m->bytes);
+  if (m->dev_spans) fa_cuda_free(m->dev_spans, m->dev_bytes);
   fa_host_free(m, sizeof *m);
 }
 

@@ -74,6 +74,12 @@ struct fa_block_mask {
   int64_t counts[3];
   uint8_t *state;
   size_t bytes;
+  /* cuda: the tiles as the kernels of one tile {dev_br, dev_bc} read them
+   * (kernels/attention/attention_variant.cu: made from state on first use,
+   * on device dev_device; freed with the mask) */
+  void *dev_spans;
+  size_t dev_bytes;
+  int dev_br, dev_bc, dev_device;
 };
 
 /* The block mask's verdict on keys [j0, j0 + n) (n <= Bc) of query tile qi:

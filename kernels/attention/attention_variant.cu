@@ -496,23 +496,144 @@ static int sm_count(void) {
   return sms;
 }
 
+/* ---- mask_mod's tiles (fa_variant_args.spans) ---- */
+
+/* The spans of a block mask (fa.block_mask: per tile of Br x Bc, empty,
+ * full or partial) for the kernels' tiles of br x bc, multiples of them:
+ * a kernel tile is empty (full) when every tile of the mask inside it is.
+ * Made on the host once, kept on the device in the mask. */
+static fa_status block_mask_spans(fa_context *ctx, const fa_block_mask *cm, int br, int bc, const int **out) {
+  fa_block_mask *m = (fa_block_mask *)cm; /* its device copy is made on demand (allocated non-const) */
+  int dev = 0;
+  *out = NULL;
+  FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
+  if (br % m->Br || bc % m->Bc) return FA_OK; /* tiles that do not line up: the call makes its own */
+  if (m->dev_spans) {
+    if (m->dev_br == br && m->dev_bc == bc && m->dev_device == dev) *out = (const int *)m->dev_spans;
+    return FA_OK; /* made for other tiles or another device: the call makes its own */
+  }
+  const long long rq = br / m->Br, rk = bc / m->Bc, nq = (m->Lq + br - 1) / br, nk = (m->Lk + bc - 1) / bc;
+  const size_t bytes = sizeof(int) * 4 * (size_t)(m->B * m->H * nq);
+  int *host = (int *)malloc(bytes);
+  if (!host) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.block_mask: out of host memory");
+  for (long long bh = 0; bh < m->B * m->H; bh++)
+    for (long long qt = 0; qt < nq; qt++) {
+      int first = -1, end = 0, f_first = 0, f_end = 0, run = -1;
+      for (long long kt = 0; kt < nk; kt++) {
+        bool any = false, all = true;
+        for (long long qi = qt * rq; qi < (qt + 1) * rq && qi < m->nq; qi++)
+          for (long long ki = kt * rk; ki < (kt + 1) * rk && ki < m->nk; ki++) {
+            const int st = m->state[(bh * m->nq + qi) * m->nk + ki];
+            any |= st != FA_BLOCK_EMPTY, all &= st == FA_BLOCK_FULL;
+          }
+        if (any) first = first < 0 ? (int)kt : first, end = (int)kt + 1;
+        if (all) {
+          if (run < 0) run = (int)kt;
+          if ((int)kt + 1 - run > f_end - f_first) f_first = run, f_end = (int)kt + 1;
+        } else {
+          run = -1;
+        }
+      }
+      int *sp = host + 4 * (bh * nq + qt);
+      sp[0] = first < 0 ? 0 : first, sp[1] = first < 0 ? 0 : end, sp[2] = f_first, sp[3] = f_end;
+    }
+  void *d = NULL;
+  fa_status st = fa_cuda_malloc(ctx, &d, bytes);
+  if (!st) st = fa_cuda_memcpy(ctx, d, host, bytes, FA_COPY_H2D);
+  free(host);
+  if (st) {
+    fa_cuda_free(d, bytes);
+    return st;
+  }
+  m->dev_spans = d, m->dev_bytes = bytes, m->dev_br = br, m->dev_bc = bc, m->dev_device = dev;
+  *out = (const int *)d;
+  return FA_OK;
+}
+
+/* Spans of mask_mods that read no tensor depend on the unit's source and
+ * the call's sizes alone: kept for the process (at most SPANS_KEPT of
+ * them; the rest are made a call at a time). */
+#define SPANS_KEPT 64
+typedef struct spans_entry {
+  char *key;
+  size_t keylen;
+  int *spans;
+  struct spans_entry *next;
+} spans_entry;
+static spans_entry *kept_spans;
+static int kept_count;
+
+static char *spans_key(const char *src, const fa_attn_problem *p, const variant_plan *v, size_t *len) {
+  const size_t cap = strlen(src) + 160;
+  char *key = (char *)malloc(cap);
+  int dev = 0;
+  if (!key || cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    free(key);
+    return NULL;
+  }
+  *len = (size_t)snprintf(key, cap, "%s\n// spans %d x %d of %lld %lld %lld %lld %lld %lld on %d", src, v->br, v->bc,
+                          (long long)p->B, (long long)p->Hq, (long long)p->Lq, (long long)p->Lk, v->nb, v->nh, dev);
+  return key;
+}
+
+/* vp->va.spans and its layout for the call: from opts.block_mask, or kept,
+ * or made by the spans kernel (into *temp, which the caller frees, unless
+ * it is kept). */
+static fa_status variant_spans(fa_context *ctx, const fa_attn_problem *p, const variant_plan *v, const char *src,
+                               cudaKernel_t spans_kernel, fa_variant_problem *vp, void **temp, size_t *temp_bytes) {
+  fa_variant_args &va = vp->va;
+  va.spans_br = v->br, va.spans_bc = v->bc, va.spans_nq = v->nq;
+  *temp = NULL, *temp_bytes = 0;
+  fa_status st = FA_OK;
+  pthread_mutex_lock(&rtc_lock);
+  if (p->block_mask && !(st = block_mask_spans(ctx, p->block_mask, v->br, v->bc, &va.spans)) && va.spans) {
+    va.spans_sb = p->block_mask->H, va.spans_sh = 1;
+    pthread_mutex_unlock(&rtc_lock);
+    return FA_OK;
+  }
+  va.spans_sb = v->nb > 1 ? v->nh : 0, va.spans_sh = v->nh > 1 ? 1 : 0;
+  size_t keylen = 0;
+  char *key = !st && p->mask_mod->ntensors == 0 ? spans_key(src, p, v, &keylen) : NULL;
+  for (spans_entry *e = kept_spans; key && e; e = e->next)
+    if (e->keylen == keylen && !memcmp(e->key, key, keylen)) va.spans = e->spans;
+  pthread_mutex_unlock(&rtc_lock);
+  if (st || va.spans) {
+    free(key);
+    return st;
+  }
+  const long long grid = v->nb * v->nh * v->nq;
+  const size_t bytes = sizeof(int) * 4 * (size_t)grid;
+  void *spans = NULL;
+  if ((st = fa_cuda_malloc(ctx, &spans, bytes)) || (st = attn_grid_fits(ctx, grid))) {
+    free(key);
+    if (spans) fa_cuda_free(spans, bytes);
+    return st;
+  }
+  void *args[] = {vp, &spans, (void *)&v->nb, (void *)&v->nh};
+  st = launch(ctx, spans_kernel, (unsigned)grid, 256, 0, args, "mask_mod's tiles");
+  va.spans = (const int *)spans;
+  spans_entry *e = NULL;
+  pthread_mutex_lock(&rtc_lock);
+  if (!st && key && kept_count < SPANS_KEPT && (e = (spans_entry *)calloc(1, sizeof *e))) {
+    e->key = key, e->keylen = keylen, e->spans = (int *)spans, key = NULL;
+    e->next = kept_spans, kept_spans = e, kept_count++;
+  }
+  pthread_mutex_unlock(&rtc_lock);
+  free(key);
+  if (!e) *temp = spans, *temp_bytes = bytes; /* a call's own: freed after its kernels */
+  return st;
+}
+
 /* Queues the call's kernels: mask_mod's spans, the fast kernel guarded by
  * v_flag (NaN or inf in V), and the SIMT kernel, behind it when there is
  * one (it runs only when v_flag is set), else alone. */
-static fa_status queue_variant(fa_context *ctx, const fa_attn_problem *p, const variant_plan *v, cudaKernel_t *kern,
-                               fa_variant_problem *vp, int *v_flag) {
+static fa_status queue_variant(fa_context *ctx, const fa_attn_problem *p, const variant_plan *v, const char *src,
+                               cudaKernel_t *kern, fa_variant_problem *vp, int *v_flag) {
   fa_status st = FA_OK;
   void *spans = NULL;
-  const size_t spans_bytes = sizeof(int) * 4 * (size_t)(v->nb * v->nh * v->nq);
-  if (v->n == 3) {
-    const long long grid = v->nb * v->nh * v->nq;
-    void *args[] = {vp, &spans, (void *)&v->nb, (void *)&v->nh};
-    vp->va.spans_nq = v->nq, vp->va.spans_br = v->br, vp->va.spans_bc = v->bc;
-    vp->va.spans_sb = v->nb > 1 ? v->nh : 0, vp->va.spans_sh = v->nh > 1 ? 1 : 0;
-    if (!(st = fa_cuda_malloc(ctx, &spans, spans_bytes)) && !(st = attn_grid_fits(ctx, grid)))
-      st = launch(ctx, kern[2], (unsigned)grid, 256, 0, args, "mask_mod's tiles");
-    vp->va.spans = (const int *)spans;
-  }
+  size_t spans_bytes = 0;
+  if (v->n == 3) st = variant_spans(ctx, p, v, src, kern[2], vp, &spans, &spans_bytes);
   if (!st && v->fast) {
     vp->v_nonfinite = v_flag, vp->v_self_check = 0;
     void *args[] = {vp};
@@ -550,8 +671,10 @@ extern "C" fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attn_kernel k
   const char *names[RTC_KERNELS] = {v.names[0], v.names[1], v.names[2]};
   cudaKernel_t kern[RTC_KERNELS] = {NULL, NULL, NULL};
   st = rtc_kernels_get(ctx, src, names, v.n, kern);
-  free(src);
-  if (st) return st;
+  if (st) {
+    free(src);
+    return st;
+  }
 
   fa_variant_problem vp;
   memset(&vp, 0, sizeof vp);
@@ -561,18 +684,18 @@ extern "C" fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attn_kernel k
   /* the fault records, where an expression reads a tensor that may be out of range */
   const int reads_s = fa_variant_unsafe_reads(p->score_mod, bounds, -1);
   const int reads_m = fa_variant_unsafe_reads(p->mask_mod, bounds, -1);
-  if (reads_s < 0 || reads_m < 0) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.score_mod: out of host memory");
   void *faults = NULL;
   const size_t fault_bytes = sizeof(long long) * (size_t)(2 + 2 * (reads_s + reads_m));
-  if (reads_s + reads_m) {
-    if ((st = fa_cuda_malloc(ctx, &faults, fault_bytes))) return st;
+  if (reads_s < 0 || reads_m < 0) st = fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.score_mod: out of host memory");
+  if (!st && reads_s + reads_m && !(st = fa_cuda_malloc(ctx, &faults, fault_bytes))) {
     st = fa_cuda_error(ctx, cudaMemsetAsync(faults, 0xff, fault_bytes, fa_cuda_stream(ctx)), "the variant's fault record");
     if (reads_s) vp.va.fault[0] = (long long *)faults;
     if (reads_m) vp.va.fault[1] = (long long *)faults + 1 + 2 * reads_s;
   }
   int *v_flag = NULL;
   if (!st && v.fast) st = values_nonfinite_flag(ctx, p, &v_flag); /* NaN or inf in V: the SIMT kernel redoes the call */
-  if (!st) st = queue_variant(ctx, p, &v, kern, &vp, v_flag);
+  if (!st) st = queue_variant(ctx, p, &v, src, kern, &vp, v_flag);
+  free(src);
   if (v_flag) fa_cuda_free(v_flag, sizeof(int)); /* stream-ordered */
   if (faults) {
     if (!st) st = read_faults(ctx, p, bounds, (long long *)faults, reads_s, reads_m);

@@ -56,6 +56,39 @@ __device__ void frag_variant_tile(const fa_attn_problem &p0, int64_t b, int64_t 
   const int64_t iA = min(r.iA, p.Lq - 1), iB = min(r.iB, p.Lq - 1), jmax = p.Lk - 1;
   const float iAf = (float)iA, iBf = (float)iB, bf = (float)b, hAf = (float)h, hBf = (float)hB;
   const float jf0 = (float)(j0 + c2), jfmax = (float)jmax; /* a key's position: a float add, no conversion */
+  int fs = -1, fm = -1;
+  /* a key tile inside mask_mod's run of full tiles needs no mask_mod (both
+   * rows are in one query tile) */
+  bool mask_full = false;
+  if (fa_variant::has_mask && p.va.spans) {
+    const int *sp = fa_variant_span(p, b, h, r.iA / p.va.spans_br);
+    mask_full = j0 >= (int64_t)sp[2] * p.va.spans_bc && j0 + 8 * NC <= (int64_t)sp[3] * p.va.spans_bc;
+  }
+  /* the common tile: every key in range and kept (rows past Lq are never
+   * stored), nothing to mask: the scale, score_mod and the rules alone */
+  if (full && (!fa_variant::has_mask || mask_full) && !fa_variant_rules::bool_mask && !fa_variant_rules::float_mask) {
+#pragma unroll
+    for (int n = 0; n < NC; n++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const int64_t j = j0 + n * 8 + c2 + e;
+        const float jf = jf0 + (float)(n * 8 + e);
+        int f1 = -1, f2 = -1;
+        s[n][e] *= ruA.scale, s[n][2 + e] *= ruB.scale;
+        if (fa_variant::has_score) {
+          s[n][e] = fa_variant::score(p.va, s[n][e], b, h, iA, j, bf, hAf, iAf, jf, f1);
+          s[n][2 + e] = fa_variant::score(p.va, s[n][2 + e], b, hB, iB, j, bf, hBf, iBf, jf, f2);
+          if (fs < 0) fs = f1 >= 0 ? f1 : f2;
+        }
+        if (fa_variant_rules::softcap) s[n][e] = rule_softcap(ruA, s[n][e]), s[n][2 + e] = rule_softcap(ruB, s[n][2 + e]);
+        if (fa_variant_rules::alibi) {
+          const float kf = (float)(n * 8 + e);
+          s[n][e] = rule_alibi(ruA, s[n][e], kf), s[n][2 + e] = rule_alibi(ruB, s[n][2 + e], kf);
+        }
+      }
+    fa_variant_faults(p, fs, fm);
+    return;
+  }
   uint32_t keepA = 0, keepB = 0; /* bit 2n + e: the key stays */
 #pragma unroll
   for (int n = 0; n < NC; n++)
@@ -74,14 +107,6 @@ __device__ void frag_variant_tile(const fa_attn_problem &p0, int64_t b, int64_t 
         if ((keepA & bit) && !rule_mask_keeps(ruA, n * 8 + e)) keepA &= ~bit;
         if ((keepB & bit) && !rule_mask_keeps(ruB, n * 8 + e)) keepB &= ~bit;
       }
-  int fs = -1, fm = -1;
-  /* a key tile inside mask_mod's run of full tiles needs no mask_mod (both
-   * rows are in one query tile) */
-  bool mask_full = false;
-  if (fa_variant::has_mask && p.va.spans) {
-    const int *sp = fa_variant_span(p, b, h, r.iA / p.va.spans_br);
-    mask_full = j0 >= (int64_t)sp[2] * p.va.spans_bc && j0 + 8 * NC <= (int64_t)sp[3] * p.va.spans_bc;
-  }
   if (fa_variant::has_mask && !mask_full)
 #pragma unroll
     for (int n = 0; n < NC; n++)
@@ -180,14 +205,16 @@ __global__ void __launch_bounds__(256) fa_variant_spans_kernel(fa_variant_proble
   const long long nq = p.va.spans_nq, blk = blockIdx.x, qt = blk % nq;
   const long long b = blk / nq / nh, h = blk / nq % nh;
   const long long nk = (p.Lk + BC - 1) / BC;
+  const int Lq = (int)p.Lq, Lk = (int)p.Lk; /* below 2^31 (checked) */
+  const float bf = (float)b, hf = (float)h;
   int first = -1, end = -1, f_first = 0, f_end = 0, run = -1;
   for (long long kt = 0; kt < nk; kt++) {
     bool any = false, all = true;
     for (int idx = threadIdx.x; idx < BR * BC; idx += 256) {
-      const long long i = qt * BR + idx / BC, j = kt * BC + idx % BC;
-      if (i >= p.Lq || j >= p.Lk) continue;
+      const int i = (int)qt * BR + idx / BC, j = (int)kt * BC + idx % BC;
+      if (i >= Lq || j >= Lk) continue;
       int f = -1;
-      const bool m = fa_variant::mask(p.va, 0.f, b, h, i, j, (float)b, (float)h, (float)i, (float)j, f);
+      const bool m = fa_variant::mask(p.va, 0.f, b, h, i, j, bf, hf, (float)i, (float)j, f);
       any |= m, all &= m;
     }
     any = __syncthreads_or(any), all = __syncthreads_and(all);
