@@ -20,6 +20,15 @@ static uint8_t tile_state(const fa_expr *e, const fa_block_mask *m, int64_t b, i
   return all ? FA_BLOCK_FULL : FA_BLOCK_EMPTY;
 }
 
+/* Whether the tiles are evaluated on cuda: the context's device is cuda
+ * and every captured tensor is there (a CPU tensor keeps the CPU's). */
+static int on_device(const fa_context *ctx, const fa_expr *e) {
+  if (!ctx || ctx->device != FA_CUDA || !fa_cuda_available()) return 0;
+  for (int t = 0; t < e->ntensors; t++)
+    if (e->tensors[t]->storage->device != FA_CUDA) return 0;
+  return 1;
+}
+
 fa_status fa_block_mask_new(fa_context *ctx, const fa_expr *e, int64_t B, int64_t H, int64_t Lq, int64_t Lk,
                             int64_t Br, int64_t Bc, fa_block_mask **out) {
   FA_NEED(out);
@@ -50,15 +59,23 @@ fa_status fa_block_mask_new(fa_context *ctx, const fa_expr *e, int64_t B, int64_
     fa_block_mask_free(m);
     return st;
   }
-  if ((st = fa_expr_begin(ctx, NULL, e, 1))) {
+  if ((st = fa_expr_begin(ctx, NULL, e, !on_device(ctx, e)))) {
     fa_block_mask_free(m);
     return st;
   }
-  const int64_t rows = B * H * nq;
+  if (on_device(ctx, e)) {
+    st = fa_cuda_block_mask(ctx, e, B, H, Lq, Lk, Br, Bc, m->state);
+  } else {
+    const int64_t rows = B * H * nq;
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t r = 0; r < rows; r++)
-    for (int64_t ki = 0; ki < nk; ki++)
-      m->state[r * nk + ki] = tile_state(e, m, r / (H * nq), r / nq % H, r % nq, ki);
+    for (int64_t r = 0; r < rows; r++)
+      for (int64_t ki = 0; ki < nk; ki++)
+        m->state[r * nk + ki] = tile_state(e, m, r / (H * nq), r / nq % H, r % nq, ki);
+  }
+  if (st) {
+    fa_block_mask_free(m);
+    return st;
+  }
   if ((st = fa_expr_fault(ctx, e, "block_mask: mask_mod"))) {
     fa_block_mask_free(m);
     return st;

@@ -279,6 +279,11 @@ fa_status fa_cuda_attention_fused(fa_context *ctx, fa_attention_algo algo, fa_at
  * (AUTO, WGMMA, MMA or SIMT; kernels/attention/attention_variant.cu).  A
  * read out of range is recorded in the expression (fa_expr_fault). */
 fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_attn_problem *p);
+/* fa_block_mask_new on the device: the state of every tile of Br x Bc of
+ * mask_mod e (its tensors on the device) into state (host memory, B·H·nq·nk
+ * bytes); a read out of range is recorded in e (fa_expr_fault). */
+fa_status fa_cuda_block_mask(fa_context *ctx, const fa_expr *e, int64_t B, int64_t H, int64_t Lq, int64_t Lk,
+                             int64_t Br, int64_t Bc, uint8_t *state);
 /* For the fast kernels (WGMMA, MMA, F32): 1 when kernel takes calls of this
  * dtype and these head dims on this device, *br, *bc its default tile;
  * else 0 and why not into why (n bytes). */

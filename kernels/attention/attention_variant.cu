@@ -610,7 +610,8 @@ static fa_status variant_spans(fa_context *ctx, const fa_attn_problem *p, const 
     if (spans) fa_cuda_free(spans, bytes);
     return st;
   }
-  void *args[] = {vp, &spans, (void *)&v->nb, (void *)&v->nh};
+  void *states = NULL;
+  void *args[] = {vp, &spans, &states, (void *)&v->nb, (void *)&v->nh};
   st = launch(ctx, spans_kernel, (unsigned)grid, 256, 0, args, "mask_mod's tiles");
   va.spans = (const int *)spans;
   spans_entry *e = NULL;
@@ -701,5 +702,61 @@ extern "C" fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attn_kernel k
     if (!st) st = read_faults(ctx, p, bounds, (long long *)faults, reads_s, reads_m);
     fa_cuda_free(faults, fault_bytes);
   }
+  return st;
+}
+
+/* fa.block_mask on the device (API §9): mask_mod over every pair of each
+ * tile of Br x Bc, the spans kernel writing a state a tile into state
+ * (host, B·H·nq·nk bytes); b and h are told apart only where the
+ * expression uses them, the rest copied.  A read out of range is recorded
+ * in e, for the caller's fa_expr_fault. */
+extern "C" fa_status fa_cuda_block_mask(fa_context *ctx, const fa_expr *e, int64_t B, int64_t H, int64_t Lq,
+                                        int64_t Lk, int64_t Br, int64_t Bc, uint8_t *state) {
+  fa_attn_problem p;
+  memset(&p, 0, sizeof p);
+  p.B = B, p.Hq = p.Hkv = H, p.Lq = Lq, p.Lk = Lk, p.mask_mod = e;
+  const int64_t bounds[4] = {B, H, Lq, Lk};
+  char *src = variant_unit(&p, bounds);
+  if (!src) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: block_mask: out of host memory");
+  char name[96];
+  snprintf(name, sizeof name, "fa_variant_spans_kernel<%lld, %lld>", (long long)Br, (long long)Bc);
+  const char *names[1] = {name};
+  cudaKernel_t kern = NULL;
+  fa_status st = rtc_kernels_get(ctx, src, names, 1, &kern);
+  free(src);
+  if (st) return st;
+  const long long nb = expr_uses(e, FA_X_B) ? B : 1, nh = expr_uses(e, FA_X_H) ? H : 1;
+  const long long nq = (Lq + Br - 1) / Br, nk = (Lk + Bc - 1) / Bc, grid = nb * nh * nq;
+  const size_t bytes = (size_t)(grid * nk);
+  fa_variant_problem vp;
+  memset(&vp, 0, sizeof vp);
+  (fa_attn_problem &)vp = p;
+  variant_tensors(e, 0, &vp.va);
+  vp.va.spans_nq = nq;
+  const int reads = fa_variant_unsafe_reads(e, bounds, -1);
+  const size_t fault_bytes = sizeof(long long) * (size_t)(2 + 2 * reads);
+  void *faults = NULL, *dev = NULL, *spans = NULL;
+  uint8_t *host = (uint8_t *)malloc(bytes);
+  if (!host || reads < 0) st = fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: block_mask: out of host memory");
+  if (!st && reads && !(st = fa_cuda_malloc(ctx, &faults, fault_bytes))) {
+    st = fa_cuda_error(ctx, cudaMemsetAsync(faults, 0xff, fault_bytes, fa_cuda_stream(ctx)), "the block mask's fault record");
+    vp.va.fault[1] = (long long *)faults + 1; /* mask_mod's record: after score_mod's (empty) */
+  }
+  if (!st) st = fa_cuda_malloc(ctx, &dev, bytes);
+  if (!st) st = attn_grid_fits(ctx, grid);
+  if (!st) {
+    void *args[] = {&vp, &spans, &dev, (void *)&nb, (void *)&nh};
+    st = launch(ctx, kern, (unsigned)grid, 256, 0, args, "fa.block_mask");
+  }
+  if (!st) st = fa_cuda_memcpy(ctx, host, dev, bytes, FA_COPY_D2H);
+  if (!st && faults) st = read_faults(ctx, &p, bounds, (long long *)faults, 0, reads);
+  if (!st) /* the (b, h) the expression does not tell apart share their tiles */
+    for (long long b = 0; b < B; b++)
+      for (long long h = 0; h < H; h++)
+        memcpy(state + (b * H + h) * nq * nk, host + ((nb > 1 ? b : 0) * nh + (nh > 1 ? h : 0)) * nq * nk,
+               (size_t)(nq * nk));
+  free(host);
+  if (dev) fa_cuda_free(dev, bytes);
+  if (faults) fa_cuda_free(faults, fault_bytes);
   return st;
 }

@@ -196,12 +196,13 @@ template <> struct attn_rule<fa_variant_problem> {
 /* mask_mod over the tiles of BR query rows and BC keys: one block a (b, h,
  * query tile) (b, h: 0 where the expression does not use them, spans_sb,
  * spans_sh = 0), every pair of each key tile evaluated (on the positions
- * inside Lq and Lk), then the tile's span record (fa_variant_args.spans).
- * Reads out of range are not faults here: the attention kernel evaluates
- * mask_mod again on the keys it attends, and records them there. */
+ * inside Lq and Lk), then the tile's span record (spans, for the attention
+ * kernels) or its state (states, nk a query tile: fa.block_mask).  Reads
+ * out of range are recorded for fa.block_mask only: the attention kernels
+ * evaluate mask_mod again on the keys they attend, and record them there. */
 template <int BR, int BC>
-__global__ void __launch_bounds__(256) fa_variant_spans_kernel(fa_variant_problem p, int *spans, long long nb,
-                                                               long long nh) {
+__global__ void __launch_bounds__(256) fa_variant_spans_kernel(fa_variant_problem p, int *spans, uint8_t *states,
+                                                               long long nb, long long nh) {
   const long long nq = p.va.spans_nq, blk = blockIdx.x, qt = blk % nq;
   const long long b = blk / nq / nh, h = blk / nq % nh;
   const long long nk = (p.Lk + BC - 1) / BC;
@@ -215,9 +216,11 @@ __global__ void __launch_bounds__(256) fa_variant_spans_kernel(fa_variant_proble
       if (i >= Lq || j >= Lk) continue;
       int f = -1;
       const bool m = fa_variant::mask(p.va, 0.f, b, h, i, j, bf, hf, (float)i, (float)j, f);
+      if (states && f >= 0) fa_variant_record(p.va.fault[1], f);
       any |= m, all &= m;
     }
     any = __syncthreads_or(any), all = __syncthreads_and(all);
+    if (states && threadIdx.x == 0) states[blk * nk + kt] = any ? (all ? FA_BLOCK_FULL : FA_BLOCK_PARTIAL) : FA_BLOCK_EMPTY;
     if (any) {
       if (first < 0) first = (int)kt;
       end = (int)kt + 1;
@@ -230,7 +233,7 @@ __global__ void __launch_bounds__(256) fa_variant_spans_kernel(fa_variant_proble
     }
   }
   (void)nb;
-  if (threadIdx.x == 0) {
+  if (spans && threadIdx.x == 0) {
     int *sp = spans + 4 * blk;
     sp[0] = first < 0 ? 0 : first, sp[1] = first < 0 ? 0 : end, sp[2] = f_first, sp[3] = f_end;
   }

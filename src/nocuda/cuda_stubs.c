@@ -106,6 +106,12 @@ fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attn_kernel kernel, cons
   return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
 }
 
+fa_status fa_cuda_block_mask(fa_context *ctx, const fa_expr *e, int64_t B, int64_t H, int64_t Lq, int64_t Lk,
+                             int64_t Br, int64_t Bc, uint8_t *state) {
+  (void)e, (void)B, (void)H, (void)Lq, (void)Lk, (void)Br, (void)Bc, (void)state;
+  return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
+}
+
 int fa_cuda_attention_kernel_fit(fa_attn_kernel kernel, fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc,
                                  char *why, size_t n) {
   (void)kernel, (void)dt, (void)D, (void)Dv, (void)br, (void)bc;
