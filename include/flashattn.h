@@ -239,13 +239,16 @@ typedef struct {
   /* Attention variants (API §9; docs/variants.md): expressions traced
    * from a Lua score_mod(s, b, h, q, k) and mask_mod(b, h, q, k).  Only
    * the Lua binding builds them in this version: C hosts leave them NULL.
-   * CPU backend and fa_attention_reference only (FA_ERR_UNSUPPORTED on
-   * cuda and with splits > 1); the CPU backward and its reference take
-   * them too, differentiating score_mod's expression. */
+   * Both backends and fa_attention_reference; on cuda compiled into the
+   * "flash" kernels at run time (NVRTC; other algos FA_ERR_UNSUPPORTED),
+   * refused with splits > 1; the CPU backward and its reference take them
+   * too, differentiating score_mod's expression. */
   const fa_expr *score_mod, *mask_mod;
   /* fa_block_mask_new's result for this call's mask_mod, B, Hq, Lq, Lk and
-   * tile (checked), or NULL: "flash" and "two_pass" on the CPU skip its empty
-   * tiles and evaluate mask_mod only on its partial ones.  It needs
+   * tile (checked; on cuda its sizes, and it is used where its tile divides
+   * the kernel's), or NULL: "flash" and "two_pass" skip its empty tiles and
+   * evaluate mask_mod only on its partial ones (on cuda: skip the key tiles
+   * outside its nonempty ones, unmasked in its run of full ones).  It needs
    * mask_mod; the reference ignores it. */
   const fa_block_mask *block_mask;
 } fa_attention_opts;
@@ -263,13 +266,14 @@ FA_API void fa_expr_free(fa_expr *e);
 FA_API double fa_expr_eval(const fa_expr *e, double s, int64_t b, int64_t h, int64_t q, int64_t k);
 
 /* fa_block_mask_new evaluates mask_mod (an expression of booleans) over
- * every (b, h, q, k) of a (B, H, Lq, Lk) call, on the CPU, and keeps one
- * state per (b, h, query tile of Br rows, key tile of Bc keys), O(tiles)
- * memory: FA_BLOCK_EMPTY (no pair attends), FA_BLOCK_FULL (every pair
- * does) or FA_BLOCK_PARTIAL.  fa_block_mask_tile gives one (0-based tile
- * indices; -1 out of range), fa_block_mask_counts the three totals.
- * Br = Bc = 0: the CPU's default tile.  Captured tensors of any device are
- * read from the expression's host copies. */
+ * every (b, h, q, k) of a (B, H, Lq, Lk) call, on the GPU when ctx's device
+ * is cuda and every captured tensor is there (compiled with NVRTC), else on
+ * the CPU (captured tensors of any device read from host copies), and
+ * keeps one state per (b, h, query tile of Br rows, key tile of Bc keys),
+ * O(tiles) memory: FA_BLOCK_EMPTY (no pair attends), FA_BLOCK_FULL (every
+ * pair does) or FA_BLOCK_PARTIAL.  fa_block_mask_tile gives one (0-based
+ * tile indices; -1 out of range), fa_block_mask_counts the three totals.
+ * Br = Bc = 0: the CPU's default tile. */
 enum { FA_BLOCK_EMPTY = 0, FA_BLOCK_FULL = 1, FA_BLOCK_PARTIAL = 2 };
 FA_API fa_status fa_block_mask_new(fa_context *ctx, const fa_expr *mask_mod, int64_t B, int64_t H, int64_t Lq,
                                    int64_t Lk, int64_t Br, int64_t Bc, fa_block_mask **out);

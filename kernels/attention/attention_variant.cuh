@@ -17,26 +17,8 @@
 #include "attention_tiled.cuh"
 #include "attention_wgmma.cuh"
 
-/* score_mod's captured tensors, then mask_mod's (expr.h's 16 each) */
-#define FA_VARIANT_SLOTS 32
+#include "attention_variant_args.cuh"
 
-struct fa_variant_args {
-  const void *ptr[FA_VARIANT_SLOTS];
-  long long shape[FA_VARIANT_SLOTS][4], stride[FA_VARIANT_SLOTS][4]; /* elements */
-  /* the fault records of score_mod [0] and mask_mod [1] (NULL when it has
-   * no read), all -1 before the call: [0] the node of the first read whose
-   * out-of-range NaN reached a result; [1 + 2r], [2 + 2r] the dimension
-   * (0-based) and the index of read r's first bad access */
-  long long *fault[2];
-  /* mask_mod's tiles (fa_variant_spans_kernel), or NULL: per (b, h, query
-   * tile of spans_br rows), int4 {first, end} of the key tiles of spans_bc
-   * keys it leaves nonempty, then {first, end} of a run of full ones; at
-   * (b·spans_sb + h·spans_sh)·spans_nq + query tile (a stride 0: the same
-   * for every batch or head) */
-  const int *spans;
-  long long spans_sb, spans_sh, spans_nq;
-  int spans_br, spans_bc;
-};
 struct fa_variant_problem : fa_attn_problem {
   fa_variant_args va;
 };
@@ -45,26 +27,6 @@ struct fa_variant_problem : fa_attn_problem {
 static __device__ __forceinline__ const int *fa_variant_span(const fa_variant_problem &p, long long b, long long h,
                                                              long long qt) {
   return p.va.spans + 4 * ((b * p.va.spans_sb + h * p.va.spans_sh) * p.va.spans_nq + qt);
-}
-
-/* The index of a bad read that is NaN or not an integer (expr.c's codes). */
-#define FA_VARIANT_NAN_INDEX (-9223372036854775807LL - 1)
-#define FA_VARIANT_FRACTION_INDEX 9223372036854775807LL
-
-/* Lua's modulo, the sign of the divisor: of integers (d a constant other
- * than 0) and of floats. */
-static __device__ __forceinline__ long long fa_variant_imod(long long a, long long d) {
-  const long long m = a % d;
-  return m != 0 && (m < 0) != (d < 0) ? m + d : m;
-}
-static __device__ __forceinline__ float fa_variant_fmod(float a, float d) {
-  float m = fmodf(a, d);
-  return m != 0.f && (m > 0.f) != (d > 0.f) ? m + d : m;
-}
-
-/* Read r's bad access (dimension d, index ix), kept from the first. */
-static __device__ __forceinline__ void fa_variant_note(long long *rec, int r, int d, long long ix) {
-  if (atomicCAS((unsigned long long *)&rec[1 + 2 * r], ~0ull, (unsigned long long)d) == ~0ull) rec[2 + 2 * r] = ix;
 }
 
 #endif

@@ -1,0 +1,261 @@
+/* The CUDA C that src/variant_codegen.c makes from traced expressions (API
+ * §9), checked without a GPU: each case's code is compiled by the host's
+ * C++ compiler (the code is plain C++ once __device__ and the few CUDA
+ * intrinsics it names are defined, below) with the captured tensors'
+ * values written into the program, run over a grid of positions, and its
+ * values and faults compared with the CPU's evaluator (fa_expr_eval, f64).
+ * Also: which reads the range analysis leaves unchecked, and the 64-bit
+ * positions past 2^24.
+ *
+ * Usage: test_variant_codegen CXX INCLUDE_DIR WORK_DIR (CTest passes them). */
+#include "expr.h"
+#include "testutil.h"
+#include "variant_codegen.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *cxx, *include_dir, *work;
+
+/* ---- building expressions ---- */
+typedef struct {
+  fa_expr_node n[64];
+  int count;
+} nodes;
+static int node(nodes *x, int op, int a0, int a1, int a2, int is_bool) {
+  fa_expr_node *e = &x->n[x->count];
+  memset(e, 0, sizeof *e);
+  e->op = (uint8_t)op, e->a[0] = a0, e->a[1] = a1, e->a[2] = a2, e->is_bool = (uint8_t)is_bool;
+  return x->count++;
+}
+static int cst(nodes *x, double c) {
+  const int i = node(x, FA_X_CONST, 0, 0, 0, 0);
+  x->n[i].c = c;
+  return i;
+}
+static int load(nodes *x, int tensor, int ndim, int i0, int i1, int is_bool) {
+  const int i = node(x, FA_X_LOAD, i0, i1, 0, is_bool);
+  x->n[i].tensor = (uint8_t)tensor, x->n[i].ndim = (uint8_t)ndim;
+  return i;
+}
+#define N2(x, op, a, b) node(x, op, a, b, 0, 0)
+#define B2(x, op, a, b) node(x, op, a, b, 0, 1)
+#define N1(x, op, a) node(x, op, a, 0, 0, 0)
+
+/* ---- the host program ---- */
+static void write_tensor(FILE *f, int slot, const fa_tensor *t) {
+  const int64_t n = fa_tensor_numel(t);
+  const int es = (int)fa_dtype_size(t->dtype);
+  const unsigned char *p = (const unsigned char *)fa_tensor_ptr(t);
+  fprintf(f, "static const unsigned char tensor%d[] = {", slot);
+  for (int64_t i = 0; i < n * es; i++) fprintf(f, "%d,", p[i]);
+  fprintf(f, "0};\n");
+}
+
+/* Runs the generated code of score (is_mask 0) or mask e at every point of
+ * the grid; values[i] and faults[i] per point (b, h, q, k, s outer to
+ * inner, as check() walks them). */
+static int run_host(const char *code, const fa_expr *e, int is_mask, const int64_t *bounds, const int64_t *ks,
+                    int nk, double *values, int *faults, int npoints) {
+  char src[512], exe[512], cmd[2048];
+  snprintf(src, sizeof src, "%s/variant_host.cpp", work);
+  snprintf(exe, sizeof exe, "%s/variant_host", work);
+  FILE *f = fopen(src, "w");
+  if (!f) return 0;
+  fprintf(f, "#include <math.h>\n#include <stdio.h>\n#include <string.h>\n"
+             "#define __device__\n#define __forceinline__ inline\n"
+             "static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }\n"
+             "static inline unsigned long long atomicCAS(unsigned long long *p, unsigned long long c, unsigned long long v)"
+             " { unsigned long long o = *p; if (o == c) *p = v; return o; }\n"
+             "struct __half { unsigned short x; };\nstruct __nv_bfloat16 { unsigned short x; };\n"
+             "static inline float __bfloat162float(__nv_bfloat16 h) { return __int_as_float((int)h.x << 16); }\n"
+             "static inline float __half2float(__half h) {\n"
+             "  const int s = (h.x >> 15) & 1, ex = (h.x >> 10) & 31, m = h.x & 1023;\n"
+             "  const float v = ex == 0 ? ldexpf((float)m, -24) : ex == 31 ? (m ? NAN : INFINITY)"
+             " : ldexpf((float)(m | 1024), ex - 25);\n  return s ? -v : v;\n}\n"
+             "#include \"attention_variant_args.cuh\"\n%s", code);
+  for (int t = 0; t < e->ntensors; t++) write_tensor(f, t, e->tensors[t]);
+  fprintf(f, "int main(void) {\n  static fa_variant_args a;\n  static long long rec[2][64];\n"
+             "  memset(rec, 0xff, sizeof rec);\n  a.fault[0] = rec[0], a.fault[1] = rec[1];\n");
+  const int base = is_mask ? 0 : 0; /* one expression a program: its tensors from slot 0 */
+  for (int t = 0; t < e->ntensors; t++) {
+    const fa_tensor *x = e->tensors[t];
+    fprintf(f, "  a.ptr[%d] = tensor%d;\n", base + t, t);
+    for (int d = 0; d < 4; d++)
+      fprintf(f, "  a.shape[%d][%d] = %lld, a.stride[%d][%d] = %lld;\n", base + t, d,
+              (long long)(d < x->ndim ? x->shape[d] : 1), base + t, d, (long long)(d < x->ndim ? x->strides[d] : 0));
+  }
+  fprintf(f, "  const long long ks[] = {");
+  for (int i = 0; i < nk; i++) fprintf(f, "%lldLL,", (long long)ks[i]);
+  fprintf(f, "};\n  const float ss[] = {-1.5f, 0.25f, 3.f};\n");
+  fprintf(f, "  for (long long b = 0; b < %lld; b++) for (long long h = 0; h < %lld; h++)\n"
+             "  for (long long q = 0; q < %lld; q++) for (int ki = 0; ki < %d; ki++) for (int si = 0; si < 3; si++) {\n"
+             "    const long long k = ks[ki];\n    int fault = -1;\n",
+          (long long)bounds[0], (long long)bounds[1], (long long)bounds[2], nk);
+  fprintf(f, "    const double v = %s(a, ss[si], b, h, q, k, (float)b, (float)h, (float)q, (float)k, fault);\n",
+          is_mask ? "(double)fa_variant::mask" : "(double)fa_variant::score");
+  fprintf(f, "    printf(\"%%.9g %%d\\n\", v, fault);\n  }\n  return 0;\n}\n");
+  fclose(f);
+  snprintf(cmd, sizeof cmd, "%s -std=c++17 -O1 -w -I%s %s -o %s -lm", cxx, include_dir, src, exe);
+  if (system(cmd) != 0) {
+    fprintf(stderr, "the generated code did not compile on the host:\n%s\n", code);
+    return 0;
+  }
+  FILE *p = popen(exe, "r");
+  if (!p) return 0;
+  int i = 0;
+  while (i < npoints && fscanf(p, "%lf %d", &values[i], &faults[i]) == 2) i++;
+  pclose(p);
+  return i == npoints;
+}
+
+/* One case: e as score_mod (is_mask 0) or mask_mod over bounds {B, H, Lq,
+ * Lk}, its keys ks; the host program's values against the CPU's, within
+ * rel of them (booleans and integers exactly), and the same points faulting. */
+static void check(const char *name, const fa_expr *e, int is_mask, const int64_t *bounds, const int64_t *ks, int nk,
+                  double rel) {
+  char *code = fa_variant_source(is_mask ? NULL : e, is_mask ? e : NULL, bounds);
+  CHECK(code != NULL, "%s: no source", name);
+  if (!code) return;
+  const int npoints = (int)(bounds[0] * bounds[1] * bounds[2] * nk * 3);
+  double *values = calloc((size_t)npoints, sizeof *values);
+  int *faults = calloc((size_t)npoints, sizeof *faults);
+  const int ran = values && faults && run_host(code, e, is_mask, bounds, ks, nk, values, faults, npoints);
+  CHECK(ran, "%s: the host program did not run", name);
+  const double ss[] = {-1.5, 0.25, 3.0};
+  int i = 0, bad = 0;
+  CHECK(fa_expr_begin(NULL, NULL, e, 1) == FA_OK, "%s: host copies", name);
+  for (int64_t b = 0; ran && b < bounds[0]; b++)
+    for (int64_t h = 0; h < bounds[1]; h++)
+      for (int64_t q = 0; q < bounds[2]; q++)
+        for (int ki = 0; ki < nk; ki++)
+          for (int si = 0; si < 3; si++, i++) {
+            fa_expr_clear_fault(e);
+            const double want = fa_expr_eval(e, is_mask ? 0 : ss[si], b, h, q, ks[ki]);
+            const int want_fault = atomic_load(&((fa_expr *)e)->fault) ? e->fault_node : -1;
+            const double got = values[i];
+            const int same = (want != want && got != got) || got == want ||
+                             fabs(got - want) <= rel * fmax(1.0, fabs(want));
+            if ((!same || want_fault != faults[i]) && bad++ < 5)
+              fprintf(stderr, "%s at b=%lld h=%lld q=%lld k=%lld s=%g: host code %.9g (fault %d), CPU %.9g (fault %d)\n",
+                      name, (long long)b, (long long)h, (long long)q, (long long)ks[ki], ss[si], got, faults[i], want,
+                      want_fault);
+          }
+  CHECK(bad == 0, "%s: %d points differ", name, bad);
+  free(values), free(faults), free(code);
+}
+
+static fa_tensor *host_tensor(fa_context *ctx, fa_dtype dt, int ndim, const int64_t *shape, const double *v) {
+  fa_tensor *t = NULL;
+  if (fa_tensor_empty(ctx, ndim, shape, dt, FA_CPU, &t) != FA_OK) return NULL;
+  int64_t n = 1;
+  for (int d = 0; d < ndim; d++) n *= shape[d];
+  for (int64_t i = 0; i < n; i++) fa_store_f64(dt, fa_tensor_ptr(t), i, v[i]);
+  return t;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 4) {
+    fprintf(stderr, "usage: test_variant_codegen CXX INCLUDE_DIR WORK_DIR\n");
+    return 2;
+  }
+  cxx = argv[1], include_dir = argv[2], work = argv[3];
+  fa_context *ctx = NULL;
+  CHECK(fa_context_create(FA_CPU, &ctx) == FA_OK, "%s", "context");
+  const double slope_v[4] = {0.5, 0.25, 0.125, 0.0625}, doc_v[6] = {1, 1, 2, 2, 2, 3};
+  const double bias_v[12] = {0.5, -1, 2, 0.25, 3, -0.5, 1, 1.5, -2, 0.75, 0, 4};
+  const int64_t s4[1] = {4}, s6[1] = {6}, s2x6[2] = {2, 6};
+  fa_tensor *slopes = host_tensor(ctx, FA_F32, 1, s4, slope_v), *doc = host_tensor(ctx, FA_F16, 1, s6, doc_v);
+  fa_tensor *bias = host_tensor(ctx, FA_BF16, 2, s2x6, bias_v), *flags = host_tensor(ctx, FA_BOOL, 1, s6, doc_v);
+  CHECK(slopes && doc && bias && flags, "%s", "the captured tensors");
+  const int64_t ks[6] = {0, 1, 2, 3, 4, 5};
+  const int64_t bounds[4] = {2, 4, 6, 6};
+
+  /* score_mod: every numeric operator, ALiBi's read, a 2-D bf16 read, fa.where */
+  {
+    nodes x = {0};
+    const int s = node(&x, FA_X_S, 0, 0, 0, 0), b = node(&x, FA_X_B, 0, 0, 0, 0), h = node(&x, FA_X_H, 0, 0, 0, 0);
+    const int q = node(&x, FA_X_Q, 0, 0, 0, 0), k = node(&x, FA_X_K, 0, 0, 0, 0);
+    const int al = N2(&x, FA_X_MUL, load(&x, 0, 1, h, 0, 0), N1(&x, FA_X_ABS, N2(&x, FA_X_SUB, q, k)));
+    int r = N2(&x, FA_X_SUB, s, al);
+    r = N2(&x, FA_X_ADD, r, N2(&x, FA_X_MOD, N2(&x, FA_X_MUL, q, k), cst(&x, 4)));      /* integer % */
+    r = N2(&x, FA_X_ADD, r, N2(&x, FA_X_MOD, N1(&x, FA_X_NEG, k), cst(&x, 3)));        /* sign of the divisor */
+    r = N2(&x, FA_X_ADD, r, N2(&x, FA_X_POW, cst(&x, 2), N2(&x, FA_X_MOD, q, cst(&x, 3))));
+    r = N2(&x, FA_X_ADD, r, N1(&x, FA_X_FLOOR, N2(&x, FA_X_DIV, k, cst(&x, 4))));
+    r = N2(&x, FA_X_ADD, r, N2(&x, FA_X_MIN, q, cst(&x, 4)));
+    r = N2(&x, FA_X_SUB, r, N2(&x, FA_X_MAX, s, cst(&x, 0.5)));
+    r = N2(&x, FA_X_ADD, r, N1(&x, FA_X_TANH, N2(&x, FA_X_DIV, q, cst(&x, 5))));
+    r = N2(&x, FA_X_ADD, r, N1(&x, FA_X_EXP, N2(&x, FA_X_DIV, N1(&x, FA_X_NEG, k), cst(&x, 10))));
+    r = N2(&x, FA_X_ADD, r, N1(&x, FA_X_LOG, k));
+    r = N2(&x, FA_X_ADD, r, N1(&x, FA_X_SQRT, N2(&x, FA_X_ADD, k, b)));
+    r = N2(&x, FA_X_ADD, r, load(&x, 1, 2, b, q, 0)); /* bias[b][q]: bf16, 2-D */
+    const int c = B2(&x, FA_X_GT, k, q);
+    r = node(&x, FA_X_WHERE, c, N2(&x, FA_X_MUL, r, cst(&x, 0.5)), r, 0);
+    fa_tensor *ts[2] = {slopes, bias};
+    fa_expr *e = NULL;
+    CHECK(fa_expr_new(ctx, x.n, x.count, ts, NULL, 2, &e) == FA_OK, "%s", fa_context_error(ctx));
+    check("score_mod operators", e, 0, bounds, ks, 6, 2e-5);
+    int64_t narrow[4] = {2, 4, 6, 6};
+    CHECK(fa_variant_unsafe_reads(e, narrow, -1) == 0, "%s", "every read in range"); /* slopes[h]: h <= 4; bias[b][q]: b <= 2, q <= 6 */
+    narrow[1] = 5;
+    CHECK(fa_variant_unsafe_reads(e, narrow, -1) == 1, "%s", "slopes[h] checked"); /* h up to 5: slopes[h] checked */
+    fa_expr_free(e);
+  }
+  /* mask_mod: document (f16 ids), logic, a bool tensor, comparisons of mixed types */
+  {
+    nodes x = {0};
+    const int q = node(&x, FA_X_Q, 0, 0, 0, 0), k = node(&x, FA_X_K, 0, 0, 0, 0);
+    const int same = B2(&x, FA_X_EQ, load(&x, 0, 1, q, 0, 0), load(&x, 0, 1, k, 0, 0));
+    const int causal = B2(&x, FA_X_GE, q, k);
+    const int prefix = B2(&x, FA_X_LE, k, cst(&x, 2));
+    const int flag = load(&x, 1, 1, k, 0, 1); /* flags[k], read as a boolean */
+    const int half = B2(&x, FA_X_LT, N2(&x, FA_X_DIV, q, cst(&x, 2)), cst(&x, 2.5));
+    int r = B2(&x, FA_X_OR, B2(&x, FA_X_AND, same, causal), prefix);
+    r = B2(&x, FA_X_AND, r, node(&x, FA_X_NOT, B2(&x, FA_X_AND, flag, half), 0, 0, 1));
+    r = B2(&x, FA_X_NE, r, B2(&x, FA_X_EQ, k, cst(&x, 5)));
+    fa_tensor *ts[2] = {doc, flags};
+    fa_expr *e = NULL;
+    CHECK(fa_expr_new(ctx, x.n, x.count, ts, NULL, 2, &e) == FA_OK, "%s", fa_context_error(ctx));
+    check("mask_mod document", e, 1, bounds, ks, 6, 0);
+    fa_expr_free(e);
+  }
+  /* reads out of range and at fractions: NaN and a fault where the value
+   * reaches the result, none where fa.where discards it */
+  {
+    nodes x = {0};
+    const int s = node(&x, FA_X_S, 0, 0, 0, 0), h = node(&x, FA_X_H, 0, 0, 0, 0), q = node(&x, FA_X_Q, 0, 0, 0, 0);
+    const int up = load(&x, 0, 1, N2(&x, FA_X_ADD, h, cst(&x, 1)), 0, 0);                    /* slopes[h + 1] */
+    const int frac = load(&x, 0, 1, N2(&x, FA_X_DIV, q, cst(&x, 2)), 0, 0);                 /* slopes[q / 2] */
+    const int guarded = node(&x, FA_X_WHERE, B2(&x, FA_X_LT, h, cst(&x, 3)), up, s, 0);   /* read only for h < 3 */
+    int r = N2(&x, FA_X_ADD, s, guarded);
+    r = node(&x, FA_X_WHERE, B2(&x, FA_X_EQ, q, cst(&x, 3)), N2(&x, FA_X_ADD, r, frac), r, 0);
+    r = N2(&x, FA_X_ADD, r, up);
+    fa_tensor *ts[1] = {slopes};
+    fa_expr *e = NULL;
+    CHECK(fa_expr_new(ctx, x.n, x.count, ts, NULL, 1, &e) == FA_OK, "%s", fa_context_error(ctx));
+    check("reads out of range", e, 0, bounds, ks, 6, 2e-5);
+    CHECK(fa_variant_unsafe_reads(e, bounds, -1) == 2, "%s", "slopes[h + 1] and slopes[q / 2] checked");
+    fa_expr_free(e);
+  }
+  /* positions past 2^24: 64-bit integers, exact where a float is not */
+  {
+    nodes x = {0};
+    const int s = node(&x, FA_X_S, 0, 0, 0, 0), q = node(&x, FA_X_Q, 0, 0, 0, 0), k = node(&x, FA_X_K, 0, 0, 0, 0);
+    const int far = B2(&x, FA_X_EQ, N2(&x, FA_X_SUB, k, q), cst(&x, 33554431)); /* k - q == 2^25 - 1 */
+    node(&x, FA_X_WHERE, far, N2(&x, FA_X_ADD, s, cst(&x, 1)), s, 0);
+    fa_expr *e = NULL;
+    CHECK(fa_expr_new(ctx, x.n, x.count, NULL, NULL, 0, &e) == FA_OK, "%s", fa_context_error(ctx));
+    const int64_t big[4] = {1, 1, 2, (int64_t)1 << 26};
+    const int64_t bks[4] = {33554430, 33554431, 33554432, 33554433};
+    char *code = fa_variant_source(e, NULL, big);
+    CHECK(code && strstr(code, "(k + 1)") != NULL, "%s", "k as a 64-bit integer"); /* past 2^24 */
+    free(code);
+    check("positions past 2^24", e, 0, big, bks, 4, 0);
+    fa_expr_free(e);
+  }
+  fa_tensor_drop(&slopes), fa_tensor_drop(&doc), fa_tensor_drop(&bias), fa_tensor_drop(&flags);
+  fa_context_destroy(ctx);
+  return tu_summary("test_variant_codegen");
+}
