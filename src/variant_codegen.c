@@ -348,6 +348,92 @@ static void emit_node(text *t, const fa_expr *e, int i, const int *ty, const uin
   put(t, "-1;\n");
 }
 
+/* mask_mod over a whole tile at once, where that is exact: an expression
+ * of integers (positions, integral constants, + - * min max abs floor, %
+ * by a constant), comparisons, logic and fa.where only, no read and no
+ * float.  tile(a, b, h, q0, q1, k0, k1) (0-based, inclusive) gives 0
+ * when no pair of the tile attends, 1 when every pair does, 2 when it
+ * cannot tell (then the pairs are evaluated): interval arithmetic in
+ * doubles (exact below 2^53) for the integers, and for each boolean the
+ * values it can take (bit 1: true, bit 2: false).  Each position appears
+ * once in an expression such as q - k <= W, so the common rules
+ * (causal, windows, prefixes) come out exact. */
+static int tile_exact(const fa_expr *e, const int *ty, const uint8_t *live) {
+  for (int i = 0; i < e->n; i++) {
+    if (!live[i]) continue;
+    const int op = e->nodes[i].op;
+    if (op == FA_X_LOAD || op == FA_X_S || (ty[i] != TB && ty[i] != TI && ty[i] != TJ)) return 0;
+    if (op == FA_X_DIV || op == FA_X_POW || op == FA_X_EXP || op == FA_X_LOG || op == FA_X_TANH || op == FA_X_SQRT)
+      return 0;
+  }
+  return 1;
+}
+
+static void emit_tile(text *t, const fa_expr *e, const int *ty, const uint8_t *live) {
+  static const char *const cmp[] = {"lt", "le", "gt", "ge", "eq", "ne"};
+  put(t, "  static const bool has_tile = true;\n");
+  put(t, "  static __device__ int tile(const fa_variant_args &a, long long b, long long h, long long q0, long long q1,"
+         " long long k0, long long k1) {\n  (void)a;\n");
+  for (int i = 0; i < e->n; i++) {
+    if (!live[i]) continue;
+    const fa_expr_node *x = &e->nodes[i];
+    const int A = x->a[0], B = x->a[1], C = x->a[2];
+    if (ty[i] == TB) {
+      switch (x->op) {
+      case FA_X_CONST: put(t, "  const int t%d = %d;\n", i, x->c != 0 ? 1 : 2); break;
+      case FA_X_NOT: put(t, "  const int t%d = ((t%d & 1) << 1) | ((t%d & 2) >> 1);\n", i, A, A); break;
+      case FA_X_AND: put(t, "  const int t%d = ((t%d & t%d) & 1) | ((t%d | t%d) & 2);\n", i, A, B, A, B); break;
+      case FA_X_OR: put(t, "  const int t%d = ((t%d | t%d) & 1) | ((t%d & t%d) & 2);\n", i, A, B, A, B); break;
+      case FA_X_WHERE: put(t, "  const int t%d = (t%d & 1 ? t%d : 0) | (t%d & 2 ? t%d : 0);\n", i, A, B, A, C); break;
+      default:
+        if (ty[A] == TB && ty[B] == TB) /* eq / ne of two booleans: sure only when both are known */
+          put(t, "  const int t%d = (t%d == 3 || t%d == 3) ? 3 : (t%d == t%d ? %d : %d);\n", i, A, B, A, B,
+              x->op == FA_X_EQ ? 1 : 2, x->op == FA_X_EQ ? 2 : 1);
+        else /* comparisons of integers */
+          put(t, "  const int t%d = fa_tile_%s(l%d, h%d, l%d, h%d);\n", i, cmp[x->op - FA_X_LT], A, A, B, B);
+        break;
+      }
+      continue;
+    }
+    switch (x->op) { /* integers: [l, h] */
+    case FA_X_CONST: put(t, "  const double l%d = %.17g, h%d = %.17g;\n", i, x->c, i, x->c); break;
+    case FA_X_B: put(t, "  const double l%d = (double)(b + 1), h%d = l%d;\n", i, i, i); break;
+    case FA_X_H: put(t, "  const double l%d = (double)(h + 1), h%d = l%d;\n", i, i, i); break;
+    case FA_X_Q: put(t, "  const double l%d = (double)(q0 + 1), h%d = (double)(q1 + 1);\n", i, i); break;
+    case FA_X_K: put(t, "  const double l%d = (double)(k0 + 1), h%d = (double)(k1 + 1);\n", i, i); break;
+    case FA_X_NEG: put(t, "  const double l%d = -h%d, h%d = -l%d;\n", i, A, i, A); break;
+    case FA_X_ABS:
+      put(t, "  const double l%d = l%d >= 0 ? l%d : h%d <= 0 ? -h%d : 0., h%d = fmax(fabs(l%d), fabs(h%d));\n", i, A, A,
+          A, A, i, A, A);
+      break;
+    case FA_X_FLOOR: put(t, "  const double l%d = l%d, h%d = h%d;\n", i, A, i, A); break;
+    case FA_X_ADD: put(t, "  const double l%d = l%d + l%d, h%d = h%d + h%d;\n", i, A, B, i, A, B); break;
+    case FA_X_SUB: put(t, "  const double l%d = l%d - h%d, h%d = h%d - l%d;\n", i, A, B, i, A, B); break;
+    case FA_X_MUL:
+      put(t, "  const double l%d = fmin(fmin(l%d * l%d, l%d * h%d), fmin(h%d * l%d, h%d * h%d)),", i, A, B, A, B, A, B,
+          A, B);
+      put(t, " h%d = fmax(fmax(l%d * l%d, l%d * h%d), fmax(h%d * l%d, h%d * h%d));\n", i, A, B, A, B, A, B, A, B);
+      break;
+    case FA_X_MIN: put(t, "  const double l%d = fmin(l%d, l%d), h%d = fmin(h%d, h%d);\n", i, A, B, i, A, B); break;
+    case FA_X_MAX: put(t, "  const double l%d = fmax(l%d, l%d), h%d = fmax(h%d, h%d);\n", i, A, B, i, A, B); break;
+    case FA_X_MOD: { /* by a constant d (the types say so): exact when the span does not wrap */
+      const double d = e->nodes[B].c;
+      put(t, "  double l%d = %.17g, h%d = %.17g;\n", i, d > 0 ? 0.0 : d + 1, i, d > 0 ? d - 1 : 0.0);
+      put(t, "  if (h%d - l%d < %.17g) { const double m0 = l%d - floor(l%d / %.17g) * %.17g, m1 = h%d - floor(h%d / "
+             "%.17g) * %.17g; if (m0 <= m1) l%d = m0, h%d = m1; }\n",
+          A, A, fabs(d), A, A, d, d, A, A, d, d, i, i);
+      break;
+    }
+    case FA_X_WHERE:
+      put(t, "  const double l%d = t%d == 1 ? l%d : t%d == 2 ? l%d : fmin(l%d, l%d),", i, A, B, A, C, B, C);
+      put(t, " h%d = t%d == 1 ? h%d : t%d == 2 ? h%d : fmax(h%d, h%d);\n", i, A, B, A, C, B, C);
+      break;
+    default: put(t, "  const double l%d = -INFINITY, h%d = INFINITY;\n", i, i); break;
+    }
+  }
+  put(t, "  const int r = t%d;\n  return r == 1 ? 1 : r == 2 ? 0 : 2;\n  }\n", e->n - 1);
+}
+
 /* One function of the variant: score_mod (returns the score) or mask_mod
  * (returns whether the key stays), its reads from argument slot base on. */
 static void emit_function(text *t, const fa_expr *e, const int64_t *bounds, int is_mask, int base) {
@@ -386,6 +472,10 @@ static void emit_function(text *t, const fa_expr *e, const int64_t *bounds, int 
   put(t, "  return ");
   operand(t, r, ty[r], is_mask ? TB : TF);
   put(t, ";\n  }\n");
+  if (is_mask && tile_exact(e, ty, live)) emit_tile(t, e, ty, live);
+  else if (is_mask) put(t, "  static const bool has_tile = false;\n"
+                           "  static __device__ int tile(const fa_variant_args &, long long, long long, long long, long long,"
+                           " long long, long long) { return 2; }\n");
   free(ty), free(fl), free(live), free(unsafe);
 }
 
@@ -415,7 +505,9 @@ char *fa_variant_source(const fa_expr *score_mod, const fa_expr *mask_mod, const
   if (mask_mod) emit_function(&t, mask_mod, bounds, 1, score_mod ? score_mod->ntensors : 0);
   else
     put(&t, "  static __device__ __forceinline__ bool mask(const fa_variant_args &, float, long long, long long, "
-            "long long, long long, float, float, float, float, int &) { return true; }\n");
+            "long long, long long, float, float, float, float, int &) { return true; }\n"
+            "  static const bool has_tile = false;\n  static __device__ int tile(const fa_variant_args &, long long, "
+            "long long, long long, long long, long long, long long) { return 1; }\n");
   put(&t, "};\n");
   if (t.failed) {
     free(t.s);

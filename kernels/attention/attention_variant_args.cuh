@@ -42,6 +42,29 @@ static __device__ __forceinline__ float fa_variant_fmod(float a, float d) {
   return m != 0.f && (m > 0.f) != (d > 0.f) ? m + d : m;
 }
 
+/* A comparison of a in [al, ah] and b in [bl, bh] over a tile (fa_variant's
+ * tile: src/variant_codegen.c): 1 when it holds for every pair, 2 when for
+ * none, 3 when it cannot tell. */
+static __device__ __forceinline__ int fa_tile_lt(double al, double ah, double bl, double bh) {
+  return ah < bl ? 1 : al >= bh ? 2 : 3;
+}
+static __device__ __forceinline__ int fa_tile_le(double al, double ah, double bl, double bh) {
+  return ah <= bl ? 1 : al > bh ? 2 : 3;
+}
+static __device__ __forceinline__ int fa_tile_gt(double al, double ah, double bl, double bh) {
+  return fa_tile_lt(bl, bh, al, ah);
+}
+static __device__ __forceinline__ int fa_tile_ge(double al, double ah, double bl, double bh) {
+  return fa_tile_le(bl, bh, al, ah);
+}
+static __device__ __forceinline__ int fa_tile_eq(double al, double ah, double bl, double bh) {
+  return al == ah && bl == bh && al == bl ? 1 : ah < bl || bh < al ? 2 : 3;
+}
+static __device__ __forceinline__ int fa_tile_ne(double al, double ah, double bl, double bh) {
+  const int r = fa_tile_eq(al, ah, bl, bh);
+  return r == 3 ? 3 : 3 - r;
+}
+
 /* Read r's bad access (dimension d, index ix), kept from the first. */
 static __device__ __forceinline__ void fa_variant_note(long long *rec, int r, int d, long long ix) {
   if (atomicCAS((unsigned long long *)&rec[1 + 2 * r], ~0ull, (unsigned long long)d) == ~0ull) rec[2 + 2 * r] = ix;

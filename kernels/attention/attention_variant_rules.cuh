@@ -211,7 +211,12 @@ __global__ void __launch_bounds__(256) fa_variant_spans_kernel(fa_variant_proble
   int first = -1, end = -1, f_first = 0, f_end = 0, run = -1;
   for (long long kt = 0; kt < nk; kt++) {
     bool any = false, all = true;
-    for (int idx = threadIdx.x; idx < BR * BC; idx += 256) {
+    /* a tile decided as a whole needs no pair evaluated (the same verdict in every thread) */
+    const int verdict = fa_variant::has_tile ? fa_variant::tile(p.va, b, h, qt * BR, min(qt * BR + BR, (long long)p.Lq) - 1,
+                                                                kt * BC, min(kt * BC + BC, (long long)p.Lk) - 1)
+                                             : 2;
+    if (verdict != 2) any = all = verdict == 1;
+    for (int idx = threadIdx.x; verdict == 2 && idx < BR * BC; idx += 256) {
       const int i = (int)qt * BR + idx / BC, j = (int)kt * BC + idx % BC;
       if (i >= Lq || j >= Lk) continue;
       int f = -1;
@@ -219,7 +224,7 @@ __global__ void __launch_bounds__(256) fa_variant_spans_kernel(fa_variant_proble
       if (states && f >= 0) fa_variant_record(p.va.fault[1], f);
       any |= m, all &= m;
     }
-    any = __syncthreads_or(any), all = __syncthreads_and(all);
+    if (verdict == 2) any = __syncthreads_or(any), all = __syncthreads_and(all);
     if (states && threadIdx.x == 0) states[blk * nk + kt] = any ? (all ? FA_BLOCK_FULL : FA_BLOCK_PARTIAL) : FA_BLOCK_EMPTY;
     if (any) {
       if (first < 0) first = (int)kt;

@@ -57,8 +57,14 @@ static void write_tensor(FILE *f, int slot, const fa_tensor *t) {
 /* Runs the generated code of score (is_mask 0) or mask e at every point of
  * the grid; values[i] and faults[i] per point (b, h, q, k, s outer to
  * inner, as check() walks them). */
+#define MAX_TILES 100000
+typedef struct {
+  int verdict, has;
+} tile_verdict;
+static tile_verdict tiles[MAX_TILES];
+
 static int run_host(const char *code, const fa_expr *e, int is_mask, const int64_t *bounds, const int64_t *ks,
-                    int nk, double *values, int *faults, int npoints) {
+                    int nk, double *values, int *faults, int npoints, int *tiles_read) {
   char src[512], exe[512], cmd[2048];
   snprintf(src, sizeof src, "%s/variant_host.cpp", work);
   snprintf(exe, sizeof exe, "%s/variant_host", work);
@@ -96,7 +102,17 @@ static int run_host(const char *code, const fa_expr *e, int is_mask, const int64
           (long long)bounds[0], (long long)bounds[1], (long long)bounds[2], nk);
   fprintf(f, "    const double v = %s(a, ss[si], b, h, q, k, (float)b, (float)h, (float)q, (float)k, fault);\n",
           is_mask ? "(double)fa_variant::mask" : "(double)fa_variant::score");
-  fprintf(f, "    printf(\"%%.9g %%d\\n\", v, fault);\n  }\n  return 0;\n}\n");
+  fprintf(f, "    printf(\"%%.9g %%d\\n\", v, fault);\n  }\n");
+  if (is_mask) /* tile verdicts: every (q0, k0) with spans of 1, 2, 5 and all, b = h = 0 */
+    fprintf(f, "  const long long sp[] = {1, 2, 5, 1LL << 40};\n"
+               "  for (long long q0 = 0; q0 < %lld; q0++) for (int a1 = 0; a1 < 4; a1++)\n"
+               "  for (long long k0 = 0; k0 < %lld; k0++) for (int a2 = 0; a2 < 4; a2++) {\n"
+               "    const long long q1 = q0 + sp[a1] < %lld ? q0 + sp[a1] - 1 : %lld - 1;\n"
+               "    const long long k1 = k0 + sp[a2] < %lld ? k0 + sp[a2] - 1 : %lld - 1;\n"
+               "    printf(\"%%d %%d\\n\", fa_variant::tile(a, 0, 0, q0, q1, k0, k1), (int)fa_variant::has_tile);\n  }\n",
+            (long long)bounds[2], (long long)ks[nk - 1] + 1, (long long)bounds[2], (long long)bounds[2],
+            (long long)ks[nk - 1] + 1, (long long)ks[nk - 1] + 1);
+  fprintf(f, "  return 0;\n}\n");
   fclose(f);
   snprintf(cmd, sizeof cmd, "%s -std=c++17 -O1 -w -I%s %s -o %s -lm", cxx, include_dir, src, exe);
   if (system(cmd) != 0) {
@@ -107,7 +123,10 @@ static int run_host(const char *code, const fa_expr *e, int is_mask, const int64
   if (!p) return 0;
   int i = 0;
   while (i < npoints && fscanf(p, "%lf %d", &values[i], &faults[i]) == 2) i++;
+  int ntiles = 0; /* a mask's tile verdicts after its points, checked against its own points' values */
+  while (is_mask && fscanf(p, "%d %d", &tiles[ntiles].verdict, &tiles[ntiles].has) == 2 && ntiles < MAX_TILES) ntiles++;
   pclose(p);
+  *tiles_read = ntiles;
   return i == npoints;
 }
 
@@ -122,7 +141,8 @@ static void check(const char *name, const fa_expr *e, int is_mask, const int64_t
   const int npoints = (int)(bounds[0] * bounds[1] * bounds[2] * nk * 3);
   double *values = calloc((size_t)npoints, sizeof *values);
   int *faults = calloc((size_t)npoints, sizeof *faults);
-  const int ran = values && faults && run_host(code, e, is_mask, bounds, ks, nk, values, faults, npoints);
+  int ntiles = 0;
+  const int ran = values && faults && run_host(code, e, is_mask, bounds, ks, nk, values, faults, npoints, &ntiles);
   CHECK(ran, "%s: the host program did not run", name);
   const double ss[] = {-1.5, 0.25, 3.0};
   int i = 0, bad = 0;
@@ -144,6 +164,27 @@ static void check(const char *name, const fa_expr *e, int is_mask, const int64_t
                       want_fault);
           }
   CHECK(bad == 0, "%s: %d points differ", name, bad);
+  /* the tile verdicts: 1 (every pair attends) or 0 (none) only where the
+   * CPU says so for every pair of the tile; 2 (cannot tell) anywhere */
+  const long long Lq = bounds[2], Lk = ks[nk - 1] + 1, sp[4] = {1, 2, 5, 1LL << 40};
+  int t = 0, decided = 0, wrong = 0;
+  for (long long q0 = 0; is_mask && ran && q0 < Lq; q0++)
+    for (int a1 = 0; a1 < 4; a1++)
+      for (long long k0 = 0; k0 < Lk; k0++)
+        for (int a2 = 0; a2 < 4 && t < ntiles; a2++, t++) {
+          const long long q1 = q0 + sp[a1] < Lq ? q0 + sp[a1] - 1 : Lq - 1, k1 = k0 + sp[a2] < Lk ? k0 + sp[a2] - 1 : Lk - 1;
+          int any = 0, all = 1;
+          for (long long q = q0; q <= q1; q++)
+            for (long long k = k0; k <= k1; k++) {
+              const int m = fa_expr_eval(e, 0, 0, 0, q, k) != 0;
+              any |= m, all &= m;
+            }
+          const int v = tiles[t].verdict;
+          decided += v != 2;
+          if ((v == 1 && !all) || (v == 0 && any) || v < 0 || v > 2) wrong++;
+        }
+  CHECK(wrong == 0, "%s: %d tile verdicts wrong", name, wrong);
+  if (is_mask && ntiles && tiles[0].has) CHECK(decided > ntiles / 4, "%s: only %d of %d tiles decided", name, decided, ntiles);
   free(values), free(faults), free(code);
 }
 
@@ -219,6 +260,27 @@ int main(int argc, char **argv) {
     fa_expr *e = NULL;
     CHECK(fa_expr_new(ctx, x.n, x.count, ts, NULL, 2, &e) == FA_OK, "%s", fa_context_error(ctx));
     check("mask_mod document", e, 1, bounds, ks, 6, 0);
+    fa_expr_free(e);
+  }
+  /* a mask_mod of positions alone: decided a tile at a time (fa_variant::tile) */
+  {
+    nodes x = {0};
+    const int q = node(&x, FA_X_Q, 0, 0, 0, 0), k = node(&x, FA_X_K, 0, 0, 0, 0);
+    const int d = N2(&x, FA_X_SUB, q, k);
+    const int r1 = B2(&x, FA_X_AND, B2(&x, FA_X_GE, q, k), B2(&x, FA_X_LE, d, cst(&x, 2)));
+    const int r2 = B2(&x, FA_X_LE, k, cst(&x, 1));
+    const int r3 = node(&x, FA_X_WHERE, B2(&x, FA_X_GT, q, cst(&x, 6)), B2(&x, FA_X_LE, N1(&x, FA_X_ABS, d), cst(&x, 3)),
+                        B2(&x, FA_X_LE, k, N2(&x, FA_X_MIN, q, cst(&x, 4))), 1);
+    const int r4 = node(&x, FA_X_NOT, B2(&x, FA_X_EQ, N2(&x, FA_X_MOD, N2(&x, FA_X_MUL, k, cst(&x, 2)), cst(&x, 5)),
+                                         cst(&x, 0)), 0, 0, 1);
+    B2(&x, FA_X_AND, B2(&x, FA_X_OR, B2(&x, FA_X_OR, r1, r2), r3), r4);
+    fa_expr *e = NULL;
+    CHECK(fa_expr_new(ctx, x.n, x.count, NULL, NULL, 0, &e) == FA_OK, "%s", fa_context_error(ctx));
+    const int64_t pb[4] = {1, 2, 12, 12}, pk[12] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+    char *code = fa_variant_source(NULL, e, pb);
+    CHECK(code && strstr(code, "has_tile = true") != NULL, "%s", "a tile function for positions alone");
+    free(code);
+    check("mask_mod of positions", e, 1, pb, pk, 12, 0);
     fa_expr_free(e);
   }
   /* reads out of range and at fractions: NaN and a fault where the value
