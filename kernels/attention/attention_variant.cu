@@ -366,12 +366,12 @@ static void variant_tensors(const fa_expr *e, int base, fa_variant_args *a) {
   }
 }
 
+/* A launch of a compiled kernel; a failure names it (what). */
 static fa_status launch(fa_context *ctx, cudaKernel_t k, unsigned grid, unsigned threads, size_t smem, void **args,
                         const char *what) {
-  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  FA_CUDA_CHECK(ctx, cudaLaunchKernel((const void *)k, dim3(grid), dim3(threads), args, smem, fa_cuda_stream(ctx)));
-  (void)what;
-  return FA_OK;
+  cudaError_t err = cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (err == cudaSuccess) err = cudaLaunchKernel((const void *)k, dim3(grid), dim3(threads), args, smem, fa_cuda_stream(ctx));
+  return fa_cuda_error(ctx, err, what);
 }
 
 /* The fault records back from the device into the expressions (the caller
