@@ -338,6 +338,19 @@ static fa_status rtc_kernels_get(fa_context *ctx, const char *src, const char *c
     }
     cudaError_t err = cudaLibraryLoadData(&k->lib, j->cubin, NULL, NULL, 0, NULL, NULL, 0);
     if (err == cudaSuccess) err = cudaLibraryGetKernel(&k->kernel, k->lib, j->lowered);
+    if (err != cudaSuccess && !started[i]) { /* a disk entry that does not load (damaged): compiled again */
+      (void)cudaGetLastError();
+      free(j->cubin), free(j->lowered);
+      j->cubin = j->lowered = NULL;
+      rtc_job_compile(j);
+      err = j->st ? cudaErrorInvalidSource : cudaLibraryLoadData(&k->lib, j->cubin, NULL, NULL, 0, NULL, NULL, 0);
+      if (err == cudaSuccess) err = cudaLibraryGetKernel(&k->kernel, k->lib, j->lowered);
+    }
+    if (j->st) {
+      st = fa_fail(ctx, j->st, "%s", j->err.error);
+      free(k);
+      break;
+    }
     if (err != cudaSuccess) {
       st = fa_cuda_error(ctx, err, "loading a compiled variant");
       free(k);
