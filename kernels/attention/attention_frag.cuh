@@ -158,11 +158,11 @@ static __device__ __forceinline__ frag_rows frag_rows_start(const fa_attn_proble
 /* EXTRAS_VARIANT's rule, defined in attention_variant.cuh (run-time
  * compiled: it calls the traced expression's code). */
 template <int NC>
-__device__ void frag_variant_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t hB, int64_t j0, int c2,
-                                         bool full, const frag_rows &r, float (*s)[4], int aA, int nA, int aB, int nB);
+__device__ bool frag_variant_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t hB, int64_t j0, int c2,
+                                  bool full, const frag_rows &r, float (*s)[4], int aA, int nA, int aB, int nB);
 
 template <int NC, int EXTRAS>
-static __device__ __forceinline__ void frag_score_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0,
+static __device__ __forceinline__ bool frag_score_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0,
                                                        int c2, bool full, const frag_rows &r, float (*s)[4],
                                                        float *tmA, float *tmB, int64_t hB = -1) {
   const float scale = (float)p.scale;
@@ -173,7 +173,7 @@ static __device__ __forceinline__ void frag_score_tile(const fa_attn_problem &p,
       mA = fmaxf(mA, fmaxf(s[n][0], s[n][1])), mB = fmaxf(mB, fmaxf(s[n][2], s[n][3]));
     mA *= scale, mB *= scale;
     *tmA = mA, *tmB = mB;
-    return;
+    return true;
   }
   /* the key range as the rows' column bounds inside the tile, one 32-bit
    * compare a score (a causal diagonal tile takes this path) */
@@ -181,12 +181,13 @@ static __device__ __forceinline__ void frag_score_tile(const fa_attn_problem &p,
   const int aA = (int)max(min(r.loA - j0, W), (int64_t)0), nA = (int)max(min(r.hiA - j0, W), (int64_t)0) - aA;
   const int aB = (int)max(min(r.loB - j0, W), (int64_t)0), nB = (int)max(min(r.hiB - j0, W), (int64_t)0) - aB;
   if constexpr (EXTRAS == EXTRAS_VARIANT) {
-    frag_variant_tile<NC>(p, b, h, hB < 0 ? h : hB, j0, c2, full, r, s, aA, nA, aB, nB);
+    const bool raw = frag_variant_tile<NC>(p, b, h, hB < 0 ? h : hB, j0, c2, full, r, s, aA, nA, aB, nB);
 #pragma unroll
     for (int n = 0; n < NC; n++)
       mA = fmaxf(mA, fmaxf(s[n][0], s[n][1])), mB = fmaxf(mB, fmaxf(s[n][2], s[n][3]));
+    if (raw) mA *= scale, mB *= scale;
     *tmA = mA, *tmB = mB;
-    return;
+    return raw;
   }
   if (!EXTRAS) {
 #pragma unroll
@@ -200,7 +201,7 @@ static __device__ __forceinline__ void frag_score_tile(const fa_attn_problem &p,
         mA = fmaxf(mA, sa), mB = fmaxf(mB, sb);
       }
     *tmA = mA, *tmB = mB;
-    return;
+    return false;
   }
   /* with extras, the rule for each row from this thread's first column on.
    * A mask is read only at keys in range: all of a full tile's for the rows
@@ -282,13 +283,16 @@ static __device__ __forceinline__ void frag_score_tile(const fa_attn_problem &p,
   for (int n = 0; n < NC; n++)
     mA = fmaxf(mA, fmaxf(s[n][0], s[n][1])), mB = fmaxf(mB, fmaxf(s[n][2], s[n][3]));
   *tmA = mA, *tmB = mB;
+  return false;
 }
 
 /* The multiplier of a tile's s in the exponent: scale when frag_score_tile
- * left s raw (full), else 1; in base-2 units (times log2 e) unless EXACT. */
-template <int EXTRAS, bool EXACT = false>
-static __device__ __forceinline__ float frag_exp_factor(const fa_attn_problem &p, bool full) {
-  return (!EXTRAS && full ? (float)p.scale : 1.f) * (EXACT ? 1.f : FA_LOG2E);
+ * left s raw (it says so: a full tile without extras, or a variant's with
+ * nothing but a mask_mod it need not evaluate), else 1; in base-2 units
+ * (times log2 e) unless EXACT. */
+template <bool EXACT = false>
+static __device__ __forceinline__ float frag_exp_factor(const fa_attn_problem &p, bool raw) {
+  return (raw ? (float)p.scale : 1.f) * (EXACT ? 1.f : FA_LOG2E);
 }
 
 /* s = 2^(s·k - off) in place for rows A and B (-inf -> 0), and this
@@ -322,7 +326,7 @@ static __device__ __forceinline__ void frag_softmax_tile(const fa_attn_problem &
                                                          int c2, bool full, frag_rows &r, float (*s)[4],
                                                          float *alphaA, float *alphaB, int64_t hB = -1) {
   float tmA, tmB;
-  frag_score_tile<NC, EXTRAS>(p, b, h, j0, c2, full, r, s, &tmA, &tmB, hB);
+  const bool raw = frag_score_tile<NC, EXTRAS>(p, b, h, j0, c2, full, r, s, &tmA, &tmB, hB);
   tmA = fmaxf(tmA, __shfl_xor_sync(0xffffffffu, tmA, 1));
   tmA = fmaxf(tmA, __shfl_xor_sync(0xffffffffu, tmA, 2));
   tmB = fmaxf(tmB, __shfl_xor_sync(0xffffffffu, tmB, 1));
@@ -334,7 +338,7 @@ static __device__ __forceinline__ void frag_softmax_tile(const fa_attn_problem &
   const float u = EXACT ? 1.f : FA_LOG2E;
   const float offA = nmA == -INFINITY ? 0.f : nmA * u, offB = nmB == -INFINITY ? 0.f : nmB * u;
   float sumA, sumB;
-  frag_exp_tile<NC, EXACT>(s, frag_exp_factor<EXTRAS, EXACT>(p, full), offA, offB, &sumA, &sumB);
+  frag_exp_tile<NC, EXACT>(s, frag_exp_factor<EXACT>(p, raw), offA, offB, &sumA, &sumB);
   r.lA = r.lA * *alphaA + sumA; /* reduced across the quad at the end */
   r.lB = r.lB * *alphaB + sumB;
 }
@@ -346,8 +350,8 @@ static __device__ __forceinline__ void frag_probs_tile(const fa_attn_problem &p,
                                                        int c2, bool full, const frag_rows &r, float (*s)[4],
                                                        float offA, float offB) {
   float tmA, tmB, sumA, sumB; /* unused: the statistics are final */
-  frag_score_tile<NC, EXTRAS>(p, b, h, j0, c2, full, r, s, &tmA, &tmB);
-  frag_exp_tile<NC, EXACT>(s, frag_exp_factor<EXTRAS, EXACT>(p, full), offA, offB, &sumA, &sumB);
+  const bool raw = frag_score_tile<NC, EXTRAS>(p, b, h, j0, c2, full, r, s, &tmA, &tmB);
+  frag_exp_tile<NC, EXACT>(s, frag_exp_factor<EXACT>(p, raw), offA, offB, &sumA, &sumB);
 }
 
 /* The row sums: this thread's parts added across the quad. */

@@ -45,9 +45,10 @@ static __device__ __forceinline__ void fa_variant_faults(const fa_variant_proble
  * which keys stay is a bit mask a row, and score_mod and mask_mod are
  * evaluated on every score, at positions clamped into [0, Lq) x [0, Lk)
  * (a read the range analysis found safe has no check), their results and
- * faults kept only where the key stays. */
+ * faults kept only where the key stays.  Returns whether s was left raw
+ * (frag_score_tile). */
 template <int NC>
-__device__ void frag_variant_tile(const fa_attn_problem &p0, int64_t b, int64_t h, int64_t hB, int64_t j0, int c2,
+__device__ bool frag_variant_tile(const fa_attn_problem &p0, int64_t b, int64_t h, int64_t hB, int64_t j0, int c2,
                                   bool full, const frag_rows &r, float (*s)[4], int aA, int nA, int aB, int nB) {
   static_assert(NC <= 16, "frag_variant_tile: a row's keys in one 32-bit mask");
   const fa_variant_problem &p = static_cast<const fa_variant_problem &>(p0);
@@ -65,8 +66,11 @@ __device__ void frag_variant_tile(const fa_attn_problem &p0, int64_t b, int64_t 
     mask_full = j0 >= (int64_t)sp[2] * p.va.spans_bc && j0 + 8 * NC <= (int64_t)sp[3] * p.va.spans_bc;
   }
   /* the common tile: every key in range and kept (rows past Lq are never
-   * stored), nothing to mask: the scale, score_mod and the rules alone */
+   * stored), nothing to mask: the scale, score_mod and the rules alone;
+   * with none of them, s stays raw and the scale goes into the exponent,
+   * as the built-in kernels do (returns true) */
   if (full && (!fa_variant::has_mask || mask_full) && !fa_variant_rules::bool_mask && !fa_variant_rules::float_mask) {
+    if (!fa_variant::has_score && !fa_variant_rules::softcap && !fa_variant_rules::alibi) return true;
 #pragma unroll
     for (int n = 0; n < NC; n++)
 #pragma unroll
@@ -87,7 +91,36 @@ __device__ void frag_variant_tile(const fa_attn_problem &p0, int64_t b, int64_t 
         }
       }
     fa_variant_faults(p, fs, fm);
-    return;
+    return false;
+  }
+  /* a mask_mod alone (no score_mod, no rule that changes scores): each
+   * score is kept raw or made -inf in one pass, the scale in the exponent */
+  if (!fa_variant::has_score && !fa_variant_rules::softcap && !fa_variant_rules::alibi &&
+      !fa_variant_rules::float_mask && ruA.scale > 0.f) {
+#pragma unroll
+    for (int n = 0; n < NC; n++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const int col = n * 8 + c2 + e, kk = n * 8 + e;
+        bool inA = full ? vA : (unsigned)(col - aA) < (unsigned)nA, inB = full ? vB : (unsigned)(col - aB) < (unsigned)nB;
+        if (fa_variant_rules::bool_mask) {
+          if (inA && !rule_mask_keeps(ruA, kk)) inA = false;
+          if (inB && !rule_mask_keeps(ruB, kk)) inB = false;
+        }
+        if (fa_variant::has_mask && !mask_full) {
+          const int64_t j = min(j0 + col, jmax);
+          const float jf = fminf(jf0 + (float)kk, jfmax);
+          int f1 = -1, f2 = -1; /* evaluated everywhere (no branch), kept where the key is in range */
+          const bool mA = fa_variant::mask(p.va, 0.f, b, h, iA, j, bf, hAf, iAf, jf, f1);
+          const bool mB = fa_variant::mask(p.va, 0.f, b, hB, iB, j, bf, hBf, iBf, jf, f2);
+          if (fm < 0) fm = inA && f1 >= 0 ? f1 : inB && f2 >= 0 ? f2 : -1;
+          inA = inA && mA, inB = inB && mB;
+        }
+        s[n][e] = inA ? s[n][e] : -INFINITY;
+        s[n][2 + e] = inB ? s[n][2 + e] : -INFINITY;
+      }
+    fa_variant_faults(p, fs, fm);
+    return true;
   }
   uint32_t keepA = 0, keepB = 0; /* bit 2n + e: the key stays */
 #pragma unroll
@@ -169,6 +202,7 @@ __device__ void frag_variant_tile(const fa_attn_problem &p0, int64_t b, int64_t 
       s[n][2 + e] = keepB & bit ? s[n][2 + e] : -INFINITY;
     }
   fa_variant_faults(p, fs, fm);
+  return false;
 }
 
 /* The SIMT kernel's key at a time. */
