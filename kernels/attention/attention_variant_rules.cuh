@@ -93,35 +93,6 @@ __device__ bool frag_variant_tile(const fa_attn_problem &p0, int64_t b, int64_t 
     fa_variant_faults(p, fs, fm);
     return false;
   }
-  /* a mask_mod alone (no score_mod, no rule that changes scores): each
-   * score is kept raw or made -inf in one pass, the scale in the exponent */
-  if (!fa_variant::has_score && !fa_variant_rules::softcap && !fa_variant_rules::alibi &&
-      !fa_variant_rules::float_mask && ruA.scale > 0.f) {
-#pragma unroll
-    for (int n = 0; n < NC; n++)
-#pragma unroll
-      for (int e = 0; e < 2; e++) {
-        const int col = n * 8 + c2 + e, kk = n * 8 + e;
-        bool inA = full ? vA : (unsigned)(col - aA) < (unsigned)nA, inB = full ? vB : (unsigned)(col - aB) < (unsigned)nB;
-        if (fa_variant_rules::bool_mask) {
-          if (inA && !rule_mask_keeps(ruA, kk)) inA = false;
-          if (inB && !rule_mask_keeps(ruB, kk)) inB = false;
-        }
-        if (fa_variant::has_mask && !mask_full) {
-          const int64_t j = min(j0 + col, jmax);
-          const float jf = fminf(jf0 + (float)kk, jfmax);
-          int f1 = -1, f2 = -1; /* evaluated everywhere (no branch), kept where the key is in range */
-          const bool mA = fa_variant::mask(p.va, 0.f, b, h, iA, j, bf, hAf, iAf, jf, f1);
-          const bool mB = fa_variant::mask(p.va, 0.f, b, hB, iB, j, bf, hBf, iBf, jf, f2);
-          if (fm < 0) fm = inA && f1 >= 0 ? f1 : inB && f2 >= 0 ? f2 : -1;
-          inA = inA && mA, inB = inB && mB;
-        }
-        s[n][e] = inA ? s[n][e] : -INFINITY;
-        s[n][2 + e] = inB ? s[n][2 + e] : -INFINITY;
-      }
-    fa_variant_faults(p, fs, fm);
-    return true;
-  }
   uint32_t keepA = 0, keepB = 0; /* bit 2n + e: the key stays */
 #pragma unroll
   for (int n = 0; n < NC; n++)
