@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run, on a lent H100/H200 (through the device tool, from the
 # repository root, carrying .deps):
-#   bash scripts/gpu_run.sh [all | any of: test sanitize bench attention decode backward seeds]   (default all)
+#   bash scripts/gpu_run.sh [all | any of: test sanitize bench attention decode backward variants seeds]   (default all)
 # Builds for sm_90a, runs the LuaUnit suites with FLASHATTN_DEVICE=cuda
 # (every CUDA op against the CPU / f64 reference), the outside oracle
 # (scripts/oracle_attention.py: PyTorch on the same tensors, each case run
@@ -90,6 +90,17 @@ if [[ $what == *" all "* || $what == *" backward "* ]]; then
   $B/flashattn-lua scripts/bench_backward.lua --json "$OUT/backward_engine.json" ${BW_ARGS:-} 2>&1 | tee "$OUT/bench_backward.log" || rc=1
   python3 scripts/peers_backward.py --engine "$OUT/backward_engine.json" --json "$OUT/backward.json" \
     --commit "$COMMIT" 2>&1 | tee -a "$OUT/bench_backward.log" || rc=1
+fi
+if [[ $what == *" all "* || $what == *" variants "* ]]; then
+  step "variants (API §9): the outside oracle (FlexAttention in f64, ${ORACLE_VAR_CASES:-48} random cases), engine, peer (FlexAttention)"
+  $B/flashattn-lua scripts/oracle_variants.lua --out "$OUT/oracle_variants" --cases "${ORACLE_VAR_CASES:-48}" \
+    --seed "${ORACLE_SEED:-1}" >"$OUT/oracle_variants.log" 2>&1 || rc=1
+  python3 scripts/oracle_variants.py --dir "$OUT/oracle_variants" --json "$OUT/oracle_variants.json" \
+    --commit "$COMMIT" >>"$OUT/oracle_variants.log" 2>&1 || rc=1
+  grep -E "^(FAIL|oracle_variants|Traceback)" "$OUT/oracle_variants.log" | head -40 | tee -a "$OUT/summary.txt"
+  $B/flashattn-lua scripts/bench_variants.lua --json "$OUT/variants_engine.json" 2>&1 | tee "$OUT/bench_variants.log" || rc=1
+  python3 scripts/peers_variants.py --engine "$OUT/variants_engine.json" --json "$OUT/variants.json" \
+    --commit "$COMMIT" 2>&1 | tee -a "$OUT/bench_variants.log" || rc=1
 fi
 if [[ $what == *" all "* || $what == *" seeds "* ]]; then
   step "the seeds' claims, full form"
