@@ -85,13 +85,14 @@ static int run_host(const char *code, const fa_expr *e, int is_mask, const int64
   for (int t = 0; t < e->ntensors; t++) write_tensor(f, t, e->tensors[t]);
   fprintf(f, "int main(void) {\n  static fa_variant_args a;\n  static long long rec[2][64];\n"
              "  memset(rec, 0xff, sizeof rec);\n  a.fault[0] = rec[0], a.fault[1] = rec[1];\n");
-  const int base = is_mask ? 0 : 0; /* one expression a program: its tensors from slot 0 */
+  /* one expression a program: its tensors take the slots from 0, as the
+   * first (or only) expression of a unit does */
   for (int t = 0; t < e->ntensors; t++) {
     const fa_tensor *x = e->tensors[t];
-    fprintf(f, "  a.ptr[%d] = tensor%d;\n", base + t, t);
+    fprintf(f, "  a.ptr[%d] = tensor%d;\n", t, t);
     for (int d = 0; d < 4; d++)
-      fprintf(f, "  a.shape[%d][%d] = %lld, a.stride[%d][%d] = %lld;\n", base + t, d,
-              (long long)(d < x->ndim ? x->shape[d] : 1), base + t, d, (long long)(d < x->ndim ? x->strides[d] : 0));
+      fprintf(f, "  a.shape[%d][%d] = %lld, a.stride[%d][%d] = %lld;\n", t, d,
+              (long long)(d < x->ndim ? x->shape[d] : 1), t, d, (long long)(d < x->ndim ? x->strides[d] : 0));
   }
   fprintf(f, "  const long long ks[] = {");
   for (int i = 0; i < nk; i++) fprintf(f, "%lldLL,", (long long)ks[i]);
