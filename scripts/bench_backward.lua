@@ -27,10 +27,7 @@ local NAME = "bench_backward.lua"
 local function parse(argv)
   local argparse = require "argparse"
   local p = argparse(NAME, "The attention backward: TFLOP/s on B·L = 16k, H·D = 2048.")
-  p:option("--json", "write the results to this JSON file")
-  p:flag("--quick", "3 repetitions, a smaller grid")
-  p:option("--seed", "seed of the inputs"):convert(sweep.integer_arg(0, "--seed")):default("1")
-  p:option("--device", "cuda, or cpu for a smoke test at small sizes"):choices({ "cuda", "cpu" }):default("cuda")
+  sweep.bench_options(p, "3 repetitions, a smaller grid")
   p:option("--dtypes", "comma list of dtypes"):default("bf16")
   p:option("--ds", "comma list of head dims"):convert(sweep.list_arg("--ds", true))
   p:option("--ls", "comma list of sequence lengths"):convert(sweep.list_arg("--ls", true))

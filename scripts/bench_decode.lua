@@ -46,10 +46,7 @@ local GIB = 1 << 30
 local function parse(argv)
   local argparse = require "argparse"
   local p = argparse(NAME, "Decoding (Lq = 1, long Lk): K + V read rate against the device copy bandwidth.")
-  p:option("--json", "write the results to this JSON file")
-  p:flag("--quick", "3 repetitions, a smaller grid")
-  p:option("--seed", "seed of the inputs"):convert(sweep.integer_arg(0, "--seed")):default("1")
-  p:option("--device", "cuda, or cpu for a smoke test at small sizes"):choices({ "cuda", "cpu" }):default("cuda")
+  sweep.bench_options(p, "3 repetitions, a smaller grid")
   p:option("--bs", "comma list of batch sizes"):convert(sweep.list_arg("--bs", true))
   p:option("--lks", "comma list of key lengths"):convert(sweep.list_arg("--lks", true))
   p:option("--max-gib", "skip shapes whose K + V pass this many GiB"):convert(sweep.number_arg("--max-gib"))

@@ -34,10 +34,7 @@ local NAME = "bench_variants.lua"
 local function parse(argv)
   local argparse = require "argparse"
   local p = argparse(NAME, "Lua attention variants against the built-in rules (and FlexAttention, by peers_variants.py).")
-  p:option("--json", "write the results to this JSON file")
-  p:flag("--quick", "3 repetitions, L = 4096 only")
-  p:option("--seed", "seed of the inputs and the documents"):convert(sweep.integer_arg(0, "--seed")):default("1")
-  p:option("--device", "cuda, or cpu for a smoke test at small sizes"):choices({ "cuda", "cpu" }):default("cuda")
+  sweep.bench_options(p, "3 repetitions, L = 4096 only", "seed of the inputs and the documents")
   p:option("--cases", "comma list of case names (default: all)")
   return sweep.parse_args(p, argv, NAME)
 end
@@ -52,12 +49,7 @@ local dtype = cuda and "bf16" or "f32"
 local info = fa.device_info(dev)
 
 local function time_ms(fn) return fa.bench(fn, { warmup = 2, rep = REP, flush_cache = true }).median_ms end
-local function wall()
-  local f = io.popen("date +%s.%N")
-  local t = tonumber(f:read("a"))
-  f:close()
-  return t
-end
+local function wall() return sweep.wall_ns() * 1e-9 end -- seconds
 
 -- Document lengths from the seed: 64 to L/4 keys each, until L is covered.
 local function documents(L, s)

@@ -3,7 +3,10 @@
 -- Usage (GPU machine): FLASHATTN_DEVICE=cuda build-gpu/flashattn-lua scripts/probe_block_mask.lua
 local fa = require "flashattn"
 fa.set_default_device("cuda")
-local function wall() local f = io.popen("date +%s.%N"); local t = tonumber(f:read("a")); f:close(); return t end
+local root = (arg and arg[0] or ""):match("^(.*)/scripts/[^/]*$") or "."
+package.path = root .. "/lua/?.lua;" .. package.path
+local sweep = require "flashattn.sweep"
+local function wall() return sweep.wall_ns() * 1e-9 end -- seconds
 local L = 131072
 local sliding = function(b, h, q, k) return q:ge(k) & (q - k):le(1024) end
 local ids = {}

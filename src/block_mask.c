@@ -13,7 +13,7 @@ static uint8_t tile_state(const fa_expr *e, const fa_block_mask *m, int64_t b, i
   int any = 0, all = 1;
   for (int64_t i = qi * m->Br; i < i1; i++)
     for (int64_t j = ki * m->Bc; j < j1; j++) {
-      if (fa_expr_eval(e, 0, b, h, i, j) != 0) any = 1;
+      if (fa_expr_value(e, 0, b, h, i, j) != 0) any = 1;
       else all = 0;
       if (any && !all) return FA_BLOCK_PARTIAL;
     }
@@ -59,11 +59,12 @@ fa_status fa_block_mask_new(fa_context *ctx, const fa_expr *e, int64_t B, int64_
     fa_block_mask_free(m);
     return st;
   }
-  if ((st = fa_expr_begin(ctx, NULL, e, !on_device(ctx, e)))) {
+  const int gpu = on_device(ctx, e);
+  if ((st = fa_expr_begin(ctx, NULL, e, !gpu))) {
     fa_block_mask_free(m);
     return st;
   }
-  if (on_device(ctx, e)) {
+  if (gpu) {
     st = fa_cuda_block_mask(ctx, e, B, H, Lq, Lk, Br, Bc, m->state);
   } else {
     const int64_t rows = B * H * nq;

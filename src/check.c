@@ -101,8 +101,8 @@ static const char *const attn_algo_names[] = {"auto", "naive", "two_pass", "flas
  * run time); splits > 1 refuses them (each piece would see its own key
  * numbering).  The tensors an expression captured are on the call's
  * device (the reference reads host copies of any device's).  On cuda a
- * block mask is checked against the call's shape and not used: its kernels
- * evaluate mask_mod on every key in a row's range. */
+ * block mask is checked against the call's shape (its tile is used where
+ * it divides the kernels', kernels/attention/attention_variant.cu). */
 static fa_status check_variants(fa_context *ctx, const fa_attention_opts *o, int reference, const fa_attn_dims *d) {
   const fa_expr *ex[2] = {o->score_mod, o->mask_mod};
   const char *name[2] = {"opts.score_mod", "opts.mask_mod"};
@@ -142,7 +142,6 @@ static fa_status check_variants(fa_context *ctx, const fa_attention_opts *o, int
                    (long long)br, (long long)bc);
   return FA_OK;
 }
-
 
 /* opts.tile: 0 (both) is the backend's default; FA_TILE_ZERO is a 0 the
  * user wrote, checked (and shown) as 0 so that it fails like any size out

@@ -5,12 +5,13 @@
 #include <stdio.h>
 #include <string.h>
 
-static int arity(int op) {
-  switch (op) {
+int fa_expr_operands(const fa_expr_node *x) {
+  switch (x->op) {
   case FA_X_CONST: case FA_X_S: case FA_X_B: case FA_X_H: case FA_X_Q: case FA_X_K: return 0;
   case FA_X_NEG: case FA_X_ABS: case FA_X_EXP: case FA_X_LOG: case FA_X_TANH: case FA_X_SQRT: case FA_X_FLOOR:
   case FA_X_NOT: return 1;
   case FA_X_WHERE: return 3;
+  case FA_X_LOAD: return x->ndim;
   default: return 2;
   }
 }
@@ -38,7 +39,7 @@ fa_status fa_expr_new(fa_context *ctx, const fa_expr_node *nodes, int n, fa_tens
                    n, ntensors, FA_EXPR_MAX_NODES, FA_EXPR_MAX_TENSORS);
   for (int i = 0; i < n; i++) {
     const fa_expr_node *x = &nodes[i];
-    int na = x->op == FA_X_LOAD ? x->ndim : arity(x->op);
+    int na = fa_expr_operands(x);
     if (x->op >= FA_X_COUNT || (x->op == FA_X_LOAD && (x->tensor >= ntensors || x->ndim < 1 || x->ndim > 4 ||
                                                         x->ndim != tensors[x->tensor]->ndim)))
       return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: expression: node %d is malformed", i);
@@ -83,22 +84,16 @@ static inline double lua_mod(double a, double b) {
 /* Records the fault of read `bad` (its index values in ix) unless one is
  * recorded already. */
 static void record_fault(const fa_expr *e, int bad, const double *ix) {
-  fa_expr *m = (fa_expr *)e; /* the fault record is the one mutable part (allocated non-const) */
-  int expected = 0;
-  if (!atomic_compare_exchange_strong(&m->fault, &expected, 1)) return;
   const fa_expr_node *l = &e->nodes[bad];
   const fa_tensor *t = e->tensors[l->tensor];
-  m->fault_node = bad;
-  m->fault_dim = 0;
-  m->fault_index = 0;
   for (int d = 0; d < l->ndim; d++) {
     const double x = ix[d];
     if (!(x >= 1 && x <= (double)t->shape[d]) || x != floor(x)) {
-      m->fault_dim = d;
-      m->fault_index = x != x ? INT64_MIN : x != floor(x) ? INT64_MAX : (int64_t)(fabs(x) < 9e18 ? x : 0);
+      fa_expr_set_fault(e, bad, d, x != x ? INT64_MIN : x != floor(x) ? INT64_MAX : (int64_t)(fabs(x) < 9e18 ? x : 0));
       return;
     }
   }
+  fa_expr_set_fault(e, bad, 0, 0);
 }
 
 /* The value arrays of one evaluation: node i, lane j at [i·lanes + j]. */
@@ -291,11 +286,15 @@ static fa_status make_host_copies(fa_context *ctx, const fa_expr *e) {
   return FA_OK;
 }
 
-double fa_expr_eval(const fa_expr *e, double s, int64_t b, int64_t h, int64_t q, int64_t k) {
+double fa_expr_value(const fa_expr *e, double s, int64_t b, int64_t h, int64_t q, int64_t k) {
   double r;
-  if (make_host_copies(NULL, e)) return NAN; /* a host copy of a device tensor could not be made */
   fa_expr_eval_row(e, &s, b, h, q, k, 1, NULL, &r);
   return r;
+}
+
+double fa_expr_eval(const fa_expr *e, double s, int64_t b, int64_t h, int64_t q, int64_t k) {
+  if (make_host_copies(NULL, e)) return NAN; /* a host copy of a device tensor could not be made */
+  return fa_expr_value(e, s, b, h, q, k);
 }
 
 fa_status fa_expr_begin(fa_context *ctx, const fa_expr *score_mod, const fa_expr *mask_mod, int host) {
@@ -393,7 +392,7 @@ static void describe(const fa_expr *e, int i, text *t, int depth) {
   default:
     break;
   }
-  const int na = arity(x->op);
+  const int na = fa_expr_operands(x);
   if (op_text[x->op][0] == ' ') { /* infix */
     put(t, "(");
     describe(e, x->a[0], t, depth + 1);

@@ -104,6 +104,11 @@ void fa_expr_eval_row(const fa_expr *e, const double *s, int64_t b, int64_t h, i
 void fa_expr_eval_row_grad(const fa_expr *e, const double *s, int64_t b, int64_t h, int64_t q, int64_t k0, int64_t n,
                            const uint8_t *active, double *out, double *dout);
 
+/* The operands of node x (earlier nodes: x->a[0..]). */
+int fa_expr_operands(const fa_expr_node *x);
+/* fa_expr_eval without making host copies: for the CPU evaluators, after
+ * fa_expr_begin made them. */
+double fa_expr_value(const fa_expr *e, double s, int64_t b, int64_t h, int64_t q, int64_t k);
 /* Records a fault found elsewhere (the run-time compiled kernels on cuda:
  * read node `node`, its dimension dim, the index as record_fault codes
  * it), unless one is recorded already. */

@@ -74,18 +74,6 @@ static int meet(int a, int b) {
   return TF;
 }
 
-/* The operands of node x. */
-static int operands(const fa_expr_node *x) {
-  switch (x->op) {
-  case FA_X_CONST: case FA_X_S: case FA_X_B: case FA_X_H: case FA_X_Q: case FA_X_K: return 0;
-  case FA_X_NEG: case FA_X_ABS: case FA_X_EXP: case FA_X_LOG: case FA_X_TANH: case FA_X_SQRT: case FA_X_FLOOR:
-  case FA_X_NOT: return 1;
-  case FA_X_WHERE: return 3;
-  case FA_X_LOAD: return x->ndim;
-  default: return 2;
-  }
-}
-
 static const char *ctype(int ty) { return ty == TB ? "bool" : ty == TI ? "long long" : "float"; }
 
 static void constant(text *t, const fa_expr_node *x, int ty) {
@@ -116,7 +104,7 @@ static range span(double a, double b, double c, double d) {
 static range node_range(const fa_expr *e, int i, const range *rg, const int *ty, const int64_t *bounds) {
   const fa_expr_node *x = &e->nodes[i];
   const range all = {-INFINITY, INFINITY};
-  const int na = operands(x);
+  const int na = fa_expr_operands(x);
   const range A = na > 0 ? rg[x->a[0]] : all, B = na > 1 ? rg[x->a[1]] : all, C = na > 2 ? rg[x->a[2]] : all;
   if (ty[i] != TI) return all;
   switch (x->op) {
@@ -194,28 +182,16 @@ static void infer(const fa_expr *e, const int64_t *bounds, int *ty, uint8_t *fl,
     const fa_expr_node *x = &e->nodes[i];
     if (ty[i] != TI || x->op == FA_X_LOAD || !(rg[i].lo >= -EXACT_IN_FLOAT && rg[i].hi <= EXACT_IN_FLOAT)) continue;
     int exact = 1;
-    for (int j = 0; j < operands(x); j++) exact &= ty[x->a[j]] != TI;
+    for (int j = 0; j < fa_expr_operands(x); j++) exact &= ty[x->a[j]] != TI;
     if (exact) ty[i] = TJ;
   }
   free(rg);
 }
 
-/* The read of node i (reads: its ordinal among e's reads) of captured
- * tensor slot `slot` of the kernel's arguments. */
-static void emit_load(text *t, const fa_expr *e, int i, const int *ty, const uint8_t *fl, int unsafe, int slot,
-                      int reads) {
-  const fa_expr_node *x = &e->nodes[i];
-  const fa_tensor *src = e->tensors[x->tensor];
-  if (!unsafe) { /* in range at every position of the call */
-    put(t, "  const long long o%d = ", i);
-    for (int d = 0; d < x->ndim; d++) {
-      put(t, "%s(", d ? " + " : "");
-      operand(t, x->a[d], ty[x->a[d]], TI);
-      put(t, " - 1) * a.stride[%d][%d]", slot, d);
-    }
-    put(t, ";\n  const bool k%d = true;\n", i);
-  } else {
-  /* the indices: 0-based i<i>_<d>, and whether each is inside the tensor */
+/* A checked read's offset o<i>: each index i<i>_<d> (0-based) and whether
+ * it is inside its dimension (k<i>_<d>), k<i> for all of them; offset 0
+ * where one is not. */
+static void emit_checked_offset(text *t, const fa_expr_node *x, int i, const int *ty, int slot) {
   for (int d = 0; d < x->ndim; d++) {
     const int a = x->a[d];
     if (ty[a] == TF) {
@@ -236,9 +212,41 @@ static void emit_load(text *t, const fa_expr *e, int i, const int *ty, const uin
   put(t, ";\n  const long long o%d = k%d ? ", i, i);
   for (int d = 0; d < x->ndim; d++) put(t, "%si%d_%d * a.stride[%d][%d]", d ? " + " : "", i, d, slot, d);
   put(t, " : 0;\n");
+}
+
+/* A checked read's bad access for the message (which dimension, which
+ * index, in expr.c's codes), noted by the first bad access of read `reads`. */
+static void emit_fault_note(text *t, const fa_expr_node *x, int i, const int *ty, int reads) {
+  put(t, "  if (!k%d) {\n    int d = 0;\n    long long ix = 0;\n", i);
+  for (int d = x->ndim - 1; d >= 0; d--) {
+    if (ty[x->a[d]] == TF)
+      put(t, "    if (!k%d_%d) d = %d, ix = x%d_%d != x%d_%d ? FA_VARIANT_NAN_INDEX : x%d_%d != floorf(x%d_%d) ? "
+             "FA_VARIANT_FRACTION_INDEX : fabsf(x%d_%d) < 9e18f ? (long long)x%d_%d : 0;\n",
+          i, d, d, i, d, i, d, i, d, i, d, i, d, i, d);
+    else put(t, "    if (!k%d_%d) d = %d, ix = i%d_%d + 1;\n", i, d, d, i, d);
+  }
+  put(t, "    fa_variant_note(fault, %d, d, ix);\n  }\n", reads);
+}
+
+/* The read of node i of captured tensor slot `slot` of the kernel's
+ * arguments: checked when unsafe (reads: its ordinal among the checked
+ * reads), else at an offset with no check. */
+static void emit_load(text *t, const fa_expr *e, int i, const int *ty, const uint8_t *fl, int unsafe, int slot,
+                      int reads) {
+  const fa_expr_node *x = &e->nodes[i];
+  if (unsafe) {
+    emit_checked_offset(t, x, i, ty, slot);
+  } else { /* in range at every position of the call */
+    put(t, "  const long long o%d = ", i);
+    for (int d = 0; d < x->ndim; d++) {
+      put(t, "%s(", d ? " + " : "");
+      operand(t, x->a[d], ty[x->a[d]], TI);
+      put(t, " - 1) * a.stride[%d][%d]", slot, d);
+    }
+    put(t, ";\n  const bool k%d = true;\n", i);
   }
   const char *load;
-  switch (src->dtype) {
+  switch (e->tensors[x->tensor]->dtype) {
   case FA_F16: load = "__half2float(((const __half *)a.ptr[%d])[o%d])"; break;
   case FA_BF16: load = "__bfloat162float(((const __nv_bfloat16 *)a.ptr[%d])[o%d])"; break;
   case FA_F64: load = "(float)((const double *)a.ptr[%d])[o%d]"; break;
@@ -256,18 +264,7 @@ static void emit_load(text *t, const fa_expr *e, int i, const int *ty, const uin
   for (int d = 0; d < x->ndim; d++)
     if (fl[x->a[d]]) put(t, "f%d >= 0 ? f%d : ", x->a[d], x->a[d]);
   put(t, "k%d ? -1 : %d;\n", i, i);
-  if (!unsafe) return;
-  /* which index, for the message: recorded by the first bad read of this node */
-  put(t, "  if (!k%d) {\n    int d = 0;\n    long long ix = 0;\n", i);
-  for (int d = x->ndim - 1; d >= 0; d--) {
-    const int a = x->a[d];
-    if (ty[a] == TF)
-      put(t, "    if (!k%d_%d) d = %d, ix = x%d_%d != x%d_%d ? FA_VARIANT_NAN_INDEX : x%d_%d != floorf(x%d_%d) ? "
-             "FA_VARIANT_FRACTION_INDEX : fabsf(x%d_%d) < 9e18f ? (long long)x%d_%d : 0;\n",
-          i, d, d, i, d, i, d, i, d, i, d, i, d, i, d);
-    else put(t, "    if (!k%d_%d) d = %d, ix = i%d_%d + 1;\n", i, d, d, i, d);
-  }
-  put(t, "    fa_variant_note(fault, %d, d, ix);\n  }\n", reads);
+  if (unsafe) emit_fault_note(t, x, i, ty, reads);
 }
 
 static void emit_node(text *t, const fa_expr *e, int i, const int *ty, const uint8_t *fl) {
@@ -332,7 +329,7 @@ static void emit_node(text *t, const fa_expr *e, int i, const int *ty, const uin
   put(t, ";\n");
   if (!fl[i]) return;
   /* the fault this value carries: its operands' in order; where: the taken branch's */
-  const int na = operands(x);
+  const int na = fa_expr_operands(x);
   put(t, "  const int f%d = ", i);
   if (x->op == FA_X_WHERE) {
     if (fl[a]) put(t, "f%d >= 0 ? f%d : ", a, a);
@@ -434,23 +431,41 @@ static void emit_tile(text *t, const fa_expr *e, const int *ty, const uint8_t *l
   put(t, "  const int r = t%d;\n  return r == 1 ? 1 : r == 2 ? 0 : 2;\n  }\n", e->n - 1);
 }
 
+/* What emitting an expression needs to know of its nodes: their types,
+ * which carry a fault, which reads are checked (infer) and which nodes the
+ * result depends on. */
+typedef struct {
+  int *ty;
+  uint8_t *fl, *unsafe, *live;
+} analysis;
+
+static void analysis_free(analysis *an) { free(an->ty), free(an->fl), free(an->unsafe), free(an->live); }
+
+/* 0, or -1 when out of memory (an freed). */
+static int analyse(const fa_expr *e, const int64_t *bounds, analysis *an) {
+  an->ty = calloc((size_t)e->n, sizeof *an->ty);
+  an->fl = calloc((size_t)e->n, 1), an->unsafe = calloc((size_t)e->n, 1), an->live = calloc((size_t)e->n, 1);
+  if (!an->ty || !an->fl || !an->unsafe || !an->live) {
+    analysis_free(an);
+    return -1;
+  }
+  infer(e, bounds, an->ty, an->fl, an->unsafe);
+  an->live[e->n - 1] = 1;
+  for (int i = e->n - 1; i >= 0; i--)
+    for (int j = 0; an->live[i] && j < fa_expr_operands(&e->nodes[i]); j++) an->live[e->nodes[i].a[j]] = 1;
+  return 0;
+}
+
 /* One function of the variant: score_mod (returns the score) or mask_mod
  * (returns whether the key stays), its reads from argument slot base on. */
-static void emit_function(text *t, const fa_expr *e, const int64_t *bounds, int is_mask, int base) {
-  int *ty = calloc((size_t)e->n, sizeof *ty);
-  uint8_t *fl = calloc((size_t)e->n, 1), *live = calloc((size_t)e->n, 1), *unsafe = calloc((size_t)e->n, 1);
-  if (!ty || !fl || !live || !unsafe) {
+static int emit_function(text *t, const fa_expr *e, const int64_t *bounds, int is_mask, int base) {
+  analysis an;
+  if (analyse(e, bounds, &an)) {
     t->failed = 1;
-    free(ty), free(fl), free(live), free(unsafe);
-    return;
+    return 0;
   }
-  infer(e, bounds, ty, fl, unsafe);
-  live[e->n - 1] = 1; /* what the result depends on */
-  for (int i = e->n - 1; i >= 0; i--) {
-    if (!live[i]) continue;
-    const fa_expr_node *x = &e->nodes[i];
-    for (int j = 0; j < operands(x); j++) live[x->a[j]] = 1;
-  }
+  const int *ty = an.ty;
+  const uint8_t *fl = an.fl, *unsafe = an.unsafe, *live = an.live;
   put(t,
       "  static __device__ __forceinline__ %s %s(const fa_variant_args &a, float s, long long b, long long h, "
       "long long q, long long k, float bf, float hf, float qf, float kf, int &fault_node) {\n",
@@ -476,33 +491,31 @@ static void emit_function(text *t, const fa_expr *e, const int64_t *bounds, int 
   else if (is_mask) put(t, "  static const bool has_tile = false;\n"
                            "  static __device__ int tile(const fa_variant_args &, long long, long long, long long, long long,"
                            " long long, long long) { return 2; }\n");
-  free(ty), free(fl), free(live), free(unsafe);
+  analysis_free(&an);
+  return reads;
 }
 
 int fa_variant_unsafe_reads(const fa_expr *e, const int64_t *bounds, int node) {
+  analysis an;
   if (!e) return 0;
-  int *ty = calloc((size_t)e->n, sizeof *ty), n = 0;
-  uint8_t *fl = calloc((size_t)e->n, 1), *unsafe = calloc((size_t)e->n, 1);
-  if (ty && fl && unsafe) {
-    infer(e, bounds, ty, fl, unsafe);
-    for (int i = 0; i < e->n && i != node; i++) n += e->nodes[i].op == FA_X_LOAD && unsafe[i];
-  } else {
-    n = -1;
-  }
-  free(ty), free(fl), free(unsafe);
+  if (analyse(e, bounds, &an)) return -1;
+  int n = 0;
+  for (int i = 0; i < e->n && i != node; i++) n += e->nodes[i].op == FA_X_LOAD && an.unsafe[i];
+  analysis_free(&an);
   return n;
 }
 
-char *fa_variant_source(const fa_expr *score_mod, const fa_expr *mask_mod, const int64_t *bounds) {
+char *fa_variant_source(const fa_expr *score_mod, const fa_expr *mask_mod, const int64_t *bounds, int *reads) {
   text t = {0};
   put(&t, "struct fa_variant {\n");
   put(&t, "  static const bool has_score = %s, has_mask = %s;\n", score_mod ? "true" : "false",
       mask_mod ? "true" : "false");
-  if (score_mod) emit_function(&t, score_mod, bounds, 0, 0);
+  reads[0] = reads[1] = 0;
+  if (score_mod) reads[0] = emit_function(&t, score_mod, bounds, 0, 0);
   else
     put(&t, "  static __device__ __forceinline__ float score(const fa_variant_args &, float s, long long, long long, "
             "long long, long long, float, float, float, float, int &) { return s; }\n");
-  if (mask_mod) emit_function(&t, mask_mod, bounds, 1, score_mod ? score_mod->ntensors : 0);
+  if (mask_mod) reads[1] = emit_function(&t, mask_mod, bounds, 1, score_mod ? score_mod->ntensors : 0);
   else
     put(&t, "  static __device__ __forceinline__ bool mask(const fa_variant_args &, float, long long, long long, "
             "long long, long long, float, float, float, float, int &) { return true; }\n"

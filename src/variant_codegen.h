@@ -12,8 +12,9 @@
  * mask_mod's the slots after them.  Reads whose indices stay inside their
  * tensor for every position of such a call are not checked; the others
  * (unsafe) have a slot each in the fault record.  The text depends on the
- * bounds only through which reads are unsafe. */
-char *fa_variant_source(const fa_expr *score_mod, const fa_expr *mask_mod, const int64_t *bounds);
+ * bounds only through which reads are unsafe; reads[0] and reads[1]: the
+ * unsafe reads of score_mod and mask_mod. */
+char *fa_variant_source(const fa_expr *score_mod, const fa_expr *mask_mod, const int64_t *bounds, int *reads);
 /* The unsafe reads of e (0 for NULL) before node `node` (-1: all of them);
  * -1 when out of memory. */
 int fa_variant_unsafe_reads(const fa_expr *e, const int64_t *bounds, int node);

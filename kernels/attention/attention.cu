@@ -81,13 +81,8 @@ static fa_status launch_tiled(fa_context *ctx, const fa_attn_problem *p) {
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(attn_tiled_kernel<T, BR, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           (int)smem));
   int br = (int)p->tile_q;
-  int64_t blocks = p->B * p->Hq * ((p->Lq + br - 1) / br), grid = blocks;
-  if (p->v_nonfinite) { /* a fallback: mostly not needed, so a grid that is cheap to launch */
-    int dev = 0, sms = 0;
-    FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
-    FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    grid = min(blocks, (int64_t)sms * 2);
-  }
+  int64_t blocks = p->B * p->Hq * ((p->Lq + br - 1) / br), grid = 0;
+  if (fa_status st = tiled_grid(ctx, blocks, p->v_nonfinite != NULL, &grid)) return st;
   if (fa_status st = attn_grid_fits(ctx, grid)) return st;
   if (grid == 0) return FA_OK;
   attn_tiled_kernel<T, BR, MODE><<<(unsigned)grid, NWARPS * 32, smem, fa_cuda_stream(ctx)>>>(*p, br, bc, blocks);

@@ -155,6 +155,26 @@ static __device__ __forceinline__ frag_rows frag_rows_start(const fa_attn_proble
  * A and B, in scaled units.  Row B is of head hB when given (>= 0: the
  * decode kernel packs the query heads of one key head into a tile), else
  * of head h as row A. */
+/* softcap and alibi (score_rule's steps) as passes over a tile's scores
+ * of rows A and B, keys 8n + e from the rules' first. */
+template <int NC>
+static __device__ __forceinline__ void frag_softcap_pass(const score_rule &ruA, const score_rule &ruB, float (*s)[4]) {
+#pragma unroll
+  for (int n = 0; n < NC; n++)
+#pragma unroll
+    for (int e = 0; e < 2; e++) s[n][e] = rule_softcap(ruA, s[n][e]), s[n][2 + e] = rule_softcap(ruB, s[n][2 + e]);
+}
+template <int NC>
+static __device__ __forceinline__ void frag_alibi_pass(const score_rule &ruA, const score_rule &ruB, float (*s)[4]) {
+#pragma unroll
+  for (int n = 0; n < NC; n++)
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+      const float kf = (float)(n * 8 + e);
+      s[n][e] = rule_alibi(ruA, s[n][e], kf), s[n][2 + e] = rule_alibi(ruB, s[n][2 + e], kf);
+    }
+}
+
 /* EXTRAS_VARIANT's rule, defined in attention_variant.cuh (run-time
  * compiled: it calls the traced expression's code). */
 template <int NC>
@@ -214,19 +234,8 @@ static __device__ __forceinline__ bool frag_score_tile(const fa_attn_problem &p,
   for (int n = 0; n < NC; n++)
 #pragma unroll
     for (int q = 0; q < 4; q++) s[n][q] *= scale;
-  if (ruA.cap > 0.f)
-#pragma unroll
-    for (int n = 0; n < NC; n++)
-#pragma unroll
-      for (int e = 0; e < 2; e++) s[n][e] = rule_softcap(ruA, s[n][e]), s[n][2 + e] = rule_softcap(ruB, s[n][2 + e]);
-  if (ruA.slope != 0.f)
-#pragma unroll
-    for (int n = 0; n < NC; n++)
-#pragma unroll
-      for (int e = 0; e < 2; e++) {
-        const float kf = (float)(n * 8 + e);
-        s[n][e] = rule_alibi(ruA, s[n][e], kf), s[n][2 + e] = rule_alibi(ruB, s[n][2 + e], kf);
-      }
+  if (ruA.cap > 0.f) frag_softcap_pass<NC>(ruA, ruB, s);
+  if (ruA.slope != 0.f) frag_alibi_pass<NC>(ruA, ruB, s);
   /* a full tile whose mask rows allow it reads a thread's key pairs in one
    * access each (a pair could cross the end of a row elsewhere) */
   const bool pairs = full && ruA.pairs && ruB.pairs;

@@ -97,17 +97,25 @@ extern "C" void fa_cuda_attention_default_tile(fa_dtype dt, int64_t D, int64_t D
  * the caller's fallback, which skips masked keys, rewrites every output and
  * must run guarded by it (for two_pass, its output pass on the statistics
  * written here).  *v_flag stays NULL when the call does not fit. */
+/* Which tensor-core kernel takes a call (f16/bf16, D = Dv of theirs, rows on
+ * 16 bytes, one of their tiles): 2 the Hopper kernel, 1 the mma.sync
+ * kernel, 0 neither; kernel: FA_KERNEL_AUTO, or WGMMA / MMA for that one
+ * only.  The built-in rules and the run-time compiled variants
+ * (attention_variant.cu) choose alike. */
+extern "C" int fa_cuda_attention_tc_kernel(fa_attn_kernel kernel, const fa_attn_problem *p) {
+  if (!tensor_core_fit(p->compute, p->D, p->Dv) || !attn_rows_aligned16(p)) return 0;
+  if (kernel != FA_KERNEL_MMA && fa_cuda_attention_kernel_tile_ok(FA_KERNEL_WGMMA, p->D, p->tile_q, p->tile_k) &&
+      fa_cuda_wgmma_usable())
+    return 2;
+  return kernel != FA_KERNEL_WGMMA && fa_cuda_attention_kernel_tile_ok(FA_KERNEL_MMA, p->D, p->tile_q, p->tile_k);
+}
+
 extern "C" fa_status fa_cuda_attention_mma(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo algo,
                                            fa_attn_kernel kernel, int **v_flag) {
   *v_flag = NULL;
-  if (!tensor_core_fit(p->compute, p->D, p->Dv)) return FA_OK;
-  if (!attn_rows_aligned16(p)) return FA_OK;
-  const int wg = kernel != FA_KERNEL_MMA &&
-                 fa_cuda_attention_kernel_tile_ok(FA_KERNEL_WGMMA, p->D, p->tile_q, p->tile_k) && fa_cuda_wgmma_usable();
-  const int sync = kernel != FA_KERNEL_WGMMA &&
-                   fa_cuda_attention_kernel_tile_ok(FA_KERNEL_MMA, p->D, p->tile_q, p->tile_k);
-  if (!wg && !sync) return FA_OK;
+  const int tc = fa_cuda_attention_tc_kernel(kernel, p);
+  if (!tc) return FA_OK;
   /* the Hopper kernel's instances of two blocks an SM check V themselves (v_check_share) */
-  if (wg) return launch_fast_passes(ctx, p, algo, v_flag, fa_cuda_attention_wgmma, p->D == 64 && p->tile_k == 64);
+  if (tc == 2) return launch_fast_passes(ctx, p, algo, v_flag, fa_cuda_attention_wgmma, p->D == 64 && p->tile_k == 64);
   return launch_fast_passes(ctx, p, algo, v_flag, p->compute == FA_F16 ? mma_typed<__half> : mma_typed<__nv_bfloat16>);
 }

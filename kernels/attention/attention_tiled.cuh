@@ -180,6 +180,19 @@ static inline fa_status tiled_smem_max(fa_context *ctx, int *smem_max) {
   return FA_OK;
 }
 
+/* The SIMT kernel's grid over nblk query-tile blocks: all of them, or,
+ * behind a fast kernel (fallback: it runs only when V holds NaN or inf,
+ * mostly not), a few blocks an SM, cheap to launch. */
+static inline fa_status tiled_grid(fa_context *ctx, int64_t nblk, bool fallback, int64_t *grid) {
+  *grid = nblk;
+  if (!fallback) return FA_OK;
+  int dev = 0, sms = 0;
+  FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
+  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  *grid = min(nblk, (int64_t)sms * 2);
+  return FA_OK;
+}
+
 /* The tile of the SIMT kernel for a call whose tile (a tensor-core
  * kernel's) it cannot hold: the key tile halved down to 8, then the query
  * tile, until it fits. */

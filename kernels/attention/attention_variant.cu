@@ -33,8 +33,7 @@ extern "C" {
 extern const int fa_rtc_source_count;
 extern const char *const fa_rtc_source_names[];
 extern const char *const fa_rtc_source_texts[];
-int fa_cuda_wgmma_usable(void);
-int fa_cuda_attention_kernel_tile_ok(fa_attn_kernel kernel, int64_t D, int64_t br, int64_t bc);
+int fa_cuda_attention_tc_kernel(fa_attn_kernel kernel, const fa_attn_problem *p);
 }
 
 /* ---- NVRTC, opened on first use ---- */
@@ -223,7 +222,7 @@ static fa_status rtc_compile(fa_context *ctx, const char *src, const char *arch,
                                fa_rtc_source_names);
   if (r != NVRTC_SUCCESS)
     return fa_fail(ctx, FA_ERR_BACKEND, "flashattn: opts.score_mod / opts.mask_mod: NVRTC: %s", nvrtc.error(r));
-  if (r == NVRTC_SUCCESS) r = nvrtc.add_name(prog, name);
+  r = nvrtc.add_name(prog, name);
   const char *inc_env = getenv("FLASHATTN_CUDA_INCLUDE");
   char arch_opt[32], inc_opt[4096];
   snprintf(arch_opt, sizeof arch_opt, "-arch=%s", arch);
@@ -288,6 +287,12 @@ static void *rtc_job_compile(void *arg) {
   return NULL;
 }
 
+/* The job's cubin loaded into k. */
+static cudaError_t rtc_load(const rtc_job *j, rtc_kernel *k) {
+  cudaError_t err = cudaLibraryLoadData(&k->lib, j->cubin, NULL, NULL, 0, NULL, NULL, 0);
+  return err == cudaSuccess ? cudaLibraryGetKernel(&k->kernel, k->lib, j->lowered) : err;
+}
+
 /* The kernels names[0..n) of src for this device: from memory, else from
  * the disk, else compiled, the missing ones side by side (NVRTC takes
  * about a second an instance), and stored on both. */
@@ -336,15 +341,13 @@ static fa_status rtc_kernels_get(fa_context *ctx, const char *src, const char *c
       st = fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.score_mod: out of host memory");
       break;
     }
-    cudaError_t err = cudaLibraryLoadData(&k->lib, j->cubin, NULL, NULL, 0, NULL, NULL, 0);
-    if (err == cudaSuccess) err = cudaLibraryGetKernel(&k->kernel, k->lib, j->lowered);
+    cudaError_t err = rtc_load(j, k);
     if (err != cudaSuccess && !started[i]) { /* a disk entry that does not load (damaged): compiled again */
       (void)cudaGetLastError();
       free(j->cubin), free(j->lowered);
       j->cubin = j->lowered = NULL;
       rtc_job_compile(j);
-      err = j->st ? cudaErrorInvalidSource : cudaLibraryLoadData(&k->lib, j->cubin, NULL, NULL, 0, NULL, NULL, 0);
-      if (err == cudaSuccess) err = cudaLibraryGetKernel(&k->kernel, k->lib, j->lowered);
+      err = j->st ? cudaErrorInvalidSource : rtc_load(j, k);
     }
     if (j->st) {
       st = fa_fail(ctx, j->st, "%s", j->err.error);
@@ -379,6 +382,14 @@ static void variant_tensors(const fa_expr *e, int base, fa_variant_args *a) {
   }
 }
 
+/* *vp: p with its expressions' captured tensors (score_mod's first). */
+static void variant_problem(const fa_attn_problem *p, fa_variant_problem *vp) {
+  memset(vp, 0, sizeof *vp);
+  (fa_attn_problem &)*vp = *p;
+  variant_tensors(p->score_mod, 0, &vp->va);
+  variant_tensors(p->mask_mod, p->score_mod ? p->score_mod->ntensors : 0, &vp->va);
+}
+
 /* A launch of a compiled kernel; a failure names it (what). */
 static fa_status launch(fa_context *ctx, cudaKernel_t k, unsigned grid, unsigned threads, size_t smem, void **args,
                         const char *what) {
@@ -387,44 +398,51 @@ static fa_status launch(fa_context *ctx, cudaKernel_t k, unsigned grid, unsigned
   return fa_cuda_error(ctx, err, what);
 }
 
-/* The fault records back from the device into the expressions (the caller
- * reports them, as for the CPU: fa_expr_fault). */
-static fa_status read_faults(fa_context *ctx, const fa_attn_problem *p, const int64_t *bounds, long long *dev,
-                             int reads_s, int reads_m) {
-  const int n = 2 + 2 * (reads_s + reads_m);
-  long long *host = (long long *)malloc(sizeof(long long) * (size_t)n);
-  if (!host) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.score_mod: out of host memory");
-  fa_status st = fa_cuda_memcpy(ctx, host, dev, sizeof(long long) * (size_t)n, FA_COPY_D2H);
-  if (st) {
-    free(host);
-    return st;
-  }
-  const long long *rec[2] = {host, host + 1 + 2 * reads_s};
+/* The device's fault records of a call (fa_variant_args.fault) whose
+ * score_mod and mask_mod have reads[0] and reads[1] checked reads: none
+ * allocated without any. */
+typedef struct {
+  long long *dev;
+  size_t bytes;
+  int reads[2];
+} fault_records;
+
+/* Allocates the records, all -1, and points vp's args at them. */
+static fa_status faults_open(fa_context *ctx, const int *reads, fa_variant_problem *vp, fault_records *fr) {
+  fr->dev = NULL, fr->reads[0] = reads[0], fr->reads[1] = reads[1];
+  fr->bytes = sizeof(long long) * (size_t)(2 + 2 * (reads[0] + reads[1]));
+  if (!reads[0] && !reads[1]) return FA_OK;
+  fa_status st = fa_cuda_malloc(ctx, (void **)&fr->dev, fr->bytes);
+  if (st) return st;
+  if (reads[0]) vp->va.fault[0] = fr->dev;
+  if (reads[1]) vp->va.fault[1] = fr->dev + 1 + 2 * reads[0];
+  return fa_cuda_error(ctx, cudaMemsetAsync(fr->dev, 0xff, fr->bytes, fa_cuda_stream(ctx)), "the variant's fault record");
+}
+
+/* After the kernels (st their status): the faults back from the device into
+ * the expressions (the caller reports them, as for the CPU:
+ * fa_expr_fault), and the records freed. */
+static fa_status faults_close(fa_context *ctx, const fa_attn_problem *p, const int64_t *bounds, fault_records *fr,
+                              fa_status st) {
+  if (!fr->dev) return st;
+  long long *host = st ? NULL : (long long *)malloc(fr->bytes);
+  if (!st && !host) st = fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.score_mod: out of host memory");
+  if (!st) st = fa_cuda_memcpy(ctx, host, fr->dev, fr->bytes, FA_COPY_D2H);
+  const long long *rec[2] = {host, host ? host + 1 + 2 * fr->reads[0] : NULL};
   const fa_expr *ex[2] = {p->score_mod, p->mask_mod};
-  for (int w = 0; w < 2; w++) {
+  for (int w = 0; !st && w < 2; w++) {
     const fa_expr *e = ex[w];
     if (!e || rec[w][0] < 0 || rec[w][0] >= e->n) continue;
     const int node = (int)rec[w][0];
     const int read = fa_variant_unsafe_reads(e, bounds, node); /* the node's slot */
-    if (read < 0 || read >= (w ? reads_m : reads_s)) continue;
+    if (read < 0 || read >= fr->reads[w]) continue;
     const long long dim = rec[w][1 + 2 * read], index = rec[w][2 + 2 * read];
     fa_expr_set_fault(e, node, dim >= 0 && dim < 4 ? (int)dim : 0, index);
   }
   free(host);
-  return FA_OK;
-}
-
-/* Which kernel runs a variant call: 2 wgmma, 1 mma, 0 the SIMT kernel alone. */
-static int variant_fast_kernel(fa_attn_kernel kernel, const fa_attn_problem *p) {
-  const bool tc = (p->compute == FA_F16 || p->compute == FA_BF16) && p->D == p->Dv && attn_rows_aligned16(p);
-  if (!tc || kernel == FA_KERNEL_SIMT) return 0;
-  if (kernel != FA_KERNEL_MMA && (p->D == 64 || p->D == 96 || p->D == 128 || p->D == 256) && fa_cuda_wgmma_usable() &&
-      fa_cuda_attention_kernel_tile_ok(FA_KERNEL_WGMMA, p->D, p->tile_q, p->tile_k))
-    return 2;
-  if (kernel != FA_KERNEL_WGMMA && (p->D == 64 || p->D == 128) &&
-      fa_cuda_attention_kernel_tile_ok(FA_KERNEL_MMA, p->D, p->tile_q, p->tile_k))
-    return 1;
-  return 0;
+  fa_cuda_free(fr->dev, fr->bytes);
+  fr->dev = NULL;
+  return st;
 }
 
 static bool expr_uses(const fa_expr *e, int op) {
@@ -446,7 +464,7 @@ typedef struct {
 
 static fa_status plan_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_attn_problem *p, variant_plan *v) {
   memset(v, 0, sizeof *v);
-  v->fast = variant_fast_kernel(kernel, p);
+  v->fast = kernel == FA_KERNEL_SIMT ? 0 : fa_cuda_attention_tc_kernel(kernel, p); /* 2 wgmma, 1 mma, 0 SIMT alone */
   if (!v->fast && kernel != FA_KERNEL_AUTO && kernel != FA_KERNEL_SIMT)
     return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: opts.kernel: the kernel named declined the call on cuda");
   const char *T = p->compute == FA_F16 ? "__half" : p->compute == FA_BF16 ? "__nv_bfloat16" : "float";
@@ -482,9 +500,10 @@ static fa_status plan_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_a
 }
 
 /* The CUDA C of the call's variant, in its translation unit (malloc'd):
- * the expressions, and which of §2's rules the call sets. */
-static char *variant_unit(const fa_attn_problem *p, const int64_t *bounds) {
-  char *code = fa_variant_source(p->score_mod, p->mask_mod, bounds), *src = NULL;
+ * the expressions, and which of §2's rules the call sets; reads: their
+ * checked reads (fa_variant_source). */
+static char *variant_unit(const fa_attn_problem *p, const int64_t *bounds, int *reads) {
+  char *code = fa_variant_source(p->score_mod, p->mask_mod, bounds, reads), *src = NULL;
   if (code) {
     const size_t n = strlen(code) + 512;
     if ((src = (char *)malloc(n)))
@@ -497,16 +516,6 @@ static char *variant_unit(const fa_attn_problem *p, const int64_t *bounds) {
   }
   free(code);
   return src;
-}
-
-/* The SMs of the current device (a fallback grid's size), 0 when unknown. */
-static int sm_count(void) {
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return sms;
 }
 
 /* ---- mask_mod's tiles (fa_variant_args.spans) ---- */
@@ -531,7 +540,7 @@ static fa_status block_mask_spans(fa_context *ctx, const fa_block_mask *cm, int 
   if (!host) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.block_mask: out of host memory");
   for (long long bh = 0; bh < m->B * m->H; bh++)
     for (long long qt = 0; qt < nq; qt++) {
-      int first = -1, end = 0, f_first = 0, f_end = 0, run = -1;
+      fa_span_builder span = fa_span_start();
       for (long long kt = 0; kt < nk; kt++) {
         bool any = false, all = true;
         for (long long qi = qt * rq; qi < (qt + 1) * rq && qi < m->nq; qi++)
@@ -539,16 +548,9 @@ static fa_status block_mask_spans(fa_context *ctx, const fa_block_mask *cm, int 
             const int st = m->state[(bh * m->nq + qi) * m->nk + ki];
             any |= st != FA_BLOCK_EMPTY, all &= st == FA_BLOCK_FULL;
           }
-        if (any) first = first < 0 ? (int)kt : first, end = (int)kt + 1;
-        if (all) {
-          if (run < 0) run = (int)kt;
-          if ((int)kt + 1 - run > f_end - f_first) f_first = run, f_end = (int)kt + 1;
-        } else {
-          run = -1;
-        }
+        fa_span_add(span, (int)kt, any, all);
       }
-      int *sp = host + 4 * (bh * nq + qt);
-      sp[0] = first < 0 ? 0 : first, sp[1] = first < 0 ? 0 : end, sp[2] = f_first, sp[3] = f_end;
+      fa_span_store(span, host + 4 * (bh * nq + qt));
     }
   void *d = NULL;
   fa_status st = fa_cuda_malloc(ctx, &d, bytes);
@@ -624,7 +626,7 @@ static fa_status variant_spans(fa_context *ctx, const fa_attn_problem *p, const 
     return st;
   }
   void *states = NULL;
-  void *args[] = {vp, &spans, &states, (void *)&v->nb, (void *)&v->nh};
+  void *args[] = {vp, &spans, &states, (void *)&v->nh};
   st = launch(ctx, spans_kernel, (unsigned)grid, 256, 0, args, "mask_mod's tiles");
   va.spans = (const int *)spans;
   spans_entry *e = NULL;
@@ -663,10 +665,10 @@ static fa_status queue_variant(fa_context *ctx, const fa_attn_problem *p, const 
     vp->va = va;
     vp->v_nonfinite = v_flag;
     int bc = (int)v->simt.tile_k, tq = (int)v->simt.tile_q;
-    long long nblk = p->B * p->Hq * ((p->Lq + tq - 1) / tq), grid = nblk;
-    if (v_flag && sm_count() > 0) grid = min(nblk, (long long)sm_count() * 2); /* mostly not needed: cheap to launch */
+    int64_t nblk = p->B * p->Hq * ((p->Lq + tq - 1) / tq), grid = 0;
     void *args[] = {vp, &tq, &bc, &nblk};
-    st = attn_grid_fits(ctx, grid);
+    st = tiled_grid(ctx, nblk, v_flag != NULL, &grid);
+    if (!st) st = attn_grid_fits(ctx, grid);
     if (!st && grid > 0)
       st = launch(ctx, kern[0], (unsigned)grid, NWARPS * 32, tiled_smem(block_rows(tq), bc, p->D, p->Dv), args,
                   "the variant's SIMT kernel");
@@ -680,42 +682,22 @@ extern "C" fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attn_kernel k
   fa_status st = plan_variant(ctx, kernel, p, &v);
   if (st) return st;
   const int64_t bounds[4] = {p->B, p->Hq, p->Lq, p->Lk};
-  char *src = variant_unit(p, bounds);
+  int reads[2];
+  char *src = variant_unit(p, bounds, reads);
   if (!src) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.score_mod: out of host memory");
   const char *names[RTC_KERNELS] = {v.names[0], v.names[1], v.names[2]};
   cudaKernel_t kern[RTC_KERNELS] = {NULL, NULL, NULL};
-  st = rtc_kernels_get(ctx, src, names, v.n, kern);
-  if (st) {
-    free(src);
-    return st;
-  }
-
   fa_variant_problem vp;
-  memset(&vp, 0, sizeof vp);
-  (fa_attn_problem &)vp = *p;
-  variant_tensors(p->score_mod, 0, &vp.va);
-  variant_tensors(p->mask_mod, p->score_mod ? p->score_mod->ntensors : 0, &vp.va);
-  /* the fault records, where an expression reads a tensor that may be out of range */
-  const int reads_s = fa_variant_unsafe_reads(p->score_mod, bounds, -1);
-  const int reads_m = fa_variant_unsafe_reads(p->mask_mod, bounds, -1);
-  void *faults = NULL;
-  const size_t fault_bytes = sizeof(long long) * (size_t)(2 + 2 * (reads_s + reads_m));
-  if (reads_s < 0 || reads_m < 0) st = fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.score_mod: out of host memory");
-  if (!st && reads_s + reads_m && !(st = fa_cuda_malloc(ctx, &faults, fault_bytes))) {
-    st = fa_cuda_error(ctx, cudaMemsetAsync(faults, 0xff, fault_bytes, fa_cuda_stream(ctx)), "the variant's fault record");
-    if (reads_s) vp.va.fault[0] = (long long *)faults;
-    if (reads_m) vp.va.fault[1] = (long long *)faults + 1 + 2 * reads_s;
-  }
+  fault_records fr = {NULL, 0, {0, 0}};
   int *v_flag = NULL;
+  variant_problem(p, &vp);
+  st = rtc_kernels_get(ctx, src, names, v.n, kern);
+  if (!st) st = faults_open(ctx, reads, &vp, &fr);
   if (!st && v.fast) st = values_nonfinite_flag(ctx, p, &v_flag); /* NaN or inf in V: the SIMT kernel redoes the call */
   if (!st) st = queue_variant(ctx, p, &v, src, kern, &vp, v_flag);
   free(src);
   if (v_flag) fa_cuda_free(v_flag, sizeof(int)); /* stream-ordered */
-  if (faults) {
-    if (!st) st = read_faults(ctx, p, bounds, (long long *)faults, reads_s, reads_m);
-    fa_cuda_free(faults, fault_bytes);
-  }
-  return st;
+  return faults_close(ctx, p, bounds, &fr, st);
 }
 
 /* fa.block_mask on the device (API §9): mask_mod over every pair of each
@@ -729,7 +711,8 @@ extern "C" fa_status fa_cuda_block_mask(fa_context *ctx, const fa_expr *e, int64
   memset(&p, 0, sizeof p);
   p.B = B, p.Hq = p.Hkv = H, p.Lq = Lq, p.Lk = Lk, p.mask_mod = e;
   const int64_t bounds[4] = {B, H, Lq, Lk};
-  char *src = variant_unit(&p, bounds);
+  int reads[2];
+  char *src = variant_unit(&p, bounds, reads);
   if (!src) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: block_mask: out of host memory");
   char name[96];
   snprintf(name, sizeof name, "fa_variant_spans_kernel<%lld, %lld>", (long long)Br, (long long)Bc);
@@ -742,27 +725,21 @@ extern "C" fa_status fa_cuda_block_mask(fa_context *ctx, const fa_expr *e, int64
   const long long nq = (Lq + Br - 1) / Br, nk = (Lk + Bc - 1) / Bc, grid = nb * nh * nq;
   const size_t bytes = (size_t)(grid * nk);
   fa_variant_problem vp;
-  memset(&vp, 0, sizeof vp);
-  (fa_attn_problem &)vp = p;
-  variant_tensors(e, 0, &vp.va);
+  variant_problem(&p, &vp);
   vp.va.spans_nq = nq;
-  const int reads = fa_variant_unsafe_reads(e, bounds, -1);
-  const size_t fault_bytes = sizeof(long long) * (size_t)(2 + 2 * reads);
-  void *faults = NULL, *dev = NULL, *spans = NULL;
+  fault_records fr = {NULL, 0, {0, 0}};
+  void *dev = NULL, *spans = NULL;
   uint8_t *host = (uint8_t *)malloc(bytes);
-  if (!host || reads < 0) st = fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: block_mask: out of host memory");
-  if (!st && reads && !(st = fa_cuda_malloc(ctx, &faults, fault_bytes))) {
-    st = fa_cuda_error(ctx, cudaMemsetAsync(faults, 0xff, fault_bytes, fa_cuda_stream(ctx)), "the block mask's fault record");
-    vp.va.fault[1] = (long long *)faults + 1; /* mask_mod's record: after score_mod's (empty) */
-  }
+  if (!host) st = fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: block_mask: out of host memory");
+  if (!st) st = faults_open(ctx, reads, &vp, &fr);
   if (!st) st = fa_cuda_malloc(ctx, &dev, bytes);
   if (!st) st = attn_grid_fits(ctx, grid);
   if (!st) {
-    void *args[] = {&vp, &spans, &dev, (void *)&nb, (void *)&nh};
+    void *args[] = {&vp, &spans, &dev, (void *)&nh};
     st = launch(ctx, kern, (unsigned)grid, 256, 0, args, "fa.block_mask");
   }
   if (!st) st = fa_cuda_memcpy(ctx, host, dev, bytes, FA_COPY_D2H);
-  if (!st && faults) st = read_faults(ctx, &p, bounds, (long long *)faults, 0, reads);
+  st = faults_close(ctx, &p, bounds, &fr, st);
   if (!st) /* the (b, h) the expression does not tell apart share their tiles */
     for (long long b = 0; b < B; b++)
       for (long long h = 0; h < H; h++)
@@ -770,6 +747,5 @@ extern "C" fa_status fa_cuda_block_mask(fa_context *ctx, const fa_expr *e, int64
                (size_t)(nq * nk));
   free(host);
   if (dev) fa_cuda_free(dev, bytes);
-  if (faults) fa_cuda_free(faults, fault_bytes);
   return st;
 }

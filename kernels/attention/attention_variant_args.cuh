@@ -42,6 +42,31 @@ static __device__ __forceinline__ float fa_variant_fmod(float a, float d) {
   return m != 0.f && (m > 0.f) != (d > 0.f) ? m + d : m;
 }
 
+/* A query tile's span record (fa_variant_args.spans), built from its key
+ * tiles' verdicts in order (any pair attends, every pair does): the first
+ * and the end of the nonempty tiles, and the longest run of full ones (run:
+ * the current run's first tile, -1 none).  Made on the host from a block
+ * mask and on the device by the spans kernel. */
+struct fa_span_builder {
+  int first, end, f_first, f_end, run;
+};
+static __host__ __device__ __forceinline__ fa_span_builder fa_span_start(void) {
+  fa_span_builder s = {-1, 0, 0, 0, -1};
+  return s;
+}
+static __host__ __device__ __forceinline__ void fa_span_add(fa_span_builder &s, int kt, bool any, bool all) {
+  if (any) s.first = s.first < 0 ? kt : s.first, s.end = kt + 1;
+  if (!all) {
+    s.run = -1;
+    return;
+  }
+  if (s.run < 0) s.run = kt;
+  if (kt + 1 - s.run > s.f_end - s.f_first) s.f_first = s.run, s.f_end = kt + 1;
+}
+static __host__ __device__ __forceinline__ void fa_span_store(const fa_span_builder &s, int *sp) {
+  sp[0] = s.first < 0 ? 0 : s.first, sp[1] = s.first < 0 ? 0 : s.end, sp[2] = s.f_first, sp[3] = s.f_end;
+}
+
 /* A comparison of a in [al, ah] and b in [bl, bh] over a tile (fa_variant's
  * tile: src/variant_codegen.c): 1 when it holds for every pair, 2 when for
  * none, 3 when it cannot tell. */

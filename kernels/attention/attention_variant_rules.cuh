@@ -37,6 +37,44 @@ static __device__ __forceinline__ void fa_variant_faults(const fa_variant_proble
   if (fa_variant::has_mask) fa_variant_record(p.va.fault[1], fm);
 }
 
+/* The positions of a thread's two rows (A, B) and keys in a tile, as the
+ * expressions take them: rows clamped into [0, Lq), keys, when CLAMP, into
+ * [0, Lk) (an unchecked read is in range only there); each also as a float
+ * (exact below 2^24), a key's from this thread's first by a float add. */
+struct variant_rows {
+  int64_t b, hA, hB, iA, iB, j0, jmax;
+  int c2;
+  float bf, hAf, hBf, iAf, iBf, jf0, jfmax;
+  template <bool CLAMP> __device__ __forceinline__ void key(int n, int e, int64_t *j, float *jf) const {
+    *j = j0 + n * 8 + c2 + e, *jf = jf0 + (float)(n * 8 + e);
+    if (CLAMP) *j = min(*j, jmax), *jf = fminf(*jf, jfmax);
+  }
+};
+
+/* The fault to keep of a key's two scores (f1: row A's, f2: row B's), where
+ * the key stays (bit of keepA, keepB). */
+static __device__ __forceinline__ int variant_kept_fault(uint32_t keepA, uint32_t keepB, uint32_t bit, int f1, int f2) {
+  return (keepA & bit) && f1 >= 0 ? f1 : (keepB & bit) && f2 >= 0 ? f2 : -1;
+}
+
+/* score_mod over the tile (s scaled), its faults kept where the key stays. */
+template <int NC, bool CLAMP>
+static __device__ __forceinline__ void variant_score_pass(const fa_variant_problem &p, const variant_rows &w,
+                                                          float (*s)[4], uint32_t keepA, uint32_t keepB, int &fs) {
+#pragma unroll
+  for (int n = 0; n < NC; n++)
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+      int64_t j;
+      float jf;
+      w.key<CLAMP>(n, e, &j, &jf);
+      int f1 = -1, f2 = -1;
+      s[n][e] = fa_variant::score(p.va, s[n][e], w.b, w.hA, w.iA, j, w.bf, w.hAf, w.iAf, jf, f1);
+      s[n][2 + e] = fa_variant::score(p.va, s[n][2 + e], w.b, w.hB, w.iB, j, w.bf, w.hBf, w.iBf, jf, f2);
+      if (fs < 0) fs = variant_kept_fault(keepA, keepB, 1u << (2 * n + e), f1, f2);
+    }
+}
+
 /* The tensor-core kernels' tile (frag_score_tile's EXTRAS_VARIANT): rows A
  * and B of this thread, keys j0 + 8n + c2 + e; in range: every key of a
  * full tile (rows before Lq), else columns [a, a + n) of each row.  As the
@@ -54,9 +92,10 @@ __device__ bool frag_variant_tile(const fa_attn_problem &p0, int64_t b, int64_t 
   const fa_variant_problem &p = static_cast<const fa_variant_problem &>(p0);
   const score_rule ruA = score_rule_at(p, b, h, r.iA, j0 + c2), ruB = score_rule_at(p, b, hB, r.iB, j0 + c2);
   const bool vA = r.iA < p.Lq, vB = r.iB < p.Lq;
-  const int64_t iA = min(r.iA, p.Lq - 1), iB = min(r.iB, p.Lq - 1), jmax = p.Lk - 1;
-  const float iAf = (float)iA, iBf = (float)iB, bf = (float)b, hAf = (float)h, hBf = (float)hB;
-  const float jf0 = (float)(j0 + c2), jfmax = (float)jmax; /* a key's position: a float add, no conversion */
+  variant_rows w;
+  w.b = b, w.hA = h, w.hB = hB, w.iA = min(r.iA, p.Lq - 1), w.iB = min(r.iB, p.Lq - 1), w.j0 = j0, w.jmax = p.Lk - 1;
+  w.c2 = c2, w.bf = (float)b, w.hAf = (float)h, w.hBf = (float)hB, w.iAf = (float)w.iA, w.iBf = (float)w.iB;
+  w.jf0 = (float)(j0 + c2), w.jfmax = (float)w.jmax;
   int fs = -1, fm = -1;
   /* a key tile inside mask_mod's run of full tiles needs no mask_mod (both
    * rows are in one query tile) */
@@ -69,40 +108,22 @@ __device__ bool frag_variant_tile(const fa_attn_problem &p0, int64_t b, int64_t 
    * stored), nothing to mask: the scale, score_mod and the rules alone;
    * with none of them, s stays raw and the scale goes into the exponent,
    * as the built-in kernels do (returns true) */
-  if (full && (!fa_variant::has_mask || mask_full) && !fa_variant_rules::bool_mask && !fa_variant_rules::float_mask) {
-    if (!fa_variant::has_score && !fa_variant_rules::softcap && !fa_variant_rules::alibi) return true;
+  const bool plain = full && (!fa_variant::has_mask || mask_full) && !fa_variant_rules::bool_mask &&
+                     !fa_variant_rules::float_mask;
+  if (plain && !fa_variant::has_score && !fa_variant_rules::softcap && !fa_variant_rules::alibi) return true;
+  uint32_t keepA = ~0u, keepB = ~0u; /* bit 2n + e: the key stays */
+  if (!plain) {
+    keepA = keepB = 0;
 #pragma unroll
     for (int n = 0; n < NC; n++)
 #pragma unroll
       for (int e = 0; e < 2; e++) {
-        const int64_t j = j0 + n * 8 + c2 + e;
-        const float jf = jf0 + (float)(n * 8 + e);
-        int f1 = -1, f2 = -1;
-        s[n][e] *= ruA.scale, s[n][2 + e] *= ruB.scale;
-        if (fa_variant::has_score) {
-          s[n][e] = fa_variant::score(p.va, s[n][e], b, h, iA, j, bf, hAf, iAf, jf, f1);
-          s[n][2 + e] = fa_variant::score(p.va, s[n][2 + e], b, hB, iB, j, bf, hBf, iBf, jf, f2);
-          if (fs < 0) fs = f1 >= 0 ? f1 : f2;
-        }
-        if (fa_variant_rules::softcap) s[n][e] = rule_softcap(ruA, s[n][e]), s[n][2 + e] = rule_softcap(ruB, s[n][2 + e]);
-        if (fa_variant_rules::alibi) {
-          const float kf = (float)(n * 8 + e);
-          s[n][e] = rule_alibi(ruA, s[n][e], kf), s[n][2 + e] = rule_alibi(ruB, s[n][2 + e], kf);
-        }
+        const int col = n * 8 + c2 + e;
+        keepA |= (uint32_t)(full ? vA : (unsigned)(col - aA) < (unsigned)nA) << (2 * n + e);
+        keepB |= (uint32_t)(full ? vB : (unsigned)(col - aB) < (unsigned)nB) << (2 * n + e);
       }
-    fa_variant_faults(p, fs, fm);
-    return false;
   }
-  uint32_t keepA = 0, keepB = 0; /* bit 2n + e: the key stays */
-#pragma unroll
-  for (int n = 0; n < NC; n++)
-#pragma unroll
-    for (int e = 0; e < 2; e++) {
-      const int col = n * 8 + c2 + e;
-      keepA |= (uint32_t)(full ? vA : (unsigned)(col - aA) < (unsigned)nA) << (2 * n + e);
-      keepB |= (uint32_t)(full ? vB : (unsigned)(col - aB) < (unsigned)nB) << (2 * n + e);
-    }
-  if (fa_variant_rules::bool_mask) /* read only at the keys in range */
+  if (!plain && fa_variant_rules::bool_mask) /* read only at the keys in range */
 #pragma unroll
     for (int n = 0; n < NC; n++)
 #pragma unroll
@@ -111,67 +132,49 @@ __device__ bool frag_variant_tile(const fa_attn_problem &p0, int64_t b, int64_t 
         if ((keepA & bit) && !rule_mask_keeps(ruA, n * 8 + e)) keepA &= ~bit;
         if ((keepB & bit) && !rule_mask_keeps(ruB, n * 8 + e)) keepB &= ~bit;
       }
-  if (fa_variant::has_mask && !mask_full)
+  if (!plain && fa_variant::has_mask && !mask_full)
 #pragma unroll
     for (int n = 0; n < NC; n++)
 #pragma unroll
       for (int e = 0; e < 2; e++) {
         const uint32_t bit = 1u << (2 * n + e);
-        const int64_t j = min(j0 + n * 8 + c2 + e, jmax);
-        const float jf = fminf(jf0 + (float)(n * 8 + e), jfmax);
+        int64_t j;
+        float jf;
+        w.key<true>(n, e, &j, &jf);
         int f1 = -1, f2 = -1;
-        const bool mA = fa_variant::mask(p.va, 0.f, b, h, iA, j, bf, hAf, iAf, jf, f1);
-        const bool mB = fa_variant::mask(p.va, 0.f, b, hB, iB, j, bf, hBf, iBf, jf, f2);
-        if (fm < 0) fm = (keepA & bit) && f1 >= 0 ? f1 : (keepB & bit) && f2 >= 0 ? f2 : -1;
+        const bool mA = fa_variant::mask(p.va, 0.f, b, h, w.iA, j, w.bf, w.hAf, w.iAf, jf, f1);
+        const bool mB = fa_variant::mask(p.va, 0.f, b, hB, w.iB, j, w.bf, w.hBf, w.iBf, jf, f2);
+        if (fm < 0) fm = variant_kept_fault(keepA, keepB, bit, f1, f2);
         keepA &= mA ? ~0u : ~bit, keepB &= mB ? ~0u : ~bit;
       }
 #pragma unroll
   for (int n = 0; n < NC; n++)
 #pragma unroll
     for (int q = 0; q < 4; q++) s[n][q] *= ruA.scale;
-  if (fa_variant::has_score)
+  /* a plain tile's keys are all in range: no clamp, every fault kept */
+  if (fa_variant::has_score && plain) variant_score_pass<NC, false>(p, w, s, ~0u, ~0u, fs);
+  else if (fa_variant::has_score) variant_score_pass<NC, true>(p, w, s, keepA, keepB, fs);
+  if (fa_variant_rules::softcap) frag_softcap_pass<NC>(ruA, ruB, s);
+  if (fa_variant_rules::alibi) frag_alibi_pass<NC>(ruA, ruB, s);
+  if (!plain) {
+    if (fa_variant_rules::float_mask) /* read only at the keys that stay */
+#pragma unroll
+      for (int n = 0; n < NC; n++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const uint32_t bit = 1u << (2 * n + e);
+          if (keepA & bit) s[n][e] = rule_mask_float(ruA, s[n][e], n * 8 + e);
+          if (keepB & bit) s[n][2 + e] = rule_mask_float(ruB, s[n][2 + e], n * 8 + e);
+        }
 #pragma unroll
     for (int n = 0; n < NC; n++)
 #pragma unroll
       for (int e = 0; e < 2; e++) {
         const uint32_t bit = 1u << (2 * n + e);
-        const int64_t j = min(j0 + n * 8 + c2 + e, jmax);
-        const float jf = fminf(jf0 + (float)(n * 8 + e), jfmax);
-        int f1 = -1, f2 = -1;
-        s[n][e] = fa_variant::score(p.va, s[n][e], b, h, iA, j, bf, hAf, iAf, jf, f1);
-        s[n][2 + e] = fa_variant::score(p.va, s[n][2 + e], b, hB, iB, j, bf, hBf, iBf, jf, f2);
-        if (fs < 0) fs = (keepA & bit) && f1 >= 0 ? f1 : (keepB & bit) && f2 >= 0 ? f2 : -1;
+        s[n][e] = keepA & bit ? s[n][e] : -INFINITY;
+        s[n][2 + e] = keepB & bit ? s[n][2 + e] : -INFINITY;
       }
-  if (fa_variant_rules::softcap)
-#pragma unroll
-    for (int n = 0; n < NC; n++)
-#pragma unroll
-      for (int e = 0; e < 2; e++) s[n][e] = rule_softcap(ruA, s[n][e]), s[n][2 + e] = rule_softcap(ruB, s[n][2 + e]);
-  if (fa_variant_rules::alibi)
-#pragma unroll
-    for (int n = 0; n < NC; n++)
-#pragma unroll
-      for (int e = 0; e < 2; e++) {
-        const float kf = (float)(n * 8 + e);
-        s[n][e] = rule_alibi(ruA, s[n][e], kf), s[n][2 + e] = rule_alibi(ruB, s[n][2 + e], kf);
-      }
-  if (fa_variant_rules::float_mask) /* read only at the keys that stay */
-#pragma unroll
-    for (int n = 0; n < NC; n++)
-#pragma unroll
-      for (int e = 0; e < 2; e++) {
-        const uint32_t bit = 1u << (2 * n + e);
-        if (keepA & bit) s[n][e] = rule_mask_float(ruA, s[n][e], n * 8 + e);
-        if (keepB & bit) s[n][2 + e] = rule_mask_float(ruB, s[n][2 + e], n * 8 + e);
-      }
-#pragma unroll
-  for (int n = 0; n < NC; n++)
-#pragma unroll
-    for (int e = 0; e < 2; e++) {
-      const uint32_t bit = 1u << (2 * n + e);
-      s[n][e] = keepA & bit ? s[n][e] : -INFINITY;
-      s[n][2 + e] = keepB & bit ? s[n][2 + e] : -INFINITY;
-    }
+  }
   fa_variant_faults(p, fs, fm);
   return false;
 }
@@ -207,13 +210,13 @@ template <> struct attn_rule<fa_variant_problem> {
  * evaluate mask_mod again on the keys they attend, and record them there. */
 template <int BR, int BC>
 __global__ void __launch_bounds__(256) fa_variant_spans_kernel(fa_variant_problem p, int *spans, uint8_t *states,
-                                                               long long nb, long long nh) {
+                                                               long long nh) {
   const long long nq = p.va.spans_nq, blk = blockIdx.x, qt = blk % nq;
   const long long b = blk / nq / nh, h = blk / nq % nh;
   const long long nk = (p.Lk + BC - 1) / BC;
   const int Lq = (int)p.Lq, Lk = (int)p.Lk; /* below 2^31 (checked) */
   const float bf = (float)b, hf = (float)h;
-  int first = -1, end = -1, f_first = 0, f_end = 0, run = -1;
+  fa_span_builder span = fa_span_start();
   for (long long kt = 0; kt < nk; kt++) {
     bool any = false, all = true;
     /* a tile decided as a whole needs no pair evaluated (the same verdict in every thread) */
@@ -231,22 +234,9 @@ __global__ void __launch_bounds__(256) fa_variant_spans_kernel(fa_variant_proble
     }
     if (verdict == 2) any = __syncthreads_or(any), all = __syncthreads_and(all);
     if (states && threadIdx.x == 0) states[blk * nk + kt] = any ? (all ? FA_BLOCK_FULL : FA_BLOCK_PARTIAL) : FA_BLOCK_EMPTY;
-    if (any) {
-      if (first < 0) first = (int)kt;
-      end = (int)kt + 1;
-    }
-    if (all) { /* the longest run of full tiles */
-      if (run < 0) run = (int)kt;
-      if ((int)kt + 1 - run > f_end - f_first) f_first = run, f_end = (int)kt + 1;
-    } else {
-      run = -1;
-    }
+    fa_span_add(span, (int)kt, any, all);
   }
-  (void)nb;
-  if (spans && threadIdx.x == 0) {
-    int *sp = spans + 4 * blk;
-    sp[0] = first < 0 ? 0 : first, sp[1] = first < 0 ? 0 : end, sp[2] = f_first, sp[3] = f_end;
-  }
+  if (spans && threadIdx.x == 0) fa_span_store(span, spans + 4 * blk);
 }
 
 #endif

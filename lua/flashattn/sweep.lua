@@ -339,6 +339,16 @@ function M.list_arg(option, numbers)
   end
 end
 
+-- The options of the GPU benchmark scripts (bench_backward, bench_decode,
+-- bench_variants): --json, --quick (quick: what it shortens), --seed (seed:
+-- what it seeds; default 1) and --device (cuda, or cpu for a smoke test).
+function M.bench_options(p, quick, seed)
+  p:option("--json", "write the results to this JSON file")
+  p:flag("--quick", quick)
+  p:option("--seed", seed or "seed of the inputs"):convert(M.integer_arg(0, "--seed")):default("1")
+  p:option("--device", "cuda, or cpu for a smoke test at small sizes"):choices({ "cuda", "cpu" }):default("cuda")
+end
+
 -- Parses argv with a lua-argparse parser; a bad argument is an error whose
 -- message is one line, "NAME: what is wrong" (see M.main).
 function M.parse_args(parser, argv, name)

@@ -26,7 +26,7 @@ static int key_allowed(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i
     const int64_t *ms = p->mask_strides;
     if (!p->mask_b[b * ms[0] + h * ms[1] + i * ms[2] + j * ms[3]]) return 0;
   }
-  if (p->mask_mod && fa_expr_eval(p->mask_mod, 0, b, h, i, j) == 0) return 0; /* API §9; NaN (a fault) attends */
+  if (p->mask_mod && fa_expr_value(p->mask_mod, 0, b, h, i, j) == 0) return 0; /* API §9; NaN (a fault) attends */
   return 1;
 }
 
@@ -37,7 +37,7 @@ static double score(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i, i
   double s = 0;
   for (int64_t e = 0; e < D; e++) s += q[e] * k[e];
   s *= p->scale;
-  if (p->score_mod) s = fa_expr_eval(p->score_mod, s, b, h, i, j); /* API §9: the scaled score, before the rest */
+  if (p->score_mod) s = fa_expr_value(p->score_mod, s, b, h, i, j); /* API §9: the scaled score, before the rest */
   if (p->softcap > 0) s = p->softcap * tanh(s / p->softcap);
   if (p->alibi) s -= p->alibi[h] * fabs((double)(i + p->Lk - p->Lq - j));
   if (p->mask_f) {

@@ -71,7 +71,7 @@ static int run_host(const char *code, const fa_expr *e, int is_mask, const int64
   FILE *f = fopen(src, "w");
   if (!f) return 0;
   fprintf(f, "#include <math.h>\n#include <stdio.h>\n#include <string.h>\n"
-             "#define __device__\n#define __forceinline__ inline\n"
+             "#define __device__\n#define __host__\n#define __forceinline__ inline\n"
              "static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }\n"
              "static inline unsigned long long atomicCAS(unsigned long long *p, unsigned long long c, unsigned long long v)"
              " { unsigned long long o = *p; if (o == c) *p = v; return o; }\n"
@@ -136,8 +136,11 @@ static int run_host(const char *code, const fa_expr *e, int is_mask, const int64
  * rel of them (booleans and integers exactly), and the same points faulting. */
 static void check(const char *name, const fa_expr *e, int is_mask, const int64_t *bounds, const int64_t *ks, int nk,
                   double rel) {
-  char *code = fa_variant_source(is_mask ? NULL : e, is_mask ? e : NULL, bounds);
+  int reads[2];
+  char *code = fa_variant_source(is_mask ? NULL : e, is_mask ? e : NULL, bounds, reads);
   CHECK(code != NULL, "%s: no source", name);
+  CHECK(reads[is_mask] == fa_variant_unsafe_reads(e, bounds, -1) && reads[!is_mask] == 0, "%s: checked reads %d",
+        name, reads[is_mask]);
   if (!code) return;
   const int npoints = (int)(bounds[0] * bounds[1] * bounds[2] * nk * 3);
   double *values = calloc((size_t)npoints, sizeof *values);
@@ -278,7 +281,8 @@ int main(int argc, char **argv) {
     fa_expr *e = NULL;
     CHECK(fa_expr_new(ctx, x.n, x.count, NULL, NULL, 0, &e) == FA_OK, "%s", fa_context_error(ctx));
     const int64_t pb[4] = {1, 2, 12, 12}, pk[12] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
-    char *code = fa_variant_source(NULL, e, pb);
+    int reads[2];
+    char *code = fa_variant_source(NULL, e, pb, reads);
     CHECK(code && strstr(code, "has_tile = true") != NULL, "%s", "a tile function for positions alone");
     free(code);
     check("mask_mod of positions", e, 1, pb, pk, 12, 0);
@@ -312,7 +316,8 @@ int main(int argc, char **argv) {
     CHECK(fa_expr_new(ctx, x.n, x.count, NULL, NULL, 0, &e) == FA_OK, "%s", fa_context_error(ctx));
     const int64_t big[4] = {1, 1, 2, (int64_t)1 << 26};
     const int64_t bks[4] = {33554430, 33554431, 33554432, 33554433};
-    char *code = fa_variant_source(e, NULL, big);
+    int reads[2];
+    char *code = fa_variant_source(e, NULL, big, reads);
     CHECK(code && strstr(code, "(k + 1)") != NULL, "%s", "k as a 64-bit integer"); /* past 2^24 */
     free(code);
     check("positions past 2^24", e, 0, big, bks, 4, 0);
