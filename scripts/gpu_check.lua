@@ -159,6 +159,57 @@ attn_case("wgmma d256", 2, 4, 2, 200, 333, 256, 256, {})
 attn_case("wgmma d256 causal", 1, 2, 1, 300, 300, 256, 256, { causal = true })
 attn_case("wgmma d256 options", 2, 4, 2, 100, 130, 256, 256,
   { causal = true, mask = mask2, alibi = { 0.1, 0.2, 0.3, 0.4 }, softcap = 20, kv_lens = { 120, 77 } })
+-- the warp-specialised Hopper kernel ("wgmma_tma": TMA copies, f16/bf16, D = 128 or 256, "flash"), named:
+-- against the reference, run twice, and against the wgmma kernel on the same tile (the same products
+-- in the same order: equal); layout "bhld" hands q, k, v and out as transposed (B, L, H, D) views
+local function contains(list, name)
+  for _, n in ipairs(list) do if n == name then return true end end
+  return false
+end
+local function tma_case(name, B, Hq, Hkv, Lq, Lk, D, opts, layout)
+  local function operand(h, l, seed)
+    if layout == "bhld" then return fa.randn({ B, l, h, D }, { device = "cuda", seed = seed }):transpose(2, 3) end
+    return fa.randn({ B, h, l, D }, { device = "cuda", seed = seed })
+  end
+  local q, k, v = operand(Hq, Lq, 31), operand(Hkv, Lk, 32), operand(Hkv, Lk, 33)
+  if not contains(fa.kernels(q:to("bf16"), k:to("bf16"), v:to("bf16"), { tile = opts.tile }), "wgmma_tma") then return end
+  local ref_opts = {}
+  for key, val in pairs(opts) do ref_opts[key] = val end
+  ref_opts.return_lse = true
+  local ro, rl = fa.attention_reference(q, k, v, ref_opts)
+  for _, dt in ipairs { "f16", "bf16" } do
+    local qd, kd, vd = q:to(dt), k:to(dt), v:to(dt)
+    if layout == "bhld" then qd, kd, vd = operand(Hq, Lq, 31):to(dt), operand(Hkv, Lk, 32):to(dt), operand(Hkv, Lk, 33):to(dt) end
+    local t_opts, w_opts = {}, {}
+    for key, val in pairs(ref_opts) do t_opts[key], w_opts[key] = val, val end
+    t_opts.kernel, w_opts.kernel = "wgmma_tma", "wgmma"
+    if layout == "bhld" then t_opts.out = fa.zeros({ B, Lq, Hq, D }, { dtype = dt, device = "cuda" }):transpose(2, 3) end
+    local label = string.format("wgmma_tma %s %s", name, dt)
+    local ok, o, lse = pcall(fa.attention, qd, kd, vd, t_opts)
+    if ok then
+      check(label, fa.rel_error(o:cpu(), ro), tol[dt])
+      if rl:isfinite() then check(label .. " lse", fa.rel_error(lse:cpu(), rl), tol[dt]) end
+      local o2 = fa.attention(qd, kd, vd, t_opts)
+      check(label .. " run twice", fa.max_abs_diff(o2, o), 0)
+      local ok_w, ow = pcall(fa.attention, qd, kd, vd, w_opts)
+      if ok_w then check(label .. " = wgmma", fa.max_abs_diff(ow, o), 0) end
+    else
+      failures = failures + 1
+      print("FAIL " .. label .. ": " .. tostring(o))
+    end
+  end
+end
+tma_case("d128", 2, 4, 2, 200, 333, 128, {})
+tma_case("d128 causal long", 1, 2, 1, 700, 900, 128, { causal = true })
+tma_case("d128 lq >> lk causal", 1, 2, 1, 1000, 70, 128, { causal = true })
+tma_case("d256", 2, 4, 2, 200, 333, 256, {})
+tma_case("d256 causal", 1, 4, 1, 300, 300, 256, { causal = true })
+tma_case("d256 lq >> lk causal", 1, 2, 2, 700, 50, 256, { causal = true })
+tma_case("d128 options", 2, 4, 2, 100, 130, 128,
+  { causal = true, mask = mask2, alibi = { 0.1, 0.2, 0.3, 0.4 }, softcap = 20, kv_lens = { 120, 77 } })
+tma_case("d256 window options", 1, 2, 2, 150, 150, 256, { window = { 40, 7 }, softcap = 20, alibi = { 0.3, 0.1 } })
+tma_case("d128 bhld views", 2, 4, 2, 300, 260, 128, { causal = true }, "bhld")
+tma_case("d256 bhld views", 2, 4, 4, 129, 513, 256, {}, "bhld")
 -- the decode kernel (f16/bf16 "flash", D = Dv = 64 or 128, at most 64 query rows a key head): GQA
 -- packing of 16, 32 and 64 rows, chunks of keys chosen and given (opts.splits), every option
 attn_case("decode d128 gqa lq1", 2, 8, 2, 1, 3000, 128, 128, {})

@@ -72,18 +72,23 @@ def main():
     with open(args.engine) as f:
         engine = json.load(f)
     rows = []
+    peers = {}  # a shape's peer figures, measured once for every engine row of it ("flash", "flash@KERNEL")
     for r in engine["results"]:
-        if r["algo"] != "flash":
+        if r["algo"] != "flash" and not r["algo"].startswith("flash@"):
             continue
         row = dict(r)
-        mask = rule_mask(r.get("rule", "plain"), r["dtype"], r["H"], r["L"], r["causal"])  # once for the backends
+        shape = (r["dtype"], r["B"], r["H"], r["L"], r["D"], r["causal"], r.get("rule", "plain"))
+        if shape not in peers:
+            mask = rule_mask(r.get("rule", "plain"), r["dtype"], r["H"], r["L"], r["causal"])  # once for the backends
+            peers[shape] = {name: peer_tflops(name, r["dtype"], r["B"], r["H"], r["L"], r["D"], r["causal"], mask)
+                            for name in BACKENDS}
+            mask = None  # freed before the next shape
+            torch.cuda.empty_cache()
         for name in BACKENDS:
-            t = peer_tflops(name, r["dtype"], r["B"], r["H"], r["L"], r["D"], r["causal"], mask)
+            t = peers[shape][name]
             row[f"torch_{name}_tflops"] = t
             row[f"ratio_vs_{name}"] = r["tflops"] / t if t else None
         rows.append(row)
-        mask = None  # freed before the next shape
-        torch.cuda.empty_cache()
     result = {
         "date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(), "commit": args.commit,
         "benchmark": "attention forward, TFLOP/s = 4·B·H·L²·D (half for causal) / median time",
@@ -92,10 +97,10 @@ def main():
     with open(args.json, "w") as f:
         json.dump(result, f, indent=1)
     fmt = lambda x: f"{x:7.1f}" if x else "    n/a"
-    print(f"{'dtype':5} {'D':>4} {'L':>6} {'causal':6} {'rule':10} {'flash':>7} {'FA2':>7} {'cuDNN':>7} {'effic':>7} {'xFA2':>6} {'xcuDNN':>7} {'xeff':>6}")
+    print(f"{'dtype':5} {'D':>4} {'L':>6} {'causal':6} {'rule':10} {'algo':15} {'engine':>7} {'FA2':>7} {'cuDNN':>7} {'effic':>7} {'xFA2':>6} {'xcuDNN':>7} {'xeff':>6}")
     for r in rows:
         rat = lambda k: f"{r[k]:6.2f}" if r[k] else "   n/a"
-        print(f"{r['dtype']:5} {r['D']:4} {r['L']:6} {str(r['causal']):6} {r.get('rule', 'plain'):10} {r['tflops']:7.1f} "
+        print(f"{r['dtype']:5} {r['D']:4} {r['L']:6} {str(r['causal']):6} {r.get('rule', 'plain'):10} {r['algo']:15} {r['tflops']:7.1f} "
               f"{fmt(r['torch_flash_tflops'])} {fmt(r['torch_cudnn_tflops'])} {fmt(r['torch_efficient_tflops'])} "
               f"{rat('ratio_vs_flash')} {rat('ratio_vs_cudnn'):>7} {rat('ratio_vs_efficient')}")
 

@@ -12,6 +12,7 @@
 
 const fa_attn_kernel_info fa_attn_kernel_table[FA_KERNEL_COUNT] = {
     [FA_KERNEL_DECODE] = {"decode", FA_CUDA, ALGO(FA_ATTN_FLASH), FA_ATTN_FLASH},
+    [FA_KERNEL_WGMMA_TMA] = {"wgmma_tma", FA_CUDA, ALGO(FA_ATTN_FLASH), FA_ATTN_FLASH},
     [FA_KERNEL_WGMMA] = {"wgmma", FA_CUDA, FLASH_OR_TWO_PASS, FA_ATTN_FLASH},
     [FA_KERNEL_MMA] = {"mma", FA_CUDA, FLASH_OR_TWO_PASS, FA_ATTN_FLASH},
     [FA_KERNEL_F32] = {"f32", FA_CUDA, FLASH_OR_TWO_PASS, FA_ATTN_FLASH},

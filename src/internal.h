@@ -254,6 +254,7 @@ void fa_cuda_context_release(fa_context *ctx); /* the context's events, side str
 typedef enum {
   FA_KERNEL_AUTO = -1,
   FA_KERNEL_DECODE = 0, /* cuda: split-KV decoding, a few query rows a key head, f16/bf16 */
+  FA_KERNEL_WGMMA_TMA,  /* cuda: Hopper, warp-specialised with TMA copies, f16/bf16, flash */
   FA_KERNEL_WGMMA,      /* cuda: Hopper tensor cores, f16/bf16 */
   FA_KERNEL_MMA,        /* cuda: mma.sync tensor cores, f16/bf16 */
   FA_KERNEL_F32,        /* cuda: the exact-f32 kernel (Hopper) */

@@ -47,6 +47,7 @@ extern "C" int fa_cuda_attention_kernel_tile_ok(fa_attn_kernel kernel, int64_t D
   int64_t f_br = 0, f_bc = 0;
   switch (kernel) {
   case FA_KERNEL_WGMMA: return br == 128 && (bc == wgmma_bc(D) || (D == 64 && bc == 128));
+  case FA_KERNEL_WGMMA_TMA: return br == 128 && bc == wgmma_bc(D) && (D == 128 || D == 256);
   case FA_KERNEL_MMA: return (D == 64 || D == 128) && br == 16 * MMA_WARPS(D) && bc == MMA_BC;
   case FA_KERNEL_F32: return fa_cuda_attention_f32_tile(FA_F32, D, D, &f_br, &f_bc) && br == f_br && bc == f_bc;
   default: return 0;
@@ -55,13 +56,13 @@ extern "C" int fa_cuda_attention_kernel_tile_ok(fa_attn_kernel kernel, int64_t D
 
 extern "C" int fa_cuda_attention_kernel_fit(fa_attn_kernel kernel, fa_dtype dt, int64_t D, int64_t Dv, int64_t *br,
                                             int64_t *bc, char *why, size_t n) {
-  const bool wg = kernel == FA_KERNEL_WGMMA, f32 = kernel == FA_KERNEL_F32;
-  const bool dims = D == Dv && (D == 64 || D == 128 || (wg && (D == 96 || D == 256)));
+  const bool tma = kernel == FA_KERNEL_WGMMA_TMA, wg = kernel == FA_KERNEL_WGMMA || tma, f32 = kernel == FA_KERNEL_F32;
+  const bool dims = D == Dv && (tma ? D == 128 || D == 256 : D == 64 || D == 128 || (wg && (D == 96 || D == 256)));
   if (f32 ? dt != FA_F32 : dt != FA_F16 && dt != FA_BF16)
     snprintf(why, n, "%s inputs; it takes %s", fa_dtype_name(dt), f32 ? "f32" : "f16 or bf16");
   else if (!dims)
     snprintf(why, n, "D = %lld, Dv = %lld; it takes D = Dv = %s", (long long)D, (long long)Dv,
-             wg ? "64, 96, 128 or 256" : "64 or 128");
+             tma ? "128 or 256" : wg ? "64, 96, 128 or 256" : "64 or 128");
   else if ((wg || f32) && !fa_cuda_wgmma_usable())
     snprintf(why, n, "it needs a Hopper GPU (sm_90) and sm_90a code in this build");
   else if (f32)
@@ -110,9 +111,18 @@ extern "C" int fa_cuda_attention_tc_kernel(fa_attn_kernel kernel, const fa_attn_
   return kernel != FA_KERNEL_WGMMA && fa_cuda_attention_kernel_tile_ok(FA_KERNEL_MMA, p->D, p->tile_q, p->tile_k);
 }
 
+extern "C" int fa_cuda_attention_wgmma_tma_takes(const fa_attn_problem *p);
+extern "C" fa_status fa_cuda_attention_wgmma_tma(fa_context *ctx, const fa_attn_problem *p, int pass);
+
 extern "C" fa_status fa_cuda_attention_mma(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo algo,
                                            fa_attn_kernel kernel, int **v_flag) {
   *v_flag = NULL;
+  /* the warp-specialised kernel first (attention_wgmma_tma.cu: "flash" at D = 128 and 256,
+   * 1.0-1.16 x the wgmma kernel on an H200, docs/perf/2026-11-27-attention-h200-tma.json) */
+  const bool tma_asked = kernel == FA_KERNEL_WGMMA_TMA || kernel == FA_KERNEL_AUTO;
+  if (tma_asked && algo == FA_ATTN_FLASH && fa_cuda_wgmma_usable() && fa_cuda_attention_wgmma_tma_takes(p))
+    return launch_fast_passes(ctx, p, algo, v_flag, fa_cuda_attention_wgmma_tma);
+  if (kernel == FA_KERNEL_WGMMA_TMA) return FA_OK; /* declined: the caller says so */
   const int tc = fa_cuda_attention_tc_kernel(kernel, p);
   if (!tc) return FA_OK;
   /* the Hopper kernel's instances of two blocks an SM check V themselves (v_check_share) */

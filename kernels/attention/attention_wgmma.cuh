@@ -49,6 +49,31 @@ static __device__ __forceinline__ void pv_issue(float (*o)[4], uint32_t (*pa)[4]
       wgmma_rs_tb<T, N>(&o[half * N / 8][0], pa[kk], wgmma_desc(v_base + half * 2 * BC * 128 + kk * 2048, BC * 128, 1024), 1);
   wgmma_commit();
 }
+
+/* Issues S = Q·Kᵀ for one key tile (committed, not waited for): k-step ks
+ * reads 32 bytes into the 128-byte rows of column block ks / 4 of the Q
+ * tile (q_base: this warpgroup's 64 rows of BR) and the K tile. */
+template <typename T, int D, int BR, int BC>
+static __device__ __forceinline__ void qk_issue(float (*s)[4], uint32_t q_base, uint32_t k_base) {
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ks++) {
+    uint64_t da = wgmma_desc(q_base + (ks >> 2) * BR * 128 + (ks & 3) * 32, 16, 1024);
+    uint64_t db = wgmma_desc(k_base + (ks >> 2) * BC * 128 + (ks & 3) * 32, 16, 1024);
+    wgmma_ss<T, BC>(&s[0][0], da, db, ks > 0);
+  }
+  wgmma_commit();
+}
+
+/* P (the probabilities of a tile, in S's accumulators) packed as the A
+ * fragments of P·V. */
+template <typename T, int BC> static __device__ __forceinline__ void p_pack(uint32_t (*pa)[4], const float (*s)[4]) {
+#pragma unroll
+  for (int kk = 0; kk < BC / 16; kk++) {
+    pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]), pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+    pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  }
+}
 #endif
 
 /* PASS (attention_common.cuh): PASS_FLASH as above; PASS_STATS loads no V and
@@ -112,16 +137,7 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && 
     fence_proxy_async();
     __syncthreads();
 
-    /* S = Q·Kᵀ: k-step ks reads 32 bytes into the 128-byte rows of column block ks / 4 */
-    const uint32_t k_base = smem_addr(Ks + (t & 1) * BC * DP * 2);
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ks++) {
-      uint64_t da = wgmma_desc(q_base + (ks >> 2) * WG_BR * 128 + (ks & 3) * 32, 16, 1024);
-      uint64_t db = wgmma_desc(k_base + (ks >> 2) * BC * 128 + (ks & 3) * 32, 16, 1024);
-      wgmma_ss<T, BC>(&s[0][0], da, db, ks > 0);
-    }
-    wgmma_commit();
+    qk_issue<T, D, WG_BR, BC>(s, q_base, smem_addr(Ks + (t & 1) * BC * DP * 2));
     /* the next tile's copies, issued behind the products so that the tensor
      * cores start right after the barrier (other buffers: K (t+1)%2, V
      * (t+1)%3); without a branch, which would make ptxas serialise the
@@ -147,11 +163,7 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && 
     wgmma_wait<0>();
     wgmma_hold<DP / 2>(&o[0][0]);
     if (PASS == PASS_FLASH) frag_rescale<DP / 8>(o, alphaA, alphaB);
-#pragma unroll
-    for (int kk = 0; kk < BC / 16; kk++) {
-      pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]), pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-      pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-    }
+    p_pack<T, BC>(pa, s);
   }
   if (PASS == PASS_STATS) {
     frag_stats_store(p, bh, lane, r);

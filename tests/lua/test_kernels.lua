@@ -10,7 +10,10 @@ TestKernels = {}
 
 local CPU_KERNELS = {"cpu_flash", "cpu_two_pass", "cpu_naive", "cpu_flash_row"}
 local CPU_ALGO = {cpu_flash = "flash", cpu_two_pass = "two_pass", cpu_naive = "naive", cpu_flash_row = "flash_row"}
-local CUDA_ALGO = {wgmma = "flash", mma = "flash", f32 = "flash", simt = "flash", naive = "naive", row = "flash_row"}
+local CUDA_ALGO = {wgmma = "flash", wgmma_tma = "flash", mma = "flash", f32 = "flash", simt = "flash", naive = "naive",
+  row = "flash_row"}
+-- the "flash" kernels that implement two_pass too
+local CUDA_TWO_PASS = {wgmma = true, mma = true, f32 = true, simt = true}
 
 local function qkv(dtype, D, device, L)
   L = L or 37
@@ -114,7 +117,7 @@ function TestKernels:test_cuda_every_listed_kernel()
         run.kernel = name
         local what = ("%s %s D=%d causal=%s"):format(name, dtype, D, tostring(opts.causal))
         U.check_attention(q, k, v, run, what)
-        if CUDA_ALGO[name] == "flash" then
+        if CUDA_TWO_PASS[name] then
           run.algo = "two_pass"
           U.check_attention(q, k, v, run, what .. " two_pass")
         end
@@ -139,7 +142,7 @@ function TestKernels:test_cuda_refusals()
   lu.assertNotStrContains(msg, '"wgmma"')
   U.assert_fa_error({"opts.kernel", '"cpu_flash"', "cuda tensors", '"simt"'}, fa.attention, q, k, v,
     {kernel = "cpu_flash"})
-  U.assert_fa_error({"opts.kernel", "unknown", '"wgmma", "mma", "f32", "simt", "naive", "row"'},
+  U.assert_fa_error({"opts.kernel", "unknown", '"wgmma_tma", "wgmma", "mma", "f32", "simt", "naive", "row"'},
     fa.attention, q, k, v, {kernel = "cpu_flsh"})
   U.assert_fa_error({"opts.kernel", '"row"', "flash"}, fa.attention, q, k, v, {kernel = "row", algo = "flash"})
   local h, hk, hv = qkv("f16", 64, "cuda")

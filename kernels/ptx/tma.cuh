@@ -1,0 +1,44 @@
+/* Hopper's tensor memory accelerator (TMA) and warp specialisation, for the
+ * warp-specialised attention kernel (attention_wgmma_tma.cu): bulk tensor
+ * copies global -> shared described by a tensor map and completing on an
+ * mbarrier (async_copy.cuh: mbar_init, mbar_expect, mbar_wait), plain
+ * arrivals on an mbarrier (a consumer releasing a buffer), and setmaxnreg
+ * (a producer warpgroup hands its registers to the consumers). */
+#ifndef FA_KERNELS_TMA_CUH
+#define FA_KERNELS_TMA_CUH
+
+#include "async_copy.cuh"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+/* The box of map at coordinates {c0, c1, c2, c3} (innermost first) into
+ * shared memory at dst, its bytes counted on bar. */
+static __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void *map, int c0, int c1, int c2, int c3,
+                                                   uint32_t bar) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(dst),
+               "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+               : "memory");
+}
+/* One arrival on bar (its pending count down by one). */
+static __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+/* Makes the mbarriers' initialisation visible to the copy engine. */
+static __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+/* The tensor map's descriptor fetched ahead of the first copy. */
+static __device__ __forceinline__ void tma_prefetch_map(const void *map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)map) : "memory");
+}
+#endif
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* This warpgroup's registers per thread, lowered (a producer) or raised (a
+ * consumer); each warpgroup's role is one branch of the kernel. */
+template <int N> static __device__ __forceinline__ void warpgroup_regs_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> static __device__ __forceinline__ void warpgroup_regs_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+#endif
+
+#endif
