@@ -23,7 +23,7 @@ local function parse(argv)
   local p = argparse("bench_attention.lua", "Attention forward on the GPU: the shapes of the CUDA attention issue.")
   p:option("--json", "write the results to this JSON file")
   p:flag("--quick", "L = 1024 only, 3 repetitions")
-  p:option("--algos", "comma list: flash, flash:sync, flash:bc128, flash@KERNEL, naive, two_pass, flash_row")
+  p:option("--algos", "comma list: flash, flash:sync, flash:bc128, flash@KERNEL[:BRxBC], naive, two_pass, flash_row")
    :convert(sweep.list_arg("--algos")):default("flash")
   p:option("--dtypes", "comma list of bf16, f16, f32"):convert(sweep.list_arg("--dtypes")):default("bf16,f16,f32")
   p:option("--dims", "comma list of head dims"):convert(sweep.list_arg("--dims", true)):default("64,128")
@@ -38,7 +38,7 @@ local function parse(argv)
                           flash_row = true, auto = true}}
   for field, names in pairs(known) do
     for _, x in ipairs(a[field]) do
-      if not names[x] and not (field == "algos" and x:match("^flash@[%w_]+$")) then error(("bench_attention.lua: --%s: unknown value '%s'"):format(field, x), 0) end
+      if not names[x] and not (field == "algos" and (x:match("^flash@[%w_]+$") or x:match("^flash@[%w_]+:%d+x%d+$"))) then error(("bench_attention.lua: --%s: unknown value '%s'"):format(field, x), 0) end
     end
   end
   return a
@@ -153,9 +153,12 @@ for _, dt in ipairs(dtypes) do
             if algo == "flash:sync" then opts.algo, opts.tile = "flash", D == 64 and { 64, 64 } or { 128, 64 } end
             if algo == "flash:bc128" then opts.algo, opts.tile = "flash", { 128, 128 } end
             if algo == "flash:bc128" and (dt == "f32" or D ~= 64) then goto next_algo end
-            -- "flash@NAME": the kernel NAME of the registry (fa.kernels), e.g. flash@wgmma_tma
-            local named = algo:match("^flash@(.+)$")
+            -- "flash@NAME": the kernel NAME of the registry (fa.kernels), e.g. flash@wgmma_tma;
+            -- "flash@NAME:BRxBC" with the tile {BR, BC}, e.g. flash@wgmma_tma:128x176
+            local named, br, bc = algo:match("^flash@([%w_]+):(%d+)x(%d+)$")
+            named = named or algo:match("^flash@([%w_]+)$")
             if named then opts.algo, opts.kernel = "flash", named end
+            if br then opts.tile = { tonumber(br), tonumber(bc) } end
             local ok, o = pcall(fa.attention, q, k, v, opts)
             if ok then
               local rel = fa.rel_error(head(o):narrow(3, L - rows + 1, rows):cpu(), ref)

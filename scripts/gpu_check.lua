@@ -202,6 +202,12 @@ end
 tma_case("d128", 2, 4, 2, 200, 333, 128, {})
 tma_case("d128 causal long", 1, 2, 1, 700, 900, 128, { causal = true })
 tma_case("d128 lq >> lk causal", 1, 2, 1, 1000, 70, 128, { causal = true })
+tma_case("d128 bc176", 2, 4, 2, 200, 333, 128, { tile = { 128, 176 } })
+tma_case("d128 bc176 causal options", 1, 4, 2, 400, 500, 128, { tile = { 128, 176 }, causal = true,
+  mask = (fa.rand({ 1, 1, 400, 500 }, { seed = 8 }) + (-0.5)):cuda(), alibi = { 0.1, 0.2, 0.3, 0.4 }, softcap = 20 })
+-- the automatic choice: key tiles of 176 from 2048 keys on
+attn_case("wgmma_tma auto bc176", 1, 2, 1, 300, 2100, 128, 128, {})
+attn_case("wgmma_tma auto bc176 causal", 1, 2, 1, 300, 2100, 128, 128, { causal = true, softcap = 10 })
 tma_case("d256", 2, 4, 2, 200, 333, 256, {})
 tma_case("d256 causal", 1, 4, 1, 300, 300, 256, { causal = true })
 tma_case("d256 lq >> lk causal", 1, 2, 2, 700, 50, 256, { causal = true })

@@ -47,7 +47,7 @@ extern "C" int fa_cuda_attention_kernel_tile_ok(fa_attn_kernel kernel, int64_t D
   int64_t f_br = 0, f_bc = 0;
   switch (kernel) {
   case FA_KERNEL_WGMMA: return br == 128 && (bc == wgmma_bc(D) || (D == 64 && bc == 128));
-  case FA_KERNEL_WGMMA_TMA: return br == 128 && bc == wgmma_bc(D) && (D == 128 || D == 256);
+  case FA_KERNEL_WGMMA_TMA: return br == 128 && (D == 128 || D == 256) && (bc == wgmma_bc(D) || (D == 128 && bc == 176));
   case FA_KERNEL_MMA: return (D == 64 || D == 128) && br == 16 * MMA_WARPS(D) && bc == MMA_BC;
   case FA_KERNEL_F32: return fa_cuda_attention_f32_tile(FA_F32, D, D, &f_br, &f_bc) && br == f_br && bc == f_bc;
   default: return 0;
@@ -118,10 +118,17 @@ extern "C" fa_status fa_cuda_attention_mma(fa_context *ctx, const fa_attn_proble
                                            fa_attn_kernel kernel, int **v_flag) {
   *v_flag = NULL;
   /* the warp-specialised kernel first (attention_wgmma_tma.cu: "flash" at D = 128 and 256,
-   * 1.0-1.16 x the wgmma kernel on an H200, docs/perf/2026-11-27-attention-h200-tma.json) */
+   * 1.0-1.3 x the wgmma kernel on an H200, docs/perf/2026-11-27-attention-h200-tma.json) */
   const bool tma_asked = kernel == FA_KERNEL_WGMMA_TMA || kernel == FA_KERNEL_AUTO;
-  if (tma_asked && algo == FA_ATTN_FLASH && fa_cuda_wgmma_usable() && fa_cuda_attention_wgmma_tma_takes(p))
-    return launch_fast_passes(ctx, p, algo, v_flag, fa_cuda_attention_wgmma_tma);
+  if (tma_asked && algo == FA_ATTN_FLASH && fa_cuda_wgmma_usable() && fa_cuda_attention_wgmma_tma_takes(p)) {
+    /* the automatic choice at D = 128 takes its key tiles of 176 from 2048 keys on, without
+     * masks (3-9 % faster from 4096 keys, 3-9 % slower at 1024; the masks' instance spills) */
+    fa_attn_problem wide = *p;
+    if (kernel == FA_KERNEL_AUTO && p->D == 128 && p->tile_k == 128 && p->Lk >= 2048 &&
+        attn_extras_kind(p) != EXTRAS_MASK)
+      wide.tile_k = 176;
+    return launch_fast_passes(ctx, &wide, algo, v_flag, fa_cuda_attention_wgmma_tma);
+  }
   if (kernel == FA_KERNEL_WGMMA_TMA) return FA_OK; /* declined: the caller says so */
   const int tc = fa_cuda_attention_tc_kernel(kernel, p);
   if (!tc) return FA_OK;

@@ -230,6 +230,7 @@ template <typename T, int D, int BC> static fa_status launch_extras(fa_context *
 
 template <typename T> static fa_status tma_typed(fa_context *ctx, const fa_attn_problem *p, const wt_maps &m) {
   if (p->D == 256) return launch_extras<T, 256, 64>(ctx, p, m);
+  if (p->tile_k == 176) return launch_extras<T, 128, 176>(ctx, p, m);
   return launch_extras<T, 128, 128>(ctx, p, m);
 }
 
