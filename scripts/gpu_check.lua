@@ -176,7 +176,9 @@ local function tma_case(name, B, Hq, Hkv, Lq, Lk, D, opts, layout)
   local ref_opts = {}
   for key, val in pairs(opts) do ref_opts[key] = val end
   ref_opts.return_lse = true
-  local ro, rl = fa.attention_reference(q, k, v, ref_opts)
+  local plain = {}
+  for key, val in pairs(ref_opts) do if key ~= "tile" then plain[key] = val end end
+  local ro, rl = fa.attention_reference(q, k, v, plain)
   for _, dt in ipairs { "f16", "bf16" } do
     local qd, kd, vd = q:to(dt), k:to(dt), v:to(dt)
     if layout == "bhld" then qd, kd, vd = operand(Hq, Lq, 31):to(dt), operand(Hkv, Lk, 32):to(dt), operand(Hkv, Lk, 33):to(dt) end
