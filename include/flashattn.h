@@ -254,8 +254,8 @@ typedef struct {
 } fa_attention_opts;
 
 /* Attention variants (API §9).  fa_expr_new makes an expression from n
- * nodes in the engine's internal format (src/expr.h: not a stable C API in
- * this version; the Lua binding's tracer is its one user), retaining the
+ * nodes in the engine's internal format (src/expr.h: not a stable C API;
+ * the Lua binding's tracer uses it, hosts the builder below), retaining the
  * captured tensors; fa_expr_free releases it (NULL is ignored).
  * fa_expr_eval gives its value at 0-based batch, head, query and key
  * positions for a scaled score s (NaN where a captured tensor is read out
@@ -264,6 +264,40 @@ FA_API fa_status fa_expr_new(fa_context *ctx, const fa_expr_node *nodes, int n, 
                              const char *const *names, int ntensors, fa_expr **out);
 FA_API void fa_expr_free(fa_expr *e);
 FA_API double fa_expr_eval(const fa_expr *e, double s, int64_t b, int64_t h, int64_t q, int64_t k);
+
+/* Expressions built from C, the stable way (docs/c-api.md): what a traced
+ * score_mod / mask_mod records, one call a node, with the tracer's rules.
+ * Each call returns the new node (>= 0), or -1 once the builder has met a
+ * misuse (a node that is not one of its own, an operand of the wrong kind,
+ * an unknown name, more than 4096 nodes or 16 tensors): the first misuse is
+ * kept, every later call returns -1, and fa_expr_build reports it as an
+ * FA_ERR_ARGUMENT error.  Values are numbers or booleans, as in Lua:
+ *  - fa_expr_number / fa_expr_boolean: constants;
+ *  - fa_expr_arg: "s" (the scaled score; 0 in a mask_mod), "b", "h", "q",
+ *    "k" (1-based batch, head, query and key positions, as in Lua);
+ *  - fa_expr_apply(op, a, b): on numbers "+", "-", "*", "/", "%", "^",
+ *    "min", "max" (numbers) and "lt", "le", "gt", "ge" (booleans); "eq",
+ *    "ne" on two of one kind; "and", "or" on booleans; unary (b is
+ *    ignored) "neg", "abs", "exp", "log", "tanh", "sqrt", "floor" on a
+ *    number and "not" on a boolean;
+ *  - fa_expr_where(c, a, b): c ? a : b, c a boolean, a and b of one kind;
+ *  - fa_expr_load(t, name, n, idx): t[idx[0]]...[idx[n-1]] (1-based number
+ *    indices, one a dimension of the 1-D to 4-D tensor t, read on the
+ *    call's device; name, or NULL, for messages); the builder holds a
+ *    reference to t until it is freed.
+ * fa_expr_build makes the expression whose value is node `result` (for
+ * opts.score_mod a number, for opts.mask_mod a boolean; fa_attention checks
+ * which); the builder stays usable and builds more. */
+typedef struct fa_expr_builder fa_expr_builder;
+FA_API fa_status fa_expr_builder_new(fa_context *ctx, fa_expr_builder **out);
+FA_API void fa_expr_builder_free(fa_expr_builder *x);
+FA_API int fa_expr_number(fa_expr_builder *x, double c);
+FA_API int fa_expr_boolean(fa_expr_builder *x, int c);
+FA_API int fa_expr_arg(fa_expr_builder *x, const char *name);
+FA_API int fa_expr_apply(fa_expr_builder *x, const char *op, int a, int b);
+FA_API int fa_expr_where(fa_expr_builder *x, int c, int a, int b);
+FA_API int fa_expr_load(fa_expr_builder *x, fa_tensor *t, const char *name, int nidx, const int *idx);
+FA_API fa_status fa_expr_build(fa_expr_builder *x, int result, fa_expr **out);
 
 /* fa_block_mask_new evaluates mask_mod (an expression of booleans) over
  * every (b, h, q, k) of a (B, H, Lq, Lk) call, on the GPU when ctx's device

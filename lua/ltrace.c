@@ -87,11 +87,7 @@ static trace *find_trace(lua_State *L, int n, int *ti) {
 static int add_node(lua_State *L, trace *t, int op, int is_bool, int a0, int a1, int a2, double c) {
   if (t->n >= FA_EXPR_MAX_NODES)
     terr(L, t, "the expression is too large (more than %d nodes)", FA_EXPR_MAX_NODES);
-  fa_expr_node *x = &t->nodes[t->n];
-  memset(x, 0, sizeof *x);
-  x->op = (uint8_t)op, x->is_bool = (uint8_t)is_bool;
-  x->a[0] = a0, x->a[1] = a1, x->a[2] = a2;
-  x->c = c;
+  fa_expr_node_set(&t->nodes[t->n], op, is_bool, a0, a1, a2, c);
   return t->n++;
 }
 
@@ -139,7 +135,8 @@ static int operand(lua_State *L, int idx, trace *t, const char *op, int *is_bool
 }
 
 /* A binary operation (upvalues: op, its name, the operands' kind: 0
- * numbers, 1 booleans, 2 either (alike); the result's: 0 or 1). */
+ * numbers, 1 booleans, 2 either (alike); the result's: 0 or 1; see
+ * fa_expr_rule). */
 static int binary(lua_State *L) {
   const int op = (int)lua_tointeger(L, lua_upvalueindex(1));
   const char *name = lua_tostring(L, lua_upvalueindex(2));
@@ -152,8 +149,7 @@ static int binary(lua_State *L) {
   if (want == 2 && ba != bb) terr(L, t, "%s compares %s with %s", name, kind_name(ba), kind_name(bb));
   if (want != 2 && (ba != want || bb != want))
     terr(L, t, "%s needs %s operands, got %s", name, want ? "boolean" : "number", kind_name(ba != want ? ba : bb));
-  const int r = result == 2 ? ba : result;
-  push_expr(L, ti, add_node(L, t, op, r, a, b, 0, 0), r ? K_BOOL : K_NUM);
+  push_expr(L, ti, add_node(L, t, op, result, a, b, 0, 0), result ? K_BOOL : K_NUM);
   return 1;
 }
 
@@ -242,22 +238,23 @@ static int expr_index(lua_State *L) {
 
 /* ---- metatables ------------------------------------------------------------------ */
 
+/* A metamethod or method and the operation it records (its operands' and
+ * result's kinds: fa_expr_rule_of, shared with the C builder). */
 typedef struct {
   const char *name, *text;
-  int op, want, result; /* result < 0: unary */
+  int op;
 } opdef;
 
 static const opdef metaops[] = {
-    {"__add", "'+'", FA_X_ADD, 0, 0},     {"__sub", "'-'", FA_X_SUB, 0, 0},   {"__mul", "'*'", FA_X_MUL, 0, 0},
-    {"__div", "'/'", FA_X_DIV, 0, 0},     {"__mod", "'%'", FA_X_MOD, 0, 0},   {"__pow", "'^'", FA_X_POW, 0, 0},
-    {"__band", "'&'", FA_X_AND, 1, 1},    {"__bor", "'|'", FA_X_OR, 1, 1},    {"__unm", "unary '-'", FA_X_NEG, 0, -1},
-    {"__bnot", "'~'", FA_X_NOT, 1, -1},   {NULL, NULL, 0, 0, 0}};
+    {"__add", "'+'", FA_X_ADD},  {"__sub", "'-'", FA_X_SUB}, {"__mul", "'*'", FA_X_MUL},
+    {"__div", "'/'", FA_X_DIV},  {"__mod", "'%'", FA_X_MOD}, {"__pow", "'^'", FA_X_POW},
+    {"__band", "'&'", FA_X_AND}, {"__bor", "'|'", FA_X_OR},  {"__unm", "unary '-'", FA_X_NEG},
+    {"__bnot", "'~'", FA_X_NOT}, {NULL, NULL, 0}};
 static const opdef methods[] = {
-    {"abs", ":abs()", FA_X_ABS, 0, -1},   {"exp", ":exp()", FA_X_EXP, 0, -1},   {"log", ":log()", FA_X_LOG, 0, -1},
-    {"tanh", ":tanh()", FA_X_TANH, 0, -1}, {"sqrt", ":sqrt()", FA_X_SQRT, 0, -1}, {"floor", ":floor()", FA_X_FLOOR, 0, -1},
-    {"min", ":min()", FA_X_MIN, 0, 0},    {"max", ":max()", FA_X_MAX, 0, 0},   {"lt", ":lt()", FA_X_LT, 0, 1},
-    {"le", ":le()", FA_X_LE, 0, 1},       {"gt", ":gt()", FA_X_GT, 0, 1},     {"ge", ":ge()", FA_X_GE, 0, 1},
-    {"eq", ":eq()", FA_X_EQ, 2, 1},       {"ne", ":ne()", FA_X_NE, 2, 1},     {NULL, NULL, 0, 0, 0}};
+    {"abs", ":abs()", FA_X_ABS}, {"exp", ":exp()", FA_X_EXP}, {"log", ":log()", FA_X_LOG},  {"tanh", ":tanh()", FA_X_TANH},
+    {"sqrt", ":sqrt()", FA_X_SQRT}, {"floor", ":floor()", FA_X_FLOOR}, {"min", ":min()", FA_X_MIN}, {"max", ":max()", FA_X_MAX},
+    {"lt", ":lt()", FA_X_LT},    {"le", ":le()", FA_X_LE},    {"gt", ":gt()", FA_X_GT},     {"ge", ":ge()", FA_X_GE},
+    {"eq", ":eq()", FA_X_EQ},    {"ne", ":ne()", FA_X_NE},    {NULL, NULL, 0}};
 static const char *const refused[][2] = {
     {"__eq", "'==' compares expressions as Lua objects, not their values: use a:eq(b) (and a:ne(b) for '~=')"},
     {"__lt", "'<' cannot return an expression: use a:lt(b) (a:gt(b) for '>')"},
@@ -275,13 +272,14 @@ static const char *const refused[][2] = {
     {NULL, NULL}};
 
 static void push_op(lua_State *L, const opdef *d) {
+  const fa_expr_rule *r = fa_expr_rule_of(d->op);
   lua_pushinteger(L, d->op);
   lua_pushstring(L, d->text);
-  lua_pushinteger(L, d->want);
-  if (d->result < 0) {
+  lua_pushinteger(L, r->want);
+  if (r->arity == 1) {
     lua_pushcclosure(L, unary, 3);
   } else {
-    lua_pushinteger(L, d->result == 1 && d->want == 2 ? 1 : d->result);
+    lua_pushinteger(L, r->result);
     lua_pushcclosure(L, binary, 4);
   }
 }

@@ -21,6 +21,8 @@
 
 #include "internal.h"
 
+#include <string.h>
+
 #define FA_EXPR_MAX_NODES 4096
 #define FA_EXPR_MAX_TENSORS 16
 
@@ -37,6 +39,27 @@ typedef enum {
   FA_X_COUNT
 } fa_expr_op;
 
+/* The kinds an operation takes and gives, checked alike by the Lua tracer
+ * (lua/ltrace.c) and the C builder (src/expr_builder.c): arity 1 or 2 for
+ * the operations a script or host applies (0 for the others); want: the
+ * operands are numbers (0), booleans (1), or either, both of one kind (2);
+ * result: a number (0) or a boolean (1).  name: the builder's. */
+typedef struct {
+  const char *name;
+  int8_t arity, want, result;
+} fa_expr_rule;
+static inline const fa_expr_rule *fa_expr_rule_of(int op) {
+  static const fa_expr_rule rules[FA_X_COUNT] = { /* in fa_expr_op's order (C++ includes this too) */
+      {NULL, 0, 0, 0},    {NULL, 0, 0, 0},      {NULL, 0, 0, 0},     {NULL, 0, 0, 0},    {NULL, 0, 0, 0},
+      {NULL, 0, 0, 0},    /* CONST S B H Q K */ {"+", 2, 0, 0},      {"-", 2, 0, 0},     {"*", 2, 0, 0},
+      {"/", 2, 0, 0},     {"%", 2, 0, 0},       {"^", 2, 0, 0},      {"neg", 1, 0, 0},   {"abs", 1, 0, 0},
+      {"exp", 1, 0, 0},   {"log", 1, 0, 0},     {"tanh", 1, 0, 0},   {"sqrt", 1, 0, 0},  {"floor", 1, 0, 0},
+      {"min", 2, 0, 0},   {"max", 2, 0, 0},     {"lt", 2, 0, 1},     {"le", 2, 0, 1},    {"gt", 2, 0, 1},
+      {"ge", 2, 0, 1},    {"eq", 2, 2, 1},      {"ne", 2, 2, 1},     {"and", 2, 1, 1},   {"or", 2, 1, 1},
+      {"not", 1, 1, 1},   {NULL, 0, 0, 0},      {NULL, 0, 0, 0} /* WHERE LOAD */};
+  return op >= 0 && op < FA_X_COUNT ? &rules[op] : NULL;
+}
+
 struct fa_expr_node {
   uint8_t op;
   uint8_t is_bool; /* the value is a boolean (0/1) */
@@ -45,6 +68,14 @@ struct fa_expr_node {
   int32_t a[4];    /* operands: indices of earlier nodes */
   double c;        /* FA_X_CONST */
 };
+
+/* Fills node x (its other fields zero): the tracer's and the builder's one way to make a node. */
+static inline void fa_expr_node_set(fa_expr_node *x, int op, int is_bool, int a0, int a1, int a2, double c) {
+  memset(x, 0, sizeof *x);
+  x->op = (uint8_t)op, x->is_bool = (uint8_t)is_bool;
+  x->a[0] = a0, x->a[1] = a1, x->a[2] = a2;
+  x->c = c;
+}
 
 struct fa_expr {
   int n;                 /* nodes; the last is the result */
