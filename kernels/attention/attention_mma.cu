@@ -118,7 +118,7 @@ extern "C" fa_status fa_cuda_attention_mma(fa_context *ctx, const fa_attn_proble
                                            fa_attn_kernel kernel, int **v_flag) {
   *v_flag = NULL;
   /* the warp-specialised kernel first (attention_wgmma_tma.cu: "flash" at D = 128 and 256,
-   * 1.0-1.3 x the wgmma kernel on an H200, docs/perf/2026-11-27-attention-h200-tma.json) */
+   * 1.0-1.39 x the wgmma kernel on an H200, docs/perf/2026-11-27-attention-h200-tma.json) */
   const bool tma_asked = kernel == FA_KERNEL_WGMMA_TMA || kernel == FA_KERNEL_AUTO;
   if (tma_asked && algo == FA_ATTN_FLASH && fa_cuda_wgmma_usable() && fa_cuda_attention_wgmma_tma_takes(p)) {
     /* the automatic choice at D = 128 takes its key tiles of 176 from 2048 keys on, without

@@ -19,7 +19,12 @@
  *
  * Order a tile: the producer loads K(t+1) before V(t), the order the
  * consumers need them in (S(t+1) = Q·K(t+1)ᵀ is issued with O += P(t)·V(t)
- * behind it, the wgmma kernel's intra-warpgroup overlap). */
+ * behind it, the wgmma kernel's intra-warpgroup overlap).
+ *
+ * Tiles {128, BC}: key tiles of 128 or 176 at D = 128 (the automatic
+ * choice takes 176 from 2048 keys on: attention_mma.cu), of 64 at D = 256,
+ * where the consumers take turns at the tensor cores (PINGPONG).  Measured
+ * steps and what was tried: docs/perf/README.md. */
 #include "attention_wgmma.cuh"
 #include "tma.cuh"
 
@@ -42,15 +47,15 @@ static __host__ __device__ constexpr size_t wt_smem_bytes(int D, int BC) {
 
 /* The consumers' turns at the tensor cores (PINGPONG): warpgroup c waits
  * at named barrier WT_TURN + c before it issues a tile's products and lets
- * the other go once they are issued, so that the two issue in turn and one's
+ * the other go once its S is in, so that the two issue in turn and one's
  * softmax runs while the other's products do. */
 enum { WT_TURN = 3 }; /* barriers 1 and 2: frag_store_staged's */
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 static __device__ __forceinline__ void wt_turn_wait(int c) {
   asm volatile("bar.sync %0, 256;" ::"r"(WT_TURN + c) : "memory");
 }
-/* when `go`: predicated, not branched around, for a branch between a
- * product's issue and its wait makes ptxas serialise the products */
+/* when `go`: predicated rather than branched around, so that no branch
+ * sits in the key loop's issue sequence */
 static __device__ __forceinline__ void wt_turn_pass(int c, bool go = true) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %1, 0;\n@p bar.arrive %0, 256;\n}" ::"r"(WT_TURN + (c ^ 1)), "r"((int)go)
                : "memory");
