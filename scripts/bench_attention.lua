@@ -18,6 +18,14 @@ package.path = root .. "/lua/?.lua;" .. package.path
 local fa = require "flashattn"
 local sweep = require "flashattn.sweep"
 
+-- "flash@NAME": the kernel NAME of the registry (fa.kernels), e.g. flash@wgmma_tma; "flash@NAME:BRxBC"
+-- with the tile {BR, BC}, e.g. flash@wgmma_tma:128x176.  The name and the tile (numbers), or nil.
+local function named_kernel(algo)
+  local name, br, bc = algo:match("^flash@([%w_]+):(%d+)x(%d+)$")
+  if name then return name, { tonumber(br), tonumber(bc) } end
+  return algo:match("^flash@([%w_]+)$")
+end
+
 local function parse(argv)
   local argparse = require "argparse"
   local p = argparse("bench_attention.lua", "Attention forward on the GPU: the shapes of the CUDA attention issue.")
@@ -38,7 +46,7 @@ local function parse(argv)
                           flash_row = true, auto = true}}
   for field, names in pairs(known) do
     for _, x in ipairs(a[field]) do
-      if not names[x] and not (field == "algos" and (x:match("^flash@[%w_]+$") or x:match("^flash@[%w_]+:%d+x%d+$"))) then error(("bench_attention.lua: --%s: unknown value '%s'"):format(field, x), 0) end
+      if not names[x] and not (field == "algos" and named_kernel(x)) then error(("bench_attention.lua: --%s: unknown value '%s'"):format(field, x), 0) end
     end
   end
   return a
@@ -153,12 +161,8 @@ for _, dt in ipairs(dtypes) do
             if algo == "flash:sync" then opts.algo, opts.tile = "flash", D == 64 and { 64, 64 } or { 128, 64 } end
             if algo == "flash:bc128" then opts.algo, opts.tile = "flash", { 128, 128 } end
             if algo == "flash:bc128" and (dt == "f32" or D ~= 64) then goto next_algo end
-            -- "flash@NAME": the kernel NAME of the registry (fa.kernels), e.g. flash@wgmma_tma;
-            -- "flash@NAME:BRxBC" with the tile {BR, BC}, e.g. flash@wgmma_tma:128x176
-            local named, br, bc = algo:match("^flash@([%w_]+):(%d+)x(%d+)$")
-            named = named or algo:match("^flash@([%w_]+)$")
-            if named then opts.algo, opts.kernel = "flash", named end
-            if br then opts.tile = { tonumber(br), tonumber(bc) } end
+            local named, tile = named_kernel(algo)
+            if named then opts.algo, opts.kernel, opts.tile = "flash", named, tile end
             local ok, o = pcall(fa.attention, q, k, v, opts)
             if ok then
               local rel = fa.rel_error(head(o):narrow(3, L - rows + 1, rows):cpu(), ref)
@@ -187,9 +191,6 @@ for _, dt in ipairs(dtypes) do
   end
 end
 if json_path then
-  local cjson = require "cjson"
-  local f = assert(io.open(json_path, "w"))
-  f:write(cjson.encode { meta = sweep.run_meta(seed), device = fa.device_info().name, copy_gbs = copy_gbs,
-    gemm_tflops = roof_tflops, results = results })
-  f:close()
+  sweep.write_json_object({ meta = sweep.run_meta(seed), device = fa.device_info().name, copy_gbs = copy_gbs,
+    gemm_tflops = roof_tflops, results = results }, json_path)
 end

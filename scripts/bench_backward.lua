@@ -149,9 +149,7 @@ if args.extras then
 end
 
 if args.json then
-  local cjson = require "cjson"
-  local f = assert(io.open(args.json, "w"))
-  f:write(cjson.encode {
+  sweep.write_json_object({
     meta = sweep.run_meta(seed, {
       gpu = info.name, device = dev, repetitions = REP, tokens = TOKENS, hd = HD,
       tflops = "2.5 x forward FLOPs (4·B·H·L²·D, half when causal) / median time",
@@ -159,8 +157,7 @@ if args.json then
     }),
     results = results,
     extras = extras,
-  })
-  f:close()
+  }, args.json)
   print("wrote " .. args.json)
 end
 if wrong > 0 then os.exit(1) end

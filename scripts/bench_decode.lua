@@ -252,9 +252,7 @@ do
 end
 
 if args.json then
-  local cjson = require "cjson"
-  local f = assert(io.open(args.json, "w"))
-  f:write(cjson.encode {
+  sweep.write_json_object({
     meta = sweep.run_meta(seed, {
       gpu = info.name, device = dev, dtype = DT, D = D, Hq = HQ, repetitions = REP, max_kv_gib = args.max_gib,
       tolerance = TOL,
@@ -272,8 +270,7 @@ if args.json then
         .. "(at most 4), every query row; status 'wrong' (no time) past tolerance",
     }),
     device = info.name, results = results, paged = paged, tiny_call = tiny, skipped = skipped,
-  })
-  f:close()
+  }, args.json)
   print("wrote " .. args.json)
 end
 if wrong > 0 then

@@ -57,8 +57,5 @@ for _, dt in ipairs { "f32", "f16" } do
   end
 end
 if json_path then
-  local cjson = require "cjson"
-  local f = assert(io.open(json_path, "w"))
-  f:write(cjson.encode { meta = sweep.run_meta(seed), device = info.name, results = results })
-  f:close()
+  sweep.write_json_object({ meta = sweep.run_meta(seed), device = info.name, results = results }, json_path)
 end

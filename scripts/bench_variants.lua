@@ -232,9 +232,7 @@ do
 end
 
 if args.json then
-  local cjson = require "cjson"
-  local f = assert(io.open(args.json, "w"))
-  f:write(cjson.encode {
+  sweep.write_json_object({
     meta = sweep.run_meta(seed, {
       gpu = info.name, device = dev, repetitions = REP, dtype = dtype, D = D, H = H,
       cache_dir = os.getenv("FLASHATTN_CACHE_DIR"),
@@ -244,8 +242,7 @@ if args.json then
     }),
     results = results,
     host = host,
-  })
-  f:close()
+  }, args.json)
   print("wrote " .. args.json)
 end
 if wrong > 0 then os.exit(1) end

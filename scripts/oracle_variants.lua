@@ -527,13 +527,11 @@ local function main(argv)
       c.rel_err_vs_reference and (", rel err vs reference %.2g"):format(c.rel_err_vs_reference) or ""))
     collectgarbage()
   end
-  local f = assert(io.open(dir .. "/cases.json", "w"))
-  f:write(cjson.encode({
+  sweep.write_json_object({
     meta = sweep.run_meta(seed, { device = dev, gpu = dev == "cuda" and info.name or nil, host = info.name,
       script = NAME, cases = #cases, reference_saved = not args.no_reference }),
     cases = cases,
-  }))
-  f:close()
+  }, dir .. "/cases.json")
   print(("%s: %d cases, %d failed or not bit-identical; wrote %s/cases.json"):format(NAME, #cases, bad, dir))
   if bad > 0 then os.exit(1) end
 end

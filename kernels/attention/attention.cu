@@ -8,7 +8,6 @@
 
 extern "C" fa_status fa_cuda_attention_mma(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo algo,
                                            fa_attn_kernel kernel, int **v_flag);
-extern "C" int fa_cuda_wgmma_usable(void);
 extern "C" fa_status fa_cuda_attention_f32(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo algo,
                                            int **v_flag);
 
@@ -56,10 +55,14 @@ extern "C" fa_status fa_cuda_attention_check_tile(fa_context *ctx, fa_dtype dt, 
   int64_t def_br = 0, def_bc = 0;
   fa_cuda_attention_default_tile(dt, D, Dv, &def_br, &def_bc);
   if (br == def_br && bc == def_bc) return FA_OK;
-  /* the warp-specialised kernel's key tiles of 176 at D = 128 (f16/bf16, Hopper) */
-  if ((dt == FA_F16 || dt == FA_BF16) && D == Dv && fa_cuda_wgmma_usable() &&
-      fa_cuda_attention_kernel_tile_ok(FA_KERNEL_WGMMA_TMA, D, br, bc))
-    return FA_OK;
+  /* a tile of a tensor-core kernel that takes the call (the SIMT fallback fits it to itself),
+   * e.g. wgmma_tma's {128, 176} */
+  char why[8];
+  int64_t kbr = 0, kbc = 0;
+  for (fa_attn_kernel k : {FA_KERNEL_WGMMA_TMA, FA_KERNEL_WGMMA, FA_KERNEL_MMA})
+    if (fa_cuda_attention_kernel_fit(k, dt, D, Dv, &kbr, &kbc, why, sizeof why) &&
+        fa_cuda_attention_kernel_tile_ok(k, D, br, bc))
+      return FA_OK;
   fa_status st = tiled_smem_max(ctx, &smem_max);
   if (st) return st;
   int ok_br = br >= 1 && br <= 128;

@@ -111,23 +111,23 @@ extern "C" int fa_cuda_attention_tc_kernel(fa_attn_kernel kernel, const fa_attn_
   return kernel != FA_KERNEL_WGMMA && fa_cuda_attention_kernel_tile_ok(FA_KERNEL_MMA, p->D, p->tile_q, p->tile_k);
 }
 
-extern "C" int fa_cuda_attention_wgmma_tma_takes(const fa_attn_problem *p);
-extern "C" fa_status fa_cuda_attention_wgmma_tma(fa_context *ctx, const fa_attn_problem *p, int pass);
+extern "C" int fa_cuda_attention_wgmma_tma_flash(fa_context *ctx, const fa_attn_problem *p, int **v_flag,
+                                                 fa_status *st);
 
 extern "C" fa_status fa_cuda_attention_mma(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo algo,
                                            fa_attn_kernel kernel, int **v_flag) {
   *v_flag = NULL;
   /* the warp-specialised kernel first (attention_wgmma_tma.cu: "flash" at D = 128 and 256,
    * 1.0-1.39 x the wgmma kernel on an H200, docs/perf/2026-11-27-attention-h200-tma.json) */
-  const bool tma_asked = kernel == FA_KERNEL_WGMMA_TMA || kernel == FA_KERNEL_AUTO;
-  if (tma_asked && algo == FA_ATTN_FLASH && fa_cuda_wgmma_usable() && fa_cuda_attention_wgmma_tma_takes(p)) {
+  if ((kernel == FA_KERNEL_WGMMA_TMA || kernel == FA_KERNEL_AUTO) && algo == FA_ATTN_FLASH && fa_cuda_wgmma_usable()) {
     /* the automatic choice at D = 128 takes its key tiles of 176 from 2048 keys on, without
      * masks (3-9 % faster from 4096 keys, 3-9 % slower at 1024; the masks' instance spills) */
     fa_attn_problem wide = *p;
     if (kernel == FA_KERNEL_AUTO && p->D == 128 && p->tile_k == 128 && p->Lk >= 2048 &&
         attn_extras_kind(p) != EXTRAS_MASK)
       wide.tile_k = 176;
-    return launch_fast_passes(ctx, &wide, algo, v_flag, fa_cuda_attention_wgmma_tma);
+    fa_status st = FA_OK;
+    if (fa_cuda_attention_wgmma_tma_flash(ctx, &wide, v_flag, &st)) return st;
   }
   if (kernel == FA_KERNEL_WGMMA_TMA) return FA_OK; /* declined: the caller says so */
   const int tc = fa_cuda_attention_tc_kernel(kernel, p);

@@ -239,22 +239,28 @@ template <typename T> static fa_status tma_typed(fa_context *ctx, const fa_attn_
   return launch_extras<T, 128, 128>(ctx, p, m);
 }
 
-/* Whether the kernel takes the call: f16/bf16, D = Dv = 128 or 256, its
- * tile, rows on 16 bytes, and operands the copy engine can map; the
- * caller has checked that the Hopper kernels run here (fa_cuda_wgmma_usable). */
-extern "C" int fa_cuda_attention_wgmma_tma_takes(const fa_attn_problem *p) {
-  wt_maps m;
-  return (p->compute == FA_F16 || p->compute == FA_BF16) && p->D == p->Dv &&
-         fa_cuda_attention_kernel_tile_ok(FA_KERNEL_WGMMA_TMA, p->D, p->tile_q, p->tile_k) && attn_rows_aligned16(p) &&
-         encode_maps(p, &m);
+/* The call's tensor maps: encoded once by fa_cuda_attention_wgmma_tma_flash
+ * and read by run_flash, which launch_fast_passes calls on the same thread
+ * before it returns. */
+static thread_local wt_maps call_maps;
+
+static fa_status run_flash(fa_context *ctx, const fa_attn_problem *p, int pass) {
+  (void)pass; /* PASS_FLASH, the one pass queued */
+  if (p->compute == FA_F16) return tma_typed<__half>(ctx, p, call_maps);
+  return tma_typed<__nv_bfloat16>(ctx, p, call_maps);
 }
 
-/* One pass of "flash" (PASS_FLASH only) on a call the kernel takes, with
- * p->v_nonfinite set (launch_fast_passes). */
-extern "C" fa_status fa_cuda_attention_wgmma_tma(fa_context *ctx, const fa_attn_problem *p, int pass) {
-  wt_maps m;
-  if (pass != PASS_FLASH || !encode_maps(p, &m))
-    return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: attention on cuda: the wgmma_tma kernel declined the call");
-  if (p->compute == FA_F16) return tma_typed<__half>(ctx, p, m);
-  return tma_typed<__nv_bfloat16>(ctx, p, m);
+/* Queues "flash" on this kernel, guarded against NaN/inf in V
+ * (launch_fast_passes: *v_flag, *st), when it takes the call: f16/bf16,
+ * D = Dv = 128 or 256, one of its tiles, rows on 16 bytes, and operands
+ * the copy engine can map; else returns 0 and queues nothing.  The caller
+ * has checked that the Hopper kernels run here (fa_cuda_wgmma_usable). */
+extern "C" int fa_cuda_attention_wgmma_tma_flash(fa_context *ctx, const fa_attn_problem *p, int **v_flag,
+                                                 fa_status *st) {
+  if ((p->compute != FA_F16 && p->compute != FA_BF16) || p->D != p->Dv ||
+      !fa_cuda_attention_kernel_tile_ok(FA_KERNEL_WGMMA_TMA, p->D, p->tile_q, p->tile_k) || !attn_rows_aligned16(p) ||
+      !encode_maps(p, &call_maps))
+    return 0;
+  *st = launch_fast_passes(ctx, p, FA_ATTN_FLASH, v_flag, run_flash);
+  return 1;
 }

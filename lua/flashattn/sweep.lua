@@ -853,6 +853,8 @@ function M.to_json(rows, meta)
 end
 
 function M.write_json(rows, path, meta) return write_file(path, M.to_json(rows, meta)) end
+-- Any table t as JSON (the benchmark scripts' --json files, whose layout is their own).
+function M.write_json_object(t, path) return write_file(path, require("cjson").encode(t)) end
 
 local function mkdir(dir)
   if dir and dir ~= "" and dir ~= "." then os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "'") end
