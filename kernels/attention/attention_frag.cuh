@@ -487,38 +487,61 @@ static __device__ __forceinline__ void frag_store_staged(const fa_attn_problem &
   frag_lse_store<NORMALIZED>(p, bh, lse, lane, r);
 }
 
+/* The key range of a query tile, in parts: the union of its rows'
+ * non-empty ranges [ulo, uhi) and the keys inside every row's range
+ * [alo, ahi), rows past Lq aside; fold adds row i, fold_warp combines the
+ * parts of a warp's lanes. */
+struct tile_range {
+  int64_t ulo, uhi, alo, ahi;
+  static __device__ __forceinline__ tile_range none() { return tile_range{INT64_MAX, 0, 0, INT64_MAX}; }
+  __device__ __forceinline__ void fold(const fa_attn_problem &p, int64_t b, int64_t i) {
+    if (i >= p.Lq) return;
+    int64_t lo = 0, hi = 0;
+    fa_attn_range_of(&p, b, i, &lo, &hi);
+    if (lo < hi) ulo = min(ulo, lo), uhi = max(uhi, hi);
+    alo = max(alo, lo), ahi = min(ahi, hi);
+  }
+  __device__ __forceinline__ void fold(const tile_range &o) {
+    ulo = min(ulo, o.ulo), uhi = max(uhi, o.uhi), alo = max(alo, o.alo), ahi = min(ahi, o.ahi);
+  }
+  __device__ __forceinline__ void fold_warp() {
+    for (int o = 16; o > 0; o >>= 1) {
+      tile_range x;
+      x.ulo = __shfl_xor_sync(0xffffffffu, (long long)ulo, o), x.uhi = __shfl_xor_sync(0xffffffffu, (long long)uhi, o);
+      x.alo = __shfl_xor_sync(0xffffffffu, (long long)alo, o), x.ahi = __shfl_xor_sync(0xffffffffu, (long long)ahi, o);
+      fold(x);
+    }
+  }
+  /* the union as [*t_lo, *t_hi), (0, 0) when every row is empty */
+  __device__ __forceinline__ void keys(int64_t *t_lo, int64_t *t_hi) const {
+    const bool any = ulo < uhi;
+    *t_lo = any ? ulo : 0, *t_hi = any ? uhi : 0;
+  }
+};
+
 /* The key range of a query tile [i0, i0 + BR): the union of its rows'
  * non-empty ranges as [*t_lo, *t_hi) (0, 0 when every row is empty), and
  * the keys inside every row's range (rows past Lq aside) as
  * [*all_lo, *all_hi), empty when all_hi <= all_lo.  Called by the whole
- * block. */
+ * block: a row a thread, reduced in parallel (a serial pass over the rows
+ * would stall every block's start). */
 template <int BR>
 static __device__ __forceinline__ void tile_key_range(const fa_attn_problem &p, int64_t b, int64_t i0, int64_t *t_lo,
                                                       int64_t *t_hi, int64_t *all_lo, int64_t *all_hi) {
-  __shared__ int64_t part[BR / 32][4];
+  __shared__ tile_range part[BR / 32];
   const int tid = threadIdx.x;
   if (tid < BR) {
-    int64_t lo = 0, hi = 0;
-    if (i0 + tid < p.Lq) fa_attn_range_of(&p, b, i0 + tid, &lo, &hi);
-    /* reduced in parallel (a serial pass over the rows would stall every block's start) */
-    const bool nonempty = lo < hi, valid = i0 + tid < p.Lq;
-    int64_t ulo = nonempty ? lo : INT64_MAX, uhi = nonempty ? hi : 0;
-    int64_t alo = valid ? lo : 0, ahi = valid ? hi : INT64_MAX;
-    for (int o = 16; o > 0; o >>= 1) {
-      ulo = min(ulo, (int64_t)__shfl_xor_sync(0xffffffffu, (long long)ulo, o));
-      uhi = max(uhi, (int64_t)__shfl_xor_sync(0xffffffffu, (long long)uhi, o));
-      alo = max(alo, (int64_t)__shfl_xor_sync(0xffffffffu, (long long)alo, o));
-      ahi = min(ahi, (int64_t)__shfl_xor_sync(0xffffffffu, (long long)ahi, o));
-    }
-    if ((tid & 31) == 0) part[tid >> 5][0] = ulo, part[tid >> 5][1] = uhi, part[tid >> 5][2] = alo, part[tid >> 5][3] = ahi;
+    tile_range r = tile_range::none();
+    r.fold(p, b, i0 + tid);
+    r.fold_warp();
+    if ((tid & 31) == 0) part[tid >> 5] = r;
   }
   __syncthreads();
-  int64_t ulo = INT64_MAX, uhi = 0, alo = 0, ahi = INT64_MAX;
+  tile_range r = tile_range::none();
 #pragma unroll
-  for (int w = 0; w < BR / 32; w++)
-    ulo = min(ulo, part[w][0]), uhi = max(uhi, part[w][1]), alo = max(alo, part[w][2]), ahi = min(ahi, part[w][3]);
-  const bool any = ulo < uhi;
-  *t_lo = any ? ulo : 0, *t_hi = any ? uhi : 0, *all_lo = alo, *all_hi = ahi;
+  for (int w = 0; w < BR / 32; w++) r.fold(part[w]);
+  r.keys(t_lo, t_hi);
+  *all_lo = r.alo, *all_hi = r.ahi;
 }
 
 #endif

@@ -23,18 +23,25 @@
  *
  * Tiles {128, BC}: key tiles of 128 or 176 at D = 128 (the automatic
  * choice takes 176 from 2048 keys on: attention_mma.cu), of 64 at D = 256,
- * where the consumers take turns at the tensor cores (PINGPONG).  Measured
- * steps and what was tried: docs/perf/README.md. */
+ * where the consumers take turns at the tensor cores (PINGPONG).
+ *
+ * Two forms: a block a query tile (attn_wgmma_tma_kernel), and a
+ * persistent one, a block an SM taking query tiles from a counter and
+ * loading the next one's Q and keys while it finishes the last
+ * (attn_wgmma_tma_persistent_kernel; wt_persistent says which a call
+ * takes).  Measured steps and what was tried: docs/perf/README.md. */
 #include "attention_wgmma.cuh"
 #include "tma.cuh"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <algorithm>
+
 #define WT_BR 128
 #define WT_THREADS 384 /* two consumer warpgroups, then the producer */
 #define WT_KST 2
-#define WT_VST 2
+#define WT_VST 2 /* the persistent kernel's producer takes both as WT_KST */
 
 /* The tensor maps of q, k and v (kernel parameters: __grid_constant__). */
 struct wt_maps {
@@ -61,6 +68,86 @@ static __device__ __forceinline__ void wt_turn_pass(int c, bool go = true) {
                : "memory");
 }
 #endif
+
+/* The phases of a ring of N buffers whose tile t of a query tile sits in
+ * buffer t % N: bit s is the parity of buffer s's next phase.  A query tile
+ * starts at buffer 0, so that the buffer (and the address of the products'
+ * operands) follows from the tile's index alone; ptxas then keeps that
+ * arithmetic in uniform registers (ring positions running on across query
+ * tiles came from shared memory, which put it in vector registers: 7 %
+ * more instructions a key tile). */
+template <int N> struct wt_ring {
+  uint32_t bits = 0;
+  __device__ __forceinline__ unsigned parity(int t) const { return ((bits >> (t % N)) ^ (unsigned)(t / N)) & 1u; }
+  /* past a query tile of n tiles */
+  __device__ __forceinline__ void advance(int n) {
+#pragma unroll
+    for (int s = 0; s < N; s++) bits ^= (uint32_t)(((n - s + N - 1) / N) & 1) << s;
+  }
+};
+
+/* A consumer warpgroup's key loop over the query tile's ntiles key tiles
+ * from t_lo, and the last tile's P·V, into o (rows r): tile t in buffer
+ * t % 2 of the key and value rings (smem addresses ks, vs; the barriers'
+ * phases kr, vr).  S(t+1) = Q·K(t+1)ᵀ is issued with O += P(t)·V(t) behind
+ * it (the wgmma kernel's intra-warpgroup overlap).  q_empty (0: none) gets
+ * this warp's arrival once its last S is in. */
+struct wt_rings {
+  uint32_t ks, vs, full_k, empty_k, full_v, empty_v;
+};
+template <typename T, int D, int BC, int EXTRAS, bool PINGPONG>
+static __device__ __forceinline__ void wt_consume(const fa_attn_problem &p, int64_t b, int64_t h, int64_t t_lo,
+                                                  int64_t all_lo, int64_t all_hi, int ntiles, const wt_rings &rg,
+                                                  const wt_ring<WT_KST> &kr, const wt_ring<WT_VST> &vr, uint32_t q_base,
+                                                  uint32_t q_empty, frag_rows &r, float (*o)[4]) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int KB = BC * D * 2;
+  const int lane = threadIdx.x & 31, wg = threadIdx.x >> 7, c2 = (lane & 3) * 2;
+  const bool scale_pos = p.scale > 0;
+  float s[BC / 8][4];
+  uint32_t pa[BC / 16][4]; /* P of the previous tile, as A fragments */
+  if (PINGPONG && wg == 1 && ntiles > 0) wt_turn_pass(1); /* warpgroup 0 goes first */
+  for (int t = 0; t < ntiles; t++) {
+    const int64_t j0 = t_lo + (int64_t)t * BC;
+    const int kb = t % WT_KST;
+    mbar_wait(rg.full_k + 8 * kb, kr.parity(t));
+    if (PINGPONG) wt_turn_wait(wg);
+    qk_issue<T, D, WT_BR, BC>(s, q_base, rg.ks + kb * KB);
+    if (t > 0) {
+      const int vb = (t - 1) % WT_VST;
+      mbar_wait(rg.full_v + 8 * vb, vr.parity(t - 1));
+      pv_issue<T, D, BC>(o, pa, rg.vs + vb * KB);
+    }
+    if (t > 0) wgmma_wait<1>();
+    else wgmma_wait<0>();
+    /* the turn passes once S is in (a barrier between the products' issue
+     * and this wait made ptxas serialise them); every turn warpgroup 0
+     * takes is passed back, but for its last */
+    if (PINGPONG) wt_turn_pass(wg, wg == 0 || t + 1 < ntiles);
+    wgmma_hold<BC / 2>(&s[0][0]);
+    if (lane == 0) mbar_arrive(rg.empty_k + 8 * kb); /* this warp's reads of K(t) are done */
+
+    const bool full = scale_pos && j0 >= all_lo && j0 + BC <= all_hi;
+    float alphaA = 1.f, alphaB = 1.f;
+    frag_softmax_tile<BC / 8, EXTRAS>(p, b, h, j0, c2, full, r, s, &alphaA, &alphaB);
+
+    wgmma_wait<0>();
+    wgmma_hold<D / 2>(&o[0][0]);
+    if (t > 0 && lane == 0) mbar_arrive(rg.empty_v + 8 * ((t - 1) % WT_VST));
+    frag_rescale<D / 8>(o, alphaA, alphaB);
+    p_pack<T, BC>(pa, s);
+  }
+  if (q_empty && lane == 0) mbar_arrive(q_empty); /* this warp's reads of Q are done */
+  if (ntiles > 0) { /* the last tile's P·V */
+    const int vb = (ntiles - 1) % WT_VST;
+    mbar_wait(rg.full_v + 8 * vb, vr.parity(ntiles - 1));
+    pv_issue<T, D, BC>(o, pa, rg.vs + vb * KB);
+    wgmma_wait<0>();
+    wgmma_hold<D / 2>(&o[0][0]);
+    if (lane == 0) mbar_arrive(rg.empty_v + 8 * vb);
+  }
+#endif
+}
 
 template <typename T, int D, int BC, int EXTRAS, bool PINGPONG>
 __global__ void __launch_bounds__(WT_THREADS, 1) attn_wgmma_tma_kernel(const fa_attn_problem p, const __grid_constant__ wt_maps tm) {
@@ -115,58 +202,151 @@ __global__ void __launch_bounds__(WT_THREADS, 1) attn_wgmma_tma_kernel(const fa_
   }
   warpgroup_regs_inc<240>();
 
-  const int g = lane >> 2, c2 = (lane & 3) * 2;
-  const int rA = warp * 16 + g, rB = rA + 8;
+  const int rA = warp * 16 + (lane >> 2), rB = rA + 8;
   frag_rows r = frag_rows_start(p, b, i0, rA, rB);
-  const bool scale_pos = p.scale > 0;
   float o[D / 8][4];
 #pragma unroll
   for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
-  const uint32_t q_base = smem_addr(Qs) + wg * 64 * 128; /* this warpgroup's 64 rows */
-  float s[BC / 8][4];
-  uint32_t pa[BC / 16][4]; /* P of the previous tile, as A fragments */
   mbar_wait(bar_q, 0);
-  if (PINGPONG && wg == 1 && ntiles > 0) wt_turn_pass(1); /* warpgroup 0 goes first */
-
-  for (int t = 0; t < ntiles; t++) {
-    const int64_t j0 = t_lo + (int64_t)t * BC;
-    const int kb = t % WT_KST;
-    mbar_wait(full_k + 8 * kb, (t / WT_KST) & 1);
-    if (PINGPONG) wt_turn_wait(wg);
-    qk_issue<T, D, WT_BR, BC>(s, q_base, smem_addr(Ks + kb * KB));
-    if (t > 0) {
-      const int vb = (t - 1) % WT_VST;
-      mbar_wait(full_v + 8 * vb, ((t - 1) / WT_VST) & 1);
-      pv_issue<T, D, BC>(o, pa, smem_addr(Vs + vb * KB));
-    }
-    if (t > 0) wgmma_wait<1>();
-    else wgmma_wait<0>();
-    /* the turn passes once S is in (a barrier between the products' issue
-     * and this wait made ptxas serialise them); every turn warpgroup 0
-     * takes is passed back, but for its last */
-    if (PINGPONG) wt_turn_pass(wg, wg == 0 || t + 1 < ntiles);
-    wgmma_hold<BC / 2>(&s[0][0]);
-    if (lane == 0) mbar_arrive(empty_k + 8 * kb); /* this warp's reads of K(t) are done */
-
-    const bool full = scale_pos && j0 >= all_lo && j0 + BC <= all_hi;
-    float alphaA = 1.f, alphaB = 1.f;
-    frag_softmax_tile<BC / 8, EXTRAS>(p, b, h, j0, c2, full, r, s, &alphaA, &alphaB);
-
-    wgmma_wait<0>();
-    wgmma_hold<D / 2>(&o[0][0]);
-    if (t > 0 && lane == 0) mbar_arrive(empty_v + 8 * ((t - 1) % WT_VST));
-    frag_rescale<D / 8>(o, alphaA, alphaB);
-    p_pack<T, BC>(pa, s);
-  }
-  if (ntiles > 0) { /* the last tile's P·V */
-    const int vb = (ntiles - 1) % WT_VST;
-    mbar_wait(full_v + 8 * vb, ((ntiles - 1) / WT_VST) & 1);
-    pv_issue<T, D, BC>(o, pa, smem_addr(Vs + vb * KB));
-    wgmma_wait<0>();
-    wgmma_hold<D / 2>(&o[0][0]);
-  }
+  const wt_rings rg = {smem_addr(Ks), smem_addr(Vs), full_k, empty_k, full_v, empty_v};
+  wt_consume<T, D, BC, EXTRAS, PINGPONG>(p, b, h, t_lo, all_lo, all_hi, ntiles, rg, wt_ring<WT_KST>(), wt_ring<WT_VST>(),
+                                         smem_addr(Qs) + wg * 64 * 128, 0, r, o);
   /* O leaves through this warpgroup's rows of Q's tile (its products are done) */
   frag_store_staged<T, D, false, true, WT_BR, 128>(p, bh, qt.out(p), qt.lse(p), i0, lane, r, o, Qs);
+#endif
+}
+
+/* The persistent form: a block an SM, walking query tiles.  The
+ * producer warp takes tiles from a counter (the longest first, in
+ * frag_qtile's order: whichever block is free takes the next), reduces the
+ * tile's key range with its 32 lanes, and posts {tile, range} in a ring of
+ * two slots (wt_slot, full/empty mbarriers) ahead of the consumers; it
+ * loads tile n + 1's first key tile while the consumers finish tile n, and
+ * its Q once they are past their last S = Q·Kᵀ (q_empty), so that a
+ * tile's start waits for no copy.  Each query tile's keys and values start
+ * at the rings' first buffers (wt_ring).  O leaves from the fragments
+ * (frag_store): Q's buffer, through which the one-tile form stages it, is
+ * the next tile's by then. */
+struct wt_slot {
+  int tile, ntiles;
+  long long t_lo, all_lo, all_hi;
+};
+
+static __host__ __device__ constexpr size_t wt_persistent_smem_bytes(int D, int BC) {
+  return wt_smem_bytes(D, BC) + 8 * 6 + 2 * sizeof(wt_slot);
+}
+
+
+template <typename T, int D, int BC, int EXTRAS>
+__global__ void __launch_bounds__(WT_THREADS, 1)
+    attn_wgmma_tma_persistent_kernel(const fa_attn_problem p, const __grid_constant__ wt_maps tm, int *next_tile) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int QB = WT_BR * D * 2, KB = BC * D * 2;
+  const int v_bad = *p.v_nonfinite; /* see leave_for_fallback */
+  extern __shared__ __align__(128) char wt_smem_raw[];
+  char *Qs = wt_smem_raw + ((1024 - (smem_addr(wt_smem_raw) & 1023)) & 1023);
+  char *Ks = Qs + QB, *Vs = Ks + WT_KST * KB;
+  const uint32_t q_full = smem_addr(Vs + WT_VST * KB), full_k = q_full + 8, empty_k = full_k + 8 * WT_KST;
+  const uint32_t full_v = empty_k + 8 * WT_KST, empty_v = full_v + 8 * WT_VST, q_empty = empty_v + 8 * WT_VST;
+  const uint32_t slot_full = q_empty + 8, slot_empty = slot_full + 16;
+  wt_slot *slots = (wt_slot *)(Vs + WT_VST * KB + 8 * (6 + 2 * WT_KST + 2 * WT_VST));
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  const int qtiles = (int)((p.Lq + WT_BR - 1) / WT_BR), total = (int)(p.B * p.Hq) * qtiles;
+  if (tid == 0) {
+    mbar_init(q_full, 1), mbar_init(q_empty, 8);
+    for (int s = 0; s < WT_KST; s++) mbar_init(full_k + 8 * s, 1), mbar_init(empty_k + 8 * s, 8); /* 8 consumer warps */
+    for (int s = 0; s < WT_VST; s++) mbar_init(full_v + 8 * s, 1), mbar_init(empty_v + 8 * s, 8);
+    for (int s = 0; s < 2; s++) mbar_init(slot_full + 8 * s, 1), mbar_init(slot_empty + 8 * s, 8);
+    mbar_init_fence();
+  }
+  if (leave_for_fallback(v_bad)) return; /* its barrier also publishes the mbarriers */
+
+  if (wg == 2) { /* the producer: its first warp */
+    warpgroup_regs_dec<40>(); /* its tile loop spilled with 24 */
+    if (warp != 8) return;
+    wt_ring<WT_KST> kr;
+    wt_ring<WT_VST> vr;
+    for (int n = 0;; n++) {
+      int tile = blockIdx.x;
+      if (n > 0 && lane == 0) tile = (int)gridDim.x + atomicAdd(next_tile, 1);
+      tile = __shfl_sync(0xffffffffu, tile, 0);
+      const int s = n & 1;
+      int64_t t_lo = 0, t_hi = 0;
+      tile_range r = tile_range::none();
+      int ntiles = 0;
+      if (tile < total) {
+        const frag_qtile<T, D, WT_BR> qt(p, tile);
+#pragma unroll
+        for (int k = 0; k < WT_BR / 32; k++) r.fold(p, qt.b, qt.i0 + k * 32 + lane);
+        r.fold_warp();
+        r.keys(&t_lo, &t_hi);
+        ntiles = (int)((t_hi - t_lo + BC - 1) / BC);
+        if (lane == 0) {
+          mbar_wait(slot_empty + 8 * s, ((n >> 1) & 1) ^ 1);
+          slots[s] = wt_slot{tile, ntiles, (long long)t_lo, (long long)r.alo, (long long)r.ahi};
+          mbar_arrive(slot_full + 8 * s);
+          /* 32-bit from here (the copy engine's coordinates are): this thread has 24 registers */
+          const int hk = (int)(qt.h / (p.Hq / p.Hkv)), bi = (int)qt.b, j_lo = (int)t_lo;
+          const uint32_t sq = smem_addr(Qs); /* every buffer and barrier at a constant offset */
+          /* tile t of the keys (V = 0) or values (V = 1) into buffer t % 2 (the phase before the first passes at once) */
+          auto load = [&](int V, unsigned parity, int t) {
+            const int sb = t % WT_KST;
+            const uint32_t full = (V ? full_v : full_k) + 8 * sb, buf = sq + QB + (V * WT_KST + sb) * KB;
+            mbar_wait((V ? empty_v : empty_k) + 8 * sb, parity ^ 1);
+            mbar_expect(full, KB);
+#pragma unroll
+            for (int c = 0; c < D / 64; c++) tma_load_4d(buf + c * BC * 128, V ? &tm.v : &tm.k, c * 64, j_lo + t * BC, hk, bi, full);
+          };
+          /* the first key tile while the consumers finish the last tile, then Q once they are done with theirs */
+          if (ntiles > 0) load(0, kr.parity(0), 0);
+          mbar_wait(q_empty, (n & 1) ^ 1);
+          mbar_expect(q_full, QB);
+#pragma unroll
+          for (int c = 0; c < D / 64; c++) tma_load_4d(sq + c * WT_BR * 128, &tm.q, c * 64, (int)qt.i0, (int)qt.h, bi, q_full);
+          for (int t = 0; t < ntiles; t++) {
+            if (t + 1 < ntiles) load(0, kr.parity(t + 1), t + 1);
+            load(1, vr.parity(t), t);
+          }
+        }
+        kr.advance(ntiles), vr.advance(ntiles);
+        __syncwarp();
+        continue;
+      }
+      if (lane == 0) { /* no tile left: the consumers stop too */
+        mbar_wait(slot_empty + 8 * s, ((n >> 1) & 1) ^ 1);
+        slots[s].tile = tile;
+        mbar_arrive(slot_full + 8 * s);
+      }
+      return;
+    }
+  }
+  warpgroup_regs_inc<232>(); /* 128 · 40 + 256 · 232: the 168 a thread of the launch */
+
+  const int rA = warp * 16 + (lane >> 2), rB = rA + 8;
+  const uint32_t q_base = smem_addr(Qs) + wg * 64 * 128; /* this warpgroup's 64 rows */
+  const wt_rings rg = {smem_addr(Ks), smem_addr(Vs), full_k, empty_k, full_v, empty_v};
+  wt_ring<WT_KST> kr;
+  wt_ring<WT_VST> vr;
+  for (int n = 0;; n++) {
+    const int sl = n & 1;
+    mbar_wait(slot_full + 8 * sl, (n >> 1) & 1);
+    const wt_slot slot = slots[sl];
+    __syncwarp();
+    if (lane == 0) mbar_arrive(slot_empty + 8 * sl);
+    if (slot.tile >= total) return;
+    const frag_qtile<T, D, WT_BR> qt(p, slot.tile);
+    const int ntiles = slot.ntiles;
+    frag_rows r = frag_rows_start(p, qt.b, qt.i0, rA, rB);
+    float o[D / 8][4];
+#pragma unroll
+    for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+    mbar_wait(q_full, n & 1);
+    wt_consume<T, D, BC, EXTRAS, false>(p, qt.b, qt.h, slot.t_lo, slot.all_lo, slot.all_hi, ntiles, rg, kr, vr, q_base,
+                                        q_empty, r, o);
+    kr.advance(ntiles), vr.advance(ntiles);
+    frag_store<T, D, false>(p, qt.bh, qt.out(p), qt.lse(p), lane, r, o);
+  }
 #endif
 }
 
@@ -226,8 +406,49 @@ static fa_status launch(fa_context *ctx, const fa_attn_problem *p, const wt_maps
   return FA_OK;
 }
 
+/* The persistent form (see its kernel): a block an SM, the tile counter a
+ * fresh device int from the pool, zeroed on the stream. */
+template <typename T, int D, int BC, int EXTRAS>
+static fa_status launch_persistent(fa_context *ctx, const fa_attn_problem *p, const wt_maps &m) {
+  const size_t smem = wt_persistent_smem_bytes(D, BC);
+  void (*kernel)(const fa_attn_problem, const wt_maps, int *) = attn_wgmma_tma_persistent_kernel<T, D, BC, EXTRAS>;
+  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  const int64_t tiles = p->B * p->Hq * ((p->Lq + WT_BR - 1) / WT_BR);
+  if (fa_status st = attn_grid_fits(ctx, tiles)) return st;
+  if (tiles <= 0) return FA_OK;
+  int dev = 0, sms = 0;
+  FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
+  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  void *next = NULL;
+  if (fa_status st = fa_cuda_malloc(ctx, &next, sizeof(int))) return st;
+  cudaError_t err = cudaMemsetAsync(next, 0, sizeof(int), fa_cuda_stream(ctx));
+  if (err == cudaSuccess) {
+    kernel<<<(unsigned)std::min(tiles, (int64_t)sms), WT_THREADS, smem, fa_cuda_stream(ctx)>>>(*p, m, (int *)next);
+    err = cudaGetLastError();
+  }
+  fa_cuda_free_on(ctx, next, sizeof(int)); /* stream-ordered: after the kernel */
+  return fa_cuda_error(ctx, err, "attn_wgmma_tma_persistent_kernel");
+}
+
+/* Whether the call takes the persistent form: at D = 128, and at D = 256
+ * from 8192 keys on (there a block a tile with the consumers' turns is
+ * faster on short rows, and turns in the persistent form cost 10-12 %);
+ * not with a mask, whose instance spills more there (bool masks -9 % at
+ * L = 4096).  H200, 2026-11-27, docs/perf/2026-11-27-attention-h200-persistent.json:
+ * D = 128 +4-13 % at L = 1024-8192, ±2 % at 16384; D = 256 +3 % at 16384. */
+static bool wt_persistent(const fa_attn_problem *p) {
+  if (attn_extras_kind(p) == EXTRAS_MASK) return false;
+  return p->D == 128 || p->Lk >= 8192;
+}
+
+/* The call's score rule on the persistent form, or on a block a query tile
+ * (the masks, and the consumers taking turns at D = 256). */
 template <typename T, int D, int BC> static fa_status launch_extras(fa_context *ctx, const fa_attn_problem *p, const wt_maps &m) {
   const int x = attn_extras_kind(p);
+  if (wt_persistent(p)) {
+    if (x == EXTRAS_SCORE) return launch_persistent<T, D, BC, EXTRAS_SCORE>(ctx, p, m);
+    return launch_persistent<T, D, BC, EXTRAS_NONE>(ctx, p, m);
+  }
   if (x == EXTRAS_MASK) return launch<T, D, BC, EXTRAS_MASK>(ctx, p, m);
   if (x == EXTRAS_SCORE) return launch<T, D, BC, EXTRAS_SCORE>(ctx, p, m);
   return launch<T, D, BC, EXTRAS_NONE>(ctx, p, m);
