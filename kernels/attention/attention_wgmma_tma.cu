@@ -431,14 +431,14 @@ static fa_status launch_persistent(fa_context *ctx, const fa_attn_problem *p, co
 }
 
 /* Whether the call takes the persistent form: at D = 128, and at D = 256
- * from 8192 keys on (there a block a tile with the consumers' turns is
- * faster on short rows, and turns in the persistent form cost 10-12 %);
+ * from 16384 keys on (there a block a tile with the consumers' turns is
+ * faster on shorter rows, and turns in the persistent form cost 10-12 %);
  * not with a mask, whose instance spills more there (bool masks -9 % at
  * L = 4096).  H200, 2026-11-27, docs/perf/2026-11-27-attention-h200-persistent.json:
- * D = 128 +4-13 % at L = 1024-8192, ±2 % at 16384; D = 256 +3 % at 16384. */
+ * D = 128 +2-13 % at L = 1024-8192, -2 to +3 % at 16384; D = 256 +3 % at 16384. */
 static bool wt_persistent(const fa_attn_problem *p) {
   if (attn_extras_kind(p) == EXTRAS_MASK) return false;
-  return p->D == 128 || p->Lk >= 8192;
+  return p->D == 128 || p->Lk >= 16384;
 }
 
 /* The call's score rule on the persistent form, or on a block a query tile
