@@ -86,18 +86,6 @@ extern "C" void fa_cuda_attention_default_tile(fa_dtype dt, int64_t D, int64_t D
   else *br = 16 * MMA_WARPS(D), *bc = MMA_BC;
 }
 
-/* Queues algo ("flash", or "two_pass" with p->row_stats set) on tensor
- * cores (kernel: FA_KERNEL_AUTO either kernel, WGMMA or MMA only that
- * one) when the call fits (f16/bf16, D = Dv = 64 or 128, or 96 or 256 on
- * Hopper; 16-byte aligned rows) and the tile is one of theirs: {128,
- * wgmma_bc} on Hopper (wgmma; also {128, 128} at D = 64), {16·warps, 64}
- * (mma.sync, D = 64 or 128; 64 rows at D = 64, 128 at D = 128) on any
- * GPU.  Then *v_flag is a device flag (the caller frees
- * it), set on the stream when V holds NaN or inf: the kernel reading V has
- * then done nothing (or, where it checks V itself, part of its work), and
- * the caller's fallback, which skips masked keys, rewrites every output and
- * must run guarded by it (for two_pass, its output pass on the statistics
- * written here).  *v_flag stays NULL when the call does not fit. */
 /* Which tensor-core kernel takes a call (f16/bf16, D = Dv of theirs, rows on
  * 16 bytes, one of their tiles): 2 the Hopper kernel, 1 the mma.sync
  * kernel, 0 neither; kernel: FA_KERNEL_AUTO, or WGMMA / MMA for that one
@@ -111,23 +99,28 @@ extern "C" int fa_cuda_attention_tc_kernel(fa_attn_kernel kernel, const fa_attn_
   return kernel != FA_KERNEL_WGMMA && fa_cuda_attention_kernel_tile_ok(FA_KERNEL_MMA, p->D, p->tile_q, p->tile_k);
 }
 
-extern "C" int fa_cuda_attention_wgmma_tma_flash(fa_context *ctx, const fa_attn_problem *p, int **v_flag,
+/* Queues algo ("flash", or "two_pass" with p->row_stats set) on tensor
+ * cores (kernel: FA_KERNEL_AUTO either kernel, WGMMA or MMA only that
+ * one) when the call fits (f16/bf16, D = Dv = 64 or 128, or 96 or 256 on
+ * Hopper; 16-byte aligned rows) and the tile is one of theirs: {128,
+ * wgmma_bc} on Hopper (wgmma; also {128, 128} at D = 64), {16·warps, 64}
+ * (mma.sync, D = 64 or 128; 64 rows at D = 64, 128 at D = 128) on any
+ * GPU.  Then *v_flag is a device flag (the caller frees
+ * it), set on the stream when V holds NaN or inf: the kernel reading V has
+ * then done nothing (or, where it checks V itself, part of its work), and
+ * the caller's fallback, which skips masked keys, rewrites every output and
+ * must run guarded by it (for two_pass, its output pass on the statistics
+ * written here).  *v_flag stays NULL when the call does not fit. */
+extern "C" int fa_cuda_attention_wgmma_tma_flash(fa_context *ctx, const fa_attn_problem *p, int automatic, int **v_flag,
                                                  fa_status *st);
 
 extern "C" fa_status fa_cuda_attention_mma(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo algo,
                                            fa_attn_kernel kernel, int **v_flag) {
   *v_flag = NULL;
-  /* the warp-specialised kernel first (attention_wgmma_tma.cu: "flash" at D = 128 and 256,
-   * 1.0-1.39 x the wgmma kernel on an H200, docs/perf/2026-11-27-attention-h200-tma.json) */
+  /* the warp-specialised kernel first (attention_wgmma_tma.cu: "flash" at D = 128 and 256) */
   if ((kernel == FA_KERNEL_WGMMA_TMA || kernel == FA_KERNEL_AUTO) && algo == FA_ATTN_FLASH && fa_cuda_wgmma_usable()) {
-    /* the automatic choice at D = 128 takes its key tiles of 176 from 2048 keys on, without
-     * masks (3-9 % faster from 4096 keys, 3-9 % slower at 1024; the masks' instance spills) */
-    fa_attn_problem wide = *p;
-    if (kernel == FA_KERNEL_AUTO && p->D == 128 && p->tile_k == 128 && p->Lk >= 2048 &&
-        attn_extras_kind(p) != EXTRAS_MASK)
-      wide.tile_k = 176;
     fa_status st = FA_OK;
-    if (fa_cuda_attention_wgmma_tma_flash(ctx, &wide, v_flag, &st)) return st;
+    if (fa_cuda_attention_wgmma_tma_flash(ctx, p, kernel == FA_KERNEL_AUTO, v_flag, &st)) return st;
   }
   if (kernel == FA_KERNEL_WGMMA_TMA) return FA_OK; /* declined: the caller says so */
   const int tc = fa_cuda_attention_tc_kernel(kernel, p);

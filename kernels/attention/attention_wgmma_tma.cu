@@ -41,16 +41,44 @@
 #define WT_BR 128
 #define WT_THREADS 384 /* two consumer warpgroups, then the producer */
 #define WT_KST 2
-#define WT_VST 2 /* the persistent kernel's producer takes both as WT_KST */
+#define WT_VST 2
 
 /* The tensor maps of q, k and v (kernel parameters: __grid_constant__). */
 struct wt_maps {
   CUtensorMap q, k, v;
 };
 
-static __host__ __device__ constexpr size_t wt_smem_bytes(int D, int BC) {
-  return (size_t)(WT_BR + (WT_KST + WT_VST) * BC) * D * 2 + 8 * (1 + 2 * WT_KST + 2 * WT_VST) + 1024; /* + alignment */
-}
+/* A query tile the persistent form's producer posts to its consumers. */
+struct wt_slot {
+  int tile, ntiles;
+  long long t_lo, all_lo, all_hi;
+};
+
+/* A block's shared memory, 1024-byte aligned (the swizzle is computed on
+ * address bits): Q's tile, the key and value rings, the mbarriers (Q's
+ * full, the rings' full and empty; the persistent form's Q empty and its
+ * slots' full and empty), then the persistent form's two slots.  Addresses
+ * as the copies and products take them (q: Q's tile). */
+template <int D, int BC> struct wt_layout {
+  static constexpr int QB = WT_BR * D * 2, KB = BC * D * 2; /* bytes of the Q tile, of a K or V tile */
+  static constexpr int BARS = QB + (WT_KST + WT_VST) * KB, NBAR = 1 + 2 * WT_KST + 2 * WT_VST + 5;
+  static constexpr size_t bytes = (size_t)BARS + 8 * NBAR + 2 * sizeof(wt_slot) + 1024; /* + alignment */
+  char *qs;
+  uint32_t q;
+  __device__ __forceinline__ explicit wt_layout(char *raw)
+      : qs(raw + ((1024 - (smem_addr(raw) & 1023)) & 1023)), q(smem_addr(qs)) {}
+  __device__ __forceinline__ uint32_t ks() const { return q + QB; }
+  __device__ __forceinline__ uint32_t vs() const { return q + QB + WT_KST * KB; }
+  __device__ __forceinline__ uint32_t q_full() const { return q + BARS; }
+  __device__ __forceinline__ uint32_t full_k() const { return q + BARS + 8; }
+  __device__ __forceinline__ uint32_t empty_k() const { return full_k() + 8 * WT_KST; }
+  __device__ __forceinline__ uint32_t full_v() const { return empty_k() + 8 * WT_KST; }
+  __device__ __forceinline__ uint32_t empty_v() const { return full_v() + 8 * WT_VST; }
+  __device__ __forceinline__ uint32_t q_empty() const { return empty_v() + 8 * WT_VST; }
+  __device__ __forceinline__ uint32_t slot_full() const { return q_empty() + 8; }
+  __device__ __forceinline__ uint32_t slot_empty() const { return slot_full() + 16; }
+  __device__ __forceinline__ wt_slot *slots() const { return (wt_slot *)(qs + BARS + 8 * NBAR); }
+};
 
 /* The consumers' turns at the tensor cores (PINGPONG): warpgroup c waits
  * at named barrier WT_TURN + c before it issues a tile's products and lets
@@ -86,22 +114,53 @@ template <int N> struct wt_ring {
   }
 };
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* The producer's copies, a 64-column block a copy.  Q's tile at rows
+ * [row, row + 128) of head h, batch bi, completing on bar: */
+template <int D>
+static __device__ __forceinline__ void wt_load_q(const CUtensorMap *m, uint32_t q, uint32_t bar, int row, int h, int bi) {
+  mbar_expect(bar, WT_BR * D * 2);
+#pragma unroll
+  for (int c = 0; c < D / 64; c++) tma_load_4d(q + c * WT_BR * 128, m, c * 64, row, h, bi, bar);
+}
+/* key or value tile t of a query tile (rows [row, row + BC) of key head
+ * hk) into buffer t % N of the ring at `ring`, once its empty barrier says
+ * it is free (the phase before the first passes at once). */
+template <int D, int BC, int N>
+static __device__ __forceinline__ void wt_load_kv(const CUtensorMap *m, uint32_t ring, uint32_t full, uint32_t empty,
+                                                  const wt_ring<N> &ph, int t, int row, int hk, int bi) {
+  const int sb = t % N;
+  mbar_wait(empty + 8 * sb, ph.parity(t) ^ 1);
+  mbar_expect(full + 8 * sb, BC * D * 2);
+#pragma unroll
+  for (int c = 0; c < D / 64; c++) tma_load_4d(ring + sb * BC * D * 2 + c * BC * 128, m, c * 64, row, hk, bi, full + 8 * sb);
+}
+/* The mbarriers of both forms (the persistent form's four more with slots). */
+template <int D, int BC> static __device__ __forceinline__ void wt_init_barriers(const wt_layout<D, BC> &L, bool slots) {
+  mbar_init(L.q_full(), 1);
+  for (int s = 0; s < WT_KST; s++) mbar_init(L.full_k() + 8 * s, 1), mbar_init(L.empty_k() + 8 * s, 8); /* 8 consumer warps */
+  for (int s = 0; s < WT_VST; s++) mbar_init(L.full_v() + 8 * s, 1), mbar_init(L.empty_v() + 8 * s, 8);
+  if (slots) {
+    mbar_init(L.q_empty(), 8);
+    for (int s = 0; s < 2; s++) mbar_init(L.slot_full() + 8 * s, 1), mbar_init(L.slot_empty() + 8 * s, 8);
+  }
+  mbar_init_fence();
+}
+#endif
+
 /* A consumer warpgroup's key loop over the query tile's ntiles key tiles
  * from t_lo, and the last tile's P·V, into o (rows r): tile t in buffer
- * t % 2 of the key and value rings (smem addresses ks, vs; the barriers'
- * phases kr, vr).  S(t+1) = Q·K(t+1)ᵀ is issued with O += P(t)·V(t) behind
+ * t % 2 of the key and value rings of L (the barriers' phases kr, vr).  S(t+1) = Q·K(t+1)ᵀ is issued with O += P(t)·V(t) behind
  * it (the wgmma kernel's intra-warpgroup overlap).  q_empty (0: none) gets
  * this warp's arrival once its last S is in. */
-struct wt_rings {
-  uint32_t ks, vs, full_k, empty_k, full_v, empty_v;
-};
 template <typename T, int D, int BC, int EXTRAS, bool PINGPONG>
 static __device__ __forceinline__ void wt_consume(const fa_attn_problem &p, int64_t b, int64_t h, int64_t t_lo,
-                                                  int64_t all_lo, int64_t all_hi, int ntiles, const wt_rings &rg,
+                                                  int64_t all_lo, int64_t all_hi, int ntiles, const wt_layout<D, BC> &L,
                                                   const wt_ring<WT_KST> &kr, const wt_ring<WT_VST> &vr, uint32_t q_base,
                                                   uint32_t q_empty, frag_rows &r, float (*o)[4]) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int KB = BC * D * 2;
+  const uint32_t full_k = L.full_k(), empty_k = L.empty_k(), full_v = L.full_v(), empty_v = L.empty_v();
   const int lane = threadIdx.x & 31, wg = threadIdx.x >> 7, c2 = (lane & 3) * 2;
   const bool scale_pos = p.scale > 0;
   float s[BC / 8][4];
@@ -110,13 +169,13 @@ static __device__ __forceinline__ void wt_consume(const fa_attn_problem &p, int6
   for (int t = 0; t < ntiles; t++) {
     const int64_t j0 = t_lo + (int64_t)t * BC;
     const int kb = t % WT_KST;
-    mbar_wait(rg.full_k + 8 * kb, kr.parity(t));
+    mbar_wait(full_k + 8 * kb, kr.parity(t));
     if (PINGPONG) wt_turn_wait(wg);
-    qk_issue<T, D, WT_BR, BC>(s, q_base, rg.ks + kb * KB);
+    qk_issue<T, D, WT_BR, BC>(s, q_base, L.ks() + kb * KB);
     if (t > 0) {
       const int vb = (t - 1) % WT_VST;
-      mbar_wait(rg.full_v + 8 * vb, vr.parity(t - 1));
-      pv_issue<T, D, BC>(o, pa, rg.vs + vb * KB);
+      mbar_wait(full_v + 8 * vb, vr.parity(t - 1));
+      pv_issue<T, D, BC>(o, pa, L.vs() + vb * KB);
     }
     if (t > 0) wgmma_wait<1>();
     else wgmma_wait<0>();
@@ -125,7 +184,7 @@ static __device__ __forceinline__ void wt_consume(const fa_attn_problem &p, int6
      * takes is passed back, but for its last */
     if (PINGPONG) wt_turn_pass(wg, wg == 0 || t + 1 < ntiles);
     wgmma_hold<BC / 2>(&s[0][0]);
-    if (lane == 0) mbar_arrive(rg.empty_k + 8 * kb); /* this warp's reads of K(t) are done */
+    if (lane == 0) mbar_arrive(empty_k + 8 * kb); /* this warp's reads of K(t) are done */
 
     const bool full = scale_pos && j0 >= all_lo && j0 + BC <= all_hi;
     float alphaA = 1.f, alphaB = 1.f;
@@ -133,18 +192,18 @@ static __device__ __forceinline__ void wt_consume(const fa_attn_problem &p, int6
 
     wgmma_wait<0>();
     wgmma_hold<D / 2>(&o[0][0]);
-    if (t > 0 && lane == 0) mbar_arrive(rg.empty_v + 8 * ((t - 1) % WT_VST));
+    if (t > 0 && lane == 0) mbar_arrive(empty_v + 8 * ((t - 1) % WT_VST));
     frag_rescale<D / 8>(o, alphaA, alphaB);
     p_pack<T, BC>(pa, s);
   }
   if (q_empty && lane == 0) mbar_arrive(q_empty); /* this warp's reads of Q are done */
   if (ntiles > 0) { /* the last tile's P·V */
     const int vb = (ntiles - 1) % WT_VST;
-    mbar_wait(rg.full_v + 8 * vb, vr.parity(ntiles - 1));
-    pv_issue<T, D, BC>(o, pa, rg.vs + vb * KB);
+    mbar_wait(full_v + 8 * vb, vr.parity(ntiles - 1));
+    pv_issue<T, D, BC>(o, pa, L.vs() + vb * KB);
     wgmma_wait<0>();
     wgmma_hold<D / 2>(&o[0][0]);
-    if (lane == 0) mbar_arrive(rg.empty_v + 8 * vb);
+    if (lane == 0) mbar_arrive(empty_v + 8 * vb);
   }
 #endif
 }
@@ -152,24 +211,13 @@ static __device__ __forceinline__ void wt_consume(const fa_attn_problem &p, int6
 template <typename T, int D, int BC, int EXTRAS, bool PINGPONG>
 __global__ void __launch_bounds__(WT_THREADS, 1) attn_wgmma_tma_kernel(const fa_attn_problem p, const __grid_constant__ wt_maps tm) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int QB = WT_BR * D * 2, KB = BC * D * 2; /* bytes of the Q tile, of a K or V tile */
   const int v_bad = *p.v_nonfinite; /* see leave_for_fallback */
   extern __shared__ __align__(128) char wt_smem_raw[];
-  /* the swizzle is computed on address bits: tiles must be 1024-byte aligned */
-  char *Qs = wt_smem_raw + ((1024 - (smem_addr(wt_smem_raw) & 1023)) & 1023);
-  char *Ks = Qs + QB, *Vs = Ks + WT_KST * KB;
-  const uint32_t bar_q = smem_addr(Vs + WT_VST * KB), full_k = bar_q + 8, empty_k = full_k + 8 * WT_KST;
-  const uint32_t full_v = empty_k + 8 * WT_KST, empty_v = full_v + 8 * WT_VST;
-
+  const wt_layout<D, BC> L(wt_smem_raw);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   const frag_qtile<T, D, WT_BR> qt(p, blockIdx.x);
   const int64_t bh = qt.bh, b = qt.b, h = qt.h, i0 = qt.i0;
-  if (tid == 0) {
-    mbar_init(bar_q, 1);
-    for (int s = 0; s < WT_KST; s++) mbar_init(full_k + 8 * s, 1), mbar_init(empty_k + 8 * s, 8); /* 8 consumer warps */
-    for (int s = 0; s < WT_VST; s++) mbar_init(full_v + 8 * s, 1), mbar_init(empty_v + 8 * s, 8);
-    mbar_init_fence();
-  }
+  if (tid == 0) wt_init_barriers(L, false);
   int64_t t_lo, t_hi, all_lo, all_hi;
   tile_key_range<WT_BR>(p, b, i0, &t_lo, &t_hi, &all_lo, &all_hi); /* its barrier also publishes the mbarriers */
   const int ntiles = (int)((t_hi - t_lo + BC - 1) / BC);
@@ -179,23 +227,14 @@ __global__ void __launch_bounds__(WT_THREADS, 1) attn_wgmma_tma_kernel(const fa_
     warpgroup_regs_dec<24>();
     if (tid == 2 * 128) {
       const int hk = (int)(h / (p.Hq / p.Hkv)), bi = (int)b;
-      mbar_expect(bar_q, QB);
-#pragma unroll
-      for (int c = 0; c < D / 64; c++) tma_load_4d(smem_addr(Qs) + c * WT_BR * 128, &tm.q, c * 64, (int)i0, (int)h, bi, bar_q);
-      /* tile t of a ring of n buffers: wait for its buffer (the phase before
-       * the first passes at once), then its columns in 64-wide blocks */
-      auto load = [&](const CUtensorMap *m, char *ring, uint32_t full, uint32_t empty, int n, int t) {
-        const int s = t % n;
-        mbar_wait(empty + 8 * s, ((t / n) & 1) ^ 1);
-        mbar_expect(full + 8 * s, KB);
-#pragma unroll
-        for (int c = 0; c < D / 64; c++)
-          tma_load_4d(smem_addr(ring + s * KB) + c * BC * 128, m, c * 64, (int)(t_lo + (int64_t)t * BC), hk, bi, full + 8 * s);
-      };
-      if (ntiles > 0) load(&tm.k, Ks, full_k, empty_k, WT_KST, 0);
+      const wt_ring<WT_KST> kr;
+      const wt_ring<WT_VST> vr;
+      wt_load_q<D>(&tm.q, L.q, L.q_full(), (int)i0, (int)h, bi);
+      if (ntiles > 0) wt_load_kv<D, BC>(&tm.k, L.ks(), L.full_k(), L.empty_k(), kr, 0, (int)t_lo, hk, bi);
       for (int t = 0; t < ntiles; t++) {
-        if (t + 1 < ntiles) load(&tm.k, Ks, full_k, empty_k, WT_KST, t + 1);
-        load(&tm.v, Vs, full_v, empty_v, WT_VST, t);
+        const int j = (int)(t_lo + (int64_t)t * BC);
+        if (t + 1 < ntiles) wt_load_kv<D, BC>(&tm.k, L.ks(), L.full_k(), L.empty_k(), kr, t + 1, j + BC, hk, bi);
+        wt_load_kv<D, BC>(&tm.v, L.vs(), L.full_v(), L.empty_v(), vr, t, j, hk, bi);
       }
     }
     return;
@@ -207,12 +246,11 @@ __global__ void __launch_bounds__(WT_THREADS, 1) attn_wgmma_tma_kernel(const fa_
   float o[D / 8][4];
 #pragma unroll
   for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
-  mbar_wait(bar_q, 0);
-  const wt_rings rg = {smem_addr(Ks), smem_addr(Vs), full_k, empty_k, full_v, empty_v};
-  wt_consume<T, D, BC, EXTRAS, PINGPONG>(p, b, h, t_lo, all_lo, all_hi, ntiles, rg, wt_ring<WT_KST>(), wt_ring<WT_VST>(),
-                                         smem_addr(Qs) + wg * 64 * 128, 0, r, o);
+  mbar_wait(L.q_full(), 0);
+  wt_consume<T, D, BC, EXTRAS, PINGPONG>(p, b, h, t_lo, all_lo, all_hi, ntiles, L, wt_ring<WT_KST>(), wt_ring<WT_VST>(),
+                                         L.q + wg * 64 * 128, 0, r, o);
   /* O leaves through this warpgroup's rows of Q's tile (its products are done) */
-  frag_store_staged<T, D, false, true, WT_BR, 128>(p, bh, qt.out(p), qt.lse(p), i0, lane, r, o, Qs);
+  frag_store_staged<T, D, false, true, WT_BR, 128>(p, bh, qt.out(p), qt.lse(p), i0, lane, r, o, L.qs);
 #endif
 }
 
@@ -227,39 +265,19 @@ __global__ void __launch_bounds__(WT_THREADS, 1) attn_wgmma_tma_kernel(const fa_
  * at the rings' first buffers (wt_ring).  O leaves from the fragments
  * (frag_store): Q's buffer, through which the one-tile form stages it, is
  * the next tile's by then. */
-struct wt_slot {
-  int tile, ntiles;
-  long long t_lo, all_lo, all_hi;
-};
-
-static __host__ __device__ constexpr size_t wt_persistent_smem_bytes(int D, int BC) {
-  return wt_smem_bytes(D, BC) + 8 * 6 + 2 * sizeof(wt_slot);
-}
-
 
 template <typename T, int D, int BC, int EXTRAS>
 __global__ void __launch_bounds__(WT_THREADS, 1)
     attn_wgmma_tma_persistent_kernel(const fa_attn_problem p, const __grid_constant__ wt_maps tm, int *next_tile) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int QB = WT_BR * D * 2, KB = BC * D * 2;
   const int v_bad = *p.v_nonfinite; /* see leave_for_fallback */
   extern __shared__ __align__(128) char wt_smem_raw[];
-  char *Qs = wt_smem_raw + ((1024 - (smem_addr(wt_smem_raw) & 1023)) & 1023);
-  char *Ks = Qs + QB, *Vs = Ks + WT_KST * KB;
-  const uint32_t q_full = smem_addr(Vs + WT_VST * KB), full_k = q_full + 8, empty_k = full_k + 8 * WT_KST;
-  const uint32_t full_v = empty_k + 8 * WT_KST, empty_v = full_v + 8 * WT_VST, q_empty = empty_v + 8 * WT_VST;
-  const uint32_t slot_full = q_empty + 8, slot_empty = slot_full + 16;
-  wt_slot *slots = (wt_slot *)(Vs + WT_VST * KB + 8 * (6 + 2 * WT_KST + 2 * WT_VST));
-
+  const wt_layout<D, BC> L(wt_smem_raw);
+  wt_slot *slots = L.slots();
+  const uint32_t slot_full = L.slot_full(), slot_empty = L.slot_empty();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   const int qtiles = (int)((p.Lq + WT_BR - 1) / WT_BR), total = (int)(p.B * p.Hq) * qtiles;
-  if (tid == 0) {
-    mbar_init(q_full, 1), mbar_init(q_empty, 8);
-    for (int s = 0; s < WT_KST; s++) mbar_init(full_k + 8 * s, 1), mbar_init(empty_k + 8 * s, 8); /* 8 consumer warps */
-    for (int s = 0; s < WT_VST; s++) mbar_init(full_v + 8 * s, 1), mbar_init(empty_v + 8 * s, 8);
-    for (int s = 0; s < 2; s++) mbar_init(slot_full + 8 * s, 1), mbar_init(slot_empty + 8 * s, 8);
-    mbar_init_fence();
-  }
+  if (tid == 0) wt_init_barriers(L, true);
   if (leave_for_fallback(v_bad)) return; /* its barrier also publishes the mbarriers */
 
   if (wg == 2) { /* the producer: its first warp */
@@ -272,60 +290,45 @@ __global__ void __launch_bounds__(WT_THREADS, 1)
       if (n > 0 && lane == 0) tile = (int)gridDim.x + atomicAdd(next_tile, 1);
       tile = __shfl_sync(0xffffffffu, tile, 0);
       const int s = n & 1;
-      int64_t t_lo = 0, t_hi = 0;
-      tile_range r = tile_range::none();
-      int ntiles = 0;
-      if (tile < total) {
-        const frag_qtile<T, D, WT_BR> qt(p, tile);
-#pragma unroll
-        for (int k = 0; k < WT_BR / 32; k++) r.fold(p, qt.b, qt.i0 + k * 32 + lane);
-        r.fold_warp();
-        r.keys(&t_lo, &t_hi);
-        ntiles = (int)((t_hi - t_lo + BC - 1) / BC);
+      if (tile >= total) { /* no tile left: the consumers stop too */
         if (lane == 0) {
           mbar_wait(slot_empty + 8 * s, ((n >> 1) & 1) ^ 1);
-          slots[s] = wt_slot{tile, ntiles, (long long)t_lo, (long long)r.alo, (long long)r.ahi};
+          slots[s].tile = tile;
           mbar_arrive(slot_full + 8 * s);
-          /* 32-bit from here (the copy engine's coordinates are): this thread has 24 registers */
-          const int hk = (int)(qt.h / (p.Hq / p.Hkv)), bi = (int)qt.b, j_lo = (int)t_lo;
-          const uint32_t sq = smem_addr(Qs); /* every buffer and barrier at a constant offset */
-          /* tile t of the keys (V = 0) or values (V = 1) into buffer t % 2 (the phase before the first passes at once) */
-          auto load = [&](int V, unsigned parity, int t) {
-            const int sb = t % WT_KST;
-            const uint32_t full = (V ? full_v : full_k) + 8 * sb, buf = sq + QB + (V * WT_KST + sb) * KB;
-            mbar_wait((V ? empty_v : empty_k) + 8 * sb, parity ^ 1);
-            mbar_expect(full, KB);
-#pragma unroll
-            for (int c = 0; c < D / 64; c++) tma_load_4d(buf + c * BC * 128, V ? &tm.v : &tm.k, c * 64, j_lo + t * BC, hk, bi, full);
-          };
-          /* the first key tile while the consumers finish the last tile, then Q once they are done with theirs */
-          if (ntiles > 0) load(0, kr.parity(0), 0);
-          mbar_wait(q_empty, (n & 1) ^ 1);
-          mbar_expect(q_full, QB);
-#pragma unroll
-          for (int c = 0; c < D / 64; c++) tma_load_4d(sq + c * WT_BR * 128, &tm.q, c * 64, (int)qt.i0, (int)qt.h, bi, q_full);
-          for (int t = 0; t < ntiles; t++) {
-            if (t + 1 < ntiles) load(0, kr.parity(t + 1), t + 1);
-            load(1, vr.parity(t), t);
-          }
         }
-        kr.advance(ntiles), vr.advance(ntiles);
-        __syncwarp();
-        continue;
+        return;
       }
-      if (lane == 0) { /* no tile left: the consumers stop too */
+      const frag_qtile<T, D, WT_BR> qt(p, tile);
+      tile_range r = tile_range::none();
+#pragma unroll
+      for (int k = 0; k < WT_BR / 32; k++) r.fold(p, qt.b, qt.i0 + k * 32 + lane);
+      r.fold_warp();
+      int64_t t_lo = 0, t_hi = 0;
+      r.keys(&t_lo, &t_hi);
+      const int ntiles = (int)((t_hi - t_lo + BC - 1) / BC);
+      if (lane == 0) {
         mbar_wait(slot_empty + 8 * s, ((n >> 1) & 1) ^ 1);
-        slots[s].tile = tile;
+        slots[s] = wt_slot{tile, ntiles, (long long)t_lo, (long long)r.alo, (long long)r.ahi};
         mbar_arrive(slot_full + 8 * s);
+        /* 32-bit from here (the copy engine's coordinates are) */
+        const int hk = (int)(qt.h / (p.Hq / p.Hkv)), bi = (int)qt.b, j_lo = (int)t_lo;
+        /* the first key tile while the consumers finish the last query tile, then Q once they are done with theirs */
+        if (ntiles > 0) wt_load_kv<D, BC>(&tm.k, L.ks(), L.full_k(), L.empty_k(), kr, 0, j_lo, hk, bi);
+        mbar_wait(L.q_empty(), (n & 1) ^ 1);
+        wt_load_q<D>(&tm.q, L.q, L.q_full(), (int)qt.i0, (int)qt.h, bi);
+        for (int t = 0; t < ntiles; t++) {
+          if (t + 1 < ntiles) wt_load_kv<D, BC>(&tm.k, L.ks(), L.full_k(), L.empty_k(), kr, t + 1, j_lo + (t + 1) * BC, hk, bi);
+          wt_load_kv<D, BC>(&tm.v, L.vs(), L.full_v(), L.empty_v(), vr, t, j_lo + t * BC, hk, bi);
+        }
       }
-      return;
+      kr.advance(ntiles), vr.advance(ntiles);
+      __syncwarp();
     }
   }
   warpgroup_regs_inc<232>(); /* 128 · 40 + 256 · 232: the 168 a thread of the launch */
 
   const int rA = warp * 16 + (lane >> 2), rB = rA + 8;
-  const uint32_t q_base = smem_addr(Qs) + wg * 64 * 128; /* this warpgroup's 64 rows */
-  const wt_rings rg = {smem_addr(Ks), smem_addr(Vs), full_k, empty_k, full_v, empty_v};
+  const uint32_t q_base = L.q + wg * 64 * 128; /* this warpgroup's 64 rows */
   wt_ring<WT_KST> kr;
   wt_ring<WT_VST> vr;
   for (int n = 0;; n++) {
@@ -341,9 +344,9 @@ __global__ void __launch_bounds__(WT_THREADS, 1)
     float o[D / 8][4];
 #pragma unroll
     for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
-    mbar_wait(q_full, n & 1);
-    wt_consume<T, D, BC, EXTRAS, false>(p, qt.b, qt.h, slot.t_lo, slot.all_lo, slot.all_hi, ntiles, rg, kr, vr, q_base,
-                                        q_empty, r, o);
+    mbar_wait(L.q_full(), n & 1);
+    wt_consume<T, D, BC, EXTRAS, false>(p, qt.b, qt.h, slot.t_lo, slot.all_lo, slot.all_hi, ntiles, L, kr, vr, q_base,
+                                        L.q_empty(), r, o);
     kr.advance(ntiles), vr.advance(ntiles);
     frag_store<T, D, false>(p, qt.bh, qt.out(p), qt.lse(p), lane, r, o);
   }
@@ -394,7 +397,7 @@ static int encode_maps(const fa_attn_problem *p, wt_maps *m) {
 
 template <typename T, int D, int BC, int EXTRAS>
 static fa_status launch(fa_context *ctx, const fa_attn_problem *p, const wt_maps &m) {
-  const size_t smem = wt_smem_bytes(D, BC);
+  const size_t smem = wt_layout<D, BC>::bytes;
   /* turns at D = 256 (+5-12 %); at D = 128 they cost up to a tenth at
    * L = 16k (H200, 2026-11-27, docs/perf/2026-11-27-attention-h200-tma.json) */
   void (*kernel)(const fa_attn_problem, const wt_maps) = attn_wgmma_tma_kernel<T, D, BC, EXTRAS, D == 256>;
@@ -410,7 +413,7 @@ static fa_status launch(fa_context *ctx, const fa_attn_problem *p, const wt_maps
  * fresh device int from the pool, zeroed on the stream. */
 template <typename T, int D, int BC, int EXTRAS>
 static fa_status launch_persistent(fa_context *ctx, const fa_attn_problem *p, const wt_maps &m) {
-  const size_t smem = wt_persistent_smem_bytes(D, BC);
+  const size_t smem = wt_layout<D, BC>::bytes;
   void (*kernel)(const fa_attn_problem, const wt_maps, int *) = attn_wgmma_tma_persistent_kernel<T, D, BC, EXTRAS>;
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   const int64_t tiles = p->B * p->Hq * ((p->Lq + WT_BR - 1) / WT_BR);
@@ -474,14 +477,20 @@ static fa_status run_flash(fa_context *ctx, const fa_attn_problem *p, int pass) 
 /* Queues "flash" on this kernel, guarded against NaN/inf in V
  * (launch_fast_passes: *v_flag, *st), when it takes the call: f16/bf16,
  * D = Dv = 128 or 256, one of its tiles, rows on 16 bytes, and operands
- * the copy engine can map; else returns 0 and queues nothing.  The caller
- * has checked that the Hopper kernels run here (fa_cuda_wgmma_usable). */
-extern "C" int fa_cuda_attention_wgmma_tma_flash(fa_context *ctx, const fa_attn_problem *p, int **v_flag,
+ * the copy engine can map; else returns 0 and queues nothing.  automatic
+ * (no kernel named): at D = 128 the default key tile of 128 becomes 176
+ * from 2048 keys on, without masks (3-9 % faster from 4096 keys, 3-9 %
+ * slower at 1024; the masks' instance spills).  The caller has checked
+ * that the Hopper kernels run here (fa_cuda_wgmma_usable). */
+extern "C" int fa_cuda_attention_wgmma_tma_flash(fa_context *ctx, const fa_attn_problem *p, int automatic, int **v_flag,
                                                  fa_status *st) {
-  if ((p->compute != FA_F16 && p->compute != FA_BF16) || p->D != p->Dv ||
-      !fa_cuda_attention_kernel_tile_ok(FA_KERNEL_WGMMA_TMA, p->D, p->tile_q, p->tile_k) || !attn_rows_aligned16(p) ||
-      !encode_maps(p, &call_maps))
+  fa_attn_problem call = *p;
+  if (automatic && p->D == 128 && p->tile_k == 128 && p->Lk >= 2048 && attn_extras_kind(p) != EXTRAS_MASK)
+    call.tile_k = 176;
+  if ((call.compute != FA_F16 && call.compute != FA_BF16) || call.D != call.Dv ||
+      !fa_cuda_attention_kernel_tile_ok(FA_KERNEL_WGMMA_TMA, call.D, call.tile_q, call.tile_k) ||
+      !attn_rows_aligned16(&call) || !encode_maps(&call, &call_maps))
     return 0;
-  *st = launch_fast_passes(ctx, p, FA_ATTN_FLASH, v_flag, run_flash);
+  *st = launch_fast_passes(ctx, &call, FA_ATTN_FLASH, v_flag, run_flash);
   return 1;
 }
