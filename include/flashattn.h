@@ -251,6 +251,11 @@ typedef struct {
    * outside its nonempty ones, unmasked in its run of full ones).  It needs
    * mask_mod; the reference ignores it. */
   const fa_block_mask *block_mask;
+  /* fa_attention_backward only (API §10): nonzero asks for bit-identical
+   * gradients from run to run.  The CPU backend and cuda's "mma" and
+   * "simt" kernels always give them; cuda's "wgmma" kernel otherwise sums
+   * dq with atomic adds (faster, its rounding varies from run to run). */
+  int deterministic;
 } fa_attention_opts;
 
 /* Attention variants (API §9).  fa_expr_new makes an expression from n
@@ -485,9 +490,10 @@ FA_API void fa_lua_set_file_access(struct lua_State *L, int allowed);
  * f32, f64 in f64, bit-identical from run to run (deterministic by
  * construction).  CUDA: f32/f16/bf16 with D, Dv <= 256 (FA_ERR_DTYPE for
  * f64, FA_ERR_UNSUPPORTED past 256 and for score_mod / mask_mod), inputs
- * read through their strides, dq, dk, dv new tensors on the device; every
- * gradient element has one owner (no atomics): bit-identical from run to
- * run too; tile_q / tile_k are ignored (the kernels' own tiles); opts.kernel
+ * read through their strides, dq, dk, dv new tensors on the device; dk and
+ * dv have one owner an element (bit-identical from run to run), dq too
+ * except on the "wgmma" kernel without opts->deterministic, which adds it
+ * up with atomics; tile_q / tile_k are ignored (the kernels' own tiles); opts.kernel
  * names one of its kernels: "wgmma" (Hopper; f16/bf16, D = Dv = 64, 96 or
  * 128), "mma" (f16/bf16, D = Dv = 64 or 128), "simt" (any call on cuda). */
 FA_API fa_status fa_attention_backward(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, fa_tensor *o,

@@ -1,7 +1,7 @@
 /* fa.attention_backward(q, k, v, o, lse, dout, opts) -> dq, dk, dv and
  * fa.attention_backward_reference (API §10).  The opts are fa.attention's,
- * read by the forward's own reader, plus `deterministic` (a boolean: the
- * CPU backend is deterministic by construction, so it is always honoured). */
+ * read by the forward's own reader, plus `deterministic` (a boolean,
+ * fa_attention_opts.deterministic). */
 #include "lbinding.h"
 
 /* Pushes a copy of the opts table at idx without `deterministic`, for the
@@ -26,8 +26,8 @@ static int backward(lua_State *L, int reference, const char *fname) {
     opts_without_deterministic(L, 7, &det); /* 12 */
     opts = 12;
   }
-  (void)det;
   read_attn_opts(L, opts, fname, &o, pins); /* may push the kv_lens and alibi arrays */
+  o.deterministic = det;
   if (reference) FAL_CALL(L, ctx, fa_attention_backward_reference(ctx, q, k, v, out, lse, dout, &o, dq, dk, dv));
   else FAL_CALL(L, ctx, fa_attention_backward(ctx, q, k, v, out, lse, dout, &o, dq, dk, dv));
   fal_pins_close(L, 11);

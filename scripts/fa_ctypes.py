@@ -23,7 +23,8 @@ class AttnOpts(ctypes.Structure):
                 ("softcap", ctypes.c_double), ("tile_q", ctypes.c_int64), ("tile_k", ctypes.c_int64),
                 ("return_lse", ctypes.c_int), ("out", ctypes.c_void_p), ("lse_out", ctypes.c_void_p),
                 ("splits", ctypes.c_int64), ("kernel", ctypes.c_char_p),
-                ("score_mod", ctypes.c_void_p), ("mask_mod", ctypes.c_void_p), ("block_mask", ctypes.c_void_p)]
+                ("score_mod", ctypes.c_void_p), ("mask_mod", ctypes.c_void_p), ("block_mask", ctypes.c_void_p),
+                ("deterministic", ctypes.c_int)]
 
 
 class KvCacheOpts(ctypes.Structure):

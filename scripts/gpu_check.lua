@@ -325,30 +325,34 @@ attn_case("f32 tiled d128 window", 1, 2, 2, 150, 150, 128, 128, { window = { 40,
 attn_case("f32 tiled d64 long causal", 1, 2, 1, 300, 420, 64, 64, { causal = true })
 attn_case("f32 tiled d128 long", 1, 2, 2, 260, 390, 128, 128, {})
 
--- the backward (API §10): each of its kernels against the f64 reference backward, run twice (no
--- atomics: bit-identical), GQA and lengths off the tiles, plain and with options
+-- the backward (API §10): each of its kernels against the f64 reference backward, run twice, GQA and
+-- lengths off the tiles, plain and with options; wgmma also with opts.deterministic. Run twice, dk and
+-- dv are bit-identical always, dq too except on wgmma without deterministic (atomics)
 local function same(a, b) return fa.max_abs_diff(a, b) == 0 end
 for _, kern in ipairs { "wgmma", "mma", "simt" } do
-  for _, dt in ipairs(kern == "simt" and { "f32", "bf16" } or { "bf16", "f16" }) do
-    for _, D in ipairs { 64, 128 } do
-      for ci, opts in ipairs { { causal = true }, {}, { window = { 20, 5 }, alibi = { 0.1, 0.2, 0.3, 0.4 }, softcap = 5 } } do
-        local function r(s, H, L) return fa.randn({ 2, H, L, D }, { dtype = dt, device = "cuda", seed = 40 + s }) end
-        local q, k, v, dout = r(1, 4, small and 70 or 150), r(2, 2, small and 77 or 190), r(3, 2, small and 77 or 190),
-                              r(4, 4, small and 70 or 150)
-        local fopts = { causal = opts.causal, window = opts.window, alibi = opts.alibi, softcap = opts.softcap,
-                        return_lse = true }
-        local o, lse = fa.attention(q, k, v, fopts)
-        local bopts = { causal = opts.causal, window = opts.window, alibi = opts.alibi, softcap = opts.softcap,
-                        kernel = kern }
-        local ok, g = pcall(function() return { fa.attention_backward(q, k, v, o, lse, dout, bopts) } end)
-        if not ok and kern == "wgmma" and tostring(g):find("Hopper", 1, true) then break end -- not this GPU
-        if not ok then error(g) end
-        local again = { fa.attention_backward(q, k, v, o, lse, dout, bopts) }
-        local ref = { fa.attention_backward_reference(q:cpu(), k:cpu(), v:cpu(), o:cpu(), lse:cpu(), dout:cpu(), bopts) }
-        for i, name in ipairs { "dq", "dk", "dv" } do
-          local what = string.format("backward %s %s d%d case %d %s", kern, dt, D, ci, name)
-          check(what, fa.rel_error(g[i]:cpu(), ref[i]), dt == "f32" and 1e-4 or 3e-2)
-          check(what .. " run twice", same(g[i], again[i]) and 0 or 1, 0)
+  for _, det in ipairs(kern == "wgmma" and { false, true } or { false }) do
+    for _, dt in ipairs(kern == "simt" and { "f32", "bf16" } or { "bf16", "f16" }) do
+      for _, D in ipairs { 64, 128 } do
+        for ci, opts in ipairs { { causal = true }, {}, { window = { 20, 5 }, alibi = { 0.1, 0.2, 0.3, 0.4 }, softcap = 5 } } do
+          local function r(s, H, L) return fa.randn({ 2, H, L, D }, { dtype = dt, device = "cuda", seed = 40 + s }) end
+          local q, k, v, dout = r(1, 4, small and 70 or 150), r(2, 2, small and 77 or 190), r(3, 2, small and 77 or 190),
+                                r(4, 4, small and 70 or 150)
+          local fopts = { causal = opts.causal, window = opts.window, alibi = opts.alibi, softcap = opts.softcap,
+                          return_lse = true }
+          local o, lse = fa.attention(q, k, v, fopts)
+          local bopts = { causal = opts.causal, window = opts.window, alibi = opts.alibi, softcap = opts.softcap,
+                          kernel = kern, deterministic = det }
+          local ok, g = pcall(function() return { fa.attention_backward(q, k, v, o, lse, dout, bopts) } end)
+          if not ok and kern == "wgmma" and tostring(g):find("Hopper", 1, true) then break end -- not this GPU
+          if not ok then error(g) end
+          local again = { fa.attention_backward(q, k, v, o, lse, dout, bopts) }
+          local ref = { fa.attention_backward_reference(q:cpu(), k:cpu(), v:cpu(), o:cpu(), lse:cpu(), dout:cpu(), bopts) }
+          for i, name in ipairs { "dq", "dk", "dv" } do
+            local what = string.format("backward %s%s %s d%d case %d %s", kern, det and " deterministic" or "", dt, D,
+                                       ci, name)
+            check(what, fa.rel_error(g[i]:cpu(), ref[i]), dt == "f32" and 1e-4 or 3e-2)
+            if i > 1 or det or kern ~= "wgmma" then check(what .. " run twice", same(g[i], again[i]) and 0 or 1, 0) end
+          end
         end
       end
     end

@@ -84,7 +84,7 @@ static fa_status run_backward_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, 
   fa_attn_buffers bufs = {0};
   fa_tensor *ob = NULL, *db = NULL, *l32 = NULL, *lb = NULL, *g[3] = {0};
   fa_attn_problem p;
-  fa_attn_grads gr;
+  fa_attn_grads gr = {0};
   fa_attn_resolve_options(opts, d, d->dtype, &p);
   fa_status st = fa_attn_cuda_inputs(ctx, q, k, v, opts, d, &p, &bufs);
   if (st || (st = fa_attn_operand_on_device(ctx, o, &ob, &p.o_st)) ||
@@ -95,6 +95,7 @@ static fa_status run_backward_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, 
   p.lse_st = fa_attn_strides_dense(d->Hq, d->Lq, 1);
   if ((st = bw_buffers(ctx, d, d->dtype, FA_CUDA, g))) goto done;
   gr.dout = fa_tensor_ptr(db);
+  gr.deterministic = opts->deterministic != 0;
   gr.dq = fa_tensor_ptr(g[0]), gr.dk = fa_tensor_ptr(g[1]), gr.dv = fa_tensor_ptr(g[2]);
   if ((st = fa_cuda_attention_backward(ctx, kernel, &p, &gr))) goto done;
   fa_tensor *like[3] = {q, k, v}, **res[3] = {dq, dk, dv};

@@ -329,12 +329,13 @@ fa_status fa_cuda_attention_decode(fa_context *ctx, const fa_attn_problem *p, co
  * (q, k, v, o and lse (f32) read through their strides; the forward's
  * options), dout (B, Hq, Lq, Dv) through dout_st; dq (B, Hq, Lq, D), dk
  * (B, Hkv, Lk, D) and dv (B, Hkv, Lk, Dv) dense in p->compute, every
- * element written (zeros where nothing flows).  No atomics: the same bits
- * from run to run. */
+ * element written (zeros where nothing flows).  The same bits from run to
+ * run, except dq on the wgmma kernel when deterministic is 0 (atomics). */
 typedef struct {
   const void *dout;
   fa_attn_strides dout_st;
   void *dq, *dk, *dv;
+  int deterministic;
 } fa_attn_grads;
 /* kernel: FA_KERNEL_AUTO (the fastest that takes the call), or the
  * backward's FA_KERNEL_WGMMA, FA_KERNEL_MMA or FA_KERNEL_SIMT

@@ -10,8 +10,10 @@
  * Both recompute S = Q·Kᵀ and dP = dO·Vᵀ, P = exp(s - lse) with the
  * forward's own score rule (attn_score) and dS = P ∘ (dP - delta) times
  * the rule's derivative.  Each gradient element has one owner that adds
- * its terms in a fixed order: no atomics, the same bits from run to run
- * (opts.deterministic holds by construction).  This is the kernel for
+ * its terms in a fixed order: no atomics, the same bits from run to run.
+ * (The Hopper kernel, unless the call asks for determinism, adds dQ up
+ * from the dK/dV blocks with atomics instead: attention_backward_wgmma.cu.)
+ * This is the kernel for
  * every dtype and head dim up to 256; the tensor-core kernels
  * (attention_backward_wgmma.cu on Hopper, attention_backward_mma.cu) take
  * f16/bf16 at D = Dv = 64 and 128 (and 96 on Hopper).  opts.kernel names one of the three

@@ -12,9 +12,29 @@
  * Pᵀ and dSᵀ repacked in registers as the A operands and dO, Q read
  * transposed from shared memory.  dQ: a block of one warpgroup owns 64
  * query rows; per key tile of 64, S = Q·Kᵀ, dP = dO·Vᵀ, dQ += dS·K.  The
- * next tile's copies fly while one is computed (two stages). */
+ * next tile's copies fly while one is computed (two stages).
+ *
+ * Unless the call asks for determinism, dQ is not a second kernel: a dK/dV
+ * block of two warpgroups (128 keys, 64 each) also computes its share
+ * dS·K of each query tile (dSᵀ of both staged in shared memory as the
+ * transposed A operand, K read transposed as B; each warpgroup half of
+ * D) and adds it into an f32 copy of dQ with vector atomics; a last launch
+ * converts that copy.  This takes two of the seven products (S and dP
+ * recomputed by the dQ kernel) out of the work.  The atomics' traffic
+ * (Lq·D·4 bytes a head per key block) is what bounds it (bf16, D = 128,
+ * L = 16k, H200): with blocks of 64 keys and 8-byte adds in dQ's own
+ * layout the adds took the call from 11.5 to 21.3 ms; blocks of 128 keys,
+ * their query walks staggered (no two blocks of a head on the same rows)
+ * and dq_acc laid out so that a warp's 16-byte adds cover 512 contiguous
+ * bytes: 14.4 ms (11.9 without the adds; the two kernels 16.7).  TMA bulk
+ * reductions from shared memory instead of the atomics: 5 % slower.  At
+ * D = 64 it is not faster than the two kernels (0.97-1.12x their time),
+ * so D = 64 keeps them.  The order of the atomic adds varies from run to
+ * run, so the rounding of dQ does too. */
 #include "attention_backward_common.cuh"
 #include "wgmma_ops.cuh"
+
+#include <algorithm>
 
 /* One warpgroup a block, two blocks an SM, 64 keys (dK/dV) or query rows
  * (dQ) a block; tiles of 64 query rows (dK/dV) or keys (dQ).  Two
@@ -33,7 +53,10 @@
 
 /* The dynamic shared memory of each kernel (+ 1024: the swizzle wants
  * 1024-byte aligned tiles). */
-static size_t bwg_smem_dkdv(int D) { return (size_t)(2 * BWG_OWN + 4 * BWG_BR) * D * 2 + 1024; }
+static size_t bwg_smem_dkdv(int D, bool dq) {
+  const int keys = dq ? 2 * BWG_OWN : BWG_OWN; /* two warpgroups with dQ */
+  return (size_t)(2 * keys + 4 * BWG_BR) * D * 2 + (dq ? keys * BWG_BR * 2 : 0) + 1024;
+}
 static size_t bwg_smem_dq(int D) { return (size_t)(2 * BWG_OWN + 4 * BWG_BC) * D * 2 + 1024; }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -70,31 +93,94 @@ static __device__ __forceinline__ void bwg_xb(float *acc, const uint32_t (*xa)[4
   for (int kk = 0; kk < KS; kk++) wgmma_rs_tb<T, D>(acc, xa[kk], wgmma_desc(b_base + kk * 2048, KS * 16 * 128, 1024), 1);
 }
 
+/* dSᵀ (the warp's 16 keys × BR query rows, packed by bwg_pack) into ds as
+ * T: a key a 128-byte row (the warp's rows from 16 · its index in the
+ * block), swizzled as the tiles are, so that it reads as the A operand of
+ * dQ = dS·K stored M-major (transposed). */
+template <int BR>
+static __device__ __forceinline__ void bwg_stage_ds(char *ds, const uint32_t (*da)[4]) {
+  static_assert(BR == 64, "a key's dS is one 128-byte row");
+  const int lane = threadIdx.x & 31, ra = (threadIdx.x >> 5) * 16 + (lane >> 2), c4 = (lane & 3) * 4;
+#pragma unroll
+  for (int kk = 0; kk < BR / 16; kk++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) { /* columns 16·kk + 8·h.. */
+      const int chunk = 2 * kk + h;
+      *(uint32_t *)(ds + ra * 128 + ((chunk ^ (ra & 7)) << 4) + c4) = da[kk][2 * h];
+      *(uint32_t *)(ds + (ra + 8) * 128 + ((chunk ^ ((ra + 8) & 7)) << 4) + c4) = da[kk][2 * h + 1];
+    }
+}
+
+/* dq = dS·K over the KEYS keys, N of K's columns from column n0 (a
+ * multiple of 32): dS from bwg_stage_ds at ds_base, K the block's key tile
+ * at k_base read N-major (as the forward reads V; 64-column blocks KEYS
+ * rows long).  Issued, not committed; dq is overwritten. */
+template <typename T, int N, int KEYS>
+static __device__ __forceinline__ void bwg_ds_k(float *dq, uint32_t ds_base, uint32_t k_base, int n0) {
+  const uint32_t kb = k_base + (n0 >> 6) * KEYS * 128 + (n0 & 63) * 2;
+#pragma unroll
+  for (int kk = 0; kk < KEYS / 16; kk++)
+    wgmma_ss_tt<T, N>(dq, wgmma_desc(ds_base + kk * 2048, KEYS * 128, 1024), wgmma_desc(kb + kk * 2048, KEYS * 128, 1024),
+                      kk > 0);
+}
+
+/* dq_acc's layout: per (batch, head) and query tile of BWG_BR = 64 rows,
+ * the tile's 64 × DG sums in the order of the accumulators: chunk of 8
+ * columns, then warp (16 rows), lane, and the lane's 4 values (rows g and
+ * g + 8, two columns each).  A warp's share of a chunk is then 512
+ * contiguous bytes, and a warpgroup's share of a tile one contiguous run;
+ * rows past Lq hold zeros (their dS is zero), never read. */
+static __device__ __forceinline__ int64_t bwg_acc_tile(int64_t bh, int64_t qtiles, int64_t i0, int DG) {
+  return (bh * qtiles + i0 / BWG_BR) * BWG_BR * DG;
+}
+
+/* The warp's 16 rows × N columns of dq (its chunks from n0 / 8 of the tile
+ * at acc, dq_acc's layout) added in with 16-byte atomics; chunks at or past
+ * DG left alone. */
+template <int N, int DG>
+static __device__ __forceinline__ void bwg_add_dq(float *acc, int n0, const float (*dq)[4]) {
+  const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3;
+#pragma unroll
+  for (int d = 0; d < N / 8; d++) {
+    if (n0 + d * 8 >= DG) break;
+    atomicAdd((float4 *)(acc + ((n0 / 8 + d) * 4 + w) * 128 + lane * 4), make_float4(dq[d][0], dq[d][1], dq[d][2], dq[d][3]));
+  }
+}
+
 static __device__ __forceinline__ char *bwg_aligned(char *raw) {
   return raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);
 }
 #endif
 
-/* three blocks an SM at D = 64 without extras (168 registers, no spill):
- * 1.11-1.14x two (H200, 2026-11-27); the extras' instance spills there */
-template <typename T, int DG, bool EXTRAS>
-__global__ void __launch_bounds__(BWG_THREADS, DG == 64 && !EXTRAS ? 3 : 2)
-    bwg_dkdv_kernel(fa_attn_problem p, fa_attn_grads g, const float *delta) {
+/* Without DQ: one warpgroup, three blocks an SM at D = 64 without extras
+ * (168 registers, no spill): 1.11-1.14x two (H200, 2026-11-27); the
+ * extras' instance spills there.  DQ: two warpgroups (128 keys) that add
+ * their share of dQ into dq_acc (f32, (B, Hq, Lq, DG)). */
+template <typename T, int DG, bool EXTRAS, bool DQ>
+__global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : DG == 64 && !EXTRAS ? 3 : 2)
+    bwg_dkdv_kernel(fa_attn_problem p, fa_attn_grads g, const float *delta, float *dq_acc) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = BWG_PAD(DG), CH = D / 8, BR = BWG_BR, NC = BR / 8, QT = BR * D * 2; /* bytes of a Q or dO tile */
-  constexpr int KEYS = BWG_OWN, THREADS = BWG_THREADS;
+  constexpr int WGS = DQ ? 2 : 1, KEYS = WGS * BWG_OWN, THREADS = WGS * BWG_THREADS, NQ = D / WGS; /* dQ columns a warpgroup */
   extern __shared__ __align__(128) char bwg_raw[];
   __shared__ bwm_rows<BR> rows[2];
-  char *Ks = bwg_aligned(bwg_raw), *Vs = Ks + KEYS * D * 2, *Qs = Vs + KEYS * D * 2; /* Q, dO, Q, dO */
-  const int warp = threadIdx.x >> 5, tid = threadIdx.x;
+  char *Ks = bwg_aligned(bwg_raw), *Vs = Ks + KEYS * D * 2, *Qs = Vs + KEYS * D * 2; /* Q, dO, Q, dO, dSᵀ */
+  const int warp = threadIdx.x >> 5, tid = threadIdx.x, wg = warp >> 2;
+  char *dSs = Qs + 4 * QT;
   const int64_t ktiles = (p.Lk + KEYS - 1) / KEYS, blk = blockIdx.x;
   const int64_t bhk = blk / ktiles, j0 = blk % ktiles * KEYS, b = bhk / p.Hkv, hk = bhk % p.Hkv;
   const int64_t j1 = min(j0 + KEYS, p.Lk);
   load_tile<T, D, KEYS, THREADS, true, false, DG>(Ks, (const T *)p.k + attn_at(p.k_st, b, hk, 0), p.k_st.s, j0, p.Lk);
   load_tile<T, D, KEYS, THREADS, true, false, DG>(Vs, (const T *)p.v + attn_at(p.v_st, b, hk, 0), p.v_st.s, j0, p.Lk);
   const bwm_qtiles qt = bwm_qtiles_meeting(p, b, hk, j0, j1, BR);
+  /* DQ: the blocks of one head start their walk at different query tiles
+   * (and wrap around), spread over the walk by their key tile: all
+   * starting at the first, they would add into the same dQ rows at the
+   * same time, and atomics on one address are serialised */
+  const int64_t rot = DQ && qt.count > 0 ? blk % ktiles * qt.count / ktiles : 0;
+  auto visit = [&](int64_t t) { return t + rot < qt.count ? t + rot : t + rot - qt.count; };
   auto stage = [&](int64_t t, int s, bool *all) {
-    const int64_t h = qt.head(t), i0 = qt.row(t, BR);
+    const int64_t u = visit(t), h = qt.head(u), i0 = qt.row(u, BR);
     load_tile<T, D, BR, THREADS, true, false, DG>(Qs + s * 2 * QT, (const T *)p.q + attn_at(p.q_st, b, h, 0), p.q_st.s,
                                                   i0, p.Lq);
     load_tile<T, D, BR, THREADS, true, false, DG>(Qs + s * 2 * QT + QT, (const T *)g.dout + attn_at(g.dout_st, b, h, 0),
@@ -108,6 +194,7 @@ __global__ void __launch_bounds__(BWG_THREADS, DG == 64 && !EXTRAS ? 3 : 2)
   float dk[CH][4], dv[CH][4];
   bwm_zero<CH>(dk), bwm_zero<CH>(dv);
   const uint32_t k_base = smem_addr(Ks), v_base = smem_addr(Vs);
+  const uint32_t kw_base = k_base + wg * BWG_OWN * 128, vw_base = v_base + wg * BWG_OWN * 128; /* this warpgroup's keys */
   for (int64_t t = 0; t < qt.count; t++) {
     const int s = (int)(t & 1);
     const bool all = all_next;
@@ -119,26 +206,38 @@ __global__ void __launch_bounds__(BWG_THREADS, DG == 64 && !EXTRAS ? 3 : 2)
     const uint32_t q_base = smem_addr(Qs + s * 2 * QT), do_base = q_base + QT;
     float sc[NC][4], dp[NC][4];
     wgmma_fence();
-    bwg_abt<T, DG, BR, KEYS>(&sc[0][0], k_base, q_base);  /* Sᵀ = K·Qᵀ */
-    bwg_abt<T, DG, BR, KEYS>(&dp[0][0], v_base, do_base); /* dPᵀ = V·dOᵀ */
+    bwg_abt<T, DG, BR, KEYS>(&sc[0][0], kw_base, q_base);  /* Sᵀ = K·Qᵀ */
+    bwg_abt<T, DG, BR, KEYS>(&dp[0][0], vw_base, do_base); /* dPᵀ = V·dOᵀ */
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_hold<BR / 2>(&sc[0][0]);
     wgmma_hold<BR / 2>(&dp[0][0]);
-    bwm_probs<true, NC, BR, EXTRAS>(p, b, qt.head(t), qt.row(t, BR), j0, 0, warp * 16, rows[s], full, sc, dp);
+    const int64_t u = visit(t);
+    bwm_probs<true, NC, BR, EXTRAS>(p, b, qt.head(u), qt.row(u, BR), j0, 0, warp * 16, rows[s], full, sc, dp);
     uint32_t pa[BR / 16][4], da[BR / 16][4];
     bwg_pack<T, BR / 16>(pa, sc);
     bwg_pack<T, BR / 16>(da, dp);
+    if (DQ) {
+      bwg_stage_ds<BR>(dSs, da);
+      fence_proxy_async();
+      __syncthreads(); /* both warpgroups' dSᵀ rows are in */
+    }
+    float dq[DQ ? NQ / 8 : 1][4];
     wgmma_hold<D / 2>(&dv[0][0]);
     wgmma_hold<D / 2>(&dk[0][0]);
     wgmma_fence();
     bwg_xb<T, D, BR / 16>(&dv[0][0], pa, do_base); /* dV += Pᵀ·dO */
     bwg_xb<T, D, BR / 16>(&dk[0][0], da, q_base);  /* dK += dSᵀ·Q */
+    if (DQ) bwg_ds_k<T, NQ, KEYS>(&dq[0][0], smem_addr(dSs), k_base, wg * NQ); /* dQ's share: dS·K, NQ columns */
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_hold<D / 2>(&dv[0][0]);
     wgmma_hold<D / 2>(&dk[0][0]);
-    __syncthreads(); /* stage s is refilled by the next iteration */
+    if (DQ) {
+      wgmma_hold<NQ / 2>(&dq[0][0]);
+      bwg_add_dq<NQ, DG>(dq_acc + bwg_acc_tile(b * p.Hq + qt.head(u), (p.Lq + BR - 1) / BR, qt.row(u, BR), DG), wg * NQ, dq);
+    }
+    __syncthreads(); /* stage s (and dSᵀ) is refilled by the next iteration */
   }
   cp_async_wait<0>(); /* no copy in flight at the exit (a block whose keys no row takes) */
   const int64_t r0 = (b * p.Hkv + hk) * p.Lk, j = j0 + warp * 16;
@@ -211,18 +310,66 @@ __global__ void __launch_bounds__(BWG_THREADS, 2)
 #endif
 }
 
+/* dq (n elements of a (B·Hq, Lq, DG) tensor) = the f32 sums in acc
+ * (dq_acc's layout), rounded to T: a thread a float4 of acc, its two
+ * pairs of columns in rows g and g + 8 of a warp's 16. */
+template <typename T, int DG>
+__global__ void __launch_bounds__(256) bwg_dq_convert_kernel(const float *acc, T *dq, int64_t Lq, int64_t n4) {
+  const int64_t qtiles = (Lq + BWG_BR - 1) / BWG_BR;
+  for (int64_t f = (int64_t)blockIdx.x * 256 + threadIdx.x; f < n4; f += (int64_t)gridDim.x * 256) {
+    const int64_t tile = f / (BWG_BR * DG / 4), bh = tile / qtiles;
+    const int in = (int)(f % (BWG_BR * DG / 4)), lane = in & 31, w = (in >> 5) & 3, chunk = in >> 7;
+    const int64_t i = tile % qtiles * BWG_BR + w * 16 + (lane >> 2);
+    const float4 x = *(const float4 *)(acc + f * 4);
+    T *row = dq + (bh * Lq + i) * DG + chunk * 8 + (lane & 3) * 2;
+    if (i < Lq) *(uint32_t *)row = pack2<T>(x.x, x.y);
+    if (i + 8 < Lq) *(uint32_t *)(row + 8 * DG) = pack2<T>(x.z, x.w);
+  }
+}
+
+/* The schedule without determinism: dQ added up by two-warpgroup dK/dV
+ * blocks of 128 keys into a zeroed dq_acc, then converted into g->dq. */
+template <typename T, int D, bool EXTRAS>
+static fa_status bwg_launch_atomic(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g,
+                                   const float *delta) {
+  cudaStream_t s = fa_cuda_stream(ctx);
+  const int64_t blocks = p->B * p->Hkv * ((p->Lk + 2 * BWG_OWN - 1) / (2 * BWG_OWN));
+  const int64_t n4 = p->B * p->Hq * ((p->Lq + BWG_BR - 1) / BWG_BR) * BWG_BR * D / 4; /* float4s of dq_acc */
+  const size_t smem = bwg_smem_dkdv(BWG_PAD(D), true), bytes = (size_t)n4 * 16;
+  fa_status st = attn_grid_fits(ctx, blocks);
+  float *acc = NULL;
+  if (st || n4 == 0 || (st = fa_cuda_malloc(ctx, (void **)&acc, bytes))) return st;
+  cudaError_t err = cudaMemsetAsync(acc, 0, bytes, s);
+  if (err == cudaSuccess && blocks > 0) {
+    err = cudaFuncSetAttribute(bwg_dkdv_kernel<T, D, EXTRAS, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err == cudaSuccess) {
+      bwg_dkdv_kernel<T, D, EXTRAS, true><<<(unsigned)blocks, 2 * BWG_THREADS, smem, s>>>(*p, *g, delta, acc);
+      err = cudaGetLastError();
+    }
+  }
+  if (err == cudaSuccess) {
+    const int64_t cblocks = std::min<int64_t>((n4 + 255) / 256, 65536);
+    bwg_dq_convert_kernel<T, D><<<(unsigned)cblocks, 256, 0, s>>>(acc, (T *)g->dq, p->Lq, n4);
+    err = cudaGetLastError();
+  }
+  fa_cuda_free_on(ctx, acc, bytes); /* stream-ordered: after the kernels */
+  return fa_cuda_error(ctx, err, "the backward's dK/dV/dQ launches");
+}
+
 template <typename T, int D, bool EXTRAS>
 static fa_status bwg_launch(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, const float *delta) {
-  const size_t smem_kv = bwg_smem_dkdv(BWG_PAD(D)), smem_q = bwg_smem_dq(BWG_PAD(D));
+  if constexpr (D != 64)
+    if (!g->deterministic) return bwg_launch_atomic<T, D, EXTRAS>(ctx, p, g, delta);
+  cudaStream_t s = fa_cuda_stream(ctx);
+  const size_t smem_kv = bwg_smem_dkdv(BWG_PAD(D), false), smem_q = bwg_smem_dq(BWG_PAD(D));
   const int64_t kblocks = p->B * p->Hkv * ((p->Lk + BWG_OWN - 1) / BWG_OWN);
   const int64_t qblocks = p->B * p->Hq * ((p->Lq + BWG_OWN - 1) / BWG_OWN);
   fa_status st;
   if ((st = attn_grid_fits(ctx, kblocks)) || (st = attn_grid_fits(ctx, qblocks))) return st;
-  cudaStream_t s = fa_cuda_stream(ctx);
   if (kblocks > 0) {
-    FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(bwg_dkdv_kernel<T, D, EXTRAS>,
+    FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(bwg_dkdv_kernel<T, D, EXTRAS, false>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
-    bwg_dkdv_kernel<T, D, EXTRAS><<<(unsigned)kblocks, BWG_THREADS, smem_kv, s>>>(*p, *g, delta);
+    bwg_dkdv_kernel<T, D, EXTRAS, false><<<(unsigned)kblocks, BWG_THREADS, smem_kv, s>>>(*p, *g, delta, NULL);
     FA_CUDA_CHECK_LAUNCH(ctx, "bwg_dkdv_kernel");
   }
   if (qblocks > 0) {
