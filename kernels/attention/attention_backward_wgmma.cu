@@ -195,14 +195,16 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
   bwm_zero<CH>(dk), bwm_zero<CH>(dv);
   const uint32_t k_base = smem_addr(Ks), v_base = smem_addr(Vs);
   const uint32_t kw_base = k_base + wg * BWG_OWN * 128, vw_base = v_base + wg * BWG_OWN * 128; /* this warpgroup's keys */
+  /* One barrier a query tile (two with DQ): after it this tile's copies
+   * and rows are in, and every warp is past the last tile, so stage s ^ 1
+   * (and the dSᵀ tile) may be written again. */
   for (int64_t t = 0; t < qt.count; t++) {
     const int s = (int)(t & 1);
-    const bool all = all_next;
+    cp_async_wait<0>();
+    fence_proxy_async();
+    const bool full = __syncthreads_and(all_next) && !EXTRAS && j1 - j0 == KEYS;
     if (t + 1 < qt.count) stage(t + 1, s ^ 1, &all_next); /* the next tile's copies fly while this one computes */
     cp_async_commit();
-    cp_async_wait<1>();
-    fence_proxy_async();
-    const bool full = __syncthreads_and(all) && !EXTRAS && j1 - j0 == KEYS; /* this tile's copies and rows are in */
     const uint32_t q_base = smem_addr(Qs + s * 2 * QT), do_base = q_base + QT;
     float sc[NC][4], dp[NC][4];
     wgmma_fence();
@@ -237,7 +239,6 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       wgmma_hold<NQ / 2>(&dq[0][0]);
       bwg_add_dq<NQ, DG>(dq_acc + bwg_acc_tile(b * p.Hq + qt.head(u), (p.Lq + BR - 1) / BR, qt.row(u, BR), DG), wg * NQ, dq);
     }
-    __syncthreads(); /* stage s (and dSᵀ) is refilled by the next iteration */
   }
   cp_async_wait<0>(); /* no copy in flight at the exit (a block whose keys no row takes) */
   const int64_t r0 = (b * p.Hkv + hk) * p.Lk, j = j0 + warp * 16;
@@ -278,13 +279,14 @@ __global__ void __launch_bounds__(BWG_THREADS, 2)
   for (int64_t t = 0; t < ntiles; t++) {
     const int s = (int)(t & 1);
     const int64_t j0 = t_lo + t * BWG_BC;
-    if (t + 1 < ntiles) stage(t + 1, s ^ 1);
-    cp_async_commit();
-    cp_async_wait<1>();
+    cp_async_wait<0>();
     fence_proxy_async();
     const bool all = tid >= ROWS || (i0 + tid < p.Lq && rows.lse[tid] != -INFINITY && rows.lo[tid] <= j0 &&
                                          rows.hi[tid] >= j0 + BWG_BC);
-    const bool full = __syncthreads_and(all) && !EXTRAS; /* this tile's copies are in */
+    /* one barrier a tile, as the dK/dV kernel's: this tile's copies are in, stage s ^ 1 is free */
+    const bool full = __syncthreads_and(all) && !EXTRAS;
+    if (t + 1 < ntiles) stage(t + 1, s ^ 1);
+    cp_async_commit();
     const uint32_t k_base = smem_addr(Ks + s * 2 * KT), v_base = k_base + KT;
     float sc[NC][4], dp[NC][4];
     wgmma_fence();
@@ -303,7 +305,6 @@ __global__ void __launch_bounds__(BWG_THREADS, 2)
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_hold<D / 2>(&dq[0][0]);
-    __syncthreads(); /* stage s is refilled by the next iteration */
   }
   cp_async_wait<0>();
   bwm_store<T, CH, DG>((T *)g.dq + bh * p.Lq * DG, i0 + warp * 16, p.Lq, dq);
