@@ -28,9 +28,8 @@
  * and dq_acc laid out so that a warp's 16-byte adds cover 512 contiguous
  * bytes: 14.4 ms (11.9 without the adds; the two kernels 16.7).  TMA bulk
  * reductions from shared memory instead of the atomics: 5 % slower.  At
- * D = 64 it is not faster than the two kernels (0.97-1.12x their time),
- * so D = 64 keeps them.  The order of the atomic adds varies from run to
- * run, so the rounding of dQ does too. */
+ * D = 64 it pays only from 8k keys (bwg_launch).  The order of the atomic
+ * adds varies from run to run, so the rounding of dQ does too. */
 #include "attention_backward_common.cuh"
 #include "wgmma_ops.cuh"
 
@@ -359,8 +358,10 @@ static fa_status bwg_launch_atomic(fa_context *ctx, const fa_attn_problem *p, co
 
 template <typename T, int D, bool EXTRAS>
 static fa_status bwg_launch(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, const float *delta) {
-  if constexpr (D != 64)
-    if (!g->deterministic) return bwg_launch_atomic<T, D, EXTRAS>(ctx, p, g, delta);
+  /* at D = 64 the atomics' traffic is twice as large against the work:
+   * the fused schedule ran 0.96-1.10x the two kernels' time below 8k keys,
+   * 0.96-0.99x from 8k (H200, bf16) */
+  if (!g->deterministic && (D != 64 || p->Lk >= 8192)) return bwg_launch_atomic<T, D, EXTRAS>(ctx, p, g, delta);
   cudaStream_t s = fa_cuda_stream(ctx);
   const size_t smem_kv = bwg_smem_dkdv(BWG_PAD(D), false), smem_q = bwg_smem_dq(BWG_PAD(D));
   const int64_t kblocks = p->B * p->Hkv * ((p->Lk + BWG_OWN - 1) / BWG_OWN);
