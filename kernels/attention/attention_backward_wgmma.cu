@@ -154,7 +154,7 @@ static __device__ __forceinline__ char *bwg_aligned(char *raw) {
 /* Without DQ: one warpgroup, three blocks an SM at D = 64 without extras
  * (168 registers, no spill): 1.11-1.14x two (H200, 2026-11-27); the
  * extras' instance spills there.  DQ: two warpgroups (128 keys) that add
- * their share of dQ into dq_acc (f32, (B, Hq, Lq, DG)). */
+ * their share of dQ into dq_acc (f32, bwg_acc_tile's layout). */
 template <typename T, int DG, bool EXTRAS, bool DQ>
 __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : DG == 64 && !EXTRAS ? 3 : 2)
     bwg_dkdv_kernel(fa_attn_problem p, fa_attn_grads g, const float *delta, float *dq_acc) {
