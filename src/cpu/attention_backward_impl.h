@@ -16,6 +16,36 @@ static inline REAL FA_R(bw_dot)(const REAL *a, const REAL *b, int64_t n) {
   return sum;
 }
 
+/* Whether the n values at a are all finite: x · 0 is 0 for a finite x and
+ * NaN for NaN or ±inf (one vectorisable pass). */
+static inline int FA_R(bw_finite)(const REAL *a, int64_t n) {
+  REAL lane[FA_LANES] = {0};
+  int64_t e = 0;
+  for (; e + FA_LANES <= n; e += FA_LANES)
+    for (int l = 0; l < FA_LANES; l++) lane[l] += a[e + l] * 0;
+  REAL sum = 0;
+  for (; e < n; e++) sum += a[e] * 0;
+  for (int l = 0; l < FA_LANES; l++) sum += lane[l];
+  return sum == 0;
+}
+
+/* c (rows ldc apart) += Σ_r w[r][j] · x[r] over the r of w's m rows whose
+ * weight is not 0 (w: m × n, rows n apart; x: m rows of len; c: n rows of
+ * len), or with TRANS the transpose: c[r] += Σ_j w[r][j] · x[j].  The
+ * products of bw_tile when an operand holds NaN or inf: a weight of 0 (a
+ * masked key, a row that takes none) then passes nothing, as in the
+ * reference, where the tile product's 0 · NaN would be NaN. */
+static void FA_R(bw_skip_zeros)(int trans, int64_t m, int64_t n, int64_t len, const REAL *w, const REAL *x, REAL *c) {
+  for (int64_t r = 0; r < m; r++)
+    for (int64_t j = 0; j < n; j++) {
+      const REAL a = w[r * n + j];
+      if (a == 0) continue;
+      const REAL *src = trans ? x + j * len : x + r * len;
+      REAL *dst = trans ? c + r * len : c + j * len;
+      for (int64_t e = 0; e < len; e++) dst[e] += a * src[e];
+    }
+}
+
 /* Query rows i0..i0+m-1 of head h against keys j0..j0+n-1: recompute
  * S = Q·Kᵀ and P = e^(s − lse) (the forward's own score routine), then
  * dV += Pᵀ·dO, dS = P∘(dO·Vᵀ − delta)·scale' (scale' = scale times
@@ -61,9 +91,15 @@ static void FA_R(bw_tile)(const fa_attn_backward *g, int64_t b, int64_t h, int64
       d[j] = s[j] * (d[j] - delta[r]) * scale * t[j];
     }
   }
-  FA_R(bw_gemm)(1, 0, n, Dv, m, sp, n, dout, Dv, 1, dv, Dv); /* dV += Pᵀ·dO */
-  FA_R(bw_gemm)(1, 0, n, D, m, dp, n, q, D, 1, dk, D);       /* dK += dSᵀ·Q */
-  FA_R(bw_gemm)(0, 0, m, D, n, dp, n, k, D, 1, dq, D);       /* dQ += dS·K */
+  if (FA_R(bw_finite)(dout, m * Dv) && FA_R(bw_finite)(q, m * D) && FA_R(bw_finite)(k, n * D)) {
+    FA_R(bw_gemm)(1, 0, n, Dv, m, sp, n, dout, Dv, 1, dv, Dv); /* dV += Pᵀ·dO */
+    FA_R(bw_gemm)(1, 0, n, D, m, dp, n, q, D, 1, dk, D);       /* dK += dSᵀ·Q */
+    FA_R(bw_gemm)(0, 0, m, D, n, dp, n, k, D, 1, dq, D);       /* dQ += dS·K */
+    return;
+  }
+  FA_R(bw_skip_zeros)(0, m, n, Dv, sp, dout, dv);
+  FA_R(bw_skip_zeros)(0, m, n, D, dp, q, dk);
+  FA_R(bw_skip_zeros)(1, m, n, D, dp, k, dq);
 }
 
 /* The task of (b, hk): the dk, dv of that KV head and the dq rows of its

@@ -267,6 +267,55 @@ function TestBackward:test_runs_are_bit_identical()
   end
 end
 
+-- NaN and inf in q, k, v or dout reach only the gradients the reference's pairs connect them to: a
+-- masked pair (a key past kv_lens, a causal key after the row) passes nothing, where a tile product's
+-- 0 · NaN would be NaN.  Wherever the reference is finite the backend is finite and close to it.
+function TestBackward:test_nonfinite_inputs_stay_in_their_pairs()
+  local dev = U.device
+  local kinds = U.cuda and {{"f32", 16}, {"bf16", 64}, {"f16", 128}} or {{"f64", 16}, {"f32", 16}}
+  local nan, inf = 0 / 0, math.huge
+  local setups = {
+    -- keys 6..8 (1-based) past kv_lens: nobody attends them; NaN in their K and V, inf in one V
+    {opts = {kv_lens = {5}}, put = function(t) t.k:set(1, 1, 7, 2, nan); t.k:set(1, 1, 8, 1, nan); t.v:set(1, 1, 6, 1, inf) end},
+    -- causal: the first query row attends key 1 only; NaN in its q and dout rows
+    {opts = {causal = true}, put = function(t) t.q:set(1, 2, 1, 3, nan); t.dout:set(1, 2, 1, 1, nan) end},
+    -- a window: key 2 is attended by rows 1..3 only; inf in its K
+    {opts = {window = {1, 1}}, put = function(t) t.k:set(1, 1, 2, 1, inf) end},
+  }
+  for _, kd in ipairs(kinds) do
+    local dtype, D = kd[1], kd[2]
+    for si, st in ipairs(setups) do
+      local t = {q = randn({1, 2, 8, D}, "f64"), k = randn({1, 1, 8, D}, "f64"), v = randn({1, 1, 8, D}, "f64"),
+                 dout = randn({1, 2, 8, D}, "f64")}
+      st.put(t)
+      for name, x in pairs(t) do t[name] = x:to(dtype, dev) end
+      local o, lse = fa.attention(t.q, t.k, t.v, with_lse(st.opts))
+      local got = {fa.attention_backward(t.q, t.k, t.v, o, lse, t.dout, st.opts)}
+      local ref = {fa.attention_backward_reference(t.q:cpu(), t.k:cpu(), t.v:cpu(), o:cpu(), lse:cpu(), t.dout:cpu(),
+                                                   st.opts)}
+      local tol = ({f64 = 1e-9, f32 = 1e-4, bf16 = 3e-2, f16 = 1e-2})[dtype]
+      for gi, gname in ipairs({"dq", "dk", "dv"}) do
+        local n = ref[gi]:numel()
+        local av, rv = got[gi]:cpu():double():reshape({n}):totable(), ref[gi]:reshape({n}):totable()
+        local finite, worst, scale = 0, 0, 0
+        for _, x in ipairs(rv) do if x == x and math.abs(x) < inf then scale = math.max(scale, math.abs(x)) end end
+        for e = 1, #rv do
+          local x, y = rv[e], av[e]
+          if x == x and math.abs(x) < inf then
+            finite = finite + 1
+            lu.assertTrue(y == y and math.abs(y) < inf, ("%s D=%d setup %d %s[%d]: %s where the reference is %g"):format(
+              dtype, D, si, gname, e, tostring(y), x))
+            worst = math.max(worst, math.abs(y - x))
+          end
+        end
+        lu.assertTrue(finite > 0, ("setup %d %s: the reference has finite entries"):format(si, gname))
+        lu.assertTrue(worst <= tol * math.max(scale, 1), ("%s D=%d setup %d %s: off by %g (scale %g)"):format(
+          dtype, D, si, gname, worst, scale))
+      end
+    end
+  end
+end
+
 function TestBackward:test_rows_with_no_key()
   -- kv_lens = 0 for batch 2: every row of it attends nothing (lse = -inf); on cuda the gradients come
   -- from fresh device memory, so every zero here was written by a kernel
