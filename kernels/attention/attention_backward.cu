@@ -13,12 +13,16 @@
  * its terms in a fixed order: no atomics, the same bits from run to run.
  * (The Hopper kernel, unless the call asks for determinism, adds dQ up
  * from the dK/dV blocks with atomics instead: attention_backward_wgmma.cu.)
- * This is the kernel for
- * every dtype and head dim up to 256; the tensor-core kernels
+ * These SIMT kernels skip zero weights, so NaN or inf in an input reaches
+ * only the gradients of the pairs that connect it, as in the reference;
+ * they take every dtype and head dim up to 256.  The tensor-core kernels
  * (attention_backward_wgmma.cu on Hopper, attention_backward_mma.cu) take
- * f16/bf16 at D = Dv = 64 and 128 (and 96 on Hopper).  opts.kernel names one of the three
- * ("wgmma", "mma", "simt"); else the fastest that takes the call runs. */
+ * f16/bf16 at D = Dv = 64 and 128 (and 96 on Hopper), guarded by a flag
+ * that hands a call with NaN or inf in q, k or dout to the SIMT kernels
+ * (bw_guarded).  opts.kernel names one of the three ("wgmma", "mma",
+ * "simt"); else the fastest that takes the call runs. */
 #include "attention_backward_common.cuh"
+#include <algorithm>
 
 #define BW_THREADS 256
 #define BW_WARPS (BW_THREADS / 32)
@@ -36,14 +40,17 @@ extern "C" fa_status fa_cuda_attention_backward_mma(fa_context *ctx, fa_attn_ker
  * of o and dout on 16 bytes, Dv a multiple of V), else one element.  The
  * row's (b, h, i) in 32-bit arithmetic when the rows fit (U = unsigned).
  * A warp a row with 64-bit divisions made the whole backward 4-6 % slower
- * at D = 64, L = 1k (H200; the kernel was bound by its index arithmetic). */
+ * at D = 64, L = 1k (H200; the kernel was bound by its index arithmetic).
+ * flag (or NULL): set when dout holds NaN or inf (bw_guarded), on the way. */
 template <typename T, bool VEC, typename U>
-__global__ void __launch_bounds__(BW_THREADS) bw_delta_kernel(fa_attn_problem p, fa_attn_grads g, float *delta, int lpr) {
+__global__ void __launch_bounds__(BW_THREADS)
+    bw_delta_kernel(fa_attn_problem p, fa_attn_grads g, float *delta, int lpr, int *flag) {
   constexpr int V = VEC ? 16 / sizeof(T) : 1;
   const int per_block = BW_THREADS / lpr, sub = threadIdx.x % lpr;
   const U rows = (U)(p.B * p.Hq * p.Lq), row = (U)blockIdx.x * (U)per_block + (U)(threadIdx.x / lpr);
   const U Lq = (U)p.Lq, Hq = (U)p.Hq, i = row % Lq, bh = row / Lq, b = bh / Hq, h = bh % Hq;
   float acc = 0.f;
+  bool bad = false;
   if (row < rows) {
     const T *o = (const T *)p.o + attn_at(p.o_st, b, h, i), *d = (const T *)g.dout + attn_at(g.dout_st, b, h, i);
     for (int64_t e = (int64_t)sub * V; e < p.Dv; e += (int64_t)lpr * V) {
@@ -52,18 +59,22 @@ __global__ void __launch_bounds__(BW_THREADS) bw_delta_kernel(fa_attn_problem p,
         const T *xs = (const T *)&x, *ys = (const T *)&y;
 #pragma unroll
         for (int c = 0; c < V; c++) acc = fmaf(to_float(xs[c]), to_float(ys[c]), acc);
+        bad |= words_nonfinite<T>(y);
       } else {
-        acc = fmaf(to_float(o[e]), to_float(d[e]), acc);
+        const float y = to_float(d[e]);
+        acc = fmaf(to_float(o[e]), y, acc);
+        bad |= !isfinite(y);
       }
     }
   }
   for (int off = lpr / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off); /* within the group */
   if (row < rows && sub == 0) delta[row] = acc;
+  if (flag && __syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
 }
 
-/* Queues bw_delta_kernel for the call. */
+/* Queues bw_delta_kernel for the call (flag: as the kernel's). */
 template <typename T> static fa_status bw_delta(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g,
-                                                float *delta) {
+                                                float *delta, int *flag) {
   const int64_t rows = p->B * p->Hq * p->Lq;
   const int64_t es = (int64_t)sizeof(T), V = 16 / es;
   const bool vec = p->Dv % V == 0 && attn_rows_on16(p->o, p->o_st, es) && attn_rows_on16(g->dout, g->dout_st, es);
@@ -75,10 +86,10 @@ template <typename T> static fa_status bw_delta(fa_context *ctx, const fa_attn_p
   if (st || blocks == 0) return st;
   const bool small = rows <= (int64_t)UINT32_MAX - BW_THREADS; /* the last block's row indices too */
   cudaStream_t s = fa_cuda_stream(ctx);
-  if (vec && small) bw_delta_kernel<T, true, unsigned><<<(unsigned)blocks, BW_THREADS, 0, s>>>(*p, *g, delta, lpr);
-  else if (vec) bw_delta_kernel<T, true, int64_t><<<(unsigned)blocks, BW_THREADS, 0, s>>>(*p, *g, delta, lpr);
-  else if (small) bw_delta_kernel<T, false, unsigned><<<(unsigned)blocks, BW_THREADS, 0, s>>>(*p, *g, delta, lpr);
-  else bw_delta_kernel<T, false, int64_t><<<(unsigned)blocks, BW_THREADS, 0, s>>>(*p, *g, delta, lpr);
+  if (vec && small) bw_delta_kernel<T, true, unsigned><<<(unsigned)blocks, BW_THREADS, 0, s>>>(*p, *g, delta, lpr, flag);
+  else if (vec) bw_delta_kernel<T, true, int64_t><<<(unsigned)blocks, BW_THREADS, 0, s>>>(*p, *g, delta, lpr, flag);
+  else if (small) bw_delta_kernel<T, false, unsigned><<<(unsigned)blocks, BW_THREADS, 0, s>>>(*p, *g, delta, lpr, flag);
+  else bw_delta_kernel<T, false, int64_t><<<(unsigned)blocks, BW_THREADS, 0, s>>>(*p, *g, delta, lpr, flag);
   FA_CUDA_CHECK_LAUNCH(ctx, "bw_delta_kernel");
   return FA_OK;
 }
@@ -125,104 +136,121 @@ static __device__ __forceinline__ void bw_probs(const fa_attn_problem &p, int64_
 }
 
 /* dK, dV of keys [j0, j0 + BW_BC) of one (batch, KV head): lane c owns key
- * c, warp w the columns w, w + 8, ... (DMAX / 8 of each). */
+ * c, warp w the columns w, w + 8, ... (DMAX / 8 of each).  A weight of 0
+ * (a masked pair) is skipped, so NaN or inf in q or dout reaches only the
+ * keys its row attends.  only_if: NULL, or a flag (bw_guarded) without
+ * which the kernel does nothing. */
 template <typename T, int DMAX>
-__global__ void __launch_bounds__(BW_THREADS) bw_dkdv_kernel(fa_attn_problem p, fa_attn_grads g, const float *delta) {
+__global__ void __launch_bounds__(BW_THREADS)
+    bw_dkdv_kernel(fa_attn_problem p, fa_attn_grads g, const float *delta, const int *only_if) {
+  if (only_if && !*only_if) return;
   extern __shared__ float bw_smem[];
   __shared__ bwm_rows<BW_BR> rows;
   const int D = (int)p.D, Dv = (int)p.Dv;
   float *Ks = bw_smem, *Vs = Ks + BW_BC * (D + 1), *Qs = Vs + BW_BC * (Dv + 1), *dOs = Qs + BW_BR * D;
   float *Ps = dOs + BW_BR * Dv, *dSs = Ps + BW_BR * BW_BC;
-  const int64_t ktiles = (p.Lk + BW_BC - 1) / BW_BC, blk = blockIdx.x;
-  const int64_t bhk = blk / ktiles, j0 = blk % ktiles * BW_BC, b = bhk / p.Hkv, hk = bhk % p.Hkv;
-  const int64_t j1 = min(j0 + BW_BC, p.Lk);
-  bw_stage<T, BW_BC>(Ks, D + 1, (const T *)p.k + attn_at(p.k_st, b, hk, 0), p.k_st.s, j0, p.Lk, D);
-  bw_stage<T, BW_BC>(Vs, Dv + 1, (const T *)p.v + attn_at(p.v_st, b, hk, 0), p.v_st.s, j0, p.Lk, Dv);
-  const bwm_qtiles qt = bwm_qtiles_meeting(p, b, hk, j0, j1, BW_BR); /* the query rows that meet these keys */
-  const int c = threadIdx.x & 31, w = threadIdx.x >> 5;
-  float dk[DMAX / 8], dv[DMAX / 8];
+  const int64_t ktiles = (p.Lk + BW_BC - 1) / BW_BC;
+  for (int64_t blk = blockIdx.x; blk < p.B * p.Hkv * ktiles; blk += gridDim.x) {
+    __syncthreads(); /* the last block's readers are done */
+    const int64_t bhk = blk / ktiles, j0 = blk % ktiles * BW_BC, b = bhk / p.Hkv, hk = bhk % p.Hkv;
+    const int64_t j1 = min(j0 + BW_BC, p.Lk);
+    bw_stage<T, BW_BC>(Ks, D + 1, (const T *)p.k + attn_at(p.k_st, b, hk, 0), p.k_st.s, j0, p.Lk, D);
+    bw_stage<T, BW_BC>(Vs, Dv + 1, (const T *)p.v + attn_at(p.v_st, b, hk, 0), p.v_st.s, j0, p.Lk, Dv);
+    const bwm_qtiles qt = bwm_qtiles_meeting(p, b, hk, j0, j1, BW_BR); /* the query rows that meet these keys */
+    const int c = threadIdx.x & 31, w = threadIdx.x >> 5;
+    float dk[DMAX / 8], dv[DMAX / 8];
 #pragma unroll
-  for (int m = 0; m < DMAX / 8; m++) dk[m] = dv[m] = 0.f;
-  for (int64_t t = 0; t < qt.count; t++) {
-    const int64_t h = qt.head(t), i0 = qt.row(t, BW_BR);
-    __syncthreads(); /* the last tile's readers are done */
-    bool all;
-    if (threadIdx.x < BW_BR) bwm_row_load(p, delta, rows, b, h, i0, threadIdx.x, j0, j1, &all);
-    bw_stage<T, BW_BR>(Qs, D, (const T *)p.q + attn_at(p.q_st, b, h, 0), p.q_st.s, i0, p.Lq, D);
-    bw_stage<T, BW_BR>(dOs, Dv, (const T *)g.dout + attn_at(g.dout_st, b, h, 0), g.dout_st.s, i0, p.Lq, Dv);
-    __syncthreads();
-    bw_probs(p, b, h, i0, j0, Qs, dOs, Ks, Vs, rows, Ps, BW_BC, dSs, BW_BC);
-    __syncthreads();
-    for (int r = 0; r < BW_BR; r++) {
-      const float pr = Ps[r * BW_BC + c], ds = dSs[r * BW_BC + c];
+    for (int m = 0; m < DMAX / 8; m++) dk[m] = dv[m] = 0.f;
+    for (int64_t t = 0; t < qt.count; t++) {
+      const int64_t h = qt.head(t), i0 = qt.row(t, BW_BR);
+      __syncthreads(); /* the last tile's readers are done */
+      bool all;
+      if (threadIdx.x < BW_BR) bwm_row_load(p, delta, rows, b, h, i0, threadIdx.x, j0, j1, &all);
+      bw_stage<T, BW_BR>(Qs, D, (const T *)p.q + attn_at(p.q_st, b, h, 0), p.q_st.s, i0, p.Lq, D);
+      bw_stage<T, BW_BR>(dOs, Dv, (const T *)g.dout + attn_at(g.dout_st, b, h, 0), g.dout_st.s, i0, p.Lq, Dv);
+      __syncthreads();
+      bw_probs(p, b, h, i0, j0, Qs, dOs, Ks, Vs, rows, Ps, BW_BC, dSs, BW_BC);
+      __syncthreads();
+      for (int r = 0; r < BW_BR; r++) {
+        const float pr = Ps[r * BW_BC + c], ds = dSs[r * BW_BC + c];
+        if (pr == 0.f && ds == 0.f) continue;
+#pragma unroll
+        for (int m = 0; m < DMAX / 8; m++) {
+          const int d = w + 8 * m;
+          if (d < Dv && pr != 0.f) dv[m] = fmaf(pr, dOs[r * Dv + d], dv[m]);
+          if (d < D && ds != 0.f) dk[m] = fmaf(ds, Qs[r * D + d], dk[m]);
+        }
+      }
+    }
+    if (j0 + c < p.Lk) {
+      const int64_t row = (b * p.Hkv + hk) * p.Lk + j0 + c;
+      T *dkr = (T *)g.dk + row * D, *dvr = (T *)g.dv + row * Dv;
 #pragma unroll
       for (int m = 0; m < DMAX / 8; m++) {
         const int d = w + 8 * m;
-        if (d < Dv) dv[m] = fmaf(pr, dOs[r * Dv + d], dv[m]);
-        if (d < D) dk[m] = fmaf(ds, Qs[r * D + d], dk[m]);
+        if (d < D) dkr[d] = from_float<T>(dk[m]);
+        if (d < Dv) dvr[d] = from_float<T>(dv[m]);
       }
-    }
-  }
-  if (j0 + c < p.Lk) {
-    const int64_t row = (b * p.Hkv + hk) * p.Lk + j0 + c;
-    T *dkr = (T *)g.dk + row * D, *dvr = (T *)g.dv + row * Dv;
-#pragma unroll
-    for (int m = 0; m < DMAX / 8; m++) {
-      const int d = w + 8 * m;
-      if (d < D) dkr[d] = from_float<T>(dk[m]);
-      if (d < Dv) dvr[d] = from_float<T>(dv[m]);
     }
   }
 }
 
 /* dQ of rows [i0, i0 + BW_BR) of one (batch, head): lane r owns row r,
- * warp w the columns w, w + 8, ... */
+ * warp w the columns w, w + 8, ...; zero weights skipped (NaN or inf in k
+ * reaches only the rows that attend its key), only_if as bw_dkdv_kernel's. */
 template <typename T, int DMAX>
-__global__ void __launch_bounds__(BW_THREADS) bw_dq_kernel(fa_attn_problem p, fa_attn_grads g, const float *delta) {
+__global__ void __launch_bounds__(BW_THREADS)
+    bw_dq_kernel(fa_attn_problem p, fa_attn_grads g, const float *delta, const int *only_if) {
+  if (only_if && !*only_if) return;
   extern __shared__ float bw_smem[];
   __shared__ bwm_rows<BW_BR> rows;
   const int D = (int)p.D, Dv = (int)p.Dv;
   float *Ks = bw_smem, *Vs = Ks + BW_BC * (D + 1), *Qs = Vs + BW_BC * (Dv + 1), *dOs = Qs + BW_BR * D;
   float *dSs = dOs + BW_BR * Dv; /* rows BW_BC + 1 apart: lane r reads row r without bank conflicts */
-  const int64_t qtiles = (p.Lq + BW_BR - 1) / BW_BR, blk = blockIdx.x;
-  const int64_t bh = blk / qtiles, i0 = blk % qtiles * BW_BR, b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv);
-  bw_stage<T, BW_BR>(Qs, D, (const T *)p.q + attn_at(p.q_st, b, h, 0), p.q_st.s, i0, p.Lq, D);
-  bw_stage<T, BW_BR>(dOs, Dv, (const T *)g.dout + attn_at(g.dout_st, b, h, 0), g.dout_st.s, i0, p.Lq, Dv);
-  int64_t t_lo, t_hi;
-  bwm_tile_keys(p, delta, rows, b, h, i0, &t_lo, &t_hi); /* a barrier: the tiles are in too */
-  const T *k = (const T *)p.k + attn_at(p.k_st, b, hk, 0), *v = (const T *)p.v + attn_at(p.v_st, b, hk, 0);
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  float dq[DMAX / 8];
+  const int64_t qtiles = (p.Lq + BW_BR - 1) / BW_BR;
+  for (int64_t blk = blockIdx.x; blk < p.B * p.Hq * qtiles; blk += gridDim.x) {
+    __syncthreads(); /* the last block's readers are done */
+    const int64_t bh = blk / qtiles, i0 = blk % qtiles * BW_BR, b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv);
+    bw_stage<T, BW_BR>(Qs, D, (const T *)p.q + attn_at(p.q_st, b, h, 0), p.q_st.s, i0, p.Lq, D);
+    bw_stage<T, BW_BR>(dOs, Dv, (const T *)g.dout + attn_at(g.dout_st, b, h, 0), g.dout_st.s, i0, p.Lq, Dv);
+    int64_t t_lo, t_hi;
+    bwm_tile_keys(p, delta, rows, b, h, i0, &t_lo, &t_hi); /* a barrier: the tiles are in too */
+    const T *k = (const T *)p.k + attn_at(p.k_st, b, hk, 0), *v = (const T *)p.v + attn_at(p.v_st, b, hk, 0);
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    float dq[DMAX / 8];
 #pragma unroll
-  for (int m = 0; m < DMAX / 8; m++) dq[m] = 0.f;
-  for (int64_t j0 = t_lo; j0 < t_hi; j0 += BW_BC) {
-    __syncthreads(); /* the last tile's readers are done */
-    bw_stage<T, BW_BC>(Ks, D + 1, k, p.k_st.s, j0, p.Lk, D);
-    bw_stage<T, BW_BC>(Vs, Dv + 1, v, p.v_st.s, j0, p.Lk, Dv);
-    __syncthreads();
-    bw_probs(p, b, h, i0, j0, Qs, dOs, Ks, Vs, rows, NULL, 0, dSs, BW_BC + 1);
-    __syncthreads();
-    for (int c = 0; c < BW_BC; c++) {
-      const float ds = dSs[lane * (BW_BC + 1) + c];
+    for (int m = 0; m < DMAX / 8; m++) dq[m] = 0.f;
+    for (int64_t j0 = t_lo; j0 < t_hi; j0 += BW_BC) {
+      __syncthreads(); /* the last tile's readers are done */
+      bw_stage<T, BW_BC>(Ks, D + 1, k, p.k_st.s, j0, p.Lk, D);
+      bw_stage<T, BW_BC>(Vs, Dv + 1, v, p.v_st.s, j0, p.Lk, Dv);
+      __syncthreads();
+      bw_probs(p, b, h, i0, j0, Qs, dOs, Ks, Vs, rows, NULL, 0, dSs, BW_BC + 1);
+      __syncthreads();
+      for (int c = 0; c < BW_BC; c++) {
+        const float ds = dSs[lane * (BW_BC + 1) + c];
+        if (ds == 0.f) continue;
+#pragma unroll
+        for (int m = 0; m < DMAX / 8; m++) {
+          const int d = w + 8 * m;
+          if (d < D) dq[m] = fmaf(ds, Ks[c * (D + 1) + d], dq[m]);
+        }
+      }
+    }
+    if (i0 + lane < p.Lq) {
+      T *dqr = (T *)g.dq + (bh * p.Lq + i0 + lane) * D;
 #pragma unroll
       for (int m = 0; m < DMAX / 8; m++) {
         const int d = w + 8 * m;
-        if (d < D) dq[m] = fmaf(ds, Ks[c * (D + 1) + d], dq[m]);
+        if (d < D) dqr[d] = from_float<T>(dq[m]);
       }
-    }
-  }
-  if (i0 + lane < p.Lq) {
-    T *dqr = (T *)g.dq + (bh * p.Lq + i0 + lane) * D;
-#pragma unroll
-    for (int m = 0; m < DMAX / 8; m++) {
-      const int d = w + 8 * m;
-      if (d < D) dqr[d] = from_float<T>(dq[m]);
     }
   }
 }
 
 template <typename T, int DMAX>
-static fa_status bw_launch(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, const float *delta) {
+static fa_status bw_launch(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, const float *delta,
+                           const int *only_if) {
   const int64_t D = p->D, Dv = p->Dv;
   const size_t kv = (size_t)(BW_BC * (D + 1) + BW_BC * (Dv + 1)) * 4, qo = (size_t)(BW_BR * D + BW_BR * Dv) * 4;
   const size_t smem_kv = kv + qo + 2 * BW_BR * BW_BC * 4, smem_q = kv + qo + BW_BR * (BW_BC + 1) * 4;
@@ -231,31 +259,99 @@ static fa_status bw_launch(fa_context *ctx, const fa_attn_problem *p, const fa_a
   fa_status st;
   if ((st = attn_grid_fits(ctx, kblocks)) || (st = attn_grid_fits(ctx, qblocks))) return st;
   cudaStream_t s = fa_cuda_stream(ctx);
+  /* the fallback behind a flag walks its tiles with four blocks an SM:
+   * with a block a tile, the launch and exit of thousands of blocks cost
+   * about 1 % of a call at L = 1k when the flag is clear */
+  int64_t cap = INT64_MAX;
+  if (only_if) {
+    int dev = 0, sms = 0;
+    FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
+    FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    cap = 4 * (int64_t)sms;
+  }
   if (kblocks > 0) {
     FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(bw_dkdv_kernel<T, DMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             (int)smem_kv));
-    bw_dkdv_kernel<T, DMAX><<<(unsigned)kblocks, BW_THREADS, smem_kv, s>>>(*p, *g, delta);
+    bw_dkdv_kernel<T, DMAX><<<(unsigned)std::min(kblocks, cap), BW_THREADS, smem_kv, s>>>(*p, *g, delta, only_if);
     FA_CUDA_CHECK_LAUNCH(ctx, "bw_dkdv_kernel");
   }
   if (qblocks > 0) {
     FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(bw_dq_kernel<T, DMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             (int)smem_q));
-    bw_dq_kernel<T, DMAX><<<(unsigned)qblocks, BW_THREADS, smem_q, s>>>(*p, *g, delta);
+    bw_dq_kernel<T, DMAX><<<(unsigned)std::min(qblocks, cap), BW_THREADS, smem_q, s>>>(*p, *g, delta, only_if);
     FA_CUDA_CHECK_LAUNCH(ctx, "bw_dq_kernel");
   }
   return FA_OK;
 }
 
+/* The SIMT kernels for the call (only_if: as bw_dkdv_kernel's). */
+template <typename T>
+static fa_status bw_simt(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, const float *delta,
+                         const int *only_if) {
+  const int64_t X = p->D > p->Dv ? p->D : p->Dv;
+  if (X <= 64) return bw_launch<T, 64>(ctx, p, g, delta, only_if);
+  if (X <= 128) return bw_launch<T, 128>(ctx, p, g, delta, only_if);
+  return bw_launch<T, 256>(ctx, p, g, delta, only_if);
+}
+
+/* Queues on s the passes over q and k that set *flag when one holds NaN
+ * or inf (attention_nonfinite.cuh's scan of v, pointed at each; dout is
+ * checked by the delta kernel, which reads all of it anyway). */
+static cudaError_t bw_queue_scans(const fa_attn_problem *p, int *flag, cudaStream_t s) {
+  const struct {
+    const void *x;
+    fa_attn_strides st;
+    int64_t heads, len, width;
+  } ops[2] = {{p->q, p->q_st, p->Hq, p->Lq, p->D}, {p->k, p->k_st, p->Hkv, p->Lk, p->D}};
+  for (int i = 0; i < 2; i++) {
+    fa_attn_problem t = *p;
+    t.v = ops[i].x, t.v_st = ops[i].st, t.Hkv = ops[i].heads, t.Lk = ops[i].len, t.Dv = ops[i].width;
+    const cudaError_t err = queue_nonfinite_scan(&t, flag, s);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+/* The tensor-core kernel k guarded against NaN or inf in q, k or dout (API
+ * §2: they reach only the pairs that connect them; a tile product's 0 · NaN
+ * would carry them into masked pairs' gradients), as the forward guards V
+ * (attention_nonfinite.cuh): the delta kernel checks dout on its way, and
+ * passes over q and k queued from a side stream behind the kernels; the
+ * kernels' blocks leave once the flag is set (bwm_leave), and the SIMT
+ * kernels, which skip zero weights, run behind with the flag and rewrite
+ * every gradient only when it is set.  All of it (the passes, the flag,
+ * the fallback's launches) cost 2-6 % of a call at L = 1k, 1-2 % at 4k,
+ * under 1 % at 16k (bf16, D = 64 and 128, H200, the same build with and
+ * without the guard in one run); the fallback's grid of four blocks an SM
+ * (bw_launch) took a point off at 1k. */
+template <typename T>
+static fa_status bw_guarded(fa_context *ctx, fa_attn_kernel k, const fa_attn_problem *p, const fa_attn_grads *g,
+                            float *delta) {
+  int *flag = NULL;
+  cudaStream_t side = 0;
+  fa_status st = values_nonfinite_flag(ctx, p, &flag, false);
+  if (st) return st;
+  if ((st = bw_delta<T>(ctx, p, g, delta, flag)) || (st = fa_cuda_fork(ctx, &side))) {
+    fa_cuda_free_on(ctx, flag, sizeof(int));
+    return st;
+  }
+  fa_attn_problem gp = *p;
+  gp.v_nonfinite = flag;
+  st = fa_cuda_attention_backward_mma(ctx, k, &gp, g, delta);
+  const cudaError_t err = st ? cudaSuccess : bw_queue_scans(p, flag, side);
+  const fa_status joined = fa_cuda_join(ctx); /* waits here when it cannot be queued */
+  if (!st) st = err != cudaSuccess ? fa_cuda_error(ctx, err, "the NaN/inf check of q and k") : joined;
+  if (!st) st = bw_simt<T>(ctx, p, g, delta, flag);
+  fa_cuda_free_on(ctx, flag, sizeof(int)); /* stream-ordered: after the work queued */
+  return st;
+}
+
 template <typename T>
 static fa_status bw_typed(fa_context *ctx, fa_attn_kernel k, const fa_attn_problem *p, const fa_attn_grads *g,
                           float *delta) {
-  fa_status st = bw_delta<T>(ctx, p, g, delta);
-  if (st) return st;
-  if (k != FA_KERNEL_SIMT) return fa_cuda_attention_backward_mma(ctx, k, p, g, delta);
-  const int64_t X = p->D > p->Dv ? p->D : p->Dv;
-  if (X <= 64) return bw_launch<T, 64>(ctx, p, g, delta);
-  if (X <= 128) return bw_launch<T, 128>(ctx, p, g, delta);
-  return bw_launch<T, 256>(ctx, p, g, delta);
+  if (k != FA_KERNEL_SIMT) return bw_guarded<T>(ctx, k, p, g, delta);
+  fa_status st = bw_delta<T>(ctx, p, g, delta, NULL);
+  return st ? st : bw_simt<T>(ctx, p, g, delta, NULL);
 }
 
 /* The kernel named (FA_KERNEL_WGMMA, MMA or SIMT), or the fastest that
