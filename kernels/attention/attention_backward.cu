@@ -316,10 +316,12 @@ static cudaError_t bw_queue_scans(const fa_attn_problem *p, int *flag, cudaStrea
  * §2: they reach only the pairs that connect them; a tile product's 0 · NaN
  * would carry them into masked pairs' gradients), as the forward guards V
  * (attention_nonfinite.cuh): the delta kernel checks dout on its way, and
- * passes over q and k queued from a side stream behind the kernels; the
- * kernels' blocks leave once the flag is set (bwm_leave), and the SIMT
- * kernels, which skip zero weights, run behind with the flag and rewrite
- * every gradient only when it is set.  All of it (the passes, the flag,
+ * passes over q and k queued from a side stream behind the kernels set a
+ * flag too; the SIMT kernels, which skip zero weights, run behind with the
+ * flag and rewrite every gradient only when it is set.  (The tensor-core
+ * kernels do not read the flag: the check at their start made ptxas spill
+ * 24-76 bytes in their score-rule instances, and a call with NaN or inf
+ * only costs their time once more.)  All of it (the passes, the flag,
  * the fallback's launches) cost 2-6 % of a call at L = 1k, 1-2 % at 4k,
  * under 1 % at 16k (bf16, D = 64 and 128, H200, the same build with and
  * without the guard in one run); the fallback's grid of four blocks an SM
@@ -335,9 +337,7 @@ static fa_status bw_guarded(fa_context *ctx, fa_attn_kernel k, const fa_attn_pro
     fa_cuda_free_on(ctx, flag, sizeof(int));
     return st;
   }
-  fa_attn_problem gp = *p;
-  gp.v_nonfinite = flag;
-  st = fa_cuda_attention_backward_mma(ctx, k, &gp, g, delta);
+  st = fa_cuda_attention_backward_mma(ctx, k, p, g, delta);
   const cudaError_t err = st ? cudaSuccess : bw_queue_scans(p, flag, side);
   const fa_status joined = fa_cuda_join(ctx); /* waits here when it cannot be queued */
   if (!st) st = err != cudaSuccess ? fa_cuda_error(ctx, err, "the NaN/inf check of q and k") : joined;

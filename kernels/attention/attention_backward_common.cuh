@@ -9,15 +9,6 @@
 
 #include "attention_frag.cuh"
 
-/* The tensor-core kernels leave at once, the block as one, when the
- * call's flag (p.v_nonfinite, attention_backward.cu's bw_guarded) says
- * that q, k or dout holds NaN or inf: their tile products would carry
- * 0 · NaN into the gradients of masked pairs, and the SIMT kernel, which
- * skips zero weights, redoes the call. */
-static __device__ __forceinline__ bool bwm_leave(const fa_attn_problem &p) {
-  return p.v_nonfinite && __syncthreads_or(*(volatile const int *)p.v_nonfinite);
-}
-
 /* N accumulator chunks of 8 columns (16 rows a warp) set to zero. */
 template <int N> static __device__ __forceinline__ void bwm_zero(float (*acc)[4]) {
 #pragma unroll

@@ -72,7 +72,6 @@ __global__ void __launch_bounds__(BWM_THREADS) bwm_dkdv_kernel(fa_attn_problem p
   __shared__ bwm_rows<BR> rows[2];
   char *Ks = bwm_smem, *Vs = Ks + BWM_BC * D * 2, *Qs = Vs + BWM_BC * D * 2; /* Q, dO, Q, dO: two stages */
   const int warp = threadIdx.x >> 5, tid = threadIdx.x;
-  if (bwm_leave(p)) return;
   const int64_t ktiles = (p.Lk + BWM_BC - 1) / BWM_BC, blk = blockIdx.x;
   const int64_t bhk = blk / ktiles, j0 = blk % ktiles * BWM_BC, b = bhk / p.Hkv, hk = bhk % p.Hkv;
   const int64_t j1 = min(j0 + BWM_BC, p.Lk);
@@ -126,7 +125,6 @@ __global__ void __launch_bounds__(BWM_THREADS) bwm_dq_kernel(fa_attn_problem p, 
   __shared__ bwm_rows<BWM_BQ> rows;
   char *Qs = bwm_smem, *dOs = Qs + BWM_BQ * D * 2, *Ks = dOs + BWM_BQ * D * 2; /* K, V, K, V: two stages */
   const int warp = threadIdx.x >> 5, tid = threadIdx.x;
-  if (bwm_leave(p)) return;
   const int64_t qtiles = (p.Lq + BWM_BQ - 1) / BWM_BQ, blk = blockIdx.x;
   const int64_t bh = blk / qtiles, i0 = (qtiles - 1 - blk % qtiles) * BWM_BQ; /* long causal tiles first */
   const int64_t b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv);

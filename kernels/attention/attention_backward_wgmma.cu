@@ -161,7 +161,6 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = BWG_PAD(DG), CH = D / 8, BR = BWG_BR, NC = BR / 8, QT = BR * D * 2; /* bytes of a Q or dO tile */
   constexpr int WGS = DQ ? 2 : 1, KEYS = WGS * BWG_OWN, THREADS = WGS * BWG_THREADS, NQ = D / WGS; /* dQ columns a warpgroup */
-  if (bwm_leave(p)) return;
   extern __shared__ __align__(128) char bwg_raw[];
   __shared__ bwm_rows<BR> rows[2];
   char *Ks = bwg_aligned(bwg_raw), *Vs = Ks + KEYS * D * 2, *Qs = Vs + KEYS * D * 2; /* Q, dO, Q, dO, dSᵀ */
@@ -253,7 +252,6 @@ __global__ void __launch_bounds__(BWG_THREADS, 2)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = BWG_PAD(DG), CH = D / 8, NC = BWG_BC / 8, KT = BWG_BC * D * 2; /* bytes of a K or V tile */
   constexpr int ROWS = BWG_OWN, THREADS = BWG_THREADS;
-  if (bwm_leave(p)) return;
   extern __shared__ __align__(128) char bwg_raw[];
   __shared__ bwm_rows<ROWS> rows;
   char *Qs = bwg_aligned(bwg_raw), *dOs = Qs + ROWS * D * 2, *Ks = dOs + ROWS * D * 2; /* K, V, K, V */
