@@ -14,7 +14,8 @@
 -- using them.  Every call must either
 --   - succeed, when its arguments are valid, with a result that matches an
 --     independent computation: a plain-Lua f64 one (softmax, matmul,
---     merge_states, small attentions), else fa.attention_reference; rows
+--     merge_states, small attentions), else fa.attention_reference (and
+--     fa.attention_backward_reference for fa.attention_backward); rows
 --     that the reference gives finite must match even when other rows hold
 --     NaN/inf (NaN propagates only to the rows it touches);
 --   - or raise an error whose message starts "flashattn:" (always, when
@@ -816,6 +817,84 @@ local function gen_merge()
   return expect, run, check, {o1, l1, o2, l2}
 end
 
+-- fa.attention_backward on a small problem with random options, NaN/inf
+-- in some inputs, and some misuse; checked against
+-- fa.attention_backward_reference: wherever the reference's gradient is
+-- finite, the backend's is finite and close (API §2 and §10: NaN and inf
+-- reach only the pairs that connect them).
+local BW_TOL = {f64 = 1e-8, f32 = 1e-3, f16 = 3e-3, bf16 = 1.6e-2} -- the gradients are rounded to the dtype
+local function gen_backward()
+  local B, Hkv = R(1, 2), R(1, 2)
+  local Hq = Hkv * R(1, 2)
+  local Lq, Lk, D, Dv = R(1, 9), R(1, 11), R(1, 8), R(1, 8)
+  local dtype = pick(FLOAT_DTYPES)
+  if DEV == "cuda" and dtype == "f64" then dtype = "f32" end
+  local wild = chance(0.25)
+  local q = make({B, Hq, Lq, D}, dtype, {wild = wild and chance(0.5), scale = R(1, 2)})
+  local k = make({B, Hkv, Lk, D}, dtype, {wild = wild and chance(0.5), scale = R(1, 2)})
+  local v = make({B, Hkv, Lk, Dv}, dtype, {wild = wild and chance(0.5)})
+  local dout = make({B, Hq, Lq, Dv}, dtype, {wild = wild and chance(0.5)})
+  local o = {}
+  if chance(0.4) then o.causal = pick({true, "bottom_right", "top_left"}) end
+  if chance(0.25) then o.window = {pick({-1, 0, 1, 3}), pick({-1, 0, 2})} end
+  if chance(0.25) then
+    local lens = {}
+    for b = 1, B do lens[b] = R(0, Lk) end
+    o.kv_lens = lens
+  end
+  if chance(0.2) then
+    local sl = {}
+    for h = 1, Hq do sl[h] = pick({0, 0.1, 0.5}) end
+    o.alibi = sl
+  end
+  if chance(0.2) then o.softcap = pick({5, 30}) end
+  if chance(0.2) then o.scale = pick({1, 0.5, 0.125}) end
+  if chance(0.2) then o.mask = make({Lq, Lk}, chance(0.5) and "bool" or "f32") end
+  local fopts = {}
+  for key, val in pairs(o) do fopts[key] = val end
+  fopts.return_lse = true
+  local out, lse = fa.attention(q, k, v, fopts)
+  local expect, why = "ok", {}
+  local function bad(r) expect = "error"; why[#why + 1] = r end
+  local bo = o
+  local m = R(1, 20)
+  if m == 1 then dout = make({B, Hq, Lq + 1, Dv}, dtype); bad("dout shape")
+  elseif m == 2 then out = make({B, Hq, Lq, Dv}, dtype == "f32" and "f64" or "f32"); bad("o dtype")
+  elseif m == 3 then lse = make({B, Hq, Lq + 1}, "f32"); bad("lse shape")
+  elseif m == 4 then bo = {}; for key, val in pairs(o) do bo[key] = val end; bo.deterministic = pick({1, "yes", {}}); bad("deterministic")
+  elseif m == 5 then bo = weird(); expect = "any"
+  elseif m == 6 then dout = weird(); expect = "any"
+  elseif m == 7 then bo = {}; for key, val in pairs(o) do bo[key] = val end; bo.deterministic = pick({true, false})
+  end
+  local desc = {}
+  for key, val in pairs(o) do
+    desc[#desc + 1] = key .. "=" .. (type(val) == "table" and ("{" .. table.concat(val, ",") .. "}") or
+      fa.is_tensor(val) and val:dtype() or tostring(val))
+  end
+  table.sort(desc)
+  label = ("fa.attention_backward %s B=%d Hq=%d Hkv=%d Lq=%d Lk=%d D=%d Dv=%d%s %s"):format(dtype, B, Hq, Hkv, Lq, Lk,
+    D, Dv, wild and " (NaN/inf in some inputs)" or "", table.concat(desc, " "))
+  if bo ~= o then label = label .. " [backward opts " .. tostring(bo) .. "]" end
+  if #why > 0 then label = label .. " [invalid: " .. table.concat(why, ", ") .. "]" end
+  local function run() return fa.attention_backward(q, k, v, out, lse, dout, bo) end
+  local function check(dq, dk, dv)
+    local ref = {fa.attention_backward_reference(q:cpu(), k:cpu(), v:cpu(), out:cpu(), lse:cpu(), dout:cpu(), o)}
+    for i, g in ipairs({dq, dk, dv}) do
+      local want, got = flat(ref[i]), flat(g)
+      assert(#want == #got, "gradient sizes")
+      local scale = 1
+      for _, x in ipairs(want) do if finite(x) then scale = math.max(scale, math.abs(x)) end end
+      for e = 1, #want do
+        if finite(want[e]) and not (math.abs(got[e] - want[e]) <= BW_TOL[dtype] * scale) then
+          error(("gradient %d, element %d: got %s, expected %s (scale %g)"):format(i, e, got[e], want[e], scale))
+        end
+      end
+    end
+  end
+  -- other opts than the forward's: the gradients of an inconsistent lse may pass f16's range
+  return expect, run, bo == o and check or nil, {q, k, v, out, lse, dout}
+end
+
 local function gen_cost()
   if chance(0.5) then
     local q = make(random_shape(4, 5), pick(FLOAT_DTYPES), {contiguous = true})
@@ -1187,7 +1266,7 @@ setup = function(gen)
   return nil
 end
 
-local KERNELS = {gen_attention, gen_attention, gen_attention, gen_softmax, gen_matmul, gen_merge, gen_cost}
+local KERNELS = {gen_attention, gen_attention, gen_attention, gen_softmax, gen_matmul, gen_merge, gen_cost, gen_backward}
 local t0 = os.clock()
 for i = 1, ITERS do
   iter = i
