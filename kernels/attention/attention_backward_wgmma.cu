@@ -338,7 +338,7 @@ static fa_status bwg_launch_atomic(fa_context *ctx, const fa_attn_problem *p, co
   const size_t smem = bwg_smem_dkdv(BWG_PAD(D), true), bytes = (size_t)n4 * 16;
   fa_status st = attn_grid_fits(ctx, blocks);
   float *acc = NULL;
-  if (st || n4 == 0 || (st = fa_cuda_malloc(ctx, (void **)&acc, bytes))) return st;
+  if (st || (st = fa_cuda_malloc(ctx, (void **)&acc, bytes))) return st; /* Lq > 0: n4 > 0 */
   cudaError_t err = cudaMemsetAsync(acc, 0, bytes, s);
   if (err == cudaSuccess && blocks > 0) {
     err = cudaFuncSetAttribute(bwg_dkdv_kernel<T, D, EXTRAS, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -360,8 +360,10 @@ template <typename T, int D, bool EXTRAS>
 static fa_status bwg_launch(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, const float *delta) {
   /* at D = 64 the atomics' traffic is twice as large against the work:
    * the fused schedule ran 0.96-1.10x the two kernels' time below 8k keys,
-   * 0.96-0.99x from 8k (H200, bf16) */
-  if (!g->deterministic && (D != 64 || p->Lk >= 8192)) return bwg_launch_atomic<T, D, EXTRAS>(ctx, p, g, delta);
+   * 0.96-0.99x from 8k (H200, bf16).  Without query rows the two kernels
+   * still write dk and dv (zeros) */
+  if (!g->deterministic && p->Lq > 0 && (D != 64 || p->Lk >= 8192))
+    return bwg_launch_atomic<T, D, EXTRAS>(ctx, p, g, delta);
   cudaStream_t s = fa_cuda_stream(ctx);
   const size_t smem_kv = bwg_smem_dkdv(BWG_PAD(D), false), smem_q = bwg_smem_dq(BWG_PAD(D));
   const int64_t kblocks = p->B * p->Hkv * ((p->Lk + BWG_OWN - 1) / BWG_OWN);

@@ -29,10 +29,10 @@ static inline int FA_R(bw_finite)(const REAL *a, int64_t n) {
   return sum == 0;
 }
 
-/* c (rows ldc apart) += Σ_r w[r][j] · x[r] over the r of w's m rows whose
- * weight is not 0 (w: m × n, rows n apart; x: m rows of len; c: n rows of
- * len), or with TRANS the transpose: c[r] += Σ_j w[r][j] · x[j].  The
- * products of bw_tile when an operand holds NaN or inf: a weight of 0 (a
+/* c += Σ_r w[r][j] · x[r] over the r of w's m rows whose weight is not 0
+ * (w: m × n, rows n apart; x: m rows of len; c: n rows of len), or with
+ * trans the transpose: c[r] += Σ_j w[r][j] · x[j].  The products of
+ * bw_tile when an operand of the call holds NaN or inf: a weight of 0 (a
  * masked key, a row that takes none) then passes nothing, as in the
  * reference, where the tile product's 0 · NaN would be NaN. */
 static void FA_R(bw_skip_zeros)(int trans, int64_t m, int64_t n, int64_t len, const REAL *w, const REAL *x, REAL *c) {
@@ -51,10 +51,11 @@ static void FA_R(bw_skip_zeros)(int trans, int64_t m, int64_t n, int64_t len, co
  * dV += Pᵀ·dO, dS = P∘(dO·Vᵀ − delta)·scale' (scale' = scale times
  * softcap's 1 − tanh²), dK += dSᵀ·Q, dQ += dS·K, the products by BLAS.
  * sp, dp, th: m·n entries each.  Returns without work when no row of the
- * tile may attend to these keys. */
+ * tile may attend to these keys.  skip_zeros: the products skip zero
+ * weights (bw_skip_zeros; the call's q, k or dout hold NaN or inf). */
 FA_CPU_CLONES
 static void FA_R(bw_tile)(const fa_attn_backward *g, int64_t b, int64_t h, int64_t i0, int64_t m, int64_t j0,
-                          int64_t n, const REAL *delta, REAL *sp, REAL *dp, REAL *th) {
+                          int64_t n, const REAL *delta, REAL *sp, REAL *dp, REAL *th, int skip_zeros) {
   const fa_attn_problem *p = g->p;
   const int64_t D = p->D, Dv = p->Dv, hk = h / (p->Hq / p->Hkv), row0 = (b * p->Hq + h) * p->Lq + i0;
   const int64_t kv = (b * p->Hkv + hk) * p->Lk + j0;
@@ -91,7 +92,7 @@ static void FA_R(bw_tile)(const fa_attn_backward *g, int64_t b, int64_t h, int64
       d[j] = s[j] * (d[j] - delta[r]) * scale * t[j];
     }
   }
-  if (FA_R(bw_finite)(dout, m * Dv) && FA_R(bw_finite)(q, m * D) && FA_R(bw_finite)(k, n * D)) {
+  if (!skip_zeros) {
     FA_R(bw_gemm)(1, 0, n, Dv, m, sp, n, dout, Dv, 1, dv, Dv); /* dV += Pᵀ·dO */
     FA_R(bw_gemm)(1, 0, n, D, m, dp, n, q, D, 1, dk, D);       /* dK += dSᵀ·Q */
     FA_R(bw_gemm)(0, 0, m, D, n, dp, n, k, D, 1, dq, D);       /* dQ += dS·K */
@@ -104,7 +105,7 @@ static void FA_R(bw_tile)(const fa_attn_backward *g, int64_t b, int64_t h, int64
 
 /* The task of (b, hk): the dk, dv of that KV head and the dq rows of its
  * query heads, key tile by key tile.  scratch: G·Lq + 3·Br·Bc entries. */
-static void FA_R(bw_task)(const fa_attn_backward *g, int64_t b, int64_t hk, REAL *scratch) {
+static void FA_R(bw_task)(const fa_attn_backward *g, int64_t b, int64_t hk, REAL *scratch, int skip_zeros) {
   const fa_attn_problem *p = g->p;
   const int64_t G = p->Hq / p->Hkv, Lq = p->Lq, Lk = p->Lk, Dv = p->Dv, br = p->tile_q, bc = p->tile_k, h0 = hk * G;
   REAL *delta = scratch, *sp = scratch + G * Lq, *dp = sp + br * bc, *th = dp + br * bc;
@@ -117,7 +118,7 @@ static void FA_R(bw_task)(const fa_attn_backward *g, int64_t b, int64_t hk, REAL
     for (int64_t h = h0; h < h0 + G; h++)
       for (int64_t i0 = 0; i0 < Lq; i0 += br)
         FA_R(bw_tile)(g, b, h, i0, Lq - i0 < br ? Lq - i0 : br, j0, Lk - j0 < bc ? Lk - j0 : bc,
-                      delta + (h - h0) * Lq + i0, sp, dp, th);
+                      delta + (h - h0) * Lq + i0, sp, dp, th, skip_zeros);
 }
 
 static fa_status FA_R(bw_run)(fa_context *ctx, const fa_attn_backward *g) {
@@ -133,9 +134,13 @@ static fa_status FA_R(bw_run)(fa_context *ctx, const fa_attn_backward *g) {
   fa_status st = FA_OK;
   REAL *scratch = fa_host_alloc(ctx, bytes ? bytes : 1, &st);
   if (!scratch) return st;
+  /* one pass over the operands a call, not one a tile pair */
+  const int skip_zeros = !(FA_R(bw_finite)((const REAL *)p->q, p->B * p->Hq * p->Lq * p->D) &&
+                           FA_R(bw_finite)((const REAL *)p->k, p->B * p->Hkv * p->Lk * p->D) &&
+                           FA_R(bw_finite)((const REAL *)g->dout, p->B * p->Hq * p->Lq * p->Dv));
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
   for (int64_t t = 0; t < tasks; t++)
-    FA_R(bw_task)(g, t / p->Hkv, t % p->Hkv, scratch + (size_t)omp_get_thread_num() * each);
+    FA_R(bw_task)(g, t / p->Hkv, t % p->Hkv, scratch + (size_t)omp_get_thread_num() * each, skip_zeros);
   fa_host_free(scratch, bytes ? bytes : 1);
   return FA_OK;
 }

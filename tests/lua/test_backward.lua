@@ -320,8 +320,8 @@ function TestBackward:test_rows_with_no_key()
   -- kv_lens = 0 for batch 2: every row of it attends nothing (lse = -inf); on cuda the gradients come
   -- from fresh device memory, so every zero here was written by a kernel
   local dt, dev = U.cuda and "f32" or "f64", U.device
-  for _, D in ipairs(U.cuda and {4, 64} or {4}) do
-    local qdt = D == 64 and "bf16" or dt -- D = 64 in bf16: the tensor-core kernels
+  for _, D in ipairs(U.cuda and {4, 64, 128} or {4}) do
+    local qdt = D >= 64 and "bf16" or dt -- D = 64, 128 in bf16: the tensor-core kernels (128: dq by atomics on Hopper)
     local q, k, v, dout = randn({2, 2, 3, D}, qdt, dev), randn({2, 1, 5, D}, qdt, dev), randn({2, 1, 5, D}, qdt, dev),
                           randn({2, 2, 3, D}, qdt, dev)
     local opts = {kv_lens = {5, 0}}
