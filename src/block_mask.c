@@ -81,7 +81,10 @@ fa_status fa_block_mask_new(fa_context *ctx, const fa_expr *e, int64_t B, int64_
     fa_block_mask_free(m);
     return st;
   }
-  for (size_t i = 0; i < m->bytes; i++) m->counts[m->state[i]]++;
+  int64_t full = 0, partial = 0; /* two sums, not an increment of the state's counter (a dependence a byte) */
+  for (size_t i = 0; i < m->bytes; i++) full += m->state[i] == FA_BLOCK_FULL, partial += m->state[i] == FA_BLOCK_PARTIAL;
+  m->counts[FA_BLOCK_FULL] = full, m->counts[FA_BLOCK_PARTIAL] = partial;
+  m->counts[FA_BLOCK_EMPTY] = (int64_t)m->bytes - full - partial;
   *out = m;
   return FA_OK;
 }

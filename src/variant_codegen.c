@@ -228,6 +228,18 @@ static void emit_fault_note(text *t, const fa_expr_node *x, int i, const int *ty
   put(t, "    fa_variant_note(fault, %d, d, ix);\n  }\n", reads);
 }
 
+/* The format of a read of dtype at slot %d, offset o%d, as a float (or a
+ * long long 0/1 for a bool tensor): what the pairs evaluate. */
+static const char *load_format(int dtype) {
+  switch (dtype) {
+  case FA_F16: return "__half2float(((const __half *)a.ptr[%d])[o%d])";
+  case FA_BF16: return "__bfloat162float(((const __nv_bfloat16 *)a.ptr[%d])[o%d])";
+  case FA_F64: return "(float)((const double *)a.ptr[%d])[o%d]";
+  case FA_BOOL: return "(long long)(((const unsigned char *)a.ptr[%d])[o%d] != 0)";
+  default: return "((const float *)a.ptr[%d])[o%d]";
+  }
+}
+
 /* The read of node i of captured tensor slot `slot` of the kernel's
  * arguments: checked when unsafe (reads: its ordinal among the checked
  * reads), else at an offset with no check. */
@@ -245,14 +257,7 @@ static void emit_load(text *t, const fa_expr *e, int i, const int *ty, const uin
     }
     put(t, ";\n  const bool k%d = true;\n", i);
   }
-  const char *load;
-  switch (e->tensors[x->tensor]->dtype) {
-  case FA_F16: load = "__half2float(((const __half *)a.ptr[%d])[o%d])"; break;
-  case FA_BF16: load = "__bfloat162float(((const __nv_bfloat16 *)a.ptr[%d])[o%d])"; break;
-  case FA_F64: load = "(float)((const double *)a.ptr[%d])[o%d]"; break;
-  case FA_BOOL: load = "(long long)(((const unsigned char *)a.ptr[%d])[o%d] != 0)"; break;
-  default: load = "((const float *)a.ptr[%d])[o%d]"; break;
-  }
+  const char *load = load_format(e->tensors[x->tensor]->dtype);
   put(t, "  const %s v%d = k%d ? ", ctype(ty[i]), i, i);
   if (ty[i] == TB) put(t, "(");
   put(t, load, slot, i);
@@ -347,26 +352,89 @@ static void emit_node(text *t, const fa_expr *e, int i, const int *ty, const uin
 
 /* mask_mod over a whole tile at once, where that is exact: an expression
  * of integers (positions, integral constants, + - * min max abs floor, %
- * by a constant), comparisons, logic and fa.where only, no read and no
- * float.  tile(a, b, h, q0, q1, k0, k1) (0-based, inclusive) gives 0
- * when no pair of the tile attends, 1 when every pair does, 2 when it
- * cannot tell (then the pairs are evaluated): interval arithmetic in
- * doubles (exact below 2^53) for the integers, and for each boolean the
- * values it can take (bit 1: true, bit 2: false).  Each position appears
- * once in an expression such as q - k <= W, so the common rules
- * (causal, windows, prefixes) come out exact. */
+ * by a constant), comparisons, logic, fa.where, and reads at integer
+ * indices whose float values only meet comparisons (doc[q] == doc[k]);
+ * no other float.  tile(a, b, h, q0, q1, k0, k1) (0-based, inclusive)
+ * gives 0 when no pair of the tile attends, 1 when every pair does, 2 when
+ * it cannot tell (then the pairs are evaluated): interval arithmetic in
+ * doubles (exact below 2^53) for the integers, for a read the least and
+ * the greatest value over the box of its indices (at most TILE_READ_MAX
+ * elements, every one inside the tensor, else it cannot tell), and for
+ * each boolean the values it can take (bit 1: true, bit 2: false).  Each
+ * position appears once in an expression such as q - k <= W, so the common
+ * rules (causal, windows, prefixes, documents) come out exact. */
+#define TILE_READ_MAX 512
+
+static int is_comparison(int op) { return op >= FA_X_LT && op <= FA_X_NE; }
+
 static int tile_exact(const fa_expr *e, const int *ty, const uint8_t *live) {
   for (int i = 0; i < e->n; i++) {
     if (!live[i]) continue;
-    const int op = e->nodes[i].op;
-    if (op == FA_X_LOAD || op == FA_X_S || (ty[i] != TB && ty[i] != TI && ty[i] != TJ)) return 0;
-    if (op == FA_X_DIV || op == FA_X_POW || op == FA_X_EXP || op == FA_X_LOG || op == FA_X_TANH || op == FA_X_SQRT)
+    const fa_expr_node *x = &e->nodes[i];
+    const int op = x->op;
+    if (op == FA_X_S || op == FA_X_DIV || op == FA_X_POW || op == FA_X_EXP || op == FA_X_LOG || op == FA_X_TANH ||
+        op == FA_X_SQRT)
       return 0;
+    if (op == FA_X_LOAD) {
+      for (int d = 0; d < x->ndim; d++)
+        if (ty[x->a[d]] != TI && ty[x->a[d]] != TJ) return 0;
+    } else if (ty[i] == TF && op != FA_X_CONST) {
+      return 0;
+    }
+    /* a float (a read, a constant) meets nothing but a comparison: its
+     * bounds then stay the values themselves, as the pairs compare them */
+    for (int j = 0; !is_comparison(op) && j < fa_expr_operands(x); j++)
+      if (ty[x->a[j]] == TF && op != FA_X_LOAD) return 0;
   }
   return 1;
 }
 
-static void emit_tile(text *t, const fa_expr *e, const int *ty, const uint8_t *live) {
+/* A read over a tile: l<i>, h<i> (and n<i>: a NaN among them, or too many
+ * to look at) for a number, t<i> for a boolean; 2 returned when an index
+ * may leave the tensor (the pairs then evaluate it, and record the read). */
+static void emit_tile_read(text *t, const fa_expr *e, int i, const int *ty, int slot) {
+  const fa_expr_node *x = &e->nodes[i];
+  if (ty[i] == TB) put(t, "  int t%d = 0;\n", i);
+  else put(t, "  double l%d = INFINITY, h%d = -INFINITY;\n  bool n%d = false;\n", i, i, i);
+  put(t, "  {\n    double count = 1.;\n");
+  for (int d = 0; d < x->ndim; d++) {
+    const int A = x->a[d];
+    put(t, "    if (!(l%d >= 1. && h%d <= (double)a.shape[%d][%d])) return 2;\n", A, A, slot, d);
+    put(t, "    count *= h%d - l%d + 1.;\n", A, A);
+  }
+  put(t, "    if (count > %d.) {\n", TILE_READ_MAX);
+  if (ty[i] == TB) put(t, "      t%d = 3;\n    } else {\n", i);
+  else put(t, "      n%d = true;\n    } else {\n", i);
+  /* the loops, outermost first; the offset o<i> as the pairs' */
+  for (int d = 0; d < x->ndim; d++)
+    put(t, "    for (long long x%d_%d = (long long)l%d - 1; x%d_%d < (long long)h%d; x%d_%d++)\n", i, d, x->a[d], i, d,
+        x->a[d], i, d);
+  put(t, "    {\n      const long long o%d = ", i);
+  for (int d = 0; d < x->ndim; d++) put(t, "%sx%d_%d * a.stride[%d][%d]", d ? " + " : "", i, d, slot, d);
+  put(t, ";\n      const double v = (double)(");
+  put(t, load_format(e->tensors[x->tensor]->dtype), slot, i);
+  put(t, ");\n");
+  if (ty[i] == TB) put(t, "      t%d |= v != 0. ? 1 : 2;\n", i);
+  else put(t, "      if (v != v) n%d = true;\n      else l%d = fmin(l%d, v), h%d = fmax(h%d, v);\n", i, i, i, i, i);
+  put(t, "    }\n    }\n  }\n");
+}
+
+/* A bound of operand j of a comparison meeting in type w (hi: the upper
+ * one): a boolean's 0/1, an integer rounded to a float where the pairs
+ * compare in floats. */
+static void cmp_bound(text *t, int j, int have, int w, int hi) {
+  if (have == TB) put(t, hi ? "(t%d & 1 ? 1. : 0.)" : "(t%d & 2 ? 0. : 1.)", j);
+  else if (w == TF && have == TI) put(t, "(double)(float)%c%d", hi ? 'h' : 'l', j);
+  else put(t, "%c%d", hi ? 'h' : 'l', j);
+}
+
+/* Whether operand j of a comparison may be NaN over the tile (floats only). */
+static void nan_flag(text *t, int j, int have) {
+  if (have == TF) put(t, "n%d", j);
+  else put(t, "false");
+}
+
+static void emit_tile(text *t, const fa_expr *e, const int *ty, const uint8_t *live, int base) {
   static const char *const cmp[] = {"lt", "le", "gt", "ge", "eq", "ne"};
   put(t, "  static const bool has_tile = true;\n");
   put(t, "  static __device__ int tile(const fa_variant_args &a, long long b, long long h, long long q0, long long q1,"
@@ -375,6 +443,17 @@ static void emit_tile(text *t, const fa_expr *e, const int *ty, const uint8_t *l
     if (!live[i]) continue;
     const fa_expr_node *x = &e->nodes[i];
     const int A = x->a[0], B = x->a[1], C = x->a[2];
+    if (x->op == FA_X_LOAD) {
+      emit_tile_read(t, e, i, ty, base + x->tensor);
+      continue;
+    }
+    if (ty[i] == TF) { /* a float constant, as the pairs round it */
+      if (x->c != x->c) put(t, "  const double l%d = 0., h%d = 0.;\n  const bool n%d = true;\n", i, i, i);
+      else if (isinf(x->c)) put(t, "  const double l%d = %sINFINITY, h%d = l%d;\n  const bool n%d = false;\n", i,
+                                x->c < 0 ? "-" : "", i, i, i);
+      else put(t, "  const double l%d = (double)(float)%.17g, h%d = l%d;\n  const bool n%d = false;\n", i, x->c, i, i, i);
+      continue;
+    }
     if (ty[i] == TB) {
       switch (x->op) {
       case FA_X_CONST: put(t, "  const int t%d = %d;\n", i, x->c != 0 ? 1 : 2); break;
@@ -386,8 +465,14 @@ static void emit_tile(text *t, const fa_expr *e, const int *ty, const uint8_t *l
         if (ty[A] == TB && ty[B] == TB) /* eq / ne of two booleans: sure only when both are known */
           put(t, "  const int t%d = (t%d == 3 || t%d == 3) ? 3 : (t%d == t%d ? %d : %d);\n", i, A, B, A, B,
               x->op == FA_X_EQ ? 1 : 2, x->op == FA_X_EQ ? 2 : 1);
-        else /* comparisons of integers */
-          put(t, "  const int t%d = fa_tile_%s(l%d, h%d, l%d, h%d);\n", i, cmp[x->op - FA_X_LT], A, A, B, B);
+        else { /* comparisons of numbers: none sure where a NaN may be */
+          const int w = meet(ty[A], ty[B]);
+          put(t, "  const int t%d = (", i);
+          nan_flag(t, A, ty[A]), put(t, " || "), nan_flag(t, B, ty[B]);
+          put(t, ") ? 3 : fa_tile_%s(", cmp[x->op - FA_X_LT]);
+          cmp_bound(t, A, ty[A], w, 0), put(t, ", "), cmp_bound(t, A, ty[A], w, 1), put(t, ", ");
+          cmp_bound(t, B, ty[B], w, 0), put(t, ", "), cmp_bound(t, B, ty[B], w, 1), put(t, ");\n");
+        }
         break;
       }
       continue;
@@ -487,7 +572,7 @@ static int emit_function(text *t, const fa_expr *e, const int64_t *bounds, int i
   put(t, "  return ");
   operand(t, r, ty[r], is_mask ? TB : TF);
   put(t, ";\n  }\n");
-  if (is_mask && tile_exact(e, ty, live)) emit_tile(t, e, ty, live);
+  if (is_mask && tile_exact(e, ty, live)) emit_tile(t, e, ty, live, base);
   else if (is_mask) put(t, "  static const bool has_tile = false;\n"
                            "  static __device__ int tile(const fa_variant_args &, long long, long long, long long, long long,"
                            " long long, long long) { return 2; }\n");

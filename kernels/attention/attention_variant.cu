@@ -729,7 +729,8 @@ extern "C" fa_status fa_cuda_block_mask(fa_context *ctx, const fa_expr *e, int64
   vp.va.spans_nq = nq;
   fault_records fr = {NULL, 0, {0, 0}};
   void *dev = NULL, *spans = NULL;
-  uint8_t *host = (uint8_t *)malloc(bytes);
+  const bool shared = nb < B || nh < H; /* some (b, h) share their tiles: copied on the host */
+  uint8_t *host = shared ? (uint8_t *)malloc(bytes) : state;
   if (!host) st = fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: block_mask: out of host memory");
   if (!st) st = faults_open(ctx, reads, &vp, &fr);
   if (!st) st = fa_cuda_malloc(ctx, &dev, bytes);
@@ -740,12 +741,12 @@ extern "C" fa_status fa_cuda_block_mask(fa_context *ctx, const fa_expr *e, int64
   }
   if (!st) st = fa_cuda_memcpy(ctx, host, dev, bytes, FA_COPY_D2H);
   st = faults_close(ctx, &p, bounds, &fr, st);
-  if (!st) /* the (b, h) the expression does not tell apart share their tiles */
+  if (!st && shared)
     for (long long b = 0; b < B; b++)
       for (long long h = 0; h < H; h++)
         memcpy(state + (b * H + h) * nq * nk, host + ((nb > 1 ? b : 0) * nh + (nh > 1 ? h : 0)) * nq * nk,
                (size_t)(nq * nk));
-  free(host);
+  if (shared) free(host);
   if (dev) fa_cuda_free(dev, bytes);
   return st;
 }

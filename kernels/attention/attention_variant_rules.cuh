@@ -203,38 +203,57 @@ template <> struct attn_rule<fa_variant_problem> {
 
 /* mask_mod over the tiles of BR query rows and BC keys: one block a (b, h,
  * query tile) (b, h: 0 where the expression does not use them, spans_sb,
- * spans_sh = 0), every pair of each key tile evaluated (on the positions
- * inside Lq and Lk), then the tile's span record (spans, for the attention
- * kernels) or its state (states, nk a query tile: fa.block_mask).  Reads
- * out of range are recorded for fa.block_mask only: the attention kernels
+ * spans_sh = 0), its key tiles 256 at a time: each thread decides one as a
+ * whole where fa_variant::tile can, then the block evaluates every pair of
+ * the others (on the positions inside Lq and Lk) one tile after another,
+ * and the tiles' span record (spans, for the attention kernels) or their
+ * states (states, nk a query tile: fa.block_mask) are written.  Reads out
+ * of range are recorded for fa.block_mask only: the attention kernels
  * evaluate mask_mod again on the keys they attend, and record them there. */
 template <int BR, int BC>
 __global__ void __launch_bounds__(256) fa_variant_spans_kernel(fa_variant_problem p, int *spans, uint8_t *states,
                                                                long long nh) {
+  constexpr int CHUNK = 256, UNDECIDED = 0xff;
+  __shared__ uint8_t state[CHUNK];
+  __shared__ unsigned undecided[CHUNK / 32];
   const long long nq = p.va.spans_nq, blk = blockIdx.x, qt = blk % nq;
   const long long b = blk / nq / nh, h = blk / nq % nh;
   const long long nk = (p.Lk + BC - 1) / BC;
   const int Lq = (int)p.Lq, Lk = (int)p.Lk; /* below 2^31 (checked) */
+  const long long q1 = min(qt * BR + BR, (long long)Lq) - 1;
   const float bf = (float)b, hf = (float)h;
   fa_span_builder span = fa_span_start();
-  for (long long kt = 0; kt < nk; kt++) {
-    bool any = false, all = true;
-    /* a tile decided as a whole needs no pair evaluated (the same verdict in every thread) */
-    const int verdict = fa_variant::has_tile ? fa_variant::tile(p.va, b, h, qt * BR, min(qt * BR + BR, (long long)p.Lq) - 1,
-                                                                kt * BC, min(kt * BC + BC, (long long)p.Lk) - 1)
-                                             : 2;
-    if (verdict != 2) any = all = verdict == 1;
-    for (int idx = threadIdx.x; verdict == 2 && idx < BR * BC; idx += 256) {
-      const int i = (int)qt * BR + idx / BC, j = (int)kt * BC + idx % BC;
-      if (i >= Lq || j >= Lk) continue;
-      int f = -1;
-      const bool m = fa_variant::mask(p.va, 0.f, b, h, i, j, bf, hf, (float)i, (float)j, f);
-      if (states && f >= 0) fa_variant_record(p.va.fault[1], f);
-      any |= m, all &= m;
-    }
-    if (verdict == 2) any = __syncthreads_or(any), all = __syncthreads_and(all);
-    if (states && threadIdx.x == 0) states[blk * nk + kt] = any ? (all ? FA_BLOCK_FULL : FA_BLOCK_PARTIAL) : FA_BLOCK_EMPTY;
-    fa_span_add(span, (int)kt, any, all);
+  for (long long c0 = 0; c0 < nk; c0 += CHUNK) {
+    const int n = (int)min((long long)CHUNK, nk - c0);
+    const long long kt = c0 + threadIdx.x;
+    int verdict = 2;
+    if (fa_variant::has_tile && threadIdx.x < n)
+      verdict = fa_variant::tile(p.va, b, h, qt * BR, q1, kt * BC, min(kt * BC + BC, (long long)Lk) - 1);
+    state[threadIdx.x] = verdict == 2 ? UNDECIDED : verdict == 1 ? FA_BLOCK_FULL : FA_BLOCK_EMPTY;
+    const unsigned ballot = __ballot_sync(~0u, verdict == 2 && threadIdx.x < n);
+    if (threadIdx.x % 32 == 0) undecided[threadIdx.x / 32] = ballot;
+    __syncthreads();
+    for (int w = 0; w < CHUNK / 32; w++)
+      for (unsigned left = undecided[w]; left; left &= left - 1) { /* the same in every thread */
+        const int u = w * 32 + __ffs(left) - 1;
+        const long long ku = c0 + u;
+        bool any = false, all = true;
+        for (int idx = threadIdx.x; idx < BR * BC; idx += 256) {
+          const int i = (int)qt * BR + idx / BC, j = (int)ku * BC + idx % BC;
+          if (i >= Lq || j >= Lk) continue;
+          int f = -1;
+          const bool m = fa_variant::mask(p.va, 0.f, b, h, i, j, bf, hf, (float)i, (float)j, f);
+          if (states && f >= 0) fa_variant_record(p.va.fault[1], f);
+          any |= m, all &= m;
+        }
+        any = __syncthreads_or(any), all = __syncthreads_and(all);
+        if (threadIdx.x == 0) state[u] = any ? (all ? FA_BLOCK_FULL : FA_BLOCK_PARTIAL) : FA_BLOCK_EMPTY;
+      }
+    __syncthreads();
+    if (states && threadIdx.x < n) states[blk * nk + kt] = state[threadIdx.x];
+    if (spans && threadIdx.x == 0)
+      for (int u = 0; u < n; u++) fa_span_add(span, (int)(c0 + u), state[u] != FA_BLOCK_EMPTY, state[u] == FA_BLOCK_FULL);
+    __syncthreads(); /* state and undecided are the next chunk's */
   }
   if (spans && threadIdx.x == 0) fa_span_store(span, spans + 4 * blk);
 }

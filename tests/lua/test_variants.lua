@@ -295,6 +295,26 @@ function TestVariants:test_block_mask_counts()
   bm = fa.block_mask(document, 1, 2, 50, 50, {tile = {8, 16}})
   check_block_mask(bm, function(b, h, i, j) return ids[i] == ids[j] and (i >= j or h == 2) end, 1, 2, 50, 50, 8, 16,
     "document")
+  -- more than 256 key tiles a query tile (the device's chunks), reads decided
+  -- a tile at a time (documents of ragged lengths, a bool tensor, a NaN
+  -- among the ids: its tiles evaluated pair by pair)
+  local L2, ids2, keep = 1100, {}, {}
+  for i = 1, L2 do
+    ids2[i] = (i * 7) // 97 + (i > 700 and 1 or 0)
+    keep[i] = i % 13 ~= 0
+  end
+  local docs2 = fa.tensor(ids2, {dtype = "f16", device = dev})
+  local nan_ids = {}
+  for i = 1, L2 do nan_ids[i] = i == 555 and 0 / 0 or ids2[i] end
+  local nan_doc = fa.tensor(nan_ids, {device = dev})
+  local kept = fa.tensor(keep, {device = dev})
+  local ragged = function(b, h, q, k)
+    return (docs2[q]:eq(docs2[k]) & q:ge(k) & kept[k]) | (h:eq(2) & nan_doc[k]:lt(nan_doc[q]))
+  end
+  bm = fa.block_mask(ragged, 1, 2, 40, L2, {tile = {16, 4}})
+  check_block_mask(bm, function(b, h, i, j)
+    return (ids2[i] == ids2[j] and i >= j and keep[j]) or (h == 2 and nan_ids[j] < nan_ids[i])
+  end, 1, 2, 40, L2, 16, 4, "ragged documents")
   -- the default tile is the CPU's
   local _, _, _, _, br, bc = fa.block_mask(causal, 1, 1, 5, 5):sizes()
   lu.assertTrue(br >= 1 and bc >= 1)
