@@ -37,8 +37,8 @@ fa_attn_kernel fa_attn_kernel_find(const char *name) {
 static const char *cuda_refuses(fa_attn_kernel k, const fa_attn_dims *d, int64_t tq, int64_t tk, int64_t *br,
                                 int64_t *bc, char *buf, size_t n) {
   if (d->dtype == FA_F64) return "f64 inputs; kernels on cuda take f32, f16 or bf16";
-  if (d->variant && k != FA_KERNEL_WGMMA && k != FA_KERNEL_MMA && k != FA_KERNEL_SIMT)
-    return "opts.score_mod / opts.mask_mod: it has no variant hook (wgmma, mma and simt have)";
+  if (d->variant && k != FA_KERNEL_WGMMA_TMA && k != FA_KERNEL_WGMMA && k != FA_KERNEL_MMA && k != FA_KERNEL_SIMT)
+    return "opts.score_mod / opts.mask_mod: it has no variant hook (wgmma_tma, wgmma, mma and simt have)";
   if (k == FA_KERNEL_NAIVE) return NULL;
   if ((k == FA_KERNEL_ROW || k == FA_KERNEL_SIMT) && d->Dv > 256) {
     snprintf(buf, n, "Dv = %lld, above 256", (long long)d->Dv);

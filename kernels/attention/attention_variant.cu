@@ -3,8 +3,9 @@
  *
  * A call's traced expressions become CUDA C (src/variant_codegen.c); with
  * the kernels' headers, held in the library (cmake/embed_sources.cmake),
- * NVRTC compiles them into the Hopper (wgmma), mma.sync or SIMT kernel
- * instantiated with the variant's problem type (attention_variant.cuh).
+ * NVRTC compiles them into the Hopper (wgmma_tma or wgmma), mma.sync or
+ * SIMT kernel instantiated with the variant's problem type
+ * (attention_variant.cuh).
  * NVRTC is opened with dlopen on first use, so that the engine loads and
  * runs without it; its absence is an error of the variant calls alone.
  *
@@ -34,6 +35,7 @@ extern const int fa_rtc_source_count;
 extern const char *const fa_rtc_source_names[];
 extern const char *const fa_rtc_source_texts[];
 int fa_cuda_attention_tc_kernel(fa_attn_kernel kernel, const fa_attn_problem *p);
+int fa_cuda_wgmma_usable(void);
 }
 
 /* ---- NVRTC, opened on first use ---- */
@@ -454,9 +456,13 @@ static bool expr_uses(const fa_expr *e, int op) {
 /* What a variant call runs: the kernels (names[0] the SIMT kernel, [1] the
  * fast one, [2] mask_mod's spans), the fast kernel's tile, the SIMT
  * kernel's problem (its own tile) and the spans' layout. */
+enum { FAST_NONE, FAST_MMA, FAST_WGMMA, FAST_TMA }; /* variant_plan.fast */
+
 typedef struct {
   int fast, n;
   int br, bc;          /* the fast kernel's tile */
+  bool persistent;     /* FAST_TMA: its persistent form */
+  wt_maps maps;        /* FAST_TMA: the tensor maps of q, k and v */
   fa_attn_problem simt; /* tile fitted to the SIMT kernel */
   long long nb, nh, nq; /* spans: batches and heads told apart (1: mask_mod does not use b / h), query tiles */
   char names[RTC_KERNELS][160];
@@ -464,8 +470,14 @@ typedef struct {
 
 static fa_status plan_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_attn_problem *p, variant_plan *v) {
   memset(v, 0, sizeof *v);
-  v->fast = kernel == FA_KERNEL_SIMT ? 0 : fa_cuda_attention_tc_kernel(kernel, p); /* 2 wgmma, 1 mma, 0 SIMT alone */
-  if (!v->fast && kernel != FA_KERNEL_AUTO && kernel != FA_KERNEL_SIMT)
+  /* the warp-specialised kernel where it takes the call (and the copy engine its operands), else wgmma, mma */
+  const bool tma = (kernel == FA_KERNEL_AUTO || kernel == FA_KERNEL_WGMMA_TMA) && fa_cuda_wgmma_usable() &&
+                   (p->compute == FA_F16 || p->compute == FA_BF16) && p->D == p->Dv && attn_rows_aligned16(p) &&
+                   fa_cuda_attention_kernel_tile_ok(FA_KERNEL_WGMMA_TMA, p->D, p->tile_q, p->tile_k) &&
+                   wt_encode_maps(p, &v->maps);
+  if (tma) v->fast = FAST_TMA;
+  else if (kernel != FA_KERNEL_SIMT && kernel != FA_KERNEL_WGMMA_TMA) v->fast = fa_cuda_attention_tc_kernel(kernel, p);
+  if (kernel == FA_KERNEL_WGMMA_TMA ? !tma : !v->fast && kernel != FA_KERNEL_AUTO && kernel != FA_KERNEL_SIMT)
     return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: opts.kernel: the kernel named declined the call on cuda");
   const char *T = p->compute == FA_F16 ? "__half" : p->compute == FA_BF16 ? "__nv_bfloat16" : "float";
   const char *dense = attn_rows_dense(p) ? "true" : "false";
@@ -478,7 +490,18 @@ static fa_status plan_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_a
            block_rows((int)v->simt.tile_q));
   v->n = 1;
   if (!v->fast) return FA_OK;
-  if (v->fast == 2) {
+  if (v->fast == FAST_TMA) {
+    v->br = WT_BR, v->bc = (int)p->tile_k;
+    v->persistent = wt_persistent_fits(p->D, p->Lk, p->mask_mod || p->mask_b || p->mask_f);
+    if (v->persistent)
+      snprintf(v->names[1], sizeof v->names[1],
+               "attn_wgmma_tma_persistent_kernel<%s, %lld, %d, EXTRAS_VARIANT, fa_variant_problem>", T,
+               (long long)p->D, v->bc);
+    else
+      snprintf(v->names[1], sizeof v->names[1],
+               "attn_wgmma_tma_kernel<%s, %lld, %d, EXTRAS_VARIANT, %s, fa_variant_problem>", T, (long long)p->D,
+               v->bc, p->D == 256 ? "true" : "false");
+  } else if (v->fast == FAST_WGMMA) {
     v->br = WG_BR, v->bc = (int)p->tile_k;
     snprintf(v->names[1], sizeof v->names[1],
              "attn_wgmma_kernel<%s, %lld, %d, EXTRAS_VARIANT, PASS_FLASH, %s, fa_variant_problem>", T, (long long)p->D,
@@ -641,6 +664,29 @@ static fa_status variant_spans(fa_context *ctx, const fa_attn_problem *p, const 
   return st;
 }
 
+/* The warp-specialised kernel of the call (FAST_TMA): a block a query
+ * tile, or its persistent form with a fresh tile counter. */
+static fa_status queue_variant_tma(fa_context *ctx, const fa_attn_problem *p, const variant_plan *v, cudaKernel_t kern,
+                                   fa_variant_problem *vp) {
+  const size_t smem = p->D == 256 ? wt_layout<256, 64>::bytes : v->bc == 176 ? wt_layout<128, 176>::bytes
+                                                                             : wt_layout<128, 128>::bytes;
+  const int64_t tiles = p->B * p->Hq * ((p->Lq + WT_BR - 1) / WT_BR);
+  fa_status st = attn_grid_fits(ctx, tiles);
+  if (st || tiles <= 0) return st;
+  wt_maps maps = v->maps; /* a copy the launch reads: the arguments are copied at the launch */
+  if (!v->persistent) {
+    void *args[] = {vp, &maps};
+    return launch(ctx, kern, (unsigned)tiles, WT_THREADS, smem, args, "the variant's fast kernel");
+  }
+  unsigned grid = 0;
+  int *next = NULL;
+  if ((st = wt_persistent_start(ctx, tiles, &grid, &next))) return st;
+  void *args[] = {vp, &maps, &next};
+  st = launch(ctx, kern, grid, WT_THREADS, smem, args, "the variant's fast kernel");
+  fa_cuda_free_on(ctx, next, sizeof(int)); /* stream-ordered: after the kernel */
+  return st;
+}
+
 /* Queues the call's kernels: mask_mod's spans, the fast kernel guarded by
  * v_flag (NaN or inf in V), and the SIMT kernel, behind it when there is
  * one (it runs only when v_flag is set), else alone. */
@@ -650,13 +696,17 @@ static fa_status queue_variant(fa_context *ctx, const fa_attn_problem *p, const 
   void *spans = NULL;
   size_t spans_bytes = 0;
   if (v->n == 3) st = variant_spans(ctx, p, v, src, kern[2], vp, &spans, &spans_bytes);
-  if (!st && v->fast) {
+  if (!st && v->fast == FAST_TMA) {
+    vp->v_nonfinite = v_flag, vp->v_self_check = 0;
+    st = queue_variant_tma(ctx, p, v, kern[1], vp);
+  } else if (!st && v->fast) {
     vp->v_nonfinite = v_flag, vp->v_self_check = 0;
     void *args[] = {vp};
     const int64_t blocks = p->B * p->Hq * ((p->Lq + v->br - 1) / v->br);
-    const size_t smem = v->fast == 2 ? wgmma_smem_bytes((int)p->D, v->bc) : (size_t)(v->br + 4 * MMA_BC) * p->D * 2;
+    const bool wg = v->fast == FAST_WGMMA;
+    const size_t smem = wg ? wgmma_smem_bytes((int)p->D, v->bc) : (size_t)(v->br + 4 * MMA_BC) * p->D * 2;
     if (!(st = attn_grid_fits(ctx, blocks)))
-      st = launch(ctx, kern[1], (unsigned)blocks, v->fast == 2 ? WG_THREADS : MMA_WARPS(p->D) * 32, smem, args,
+      st = launch(ctx, kern[1], (unsigned)blocks, wg ? WG_THREADS : MMA_WARPS(p->D) * 32, smem, args,
                   "the variant's fast kernel");
   }
   if (!st) {

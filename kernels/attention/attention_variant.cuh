@@ -16,6 +16,7 @@
 #include "attention_mma.cuh"
 #include "attention_tiled.cuh"
 #include "attention_wgmma.cuh"
+#include "attention_wgmma_tma.cuh"
 
 #include "attention_variant_args.cuh"
 

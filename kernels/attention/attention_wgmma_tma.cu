@@ -1,357 +1,11 @@
-/* "flash" on Hopper, warp-specialised (the "wgmma_tma" kernel): the
- * wgmma kernel's products and online softmax (attention_wgmma.cuh), fed by
- * the tensor memory accelerator.
- *
- * A block of three warpgroups owns 128 query rows of one (batch, head):
- * warpgroups 0 and 1 (the consumers) compute rows 0-63 and 64-127 as the
- * wgmma kernel does; warpgroup 2 (the producer) gives up its registers
- * (setmaxnreg) and one of its threads brings Q and every key and value
- * tile into shared memory with TMA copies, described by tensor maps over
- * the operands' strides (API §6: any batch, head and sequence strides,
- * rows on 16 bytes), in the 128-byte swizzle that wgmma reads.  The tiles
- * go through rings of KST key and VST value buffers: a copy completes on
- * the buffer's "full" mbarrier, and each consumer warp arrives on its
- * "empty" mbarrier once its products have read it; so the consumers never
- * meet at a block barrier, and no consumer thread spends an instruction on
- * an address or a copy.  Rows past the operand's end come in as zeros
- * (the map's bounds); keys past the tile's range but inside the operand
- * are masked by the score rule as in the wgmma kernel.
- *
- * Order a tile: the producer loads K(t+1) before V(t), the order the
- * consumers need them in (S(t+1) = Q·K(t+1)ᵀ is issued with O += P(t)·V(t)
- * behind it, the wgmma kernel's intra-warpgroup overlap).
- *
- * Tiles {128, BC}: key tiles of 128 or 176 at D = 128 (the automatic
- * choice takes 176 from 2048 keys on: attention_mma.cu), of 64 at D = 256,
- * where the consumers take turns at the tensor cores (PINGPONG).
- *
- * Two forms: a block a query tile (attn_wgmma_tma_kernel), and a
- * persistent one, a block an SM taking query tiles from a counter and
- * loading the next one's Q and keys while it finishes the last
- * (attn_wgmma_tma_persistent_kernel; wt_persistent says which a call
- * takes).  Measured steps and what was tried: docs/perf/README.md. */
-#include "attention_wgmma.cuh"
-#include "tma.cuh"
+/* "flash" on Hopper, warp-specialised (the "wgmma_tma" kernel): the host
+ * side, the operands' tensor maps and the launches; the kernels and their
+ * design: attention_wgmma_tma.cuh. */
+#include "attention_wgmma_tma.cuh"
 
-#include <cuda.h>
 #include <cudaTypedefs.h>
 
 #include <algorithm>
-
-#define WT_BR 128
-#define WT_THREADS 384 /* two consumer warpgroups, then the producer */
-#define WT_KST 2
-#define WT_VST 2
-
-/* The tensor maps of q, k and v (kernel parameters: __grid_constant__). */
-struct wt_maps {
-  CUtensorMap q, k, v;
-};
-
-/* A query tile the persistent form's producer posts to its consumers. */
-struct wt_slot {
-  int tile, ntiles;
-  long long t_lo, all_lo, all_hi;
-};
-
-/* A block's shared memory, 1024-byte aligned (the swizzle is computed on
- * address bits): Q's tile, the key and value rings, the mbarriers (Q's
- * full, the rings' full and empty; the persistent form's Q empty and its
- * slots' full and empty), then the persistent form's two slots.  Addresses
- * as the copies and products take them (q: Q's tile). */
-template <int D, int BC> struct wt_layout {
-  static constexpr int QB = WT_BR * D * 2, KB = BC * D * 2; /* bytes of the Q tile, of a K or V tile */
-  static constexpr int BARS = QB + (WT_KST + WT_VST) * KB, NBAR = 1 + 2 * WT_KST + 2 * WT_VST + 5;
-  static constexpr size_t bytes = (size_t)BARS + 8 * NBAR + 2 * sizeof(wt_slot) + 1024; /* + alignment */
-  char *qs;
-  uint32_t q;
-  __device__ __forceinline__ explicit wt_layout(char *raw)
-      : qs(raw + ((1024 - (smem_addr(raw) & 1023)) & 1023)), q(smem_addr(qs)) {}
-  __device__ __forceinline__ uint32_t ks() const { return q + QB; }
-  __device__ __forceinline__ uint32_t vs() const { return q + QB + WT_KST * KB; }
-  __device__ __forceinline__ uint32_t q_full() const { return q + BARS; }
-  __device__ __forceinline__ uint32_t full_k() const { return q + BARS + 8; }
-  __device__ __forceinline__ uint32_t empty_k() const { return full_k() + 8 * WT_KST; }
-  __device__ __forceinline__ uint32_t full_v() const { return empty_k() + 8 * WT_KST; }
-  __device__ __forceinline__ uint32_t empty_v() const { return full_v() + 8 * WT_VST; }
-  __device__ __forceinline__ uint32_t q_empty() const { return empty_v() + 8 * WT_VST; }
-  __device__ __forceinline__ uint32_t slot_full() const { return q_empty() + 8; }
-  __device__ __forceinline__ uint32_t slot_empty() const { return slot_full() + 16; }
-  __device__ __forceinline__ wt_slot *slots() const { return (wt_slot *)(qs + BARS + 8 * NBAR); }
-};
-
-/* The consumers' turns at the tensor cores (PINGPONG): warpgroup c waits
- * at named barrier WT_TURN + c before it issues a tile's products and lets
- * the other go once its S is in, so that the two issue in turn and one's
- * softmax runs while the other's products do. */
-enum { WT_TURN = 3 }; /* barriers 1 and 2: frag_store_staged's */
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-static __device__ __forceinline__ void wt_turn_wait(int c) {
-  asm volatile("bar.sync %0, 256;" ::"r"(WT_TURN + c) : "memory");
-}
-/* when `go`: predicated rather than branched around, so that no branch
- * sits in the key loop's issue sequence */
-static __device__ __forceinline__ void wt_turn_pass(int c, bool go = true) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %1, 0;\n@p bar.arrive %0, 256;\n}" ::"r"(WT_TURN + (c ^ 1)), "r"((int)go)
-               : "memory");
-}
-#endif
-
-/* The phases of a ring of N buffers whose tile t of a query tile sits in
- * buffer t % N: bit s is the parity of buffer s's next phase.  A query tile
- * starts at buffer 0, so that the buffer (and the address of the products'
- * operands) follows from the tile's index alone; ptxas then keeps that
- * arithmetic in uniform registers (ring positions running on across query
- * tiles came from shared memory, which put it in vector registers: 7 %
- * more instructions a key tile). */
-template <int N> struct wt_ring {
-  uint32_t bits = 0;
-  __device__ __forceinline__ unsigned parity(int t) const { return ((bits >> (t % N)) ^ (unsigned)(t / N)) & 1u; }
-  /* past a query tile of n tiles */
-  __device__ __forceinline__ void advance(int n) {
-#pragma unroll
-    for (int s = 0; s < N; s++) bits ^= (uint32_t)(((n - s + N - 1) / N) & 1) << s;
-  }
-};
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-/* The producer's copies, a 64-column block a copy.  Q's tile at rows
- * [row, row + 128) of head h, batch bi, completing on bar: */
-template <int D>
-static __device__ __forceinline__ void wt_load_q(const CUtensorMap *m, uint32_t q, uint32_t bar, int row, int h, int bi) {
-  mbar_expect(bar, WT_BR * D * 2);
-#pragma unroll
-  for (int c = 0; c < D / 64; c++) tma_load_4d(q + c * WT_BR * 128, m, c * 64, row, h, bi, bar);
-}
-/* key or value tile t of a query tile (rows [row, row + BC) of key head
- * hk) into buffer t % N of the ring at `ring`, once its empty barrier says
- * it is free (the phase before the first passes at once). */
-template <int D, int BC, int N>
-static __device__ __forceinline__ void wt_load_kv(const CUtensorMap *m, uint32_t ring, uint32_t full, uint32_t empty,
-                                                  const wt_ring<N> &ph, int t, int row, int hk, int bi) {
-  const int sb = t % N;
-  mbar_wait(empty + 8 * sb, ph.parity(t) ^ 1);
-  mbar_expect(full + 8 * sb, BC * D * 2);
-#pragma unroll
-  for (int c = 0; c < D / 64; c++) tma_load_4d(ring + sb * BC * D * 2 + c * BC * 128, m, c * 64, row, hk, bi, full + 8 * sb);
-}
-/* The mbarriers of both forms (the persistent form's four more with slots). */
-template <int D, int BC> static __device__ __forceinline__ void wt_init_barriers(const wt_layout<D, BC> &L, bool slots) {
-  mbar_init(L.q_full(), 1);
-  for (int s = 0; s < WT_KST; s++) mbar_init(L.full_k() + 8 * s, 1), mbar_init(L.empty_k() + 8 * s, 8); /* 8 consumer warps */
-  for (int s = 0; s < WT_VST; s++) mbar_init(L.full_v() + 8 * s, 1), mbar_init(L.empty_v() + 8 * s, 8);
-  if (slots) {
-    mbar_init(L.q_empty(), 8);
-    for (int s = 0; s < 2; s++) mbar_init(L.slot_full() + 8 * s, 1), mbar_init(L.slot_empty() + 8 * s, 8);
-  }
-  mbar_init_fence();
-}
-#endif
-
-/* A consumer warpgroup's key loop over the query tile's ntiles key tiles
- * from t_lo, and the last tile's P·V, into o (rows r): tile t in buffer
- * t % 2 of the key and value rings of L (the barriers' phases kr, vr).  S(t+1) = Q·K(t+1)ᵀ is issued with O += P(t)·V(t) behind
- * it (the wgmma kernel's intra-warpgroup overlap).  q_empty (0: none) gets
- * this warp's arrival once its last S is in. */
-template <typename T, int D, int BC, int EXTRAS, bool PINGPONG>
-static __device__ __forceinline__ void wt_consume(const fa_attn_problem &p, int64_t b, int64_t h, int64_t t_lo,
-                                                  int64_t all_lo, int64_t all_hi, int ntiles, const wt_layout<D, BC> &L,
-                                                  const wt_ring<WT_KST> &kr, const wt_ring<WT_VST> &vr, uint32_t q_base,
-                                                  uint32_t q_empty, frag_rows &r, float (*o)[4]) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int KB = BC * D * 2;
-  const uint32_t full_k = L.full_k(), empty_k = L.empty_k(), full_v = L.full_v(), empty_v = L.empty_v();
-  const int lane = threadIdx.x & 31, wg = threadIdx.x >> 7, c2 = (lane & 3) * 2;
-  const bool scale_pos = p.scale > 0;
-  float s[BC / 8][4];
-  uint32_t pa[BC / 16][4]; /* P of the previous tile, as A fragments */
-  if (PINGPONG && wg == 1 && ntiles > 0) wt_turn_pass(1); /* warpgroup 0 goes first */
-  for (int t = 0; t < ntiles; t++) {
-    const int64_t j0 = t_lo + (int64_t)t * BC;
-    const int kb = t % WT_KST;
-    mbar_wait(full_k + 8 * kb, kr.parity(t));
-    if (PINGPONG) wt_turn_wait(wg);
-    qk_issue<T, D, WT_BR, BC>(s, q_base, L.ks() + kb * KB);
-    if (t > 0) {
-      const int vb = (t - 1) % WT_VST;
-      mbar_wait(full_v + 8 * vb, vr.parity(t - 1));
-      pv_issue<T, D, BC>(o, pa, L.vs() + vb * KB);
-    }
-    if (t > 0) wgmma_wait<1>();
-    else wgmma_wait<0>();
-    /* the turn passes once S is in (a barrier between the products' issue
-     * and this wait made ptxas serialise them); every turn warpgroup 0
-     * takes is passed back, but for its last */
-    if (PINGPONG) wt_turn_pass(wg, wg == 0 || t + 1 < ntiles);
-    wgmma_hold<BC / 2>(&s[0][0]);
-    if (lane == 0) mbar_arrive(empty_k + 8 * kb); /* this warp's reads of K(t) are done */
-
-    const bool full = scale_pos && j0 >= all_lo && j0 + BC <= all_hi;
-    float alphaA = 1.f, alphaB = 1.f;
-    frag_softmax_tile<BC / 8, EXTRAS>(p, b, h, j0, c2, full, r, s, &alphaA, &alphaB);
-
-    wgmma_wait<0>();
-    wgmma_hold<D / 2>(&o[0][0]);
-    if (t > 0 && lane == 0) mbar_arrive(empty_v + 8 * ((t - 1) % WT_VST));
-    frag_rescale<D / 8>(o, alphaA, alphaB);
-    p_pack<T, BC>(pa, s);
-  }
-  if (q_empty && lane == 0) mbar_arrive(q_empty); /* this warp's reads of Q are done */
-  if (ntiles > 0) { /* the last tile's P·V */
-    const int vb = (ntiles - 1) % WT_VST;
-    mbar_wait(full_v + 8 * vb, vr.parity(ntiles - 1));
-    pv_issue<T, D, BC>(o, pa, L.vs() + vb * KB);
-    wgmma_wait<0>();
-    wgmma_hold<D / 2>(&o[0][0]);
-    if (lane == 0) mbar_arrive(empty_v + 8 * vb);
-  }
-#endif
-}
-
-template <typename T, int D, int BC, int EXTRAS, bool PINGPONG>
-__global__ void __launch_bounds__(WT_THREADS, 1) attn_wgmma_tma_kernel(const fa_attn_problem p, const __grid_constant__ wt_maps tm) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  const int v_bad = *p.v_nonfinite; /* see leave_for_fallback */
-  extern __shared__ __align__(128) char wt_smem_raw[];
-  const wt_layout<D, BC> L(wt_smem_raw);
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
-  const frag_qtile<T, D, WT_BR> qt(p, blockIdx.x);
-  const int64_t bh = qt.bh, b = qt.b, h = qt.h, i0 = qt.i0;
-  if (tid == 0) wt_init_barriers(L, false);
-  int64_t t_lo, t_hi, all_lo, all_hi;
-  tile_key_range<WT_BR>(p, b, i0, &t_lo, &t_hi, &all_lo, &all_hi); /* its barrier also publishes the mbarriers */
-  const int ntiles = (int)((t_hi - t_lo + BC - 1) / BC);
-  if (leave_for_fallback(v_bad)) return;
-
-  if (wg == 2) { /* the producer */
-    warpgroup_regs_dec<24>();
-    if (tid == 2 * 128) {
-      const int hk = (int)(h / (p.Hq / p.Hkv)), bi = (int)b;
-      const wt_ring<WT_KST> kr;
-      const wt_ring<WT_VST> vr;
-      wt_load_q<D>(&tm.q, L.q, L.q_full(), (int)i0, (int)h, bi);
-      if (ntiles > 0) wt_load_kv<D, BC>(&tm.k, L.ks(), L.full_k(), L.empty_k(), kr, 0, (int)t_lo, hk, bi);
-      for (int t = 0; t < ntiles; t++) {
-        const int j = (int)(t_lo + (int64_t)t * BC);
-        if (t + 1 < ntiles) wt_load_kv<D, BC>(&tm.k, L.ks(), L.full_k(), L.empty_k(), kr, t + 1, j + BC, hk, bi);
-        wt_load_kv<D, BC>(&tm.v, L.vs(), L.full_v(), L.empty_v(), vr, t, j, hk, bi);
-      }
-    }
-    return;
-  }
-  warpgroup_regs_inc<240>();
-
-  const int rA = warp * 16 + (lane >> 2), rB = rA + 8;
-  frag_rows r = frag_rows_start(p, b, i0, rA, rB);
-  float o[D / 8][4];
-#pragma unroll
-  for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
-  mbar_wait(L.q_full(), 0);
-  wt_consume<T, D, BC, EXTRAS, PINGPONG>(p, b, h, t_lo, all_lo, all_hi, ntiles, L, wt_ring<WT_KST>(), wt_ring<WT_VST>(),
-                                         L.q + wg * 64 * 128, 0, r, o);
-  /* O leaves through this warpgroup's rows of Q's tile (its products are done) */
-  frag_store_staged<T, D, false, true, WT_BR, 128>(p, bh, qt.out(p), qt.lse(p), i0, lane, r, o, L.qs);
-#endif
-}
-
-/* The persistent form: a block an SM, walking query tiles.  The
- * producer warp takes tiles from a counter (the longest first, in
- * frag_qtile's order: whichever block is free takes the next), reduces the
- * tile's key range with its 32 lanes, and posts {tile, range} in a ring of
- * two slots (wt_slot, full/empty mbarriers) ahead of the consumers; it
- * loads tile n + 1's first key tile while the consumers finish tile n, and
- * its Q once they are past their last S = Q·Kᵀ (q_empty), so that a
- * tile's start waits for no copy.  Each query tile's keys and values start
- * at the rings' first buffers (wt_ring).  O leaves from the fragments
- * (frag_store): Q's buffer, through which the one-tile form stages it, is
- * the next tile's by then. */
-
-template <typename T, int D, int BC, int EXTRAS>
-__global__ void __launch_bounds__(WT_THREADS, 1)
-    attn_wgmma_tma_persistent_kernel(const fa_attn_problem p, const __grid_constant__ wt_maps tm, int *next_tile) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  const int v_bad = *p.v_nonfinite; /* see leave_for_fallback */
-  extern __shared__ __align__(128) char wt_smem_raw[];
-  const wt_layout<D, BC> L(wt_smem_raw);
-  wt_slot *slots = L.slots();
-  const uint32_t slot_full = L.slot_full(), slot_empty = L.slot_empty();
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
-  const int qtiles = (int)((p.Lq + WT_BR - 1) / WT_BR), total = (int)(p.B * p.Hq) * qtiles;
-  if (tid == 0) wt_init_barriers(L, true);
-  if (leave_for_fallback(v_bad)) return; /* its barrier also publishes the mbarriers */
-
-  if (wg == 2) { /* the producer: its first warp */
-    warpgroup_regs_dec<40>(); /* its tile loop spilled with 24 */
-    if (warp != 8) return;
-    wt_ring<WT_KST> kr;
-    wt_ring<WT_VST> vr;
-    for (int n = 0;; n++) {
-      int tile = blockIdx.x;
-      if (n > 0 && lane == 0) tile = (int)gridDim.x + atomicAdd(next_tile, 1);
-      tile = __shfl_sync(0xffffffffu, tile, 0);
-      const int s = n & 1;
-      if (tile >= total) { /* no tile left: the consumers stop too */
-        if (lane == 0) {
-          mbar_wait(slot_empty + 8 * s, ((n >> 1) & 1) ^ 1);
-          slots[s].tile = tile;
-          mbar_arrive(slot_full + 8 * s);
-        }
-        return;
-      }
-      const frag_qtile<T, D, WT_BR> qt(p, tile);
-      tile_range r = tile_range::none();
-#pragma unroll
-      for (int k = 0; k < WT_BR / 32; k++) r.fold(p, qt.b, qt.i0 + k * 32 + lane);
-      r.fold_warp();
-      int64_t t_lo = 0, t_hi = 0;
-      r.keys(&t_lo, &t_hi);
-      const int ntiles = (int)((t_hi - t_lo + BC - 1) / BC);
-      if (lane == 0) {
-        mbar_wait(slot_empty + 8 * s, ((n >> 1) & 1) ^ 1);
-        slots[s] = wt_slot{tile, ntiles, (long long)t_lo, (long long)r.alo, (long long)r.ahi};
-        mbar_arrive(slot_full + 8 * s);
-        /* 32-bit from here (the copy engine's coordinates are) */
-        const int hk = (int)(qt.h / (p.Hq / p.Hkv)), bi = (int)qt.b, j_lo = (int)t_lo;
-        /* the first key tile while the consumers finish the last query tile, then Q once they are done with theirs */
-        if (ntiles > 0) wt_load_kv<D, BC>(&tm.k, L.ks(), L.full_k(), L.empty_k(), kr, 0, j_lo, hk, bi);
-        mbar_wait(L.q_empty(), (n & 1) ^ 1);
-        wt_load_q<D>(&tm.q, L.q, L.q_full(), (int)qt.i0, (int)qt.h, bi);
-        for (int t = 0; t < ntiles; t++) {
-          if (t + 1 < ntiles) wt_load_kv<D, BC>(&tm.k, L.ks(), L.full_k(), L.empty_k(), kr, t + 1, j_lo + (t + 1) * BC, hk, bi);
-          wt_load_kv<D, BC>(&tm.v, L.vs(), L.full_v(), L.empty_v(), vr, t, j_lo + t * BC, hk, bi);
-        }
-      }
-      kr.advance(ntiles), vr.advance(ntiles);
-      __syncwarp();
-    }
-  }
-  warpgroup_regs_inc<232>(); /* 128 · 40 + 256 · 232: the 168 a thread of the launch */
-
-  const int rA = warp * 16 + (lane >> 2), rB = rA + 8;
-  const uint32_t q_base = L.q + wg * 64 * 128; /* this warpgroup's 64 rows */
-  wt_ring<WT_KST> kr;
-  wt_ring<WT_VST> vr;
-  for (int n = 0;; n++) {
-    const int sl = n & 1;
-    mbar_wait(slot_full + 8 * sl, (n >> 1) & 1);
-    const wt_slot slot = slots[sl];
-    __syncwarp();
-    if (lane == 0) mbar_arrive(slot_empty + 8 * sl);
-    if (slot.tile >= total) return;
-    const frag_qtile<T, D, WT_BR> qt(p, slot.tile);
-    const int ntiles = slot.ntiles;
-    frag_rows r = frag_rows_start(p, qt.b, qt.i0, rA, rB);
-    float o[D / 8][4];
-#pragma unroll
-    for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
-    mbar_wait(L.q_full(), n & 1);
-    wt_consume<T, D, BC, EXTRAS, false>(p, qt.b, qt.h, slot.t_lo, slot.all_lo, slot.all_hi, ntiles, L, kr, vr, q_base,
-                                        L.q_empty(), r, o);
-    kr.advance(ntiles), vr.advance(ntiles);
-    frag_store<T, D, false>(p, qt.bh, qt.out(p), qt.lse(p), lane, r, o);
-  }
-#endif
-}
 
 /* cuTensorMapEncodeTiled, from the driver through the runtime (no link
  * against libcuda); NULL when the driver has none.  Racing threads store
@@ -388,7 +42,7 @@ static int encode_operand(CUtensorMap *m, fa_dtype dt, const void *base, const f
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-static int encode_maps(const fa_attn_problem *p, wt_maps *m) {
+int wt_encode_maps(const fa_attn_problem *p, wt_maps *m) {
   const int D = (int)p->D, BC = (int)p->tile_k;
   return encode_operand(&m->q, p->compute, p->q, p->q_st, p->Lq, p->Hq, p->B, D, WT_BR) &&
          encode_operand(&m->k, p->compute, p->k, p->k_st, p->Lk, p->Hkv, p->B, D, BC) &&
@@ -409,8 +63,24 @@ static fa_status launch(fa_context *ctx, const fa_attn_problem *p, const wt_maps
   return FA_OK;
 }
 
-/* The persistent form (see its kernel): a block an SM, the tile counter a
- * fresh device int from the pool, zeroed on the stream. */
+/* The persistent form's grid, a block an SM (at most `tiles`), and its
+ * tile counter: a fresh device int from the pool, zeroed on the stream, to
+ * be freed with fa_cuda_free_on once the kernel is queued. */
+fa_status wt_persistent_start(fa_context *ctx, int64_t tiles, unsigned *grid, int **next) {
+  int dev = 0, sms = 0;
+  *next = NULL;
+  FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
+  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  *grid = (unsigned)std::min(tiles, (int64_t)sms);
+  if (fa_status st = fa_cuda_malloc(ctx, (void **)next, sizeof(int))) return st;
+  const cudaError_t err = cudaMemsetAsync(*next, 0, sizeof(int), fa_cuda_stream(ctx));
+  if (err == cudaSuccess) return FA_OK;
+  fa_cuda_free_on(ctx, *next, sizeof(int));
+  *next = NULL;
+  return fa_cuda_error(ctx, err, "the persistent kernel's tile counter");
+}
+
+/* The persistent form (see its kernel). */
 template <typename T, int D, int BC, int EXTRAS>
 static fa_status launch_persistent(fa_context *ctx, const fa_attn_problem *p, const wt_maps &m) {
   const size_t smem = wt_layout<D, BC>::bytes;
@@ -419,29 +89,17 @@ static fa_status launch_persistent(fa_context *ctx, const fa_attn_problem *p, co
   const int64_t tiles = p->B * p->Hq * ((p->Lq + WT_BR - 1) / WT_BR);
   if (fa_status st = attn_grid_fits(ctx, tiles)) return st;
   if (tiles <= 0) return FA_OK;
-  int dev = 0, sms = 0;
-  FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
-  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  void *next = NULL;
-  if (fa_status st = fa_cuda_malloc(ctx, &next, sizeof(int))) return st;
-  cudaError_t err = cudaMemsetAsync(next, 0, sizeof(int), fa_cuda_stream(ctx));
-  if (err == cudaSuccess) {
-    kernel<<<(unsigned)std::min(tiles, (int64_t)sms), WT_THREADS, smem, fa_cuda_stream(ctx)>>>(*p, m, (int *)next);
-    err = cudaGetLastError();
-  }
+  unsigned grid = 0;
+  int *next = NULL;
+  if (fa_status st = wt_persistent_start(ctx, tiles, &grid, &next)) return st;
+  kernel<<<grid, WT_THREADS, smem, fa_cuda_stream(ctx)>>>(*p, m, next);
+  const cudaError_t err = cudaGetLastError();
   fa_cuda_free_on(ctx, next, sizeof(int)); /* stream-ordered: after the kernel */
   return fa_cuda_error(ctx, err, "attn_wgmma_tma_persistent_kernel");
 }
 
-/* Whether the call takes the persistent form: at D = 128, and at D = 256
- * from 16384 keys on (there a block a tile with the consumers' turns is
- * faster on shorter rows, and turns in the persistent form cost 10-12 %);
- * not with a mask, whose instance spills more there (bool masks -9 % at
- * L = 4096).  H200, 2026-11-27, docs/perf/2026-11-27-attention-h200-persistent.json:
- * D = 128 +2-13 % at L = 1024-8192, -2 to +3 % at 16384; D = 256 +3 % at 16384. */
 static bool wt_persistent(const fa_attn_problem *p) {
-  if (attn_extras_kind(p) == EXTRAS_MASK) return false;
-  return p->D == 128 || p->Lk >= 16384;
+  return wt_persistent_fits(p->D, p->Lk, attn_extras_kind(p) == EXTRAS_MASK);
 }
 
 /* The call's score rule on the persistent form, or on a block a query tile
@@ -489,7 +147,7 @@ extern "C" int fa_cuda_attention_wgmma_tma_flash(fa_context *ctx, const fa_attn_
     call.tile_k = 176;
   if ((call.compute != FA_F16 && call.compute != FA_BF16) || call.D != call.Dv ||
       !fa_cuda_attention_kernel_tile_ok(FA_KERNEL_WGMMA_TMA, call.D, call.tile_q, call.tile_k) ||
-      !attn_rows_aligned16(&call) || !encode_maps(&call, &call_maps))
+      !attn_rows_aligned16(&call) || !wt_encode_maps(&call, &call_maps))
     return 0;
   *st = launch_fast_passes(ctx, &call, FA_ATTN_FLASH, v_flag, run_flash);
   return 1;

@@ -3,7 +3,7 @@
 -- algo) and fa.attention_reference (any device).  Each of §9's five examples is
 -- checked against the same function built from §2's options or dense masks.
 -- On cuda the variants are compiled into the kernels at run time (NVRTC): each
--- case runs on every kernel that takes it (fa.kernels: wgmma, mma, simt).
+-- case runs on every kernel that takes it (fa.kernels: wgmma_tma, wgmma, mma, simt).
 local U = require "fa_testutil"
 local fa, lu = U.fa, U.lu
 local dev = U.device
@@ -439,7 +439,7 @@ function TestVariants:test_cuda_tensor_cores()
       mask_mod = function(b, h, q, k) return q:ge(k) & (q - k):le(W) end}, {alibi = slopes, window = {W, 0}},
       "alibi + sliding"},
   }
-  for _, c in ipairs({{"bf16", 128}, {"f16", 64}}) do
+  for _, c in ipairs({{"bf16", 128}, {"f16", 64}, {"f16", 256}}) do -- wgmma_tma at 128 and 256
     local dtype, D = c[1], c[2]
     local q, k, v = inputs(dtype, 1, 4, 2, L, L, D)
     local function view(h) return U.randn({1, L, h, D}, dtype):transpose(2, 3) end
