@@ -492,7 +492,8 @@ static fa_status plan_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_a
   if (!v->fast) return FA_OK;
   if (v->fast == FAST_TMA) {
     v->br = WT_BR, v->bc = (int)p->tile_k;
-    v->persistent = wt_persistent_fits(p->D, p->Lk, p->mask_mod || p->mask_b || p->mask_f);
+    /* mask_mod too: its tiles narrow the producer's key range, and its instance does not spill */
+    v->persistent = wt_persistent_fits(p->D, p->Lk, p->mask_b || p->mask_f);
     if (v->persistent)
       snprintf(v->names[1], sizeof v->names[1],
                "attn_wgmma_tma_persistent_kernel<%s, %lld, %d, EXTRAS_VARIANT, fa_variant_problem>", T,

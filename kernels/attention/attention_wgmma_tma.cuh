@@ -66,7 +66,7 @@ fa_status wt_persistent_start(fa_context *ctx, int64_t tiles, unsigned *grid, in
 #endif
 
 /* Whether a call takes the persistent form, for the built-in rules and the
- * variants alike (masked: a bool or float mask, mask_mod): at D = 128, and
+ * variants alike (masked: a bool or float mask): at D = 128, and
  * at D = 256 from 16384 keys on (there a block a tile with the consumers'
  * turns is faster on shorter rows, and turns in the persistent form cost
  * 10-12 %); not with a mask, whose instance spills more there (bool masks
