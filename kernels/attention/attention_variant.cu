@@ -470,11 +470,14 @@ typedef struct {
 
 static fa_status plan_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_attn_problem *p, variant_plan *v) {
   memset(v, 0, sizeof *v);
-  /* the warp-specialised kernel where it takes the call (and the copy engine its operands), else wgmma, mma */
+  /* the warp-specialised kernel where it takes the call (and the copy engine its operands), else wgmma, mma;
+   * its key tiles of 176 only when asked for (opts.tile): an alibi score_mod's instance spills 460 bytes there
+   * (96 at 128), where the built-in rules take them automatically */
+  const fa_attn_problem call = *p;
   const bool tma = (kernel == FA_KERNEL_AUTO || kernel == FA_KERNEL_WGMMA_TMA) && fa_cuda_wgmma_usable() &&
                    (p->compute == FA_F16 || p->compute == FA_BF16) && p->D == p->Dv && attn_rows_aligned16(p) &&
-                   fa_cuda_attention_kernel_tile_ok(FA_KERNEL_WGMMA_TMA, p->D, p->tile_q, p->tile_k) &&
-                   wt_encode_maps(p, &v->maps);
+                   fa_cuda_attention_kernel_tile_ok(FA_KERNEL_WGMMA_TMA, p->D, call.tile_q, call.tile_k) &&
+                   wt_encode_maps(&call, &v->maps);
   if (tma) v->fast = FAST_TMA;
   else if (kernel != FA_KERNEL_SIMT && kernel != FA_KERNEL_WGMMA_TMA) v->fast = fa_cuda_attention_tc_kernel(kernel, p);
   if (kernel == FA_KERNEL_WGMMA_TMA ? !tma : !v->fast && kernel != FA_KERNEL_AUTO && kernel != FA_KERNEL_SIMT)
@@ -491,7 +494,7 @@ static fa_status plan_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_a
   v->n = 1;
   if (!v->fast) return FA_OK;
   if (v->fast == FAST_TMA) {
-    v->br = WT_BR, v->bc = (int)p->tile_k;
+    v->br = WT_BR, v->bc = (int)call.tile_k;
     /* mask_mod too: its tiles narrow the producer's key range, and its instance does not spill */
     v->persistent = wt_persistent_fits(p->D, p->Lk, p->mask_b || p->mask_f);
     if (v->persistent)
@@ -742,6 +745,7 @@ extern "C" fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attn_kernel k
   fault_records fr = {NULL, 0, {0, 0}};
   int *v_flag = NULL;
   variant_problem(p, &vp);
+  if (v.fast) vp.tile_q = v.br, vp.tile_k = v.bc; /* the fast kernel's (the SIMT kernel's: v.simt) */
   st = rtc_kernels_get(ctx, src, names, v.n, kern);
   if (!st) st = faults_open(ctx, reads, &vp, &fr);
   if (!st && v.fast) st = values_nonfinite_flag(ctx, p, &v_flag); /* NaN or inf in V: the SIMT kernel redoes the call */

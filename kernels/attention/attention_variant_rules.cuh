@@ -51,16 +51,23 @@ struct variant_rows {
   }
 };
 
+/* A row's kept keys, a bit each (2n + e): 32 bits up to key tiles of 128,
+ * 64 past them (176). */
+template <int NC> using variant_keep = typename std::conditional<NC <= 16, uint32_t, unsigned long long>::type;
+static_assert(sizeof(variant_keep<22>) == 8, "variant_keep: tiles of 176 keys in 64 bits");
+
 /* The fault to keep of a key's two scores (f1: row A's, f2: row B's), where
  * the key stays (bit of keepA, keepB). */
-static __device__ __forceinline__ int variant_kept_fault(uint32_t keepA, uint32_t keepB, uint32_t bit, int f1, int f2) {
+template <typename K>
+static __device__ __forceinline__ int variant_kept_fault(K keepA, K keepB, K bit, int f1, int f2) {
   return (keepA & bit) && f1 >= 0 ? f1 : (keepB & bit) && f2 >= 0 ? f2 : -1;
 }
 
 /* score_mod over the tile (s scaled), its faults kept where the key stays. */
 template <int NC, bool CLAMP>
 static __device__ __forceinline__ void variant_score_pass(const fa_variant_problem &p, const variant_rows &w,
-                                                          float (*s)[4], uint32_t keepA, uint32_t keepB, int &fs) {
+                                                          float (*s)[4], variant_keep<NC> keepA,
+                                                          variant_keep<NC> keepB, int &fs) {
 #pragma unroll
   for (int n = 0; n < NC; n++)
 #pragma unroll
@@ -71,7 +78,7 @@ static __device__ __forceinline__ void variant_score_pass(const fa_variant_probl
       int f1 = -1, f2 = -1;
       s[n][e] = fa_variant::score(p.va, s[n][e], w.b, w.hA, w.iA, j, w.bf, w.hAf, w.iAf, jf, f1);
       s[n][2 + e] = fa_variant::score(p.va, s[n][2 + e], w.b, w.hB, w.iB, j, w.bf, w.hBf, w.iBf, jf, f2);
-      if (fs < 0) fs = variant_kept_fault(keepA, keepB, 1u << (2 * n + e), f1, f2);
+      if (fs < 0) fs = variant_kept_fault(keepA, keepB, (variant_keep<NC>)1 << (2 * n + e), f1, f2);
     }
 }
 
@@ -88,7 +95,7 @@ static __device__ __forceinline__ void variant_score_pass(const fa_variant_probl
 template <int NC>
 __device__ bool frag_variant_tile(const fa_attn_problem &p0, int64_t b, int64_t h, int64_t hB, int64_t j0, int c2,
                                   bool full, const frag_rows &r, float (*s)[4], int aA, int nA, int aB, int nB) {
-  static_assert(NC <= 16, "frag_variant_tile: a row's keys in one 32-bit mask");
+  typedef variant_keep<NC> K;
   const fa_variant_problem &p = static_cast<const fa_variant_problem &>(p0);
   const score_rule ruA = score_rule_at(p, b, h, r.iA, j0 + c2), ruB = score_rule_at(p, b, hB, r.iB, j0 + c2);
   const bool vA = r.iA < p.Lq, vB = r.iB < p.Lq;
@@ -111,7 +118,7 @@ __device__ bool frag_variant_tile(const fa_attn_problem &p0, int64_t b, int64_t 
   const bool plain = full && (!fa_variant::has_mask || mask_full) && !fa_variant_rules::bool_mask &&
                      !fa_variant_rules::float_mask;
   if (plain && !fa_variant::has_score && !fa_variant_rules::softcap && !fa_variant_rules::alibi) return true;
-  uint32_t keepA = ~0u, keepB = ~0u; /* bit 2n + e: the key stays */
+  K keepA = ~(K)0, keepB = ~(K)0; /* bit 2n + e: the key stays */
   if (!plain) {
     keepA = keepB = 0;
 #pragma unroll
@@ -119,8 +126,8 @@ __device__ bool frag_variant_tile(const fa_attn_problem &p0, int64_t b, int64_t 
 #pragma unroll
       for (int e = 0; e < 2; e++) {
         const int col = n * 8 + c2 + e;
-        keepA |= (uint32_t)(full ? vA : (unsigned)(col - aA) < (unsigned)nA) << (2 * n + e);
-        keepB |= (uint32_t)(full ? vB : (unsigned)(col - aB) < (unsigned)nB) << (2 * n + e);
+        keepA |= (K)(full ? vA : (unsigned)(col - aA) < (unsigned)nA) << (2 * n + e);
+        keepB |= (K)(full ? vB : (unsigned)(col - aB) < (unsigned)nB) << (2 * n + e);
       }
   }
   if (!plain && fa_variant_rules::bool_mask) /* read only at the keys in range */
@@ -128,7 +135,7 @@ __device__ bool frag_variant_tile(const fa_attn_problem &p0, int64_t b, int64_t 
     for (int n = 0; n < NC; n++)
 #pragma unroll
       for (int e = 0; e < 2; e++) {
-        const uint32_t bit = 1u << (2 * n + e);
+        const K bit = (K)1 << (2 * n + e);
         if ((keepA & bit) && !rule_mask_keeps(ruA, n * 8 + e)) keepA &= ~bit;
         if ((keepB & bit) && !rule_mask_keeps(ruB, n * 8 + e)) keepB &= ~bit;
       }
@@ -137,7 +144,7 @@ __device__ bool frag_variant_tile(const fa_attn_problem &p0, int64_t b, int64_t 
     for (int n = 0; n < NC; n++)
 #pragma unroll
       for (int e = 0; e < 2; e++) {
-        const uint32_t bit = 1u << (2 * n + e);
+        const K bit = (K)1 << (2 * n + e);
         int64_t j;
         float jf;
         w.key<true>(n, e, &j, &jf);
@@ -145,14 +152,14 @@ __device__ bool frag_variant_tile(const fa_attn_problem &p0, int64_t b, int64_t 
         const bool mA = fa_variant::mask(p.va, 0.f, b, h, w.iA, j, w.bf, w.hAf, w.iAf, jf, f1);
         const bool mB = fa_variant::mask(p.va, 0.f, b, hB, w.iB, j, w.bf, w.hBf, w.iBf, jf, f2);
         if (fm < 0) fm = variant_kept_fault(keepA, keepB, bit, f1, f2);
-        keepA &= mA ? ~0u : ~bit, keepB &= mB ? ~0u : ~bit;
+        keepA &= mA ? ~(K)0 : ~bit, keepB &= mB ? ~(K)0 : ~bit;
       }
 #pragma unroll
   for (int n = 0; n < NC; n++)
 #pragma unroll
     for (int q = 0; q < 4; q++) s[n][q] *= ruA.scale;
   /* a plain tile's keys are all in range: no clamp, every fault kept */
-  if (fa_variant::has_score && plain) variant_score_pass<NC, false>(p, w, s, ~0u, ~0u, fs);
+  if (fa_variant::has_score && plain) variant_score_pass<NC, false>(p, w, s, ~(K)0, ~(K)0, fs);
   else if (fa_variant::has_score) variant_score_pass<NC, true>(p, w, s, keepA, keepB, fs);
   if (fa_variant_rules::softcap) frag_softcap_pass<NC>(ruA, ruB, s);
   if (fa_variant_rules::alibi) frag_alibi_pass<NC>(ruA, ruB, s);
@@ -162,7 +169,7 @@ __device__ bool frag_variant_tile(const fa_attn_problem &p0, int64_t b, int64_t 
       for (int n = 0; n < NC; n++)
 #pragma unroll
         for (int e = 0; e < 2; e++) {
-          const uint32_t bit = 1u << (2 * n + e);
+          const K bit = (K)1 << (2 * n + e);
           if (keepA & bit) s[n][e] = rule_mask_float(ruA, s[n][e], n * 8 + e);
           if (keepB & bit) s[n][2 + e] = rule_mask_float(ruB, s[n][2 + e], n * 8 + e);
         }
@@ -170,7 +177,7 @@ __device__ bool frag_variant_tile(const fa_attn_problem &p0, int64_t b, int64_t 
     for (int n = 0; n < NC; n++)
 #pragma unroll
       for (int e = 0; e < 2; e++) {
-        const uint32_t bit = 1u << (2 * n + e);
+        const K bit = (K)1 << (2 * n + e);
         s[n][e] = keepA & bit ? s[n][e] : -INFINITY;
         s[n][2 + e] = keepB & bit ? s[n][2 + e] : -INFINITY;
       }

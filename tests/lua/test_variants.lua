@@ -447,6 +447,8 @@ function TestVariants:test_cuda_tensor_cores()
     for _, x in ipairs(cases) do
       check_variant(q, k, v, x[1], x[2], x[3])
       check_variant(qt, kt, vt, x[1], x[2], x[3] .. " (views)")
+      -- wgmma_tma's key tiles of 176 (a row's keys past 32 bits)
+      if D == 128 then check_variant(q, k, v, x[1], x[2], x[3] .. " (tile 176)", {tile = {128, 176}}) end
     end
   end
 end
