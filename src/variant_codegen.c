@@ -541,9 +541,78 @@ static int analyse(const fa_expr *e, const int64_t *bounds, analysis *an) {
   return 0;
 }
 
-/* One function of the variant: score_mod (returns the score) or mask_mod
- * (returns whether the key stays), its reads from argument slot base on. */
-static int emit_function(text *t, const fa_expr *e, const int64_t *bounds, int is_mask, int base) {
+/* The derivative by s of node i (g<i>, a float), for the nodes that depend
+ * on s (dep), forward mode as the CPU's (expr.c's grad_chunk): where the
+ * value picks one operand (min, max, where, abs) that operand's, 0 at
+ * abs's kink; floor, reads, positions and constants have none.  Only the
+ * terms of operands that depend on s are written (0 · inf would be NaN). */
+static void emit_grad(text *t, const fa_expr *e, int i, const int *ty, const uint8_t *dep) {
+  const fa_expr_node *x = &e->nodes[i];
+  const int a = x->a[0], b = x->a[1], c = x->a[2];
+  const int da = dep[a], db = fa_expr_operands(x) > 1 && dep[b];
+  put(t, "  const float g%d = ", i);
+  switch (x->op) {
+  case FA_X_S: put(t, "1.f"); break;
+  case FA_X_NEG: put(t, "-g%d", a); break;
+  case FA_X_ABS: put(t, "v%d > 0.f ? g%d : v%d < 0.f ? -g%d : 0.f", a, a, a, a); break;
+  case FA_X_EXP: put(t, "v%d * g%d", i, a); break;
+  case FA_X_LOG: put(t, "g%d / v%d", a, a); break;
+  case FA_X_TANH: put(t, "(1.f - v%d * v%d) * g%d", i, i, a); break;
+  case FA_X_SQRT: put(t, "g%d / (2.f * v%d)", a, i); break;
+  case FA_X_ADD: case FA_X_SUB:
+    if (da) put(t, "g%d", a);
+    if (db) put(t, "%sg%d", x->op == FA_X_SUB ? " - " : da ? " + " : "", b);
+    break;
+  case FA_X_MUL:
+    if (da) put(t, "g%d * ", a), operand(t, b, ty[b], TF);
+    if (db) put(t, "%s", da ? " + " : ""), operand(t, a, ty[a], TF), put(t, " * g%d", b);
+    break;
+  case FA_X_DIV:
+    if (da) put(t, "(g%d", a);
+    else put(t, "(0.f");
+    if (db) put(t, " - v%d * g%d", i, b);
+    put(t, ") / "), operand(t, b, ty[b], TF);
+    break;
+  case FA_X_MOD:
+    if (da) put(t, "g%d", a);
+    if (db) put(t, " - floorf("), operand(t, a, ty[a], TF), put(t, " / "), operand(t, b, ty[b], TF), put(t, ") * g%d", b);
+    break;
+  case FA_X_POW:
+    if (da) put(t, "(g%d != 0.f ? ", a), operand(t, b, ty[b], TF), put(t, " * powf("), operand(t, a, ty[a], TF),
+        put(t, ", "), operand(t, b, ty[b], TF), put(t, " - 1.f) * g%d : 0.f)", a);
+    if (db) put(t, "%s(g%d != 0.f ? v%d * logf(", da ? " + " : "", b, i), operand(t, a, ty[a], TF),
+        put(t, ") * g%d : 0.f)", b);
+    break;
+  case FA_X_MIN: case FA_X_MAX: /* the operand the value took (emit_node's order) */
+    operand(t, b, ty[b], TF), put(t, x->op == FA_X_MIN ? " < " : " > "), operand(t, a, ty[a], TF);
+    put(t, db ? " ? g%d" : " ? 0.f", b), put(t, da ? " : g%d" : " : 0.f", a);
+    break;
+  case FA_X_WHERE:
+    operand(t, a, ty[a], TB), put(t, dep[b] ? " ? g%d" : " ? 0.f", b), put(t, dep[c] ? " : g%d" : " : 0.f", c);
+    break;
+  default: put(t, "0.f"); break;
+  }
+  put(t, ";\n");
+}
+
+/* Which nodes depend on s, through a number (a comparison's boolean has no
+ * derivative). */
+static void depends_on_s(const fa_expr *e, const int *ty, uint8_t *dep) {
+  for (int i = 0; i < e->n; i++) {
+    const fa_expr_node *x = &e->nodes[i];
+    dep[i] = 0;
+    if (ty[i] == TB || x->op == FA_X_FLOOR || x->op == FA_X_LOAD) continue;
+    if (x->op == FA_X_S) dep[i] = 1;
+    else if (x->op == FA_X_WHERE) dep[i] = dep[x->a[1]] || dep[x->a[2]];
+    else
+      for (int j = 0; j < fa_expr_operands(x); j++) dep[i] |= dep[x->a[j]];
+  }
+}
+
+/* One function of the variant: score_mod (returns the score; with grad,
+ * score_grad: also its derivative by s in ds) or mask_mod (returns whether
+ * the key stays), its reads from argument slot base on. */
+static int emit_function(text *t, const fa_expr *e, const int64_t *bounds, int is_mask, int grad, int base) {
   analysis an;
   if (analyse(e, bounds, &an)) {
     t->failed = 1;
@@ -551,10 +620,17 @@ static int emit_function(text *t, const fa_expr *e, const int64_t *bounds, int i
   }
   const int *ty = an.ty;
   const uint8_t *fl = an.fl, *unsafe = an.unsafe, *live = an.live;
+  uint8_t *dep = grad ? calloc((size_t)e->n, 1) : NULL;
+  if (grad && !dep) {
+    analysis_free(&an);
+    t->failed = 1;
+    return 0;
+  }
+  if (dep) depends_on_s(e, ty, dep);
   put(t,
       "  static __device__ __forceinline__ %s %s(const fa_variant_args &a, float s, long long b, long long h, "
-      "long long q, long long k, float bf, float hf, float qf, float kf, int &fault_node) {\n",
-      is_mask ? "bool" : "float", is_mask ? "mask" : "score");
+      "long long q, long long k, float bf, float hf, float qf, float kf, int &fault_node%s) {\n",
+      is_mask ? "bool" : "float", is_mask ? "mask" : grad ? "score_grad" : "score", grad ? ", float &ds" : "");
   put(t, "  (void)a, (void)s, (void)b, (void)h, (void)q, (void)k, (void)bf, (void)hf, (void)qf, (void)kf;\n");
   put(t, "  long long *fault = a.fault[%d];\n  (void)fault;\n", is_mask);
   int reads = 0;
@@ -565,13 +641,20 @@ static int emit_function(text *t, const fa_expr *e, const int64_t *bounds, int i
       reads += unsafe[i];
     } else if (live[i]) {
       emit_node(t, e, i, ty, fl);
+      if (dep && dep[i]) emit_grad(t, e, i, ty, dep);
     }
   }
   const int r = e->n - 1;
+  if (dep) put(t, dep[r] ? "  ds = g%d;\n" : "  ds = 0.f;\n", r);
+  free(dep);
   if (fl[r]) put(t, "  if (f%d >= 0) fault_node = f%d;\n", r, r);
   put(t, "  return ");
   operand(t, r, ty[r], is_mask ? TB : TF);
   put(t, ";\n  }\n");
+  if (grad) {
+    analysis_free(&an);
+    return reads;
+  }
   if (is_mask && tile_exact(e, ty, live)) emit_tile(t, e, ty, live, base);
   else if (is_mask) put(t, "  static const bool has_tile = false;\n"
                            "  static __device__ int tile(const fa_variant_args &, long long, long long, long long, long long,"
@@ -596,11 +679,13 @@ char *fa_variant_source(const fa_expr *score_mod, const fa_expr *mask_mod, const
   put(&t, "  static const bool has_score = %s, has_mask = %s;\n", score_mod ? "true" : "false",
       mask_mod ? "true" : "false");
   reads[0] = reads[1] = 0;
-  if (score_mod) reads[0] = emit_function(&t, score_mod, bounds, 0, 0);
+  if (score_mod) reads[0] = emit_function(&t, score_mod, bounds, 0, 0, 0), emit_function(&t, score_mod, bounds, 0, 1, 0);
   else
     put(&t, "  static __device__ __forceinline__ float score(const fa_variant_args &, float s, long long, long long, "
-            "long long, long long, float, float, float, float, int &) { return s; }\n");
-  if (mask_mod) reads[1] = emit_function(&t, mask_mod, bounds, 1, score_mod ? score_mod->ntensors : 0);
+            "long long, long long, float, float, float, float, int &) { return s; }\n"
+            "  static __device__ __forceinline__ float score_grad(const fa_variant_args &, float s, long long, long long, "
+            "long long, long long, float, float, float, float, int &, float &ds) { ds = 1.f; return s; }\n");
+  if (mask_mod) reads[1] = emit_function(&t, mask_mod, bounds, 1, 0, score_mod ? score_mod->ntensors : 0);
   else
     put(&t, "  static __device__ __forceinline__ bool mask(const fa_variant_args &, float, long long, long long, "
             "long long, long long, float, float, float, float, int &) { return true; }\n"

@@ -64,7 +64,7 @@ typedef struct {
 static tile_verdict tiles[MAX_TILES];
 
 static int run_host(const char *code, const fa_expr *e, int is_mask, const int64_t *bounds, const int64_t *ks,
-                    int nk, double *values, int *faults, int npoints, int *tiles_read) {
+                    int nk, double *values, int *faults, double *again, double *grads, int npoints, int *tiles_read) {
   char src[512], exe[512], cmd[2048];
   snprintf(src, sizeof src, "%s/variant_host.cpp", work);
   snprintf(exe, sizeof exe, "%s/variant_host", work);
@@ -103,7 +103,13 @@ static int run_host(const char *code, const fa_expr *e, int is_mask, const int64
           (long long)bounds[0], (long long)bounds[1], (long long)bounds[2], nk);
   fprintf(f, "    const double v = %s(a, ss[si], b, h, q, k, (float)b, (float)h, (float)q, (float)k, fault);\n",
           is_mask ? "(double)fa_variant::mask" : "(double)fa_variant::score");
-  fprintf(f, "    printf(\"%%.9g %%d\\n\", v, fault);\n  }\n");
+  /* score_grad: the same value, and the derivative by s */
+  if (is_mask) fprintf(f, "    const double g = 0, w = v;\n");
+  else
+    fprintf(f, "    int fault2 = -1;\n    float ds = 0.f;\n"
+               "    const double w = fa_variant::score_grad(a, ss[si], b, h, q, k, (float)b, (float)h, (float)q, (float)k,"
+               " fault2, ds), g = ds;\n    (void)fault2;\n");
+  fprintf(f, "    printf(\"%%.9g %%d %%.9g %%.9g\\n\", v, fault, w, g);\n  }\n");
   if (is_mask) /* tile verdicts: every (q0, k0) with spans of 1, 2, 5 and all, b = h = 0 */
     fprintf(f, "  const long long sp[] = {1, 2, 5, 1LL << 40};\n"
                "  for (long long q0 = 0; q0 < %lld; q0++) for (int a1 = 0; a1 < 4; a1++)\n"
@@ -123,7 +129,7 @@ static int run_host(const char *code, const fa_expr *e, int is_mask, const int64
   FILE *p = popen(exe, "r");
   if (!p) return 0;
   int i = 0;
-  while (i < npoints && fscanf(p, "%lf %d", &values[i], &faults[i]) == 2) i++;
+  while (i < npoints && fscanf(p, "%lf %d %lf %lf", &values[i], &faults[i], &again[i], &grads[i]) == 4) i++;
   int ntiles = 0; /* a mask's tile verdicts after its points, checked against its own points' values */
   while (is_mask && fscanf(p, "%d %d", &tiles[ntiles].verdict, &tiles[ntiles].has) == 2 && ntiles < MAX_TILES) ntiles++;
   pclose(p);
@@ -145,8 +151,10 @@ static void check(const char *name, const fa_expr *e, int is_mask, const int64_t
   const int npoints = (int)(bounds[0] * bounds[1] * bounds[2] * nk * 3);
   double *values = calloc((size_t)npoints, sizeof *values);
   int *faults = calloc((size_t)npoints, sizeof *faults);
+  double *again = calloc((size_t)npoints, sizeof *again), *grads = calloc((size_t)npoints, sizeof *grads);
   int ntiles = 0;
-  const int ran = values && faults && run_host(code, e, is_mask, bounds, ks, nk, values, faults, npoints, &ntiles);
+  const int ran = values && faults && again && grads &&
+                  run_host(code, e, is_mask, bounds, ks, nk, values, faults, again, grads, npoints, &ntiles);
   CHECK(ran, "%s: the host program did not run", name);
   const double ss[] = {-1.5, 0.25, 3.0};
   int i = 0, bad = 0;
@@ -160,6 +168,15 @@ static void check(const char *name, const fa_expr *e, int is_mask, const int64_t
             const double want = fa_expr_eval(e, is_mask ? 0 : ss[si], b, h, q, ks[ki]);
             const int want_fault = atomic_load(&((fa_expr *)e)->fault) ? e->fault_node : -1;
             const double got = values[i];
+            double wv = 0, wg = 0; /* score_grad's value (the same as score's) and derivative, against the CPU's */
+            const double sv = is_mask ? 0 : ss[si];
+            if (!is_mask) fa_expr_eval_row_grad(e, &sv, b, h, q, ks[ki], 1, NULL, &wv, &wg);
+            const int same_grad = is_mask || ((again[i] == got || (again[i] != again[i] && got != got)) &&
+                                              ((wg != wg && grads[i] != grads[i]) || fabs(grads[i] - wg) <= fmax(rel, 1e-6) * fmax(1.0, fabs(wg)) ||
+                                               want_fault >= 0 || want != want));
+            if (!same_grad && bad++ < 5)
+              fprintf(stderr, "%s at b=%lld h=%lld q=%lld k=%lld s=%g: score_grad %.9g, d/ds %.9g; CPU d/ds %.9g\n", name,
+                      (long long)b, (long long)h, (long long)q, (long long)ks[ki], ss[si], again[i], grads[i], wg);
             const int same = (want != want && got != got) || got == want || (is_mask && want_fault >= 0) ||
                              fabs(got - want) <= rel * fmax(1.0, fabs(want));
             if ((!same || want_fault != faults[i]) && bad++ < 5)
@@ -189,7 +206,7 @@ static void check(const char *name, const fa_expr *e, int is_mask, const int64_t
         }
   CHECK(wrong == 0, "%s: %d tile verdicts wrong", name, wrong);
   if (is_mask && ntiles && tiles[0].has) CHECK(decided > ntiles / 4, "%s: only %d of %d tiles decided", name, decided, ntiles);
-  free(values), free(faults), free(code);
+  free(values), free(faults), free(again), free(grads), free(code);
 }
 
 static fa_tensor *host_tensor(fa_context *ctx, fa_dtype dt, int ndim, const int64_t *shape, const double *v) {
@@ -246,6 +263,29 @@ int main(int argc, char **argv) {
     CHECK(fa_variant_unsafe_reads(e, narrow, -1) == 0, "%s", "every read in range"); /* slopes[h]: h <= 4; bias[b][q]: b <= 2, q <= 6 */
     narrow[1] = 5;
     CHECK(fa_variant_unsafe_reads(e, narrow, -1) == 1, "%s", "slopes[h] checked"); /* h up to 5: slopes[h] checked */
+    fa_expr_free(e);
+  }
+  /* score_mod's derivative by s (score_grad, the backward's chain rule) through every operator */
+  {
+    nodes x = {0};
+    const int s = node(&x, FA_X_S, 0, 0, 0, 0), q = node(&x, FA_X_Q, 0, 0, 0, 0), k = node(&x, FA_X_K, 0, 0, 0, 0);
+    const int s2 = N2(&x, FA_X_ADD, N2(&x, FA_X_MUL, s, s), cst(&x, 1)); /* s^2 + 1 */
+    int r = N2(&x, FA_X_MUL, N1(&x, FA_X_TANH, N2(&x, FA_X_DIV, s, cst(&x, 3))), cst(&x, 3));
+    r = N2(&x, FA_X_ADD, r, N1(&x, FA_X_EXP, N2(&x, FA_X_DIV, s, cst(&x, 10))));
+    r = N2(&x, FA_X_ADD, r, N1(&x, FA_X_LOG, s2));
+    r = N2(&x, FA_X_SUB, r, N1(&x, FA_X_SQRT, N2(&x, FA_X_ADD, s2, k)));
+    r = N2(&x, FA_X_ADD, r, N2(&x, FA_X_POW, s2, cst(&x, 0.5)));
+    r = N2(&x, FA_X_ADD, r, N2(&x, FA_X_POW, cst(&x, 2), N2(&x, FA_X_DIV, s, cst(&x, 4))));
+    r = N2(&x, FA_X_ADD, r, N2(&x, FA_X_DIV, q, s2));                /* s in a denominator */
+    r = N2(&x, FA_X_ADD, r, N2(&x, FA_X_MOD, s, cst(&x, 2)));
+    r = N2(&x, FA_X_SUB, r, N2(&x, FA_X_MIN, s, N2(&x, FA_X_SUB, q, cst(&x, 2))));
+    r = N2(&x, FA_X_ADD, r, N1(&x, FA_X_ABS, N2(&x, FA_X_SUB, s, cst(&x, 0.5))));
+    r = N2(&x, FA_X_ADD, r, N1(&x, FA_X_NEG, N2(&x, FA_X_MUL, k, s)));
+    r = N2(&x, FA_X_ADD, r, N1(&x, FA_X_FLOOR, s)); /* no derivative */
+    r = node(&x, FA_X_WHERE, B2(&x, FA_X_GT, s, cst(&x, 0)), r, N2(&x, FA_X_MUL, r, cst(&x, 0.5)), 0);
+    fa_expr *e = NULL;
+    CHECK(fa_expr_new(ctx, x.n, x.count, NULL, NULL, 0, &e) == FA_OK, "%s", fa_context_error(ctx));
+    check("score_mod derivatives", e, 0, bounds, ks, 6, 2e-5);
     fa_expr_free(e);
   }
   /* mask_mod: document (f16 ids), logic, a bool tensor, comparisons of mixed types */
