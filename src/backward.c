@@ -78,9 +78,6 @@ static fa_status run_backward_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, 
   if (d->dtype == FA_F64)
     return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: q: attention_backward on cuda takes f32, f16 or bf16, got f64 (f64 "
                                       "runs on the cpu, and fa.attention_backward_reference takes any device)");
-  if (opts->score_mod || opts->mask_mod)
-    return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: opts.score_mod and opts.mask_mod run on the cpu backend in this "
-                                            "version (q is on cuda)");
   fa_attn_buffers bufs = {0};
   fa_tensor *ob = NULL, *db = NULL, *l32 = NULL, *lb = NULL, *g[3] = {0};
   fa_attn_problem p;
@@ -97,7 +94,15 @@ static fa_status run_backward_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, 
   gr.dout = fa_tensor_ptr(db);
   gr.deterministic = opts->deterministic != 0;
   gr.dq = fa_tensor_ptr(g[0]), gr.dk = fa_tensor_ptr(g[1]), gr.dv = fa_tensor_ptr(g[2]);
-  if ((st = fa_cuda_attention_backward(ctx, kernel, &p, &gr))) goto done;
+  if (opts->score_mod || opts->mask_mod) { /* API §9: compiled into the SIMT kernels, as the forward's */
+    p.score_mod = opts->score_mod, p.mask_mod = opts->mask_mod;
+    if (!(st = fa_expr_begin(ctx, p.score_mod, p.mask_mod, 0)))
+      st = fa_cuda_attention_backward_variant(ctx, kernel, &p, &gr);
+    if (!st) st = fa_expr_end(ctx, p.score_mod, p.mask_mod); /* a tensor read out of range (src/expr.h) */
+  } else {
+    st = fa_cuda_attention_backward(ctx, kernel, &p, &gr);
+  }
+  if (st) goto done;
   fa_tensor *like[3] = {q, k, v}, **res[3] = {dq, dk, dv};
   for (int i = 0; i < 3 && !st; i++) st = fa_tensor_view(ctx, g[i], like[i]->ndim, like[i]->shape, res[i]);
   if (st) {

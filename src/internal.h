@@ -342,6 +342,10 @@ typedef struct {
  * (FA_ERR_UNSUPPORTED, saying why, when it does not take it). */
 fa_status fa_cuda_attention_backward(fa_context *ctx, fa_attn_kernel kernel, const fa_attn_problem *p,
                                      const fa_attn_grads *g);
+/* The same with p's score_mod / mask_mod (API §9, §10): the SIMT kernels
+ * compiled with the variant (kernel: FA_KERNEL_AUTO or SIMT). */
+fa_status fa_cuda_attention_backward_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_attn_problem *p,
+                                             const fa_attn_grads *g);
 /* Row-major C = A·B on device buffers of dtype dt. */
 fa_status fa_cuda_matmul(fa_context *ctx, fa_matmul_algo algo, int64_t tile, fa_dtype dt, const void *a, const void *b,
                          void *c, int64_t m, int64_t k, int64_t n);

@@ -88,16 +88,22 @@ static __device__ __forceinline__ float attn_score(const fa_attn_problem &p, int
 }
 
 /* What the rule of problem type PROB adds to the kernels: score, a key's
- * score for the kernels that take one at a time (the SIMT kernel), and
- * narrow, the keys [*lo, *hi) a query tile from row i0 on must visit (the
- * tensor-core kernels).  For fa_attn_problem: attn_score, and the key
- * range as it is.  The run-time compiled variants (attention_variant.cuh)
- * specialise it for their problem type: score_mod and mask_mod, and the
- * key tiles that mask_mod leaves empty skipped. */
+ * score for the kernels that take one at a time (the SIMT kernel);
+ * score_chain, the same with its derivative by the dot product (the SIMT
+ * backward); and narrow, the keys [*lo, *hi) a query tile from row i0 on
+ * must visit (the tensor-core kernels).  For fa_attn_problem: attn_score,
+ * and the key range as it is.  The run-time compiled variants
+ * (attention_variant.cuh) specialise it for their problem type: score_mod
+ * (and its derivative) and mask_mod, and the key tiles that mask_mod leaves
+ * empty skipped. */
 template <typename PROB> struct attn_rule {
   static __device__ __forceinline__ float score(const PROB &p, int64_t b, int64_t h, int64_t i, int64_t j, float dot,
                                                 int64_t lo, int64_t hi) {
     return attn_score(p, b, h, i, j, dot, lo, hi);
+  }
+  static __device__ __forceinline__ float score_chain(const PROB &p, int64_t b, int64_t h, int64_t i, int64_t j,
+                                                      float dot, int64_t lo, int64_t hi, float *chain) {
+    return attn_score(p, b, h, i, j, dot, lo, hi, chain);
   }
   static __device__ __forceinline__ void narrow(const PROB &, int64_t, int64_t, int64_t, int64_t *, int64_t *) {}
 };

@@ -36,6 +36,8 @@ extern const char *const fa_rtc_source_names[];
 extern const char *const fa_rtc_source_texts[];
 int fa_cuda_attention_tc_kernel(fa_attn_kernel kernel, const fa_attn_problem *p);
 int fa_cuda_wgmma_usable(void);
+fa_status fa_cuda_attention_backward_delta(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g,
+                                           float *delta);
 }
 
 /* ---- NVRTC, opened on first use ---- */
@@ -754,6 +756,55 @@ extern "C" fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attn_kernel k
   if (!st) st = queue_variant(ctx, p, &v, src, kern, &vp, v_flag);
   free(src);
   if (v_flag) fa_cuda_free(v_flag, sizeof(int)); /* stream-ordered */
+  return faults_close(ctx, p, bounds, &fr, st);
+}
+
+/* The backward of a variant call (API §10: the chain rule through
+ * score_mod's traced expression, mask_mod's keys passing nothing back): the
+ * delta kernel, then the SIMT backward's two kernels compiled with the
+ * variant's rule (attention_backward_simt.cuh, attn_rule's score_chain).
+ * Only the SIMT kernels take it (kernel: FA_KERNEL_AUTO or SIMT). */
+extern "C" fa_status fa_cuda_attention_backward_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_attn_problem *p,
+                                                        const fa_attn_grads *g) {
+  if (kernel != FA_KERNEL_AUTO && kernel != FA_KERNEL_SIMT)
+    return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: opts.kernel: the backward with opts.score_mod or opts.mask_mod "
+                                            "runs on the simt kernel on cuda");
+  if (p->D > 256 || p->Dv > 256)
+    return fa_fail(ctx, FA_ERR_UNSUPPORTED,
+                   "flashattn: attention_backward on cuda takes head dims up to 256 (D = %lld, Dv = %lld)",
+                   (long long)p->D, (long long)p->Dv);
+  const bw_simt_plan pl = bw_simt_plan_of(p);
+  fa_status st = attn_grid_fits(ctx, pl.kblocks);
+  if (st || (st = attn_grid_fits(ctx, pl.qblocks))) return st;
+  const char *T = p->compute == FA_F16 ? "__half" : p->compute == FA_BF16 ? "__nv_bfloat16" : "float";
+  char names[2][128];
+  snprintf(names[0], sizeof names[0], "bw_dkdv_kernel<%s, %d, fa_variant_problem>", T, pl.dmax);
+  snprintf(names[1], sizeof names[1], "bw_dq_kernel<%s, %d, fa_variant_problem>", T, pl.dmax);
+  const char *name_list[2] = {names[0], names[1]};
+  const int64_t bounds[4] = {p->B, p->Hq, p->Lq, p->Lk};
+  int reads[2];
+  char *src = variant_unit(p, bounds, reads);
+  if (!src) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.score_mod: out of host memory");
+  cudaKernel_t kern[2] = {NULL, NULL};
+  st = rtc_kernels_get(ctx, src, name_list, 2, kern);
+  free(src);
+  if (st) return st;
+  fa_variant_problem vp;
+  variant_problem(p, &vp);
+  fault_records fr = {NULL, 0, {0, 0}};
+  const size_t bytes = (size_t)(p->B * p->Hq * p->Lq) * sizeof(float);
+  float *delta = NULL;
+  st = faults_open(ctx, reads, &vp, &fr);
+  if (!st) st = fa_cuda_malloc(ctx, (void **)&delta, bytes);
+  if (!st) st = fa_cuda_attention_backward_delta(ctx, p, g, delta);
+  fa_attn_grads gv = *g;
+  const int *only_if = NULL;
+  void *args[] = {&vp, &gv, &delta, &only_if};
+  if (!st && pl.kblocks > 0)
+    st = launch(ctx, kern[0], (unsigned)pl.kblocks, BW_THREADS, pl.smem_kv, args, "the variant's backward (dK, dV)");
+  if (!st && pl.qblocks > 0)
+    st = launch(ctx, kern[1], (unsigned)pl.qblocks, BW_THREADS, pl.smem_q, args, "the variant's backward (dQ)");
+  if (delta) fa_cuda_free_on(ctx, delta, bytes); /* stream-ordered: after the kernels */
   return faults_close(ctx, p, bounds, &fr, st);
 }
 

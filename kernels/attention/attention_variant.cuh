@@ -17,6 +17,7 @@
 #include "attention_tiled.cuh"
 #include "attention_wgmma.cuh"
 #include "attention_wgmma_tma.cuh"
+#include "attention_backward_simt.cuh"
 
 #include "attention_variant_args.cuh"
 

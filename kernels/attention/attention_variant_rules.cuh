@@ -197,6 +197,35 @@ template <> struct attn_rule<fa_variant_problem> {
     fa_variant_faults(p, fs, fm);
     return s;
   }
+  /* the SIMT backward: the same score, and its derivative by the dot
+   * product in *chain (the scale, times score_mod's derivative by its s,
+   * times softcap's 1 - tanh^2; alibi and the float mask add constants) */
+  static __device__ __forceinline__ float score_chain(const fa_variant_problem &p, int64_t b, int64_t h, int64_t i,
+                                                      int64_t j, float dot, int64_t lo, int64_t hi, float *chain) {
+    if (j < lo || j >= hi) return -INFINITY;
+    const score_rule ru = score_rule_at(p, b, h, i, j);
+    int fs = -1, fm = -1;
+    bool in = !fa_variant_rules::bool_mask || rule_mask_keeps(ru, 0);
+    if (fa_variant::has_mask && in)
+      in = fa_variant::mask(p.va, 0.f, b, h, i, j, (float)b, (float)h, (float)i, (float)j, fm);
+    float s = -INFINITY;
+    if (in) {
+      float c = ru.scale, ds = 1.f;
+      s = dot * ru.scale;
+      if (fa_variant::has_score)
+        s = fa_variant::score_grad(p.va, s, b, h, i, j, (float)b, (float)h, (float)i, (float)j, fs, ds), c *= ds;
+      if (fa_variant_rules::softcap) {
+        s = rule_softcap(ru, s);
+        const float t = s * ru.inv_cap;
+        c *= 1.f - t * t;
+      }
+      if (fa_variant_rules::alibi) s = rule_alibi(ru, s, 0.f);
+      if (fa_variant_rules::float_mask) s = rule_mask_float(ru, s, 0);
+      *chain = c;
+    }
+    fa_variant_faults(p, fs, fm);
+    return s;
+  }
   /* the tensor-core kernels: the keys of mask_mod's nonempty tiles */
   static __device__ __forceinline__ void narrow(const fa_variant_problem &p, int64_t b, int64_t h, int64_t i0,
                                                 int64_t *lo, int64_t *hi) {

@@ -147,6 +147,12 @@ fa_status fa_cuda_attention_backward(fa_context *ctx, fa_attn_kernel kernel, con
   return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
 }
 
+fa_status fa_cuda_attention_backward_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_attn_problem *p,
+                                             const fa_attn_grads *g) {
+  (void)kernel, (void)p, (void)g;
+  return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
+}
+
 void fa_cuda_attention_default_tile(fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc) {
   (void)dt, (void)D, (void)Dv;
   *br = *bc = 64;

@@ -150,12 +150,12 @@ function TestBackward:test_backend_matches_reference()
       local opts = opts_of(c, U.device)
       if ci % 2 == 0 then opts = U.copy_opts(opts) opts.tile = {3, 2} end -- key tiles that split the rows
       local q, k, v, dout = inputs(c, dtype, U.device)
-      if U.cuda and is_variant(opts) then -- the Lua variants run on the cpu backend in this version
-        local o, lse = fa.attention_reference(q, k, v, with_lse(opts))
-        U.assert_fa_error({"score_mod", "cpu"}, fa.attention_backward, q, k, v, o:to(dtype, U.device),
-          lse:to("f32", U.device), dout, opts)
-      else
-        check_backend(c[1], q, k, v, dout, opts, dtype)
+      check_backend(c[1], q, k, v, dout, opts, dtype) -- on cuda the variants compiled into the SIMT kernels
+      if U.cuda and is_variant(opts) then -- which alone take them
+        local o, lse = fa.attention(q, k, v, with_lse(opts))
+        local named = U.copy_opts(opts)
+        named.kernel = "mma"
+        U.assert_fa_error({"opts.kernel", "score_mod", "simt"}, fa.attention_backward, q, k, v, o, lse, dout, named)
       end
     end
   end
@@ -177,6 +177,11 @@ function TestBackward:test_head_dims()
     {96, 96, 2, 1, 40, 70, {causal = true}}, -- wgmma on Hopper (held as 128 wide), else simt
     {96, 96, 2, 2, 130, 150, {alibi = {0.05, 0.02}, window = {60, 10}}},
     {40, 24, 2, 2, 33, 45, {}},
+    {128, 128, 4, 2, 77, 140, function(dev) -- a variant: score_mod's chain rule, mask_mod's keys
+      local slopes = fa.tensor({0.1, 0.05, 0.02, 0.01}, {device = dev})
+      return {score_mod = function(s, b, h, q, k) return (s / 4):tanh() * 4 - slopes[h] * (q - k):abs() end,
+              mask_mod = function(b, h, q, k) return q:ge(k - 20) end, softcap = 6}
+    end},
   }
   local dtypes = U.cuda and {"f16", "bf16", "f32"} or {"bf16", "f32"}
   for _, dtype in ipairs(dtypes) do
