@@ -47,9 +47,11 @@
 -- Per case: q, k, v from fa.randn (seeded) on --device in the case's dtype;
 -- fa.attention(q, k, v, {score_mod, mask_mod, causal, scale, return_lse =
 -- true}) twice: the two o and lse must be bit-identical (fa.max_abs_diff ==
--- 0); fa.attention_reference (f64 on the CPU, the engine's own plain code)
--- for the Python side's self-check (--no-reference skips it).  Files, in
--- --out: case_NNN_{q,k,v,o,lse}.npy (bf16 is written widened to f32, exact),
+-- 0); then fa.attention_backward with a seeded dout, twice, bit-identical
+-- too (API §10: score_mod's chain rule); fa.attention_reference (f64 on the
+-- CPU, the engine's own plain code) for the Python side's self-check
+-- (--no-reference skips it).  Files, in --out:
+-- case_NNN_{q,k,v,o,lse,dout,dq,dk,dv}.npy (bf16 is written widened to f32, exact),
 -- case_NNN_{ref_o,ref_lse}.npy (f64), and cases.json: meta (sweep.run_meta:
 -- version, date, commit, command, seed; device, GPU) and per case its id,
 -- name, kind, shape, dtype, causal, scale, trees, tensors, Lua source, files,
@@ -484,6 +486,21 @@ local function run_case(c, dev, dir, with_reference)
     fa.save(dir .. "/" .. c.files[key], t)
   end
   save("q", q); save("k", k); save("v", v); save("o", o1); save("lse", l1)
+  -- the backward (API §10): the chain rule through score_mod, mask_mod's keys
+  -- passing nothing back; run twice, bit for bit
+  local bopts = {}
+  for key, val in pairs(opts) do bopts[key] = val end
+  bopts.return_lse = nil
+  local dout = fa.randn({ c.B, c.H, c.Lq, c.D }, { dtype = c.dtype, device = dev, seed = s + 3 })
+  local g1 = { fa.attention_backward(q, k, v, o1, l1, dout, bopts) }
+  local g2 = { fa.attention_backward(q, k, v, o1, l1, dout, bopts) }
+  c.backward_deterministic = true
+  for i = 1, 3 do
+    if fa.max_abs_diff(g1[i], g2[i]) ~= 0 then c.backward_deterministic = false end
+  end
+  c.deterministic = c.deterministic and c.backward_deterministic
+  save("dout", dout); save("dq", g1[1]); save("dk", g1[2]); save("dv", g1[3])
+  for _, t in ipairs({ dout, g1[1], g1[2], g1[3], g2[1], g2[2], g2[3] }) do t:free() end
   if with_reference then
     local ro, rl = fa.attention_reference(q, k, v, opts)
     c.rel_err_vs_reference = fa.rel_error(o1:double(), ro)

@@ -70,6 +70,19 @@ zeros and -inf there are not compared), every other engine lse finite, and
 the engine's o free of NaN/inf.  A case whose engine call failed, or whose
 two calls were not bit-identical, is a failure too.
 
+The backward (API §10), when the folder holds the engine's dq, dk, dv for
+its dout: the reference computes them densely in f64 from the same rules,
+P and dP = dO V^T materialised, delta = rowsum(dO o) over the exact o,
+dS = P (dP - delta) times score_mod's derivative by s (torch.autograd on
+the rule's function, elementwise) times the scale, zero at the pairs the
+mask leaves out (they pass nothing back, whatever the rule's derivative is
+there), dQ = dS K, dK = dS^T Q, dV = P^T dO (summed over the query heads
+that share a KV head); the peer is the same in f32 from the dtype's values,
+its gradients rounded to the dtype.  Criterion per gradient:
+  max |g_engine - g_ref| <= 2 max |g_peer - g_ref| + slack,
+  slack 1e-5 max(1, max |g_ref|) for f32, 1e-3 max(1, max |g_ref|) for
+  bf16/f16; the engine's gradients free of NaN/inf.
+
 Usage (GPU machine, after the engine's run):
   build-gpu/flashattn-lua scripts/oracle_variants.lua --out out/ov --cases 40
   python3 scripts/oracle_variants.py --dir out/ov --json out/oracle_variants.json [--commit C]
@@ -338,6 +351,41 @@ class Case:
         o = rnd(torch.matmul(rnd(p), v))
         return o, lse, empty
 
+    def grads(self, work, low=None):
+        """(dq, dk, dv) for the engine's dout, computed densely in `work`
+        (the docstring's backward reference); with `low`, the gradients
+        rounded to that dtype (the peer)."""
+        G = self.H // self.Hkv
+        q, k, v = self.inputs(work)
+        dout = self.arrays["dout"].to(self.dev).to(self.lowp()).to(work)
+        kr, vr = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
+        s = torch.matmul(q, kr.transpose(-1, -2)) * self.scale
+        g = torch.ones_like(s)
+        if self.score_fn is not None:
+            leaf = s.detach().requires_grad_(True)
+            b, h, qp, kp = self.positions(work)
+            r = self.score_fn(leaf, b, h, qp, kp, self.T[work], work)
+            r = r.expand_as(leaf) if isinstance(r, torch.Tensor) else torch.full_like(leaf, float(r))
+            if r.requires_grad:  # elementwise in s: the gradient of the sum is the derivative
+                g = torch.autograd.grad(r.sum(), leaf)[0]
+            else:
+                g = torch.zeros_like(s)
+            s = r.detach()
+        keep = self.keep()
+        empty = ~keep.any(dim=-1, keepdim=True)
+        s = s.masked_fill(~keep, -math.inf).masked_fill(empty, 0.0)
+        p = torch.softmax(s, dim=-1).masked_fill(~keep, 0.0)
+        o = torch.matmul(p, vr)
+        dp = torch.matmul(dout, vr.transpose(-1, -2))
+        delta = (dout * o).sum(dim=-1, keepdim=True)
+        ds = torch.where(keep, p * (dp - delta) * g, torch.zeros_like(p)) * self.scale
+        dq = torch.matmul(ds, kr)
+        B, Lk, D = self.B, self.Lk, self.D
+        dk = torch.matmul(ds.transpose(-1, -2), q).view(B, self.Hkv, G, Lk, D).sum(dim=2)
+        dv = torch.matmul(p.transpose(-1, -2), dout).view(B, self.Hkv, G, Lk, D).sum(dim=2)
+        out = (dq, dk, dv)
+        return tuple(x.to(low).to(work) for x in out) if low is not None else out
+
     # -- FlexAttention --
     def flex(self, dt, api):
         """(o, lse) from flex_attention with inputs in dtype dt."""
@@ -436,6 +484,22 @@ def judge(case, eng_o, eng_lse, ref, peer, empty):
     return not why, "; ".join(why), n
 
 
+def judge_grads(case, eng, ref, peer):
+    """(ok, why, numbers): the backward's criterion of the docstring."""
+    f64 = torch.float64
+    n, why = {}, []
+    for name, e, r, pe in zip(("dq", "dk", "dv"), eng, ref, peer):
+        e, r, pe = e.cpu().to(f64), r.cpu().to(f64), pe.cpu().to(f64)
+        err, err_peer, mag = maxabs(e - r), maxabs(pe - r), max(1.0, maxabs(r))
+        limit = 2 * err_peer + (1e-5 if case.dtype == "f32" else 1e-3) * mag
+        n.update({f"{name}_err": err, f"{name}_err_peer": err_peer, f"{name}_limit": limit})
+        if not torch.isfinite(e).all():
+            why.append(f"NaN/inf in {name}")
+        elif not (err <= limit):
+            why.append(f"{name} err {err:.3g} > limit {limit:.3g} (peer err {err_peer:.3g})")
+    return not why, "; ".join(why), n
+
+
 def self_check(case, dense64):
     """(ok, why, numbers): the dense f64 result against fa.attention_reference's."""
     o, lse, empty = (x.cpu() for x in dense64)
@@ -520,6 +584,15 @@ def run_case(c, folder, dev, api, use_flex):
     if not jok:
         ok = False
         why.append(jwhy)
+    if "dq" in case.arrays:  # the backward (API §10)
+        eng = [case.arrays[x] for x in ("dq", "dk", "dv")]
+        gok, gwhy, gn = judge_grads(case, eng, case.grads(f64),
+                                    case.grads(torch.float32, None if case.dtype == "f32" else low))
+        r.update(gn)
+        r["backward_deterministic"] = c.get("backward_deterministic")
+        if not gok:
+            ok = False
+            why.append(gwhy)
     if c.get("empty_rows") is not None and c["empty_rows"] != r["empty_rows_here"]:
         ok = False
         why.append(f"the engine has {c['empty_rows']} rows with lse = -inf, "
