@@ -78,7 +78,9 @@ the rule's function, elementwise) times the scale, zero at the pairs the
 mask leaves out (they pass nothing back, whatever the rule's derivative is
 there), dQ = dS K, dK = dS^T Q, dV = P^T dO (summed over the query heads
 that share a KV head); the peer is the same in f32 from the dtype's values,
-its gradients rounded to the dtype.  Criterion per gradient:
+with delta from o rounded to the dtype (the forward's output, which the
+backward reads: FlashAttention's scheme) and its gradients rounded to the
+dtype.  Criterion per gradient:
   max |g_engine - g_ref| <= 2 max |g_peer - g_ref| + slack,
   slack 1e-5 max(1, max |g_ref|) for f32, 1e-3 max(1, max |g_ref|) for
   bf16/f16; the engine's gradients free of NaN/inf.
@@ -376,6 +378,8 @@ class Case:
         s = s.masked_fill(~keep, -math.inf).masked_fill(empty, 0.0)
         p = torch.softmax(s, dim=-1).masked_fill(~keep, 0.0)
         o = torch.matmul(p, vr)
+        if low is not None:  # the forward's output as the backward reads it: rounded to the dtype
+            o = o.to(low).to(work)
         dp = torch.matmul(dout, vr.transpose(-1, -2))
         delta = (dout * o).sum(dim=-1, keepdim=True)
         ds = torch.where(keep, p * (dp - delta) * g, torch.zeros_like(p)) * self.scale
