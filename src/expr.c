@@ -202,20 +202,41 @@ static void eval_chunk(const fa_expr *e, const double *s, int64_t b, int64_t h, 
   }
 }
 
+/* Which nodes depend on s through a number (booleans, floor and reads
+ * carry no derivative): the others' derivatives are 0 exactly, so that a
+ * term such as d(sqrt(x))·... of an x free of s is 0 and not 0/0 (the
+ * kernels' generated code, src/variant_codegen.c, writes only these terms). */
+static void grad_deps(const fa_expr *e, uint8_t *dep) {
+  for (int i = 0; i < e->n; i++) {
+    const fa_expr_node *x = &e->nodes[i];
+    dep[i] = 0;
+    if (x->op == FA_X_S) dep[i] = 1;
+    else if (x->op == FA_X_FLOOR || x->op == FA_X_LOAD || (x->op >= FA_X_LT && x->op <= FA_X_NOT)) dep[i] = 0;
+    else if (x->op == FA_X_WHERE) dep[i] = dep[x->a[1]] || dep[x->a[2]];
+    else
+      for (int j = 0; j < fa_expr_operands(x); j++) dep[i] |= dep[x->a[j]];
+  }
+}
+
 /* The derivatives by s of the nodes whose values eval_chunk left in v
- * (forward mode: one pass in node order), lanes [0, m).  Positions,
- * constants, tensor reads, booleans and floor have none; where the value
- * picks one operand (min, max, where, abs) the derivative is that
- * operand's (0 at abs's kink). */
-static void grad_chunk(const fa_expr *e, int m, int lanes, const double *v, double *dv) {
+ * (forward mode: one pass in node order), lanes [0, m), for the nodes that
+ * depend on s (dep; the others 0), each product term only where its
+ * operand depends on s.  Where the value picks one operand (min, max,
+ * where, abs) the derivative is that operand's (0 at abs's kink). */
+static void grad_chunk(const fa_expr *e, const uint8_t *dep, int m, int lanes, const double *v, double *dv) {
   const fa_expr_node *x = e->nodes;
   for (int i = 0; i < e->n; i++, x++) {
     double *r = dv + i * lanes;
     const double *val = v + i * lanes, *p = v + x->a[0] * lanes, *o = v + x->a[1] * lanes;
     const double *dp = dv + x->a[0] * lanes, *dq = dv + x->a[1] * lanes;
+    const int da = dep[x->a[0]], db = fa_expr_operands(x) > 1 && dep[x->a[1]];
 #define D_(EXPR)                                                                                                       \
   for (int j = 0; j < m; j++) r[j] = (EXPR);                                                                           \
   break
+    if (!dep[i]) {
+      for (int j = 0; j < m; j++) r[j] = 0.0;
+      continue;
+    }
     switch (x->op) {
     case FA_X_S: D_(1.0);
     case FA_X_NEG: D_(-dp[j]);
@@ -226,18 +247,19 @@ static void grad_chunk(const fa_expr *e, int m, int lanes, const double *v, doub
     case FA_X_SQRT: D_(dp[j] / (2 * val[j]));
     case FA_X_ADD: D_(dp[j] + dq[j]);
     case FA_X_SUB: D_(dp[j] - dq[j]);
-    case FA_X_MUL: D_(dp[j] * o[j] + p[j] * dq[j]);
-    case FA_X_DIV: D_((dp[j] - val[j] * dq[j]) / o[j]);
-    case FA_X_MOD: D_(dp[j] - floor(p[j] / o[j]) * dq[j]);
+    case FA_X_MUL: D_((da ? dp[j] * o[j] : 0.0) + (db ? p[j] * dq[j] : 0.0));
+    case FA_X_DIV: D_(((da ? dp[j] : 0.0) - (db ? val[j] * dq[j] : 0.0)) / o[j]);
+    case FA_X_MOD: D_(dp[j] - (db ? floor(p[j] / o[j]) * dq[j] : 0.0));
     case FA_X_POW:
-      D_((dp[j] != 0 ? o[j] * pow(p[j], o[j] - 1) * dp[j] : 0.0) + (dq[j] != 0 ? val[j] * log(p[j]) * dq[j] : 0.0));
+      D_((da && dp[j] != 0 ? o[j] * pow(p[j], o[j] - 1) * dp[j] : 0.0) +
+         (db && dq[j] != 0 ? val[j] * log(p[j]) * dq[j] : 0.0));
     case FA_X_MIN: D_(o[j] < p[j] ? dq[j] : dp[j]);
     case FA_X_MAX: D_(o[j] > p[j] ? dq[j] : dp[j]);
     case FA_X_WHERE: {
       const double *dc = dv + x->a[2] * lanes;
       D_(p[j] != 0 ? dq[j] : dc[j]);
     }
-    default: D_(0.0); /* constants, positions, loads, floor, booleans */
+    default: D_(0.0);
     }
 #undef D_
   }
@@ -249,13 +271,15 @@ static void eval_rows(const fa_expr *e, const double *s, int64_t b, int64_t h, i
                       const uint8_t *active, double *out, double *dout, double *dv) {
   double v[FA_EXPR_SLOTS];
   int16_t f[FA_EXPR_SLOTS];
+  uint8_t dep[FA_EXPR_SLOTS]; /* e->n <= FA_EXPR_SLOTS: a lane at least */
   int lanes = FA_EXPR_SLOTS / e->n;
   if (lanes > FA_EXPR_LANES) lanes = FA_EXPR_LANES;
+  if (dout) grad_deps(e, dep);
   for (int64_t j0 = 0; j0 < n; j0 += lanes) {
     const int m = n - j0 < lanes ? (int)(n - j0) : lanes;
     eval_chunk(e, s ? s + j0 : NULL, b, h, q, k0 + j0, m, lanes, active ? active + j0 : NULL, out + j0, v, f);
     if (!dout) continue;
-    grad_chunk(e, m, lanes, v, dv);
+    grad_chunk(e, dep, m, lanes, v, dv);
     for (int j = 0; j < m; j++) dout[j0 + j] = dv[(e->n - 1) * lanes + j];
   }
 }

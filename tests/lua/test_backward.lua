@@ -321,6 +321,25 @@ function TestBackward:test_nonfinite_inputs_stay_in_their_pairs()
   end
 end
 
+-- score_mod terms free of s pass no derivative, even where their own
+-- would not be finite: sqrt(k - k) adds 0 and d/ds of it is 0, not 0/0
+-- (the CPU's forward mode once gave NaN there); the gradients are those of
+-- the plain call, on every backend and the reference.
+function TestBackward:test_score_mod_terms_free_of_s()
+  local q, k, v, dout = randn({1, 2, 40, 16}, "f32", U.device), randn({1, 2, 50, 16}, "f32", U.device),
+                        randn({1, 2, 50, 16}, "f32", U.device), randn({1, 2, 40, 16}, "f32", U.device)
+  local o, lse = fa.attention(q, k, v, {return_lse = true})
+  local mod = {score_mod = function(s, b, h, q, k) return s + (k - k):sqrt() * (q + 3):log() end}
+  local plain = {fa.attention_backward(q, k, v, o, lse, dout)}
+  local got = {fa.attention_backward(q, k, v, o, lse, dout, mod)}
+  local ref = {fa.attention_backward_reference(q, k, v, o, lse, dout, mod)}
+  for i = 1, 3 do
+    lu.assertTrue(got[i]:isfinite(), "finite gradients")
+    U.assert_close(got[i], plain[i], "f32", "score_mod free of s: gradient " .. i)
+    U.assert_close(ref[i]:float():to(U.device), plain[i], "f32", "reference: gradient " .. i)
+  end
+end
+
 function TestBackward:test_rows_with_no_key()
   -- kv_lens = 0 for batch 2: every row of it attends nothing (lse = -inf); on cuda the gradients come
   -- from fresh device memory, so every zero here was written by a kernel
