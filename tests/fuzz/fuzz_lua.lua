@@ -850,6 +850,25 @@ local function gen_backward()
   if chance(0.2) then o.softcap = pick({5, 30}) end
   if chance(0.2) then o.scale = pick({1, 0.5, 0.125}) end
   if chance(0.2) then o.mask = make({Lq, Lk}, chance(0.5) and "bool" or "f32") end
+  -- the Lua variants (API §9, §10): score_mod's chain rule, terms free of s
+  -- among them (no derivative, even a 0/0 one), mask_mod's pairs
+  if chance(0.2) then
+    o.score_mod = pick({
+      function(s, b, h, q, k) return s + (q - k) * 0.1 end,
+      function(s) return (s / 3):tanh() * 3 end,
+      function(s, b, h, q, k) return s * 0.5 + (k - k):sqrt() * (q + 1):log() end,
+      function(s, b, h, q, k) return fa.where(q:ge(k), s, s * 0.5) end,
+      function(s) return s:min(2) + s:abs() * 0.1 end,
+      function(s, b, h, q, k) return s - (q - k):abs() * 0.05 * h end,
+    })
+  end
+  if chance(0.15) then
+    o.mask_mod = pick({
+      function(b, h, q, k) return q:ge(k - 2) end,
+      function(b, h, q, k) return ((q + k) % 3):ne(0) end,
+      function(b, h, q, k) return k:le(q) | h:eq(1) end,
+    })
+  end
   local fopts = {}
   for key, val in pairs(o) do fopts[key] = val end
   fopts.return_lse = true
@@ -869,7 +888,7 @@ local function gen_backward()
   local desc = {}
   for key, val in pairs(o) do
     desc[#desc + 1] = key .. "=" .. (type(val) == "table" and ("{" .. table.concat(val, ",") .. "}") or
-      fa.is_tensor(val) and val:dtype() or tostring(val))
+      fa.is_tensor(val) and val:dtype() or type(val) == "function" and "function" or tostring(val))
   end
   table.sort(desc)
   label = ("fa.attention_backward %s B=%d Hq=%d Hkv=%d Lq=%d Lk=%d D=%d Dv=%d%s %s"):format(dtype, B, Hq, Hkv, Lq, Lk,
