@@ -241,8 +241,9 @@ typedef struct {
    * the Lua binding builds them in this version: C hosts leave them NULL.
    * Both backends and fa_attention_reference; on cuda compiled into the
    * "flash" kernels at run time (NVRTC; other algos FA_ERR_UNSUPPORTED),
-   * refused with splits > 1; the CPU backward and its reference take them
-   * too, differentiating score_mod's expression. */
+   * refused with splits > 1; the backward and its reference take them
+   * too, differentiating score_mod's expression (on cuda in the "simt"
+   * kernels, compiled with it). */
   const fa_expr *score_mod, *mask_mod;
   /* fa_block_mask_new's result for this call's mask_mod, B, Hq, Lq, Lk and
    * tile (checked; on cuda its sizes, and it is used where its tile divides
@@ -489,7 +490,8 @@ FA_API void fa_lua_set_file_access(struct lua_State *L, int allowed);
  * float dtype, all on q's device.  CPU backend: f32/f16/bf16 computed in
  * f32, f64 in f64, bit-identical from run to run (deterministic by
  * construction).  CUDA: f32/f16/bf16 with D, Dv <= 256 (FA_ERR_DTYPE for
- * f64, FA_ERR_UNSUPPORTED past 256 and for score_mod / mask_mod), inputs
+ * f64, FA_ERR_UNSUPPORTED past 256, and with score_mod / mask_mod for
+ * any kernel named but "simt", which alone takes them), inputs
  * read through their strides, dq, dk, dv new tensors on the device; dk and
  * dv have one owner an element (bit-identical from run to run), dq too
  * except on the "wgmma" kernel without opts->deterministic, which adds it
