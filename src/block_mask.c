@@ -5,11 +5,14 @@
 
 #include <string.h>
 
-/* The state of one tile: every pair evaluated until both a true and a
+/* The state of one tile: decided as a whole where the expression allows
+ * (fa_expr_tile), else every pair evaluated until both a true and a
  * false are seen. */
 static uint8_t tile_state(const fa_expr *e, const fa_block_mask *m, int64_t b, int64_t h, int64_t qi, int64_t ki) {
   const int64_t i1 = (qi + 1) * m->Br < m->Lq ? (qi + 1) * m->Br : m->Lq;
   const int64_t j1 = (ki + 1) * m->Bc < m->Lk ? (ki + 1) * m->Bc : m->Lk;
+  const int whole = fa_expr_tile(e, b, h, qi * m->Br, i1 - 1, ki * m->Bc, j1 - 1);
+  if (whole != 2) return (uint8_t)whole;
   int any = 0, all = 1;
   for (int64_t i = qi * m->Br; i < i1; i++)
     for (int64_t j = ki * m->Bc; j < j1; j++) {

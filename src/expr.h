@@ -156,6 +156,13 @@ void fa_expr_clear_fault(const fa_expr *e);
  * ("opts.score_mod"), the read and the index. */
 fa_status fa_expr_fault(fa_context *ctx, const fa_expr *e, const char *what);
 
+/* mask_mod (an expression of booleans) over the tile of rows q0..q1 and
+ * keys k0..k1 (0-based, inclusive) of (b, h) as a whole, where interval
+ * arithmetic can tell (expr_tile.c): FA_BLOCK_EMPTY (no pair attends),
+ * FA_BLOCK_FULL (every pair does), or 2 (it cannot tell: the pairs
+ * decide, and record any read out of range).  After fa_expr_begin(host). */
+int fa_expr_tile(const fa_expr *e, int64_t b, int64_t h, int64_t q0, int64_t q1, int64_t k0, int64_t k1);
+
 /* Writes a readable form of node i (at most n bytes, cut with "...") into buf. */
 const char *fa_expr_describe(const fa_expr *e, int i, char *buf, size_t n);
 

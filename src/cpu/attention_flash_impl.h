@@ -9,7 +9,7 @@
 static void FA_R(flash_tile)(const fa_attn_problem *p0, const FA_R(qtile) *t, const FA_R(qtile_ws) *w) {
   const int64_t Dv = p0->Dv, Bc = p0->tile_k, ldo = p0->o_st.s;
   fa_attn_problem full;
-  if (p0->block_mask) full = *p0, full.mask_mod = NULL;
+  if (p0->block_mask || p0->mask_mod) full = *p0, full.mask_mod = NULL;
   for (int64_t j0 = t->ulo; j0 < t->uhi; j0 += Bc) {
     const int64_t n = t->uhi - j0 < Bc ? t->uhi - j0 : Bc;
     const fa_attn_problem *p;

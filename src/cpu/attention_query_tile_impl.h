@@ -72,15 +72,18 @@ static inline int FA_R(qtile_attends)(const FA_R(qtile) *t, const FA_R(qtile_ws)
   return 0;
 }
 
-/* What opts.block_mask (API §9) says of keys [j0, j0 + n) for the tile:
- * FA_BLOCK_EMPTY (skip them), FA_BLOCK_FULL (mask_mod is true on every
- * pair: *use is p without it) or FA_BLOCK_PARTIAL (no block mask too;
- * *use is p).  full is the tile's copy of p without mask_mod. */
+/* What opts.block_mask (API §9) says of keys [j0, j0 + n) for the tile,
+ * else mask_mod itself where it can tell for the whole tile
+ * (fa_expr_tile): FA_BLOCK_EMPTY (skip them), FA_BLOCK_FULL (mask_mod is
+ * true on every pair: *use is p without it) or FA_BLOCK_PARTIAL (*use is
+ * p).  full is the tile's copy of p without mask_mod. */
 static inline int FA_R(qtile_block)(const fa_attn_problem *p, const FA_R(qtile) *t, int64_t j0, int64_t n,
                                     const fa_attn_problem *full, const fa_attn_problem **use) {
   *use = p;
-  if (!p->block_mask) return FA_BLOCK_PARTIAL;
-  const int s = fa_block_mask_span(p->block_mask, t->b, t->h, t->i0 / p->tile_q, j0, n);
+  int s = FA_BLOCK_PARTIAL;
+  if (p->block_mask) s = fa_block_mask_span(p->block_mask, t->b, t->h, t->i0 / p->tile_q, j0, n);
+  else if (p->mask_mod) s = fa_expr_tile(p->mask_mod, t->b, t->h, t->i0, t->i0 + t->rows - 1, j0, j0 + n - 1);
+  if (s == 2) s = FA_BLOCK_PARTIAL;
   if (s == FA_BLOCK_FULL) *use = full;
   return s;
 }

@@ -10,7 +10,7 @@ static void FA_R(two_pass_tile)(const fa_attn_problem *p0, const FA_R(qtile) *t,
   const int64_t Bc = p0->tile_k;
   fa_attn_problem full;
   const fa_attn_problem *p;
-  if (p0->block_mask) full = *p0, full.mask_mod = NULL;
+  if (p0->block_mask || p0->mask_mod) full = *p0, full.mask_mod = NULL;
   for (int64_t j0 = t->ulo; j0 < t->uhi; j0 += Bc) { /* pass 1: statistics */
     const int64_t n = t->uhi - j0 < Bc ? t->uhi - j0 : Bc;
     if (!FA_R(qtile_attends)(t, w, j0, n) || FA_R(qtile_block)(p0, t, j0, n, &full, &p) == FA_BLOCK_EMPTY) continue;

@@ -188,7 +188,7 @@ static void check(const char *name, const fa_expr *e, int is_mask, const int64_t
   /* the tile verdicts: 1 (every pair attends) or 0 (none) only where the
    * CPU says so for every pair of the tile; 2 (cannot tell) anywhere */
   const long long Lq = bounds[2], Lk = ks[nk - 1] + 1, sp[4] = {1, 2, 5, 1LL << 40};
-  int t = 0, decided = 0, wrong = 0;
+  int t = 0, decided = 0, wrong = 0, cpu_decided = 0, cpu_wrong = 0;
   for (long long q0 = 0; is_mask && ran && q0 < Lq; q0++)
     for (int a1 = 0; a1 < 4; a1++)
       for (long long k0 = 0; k0 < Lk; k0++)
@@ -203,8 +203,14 @@ static void check(const char *name, const fa_expr *e, int is_mask, const int64_t
           const int v = tiles[t].verdict;
           decided += v != 2;
           if ((v == 1 && !all) || (v == 0 && any) || v < 0 || v > 2) wrong++;
+          /* the CPU's own verdict (expr_tile.c), as sound */
+          const int cv = fa_expr_tile(e, 0, 0, q0, q1, k0, k1);
+          cpu_decided += cv != 2;
+          if ((cv == FA_BLOCK_FULL && !all) || (cv == FA_BLOCK_EMPTY && any) || cv < 0 || cv > 2) cpu_wrong++;
         }
   CHECK(wrong == 0, "%s: %d tile verdicts wrong", name, wrong);
+  CHECK(cpu_wrong == 0, "%s: %d of the CPU's tile verdicts wrong", name, cpu_wrong);
+  if (is_mask && ntiles && tiles[0].has) CHECK(cpu_decided > ntiles / 4, "%s: the CPU decided only %d of %d tiles", name, cpu_decided, ntiles);
   if (is_mask && ntiles && tiles[0].has) CHECK(decided > ntiles / 4, "%s: only %d of %d tiles decided", name, decided, ntiles);
   free(values), free(faults), free(again), free(grads), free(code);
 }
