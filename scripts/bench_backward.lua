@@ -32,7 +32,7 @@ local function parse(argv)
   p:option("--dtypes", "comma list of dtypes"):default("bf16")
   p:option("--ds", "comma list of head dims"):convert(sweep.list_arg("--ds", true))
   p:option("--ls", "comma list of sequence lengths"):convert(sweep.list_arg("--ls", true))
-  p:flag("--extras", "also the score rules beyond causal (alibi, softcap, masks, window) at D = 128, L = 4096")
+  p:flag("--extras", "also the score rules beyond causal (alibi, softcap, masks, window, Lua variants) at D = 128, L = 4096")
   p:option("--check-max-l", "check shapes up to this L against the f64 reference")
    :convert(sweep.integer_arg(0, "--check-max-l")):default("2048")
   return sweep.parse_args(p, argv, NAME)
@@ -120,6 +120,7 @@ if args.extras then
   local q, k, v, dout = randn(seed), randn(seed + 1), randn(seed + 2), randn(seed + 3)
   local slopes = {}
   for h = 1, H do slopes[h] = 2 ^ (-8 * h / H) end
+  local slopes_t = fa.tensor(slopes, { device = dev }) -- the same slopes, captured by a score_mod
   local bmask = fa.rand({ L, L }, { device = dev, seed = seed + 4 }) -- a float mask, values in [0, 1)
   local rules = {
     { "plain", {} },
@@ -128,6 +129,10 @@ if args.extras then
     { "softcap 30", { softcap = 30 } },
     { "window 1024", { window = { 1024, 0 } } },
     { "float mask", { mask = bmask } },
+    -- the Lua variants (API §9): on cuda the SIMT kernels compiled with the expression
+    { "score_mod alibi causal", { causal = true, score_mod = function(sc, b, h, qi, kj)
+      return sc - slopes_t[h] * (qi - kj):abs() end } },
+    { "mask_mod window 1024", { mask_mod = function(b, h, qi, kj) return qi:ge(kj) & (qi - kj):le(1024) end } },
   }
   local plain_ms
   print(("extras: bf16, B = %d, H = %d, L = %d, D = %d"):format(B, H, L, D))
