@@ -71,6 +71,15 @@ static void FA_R(bw_tile)(const fa_attn_backward *g, int64_t b, int64_t h, int64
     any = hi > j0 && lo < j0 + n && lse[r] != -(REAL)INFINITY;
   }
   if (!any) return;
+  /* mask_mod decided for the whole tile where it can tell (fa_expr_tile):
+   * nothing flows from an empty tile, a full one needs no mask_mod */
+  fa_attn_problem full;
+  const fa_attn_problem *use = p;
+  if (p->mask_mod) {
+    const int whole = fa_expr_tile(p->mask_mod, b, h, i0, i0 + m - 1, j0, j0 + n - 1);
+    if (whole == FA_BLOCK_EMPTY) return;
+    if (whole == FA_BLOCK_FULL) full = *p, full.mask_mod = NULL, use = &full;
+  }
   FA_R(bw_gemm)(0, 1, m, n, D, q, D, k, D, 0, sp, n);       /* S = Q·Kᵀ */
   FA_R(bw_gemm)(0, 1, m, n, Dv, dout, Dv, v, Dv, 0, dp, n); /* dP = dO·Vᵀ */
   for (int64_t r = 0; r < m; r++) {
@@ -82,7 +91,7 @@ static void FA_R(bw_tile)(const fa_attn_backward *g, int64_t b, int64_t h, int64
       memset(d, 0, (size_t)n * sizeof *d);
       continue;
     }
-    FA_R(fa_attn_scores_chain)(p, b, h, i0 + r, j0, n, lo, hi, s, t); /* t: the rule's derivative */
+    FA_R(fa_attn_scores_chain)(use, b, h, i0 + r, j0, n, lo, hi, s, t); /* t: the rule's derivative */
     for (int64_t j = 0; j < n; j++) {
       if (s[j] == -(REAL)INFINITY) { /* masked: nothing flows */
         s[j] = d[j] = 0;
