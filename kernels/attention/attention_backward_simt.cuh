@@ -85,6 +85,7 @@ __global__ void __launch_bounds__(BW_THREADS)
     for (int m = 0; m < DMAX / 8; m++) dk[m] = dv[m] = 0.f;
     for (int64_t t = 0; t < qt.count; t++) {
       const int64_t h = qt.head(t), i0 = qt.row(t, BW_BR);
+      if (attn_rule<PROB>::tile_empty(p, b, h, i0, min(i0 + BW_BR, p.Lq) - 1, j0, j1 - 1)) continue; /* the block's */
       __syncthreads(); /* the last tile's readers are done */
       bool all;
       if (threadIdx.x < BW_BR) bwm_row_load(p, delta, rows, b, h, i0, threadIdx.x, j0, j1, &all);
@@ -143,6 +144,8 @@ __global__ void __launch_bounds__(BW_THREADS)
 #pragma unroll
     for (int m = 0; m < DMAX / 8; m++) dq[m] = 0.f;
     for (int64_t j0 = t_lo; j0 < t_hi; j0 += BW_BC) {
+      if (attn_rule<PROB>::tile_empty(p, b, h, i0, min(i0 + BW_BR, p.Lq) - 1, j0, min(j0 + BW_BC, p.Lk) - 1))
+        continue; /* the block's */
       __syncthreads(); /* the last tile's readers are done */
       bw_stage<T, BW_BC>(Ks, D + 1, k, p.k_st.s, j0, p.Lk, D);
       bw_stage<T, BW_BC>(Vs, Dv + 1, v, p.v_st.s, j0, p.Lk, Dv);

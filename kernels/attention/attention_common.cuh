@@ -90,8 +90,8 @@ static __device__ __forceinline__ float attn_score(const fa_attn_problem &p, int
 /* What the rule of problem type PROB adds to the kernels: score, a key's
  * score for the kernels that take one at a time (the SIMT kernel);
  * score_chain, the same with its derivative by the dot product (the SIMT
- * backward); and narrow, the keys [*lo, *hi) a query tile from row i0 on
- * must visit (the tensor-core kernels).  For fa_attn_problem: attn_score,
+ * backward); narrow, the keys [*lo, *hi) a query tile from row i0 on
+ * must visit (the tensor-core kernels); and tile_empty (the SIMT backward).  For fa_attn_problem: attn_score,
  * and the key range as it is.  The run-time compiled variants
  * (attention_variant.cuh) specialise it for their problem type: score_mod
  * (and its derivative) and mask_mod, and the key tiles that mask_mod leaves
@@ -106,6 +106,12 @@ template <typename PROB> struct attn_rule {
     return attn_score(p, b, h, i, j, dot, lo, hi, chain);
   }
   static __device__ __forceinline__ void narrow(const PROB &, int64_t, int64_t, int64_t, int64_t *, int64_t *) {}
+  /* whether no pair of rows i0..i1 and keys j0..j1 (inclusive) attends,
+   * known for the whole tile (the SIMT backward skips it): never here */
+  static __device__ __forceinline__ bool tile_empty(const PROB &, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                                    int64_t) {
+    return false;
+  }
 };
 
 /* Element offset of row i of head h of batch b in an operand of strides st

@@ -226,6 +226,12 @@ template <> struct attn_rule<fa_variant_problem> {
     fa_variant_faults(p, fs, fm);
     return s;
   }
+  /* the SIMT backward: a tile mask_mod leaves empty as a whole (fa_variant::tile,
+   * the same in every thread of the block) */
+  static __device__ __forceinline__ bool tile_empty(const fa_variant_problem &p, int64_t b, int64_t h, int64_t i0,
+                                                    int64_t i1, int64_t j0, int64_t j1) {
+    return fa_variant::has_mask && fa_variant::has_tile && fa_variant::tile(p.va, b, h, i0, i1, j0, j1) == 0;
+  }
   /* the tensor-core kernels: the keys of mask_mod's nonempty tiles */
   static __device__ __forceinline__ void narrow(const fa_variant_problem &p, int64_t b, int64_t h, int64_t i0,
                                                 int64_t *lo, int64_t *hi) {
