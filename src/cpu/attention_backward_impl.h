@@ -2,6 +2,8 @@
  * (attention_instantiate.h includes it once per type).  No include guard
  * on purpose. */
 
+#include "cpu/all_finite_impl.h"
+
 #define FA_LANES 8
 
 /* Independent partial sums let GCC vectorise without reassociating. */
@@ -14,19 +16,6 @@ static inline REAL FA_R(bw_dot)(const REAL *a, const REAL *b, int64_t n) {
   for (; e < n; e++) sum += a[e] * b[e];
   for (int l = 0; l < FA_LANES; l++) sum += lane[l];
   return sum;
-}
-
-/* Whether the n values at a are all finite: x · 0 is 0 for a finite x and
- * NaN for NaN or ±inf (one vectorisable pass). */
-static inline int FA_R(bw_finite)(const REAL *a, int64_t n) {
-  REAL lane[FA_LANES] = {0};
-  int64_t e = 0;
-  for (; e + FA_LANES <= n; e += FA_LANES)
-    for (int l = 0; l < FA_LANES; l++) lane[l] += a[e + l] * 0;
-  REAL sum = 0;
-  for (; e < n; e++) sum += a[e] * 0;
-  for (int l = 0; l < FA_LANES; l++) sum += lane[l];
-  return sum == 0;
 }
 
 /* c += Σ_r w[r][j] · x[r] over the r of w's m rows whose weight is not 0
@@ -144,9 +133,9 @@ static fa_status FA_R(bw_run)(fa_context *ctx, const fa_attn_backward *g) {
   REAL *scratch = fa_host_alloc(ctx, bytes ? bytes : 1, &st);
   if (!scratch) return st;
   /* one pass over the operands a call, not one a tile pair */
-  const int skip_zeros = !(FA_R(bw_finite)((const REAL *)p->q, p->B * p->Hq * p->Lq * p->D) &&
-                           FA_R(bw_finite)((const REAL *)p->k, p->B * p->Hkv * p->Lk * p->D) &&
-                           FA_R(bw_finite)((const REAL *)g->dout, p->B * p->Hq * p->Lq * p->Dv));
+  const int skip_zeros = !(FA_R(all_finite)((const REAL *)p->q, p->B * p->Hq * p->Lq * p->D) &&
+                           FA_R(all_finite)((const REAL *)p->k, p->B * p->Hkv * p->Lk * p->D) &&
+                           FA_R(all_finite)((const REAL *)g->dout, p->B * p->Hq * p->Lq * p->Dv));
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
   for (int64_t t = 0; t < tasks; t++)
     FA_R(bw_task)(g, t / p->Hkv, t % p->Hkv, scratch + (size_t)omp_get_thread_num() * each, skip_zeros);

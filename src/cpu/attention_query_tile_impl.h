@@ -3,6 +3,8 @@
  * owns a workspace of the tile's size; key tiles of Bc = tile_k keys cover
  * only the union of the rows' key ranges.  Included by their _impl.h. */
 
+#include "cpu/all_finite_impl.h"
+
 typedef struct {
   REAL *s;              /* Br x Bc: scores, then probabilities */
   REAL *m, *l, *alpha;  /* per row: running max, denominator, rescale factor */
@@ -94,18 +96,6 @@ static void FA_R(qtile_scores)(const fa_attn_problem *p, const FA_R(qtile) *t, c
   FA_GEMM(1, t->rows, n, p->D, t->q, p->q_st.s, t->k + j0 * p->k_st.s, p->k_st.s, 0, w->s, p->tile_k);
   for (int64_t r = 0; r < t->rows; r++)
     FA_R(fa_attn_scores)(p, t->b, t->h, t->i0 + r, j0, n, w->lo[r], w->hi[r], w->s + r * p->tile_k);
-}
-
-/* Whether x[0..n) holds no NaN or inf (x·0 is 0 exactly for finite x);
- * partial sums per lane let GCC vectorise without reassociating. */
-static inline int FA_R(all_finite)(const REAL *x, int64_t n) {
-  REAL lane[16] = {0}, sum = 0;
-  int64_t j = 0;
-  for (; j + 16 <= n; j += 16)
-    for (int k = 0; k < 16; k++) lane[k] += x[j + k] * 0;
-  for (; j < n; j++) sum += x[j] * 0;
-  for (int k = 0; k < 16; k++) sum += lane[k];
-  return sum == 0;
 }
 
 /* The same for `rows` rows of n (row stride ld): one run when they are
