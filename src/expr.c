@@ -202,11 +202,7 @@ static void eval_chunk(const fa_expr *e, const double *s, int64_t b, int64_t h, 
   }
 }
 
-/* Which nodes depend on s through a number (booleans, floor and reads
- * carry no derivative): the others' derivatives are 0 exactly, so that a
- * term such as d(sqrt(x))·... of an x free of s is 0 and not 0/0 (the
- * kernels' generated code, src/variant_codegen.c, writes only these terms). */
-static void grad_deps(const fa_expr *e, uint8_t *dep) {
+void fa_expr_grad_deps(const fa_expr *e, uint8_t *dep) {
   for (int i = 0; i < e->n; i++) {
     const fa_expr_node *x = &e->nodes[i];
     dep[i] = 0;
@@ -274,7 +270,7 @@ static void eval_rows(const fa_expr *e, const double *s, int64_t b, int64_t h, i
   uint8_t dep[FA_EXPR_SLOTS]; /* e->n <= FA_EXPR_SLOTS: a lane at least */
   int lanes = FA_EXPR_SLOTS / e->n;
   if (lanes > FA_EXPR_LANES) lanes = FA_EXPR_LANES;
-  if (dout) grad_deps(e, dep);
+  if (dout) fa_expr_grad_deps(e, dep);
   for (int64_t j0 = 0; j0 < n; j0 += lanes) {
     const int m = n - j0 < lanes ? (int)(n - j0) : lanes;
     eval_chunk(e, s ? s + j0 : NULL, b, h, q, k0 + j0, m, lanes, active ? active + j0 : NULL, out + j0, v, f);

@@ -156,6 +156,13 @@ void fa_expr_clear_fault(const fa_expr *e);
  * ("opts.score_mod"), the read and the index. */
 fa_status fa_expr_fault(fa_context *ctx, const fa_expr *e, const char *what);
 
+/* dep[i] (e->n entries): whether node i depends on s through a number
+ * (booleans, floor and reads carry no derivative).  The others'
+ * derivatives are 0 exactly, so that a term such as d(sqrt(x))·... of an
+ * x free of s is 0 and not 0/0: the CPU's forward mode (expr.c) and the
+ * kernels' generated score_grad (variant_codegen.c) both follow it. */
+void fa_expr_grad_deps(const fa_expr *e, uint8_t *dep);
+
 /* mask_mod (an expression of booleans) over the tile of rows q0..q1 and
  * keys k0..k1 (0-based, inclusive) of (b, h) as a whole, where interval
  * arithmetic can tell (expr_tile.c): FA_BLOCK_EMPTY (no pair attends),

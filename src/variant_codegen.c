@@ -595,20 +595,6 @@ static void emit_grad(text *t, const fa_expr *e, int i, const int *ty, const uin
   put(t, ";\n");
 }
 
-/* Which nodes depend on s, through a number (a comparison's boolean has no
- * derivative). */
-static void depends_on_s(const fa_expr *e, const int *ty, uint8_t *dep) {
-  for (int i = 0; i < e->n; i++) {
-    const fa_expr_node *x = &e->nodes[i];
-    dep[i] = 0;
-    if (ty[i] == TB || x->op == FA_X_FLOOR || x->op == FA_X_LOAD) continue;
-    if (x->op == FA_X_S) dep[i] = 1;
-    else if (x->op == FA_X_WHERE) dep[i] = dep[x->a[1]] || dep[x->a[2]];
-    else
-      for (int j = 0; j < fa_expr_operands(x); j++) dep[i] |= dep[x->a[j]];
-  }
-}
-
 /* One function of the variant: score_mod (returns the score; with grad,
  * score_grad: also its derivative by s in ds) or mask_mod (returns whether
  * the key stays), its reads from argument slot base on. */
@@ -626,7 +612,7 @@ static int emit_function(text *t, const fa_expr *e, const int64_t *bounds, int i
     t->failed = 1;
     return 0;
   }
-  if (dep) depends_on_s(e, ty, dep);
+  if (dep) fa_expr_grad_deps(e, dep);
   put(t,
       "  static __device__ __forceinline__ %s %s(const fa_variant_args &a, float s, long long b, long long h, "
       "long long q, long long k, float bf, float hf, float qf, float kf, int &fault_node%s) {\n",
