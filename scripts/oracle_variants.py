@@ -329,6 +329,27 @@ class Case:
         return (ar(self.B, (self.B, 1, 1, 1)), ar(self.H, (1, self.H, 1, 1)), ar(self.Lq, (1, 1, self.Lq, 1)),
                 ar(self.Lk, (1, 1, 1, self.Lk)))
 
+    def scores(self, work, grad=False):
+        """(q, k, v, s, g): the inputs in `work` (k, v repeated over the
+        query heads that share them), the scores scale QK^T through
+        score_mod, and with grad their derivative by score_mod's s
+        (torch.autograd; elementwise, so the gradient of the sum), else None."""
+        G = self.H // self.Hkv
+        q, k, v = self.inputs(work)
+        k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
+        s = torch.matmul(q, k.transpose(-1, -2)) * self.scale
+        g = torch.ones_like(s) if grad else None
+        if self.score_fn is not None:
+            x = s.detach().requires_grad_(True) if grad else s
+            b, h, qp, kp = self.positions(work)
+            r = self.score_fn(x, b, h, qp, kp, self.T[work], work)
+            r = r.expand_as(x) if isinstance(r, torch.Tensor) else torch.full_like(x, float(r))
+            if grad:
+                g = torch.autograd.grad(r.sum(), x)[0] if r.requires_grad else torch.zeros_like(s)
+                r = r.detach()
+            s = r
+        return q, k, v, s, g
+
     def dense(self, work, low=None):
         """(o, lse, empty): the case's attention computed densely with
         arithmetic in `work`; with `low`, P and O are rounded to that dtype
@@ -336,15 +357,7 @@ class Case:
         their statistics in f32, P rounded for the PV product, O rounded)."""
         def rnd(x):
             return x.to(low).to(work) if low is not None else x
-        G = self.H // self.Hkv
-        q, k, v = self.inputs(work)
-        k = k.repeat_interleave(G, dim=1)
-        v = v.repeat_interleave(G, dim=1)
-        s = torch.matmul(q, k.transpose(-1, -2)) * self.scale
-        if self.score_fn is not None:
-            b, h, qp, kp = self.positions(work)
-            r = self.score_fn(s, b, h, qp, kp, self.T[work], work)
-            s = r.expand_as(s) if isinstance(r, torch.Tensor) else torch.full_like(s, float(r))
+        _, _, v, s, _ = self.scores(work)
         keep = self.keep()
         s = s.masked_fill(~keep, -math.inf)
         lse = torch.logsumexp(s, dim=-1)
@@ -358,21 +371,8 @@ class Case:
         (the docstring's backward reference); with `low`, the gradients
         rounded to that dtype (the peer)."""
         G = self.H // self.Hkv
-        q, k, v = self.inputs(work)
+        q, kr, vr, s, g = self.scores(work, grad=True)
         dout = self.arrays["dout"].to(self.dev).to(self.lowp()).to(work)
-        kr, vr = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
-        s = torch.matmul(q, kr.transpose(-1, -2)) * self.scale
-        g = torch.ones_like(s)
-        if self.score_fn is not None:
-            leaf = s.detach().requires_grad_(True)
-            b, h, qp, kp = self.positions(work)
-            r = self.score_fn(leaf, b, h, qp, kp, self.T[work], work)
-            r = r.expand_as(leaf) if isinstance(r, torch.Tensor) else torch.full_like(leaf, float(r))
-            if r.requires_grad:  # elementwise in s: the gradient of the sum is the derivative
-                g = torch.autograd.grad(r.sum(), leaf)[0]
-            else:
-                g = torch.zeros_like(s)
-            s = r.detach()
         keep = self.keep()
         empty = ~keep.any(dim=-1, keepdim=True)
         s = s.masked_fill(~keep, -math.inf).masked_fill(empty, 0.0)

@@ -78,6 +78,10 @@ static fa_status run_backward_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, 
   if (d->dtype == FA_F64)
     return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: q: attention_backward on cuda takes f32, f16 or bf16, got f64 (f64 "
                                       "runs on the cpu, and fa.attention_backward_reference takes any device)");
+  if (d->D > 256 || d->Dv > 256) /* the kernels' and the variants' alike */
+    return fa_fail(ctx, FA_ERR_UNSUPPORTED,
+                   "flashattn: attention_backward on cuda takes head dims up to 256 (D = %lld, Dv = %lld)",
+                   (long long)d->D, (long long)d->Dv);
   fa_attn_buffers bufs = {0};
   fa_tensor *ob = NULL, *db = NULL, *l32 = NULL, *lb = NULL, *g[3] = {0};
   fa_attn_problem p;

@@ -339,7 +339,8 @@ typedef struct {
 } fa_attn_grads;
 /* kernel: FA_KERNEL_AUTO (the fastest that takes the call), or the
  * backward's FA_KERNEL_WGMMA, FA_KERNEL_MMA or FA_KERNEL_SIMT
- * (FA_ERR_UNSUPPORTED, saying why, when it does not take it). */
+ * (FA_ERR_UNSUPPORTED, saying why, when it does not take it).  D and Dv
+ * up to 256 (the caller checks, src/backward.c). */
 fa_status fa_cuda_attention_backward(fa_context *ctx, fa_attn_kernel kernel, const fa_attn_problem *p,
                                      const fa_attn_grads *g);
 /* The same with p's score_mod / mask_mod (API §9, §10): the SIMT kernels

@@ -223,10 +223,6 @@ static fa_status bw_choose(fa_context *ctx, const fa_attn_problem *p, const fa_a
 
 extern "C" fa_status fa_cuda_attention_backward(fa_context *ctx, fa_attn_kernel kernel, const fa_attn_problem *p,
                                                 const fa_attn_grads *g) {
-  if (p->D > 256 || p->Dv > 256)
-    return fa_fail(ctx, FA_ERR_UNSUPPORTED,
-                   "flashattn: attention_backward on cuda takes head dims up to 256 (D = %lld, Dv = %lld)",
-                   (long long)p->D, (long long)p->Dv);
   fa_status st = bw_choose(ctx, p, g, &kernel);
   if (st) return st;
   const size_t bytes = (size_t)(p->B * p->Hq * p->Lq) * sizeof(float);

@@ -455,6 +455,11 @@ static bool expr_uses(const fa_expr *e, int op) {
   return false;
 }
 
+/* The element type of p's operands as the kernels' templates name it. */
+static const char *rtc_type(const fa_attn_problem *p) {
+  return p->compute == FA_F16 ? "__half" : p->compute == FA_BF16 ? "__nv_bfloat16" : "float";
+}
+
 /* What a variant call runs: the kernels (names[0] the SIMT kernel, [1] the
  * fast one, [2] mask_mod's spans), the fast kernel's tile, the SIMT
  * kernel's problem (its own tile) and the spans' layout. */
@@ -475,16 +480,15 @@ static fa_status plan_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_a
   /* the warp-specialised kernel where it takes the call (and the copy engine its operands), else wgmma, mma;
    * its key tiles of 176 only when asked for (opts.tile): an alibi score_mod's instance spills 460 bytes there
    * (96 at 128), where the built-in rules take them automatically */
-  const fa_attn_problem call = *p;
   const bool tma = (kernel == FA_KERNEL_AUTO || kernel == FA_KERNEL_WGMMA_TMA) && fa_cuda_wgmma_usable() &&
                    (p->compute == FA_F16 || p->compute == FA_BF16) && p->D == p->Dv && attn_rows_aligned16(p) &&
-                   fa_cuda_attention_kernel_tile_ok(FA_KERNEL_WGMMA_TMA, p->D, call.tile_q, call.tile_k) &&
-                   wt_encode_maps(&call, &v->maps);
+                   fa_cuda_attention_kernel_tile_ok(FA_KERNEL_WGMMA_TMA, p->D, p->tile_q, p->tile_k) &&
+                   wt_encode_maps(p, &v->maps);
   if (tma) v->fast = FAST_TMA;
   else if (kernel != FA_KERNEL_SIMT && kernel != FA_KERNEL_WGMMA_TMA) v->fast = fa_cuda_attention_tc_kernel(kernel, p);
   if (kernel == FA_KERNEL_WGMMA_TMA ? !tma : !v->fast && kernel != FA_KERNEL_AUTO && kernel != FA_KERNEL_SIMT)
     return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: opts.kernel: the kernel named declined the call on cuda");
-  const char *T = p->compute == FA_F16 ? "__half" : p->compute == FA_BF16 ? "__nv_bfloat16" : "float";
+  const char *T = rtc_type(p);
   const char *dense = attn_rows_dense(p) ? "true" : "false";
   /* the SIMT kernel: behind the fast one (a tile it holds), or alone with the call's tile */
   v->simt = *p;
@@ -496,7 +500,7 @@ static fa_status plan_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_a
   v->n = 1;
   if (!v->fast) return FA_OK;
   if (v->fast == FAST_TMA) {
-    v->br = WT_BR, v->bc = (int)call.tile_k;
+    v->br = WT_BR, v->bc = (int)p->tile_k;
     /* mask_mod too: its tiles narrow the producer's key range.  A/B on one H200 (2026-11-27, two rounds,
      * bench_variants): the persistent form 3-13 % faster for alibi, the windows, prefix_lm and documents
      * at 16k, 2-4 % slower for softcap */
@@ -749,7 +753,6 @@ extern "C" fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attn_kernel k
   fault_records fr = {NULL, 0, {0, 0}};
   int *v_flag = NULL;
   variant_problem(p, &vp);
-  if (v.fast) vp.tile_q = v.br, vp.tile_k = v.bc; /* the fast kernel's (the SIMT kernel's: v.simt) */
   st = rtc_kernels_get(ctx, src, names, v.n, kern);
   if (!st) st = faults_open(ctx, reads, &vp, &fr);
   if (!st && v.fast) st = values_nonfinite_flag(ctx, p, &v_flag); /* NaN or inf in V: the SIMT kernel redoes the call */
@@ -763,20 +766,17 @@ extern "C" fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attn_kernel k
  * score_mod's traced expression, mask_mod's keys passing nothing back): the
  * delta kernel, then the SIMT backward's two kernels compiled with the
  * variant's rule (attention_backward_simt.cuh, attn_rule's score_chain).
- * Only the SIMT kernels take it (kernel: FA_KERNEL_AUTO or SIMT). */
+ * Only the SIMT kernels take it (kernel: FA_KERNEL_AUTO or SIMT); head
+ * dims up to 256 (checked by the caller). */
 extern "C" fa_status fa_cuda_attention_backward_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_attn_problem *p,
                                                         const fa_attn_grads *g) {
   if (kernel != FA_KERNEL_AUTO && kernel != FA_KERNEL_SIMT)
     return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: opts.kernel: the backward with opts.score_mod or opts.mask_mod "
                                             "runs on the simt kernel on cuda");
-  if (p->D > 256 || p->Dv > 256)
-    return fa_fail(ctx, FA_ERR_UNSUPPORTED,
-                   "flashattn: attention_backward on cuda takes head dims up to 256 (D = %lld, Dv = %lld)",
-                   (long long)p->D, (long long)p->Dv);
   const bw_simt_plan pl = bw_simt_plan_of(p);
   fa_status st = attn_grid_fits(ctx, pl.kblocks);
   if (st || (st = attn_grid_fits(ctx, pl.qblocks))) return st;
-  const char *T = p->compute == FA_F16 ? "__half" : p->compute == FA_BF16 ? "__nv_bfloat16" : "float";
+  const char *T = rtc_type(p);
   char names[2][128];
   snprintf(names[0], sizeof names[0], "bw_dkdv_kernel<%s, %d, fa_variant_problem>", T, pl.dmax);
   snprintf(names[1], sizeof names[1], "bw_dq_kernel<%s, %d, fa_variant_problem>", T, pl.dmax);

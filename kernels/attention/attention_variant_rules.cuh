@@ -17,18 +17,32 @@ static __device__ __forceinline__ void fa_variant_record(long long *rec, int f) 
 /* The score of key j (jf: the same as a float, exact below 2^24; offset kk
  * from the rule's key) of row i of head h, from the scaled dot product; in:
  * the key is in the row's range.  The call's built-in rules are constants
- * of the unit (fa_variant_rules), so that a score pays only for those set. */
+ * of the unit (fa_variant_rules), so that a score pays only for those set.
+ * chain (the SIMT backward; else NULL): the score's derivative by the dot
+ * product, for a key that stays (the scale, times score_mod's derivative
+ * by its s, times softcap's 1 - tanh^2; alibi and the float mask add
+ * constants). */
 static __device__ __forceinline__ float fa_variant_apply(const fa_variant_problem &p, const score_rule &ru, int64_t b,
                                                          int64_t h, int64_t i, int64_t j, float jf, int kk, float s,
-                                                         bool in, bool mask_full, int &fs, int &fm) {
+                                                         bool in, bool mask_full, int &fs, int &fm,
+                                                         float *chain = nullptr) {
   if (fa_variant_rules::bool_mask && in && !rule_mask_keeps(ru, kk)) in = false;
   if (fa_variant::has_mask && in && !mask_full)
     in = fa_variant::mask(p.va, 0.f, b, h, i, j, (float)b, (float)h, (float)i, jf, fm);
   if (!in) return -INFINITY;
-  if (fa_variant::has_score) s = fa_variant::score(p.va, s, b, h, i, j, (float)b, (float)h, (float)i, jf, fs);
-  if (fa_variant_rules::softcap) s = rule_softcap(ru, s);
+  float c = ru.scale, ds = 1.f;
+  if (fa_variant::has_score && chain)
+    s = fa_variant::score_grad(p.va, s, b, h, i, j, (float)b, (float)h, (float)i, jf, fs, ds), c *= ds;
+  else if (fa_variant::has_score)
+    s = fa_variant::score(p.va, s, b, h, i, j, (float)b, (float)h, (float)i, jf, fs);
+  if (fa_variant_rules::softcap) {
+    s = rule_softcap(ru, s);
+    const float t = s * ru.inv_cap;
+    c *= 1.f - t * t;
+  }
   if (fa_variant_rules::alibi) s = rule_alibi(ru, s, (float)kk);
   if (fa_variant_rules::float_mask) s = rule_mask_float(ru, s, kk);
+  if (chain) *chain = c;
   return s;
 }
 
@@ -186,45 +200,21 @@ __device__ bool frag_variant_tile(const fa_attn_problem &p0, int64_t b, int64_t 
   return false;
 }
 
-/* The SIMT kernel's key at a time. */
+/* The SIMT kernels' key at a time: the score, and (score_chain, the
+ * backward) its derivative by the dot product (fa_variant_apply's chain). */
 template <> struct attn_rule<fa_variant_problem> {
-  static __device__ __forceinline__ float score(const fa_variant_problem &p, int64_t b, int64_t h, int64_t i, int64_t j,
-                                                float dot, int64_t lo, int64_t hi) {
-    if (j < lo || j >= hi) return -INFINITY;
-    const score_rule ru = score_rule_at(p, b, h, i, j);
-    int fs = -1, fm = -1;
-    const float s = fa_variant_apply(p, ru, b, h, i, j, (float)j, 0, dot * ru.scale, true, false, fs, fm);
-    fa_variant_faults(p, fs, fm);
-    return s;
-  }
-  /* the SIMT backward: the same score, and its derivative by the dot
-   * product in *chain (the scale, times score_mod's derivative by its s,
-   * times softcap's 1 - tanh^2; alibi and the float mask add constants) */
   static __device__ __forceinline__ float score_chain(const fa_variant_problem &p, int64_t b, int64_t h, int64_t i,
                                                       int64_t j, float dot, int64_t lo, int64_t hi, float *chain) {
     if (j < lo || j >= hi) return -INFINITY;
     const score_rule ru = score_rule_at(p, b, h, i, j);
     int fs = -1, fm = -1;
-    bool in = !fa_variant_rules::bool_mask || rule_mask_keeps(ru, 0);
-    if (fa_variant::has_mask && in)
-      in = fa_variant::mask(p.va, 0.f, b, h, i, j, (float)b, (float)h, (float)i, (float)j, fm);
-    float s = -INFINITY;
-    if (in) {
-      float c = ru.scale, ds = 1.f;
-      s = dot * ru.scale;
-      if (fa_variant::has_score)
-        s = fa_variant::score_grad(p.va, s, b, h, i, j, (float)b, (float)h, (float)i, (float)j, fs, ds), c *= ds;
-      if (fa_variant_rules::softcap) {
-        s = rule_softcap(ru, s);
-        const float t = s * ru.inv_cap;
-        c *= 1.f - t * t;
-      }
-      if (fa_variant_rules::alibi) s = rule_alibi(ru, s, 0.f);
-      if (fa_variant_rules::float_mask) s = rule_mask_float(ru, s, 0);
-      *chain = c;
-    }
+    const float s = fa_variant_apply(p, ru, b, h, i, j, (float)j, 0, dot * ru.scale, true, false, fs, fm, chain);
     fa_variant_faults(p, fs, fm);
     return s;
+  }
+  static __device__ __forceinline__ float score(const fa_variant_problem &p, int64_t b, int64_t h, int64_t i, int64_t j,
+                                                float dot, int64_t lo, int64_t hi) {
+    return score_chain(p, b, h, i, j, dot, lo, hi, nullptr);
   }
   /* the SIMT backward: a tile mask_mod leaves empty as a whole (fa_variant::tile,
    * the same in every thread of the block) */
