@@ -242,8 +242,9 @@ typedef struct {
    * Both backends and fa_attention_reference; on cuda compiled into the
    * "flash" kernels at run time (NVRTC; other algos FA_ERR_UNSUPPORTED),
    * refused with splits > 1; the backward and its reference take them
-   * too, differentiating score_mod's expression (on cuda in the "simt"
-   * kernels, compiled with it). */
+   * too, differentiating score_mod's expression (on cuda compiled into
+   * the "wgmma" backward kernels where they take the call, else the
+   * "simt" ones). */
   const fa_expr *score_mod, *mask_mod;
   /* fa_block_mask_new's result for this call's mask_mod, B, Hq, Lq, Lk and
    * tile (checked; on cuda its sizes, and it is used where its tile divides

@@ -122,6 +122,9 @@ if args.extras then
   for h = 1, H do slopes[h] = 2 ^ (-8 * h / H) end
   local slopes_t = fa.tensor(slopes, { device = dev }) -- the same slopes, captured by a score_mod
   local bmask = fa.rand({ L, L }, { device = dev, seed = seed + 4 }) -- a float mask, values in [0, 1)
+  local ids = {} -- causal documents of 1000 keys (the last one shorter)
+  for i = 1, L do ids[i] = (i - 1) // 1000 end
+  local doc = fa.tensor(ids, { device = dev })
   local rules = {
     { "plain", {} },
     { "causal", { causal = true } },
@@ -129,10 +132,13 @@ if args.extras then
     { "softcap 30", { softcap = 30 } },
     { "window 1024", { window = { 1024, 0 } } },
     { "float mask", { mask = bmask } },
-    -- the Lua variants (API §9): on cuda the SIMT kernels compiled with the expression
+    -- the Lua variants (API §9): compiled with the expression into the tensor-core kernels on
+    -- Hopper (the SIMT ones elsewhere); the first three compute the rule of a built-in above
     { "score_mod alibi causal", { causal = true, score_mod = function(sc, b, h, qi, kj)
       return sc - slopes_t[h] * (qi - kj):abs() end } },
+    { "score_mod softcap 30", { score_mod = function(sc) return (sc / 30):tanh() * 30 end } },
     { "mask_mod window 1024", { mask_mod = function(b, h, qi, kj) return qi:ge(kj) & (qi - kj):le(1024) end } },
+    { "mask_mod documents", { mask_mod = function(b, h, qi, kj) return doc[qi]:eq(doc[kj]) & qi:ge(kj) end } },
   }
   local plain_ms
   print(("extras: bf16, B = %d, H = %d, L = %d, D = %d"):format(B, H, L, D))
@@ -149,7 +155,7 @@ if args.extras then
     plain_ms = plain_ms or ms
     local row = { rule = name, dtype = dtype, B = B, H = H, L = L, D = D, ms = ms, plain_ratio = ms / plain_ms }
     extras[#extras + 1] = row
-    print(("  %-14s %9.3f ms  x plain time %.2f"):format(name, ms, row.plain_ratio))
+    print(("  %-24s %9.3f ms  x plain time %.2f"):format(name, ms, row.plain_ratio))
     o:free(); lse:free()
   end
 end

@@ -132,17 +132,6 @@ static fa_status bw_simt(fa_context *ctx, const fa_attn_problem *p, const fa_att
   return bw_launch<T, 256>(ctx, p, g, delta, only_if);
 }
 
-/* delta (B·Hq·Lq floats) of the call, for the variants' backward
- * (attention_variant.cu), which runs the SIMT kernels compiled with its rule. */
-extern "C" fa_status fa_cuda_attention_backward_delta(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g,
-                                                      float *delta) {
-  switch (p->compute) {
-  case FA_F16: return bw_delta<__half>(ctx, p, g, delta, NULL);
-  case FA_BF16: return bw_delta<__nv_bfloat16>(ctx, p, g, delta, NULL);
-  default: return bw_delta<float>(ctx, p, g, delta, NULL);
-  }
-}
-
 /* Queues on s the passes over q and k that set *flag when one holds NaN
  * or inf (attention_nonfinite.cuh's scan of v, pointed at each; dout is
  * checked by the delta kernel, which reads all of it anyway). */
@@ -177,7 +166,7 @@ static cudaError_t bw_queue_scans(const fa_attn_problem *p, int *flag, cudaStrea
  * (bw_launch) took a point off at 1k. */
 template <typename T>
 static fa_status bw_guarded(fa_context *ctx, fa_attn_kernel k, const fa_attn_problem *p, const fa_attn_grads *g,
-                            float *delta) {
+                            float *delta, const fa_bw_kernels *ks) {
   int *flag = NULL;
   cudaStream_t side = 0;
   fa_status st = values_nonfinite_flag(ctx, p, &flag, false);
@@ -186,31 +175,38 @@ static fa_status bw_guarded(fa_context *ctx, fa_attn_kernel k, const fa_attn_pro
     fa_cuda_free_on(ctx, flag, sizeof(int));
     return st;
   }
-  st = fa_cuda_attention_backward_mma(ctx, k, p, g, delta);
+  st = ks->fast(ctx, k, p, g, delta, ks->user);
   const cudaError_t err = st ? cudaSuccess : bw_queue_scans(p, flag, side);
   const fa_status joined = fa_cuda_join(ctx); /* waits here when it cannot be queued */
   if (!st) st = err != cudaSuccess ? fa_cuda_error(ctx, err, "the NaN/inf check of q and k") : joined;
-  if (!st) st = bw_simt<T>(ctx, p, g, delta, flag);
+  if (!st) st = ks->simt(ctx, p, g, delta, flag, ks->user);
   fa_cuda_free_on(ctx, flag, sizeof(int)); /* stream-ordered: after the work queued */
   return st;
 }
 
 template <typename T>
 static fa_status bw_typed(fa_context *ctx, fa_attn_kernel k, const fa_attn_problem *p, const fa_attn_grads *g,
-                          float *delta) {
-  if (k != FA_KERNEL_SIMT) return bw_guarded<T>(ctx, k, p, g, delta);
+                          float *delta, const fa_bw_kernels *ks) {
+  if (k != FA_KERNEL_SIMT) return bw_guarded<T>(ctx, k, p, g, delta, ks);
   fa_status st = bw_delta<T>(ctx, p, g, delta, NULL);
-  return st ? st : bw_simt<T>(ctx, p, g, delta, NULL);
+  return st ? st : ks->simt(ctx, p, g, delta, NULL, ks->user);
 }
 
 /* The kernel named (FA_KERNEL_WGMMA, MMA or SIMT), or the fastest that
- * takes the call (FA_KERNEL_AUTO): FA_OK and *k, or why the named one
- * does not take it. */
-static fa_status bw_choose(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, fa_attn_kernel *k) {
+ * takes the call (FA_KERNEL_AUTO), among wgmma down to `last` (MMA: all;
+ * WGMMA: the variants', which have no mma instance) and simt: FA_OK and
+ * *k, or why the named one does not take it. */
+extern "C" fa_status fa_cuda_backward_choose(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g,
+                                             fa_attn_kernel last, fa_attn_kernel *k) {
   static const fa_attn_kernel order[2] = {FA_KERNEL_WGMMA, FA_KERNEL_MMA};
   static const char *const names[2] = {"wgmma", "mma"};
   for (int i = 0; i < 2; i++) {
     if (*k != FA_KERNEL_AUTO && *k != order[i]) continue;
+    if (i > 0 && last == FA_KERNEL_WGMMA) {
+      if (*k == FA_KERNEL_AUTO) break;
+      return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: opts.kernel: the backward with opts.score_mod or "
+                                              "opts.mask_mod runs on the wgmma or the simt kernel on cuda");
+    }
     const char *why = fa_cuda_attention_backward_refuses(order[i], p, g);
     if (!why) return *k = order[i], FA_OK;
     if (*k == order[i])
@@ -221,18 +217,40 @@ static fa_status bw_choose(fa_context *ctx, const fa_attn_problem *p, const fa_a
   return FA_OK;
 }
 
-extern "C" fa_status fa_cuda_attention_backward(fa_context *ctx, fa_attn_kernel kernel, const fa_attn_problem *p,
-                                                const fa_attn_grads *g) {
-  fa_status st = bw_choose(ctx, p, g, &kernel);
-  if (st) return st;
+/* The call on kernel k (FA_KERNEL_SIMT, or a tensor-core kernel that takes
+ * it) through the launches ks: delta, the kernels, and the guard. */
+extern "C" fa_status fa_cuda_backward_run(fa_context *ctx, fa_attn_kernel k, const fa_attn_problem *p,
+                                          const fa_attn_grads *g, const fa_bw_kernels *ks) {
   const size_t bytes = (size_t)(p->B * p->Hq * p->Lq) * sizeof(float);
   float *delta = NULL;
-  if ((st = fa_cuda_malloc(ctx, (void **)&delta, bytes))) return st;
+  fa_status st = fa_cuda_malloc(ctx, (void **)&delta, bytes);
+  if (st) return st;
   switch (p->compute) {
-  case FA_F16: st = bw_typed<__half>(ctx, kernel, p, g, delta); break;
-  case FA_BF16: st = bw_typed<__nv_bfloat16>(ctx, kernel, p, g, delta); break;
-  default: st = bw_typed<float>(ctx, kernel, p, g, delta); break;
+  case FA_F16: st = bw_typed<__half>(ctx, k, p, g, delta, ks); break;
+  case FA_BF16: st = bw_typed<__nv_bfloat16>(ctx, k, p, g, delta, ks); break;
+  default: st = bw_typed<float>(ctx, k, p, g, delta, ks); break;
   }
   fa_cuda_free_on(ctx, delta, bytes); /* stream-ordered: after the kernels */
   return st;
+}
+
+static fa_status builtin_fast(fa_context *ctx, fa_attn_kernel k, const fa_attn_problem *p, const fa_attn_grads *g,
+                              const float *delta, void *) {
+  return fa_cuda_attention_backward_mma(ctx, k, p, g, delta);
+}
+static fa_status builtin_simt(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, const float *delta,
+                              const int *only_if, void *) {
+  switch (p->compute) {
+  case FA_F16: return bw_simt<__half>(ctx, p, g, delta, only_if);
+  case FA_BF16: return bw_simt<__nv_bfloat16>(ctx, p, g, delta, only_if);
+  default: return bw_simt<float>(ctx, p, g, delta, only_if);
+  }
+}
+
+extern "C" fa_status fa_cuda_attention_backward(fa_context *ctx, fa_attn_kernel kernel, const fa_attn_problem *p,
+                                                const fa_attn_grads *g) {
+  fa_status st = fa_cuda_backward_choose(ctx, p, g, FA_KERNEL_MMA, &kernel);
+  if (st) return st;
+  const fa_bw_kernels ks = {builtin_fast, builtin_simt, NULL};
+  return fa_cuda_backward_run(ctx, kernel, p, g, &ks);
 }

@@ -50,11 +50,25 @@ static __device__ __forceinline__ bool bwm_row_load(const fa_attn_problem &p, co
  * of it (and the rule has no extras: then it is the scale alone).  EXTRAS:
  * the instance with the whole score rule (masks, alibi, softcap: the
  * forward's score_rule steps); without, a tile that is not full only tests
- * the key ranges. */
-template <bool KEY_ROWS, int NC, int R, bool EXTRAS>
+ * the key ranges.  EXTRAS_VARIANT: a traced score_mod / mask_mod (API §9,
+ * §10), bwm_variant_probs (attention_variant_rules.cuh) with the tile's
+ * state in mask_mod's tiles of 64 x 64 (FA_BLOCK_*; its caller skips the
+ * empty ones as a whole). */
+/* The variants' side (attention_variant_rules.cuh, run-time compiled
+ * units only): the state of mask_mod's tile of 64 query rows from i0 and 64
+ * keys from j0 (FA_BLOCK_*; keys past Lk: empty), and the probabilities. */
+__device__ int bwm_variant_state(const fa_attn_problem &p, int64_t b, int64_t h, int64_t i0, int64_t j0);
+template <bool KEY_ROWS, int NC, int R>
+__device__ void bwm_variant_probs(const fa_attn_problem &p, int64_t b, int64_t h, int64_t i0, int64_t j0, int qoff,
+                                  int koff, const bwm_rows<R> &rows, int state, float (*s)[4], float (*dp)[4]);
+template <bool KEY_ROWS, int NC, int R, int EXTRAS>
 static __device__ __forceinline__ void bwm_probs(const fa_attn_problem &p, int64_t b, int64_t h, int64_t i0,
                                                  int64_t j0, int qoff, int koff, const bwm_rows<R> &rows, bool full,
-                                                 float (*s)[4], float (*dp)[4]) {
+                                                 float (*s)[4], float (*dp)[4], int state = FA_BLOCK_PARTIAL) {
+  if constexpr (EXTRAS == EXTRAS_VARIANT) {
+    bwm_variant_probs<KEY_ROWS, NC, R>(p, b, h, i0, j0, qoff, koff, rows, state, s, dp);
+    return;
+  }
   const int lane = threadIdx.x & 31, g = lane >> 2, c2 = (lane & 3) * 2;
   const float scale = (float)p.scale, k2 = scale * FA_LOG2E;
 #define BWM_AT(n, e)                                                                                                 \
@@ -161,16 +175,23 @@ struct bwm_qtiles {
   __device__ __forceinline__ int64_t row(int64_t t, int BR) const { return i0 + t % n * BR; }
 };
 
+__device__ void bwm_variant_rows(const fa_attn_problem &p, int64_t b, int64_t hk, int64_t j0, int64_t j1, int64_t *r0,
+                                 int64_t *r1);
+
 /* The query tiles of the dK/dV block of keys [j0, j1) of KV head hk in
- * batch b, BR rows a tile (called by the whole block). */
+ * batch b, BR rows a tile (called by the whole block); EXTRAS_VARIANT:
+ * narrowed to the rows of mask_mod's nonempty tiles (bwm_variant_rows). */
+template <int EXTRAS = EXTRAS_NONE>
 static __device__ bwm_qtiles bwm_qtiles_meeting(const fa_attn_problem &p, int64_t b, int64_t hk, int64_t j0,
                                                 int64_t j1, int BR) {
   __shared__ int64_t span[2];
   if (threadIdx.x == 0) bwm_rows_meeting(p, b, j0, j1, &span[0], &span[1]);
   __syncthreads();
+  int64_t r0 = span[0], r1 = span[1];
+  if constexpr (EXTRAS == EXTRAS_VARIANT) bwm_variant_rows(p, b, hk, j0, j1, &r0, &r1);
   bwm_qtiles qt;
-  qt.h0 = hk * (p.Hq / p.Hkv), qt.i0 = span[0] / BR * BR;
-  qt.n = span[1] > span[0] ? (span[1] - qt.i0 + BR - 1) / BR : 0, qt.count = p.Hq / p.Hkv * qt.n;
+  qt.h0 = hk * (p.Hq / p.Hkv), qt.i0 = r0 / BR * BR;
+  qt.n = r1 > r0 ? (r1 - qt.i0 + BR - 1) / BR : 0, qt.count = p.Hq / p.Hkv * qt.n;
   return qt;
 }
 

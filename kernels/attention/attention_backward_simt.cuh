@@ -192,4 +192,23 @@ static inline bw_simt_plan bw_simt_plan_of(const fa_attn_problem *p) {
   return pl;
 }
 
+#ifndef __CUDACC_RTC__
+/* The launches of a backward call (attention_backward.cu's
+ * fa_cuda_backward_run, which queues delta before them and the NaN/inf
+ * guard around them): fast, the tensor-core kernel k on delta; simt, the
+ * SIMT kernels (only_if: as bw_dkdv_kernel's).  The built-in instances, or
+ * a variant's compiled ones (attention_variant.cu), user theirs. */
+struct fa_bw_kernels {
+  fa_status (*fast)(fa_context *ctx, fa_attn_kernel k, const fa_attn_problem *p, const fa_attn_grads *g,
+                    const float *delta, void *user);
+  fa_status (*simt)(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, const float *delta,
+                    const int *only_if, void *user);
+  void *user;
+};
+extern "C" fa_status fa_cuda_backward_choose(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g,
+                                             fa_attn_kernel last, fa_attn_kernel *k);
+extern "C" fa_status fa_cuda_backward_run(fa_context *ctx, fa_attn_kernel k, const fa_attn_problem *p,
+                                          const fa_attn_grads *g, const fa_bw_kernels *ks);
+#endif
+
 #endif

@@ -36,8 +36,9 @@ extern const char *const fa_rtc_source_names[];
 extern const char *const fa_rtc_source_texts[];
 int fa_cuda_attention_tc_kernel(fa_attn_kernel kernel, const fa_attn_problem *p);
 int fa_cuda_wgmma_usable(void);
-fa_status fa_cuda_attention_backward_delta(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g,
-                                           float *delta);
+int fa_cuda_backward_wgmma_atomic(const fa_attn_problem *p, const fa_attn_grads *g);
+fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g,
+                                     const float *delta, void *prob, const void *dkdv, const void *dq);
 }
 
 /* ---- NVRTC, opened on first use ---- */
@@ -93,7 +94,9 @@ static fa_status nvrtc_open(fa_context *ctx) {
 
 /* ---- the module cache ---- */
 
-#define RTC_KERNELS 3 /* a call's instances: the SIMT kernel, the fast kernel and mask_mod's spans (if any) */
+/* a call's instances: the forward's SIMT kernel, fast kernel and mask_mod's spans (if any); the backward's two
+ * SIMT kernels, two tensor-core ones and the spans */
+#define RTC_KERNELS 5
 
 /* One compiled kernel instance (a module of its own, so that the instances
  * of a call compile side by side and the SIMT one is shared by calls on
@@ -310,7 +313,7 @@ static fa_status rtc_kernels_get(fa_context *ctx, const char *src, const char *c
   rtc_job jobs[RTC_KERNELS];
   memset(jobs, 0, sizeof jobs);
   pthread_t threads[RTC_KERNELS];
-  int started[RTC_KERNELS] = {0, 0, 0};
+  int started[RTC_KERNELS] = {0};
   pthread_mutex_lock(&rtc_lock); /* held throughout: one caller compiles a key, the others then find it */
   fa_status st = nvrtc_open(ctx);
   static uint64_t headers = 0; /* constant-initialised; set under the lock */
@@ -763,48 +766,111 @@ extern "C" fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attn_kernel k
 }
 
 /* The backward of a variant call (API §10: the chain rule through
- * score_mod's traced expression, mask_mod's keys passing nothing back): the
- * delta kernel, then the SIMT backward's two kernels compiled with the
- * variant's rule (attention_backward_simt.cuh, attn_rule's score_chain).
- * Only the SIMT kernels take it (kernel: FA_KERNEL_AUTO or SIMT); head
- * dims up to 256 (checked by the caller). */
-extern "C" fa_status fa_cuda_attention_backward_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_attn_problem *p,
-                                                        const fa_attn_grads *g) {
-  if (kernel != FA_KERNEL_AUTO && kernel != FA_KERNEL_SIMT)
-    return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: opts.kernel: the backward with opts.score_mod or opts.mask_mod "
-                                            "runs on the simt kernel on cuda");
+ * score_mod's traced expression, mask_mod's keys passing nothing back),
+ * on fa_cuda_backward_run's schedule (delta, the kernels, the NaN/inf
+ * guard) with the kernels compiled with the variant's rule: Hopper's
+ * tensor-core kernels (attention_backward_wgmma.cuh, bwm_variant_probs)
+ * where they take the call, the SIMT ones (attention_backward_simt.cuh,
+ * attn_rule's score_chain) behind them and for the rest.  mask_mod's tiles
+ * of 64 x 64 are found first (the spans kernel: their states and spans),
+ * so that the tensor-core kernels skip the empty ones and do not evaluate
+ * mask_mod on the full ones.  Head dims up to 256 (checked by the caller). */
+typedef struct {
+  cudaKernel_t dkdv, dq, simt_dkdv, simt_dq;
+  fa_variant_problem *vp;
+} variant_backward;
+
+static fa_status variant_bw_fast(fa_context *ctx, fa_attn_kernel, const fa_attn_problem *p, const fa_attn_grads *g,
+                                 const float *delta, void *user) {
+  variant_backward *vb = (variant_backward *)user;
+  return fa_cuda_backward_wgmma_run(ctx, p, g, delta, vb->vp, (const void *)vb->dkdv, (const void *)vb->dq);
+}
+
+static fa_status variant_bw_simt(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, const float *delta,
+                                 const int *only_if, void *user) {
+  variant_backward *vb = (variant_backward *)user;
   const bw_simt_plan pl = bw_simt_plan_of(p);
   fa_status st = attn_grid_fits(ctx, pl.kblocks);
   if (st || (st = attn_grid_fits(ctx, pl.qblocks))) return st;
+  int64_t cap = INT64_MAX; /* behind the guard's flag: a few blocks an SM walk the tiles (bw_launch's reason) */
+  if (only_if) {
+    int dev = 0, sms = 0;
+    FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
+    FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    cap = 4 * (int64_t)sms;
+  }
+  fa_attn_grads gv = *g;
+  void *args[] = {vb->vp, &gv, &delta, &only_if};
+  if (pl.kblocks > 0 && (st = launch(ctx, vb->simt_dkdv, (unsigned)std::min(pl.kblocks, cap), BW_THREADS, pl.smem_kv,
+                                     args, "the variant's backward (dK, dV)")))
+    return st;
+  if (pl.qblocks > 0)
+    st = launch(ctx, vb->simt_dq, (unsigned)std::min(pl.qblocks, cap), BW_THREADS, pl.smem_q, args,
+                "the variant's backward (dQ)");
+  return st;
+}
+
+/* mask_mod's tiles of 64 x 64 for the tensor-core backward: the spans
+ * kernel's states and spans (in *temp, *temp_bytes, freed by the caller)
+ * into vp's args. */
+static fa_status variant_bw_tiles(fa_context *ctx, const fa_attn_problem *p, cudaKernel_t spans_kernel,
+                                  fa_variant_problem *vp, void **temp, size_t *temp_bytes) {
+  const long long nb = expr_uses(p->mask_mod, FA_X_B) ? p->B : 1, nh = expr_uses(p->mask_mod, FA_X_H) ? p->Hq : 1;
+  const long long nq = (p->Lq + 63) / 64, nk = (p->Lk + 63) / 64, grid = nb * nh * nq;
+  const size_t span_bytes = (size_t)(4 * grid) * sizeof(int), bytes = span_bytes + (size_t)(grid * nk);
+  fa_status st = attn_grid_fits(ctx, grid);
+  if (st || grid == 0 || (st = fa_cuda_malloc(ctx, temp, bytes))) return st;
+  *temp_bytes = bytes;
+  fa_variant_args &va = vp->va;
+  int *spans = (int *)*temp;
+  unsigned char *states = (unsigned char *)*temp + span_bytes;
+  va.spans_br = va.spans_bc = 64, va.spans_nq = nq, va.tiles_nk = nk;
+  va.spans_sb = nb > 1 ? nh : 0, va.spans_sh = nh > 1 ? 1 : 0;
+  void *args[] = {vp, &spans, &states, (void *)&nh};
+  st = launch(ctx, spans_kernel, (unsigned)grid, 256, 0, args, "mask_mod's tiles");
+  va.spans = spans, va.tiles = states;
+  return st;
+}
+
+extern "C" fa_status fa_cuda_attention_backward_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_attn_problem *p,
+                                                        const fa_attn_grads *g) {
+  fa_status st = fa_cuda_backward_choose(ctx, p, g, FA_KERNEL_WGMMA, &kernel);
+  if (st) return st;
+  const bool fast = kernel == FA_KERNEL_WGMMA, tiles = fast && p->mask_mod;
   const char *T = rtc_type(p);
-  char names[2][128];
+  const bool atomic = fa_cuda_backward_wgmma_atomic(p, g); /* the schedule without a dQ kernel */
+  char names[5][160];
+  const bw_simt_plan pl = bw_simt_plan_of(p);
   snprintf(names[0], sizeof names[0], "bw_dkdv_kernel<%s, %d, fa_variant_problem>", T, pl.dmax);
   snprintf(names[1], sizeof names[1], "bw_dq_kernel<%s, %d, fa_variant_problem>", T, pl.dmax);
-  const char *name_list[2] = {names[0], names[1]};
+  snprintf(names[2], sizeof names[2], "bwg_dkdv_kernel<%s, %lld, EXTRAS_VARIANT, %s, fa_variant_problem>", T,
+           (long long)p->D, atomic ? "true" : "false");
+  snprintf(names[3], sizeof names[3], "bwg_dq_kernel<%s, %lld, EXTRAS_VARIANT, fa_variant_problem>", T, (long long)p->D);
+  snprintf(names[4], sizeof names[4], "fa_variant_spans_kernel<64, 64>");
+  const char *list[5] = {names[0], names[1]};
+  int n = 2, at_dkdv = 0, at_dq = 0, at_spans = 0;
+  if (fast) list[at_dkdv = n++] = names[2];
+  if (fast && !atomic) list[at_dq = n++] = names[3];
+  if (tiles) list[at_spans = n++] = names[4];
   const int64_t bounds[4] = {p->B, p->Hq, p->Lq, p->Lk};
   int reads[2];
   char *src = variant_unit(p, bounds, reads);
   if (!src) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.score_mod: out of host memory");
-  cudaKernel_t kern[2] = {NULL, NULL};
-  st = rtc_kernels_get(ctx, src, name_list, 2, kern);
+  cudaKernel_t kern[5] = {NULL, NULL, NULL, NULL, NULL};
+  st = rtc_kernels_get(ctx, src, list, n, kern);
   free(src);
   if (st) return st;
   fa_variant_problem vp;
   variant_problem(p, &vp);
   fault_records fr = {NULL, 0, {0, 0}};
-  const size_t bytes = (size_t)(p->B * p->Hq * p->Lq) * sizeof(float);
-  float *delta = NULL;
+  variant_backward vb = {kern[at_dkdv], at_dq ? kern[at_dq] : NULL, kern[0], kern[1], &vp};
+  void *temp = NULL;
+  size_t temp_bytes = 0;
   st = faults_open(ctx, reads, &vp, &fr);
-  if (!st) st = fa_cuda_malloc(ctx, (void **)&delta, bytes);
-  if (!st) st = fa_cuda_attention_backward_delta(ctx, p, g, delta);
-  fa_attn_grads gv = *g;
-  const int *only_if = NULL;
-  void *args[] = {&vp, &gv, &delta, &only_if};
-  if (!st && pl.kblocks > 0)
-    st = launch(ctx, kern[0], (unsigned)pl.kblocks, BW_THREADS, pl.smem_kv, args, "the variant's backward (dK, dV)");
-  if (!st && pl.qblocks > 0)
-    st = launch(ctx, kern[1], (unsigned)pl.qblocks, BW_THREADS, pl.smem_q, args, "the variant's backward (dQ)");
-  if (delta) fa_cuda_free_on(ctx, delta, bytes); /* stream-ordered: after the kernels */
+  if (!st && tiles) st = variant_bw_tiles(ctx, p, kern[at_spans], &vp, &temp, &temp_bytes);
+  const fa_bw_kernels ks = {variant_bw_fast, variant_bw_simt, &vb};
+  if (!st) st = fa_cuda_backward_run(ctx, kernel, p, g, &ks);
+  if (temp) fa_cuda_free_on(ctx, temp, temp_bytes); /* stream-ordered: after the kernels */
   return faults_close(ctx, p, bounds, &fr, st);
 }
 

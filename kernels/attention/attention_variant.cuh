@@ -7,7 +7,8 @@
  * positions, has_score and has_mask), then attention_variant_rules.cuh,
  * which hooks them into the kernels' score rule.  The kernels are the
  * built-in ones (attention_wgmma.cuh, attention_mma.cuh,
- * attention_tiled.cuh) instantiated with PROB = fa_variant_problem: the
+ * attention_tiled.cuh; the backward's attention_backward_simt.cuh and
+ * attention_backward_wgmma.cuh) instantiated with PROB = fa_variant_problem: the
  * problem plus the captured tensors, passed by value with each launch, so
  * that new tensors or shapes never recompile. */
 #ifndef FA_KERNELS_ATTENTION_VARIANT_CUH
@@ -18,6 +19,7 @@
 #include "attention_wgmma.cuh"
 #include "attention_wgmma_tma.cuh"
 #include "attention_backward_simt.cuh"
+#include "attention_backward_wgmma.cuh"
 
 #include "attention_variant_args.cuh"
 

@@ -25,6 +25,11 @@ struct fa_variant_args {
   const int *spans;
   long long spans_sb, spans_sh, spans_nq;
   int spans_br, spans_bc;
+  /* the backward's: mask_mod's tiles of 64 x 64 (FA_BLOCK_* a byte; the
+   * spans kernel's states), or NULL: of (b, h, query tile, key tile) at
+   * ((b·spans_sb + h·spans_sh)·spans_nq + query tile)·tiles_nk + key tile */
+  const unsigned char *tiles;
+  long long tiles_nk;
 };
 
 /* The index of a bad read that is NaN or not an integer (expr.c's codes). */

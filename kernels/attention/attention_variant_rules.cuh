@@ -233,6 +233,80 @@ template <> struct attn_rule<fa_variant_problem> {
   }
 };
 
+/* ---- the tensor-core backward (attention_backward_wgmma.cuh) ---- */
+
+/* mask_mod's tile of 64 rows from i0 and 64 keys from j0 (both multiples
+ * of 64; FA_BLOCK_*): partial without a tile record. */
+__device__ int bwm_variant_state(const fa_attn_problem &p0, int64_t b, int64_t h, int64_t i0, int64_t j0) {
+  const fa_variant_problem &p = static_cast<const fa_variant_problem &>(p0);
+  if (j0 >= p.Lk) return FA_BLOCK_EMPTY;
+  if (!fa_variant::has_mask || !p.va.tiles) return FA_BLOCK_PARTIAL;
+  const long long at = ((b * p.va.spans_sb + h * p.va.spans_sh) * p.va.spans_nq + i0 / 64) * p.va.tiles_nk + j0 / 64;
+  return p.va.tiles[at];
+}
+
+/* The dK/dV block of keys [j0, j1) of KV head hk: its query rows [*r0,
+ * *r1) (the built-in ranges') narrowed to the 64-row tiles where mask_mod
+ * leaves some pair of some head of the group (called by the whole block;
+ * the same result in every thread). */
+__device__ void bwm_variant_rows(const fa_attn_problem &p0, int64_t b, int64_t hk, int64_t j0, int64_t j1, int64_t *r0,
+                                 int64_t *r1) {
+  const fa_variant_problem &p = static_cast<const fa_variant_problem &>(p0);
+  if (!fa_variant::has_mask || !p.va.tiles || *r1 <= *r0) return;
+  __shared__ int span[2];
+  if (threadIdx.x == 0) span[0] = 0x7fffffff, span[1] = -1;
+  __syncthreads();
+  const int64_t group = p.Hq / p.Hkv, q0 = *r0 / 64, nq = (*r1 + 63) / 64 - q0, k0 = j0 / 64, nk = (j1 + 63) / 64 - k0;
+  int lo = 0x7fffffff, hi = -1;
+  for (int64_t u = threadIdx.x; u < group * nq * nk; u += blockDim.x) {
+    const int64_t h = hk * group + u / (nq * nk), qt = q0 + u / nk % nq, kt = k0 + u % nk;
+    if (bwm_variant_state(p, b, h, qt * 64, kt * 64) != FA_BLOCK_EMPTY) lo = min(lo, (int)qt), hi = max(hi, (int)qt);
+  }
+  if (hi >= 0) atomicMin(&span[0], lo), atomicMax(&span[1], hi);
+  __syncthreads();
+  if (span[1] < 0) *r0 = *r1 = 0;
+  else *r0 = max(*r0, (int64_t)span[0] * 64), *r1 = min(*r1, (int64_t)span[1] * 64 + 64);
+}
+
+/* bwm_probs for a variant: P and dS of one warp's accumulators (the layout
+ * and roles of bwm_probs), a score at a time through fa_variant_apply
+ * with its derivative (scale, score_mod's by s, softcap's), mask_mod
+ * skipped on a full tile; an empty tile gives zeros.  Rows past Lq have
+ * lse = -inf and keys past Lk lie outside every range: no expression is
+ * evaluated there.  The per-head rule is built once (alibi's distance
+ * from the tile's corner), per score only when a bool or float mask is
+ * set (its row). */
+template <bool KEY_ROWS, int NC, int R>
+__device__ void bwm_variant_probs(const fa_attn_problem &p0, int64_t b, int64_t h, int64_t i0, int64_t j0, int qoff,
+                                  int koff, const bwm_rows<R> &rows, int state, float (*s)[4], float (*dp)[4]) {
+  const fa_variant_problem &p = static_cast<const fa_variant_problem &>(p0);
+  constexpr bool masks = fa_variant_rules::bool_mask || fa_variant_rules::float_mask;
+  const int lane = threadIdx.x & 31, g = lane >> 2, c2 = (lane & 3) * 2;
+  const score_rule ru0 = score_rule_at(p, b, h, i0, j0);
+  const bool mask_full = state == FA_BLOCK_FULL, none = state == FA_BLOCK_EMPTY;
+  int fs = -1, fm = -1;
+#pragma unroll
+  for (int n = 0; n < NC; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int row = g + (e >> 1) * 8, col = n * 8 + c2 + (e & 1);
+      const int qi = qoff + (KEY_ROWS ? col : row), kj = koff + (KEY_ROWS ? row : col);
+      const int64_t i = i0 + qi, j = j0 + kj;
+      const bool in = !none && j >= rows.lo[qi] && j < rows.hi[qi] && rows.lse[qi] != -INFINITY;
+      const score_rule ru = masks && in ? score_rule_at(p, b, h, i, j) : ru0;
+      int f1 = -1, f2 = -1;
+      float chain = 0.f;
+      const float sc = fa_variant_apply(p, ru, b, h, i, j, (float)j, masks ? 0 : kj - qi, s[n][e] * ru0.scale, in,
+                                        mask_full, f1, f2, &chain);
+      fs = fs < 0 ? f1 : fs, fm = fm < 0 ? f2 : fm;
+      const bool takes = sc != -INFINITY; /* a key the row does not take passes nothing back */
+      const float pr = takes ? exp2_approx((sc - rows.lse[qi]) * FA_LOG2E) : 0.f;
+      s[n][e] = pr;
+      dp[n][e] = takes ? pr * (dp[n][e] - rows.delta[qi]) * chain : 0.f;
+    }
+  fa_variant_faults(p, fs, fm);
+}
+
 /* mask_mod over the tiles of BR query rows and BC keys: one block a (b, h,
  * query tile) (b, h: 0 where the expression does not use them, spans_sb,
  * spans_sh = 0), its key tiles 256 at a time: each thread decides one as a

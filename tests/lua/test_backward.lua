@@ -14,9 +14,9 @@ local function randn(shape, dtype, device)
   return fa.randn(shape, {dtype = dtype or "f64", device = device or "cpu", seed = U.next_seed()})
 end
 
-local function with_lse(opts)
+local function with_lse(opts) -- the forward's options of a backward call
   local o = U.copy_opts(opts)
-  o.return_lse = true
+  o.return_lse, o.deterministic = true, nil
   return o
 end
 
@@ -150,8 +150,8 @@ function TestBackward:test_backend_matches_reference()
       local opts = opts_of(c, U.device)
       if ci % 2 == 0 then opts = U.copy_opts(opts) opts.tile = {3, 2} end -- key tiles that split the rows
       local q, k, v, dout = inputs(c, dtype, U.device)
-      check_backend(c[1], q, k, v, dout, opts, dtype) -- on cuda the variants compiled into the SIMT kernels
-      if U.cuda and is_variant(opts) then -- which alone take them
+      check_backend(c[1], q, k, v, dout, opts, dtype) -- on cuda these variants' head dims take the SIMT kernels
+      if U.cuda and is_variant(opts) then -- the variants have no mma instance
         local o, lse = fa.attention(q, k, v, with_lse(opts))
         local named = U.copy_opts(opts)
         named.kernel = "mma"
@@ -192,6 +192,48 @@ function TestBackward:test_head_dims()
       local v, dout = randn({2, Hkv, Lk, Dv}, dtype, U.device), randn({2, Hq, Lq, Dv}, dtype, U.device)
       check_backend(("D=%d Dv=%d Lq=%d Lk=%d"):format(D, Dv, Lq, Lk), q, k, v, dout, opts, dtype,
                     dtype == "f32" and 1e-4 or 3e-2)
+    end
+  end
+end
+
+-- The variants on the tensor-core kernels (Hopper's wgmma backward, compiled with the expression;
+-- elsewhere the SIMT kernels): mask_mod's tiles of 64 x 64 empty (skipped), full (mask_mod not
+-- evaluated) and partial, using b and h or neither, with built-in rules beside them (causal, kv_lens,
+-- softcap, alibi, a bool mask), GQA, lengths off the tiles, both of the wgmma schedules
+-- (deterministic: the dQ kernel; else dQ added up from the dK/dV blocks).
+function TestBackward:test_variants_on_tensor_cores()
+  local B, Hq, Hkv, Lq, Lk = 2, 4, 2, 200, 330
+  local ids = {}
+  for i = 1, Lk do ids[i] = (i - 1) // 70 end -- documents of 70 keys: tiles of every kind
+  local ids2 = {}
+  for b = 1, B do ids2[b] = {} for i = 1, Lk do ids2[b][i] = (i - 1) // (40 + 50 * b) end end
+  local cases = {
+    {"window mask_mod", function() return {mask_mod = function(b, h, q, k) return q:ge(k - 130) & (q - k):le(20) end} end},
+    {"documents, score_mod, causal", function(dev)
+      local doc, bias = fa.tensor(ids, {device = dev}), fa.tensor({0.3, -0.2, 0.1, 0.05}, {device = dev})
+      return {mask_mod = function(b, h, q, k) return doc[q + 130]:eq(doc[k]) end,
+              score_mod = function(s, b, h, q, k) return s + bias[h] * ((q - k) / 50):tanh() end, causal = true}
+    end},
+    {"per-batch documents, per-head window, kv_lens", function(dev)
+      local doc = fa.tensor(ids2, {device = dev})
+      return {mask_mod = function(b, h, q, k) return doc[b][q]:eq(doc[b][k]) | (k - q):abs():le(h * 30) end,
+              kv_lens = {330, 150}}
+    end},
+    {"score_mod with softcap, alibi and a bool mask", function(dev)
+      local m = fa.tensor(U.nested({Lq, Lk}, function() return math.random() < 0.9 end), {device = dev})
+      return {score_mod = function(s, b, h, q, k) return s * 0.9 + 0.01 * (q % 7) end, softcap = 5,
+              alibi = {0.05, 0.02, 0.01, 0.005}, mask = m}
+    end},
+  }
+  for _, dtype in ipairs(U.cuda and {"bf16", "f16"} or {"bf16"}) do
+    for _, D in ipairs({64, 128}) do
+      local q, k = randn({B, Hq, Lq, D}, dtype, U.device), randn({B, Hkv, Lk, D}, dtype, U.device)
+      local v, dout = randn({B, Hkv, Lk, D}, dtype, U.device), randn({B, Hq, Lq, D}, dtype, U.device)
+      for ci, c in ipairs(cases) do
+        local opts = c[2](U.device)
+        opts.deterministic = ci % 2 == 0
+        check_backend(("%s D=%d"):format(c[1], D), q, k, v, dout, opts, dtype, 3e-2)
+      end
     end
   end
 end

@@ -1,0 +1,354 @@
+/* The backward pass on Hopper tensor cores (sm_90a) for f16 and bf16 at
+ * D = Dv = 64, 96 (held as 128 wide) and 128: the schedule of attention_backward_mma.cu with
+ * warpgroup MMA (wgmma), whose operands come straight from shared memory
+ * (the layout of the forward's attention_wgmma.cu: 128-byte rows,
+ * XOR-swizzled, one 64-column block after the other), so that a tile
+ * staged once serves a warpgroup's 64 rows without ldmatrix traffic.
+ *
+ * dK/dV: a block of one warpgroup owns 64 keys of one (batch, KV head).
+ * Per query tile of 64 rows: Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ
+ * (both operands in shared memory), the probabilities on the accumulators
+ * (attention_backward_common.cuh), then dV += Pᵀ·dO and dK += dSᵀ·Q with
+ * Pᵀ and dSᵀ repacked in registers as the A operands and dO, Q read
+ * transposed from shared memory.  dQ: a block of one warpgroup owns 64
+ * query rows; per key tile of 64, S = Q·Kᵀ, dP = dO·Vᵀ, dQ += dS·K.  The
+ * next tile's copies fly while one is computed (two stages).
+ *
+ * Unless the call asks for determinism, dQ is not a second kernel: a dK/dV
+ * block of two warpgroups (128 keys, 64 each) also computes its share
+ * dS·K of each query tile (dSᵀ of both staged in shared memory as the
+ * transposed A operand, K read transposed as B; each warpgroup half of
+ * D) and adds it into an f32 copy of dQ with vector atomics; a last launch
+ * converts that copy.  This takes two of the seven products (S and dP
+ * recomputed by the dQ kernel) out of the work.  The atomics' traffic
+ * (Lq·D·4 bytes a head per key block) is what bounds it (bf16, D = 128,
+ * L = 16k, H200): with blocks of 64 keys and 8-byte adds in dQ's own
+ * layout the adds took the call from 11.5 to 21.3 ms; blocks of 128 keys,
+ * their query walks staggered (no two blocks of a head on the same rows)
+ * and dq_acc laid out so that a warp's 16-byte adds cover 512 contiguous
+ * bytes: 14.4 ms (11.9 without the adds; the two kernels 16.7).  TMA bulk
+ * reductions from shared memory instead of the atomics: 5 % slower.  At
+ * D = 64 it pays only from 8k keys (fa_cuda_backward_wgmma_atomic).  The
+ * order of the atomic adds varies from run to run, so the rounding of dQ
+ * does too.
+ *
+ * The kernels are templates on the problem type PROB, so that the Lua
+ * variants' run-time compiled units (attention_variant.cuh) instantiate
+ * them with EXTRAS_VARIANT: then the probabilities come from
+ * bwm_variant_probs, the dK/dV blocks walk only the query tiles, and the
+ * dQ blocks only the key tiles, where mask_mod's 64 x 64 tiles are not
+ * empty; the host side is attention_backward_wgmma.cu. */
+#ifndef FA_KERNELS_ATTENTION_BACKWARD_WGMMA_CUH
+#define FA_KERNELS_ATTENTION_BACKWARD_WGMMA_CUH
+
+#include "attention_backward_common.cuh"
+#include "wgmma_ops.cuh"
+
+/* One warpgroup a block, two blocks an SM, 64 keys (dK/dV) or query rows
+ * (dQ) a block; tiles of 64 query rows (dK/dV) or keys (dQ).  Two
+ * warpgroups a block (128 keys or rows, one block an SM) ran at 0.80-0.96x
+ * (bf16 on an H200, 2026-11-27): the blocks of one warpgroup do not meet
+ * at barriers, so one's softmax runs while the other's products are on the
+ * tensor cores. */
+#define BWG_THREADS 128 /* one warpgroup */
+#define BWG_OWN 64      /* keys a dK/dV block, query rows a dQ block */
+#define BWG_BR 64       /* query rows a dK/dV tile */
+/* The width of the tiles in shared memory: D = 96 is held as 128 (whole
+ * 64-column swizzle blocks, as the forward's attention_wgmma.cu does), its
+ * last 32 columns zero, never stored. */
+#define BWG_PAD(D) ((D) == 96 ? 128 : (D))
+#define BWG_BC 64       /* keys a dQ tile */
+
+#ifndef __CUDACC_RTC__
+/* The dynamic shared memory of each kernel (+ 1024: the swizzle wants
+ * 1024-byte aligned tiles). */
+static inline size_t bwg_smem_dkdv(int D, bool dq) {
+  const int keys = dq ? 2 * BWG_OWN : BWG_OWN; /* two warpgroups with dQ */
+  return (size_t)(2 * keys + 4 * BWG_BR) * D * 2 + (dq ? keys * BWG_BR * 2 : 0) + 1024;
+}
+static inline size_t bwg_smem_dq(int D) { return (size_t)(2 * BWG_OWN + 4 * BWG_BC) * D * 2 + 1024; }
+#endif
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* acc = A·Bᵀ over D (k-steps of 16): A the warpgroup's 64 rows at a_base of
+ * a tile of AR rows, B the N rows of a tile at b_base; both K-major in the
+ * swizzled layout (k-step ks reads 32 bytes into the 128-byte rows of
+ * column block ks / 4).  Issued, not committed. */
+template <typename T, int D, int N, int AR>
+static __device__ __forceinline__ void bwg_abt(float *acc, uint32_t a_base, uint32_t b_base) {
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ks++)
+    wgmma_ss<T, N>(acc, wgmma_desc(a_base + (ks >> 2) * AR * 128 + (ks & 3) * 32, 16, 1024),
+                   wgmma_desc(b_base + (ks >> 2) * N * 128 + (ks & 3) * 32, 16, 1024), ks > 0);
+}
+
+/* X's accumulators (64 × 16·KS, P or dS) packed in T as wgmma's A
+ * fragments, k-step kk in xa[kk]: done before the products are issued, so
+ * that no register they read is written while they run. */
+template <typename T, int KS>
+static __device__ __forceinline__ void bwg_pack(uint32_t (*xa)[4], const float (*x)[4]) {
+#pragma unroll
+  for (int kk = 0; kk < KS; kk++) {
+    xa[kk][0] = pack2<T>(x[2 * kk][0], x[2 * kk][1]), xa[kk][1] = pack2<T>(x[2 * kk][2], x[2 * kk][3]);
+    xa[kk][2] = pack2<T>(x[2 * kk + 1][0], x[2 * kk + 1][1]), xa[kk][3] = pack2<T>(x[2 * kk + 1][2], x[2 * kk + 1][3]);
+  }
+}
+
+/* acc += X·B: X packed by bwg_pack, B the 16·KS rows of a tile at b_base
+ * read N-major (as the forward reads V): rows kk·16.. are 2048 bytes on,
+ * column blocks 16·KS·128 bytes apart.  Issued, not committed. */
+template <typename T, int D, int KS>
+static __device__ __forceinline__ void bwg_xb(float *acc, const uint32_t (*xa)[4], uint32_t b_base) {
+#pragma unroll
+  for (int kk = 0; kk < KS; kk++) wgmma_rs_tb<T, D>(acc, xa[kk], wgmma_desc(b_base + kk * 2048, KS * 16 * 128, 1024), 1);
+}
+
+/* dSᵀ (the warp's 16 keys × BR query rows, packed by bwg_pack) into ds as
+ * T: a key a 128-byte row (the warp's rows from 16 · its index in the
+ * block), swizzled as the tiles are, so that it reads as the A operand of
+ * dQ = dS·K stored M-major (transposed). */
+template <int BR>
+static __device__ __forceinline__ void bwg_stage_ds(char *ds, const uint32_t (*da)[4]) {
+  static_assert(BR == 64, "a key's dS is one 128-byte row");
+  const int lane = threadIdx.x & 31, ra = (threadIdx.x >> 5) * 16 + (lane >> 2), c4 = (lane & 3) * 4;
+#pragma unroll
+  for (int kk = 0; kk < BR / 16; kk++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) { /* columns 16·kk + 8·h.. */
+      const int chunk = 2 * kk + h;
+      *(uint32_t *)(ds + ra * 128 + ((chunk ^ (ra & 7)) << 4) + c4) = da[kk][2 * h];
+      *(uint32_t *)(ds + (ra + 8) * 128 + ((chunk ^ ((ra + 8) & 7)) << 4) + c4) = da[kk][2 * h + 1];
+    }
+}
+
+/* dq = dS·K over the KEYS keys, N of K's columns from column n0 (a
+ * multiple of 32): dS from bwg_stage_ds at ds_base, K the block's key tile
+ * at k_base read N-major (as the forward reads V; 64-column blocks KEYS
+ * rows long).  Issued, not committed; dq is overwritten. */
+template <typename T, int N, int KEYS>
+static __device__ __forceinline__ void bwg_ds_k(float *dq, uint32_t ds_base, uint32_t k_base, int n0) {
+  const uint32_t kb = k_base + (n0 >> 6) * KEYS * 128 + (n0 & 63) * 2;
+#pragma unroll
+  for (int kk = 0; kk < KEYS / 16; kk++)
+    wgmma_ss_tt<T, N>(dq, wgmma_desc(ds_base + kk * 2048, KEYS * 128, 1024), wgmma_desc(kb + kk * 2048, KEYS * 128, 1024),
+                      kk > 0);
+}
+
+/* dq_acc's layout: per (batch, head) and query tile of BWG_BR = 64 rows,
+ * the tile's 64 × DG sums in the order of the accumulators: chunk of 8
+ * columns, then warp (16 rows), lane, and the lane's 4 values (rows g and
+ * g + 8, two columns each).  A warp's share of a chunk is then 512
+ * contiguous bytes, and a warpgroup's share of a tile one contiguous run;
+ * rows past Lq hold zeros (their dS is zero), never read. */
+static __device__ __forceinline__ int64_t bwg_acc_tile(int64_t bh, int64_t qtiles, int64_t i0, int DG) {
+  return (bh * qtiles + i0 / BWG_BR) * BWG_BR * DG;
+}
+
+/* The warp's 16 rows × N columns of dq (its chunks from n0 / 8 of the tile
+ * at acc, dq_acc's layout) added in with 16-byte atomics; chunks at or past
+ * DG left alone. */
+template <int N, int DG>
+static __device__ __forceinline__ void bwg_add_dq(float *acc, int n0, const float (*dq)[4]) {
+  const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3;
+#pragma unroll
+  for (int d = 0; d < N / 8; d++) {
+    if (n0 + d * 8 >= DG) break;
+    atomicAdd((float4 *)(acc + ((n0 / 8 + d) * 4 + w) * 128 + lane * 4), make_float4(dq[d][0], dq[d][1], dq[d][2], dq[d][3]));
+  }
+}
+
+static __device__ __forceinline__ char *bwg_aligned(char *raw) {
+  return raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);
+}
+#endif
+
+/* Without DQ: one warpgroup, three blocks an SM at D = 64 without extras
+ * (168 registers, no spill): 1.11-1.14x two (H200, 2026-11-27); the
+ * extras' instance spills there.  DQ: two warpgroups (128 keys) that add
+ * their share of dQ into dq_acc (f32, bwg_acc_tile's layout). */
+template <typename T, int DG, int EXTRAS, bool DQ, typename PROB = fa_attn_problem>
+__global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : DG == 64 && !EXTRAS ? 3 : 2)
+    bwg_dkdv_kernel(PROB p, fa_attn_grads g, const float *delta, float *dq_acc) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int D = BWG_PAD(DG), CH = D / 8, BR = BWG_BR, NC = BR / 8, QT = BR * D * 2; /* bytes of a Q or dO tile */
+  constexpr int WGS = DQ ? 2 : 1, KEYS = WGS * BWG_OWN, THREADS = WGS * BWG_THREADS, NQ = D / WGS; /* dQ columns a warpgroup */
+  extern __shared__ __align__(128) char bwg_raw[];
+  __shared__ bwm_rows<BR> rows[2];
+  char *Ks = bwg_aligned(bwg_raw), *Vs = Ks + KEYS * D * 2, *Qs = Vs + KEYS * D * 2; /* Q, dO, Q, dO, dSᵀ */
+  const int warp = threadIdx.x >> 5, tid = threadIdx.x, wg = warp >> 2;
+  char *dSs = Qs + 4 * QT;
+  const int64_t ktiles = (p.Lk + KEYS - 1) / KEYS, blk = blockIdx.x;
+  const int64_t bhk = blk / ktiles, j0 = blk % ktiles * KEYS, b = bhk / p.Hkv, hk = bhk % p.Hkv;
+  const int64_t j1 = min(j0 + KEYS, p.Lk);
+  load_tile<T, D, KEYS, THREADS, true, false, DG>(Ks, (const T *)p.k + attn_at(p.k_st, b, hk, 0), p.k_st.s, j0, p.Lk);
+  load_tile<T, D, KEYS, THREADS, true, false, DG>(Vs, (const T *)p.v + attn_at(p.v_st, b, hk, 0), p.v_st.s, j0, p.Lk);
+  const bwm_qtiles qt = bwm_qtiles_meeting<EXTRAS>(p, b, hk, j0, j1, BR);
+  /* DQ: the blocks of one head start their walk at different query tiles
+   * (and wrap around), spread over the walk by their key tile: all
+   * starting at the first, they would add into the same dQ rows at the
+   * same time, and atomics on one address are serialised */
+  const int64_t rot = DQ && qt.count > 0 ? blk % ktiles * qt.count / ktiles : 0;
+  auto visit = [&](int64_t t) { return t + rot < qt.count ? t + rot : t + rot - qt.count; };
+  auto stage = [&](int64_t t, int s, bool *all) {
+    const int64_t u = visit(t), h = qt.head(u), i0 = qt.row(u, BR);
+    load_tile<T, D, BR, THREADS, true, false, DG>(Qs + s * 2 * QT, (const T *)p.q + attn_at(p.q_st, b, h, 0), p.q_st.s,
+                                                  i0, p.Lq);
+    load_tile<T, D, BR, THREADS, true, false, DG>(Qs + s * 2 * QT + QT, (const T *)g.dout + attn_at(g.dout_st, b, h, 0),
+                                                  g.dout_st.s, i0, p.Lq);
+    *all = true;
+    if (tid < BR) bwm_row_load(p, delta, rows[s], b, h, i0, tid, j0, j1, all);
+  };
+  bool all_next = true;
+  if (qt.count > 0) stage(0, 0, &all_next);
+  cp_async_commit();
+  float dk[CH][4], dv[CH][4];
+  bwm_zero<CH>(dk), bwm_zero<CH>(dv);
+  const uint32_t k_base = smem_addr(Ks), v_base = smem_addr(Vs);
+  const uint32_t kw_base = k_base + wg * BWG_OWN * 128, vw_base = v_base + wg * BWG_OWN * 128; /* this warpgroup's keys */
+  /* One barrier a query tile (two with DQ): after it this tile's copies
+   * and rows are in, and every warp is past the last tile, so stage s ^ 1
+   * (and the dSᵀ tile) may be written again. */
+  for (int64_t t = 0; t < qt.count; t++) {
+    const int s = (int)(t & 1);
+    cp_async_wait<0>();
+    fence_proxy_async();
+    const bool full = __syncthreads_and(all_next) && !EXTRAS && j1 - j0 == KEYS;
+    if (t + 1 < qt.count) stage(t + 1, s ^ 1, &all_next); /* the next tile's copies fly while this one computes */
+    cp_async_commit();
+    const int64_t u = visit(t);
+    int state = FA_BLOCK_PARTIAL; /* of mask_mod's tile of this warpgroup's keys (variants) */
+    if constexpr (EXTRAS == EXTRAS_VARIANT) {
+      state = bwm_variant_state(p, b, qt.head(u), qt.row(u, BR), j0 + wg * BWG_OWN);
+      const int other = DQ ? bwm_variant_state(p, b, qt.head(u), qt.row(u, BR), j0 + (1 - wg) * BWG_OWN) : state;
+      if (state == FA_BLOCK_EMPTY && other == FA_BLOCK_EMPTY) continue; /* the same in the whole block */
+    }
+    const uint32_t q_base = smem_addr(Qs + s * 2 * QT), do_base = q_base + QT;
+    float sc[NC][4], dp[NC][4];
+    wgmma_fence();
+    bwg_abt<T, DG, BR, KEYS>(&sc[0][0], kw_base, q_base);  /* Sᵀ = K·Qᵀ */
+    bwg_abt<T, DG, BR, KEYS>(&dp[0][0], vw_base, do_base); /* dPᵀ = V·dOᵀ */
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_hold<BR / 2>(&sc[0][0]);
+    wgmma_hold<BR / 2>(&dp[0][0]);
+    bwm_probs<true, NC, BR, EXTRAS>(p, b, qt.head(u), qt.row(u, BR), j0, 0, warp * 16, rows[s], full, sc, dp, state);
+    uint32_t pa[BR / 16][4], da[BR / 16][4];
+    bwg_pack<T, BR / 16>(pa, sc);
+    bwg_pack<T, BR / 16>(da, dp);
+    if (DQ) {
+      bwg_stage_ds<BR>(dSs, da);
+      fence_proxy_async();
+      __syncthreads(); /* both warpgroups' dSᵀ rows are in */
+    }
+    float dq[DQ ? NQ / 8 : 1][4];
+    wgmma_hold<D / 2>(&dv[0][0]);
+    wgmma_hold<D / 2>(&dk[0][0]);
+    wgmma_fence();
+    bwg_xb<T, D, BR / 16>(&dv[0][0], pa, do_base); /* dV += Pᵀ·dO */
+    bwg_xb<T, D, BR / 16>(&dk[0][0], da, q_base);  /* dK += dSᵀ·Q */
+    if (DQ) bwg_ds_k<T, NQ, KEYS>(&dq[0][0], smem_addr(dSs), k_base, wg * NQ); /* dQ's share: dS·K, NQ columns */
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_hold<D / 2>(&dv[0][0]);
+    wgmma_hold<D / 2>(&dk[0][0]);
+    if (DQ) {
+      wgmma_hold<NQ / 2>(&dq[0][0]);
+      bwg_add_dq<NQ, DG>(dq_acc + bwg_acc_tile(b * p.Hq + qt.head(u), (p.Lq + BR - 1) / BR, qt.row(u, BR), DG), wg * NQ, dq);
+    }
+  }
+  cp_async_wait<0>(); /* no copy in flight at the exit (a block whose keys no row takes) */
+  const int64_t r0 = (b * p.Hkv + hk) * p.Lk, j = j0 + warp * 16;
+  bwm_store<T, CH, DG>((T *)g.dk + r0 * DG, j, p.Lk, dk);
+  bwm_store<T, CH, DG>((T *)g.dv + r0 * DG, j, p.Lk, dv);
+#endif
+}
+
+template <typename T, int DG, int EXTRAS, typename PROB = fa_attn_problem>
+__global__ void __launch_bounds__(BWG_THREADS, 2)
+    bwg_dq_kernel(PROB p, fa_attn_grads g, const float *delta) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int D = BWG_PAD(DG), CH = D / 8, NC = BWG_BC / 8, KT = BWG_BC * D * 2; /* bytes of a K or V tile */
+  constexpr int ROWS = BWG_OWN, THREADS = BWG_THREADS;
+  extern __shared__ __align__(128) char bwg_raw[];
+  __shared__ bwm_rows<ROWS> rows;
+  char *Qs = bwg_aligned(bwg_raw), *dOs = Qs + ROWS * D * 2, *Ks = dOs + ROWS * D * 2; /* K, V, K, V */
+  const int warp = threadIdx.x >> 5, tid = threadIdx.x;
+  const int64_t qtiles = (p.Lq + ROWS - 1) / ROWS, blk = blockIdx.x;
+  const int64_t bh = blk / qtiles, i0 = (qtiles - 1 - blk % qtiles) * ROWS; /* long causal tiles first */
+  const int64_t b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv);
+  load_tile<T, D, ROWS, THREADS, true, false, DG>(Qs, (const T *)p.q + attn_at(p.q_st, b, h, 0), p.q_st.s, i0, p.Lq);
+  load_tile<T, D, ROWS, THREADS, true, false, DG>(dOs, (const T *)g.dout + attn_at(g.dout_st, b, h, 0),
+                                                      g.dout_st.s, i0, p.Lq);
+  int64_t t_lo, t_hi;
+  bwm_tile_keys(p, delta, rows, b, h, i0, &t_lo, &t_hi);
+  if constexpr (EXTRAS == EXTRAS_VARIANT) { /* key tiles on mask_mod's tiles, its nonempty ones */
+    t_lo = t_lo / BWG_BC * BWG_BC;
+    attn_rule<PROB>::narrow(p, b, h, i0, &t_lo, &t_hi);
+  }
+  const int64_t ntiles = (t_hi - t_lo + BWG_BC - 1) / BWG_BC;
+  const T *k = (const T *)p.k + attn_at(p.k_st, b, hk, 0), *v = (const T *)p.v + attn_at(p.v_st, b, hk, 0);
+  auto stage = [&](int64_t t, int s) {
+    load_tile<T, D, BWG_BC, THREADS, true, false, DG>(Ks + s * 2 * KT, k, p.k_st.s, t_lo + t * BWG_BC, p.Lk);
+    load_tile<T, D, BWG_BC, THREADS, true, false, DG>(Ks + s * 2 * KT + KT, v, p.v_st.s, t_lo + t * BWG_BC, p.Lk);
+  };
+  if (ntiles > 0) stage(0, 0);
+  cp_async_commit(); /* with Q and dO */
+  float dq[CH][4];
+  bwm_zero<CH>(dq);
+  const uint32_t q_base = smem_addr(Qs), do_base = smem_addr(dOs);
+  for (int64_t t = 0; t < ntiles; t++) {
+    const int s = (int)(t & 1);
+    const int64_t j0 = t_lo + t * BWG_BC;
+    cp_async_wait<0>();
+    fence_proxy_async();
+    const bool all = tid >= ROWS || (i0 + tid < p.Lq && rows.lse[tid] != -INFINITY && rows.lo[tid] <= j0 &&
+                                         rows.hi[tid] >= j0 + BWG_BC);
+    /* one barrier a tile, as the dK/dV kernel's: this tile's copies are in, stage s ^ 1 is free */
+    const bool full = __syncthreads_and(all) && !EXTRAS;
+    if (t + 1 < ntiles) stage(t + 1, s ^ 1);
+    cp_async_commit();
+    int state = FA_BLOCK_PARTIAL;
+    if constexpr (EXTRAS == EXTRAS_VARIANT)
+      if ((state = bwm_variant_state(p, b, h, i0, j0)) == FA_BLOCK_EMPTY) continue; /* the same in the whole block */
+    const uint32_t k_base = smem_addr(Ks + s * 2 * KT), v_base = k_base + KT;
+    float sc[NC][4], dp[NC][4];
+    wgmma_fence();
+    bwg_abt<T, DG, BWG_BC, ROWS>(&sc[0][0], q_base, k_base);  /* S = Q·Kᵀ */
+    bwg_abt<T, DG, BWG_BC, ROWS>(&dp[0][0], do_base, v_base); /* dP = dO·Vᵀ */
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_hold<BWG_BC / 2>(&sc[0][0]);
+    wgmma_hold<BWG_BC / 2>(&dp[0][0]);
+    bwm_probs<false, NC, ROWS, EXTRAS>(p, b, h, i0, j0, warp * 16, 0, rows, full, sc, dp, state);
+    uint32_t da[BWG_BC / 16][4];
+    bwg_pack<T, BWG_BC / 16>(da, dp);
+    wgmma_hold<D / 2>(&dq[0][0]);
+    wgmma_fence();
+    bwg_xb<T, D, BWG_BC / 16>(&dq[0][0], da, k_base); /* dQ += dS·K */
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_hold<D / 2>(&dq[0][0]);
+  }
+  cp_async_wait<0>();
+  bwm_store<T, CH, DG>((T *)g.dq + bh * p.Lq * DG, i0 + warp * 16, p.Lq, dq);
+#endif
+}
+
+/* dq (n elements of a (B·Hq, Lq, DG) tensor) = the f32 sums in acc
+ * (dq_acc's layout), rounded to T: a thread a float4 of acc, its two
+ * pairs of columns in rows g and g + 8 of a warp's 16. */
+template <typename T, int DG>
+__global__ void __launch_bounds__(256) bwg_dq_convert_kernel(const float *acc, T *dq, int64_t Lq, int64_t n4) {
+  const int64_t qtiles = (Lq + BWG_BR - 1) / BWG_BR;
+  for (int64_t f = (int64_t)blockIdx.x * 256 + threadIdx.x; f < n4; f += (int64_t)gridDim.x * 256) {
+    const int64_t tile = f / (BWG_BR * DG / 4), bh = tile / qtiles;
+    const int in = (int)(f % (BWG_BR * DG / 4)), lane = in & 31, w = (in >> 5) & 3, chunk = in >> 7;
+    const int64_t i = tile % qtiles * BWG_BR + w * 16 + (lane >> 2);
+    const float4 x = *(const float4 *)(acc + f * 4);
+    T *row = dq + (bh * Lq + i) * DG + chunk * 8 + (lane & 3) * 2;
+    if (i < Lq) *(uint32_t *)row = pack2<T>(x.x, x.y);
+    if (i + 8 < Lq) *(uint32_t *)(row + 8 * DG) = pack2<T>(x.z, x.w);
+  }
+}
+
+#endif
