@@ -175,8 +175,7 @@ struct bwm_qtiles {
   __device__ __forceinline__ int64_t row(int64_t t, int BR) const { return i0 + t % n * BR; }
 };
 
-__device__ void bwm_variant_rows(const fa_attn_problem &p, int64_t b, int64_t hk, int64_t j0, int64_t j1, int64_t *r0,
-                                 int64_t *r1);
+__device__ void bwm_variant_rows(const fa_attn_problem &p, int64_t b, int64_t hk, int64_t j0, int64_t j1, int64_t *span);
 
 /* The query tiles of the dK/dV block of keys [j0, j1) of KV head hk in
  * batch b, BR rows a tile (called by the whole block); EXTRAS_VARIANT:
@@ -187,11 +186,10 @@ static __device__ bwm_qtiles bwm_qtiles_meeting(const fa_attn_problem &p, int64_
   __shared__ int64_t span[2];
   if (threadIdx.x == 0) bwm_rows_meeting(p, b, j0, j1, &span[0], &span[1]);
   __syncthreads();
-  int64_t r0 = span[0], r1 = span[1];
-  if constexpr (EXTRAS == EXTRAS_VARIANT) bwm_variant_rows(p, b, hk, j0, j1, &r0, &r1);
-  bwm_qtiles qt;
-  qt.h0 = hk * (p.Hq / p.Hkv), qt.i0 = r0 / BR * BR;
-  qt.n = r1 > r0 ? (r1 - qt.i0 + BR - 1) / BR : 0, qt.count = p.Hq / p.Hkv * qt.n;
+  if constexpr (EXTRAS == EXTRAS_VARIANT) bwm_variant_rows(p, b, hk, j0, j1, span);
+  bwm_qtiles qt; /* from span in shared memory: from copies in registers, ptxas spilled 140-200 bytes in the loop */
+  qt.h0 = hk * (p.Hq / p.Hkv), qt.i0 = span[0] / BR * BR;
+  qt.n = span[1] > span[0] ? (span[1] - qt.i0 + BR - 1) / BR : 0, qt.count = p.Hq / p.Hkv * qt.n;
   return qt;
 }
 

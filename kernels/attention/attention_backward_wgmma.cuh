@@ -215,9 +215,9 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     const bool full = __syncthreads_and(all_next) && !EXTRAS && j1 - j0 == KEYS;
     if (t + 1 < qt.count) stage(t + 1, s ^ 1, &all_next); /* the next tile's copies fly while this one computes */
     cp_async_commit();
-    const int64_t u = visit(t);
     int state = FA_BLOCK_PARTIAL; /* of mask_mod's tile of this warpgroup's keys (variants) */
     if constexpr (EXTRAS == EXTRAS_VARIANT) {
+      const int64_t u = visit(t);
       state = bwm_variant_state(p, b, qt.head(u), qt.row(u, BR), j0 + wg * BWG_OWN);
       const int other = DQ ? bwm_variant_state(p, b, qt.head(u), qt.row(u, BR), j0 + (1 - wg) * BWG_OWN) : state;
       if (state == FA_BLOCK_EMPTY && other == FA_BLOCK_EMPTY) continue; /* the same in the whole block */
@@ -231,6 +231,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     wgmma_wait<0>();
     wgmma_hold<BR / 2>(&sc[0][0]);
     wgmma_hold<BR / 2>(&dp[0][0]);
+    const int64_t u = visit(t); /* here, not above: live across the products it cost ptxas 140-400 bytes of spills */
     bwm_probs<true, NC, BR, EXTRAS>(p, b, qt.head(u), qt.row(u, BR), j0, 0, warp * 16, rows[s], full, sc, dp, state);
     uint32_t pa[BR / 16][4], da[BR / 16][4];
     bwg_pack<T, BR / 16>(pa, sc);

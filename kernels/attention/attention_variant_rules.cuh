@@ -245,27 +245,30 @@ __device__ int bwm_variant_state(const fa_attn_problem &p0, int64_t b, int64_t h
   return p.va.tiles[at];
 }
 
-/* The dK/dV block of keys [j0, j1) of KV head hk: its query rows [*r0,
- * *r1) (the built-in ranges') narrowed to the 64-row tiles where mask_mod
- * leaves some pair of some head of the group (called by the whole block;
- * the same result in every thread). */
-__device__ void bwm_variant_rows(const fa_attn_problem &p0, int64_t b, int64_t hk, int64_t j0, int64_t j1, int64_t *r0,
-                                 int64_t *r1) {
+/* The dK/dV block of keys [j0, j1) of KV head hk: its query rows [span[0],
+ * span[1]) (the built-in ranges', in shared memory) narrowed in place to
+ * the 64-row tiles where mask_mod leaves some pair of some head of the
+ * group (called by the whole block). */
+__device__ void bwm_variant_rows(const fa_attn_problem &p0, int64_t b, int64_t hk, int64_t j0, int64_t j1, int64_t *span) {
   const fa_variant_problem &p = static_cast<const fa_variant_problem &>(p0);
-  if (!fa_variant::has_mask || !p.va.tiles || *r1 <= *r0) return;
-  __shared__ int span[2];
-  if (threadIdx.x == 0) span[0] = 0x7fffffff, span[1] = -1;
+  const int64_t r0 = span[0], r1 = span[1];
+  if (!fa_variant::has_mask || !p.va.tiles || r1 <= r0) return;
+  __shared__ int found[2];
+  if (threadIdx.x == 0) found[0] = 0x7fffffff, found[1] = -1;
   __syncthreads();
-  const int64_t group = p.Hq / p.Hkv, q0 = *r0 / 64, nq = (*r1 + 63) / 64 - q0, k0 = j0 / 64, nk = (j1 + 63) / 64 - k0;
+  const int64_t group = p.Hq / p.Hkv, q0 = r0 / 64, nq = (r1 + 63) / 64 - q0, k0 = j0 / 64, nk = (j1 + 63) / 64 - k0;
   int lo = 0x7fffffff, hi = -1;
   for (int64_t u = threadIdx.x; u < group * nq * nk; u += blockDim.x) {
     const int64_t h = hk * group + u / (nq * nk), qt = q0 + u / nk % nq, kt = k0 + u % nk;
     if (bwm_variant_state(p, b, h, qt * 64, kt * 64) != FA_BLOCK_EMPTY) lo = min(lo, (int)qt), hi = max(hi, (int)qt);
   }
-  if (hi >= 0) atomicMin(&span[0], lo), atomicMax(&span[1], hi);
+  if (hi >= 0) atomicMin(&found[0], lo), atomicMax(&found[1], hi);
+  __syncthreads(); /* every thread has read span */
+  if (threadIdx.x == 0) {
+    if (found[1] < 0) span[0] = span[1] = 0;
+    else span[0] = max(r0, (int64_t)found[0] * 64), span[1] = min(r1, (int64_t)found[1] * 64 + 64);
+  }
   __syncthreads();
-  if (span[1] < 0) *r0 = *r1 = 0;
-  else *r0 = max(*r0, (int64_t)span[0] * 64), *r1 = min(*r1, (int64_t)span[1] * 64 + 64);
 }
 
 /* bwm_probs for a variant: P and dS of one warp's accumulators (the layout
