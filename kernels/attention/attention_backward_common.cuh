@@ -42,6 +42,24 @@ static __device__ __forceinline__ bool bwm_row_load(const fa_attn_problem &p, co
   return live && lo < hi && lo < j1 && hi > j0;
 }
 
+/* bwm_probs of a tile whose every row takes every key, under the scale
+ * alone. */
+template <bool KEY_ROWS, int NC, int R>
+static __device__ __forceinline__ void bwm_probs_plain(const fa_attn_problem &p, int qoff, const bwm_rows<R> &rows,
+                                                       float (*s)[4], float (*dp)[4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, c2 = (lane & 3) * 2;
+  const float scale = (float)p.scale, k2 = scale * FA_LOG2E;
+#pragma unroll
+  for (int n = 0; n < NC; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int qi = qoff + (KEY_ROWS ? n * 8 + c2 + (e & 1) : g + (e >> 1) * 8);
+      const float pr = exp2_approx(fmaf(s[n][e], k2, -rows.lse2[qi]));
+      s[n][e] = pr;
+      dp[n][e] = pr * (dp[n][e] - rows.delta[qi]) * scale;
+    }
+}
+
 /* P and dS in place of one warp's S and dP accumulators (16 rows × 8·NC
  * columns, the layout of attention_frag.cuh).  KEY_ROWS: the rows are keys
  * and the columns query rows (the dK/dV kernels), else the transpose.
@@ -60,13 +78,20 @@ static __device__ __forceinline__ bool bwm_row_load(const fa_attn_problem &p, co
 __device__ int bwm_variant_state(const fa_attn_problem &p, int64_t b, int64_t h, int64_t i0, int64_t j0);
 template <bool KEY_ROWS, int NC, int R>
 __device__ void bwm_variant_probs(const fa_attn_problem &p, int64_t b, int64_t h, int64_t i0, int64_t j0, int qoff,
-                                  int koff, const bwm_rows<R> &rows, int state, float (*s)[4], float (*dp)[4]);
+                                  int koff, const bwm_rows<R> &rows, bool full, int state, float (*s)[4],
+                                  float (*dp)[4]);
+/* Whether the kernels tell bwm_probs of tiles whose every row takes every
+ * key by the built-in ranges (its full): without extras (then the scale
+ * alone applies there), and for the variants (which look further). */
+static __host__ __device__ constexpr bool bwm_full_rule(int extras) {
+  return extras == EXTRAS_NONE || extras == EXTRAS_VARIANT;
+}
 template <bool KEY_ROWS, int NC, int R, int EXTRAS>
 static __device__ __forceinline__ void bwm_probs(const fa_attn_problem &p, int64_t b, int64_t h, int64_t i0,
                                                  int64_t j0, int qoff, int koff, const bwm_rows<R> &rows, bool full,
                                                  float (*s)[4], float (*dp)[4], int state = FA_BLOCK_PARTIAL) {
   if constexpr (EXTRAS == EXTRAS_VARIANT) {
-    bwm_variant_probs<KEY_ROWS, NC, R>(p, b, h, i0, j0, qoff, koff, rows, state, s, dp);
+    bwm_variant_probs<KEY_ROWS, NC, R>(p, b, h, i0, j0, qoff, koff, rows, full, state, s, dp);
     return;
   }
   const int lane = threadIdx.x & 31, g = lane >> 2, c2 = (lane & 3) * 2;
@@ -75,16 +100,7 @@ static __device__ __forceinline__ void bwm_probs(const fa_attn_problem &p, int64
   const int row = g + ((e) >> 1) * 8, col = (n) * 8 + c2 + ((e) & 1);                                                \
   const int qi = qoff + (KEY_ROWS ? col : row), kj = koff + (KEY_ROWS ? row : col)
   if (full) {
-#pragma unroll
-    for (int n = 0; n < NC; n++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        BWM_AT(n, e);
-        (void)kj;
-        const float pr = exp2_approx(fmaf(s[n][e], k2, -rows.lse2[qi]));
-        s[n][e] = pr;
-        dp[n][e] = pr * (dp[n][e] - rows.delta[qi]) * scale;
-      }
+    bwm_probs_plain<KEY_ROWS, NC, R>(p, qoff, rows, s, dp);
     return;
   }
   /* the rule of API §2 in the forward's order (attn_score's steps), its

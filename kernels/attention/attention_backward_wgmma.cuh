@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     const int s = (int)(t & 1);
     cp_async_wait<0>();
     fence_proxy_async();
-    const bool full = __syncthreads_and(all_next) && !EXTRAS && j1 - j0 == KEYS;
+    const bool full = __syncthreads_and(all_next) && bwm_full_rule(EXTRAS) && j1 - j0 == KEYS;
     if (t + 1 < qt.count) stage(t + 1, s ^ 1, &all_next); /* the next tile's copies fly while this one computes */
     cp_async_commit();
     int state = FA_BLOCK_PARTIAL; /* of mask_mod's tile of this warpgroup's keys (variants) */
@@ -305,7 +305,7 @@ __global__ void __launch_bounds__(BWG_THREADS, 2)
     const bool all = tid >= ROWS || (i0 + tid < p.Lq && rows.lse[tid] != -INFINITY && rows.lo[tid] <= j0 &&
                                          rows.hi[tid] >= j0 + BWG_BC);
     /* one barrier a tile, as the dK/dV kernel's: this tile's copies are in, stage s ^ 1 is free */
-    const bool full = __syncthreads_and(all) && !EXTRAS;
+    const bool full = __syncthreads_and(all) && bwm_full_rule(EXTRAS);
     if (t + 1 < ntiles) stage(t + 1, s ^ 1);
     cp_async_commit();
     int state = FA_BLOCK_PARTIAL;

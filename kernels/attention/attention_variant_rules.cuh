@@ -272,7 +272,8 @@ __device__ void bwm_variant_rows(const fa_attn_problem &p0, int64_t b, int64_t h
 }
 
 /* bwm_probs for a variant: P and dS of one warp's accumulators (the layout
- * and roles of bwm_probs), a score at a time through fa_variant_apply
+ * and roles of bwm_probs; full: every row takes every key by the built-in
+ * ranges), a score at a time through fa_variant_apply
  * with its derivative (scale, score_mod's by s, softcap's), mask_mod
  * skipped on a full tile; an empty tile gives zeros.  Rows past Lq have
  * lse = -inf and keys past Lk lie outside every range: no expression is
@@ -281,9 +282,16 @@ __device__ void bwm_variant_rows(const fa_attn_problem &p0, int64_t b, int64_t h
  * set (its row). */
 template <bool KEY_ROWS, int NC, int R>
 __device__ void bwm_variant_probs(const fa_attn_problem &p0, int64_t b, int64_t h, int64_t i0, int64_t j0, int qoff,
-                                  int koff, const bwm_rows<R> &rows, int state, float (*s)[4], float (*dp)[4]) {
+                                  int koff, const bwm_rows<R> &rows, bool full, int state, float (*s)[4],
+                                  float (*dp)[4]) {
   const fa_variant_problem &p = static_cast<const fa_variant_problem &>(p0);
   constexpr bool masks = fa_variant_rules::bool_mask || fa_variant_rules::float_mask;
+  /* mask_mod alone, a full tile that the built-in ranges leave whole: the scale alone, as without a rule */
+  constexpr bool mask_only = !fa_variant::has_score && !masks && !fa_variant_rules::softcap && !fa_variant_rules::alibi;
+  if (mask_only && full && state == FA_BLOCK_FULL) {
+    bwm_probs_plain<KEY_ROWS, NC, R>(p, qoff, rows, s, dp);
+    return;
+  }
   const int lane = threadIdx.x & 31, g = lane >> 2, c2 = (lane & 3) * 2;
   const score_rule ru0 = score_rule_at(p, b, h, i0, j0);
   const bool mask_full = state == FA_BLOCK_FULL, none = state == FA_BLOCK_EMPTY;
@@ -294,7 +302,7 @@ __device__ void bwm_variant_probs(const fa_attn_problem &p0, int64_t b, int64_t 
     for (int e = 0; e < 4; e++) {
       const int row = g + (e >> 1) * 8, col = n * 8 + c2 + (e & 1);
       const int qi = qoff + (KEY_ROWS ? col : row), kj = koff + (KEY_ROWS ? row : col);
-      const int64_t i = i0 + qi, j = j0 + kj;
+      const int i = (int)i0 + qi, j = (int)j0 + kj; /* below 2^31 (fa_check) */
       const bool in = !none && j >= rows.lo[qi] && j < rows.hi[qi] && rows.lse[qi] != -INFINITY;
       const score_rule ru = masks && in ? score_rule_at(p, b, h, i, j) : ru0;
       int f1 = -1, f2 = -1;
