@@ -189,8 +189,16 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
    * same time, and atomics on one address are serialised */
   const int64_t rot = DQ && qt.count > 0 ? blk % ktiles * qt.count / ktiles : 0;
   auto visit = [&](int64_t t) { return t + rot < qt.count ? t + rot : t + rot - qt.count; };
+  /* variants: mask_mod's states of the tile staged last, for this warpgroup's keys and the other's; a tile
+   * empty for both is neither loaded nor computed */
+  int state_next = FA_BLOCK_PARTIAL, other_next = FA_BLOCK_PARTIAL;
   auto stage = [&](int64_t t, int s, bool *all) {
     const int64_t u = visit(t), h = qt.head(u), i0 = qt.row(u, BR);
+    if constexpr (attn_rule<PROB>::tiles) {
+      state_next = bwm_variant_state(p, b, h, i0, j0 + wg * BWG_OWN);
+      other_next = DQ ? bwm_variant_state(p, b, h, i0, j0 + (1 - wg) * BWG_OWN) : state_next;
+      if (state_next == FA_BLOCK_EMPTY && other_next == FA_BLOCK_EMPTY) return;
+    }
     load_tile<T, D, BR, THREADS, true, false, DG>(Qs + s * 2 * QT, (const T *)p.q + attn_at(p.q_st, b, h, 0), p.q_st.s,
                                                   i0, p.Lq);
     load_tile<T, D, BR, THREADS, true, false, DG>(Qs + s * 2 * QT + QT, (const T *)g.dout + attn_at(g.dout_st, b, h, 0),
@@ -213,15 +221,10 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     cp_async_wait<0>();
     fence_proxy_async();
     const bool full = __syncthreads_and(all_next) && bwm_full_rule(EXTRAS) && j1 - j0 == KEYS;
+    const int state = state_next, other = other_next;
     if (t + 1 < qt.count) stage(t + 1, s ^ 1, &all_next); /* the next tile's copies fly while this one computes */
     cp_async_commit();
-    int state = FA_BLOCK_PARTIAL; /* of mask_mod's tile of this warpgroup's keys (variants) */
-    if constexpr (EXTRAS == EXTRAS_VARIANT) {
-      const int64_t u = visit(t);
-      state = bwm_variant_state(p, b, qt.head(u), qt.row(u, BR), j0 + wg * BWG_OWN);
-      const int other = DQ ? bwm_variant_state(p, b, qt.head(u), qt.row(u, BR), j0 + (1 - wg) * BWG_OWN) : state;
-      if (state == FA_BLOCK_EMPTY && other == FA_BLOCK_EMPTY) continue; /* the same in the whole block */
-    }
+    if (attn_rule<PROB>::tiles && state == FA_BLOCK_EMPTY && other == FA_BLOCK_EMPTY) continue; /* the whole block's */
     const uint32_t q_base = smem_addr(Qs + s * 2 * QT), do_base = q_base + QT;
     float sc[NC][4], dp[NC][4];
     wgmma_fence();
@@ -282,13 +285,16 @@ __global__ void __launch_bounds__(BWG_THREADS, 2)
                                                       g.dout_st.s, i0, p.Lq);
   int64_t t_lo, t_hi;
   bwm_tile_keys(p, delta, rows, b, h, i0, &t_lo, &t_hi);
-  if constexpr (EXTRAS == EXTRAS_VARIANT) { /* key tiles on mask_mod's tiles, its nonempty ones */
+  if constexpr (attn_rule<PROB>::tiles) { /* key tiles on mask_mod's tiles, its nonempty ones */
     t_lo = t_lo / BWG_BC * BWG_BC;
     attn_rule<PROB>::narrow(p, b, h, i0, &t_lo, &t_hi);
   }
   const int64_t ntiles = (t_hi - t_lo + BWG_BC - 1) / BWG_BC;
   const T *k = (const T *)p.k + attn_at(p.k_st, b, hk, 0), *v = (const T *)p.v + attn_at(p.v_st, b, hk, 0);
+  int state_next = FA_BLOCK_PARTIAL; /* variants: mask_mod's state of the tile staged last (empty: not loaded) */
   auto stage = [&](int64_t t, int s) {
+    if constexpr (attn_rule<PROB>::tiles)
+      if ((state_next = bwm_variant_state(p, b, h, i0, t_lo + t * BWG_BC)) == FA_BLOCK_EMPTY) return;
     load_tile<T, D, BWG_BC, THREADS, true, false, DG>(Ks + s * 2 * KT, k, p.k_st.s, t_lo + t * BWG_BC, p.Lk);
     load_tile<T, D, BWG_BC, THREADS, true, false, DG>(Ks + s * 2 * KT + KT, v, p.v_st.s, t_lo + t * BWG_BC, p.Lk);
   };
@@ -306,11 +312,10 @@ __global__ void __launch_bounds__(BWG_THREADS, 2)
                                          rows.hi[tid] >= j0 + BWG_BC);
     /* one barrier a tile, as the dK/dV kernel's: this tile's copies are in, stage s ^ 1 is free */
     const bool full = __syncthreads_and(all) && bwm_full_rule(EXTRAS);
+    const int state = state_next;
     if (t + 1 < ntiles) stage(t + 1, s ^ 1);
     cp_async_commit();
-    int state = FA_BLOCK_PARTIAL;
-    if constexpr (EXTRAS == EXTRAS_VARIANT)
-      if ((state = bwm_variant_state(p, b, h, i0, j0)) == FA_BLOCK_EMPTY) continue; /* the same in the whole block */
+    if (attn_rule<PROB>::tiles && state == FA_BLOCK_EMPTY) continue; /* the whole block's */
     const uint32_t k_base = smem_addr(Ks + s * 2 * KT), v_base = k_base + KT;
     float sc[NC][4], dp[NC][4];
     wgmma_fence();

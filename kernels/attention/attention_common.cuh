@@ -97,6 +97,8 @@ static __device__ __forceinline__ float attn_score(const fa_attn_problem &p, int
  * (and its derivative) and mask_mod, and the key tiles that mask_mod leaves
  * empty skipped. */
 template <typename PROB> struct attn_rule {
+  /* whether the rule has tiles of its own to skip (the variants' mask_mod: attention_backward_wgmma.cuh) */
+  static constexpr bool tiles = false;
   static __device__ __forceinline__ float score(const PROB &p, int64_t b, int64_t h, int64_t i, int64_t j, float dot,
                                                 int64_t lo, int64_t hi) {
     return attn_score(p, b, h, i, j, dot, lo, hi);

@@ -203,6 +203,7 @@ __device__ bool frag_variant_tile(const fa_attn_problem &p0, int64_t b, int64_t 
 /* The SIMT kernels' key at a time: the score, and (score_chain, the
  * backward) its derivative by the dot product (fa_variant_apply's chain). */
 template <> struct attn_rule<fa_variant_problem> {
+  static constexpr bool tiles = fa_variant::has_mask;
   static __device__ __forceinline__ float score_chain(const fa_variant_problem &p, int64_t b, int64_t h, int64_t i,
                                                       int64_t j, float dot, int64_t lo, int64_t hi, float *chain) {
     if (j < lo || j >= hi) return -INFINITY;

@@ -328,6 +328,9 @@ function TestBackward:test_nonfinite_inputs_stay_in_their_pairs()
     {opts = {causal = true}, put = function(t) t.q:set(1, 2, 1, 3, nan); t.dout:set(1, 2, 1, 1, nan) end},
     -- a window: key 2 is attended by rows 1..3 only; inf in its K
     {opts = {window = {1, 1}}, put = function(t) t.k:set(1, 1, 2, 1, inf) end},
+    -- the same through a variant (on cuda its compiled tensor-core kernels, then the guard's SIMT ones)
+    {opts = {mask_mod = function(b, h, q, k) return q:ge(k) & (q - k):le(1) end},
+     put = function(t) t.k:set(1, 1, 2, 1, inf); t.q:set(1, 2, 1, 3, nan) end},
   }
   for _, kd in ipairs(kinds) do
     local dtype, D = kd[1], kd[2]
