@@ -96,6 +96,11 @@ static __device__ __forceinline__ void settle_copies_without_keys(int ntiles) {
 struct frag_rows {
   int64_t iA, iB, loA, hiA, loB, hiB; /* rows, and their key ranges [lo, hi) */
   float mA, mB, lA, lB;               /* running max, this thread's part of the row sum */
+  /* the variants' (frag_variant_tile): the keys of mask_mod's run of full
+   * tiles for this query tile, read from its span record at the first key
+   * tile (vf_lo < 0: not yet); a read a key tile cost the all-true mask_mod
+   * about 10 % (H200) */
+  mutable int vf_lo = -1, vf_hi = 0;
 };
 
 /* Block blk's query tile of BR rows; q, k, v point at its head's rows

@@ -122,8 +122,12 @@ __device__ bool frag_variant_tile(const fa_attn_problem &p0, int64_t b, int64_t 
    * rows are in one query tile) */
   bool mask_full = false;
   if (fa_variant::has_mask && p.va.spans) {
-    const int *sp = fa_variant_span(p, b, h, r.iA / p.va.spans_br);
-    mask_full = j0 >= (int64_t)sp[2] * p.va.spans_bc && j0 + 8 * NC <= (int64_t)sp[3] * p.va.spans_bc;
+    if (r.vf_lo < 0) {
+      const int *sp = fa_variant_span(p, b, h, r.iA / p.va.spans_br);
+      const long long bc = p.va.spans_bc, cap = 0x7fffffffLL; /* a run ending past 2^31 - 1 keys: clamped (fewer full) */
+      r.vf_lo = (int)min((long long)sp[2] * bc, cap), r.vf_hi = (int)min((long long)sp[3] * bc, cap);
+    }
+    mask_full = j0 >= r.vf_lo && j0 + 8 * NC <= r.vf_hi;
   }
   /* the common tile: every key in range and kept (rows past Lq are never
    * stored), nothing to mask: the scale, score_mod and the rules alone;
