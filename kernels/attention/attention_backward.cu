@@ -20,9 +20,11 @@
  * f16/bf16 at D = Dv = 64 and 128 (and 96 on Hopper), guarded by a flag
  * that hands a call with NaN or inf in q, k or dout to the SIMT kernels
  * (bw_guarded).  opts.kernel names one of the three ("wgmma", "mma",
- * "simt"); else the fastest that takes the call runs. */
+ * "simt"); else the fastest that takes the call runs.  fa_cuda_backward_run
+ * is that schedule over a set of launches (fa_bw_kernels): the built-in
+ * instances here, or those a Lua variant's expression is compiled into
+ * (attention_variant.cu), so that both take the same delta and guard. */
 #include "attention_backward_simt.cuh"
-#include <algorithm>
 
 extern "C" const char *fa_cuda_attention_backward_refuses(fa_attn_kernel k, const fa_attn_problem *p,
                                                            const fa_attn_grads *g);
@@ -97,26 +99,19 @@ static fa_status bw_launch(fa_context *ctx, const fa_attn_problem *p, const fa_a
   fa_status st;
   if ((st = attn_grid_fits(ctx, pl.kblocks)) || (st = attn_grid_fits(ctx, pl.qblocks))) return st;
   cudaStream_t s = fa_cuda_stream(ctx);
-  /* the fallback behind a flag walks its tiles with four blocks an SM:
-   * with a block a tile, the launch and exit of thousands of blocks cost
-   * about 1 % of a call at L = 1k when the flag is clear */
-  int64_t cap = INT64_MAX;
-  if (only_if) {
-    int dev = 0, sms = 0;
-    FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
-    FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    cap = 4 * (int64_t)sms;
-  }
+  unsigned kgrid = 0, qgrid = 0;
+  if ((st = bw_simt_grid(ctx, only_if, pl.kblocks, &kgrid)) || (st = bw_simt_grid(ctx, only_if, pl.qblocks, &qgrid)))
+    return st;
   if (pl.kblocks > 0) {
     FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(bw_dkdv_kernel<T, DMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             (int)pl.smem_kv));
-    bw_dkdv_kernel<T, DMAX><<<(unsigned)std::min(pl.kblocks, cap), BW_THREADS, pl.smem_kv, s>>>(*p, *g, delta, only_if);
+    bw_dkdv_kernel<T, DMAX><<<kgrid, BW_THREADS, pl.smem_kv, s>>>(*p, *g, delta, only_if);
     FA_CUDA_CHECK_LAUNCH(ctx, "bw_dkdv_kernel");
   }
   if (pl.qblocks > 0) {
     FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(bw_dq_kernel<T, DMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             (int)pl.smem_q));
-    bw_dq_kernel<T, DMAX><<<(unsigned)std::min(pl.qblocks, cap), BW_THREADS, pl.smem_q, s>>>(*p, *g, delta, only_if);
+    bw_dq_kernel<T, DMAX><<<qgrid, BW_THREADS, pl.smem_q, s>>>(*p, *g, delta, only_if);
     FA_CUDA_CHECK_LAUNCH(ctx, "bw_dq_kernel");
   }
   return FA_OK;

@@ -193,6 +193,22 @@ static inline bw_simt_plan bw_simt_plan_of(const fa_attn_problem *p) {
 }
 
 #ifndef __CUDACC_RTC__
+/* The SIMT kernels' grid for kblocks or qblocks tiles: all of them, or
+ * behind the guard's flag (only_if) four blocks an SM that walk the tiles:
+ * with a block a tile, the launch and exit of thousands of blocks cost
+ * about 1 % of a call at L = 1k when the flag is clear. */
+static inline fa_status bw_simt_grid(fa_context *ctx, const int *only_if, int64_t tiles, unsigned *grid) {
+  int64_t cap = tiles;
+  if (only_if) {
+    int dev = 0, sms = 0;
+    FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
+    FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    cap = 4 * (int64_t)sms;
+  }
+  *grid = (unsigned)(tiles < cap ? tiles : cap);
+  return FA_OK;
+}
+
 /* The launches of a backward call (attention_backward.cu's
  * fa_cuda_backward_run, which queues delta before them and the NaN/inf
  * guard around them): fast, the tensor-core kernel k on delta; simt, the

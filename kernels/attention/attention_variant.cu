@@ -792,21 +792,16 @@ static fa_status variant_bw_simt(fa_context *ctx, const fa_attn_problem *p, cons
   const bw_simt_plan pl = bw_simt_plan_of(p);
   fa_status st = attn_grid_fits(ctx, pl.kblocks);
   if (st || (st = attn_grid_fits(ctx, pl.qblocks))) return st;
-  int64_t cap = INT64_MAX; /* behind the guard's flag: a few blocks an SM walk the tiles (bw_launch's reason) */
-  if (only_if) {
-    int dev = 0, sms = 0;
-    FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
-    FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    cap = 4 * (int64_t)sms;
-  }
+  unsigned kgrid = 0, qgrid = 0;
+  if ((st = bw_simt_grid(ctx, only_if, pl.kblocks, &kgrid)) || (st = bw_simt_grid(ctx, only_if, pl.qblocks, &qgrid)))
+    return st;
   fa_attn_grads gv = *g;
   void *args[] = {vb->vp, &gv, &delta, &only_if};
-  if (pl.kblocks > 0 && (st = launch(ctx, vb->simt_dkdv, (unsigned)std::min(pl.kblocks, cap), BW_THREADS, pl.smem_kv,
-                                     args, "the variant's backward (dK, dV)")))
+  if (pl.kblocks > 0 &&
+      (st = launch(ctx, vb->simt_dkdv, kgrid, BW_THREADS, pl.smem_kv, args, "the variant's backward (dK, dV)")))
     return st;
   if (pl.qblocks > 0)
-    st = launch(ctx, vb->simt_dq, (unsigned)std::min(pl.qblocks, cap), BW_THREADS, pl.smem_q, args,
-                "the variant's backward (dQ)");
+    st = launch(ctx, vb->simt_dq, qgrid, BW_THREADS, pl.smem_q, args, "the variant's backward (dQ)");
   return st;
 }
 
