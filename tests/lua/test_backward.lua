@@ -234,6 +234,19 @@ function TestBackward:test_variants_on_tensor_cores()
         opts.deterministic = ci % 2 == 0
         check_backend(("%s D=%d"):format(c[1], D), q, k, v, dout, opts, dtype, 3e-2)
       end
+      -- named (cuda): the SIMT kernels take every variant; wgmma where it runs (Hopper), else an error saying so
+      local t64, hopper = randn({1, 1, 8, 64}, "bf16", U.device), false
+      for _, name in ipairs(fa.kernels(t64, t64, t64)) do hopper = hopper or name == "wgmma" end
+      for _, kern in ipairs(U.cuda and {"simt", "wgmma"} or {}) do
+        local opts = cases[2][2](U.device)
+        opts.kernel = kern
+        if U.cuda and kern == "wgmma" and not hopper then
+          local o, lse = fa.attention(q, k, v, with_lse(opts))
+          U.assert_fa_error({"wgmma", "Hopper"}, fa.attention_backward, q, k, v, o, lse, dout, opts)
+        else
+          check_backend(("kernel %s D=%d"):format(kern, D), q, k, v, dout, opts, dtype, 3e-2)
+        end
+      end
     end
   end
 end
