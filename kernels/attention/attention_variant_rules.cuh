@@ -328,10 +328,12 @@ __device__ void bwm_variant_probs(const fa_attn_problem &p0, int64_t b, int64_t 
  * spans_sh = 0), its key tiles 256 at a time: each thread decides one as a
  * whole where fa_variant::tile can, then the block evaluates every pair of
  * the others (on the positions inside Lq and Lk) one tile after another,
- * and the tiles' span record (spans, for the attention kernels) or their
- * states (states, nk a query tile: fa.block_mask) are written.  Reads out
- * of range are recorded for fa.block_mask only: the attention kernels
- * evaluate mask_mod again on the keys they attend, and record them there. */
+ * and the tiles' span record (spans, for the attention kernels) and/or
+ * their states (states, nk a query tile: fa.block_mask, and the backward's
+ * tiles) are written.  Reads out of range are recorded for fa.block_mask
+ * only (no spans): the attention kernels, forward and backward, evaluate
+ * mask_mod again on the keys they attend, and record them there (a pair
+ * outside the built-in ranges is not an error). */
 template <int BR, int BC>
 __global__ void __launch_bounds__(256) fa_variant_spans_kernel(fa_variant_problem p, int *spans, uint8_t *states,
                                                                long long nh) {
@@ -365,7 +367,7 @@ __global__ void __launch_bounds__(256) fa_variant_spans_kernel(fa_variant_proble
           if (i >= Lq || j >= Lk) continue;
           int f = -1;
           const bool m = fa_variant::mask(p.va, 0.f, b, h, i, j, bf, hf, (float)i, (float)j, f);
-          if (states && f >= 0) fa_variant_record(p.va.fault[1], f);
+          if (!spans && f >= 0) fa_variant_record(p.va.fault[1], f);
           any |= m, all &= m;
         }
         any = __syncthreads_or(any), all = __syncthreads_and(all);

@@ -219,6 +219,12 @@ function TestBackward:test_variants_on_tensor_cores()
       return {mask_mod = function(b, h, q, k) return doc[b][q]:eq(doc[b][k]) | (k - q):abs():le(h * 30) end,
               kv_lens = {330, 150}}
     end},
+    -- a relative table read only in range where causal lets a pair attend: the other pairs' reads are out of
+    -- range and no error (the tiles' own pass records none; the kernels record the attended pairs')
+    {"relative table, causal", function(dev)
+      local keep = fa.tensor(U.nested({Lk}, function() return math.random() end), {device = dev})
+      return {mask_mod = function(b, h, q, k) return keep[q - k + (Lk - Lq + 1)]:gt(0.15) end, causal = true}
+    end},
     {"score_mod with softcap, alibi and a bool mask", function(dev)
       local m = fa.tensor(U.nested({Lq, Lk}, function() return math.random() < 0.9 end), {device = dev})
       return {score_mod = function(s, b, h, q, k) return s * 0.9 + 0.01 * (q % 7) end, softcap = 5,
