@@ -195,13 +195,12 @@ extern "C" fa_status fa_cuda_backward_choose(fa_context *ctx, const fa_attn_prob
                                              fa_attn_kernel last, fa_attn_kernel *k) {
   static const fa_attn_kernel order[2] = {FA_KERNEL_WGMMA, FA_KERNEL_MMA};
   static const char *const names[2] = {"wgmma", "mma"};
-  for (int i = 0; i < 2; i++) {
+  const int n = last == FA_KERNEL_WGMMA ? 1 : 2;
+  if (n == 1 && *k == FA_KERNEL_MMA)
+    return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: opts.kernel: the backward with opts.score_mod or "
+                                            "opts.mask_mod runs on the wgmma or the simt kernel on cuda");
+  for (int i = 0; i < n; i++) {
     if (*k != FA_KERNEL_AUTO && *k != order[i]) continue;
-    if (i > 0 && last == FA_KERNEL_WGMMA) {
-      if (*k == FA_KERNEL_AUTO) break;
-      return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: opts.kernel: the backward with opts.score_mod or "
-                                              "opts.mask_mod runs on the wgmma or the simt kernel on cuda");
-    }
     const char *why = fa_cuda_attention_backward_refuses(order[i], p, g);
     if (!why) return *k = order[i], FA_OK;
     if (*k == order[i])

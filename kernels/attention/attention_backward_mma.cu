@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(BWM_THREADS) bwm_dkdv_kernel(fa_attn_problem p
   extern __shared__ __align__(128) char bwm_smem[];
   __shared__ bwm_rows<BR> rows[2];
   char *Ks = bwm_smem, *Vs = Ks + BWM_BC * D * 2, *Qs = Vs + BWM_BC * D * 2; /* Q, dO, Q, dO: two stages */
-  const int warp = threadIdx.x >> 5, tid = threadIdx.x;
+  const int warp = threadIdx.x >> 5;
   const int64_t ktiles = (p.Lk + BWM_BC - 1) / BWM_BC, blk = blockIdx.x;
   const int64_t bhk = blk / ktiles, j0 = blk % ktiles * BWM_BC, b = bhk / p.Hkv, hk = bhk % p.Hkv;
   const int64_t j1 = min(j0 + BWM_BC, p.Lk);
@@ -82,13 +82,8 @@ __global__ void __launch_bounds__(BWM_THREADS) bwm_dkdv_kernel(fa_attn_problem p
    * K and V for t = 0) and its rows (this thread's row r = tid < BR: *all
    * whether it takes every key of the block) */
   auto stage = [&](int64_t t, int s, bool *all) {
-    const int64_t h = qt.head(t), i0 = qt.row(t, BR);
-    load_tile<T, D, BR, BWM_THREADS, false, false>(Qs + s * 2 * QT, (const T *)p.q + attn_at(p.q_st, b, h, 0),
-                                                   p.q_st.s, i0, p.Lq);
-    load_tile<T, D, BR, BWM_THREADS, false, false>(Qs + s * 2 * QT + QT, (const T *)g.dout + attn_at(g.dout_st, b, h, 0),
-                                                   g.dout_st.s, i0, p.Lq);
-    *all = true;
-    if (tid < BR) bwm_row_load(p, delta, rows[s], b, h, i0, tid, j0, j1, all);
+    bwm_stage_rows<T, D, BR, BWM_THREADS, false>(Qs + s * 2 * QT, QT, p, g, delta, rows[s], b, qt.head(t),
+                                                 qt.row(t, BR), j0, j1, all);
   };
   bool all_next = true;
   if (qt.count > 0) stage(0, 0, &all_next);

@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
   extern __shared__ __align__(128) char bwg_raw[];
   __shared__ bwm_rows<BR> rows[2];
   char *Ks = bwg_aligned(bwg_raw), *Vs = Ks + KEYS * D * 2, *Qs = Vs + KEYS * D * 2; /* Q, dO, Q, dO, dSᵀ */
-  const int warp = threadIdx.x >> 5, tid = threadIdx.x, wg = warp >> 2;
+  const int warp = threadIdx.x >> 5, wg = warp >> 2;
   char *dSs = Qs + 4 * QT;
   const int64_t ktiles = (p.Lk + KEYS - 1) / KEYS, blk = blockIdx.x;
   const int64_t bhk = blk / ktiles, j0 = blk % ktiles * KEYS, b = bhk / p.Hkv, hk = bhk % p.Hkv;
@@ -199,12 +199,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       other_next = DQ ? bwm_variant_state(p, b, h, i0, j0 + (1 - wg) * BWG_OWN) : state_next;
       if (state_next == FA_BLOCK_EMPTY && other_next == FA_BLOCK_EMPTY) return;
     }
-    load_tile<T, D, BR, THREADS, true, false, DG>(Qs + s * 2 * QT, (const T *)p.q + attn_at(p.q_st, b, h, 0), p.q_st.s,
-                                                  i0, p.Lq);
-    load_tile<T, D, BR, THREADS, true, false, DG>(Qs + s * 2 * QT + QT, (const T *)g.dout + attn_at(g.dout_st, b, h, 0),
-                                                  g.dout_st.s, i0, p.Lq);
-    *all = true;
-    if (tid < BR) bwm_row_load(p, delta, rows[s], b, h, i0, tid, j0, j1, all);
+    bwm_stage_rows<T, D, BR, THREADS, true, DG>(Qs + s * 2 * QT, QT, p, g, delta, rows[s], b, h, i0, j0, j1, all);
   };
   bool all_next = true;
   if (qt.count > 0) stage(0, 0, &all_next);

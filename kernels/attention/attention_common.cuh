@@ -91,8 +91,9 @@ static __device__ __forceinline__ float attn_score(const fa_attn_problem &p, int
  * score for the kernels that take one at a time (the SIMT kernel);
  * score_chain, the same with its derivative by the dot product (the SIMT
  * backward); narrow, the keys [*lo, *hi) a query tile from row i0 on
- * must visit (the tensor-core kernels); and tile_empty (the SIMT backward).  For fa_attn_problem: attn_score,
- * and the key range as it is.  The run-time compiled variants
+ * must visit (the tensor-core kernels); tile_empty (the SIMT backward);
+ * tiles (the tensor-core backward).  For fa_attn_problem: attn_score, and
+ * the key range as it is.  The run-time compiled variants
  * (attention_variant.cuh) specialise it for their problem type: score_mod
  * (and its derivative) and mask_mod, and the key tiles that mask_mod leaves
  * empty skipped. */

@@ -834,7 +834,7 @@ extern "C" fa_status fa_cuda_attention_backward_variant(fa_context *ctx, fa_attn
   const bool fast = kernel == FA_KERNEL_WGMMA, tiles = fast && p->mask_mod;
   const char *T = rtc_type(p);
   const bool atomic = fa_cuda_backward_wgmma_atomic(p, g); /* the schedule without a dQ kernel */
-  char names[5][160];
+  char names[RTC_KERNELS][160];
   const bw_simt_plan pl = bw_simt_plan_of(p);
   snprintf(names[0], sizeof names[0], "bw_dkdv_kernel<%s, %d, fa_variant_problem>", T, pl.dmax);
   snprintf(names[1], sizeof names[1], "bw_dq_kernel<%s, %d, fa_variant_problem>", T, pl.dmax);
@@ -842,7 +842,7 @@ extern "C" fa_status fa_cuda_attention_backward_variant(fa_context *ctx, fa_attn
            (long long)p->D, atomic ? "true" : "false");
   snprintf(names[3], sizeof names[3], "bwg_dq_kernel<%s, %lld, EXTRAS_VARIANT, fa_variant_problem>", T, (long long)p->D);
   snprintf(names[4], sizeof names[4], "fa_variant_spans_kernel<64, 64>");
-  const char *list[5] = {names[0], names[1]};
+  const char *list[RTC_KERNELS] = {names[0], names[1]};
   int n = 2, at_dkdv = 0, at_dq = 0, at_spans = 0;
   if (fast) list[at_dkdv = n++] = names[2];
   if (fast && !atomic) list[at_dq = n++] = names[3];
@@ -851,7 +851,7 @@ extern "C" fa_status fa_cuda_attention_backward_variant(fa_context *ctx, fa_attn
   int reads[2];
   char *src = variant_unit(p, bounds, reads);
   if (!src) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.score_mod: out of host memory");
-  cudaKernel_t kern[5] = {NULL, NULL, NULL, NULL, NULL};
+  cudaKernel_t kern[RTC_KERNELS] = {NULL};
   st = rtc_kernels_get(ctx, src, list, n, kern);
   free(src);
   if (st) return st;
