@@ -408,12 +408,12 @@ typedef void (*decode_kernel_fn)(fa_attn_problem, decode_args);
 
 /* What a launch needs to know of an instance on a device, found once (per
  * instance, per device): the shared memory set (cudaFuncSetAttribute costs
- * a few µs a call, and a decode step is a few µs of work), and its blocks
- * resident on the whole GPU.  A race between two threads sets the same
+ * a few µs a call, and a decode step is a few µs of work), its blocks
+ * resident on the whole GPU, and the SMs.  A race between two threads sets the same
  * values twice. */
 #define DEC_DEVICES 16
 typedef struct {
-  int ready, slots;
+  int ready, slots, sms;
 } decode_instance;
 
 /* An instance and its record of each device (zero-initialised statics:
@@ -432,34 +432,40 @@ template <typename T, int D, int RG> static decode_entry decode_pick(int extras,
   return paged ? decode_entry_of<T, D, RG, EXTRAS_NONE, true>() : decode_entry_of<T, D, RG, EXTRAS_NONE, false>();
 }
 
-static fa_status decode_slots(fa_context *ctx, const decode_entry &k, size_t smem, int *slots) {
+static fa_status decode_slots(fa_context *ctx, const decode_entry &k, size_t smem, int *slots, int *sms_out) {
   int dev = 0;
   FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
   decode_instance *in = dev < DEC_DEVICES ? &k.per_device[dev] : NULL;
   if (in && __atomic_load_n(&in->ready, __ATOMIC_ACQUIRE)) {
-    *slots = in->slots;
+    *slots = in->slots, *sms_out = in->sms;
     return FA_OK;
   }
   int sms = 0, per_sm = 0;
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   FA_CUDA_CHECK(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.fn, DEC_THREADS, smem));
-  *slots = max(1, sms * per_sm);
+  *slots = max(1, sms * per_sm), *sms_out = max(1, sms);
   if (in) {
-    in->slots = *slots;
+    in->slots = *slots, in->sms = *sms_out;
     __atomic_store_n(&in->ready, 1, __ATOMIC_RELEASE);
   }
   return FA_OK;
 }
 
-/* The chunks of a call: the user's (at most one a tile, and 256), else as
- * many as keep one wave of blocks (a second, part-filled wave costs as
- * much as the first), with chunks of at least two tiles, and one for short
- * caches (<= 512 keys: a merge would cost more than it saves). */
-static int decode_splits(const fa_attn_problem *p, int64_t want, int slots) {
+/* The chunks of a call: the user's (at most one a tile, and 256), else at
+ * most one wave of blocks (a second, part-filled wave costs as much as the
+ * first), and one chunk for short caches (<= 512 keys: the merge launch
+ * would cost more than it saves).  Between, chunks of a quarter of the
+ * tiles down to one tile while a block an SM is not reached: the merge's
+ * cost grows with the chunks, and short caches gain more from fewer (B = 1,
+ * 8 key heads, H200: Lk = 4k 18.0 µs in 16 chunks against 18.9 in 32,
+ * Lk = 1k 14.0 in 16 against 14.9 in 8), while long ones keep the full
+ * wave (one block an SM lost 3-7 % at Lk = 32k and 128k;
+ * docs/perf/2026-11-27-decode-splits-h200.json). */
+static int decode_splits(const fa_attn_problem *p, int64_t want, int slots, int sms) {
   const int64_t tiles = (p->Lk + DEC_BC - 1) / DEC_BC, heads = p->B * p->Hkv;
   int64_t s = want;
-  if (s <= 0) s = p->Lk <= 8 * DEC_BC ? 1 : min(slots / heads, tiles / 2);
+  if (s <= 0) s = p->Lk <= 8 * DEC_BC ? 1 : min(slots / heads, max(sms / heads, tiles / 4));
   return (int)max((int64_t)1, min(s, min(tiles, (int64_t)DEC_MAX_SPLITS)));
 }
 
@@ -472,10 +478,10 @@ static fa_status decode_typed(fa_context *ctx, const fa_attn_problem *p, decode_
                          : rg == 2 ? decode_pick<T, D, 2>(extras, paged)
                                    : decode_pick<T, D, 4>(extras, paged);
   const size_t smem = (size_t)DEC_STAGES * 2 * DEC_BC * D * 2;
-  int slots = 0;
-  fa_status st = decode_slots(ctx, k, smem, &slots);
+  int slots = 0, sms = 0;
+  fa_status st = decode_slots(ctx, k, smem, &slots, &sms);
   if (st) return st;
-  a.splits = decode_splits(p, want, slots);
+  a.splits = decode_splits(p, want, slots, sms);
   const int64_t blocks = p->B * p->Hkv * a.splits, rows = p->B * p->Hq * p->Lq;
   if ((st = attn_grid_fits(ctx, blocks)) || (a.splits > 1 && (st = attn_grid_fits(ctx, rows)))) return st;
   size_t part_bytes = 0;
