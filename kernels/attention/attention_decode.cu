@@ -264,6 +264,11 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
   }
   cp_async_wait<0>();
   __syncthreads(); /* the tiles are free: the warps' states meet there */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  /* the merge launch may start now (its blocks wait for this grid's
+   * memory): its launch overlaps the chunks' last tiles */
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
 
   if (KS > 1) { /* the key streams of a row group merged into its first warp */
     const int W = D / 2 + 4; /* floats a lane: O, then mA, mB, lA, lB */
@@ -328,62 +333,67 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
 }
 
 /* The chunks' states combined, a block a row: weights e^(lse_s - max), an
- * empty chunk (lse = -inf) weighing nothing; the row's output through o's
- * strides and its lse.  NaN in any chunk's lse makes the row NaN.  The
- * first warp takes the chunks' lse and leaves the weights in shared
- * memory; then each warp adds every fourth chunk's output (a vector load a
- * lane, all in flight at once) and the four sums meet in a fixed order
- * (deterministic).  A warp a row walking all the chunks took 8-11 µs at
- * batch 1 (32 rows of 33 chunks). */
+ * empty chunk (lse = -inf) weighing nothing, NaN in any chunk's lse making
+ * the row NaN; the row's output through o's strides and its lse.  Warp w
+ * takes chunks w, w + 4, ... (at most 64): their lse (a lane each) and
+ * outputs (a vector a lane) are read together, weighed against the warp's
+ * own maximum, and the four warps' sums meet rescaled in a fixed order
+ * (deterministic): one round trip to memory instead of lse first, then
+ * the outputs (the merge took 2.7-4.2 µs at batch 1, H200).  Launched as
+ * a programmatic dependent of the chunks' kernel on Hopper
+ * (decode_typed): its blocks wait here for that grid's memory. */
 template <typename T, int D>
 __global__ void __launch_bounds__(128) attn_decode_merge_kernel(fa_attn_problem p, decode_args a) {
   typedef typename std::conditional<D == 128, float4, float2>::type V; /* D / 32 floats a lane */
   const int PER = D / 32;
-  __shared__ float wsh[DEC_MAX_SPLITS];
   __shared__ __align__(16) float red[4][D];
-  __shared__ float sh_m, sh_den;
+  __shared__ float wmax[4], wden[4];
   const int64_t R = p.B * p.Hq * p.Lq, row = blockIdx.x;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  if (w == 0) {
-    float M = -INFINITY;
-    for (int s = lane; s < a.splits; s += 32) M = fmaxf(M, a.part_lse[s * R + row]);
-    M = warp_max(M);
-    float den = 0.f;
-    for (int s = lane; s < a.splits; s += 32) {
-      const float l = a.part_lse[s * R + row];
-      const float wt = l == -INFINITY ? 0.f : expf(l - M); /* NaN stays NaN */
-      wsh[s] = wt;
-      den += wt;
-    }
-    den = warp_sum(den);
-    if (lane == 0) sh_m = M, sh_den = den;
-  }
-  __syncthreads();
-  float acc[PER];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+  const int nw = a.splits > w ? (a.splits - w + 3) / 4 : 0; /* this warp's chunks */
+  const float l0 = lane < nw ? a.part_lse[(int64_t)(w + 4 * lane) * R + row] : -INFINITY;
+  const float l1 = lane + 32 < nw ? a.part_lse[(int64_t)(w + 4 * (lane + 32)) * R + row] : -INFINITY;
+  const float M = warp_max(fmaxf(l0, l1));
+  float acc[PER], den = 0.f;
 #pragma unroll
   for (int c = 0; c < PER; c++) acc[c] = 0.f;
   const float *src = a.part_o + row * D + lane * PER;
-#pragma unroll 4
-  for (int s = w; s < a.splits; s += 4) {
-    const float wt = wsh[s];
-    const V x = *(const V *)(src + s * R * D);
+#pragma unroll 8
+  for (int j = 0; j < nw; j++) {
+    const float l = __shfl_sync(0xffffffffu, j < 32 ? l0 : l1, j & 31);
+    const V x = *(const V *)(src + (int64_t)(w + 4 * j) * R * D);
     const float *xs = (const float *)&x;
+    const float wt = l == -INFINITY ? 0.f : expf(l - M); /* NaN stays NaN */
+    den += wt;
 #pragma unroll
     for (int c = 0; c < PER; c++) acc[c] += wt == 0.f ? 0.f : wt * xs[c]; /* nothing of an empty chunk, not even 0 · inf */
   }
 #pragma unroll
   for (int c = 0; c < PER; c++) red[w][lane * PER + c] = acc[c];
+  if (lane == 0) wmax[w] = M, wden[w] = den;
   __syncthreads();
   if (w != 0) return;
+  float Mall = fmaxf(fmaxf(wmax[0], wmax[1]), fmaxf(wmax[2], wmax[3])), f[4], dall = 0.f;
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    f[k] = wmax[k] == -INFINITY ? 0.f : expf(wmax[k] - Mall); /* a warp of empty chunks (or none) weighs nothing */
+    dall += f[k] == 0.f ? 0.f : f[k] * wden[k];
+  }
   const int64_t i = row % p.Lq, bh = row / p.Lq, b = bh / p.Hq, h = bh % p.Hq;
-  const float den = sh_den, inv = row_inv(den);
+  const float inv = row_inv(dall);
   T *out = (T *)p.o + attn_at(p.o_st, b, h, i) + lane * PER;
 #pragma unroll
   for (int c = 0; c < PER; c++) {
     const int col = lane * PER + c;
-    out[c] = from_float<T>((((red[0][col] + red[1][col]) + red[2][col]) + red[3][col]) * inv);
+    float v = 0.f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) v += f[k] == 0.f ? 0.f : f[k] * red[k][col];
+    out[c] = from_float<T>(v * inv);
   }
-  if (p.lse && lane == 0) attn_lse_at(p, b, h, i) = den == 0.f ? -INFINITY : sh_m + logf(den);
+  if (p.lse && lane == 0) attn_lse_at(p, b, h, i) = dall == 0.f ? -INFINITY : Mall + logf(dall);
 }
 
 /* ---- launchers ---- */
@@ -409,11 +419,12 @@ typedef void (*decode_kernel_fn)(fa_attn_problem, decode_args);
 /* What a launch needs to know of an instance on a device, found once (per
  * instance, per device): the shared memory set (cudaFuncSetAttribute costs
  * a few µs a call, and a decode step is a few µs of work), its blocks
- * resident on the whole GPU, and the SMs.  A race between two threads sets the same
+ * resident on the whole GPU, the SMs, and whether it is a Hopper (or
+ * later: programmatic dependent launches).  A race between two threads sets the same
  * values twice. */
 #define DEC_DEVICES 16
 typedef struct {
-  int ready, slots, sms;
+  int ready, slots, sms, hopper;
 } decode_instance;
 
 /* An instance and its record of each device (zero-initialised statics:
@@ -432,21 +443,24 @@ template <typename T, int D, int RG> static decode_entry decode_pick(int extras,
   return paged ? decode_entry_of<T, D, RG, EXTRAS_NONE, true>() : decode_entry_of<T, D, RG, EXTRAS_NONE, false>();
 }
 
-static fa_status decode_slots(fa_context *ctx, const decode_entry &k, size_t smem, int *slots, int *sms_out) {
+static fa_status decode_slots(fa_context *ctx, const decode_entry &k, size_t smem, int *slots, int *sms_out,
+                              int *hopper) {
   int dev = 0;
   FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
   decode_instance *in = dev < DEC_DEVICES ? &k.per_device[dev] : NULL;
   if (in && __atomic_load_n(&in->ready, __ATOMIC_ACQUIRE)) {
-    *slots = in->slots, *sms_out = in->sms;
+    *slots = in->slots, *sms_out = in->sms, *hopper = in->hopper;
     return FA_OK;
   }
   int sms = 0, per_sm = 0;
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   FA_CUDA_CHECK(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.fn, DEC_THREADS, smem));
-  *slots = max(1, sms * per_sm), *sms_out = max(1, sms);
+  int major = 0;
+  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  *slots = max(1, sms * per_sm), *sms_out = max(1, sms), *hopper = major >= 9;
   if (in) {
-    in->slots = *slots, in->sms = *sms_out;
+    in->slots = *slots, in->sms = *sms_out, in->hopper = *hopper;
     __atomic_store_n(&in->ready, 1, __ATOMIC_RELEASE);
   }
   return FA_OK;
@@ -478,8 +492,8 @@ static fa_status decode_typed(fa_context *ctx, const fa_attn_problem *p, decode_
                          : rg == 2 ? decode_pick<T, D, 2>(extras, paged)
                                    : decode_pick<T, D, 4>(extras, paged);
   const size_t smem = (size_t)DEC_STAGES * 2 * DEC_BC * D * 2;
-  int slots = 0, sms = 0;
-  fa_status st = decode_slots(ctx, k, smem, &slots, &sms);
+  int slots = 0, sms = 0, hopper = 0;
+  fa_status st = decode_slots(ctx, k, smem, &slots, &sms, &hopper);
   if (st) return st;
   a.splits = decode_splits(p, want, slots, sms);
   const int64_t blocks = p->B * p->Hkv * a.splits, rows = p->B * p->Hq * p->Lq;
@@ -495,8 +509,15 @@ static fa_status decode_typed(fa_context *ctx, const fa_attn_problem *p, decode_
   k.fn<<<(unsigned)blocks, DEC_THREADS, smem, s>>>(*p, a);
   cudaError_t err = cudaGetLastError();
   if (err == cudaSuccess && a.splits > 1) {
-    attn_decode_merge_kernel<T, D><<<(unsigned)rows, 128, 0, s>>>(*p, a);
-    err = cudaGetLastError();
+    /* Hopper: a programmatic dependent launch (the merge's blocks are
+     * placed while the chunks end, then wait for their memory) */
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)rows), cfg.blockDim = dim3(128), cfg.stream = s;
+    cfg.attrs = &attr, cfg.numAttrs = hopper ? 1 : 0;
+    err = cudaLaunchKernelEx(&cfg, attn_decode_merge_kernel<T, D>, *p, a);
   }
   fa_cuda_free_on(ctx, part, part_bytes); /* after the kernels, on their stream (capturable) */
   return fa_cuda_error(ctx, err, "launch of attn_decode_kernel");
