@@ -96,12 +96,9 @@ template <typename T, int DMAX>
 static fa_status bw_launch(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, const float *delta,
                            const int *only_if) {
   const bw_simt_plan pl = bw_simt_plan_of(p);
-  fa_status st;
-  if ((st = attn_grid_fits(ctx, pl.kblocks)) || (st = attn_grid_fits(ctx, pl.qblocks))) return st;
-  cudaStream_t s = fa_cuda_stream(ctx);
   unsigned kgrid = 0, qgrid = 0;
-  if ((st = bw_simt_grid(ctx, only_if, pl.kblocks, &kgrid)) || (st = bw_simt_grid(ctx, only_if, pl.qblocks, &qgrid)))
-    return st;
+  if (fa_status st = bw_simt_grids(ctx, only_if, pl, &kgrid, &qgrid)) return st;
+  cudaStream_t s = fa_cuda_stream(ctx);
   if (pl.kblocks > 0) {
     FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(bw_dkdv_kernel<T, DMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             (int)pl.smem_kv));

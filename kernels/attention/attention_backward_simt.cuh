@@ -193,19 +193,23 @@ static inline bw_simt_plan bw_simt_plan_of(const fa_attn_problem *p) {
 }
 
 #ifndef __CUDACC_RTC__
-/* The SIMT kernels' grid for kblocks or qblocks tiles: all of them, or
- * behind the guard's flag (only_if) four blocks an SM that walk the tiles:
- * with a block a tile, the launch and exit of thousands of blocks cost
- * about 1 % of a call at L = 1k when the flag is clear. */
-static inline fa_status bw_simt_grid(fa_context *ctx, const int *only_if, int64_t tiles, unsigned *grid) {
-  int64_t cap = tiles;
+/* The SIMT kernels' grids for plan pl's dK/dV and dQ tiles (checked to
+ * fit a launch): all of them, or behind the guard's flag (only_if) four
+ * blocks an SM that walk the tiles: with a block a tile, the launch and
+ * exit of thousands of blocks cost about 1 % of a call at L = 1k when the
+ * flag is clear. */
+static inline fa_status bw_simt_grids(fa_context *ctx, const int *only_if, const bw_simt_plan &pl, unsigned *kgrid,
+                                      unsigned *qgrid) {
+  fa_status st = attn_grid_fits(ctx, pl.kblocks);
+  if (st || (st = attn_grid_fits(ctx, pl.qblocks))) return st;
+  int64_t cap = INT64_MAX;
   if (only_if) {
     int dev = 0, sms = 0;
     FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
     FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     cap = 4 * (int64_t)sms;
   }
-  *grid = (unsigned)(tiles < cap ? tiles : cap);
+  *kgrid = (unsigned)(pl.kblocks < cap ? pl.kblocks : cap), *qgrid = (unsigned)(pl.qblocks < cap ? pl.qblocks : cap);
   return FA_OK;
 }
 

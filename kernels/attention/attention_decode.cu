@@ -419,12 +419,12 @@ typedef void (*decode_kernel_fn)(fa_attn_problem, decode_args);
 /* What a launch needs to know of an instance on a device, found once (per
  * instance, per device): the shared memory set (cudaFuncSetAttribute costs
  * a few µs a call, and a decode step is a few µs of work), its blocks
- * resident on the whole GPU, the SMs, and whether it is a Hopper (or
- * later: programmatic dependent launches).  A race between two threads sets the same
- * values twice. */
+ * resident on the whole GPU, the SMs, and whether it is a Hopper or later
+ * (programmatic dependent launches).  A race between two threads sets the
+ * same values twice. */
 #define DEC_DEVICES 16
 typedef struct {
-  int ready, slots, sms, hopper;
+  int ready, slots, sms, hopper; /* slots: blocks resident on the GPU */
 } decode_instance;
 
 /* An instance and its record of each device (zero-initialised statics:
@@ -443,24 +443,22 @@ template <typename T, int D, int RG> static decode_entry decode_pick(int extras,
   return paged ? decode_entry_of<T, D, RG, EXTRAS_NONE, true>() : decode_entry_of<T, D, RG, EXTRAS_NONE, false>();
 }
 
-static fa_status decode_slots(fa_context *ctx, const decode_entry &k, size_t smem, int *slots, int *sms_out,
-                              int *hopper) {
+static fa_status decode_instance_on(fa_context *ctx, const decode_entry &k, size_t smem, decode_instance *out) {
   int dev = 0;
   FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
   decode_instance *in = dev < DEC_DEVICES ? &k.per_device[dev] : NULL;
   if (in && __atomic_load_n(&in->ready, __ATOMIC_ACQUIRE)) {
-    *slots = in->slots, *sms_out = in->sms, *hopper = in->hopper;
+    *out = *in;
     return FA_OK;
   }
-  int sms = 0, per_sm = 0;
+  int sms = 0, per_sm = 0, major = 0;
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  FA_CUDA_CHECK(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.fn, DEC_THREADS, smem));
-  int major = 0;
   FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  *slots = max(1, sms * per_sm), *sms_out = max(1, sms), *hopper = major >= 9;
+  FA_CUDA_CHECK(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.fn, DEC_THREADS, smem));
+  out->slots = max(1, sms * per_sm), out->sms = max(1, sms), out->hopper = major >= 9;
   if (in) {
-    in->slots = *slots, in->sms = *sms_out, in->hopper = *hopper;
+    in->slots = out->slots, in->sms = out->sms, in->hopper = out->hopper;
     __atomic_store_n(&in->ready, 1, __ATOMIC_RELEASE);
   }
   return FA_OK;
@@ -468,19 +466,18 @@ static fa_status decode_slots(fa_context *ctx, const decode_entry &k, size_t sme
 
 /* The chunks of a call: the user's (at most one a tile, and 256), else at
  * most one wave of blocks (a second, part-filled wave costs as much as the
- * first), and one chunk for short caches (<= 256 keys: the merge launch
- * would cost more than it saves; at 512 keys and batch 1, 8 chunks took
- * 11.8 µs against 15.6 for one once the merge was a dependent launch).  Between, chunks of a quarter of the
- * tiles down to one tile while a block an SM is not reached: the merge's
- * cost grows with the chunks, and short caches gain more from fewer (B = 1,
- * 8 key heads, H200: Lk = 4k 18.0 µs in 16 chunks against 18.9 in 32,
- * Lk = 1k 14.0 in 16 against 14.9 in 8), while long ones keep the full
- * wave (one block an SM lost 3-7 % at Lk = 32k and 128k;
- * docs/perf/2026-11-27-decode-splits-h200.json). */
-static int decode_splits(const fa_attn_problem *p, int64_t want, int slots, int sms) {
+ * first), of a quarter of the key tiles down to one tile while that still
+ * puts a block on every SM: the merge's cost grows with the chunks, so
+ * short caches gain from fewer (B = 1, 8 key heads, H200: Lk = 4k 18.0 µs
+ * in 16 chunks against 18.9 in 32), while long ones keep the full wave (a
+ * block an SM lost 3-7 % at Lk = 32k and 128k;
+ * docs/perf/2026-11-27-decode-splits-h200.json).  One chunk for 256 keys
+ * or fewer, where the merge launch costs more than it saves (at 512 keys
+ * and batch 1, 8 chunks took 11.8 µs against 15.6 for one). */
+static int decode_splits(const fa_attn_problem *p, int64_t want, const decode_instance &dv) {
   const int64_t tiles = (p->Lk + DEC_BC - 1) / DEC_BC, heads = p->B * p->Hkv;
   int64_t s = want;
-  if (s <= 0) s = p->Lk <= 4 * DEC_BC ? 1 : min(slots / heads, max(sms / heads, tiles / 4));
+  if (s <= 0) s = p->Lk <= 4 * DEC_BC ? 1 : min(dv.slots / heads, max(dv.sms / heads, tiles / 4));
   return (int)max((int64_t)1, min(s, min(tiles, (int64_t)DEC_MAX_SPLITS)));
 }
 
@@ -493,10 +490,10 @@ static fa_status decode_typed(fa_context *ctx, const fa_attn_problem *p, decode_
                          : rg == 2 ? decode_pick<T, D, 2>(extras, paged)
                                    : decode_pick<T, D, 4>(extras, paged);
   const size_t smem = (size_t)DEC_STAGES * 2 * DEC_BC * D * 2;
-  int slots = 0, sms = 0, hopper = 0;
-  fa_status st = decode_slots(ctx, k, smem, &slots, &sms, &hopper);
+  decode_instance dv;
+  fa_status st = decode_instance_on(ctx, k, smem, &dv);
   if (st) return st;
-  a.splits = decode_splits(p, want, slots, sms);
+  a.splits = decode_splits(p, want, dv);
   const int64_t blocks = p->B * p->Hkv * a.splits, rows = p->B * p->Hq * p->Lq;
   if ((st = attn_grid_fits(ctx, blocks)) || (a.splits > 1 && (st = attn_grid_fits(ctx, rows)))) return st;
   size_t part_bytes = 0;
@@ -517,7 +514,7 @@ static fa_status decode_typed(fa_context *ctx, const fa_attn_problem *p, decode_
     attr.val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)rows), cfg.blockDim = dim3(128), cfg.stream = s;
-    cfg.attrs = &attr, cfg.numAttrs = hopper ? 1 : 0;
+    cfg.attrs = &attr, cfg.numAttrs = dv.hopper ? 1 : 0;
     err = cudaLaunchKernelEx(&cfg, attn_decode_merge_kernel<T, D>, *p, a);
   }
   fa_cuda_free_on(ctx, part, part_bytes); /* after the kernels, on their stream (capturable) */

@@ -790,11 +790,9 @@ static fa_status variant_bw_simt(fa_context *ctx, const fa_attn_problem *p, cons
                                  const int *only_if, void *user) {
   variant_backward *vb = (variant_backward *)user;
   const bw_simt_plan pl = bw_simt_plan_of(p);
-  fa_status st = attn_grid_fits(ctx, pl.kblocks);
-  if (st || (st = attn_grid_fits(ctx, pl.qblocks))) return st;
   unsigned kgrid = 0, qgrid = 0;
-  if ((st = bw_simt_grid(ctx, only_if, pl.kblocks, &kgrid)) || (st = bw_simt_grid(ctx, only_if, pl.qblocks, &qgrid)))
-    return st;
+  fa_status st = bw_simt_grids(ctx, only_if, pl, &kgrid, &qgrid);
+  if (st) return st;
   fa_attn_grads gv = *g;
   void *args[] = {vb->vp, &gv, &delta, &only_if};
   if (pl.kblocks > 0 &&
