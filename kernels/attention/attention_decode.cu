@@ -15,7 +15,9 @@
  *    block writes the output itself).
  * Key and value tiles arrive by cp.async, three tiles deep, straight from
  * the contiguous (any strides, API §6) or paged (a page table, the KV
- * cache) layout.  Every score rule of §2 applies through the tensor-core
+ * cache) layout, under L2's evict-first policy where the stream is short
+ * (decode_evict_first).  Tiles of 33-64 packed rows are multiplied by
+ * warpgroup MMA on Hopper (dec_wgmma).  Every score rule of §2 applies through the tensor-core
  * kernels' fragment code (attention_frag.cuh).
  *
  * NaN or inf in V: a masked key's weight is 0, and 0 · NaN = NaN on the
@@ -24,6 +26,7 @@
  * answer, and a tile with NaN or inf goes through a scalar product that
  * skips zero weights: exact, with no second kernel and no scan of V. */
 #include "attention_frag.cuh"
+#include "attention_wgmma.cuh"
 #include "mma_sync.cuh"
 
 #include <cstdio>
@@ -35,13 +38,35 @@
 #define DEC_STAGES 3 /* tiles in flight */
 #define DEC_MAX_SPLITS 256
 
+/* Four row groups (33-64 packed rows: Lq = 16 at G = 4, say) on Hopper: one
+ * warpgroup MMA (wgmma) a product over the whole tile, K and V read from
+ * shared memory once for the four warps' rows, where mma.sync has each
+ * warp read them whole (4x the shared-memory traffic; Lq = 16 took 1.30 to
+ * 1.43x the time of Lq = 1 at B = 8, H200).  The tiles are then in
+ * wgmma's layout (sw128, 1024-byte aligned); the sm_80 PTX keeps mma.sync. */
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DEC_WGMMA_BUILD 1
+#else
+#define DEC_WGMMA_BUILD 0
+#endif
+template <int RG> static __host__ __device__ constexpr bool dec_wgmma() { return RG == 4 && DEC_WGMMA_BUILD; }
+/* shared memory of an instance: the tiles, plus the alignment wgmma needs
+ * (the host reserves it for every four-group instance) */
+static size_t dec_smem_bytes(int D, int rg) { return (size_t)DEC_STAGES * 2 * DEC_BC * D * 2 + (rg == 4 ? 1024 : 0); }
+
+/* Byte offset of 16-byte chunk `chunk` of key row `row` in a tile. */
+template <int D, bool WG> static __device__ __forceinline__ int dec_at(int row, int chunk) {
+  return WG ? sw128<DEC_BC>(row, chunk) : swz<D / 8>(row, chunk);
+}
+
 /* What a launch adds to the problem: the packing, the chunks, where the
  * chunks' states go, and the page table (paged: k and v are the pools). */
 struct decode_args {
   int G, rows, splits;   /* query heads a key head; G·Lq packed rows; chunks */
   float *part_o, *part_lse; /* splits > 1: (splits, B, Hq, Lq, Dv) and (splits, B, Hq, Lq) */
   fa_attn_paging pg;
-  int pg_shift; /* log2 of a page size that is a power of two, else -1 */
+  int pg_shift;    /* log2 of a page size that is a power of two, else -1 */
+  int evict_first; /* K and V under L2's evict-first policy (decode_evict_first) */
 };
 
 /* Paged: the element offset of key j in the pools (the same in K's and
@@ -57,11 +82,14 @@ static __device__ __forceinline__ int64_t dec_page_offset(const fa_attn_problem 
  * rows of D elements), rows at or past `end` zero-filled.  Contiguous: row
  * j at kb + j·ld; paged: at kb + rowoff[j - j0] (dec_page_offset, made a
  * tile ahead so that the table's latency is not the copies'). */
-template <typename T, int D, bool PAGED>
-static __device__ __forceinline__ void dec_load(char *kt, char *vt, const fa_attn_problem &p, const T *kb, const T *vb,
-                                                const int64_t *rowoff, int64_t j0, int64_t end) {
+template <typename T, int D, bool PAGED, bool WG>
+static __device__ __forceinline__ void dec_load(char *kt, char *vt, const fa_attn_problem &p, const decode_args &a,
+                                                const T *kb, const T *vb, const int64_t *rowoff, int64_t j0, int64_t end) {
   const int CH = D / 8, STEP = DEC_THREADS / CH;
   const int chunk = threadIdx.x % CH, row0 = threadIdx.x / CH;
+  /* (a policy of evict_normal made by createpolicy was an illegal
+   * instruction on an H100: the default is the copy without a hint) */
+  const uint64_t policy = l2_evict_first_policy();
 #pragma unroll
   for (int it = 0; it < DEC_BC / STEP; it++) {
     const int r = row0 + it * STEP;
@@ -72,8 +100,13 @@ static __device__ __forceinline__ void dec_load(char *kt, char *vt, const fa_att
       if (PAGED) ks += rowoff[r], vs += rowoff[r];
       else ks += j * p.k_st.s, vs += j * p.v_st.s;
     }
-    cp_async16(kt + swz<CH>(r, chunk), ks + chunk * 8, in ? 16 : 0);
-    cp_async16(vt + swz<CH>(r, chunk), vs + chunk * 8, in ? 16 : 0);
+    if (a.evict_first) {
+      cp_async16_policy(kt + dec_at<D, WG>(r, chunk), ks + chunk * 8, in ? 16 : 0, policy);
+      cp_async16_policy(vt + dec_at<D, WG>(r, chunk), vs + chunk * 8, in ? 16 : 0, policy);
+    } else {
+      cp_async16(kt + dec_at<D, WG>(r, chunk), ks + chunk * 8, in ? 16 : 0);
+      cp_async16(vt + dec_at<D, WG>(r, chunk), vs + chunk * 8, in ? 16 : 0);
+    }
   }
 }
 
@@ -81,12 +114,13 @@ static __device__ __forceinline__ void dec_load(char *kt, char *vt, const fa_att
  * hold NaN or inf: after the thread's cp.async.wait its own copies are
  * visible to it, so the block's barrier can carry the answer
  * (__syncthreads_or) and no warp checks fragments it did not copy. */
-template <typename T, int D> static __device__ __forceinline__ bool dec_v_nonfinite(const char *vt) {
+template <typename T, int D, bool WG> static __device__ __forceinline__ bool dec_v_nonfinite(const char *vt) {
   const int CH = D / 8, STEP = DEC_THREADS / CH;
   const int chunk = threadIdx.x % CH, row0 = threadIdx.x / CH;
   bool bad = false;
 #pragma unroll
-  for (int it = 0; it < DEC_BC / STEP; it++) bad |= words_nonfinite<T>(*(const uint4 *)(vt + swz<CH>(row0 + it * STEP, chunk)));
+  for (int it = 0; it < DEC_BC / STEP; it++)
+    bad |= words_nonfinite<T>(*(const uint4 *)(vt + dec_at<D, WG>(row0 + it * STEP, chunk)));
   return bad;
 }
 
@@ -94,17 +128,17 @@ template <typename T, int D> static __device__ __forceinline__ bool dec_v_nonfin
  * skipping zero weights: the exact product for the rare tile with NaN or
  * inf in V.  s holds P (f32) in the accumulator layout, keys n·8 + c2 (+1)
  * of chunks 2kk and 2kk + 1. */
-template <typename T, int D>
+template <typename T, int D, bool WG>
 static __device__ __forceinline__ void dec_pv_exact(float (*o)[4], const float (*s)[4], int kk, const char *vt, int kr,
                                                     int lane) {
-  const int CH = D / 8, c2 = (lane & 3) * 2;
+  const int c2 = (lane & 3) * 2;
 #pragma unroll
   for (int jj = 0; jj < 16; jj++) {
     const int src = (lane & ~3) | ((jj & 7) >> 1), n = 2 * kk + (jj >> 3), e = jj & 1;
     const float pA = __shfl_sync(0xffffffffu, s[n][e], src), pB = __shfl_sync(0xffffffffu, s[n][2 + e], src);
 #pragma unroll
     for (int d = 0; d < D / 8; d++) {
-      const T *v2 = (const T *)(vt + swz<CH>(kr + jj, d)) + c2;
+      const T *v2 = (const T *)(vt + dec_at<D, WG>(kr + jj, d)) + c2;
       const float v0 = to_float(v2[0]), v1 = to_float(v2[1]);
       if (pA != 0.f) o[d][0] = fmaf(pA, v0, o[d][0]), o[d][1] = fmaf(pA, v1, o[d][1]);
       if (pB != 0.f) o[d][2] = fmaf(pB, v0, o[d][2]), o[d][3] = fmaf(pB, v1, o[d][3]);
@@ -118,7 +152,10 @@ static __device__ __forceinline__ void dec_pv_exact(float (*o)[4], const float (
 template <typename T, int D, int RG, int EXTRAS, bool PAGED>
 __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_problem call, decode_args a) {
   const int KS = DEC_WARPS / RG, NC = DEC_BC / KS / 8, TILE = DEC_BC * D * 2;
-  extern __shared__ __align__(128) char dec_smem[];
+  constexpr bool WG = dec_wgmma<RG>();
+  extern __shared__ __align__(128) char dec_smem_raw[];
+  /* wgmma's swizzle is computed on address bits: 1024-byte aligned tiles */
+  char *const dec_smem = WG ? dec_smem_raw + ((1024 - (smem_addr(dec_smem_raw) & 1023)) & 1023) : dec_smem_raw;
   __shared__ int64_t sh_keys[4]; /* the union and the intersection of the rows' key ranges */
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, rg = warp % RG, ks = warp / RG;
   const int64_t blk = blockIdx.x, split = blk % a.splits, bk = blk / a.splits, b = bk / call.Hkv, hk = bk % call.Hkv;
@@ -162,7 +199,7 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
 #pragma unroll
   for (int st = 0; st < DEC_STAGES - 1; st++) {
     if (st < ntiles)
-      dec_load<T, D, PAGED>(dec_smem + st * 2 * TILE, dec_smem + st * 2 * TILE + TILE, p, kbase, vbase, rowoff[PAGED ? st : 0],
+      dec_load<T, D, PAGED, WG>(dec_smem + st * 2 * TILE, dec_smem + st * 2 * TILE + TILE, p, a, kbase, vbase, rowoff[PAGED ? st : 0],
                             kb + st * DEC_BC, ke);
     cp_async_commit();
   }
@@ -197,14 +234,17 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
 
   for (int t = 0; t < ntiles; t++) {
     cp_async_wait<DEC_STAGES - 2>();
+#if DEC_WGMMA_BUILD
+    if (WG) fence_proxy_async(); /* the copies, visible to wgmma's reads */
+#endif
     /* tile t is in; the buffer of tile t - 1 is free; and whether V's tile
      * holds NaN or inf, each thread checking the chunks it copied */
-    const bool v_bad = __syncthreads_or(dec_v_nonfinite<T, D>(dec_smem + (t % DEC_STAGES) * 2 * TILE + TILE));
+    const bool v_bad = __syncthreads_or(dec_v_nonfinite<T, D, WG>(dec_smem + (t % DEC_STAGES) * 2 * TILE + TILE));
     const int tn = t + DEC_STAGES - 1;
     {
       char *kn = dec_smem + (tn % DEC_STAGES) * 2 * TILE;
       if (tn < ntiles)
-        dec_load<T, D, PAGED>(kn, kn + TILE, p, kbase, vbase, rowoff[PAGED ? tn % 4 : 0], kb + (int64_t)tn * DEC_BC, ke);
+        dec_load<T, D, PAGED, WG>(kn, kn + TILE, p, a, kbase, vbase, rowoff[PAGED ? tn % 4 : 0], kb + (int64_t)tn * DEC_BC, ke);
       cp_async_commit();
     }
     /* paged: the table entries of tile tn + 1, read now, used next iteration */
@@ -217,29 +257,56 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
     const int64_t j0 = kb + (int64_t)t * DEC_BC + kw;
 
     float s[NC][4];
+    if constexpr (WG) {
+#if DEC_WGMMA_BUILD /* S = Q·Kᵀ for the 64 rows, K-major from the tile's column blocks */
+      wgmma_fence();
 #pragma unroll
-    for (int n = 0; n < NC; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+      for (int kk = 0; kk < D / 16; kk++)
+        wgmma_rs<T, DEC_BC>(&s[0][0], qf[kk], wgmma_desc(smem_addr(kt) + (kk >> 2) * DEC_BC * 128 + (kk & 3) * 32, 16, 1024),
+                            kk > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_hold<NC * 4>(&s[0][0]);
+#endif
+    } else {
 #pragma unroll
-    for (int kk = 0; kk < D / 16; kk++)
+      for (int n = 0; n < NC; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll
-      for (int n = 0; n < NC; n += 2) {
-        uint32_t bf[4];
-        const int key = kw + n * 8 + (lane & 7) + ((lane >> 4) << 3);
-        ldmatrix_x4(bf, smem_addr(kt + swz<D / 8>(key, kk * 2 + ((lane >> 3) & 1))));
-        mma16816<T>(s[n], qf[kk], bf[0], bf[1]);
-        mma16816<T>(s[n + 1], qf[kk], bf[2], bf[3]);
-      }
+      for (int kk = 0; kk < D / 16; kk++)
+#pragma unroll
+        for (int n = 0; n < NC; n += 2) {
+          uint32_t bf[4];
+          const int key = kw + n * 8 + (lane & 7) + ((lane >> 4) << 3);
+          ldmatrix_x4(bf, smem_addr(kt + swz<D / 8>(key, kk * 2 + ((lane >> 3) & 1))));
+          mma16816<T>(s[n], qf[kk], bf[0], bf[1]);
+          mma16816<T>(s[n + 1], qf[kk], bf[2], bf[3]);
+        }
+    }
     const bool full = scale_pos && j0 >= all_lo && j0 + NC * 8 <= all_hi;
     float alphaA, alphaB;
     frag_softmax_tile<NC, EXTRAS>(p, b, hA, j0, c2, full, r, s, &alphaA, &alphaB, hB);
     frag_rescale<D / 8>(o, alphaA, alphaB);
 
+    if constexpr (WG) {
+#if DEC_WGMMA_BUILD /* O += P·V, V read N-major (transposed) from the tile */
+      if (v_bad) {
+#pragma unroll
+        for (int kk = 0; kk < NC / 2; kk++) dec_pv_exact<T, D, WG>(o, s, kk, vt, kk * 16, lane);
+      } else {
+        uint32_t pa[NC / 2][4];
+        p_pack<T, DEC_BC>(pa, s);
+        pv_issue<T, D, DEC_BC>(o, pa, smem_addr(vt));
+        wgmma_wait<0>();
+        wgmma_hold<D / 2>(&o[0][0]);
+      }
+#endif
+    } else
 #pragma unroll
     for (int kk = 0; kk < NC / 2; kk++) {
       uint32_t pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
                         pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
       if (v_bad) { /* rare: NaN or inf somewhere in this tile of V */
-        dec_pv_exact<T, D>(o, s, kk, vt, kw + kk * 16, lane);
+        dec_pv_exact<T, D, WG>(o, s, kk, vt, kw + kk * 16, lane);
         continue;
       }
       /* the value columns in two halves, so that half the fragments are
@@ -425,6 +492,7 @@ typedef void (*decode_kernel_fn)(fa_attn_problem, decode_args);
 #define DEC_DEVICES 16
 typedef struct {
   int ready, slots, sms, hopper; /* slots: blocks resident on the GPU */
+  int64_t l2_bytes;
 } decode_instance;
 
 /* An instance and its record of each device (zero-initialised statics:
@@ -451,14 +519,15 @@ static fa_status decode_instance_on(fa_context *ctx, const decode_entry &k, size
     *out = *in;
     return FA_OK;
   }
-  int sms = 0, per_sm = 0, major = 0;
+  int sms = 0, per_sm = 0, major = 0, l2 = 0;
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
   FA_CUDA_CHECK(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.fn, DEC_THREADS, smem));
-  out->slots = max(1, sms * per_sm), out->sms = max(1, sms), out->hopper = major >= 9;
+  out->slots = max(1, sms * per_sm), out->sms = max(1, sms), out->hopper = major >= 9, out->l2_bytes = l2;
   if (in) {
-    in->slots = out->slots, in->sms = out->sms, in->hopper = out->hopper;
+    in->slots = out->slots, in->sms = out->sms, in->hopper = out->hopper, in->l2_bytes = out->l2_bytes;
     __atomic_store_n(&in->ready, 1, __ATOMIC_RELEASE);
   }
   return FA_OK;
@@ -481,6 +550,20 @@ static int decode_splits(const fa_attn_problem *p, int64_t want, const decode_in
   return (int)max((int64_t)1, min(s, min(tiles, (int64_t)DEC_MAX_SPLITS)));
 }
 
+/* Whether a call's K and V are read under L2's evict-first policy: when
+ * they come to at most four L2s.  Behind a kernel that left L2 full of
+ * dirty lines (a layer's outputs; a benchmark's cache flush), reading
+ * with the default policy first writes those lines back; evict-first
+ * lines replace each other instead.  Over a long stream evict-first read
+ * slower, though: the gain is fixed, the loss grows with the bytes (H200,
+ * cache flushed: 128 MB of K + V in 47-48 µs against 50-51, 64 MB in 29.5
+ * against 32.3; 512 MB in 145-148 against 140-143, 1 GB in 273 against
+ * 260; docs/perf/2026-11-28-decode-evict-first-ab-h200.json). */
+static int decode_evict_first(const fa_attn_problem *p, const decode_instance &dv) {
+  const double kv_bytes = (double)p->B * (double)p->Hkv * (double)p->Lk * (double)(p->D + p->Dv) * 2;
+  return kv_bytes <= 4.0 * (double)dv.l2_bytes;
+}
+
 template <typename T, int D>
 static fa_status decode_typed(fa_context *ctx, const fa_attn_problem *p, decode_args &a, int64_t want) {
   const int rg = decode_row_groups(a.rows);
@@ -489,11 +572,12 @@ static fa_status decode_typed(fa_context *ctx, const fa_attn_problem *p, decode_
   const decode_entry k = rg == 1 ? decode_pick<T, D, 1>(extras, paged)
                          : rg == 2 ? decode_pick<T, D, 2>(extras, paged)
                                    : decode_pick<T, D, 4>(extras, paged);
-  const size_t smem = (size_t)DEC_STAGES * 2 * DEC_BC * D * 2;
+  const size_t smem = dec_smem_bytes(D, rg);
   decode_instance dv;
   fa_status st = decode_instance_on(ctx, k, smem, &dv);
   if (st) return st;
   a.splits = decode_splits(p, want, dv);
+  a.evict_first = decode_evict_first(p, dv);
   const int64_t blocks = p->B * p->Hkv * a.splits, rows = p->B * p->Hq * p->Lq;
   if ((st = attn_grid_fits(ctx, blocks)) || (a.splits > 1 && (st = attn_grid_fits(ctx, rows)))) return st;
   size_t part_bytes = 0;

@@ -14,6 +14,20 @@ static __device__ __forceinline__ uint32_t smem_addr(const void *p) { return (ui
 static __device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
 }
+/* An L2 policy for data read once (a decode step's K and V): its lines
+ * are the first evicted, so that streaming them replaces each other
+ * rather than what else L2 holds (dirty lines among it would be written
+ * back first, at the stream's expense). */
+static __device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+/* cp_async16 under an L2 policy (l2_evict_first_policy, ...). */
+static __device__ __forceinline__ void cp_async16_policy(void *dst, const void *src, int src_bytes, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(src_bytes), "l"(policy));
+}
 static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> static __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));

@@ -4,7 +4,8 @@
  * lists must be literal): wgmma_ss takes A and B from shared memory
  * (descriptors, both K-major); wgmma_ss_tt the same with both stored
  * M/N-major (transposed: a tile whose rows run along K); wgmma_rs_tb takes A from registers and B
- * from shared memory stored N-major (transposed, as V is).  scale_d = 0
+ * from shared memory stored N-major (transposed, as V is), wgmma_rs the same
+ * with B K-major (as K is: the decode kernel's Q in registers times Kᵀ).  scale_d = 0
  * ignores what the accumulators held (D = A·B), 1 adds to it. */
 #ifndef FA_KERNELS_WGMMA_OPS_CUH
 #define FA_KERNELS_WGMMA_OPS_CUH
@@ -17,6 +18,7 @@
 
 template <typename T, int N> static __device__ __forceinline__ void wgmma_ss(float *d, uint64_t a, uint64_t b, int scale_d);
 template <typename T, int N> static __device__ __forceinline__ void wgmma_rs_tb(float *d, const uint32_t *a, uint64_t b, int scale_d);
+template <typename T, int N> static __device__ __forceinline__ void wgmma_rs(float *d, const uint32_t *a, uint64_t b, int scale_d);
 template <typename T, int N> static __device__ __forceinline__ void wgmma_ss_tt(float *d, uint64_t a, uint64_t b, int scale_d);
 
 /* One body per shape, the dtype (T, and TY its PTX name) a macro argument. */
@@ -64,13 +66,13 @@ template <> __device__ __forceinline__ void FN<T, 32>(float *d, uint64_t a, uint
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]) \
                : "l"(a), "l"(b), "r"(scale_d)); \
 }
-#define WGMMA_RS_TB_N64(T, TY) \
-template <> __device__ __forceinline__ void wgmma_rs_tb<T, 64>(float *d, const uint32_t *a, uint64_t b, int scale_d) { \
+#define WGMMA_RS_N64(T, TY, FN, TB) \
+template <> __device__ __forceinline__ void FN<T, 64>(float *d, const uint32_t *a, uint64_t b, int scale_d) { \
   asm volatile("{\n" \
                ".reg .pred p;\n" \
                "setp.ne.b32 p, %37, 0;\n" \
                "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " \
-               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n" \
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, " TB ";\n" \
                "}\n" \
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d)); \
@@ -98,15 +100,17 @@ WGMMA_SS_N64(__half, "f16", wgmma_ss_tt, "1, 1")
 WGMMA_SS_N64(__nv_bfloat16, "bf16", wgmma_ss_tt, "1, 1")
 WGMMA_SS_N32(__half, "f16", wgmma_ss_tt, "1, 1")
 WGMMA_SS_N32(__nv_bfloat16, "bf16", wgmma_ss_tt, "1, 1")
-WGMMA_RS_TB_N64(__half, "f16")
-WGMMA_RS_TB_N64(__nv_bfloat16, "bf16")
+WGMMA_RS_N64(__half, "f16", wgmma_rs_tb, "1")
+WGMMA_RS_N64(__nv_bfloat16, "bf16", wgmma_rs_tb, "1")
+WGMMA_RS_N64(__half, "f16", wgmma_rs, "0")
+WGMMA_RS_N64(__nv_bfloat16, "bf16", wgmma_rs, "0")
 WGMMA_RS_TB_N128(__half, "f16")
 WGMMA_RS_TB_N128(__nv_bfloat16, "bf16")
 #undef WGMMA_SS_N128
 #undef WGMMA_SS_N176
 #undef WGMMA_SS_N64
 #undef WGMMA_SS_N32
-#undef WGMMA_RS_TB_N64
+#undef WGMMA_RS_N64
 #undef WGMMA_RS_TB_N128
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }

@@ -59,6 +59,9 @@ function TestDecode:test_results_on_cuda()
     {"bf16", 1, 4, 1, 4, 1000, 128, {causal = "top_left", window = {100, 0}, splits = 5}},
     {"bf16", 2, 4, 4, 2, 5000, 128, {window = {300, 20}, splits = 64}},
     {"f16", 3, 4, 2, 3, 5, 128, {causal = true}},
+    -- four row groups (33-64 rows a key head: wgmma on Hopper) at D = 128
+    {"bf16", 2, 8, 2, 12, 1500, 128, {causal = true, return_lse = true}},
+    {"f16", 1, 32, 8, 16, 2000, 128, {}},
   }
   for i, c in ipairs(cases) do
     local q, k, v = qkv(c[1], c[2], c[3], c[4], c[5], c[6], c[7])
@@ -78,12 +81,17 @@ end
 
 function TestDecode:test_nonfinite_values_on_cuda()
   if dev ~= "cuda" then lu.skip("cuda only") end
-  local q, k = U.randn({2, 4, 2, 128}, "bf16"), U.randn({2, 2, 300, 128}, "bf16")
+  local k = U.randn({2, 2, 300, 128}, "bf16")
   local vt = U.randn({2, 2, 300, 128}, "f32"):cpu():totable()
   vt[1][1][290][5], vt[2][2][200][7], vt[1][2][250][1] = 0 / 0, 1 / 0, -1 / 0
   local v = fa.tensor(vt, {dtype = "bf16", device = dev})
-  for _, s in ipairs({"auto", 1, 5}) do -- past kv_lens: no row attends them, the output stays finite
-    U.check_attention(q, k, v, {kv_lens = {280, 150}, splits = s}, "decode NaN/inf past kv_lens, splits " .. s)
+  -- 4 rows a key head, and 64 (four row groups: wgmma on Hopper)
+  for _, qs in ipairs({{2, 4, 2, 128}, {2, 8, 16, 128}}) do
+    local q = U.randn(qs, "bf16")
+    for _, s in ipairs({"auto", 1, 5}) do -- past kv_lens: no row attends them, the output stays finite
+      U.check_attention(q, k, v, {kv_lens = {280, 150}, splits = s},
+        ("decode NaN/inf past kv_lens, Hq %d Lq %d, splits %s"):format(qs[2], qs[3], s))
+    end
   end
 end
 
@@ -109,8 +117,10 @@ function TestDecode:test_paged_cache_on_cuda()
       end
     end
     lu.assertEquals(cache:lengths(), lens)
-    for _, opts in ipairs({{}, {causal = true, splits = 3}, {window = {50, 0}, causal = true, return_lse = true}}) do
-      local q = U.randn({B, Hq, 4, D}, "bf16")
+    -- Lq 4 and 16 (16 and 64 rows a key head)
+    for _, c in ipairs({{{}, 16}, {{causal = true, splits = 3}, 4}, {{window = {50, 0}, causal = true, return_lse = true}, 16}}) do
+      local opts, lq = c[1], c[2]
+      local q = U.randn({B, Hq, lq, D}, "bf16")
       local o, lse = cache:attend(q, opts)
       for b = 1, B do -- each sequence against its own keys, aligned to its own length
         local r = U.copy_opts(opts)
