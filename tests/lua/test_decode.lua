@@ -62,6 +62,11 @@ function TestDecode:test_results_on_cuda()
     -- four row groups (33-64 rows a key head: wgmma on Hopper) at D = 128
     {"bf16", 2, 8, 2, 12, 1500, 128, {causal = true, return_lse = true}},
     {"f16", 1, 32, 8, 16, 2000, 128, {}},
+    -- short caches (at most 256 keys: one chunk, no merge)
+    {"bf16", 2, 8, 2, 1, 256, 128, {}},
+    {"f16", 1, 8, 8, 1, 130, 64, {window = {40, 0}, causal = true, return_lse = true}},
+    {"bf16", 2, 16, 4, 2, 200, 128, {alibi = {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6,
+                                              0.7, 0.8}, softcap = 30, kv_lens = {200, 70}}},
   }
   for i, c in ipairs(cases) do
     local q, k, v = qkv(c[1], c[2], c[3], c[4], c[5], c[6], c[7])
@@ -85,6 +90,12 @@ function TestDecode:test_nonfinite_values_on_cuda()
   local vt = U.randn({2, 2, 300, 128}, "f32"):cpu():totable()
   vt[1][1][290][5], vt[2][2][200][7], vt[1][2][250][1] = 0 / 0, 1 / 0, -1 / 0
   local v = fa.tensor(vt, {dtype = "bf16", device = dev})
+  -- a short cache (one chunk): NaN and inf past kv_lens in tiles that are attended in part
+  local k2 = U.randn({2, 2, 200, 128}, "bf16")
+  local vt2 = U.randn({2, 2, 200, 128}, "f32"):cpu():totable()
+  vt2[1][1][190][5], vt2[2][2][170][7] = 0 / 0, 1 / 0
+  local v2 = fa.tensor(vt2, {dtype = "bf16", device = dev})
+  U.check_attention(U.randn({2, 4, 2, 128}, "bf16"), k2, v2, {kv_lens = {180, 150}}, "decode NaN/inf, short cache")
   -- 4 rows a key head, and 64 (four row groups: wgmma on Hopper)
   for _, qs in ipairs({{2, 4, 2, 128}, {2, 8, 16, 128}}) do
     local q = U.randn(qs, "bf16")
@@ -97,6 +108,19 @@ end
 
 function TestDecode:test_paged_cache_on_cuda()
   if dev ~= "cuda" then lu.skip("cuda only") end
+  do -- a short cache (at most 256 keys: one chunk) in pages of 16, ragged
+    local cache <close> = fa.kv_cache{batch = 2, heads = 2, dim = 128, capacity = 256, page_size = 16, dtype = "bf16",
+                                      device = dev}
+    local k, v = U.randn({2, 2, 240, 128}, "bf16"), U.randn({2, 2, 240, 128}, "bf16")
+    cache:append(k, v, {240, 37})
+    local q = U.randn({2, 8, 1, 128}, "bf16")
+    local o = cache:attend(q, {causal = true})
+    for b, n in ipairs({240, 37}) do
+      local ro = fa.attention_reference(q:narrow(1, b, 1):cpu():double(), k:narrow(1, b, 1):narrow(3, 1, n):cpu():double(),
+        v:narrow(1, b, 1):narrow(3, 1, n):cpu():double(), {causal = true})
+      U.assert_close(o:narrow(1, b, 1), ro, "bf16", "paged short cache seq " .. b)
+    end
+  end
   for _, ps in ipairs({16, 5}) do
     local B, H, Hq, D, cap = 3, 2, 8, 64, 600
     local cache = fa.kv_cache{batch = B, heads = H, dim = D, capacity = cap, page_size = ps, dtype = "bf16", device = dev}
