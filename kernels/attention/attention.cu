@@ -128,11 +128,10 @@ static fa_status schedule_heads(fa_context *ctx, const fa_attn_problem *p, int64
     *heads = bh;
     return FA_OK;
   }
-  int dev = 0, l2 = 0;
-  FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
-  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+  fa_cuda_props dp;
+  if (fa_status st = fa_cuda_device_props(ctx, &dp)) return st;
   const int64_t kv = p->Lk * (p->D + p->Dv) * 2;
-  const int64_t fit = max((int64_t)1, min(bh, (int64_t)l2 / 2 / max(kv, (int64_t)1)));
+  const int64_t fit = max((int64_t)1, min(bh, (int64_t)dp.l2_bytes / 2 / max(kv, (int64_t)1)));
   *heads = fit;
   for (int64_t g = fit; g <= min(bh, 2 * fit) && g < fit + 4096; g++) /* bounded: a host loop a call */
     if (bh % g == 0) {

@@ -204,10 +204,9 @@ static inline fa_status bw_simt_grids(fa_context *ctx, const int *only_if, const
   if (st || (st = attn_grid_fits(ctx, pl.qblocks))) return st;
   int64_t cap = INT64_MAX;
   if (only_if) {
-    int dev = 0, sms = 0;
-    FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
-    FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    cap = 4 * (int64_t)sms;
+    fa_cuda_props dp;
+    if ((st = fa_cuda_device_props(ctx, &dp))) return st;
+    cap = 4 * (int64_t)dp.sms;
   }
   *kgrid = (unsigned)(pl.kblocks < cap ? pl.kblocks : cap), *qgrid = (unsigned)(pl.qblocks < cap ? pl.qblocks : cap);
   return FA_OK;

@@ -519,13 +519,13 @@ static fa_status decode_instance_on(fa_context *ctx, const decode_entry &k, size
     *out = *in;
     return FA_OK;
   }
-  int sms = 0, per_sm = 0, major = 0, l2 = 0;
+  int per_sm = 0;
+  fa_cuda_props dp;
+  if (fa_status st = fa_cuda_device_props(ctx, &dp)) return st;
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
   FA_CUDA_CHECK(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.fn, DEC_THREADS, smem));
-  out->slots = max(1, sms * per_sm), out->sms = max(1, sms), out->hopper = major >= 9, out->l2_bytes = l2;
+  out->slots = max(1, dp.sms * per_sm), out->sms = max(1, dp.sms), out->hopper = dp.cc_major >= 9,
+  out->l2_bytes = dp.l2_bytes;
   if (in) {
     in->slots = out->slots, in->sms = out->sms, in->hopper = out->hopper, in->l2_bytes = out->l2_bytes;
     __atomic_store_n(&in->ready, 1, __ATOMIC_RELEASE);

@@ -377,9 +377,8 @@ extern "C" fa_status fa_cuda_attention_f32(fa_context *ctx, const fa_attn_proble
   if (!fa_cuda_attention_f32_tile(p->compute, p->D, p->Dv, &br, &bc)) return FA_OK;
   if (!attn_rows_aligned16(p)) return FA_OK;
   if (p->tile_q != br || p->tile_k != bc || p->Lq > INT32_MAX || p->Lk > INT32_MAX) return FA_OK;
-  int dev = 0, smem_optin = 0;
-  FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
-  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  if (f32_smem_bytes((int)p->D) + 1024 > (size_t)smem_optin) return FA_OK; /* + the static 832 bytes */
+  fa_cuda_props dp;
+  if (fa_status st = fa_cuda_device_props(ctx, &dp)) return st;
+  if (f32_smem_bytes((int)p->D) + 1024 > (size_t)dp.smem_optin) return FA_OK; /* + the static 832 bytes */
   return launch_fast_passes(ctx, p, algo, v_flag, p->D == 64 ? launch_f32_extras<64> : launch_f32_extras<128>);
 }

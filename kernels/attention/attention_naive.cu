@@ -182,13 +182,11 @@ __global__ void __launch_bounds__(NAIVE_THREADS)
 template <typename T, bool EXTRAS, int WPR>
 static fa_status launch_softmax_as(fa_context *ctx, const fa_attn_problem *p, const float *S, T *P, int64_t rows) {
   const int64_t rpb = NAIVE_THREADS / (32 * WPR);
-  int dev = 0, sms = 0, l2 = 0;
-  FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
-  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
-  const int64_t fit = (int64_t)l2 / 2 / (4 * fa_max64(p->Lk, 1)) / rpb;
+  fa_cuda_props dp;
+  if (fa_status st = fa_cuda_device_props(ctx, &dp)) return st;
+  const int64_t fit = (int64_t)dp.l2_bytes / 2 / (4 * fa_max64(p->Lk, 1)) / rpb;
   int64_t grid = (rows + rpb - 1) / rpb;
-  grid = fa_min64(grid, fa_min64(fa_max64(fit, sms), 65536 * 4));
+  grid = fa_min64(grid, fa_min64(fa_max64(fit, dp.sms), 65536 * 4));
   if (grid <= 0) return FA_OK;
   naive_softmax_kernel<T, EXTRAS, WPR><<<(unsigned)grid, NAIVE_THREADS, 0, fa_cuda_stream(ctx)>>>(*p, S, P, rows);
   FA_CUDA_CHECK_LAUNCH(ctx, "naive_softmax_kernel");

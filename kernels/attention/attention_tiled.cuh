@@ -173,10 +173,9 @@ static inline size_t tiled_smem(int br, int bc, int64_t D, int64_t Dv) {
 
 /* The dynamic shared memory the SIMT kernel may ask for. */
 static inline fa_status tiled_smem_max(fa_context *ctx, int *smem_max) {
-  int dev = 0;
-  FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
-  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  *smem_max -= 4096; /* the kernel's static shared memory */
+  fa_cuda_props dp;
+  if (fa_status st = fa_cuda_device_props(ctx, &dp)) return st;
+  *smem_max = dp.smem_optin - 4096; /* the kernel's static shared memory */
   return FA_OK;
 }
 
@@ -186,10 +185,9 @@ static inline fa_status tiled_smem_max(fa_context *ctx, int *smem_max) {
 static inline fa_status tiled_grid(fa_context *ctx, int64_t nblk, bool fallback, int64_t *grid) {
   *grid = nblk;
   if (!fallback) return FA_OK;
-  int dev = 0, sms = 0;
-  FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
-  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  *grid = min(nblk, (int64_t)sms * 2);
+  fa_cuda_props dp;
+  if (fa_status st = fa_cuda_device_props(ctx, &dp)) return st;
+  *grid = min(nblk, (int64_t)dp.sms * 2);
   return FA_OK;
 }
 

@@ -304,12 +304,10 @@ static cudaError_t rtc_load(const rtc_job *j, rtc_kernel *k) {
  * the disk, else compiled, the missing ones side by side (NVRTC takes
  * about a second an instance), and stored on both. */
 static fa_status rtc_kernels_get(fa_context *ctx, const char *src, const char *const *names, int n, cudaKernel_t *out) {
-  int dev = 0, major = 0, minor = 0;
-  FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
-  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  fa_cuda_props dp;
+  if (fa_status pst = fa_cuda_device_props(ctx, &dp)) return pst;
   char arch[16];
-  snprintf(arch, sizeof arch, "sm_%d%d%s", major, minor, major == 9 ? "a" : ""); /* wgmma: sm_90a */
+  snprintf(arch, sizeof arch, "sm_%d%d%s", dp.cc_major, dp.cc_minor, dp.cc_major == 9 ? "a" : ""); /* wgmma: sm_90a */
   rtc_job jobs[RTC_KERNELS];
   memset(jobs, 0, sizeof jobs);
   pthread_t threads[RTC_KERNELS];

@@ -39,17 +39,16 @@ template <typename T> static fa_status wgmma_typed(fa_context *ctx, const fa_att
 /* Whether this build and device run the wgmma kernel: a Hopper GPU, sm_90a
  * code in the binary (a kernel JIT-compiled from older PTX has an empty
  * body), and the shared memory it asks for. */
-static int wgmma_probe(int dev) {
-  int major = 0, smem_optin = 0;
+static int wgmma_probe(void) {
+  fa_cuda_props dp;
   cudaFuncAttributes attr;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ||
-      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) ||
-      cudaFuncGetAttributes(&attr, attn_wgmma_kernel<__half, 128, 128, EXTRAS_MASK, PASS_FLASH>) != cudaSuccess) {
+  if (!fa_cuda_device_props_quiet(&dp)) return 0;
+  if (cudaFuncGetAttributes(&attr, attn_wgmma_kernel<__half, 128, 128, EXTRAS_MASK, PASS_FLASH>) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
-  return major == 9 && attr.ptxVersion >= 90 && attr.binaryVersion >= 90 &&
-         wgmma_smem_bytes(128, 128) + attr.sharedSizeBytes <= (size_t)smem_optin;
+  return dp.cc_major == 9 && attr.ptxVersion >= 90 && attr.binaryVersion >= 90 &&
+         wgmma_smem_bytes(128, 128) + attr.sharedSizeBytes <= (size_t)dp.smem_optin;
 }
 
 /* Asked twice a call (default tile, dispatch): probed once per device;
@@ -61,8 +60,8 @@ extern "C" int fa_cuda_wgmma_usable(void) {
     (void)cudaGetLastError();
     return 0;
   }
-  if (dev < 0 || dev >= 64) return wgmma_probe(dev);
-  if (!known[dev]) known[dev] = (signed char)(wgmma_probe(dev) ? 2 : 1);
+  if (dev < 0 || dev >= 64) return wgmma_probe();
+  if (!known[dev]) known[dev] = (signed char)(wgmma_probe() ? 2 : 1);
   return known[dev] == 2;
 }
 

@@ -67,11 +67,10 @@ static fa_status launch(fa_context *ctx, const fa_attn_problem *p, const wt_maps
  * tile counter: a fresh device int from the pool, zeroed on the stream, to
  * be freed with fa_cuda_free_on once the kernel is queued. */
 fa_status wt_persistent_start(fa_context *ctx, int64_t tiles, unsigned *grid, int **next) {
-  int dev = 0, sms = 0;
+  fa_cuda_props dp;
   *next = NULL;
-  FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
-  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  *grid = (unsigned)std::min(tiles, (int64_t)sms);
+  if (fa_status st = fa_cuda_device_props(ctx, &dp)) return st;
+  *grid = (unsigned)std::min(tiles, (int64_t)dp.sms);
   if (fa_status st = fa_cuda_malloc(ctx, (void **)next, sizeof(int))) return st;
   const cudaError_t err = cudaMemsetAsync(*next, 0, sizeof(int), fa_cuda_stream(ctx));
   if (err == cudaSuccess) return FA_OK;

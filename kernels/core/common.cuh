@@ -37,6 +37,21 @@ static inline fa_status fa_cuda_error(fa_context *ctx, cudaError_t err, const ch
     if (fa_cuda_err_ != cudaSuccess) return fa_cuda_error((ctx), fa_cuda_err_, #call);                       \
   } while (0)
 
+/* The facts of the current device that launches consult, queried once a
+ * device and kept (kernels/core/device.cu): the only place kernels ask
+ * the runtime for them. */
+typedef struct {
+  int sms;        /* multiprocessors */
+  int l2_bytes;   /* L2 cache */
+  int smem_optin; /* shared memory a block may opt in to */
+  int cc_major, cc_minor;
+  int sm90_code;  /* this build runs sm_90 code on it (not a kernel JIT-compiled from older PTX) */
+} fa_cuda_props;
+fa_status fa_cuda_device_props(fa_context *ctx, fa_cuda_props *out);
+/* The same for callers without a context: 1 on success, else 0 (the
+ * runtime's error cleared). */
+int fa_cuda_device_props_quiet(fa_cuda_props *out);
+
 /* After a kernel launch <<<...>>>: returns the launch error, if any
  * (bad configuration, too much shared memory, no kernel image). */
 #define FA_CUDA_CHECK_LAUNCH(ctx, kernel_name)                                                               \

@@ -46,6 +46,64 @@ extern "C" fa_status fa_cuda_device_info(fa_context *ctx, fa_device_info_t *out)
   return FA_OK;
 }
 
+/* ---- the devices' properties (fa_cuda_props), a record a device ---- */
+
+#define PROPS_DEVICES 64
+static fa_cuda_props props_of[PROPS_DEVICES];
+static int props_ready[PROPS_DEVICES];
+static pthread_mutex_t props_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* compiled for the build's architectures like every kernel: its PTX
+ * version says which code the device runs */
+__global__ void props_probe_kernel(void) {}
+
+static cudaError_t props_query(int dev, fa_cuda_props *p) {
+  cudaFuncAttributes fa;
+  cudaError_t e;
+  if ((e = cudaDeviceGetAttribute(&p->sms, cudaDevAttrMultiProcessorCount, dev)) ||
+      (e = cudaDeviceGetAttribute(&p->l2_bytes, cudaDevAttrL2CacheSize, dev)) ||
+      (e = cudaDeviceGetAttribute(&p->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)) ||
+      (e = cudaDeviceGetAttribute(&p->cc_major, cudaDevAttrComputeCapabilityMajor, dev)) ||
+      (e = cudaDeviceGetAttribute(&p->cc_minor, cudaDevAttrComputeCapabilityMinor, dev)) ||
+      (e = cudaFuncGetAttributes(&fa, (const void *)props_probe_kernel)))
+    return e;
+  p->sm90_code = fa.ptxVersion >= 90;
+  return cudaSuccess;
+}
+
+/* A lookup after the first: cudaGetDevice and a copy (a query of the
+ * attributes costs µs, and a decode step is a few µs of work). */
+static cudaError_t props_get(fa_cuda_props *out) {
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  const int cached = dev >= 0 && dev < PROPS_DEVICES;
+  if (cached && __atomic_load_n(&props_ready[dev], __ATOMIC_ACQUIRE)) {
+    *out = props_of[dev];
+    return cudaSuccess;
+  }
+  if ((e = props_query(dev, out)) != cudaSuccess) return e;
+  if (cached) {
+    pthread_mutex_lock(&props_lock);
+    if (!props_ready[dev]) {
+      props_of[dev] = *out;
+      __atomic_store_n(&props_ready[dev], 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&props_lock);
+  }
+  return cudaSuccess;
+}
+
+fa_status fa_cuda_device_props(fa_context *ctx, fa_cuda_props *out) {
+  return fa_cuda_error(ctx, props_get(out), "the device's properties (cudaDeviceGetAttribute)");
+}
+
+int fa_cuda_device_props_quiet(fa_cuda_props *out) {
+  if (props_get(out) == cudaSuccess) return 1;
+  (void)cudaGetLastError();
+  return 0;
+}
+
 extern "C" fa_status fa_cuda_sync(fa_context *ctx) {
   if (!fa_cuda_available()) return fa_fail(ctx, FA_ERR_DEVICE, "flashattn: no usable CUDA device");
   FA_CUDA_CHECK(ctx, cudaStreamSynchronize(fa_cuda_stream(ctx)));

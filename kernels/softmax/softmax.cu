@@ -506,22 +506,10 @@ __global__ void __launch_bounds__(TH, 1024 / TH)
 
 /* ---- launchers ---- */
 
-/* The device's SMs and opt-in shared memory a block, and whether the
- * cluster kernel was built for it (sm_90 code; a kernel JIT-compiled from
- * older PTX has an empty body): asked once, racing threads store the same. */
-static int g_sms = 0, g_smem_optin = 0, g_clusters = 0;
-
-static fa_status device_limits(fa_context *ctx) {
-  if (g_sms) return FA_OK;
-  int dev = 0, smem = 0;
-  cudaFuncAttributes fa;
-  FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
-  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  FA_CUDA_CHECK(ctx, cudaFuncGetAttributes(&fa, (const void *)cluster_rows_kernel<float, CLUSTER_E, 1024, false>));
-  g_smem_optin = smem, g_clusters = fa.ptxVersion >= 90;
-  FA_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev));
-  return FA_OK;
-}
+/* The launchers below size their grids by the device's SMs and opt-in
+ * shared memory (fa_cuda_props, dp); the cluster kernel runs only where the
+ * build's sm_90 code does (dp.sm90_code: a kernel JIT-compiled from older
+ * PTX has an empty body). */
 
 static int grid_for_rows(int64_t rows) {
   int64_t g = rows < 65535 ? rows : 65535;
@@ -574,17 +562,18 @@ template <typename T> static fa_status fused(fa_context *ctx, const T *x, T *y, 
   return FA_OK;
 }
 
-template <typename T, int E> static fa_status warp_rows(fa_context *ctx, const T *x, T *y, int64_t rows, int64_t n) {
+template <typename T, int E>
+static fa_status warp_rows(fa_context *ctx, const fa_cuda_props &dp, const T *x, T *y, int64_t rows, int64_t n) {
   int64_t blocks = (rows + 7) / 8;
-  int grid = (int)(blocks < (int64_t)g_sms * 64 ? blocks : (int64_t)g_sms * 64);
+  int grid = (int)(blocks < (int64_t)dp.sms * 64 ? blocks : (int64_t)dp.sms * 64);
   warp_rows_kernel<T, E><<<grid, 256, 0, fa_cuda_stream(ctx)>>>(x, y, rows, n);
   FA_CUDA_CHECK_LAUNCH(ctx, "warp_rows_kernel");
   return FA_OK;
 }
 
 template <typename T, int E, int WARPS>
-static fa_status block_rows(fa_context *ctx, const T *x, T *y, int64_t rows, int64_t n) {
-  int64_t cap = (int64_t)g_sms * (2048 / (WARPS * 32)) * 4;
+static fa_status block_rows(fa_context *ctx, const fa_cuda_props &dp, const T *x, T *y, int64_t rows, int64_t n) {
+  int64_t cap = (int64_t)dp.sms * (2048 / (WARPS * 32)) * 4;
   int grid = (int)(rows < cap ? rows : cap);
   block_rows_kernel<T, E, WARPS, ITEM_ROW><<<grid, WARPS * 32, 0, fa_cuda_stream(ctx)>>>(x, y, rows, n, 1, NULL, NULL);
   FA_CUDA_CHECK_LAUNCH(ctx, "block_rows_kernel");
@@ -595,7 +584,8 @@ static fa_status block_rows(fa_context *ctx, const T *x, T *y, int64_t rows, int
  * can be resident (ITEM_SEGMENT), or, when a row has more segments than
  * that or the GPU is shared, in two launches (ITEM_STATS, ITEM_WRITE). */
 enum { SPLIT_E = 8, SPLIT_WARPS = 16 };
-template <typename T> static fa_status split_rows(fa_context *ctx, const T *x, T *y, int64_t rows, int64_t n) {
+template <typename T>
+static fa_status split_rows(fa_context *ctx, const fa_cuda_props &dp, const T *x, T *y, int64_t rows, int64_t n) {
   const int threads = SPLIT_WARPS * 32;
   const int64_t nvec = n / (16 / sizeof(T)), seg_vecs = (int64_t)SPLIT_E * threads;
   const int64_t segs = (nvec + seg_vecs - 1) / seg_vecs, items = rows * segs;
@@ -603,7 +593,7 @@ template <typename T> static fa_status split_rows(fa_context *ctx, const T *x, T
   int per_sm = 0;
   FA_CUDA_CHECK(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
                          &per_sm, block_rows_kernel<T, SPLIT_E, SPLIT_WARPS, ITEM_SEGMENT>, threads, 0));
-  const int64_t resident = (int64_t)per_sm * g_sms;
+  const int64_t resident = (int64_t)per_sm * dp.sms;
   int isegs = (int)segs;
   size_t pbytes = (size_t)items * sizeof(MD<float>), cbytes = (size_t)rows * sizeof(unsigned);
   void *partials = NULL, *arrived = NULL;
@@ -630,7 +620,7 @@ template <typename T> static fa_status split_rows(fa_context *ctx, const T *x, T
   if (err == cudaErrorCooperativeLaunchTooLarge || err == cudaErrorNotSupported) {
     /* too long for one wave, other work holds part of the GPU, or no cooperative launch here */
     (void)cudaGetLastError();
-    int grid = (int)(items < (int64_t)g_sms * 64 ? items : (int64_t)g_sms * 64);
+    int grid = (int)(items < (int64_t)dp.sms * 64 ? items : (int64_t)dp.sms * 64);
     block_rows_kernel<T, SPLIT_E, SPLIT_WARPS, ITEM_STATS><<<grid, threads, 0, stream>>>(x, y, rows, n, isegs, pp, NULL);
     err = cudaGetLastError();
     if (err == cudaSuccess) {
@@ -711,10 +701,11 @@ static fa_status cluster_launch(fa_context *ctx, const T *x, T *y, int64_t rows,
 }
 
 template <typename T>
-static fa_status cluster_rows(fa_context *ctx, const T *x, T *y, int64_t rows, int64_t n, int *taken) {
+static fa_status cluster_rows(fa_context *ctx, const fa_cuda_props &dp, const T *x, T *y, int64_t rows, int64_t n,
+                              int *taken) {
   cluster_plan pl;
   *taken = 0;
-  if (!g_clusters || !plan_cluster(n / (16 / sizeof(T)), (int)sizeof(T), g_smem_optin - 1024, &pl)) return FA_OK;
+  if (!dp.sm90_code || !plan_cluster(n / (16 / sizeof(T)), (int)sizeof(T), dp.smem_optin - 1024, &pl)) return FA_OK;
   if constexpr (sizeof(T) == 2) /* PIPE only for 2-byte elements */
     if (pl.pipe) return cluster_launch<T, 1024, true>(ctx, x, y, rows, n, pl, taken);
   return pl.threads == 512 ? cluster_launch<T, 512, false>(ctx, x, y, rows, n, pl, taken)
@@ -724,7 +715,8 @@ static fa_status cluster_rows(fa_context *ctx, const T *x, T *y, int64_t rows, i
 template <typename T>
 static fa_status softmax_typed(fa_context *ctx, fa_softmax_algo algo, int64_t block, const T *x, T *y, int64_t rows,
                                int64_t n) {
-  fa_status st = device_limits(ctx);
+  fa_cuda_props dp;
+  fa_status st = fa_cuda_device_props(ctx, &dp);
   if (st) return st;
   if (block <= 0) block = 1024;
   if (algo == FA_SOFTMAX_FUSED) return fused<T>(ctx, x, y, rows, n);
@@ -734,34 +726,30 @@ static fa_status softmax_typed(fa_context *ctx, fa_softmax_algo algo, int64_t bl
   if constexpr (sizeof(T) < 8) { /* f64 rows take the online kernels */
     if (!aligned) return seeds_passes<T>(ctx, FA_SOFTMAX_ONLINE, block, x, y, rows, n);
     int64_t nvec = n / VN;
-    if (nvec <= 32) return warp_rows<T, 1>(ctx, x, y, rows, n);
-    if (nvec <= 64) return warp_rows<T, 2>(ctx, x, y, rows, n);
-    if (nvec <= 128) return warp_rows<T, 4>(ctx, x, y, rows, n);
-    if (nvec <= 256) return warp_rows<T, 8>(ctx, x, y, rows, n);
+    if (nvec <= 32) return warp_rows<T, 1>(ctx, dp, x, y, rows, n);
+    if (nvec <= 64) return warp_rows<T, 2>(ctx, dp, x, y, rows, n);
+    if (nvec <= 128) return warp_rows<T, 4>(ctx, dp, x, y, rows, n);
+    if (nvec <= 256) return warp_rows<T, 8>(ctx, dp, x, y, rows, n);
     /* rows that fill the GPU: a block per row with the row in registers */
-    if (rows >= 2 * (int64_t)g_sms) {
-      if (nvec <= 512) return block_rows<T, 8, 2>(ctx, x, y, rows, n);
-      if (nvec <= 1024) return block_rows<T, 8, 4>(ctx, x, y, rows, n);
-      if (nvec <= 2048) return block_rows<T, 8, 8>(ctx, x, y, rows, n);
-      if (nvec <= 4096) return block_rows<T, 8, 16>(ctx, x, y, rows, n);
-      if (nvec <= 8192) return block_rows<T, 8, 32>(ctx, x, y, rows, n);
+    if (rows >= 2 * (int64_t)dp.sms) {
+      if (nvec <= 512) return block_rows<T, 8, 2>(ctx, dp, x, y, rows, n);
+      if (nvec <= 1024) return block_rows<T, 8, 4>(ctx, dp, x, y, rows, n);
+      if (nvec <= 2048) return block_rows<T, 8, 8>(ctx, dp, x, y, rows, n);
+      if (nvec <= 4096) return block_rows<T, 8, 16>(ctx, dp, x, y, rows, n);
+      if (nvec <= 8192) return block_rows<T, 8, 32>(ctx, dp, x, y, rows, n);
     }
     int taken = 0;
-    fa_status cst = cluster_rows<T>(ctx, x, y, rows, n, &taken);
-    return cst || taken ? cst : split_rows<T>(ctx, x, y, rows, n);
+    fa_status cst = cluster_rows<T>(ctx, dp, x, y, rows, n, &taken);
+    return cst || taken ? cst : split_rows<T>(ctx, dp, x, y, rows, n);
   }
   (void)aligned;
   return seeds_passes<T>(ctx, FA_SOFTMAX_ONLINE, block, x, y, rows, n);
 }
 
 extern "C" int64_t fa_cuda_softmax_fused_max_n(fa_dtype dt) {
-  int dev = 0, smem = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return (int64_t)(smem - 1024) / (int64_t)fa_dtype_size(dt);
+  fa_cuda_props dp;
+  if (!fa_cuda_device_props_quiet(&dp)) return 0;
+  return (int64_t)(dp.smem_optin - 1024) / (int64_t)fa_dtype_size(dt);
 }
 
 extern "C" fa_status fa_cuda_softmax(fa_context *ctx, fa_softmax_algo algo, int64_t block, fa_dtype dt,
