@@ -117,11 +117,11 @@ static __device__ __forceinline__ void dec_load(char *kt, char *vt, const fa_att
 template <typename T, int D, bool WG> static __device__ __forceinline__ bool dec_v_nonfinite(const char *vt) {
   const int CH = D / 8, STEP = DEC_THREADS / CH;
   const int chunk = threadIdx.x % CH, row0 = threadIdx.x / CH;
-  bool bad = false;
+  uint32_t bits = 0;
 #pragma unroll
   for (int it = 0; it < DEC_BC / STEP; it++)
-    bad |= words_nonfinite<T>(*(const uint4 *)(vt + dec_at<D, WG>(row0 + it * STEP, chunk)));
-  return bad;
+    bits |= words_nonfinite_bits<T>(*(const uint4 *)(vt + dec_at<D, WG>(row0 + it * STEP, chunk)));
+  return nonfinite_in_bits<T>(bits);
 }
 
 /* O += P·V for 16 keys (rows kr..kr+15 of the V tile) one key at a time,

@@ -36,11 +36,24 @@ template <> struct nonfinite_bits<float> { static const uint32_t mask = 0x7F8000
 template <> struct nonfinite_bits<__half> { static const uint32_t mask = 0x7C007C00u; };
 template <> struct nonfinite_bits<__nv_bfloat16> { static const uint32_t mask = 0x7F807F80u; };
 
+/* NaN or inf in 16 bytes of T elements, as bits to OR together over many
+ * loads and test once (words_nonfinite): an element's exponent field plus
+ * its lowest bit carries into the bit above the field (the element's sign
+ * bit) only when the field is all ones; a smaller field stays below it,
+ * so no carry crosses into the next element.  Two integer operations a
+ * word where a compare a 16-bit half took several (__vcmpeq2). */
+template <typename T> static __device__ __forceinline__ uint32_t words_nonfinite_bits(const uint4 &w) {
+  const uint32_t m = nonfinite_bits<T>::mask, low = m & ~(m << 1); /* each element's lowest exponent bit */
+  return ((w.x & m) + low) | ((w.y & m) + low) | ((w.z & m) + low) | ((w.w & m) + low);
+}
+/* The bits of words_nonfinite_bits that say NaN or inf: the sign bits. */
+template <typename T> static __device__ __forceinline__ bool nonfinite_in_bits(uint32_t bits) {
+  const uint32_t m = nonfinite_bits<T>::mask;
+  return (bits & (m + (m & ~(m << 1)))) != 0;
+}
 /* Whether 16 bytes of T elements hold NaN or inf. */
 template <typename T> static __device__ __forceinline__ bool words_nonfinite(const uint4 &w) {
-  const uint32_t m = nonfinite_bits<T>::mask;
-  if (sizeof(T) == 4) return ((w.x & m) == m) | ((w.y & m) == m) | ((w.z & m) == m) | ((w.w & m) == m);
-  return (__vcmpeq2(w.x & m, m) | __vcmpeq2(w.y & m, m) | __vcmpeq2(w.z & m, m) | __vcmpeq2(w.w & m, m)) != 0;
+  return nonfinite_in_bits<T>(words_nonfinite_bits<T>(w));
 }
 
 /* Sets *flag when any of the n values at v (dtype T) is NaN or inf; 16
