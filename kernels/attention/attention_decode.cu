@@ -80,34 +80,47 @@ static __device__ __forceinline__ int64_t dec_page_offset(const fa_attn_problem 
 
 /* Keys [j0, j0 + DEC_BC) of one key head into the K and V tiles (swizzled
  * rows of D elements), rows at or past `end` zero-filled.  Contiguous: row
- * j at kb + j·ld; paged: at kb + rowoff[j - j0] (dec_page_offset, made a
- * tile ahead so that the table's latency is not the copies'). */
-template <typename T, int D, bool PAGED, bool WG>
-static __device__ __forceinline__ void dec_load(char *kt, char *vt, const fa_attn_problem &p, const decode_args &a,
-                                                const T *kb, const T *vb, const int64_t *rowoff, int64_t j0, int64_t end) {
+ * j at kb + j·ld, a thread's rows STEP apart (one multiply a tile, then
+ * steps); paged: at kb + rowoff[j - j0] (dec_page_offset, made a tile
+ * ahead so that the table's latency is not the copies').  EVICT: under
+ * L2's evict-first policy (a template argument, so that the choice is one
+ * branch a tile, not one a copy: the Lq = 16 kernel is bound by its
+ * instruction count). */
+template <typename T, int D, bool PAGED, bool WG, bool EVICT>
+static __device__ __forceinline__ void dec_copy(char *kt, char *vt, const fa_attn_problem &p, const T *kb, const T *vb,
+                                                const int64_t *rowoff, int64_t j0, int64_t end) {
   const int CH = D / 8, STEP = DEC_THREADS / CH;
   const int chunk = threadIdx.x % CH, row0 = threadIdx.x / CH;
   /* (a policy of evict_normal made by createpolicy was an illegal
    * instruction on an H100: the default is the copy without a hint) */
-  const uint64_t policy = l2_evict_first_policy();
+  const uint64_t policy = EVICT ? l2_evict_first_policy() : 0;
+  kb += chunk * 8, vb += chunk * 8;
+  const T *kr = PAGED ? kb : kb + (j0 + row0) * p.k_st.s, *vr = PAGED ? vb : vb + (j0 + row0) * p.v_st.s;
+  const int64_t kstep = PAGED ? 0 : STEP * p.k_st.s, vstep = PAGED ? 0 : STEP * p.v_st.s;
 #pragma unroll
   for (int it = 0; it < DEC_BC / STEP; it++) {
     const int r = row0 + it * STEP;
-    const int64_t j = j0 + r;
-    const bool in = j < end;
-    const T *ks = kb, *vs = vb;
+    const bool in = j0 + r < end;
+    const T *ks = kb, *vs = vb; /* rows past the end: a valid address, nothing read */
     if (in) {
       if (PAGED) ks += rowoff[r], vs += rowoff[r];
-      else ks += j * p.k_st.s, vs += j * p.v_st.s;
+      else ks = kr, vs = vr;
     }
-    if (a.evict_first) {
-      cp_async16_policy(kt + dec_at<D, WG>(r, chunk), ks + chunk * 8, in ? 16 : 0, policy);
-      cp_async16_policy(vt + dec_at<D, WG>(r, chunk), vs + chunk * 8, in ? 16 : 0, policy);
+    if (EVICT) {
+      cp_async16_policy(kt + dec_at<D, WG>(r, chunk), ks, in ? 16 : 0, policy);
+      cp_async16_policy(vt + dec_at<D, WG>(r, chunk), vs, in ? 16 : 0, policy);
     } else {
-      cp_async16(kt + dec_at<D, WG>(r, chunk), ks + chunk * 8, in ? 16 : 0);
-      cp_async16(vt + dec_at<D, WG>(r, chunk), vs + chunk * 8, in ? 16 : 0);
+      cp_async16(kt + dec_at<D, WG>(r, chunk), ks, in ? 16 : 0);
+      cp_async16(vt + dec_at<D, WG>(r, chunk), vs, in ? 16 : 0);
     }
+    if (!PAGED) kr += kstep, vr += vstep;
   }
+}
+template <typename T, int D, bool PAGED, bool WG>
+static __device__ __forceinline__ void dec_load(char *kt, char *vt, const fa_attn_problem &p, const decode_args &a,
+                                                const T *kb, const T *vb, const int64_t *rowoff, int64_t j0, int64_t end) {
+  if (a.evict_first) dec_copy<T, D, PAGED, WG, true>(kt, vt, p, kb, vb, rowoff, j0, end);
+  else dec_copy<T, D, PAGED, WG, false>(kt, vt, p, kb, vb, rowoff, j0, end);
 }
 
 /* Whether the chunks of a V tile that this thread copied (dec_load's)
