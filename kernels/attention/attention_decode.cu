@@ -498,14 +498,12 @@ typedef void (*decode_kernel_fn)(fa_attn_problem, decode_args);
 
 /* What a launch needs to know of an instance on a device, found once (per
  * instance, per device): the shared memory set (cudaFuncSetAttribute costs
- * a few µs a call, and a decode step is a few µs of work), its blocks
- * resident on the whole GPU, the SMs, and whether it is a Hopper or later
- * (programmatic dependent launches).  A race between two threads sets the
- * same values twice. */
+ * a few µs a call, and a decode step is a few µs of work) and its blocks
+ * resident on the whole GPU (the device's own facts: fa_cuda_props).  A
+ * race between two threads sets the same values twice. */
 #define DEC_DEVICES 16
 typedef struct {
-  int ready, slots, sms, hopper; /* slots: blocks resident on the GPU */
-  int64_t l2_bytes;
+  int ready, slots; /* slots: blocks resident on the GPU */
 } decode_instance;
 
 /* An instance and its record of each device (zero-initialised statics:
@@ -524,23 +522,20 @@ template <typename T, int D, int RG> static decode_entry decode_pick(int extras,
   return paged ? decode_entry_of<T, D, RG, EXTRAS_NONE, true>() : decode_entry_of<T, D, RG, EXTRAS_NONE, false>();
 }
 
-static fa_status decode_instance_on(fa_context *ctx, const decode_entry &k, size_t smem, decode_instance *out) {
+static fa_status decode_slots(fa_context *ctx, const decode_entry &k, size_t smem, const fa_cuda_props &dp, int *slots) {
   int dev = 0;
   FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
   decode_instance *in = dev < DEC_DEVICES ? &k.per_device[dev] : NULL;
   if (in && __atomic_load_n(&in->ready, __ATOMIC_ACQUIRE)) {
-    *out = *in;
+    *slots = in->slots;
     return FA_OK;
   }
   int per_sm = 0;
-  fa_cuda_props dp;
-  if (fa_status st = fa_cuda_device_props(ctx, &dp)) return st;
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   FA_CUDA_CHECK(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.fn, DEC_THREADS, smem));
-  out->slots = max(1, dp.sms * per_sm), out->sms = max(1, dp.sms), out->hopper = dp.cc_major >= 9,
-  out->l2_bytes = dp.l2_bytes;
+  *slots = max(1, dp.sms * per_sm);
   if (in) {
-    in->slots = out->slots, in->sms = out->sms, in->hopper = out->hopper, in->l2_bytes = out->l2_bytes;
+    in->slots = *slots;
     __atomic_store_n(&in->ready, 1, __ATOMIC_RELEASE);
   }
   return FA_OK;
@@ -556,10 +551,10 @@ static fa_status decode_instance_on(fa_context *ctx, const decode_entry &k, size
  * docs/perf/2026-11-27-decode-splits-h200.json).  One chunk for 256 keys
  * or fewer, where the merge launch costs more than it saves (at 512 keys
  * and batch 1, 8 chunks took 11.8 µs against 15.6 for one). */
-static int decode_splits(const fa_attn_problem *p, int64_t want, const decode_instance &dv) {
+static int decode_splits(const fa_attn_problem *p, int64_t want, int slots, const fa_cuda_props &dp) {
   const int64_t tiles = (p->Lk + DEC_BC - 1) / DEC_BC, heads = p->B * p->Hkv;
   int64_t s = want;
-  if (s <= 0) s = p->Lk <= 4 * DEC_BC ? 1 : min(dv.slots / heads, max(dv.sms / heads, tiles / 4));
+  if (s <= 0) s = p->Lk <= 4 * DEC_BC ? 1 : min(slots / heads, max(dp.sms / heads, tiles / 4));
   return (int)max((int64_t)1, min(s, min(tiles, (int64_t)DEC_MAX_SPLITS)));
 }
 
@@ -572,9 +567,9 @@ static int decode_splits(const fa_attn_problem *p, int64_t want, const decode_in
  * cache flushed: 128 MB of K + V in 47-48 µs against 50-51, 64 MB in 29.5
  * against 32.3; 512 MB in 145-148 against 140-143, 1 GB in 273 against
  * 260; docs/perf/2026-11-28-decode-evict-first-ab-h200.json). */
-static int decode_evict_first(const fa_attn_problem *p, const decode_instance &dv) {
+static int decode_evict_first(const fa_attn_problem *p, const fa_cuda_props &dp) {
   const double kv_bytes = (double)p->B * (double)p->Hkv * (double)p->Lk * (double)(p->D + p->Dv) * 2;
-  return kv_bytes <= 4.0 * (double)dv.l2_bytes;
+  return kv_bytes <= 4.0 * (double)dp.l2_bytes;
 }
 
 template <typename T, int D>
@@ -586,11 +581,12 @@ static fa_status decode_typed(fa_context *ctx, const fa_attn_problem *p, decode_
                          : rg == 2 ? decode_pick<T, D, 2>(extras, paged)
                                    : decode_pick<T, D, 4>(extras, paged);
   const size_t smem = dec_smem_bytes(D, rg);
-  decode_instance dv;
-  fa_status st = decode_instance_on(ctx, k, smem, &dv);
-  if (st) return st;
-  a.splits = decode_splits(p, want, dv);
-  a.evict_first = decode_evict_first(p, dv);
+  fa_cuda_props dp;
+  int slots = 0;
+  fa_status st = fa_cuda_device_props(ctx, &dp);
+  if (st || (st = decode_slots(ctx, k, smem, dp, &slots))) return st;
+  a.splits = decode_splits(p, want, slots, dp);
+  a.evict_first = decode_evict_first(p, dp);
   const int64_t blocks = p->B * p->Hkv * a.splits, rows = p->B * p->Hq * p->Lq;
   if ((st = attn_grid_fits(ctx, blocks)) || (a.splits > 1 && (st = attn_grid_fits(ctx, rows)))) return st;
   size_t part_bytes = 0;
@@ -611,7 +607,7 @@ static fa_status decode_typed(fa_context *ctx, const fa_attn_problem *p, decode_
     attr.val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)rows), cfg.blockDim = dim3(128), cfg.stream = s;
-    cfg.attrs = &attr, cfg.numAttrs = dv.hopper ? 1 : 0;
+    cfg.attrs = &attr, cfg.numAttrs = dp.cc_major >= 9 ? 1 : 0;
     err = cudaLaunchKernelEx(&cfg, attn_decode_merge_kernel<T, D>, *p, a);
   }
   fa_cuda_free_on(ctx, part, part_bytes); /* after the kernels, on their stream (capturable) */

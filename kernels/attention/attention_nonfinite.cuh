@@ -42,14 +42,16 @@ template <> struct nonfinite_bits<__nv_bfloat16> { static const uint32_t mask = 
  * bit) only when the field is all ones; a smaller field stays below it,
  * so no carry crosses into the next element.  Two integer operations a
  * word where a compare a 16-bit half took several (__vcmpeq2). */
+template <typename T> static __device__ __forceinline__ uint32_t nonfinite_low_bits() {
+  return nonfinite_bits<T>::mask & ~(nonfinite_bits<T>::mask << 1); /* each element's lowest exponent bit */
+}
 template <typename T> static __device__ __forceinline__ uint32_t words_nonfinite_bits(const uint4 &w) {
-  const uint32_t m = nonfinite_bits<T>::mask, low = m & ~(m << 1); /* each element's lowest exponent bit */
+  const uint32_t m = nonfinite_bits<T>::mask, low = nonfinite_low_bits<T>();
   return ((w.x & m) + low) | ((w.y & m) + low) | ((w.z & m) + low) | ((w.w & m) + low);
 }
 /* The bits of words_nonfinite_bits that say NaN or inf: the sign bits. */
 template <typename T> static __device__ __forceinline__ bool nonfinite_in_bits(uint32_t bits) {
-  const uint32_t m = nonfinite_bits<T>::mask;
-  return (bits & (m + (m & ~(m << 1)))) != 0;
+  return (bits & (nonfinite_bits<T>::mask + nonfinite_low_bits<T>())) != 0;
 }
 /* Whether 16 bytes of T elements hold NaN or inf. */
 template <typename T> static __device__ __forceinline__ bool words_nonfinite(const uint4 &w) {
