@@ -40,7 +40,7 @@ static const char *cuda_refuses(fa_attn_kernel k, const fa_attn_dims *d, int64_t
   if (d->variant && k != FA_KERNEL_WGMMA_TMA && k != FA_KERNEL_WGMMA && k != FA_KERNEL_MMA && k != FA_KERNEL_SIMT)
     return "opts.score_mod / opts.mask_mod: it has no variant hook (wgmma_tma, wgmma, mma and simt have)";
   if (k == FA_KERNEL_NAIVE) return NULL;
-  if ((k == FA_KERNEL_ROW || k == FA_KERNEL_SIMT) && d->Dv > 256) {
+  if (k == FA_KERNEL_ROW && d->Dv > 256) {
     snprintf(buf, n, "Dv = %lld, above 256", (long long)d->Dv);
     return buf;
   }
@@ -50,11 +50,7 @@ static const char *cuda_refuses(fa_attn_kernel k, const fa_attn_dims *d, int64_t
     if (tq) return "opts.tile: it has no tile option (its key tiles are 64 keys; opts.splits cuts the keys)";
     return NULL;
   }
-  if (k == FA_KERNEL_SIMT) { /* any tile check_tile let through; it fits a tensor-core tile itself */
-    if (!tq) fa_cuda_attention_default_tile(d->dtype, d->D, d->Dv, &tq, &tk);
-    *br = tq, *bc = tk;
-    return NULL;
-  }
+  /* the flash kernels' entries (kernels/attention/attention_registry.cu) */
   int64_t def_br = 0, def_bc = 0;
   if (!fa_cuda_attention_kernel_fit(k, d->dtype, d->D, d->Dv, &def_br, &def_bc, buf, n)) return buf;
   if (tq && !fa_cuda_attention_kernel_tile_ok(k, d->D, tq, tk)) {

@@ -269,10 +269,12 @@ typedef enum {
 } fa_attn_kernel;
 
 /* Attention on device buffers: p holds device pointers, p->compute is the
- * storage dtype (f32, f16, bf16) and the float mask is f32.  kernel:
- * FA_KERNEL_AUTO (the fastest that takes the call and its tile), or
- * WGMMA, MMA, F32 (that kernel, the SIMT kernel behind it for NaN/inf in
- * V; FA_ERR_UNSUPPORTED when it declines) or SIMT (alone). */
+ * storage dtype (f32, f16, bf16) and the float mask is f32.  "flash" and
+ * "two_pass" run on the registry's kernels (kernels/attention/
+ * attention_registry.cu): kernel FA_KERNEL_AUTO (the first that takes the
+ * call and its tile), or WGMMA_TMA, WGMMA, MMA, F32 (that kernel, the SIMT
+ * kernel behind it for NaN/inf in V; FA_ERR_UNSUPPORTED when it declines)
+ * or SIMT (alone); "flash_row" on its own kernel. */
 fa_status fa_cuda_attention_fused(fa_context *ctx, fa_attention_algo algo, fa_attn_kernel kernel,
                                   const fa_attn_problem *p);
 /* "flash" with p->score_mod and / or p->mask_mod (API §9; their captured
@@ -285,12 +287,12 @@ fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attn_kernel kernel, cons
  * bytes); a read out of range is recorded in e (fa_expr_fault). */
 fa_status fa_cuda_block_mask(fa_context *ctx, const fa_expr *e, int64_t B, int64_t H, int64_t Lq, int64_t Lk,
                              int64_t Br, int64_t Bc, uint8_t *state);
-/* For the fast kernels (WGMMA, MMA, F32): 1 when kernel takes calls of this
- * dtype and these head dims on this device, *br, *bc its default tile;
- * else 0 and why not into why (n bytes). */
+/* For the registry's "flash" kernels (WGMMA_TMA, WGMMA, MMA, F32, SIMT):
+ * 1 when kernel takes calls of this dtype and these head dims on this
+ * device, *br, *bc its default tile; else 0 and why not into why (n bytes). */
 int fa_cuda_attention_kernel_fit(fa_attn_kernel kernel, fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc,
                                  char *why, size_t n);
-/* Whether the fast kernel (fitting the call) takes tile {br, bc} at head dim D. */
+/* Whether that kernel (fitting the call) takes tile {br, bc} at head dim D. */
 int fa_cuda_attention_kernel_tile_ok(fa_attn_kernel kernel, int64_t D, int64_t br, int64_t bc);
 fa_status fa_cuda_attention_naive(fa_context *ctx, const fa_attn_problem *p);
 /* Keys and values read through a page table (the paged KV cache, API §8):
@@ -355,9 +357,6 @@ fa_status fa_cuda_merge_states(fa_context *ctx, fa_dtype dt, const void *o1, con
                                const double *l2, void *o, double *l, int64_t rows, int64_t dv);
 /* The default {Br, Bc} of "flash" on cuda for this dtype and head dims. */
 void fa_cuda_attention_default_tile(fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc);
-/* Nonzero when f32 calls of these head dims have the exact-f32 kernel (S on
- * the FP64 tensor cores; Hopper) on this device; then *br, *bc are its tile. */
-int fa_cuda_attention_f32_tile(fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc);
 /* FA_OK when {br, bc} is a tile the CUDA kernels take for these head dims. */
 fa_status fa_cuda_attention_check_tile(fa_context *ctx, fa_dtype dt, int64_t D, int64_t Dv, int64_t br, int64_t bc);
 /* x, y contiguous (rows, n) device buffers of dtype dt (y may alias x). */

@@ -39,6 +39,10 @@
  * masked keys, runs behind it guarded by the same flag and rewrites every
  * output. */
 #include "attention_frag.cuh"
+#include "attention_nonfinite.cuh"
+#include "attention_registry.h"
+
+#include <cstdio>
 
 #define F32_BR 64
 #define F32_BC 32 /* keys a tile */
@@ -351,34 +355,34 @@ template <int D> static fa_status launch_f32_extras(fa_context *ctx, const fa_at
   return launch_f32_pass<D, EXTRAS_NONE>(ctx, p, pass);
 }
 
-extern "C" int fa_cuda_wgmma_usable(void);
+/* ---- its registry entry ---- */
 
-/* The kernel needs sm_90 (the f64 m16n8k16 shape): a Hopper GPU and sm_90
- * code in the binary, which is what the wgmma kernel's probe asks. */
-extern "C" int fa_cuda_attention_f32_tile(fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc) {
-  if (dt != FA_F32 || D != Dv || (D != 64 && D != 128) || !fa_cuda_wgmma_usable()) return 0;
-  *br = F32_BR, *bc = F32_BC;
-  return 1;
+/* f32 at D = Dv = 64 or 128; the kernel needs sm_90 (the f64 m16n8k16
+ * shape): a Hopper GPU and sm_90 code in the binary, which is what the
+ * wgmma kernel's probe asks. */
+static int f32_fit(fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc, char *why, size_t n) {
+  if (dt != FA_F32) snprintf(why, n, "%s inputs; it takes f32", fa_dtype_name(dt));
+  else if (D != Dv || (D != 64 && D != 128))
+    snprintf(why, n, "D = %lld, Dv = %lld; it takes D = Dv = 64 or 128", (long long)D, (long long)Dv);
+  else if (!fa_cuda_wgmma_usable()) snprintf(why, n, "it needs a Hopper GPU (sm_90) and sm_90a code in this build");
+  else return *br = F32_BR, *bc = F32_BC, 1;
+  return 0;
 }
 
-/* Queues algo ("flash", or "two_pass" with p->row_stats set) on the
- * f32 kernel when the call fits (f32, D = Dv = 64 or 128, a Hopper GPU,
- * 16-byte aligned q, k, v, o, the tile {64, 32}, Lq and Lk below 2^31) and
- * the device has the shared memory (112 KB a block at D = 128, two blocks
- * an SM).  Then *v_flag is a device flag
- * (the caller frees it), set on the stream when V holds NaN or inf: the
- * kernel reading V has then done nothing, and the caller's fallback, which
- * skips masked keys, must run guarded by it.  *v_flag stays NULL when the
- * call does not fit. */
-extern "C" fa_status fa_cuda_attention_f32(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo algo,
-                                           int **v_flag) {
-  *v_flag = NULL;
-  int64_t br, bc;
-  if (!fa_cuda_attention_f32_tile(p->compute, p->D, p->Dv, &br, &bc)) return FA_OK;
-  if (!attn_rows_aligned16(p)) return FA_OK;
-  if (p->tile_q != br || p->tile_k != bc || p->Lq > INT32_MAX || p->Lk > INT32_MAX) return FA_OK;
+static bool f32_tile_ok(int64_t D, int64_t br, int64_t bc) {
+  return (D == 64 || D == 128) && br == F32_BR && bc == F32_BC;
+}
+
+/* rows on 16 bytes, Lq and Lk below 2^31 (its 32-bit row indices), and
+ * the shared memory (112 KB a block at D = 128, two blocks an SM) */
+static bool f32_takes(const fa_attn_problem *p, fa_attention_algo) {
   fa_cuda_props dp;
-  if (fa_status st = fa_cuda_device_props(ctx, &dp)) return st;
-  if (f32_smem_bytes((int)p->D) + 1024 > (size_t)dp.smem_optin) return FA_OK; /* + the static 832 bytes */
+  return attn_rows_aligned16(p) && p->Lq <= INT32_MAX && p->Lk <= INT32_MAX && fa_cuda_device_props_quiet(&dp) &&
+         f32_smem_bytes((int)p->D) + 1024 <= (size_t)dp.smem_optin; /* + the static 832 bytes */
+}
+
+static fa_status f32_queue(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo algo, bool, int **v_flag) {
   return launch_fast_passes(ctx, p, algo, v_flag, p->D == 64 ? launch_f32_extras<64> : launch_f32_extras<128>);
 }
+
+const attn_entry attn_entry_f32 = {FA_KERNEL_F32, f32_fit, f32_tile_ok, f32_takes, f32_queue, false};

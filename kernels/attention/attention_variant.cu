@@ -17,6 +17,7 @@
  * key holding the key itself, so that a hash collision is a miss.  The
  * captured tensors travel with each launch (fa_variant_args), so new
  * values or shapes never recompile. */
+#include "attention_registry.h"
 #include "attention_variant.cuh"
 
 #include <dlfcn.h>
@@ -34,8 +35,6 @@ extern "C" {
 extern const int fa_rtc_source_count;
 extern const char *const fa_rtc_source_names[];
 extern const char *const fa_rtc_source_texts[];
-int fa_cuda_attention_tc_kernel(fa_attn_kernel kernel, const fa_attn_problem *p);
-int fa_cuda_wgmma_usable(void);
 int fa_cuda_backward_wgmma_atomic(const fa_attn_problem *p, const fa_attn_grads *g);
 fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g,
                                      const float *delta, void *prob, const void *dkdv, const void *dq);
@@ -478,17 +477,15 @@ typedef struct {
 
 static fa_status plan_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_attn_problem *p, variant_plan *v) {
   memset(v, 0, sizeof *v);
-  /* the warp-specialised kernel where it takes the call (and the copy engine its operands), else wgmma, mma;
-   * its key tiles of 176 only when asked for (opts.tile): an alibi score_mod's instance spills 460 bytes there
-   * (96 at 128), where the built-in rules take them automatically */
-  const bool tma = (kernel == FA_KERNEL_AUTO || kernel == FA_KERNEL_WGMMA_TMA) && fa_cuda_wgmma_usable() &&
-                   (p->compute == FA_F16 || p->compute == FA_BF16) && p->D == p->Dv && attn_rows_aligned16(p) &&
-                   fa_cuda_attention_kernel_tile_ok(FA_KERNEL_WGMMA_TMA, p->D, p->tile_q, p->tile_k) &&
-                   wt_encode_maps(p, &v->maps);
-  if (tma) v->fast = FAST_TMA;
-  else if (kernel != FA_KERNEL_SIMT && kernel != FA_KERNEL_WGMMA_TMA) v->fast = fa_cuda_attention_tc_kernel(kernel, p);
-  if (kernel == FA_KERNEL_WGMMA_TMA ? !tma : !v->fast && kernel != FA_KERNEL_AUTO && kernel != FA_KERNEL_SIMT)
-    return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: opts.kernel: the kernel named declined the call on cuda");
+  /* the first kernel of the registry with a variant hook that takes the call (wgmma_tma, wgmma, mma), else
+   * SIMT; wgmma_tma's key tiles of 176 only when asked for (opts.tile): an alibi score_mod's instance spills
+   * 460 bytes there (96 at 128), where the built-in rules take them automatically */
+  const attn_entry *e = attn_entry_pick(kernel, p, FA_ATTN_FLASH, true);
+  if (!e) return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: opts.kernel: the kernel named declined the call on cuda");
+  v->fast = e == &attn_entry_wgmma_tma ? FAST_TMA : e == &attn_entry_wgmma ? FAST_WGMMA : e == &attn_entry_mma ? FAST_MMA
+                                                                                                          : FAST_NONE;
+  if (v->fast == FAST_TMA && !wt_encode_maps(p, &v->maps))
+    return fa_fail(ctx, FA_ERR_BACKEND, "flashattn: attention on cuda: the driver refused the operands' tensor maps");
   const char *T = rtc_type(p);
   const char *dense = attn_rows_dense(p) ? "true" : "false";
   /* the SIMT kernel: behind the fast one (a tile it holds), or alone with the call's tile */

@@ -1,5 +1,9 @@
 /* The launchers of the Hopper "flash" kernel (attention_wgmma.cuh). */
+#include "attention_nonfinite.cuh"
+#include "attention_registry.h"
 #include "attention_wgmma.cuh"
+
+#include <cstdio>
 
 template <typename T, int D, int BC, int EXTRAS, int PASS>
 static fa_status launch(fa_context *ctx, const fa_attn_problem *p) {
@@ -74,3 +78,31 @@ extern "C" fa_status fa_cuda_attention_wgmma(fa_context *ctx, const fa_attn_prob
   if (p->compute == FA_F16) return wgmma_typed<__half>(ctx, p, pass);
   return wgmma_typed<__nv_bfloat16>(ctx, p, pass);
 }
+
+/* ---- its registry entry ---- */
+
+static int wgmma_fit(fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc, char *why, size_t n) {
+  if (!attn_fit_16bit(dt, D, Dv, D == 64 || D == 96 || D == 128 || D == 256, "64, 96, 128 or 256", why, n)) return 0;
+  if (!fa_cuda_wgmma_usable()) {
+    snprintf(why, n, "it needs a Hopper GPU (sm_90) and sm_90a code in this build");
+    return 0;
+  }
+  *br = WG_BR, *bc = wgmma_key_tile(D);
+  return 1;
+}
+
+/* its default tile, and {128, 128} at D = 64 */
+static bool wgmma_tile_ok(int64_t D, int64_t br, int64_t bc) {
+  return br == WG_BR && (bc == wgmma_key_tile(D) || (D == 64 && bc == 128));
+}
+
+/* rows on 16 bytes: its cp.async copies and 16-byte stores */
+static bool wgmma_takes(const fa_attn_problem *p, fa_attention_algo) { return attn_rows_aligned16(p); }
+
+/* Its instances of two blocks an SM (D = 64, key tiles of 64) check their
+ * shares of V themselves (v_check_share). */
+static fa_status wgmma_queue(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo algo, bool, int **v_flag) {
+  return launch_fast_passes(ctx, p, algo, v_flag, fa_cuda_attention_wgmma, p->D == 64 && p->tile_k == 64);
+}
+
+const attn_entry attn_entry_wgmma = {FA_KERNEL_WGMMA, wgmma_fit, wgmma_tile_ok, wgmma_takes, wgmma_queue, true};

@@ -1,11 +1,15 @@
 /* "flash" on Hopper, warp-specialised (the "wgmma_tma" kernel): the host
  * side, the operands' tensor maps and the launches; the kernels and their
  * design: attention_wgmma_tma.cuh. */
+#include "attention_registry.h"
 #include "attention_wgmma_tma.cuh"
 
 #include <cudaTypedefs.h>
 
+#include <cstdio>
+
 #include <algorithm>
+#include <cstring>
 
 /* cuTensorMapEncodeTiled, from the driver through the runtime (no link
  * against libcuda); NULL when the driver has none.  Racing threads store
@@ -42,11 +46,36 @@ static int encode_operand(CUtensorMap *m, fa_dtype dt, const void *base, const f
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+/* What a call's maps are made of: the same key, the same maps (a buffer
+ * freed and allocated again at the same address maps alike). */
+struct wt_maps_key {
+  fa_dtype dt;
+  const void *q, *k, *v;
+  fa_attn_strides q_st, k_st, v_st;
+  int64_t B, Hq, Hkv, Lq, Lk, D, bc;
+};
+
+/* The last call's maps on this thread, kept: a loop of calls on the same
+ * tensors (decoding, benchmarks) encodes them once, and the registry's
+ * check (tma_takes) and the launch share one encoding. */
 int wt_encode_maps(const fa_attn_problem *p, wt_maps *m) {
-  const int D = (int)p->D, BC = (int)p->tile_k;
-  return encode_operand(&m->q, p->compute, p->q, p->q_st, p->Lq, p->Hq, p->B, D, WT_BR) &&
-         encode_operand(&m->k, p->compute, p->k, p->k_st, p->Lk, p->Hkv, p->B, D, BC) &&
-         encode_operand(&m->v, p->compute, p->v, p->v_st, p->Lk, p->Hkv, p->B, D, BC);
+  static thread_local wt_maps_key last_key;
+  static thread_local wt_maps last_maps;
+  static thread_local int last_ok = -1; /* -1: none yet */
+  wt_maps_key key;
+  memset(&key, 0, sizeof key); /* the padding too: compared bytewise */
+  key.dt = p->compute, key.q = p->q, key.k = p->k, key.v = p->v;
+  key.q_st = p->q_st, key.k_st = p->k_st, key.v_st = p->v_st;
+  key.B = p->B, key.Hq = p->Hq, key.Hkv = p->Hkv, key.Lq = p->Lq, key.Lk = p->Lk, key.D = p->D, key.bc = p->tile_k;
+  if (last_ok < 0 || memcmp(&key, &last_key, sizeof key) != 0) {
+    const int D = (int)p->D, BC = (int)p->tile_k;
+    last_ok = encode_operand(&last_maps.q, p->compute, p->q, p->q_st, p->Lq, p->Hq, p->B, D, WT_BR) &&
+              encode_operand(&last_maps.k, p->compute, p->k, p->k_st, p->Lk, p->Hkv, p->B, D, BC) &&
+              encode_operand(&last_maps.v, p->compute, p->v, p->v_st, p->Lk, p->Hkv, p->B, D, BC);
+    last_key = key;
+  }
+  if (last_ok) *m = last_maps;
+  return last_ok;
 }
 
 template <typename T, int D, int BC, int EXTRAS>
@@ -120,9 +149,8 @@ template <typename T> static fa_status tma_typed(fa_context *ctx, const fa_attn_
   return launch_extras<T, 128, 128>(ctx, p, m);
 }
 
-/* The call's tensor maps: encoded once by fa_cuda_attention_wgmma_tma_flash
- * and read by run_flash, which launch_fast_passes calls on the same thread
- * before it returns. */
+/* The call's tensor maps: encoded by tma_queue and read by run_flash,
+ * which launch_fast_passes calls on the same thread before it returns. */
 static thread_local wt_maps call_maps;
 
 static fa_status run_flash(fa_context *ctx, const fa_attn_problem *p, int pass) {
@@ -131,23 +159,41 @@ static fa_status run_flash(fa_context *ctx, const fa_attn_problem *p, int pass) 
   return tma_typed<__nv_bfloat16>(ctx, p, call_maps);
 }
 
-/* Queues "flash" on this kernel, guarded against NaN/inf in V
- * (launch_fast_passes: *v_flag, *st), when it takes the call: f16/bf16,
- * D = Dv = 128 or 256, one of its tiles, rows on 16 bytes, and operands
- * the copy engine can map; else returns 0 and queues nothing.  automatic
- * (no kernel named): at D = 128 the default key tile of 128 becomes 176
- * from 2048 keys on, without masks (3-9 % faster from 4096 keys, 3-9 %
- * slower at 1024; the masks' instance spills).  The caller has checked
- * that the Hopper kernels run here (fa_cuda_wgmma_usable). */
-extern "C" int fa_cuda_attention_wgmma_tma_flash(fa_context *ctx, const fa_attn_problem *p, int automatic, int **v_flag,
-                                                 fa_status *st) {
+/* ---- its registry entry ---- */
+
+/* f16/bf16 at D = Dv = 128 or 256 on Hopper */
+static int tma_fit(fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc, char *why, size_t n) {
+  if (!attn_fit_16bit(dt, D, Dv, D == 128 || D == 256, "128 or 256", why, n)) return 0;
+  if (!fa_cuda_wgmma_usable()) {
+    snprintf(why, n, "it needs a Hopper GPU (sm_90) and sm_90a code in this build");
+    return 0;
+  }
+  *br = WT_BR, *bc = wgmma_key_tile(D);
+  return 1;
+}
+
+/* its default tile, and {128, 176} at D = 128 */
+static bool tma_tile_ok(int64_t D, int64_t br, int64_t bc) {
+  return br == WT_BR && (D == 128 || D == 256) && (bc == wgmma_key_tile(D) || (D == 128 && bc == 176));
+}
+
+/* "flash" only, rows on 16 bytes, and operands the copy engine can map
+ * (e.g. not a stride of 0) */
+static bool tma_takes(const fa_attn_problem *p, fa_attention_algo algo) {
+  wt_maps m;
+  return algo == FA_ATTN_FLASH && attn_rows_aligned16(p) && wt_encode_maps(p, &m);
+}
+
+/* automatic: at D = 128 the default key tile of 128 becomes 176 from 2048
+ * keys on, without masks (3-9 % faster from 4096 keys, 3-9 % slower at
+ * 1024; the masks' instance spills). */
+static fa_status tma_queue(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo, bool automatic, int **v_flag) {
   fa_attn_problem call = *p;
   if (automatic && p->D == 128 && p->tile_k == 128 && p->Lk >= 2048 && attn_extras_kind(p) != EXTRAS_MASK)
     call.tile_k = 176;
-  if ((call.compute != FA_F16 && call.compute != FA_BF16) || call.D != call.Dv ||
-      !fa_cuda_attention_kernel_tile_ok(FA_KERNEL_WGMMA_TMA, call.D, call.tile_q, call.tile_k) ||
-      !attn_rows_aligned16(&call) || !wt_encode_maps(&call, &call_maps))
-    return 0;
-  *st = launch_fast_passes(ctx, &call, FA_ATTN_FLASH, v_flag, run_flash);
-  return 1;
+  if (!wt_encode_maps(&call, &call_maps) && (call.tile_k = p->tile_k, !wt_encode_maps(&call, &call_maps)))
+    return fa_fail(ctx, FA_ERR_BACKEND, "flashattn: attention on cuda: the driver refused the operands' tensor maps");
+  return launch_fast_passes(ctx, &call, FA_ATTN_FLASH, v_flag, run_flash);
 }
+
+const attn_entry attn_entry_wgmma_tma = {FA_KERNEL_WGMMA_TMA, tma_fit, tma_tile_ok, tma_takes, tma_queue, true};

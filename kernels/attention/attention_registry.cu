@@ -1,0 +1,125 @@
+/* The registry's CUDA kernels for "flash" and "two_pass" (attention_registry.h):
+ * the table, what src/ asks of it (a kernel's fit, tiles and default
+ * tile), and the dispatch: the kernel named or the first that takes the
+ * call, scheduled, then the SIMT kernel behind it for NaN/inf in V. */
+#include "attention_registry.h"
+
+#include <cstdio>
+
+/* In the registry's order (src/attn_kernels.c), fastest first: the
+ * automatic choice is the first that takes the call. */
+static const attn_entry *const table[] = {&attn_entry_wgmma_tma, &attn_entry_wgmma, &attn_entry_mma, &attn_entry_f32,
+                                          &attn_entry_simt};
+
+const attn_entry *attn_entry_of(fa_attn_kernel k) {
+  for (const attn_entry *e : table)
+    if (e->id == k) return e;
+  return NULL;
+}
+
+static bool entry_takes(const attn_entry *e, const fa_attn_problem *p, fa_attention_algo algo) {
+  char why[8];
+  int64_t br, bc;
+  return e->fit(p->compute, p->D, p->Dv, &br, &bc, why, sizeof why) && e->tile_ok(p->D, p->tile_q, p->tile_k) &&
+         e->takes(p, algo);
+}
+
+const attn_entry *attn_entry_pick(fa_attn_kernel named, const fa_attn_problem *p, fa_attention_algo algo, bool variant) {
+  for (const attn_entry *e : table)
+    if ((named == FA_KERNEL_AUTO || e->id == named) && (!variant || e->variant_hook) && entry_takes(e, p, algo))
+      return e;
+  return NULL;
+}
+
+extern "C" int fa_cuda_attention_kernel_fit(fa_attn_kernel kernel, fa_dtype dt, int64_t D, int64_t Dv, int64_t *br,
+                                            int64_t *bc, char *why, size_t n) {
+  const attn_entry *e = attn_entry_of(kernel);
+  if (!e) {
+    snprintf(why, n, "not a flash kernel");
+    return 0;
+  }
+  return e->fit(dt, D, Dv, br, bc, why, n);
+}
+
+extern "C" int fa_cuda_attention_kernel_tile_ok(fa_attn_kernel kernel, int64_t D, int64_t br, int64_t bc) {
+  const attn_entry *e = attn_entry_of(kernel);
+  return e && e->tile_ok(D, br, bc);
+}
+
+/* The default tile of "flash" on cuda: that of the first fast kernel that
+ * fits the call (the Hopper kernels' {128, 64 or 128}, mma.sync's
+ * {16·warps, 64} elsewhere, the f32 kernel's {64, 32}), else {64, 64} for
+ * the SIMT kernel. */
+extern "C" void fa_cuda_attention_default_tile(fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc) {
+  char why[8];
+  for (const attn_entry *e : table)
+    if (e != &attn_entry_simt && e->fit(dt, D, Dv, br, bc, why, sizeof why)) return;
+  *br = 64, *bc = 64;
+}
+
+/* Heads a group of the fast kernels' block order (frag_qtile): with causal
+ * masks the tiles of a head differ in length, and taking a group's
+ * longest first ends the grid on short ones (the tail of long blocks cost
+ * up to a tenth at L = 1024).  f16/bf16: a group's keys and values are
+ * kept to about half of L2, so that they are still read once from memory,
+ * and the heads split into equal groups (the smallest divisor of B·Hq from
+ * that size up to twice it): a short last group started its long tiles in
+ * the grid's last wave (f16/bf16 2-6 % at L = 4096 and 16384).  f32: all
+ * heads in one group, the longest tiles of the whole grid first; at a
+ * tenth of the f16 rate its key/value reads stay far below the memory
+ * bandwidth without L2 reuse (D = 128: +4 % at L = 1024, +9 % at L = 4096;
+ * docs/perf/2026-11-22-attention-h200-run23.json). */
+static fa_status schedule_heads(fa_context *ctx, const fa_attn_problem *p, int64_t *heads) {
+  *heads = 1;
+  if (p->causal == FA_CAUSAL_NONE) return FA_OK;
+  const int64_t bh = p->B * p->Hq;
+  if (p->compute == FA_F32) {
+    *heads = bh;
+    return FA_OK;
+  }
+  fa_cuda_props dp;
+  if (fa_status st = fa_cuda_device_props(ctx, &dp)) return st;
+  const int64_t kv = p->Lk * (p->D + p->Dv) * 2;
+  const int64_t fit = max((int64_t)1, min(bh, (int64_t)dp.l2_bytes / 2 / max(kv, (int64_t)1)));
+  *heads = fit;
+  for (int64_t g = fit; g <= min(bh, 2 * fit) && g < fit + 4096; g++) /* bounded: a host loop a call */
+    if (bh % g == 0) {
+      *heads = g;
+      break;
+    }
+  return FA_OK;
+}
+
+/* Queues algo ("flash" or "two_pass", its row statistics allocated here)
+ * on the kernel named (FA_KERNEL_AUTO: the first that takes the call),
+ * and, behind a fast kernel, the SIMT kernel guarded by its NaN/inf flag:
+ * it runs only when V holds NaN or inf, and then rewrites every output
+ * (attention_nonfinite.cuh). */
+static fa_status dispatch(fa_context *ctx, fa_attention_algo algo, fa_attn_kernel kernel, const fa_attn_problem *p) {
+  const attn_entry *e = attn_entry_pick(kernel, p, algo, false);
+  if (!e) /* named, and checked before (fa_check_attention_kernel): e.g. operands off 16 bytes */
+    return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: opts.kernel: the kernel named declined the call on cuda");
+  int *v_flag = NULL;
+  fa_status st = e->queue(ctx, p, algo, kernel == FA_KERNEL_AUTO, &v_flag);
+  if (!st && v_flag) st = attn_simt_queue(ctx, p, algo, v_flag);
+  if (v_flag) fa_cuda_free(v_flag, sizeof(int)); /* stream-ordered: after the kernels */
+  return st;
+}
+
+extern "C" fa_status fa_cuda_attention_row(fa_context *ctx, const fa_attn_problem *p);
+
+extern "C" fa_status fa_cuda_attention_fused(fa_context *ctx, fa_attention_algo algo, fa_attn_kernel kernel,
+                                             const fa_attn_problem *in) {
+  if (in->compute != FA_F32 && in->compute != FA_F16 && in->compute != FA_BF16)
+    return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: attention on cuda takes f32, f16 or bf16, got %s",
+                   fa_dtype_name(in->compute));
+  if (algo == FA_ATTN_FLASH_ROW) return fa_cuda_attention_row(ctx, in);
+  fa_attn_problem p = *in;
+  fa_status st = schedule_heads(ctx, in, &p.sched_heads);
+  if (st || algo != FA_ATTN_TWO_PASS) return st ? st : dispatch(ctx, algo, kernel, &p);
+  const size_t bytes = sizeof(float) * 2 * (size_t)(p.B * p.Hq * p.Lq);
+  if ((st = fa_cuda_malloc(ctx, (void **)&p.row_stats, bytes))) return st;
+  st = dispatch(ctx, algo, kernel, &p);
+  fa_cuda_free(p.row_stats, bytes); /* stream-ordered: after both passes */
+  return st;
+}

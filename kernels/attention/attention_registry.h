@@ -1,0 +1,65 @@
+/* The registry's CUDA kernels for "flash" and "two_pass" (API §6): each
+ * kernel's file defines its entry (what calls it takes, how it is queued),
+ * and attention_registry.cu holds the table, in the registry's order
+ * (src/attn_kernels.c: fastest first), and the one dispatch that walks it.
+ * A new kernel is a file with its entry, a line in the table, and its name
+ * in src/attn_kernels.c.  Decode, naive and flash_row have a kernel each,
+ * chosen in src/attention.c (by algo, and fa_attn_decode_takes). */
+#ifndef FA_KERNELS_ATTENTION_REGISTRY_H
+#define FA_KERNELS_ATTENTION_REGISTRY_H
+
+#include "common.cuh"
+
+struct attn_entry {
+  fa_attn_kernel id;
+  /* The call's dtype and head dims on this device and build: 1 and the
+   * kernel's default tile {*br, *bc}; else 0 and why not into why (n bytes). */
+  int (*fit)(fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc, char *why, size_t n);
+  /* Whether {br, bc} is one of its tiles at head dim D. */
+  bool (*tile_ok)(int64_t D, int64_t br, int64_t bc);
+  /* The resolved call (its tile one of the kernel's, fit checked): what
+   * is left to ask, e.g. the operands' alignment, sizes, the algo. */
+  bool (*takes)(const fa_attn_problem *p, fa_attention_algo algo);
+  /* Queues algo ("flash", or "two_pass" with p->row_stats set).  A fast
+   * kernel guards itself against NaN/inf in V (launch_fast_passes) and
+   * hands back the flag in *v_flag, behind which the dispatch queues the
+   * SIMT kernel; the SIMT kernel leaves it NULL.  automatic: chosen, not
+   * named (a kernel may then take a tile of its own that suits the call). */
+  fa_status (*queue)(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo algo, bool automatic, int **v_flag);
+  /* The run-time compiled variants (API §9; attention_variant.cu) have an
+   * instance of it. */
+  bool variant_hook;
+};
+
+/* The entries, defined beside their kernels. */
+extern const attn_entry attn_entry_wgmma_tma; /* attention_wgmma_tma.cu */
+extern const attn_entry attn_entry_wgmma;     /* attention_wgmma.cu */
+extern const attn_entry attn_entry_mma;       /* attention_mma.cu */
+extern const attn_entry attn_entry_f32;       /* attention_f32.cu */
+extern const attn_entry attn_entry_simt;      /* attention.cu */
+
+/* The entry of kernel k, or NULL when k is not one of these. */
+const attn_entry *attn_entry_of(fa_attn_kernel k);
+
+/* The kernel that runs a resolved call: the one named (NULL when it does
+ * not take the call), or with FA_KERNEL_AUTO the first in the table that
+ * does (the SIMT kernel takes every call).  variant: only those with a
+ * variant hook. */
+const attn_entry *attn_entry_pick(fa_attn_kernel named, const fa_attn_problem *p, fa_attention_algo algo, bool variant);
+
+/* The Hopper kernels' default key tile at head dim D: 64 at D = 64 (two
+ * blocks an SM) and at D = 256 (the shared memory of one), else 128. */
+static inline int64_t wgmma_key_tile(int64_t D) { return D == 64 || D == 256 ? 64 : 128; }
+
+/* The part of the tensor-core kernels' fit they share: f16 or bf16 and
+ * D = Dv with dims (whether D is one of theirs, dims_text their list): 1,
+ * or 0 with why. */
+int attn_fit_16bit(fa_dtype dt, int64_t D, int64_t Dv, bool dims, const char *dims_text, char *why, size_t n);
+
+/* Kernel launchers the entries share with the variants and the fallback. */
+extern "C" int fa_cuda_wgmma_usable(void);
+/* The SIMT kernel for algo: alone (only_if NULL), or behind a fast kernel,
+ * running only when its flag only_if is set (two_pass: the output pass). */
+fa_status attn_simt_queue(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo algo, int *only_if);
+
+#endif
