@@ -167,22 +167,6 @@ typedef struct {
   float *lse;
   double *lse64;
   fa_attn_strides q_st, k_st, v_st, o_st, lse_st;
-  /* CUDA: a device flag, set when v holds NaN or inf (NULL: not checked),
-   * possibly while the fast kernels run; their blocks do nothing once it is
-   * set, and the fallback launched after them runs only then, rewriting
-   * every output */
-  int *v_nonfinite;
-  /* CUDA: the kernel's blocks set that flag themselves, each from its share
-   * of V (v_check_share), instead of a pass over V (the Hopper kernel at
-   * D = 64 with key tiles of 64, two blocks an SM) */
-  int v_self_check;
-  /* CUDA "two_pass": (m, l) of every query row, B·Hq·Lq pairs in device
-   * memory, written by the statistics pass and read by the output pass */
-  float *row_stats;
-  /* CUDA fast kernels: query tiles are taken in groups of this many heads,
-   * the longest first within a group (causal: a grid's last blocks are
-   * short ones); 0 or 1: head by head */
-  int64_t sched_heads;
   /* CPU and the reference: the variants of API §9 (src/expr.h), or NULL */
   const fa_expr *score_mod, *mask_mod;
   /* CPU "flash" and "two_pass": the call's opts.block_mask (checked to fit

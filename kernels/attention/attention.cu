@@ -81,7 +81,7 @@ extern "C" fa_status fa_cuda_attention_check_tile(fa_context *ctx, fa_dtype dt, 
 }
 
 template <typename T, int BR, int MODE>
-static fa_status launch_tiled(fa_context *ctx, const fa_attn_problem *p) {
+static fa_status launch_tiled(fa_context *ctx, const attn_params *p) {
   int bc = (int)p->tile_k;
   size_t smem = tiled_smem(BR, bc, p->D, p->Dv);
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(attn_tiled_kernel<T, BR, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -96,7 +96,7 @@ static fa_status launch_tiled(fa_context *ctx, const fa_attn_problem *p) {
   return FA_OK;
 }
 
-template <typename T, int MODE> static fa_status tiled_by_br(fa_context *ctx, const fa_attn_problem *p) {
+template <typename T, int MODE> static fa_status tiled_by_br(fa_context *ctx, const attn_params *p) {
   switch (block_rows((int)p->tile_q)) {
   case 8: return launch_tiled<T, 8, MODE>(ctx, p);
   case 16: return launch_tiled<T, 16, MODE>(ctx, p);
@@ -107,7 +107,7 @@ template <typename T, int MODE> static fa_status tiled_by_br(fa_context *ctx, co
 }
 
 template <typename T>
-static fa_status simt_typed(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo algo, bool guarded) {
+static fa_status simt_typed(fa_context *ctx, const attn_params *p, fa_attention_algo algo, bool guarded) {
   if (algo != FA_ATTN_TWO_PASS) return tiled_by_br<T, MODE_FLASH>(ctx, p);
   if (guarded) return tiled_by_br<T, MODE_OUTPUT>(ctx, p);
   fa_status st = tiled_by_br<T, MODE_STATS>(ctx, p);
@@ -120,8 +120,8 @@ static fa_status simt_typed(fa_context *ctx, const fa_attn_problem *p, fa_attent
  * take, e.g. rows off 16 bytes, gets it too): alone, or behind a fast
  * kernel guarded by its flag only_if (two_pass: the output pass, on the
  * statistics the fast statistics pass wrote). */
-fa_status attn_simt_queue(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo algo, int *only_if) {
-  fa_attn_problem g = *p;
+fa_status attn_simt_queue(fa_context *ctx, const attn_params *p, fa_attention_algo algo, int *only_if) {
+  attn_params g = *p;
   g.v_nonfinite = only_if;
   fa_status st = simt_fit_tile(ctx, &g);
   if (st) return st;
@@ -159,7 +159,7 @@ static int simt_fit(fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc
 static bool simt_tile_ok(int64_t, int64_t, int64_t) { return true; }
 static bool simt_takes(const fa_attn_problem *, fa_attention_algo) { return true; }
 
-static fa_status simt_queue(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo algo, bool, int **v_flag) {
+static fa_status simt_queue(fa_context *ctx, const attn_params *p, fa_attention_algo algo, bool, int **v_flag) {
   *v_flag = NULL;
   return attn_simt_queue(ctx, p, algo, NULL);
 }

@@ -15,6 +15,38 @@ extern "C" {
 #include "attn_range.h"
 }
 
+/* What the forward "flash" / "two_pass" kernels read: the call
+ * (fa_attn_problem, src/internal.h: shapes, operands and their strides, the
+ * score rule), and the scheduling state the dispatch and the NaN/inf guard
+ * add to it (attention_registry.cu, attention_nonfinite.cuh), which the
+ * CPU backend never sees. */
+struct attn_params : fa_attn_problem {
+  /* A device flag, set when v holds NaN or inf (NULL: not checked),
+   * possibly while the fast kernels run; their blocks do nothing once it
+   * is set, and the fallback launched after them runs only then, rewriting
+   * every output. */
+  int *v_nonfinite;
+  /* The kernel's blocks set that flag themselves, each from its share of V
+   * (v_check_share), instead of a pass over V (the Hopper kernel at D = 64
+   * with key tiles of 64, two blocks an SM). */
+  int v_self_check;
+  /* "two_pass": (m, l) of every query row, B·Hq·Lq pairs in device memory,
+   * written by the statistics pass and read by the output pass. */
+  float *row_stats;
+  /* The fast kernels take query tiles in groups of this many heads, the
+   * longest first within a group (causal: a grid's last blocks are short
+   * ones); 0 or 1: head by head. */
+  int64_t sched_heads;
+};
+
+/* The call p with no scheduling state yet. */
+static inline attn_params attn_params_of(const fa_attn_problem &p) {
+  attn_params a;
+  (fa_attn_problem &)a = p;
+  a.v_nonfinite = NULL, a.v_self_check = 0, a.row_stats = NULL, a.sched_heads = 0;
+  return a;
+}
+
 /* The score rule beyond the key range (API §2: scale, softcap, alibi, float
  * mask, and the bool mask, in the contract's order) for query row i of head
  * h of batch b, from key j0 on.  Built once a row and key tile, so that a
@@ -188,6 +220,31 @@ static inline bool attn_has_extras(const fa_attn_problem *p) { return attn_extra
  * p.row_stats from the scores alone (no V), then O with those statistics
  * (no rescaling). */
 enum { PASS_FLASH = 0, PASS_STATS, PASS_OUTPUT };
+
+#ifndef __CUDACC_RTC__
+/* A launcher's kernel instance for run-time values: f called with
+ * std::integral_constant<int, V>() for the first V of Vs equal to v (the
+ * last of Vs when none is), so that each kernel's file names its instances
+ * by pass and score rule in one line, e.g.
+ *   attn_instance<PASS_STATS, PASS_OUTPUT, PASS_FLASH>(pass, [&](auto ps) {
+ *     return launch<T, D, decltype(ps)::value>(ctx, p); });  */
+template <int V, int... Vs, typename F> static inline fa_status attn_instance(int v, F &&f) {
+  if constexpr (sizeof...(Vs) == 0) {
+    (void)v;
+    return f(std::integral_constant<int, V>());
+  } else {
+    if (v == V) return f(std::integral_constant<int, V>());
+    return attn_instance<Vs...>(v, f);
+  }
+}
+/* f(extras, pass) for the pass and the call's rule (attn_extras_kind): the
+ * instances of the kernels that have all three passes and rules. */
+template <typename F> static inline fa_status attn_instance_by_rule_and_pass(const fa_attn_problem *p, int pass, F &&f) {
+  return attn_instance<EXTRAS_MASK, EXTRAS_SCORE, EXTRAS_NONE>(attn_extras_kind(p), [&](auto x) {
+    return attn_instance<PASS_STATS, PASS_OUTPUT, PASS_FLASH>(pass, [&](auto ps) { return f(x, ps); });
+  });
+}
+#endif
 
 /* lse of a finished row: -inf for an empty row (l = 0), NaN stays NaN. */
 static __device__ __forceinline__ float row_lse(float m, float l) { return l == 0.f ? -INFINITY : m + logf(l); }

@@ -184,7 +184,7 @@ static __device__ __forceinline__ void f32_tile_products(double (*acc)[4], float
  * alpha, which pass through row_alpha (flash); the output pass's P final
  * (offA, offB: the rows' m + ln l). */
 template <int D, int EXTRAS, int PASS>
-static __device__ __forceinline__ void f32_softmax_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0,
+static __device__ __forceinline__ void f32_softmax_tile(const attn_params &p, int64_t b, int64_t h, int64_t j0,
                                                         bool full, frag_rows &r, float offA, float offB,
                                                         double (*acc)[4], float4 (*o)[D / 64], float *row_alpha,
                                                         float2 *Pw, int rA, int t4, int ty) {
@@ -221,7 +221,7 @@ static __device__ __forceinline__ void f32_softmax_tile(const fa_attn_problem &p
 /* PASS (attention_common.cuh): flash, or the statistics pass of two_pass
  * (no V, no P) or its output pass (probabilities final, no rescaling). */
 template <int D, int EXTRAS, int PASS, bool DENSE = true>
-__global__ void __launch_bounds__(F32_THREADS, 2) attn_f32_kernel(fa_attn_problem p) {
+__global__ void __launch_bounds__(F32_THREADS, 2) attn_f32_kernel(attn_params p) {
   const bool WITH_V = PASS != PASS_STATS;
   const int v_bad = WITH_V ? *p.v_nonfinite : 0; /* see leave_for_fallback */
   const int CH = D / 4, NH = D / 64, NT = F32_BC / 8; /* chunks of a Q/K/V row, column halves, key octets */
@@ -327,9 +327,9 @@ static size_t f32_smem_bytes(int D) {
   return sizeof(float) * (size_t)((F32_BR + 2 * F32_BC) * F32_QKS(D) + 2 * F32_BC * D + F32_BR * F32_BC);
 }
 
-template <int D, int EXTRAS, int PASS> static fa_status launch_f32(fa_context *ctx, const fa_attn_problem *p) {
+template <int D, int EXTRAS, int PASS> static fa_status launch_f32(fa_context *ctx, const attn_params *p) {
   const size_t smem = f32_smem_bytes(D);
-  void (*kernel)(fa_attn_problem) = attn_rows_dense(p) ? attn_f32_kernel<D, EXTRAS, PASS, true>
+  void (*kernel)(attn_params) = attn_rows_dense(p) ? attn_f32_kernel<D, EXTRAS, PASS, true>
                                                         : attn_f32_kernel<D, EXTRAS, PASS, false>;
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   /* as much of the SM's memory as shared as the kernel can use: two blocks an SM at D = 128 */
@@ -342,17 +342,10 @@ template <int D, int EXTRAS, int PASS> static fa_status launch_f32(fa_context *c
   return FA_OK;
 }
 
-template <int D, int EXTRAS> static fa_status launch_f32_pass(fa_context *ctx, const fa_attn_problem *p, int pass) {
-  if (pass == PASS_STATS) return launch_f32<D, EXTRAS, PASS_STATS>(ctx, p);
-  if (pass == PASS_OUTPUT) return launch_f32<D, EXTRAS, PASS_OUTPUT>(ctx, p);
-  return launch_f32<D, EXTRAS, PASS_FLASH>(ctx, p);
-}
-
-template <int D> static fa_status launch_f32_extras(fa_context *ctx, const fa_attn_problem *p, int pass) {
-  const int x = attn_extras_kind(p);
-  if (x == EXTRAS_MASK) return launch_f32_pass<D, EXTRAS_MASK>(ctx, p, pass);
-  if (x == EXTRAS_SCORE) return launch_f32_pass<D, EXTRAS_SCORE>(ctx, p, pass);
-  return launch_f32_pass<D, EXTRAS_NONE>(ctx, p, pass);
+template <int D> static fa_status launch_f32_extras(fa_context *ctx, const attn_params *p, int pass) {
+  return attn_instance_by_rule_and_pass(p, pass, [&](auto x, auto ps) {
+    return launch_f32<D, decltype(x)::value, decltype(ps)::value>(ctx, p);
+  });
 }
 
 /* ---- its registry entry ---- */
@@ -381,7 +374,7 @@ static bool f32_takes(const fa_attn_problem *p, fa_attention_algo) {
          f32_smem_bytes((int)p->D) + 1024 <= (size_t)dp.smem_optin; /* + the static 832 bytes */
 }
 
-static fa_status f32_queue(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo algo, bool, int **v_flag) {
+static fa_status f32_queue(fa_context *ctx, const attn_params *p, fa_attention_algo algo, bool, int **v_flag) {
   return launch_fast_passes(ctx, p, algo, v_flag, p->D == 64 ? launch_f32_extras<64> : launch_f32_extras<128>);
 }
 

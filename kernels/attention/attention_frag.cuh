@@ -123,7 +123,7 @@ template <typename T, int D, int BR, typename I = unsigned> struct frag_qtile {
   __device__ __forceinline__ float *lse(const fa_attn_problem &p) const {
     return p.lse ? p.lse + attn_at(p.lse_st, b, h, 0) : NULL;
   }
-  __device__ __forceinline__ frag_qtile(const fa_attn_problem &p, int64_t blk64) {
+  __device__ __forceinline__ frag_qtile(const attn_params &p, int64_t blk64) {
     const I blk = (I)blk64, qtiles = (I)((p.Lq + BR - 1) / BR), BH = (I)(p.B * p.Hq), Hq = (I)p.Hq;
     const I G = p.sched_heads > 1 ? (I)p.sched_heads : (I)1;
     const I grp = blk / (G * qtiles), in = blk % (G * qtiles), gh = min(G, BH - grp * G);
@@ -377,7 +377,7 @@ static __device__ __forceinline__ void frag_sum_quad(frag_rows &r) {
 }
 
 /* "two_pass", statistics pass: (m, l) of rows A and B into p.row_stats. */
-static __device__ __forceinline__ void frag_stats_store(const fa_attn_problem &p, int64_t bh, int lane, frag_rows &r) {
+static __device__ __forceinline__ void frag_stats_store(const attn_params &p, int64_t bh, int lane, frag_rows &r) {
   frag_sum_quad(r);
   if ((lane & 3) == 0) {
     if (r.iA < p.Lq) p.row_stats[2 * (bh * p.Lq + r.iA)] = r.mA, p.row_stats[2 * (bh * p.Lq + r.iA) + 1] = r.lA;
@@ -391,7 +391,7 @@ static __device__ __forceinline__ void frag_stats_store(const fa_attn_problem &p
  * empty row, whose scores are all -inf; NaN when l is, so that the row
  * comes out NaN). */
 template <bool EXACT = false>
-static __device__ __forceinline__ float frag_stats_offset(const fa_attn_problem &p, int64_t bh, int64_t i) {
+static __device__ __forceinline__ float frag_stats_offset(const attn_params &p, int64_t bh, int64_t i) {
   if (i >= p.Lq) return 0.f;
   const float m = p.row_stats[2 * (bh * p.Lq + i)], l = p.row_stats[2 * (bh * p.Lq + i) + 1];
   if (m == -INFINITY) return l == l ? 0.f : l;
@@ -420,7 +420,7 @@ static __device__ __forceinline__ void frag_finish(frag_rows &r, float *invA, fl
 /* lse of rows A and B into lse (the head's entries, NULL: none wanted;
  * -inf for an empty row); NORMALIZED: from p.row_stats. */
 template <bool NORMALIZED>
-static __device__ __forceinline__ void frag_lse_store(const fa_attn_problem &p, int64_t bh, float *lse, int lane,
+static __device__ __forceinline__ void frag_lse_store(const attn_params &p, int64_t bh, float *lse, int lane,
                                                       const frag_rows &r) {
   if (lse && (lane & 3) == 0) {
     const float *st = p.row_stats + 2 * bh * p.Lq;
@@ -434,7 +434,7 @@ static __device__ __forceinline__ void frag_lse_store(const fa_attn_problem &p, 
  * fragments, 4 bytes a store (each store instruction touches 8 rows), and
  * lse. */
 template <typename T, int D, bool NORMALIZED>
-static __device__ __forceinline__ void frag_store(const fa_attn_problem &p, int64_t bh, T *out, float *lse, int lane,
+static __device__ __forceinline__ void frag_store(const attn_params &p, int64_t bh, T *out, float *lse, int lane,
                                                   frag_rows &r, float (*o)[4]) {
   const int c2 = (lane & 3) * 2;
   const int64_t os = p.o_st.s;
@@ -459,7 +459,7 @@ static __device__ __forceinline__ void frag_store(const fa_attn_problem &p, int6
  * The group's rows of the tile must be read no more (Q's, once the
  * products are done). */
 template <typename T, int D, bool NORMALIZED, bool WGMMA, int ROWS, int GROUP>
-static __device__ __forceinline__ void frag_store_staged(const fa_attn_problem &p, int64_t bh, T *out, float *lse,
+static __device__ __forceinline__ void frag_store_staged(const attn_params &p, int64_t bh, T *out, float *lse,
                                                          int64_t i0, int lane, frag_rows &r, float (*o)[4], char *tile) {
   static_assert(GROUP == 32 || (GROUP == 128 && ROWS == 128), "frag_store_staged: a warp, or a warpgroup of two");
   const int CH = D / 8, c2 = (lane & 3) * 2;

@@ -6,10 +6,10 @@
 
 #include <cstdio>
 
-template <typename T, int D, int EXTRAS, int PASS> static fa_status launch(fa_context *ctx, const fa_attn_problem *p) {
+template <typename T, int D, int EXTRAS, int PASS> static fa_status launch(fa_context *ctx, const attn_params *p) {
   const int MMA_BR = 16 * MMA_WARPS(D);
   const size_t smem = (size_t)(MMA_BR + 4 * MMA_BC) * D * 2;
-  void (*kernel)(fa_attn_problem) = attn_rows_dense(p) ? attn_mma_kernel<T, D, EXTRAS, PASS, true>
+  void (*kernel)(attn_params) = attn_rows_dense(p) ? attn_mma_kernel<T, D, EXTRAS, PASS, true>
                                                         : attn_mma_kernel<T, D, EXTRAS, PASS, false>;
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   int64_t blocks = p->B * p->Hq * ((p->Lq + MMA_BR - 1) / MMA_BR);
@@ -19,17 +19,16 @@ template <typename T, int D, int EXTRAS, int PASS> static fa_status launch(fa_co
   return FA_OK;
 }
 
-template <typename T, int D, int EXTRAS> static fa_status launch_pass(fa_context *ctx, const fa_attn_problem *p, int pass) {
-  if (pass == PASS_STATS) return launch<T, D, EXTRAS, PASS_STATS>(ctx, p);
-  if (pass == PASS_OUTPUT) return launch<T, D, EXTRAS, PASS_OUTPUT>(ctx, p);
-  return launch<T, D, EXTRAS, PASS_FLASH>(ctx, p);
-}
-
-template <typename T> static fa_status mma_typed(fa_context *ctx, const fa_attn_problem *p, int pass) {
-  /* one instance with the whole rule (the kernel for GPUs before Hopper and for explicit tiles) */
-  const bool x = attn_has_extras(p);
-  if (p->D == 64) return x ? launch_pass<T, 64, EXTRAS_MASK>(ctx, p, pass) : launch_pass<T, 64, EXTRAS_NONE>(ctx, p, pass);
-  return x ? launch_pass<T, 128, EXTRAS_MASK>(ctx, p, pass) : launch_pass<T, 128, EXTRAS_NONE>(ctx, p, pass);
+/* one instance with the whole rule, masks and all (the kernel for GPUs
+ * before Hopper and for explicit tiles), and one without */
+template <typename T> static fa_status mma_typed(fa_context *ctx, const attn_params *p, int pass) {
+  return attn_instance<64, 128>((int)p->D, [&](auto d) {
+    return attn_instance<EXTRAS_MASK, EXTRAS_NONE>(attn_has_extras(p) ? EXTRAS_MASK : EXTRAS_NONE, [&](auto x) {
+      return attn_instance<PASS_STATS, PASS_OUTPUT, PASS_FLASH>(pass, [&](auto ps) {
+        return launch<T, decltype(d)::value, decltype(x)::value, decltype(ps)::value>(ctx, p);
+      });
+    });
+  });
 }
 
 /* ---- its registry entry ---- */
@@ -57,7 +56,7 @@ static bool mma_tile_ok(int64_t D, int64_t br, int64_t bc) {
 /* rows on 16 bytes: its cp.async copies and 16-byte stores */
 static bool mma_takes(const fa_attn_problem *p, fa_attention_algo) { return attn_rows_aligned16(p); }
 
-static fa_status mma_queue(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo algo, bool, int **v_flag) {
+static fa_status mma_queue(fa_context *ctx, const attn_params *p, fa_attention_algo algo, bool, int **v_flag) {
   return launch_fast_passes(ctx, p, algo, v_flag, p->compute == FA_F16 ? mma_typed<__half> : mma_typed<__nv_bfloat16>);
 }
 

@@ -28,7 +28,7 @@
 /* PASS (attention_common.cuh): flash, or the statistics pass of two_pass
  * (no V tiles, no P·V) or its output pass (probabilities final, no
  * rescaling). */
-template <typename T, int D, int EXTRAS, int PASS, bool DENSE = true, typename PROB = fa_attn_problem>
+template <typename T, int D, int EXTRAS, int PASS, bool DENSE = true, typename PROB = attn_params>
 __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(PROB p) {
   const bool WITH_V = PASS != PASS_STATS;
   const int v_bad = WITH_V ? *p.v_nonfinite : 0; /* see leave_for_fallback */

@@ -165,13 +165,13 @@ static inline fa_status values_nonfinite_flag(fa_context *ctx, const fa_attn_pro
  * so that it takes the SMs the kernel's last blocks leave idle (in front
  * of the kernel it cost about 5 % of a 16-bit call at L = 1024), and the
  * context's stream waits for it before anything that follows. */
-static inline fa_status launch_guarded_by_v_flag(fa_context *ctx, const fa_attn_problem *p, int pass, int **v_flag,
-                                                 fa_status (*run)(fa_context *, const fa_attn_problem *, int),
+static inline fa_status launch_guarded_by_v_flag(fa_context *ctx, const attn_params *p, int pass, int **v_flag,
+                                                 fa_status (*run)(fa_context *, const attn_params *, int),
                                                  bool self_check) {
   int *flag = NULL;
   fa_status st = values_nonfinite_flag(ctx, p, &flag, false);
   if (st) return st;
-  fa_attn_problem g = *p;
+  attn_params g = *p;
   g.v_nonfinite = flag;
   g.v_self_check = self_check;
   cudaStream_t side = 0;
@@ -194,9 +194,9 @@ static inline fa_status launch_guarded_by_v_flag(fa_context *ctx, const fa_attn_
  * guarded launch for flash; for two_pass the statistics pass (it reads no
  * V, so needs no guard) and the guarded output pass, both with *p's
  * row_stats. */
-static inline fa_status launch_fast_passes(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo algo,
+static inline fa_status launch_fast_passes(fa_context *ctx, const attn_params *p, fa_attention_algo algo,
                                            int **v_flag,
-                                           fa_status (*run)(fa_context *, const fa_attn_problem *, int),
+                                           fa_status (*run)(fa_context *, const attn_params *, int),
                                            bool self_check = false) {
   if (algo != FA_ATTN_TWO_PASS) return launch_guarded_by_v_flag(ctx, p, PASS_FLASH, v_flag, run, self_check);
   fa_status st = run(ctx, p, PASS_STATS);
@@ -232,7 +232,7 @@ static __device__ __forceinline__ bool leave_for_fallback(int v_bad) {
  * 14).  Against the pass from the side stream (call 19, D = 128) it has not
  * been measured.  Rows of Dv elements: 16-byte multiples on the fast paths. */
 template <typename T, int D, int BR>
-static __device__ __forceinline__ void v_check_share(const fa_attn_problem &p, const T *v, int64_t i0) {
+static __device__ __forceinline__ void v_check_share(const attn_params &p, const T *v, int64_t i0) {
   if (!p.v_self_check) return;
   const int CPR = D * (int)sizeof(T) / 16; /* 16-byte chunks a row */
   const int64_t nq = (p.Lq + BR - 1) / BR, qi = i0 / BR, n = p.Lk * CPR, vs = p.v_st.s;

@@ -95,7 +95,7 @@ static fa_status schedule_heads(fa_context *ctx, const fa_attn_problem *p, int64
  * and, behind a fast kernel, the SIMT kernel guarded by its NaN/inf flag:
  * it runs only when V holds NaN or inf, and then rewrites every output
  * (attention_nonfinite.cuh). */
-static fa_status dispatch(fa_context *ctx, fa_attention_algo algo, fa_attn_kernel kernel, const fa_attn_problem *p) {
+static fa_status dispatch(fa_context *ctx, fa_attention_algo algo, fa_attn_kernel kernel, const attn_params *p) {
   const attn_entry *e = attn_entry_pick(kernel, p, algo, false);
   if (!e) /* named, and checked before (fa_check_attention_kernel): e.g. operands off 16 bytes */
     return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: opts.kernel: the kernel named declined the call on cuda");
@@ -114,7 +114,7 @@ extern "C" fa_status fa_cuda_attention_fused(fa_context *ctx, fa_attention_algo 
     return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: attention on cuda takes f32, f16 or bf16, got %s",
                    fa_dtype_name(in->compute));
   if (algo == FA_ATTN_FLASH_ROW) return fa_cuda_attention_row(ctx, in);
-  fa_attn_problem p = *in;
+  attn_params p = attn_params_of(*in);
   fa_status st = schedule_heads(ctx, in, &p.sched_heads);
   if (st || algo != FA_ATTN_TWO_PASS) return st ? st : dispatch(ctx, algo, kernel, &p);
   const size_t bytes = sizeof(float) * 2 * (size_t)(p.B * p.Hq * p.Lq);

@@ -8,7 +8,7 @@
 #ifndef FA_KERNELS_ATTENTION_REGISTRY_H
 #define FA_KERNELS_ATTENTION_REGISTRY_H
 
-#include "common.cuh"
+#include "attention_common.cuh"
 
 struct attn_entry {
   fa_attn_kernel id;
@@ -25,7 +25,7 @@ struct attn_entry {
    * hands back the flag in *v_flag, behind which the dispatch queues the
    * SIMT kernel; the SIMT kernel leaves it NULL.  automatic: chosen, not
    * named (a kernel may then take a tile of its own that suits the call). */
-  fa_status (*queue)(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo algo, bool automatic, int **v_flag);
+  fa_status (*queue)(fa_context *ctx, const attn_params *p, fa_attention_algo algo, bool automatic, int **v_flag);
   /* The run-time compiled variants (API §9; attention_variant.cu) have an
    * instance of it. */
   bool variant_hook;
@@ -60,6 +60,6 @@ int attn_fit_16bit(fa_dtype dt, int64_t D, int64_t Dv, bool dims, const char *di
 extern "C" int fa_cuda_wgmma_usable(void);
 /* The SIMT kernel for algo: alone (only_if NULL), or behind a fast kernel,
  * running only when its flag only_if is set (two_pass: the output pass). */
-fa_status attn_simt_queue(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo algo, int *only_if);
+fa_status attn_simt_queue(fa_context *ctx, const attn_params *p, fa_attention_algo algo, int *only_if);
 
 #endif

@@ -8,7 +8,7 @@
  * and MODE_OUTPUT are the two passes of "two_pass" (running (m, l) first,
  * then the output with the final statistics; the fast kernels have the
  * same two passes).  Key tiles outside every row's causal / window /
- * kv_lens range are never loaded.  PROB: fa_attn_problem, or the run-time
+ * kv_lens range are never loaded.  PROB: attn_params, or the run-time
  * compiled variants' problem (attention_variant.cuh), whose attn_rule
  * scores a key. */
 #ifndef FA_KERNELS_ATTENTION_TILED_CUH
@@ -154,7 +154,7 @@ static __device__ __forceinline__ void attn_tiled_block(const PROB &p, int br, i
  * block, except as the fallback of the tensor-core kernels (p.v_nonfinite
  * set), launched with a grid of a few blocks per SM that returns at once
  * unless V holds NaN or inf. */
-template <typename T, int BR, int MODE, typename PROB = fa_attn_problem>
+template <typename T, int BR, int MODE, typename PROB = attn_params>
 __global__ void __launch_bounds__(NWARPS * 32) attn_tiled_kernel(PROB p, int br, int Bc, int64_t nblk) {
   if (p.v_nonfinite && !*p.v_nonfinite) return; /* not needed: the tensor cores have run */
   for (int64_t blk = blockIdx.x; blk < nblk; blk += gridDim.x) {
@@ -194,7 +194,7 @@ static inline fa_status tiled_grid(fa_context *ctx, int64_t nblk, bool fallback,
 /* The tile of the SIMT kernel for a call whose tile (a tensor-core
  * kernel's) it cannot hold: the key tile halved down to 8, then the query
  * tile, until it fits. */
-static inline fa_status simt_fit_tile(fa_context *ctx, fa_attn_problem *p) {
+static inline fa_status simt_fit_tile(fa_context *ctx, attn_params *p) {
   int smem_max = 0;
   fa_status st = tiled_smem_max(ctx, &smem_max);
   while (!st && tiled_smem(block_rows((int)p->tile_q), (int)p->tile_k, p->D, p->Dv) > (size_t)smem_max && p->tile_q > 1) {

@@ -470,7 +470,7 @@ typedef struct {
   int br, bc;          /* the fast kernel's tile */
   bool persistent;     /* FAST_TMA: its persistent form */
   wt_maps maps;        /* FAST_TMA: the tensor maps of q, k and v */
-  fa_attn_problem simt; /* tile fitted to the SIMT kernel */
+  attn_params simt; /* tile fitted to the SIMT kernel */
   long long nb, nh, nq; /* spans: batches and heads told apart (1: mask_mod does not use b / h), query tiles */
   char names[RTC_KERNELS][160];
 } variant_plan;
@@ -489,7 +489,7 @@ static fa_status plan_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_a
   const char *T = rtc_type(p);
   const char *dense = attn_rows_dense(p) ? "true" : "false";
   /* the SIMT kernel: behind the fast one (a tile it holds), or alone with the call's tile */
-  v->simt = *p;
+  v->simt = attn_params_of(*p);
   if (v->fast) v->simt.tile_q = 64, v->simt.tile_k = 64;
   fa_status st = simt_fit_tile(ctx, &v->simt);
   if (st) return st;
@@ -721,7 +721,7 @@ static fa_status queue_variant(fa_context *ctx, const fa_attn_problem *p, const 
   }
   if (!st) {
     const fa_variant_args va = vp->va;
-    (fa_attn_problem &)*vp = v->simt;
+    (attn_params &)*vp = v->simt;
     vp->va = va;
     vp->v_nonfinite = v_flag;
     int bc = (int)v->simt.tile_k, tq = (int)v->simt.tile_q;

@@ -23,7 +23,7 @@
 
 #include "attention_variant_args.cuh"
 
-struct fa_variant_problem : fa_attn_problem {
+struct fa_variant_problem : attn_params {
   fa_variant_args va;
 };
 

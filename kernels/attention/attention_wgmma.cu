@@ -6,10 +6,10 @@
 #include <cstdio>
 
 template <typename T, int D, int BC, int EXTRAS, int PASS>
-static fa_status launch(fa_context *ctx, const fa_attn_problem *p) {
+static fa_status launch(fa_context *ctx, const attn_params *p) {
   /* the statistics pass holds no V tiles */
   const size_t smem = PASS == PASS_STATS ? (size_t)(WG_BR + 2 * BC) * WG_PAD(D) * 2 + 1024 : wgmma_smem_bytes(D, BC);
-  void (*kernel)(fa_attn_problem) = attn_rows_dense(p) ? attn_wgmma_kernel<T, D, BC, EXTRAS, PASS, true>
+  void (*kernel)(attn_params) = attn_rows_dense(p) ? attn_wgmma_kernel<T, D, BC, EXTRAS, PASS, true>
                                                         : attn_wgmma_kernel<T, D, BC, EXTRAS, PASS, false>;
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   int64_t blocks = p->B * p->Hq * ((p->Lq + WG_BR - 1) / WG_BR);
@@ -19,20 +19,13 @@ static fa_status launch(fa_context *ctx, const fa_attn_problem *p) {
   return FA_OK;
 }
 
-template <typename T, int D, int BC, int EXTRAS> static fa_status launch_pass(fa_context *ctx, const fa_attn_problem *p, int pass) {
-  if (pass == PASS_STATS) return launch<T, D, BC, EXTRAS, PASS_STATS>(ctx, p);
-  if (pass == PASS_OUTPUT) return launch<T, D, BC, EXTRAS, PASS_OUTPUT>(ctx, p);
-  return launch<T, D, BC, EXTRAS, PASS_FLASH>(ctx, p);
+template <typename T, int D, int BC> static fa_status launch_extras(fa_context *ctx, const attn_params *p, int pass) {
+  return attn_instance_by_rule_and_pass(p, pass, [&](auto x, auto ps) {
+    return launch<T, D, BC, decltype(x)::value, decltype(ps)::value>(ctx, p);
+  });
 }
 
-template <typename T, int D, int BC> static fa_status launch_extras(fa_context *ctx, const fa_attn_problem *p, int pass) {
-  const int x = attn_extras_kind(p);
-  if (x == EXTRAS_MASK) return launch_pass<T, D, BC, EXTRAS_MASK>(ctx, p, pass);
-  if (x == EXTRAS_SCORE) return launch_pass<T, D, BC, EXTRAS_SCORE>(ctx, p, pass);
-  return launch_pass<T, D, BC, EXTRAS_NONE>(ctx, p, pass);
-}
-
-template <typename T> static fa_status wgmma_typed(fa_context *ctx, const fa_attn_problem *p, int pass) {
+template <typename T> static fa_status wgmma_typed(fa_context *ctx, const attn_params *p, int pass) {
   if (p->D == 64 && p->tile_k == 64) return launch_extras<T, 64, 64>(ctx, p, pass);
   if (p->D == 64) return launch_extras<T, 64, 128>(ctx, p, pass);
   if (p->D == 256) return launch_extras<T, 256, 64>(ctx, p, pass);
@@ -74,7 +67,7 @@ extern "C" int fa_cuda_wgmma_usable(void) {
  * memory) for f16/bf16 at D = Dv = 64, 96, 128 or 256, one
  * pass (PASS_FLASH, PASS_STATS or PASS_OUTPUT); the caller has checked the
  * rest (alignment) and set p->v_nonfinite (p->row_stats for two_pass). */
-extern "C" fa_status fa_cuda_attention_wgmma(fa_context *ctx, const fa_attn_problem *p, int pass) {
+extern "C" fa_status fa_cuda_attention_wgmma(fa_context *ctx, const attn_params *p, int pass) {
   if (p->compute == FA_F16) return wgmma_typed<__half>(ctx, p, pass);
   return wgmma_typed<__nv_bfloat16>(ctx, p, pass);
 }
@@ -101,7 +94,7 @@ static bool wgmma_takes(const fa_attn_problem *p, fa_attention_algo) { return at
 
 /* Its instances of two blocks an SM (D = 64, key tiles of 64) check their
  * shares of V themselves (v_check_share). */
-static fa_status wgmma_queue(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo algo, bool, int **v_flag) {
+static fa_status wgmma_queue(fa_context *ctx, const attn_params *p, fa_attention_algo algo, bool, int **v_flag) {
   return launch_fast_passes(ctx, p, algo, v_flag, fa_cuda_attention_wgmma, p->D == 64 && p->tile_k == 64);
 }
 

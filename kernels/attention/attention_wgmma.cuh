@@ -80,7 +80,7 @@ template <typename T, int BC> static __device__ __forceinline__ void p_pack(uint
  * issues no P·V (one block of two warpgroups in less shared memory, two an
  * SM); PASS_OUTPUT turns each tile's scores into final probabilities with
  * the rows' (m, l) and accumulates O without rescaling. */
-template <typename T, int D, int BC, int EXTRAS, int PASS, bool DENSE = true, typename PROB = fa_attn_problem>
+template <typename T, int D, int BC, int EXTRAS, int PASS, bool DENSE = true, typename PROB = attn_params>
 __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && BC == 64) ? 2 : 1)
     attn_wgmma_kernel(PROB p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)

@@ -79,11 +79,11 @@ int wt_encode_maps(const fa_attn_problem *p, wt_maps *m) {
 }
 
 template <typename T, int D, int BC, int EXTRAS>
-static fa_status launch(fa_context *ctx, const fa_attn_problem *p, const wt_maps &m) {
+static fa_status launch(fa_context *ctx, const attn_params *p, const wt_maps &m) {
   const size_t smem = wt_layout<D, BC>::bytes;
   /* turns at D = 256 (+5-12 %); at D = 128 they cost up to a tenth at
    * L = 16k (H200, 2026-11-27, docs/perf/2026-11-27-attention-h200-tma.json) */
-  void (*kernel)(const fa_attn_problem, const wt_maps) = attn_wgmma_tma_kernel<T, D, BC, EXTRAS, D == 256>;
+  void (*kernel)(const attn_params, const wt_maps) = attn_wgmma_tma_kernel<T, D, BC, EXTRAS, D == 256>;
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   int64_t blocks = p->B * p->Hq * ((p->Lq + WT_BR - 1) / WT_BR);
   if (fa_status st = attn_grid_fits(ctx, blocks)) return st;
@@ -110,9 +110,9 @@ fa_status wt_persistent_start(fa_context *ctx, int64_t tiles, unsigned *grid, in
 
 /* The persistent form (see its kernel). */
 template <typename T, int D, int BC, int EXTRAS>
-static fa_status launch_persistent(fa_context *ctx, const fa_attn_problem *p, const wt_maps &m) {
+static fa_status launch_persistent(fa_context *ctx, const attn_params *p, const wt_maps &m) {
   const size_t smem = wt_layout<D, BC>::bytes;
-  void (*kernel)(const fa_attn_problem, const wt_maps, int *) = attn_wgmma_tma_persistent_kernel<T, D, BC, EXTRAS>;
+  void (*kernel)(const attn_params, const wt_maps, int *) = attn_wgmma_tma_persistent_kernel<T, D, BC, EXTRAS>;
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   const int64_t tiles = p->B * p->Hq * ((p->Lq + WT_BR - 1) / WT_BR);
   if (fa_status st = attn_grid_fits(ctx, tiles)) return st;
@@ -126,13 +126,13 @@ static fa_status launch_persistent(fa_context *ctx, const fa_attn_problem *p, co
   return fa_cuda_error(ctx, err, "attn_wgmma_tma_persistent_kernel");
 }
 
-static bool wt_persistent(const fa_attn_problem *p) {
+static bool wt_persistent(const attn_params *p) {
   return wt_persistent_fits(p->D, p->Lk, attn_extras_kind(p) == EXTRAS_MASK);
 }
 
 /* The call's score rule on the persistent form, or on a block a query tile
  * (the masks, and the consumers taking turns at D = 256). */
-template <typename T, int D, int BC> static fa_status launch_extras(fa_context *ctx, const fa_attn_problem *p, const wt_maps &m) {
+template <typename T, int D, int BC> static fa_status launch_extras(fa_context *ctx, const attn_params *p, const wt_maps &m) {
   const int x = attn_extras_kind(p);
   if (wt_persistent(p)) {
     if (x == EXTRAS_SCORE) return launch_persistent<T, D, BC, EXTRAS_SCORE>(ctx, p, m);
@@ -143,7 +143,7 @@ template <typename T, int D, int BC> static fa_status launch_extras(fa_context *
   return launch<T, D, BC, EXTRAS_NONE>(ctx, p, m);
 }
 
-template <typename T> static fa_status tma_typed(fa_context *ctx, const fa_attn_problem *p, const wt_maps &m) {
+template <typename T> static fa_status tma_typed(fa_context *ctx, const attn_params *p, const wt_maps &m) {
   if (p->D == 256) return launch_extras<T, 256, 64>(ctx, p, m);
   if (p->tile_k == 176) return launch_extras<T, 128, 176>(ctx, p, m);
   return launch_extras<T, 128, 128>(ctx, p, m);
@@ -153,7 +153,7 @@ template <typename T> static fa_status tma_typed(fa_context *ctx, const fa_attn_
  * which launch_fast_passes calls on the same thread before it returns. */
 static thread_local wt_maps call_maps;
 
-static fa_status run_flash(fa_context *ctx, const fa_attn_problem *p, int pass) {
+static fa_status run_flash(fa_context *ctx, const attn_params *p, int pass) {
   (void)pass; /* PASS_FLASH, the one pass queued */
   if (p->compute == FA_F16) return tma_typed<__half>(ctx, p, call_maps);
   return tma_typed<__nv_bfloat16>(ctx, p, call_maps);
@@ -187,8 +187,8 @@ static bool tma_takes(const fa_attn_problem *p, fa_attention_algo algo) {
 /* automatic: at D = 128 the default key tile of 128 becomes 176 from 2048
  * keys on, without masks (3-9 % faster from 4096 keys, 3-9 % slower at
  * 1024; the masks' instance spills). */
-static fa_status tma_queue(fa_context *ctx, const fa_attn_problem *p, fa_attention_algo, bool automatic, int **v_flag) {
-  fa_attn_problem call = *p;
+static fa_status tma_queue(fa_context *ctx, const attn_params *p, fa_attention_algo, bool automatic, int **v_flag) {
+  attn_params call = *p;
   if (automatic && p->D == 128 && p->tile_k == 128 && p->Lk >= 2048 && attn_extras_kind(p) != EXTRAS_MASK)
     call.tile_k = 176;
   if (!wt_encode_maps(&call, &call_maps) && (call.tile_k = p->tile_k, !wt_encode_maps(&call, &call_maps)))

@@ -237,7 +237,7 @@ static __device__ __forceinline__ void wt_consume(const fa_attn_problem &p, int6
 #endif
 }
 
-template <typename T, int D, int BC, int EXTRAS, bool PINGPONG, typename PROB = fa_attn_problem>
+template <typename T, int D, int BC, int EXTRAS, bool PINGPONG, typename PROB = attn_params>
 __global__ void __launch_bounds__(WT_THREADS, 1) attn_wgmma_tma_kernel(const PROB p, const __grid_constant__ wt_maps tm) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   const int v_bad = *p.v_nonfinite; /* see leave_for_fallback */
@@ -296,7 +296,7 @@ __global__ void __launch_bounds__(WT_THREADS, 1) attn_wgmma_tma_kernel(const PRO
  * (frag_store): Q's buffer, through which the one-tile form stages it, is
  * the next tile's by then. */
 
-template <typename T, int D, int BC, int EXTRAS, typename PROB = fa_attn_problem>
+template <typename T, int D, int BC, int EXTRAS, typename PROB = attn_params>
 __global__ void __launch_bounds__(WT_THREADS, 1)
     attn_wgmma_tma_persistent_kernel(const PROB p, const __grid_constant__ wt_maps tm, int *next_tile) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
