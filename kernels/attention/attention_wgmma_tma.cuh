@@ -22,7 +22,7 @@
  * behind it, the wgmma kernel's intra-warpgroup overlap).
  *
  * Tiles {128, BC}: key tiles of 128 or 176 at D = 128 (the automatic
- * choice takes 176 from 2048 keys on: attention_mma.cu), of 64 at D = 256,
+ * choice takes 176 from 2048 keys on: attention_wgmma_tma.cu), of 64 at D = 256,
  * where the consumers take turns at the tensor cores (PINGPONG).
  *
  * Two forms: a block a query tile (attn_wgmma_tma_kernel), and a
@@ -83,6 +83,15 @@ struct wt_slot {
   long long t_lo, all_lo, all_hi;
 };
 
+/* The mbarriers of a block, and its shared memory in bytes for head dim D
+ * and key tiles of BC (wt_layout<D, BC>::bytes; the variants' launches ask
+ * with run-time values): the tiles, the barriers, two slots, and 1024 for
+ * the alignment. */
+#define WT_NBAR (1 + 2 * WT_KST + 2 * WT_VST + 5)
+static __host__ __device__ constexpr size_t wt_smem_bytes(int D, int BC) {
+  return (size_t)WT_BR * D * 2 + (size_t)(WT_KST + WT_VST) * BC * D * 2 + 8 * WT_NBAR + 2 * sizeof(wt_slot) + 1024;
+}
+
 /* A block's shared memory, 1024-byte aligned (the swizzle is computed on
  * address bits): Q's tile, the key and value rings, the mbarriers (Q's
  * full, the rings' full and empty; the persistent form's Q empty and its
@@ -90,8 +99,8 @@ struct wt_slot {
  * as the copies and products take them (q: Q's tile). */
 template <int D, int BC> struct wt_layout {
   static constexpr int QB = WT_BR * D * 2, KB = BC * D * 2; /* bytes of the Q tile, of a K or V tile */
-  static constexpr int BARS = QB + (WT_KST + WT_VST) * KB, NBAR = 1 + 2 * WT_KST + 2 * WT_VST + 5;
-  static constexpr size_t bytes = (size_t)BARS + 8 * NBAR + 2 * sizeof(wt_slot) + 1024; /* + alignment */
+  static constexpr int BARS = QB + (WT_KST + WT_VST) * KB, NBAR = WT_NBAR;
+  static constexpr size_t bytes = wt_smem_bytes(D, BC);
   char *qs;
   uint32_t q;
   __device__ __forceinline__ explicit wt_layout(char *raw)
