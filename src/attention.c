@@ -454,6 +454,12 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   fa_attn_dims d;
   fa_status st = fa_check_attention(ctx, q, k, v, o, reference, &d);
   if (!st && !reference) st = fa_check_attention_kernel(ctx, o, &d);
+  /* a mask_mod that is a window or causal rule runs as that rule (the reference keeps it literal) */
+  fa_attention_opts as_range;
+  if (!st && !reference && fa_expr_mask_as_range(o->mask_mod, d.Lq, d.Lk, o, &as_range)) {
+    o = &as_range;
+    d.variant = o->score_mod != NULL;
+  }
   /* the decode kernel cuts the keys into opts.splits chunks itself */
   const int decode = !st && !reference && fa_attn_decode_takes(&d, o);
   if (!st) st = fa_attention_splits_check(ctx, o, reference || decode);

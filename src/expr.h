@@ -170,6 +170,13 @@ void fa_expr_grad_deps(const fa_expr *e, uint8_t *dep);
  * decide, and record any read out of range).  After fa_expr_begin(host). */
 int fa_expr_tile(const fa_expr *e, int64_t b, int64_t h, int64_t q0, int64_t q1, int64_t k0, int64_t k1);
 
+/* Whether mask_mod (no captured tensors, no block mask in *in) is an AND of bounds on q − k
+ * that the options' window and causal rule express for Lq query and Lk key
+ * positions (expr_window.c): then 1 and *out = *in without mask_mod, its
+ * window (and causal) narrowed to the same keys; else 0. */
+int fa_expr_mask_as_range(const fa_expr *mask_mod, int64_t Lq, int64_t Lk, const fa_attention_opts *in,
+                          fa_attention_opts *out);
+
 /* Writes a readable form of node i (at most n bytes, cut with "...") into buf. */
 const char *fa_expr_describe(const fa_expr *e, int i, char *buf, size_t n);
 
