@@ -144,6 +144,12 @@ static fa_status run_backward(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_te
   if (st || (st = fa_check_attention_backward(ctx, q, o, lse, dout, reference, &d)) ||
       (!reference && (st = bw_kernel(ctx, opts, &kernel)))) /* the reference ignores opts.kernel */
     return st;
+  /* a mask_mod that is a window or causal rule runs as that rule, as in the forward (src/expr_window.c) */
+  fa_attention_opts as_range;
+  if (!reference && fa_expr_mask_as_range(opts->mask_mod, d.Lq, d.Lk, opts, &as_range)) {
+    opts = &as_range;
+    d.variant = opts->score_mod != NULL;
+  }
   if (!reference && d.device == FA_CUDA)
     return run_backward_cuda(ctx, q, k, v, o, lse, dout, opts, &d, kernel, dq, dk, dv);
   const fa_dtype compute = reference || d.dtype == FA_F64 ? FA_F64 : FA_F32;

@@ -146,6 +146,22 @@ int main(void) {
     CHECK_OK(ctx, fa_max_abs_diff(ctx, oa, orf, &d_ref));
     CHECK(d_built == 0, "the built-in window's result exactly: %g", d_built);
     CHECK(d_ref < 1e-5, "the reference's: %g", d_ref);
+    /* the backward: the same gradients as the built-in window's, exactly, and the reference's */
+    fa_tensor *lse = NULL, *dout = tu_randn(ctx, 4, shape, FA_F32, FA_CPU, 4), *g[3][3] = {{NULL}};
+    fa_tensor_release(oa), oa = NULL;
+    a.return_lse = 1;
+    CHECK_OK(ctx, fa_attention(ctx, q, k, v, &a, &oa, &lse));
+    CHECK_OK(ctx, fa_attention_backward(ctx, q, k, v, oa, lse, dout, &a, &g[0][0], &g[0][1], &g[0][2]));
+    CHECK_OK(ctx, fa_attention_backward(ctx, q, k, v, oa, lse, dout, &b, &g[1][0], &g[1][1], &g[1][2]));
+    CHECK_OK(ctx, fa_attention_backward_reference(ctx, q, k, v, oa, lse, dout, &a, &g[2][0], &g[2][1], &g[2][2]));
+    for (int i = 0; i < 3; i++) {
+      double d0 = 1, d1 = 1;
+      CHECK_OK(ctx, fa_max_abs_diff(ctx, g[0][i], g[1][i], &d0));
+      CHECK_OK(ctx, fa_max_abs_diff(ctx, g[0][i], g[2][i], &d1));
+      CHECK(d0 == 0 && d1 < 1e-4, "gradient %d: %g from the built-in window's, %g from the reference's", i, d0, d1);
+    }
+    for (int i = 0; i < 9; i++) fa_tensor_release(g[i / 3][i % 3]);
+    fa_tensor_release(lse), fa_tensor_release(dout);
     fa_tensor_release(oa), fa_tensor_release(ob), fa_tensor_release(orf);
     fa_tensor_release(q), fa_tensor_release(k), fa_tensor_release(v);
     fa_expr_free(e);
