@@ -22,6 +22,18 @@ typedef struct {
   int ok;
 } band;
 
+/* Integers no larger than lim: with positions below 2^31 and
+ * coefficients within 2^20 every value the expression computes in f64 is
+ * an exact integer, so its comparisons are the ones reasoned about here
+ * (a fraction or an overflow to inf would round where this would not). */
+static int small_integer(double c, double lim) { return c == floor(c) && fabs(c) <= lim; }
+
+/* l itself while its coefficients stay small integers, else not a form */
+static linear bounded(linear l) {
+  const linear none = {0, 0, 0, 0};
+  return small_integer(l.cq, 0x1p20) && small_integer(l.ck, 0x1p20) && small_integer(l.c0, 0x1p40) ? l : none;
+}
+
 static linear linear_of(const fa_expr *e, int i, int depth) {
   const linear none = {0, 0, 0, 0};
   const fa_expr_node *x = &e->nodes[i];
@@ -30,7 +42,7 @@ static linear linear_of(const fa_expr *e, int i, int depth) {
   switch (x->op) {
   case FA_X_Q: return (linear){1, 0, 0, 1};
   case FA_X_K: return (linear){0, 1, 0, 1};
-  case FA_X_CONST: return isfinite(x->c) ? (linear){0, 0, x->c, 1} : none;
+  case FA_X_CONST: return small_integer(x->c, 0x1p40) ? (linear){0, 0, x->c, 1} : none;
   case FA_X_NEG:
     a = linear_of(e, x->a[0], depth + 1);
     return a.ok ? (linear){-a.cq, -a.ck, -a.c0, 1} : none;
@@ -38,13 +50,13 @@ static linear linear_of(const fa_expr *e, int i, int depth) {
   case FA_X_SUB: {
     const double sg = x->op == FA_X_ADD ? 1 : -1;
     a = linear_of(e, x->a[0], depth + 1), b = linear_of(e, x->a[1], depth + 1);
-    return a.ok && b.ok ? (linear){a.cq + sg * b.cq, a.ck + sg * b.ck, a.c0 + sg * b.c0, 1} : none;
+    return a.ok && b.ok ? bounded((linear){a.cq + sg * b.cq, a.ck + sg * b.ck, a.c0 + sg * b.c0, 1}) : none;
   }
   case FA_X_MUL: /* by a constant */
     a = linear_of(e, x->a[0], depth + 1), b = linear_of(e, x->a[1], depth + 1);
     if (!a.ok || !b.ok) return none;
-    if (b.cq == 0 && b.ck == 0) return (linear){a.cq * b.c0, a.ck * b.c0, a.c0 * b.c0, 1};
-    if (a.cq == 0 && a.ck == 0) return (linear){b.cq * a.c0, b.ck * a.c0, b.c0 * a.c0, 1};
+    if (b.cq == 0 && b.ck == 0) return bounded((linear){a.cq * b.c0, a.ck * b.c0, a.c0 * b.c0, 1});
+    if (a.cq == 0 && a.ck == 0) return bounded((linear){b.cq * a.c0, b.ck * a.c0, b.c0 * a.c0, 1});
     return none;
   default: return none;
   }
@@ -67,30 +79,52 @@ static int flip(int op) {
   return op == FA_X_LT ? FA_X_GT : op == FA_X_LE ? FA_X_GE : op == FA_X_GT ? FA_X_LT : op == FA_X_GE ? FA_X_LE : op;
 }
 
+/* The band of "cq·q + ck·k + c op 0". */
+static band band_cmp(int op, double cq, double ck, double c) {
+  const band none = {0, 0, 0};
+  if (!small_integer(cq, 0x1p20) || !small_integer(ck, 0x1p20) || !small_integer(c, 0x1p40)) return none;
+  if (cq == 0 || cq != -ck) return none; /* a constant comparison, or a bound on q or k alone: not a window */
+  return bound(cq > 0 ? op : flip(op), -c / cq);
+}
+
+static band intersect(band a, band b) {
+  const band none = {0, 0, 0};
+  return a.ok && b.ok ? (band){fmax(a.lo, b.lo), fmin(a.hi, b.hi), 1} : none;
+}
+
+/* |x| op t for x = the linear form l and t a constant, op <= or <: -t op' x op t */
+static band band_abs(int op, linear l, double t) {
+  const int le = op == FA_X_LE;
+  return intersect(band_cmp(op, l.cq, l.ck, l.c0 - t), band_cmp(le ? FA_X_GE : FA_X_GT, l.cq, l.ck, l.c0 + t));
+}
+
 static band band_of(const fa_expr *e, int i, int depth) {
   const band none = {0, 0, 0}, all = {-INFINITY, INFINITY, 1};
   const fa_expr_node *x = &e->nodes[i];
   if (depth > 64) return none;
   if (x->op == FA_X_CONST) return x->is_bool && x->c != 0 ? all : none; /* true: no bound */
-  if (x->op == FA_X_AND) {
-    const band a = band_of(e, x->a[0], depth + 1), b = band_of(e, x->a[1], depth + 1);
-    return a.ok && b.ok ? (band){fmax(a.lo, b.lo), fmin(a.hi, b.hi), 1} : none;
-  }
+  if (x->op == FA_X_AND) return intersect(band_of(e, x->a[0], depth + 1), band_of(e, x->a[1], depth + 1));
   if (x->op != FA_X_LT && x->op != FA_X_LE && x->op != FA_X_GT && x->op != FA_X_GE && x->op != FA_X_EQ) return none;
+  const fa_expr_node *xa = &e->nodes[x->a[0]], *xb = &e->nodes[x->a[1]];
   const linear a = linear_of(e, x->a[0], depth + 1), b = linear_of(e, x->a[1], depth + 1);
+  /* a symmetric window: |q - k + c| <= t (or t >= |...|) */
+  if (xa->op == FA_X_ABS && b.ok && b.cq == 0 && b.ck == 0 && (x->op == FA_X_LE || x->op == FA_X_LT)) {
+    const linear l = linear_of(e, xa->a[0], depth + 1);
+    return l.ok ? band_abs(x->op, l, b.c0) : none;
+  }
+  if (xb->op == FA_X_ABS && a.ok && a.cq == 0 && a.ck == 0 && (x->op == FA_X_GE || x->op == FA_X_GT)) {
+    const linear l = linear_of(e, xb->a[0], depth + 1);
+    return l.ok ? band_abs(flip(x->op), l, a.c0) : none;
+  }
   if (!a.ok || !b.ok) return none;
-  /* (a − b) op 0 as s·(q − k) + c op 0 */
-  const double cq = a.cq - b.cq, ck = a.ck - b.ck, c = a.c0 - b.c0;
-  if (cq == 0 || cq != -ck) return none; /* a constant comparison, or a bound on q or k alone: not a window */
-  const double t = -c / cq;
-  const band r = bound(cq > 0 ? x->op : flip(x->op), t);
-  return isfinite(t) ? r : none;
+  return band_cmp(x->op, a.cq - b.cq, a.ck - b.ck, a.c0 - b.c0); /* (a − b) op 0 */
 }
 
 int fa_expr_mask_as_range(const fa_expr *mask_mod, int64_t Lq, int64_t Lk, const fa_attention_opts *in,
                           fa_attention_opts *out) {
   /* with a block mask the call believes it (its empty tiles skipped, its full ones not masked: API §9) */
   if (!mask_mod || mask_mod->n < 1 || mask_mod->ntensors > 0 || in->block_mask) return 0;
+  if (Lq >= 0x80000000LL || Lk >= 0x80000000LL) return 0; /* beyond what small_integer's bounds hold for */
   const band d = band_of(mask_mod, mask_mod->n - 1, 0);
   if (!d.ok || d.lo > d.hi) return 0; /* an empty band masks every key: left to the kernels */
   /* keys j of row i (0-based, the same offsets): i − hi <= j <= i − lo; the

@@ -75,6 +75,15 @@ int main(void) {
                                   node(FA_X_SUB, 0, 2, 4, 0), C(7), node(FA_X_LE, 1, 5, 6, 0)};
   expect(ctx, "2q - 2k <= 7", scaled, 8, 40, 40, &o, 1, 1, 3, -1, FA_CAUSAL_NONE);
 
+  /* |q - k| <= 4, and 3 > |k - q + 1| (-2 < q - k + ... : -4 < k - q < 2) */
+  const fa_expr_node sym[6] = {Q, K, node(FA_X_SUB, 0, 0, 1, 0), node(FA_X_ABS, 0, 2, 0, 0), C(4),
+                               node(FA_X_LE, 1, 3, 4, 0)};
+  expect(ctx, "|q - k| <= 4", sym, 6, 40, 40, &o, 1, 1, 4, 4, FA_CAUSAL_NONE);
+  const fa_expr_node sym2[8] = {K, Q, node(FA_X_SUB, 0, 0, 1, 0), C(1), node(FA_X_ADD, 0, 2, 3, 0),
+                                node(FA_X_ABS, 0, 4, 0, 0), C(3), node(FA_X_GT, 1, 6, 5, 0)};
+  /* |k - q + 1| < 3: -3 < k - q + 1 < 3, i.e. -4 < k - q < 2: keys i - 3 .. i + 1 */
+  expect(ctx, "3 > |k - q + 1|", sym2, 8, 40, 40, &o, 1, 1, 3, 1, FA_CAUSAL_NONE);
+
   /* with the call's own window and causal: the tighter bound of each side */
   fa_attention_opts w = o;
   w.has_window = 1, w.window_left = 3, w.window_right = 2, w.softcap = 30;
@@ -94,6 +103,18 @@ int main(void) {
   expect(ctx, "prefix_lm (an or)", either, 6, 40, 40, &o, 0, 0, 0, 0, FA_CAUSAL_NONE);
   const fa_expr_node neg[4] = {Q, K, node(FA_X_LT, 1, 0, 1, 0), node(FA_X_NOT, 1, 2, 0, 0)};
   expect(ctx, "not (q < k)", neg, 4, 40, 40, &o, 0, 0, 0, 0, FA_CAUSAL_NONE);
+  /* fractions and huge coefficients: the f64 evaluation rounds or overflows where algebra would not */
+  const fa_expr_node half[5] = {Q, K, node(FA_X_SUB, 0, 0, 1, 0), C(2.5), node(FA_X_LE, 1, 2, 3, 0)};
+  expect(ctx, "q - k <= 2.5", half, 5, 40, 40, &o, 0, 0, 0, 0, FA_CAUSAL_NONE);
+  const fa_expr_node huge[8] = {Q, C(1e307), node(FA_X_MUL, 0, 0, 1, 0), K, node(FA_X_MUL, 0, 3, 1, 0),
+                                node(FA_X_SUB, 0, 2, 4, 0), C(0), node(FA_X_LE, 1, 5, 6, 0)};
+  expect(ctx, "1e307 q - 1e307 k <= 0", huge, 8, 40, 40, &o, 0, 0, 0, 0, FA_CAUSAL_NONE);
+  fa_expr_node big = huge[1];
+  big.c = 1024; /* the same with a coefficient it takes */
+  fa_expr_node fine[8];
+  memcpy(fine, huge, sizeof fine);
+  fine[1] = big;
+  expect(ctx, "1024 q - 1024 k <= 0", fine, 8, 40, 40, &o, 1, 1, 0, -1, FA_CAUSAL_NONE);
   const fa_expr_node never[1] = {node(FA_X_CONST, 1, 0, 0, 0)};
   expect(ctx, "false", never, 1, 40, 40, &o, 0, 0, 0, 0, FA_CAUSAL_NONE);
   const fa_expr_node always[1] = {node(FA_X_CONST, 1, 0, 0, 1)};

@@ -98,6 +98,11 @@ function TestVariants:test_sliding()
     check_variant(q, k, v, {mask_mod = narrow}, {mask = dense(L, L, function(i, j) return i >= j and i - j <= W end)},
       "sliding", {tile = {8, 8}})
     check_variant(q, k, v, {mask_mod = narrow}, {window = {W, 0}}, "sliding as window")
+    -- a symmetric and a shifted band (they run as the window option: src/expr_window.c)
+    check_variant(q, k, v, {mask_mod = function(b, h, q, k) return (q - k):abs():le(3) end}, {window = {3, 3}},
+      "symmetric window")
+    check_variant(q, k, v, {mask_mod = function(b, h, q, k) return (k - q):lt(3) & (q - k):le(W) end},
+      {window = {W, 2}}, "band")
   end
 end
 
