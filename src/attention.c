@@ -351,11 +351,11 @@ fa_status fa_attn_cuda_inputs(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_te
     bufs->kv_bytes = sizeof(int64_t) * (size_t)d->B;
     if ((st = upload(ctx, o->kv_lens, bufs->kv_bytes, &bufs->kv_lens))) return st;
   }
-  if (o->alibi) {
+  if (o->alibi && !d->alibi_on_device) {
     bufs->alibi_bytes = sizeof(double) * (size_t)d->Hq;
     if ((st = upload(ctx, o->alibi, bufs->alibi_bytes, &bufs->alibi))) return st;
   }
-  p->kv_lens = bufs->kv_lens, p->alibi = bufs->alibi;
+  p->kv_lens = bufs->kv_lens, p->alibi = d->alibi_on_device ? o->alibi : bufs->alibi;
   return FA_OK;
 }
 
@@ -466,8 +466,25 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   if (st) return st;
   const int64_t splits = reference || decode ? 1 : fa_attention_splits_resolve(o, &d);
   if (splits > 1) return fa_attention_splits_run(ctx, q, k, v, o, &d, splits, out, lse);
+  /* a score_mod that is the ALiBi rule runs as opts.alibi, its slopes made on the call's device
+   * (after the splits: their calls read opts.alibi on the host) */
+  fa_attention_opts as_alibi;
+  fa_tensor *slopes = NULL;
+  int alibi = 0;
+  if (!reference && (st = fa_expr_score_as_alibi(ctx, o->score_mod, d.Hq, d.Lq, d.Lk, d.device, o, &as_alibi, &slopes,
+                                                 &alibi)))
+    return st;
+  if (alibi) {
+    o = &as_alibi;
+    d.variant = o->mask_mod != NULL;
+    d.alibi_on_device = d.device == FA_CUDA;
+  }
   int want_lse = o->return_lse || lse != NULL || o->lse_out;
-  if (!reference && d.device == FA_CUDA) return run_cuda(ctx, q, k, v, o, &d, decode, want_lse, out, lse);
+  if (!reference && d.device == FA_CUDA) {
+    st = run_cuda(ctx, q, k, v, o, &d, decode, want_lse, out, lse);
+    fa_tensor_release(slopes); /* stream-ordered: after the kernels that read it */
+    return st;
+  }
   fa_dtype compute = reference || d.dtype == FA_F64 ? FA_F64 : FA_F32;
   fa_tensor *user_out = reference ? NULL : o->out, *user_lse = reference ? NULL : o->lse_out;
   fa_attn_buffers bufs = {0};
@@ -493,6 +510,7 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
                        reference ? FA_F64 : d.dtype, reference ? FA_F64 : FA_F32, dev, out, lse);
 done:
   fa_attn_buffers_drop(&bufs);
+  fa_tensor_release(slopes);
   return st;
 }
 

@@ -199,6 +199,7 @@ fa_status fa_check_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_ten
                    (long long)(d->Lq > INT32_MAX ? d->Lq : d->Lk), INT32_MAX);
   d->rank = q->ndim;
   d->variant = 0;
+  d->alibi_on_device = 0;
   d->device = q->storage->device;
   d->dtype = q->dtype;
   return o ? fa_check_attention_options(ctx, q, o, reference, d) : FA_OK;

@@ -13,6 +13,7 @@ typedef struct {
   fa_dtype dtype;
   fa_attention_algo algo; /* AUTO resolved */
   int variant;            /* opts.score_mod or opts.mask_mod (API §9) */
+  int alibi_on_device;    /* opts.alibi is device memory on cuda (a score_mod made it: expr_alibi.c) */
   /* opts.kernel (fa_check_attention_kernel): the named kernel and the
    * tile it runs with (0: none, or the backend's default); FA_KERNEL_AUTO
    * when none is named (and before that check) */

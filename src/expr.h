@@ -177,6 +177,17 @@ int fa_expr_tile(const fa_expr *e, int64_t b, int64_t h, int64_t q0, int64_t q1,
 int fa_expr_mask_as_range(const fa_expr *mask_mod, int64_t Lq, int64_t Lk, const fa_attention_opts *in,
                           fa_attention_opts *out);
 
+/* Whether score_mod is s plus a multiple c of slopes[h]·|q − k| (slopes a
+ * 1-D float tensor captured on `device`, at least Hq long), with Lq = Lk
+ * and no opts.alibi or softcap in *in (expr_alibi.c): then *converted = 1,
+ * *out = *in without score_mod and with opts.alibi = −c·slopes, Hq of
+ * them, in *slopes (a new f64 tensor on `device`, which the caller
+ * releases after the call: out->alibi points into it).  Else *converted =
+ * 0.  FA_OK unless making the slopes failed. */
+fa_status fa_expr_score_as_alibi(fa_context *ctx, const fa_expr *score_mod, int64_t Hq, int64_t Lq, int64_t Lk,
+                                 fa_device device, const fa_attention_opts *in, fa_attention_opts *out,
+                                 fa_tensor **slopes, int *converted);
+
 /* Writes a readable form of node i (at most n bytes, cut with "...") into buf. */
 const char *fa_expr_describe(const fa_expr *e, int i, char *buf, size_t n);
 
