@@ -97,11 +97,15 @@ fa_status fa_expr_score_as_alibi(fa_context *ctx, const fa_expr *score_mod, int6
   const int float_dtype = src->dtype == FA_F32 || src->dtype == FA_F64 || src->dtype == FA_F16 || src->dtype == FA_BF16;
   /* reads past the tensor fault (an error the call must give): those stay expressions */
   if (!float_dtype || src->ndim != 1 || src->shape[0] < Hq || src->storage->device != device) return FA_OK;
-  /* the bias c·slopes[h]·|d| is opts.alibi's −slope·|d|: slope = −c·slopes[h] */
-  fa_tensor *f64 = NULL;
+  /* the bias c·slopes[h]·|d| is opts.alibi's −slope·|d|: slope = −c·slopes[h], dense f64 (the
+   * tensor itself where it is one and c = −1, the usual form) */
+  fa_tensor *f64 = NULL, *dense = NULL;
   fa_status st = fa_tensor_to(ctx, src, FA_F64, device, &f64);
-  if (!st) st = fa_tensor_binary(ctx, f64, FA_BIN_MUL, NULL, -a.coef, slopes);
+  if (!st) st = fa_tensor_contiguous(ctx, f64, &dense);
   fa_tensor_release(f64);
+  if (!st && a.coef == -1) *slopes = dense, dense = NULL;
+  else if (!st) st = fa_tensor_binary(ctx, dense, FA_BIN_MUL, NULL, -a.coef, slopes);
+  fa_tensor_release(dense);
   if (st) return st;
   *out = *in;
   out->score_mod = NULL;

@@ -79,6 +79,27 @@ int main(void) {
   expect(ctx, "s - 0.5 * slopes[h] * |q - k|", alibi_expr(ctx, slopes, FA_X_H, 0.5, 1, 0), 40, 40, &o, 1, 0.5);
   expect(ctx, "s + 2 * slopes[h] * |q - k|", alibi_expr(ctx, slopes, FA_X_H, -2, 1, 0), 40, 40, &o, 1, -2);
   expect(ctx, "a longer tensor", alibi_expr(ctx, longer, FA_X_H, 1, 1, 0), 40, 40, &o, 1, 1);
+  {
+    static float f32[H] = {0.5f, 0.25f, 0.125f, 0.0625f};
+    fa_tensor *sf = NULL;
+    CHECK_OK(ctx, fa_tensor_wrap(ctx, f32, FA_CPU, FA_F32, 1, &n, NULL, NULL, NULL, &sf));
+    expect(ctx, "f32 slopes", alibi_expr(ctx, sf, FA_X_H, 1, 1, 0), 40, 40, &o, 1, 1);
+    int64_t stride = 2, two = 2;
+    fa_tensor *every_other = NULL; /* slopes_h[0], slopes_h[2]: a strided view, converted to a dense copy */
+    CHECK_OK(ctx, fa_tensor_wrap(ctx, slopes_h, FA_CPU, FA_F64, 1, &two, &stride, NULL, NULL, &every_other));
+    fa_expr *e = alibi_expr(ctx, every_other, FA_X_H, 1, 1, 0);
+    fa_attention_opts out;
+    fa_tensor *s2 = NULL;
+    int got = 0;
+    tu_test = "strided slopes";
+    CHECK_OK(ctx, fa_expr_score_as_alibi(ctx, e, 2, 40, 40, FA_CPU, &o, &out, &s2, &got));
+    CHECK(got && out.alibi[0] == 0.5 && out.alibi[1] == 0.125, "slopes %g %g", got ? out.alibi[0] : 0,
+          got ? out.alibi[1] : 0);
+    fa_tensor_release(s2);
+    fa_expr_free(e);
+    fa_tensor_release(every_other);
+    fa_tensor_release(sf);
+  }
   /* what stays an expression */
   expect(ctx, "Lq != Lk", alibi_expr(ctx, slopes, FA_X_H, 1, 1, 0), 30, 40, &o, 0, 0);
   expect(ctx, "a shorter tensor (its reads fault)", alibi_expr(ctx, shorter, FA_X_H, 1, 1, 0), 40, 40, &o, 0, 0);
