@@ -12,7 +12,6 @@
 #include <math.h>
 
 #define MAX_TERMS 8
-#define MAX_DEPTH 64
 
 typedef struct {
   int node;
@@ -20,14 +19,14 @@ typedef struct {
 } term;
 
 /* The terms of node i's sum (+, -, unary minus), at most MAX_TERMS. */
-static int terms_of(const fa_expr *e, int i, double sign, term *t, int n, int depth) {
+static int terms_of(const fa_expr *e, int i, double sign, term *t, int n, int *work) {
   const fa_expr_node *x = &e->nodes[i];
-  if (n < 0 || depth > MAX_DEPTH) return -1;
+  if (n < 0 || --*work < 0) return -1;
   if (x->op == FA_X_ADD || x->op == FA_X_SUB) {
-    n = terms_of(e, x->a[0], sign, t, n, depth + 1);
-    return terms_of(e, x->a[1], x->op == FA_X_SUB ? -sign : sign, t, n, depth + 1);
+    n = terms_of(e, x->a[0], sign, t, n, work);
+    return terms_of(e, x->a[1], x->op == FA_X_SUB ? -sign : sign, t, n, work);
   }
-  if (x->op == FA_X_NEG) return terms_of(e, x->a[0], -sign, t, n, depth + 1);
+  if (x->op == FA_X_NEG) return terms_of(e, x->a[0], -sign, t, n, work);
   if (n >= MAX_TERMS) return -1;
   t[n].node = i, t[n].sign = sign;
   return n + 1;
@@ -48,12 +47,12 @@ static int is_distance(const fa_expr *e, int i) {
   return (a == FA_X_Q && b == FA_X_K) || (a == FA_X_K && b == FA_X_Q);
 }
 
-static int product_of(const fa_expr *e, int i, alibi_term *a, int depth) {
+static int product_of(const fa_expr *e, int i, alibi_term *a, int *work) {
   const fa_expr_node *x = &e->nodes[i];
-  if (depth > MAX_DEPTH) return 0;
+  if (--*work < 0) return 0;
   switch (x->op) {
-  case FA_X_MUL: return product_of(e, x->a[0], a, depth + 1) && product_of(e, x->a[1], a, depth + 1);
-  case FA_X_NEG: a->coef = -a->coef; return product_of(e, x->a[0], a, depth + 1);
+  case FA_X_MUL: return product_of(e, x->a[0], a, work) && product_of(e, x->a[1], a, work);
+  case FA_X_NEG: a->coef = -a->coef; return product_of(e, x->a[0], a, work);
   case FA_X_CONST:
     if (x->is_bool || !isfinite(x->c)) return 0;
     a->coef *= x->c;
@@ -76,7 +75,8 @@ fa_status fa_expr_score_as_alibi(fa_context *ctx, const fa_expr *score_mod, int6
   *converted = 0, *slopes = NULL;
   if (!score_mod || score_mod->n < 1 || Lq != Lk || in->alibi || in->softcap > 0) return FA_OK;
   term t[MAX_TERMS];
-  const int n = terms_of(score_mod, score_mod->n - 1, 1, t, 0, 0);
+  int work = 512; /* node visits: a node reused many times over (a DAG) is not walked exponentially */
+  const int n = terms_of(score_mod, score_mod->n - 1, 1, t, 0, &work);
   if (n != 2) return FA_OK;
   double s_coef = 0;
   alibi_term a = {1, -1, -1};
@@ -85,7 +85,7 @@ fa_status fa_expr_score_as_alibi(fa_context *ctx, const fa_expr *score_mod, int6
     const fa_expr_node *x = &score_mod->nodes[t[j].node];
     if (x->op == FA_X_S) {
       s_coef += t[j].sign;
-    } else if (!found && product_of(score_mod, t[j].node, &a, 0) && a.load >= 0 && a.dist >= 0) {
+    } else if (!found && product_of(score_mod, t[j].node, &a, &work) && a.load >= 0 && a.dist >= 0) {
       a.coef *= t[j].sign;
       found = 1;
     } else {

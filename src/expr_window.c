@@ -34,26 +34,26 @@ static linear bounded(linear l) {
   return small_integer(l.cq, 0x1p20) && small_integer(l.ck, 0x1p20) && small_integer(l.c0, 0x1p40) ? l : none;
 }
 
-static linear linear_of(const fa_expr *e, int i, int depth) {
+static linear linear_of(const fa_expr *e, int i, int *work) {
   const linear none = {0, 0, 0, 0};
   const fa_expr_node *x = &e->nodes[i];
-  if (depth > 64 || x->is_bool) return none;
+  if (--*work < 0 || x->is_bool) return none;
   linear a, b;
   switch (x->op) {
   case FA_X_Q: return (linear){1, 0, 0, 1};
   case FA_X_K: return (linear){0, 1, 0, 1};
   case FA_X_CONST: return small_integer(x->c, 0x1p40) ? (linear){0, 0, x->c, 1} : none;
   case FA_X_NEG:
-    a = linear_of(e, x->a[0], depth + 1);
+    a = linear_of(e, x->a[0], work);
     return a.ok ? (linear){-a.cq, -a.ck, -a.c0, 1} : none;
   case FA_X_ADD:
   case FA_X_SUB: {
     const double sg = x->op == FA_X_ADD ? 1 : -1;
-    a = linear_of(e, x->a[0], depth + 1), b = linear_of(e, x->a[1], depth + 1);
+    a = linear_of(e, x->a[0], work), b = linear_of(e, x->a[1], work);
     return a.ok && b.ok ? bounded((linear){a.cq + sg * b.cq, a.ck + sg * b.ck, a.c0 + sg * b.c0, 1}) : none;
   }
   case FA_X_MUL: /* by a constant */
-    a = linear_of(e, x->a[0], depth + 1), b = linear_of(e, x->a[1], depth + 1);
+    a = linear_of(e, x->a[0], work), b = linear_of(e, x->a[1], work);
     if (!a.ok || !b.ok) return none;
     if (b.cq == 0 && b.ck == 0) return bounded((linear){a.cq * b.c0, a.ck * b.c0, a.c0 * b.c0, 1});
     if (a.cq == 0 && a.ck == 0) return bounded((linear){b.cq * a.c0, b.ck * a.c0, b.c0 * a.c0, 1});
@@ -98,22 +98,22 @@ static band band_abs(int op, linear l, double t) {
   return intersect(band_cmp(op, l.cq, l.ck, l.c0 - t), band_cmp(le ? FA_X_GE : FA_X_GT, l.cq, l.ck, l.c0 + t));
 }
 
-static band band_of(const fa_expr *e, int i, int depth) {
+static band band_of(const fa_expr *e, int i, int *work) {
   const band none = {0, 0, 0}, all = {-INFINITY, INFINITY, 1};
   const fa_expr_node *x = &e->nodes[i];
-  if (depth > 64) return none;
+  if (--*work < 0) return none;
   if (x->op == FA_X_CONST) return x->is_bool && x->c != 0 ? all : none; /* true: no bound */
-  if (x->op == FA_X_AND) return intersect(band_of(e, x->a[0], depth + 1), band_of(e, x->a[1], depth + 1));
+  if (x->op == FA_X_AND) return intersect(band_of(e, x->a[0], work), band_of(e, x->a[1], work));
   if (x->op != FA_X_LT && x->op != FA_X_LE && x->op != FA_X_GT && x->op != FA_X_GE && x->op != FA_X_EQ) return none;
   const fa_expr_node *xa = &e->nodes[x->a[0]], *xb = &e->nodes[x->a[1]];
-  const linear a = linear_of(e, x->a[0], depth + 1), b = linear_of(e, x->a[1], depth + 1);
+  const linear a = linear_of(e, x->a[0], work), b = linear_of(e, x->a[1], work);
   /* a symmetric window: |q - k + c| <= t (or t >= |...|) */
   if (xa->op == FA_X_ABS && b.ok && b.cq == 0 && b.ck == 0 && (x->op == FA_X_LE || x->op == FA_X_LT)) {
-    const linear l = linear_of(e, xa->a[0], depth + 1);
+    const linear l = linear_of(e, xa->a[0], work);
     return l.ok ? band_abs(x->op, l, b.c0) : none;
   }
   if (xb->op == FA_X_ABS && a.ok && a.cq == 0 && a.ck == 0 && (x->op == FA_X_GE || x->op == FA_X_GT)) {
-    const linear l = linear_of(e, xb->a[0], depth + 1);
+    const linear l = linear_of(e, xb->a[0], work);
     return l.ok ? band_abs(flip(x->op), l, a.c0) : none;
   }
   if (!a.ok || !b.ok) return none;
@@ -125,7 +125,8 @@ int fa_expr_mask_as_range(const fa_expr *mask_mod, int64_t Lq, int64_t Lk, const
   /* with a block mask the call believes it (its empty tiles skipped, its full ones not masked: API §9) */
   if (!mask_mod || mask_mod->n < 1 || mask_mod->ntensors > 0 || in->block_mask) return 0;
   if (Lq >= 0x80000000LL || Lk >= 0x80000000LL) return 0; /* beyond what small_integer's bounds hold for */
-  const band d = band_of(mask_mod, mask_mod->n - 1, 0);
+  int work = 512; /* node visits: a node reused many times over (a DAG) is not walked exponentially */
+  const band d = band_of(mask_mod, mask_mod->n - 1, &work);
   if (!d.ok || d.lo > d.hi) return 0; /* an empty band masks every key: left to the kernels */
   /* keys j of row i (0-based, the same offsets): i − hi <= j <= i − lo; the
    * options' window is relative to the bottom-right diagonal i + off */

@@ -112,6 +112,34 @@ int main(void) {
   both.alibi = slopes_h, both.n_alibi = H;
   expect(ctx, "with opts.alibi", alibi_expr(ctx, slopes, FA_X_H, 1, 1, 0), 40, 40, &both, 0, 0);
 
+  tu_test = "a node reused over and over";
+  {
+    /* s - c60 * slopes[h] * |q - k| with c(i) = c(i-1) * c(i-1): walked as a tree, 2^60 visits */
+    fa_expr_node deep[72];
+    int m = 0;
+    deep[m++] = node(FA_X_CONST, 0, 0, 0, 1);
+    for (int i = 0; i < 60; i++, m++) deep[m] = node(FA_X_MUL, 0, m - 1, m - 1, 0);
+    const int c = m - 1;
+    deep[m++] = node(FA_X_S, 0, 0, 0, 0);
+    deep[m++] = node(FA_X_H, 0, 0, 0, 0);
+    deep[m] = node(FA_X_LOAD, 0, m - 1, 0, 0), deep[m].ndim = 1, m++;
+    deep[m++] = node(FA_X_Q, 0, 0, 0, 0);
+    deep[m++] = node(FA_X_K, 0, 0, 0, 0);
+    deep[m] = node(FA_X_SUB, 0, m - 2, m - 1, 0), m++;
+    deep[m] = node(FA_X_ABS, 0, m - 1, 0, 0), m++;
+    deep[m] = node(FA_X_MUL, 0, m - 4, m - 1, 0), m++;
+    deep[m] = node(FA_X_MUL, 0, c, m - 1, 0), m++;
+    deep[m] = node(FA_X_SUB, 0, c + 1, m - 1, 0), m++;
+    fa_expr *e = NULL;
+    CHECK_OK(ctx, fa_expr_new(ctx, deep, m, &slopes, NULL, 1, &e));
+    fa_attention_opts out;
+    fa_tensor *s = NULL;
+    int got = -1;
+    CHECK_OK(ctx, fa_expr_score_as_alibi(ctx, e, H, 40, 40, FA_CPU, &o, &out, &s, &got));
+    CHECK(got == 0 && s == NULL, "given up, at once");
+    fa_expr_free(e);
+  }
+
   tu_test = "attention";
   {
     const int64_t shape[4] = {2, H, 40, 16};

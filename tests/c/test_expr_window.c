@@ -119,6 +119,22 @@ int main(void) {
   expect(ctx, "false", never, 1, 40, 40, &o, 0, 0, 0, 0, FA_CAUSAL_NONE);
   const fa_expr_node always[1] = {node(FA_X_CONST, 1, 0, 0, 1)};
   expect(ctx, "true", always, 1, 40, 40, &o, 1, 0, 0, 0, FA_CAUSAL_NONE);
+  tu_test = "a node reused over and over";
+  {
+    /* x0 = q, x(i) = x(i-1) + x(i-1) for 60 levels: walked as a tree, 2^60 visits */
+    fa_expr_node deep[66];
+    int m = 0;
+    deep[m++] = Q;
+    for (int i = 0; i < 60; i++, m++) deep[m] = node(FA_X_ADD, 0, m - 1, m - 1, 0);
+    deep[m++] = K;
+    deep[m] = node(FA_X_SUB, 0, m - 2, m - 1, 0), m++;
+    deep[m++] = C(0);
+    deep[m] = node(FA_X_LE, 1, m - 2, m - 1, 0), m++;
+    fa_expr *e = make(ctx, deep, m);
+    fa_attention_opts out;
+    CHECK(e && !fa_expr_mask_as_range(e, 40, 40, &o, &out), "given up, at once");
+    fa_expr_free(e);
+  }
   tu_test = "a block mask";
   {
     fa_expr *e = make(ctx, sliding, 7);
