@@ -74,6 +74,12 @@ function TestVariants:test_alibi()
     local alibi = function(s, b, h, q, k) return s - slopes[h] * (q - k):abs() end
     check_variant(q, k, v, {score_mod = alibi}, {alibi = slopes}, "alibi")
     check_variant(q, k, v, {score_mod = alibi, causal = true}, {alibi = slopes, causal = true}, "alibi causal")
+    -- as the alibi option (src/expr_alibi.c): a factor and another order of the factors
+    local twice = function(s, b, h, q, k) return s + (k - q):abs() * slopes[h] * -2 end
+    check_variant(q, k, v, {score_mod = twice}, {alibi = {1, 0.5, 0.25, 0.125}}, "alibi x 2")
+    -- Lq ~= Lk: |q - k| is not the option's distance, so the expression runs compiled
+    local q2, k2, v2 = inputs(dtype, 1, 4, 2, 29, 41, 16)
+    check_variant(q2, k2, v2, {score_mod = alibi}, {score_mod = alibi}, "alibi, Lq ~= Lk")
   end
 end
 
