@@ -144,22 +144,6 @@ static __device__ __forceinline__ frag_rows frag_rows_start(const fa_attn_proble
   return r;
 }
 
-/* The score rule on key tile [j0, j0 + 8·NC) of this thread's raw dot
- * products in s: scaled scores, -inf outside a row's range or where the
- * mask says no.  full: every key of the tile is inside both rows' ranges
- * (rows before Lq) and scale > 0; with EXTRAS_NONE (no mask, softcap or
- * alibi) the rule is then the scale alone: s stays raw (the scale is folded
- * into the exponent) and only the maxima are scaled; with extras the key
- * range needs no test a score, and the mask's key pairs are read in one
- * access where its rows allow.  With extras each option is a pass over the
- * tile under one branch, so that a score pays for the options set and the
- * unrolled passes schedule as straight code (attn_score a score, with a
- * branch for each option, was 1.8-3.2x slower in bf16: call 1 of
- * docs/perf/2026-11-25-attention-h100-extras.json); EXTRAS_SCORE
- * instances compile no mask pass.  *tmA, *tmB: this thread's maxima of rows
- * A and B, in scaled units.  Row B is of head hB when given (>= 0: the
- * decode kernel packs the query heads of one key head into a tile), else
- * of head h as row A. */
 /* softcap and alibi (score_rule's steps) as passes over a tile's scores
  * of rows A and B, keys 8n + e from the rules' first. */
 template <int NC>
@@ -186,118 +170,183 @@ template <int NC>
 __device__ bool frag_variant_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t hB, int64_t j0, int c2,
                                   bool full, const frag_rows &r, float (*s)[4], int aA, int nA, int aB, int nB);
 
-template <int NC, int EXTRAS>
-static __device__ __forceinline__ bool frag_score_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0,
-                                                       int c2, bool full, const frag_rows &r, float (*s)[4],
-                                                       float *tmA, float *tmB, int64_t hB = -1) {
-  const float scale = (float)p.scale;
-  float mA = -INFINITY, mB = -INFINITY;
-  if (!EXTRAS && full) {
+/* This thread's maxima of rows A and B over a tile's scores. */
+template <int NC> static __device__ __forceinline__ void frag_tile_max(float (*s)[4], float *mA, float *mB) {
 #pragma unroll
-    for (int n = 0; n < NC; n++)
-      mA = fmaxf(mA, fmaxf(s[n][0], s[n][1])), mB = fmaxf(mB, fmaxf(s[n][2], s[n][3]));
-    mA *= scale, mB *= scale;
-    *tmA = mA, *tmB = mB;
-    return true;
-  }
-  /* the key range as the rows' column bounds inside the tile, one 32-bit
-   * compare a score (a causal diagonal tile takes this path) */
+  for (int n = 0; n < NC; n++)
+    *mA = fmaxf(*mA, fmaxf(s[n][0], s[n][1])), *mB = fmaxf(*mB, fmaxf(s[n][2], s[n][3]));
+}
+
+/* The key range as the rows' column bounds inside a tile of 8·NC keys
+ * from j0, [a, a + n): one 32-bit compare a score (a causal diagonal tile
+ * takes this path). */
+struct frag_cols {
+  int aA, nA, aB, nB;
+};
+template <int NC> static __device__ __forceinline__ frag_cols frag_cols_of(const frag_rows &r, int64_t j0) {
   const int64_t W = NC * 8;
-  const int aA = (int)max(min(r.loA - j0, W), (int64_t)0), nA = (int)max(min(r.hiA - j0, W), (int64_t)0) - aA;
-  const int aB = (int)max(min(r.loB - j0, W), (int64_t)0), nB = (int)max(min(r.hiB - j0, W), (int64_t)0) - aB;
-  if constexpr (EXTRAS == EXTRAS_VARIANT) {
-    const bool raw = frag_variant_tile<NC>(p, b, h, hB < 0 ? h : hB, j0, c2, full, r, s, aA, nA, aB, nB);
+  frag_cols c;
+  c.aA = (int)max(min(r.loA - j0, W), (int64_t)0), c.nA = (int)max(min(r.hiA - j0, W), (int64_t)0) - c.aA;
+  c.aB = (int)max(min(r.loB - j0, W), (int64_t)0), c.nB = (int)max(min(r.hiB - j0, W), (int64_t)0) - c.aB;
+  return c;
+}
+
+/* The score rules as variant structs, one a kernel instance's EXTRAS: the
+ * built-in rule of API §2 in three tiers (none of its extras; softcap and
+ * alibi; those and the masks) and the traced variants of §9, each through
+ * the same tile hook, apply<NC>: the score rule on key tile
+ * [j0, j0 + 8·NC) of this thread's raw dot products in s: scaled scores,
+ * -inf outside a row's range or where the mask says no; *tmA, *tmB: this
+ * thread's maxima of rows A and B, in scaled units; it returns whether s
+ * stayed raw (the scale folded into the exponent: frag_exp_factor).  full:
+ * every key of the tile is inside both rows' ranges (rows before Lq) and
+ * scale > 0.  Row B is of head hB when given (>= 0: the decode kernel
+ * packs the query heads of one key head into a tile), else of head h as
+ * row A.  The kernels call it through frag_score_tile.
+ *
+ * EXTRAS_SCORE and EXTRAS_MASK (this template): each option is a pass over
+ * the tile under one branch, so that a score pays for the options set and
+ * the unrolled passes schedule as straight code (attn_score a score, with a
+ * branch for each option, was 1.8-3.2x slower in bf16: call 1 of
+ * docs/perf/2026-11-25-attention-h100-extras.json); EXTRAS_SCORE compiles
+ * no mask pass.  On a full tile the key range needs no test a score, and
+ * the mask's key pairs are read in one access where its rows allow. */
+template <int EXTRAS> struct frag_rule {
+  template <int NC>
+  static __device__ __forceinline__ bool apply(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0, int c2,
+                                               bool full, const frag_rows &r, float (*s)[4], float *tmA, float *tmB,
+                                               int64_t hB) {
+    const float scale = (float)p.scale;
+    float mA = -INFINITY, mB = -INFINITY;
+    const frag_cols k = frag_cols_of<NC>(r, j0);
+    const int aA = k.aA, nA = k.nA, aB = k.aB, nB = k.nB;
+    /* the rule for each row from this thread's first column on.  A mask is
+     * read only at keys in range: all of a full tile's for the rows before
+     * Lq (rows past it have no mask row; their scores are never stored),
+     * else the row's columns [a, a + n). */
+    const score_rule ruA = score_rule_at(p, b, h, r.iA, j0 + c2),
+                     ruB = score_rule_at(p, b, hB < 0 ? h : hB, r.iB, j0 + c2);
+    const bool vA = r.iA < p.Lq, vB = r.iB < p.Lq;
+#define FRAG_IN(X, col) (full ? v##X : (unsigned)((col) - a##X) < (unsigned)n##X)
 #pragma unroll
     for (int n = 0; n < NC; n++)
-      mA = fmaxf(mA, fmaxf(s[n][0], s[n][1])), mB = fmaxf(mB, fmaxf(s[n][2], s[n][3]));
-    if (raw) mA *= scale, mB *= scale;
+#pragma unroll
+      for (int q = 0; q < 4; q++) s[n][q] *= scale;
+    if (ruA.cap > 0.f) frag_softcap_pass<NC>(ruA, ruB, s);
+    if (ruA.slope != 0.f) frag_alibi_pass<NC>(ruA, ruB, s);
+    /* a full tile whose mask rows allow it reads a thread's key pairs in one
+     * access each (a pair could cross the end of a row elsewhere) */
+    const bool pairs = full && ruA.pairs && ruB.pairs;
+    if (EXTRAS == EXTRAS_MASK && ruA.mask && ruA.mask_float && pairs)
+#pragma unroll
+      for (int n = 0; n < NC; n++) {
+        if (vA) {
+          const float2 m = rule_mask_float2(ruA, n * 8);
+          s[n][0] += m.x, s[n][1] += m.y;
+        }
+        if (vB) {
+          const float2 m = rule_mask_float2(ruB, n * 8);
+          s[n][2] += m.x, s[n][3] += m.y;
+        }
+      }
+    else if (EXTRAS == EXTRAS_MASK && ruA.mask && ruA.mask_float)
+#pragma unroll
+      for (int n = 0; n < NC; n++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const int col = n * 8 + c2 + e, k = n * 8 + e;
+          if (FRAG_IN(A, col)) s[n][e] = rule_mask_float(ruA, s[n][e], k);
+          if (FRAG_IN(B, col)) s[n][2 + e] = rule_mask_float(ruB, s[n][2 + e], k);
+        }
+    if (EXTRAS == EXTRAS_MASK && ruA.mask && !ruA.mask_float && pairs)
+#pragma unroll
+      for (int n = 0; n < NC; n++) {
+        const unsigned mA2 = vA ? rule_mask_bytes2(ruA, n * 8) : 0xffffu, mB2 = vB ? rule_mask_bytes2(ruB, n * 8) : 0xffffu;
+        if (!(mA2 & 0xffu)) s[n][0] = -INFINITY;
+        if (!(mA2 & 0xff00u)) s[n][1] = -INFINITY;
+        if (!(mB2 & 0xffu)) s[n][2] = -INFINITY;
+        if (!(mB2 & 0xff00u)) s[n][3] = -INFINITY;
+      }
+    else if (EXTRAS == EXTRAS_MASK && ruA.mask && !ruA.mask_float)
+#pragma unroll
+      for (int n = 0; n < NC; n++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const int col = n * 8 + c2 + e, k = n * 8 + e;
+          if (FRAG_IN(A, col) && !rule_mask_keeps(ruA, k)) s[n][e] = -INFINITY;
+          if (FRAG_IN(B, col) && !rule_mask_keeps(ruB, k)) s[n][2 + e] = -INFINITY;
+        }
+#undef FRAG_IN
+    if (!full) /* the key range: a pass only on the tiles that need it */
+#pragma unroll
+      for (int n = 0; n < NC; n++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const int col = n * 8 + c2 + e;
+          if ((unsigned)(col - aA) >= (unsigned)nA) s[n][e] = -INFINITY;
+          if ((unsigned)(col - aB) >= (unsigned)nB) s[n][2 + e] = -INFINITY;
+        }
+    frag_tile_max<NC>(s, &mA, &mB);
     *tmA = mA, *tmB = mB;
-    return raw;
+    return false;
   }
-  if (!EXTRAS) {
+};
+
+/* EXTRAS_NONE: the scale alone.  A full tile's s stays raw (only the
+ * maxima are scaled); elsewhere the key range's columns. */
+template <> struct frag_rule<EXTRAS_NONE> {
+  template <int NC>
+  static __device__ __forceinline__ bool apply(const fa_attn_problem &p, int64_t, int64_t, int64_t j0, int c2,
+                                               bool full, const frag_rows &r, float (*s)[4], float *tmA, float *tmB,
+                                               int64_t) {
+    const float scale = (float)p.scale;
+    float mA = -INFINITY, mB = -INFINITY;
+    if (full) {
+      frag_tile_max<NC>(s, &mA, &mB);
+      mA *= scale, mB *= scale;
+      *tmA = mA, *tmB = mB;
+      return true;
+    }
+    const frag_cols k = frag_cols_of<NC>(r, j0);
 #pragma unroll
     for (int n = 0; n < NC; n++)
 #pragma unroll
       for (int e = 0; e < 2; e++) {
         const int col = n * 8 + c2 + e;
-        const float sa = (unsigned)(col - aA) < (unsigned)nA ? s[n][e] * scale : -INFINITY;
-        const float sb = (unsigned)(col - aB) < (unsigned)nB ? s[n][2 + e] * scale : -INFINITY;
+        const float sa = (unsigned)(col - k.aA) < (unsigned)k.nA ? s[n][e] * scale : -INFINITY;
+        const float sb = (unsigned)(col - k.aB) < (unsigned)k.nB ? s[n][2 + e] * scale : -INFINITY;
         s[n][e] = sa, s[n][2 + e] = sb;
         mA = fmaxf(mA, sa), mB = fmaxf(mB, sb);
       }
     *tmA = mA, *tmB = mB;
     return false;
   }
-  /* with extras, the rule for each row from this thread's first column on.
-   * A mask is read only at keys in range: all of a full tile's for the rows
-   * before Lq (rows past it have no mask row; their scores are never
-   * stored), else the row's columns [a, a + n). */
-  const score_rule ruA = score_rule_at(p, b, h, r.iA, j0 + c2), ruB = score_rule_at(p, b, hB < 0 ? h : hB, r.iB, j0 + c2);
-  const bool vA = r.iA < p.Lq, vB = r.iB < p.Lq;
-#define FRAG_IN(X, col) (full ? v##X : (unsigned)((col) - a##X) < (unsigned)n##X)
-#pragma unroll
-  for (int n = 0; n < NC; n++)
-#pragma unroll
-    for (int q = 0; q < 4; q++) s[n][q] *= scale;
-  if (ruA.cap > 0.f) frag_softcap_pass<NC>(ruA, ruB, s);
-  if (ruA.slope != 0.f) frag_alibi_pass<NC>(ruA, ruB, s);
-  /* a full tile whose mask rows allow it reads a thread's key pairs in one
-   * access each (a pair could cross the end of a row elsewhere) */
-  const bool pairs = full && ruA.pairs && ruB.pairs;
-  if (EXTRAS == EXTRAS_MASK && ruA.mask && ruA.mask_float && pairs)
-#pragma unroll
-    for (int n = 0; n < NC; n++) {
-      if (vA) {
-        const float2 m = rule_mask_float2(ruA, n * 8);
-        s[n][0] += m.x, s[n][1] += m.y;
-      }
-      if (vB) {
-        const float2 m = rule_mask_float2(ruB, n * 8);
-        s[n][2] += m.x, s[n][3] += m.y;
-      }
-    }
-  else if (EXTRAS == EXTRAS_MASK && ruA.mask && ruA.mask_float)
-#pragma unroll
-    for (int n = 0; n < NC; n++)
-#pragma unroll
-      for (int e = 0; e < 2; e++) {
-        const int col = n * 8 + c2 + e, k = n * 8 + e;
-        if (FRAG_IN(A, col)) s[n][e] = rule_mask_float(ruA, s[n][e], k);
-        if (FRAG_IN(B, col)) s[n][2 + e] = rule_mask_float(ruB, s[n][2 + e], k);
-      }
-  if (EXTRAS == EXTRAS_MASK && ruA.mask && !ruA.mask_float && pairs)
-#pragma unroll
-    for (int n = 0; n < NC; n++) {
-      const unsigned mA2 = vA ? rule_mask_bytes2(ruA, n * 8) : 0xffffu, mB2 = vB ? rule_mask_bytes2(ruB, n * 8) : 0xffffu;
-      if (!(mA2 & 0xffu)) s[n][0] = -INFINITY;
-      if (!(mA2 & 0xff00u)) s[n][1] = -INFINITY;
-      if (!(mB2 & 0xffu)) s[n][2] = -INFINITY;
-      if (!(mB2 & 0xff00u)) s[n][3] = -INFINITY;
-    }
-  else if (EXTRAS == EXTRAS_MASK && ruA.mask && !ruA.mask_float)
-#pragma unroll
-    for (int n = 0; n < NC; n++)
-#pragma unroll
-      for (int e = 0; e < 2; e++) {
-        const int col = n * 8 + c2 + e, k = n * 8 + e;
-        if (FRAG_IN(A, col) && !rule_mask_keeps(ruA, k)) s[n][e] = -INFINITY;
-        if (FRAG_IN(B, col) && !rule_mask_keeps(ruB, k)) s[n][2 + e] = -INFINITY;
-      }
-#undef FRAG_IN
-  if (!full) /* the key range: a pass only on the tiles that need it */
-#pragma unroll
-    for (int n = 0; n < NC; n++)
-#pragma unroll
-      for (int e = 0; e < 2; e++) {
-        const int col = n * 8 + c2 + e;
-        if ((unsigned)(col - aA) >= (unsigned)nA) s[n][e] = -INFINITY;
-        if ((unsigned)(col - aB) >= (unsigned)nB) s[n][2 + e] = -INFINITY;
-      }
-#pragma unroll
-  for (int n = 0; n < NC; n++)
-    mA = fmaxf(mA, fmaxf(s[n][0], s[n][1])), mB = fmaxf(mB, fmaxf(s[n][2], s[n][3]));
-  *tmA = mA, *tmB = mB;
-  return false;
+};
+
+/* EXTRAS_VARIANT: a traced score_mod / mask_mod with the built-in rule
+ * (frag_variant_tile, run-time compiled). */
+template <> struct frag_rule<EXTRAS_VARIANT> {
+  template <int NC>
+  static __device__ __forceinline__ bool apply(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0, int c2,
+                                               bool full, const frag_rows &r, float (*s)[4], float *tmA, float *tmB,
+                                               int64_t hB) {
+    const float scale = (float)p.scale;
+    float mA = -INFINITY, mB = -INFINITY;
+    const frag_cols k = frag_cols_of<NC>(r, j0);
+    const bool raw = frag_variant_tile<NC>(p, b, h, hB < 0 ? h : hB, j0, c2, full, r, s, k.aA, k.nA, k.aB, k.nB);
+    frag_tile_max<NC>(s, &mA, &mB);
+    if (raw) mA *= scale, mB *= scale;
+    *tmA = mA, *tmB = mB;
+    return raw;
+  }
+};
+
+/* The kernels' one entry to the rule of their instance (frag_rule). */
+template <int NC, int EXTRAS>
+static __device__ __forceinline__ bool frag_score_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0,
+                                                       int c2, bool full, const frag_rows &r, float (*s)[4],
+                                                       float *tmA, float *tmB, int64_t hB = -1) {
+  return frag_rule<EXTRAS>::template apply<NC>(p, b, h, j0, c2, full, r, s, tmA, tmB, hB);
 }
 
 /* The multiplier of a tile's s in the exponent: scale when frag_score_tile
