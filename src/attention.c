@@ -458,7 +458,7 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   fa_attention_opts as_range;
   if (!st && !reference && fa_expr_mask_as_range(o->mask_mod, d.Lq, d.Lk, o, &as_range)) {
     o = &as_range;
-    d.variant = o->score_mod != NULL;
+    d.variant = o->score_mod || o->mask_mod;
   }
   /* the decode kernel cuts the keys into opts.splits chunks itself */
   const int decode = !st && !reference && fa_attn_decode_takes(&d, o);
@@ -476,7 +476,7 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
     return st;
   if (alibi) {
     o = &as_alibi;
-    d.variant = o->mask_mod != NULL;
+    d.variant = o->score_mod || o->mask_mod;
     d.alibi_on_device = d.device == FA_CUDA;
   }
   int want_lse = o->return_lse || lse != NULL || o->lse_out;

@@ -148,7 +148,7 @@ static fa_status run_backward(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_te
   fa_attention_opts as_range;
   if (!reference && fa_expr_mask_as_range(opts->mask_mod, d.Lq, d.Lk, opts, &as_range)) {
     opts = &as_range;
-    d.variant = opts->score_mod != NULL;
+    d.variant = opts->score_mod || opts->mask_mod;
   }
   if (!reference && d.device == FA_CUDA)
     return run_backward_cuda(ctx, q, k, v, o, lse, dout, opts, &d, kernel, dq, dk, dv);

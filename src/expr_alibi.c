@@ -7,6 +7,7 @@
  * captured tensor, on its stream, so the call stays asynchronous and new
  * values in the tensor are read as the expression would read them.  The
  * reference never converts. */
+#include "check.h"
 #include "expr.h"
 
 #include <math.h>
@@ -94,9 +95,8 @@ fa_status fa_expr_score_as_alibi(fa_context *ctx, const fa_expr *score_mod, int6
   }
   if (!found || s_coef != 1 || !isfinite(a.coef) || a.coef == 0) return FA_OK;
   fa_tensor *src = score_mod->tensors[score_mod->nodes[a.load].tensor];
-  const int float_dtype = src->dtype == FA_F32 || src->dtype == FA_F64 || src->dtype == FA_F16 || src->dtype == FA_BF16;
   /* reads past the tensor fault (an error the call must give): those stay expressions */
-  if (!float_dtype || src->ndim != 1 || src->shape[0] < Hq || src->storage->device != device) return FA_OK;
+  if (!fa_is_float_dtype(src->dtype) || src->ndim != 1 || src->shape[0] < Hq || src->storage->device != device) return FA_OK;
   /* the bias c·slopes[h]·|d| is opts.alibi's −slope·|d|: slope = −c·slopes[h], dense f64 (the
    * tensor itself where it is one and c = −1, the usual form) */
   fa_tensor *f64 = NULL, *dense = NULL;

@@ -120,6 +120,9 @@ static band band_of(const fa_expr *e, int i, int *work) {
   return band_cmp(x->op, a.cq - b.cq, a.ck - b.ck, a.c0 - b.c0); /* (a − b) op 0 */
 }
 
+/* The tighter of two window sides, -1 being unbounded. */
+static int64_t tighter(int64_t a, int64_t b) { return a < 0 ? b : b < 0 || a < b ? a : b; }
+
 int fa_expr_mask_as_range(const fa_expr *mask_mod, int64_t Lq, int64_t Lk, const fa_attention_opts *in,
                           fa_attention_opts *out) {
   /* with a block mask the call believes it (its empty tiles skipped, its full ones not masked: API §9) */
@@ -146,11 +149,8 @@ int fa_expr_mask_as_range(const fa_expr *mask_mod, int64_t Lq, int64_t Lk, const
     else
       return 0;
   }
-  if (in->has_window) { /* both rules apply: the tighter bound of each side (-1: unbounded) */
-    if (in->window_left >= 0) left = left < 0 ? in->window_left : (left < in->window_left ? left : in->window_left);
-    if (in->window_right >= 0)
-      right = right < 0 ? in->window_right : (right < in->window_right ? right : in->window_right);
-  }
+  if (in->has_window) /* both rules apply: the tighter bound of each side */
+    left = tighter(left, in->window_left), right = tighter(right, in->window_right);
   o.mask_mod = NULL;
   o.causal = causal;
   o.has_window = left >= 0 || right >= 0;

@@ -54,13 +54,7 @@ extern "C" fa_status fa_cuda_attention_check_tile(fa_context *ctx, fa_dtype dt, 
   if (br == def_br && bc == def_bc) return FA_OK;
   /* a tile of a fast kernel that takes the call (the SIMT fallback fits it to itself),
    * e.g. wgmma_tma's {128, 176} */
-  char why[8];
-  int64_t kbr = 0, kbc = 0;
-  for (int k = 0; k < FA_KERNEL_COUNT; k++) {
-    const attn_entry *e = attn_entry_of((fa_attn_kernel)k);
-    if (e && e != &attn_entry_simt && e->fit(dt, D, Dv, &kbr, &kbc, why, sizeof why) && e->tile_ok(D, br, bc))
-      return FA_OK;
-  }
+  if (attn_fast_tile(dt, D, Dv, br, bc)) return FA_OK;
   fa_status st = tiled_smem_max(ctx, &smem_max);
   if (st) return st;
   int ok_br = br >= 1 && br <= 128;
@@ -157,7 +151,7 @@ static int simt_fit(fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc
 }
 
 static bool simt_tile_ok(int64_t, int64_t, int64_t) { return true; }
-static bool simt_takes(const fa_attn_problem *, fa_attention_algo) { return true; }
+static bool simt_takes(const fa_attn_problem *, fa_attention_algo, bool) { return true; }
 
 static fa_status simt_queue(fa_context *ctx, const attn_params *p, fa_attention_algo algo, bool, int **v_flag) {
   *v_flag = NULL;

@@ -26,6 +26,7 @@
  * answer, and a tile with NaN or inf goes through a scalar product that
  * skips zero weights: exact, with no second kernel and no scan of V. */
 #include "attention_frag.cuh"
+#include "attention_registry.h"
 #include "attention_wgmma.cuh"
 #include "mma_sync.cuh"
 
@@ -484,13 +485,9 @@ static int decode_row_groups(int64_t rows) { return rows <= 16 ? 1 : rows <= 32 
 extern "C" int fa_cuda_attention_decode_fit(fa_dtype dt, int64_t D, int64_t Dv, int64_t Hq, int64_t Hkv, int64_t Lq,
                                             char *why, size_t n) {
   const int64_t rows = Hkv > 0 ? Hq / Hkv * Lq : 0;
-  if (dt != FA_F16 && dt != FA_BF16) snprintf(why, n, "%s inputs; it takes f16 or bf16", fa_dtype_name(dt));
-  else if (D != Dv || (D != 64 && D != 128))
-    snprintf(why, n, "D = %lld, Dv = %lld; it takes D = Dv = 64 or 128", (long long)D, (long long)Dv);
-  else if (rows > 64)
-    snprintf(why, n, "%lld query rows a key head (Hq / Hkv · Lq); it takes at most 64", (long long)rows);
-  else
-    return 1;
+  if (!attn_fit_16bit(dt, D, Dv, D == 64 || D == 128, "64 or 128", why, n)) return 0;
+  if (rows <= 64) return 1;
+  snprintf(why, n, "%lld query rows a key head (Hq / Hkv · Lq); it takes at most 64", (long long)rows);
   return 0;
 }
 
@@ -523,9 +520,7 @@ template <typename T, int D, int RG> static decode_entry decode_pick(int extras,
 }
 
 static fa_status decode_slots(fa_context *ctx, const decode_entry &k, size_t smem, const fa_cuda_props &dp, int *slots) {
-  int dev = 0;
-  FA_CUDA_CHECK(ctx, cudaGetDevice(&dev));
-  decode_instance *in = dev < DEC_DEVICES ? &k.per_device[dev] : NULL;
+  decode_instance *in = dp.device < DEC_DEVICES ? &k.per_device[dp.device] : NULL;
   if (in && __atomic_load_n(&in->ready, __ATOMIC_ACQUIRE)) {
     *slots = in->slots;
     return FA_OK;

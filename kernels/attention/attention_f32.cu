@@ -368,7 +368,7 @@ static bool f32_tile_ok(int64_t D, int64_t br, int64_t bc) {
 
 /* rows on 16 bytes, Lq and Lk below 2^31 (its 32-bit row indices), and
  * the shared memory (112 KB a block at D = 128, two blocks an SM) */
-static bool f32_takes(const fa_attn_problem *p, fa_attention_algo) {
+static bool f32_takes(const fa_attn_problem *p, fa_attention_algo, bool) {
   fa_cuda_props dp;
   return attn_rows_aligned16(p) && p->Lq <= INT32_MAX && p->Lk <= INT32_MAX && fa_cuda_device_props_quiet(&dp) &&
          f32_smem_bytes((int)p->D) + 1024 <= (size_t)dp.smem_optin; /* + the static 832 bytes */

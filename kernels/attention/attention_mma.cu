@@ -4,8 +4,6 @@
 #include "attention_nonfinite.cuh"
 #include "attention_registry.h"
 
-#include <cstdio>
-
 template <typename T, int D, int EXTRAS, int PASS> static fa_status launch(fa_context *ctx, const attn_params *p) {
   const int MMA_BR = 16 * MMA_WARPS(D);
   const size_t smem = (size_t)(MMA_BR + 4 * MMA_BC) * D * 2;
@@ -33,14 +31,6 @@ template <typename T> static fa_status mma_typed(fa_context *ctx, const attn_par
 
 /* ---- its registry entry ---- */
 
-int attn_fit_16bit(fa_dtype dt, int64_t D, int64_t Dv, bool dims, const char *dims_text, char *why, size_t n) {
-  if (dt != FA_F16 && dt != FA_BF16) snprintf(why, n, "%s inputs; it takes f16 or bf16", fa_dtype_name(dt));
-  else if (D != Dv || !dims)
-    snprintf(why, n, "D = %lld, Dv = %lld; it takes D = Dv = %s", (long long)D, (long long)Dv, dims_text);
-  else return 1;
-  return 0;
-}
-
 /* f16/bf16 at D = Dv = 64 or 128, on any GPU the build has code for */
 static int mma_fit(fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc, char *why, size_t n) {
   if (!attn_fit_16bit(dt, D, Dv, D == 64 || D == 128, "64 or 128", why, n)) return 0;
@@ -54,7 +44,7 @@ static bool mma_tile_ok(int64_t D, int64_t br, int64_t bc) {
 }
 
 /* rows on 16 bytes: its cp.async copies and 16-byte stores */
-static bool mma_takes(const fa_attn_problem *p, fa_attention_algo) { return attn_rows_aligned16(p); }
+static bool mma_takes(const fa_attn_problem *p, fa_attention_algo, bool) { return attn_rows_aligned16(p); }
 
 static fa_status mma_queue(fa_context *ctx, const attn_params *p, fa_attention_algo algo, bool, int **v_flag) {
   return launch_fast_passes(ctx, p, algo, v_flag, p->compute == FA_F16 ? mma_typed<__half> : mma_typed<__nv_bfloat16>);

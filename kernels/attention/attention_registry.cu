@@ -11,24 +11,45 @@
 static const attn_entry *const table[] = {&attn_entry_wgmma_tma, &attn_entry_wgmma, &attn_entry_mma, &attn_entry_f32,
                                           &attn_entry_simt};
 
-const attn_entry *attn_entry_of(fa_attn_kernel k) {
+static const attn_entry *attn_entry_of(fa_attn_kernel k) {
   for (const attn_entry *e : table)
     if (e->id == k) return e;
   return NULL;
 }
 
-static bool entry_takes(const attn_entry *e, const fa_attn_problem *p, fa_attention_algo algo) {
+static bool entry_takes(const attn_entry *e, const fa_attn_problem *p, fa_attention_algo algo, bool automatic) {
   char why[8];
   int64_t br, bc;
   return e->fit(p->compute, p->D, p->Dv, &br, &bc, why, sizeof why) && e->tile_ok(p->D, p->tile_q, p->tile_k) &&
-         e->takes(p, algo);
+         e->takes(p, algo, automatic);
 }
 
+/* automatic (a kernel may take a tile of its own): not named, and not a
+ * variant, whose instances keep the call's tile */
 const attn_entry *attn_entry_pick(fa_attn_kernel named, const fa_attn_problem *p, fa_attention_algo algo, bool variant) {
+  const bool automatic = named == FA_KERNEL_AUTO && !variant;
   for (const attn_entry *e : table)
-    if ((named == FA_KERNEL_AUTO || e->id == named) && (!variant || e->variant_hook) && entry_takes(e, p, algo))
+    if ((named == FA_KERNEL_AUTO || e->id == named) && (!variant || e->variant_hook) &&
+        entry_takes(e, p, algo, automatic))
       return e;
   return NULL;
+}
+
+bool attn_fast_tile(fa_dtype dt, int64_t D, int64_t Dv, int64_t br, int64_t bc) {
+  char why[8];
+  int64_t kbr, kbc;
+  for (const attn_entry *e : table)
+    if (e != &attn_entry_simt && e->fit(dt, D, Dv, &kbr, &kbc, why, sizeof why) && e->tile_ok(D, br, bc)) return true;
+  return false;
+}
+
+/* the tensor-core kernels' and decode's shared part of fit (attention_registry.h) */
+int attn_fit_16bit(fa_dtype dt, int64_t D, int64_t Dv, bool dims, const char *dims_text, char *why, size_t n) {
+  if (dt != FA_F16 && dt != FA_BF16) snprintf(why, n, "%s inputs; it takes f16 or bf16", fa_dtype_name(dt));
+  else if (D != Dv || !dims)
+    snprintf(why, n, "D = %lld, Dv = %lld; it takes D = Dv = %s", (long long)D, (long long)Dv, dims_text);
+  else return 1;
+  return 0;
 }
 
 extern "C" int fa_cuda_attention_kernel_fit(fa_attn_kernel kernel, fa_dtype dt, int64_t D, int64_t Dv, int64_t *br,

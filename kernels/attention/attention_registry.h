@@ -18,8 +18,9 @@ struct attn_entry {
   /* Whether {br, bc} is one of its tiles at head dim D. */
   bool (*tile_ok)(int64_t D, int64_t br, int64_t bc);
   /* The resolved call (its tile one of the kernel's, fit checked): what
-   * is left to ask, e.g. the operands' alignment, sizes, the algo. */
-  bool (*takes)(const fa_attn_problem *p, fa_attention_algo algo);
+   * is left to ask, e.g. the operands' alignment, sizes, the algo.
+   * automatic as for queue (the tile it will then run with). */
+  bool (*takes)(const fa_attn_problem *p, fa_attention_algo algo, bool automatic);
   /* Queues algo ("flash", or "two_pass" with p->row_stats set).  A fast
    * kernel guards itself against NaN/inf in V (launch_fast_passes) and
    * hands back the flag in *v_flag, behind which the dispatch queues the
@@ -38,14 +39,16 @@ extern const attn_entry attn_entry_mma;       /* attention_mma.cu */
 extern const attn_entry attn_entry_f32;       /* attention_f32.cu */
 extern const attn_entry attn_entry_simt;      /* attention.cu */
 
-/* The entry of kernel k, or NULL when k is not one of these. */
-const attn_entry *attn_entry_of(fa_attn_kernel k);
-
 /* The kernel that runs a resolved call: the one named (NULL when it does
  * not take the call), or with FA_KERNEL_AUTO the first in the table that
  * does (the SIMT kernel takes every call).  variant: only those with a
  * variant hook. */
 const attn_entry *attn_entry_pick(fa_attn_kernel named, const fa_attn_problem *p, fa_attention_algo algo, bool variant);
+
+/* Whether a kernel other than SIMT that fits calls of dtype dt and head
+ * dims D, Dv has {br, bc} among its tiles (a user's tile the SIMT kernel
+ * need not hold: fa_cuda_attention_check_tile). */
+bool attn_fast_tile(fa_dtype dt, int64_t D, int64_t Dv, int64_t br, int64_t bc);
 
 /* The Hopper kernels' default key tile at head dim D: 64 at D = 64 (two
  * blocks an SM) and at D = 256 (the shared memory of one), else 128. */

@@ -90,7 +90,7 @@ static bool wgmma_tile_ok(int64_t D, int64_t br, int64_t bc) {
 }
 
 /* rows on 16 bytes: its cp.async copies and 16-byte stores */
-static bool wgmma_takes(const fa_attn_problem *p, fa_attention_algo) { return attn_rows_aligned16(p); }
+static bool wgmma_takes(const fa_attn_problem *p, fa_attention_algo, bool) { return attn_rows_aligned16(p); }
 
 /* Its instances of two blocks an SM (D = 64, key tiles of 64) check their
  * shares of V themselves (v_check_share). */

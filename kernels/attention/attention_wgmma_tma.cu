@@ -149,8 +149,9 @@ template <typename T> static fa_status tma_typed(fa_context *ctx, const attn_par
   return launch_extras<T, 128, 128>(ctx, p, m);
 }
 
-/* The call's tensor maps: encoded by tma_queue and read by run_flash,
- * which launch_fast_passes calls on the same thread before it returns. */
+/* The call's tensor maps: encoded by tma_takes and tma_queue and read by
+ * run_flash, which launch_fast_passes calls on the same thread before it
+ * returns. */
 static thread_local wt_maps call_maps;
 
 static fa_status run_flash(fa_context *ctx, const attn_params *p, int pass) {
@@ -177,21 +178,28 @@ static bool tma_tile_ok(int64_t D, int64_t br, int64_t bc) {
   return br == WT_BR && (D == 128 || D == 256) && (bc == wgmma_key_tile(D) || (D == 128 && bc == 176));
 }
 
-/* "flash" only, rows on 16 bytes, and operands the copy engine can map
- * (e.g. not a stride of 0) */
-static bool tma_takes(const fa_attn_problem *p, fa_attention_algo algo) {
-  wt_maps m;
-  return algo == FA_ATTN_FLASH && attn_rows_aligned16(p) && wt_encode_maps(p, &m);
+/* The key tile a call runs with.  automatic: at D = 128 the default key
+ * tile of 128 becomes 176 from 2048 keys on, without masks (3-9 % faster
+ * from 4096 keys, 3-9 % slower at 1024; the masks' instance spills). */
+static int64_t tma_key_tile(const fa_attn_problem *p, bool automatic) {
+  const bool wide = automatic && p->D == 128 && p->tile_k == 128 && p->Lk >= 2048 && attn_extras_kind(p) != EXTRAS_MASK;
+  return wide ? 176 : p->tile_k;
 }
 
-/* automatic: at D = 128 the default key tile of 128 becomes 176 from 2048
- * keys on, without masks (3-9 % faster from 4096 keys, 3-9 % slower at
- * 1024; the masks' instance spills). */
+/* "flash" only, rows on 16 bytes, and operands the copy engine can map
+ * (e.g. not a stride of 0) with the tile it will run: the maps tma_queue
+ * then finds made (wt_encode_maps keeps the last) */
+static bool tma_takes(const fa_attn_problem *p, fa_attention_algo algo, bool automatic) {
+  if (algo != FA_ATTN_FLASH || !attn_rows_aligned16(p)) return false;
+  fa_attn_problem call = *p;
+  call.tile_k = tma_key_tile(p, automatic);
+  return wt_encode_maps(&call, &call_maps);
+}
+
 static fa_status tma_queue(fa_context *ctx, const attn_params *p, fa_attention_algo, bool automatic, int **v_flag) {
   attn_params call = *p;
-  if (automatic && p->D == 128 && p->tile_k == 128 && p->Lk >= 2048 && attn_extras_kind(p) != EXTRAS_MASK)
-    call.tile_k = 176;
-  if (!wt_encode_maps(&call, &call_maps) && (call.tile_k = p->tile_k, !wt_encode_maps(&call, &call_maps)))
+  call.tile_k = tma_key_tile(p, automatic);
+  if (!wt_encode_maps(&call, &call_maps)) /* tma_takes made them */
     return fa_fail(ctx, FA_ERR_BACKEND, "flashattn: attention on cuda: the driver refused the operands' tensor maps");
   return launch_fast_passes(ctx, &call, FA_ATTN_FLASH, v_flag, run_flash);
 }

@@ -41,6 +41,7 @@ static inline fa_status fa_cuda_error(fa_context *ctx, cudaError_t err, const ch
  * device and kept (kernels/core/device.cu): the only place kernels ask
  * the runtime for them. */
 typedef struct {
+  int device;     /* its number (cudaGetDevice) */
   int sms;        /* multiprocessors */
   int l2_bytes;   /* L2 cache */
   int smem_optin; /* shared memory a block may opt in to */

@@ -60,6 +60,7 @@ __global__ void props_probe_kernel(void) {}
 static cudaError_t props_query(int dev, fa_cuda_props *p) {
   cudaFuncAttributes fa;
   cudaError_t e;
+  p->device = dev;
   if ((e = cudaDeviceGetAttribute(&p->sms, cudaDevAttrMultiProcessorCount, dev)) ||
       (e = cudaDeviceGetAttribute(&p->l2_bytes, cudaDevAttrL2CacheSize, dev)) ||
       (e = cudaDeviceGetAttribute(&p->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)) ||
