@@ -1,6 +1,12 @@
 -- A quick check of every CUDA kernel against the CPU (f64), sized for
 -- compute-sanitizer (--small) or a fuller pass.  Exits non-zero on a
--- mismatch.  Usage: flashattn-lua scripts/gpu_check.lua [--small | --lq-gg-lk]
+-- mismatch.  Usage:
+--   flashattn-lua scripts/gpu_check.lua [--small | --lq-gg-lk] [--part K/N] [--no-cublas]
+-- --part K/N runs the K-th of N shares of the attention cases (the rest of
+-- the checks in share 1), so that a slow tool (racecheck) can take the pass
+-- in N processes or N calls; --no-cublas leaves out the "naive" attention
+-- algorithm, whose products cuBLAS computes: initcheck does not see what
+-- cuBLAS writes through TMA on Hopper and flags every read of it.
 -- A bad argument is a one-line error on stderr and exit status 1.
 local root = (arg and arg[0] or ""):match("^(.*)/scripts/[^/]*$") or "."
 package.path = root .. "/lua/?.lua;" .. package.path
@@ -13,9 +19,26 @@ local function parse(argv)
   -- race), every fast instance: quick enough for racecheck and initcheck
   p:mutex(p:flag("--small", "sizes for compute-sanitizer"),
           p:flag("--lq-gg-lk", "only the Lq >> Lk attention cases of every fast instance (racecheck, initcheck)"))
-  return sweep.parse_args(p, argv, "gpu_check.lua")
+  p:option("--part", "K/N: the K-th of N shares of the attention cases (the other checks in share 1)", "1/1")
+  p:flag("--no-cublas", "leave out the naive attention algorithm (cuBLAS products; for initcheck)")
+  local args = sweep.parse_args(p, argv, "gpu_check.lua")
+  local k, n = tostring(args.part):match("^(%d+)/(%d+)$")
+  k, n = tonumber(k), tonumber(n)
+  if not k or n < 1 or k < 1 or k > n then
+    error(("gpu_check.lua: --part wants K/N with 1 <= K <= N, got '%s' (try --help)"):format(args.part), 0)
+  end
+  args.part_k, args.part_n = k, n
+  return args
 end
 local args = sweep.main("gpu_check.lua", parse, {...})
+-- the shares: attention case u (1, 2, ...) belongs to share (u - 1) % N + 1
+local part_k, part_n, units = args.part_k, args.part_n, 0
+local first_part = part_k == 1
+local function mine()
+  units = units + 1
+  return (units - 1) % part_n + 1 == part_k
+end
+local algos = args.no_cublas and { "flash", "two_pass", "flash_row" } or { "flash", "two_pass", "naive", "flash_row" }
 local empty_tiles_only = args.lq_gg_lk
 local small = args.small or empty_tiles_only
 local failures, checks = 0, 0
@@ -30,7 +53,7 @@ local function check(name, err, limit)
   end
 end
 
-if not empty_tiles_only then
+if not empty_tiles_only and first_part then
 -- tensors: random values agree across devices, conversions and reductions
 local seed = 1234
 for _, dt in ipairs { "f32", "f16", "bf16", "f64" } do
@@ -84,9 +107,10 @@ if not small then
   check("softmax auto f32 2x(2^23+8)", fa.rel_error(fa.softmax(x):cpu(), fa.softmax(x:cpu():double(), { algo = "safe" })), tol.f32)
   x:free()
 end
-end -- not empty_tiles_only
+end -- not empty_tiles_only, first share
 -- attention: every algo and dtype, with the options, against the f64 reference
 local function attn_case(name, B, Hq, Hkv, Lq, Lk, D, Dv, opts)
+  if not mine() then return end
   local q = fa.randn({ B, Hq, Lq, D }, { device = "cuda", seed = 11 })
   local k = fa.randn({ B, Hkv, Lk, D }, { device = "cuda", seed = 12 })
   local v = fa.randn({ B, Hkv, Lk, Dv }, { device = "cuda", seed = 13 })
@@ -95,7 +119,7 @@ local function attn_case(name, B, Hq, Hkv, Lq, Lk, D, Dv, opts)
   ref_opts.return_lse = true
   local ro, rl = fa.attention_reference(q, k, v, ref_opts)
   for _, dt in ipairs { "f32", "f16", "bf16" } do
-    for _, algo in ipairs { "flash", "two_pass", "naive", "flash_row" } do
+    for _, algo in ipairs(algos) do
       local o_opts = {}
       for key, val in pairs(ref_opts) do o_opts[key] = val end
       o_opts.algo = algo
@@ -167,6 +191,7 @@ local function contains(list, name)
   return false
 end
 local function tma_case(name, B, Hq, Hkv, Lq, Lk, D, opts, layout)
+  if not mine() then return end
   local function operand(h, l, seed)
     if layout == "bhld" then return fa.randn({ B, l, h, D }, { device = "cuda", seed = seed }):transpose(2, 3) end
     return fa.randn({ B, h, l, D }, { device = "cuda", seed = seed })
@@ -229,6 +254,7 @@ attn_case("decode d64 lq16 rows64 options", 2, 8, 2, 16, 700, 64, 64,
 attn_case("decode d128 lq4 top_left window", 1, 4, 1, 4, 1000, 128, 128, { causal = "top_left", window = { 100, 0 } })
 attn_case("decode d128 lq2 window splits 64", 2, 4, 4, 2, 5000, 128, 128, { window = { 300, 20 }, splits = 64 })
 attn_case("decode d128 short keys", 3, 4, 2, 3, 5, 128, 128, { causal = true })
+if first_part then -- the NaN/inf and paged checks in the first share
 -- NaN and inf in V on keys no row attends (past kv_lens, masked): the output stays finite there
 do
   local q = fa.randn({ 2, 4, 2, 128 }, { device = "cuda", seed = 21, dtype = "bf16" })
@@ -304,6 +330,7 @@ for _, ps in ipairs { 16, 5 } do
     cache:free()
   end
 end
+end -- first share
 -- the register-tiled f32 kernel (f32, D = Dv = 64 or 128, default tile {64, 64}; the f16/bf16 runs of
 -- these cases take the tensor cores), plain and with every option, over several query and key tiles
 local bmask3 = {}
@@ -332,6 +359,7 @@ local function same(a, b) return fa.max_abs_diff(a, b) == 0 end
 for _, kern in ipairs { "wgmma", "mma", "simt" } do
   for _, det in ipairs(kern == "wgmma" and { false, true } or { false }) do
     for _, dt in ipairs(kern == "simt" and { "f32", "bf16" } or { "bf16", "f16" }) do
+      if not mine() then goto next_dt end
       for _, D in ipairs { 64, 128 } do
         for ci, opts in ipairs { { causal = true }, {}, { window = { 20, 5 }, alibi = { 0.1, 0.2, 0.3, 0.4 }, softcap = 5 } } do
           local function r(s, H, L) return fa.randn({ 2, H, L, D }, { dtype = dt, device = "cuda", seed = 40 + s }) end
@@ -355,10 +383,13 @@ for _, kern in ipairs { "wgmma", "mma", "simt" } do
           end
         end
       end
+      ::next_dt::
     end
   end
 end
 
+-- the rest in the first share
+if first_part then
 -- the wgmma backward at D = 64 from 8192 keys, where it adds dq up with atomics, against the reference
 do
   local function r(s, L) return fa.randn({ 1, 2, L, 64 }, { dtype = "bf16", device = "cuda", seed = 60 + s }) end
@@ -502,5 +533,7 @@ if not small then
   end
 end
 
-print(string.format("gpu_check: %d checks, %d failures", checks, failures))
+end -- first share
+print(string.format("gpu_check: %d checks, %d failures%s", checks, failures,
+                    part_n > 1 and (" (share %d of %d)"):format(part_k, part_n) or ""))
 os.exit(failures == 0 and 0 or 1)

@@ -431,6 +431,7 @@ function TestSweepScript:test_bad_arguments_one_line()
     {"scripts/sweep.lua", "--rep", "0"}, {"scripts/demo_sweep.lua", "--H", "x"},
     {"scripts/bench_cpu.lua", "--L", "-1"}, {"scripts/bench_softmax.lua", "--seed"},
     {"scripts/bench_attention.lua", "--dtypes", "f8"}, {"scripts/gpu_check.lua", "--small", "--lq-gg-lk"},
+    {"scripts/gpu_check.lua", "--part", "3/2"}, {"scripts/gpu_check.lua", "--part", "x"},
     {"scripts/seeds.lua", "--rep", "zero"},
   }
   for _, c in ipairs(cases) do
