@@ -386,16 +386,12 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
   if (d->B * d->Hq * d->Lq == 0) {
   } else if (d->Lk == 0) { /* no keys: zeros and lse = -inf */
     st = cuda_fill_empty(ctx, &bufs, want_lse);
-  } else if (d->algo == FA_ATTN_NAIVE) {
-    st = fa_cuda_attention_naive(ctx, &p);
-  } else if (decode) {
-    st = fa_cuda_attention_decode(ctx, &p, NULL, o->splits);
   } else if (d->variant) {
     p.score_mod = o->score_mod, p.mask_mod = o->mask_mod, p.block_mask = o->block_mask;
     if (!(st = fa_expr_begin(ctx, p.score_mod, p.mask_mod, 0))) st = fa_cuda_attention_variant(ctx, d->kernel, &p);
     if (!st) st = fa_expr_end(ctx, p.score_mod, p.mask_mod); /* a tensor read out of range (src/expr.h) */
-  } else {
-    st = fa_cuda_attention_fused(ctx, d->algo, d->kernel, &p);
+  } else { /* the registry: decode where it fits (its split of the keys is opts.splits) */
+    st = fa_cuda_attention_run(ctx, d->algo, decode ? FA_KERNEL_DECODE : d->kernel, NULL, decode ? o->splits : 0, &p);
   }
   if (st) goto done;
   st = fa_attn_deliver(ctx, q, d->rank, d->Dv, bufs.o, want_lse ? bufs.lse : NULL, o->out, o->lse_out, d->dtype, FA_F32,
@@ -429,7 +425,7 @@ fa_status fa_attention_paged(fa_context *ctx, fa_tensor *q, const fa_attn_paged_
   } else if (d->Lk == 0) {
     st = cuda_fill_empty(ctx, &bufs, want_lse);
   } else {
-    st = fa_cuda_attention_decode(ctx, &p, &kv->pg, o->splits);
+    st = fa_cuda_attention_run(ctx, FA_ATTN_FLASH, FA_KERNEL_DECODE, &kv->pg, o->splits, &p);
   }
   if (!st)
     st = fa_attn_deliver(ctx, q, 4, d->Dv, bufs.o, want_lse ? bufs.lse : NULL, o->out, o->lse_out, d->dtype, FA_F32,

@@ -252,15 +252,6 @@ typedef enum {
   FA_KERNEL_COUNT
 } fa_attn_kernel;
 
-/* Attention on device buffers: p holds device pointers, p->compute is the
- * storage dtype (f32, f16, bf16) and the float mask is f32.  "flash" and
- * "two_pass" run on the registry's kernels (kernels/attention/
- * attention_registry.cu): kernel FA_KERNEL_AUTO (the first that takes the
- * call and its tile), or WGMMA_TMA, WGMMA, MMA, F32 (that kernel, the SIMT
- * kernel behind it for NaN/inf in V; FA_ERR_UNSUPPORTED when it declines)
- * or SIMT (alone); "flash_row" on its own kernel. */
-fa_status fa_cuda_attention_fused(fa_context *ctx, fa_attention_algo algo, fa_attn_kernel kernel,
-                                  const fa_attn_problem *p);
 /* "flash" with p->score_mod and / or p->mask_mod (API §9; their captured
  * tensors on the device), compiled at run time into the kernel named
  * (AUTO, WGMMA, MMA or SIMT; kernels/attention/attention_variant.cu).  A
@@ -278,7 +269,6 @@ int fa_cuda_attention_kernel_fit(fa_attn_kernel kernel, fa_dtype dt, int64_t D, 
                                  char *why, size_t n);
 /* Whether that kernel (fitting the call) takes tile {br, bc} at head dim D. */
 int fa_cuda_attention_kernel_tile_ok(fa_attn_kernel kernel, int64_t D, int64_t br, int64_t bc);
-fa_status fa_cuda_attention_naive(fa_context *ctx, const fa_attn_problem *p);
 /* Keys and values read through a page table (the paged KV cache, API §8):
  * key j of batch b is row j % page_size of page table[b·max_pages + j /
  * page_size] (device int32), whose rows start page·k_page (v_page)
@@ -307,10 +297,18 @@ fa_status fa_cuda_kv_scatter(fa_context *ctx, const fa_kv_segments *s, fa_tensor
  * a key head, else 0 and why not into why (n bytes). */
 int fa_cuda_attention_decode_fit(fa_dtype dt, int64_t D, int64_t Dv, int64_t Hq, int64_t Hkv, int64_t Lq, char *why,
                                  size_t n);
-/* "flash" by the split-KV decode kernel on device buffers (a call that
- * fits; rows on 16 bytes, else FA_ERR_UNSUPPORTED); pg: a page table, or
- * NULL; splits: chunks of keys (0: chosen from the shape and the GPU). */
-fa_status fa_cuda_attention_decode(fa_context *ctx, const fa_attn_problem *p, const fa_attn_paging *pg, int64_t splits);
+/* Attention on device buffers, through the registry of CUDA kernels
+ * (kernels/attention/attention_registry.cu): p holds device pointers,
+ * p->compute is the storage dtype (f32, f16, bf16) and the float mask is
+ * f32.  kernel FA_KERNEL_AUTO: the first kernel that implements algo and
+ * takes the call and its tile; else the kernel named (FA_ERR_UNSUPPORTED
+ * when it declines); behind a fast "flash" / "two_pass" kernel the SIMT
+ * kernel for NaN/inf in V.  FA_KERNEL_DECODE (taken only when named: a
+ * call that fits, fa_attn_decode_takes; rows on 16 bytes) reads k and v
+ * through pg, a page table, when not NULL, and cuts the keys into splits
+ * chunks (0: chosen from the shape and the GPU). */
+fa_status fa_cuda_attention_run(fa_context *ctx, fa_attention_algo algo, fa_attn_kernel kernel,
+                                const fa_attn_paging *pg, int64_t splits, const fa_attn_problem *p);
 /* The backward pass on device buffers (API §10): p as for the forward
  * (q, k, v, o and lse (f32) read through their strides; the forward's
  * options), dout (B, Hq, Lq, Dv) through dout_st; dq (B, Hq, Lq, D), dk

@@ -132,11 +132,19 @@ template <typename T> static fa_status row_typed(fa_context *ctx, const fa_attn_
   return FA_OK;
 }
 
-extern "C" fa_status fa_cuda_attention_row(fa_context *ctx, const fa_attn_problem *p) {
+/* ---- its registry entry: "flash_row", Dv up to 256 (src/ says so first) ---- */
+
+static bool row_takes(const fa_attn_problem *p, fa_attention_algo, bool) { return p->Dv <= 256; }
+
+static fa_status row_queue(fa_context *ctx, const attn_params *p, fa_attention_algo, bool, int **v_flag) {
+  *v_flag = NULL;
   if (p->compute == FA_F16) return row_typed<__half>(ctx, p);
   if (p->compute == FA_BF16) return row_typed<__nv_bfloat16>(ctx, p);
   return row_typed<float>(ctx, p);
 }
+
+const attn_entry attn_entry_row = {FA_KERNEL_ROW, ATTN_ALGO(FA_ATTN_FLASH_ROW), false, NULL, NULL, row_takes, row_queue,
+                                   false};
 
 /* ---- its registry entry: every call (Dv up to 256), its tile any that
  * fa_cuda_attention_check_tile lets through, fitted to itself ---- */
@@ -158,4 +166,5 @@ static fa_status simt_queue(fa_context *ctx, const attn_params *p, fa_attention_
   return attn_simt_queue(ctx, p, algo, NULL);
 }
 
-const attn_entry attn_entry_simt = {FA_KERNEL_SIMT, simt_fit, simt_tile_ok, simt_takes, simt_queue, true};
+const attn_entry attn_entry_simt = {FA_KERNEL_SIMT, ATTN_FLASH_OR_TWO_PASS, false, simt_fit, simt_tile_ok,
+                                   simt_takes,     simt_queue,             true};

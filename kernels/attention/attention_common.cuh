@@ -37,6 +37,11 @@ struct attn_params : fa_attn_problem {
    * longest first within a group (causal: a grid's last blocks are short
    * ones); 0 or 1: head by head. */
   int64_t sched_heads;
+  /* The decode kernel's: the page table of a paged cache (NULL: k and v
+   * read through their strides) and the chunks of keys (opts.splits; 0:
+   * chosen from the shape and the GPU). */
+  const fa_attn_paging *paging;
+  int64_t splits;
 };
 
 /* The call p with no scheduling state yet. */
@@ -44,6 +49,7 @@ static inline attn_params attn_params_of(const fa_attn_problem &p) {
   attn_params a;
   (fa_attn_problem &)a = p;
   a.v_nonfinite = NULL, a.v_self_check = 0, a.row_stats = NULL, a.sched_heads = 0;
+  a.paging = NULL, a.splits = 0;
   return a;
 }
 

@@ -609,11 +609,18 @@ static fa_status decode_typed(fa_context *ctx, const fa_attn_problem *p, decode_
   return fa_cuda_error(ctx, err, "launch of attn_decode_kernel");
 }
 
-/* Queues the decode kernel for p (checked to fit: fa_cuda_attention_decode_fit,
- * and rows on 16 bytes); pg: the page table of a paged cache, or NULL;
- * splits: the chunks of keys (0: chosen from the shape and the GPU). */
-extern "C" fa_status fa_cuda_attention_decode(fa_context *ctx, const fa_attn_problem *p, const fa_attn_paging *pg,
-                                              int64_t splits) {
+/* ---- its registry entry: "flash", taken when named (src/ names it where it
+ * fits, fa_attn_decode_takes: its split of the keys replaces src/'s) ---- */
+
+static bool decode_takes(const fa_attn_problem *, fa_attention_algo, bool) { return true; }
+
+/* Queues the decode kernel for p (checked to fit again: fa_cuda_attention_decode_fit,
+ * and rows on 16 bytes); p->paging: the page table of a paged cache, or NULL;
+ * p->splits: the chunks of keys (0: chosen from the shape and the GPU). */
+static fa_status decode_queue(fa_context *ctx, const attn_params *p, fa_attention_algo, bool, int **v_flag) {
+  *v_flag = NULL;
+  const fa_attn_paging *pg = p->paging;
+  const int64_t splits = p->splits;
   char why[128];
   if (!fa_cuda_attention_decode_fit(p->compute, p->D, p->Dv, p->Hq, p->Hkv, p->Lq, why, sizeof why) ||
       !attn_rows_aligned16(p))
@@ -632,3 +639,6 @@ extern "C" fa_status fa_cuda_attention_decode(fa_context *ctx, const fa_attn_pro
   return p->D == 64 ? decode_typed<__nv_bfloat16, 64>(ctx, p, a, splits)
                     : decode_typed<__nv_bfloat16, 128>(ctx, p, a, splits);
 }
+
+const attn_entry attn_entry_decode = {FA_KERNEL_DECODE, ATTN_ALGO(FA_ATTN_FLASH), true, NULL, NULL, decode_takes,
+                                      decode_queue,     false};

@@ -378,4 +378,5 @@ static fa_status f32_queue(fa_context *ctx, const attn_params *p, fa_attention_a
   return launch_fast_passes(ctx, p, algo, v_flag, p->D == 64 ? launch_f32_extras<64> : launch_f32_extras<128>);
 }
 
-const attn_entry attn_entry_f32 = {FA_KERNEL_F32, f32_fit, f32_tile_ok, f32_takes, f32_queue, false};
+const attn_entry attn_entry_f32 = {FA_KERNEL_F32, ATTN_FLASH_OR_TWO_PASS, false, f32_fit, f32_tile_ok, f32_takes, f32_queue,
+                                  false};

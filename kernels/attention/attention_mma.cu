@@ -50,4 +50,5 @@ static fa_status mma_queue(fa_context *ctx, const attn_params *p, fa_attention_a
   return launch_fast_passes(ctx, p, algo, v_flag, p->compute == FA_F16 ? mma_typed<__half> : mma_typed<__nv_bfloat16>);
 }
 
-const attn_entry attn_entry_mma = {FA_KERNEL_MMA, mma_fit, mma_tile_ok, mma_takes, mma_queue, true};
+const attn_entry attn_entry_mma = {FA_KERNEL_MMA, ATTN_FLASH_OR_TWO_PASS, false, mma_fit, mma_tile_ok, mma_takes, mma_queue,
+                                  true};

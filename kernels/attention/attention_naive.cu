@@ -10,6 +10,7 @@
  * NAIVE_LONG_ROW keys take a block each, with a grid sized so that the
  * rows in flight fit in L2 and the second pass over S reads it from there. */
 #include "attention_nonfinite.cuh"
+#include "attention_registry.h"
 #include "online_state.cuh"
 
 #include <cublas_v2.h>
@@ -292,13 +293,16 @@ done:
   return st;
 }
 
-extern "C" fa_status fa_cuda_attention_naive(fa_context *ctx, const fa_attn_problem *p) {
-  switch (p->compute) {
-  case FA_F32: return naive_typed<float>(ctx, p);
-  case FA_F16: return naive_typed<__half>(ctx, p);
-  case FA_BF16: return naive_typed<__nv_bfloat16>(ctx, p);
-  default:
-    return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: attention on cuda takes f32, f16 or bf16, got %s",
-                   fa_dtype_name(p->compute));
-  }
+/* ---- its registry entry: "naive", every call (the dispatch checked the dtype) ---- */
+
+static bool naive_takes(const fa_attn_problem *, fa_attention_algo, bool) { return true; }
+
+static fa_status naive_queue(fa_context *ctx, const attn_params *p, fa_attention_algo, bool, int **v_flag) {
+  *v_flag = NULL;
+  if (p->compute == FA_F16) return naive_typed<__half>(ctx, p);
+  if (p->compute == FA_BF16) return naive_typed<__nv_bfloat16>(ctx, p);
+  return naive_typed<float>(ctx, p);
 }
+
+const attn_entry attn_entry_naive = {FA_KERNEL_NAIVE, ATTN_ALGO(FA_ATTN_NAIVE), false, NULL, NULL, naive_takes,
+                                     naive_queue,     false};

@@ -1,15 +1,17 @@
-/* The registry's CUDA kernels for "flash" and "two_pass" (attention_registry.h):
- * the table, what src/ asks of it (a kernel's fit, tiles and default
- * tile), and the dispatch: the kernel named or the first that takes the
- * call, scheduled, then the SIMT kernel behind it for NaN/inf in V. */
+/* The registry's CUDA attention kernels (attention_registry.h): the table,
+ * what src/ asks of it (a kernel's fit, tiles and default tile), and the
+ * dispatch: the kernel named or the first that takes the call, scheduled,
+ * then the SIMT kernel behind a fast one for NaN/inf in V. */
 #include "attention_registry.h"
 
 #include <cstdio>
 
 /* In the registry's order (src/attn_kernels.c), fastest first: the
- * automatic choice is the first that takes the call. */
-static const attn_entry *const table[] = {&attn_entry_wgmma_tma, &attn_entry_wgmma, &attn_entry_mma, &attn_entry_f32,
-                                          &attn_entry_simt};
+ * automatic choice is the first that takes the call and its algo (decode,
+ * first there too, only when named). */
+static const attn_entry *const table[] = {&attn_entry_decode, &attn_entry_wgmma_tma, &attn_entry_wgmma,
+                                          &attn_entry_mma,    &attn_entry_f32,       &attn_entry_simt,
+                                          &attn_entry_naive,  &attn_entry_row};
 
 static const attn_entry *attn_entry_of(fa_attn_kernel k) {
   for (const attn_entry *e : table)
@@ -20,8 +22,8 @@ static const attn_entry *attn_entry_of(fa_attn_kernel k) {
 static bool entry_takes(const attn_entry *e, const fa_attn_problem *p, fa_attention_algo algo, bool automatic) {
   char why[8];
   int64_t br, bc;
-  return e->fit(p->compute, p->D, p->Dv, &br, &bc, why, sizeof why) && e->tile_ok(p->D, p->tile_q, p->tile_k) &&
-         e->takes(p, algo, automatic);
+  return (e->algos & ATTN_ALGO(algo)) && (!e->fit || e->fit(p->compute, p->D, p->Dv, &br, &bc, why, sizeof why)) &&
+         (!e->tile_ok || e->tile_ok(p->D, p->tile_q, p->tile_k)) && e->takes(p, algo, automatic);
 }
 
 /* automatic (a kernel may take a tile of its own): not named, and not a
@@ -29,7 +31,7 @@ static bool entry_takes(const attn_entry *e, const fa_attn_problem *p, fa_attent
 const attn_entry *attn_entry_pick(fa_attn_kernel named, const fa_attn_problem *p, fa_attention_algo algo, bool variant) {
   const bool automatic = named == FA_KERNEL_AUTO && !variant;
   for (const attn_entry *e : table)
-    if ((named == FA_KERNEL_AUTO || e->id == named) && (!variant || e->variant_hook) &&
+    if ((named == FA_KERNEL_AUTO ? !e->named_only : e->id == named) && (!variant || e->variant_hook) &&
         entry_takes(e, p, algo, automatic))
       return e;
   return NULL;
@@ -39,7 +41,8 @@ bool attn_fast_tile(fa_dtype dt, int64_t D, int64_t Dv, int64_t br, int64_t bc) 
   char why[8];
   int64_t kbr, kbc;
   for (const attn_entry *e : table)
-    if (e != &attn_entry_simt && e->fit(dt, D, Dv, &kbr, &kbc, why, sizeof why) && e->tile_ok(D, br, bc)) return true;
+    if (e != &attn_entry_simt && e->fit && e->fit(dt, D, Dv, &kbr, &kbc, why, sizeof why) && e->tile_ok(D, br, bc))
+      return true;
   return false;
 }
 
@@ -55,8 +58,8 @@ int attn_fit_16bit(fa_dtype dt, int64_t D, int64_t Dv, bool dims, const char *di
 extern "C" int fa_cuda_attention_kernel_fit(fa_attn_kernel kernel, fa_dtype dt, int64_t D, int64_t Dv, int64_t *br,
                                             int64_t *bc, char *why, size_t n) {
   const attn_entry *e = attn_entry_of(kernel);
-  if (!e) {
-    snprintf(why, n, "not a flash kernel");
+  if (!e || !e->fit) {
+    snprintf(why, n, "not a tiled kernel");
     return 0;
   }
   return e->fit(dt, D, Dv, br, bc, why, n);
@@ -64,7 +67,7 @@ extern "C" int fa_cuda_attention_kernel_fit(fa_attn_kernel kernel, fa_dtype dt, 
 
 extern "C" int fa_cuda_attention_kernel_tile_ok(fa_attn_kernel kernel, int64_t D, int64_t br, int64_t bc) {
   const attn_entry *e = attn_entry_of(kernel);
-  return e && e->tile_ok(D, br, bc);
+  return e && e->tile_ok && e->tile_ok(D, br, bc);
 }
 
 /* The default tile of "flash" on cuda: that of the first fast kernel that
@@ -74,7 +77,7 @@ extern "C" int fa_cuda_attention_kernel_tile_ok(fa_attn_kernel kernel, int64_t D
 extern "C" void fa_cuda_attention_default_tile(fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc) {
   char why[8];
   for (const attn_entry *e : table)
-    if (e != &attn_entry_simt && e->fit(dt, D, Dv, br, bc, why, sizeof why)) return;
+    if (e != &attn_entry_simt && e->fit && e->fit(dt, D, Dv, br, bc, why, sizeof why)) return;
   *br = 64, *bc = 64;
 }
 
@@ -111,36 +114,30 @@ static fa_status schedule_heads(fa_context *ctx, const fa_attn_problem *p, int64
   return FA_OK;
 }
 
-/* Queues algo ("flash" or "two_pass", its row statistics allocated here)
- * on the kernel named (FA_KERNEL_AUTO: the first that takes the call),
- * and, behind a fast kernel, the SIMT kernel guarded by its NaN/inf flag:
- * it runs only when V holds NaN or inf, and then rewrites every output
- * (attention_nonfinite.cuh). */
-static fa_status dispatch(fa_context *ctx, fa_attention_algo algo, fa_attn_kernel kernel, const attn_params *p) {
-  const attn_entry *e = attn_entry_pick(kernel, p, algo, false);
-  if (!e) /* named, and checked before (fa_check_attention_kernel): e.g. operands off 16 bytes */
-    return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: opts.kernel: the kernel named declined the call on cuda");
-  int *v_flag = NULL;
-  fa_status st = e->queue(ctx, p, algo, kernel == FA_KERNEL_AUTO, &v_flag);
-  if (!st && v_flag) st = attn_simt_queue(ctx, p, algo, v_flag);
-  if (v_flag) fa_cuda_free(v_flag, sizeof(int)); /* stream-ordered: after the kernels */
-  return st;
-}
-
-extern "C" fa_status fa_cuda_attention_row(fa_context *ctx, const fa_attn_problem *p);
-
-extern "C" fa_status fa_cuda_attention_fused(fa_context *ctx, fa_attention_algo algo, fa_attn_kernel kernel,
-                                             const fa_attn_problem *in) {
+/* The one dispatch (src/internal.h): the entry named, or the first that
+ * takes the call (attn_entry_pick); for the tiled kernels their block
+ * order (schedule_heads); for "two_pass" its row statistics, allocated
+ * here; then the queue, and behind a fast kernel the SIMT kernel guarded by
+ * its NaN/inf flag: it runs only when V holds NaN or inf, and then rewrites
+ * every output (attention_nonfinite.cuh). */
+extern "C" fa_status fa_cuda_attention_run(fa_context *ctx, fa_attention_algo algo, fa_attn_kernel kernel,
+                                           const fa_attn_paging *paging, int64_t splits, const fa_attn_problem *in) {
   if (in->compute != FA_F32 && in->compute != FA_F16 && in->compute != FA_BF16)
     return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: attention on cuda takes f32, f16 or bf16, got %s",
                    fa_dtype_name(in->compute));
-  if (algo == FA_ATTN_FLASH_ROW) return fa_cuda_attention_row(ctx, in);
+  const attn_entry *e = attn_entry_pick(kernel, in, algo, false);
+  if (!e) /* named, and checked before (fa_check_attention_kernel): e.g. operands off 16 bytes */
+    return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: opts.kernel: the kernel named declined the call on cuda");
   attn_params p = attn_params_of(*in);
-  fa_status st = schedule_heads(ctx, in, &p.sched_heads);
-  if (st || algo != FA_ATTN_TWO_PASS) return st ? st : dispatch(ctx, algo, kernel, &p);
-  const size_t bytes = sizeof(float) * 2 * (size_t)(p.B * p.Hq * p.Lq);
-  if ((st = fa_cuda_malloc(ctx, (void **)&p.row_stats, bytes))) return st;
-  st = dispatch(ctx, algo, kernel, &p);
-  fa_cuda_free(p.row_stats, bytes); /* stream-ordered: after both passes */
+  p.paging = paging, p.splits = splits;
+  fa_status st = e->fit ? schedule_heads(ctx, in, &p.sched_heads) : FA_OK;
+  const size_t stats_bytes = algo == FA_ATTN_TWO_PASS ? sizeof(float) * 2 * (size_t)(p.B * p.Hq * p.Lq) : 0;
+  if (!st && stats_bytes) st = fa_cuda_malloc(ctx, (void **)&p.row_stats, stats_bytes);
+  if (st) return st;
+  int *v_flag = NULL;
+  st = e->queue(ctx, &p, algo, kernel == FA_KERNEL_AUTO, &v_flag);
+  if (!st && v_flag) st = attn_simt_queue(ctx, &p, algo, v_flag);
+  if (v_flag) fa_cuda_free(v_flag, sizeof(int)); /* stream-ordered: after the kernels */
+  if (stats_bytes) fa_cuda_free(p.row_stats, stats_bytes); /* after both passes */
   return st;
 }

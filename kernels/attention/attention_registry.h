@@ -1,27 +1,39 @@
-/* The registry's CUDA kernels for "flash" and "two_pass" (API §6): each
- * kernel's file defines its entry (what calls it takes, how it is queued),
- * and attention_registry.cu holds the table, in the registry's order
- * (src/attn_kernels.c: fastest first), and the one dispatch that walks it.
- * A new kernel is a file with its entry, a line in the table, and its name
- * in src/attn_kernels.c.  Decode, naive and flash_row have a kernel each,
- * chosen in src/attention.c (by algo, and fa_attn_decode_takes). */
+/* The registry's CUDA attention kernels (API §6): each kernel's file
+ * defines its entry (the algos it implements, what calls it takes, how it
+ * is queued), and attention_registry.cu holds the table, in the registry's
+ * order (src/attn_kernels.c: fastest first), and the one dispatch that
+ * walks it (fa_cuda_attention_run).  "flash" and "two_pass" go to the
+ * first tiled kernel that takes the call (or the one named), "naive" and
+ * "flash_row" to their kernels, and decode's kernel is taken when named:
+ * src/ names it where it fits (fa_attn_decode_takes), since its split of
+ * the keys replaces src/'s.  A new kernel is a file with its entry, a line
+ * in the table, and its name in src/attn_kernels.c. */
 #ifndef FA_KERNELS_ATTENTION_REGISTRY_H
 #define FA_KERNELS_ATTENTION_REGISTRY_H
 
 #include "attention_common.cuh"
 
+#define ATTN_ALGO(a) (1u << (a))
+#define ATTN_FLASH_OR_TWO_PASS (ATTN_ALGO(FA_ATTN_FLASH) | ATTN_ALGO(FA_ATTN_TWO_PASS))
+
 struct attn_entry {
   fa_attn_kernel id;
-  /* The call's dtype and head dims on this device and build: 1 and the
-   * kernel's default tile {*br, *bc}; else 0 and why not into why (n bytes). */
+  /* The algos it implements (ATTN_ALGO bits). */
+  unsigned algos;
+  /* Taken only when named (decode). */
+  bool named_only;
+  /* The tiled kernels' (opts.tile a knob; NULL for decode, naive and
+   * flash_row, which have none).  fit: the call's dtype and head dims on
+   * this device and build: 1 and the kernel's default tile {*br, *bc};
+   * else 0 and why not into why (n bytes).  tile_ok: whether {br, bc} is
+   * one of its tiles at head dim D. */
   int (*fit)(fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc, char *why, size_t n);
-  /* Whether {br, bc} is one of its tiles at head dim D. */
   bool (*tile_ok)(int64_t D, int64_t br, int64_t bc);
   /* The resolved call (its tile one of the kernel's, fit checked): what
    * is left to ask, e.g. the operands' alignment, sizes, the algo.
    * automatic as for queue (the tile it will then run with). */
   bool (*takes)(const fa_attn_problem *p, fa_attention_algo algo, bool automatic);
-  /* Queues algo ("flash", or "two_pass" with p->row_stats set).  A fast
+  /* Queues algo (one of its algos; "two_pass" with p->row_stats set).  A fast
    * kernel guards itself against NaN/inf in V (launch_fast_passes) and
    * hands back the flag in *v_flag, behind which the dispatch queues the
    * SIMT kernel; the SIMT kernel leaves it NULL.  automatic: chosen, not
@@ -38,11 +50,15 @@ extern const attn_entry attn_entry_wgmma;     /* attention_wgmma.cu */
 extern const attn_entry attn_entry_mma;       /* attention_mma.cu */
 extern const attn_entry attn_entry_f32;       /* attention_f32.cu */
 extern const attn_entry attn_entry_simt;      /* attention.cu */
+extern const attn_entry attn_entry_decode;    /* attention_decode.cu */
+extern const attn_entry attn_entry_naive;     /* attention_naive.cu */
+extern const attn_entry attn_entry_row;       /* attention.cu */
 
-/* The kernel that runs a resolved call: the one named (NULL when it does
- * not take the call), or with FA_KERNEL_AUTO the first in the table that
- * does (the SIMT kernel takes every call).  variant: only those with a
- * variant hook. */
+/* The kernel that runs a resolved call of algo: the one named (NULL when
+ * it does not take the call), or with FA_KERNEL_AUTO the first in the
+ * table that does and is not taken only by name (the SIMT kernel takes
+ * every "flash" and "two_pass" call).  variant: only those with a variant
+ * hook. */
 const attn_entry *attn_entry_pick(fa_attn_kernel named, const fa_attn_problem *p, fa_attention_algo algo, bool variant);
 
 /* Whether a kernel other than SIMT that fits calls of dtype dt and head

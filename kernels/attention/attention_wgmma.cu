@@ -98,4 +98,5 @@ static fa_status wgmma_queue(fa_context *ctx, const attn_params *p, fa_attention
   return launch_fast_passes(ctx, p, algo, v_flag, fa_cuda_attention_wgmma, p->D == 64 && p->tile_k == 64);
 }
 
-const attn_entry attn_entry_wgmma = {FA_KERNEL_WGMMA, wgmma_fit, wgmma_tile_ok, wgmma_takes, wgmma_queue, true};
+const attn_entry attn_entry_wgmma = {FA_KERNEL_WGMMA, ATTN_FLASH_OR_TWO_PASS, false, wgmma_fit, wgmma_tile_ok,
+                                    wgmma_takes,     wgmma_queue,            true};

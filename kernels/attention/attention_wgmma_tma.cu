@@ -204,4 +204,5 @@ static fa_status tma_queue(fa_context *ctx, const attn_params *p, fa_attention_a
   return launch_fast_passes(ctx, &call, FA_ATTN_FLASH, v_flag, run_flash);
 }
 
-const attn_entry attn_entry_wgmma_tma = {FA_KERNEL_WGMMA_TMA, tma_fit, tma_tile_ok, tma_takes, tma_queue, true};
+const attn_entry attn_entry_wgmma_tma = {FA_KERNEL_WGMMA_TMA, ATTN_ALGO(FA_ATTN_FLASH), false, tma_fit, tma_tile_ok,
+                                        tma_takes,           tma_queue,                true};

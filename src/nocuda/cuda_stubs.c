@@ -95,9 +95,9 @@ fa_status fa_cuda_timer_stop(fa_context *ctx, double *ms) {
 
 void fa_cuda_context_release(fa_context *ctx) { (void)ctx; }
 
-fa_status fa_cuda_attention_fused(fa_context *ctx, fa_attention_algo algo, fa_attn_kernel kernel,
-                                  const fa_attn_problem *p) {
-  (void)algo, (void)kernel, (void)p;
+fa_status fa_cuda_attention_run(fa_context *ctx, fa_attention_algo algo, fa_attn_kernel kernel,
+                                const fa_attn_paging *pg, int64_t splits, const fa_attn_problem *p) {
+  (void)algo, (void)kernel, (void)pg, (void)splits, (void)p;
   return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
 }
 
@@ -131,15 +131,7 @@ int fa_cuda_attention_decode_fit(fa_dtype dt, int64_t D, int64_t Dv, int64_t Hq,
   return 0;
 }
 
-fa_status fa_cuda_attention_decode(fa_context *ctx, const fa_attn_problem *p, const fa_attn_paging *pg, int64_t splits) {
-  (void)p, (void)pg, (void)splits;
-  return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
-}
 
-fa_status fa_cuda_attention_naive(fa_context *ctx, const fa_attn_problem *p) {
-  (void)p;
-  return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
-}
 
 fa_status fa_cuda_attention_backward(fa_context *ctx, fa_attn_kernel kernel, const fa_attn_problem *p,
                                      const fa_attn_grads *g) {
