@@ -210,14 +210,15 @@ def forced_cases(seed):
 
 
 def expected_path(c, strides=None):
-    """Which kernel the call should take: "mma" (f16/bf16, D = Dv = 64 or
-    128, every row of q, k, v, o and dout on 16 bytes) or "simt".  Without
-    strides (the --list), from the layout alone."""
-    if c["dtype"] == "f32" or c["D"] != c["Dv"] or c["D"] not in (64, 128):
+    """Which kind of kernel the call should take: "tc", the tensor cores
+    (f16/bf16, D = Dv = 64, 96 or 128, every row of q, k, v, o and dout on
+    16 bytes: "wgmma" on Hopper, else "mma"), or "simt".  Without strides
+    (the --list), from the layout alone."""
+    if c["dtype"] == "f32" or c["D"] != c["Dv"] or c["D"] not in (64, 96, 128):
         return "simt"
     if strides is None:
-        return "simt" if c["layout"] == "padded" and c["pad"] % 8 else "mma"
-    return "mma" if all(x % 8 == 0 for x in strides) else "simt"
+        return "simt" if c["layout"] == "padded" and c["pad"] % 8 else "tc"
+    return "tc" if all(x % 8 == 0 for x in strides) else "simt"
 
 
 def describe(c):
