@@ -233,7 +233,8 @@ template <int EXTRAS> struct frag_rule {
 #pragma unroll
       for (int q = 0; q < 4; q++) s[n][q] *= scale;
     if (ruA.cap > 0.f) frag_softcap_pass<NC>(ruA, ruB, s);
-    if (ruA.slope != 0.f) frag_alibi_pass<NC>(ruA, ruB, s);
+    /* rows A and B may be of two heads (hB: decode's packing), one of slope 0 */
+    if (hB >= 0 ? p.alibi != NULL : ruA.slope != 0.f) frag_alibi_pass<NC>(ruA, ruB, s);
     /* a full tile whose mask rows allow it reads a thread's key pairs in one
      * access each (a pair could cross the end of a row elsewhere) */
     const bool pairs = full && ruA.pairs && ruB.pairs;

@@ -67,6 +67,10 @@ function TestDecode:test_results_on_cuda()
     {"f16", 1, 8, 8, 1, 130, 64, {window = {40, 0}, causal = true, return_lse = true}},
     {"bf16", 2, 16, 4, 2, 200, 128, {alibi = {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6,
                                               0.7, 0.8}, softcap = 30, kv_lens = {200, 70}}},
+    -- slopes of 0 for some heads: a thread's two packed rows of heads with and without ALiBi (Lq = 4:
+    -- rows 0-7 are heads 0 and 1 of a key head, rows 8-15 heads 2 and 3)
+    {"bf16", 1, 8, 2, 4, 900, 128, {alibi = {0, 0, 0.3, 0.4, 0, 0, 0.7, 0.8}}},
+    {"f16", 1, 8, 2, 4, 900, 64, {alibi = {0.3, 0.4, 0, 0, 0.7, 0.8, 0, 0}, causal = true}},
   }
   for i, c in ipairs(cases) do
     local q, k, v = qkv(c[1], c[2], c[3], c[4], c[5], c[6], c[7])
