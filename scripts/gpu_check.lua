@@ -256,6 +256,8 @@ attn_case("decode d128 lq2 window splits 64", 2, 4, 4, 2, 5000, 128, 128, { wind
 attn_case("decode d128 short keys", 3, 4, 2, 3, 5, 128, 128, { causal = true })
 -- ALiBi slopes of 0 for some heads: a thread's two packed rows of heads with and without it
 attn_case("decode d128 lq4 alibi zero slopes", 1, 8, 2, 4, 900, 128, 128, { alibi = { 0, 0, 0.3, 0.4, 0, 0, 0.7, 0.8 } })
+-- rows whose range is empty past the chunk's end (kv_lens and a window's left side)
+attn_case("decode d64 lq4 empty rows past kv_lens", 1, 1, 1, 4, 128, 64, 64, { kv_lens = { 126 }, window = { 0, -1 } })
 if first_part then -- the NaN/inf and paged checks in the first share
 -- NaN and inf in V on keys no row attends (past kv_lens, masked): the output stays finite there
 do

@@ -227,7 +227,11 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
   frag_rows r = {okA ? rA % Lq : Lq, okB ? rB % Lq : Lq, 0, 0, 0, 0, -INFINITY, -INFINITY, 0.f, 0.f};
   if (okA) fa_attn_range_of(&p, b, r.iA, &r.loA, &r.hiA);
   if (okB) fa_attn_range_of(&p, b, r.iB, &r.loB, &r.hiB);
-  r.loA = max(r.loA, kb), r.hiA = min(r.hiA, ke), r.loB = max(r.loB, kb), r.hiB = min(r.hiB, ke);
+  /* clipped to the chunk, never below lo: an empty range past the chunk (kv_lens with a window's
+   * left side) made hi < lo, and frag_cols_of's count negative, which the unsigned range test took
+   * for every key */
+  r.loA = max(r.loA, kb), r.hiA = max(min(r.hiA, ke), r.loA);
+  r.loB = max(r.loB, kb), r.hiB = max(min(r.hiB, ke), r.loB);
   uint32_t qf[D / 16][4]; /* Q as mma A fragments, straight from memory (a few rows) */
   {
     const T *qA = (const T *)p.q + attn_at(p.q_st, b, hA, okA ? r.iA : 0) + c2;
@@ -437,7 +441,10 @@ __global__ void __launch_bounds__(128) attn_decode_merge_kernel(fa_attn_problem 
   const int nw = a.splits > w ? (a.splits - w + 3) / 4 : 0; /* this warp's chunks */
   const float l0 = lane < nw ? a.part_lse[(int64_t)(w + 4 * lane) * R + row] : -INFINITY;
   const float l1 = lane + 32 < nw ? a.part_lse[(int64_t)(w + 4 * (lane + 32)) * R + row] : -INFINITY;
-  const float M = warp_max(fmaxf(l0, l1));
+  /* a chunk whose state is NaN (NaN or inf in the row's q or k) makes the row NaN, as in one chunk
+   * and the reference: fmaxf would pass over it, and the warp's weight would drop it */
+  const bool nan_state = __any_sync(0xffffffffu, l0 != l0 || l1 != l1);
+  const float M = nan_state ? __int_as_float(0x7fc00000) : warp_max(fmaxf(l0, l1));
   float acc[PER], den = 0.f;
 #pragma unroll
   for (int c = 0; c < PER; c++) acc[c] = 0.f;

@@ -71,6 +71,9 @@ function TestDecode:test_results_on_cuda()
     -- rows 0-7 are heads 0 and 1 of a key head, rows 8-15 heads 2 and 3)
     {"bf16", 1, 8, 2, 4, 900, 128, {alibi = {0, 0, 0.3, 0.4, 0, 0, 0.7, 0.8}}},
     {"f16", 1, 8, 2, 4, 900, 64, {alibi = {0.3, 0.4, 0, 0, 0.7, 0.8, 0, 0}, causal = true}},
+    -- rows whose range is empty past the chunk's end (kv_lens and a window's left side): zeros, lse -inf
+    {"f16", 1, 1, 1, 4, 128, 64, {kv_lens = {126}, window = {0, -1}, return_lse = true}},
+    {"bf16", 2, 4, 2, 3, 700, 128, {kv_lens = {650, 300}, window = {48, -1}, splits = 3, return_lse = true}},
   }
   for i, c in ipairs(cases) do
     local q, k, v = qkv(c[1], c[2], c[3], c[4], c[5], c[6], c[7])
@@ -100,6 +103,14 @@ function TestDecode:test_nonfinite_values_on_cuda()
   vt2[1][1][190][5], vt2[2][2][170][7] = 0 / 0, 1 / 0
   local v2 = fa.tensor(vt2, {dtype = "bf16", device = dev})
   U.check_attention(U.randn({2, 4, 2, 128}, "bf16"), k2, v2, {kv_lens = {180, 150}}, "decode NaN/inf, short cache")
+  -- NaN in a query row, with the keys cut into chunks: that row NaN (its chunks' states NaN), the others not
+  local qt = U.randn({1, 4, 1, 128}, "f32"):cpu():totable()
+  qt[1][3][1][9] = 0 / 0
+  local qn = fa.tensor(qt, {dtype = "bf16", device = dev})
+  local kn, vn = U.randn({1, 2, 2000, 128}, "bf16"), U.randn({1, 2, 2000, 128}, "bf16")
+  for _, s in ipairs({1, 4, "auto"}) do
+    U.check_attention(qn, kn, vn, {splits = s, return_lse = true}, ("decode NaN in q, splits %s"):format(s))
+  end
   -- 4 rows a key head, and 64 (four row groups: wgmma on Hopper)
   for _, qs in ipairs({{2, 4, 2, 128}, {2, 8, 16, 128}}) do
     local q = U.randn(qs, "bf16")
