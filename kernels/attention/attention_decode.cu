@@ -603,13 +603,15 @@ static fa_status decode_typed(fa_context *ctx, const fa_attn_problem *p, decode_
   cudaError_t err = cudaGetLastError();
   if (err == cudaSuccess && a.splits > 1) {
     /* Hopper: a programmatic dependent launch (the merge's blocks are
-     * placed while the chunks end, then wait for their memory) */
+     * placed while the chunks end, then wait for their memory).  Only
+     * where code of the build for sm_90 or later runs, which holds that
+     * wait (griddepcontrol): sm_80 code has none */
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr.val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)rows), cfg.blockDim = dim3(128), cfg.stream = s;
-    cfg.attrs = &attr, cfg.numAttrs = dp.cc_major >= 9 ? 1 : 0;
+    cfg.attrs = &attr, cfg.numAttrs = dp.sm90_code ? 1 : 0;
     err = cudaLaunchKernelEx(&cfg, attn_decode_merge_kernel<T, D>, *p, a);
   }
   fa_cuda_free_on(ctx, part, part_bytes); /* after the kernels, on their stream (capturable) */
