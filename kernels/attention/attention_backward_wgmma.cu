@@ -9,7 +9,9 @@
  * below 8k keys, 0.96-0.99x from 8k (H200, bf16).  Without query rows the
  * two kernels still write dk and dv (zeros). */
 extern "C" int fa_cuda_backward_wgmma_atomic(const fa_attn_problem *p, const fa_attn_grads *g) {
-  return !g->deterministic && p->Lq > 0 && (p->D != 64 || p->Lk >= 8192);
+  /* with no query row at all (B, Hq or Lq 0) the two kernels: dq_acc would be empty, and its
+   * conversion a launch of no blocks, which CUDA refuses */
+  return !g->deterministic && p->B * p->Hq * p->Lq > 0 && (p->D != 64 || p->Lk >= 8192);
 }
 
 template <typename T, int D>
@@ -49,7 +51,7 @@ extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_p
     const int64_t n4 = p->B * p->Hq * ((p->Lq + BWG_BR - 1) / BWG_BR) * BWG_BR * p->D / 4; /* float4s of dq_acc */
     const size_t bytes = (size_t)n4 * 16;
     fa_status st = attn_grid_fits(ctx, blocks);
-    if (st || (st = fa_cuda_malloc(ctx, (void **)&acc, bytes))) return st; /* Lq > 0: n4 > 0 */
+    if (st || (st = fa_cuda_malloc(ctx, (void **)&acc, bytes))) return st; /* rows > 0: n4 > 0 */
     cudaError_t err = cudaMemsetAsync(acc, 0, bytes, s);
     if (err == cudaSuccess && blocks > 0)
       err = bwg_launch(dkdv, blocks, 2 * BWG_THREADS, bwg_smem_dkdv(BWG_PAD(p->D), true), args, s);

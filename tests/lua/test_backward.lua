@@ -438,6 +438,13 @@ function TestBackward:test_rows_with_no_key()
       lu.assertEquals(dk:norm() + dv:norm(), 0)
       lu.assertEquals(dq:shape(), {2, 2, 0, D})
     end
+    -- no batch: empty gradients (on cuda at D = 128 the default is the atomic dq schedule)
+    local qb, kb, vb = randn({0, 2, 3, D}, qdt, dev), randn({0, 1, 5, D}, qdt, dev), randn({0, 1, 5, D}, qdt, dev)
+    local ob, lb = fa.attention(qb, kb, vb, {return_lse = true})
+    dq, dk, dv = fa.attention_backward(qb, kb, vb, ob, lb, randn({0, 2, 3, D}, qdt, dev), {})
+    lu.assertEquals(dq:shape(), {0, 2, 3, D})
+    lu.assertEquals(dk:shape(), {0, 1, 5, D})
+    lu.assertEquals(dv:shape(), {0, 1, 5, D})
   end
 end
 
