@@ -17,15 +17,15 @@ void fa_attention_opts_init(fa_attention_opts *o) {
   o->window_left = o->window_right = -1;
 }
 
-void fa_attn_buffers_drop(fa_attn_buffers *b) {
+void fa_attn_buffers_drop(fa_context *ctx, fa_attn_buffers *b) {
   fa_tensor_drop(&b->q);
   fa_tensor_drop(&b->k);
   fa_tensor_drop(&b->v);
   fa_tensor_drop(&b->mask);
   fa_tensor_drop(&b->o);
   fa_tensor_drop(&b->lse);
-  fa_cuda_free(b->kv_lens, b->kv_bytes); /* stream-ordered: after the kernels */
-  fa_cuda_free(b->alibi, b->alibi_bytes);
+  fa_cuda_free_on(ctx, b->kv_lens, b->kv_bytes); /* stream-ordered: after the kernels */
+  fa_cuda_free_on(ctx, b->alibi, b->alibi_bytes);
   b->kv_lens = b->alibi = NULL;
 }
 
@@ -286,7 +286,7 @@ static int writable_in_place(const fa_tensor *t, int inner, const fa_attn_buffer
 static fa_status upload(fa_context *ctx, const void *host, size_t bytes, void **dev) {
   fa_status st = fa_cuda_malloc(ctx, dev, bytes);
   if (!st && (st = fa_cuda_memcpy(ctx, *dev, host, bytes, FA_COPY_H2D))) {
-    fa_cuda_free(*dev, bytes);
+    fa_cuda_free_on(ctx, *dev, bytes);
     *dev = NULL;
   }
   return st;
@@ -397,7 +397,7 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
   st = fa_attn_deliver(ctx, q, d->rank, d->Dv, bufs.o, want_lse ? bufs.lse : NULL, o->out, o->lse_out, d->dtype, FA_F32,
                        FA_CUDA, out, lse);
 done:
-  fa_attn_buffers_drop(&bufs);
+  fa_attn_buffers_drop(ctx, &bufs);
   return st;
 }
 
@@ -431,8 +431,8 @@ fa_status fa_attention_paged(fa_context *ctx, fa_tensor *q, const fa_attn_paged_
     st = fa_attn_deliver(ctx, q, 4, d->Dv, bufs.o, want_lse ? bufs.lse : NULL, o->out, o->lse_out, d->dtype, FA_F32,
                          FA_CUDA, out, lse);
 done:
-  fa_cuda_free(alibi, alibi_bytes);
-  fa_attn_buffers_drop(&bufs);
+  fa_cuda_free_on(ctx, alibi, alibi_bytes);
+  fa_attn_buffers_drop(ctx, &bufs);
   return st;
 }
 
@@ -505,7 +505,7 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   st = fa_attn_deliver(ctx, q, d.rank, d.Dv, bufs.o, want_lse ? bufs.lse : NULL, user_out, user_lse,
                        reference ? FA_F64 : d.dtype, reference ? FA_F64 : FA_F32, dev, out, lse);
 done:
-  fa_attn_buffers_drop(&bufs);
+  fa_attn_buffers_drop(ctx, &bufs);
   fa_tensor_release(slopes);
   return st;
 }

@@ -120,7 +120,7 @@ done:
   fa_tensor_drop(&db);
   fa_tensor_drop(&l32);
   fa_tensor_drop(&lb);
-  fa_attn_buffers_drop(&bufs);
+  fa_attn_buffers_drop(ctx, &bufs);
   return st;
 }
 

@@ -45,7 +45,7 @@ typedef struct {
   void *kv_lens, *alibi;
   size_t kv_bytes, alibi_bytes;
 } fa_attn_buffers;
-void fa_attn_buffers_drop(fa_attn_buffers *b);
+void fa_attn_buffers_drop(fa_context *ctx, fa_attn_buffers *b);
 /* An operand on cuda as the kernels read it (API §6): t itself (retained)
  * where it lies, else a contiguous copy; *st its strides. */
 fa_status fa_attn_operand_on_device(fa_context *ctx, fa_tensor *t, fa_tensor **buf, fa_attn_strides *st);

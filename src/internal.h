@@ -215,6 +215,10 @@ int fa_cuda_available(void);
 fa_status fa_cuda_device_info(fa_context *ctx, fa_device_info_t *out);
 fa_status fa_cuda_malloc(fa_context *ctx, void **p, size_t nbytes);
 void fa_cuda_free(void *p, size_t nbytes);
+/* The same ordered on ctx's stream: a call's temporaries, which its
+ * kernels on that stream may still read (the legacy stream does not wait
+ * for a host's non-blocking stream). */
+void fa_cuda_free_on(fa_context *ctx, void *p, size_t nbytes);
 /* FA_COPY_H2D_PINNED: from pinned memory (fa_cuda_host_alloc), without
  * waiting: the source must stay as it is until the stream has passed the
  * copy (record an event after it and wait for that before writing it). */

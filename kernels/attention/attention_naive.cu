@@ -283,13 +283,13 @@ template <typename T> static fa_status naive_typed(fa_context *ctx, const fa_att
     naive_pv_skipping_kernel<T><<<(unsigned)(rows < 1024 ? rows : 1024), 128, 0, fa_cuda_stream(ctx)>>>(
         *p, (const T *)P, flag);
     st = fa_cuda_error(ctx, cudaGetLastError(), "launch of naive_pv_skipping_kernel");
-    fa_cuda_free(flag, sizeof(int)); /* stream-ordered: after the kernel */
+    fa_cuda_free_on(ctx, flag, sizeof(int)); /* stream-ordered: after the kernel */
   }
 done:
   free(host);
-  fa_cuda_free(S, s_bytes); /* stream-ordered frees: after the work above */
-  fa_cuda_free(P, p_bytes);
-  fa_cuda_free(ptrs, ptr_bytes);
+  fa_cuda_free_on(ctx, S, s_bytes); /* stream-ordered frees: after the work above */
+  fa_cuda_free_on(ctx, P, p_bytes);
+  fa_cuda_free_on(ctx, ptrs, ptr_bytes);
   return st;
 }
 

@@ -147,7 +147,7 @@ static inline fa_status values_nonfinite_flag(fa_context *ctx, const fa_attn_pro
   cudaError_t err = cudaMemsetAsync(f, 0, sizeof(int), s);
   if (err == cudaSuccess && scan) err = queue_nonfinite_scan(p, (int *)f, s);
   if ((st = fa_cuda_error(ctx, err, "the NaN/inf check of v"))) {
-    fa_cuda_free(f, sizeof(int));
+    fa_cuda_free_on(ctx, f, sizeof(int));
     return st;
   }
   *flag = (int *)f;
@@ -176,7 +176,7 @@ static inline fa_status launch_guarded_by_v_flag(fa_context *ctx, const attn_par
   g.v_self_check = self_check;
   cudaStream_t side = 0;
   if (!self_check && (st = fa_cuda_fork(ctx, &side))) {
-    fa_cuda_free(flag, sizeof(int));
+    fa_cuda_free_on(ctx, flag, sizeof(int));
     return st;
   }
   st = run(ctx, &g, pass);
@@ -185,7 +185,7 @@ static inline fa_status launch_guarded_by_v_flag(fa_context *ctx, const attn_par
     const fa_status joined = fa_cuda_join(ctx); /* waits here when it cannot be queued */
     if (!st) st = err != cudaSuccess ? fa_cuda_error(ctx, err, "the NaN/inf check of v") : joined;
   }
-  if (st) fa_cuda_free(flag, sizeof(int)); /* stream-ordered: after the work queued */
+  if (st) fa_cuda_free_on(ctx, flag, sizeof(int)); /* stream-ordered: after the work queued */
   else *v_flag = flag;
   return st;
 }

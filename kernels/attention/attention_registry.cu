@@ -137,7 +137,7 @@ extern "C" fa_status fa_cuda_attention_run(fa_context *ctx, fa_attention_algo al
   int *v_flag = NULL;
   st = e->queue(ctx, &p, algo, kernel == FA_KERNEL_AUTO, &v_flag);
   if (!st && v_flag) st = attn_simt_queue(ctx, &p, algo, v_flag);
-  if (v_flag) fa_cuda_free(v_flag, sizeof(int)); /* stream-ordered: after the kernels */
-  if (stats_bytes) fa_cuda_free(p.row_stats, stats_bytes); /* after both passes */
+  if (v_flag) fa_cuda_free_on(ctx, v_flag, sizeof(int)); /* stream-ordered: after the kernels */
+  if (stats_bytes) fa_cuda_free_on(ctx, p.row_stats, stats_bytes); /* after both passes */
   return st;
 }

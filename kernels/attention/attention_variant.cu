@@ -444,7 +444,7 @@ static fa_status faults_close(fa_context *ctx, const fa_attn_problem *p, const i
     fa_expr_set_fault(e, node, dim >= 0 && dim < 4 ? (int)dim : 0, index);
   }
   free(host);
-  fa_cuda_free(fr->dev, fr->bytes);
+  fa_cuda_free_on(ctx, fr->dev, fr->bytes);
   fr->dev = NULL;
   return st;
 }
@@ -590,7 +590,7 @@ static fa_status block_mask_spans(fa_context *ctx, const fa_block_mask *cm, int 
   if (!st) st = fa_cuda_memcpy(ctx, d, host, bytes, FA_COPY_H2D);
   free(host);
   if (st) {
-    fa_cuda_free(d, bytes);
+    fa_cuda_free_on(ctx, d, bytes);
     return st;
   }
   m->dev_spans = d, m->dev_bytes = bytes, m->dev_br = br, m->dev_bc = bc, m->dev_device = dev;
@@ -655,7 +655,7 @@ static fa_status variant_spans(fa_context *ctx, const fa_attn_problem *p, const 
   void *spans = NULL;
   if ((st = fa_cuda_malloc(ctx, &spans, bytes)) || (st = attn_grid_fits(ctx, grid))) {
     free(key);
-    if (spans) fa_cuda_free(spans, bytes);
+    if (spans) fa_cuda_free_on(ctx, spans, bytes);
     return st;
   }
   void *states = NULL;
@@ -732,7 +732,7 @@ static fa_status queue_variant(fa_context *ctx, const fa_attn_problem *p, const 
       st = launch(ctx, kern[0], (unsigned)grid, NWARPS * 32, tiled_smem(block_rows(tq), bc, p->D, p->Dv), args,
                   "the variant's SIMT kernel");
   }
-  if (spans) fa_cuda_free(spans, spans_bytes); /* stream-ordered: after the kernels */
+  if (spans) fa_cuda_free_on(ctx, spans, spans_bytes); /* stream-ordered: after the kernels */
   return st;
 }
 
@@ -755,7 +755,7 @@ extern "C" fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attn_kernel k
   if (!st && v.fast) st = values_nonfinite_flag(ctx, p, &v_flag); /* NaN or inf in V: the SIMT kernel redoes the call */
   if (!st) st = queue_variant(ctx, p, &v, src, kern, &vp, v_flag);
   free(src);
-  if (v_flag) fa_cuda_free(v_flag, sizeof(int)); /* stream-ordered */
+  if (v_flag) fa_cuda_free_on(ctx, v_flag, sizeof(int)); /* stream-ordered */
   return faults_close(ctx, p, bounds, &fr, st);
 }
 
@@ -908,6 +908,6 @@ extern "C" fa_status fa_cuda_block_mask(fa_context *ctx, const fa_expr *e, int64
         memcpy(state + (b * H + h) * nq * nk, host + ((nb > 1 ? b : 0) * nh + (nh > 1 ? h : 0)) * nq * nk,
                (size_t)(nq * nk));
   if (shared) free(host);
-  if (dev) fa_cuda_free(dev, bytes);
+  if (dev) fa_cuda_free_on(ctx, dev, bytes);
   return st;
 }

@@ -548,7 +548,7 @@ static fa_status seeds_passes(fa_context *ctx, fa_softmax_algo algo, int64_t blo
   }
   /* the statistics are freed once the kernels that read them are done */
   cudaError_t serr = cudaStreamSynchronize(st);
-  fa_cuda_free(stats, bytes);
+  fa_cuda_free_on(ctx, stats, bytes);
   if (err == cudaSuccess) err = serr;
   return fa_cuda_error(ctx, err, "softmax kernels");
 }
@@ -604,7 +604,7 @@ static fa_status split_rows(fa_context *ctx, const fa_cuda_props &dp, const T *x
   cudaError_t err = cudaErrorCooperativeLaunchTooLarge;
   if (segs <= resident) { /* a row's blocks can all be resident at once */
     if ((st = fa_cuda_malloc(ctx, &arrived, cbytes))) {
-      fa_cuda_free(partials, pbytes);
+      fa_cuda_free_on(ctx, partials, pbytes);
       return st;
     }
     unsigned *ap = (unsigned *)arrived;
@@ -615,7 +615,7 @@ static fa_status split_rows(fa_context *ctx, const fa_cuda_props &dp, const T *x
       err = cudaLaunchCooperativeKernel((const void *)block_rows_kernel<T, SPLIT_E, SPLIT_WARPS, ITEM_SEGMENT>,
                                         dim3(grid), dim3(threads), args, 0, stream);
     }
-    fa_cuda_free(arrived, cbytes); /* stream-ordered: after the kernel */
+    fa_cuda_free_on(ctx, arrived, cbytes); /* stream-ordered: after the kernel */
   }
   if (err == cudaErrorCooperativeLaunchTooLarge || err == cudaErrorNotSupported) {
     /* too long for one wave, other work holds part of the GPU, or no cooperative launch here */
@@ -628,7 +628,7 @@ static fa_status split_rows(fa_context *ctx, const fa_cuda_props &dp, const T *x
       err = cudaGetLastError();
     }
   }
-  fa_cuda_free(partials, pbytes); /* stream-ordered: after the kernels */
+  fa_cuda_free_on(ctx, partials, pbytes); /* stream-ordered: after the kernels */
   return fa_cuda_error(ctx, err, "block_rows_kernel (split rows)");
 }
 

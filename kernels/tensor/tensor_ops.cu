@@ -161,7 +161,7 @@ extern "C" fa_status fa_cuda_reduce(fa_context *ctx, const fa_tensor *t, double 
   if (st) return st;
   Partial *host = (Partial *)malloc(bytes);
   if (!host) {
-    fa_cuda_free(dev, bytes);
+    fa_cuda_free_on(ctx, dev, bytes);
     return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: out of host memory");
   }
   reduce_kernel<<<blocks, 256, 0, fa_cuda_stream(ctx)>>>(layout_of(t), n, (Partial *)dev);
@@ -178,6 +178,6 @@ extern "C" fa_status fa_cuda_reduce(fa_context *ctx, const fa_tensor *t, double 
     out[0] = p.sum, out[1] = p.sq, out[2] = p.mx, out[3] = p.mn, out[4] = p.nan, out[5] = p.nonfinite;
   }
   free(host);
-  fa_cuda_free(dev, bytes);
+  fa_cuda_free_on(ctx, dev, bytes);
   return st;
 }
