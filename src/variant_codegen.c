@@ -299,13 +299,23 @@ static void emit_node(text *t, const fa_expr *e, int i, const int *ty, const uin
     break;
   }
   case FA_X_NOT: put(t, "!"), operand(t, a, ty[a], TB); break;
-  case FA_X_DIV:
-    if (e->nodes[b].op == FA_X_CONST && isfinite(e->nodes[b].c) && e->nodes[b].c != 0 &&
-        fabs(e->nodes[b].c) < 1e30 && fabs(e->nodes[b].c) > 1e-30) /* by a constant: times its reciprocal */
-      operand(t, a, ty[a], TF), put(t, " * (float)%.17g", 1.0 / e->nodes[b].c);
+  case FA_X_DIV: {
+    /* By a constant: times its reciprocal where that is the same number (a power of two), or
+     * where the dividend is a float (the score: tanh(s / 30)), whose last bit decides no floor.
+     * An integer's quotient is divided: times (float)(1 / 41), 41 gave 0.99999994, whose
+     * floor split `(q / 41):floor()` chunks where the CPU's f64 does not (124 divisors in
+     * 2..300 do so somewhere below 2^24; f32 division never does). */
+    const fa_expr_node *xb = &e->nodes[b];
+    int ex;
+    const int by_const = xb->op == FA_X_CONST && isfinite(xb->c) && xb->c != 0 && fabs(xb->c) < 1e30 &&
+                         fabs(xb->c) > 1e-30;
+    const int exact = by_const && fabs(frexp(xb->c, &ex)) == 0.5;
+    if (by_const && (exact || (ty[a] != TI && ty[a] != TJ)))
+      operand(t, a, ty[a], TF), put(t, " * (float)%.17g", 1.0 / xb->c);
     else
       operand(t, a, ty[a], TF), put(t, " / "), operand(t, b, ty[b], TF);
     break;
+  }
   case FA_X_ADD: case FA_X_SUB: case FA_X_MUL:
     operand(t, a, ty[a], T), put(t, " %c ", "+-*"[x->op - FA_X_ADD]), operand(t, b, ty[b], T);
     break;
