@@ -1,14 +1,18 @@
 /* What the .npy and .safetensors readers and writers share: sources that
  * refuse to read past their end, files written whole or removed, byte
  * order, and the format of a path (docs/io.md). */
-#define _POSIX_C_SOURCE 200809L /* fileno, fstat, fseeko */
+#define _POSIX_C_SOURCE 200809L /* fileno, fstat, fseeko, lstat, open, fdopen */
 #include "io_internal.h"
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* Long paths are shown by their tail, so that the fault still fits the message. */
 #define FA_IO_PATH_SHOWN 240
@@ -82,8 +86,33 @@ fa_status fa_io_read(fa_io_src *s, uint64_t off, void *buf, size_t n, const char
   return FA_OK;
 }
 
+/* A new or regular file is written beside the path and renamed onto it
+ * once whole (fa_io_finish), so that a failed save leaves what was there
+ * (a file of the same mode); anything else (a device, a FIFO, a symbolic
+ * link) is written in place and never removed: it is not the engine's. */
 fa_status fa_io_create(fa_io_src *s, fa_context *ctx, const char *path) {
   src_init(s, ctx, "save", path);
+  struct stat sb;
+  const int exists = lstat(path, &sb) == 0;
+  if (!exists || S_ISREG(sb.st_mode)) {
+    static atomic_uint counter; /* names unique within the process; O_EXCL settles races with others */
+    const size_t n = strlen(path) + 48;
+    if (!(s->tmp = malloc(n))) return fa_io_fail(s, FA_ERR_OUT_OF_MEMORY, "out of host memory");
+    int fd = -1;
+    for (int attempt = 0; attempt < 16 && fd < 0; attempt++) {
+      snprintf(s->tmp, n, "%s.%ld.%u.tmp", path, (long)getpid(), atomic_fetch_add(&counter, 1u));
+      fd = open(s->tmp, O_WRONLY | O_CREAT | O_EXCL, exists ? (sb.st_mode & 07777) : 0666);
+      if (fd < 0 && errno != EEXIST) break;
+    }
+    if (fd >= 0 && exists) (void)fchmod(fd, sb.st_mode & 07777); /* the bits open's umask took away */
+    if (fd < 0 || !(s->f = fdopen(fd, "wb"))) {
+      const int err = errno;
+      if (fd >= 0) close(fd), remove(s->tmp);
+      free(s->tmp), s->tmp = NULL;
+      return fa_io_fail(s, FA_ERR_ARGUMENT, "cannot open for writing: %s", strerror(err));
+    }
+    return FA_OK;
+  }
   s->f = fopen(path, "wb");
   if (!s->f) return fa_io_fail(s, FA_ERR_ARGUMENT, "cannot open for writing: %s", strerror(errno));
   return FA_OK;
@@ -110,11 +139,16 @@ fa_status fa_io_write_elems(fa_io_src *s, const void *data, size_t size, int64_t
 }
 
 fa_status fa_io_finish(fa_io_src *s, const char *path, fa_status st) {
-  if (!s->f) return st;
-  int failed = fclose(s->f) != 0; /* buffered bytes that did not reach the disk show up here */
-  s->f = NULL;
-  if (!st && failed) st = fa_io_fail(s, FA_ERR_BACKEND, "cannot write: %s", strerror(errno));
-  if (st) remove(path);
+  if (s->f) {
+    const int failed = fclose(s->f) != 0; /* buffered bytes that did not reach the disk show up here */
+    s->f = NULL;
+    if (!st && failed) st = fa_io_fail(s, FA_ERR_BACKEND, "cannot write: %s", strerror(errno));
+  }
+  if (s->tmp) { /* the whole file onto the path, or nothing changed there */
+    if (!st && rename(s->tmp, path) != 0) st = fa_io_fail(s, FA_ERR_BACKEND, "cannot write: %s", strerror(errno));
+    if (st) remove(s->tmp);
+    free(s->tmp), s->tmp = NULL;
+  }
   return st;
 }
 

@@ -24,6 +24,7 @@ typedef struct {
   FILE *f;           /* NULL for a buffer */
   const unsigned char *mem;
   uint64_t size; /* bytes there are to read */
+  char *tmp;     /* save: the file written, renamed onto the path once whole (malloc'd), or NULL */
 } fa_io_src;
 
 /* "flashattn: <op> '<label>': <text>" into the context; returns status. */

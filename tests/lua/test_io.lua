@@ -359,6 +359,29 @@ function TestIoSave:test_bad_arguments()
   U.assert_fa_error({"unexpected"}, fa.save, path("x.npy"), t, 3)
 end
 
+-- a save that fails once the file is begun (out of memory for a view's host copy) leaves the path
+-- as it was: the old file whole, and nothing beside it
+function TestIoSave:test_failed_save_keeps_the_old_file()
+  local p = path("keep.safetensors")
+  fa.save(p, {a = fa.ones(3)})
+  local f = assert(io.open(p, "rb"))
+  local before = f:read("a")
+  f:close()
+  local view = fa.ones(256, 256):transpose(1, 2) -- saved through a host copy of 256 KB
+  local limit = fa.memory_limit("cpu")
+  fa.set_memory_limit(fa.memory("cpu").current + 1000, "cpu")
+  local ok, err = pcall(fa.save, p, {a = fa.ones(3), big = view})
+  fa.set_memory_limit(limit, "cpu")
+  lu.assertFalse(ok)
+  lu.assertStrContains(tostring(err), "out of memory")
+  f = assert(io.open(p, "rb"), "the old file was removed")
+  lu.assertEquals(f:read("a"), before)
+  f:close()
+  local ls = assert(io.popen("ls -a '" .. p:match("^(.*)/[^/]*$") .. "'"))
+  for name in ls:lines() do lu.assertNil(name:find("keep.safetensors.", 1, true), "left beside it: " .. name) end
+  ls:close()
+end
+
 -- a finalizer that frees a tensor of the table while fa.save reads it
 function TestIoSave:test_finalizer_during_save()
   for round = 1, 20 do
