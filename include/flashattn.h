@@ -266,7 +266,7 @@ typedef struct {
  * captured tensors; fa_expr_free releases it (NULL is ignored).
  * fa_expr_eval gives its value at 0-based batch, head, query and key
  * positions for a scaled score s (NaN where a captured tensor is read out
- * of its range). */
+ * of its range, and for a NULL expression). */
 FA_API fa_status fa_expr_new(fa_context *ctx, const fa_expr_node *nodes, int n, fa_tensor *const *tensors,
                              const char *const *names, int ntensors, fa_expr **out);
 FA_API void fa_expr_free(fa_expr *e);
@@ -321,7 +321,7 @@ FA_API fa_status fa_block_mask_new(fa_context *ctx, const fa_expr *mask_mod, int
 FA_API void fa_block_mask_free(fa_block_mask *m);
 FA_API int fa_block_mask_tile(const fa_block_mask *m, int64_t b, int64_t h, int64_t qi, int64_t ki);
 FA_API void fa_block_mask_counts(const fa_block_mask *m, int64_t counts[3]);
-/* Its sizes: B, H, Lq, Lk, Br, Bc (sizes may be NULL when m is). */
+/* Its sizes: B, H, Lq, Lk, Br, Bc (zeros for a NULL m; a NULL array is not written, as for counts). */
 FA_API void fa_block_mask_sizes(const fa_block_mask *m, int64_t sizes[6]);
 
 /* A tile size of 0 that a user wrote (a binding's tile = {0, 0}): unlike

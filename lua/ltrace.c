@@ -491,7 +491,10 @@ static fa_expr *trace_fn(lua_State *L, int fidx, int mask, const char *what) {
   const char *tnames[FA_EXPR_MAX_TENSORS];
   lua_getiuservalue(L, ti, 1);
   const int tt = lua_gettop(L);
-  const int nt = (int)lua_rawlen(L, tt);
+  const lua_Unsigned len = lua_rawlen(L, tt);
+  /* the reads kept it below the bound; a script that reached the table (the debug library) did not */
+  if (len > FA_EXPR_MAX_TENSORS) terr(L, t, "more than %d tensors captured", FA_EXPR_MAX_TENSORS);
+  const int nt = (int)len;
   for (int i = 0; i < nt; i++) {
     lua_rawgeti(L, tt, i + 1);
     fal_box *b = fal_tobox(L, -1);

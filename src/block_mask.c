@@ -104,12 +104,14 @@ int fa_block_mask_tile(const fa_block_mask *m, int64_t b, int64_t h, int64_t qi,
   return m->state[((b * m->H + h) * m->nq + qi) * m->nk + ki];
 }
 
+/* NULL is never a crash (docs/c-api.md): a NULL array is not written, a NULL mask gives zeros */
 void fa_block_mask_counts(const fa_block_mask *m, int64_t counts[3]) {
+  if (!counts) return;
   for (int i = 0; i < 3; i++) counts[i] = m ? m->counts[i] : 0;
 }
 
 void fa_block_mask_sizes(const fa_block_mask *m, int64_t sizes[6]) {
-  if (!m) return;
-  const int64_t s[6] = {m->B, m->H, m->Lq, m->Lk, m->Br, m->Bc};
+  if (!sizes) return;
+  const int64_t s[6] = {m ? m->B : 0, m ? m->H : 0, m ? m->Lq : 0, m ? m->Lk : 0, m ? m->Br : 0, m ? m->Bc : 0};
   memcpy(sizes, s, sizeof s);
 }

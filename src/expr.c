@@ -313,6 +313,7 @@ double fa_expr_value(const fa_expr *e, double s, int64_t b, int64_t h, int64_t q
 }
 
 double fa_expr_eval(const fa_expr *e, double s, int64_t b, int64_t h, int64_t q, int64_t k) {
+  if (!e) return NAN; /* NULL is never a crash (docs/c-api.md) */
   if (make_host_copies(NULL, e)) return NAN; /* a host copy of a device tensor could not be made */
   return fa_expr_value(e, s, b, h, q, k);
 }

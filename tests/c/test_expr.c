@@ -64,6 +64,13 @@ int main(void) {
   CHECK(fa_block_mask_tile(bm, 0, 1, 3, 0) == FA_BLOCK_FULL && fa_block_mask_tile(bm, 0, 0, 0, 3) == FA_BLOCK_EMPTY &&
             fa_block_mask_tile(bm, 1, 0, 0, 0) == -1,
         "tiles");
+  /* NULL is never a crash: a NULL array is not written, a NULL mask or expression gives zeros / NaN */
+  fa_block_mask_counts(bm, NULL);
+  fa_block_mask_sizes(bm, NULL);
+  int64_t sizes[6] = {9, 9, 9, 9, 9, 9};
+  fa_block_mask_sizes(NULL, sizes);
+  CHECK(sizes[0] == 0 && sizes[5] == 0, "sizes of no mask");
+  CHECK(isnan(fa_expr_eval(NULL, 0, 0, 0, 0, 0)), "value of no expression");
   fa_block_mask_free(bm);
   CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_block_mask_new(ctx, alibi, 1, 1, 8, 8, 4, 4, &bm));
   CHECK(bm == NULL, "no block mask on failure");

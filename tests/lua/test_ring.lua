@@ -110,6 +110,7 @@ function TestShard:test_errors()
   local t = U.randn({2, 5, 4})
   U.assert_fa_error({"n", "1"}, fa.shard, t, 0)
   U.assert_fa_error({"n", "5"}, fa.shard, t, 6)
+  U.assert_fa_error({"n = 536870911"}, fa.shard, t, 536870911) -- refused before n boxes are made
   U.assert_fa_error({"zigzag", "2n"}, fa.shard, t, 3, {layout = "zigzag"})
   U.assert_fa_error({"layout", "contiguous", "zigzag", "diagonal"}, fa.shard, t, 2, {layout = "diagonal"})
   U.assert_fa_error({"=t", "tensor"}, fa.shard, {1, 2, 3}, 2)
