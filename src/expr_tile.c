@@ -142,7 +142,10 @@ int fa_expr_tile(const fa_expr *e, int64_t b, int64_t h, int64_t q0, int64_t q1,
     case FA_X_MOD: { /* integers by a nonzero integral constant: exact when the span does not wrap */
       const fa_expr_node *dn = &e->nodes[x->a[1]];
       const double d = dn->c;
-      if (dn->op != FA_X_CONST || !A.integral || d == 0 || d != floor(d) || A.nan) goto undecided;
+      /* exact for finite values below 2^53 only (the pairs take fmod, as Lua: (1 + 2^60) % 3 is 1) */
+      if (dn->op != FA_X_CONST || !A.integral || d == 0 || d != floor(d) || A.nan || !(fabs(A.lo) < 0x1p53) ||
+          !(fabs(A.hi) < 0x1p53) || !(fabs(d) < 0x1p53))
+        goto undecided;
       *r = (tile_val){d > 0 ? 0 : d + 1, d > 0 ? d - 1 : 0, 0, 0, 1};
       if (A.hi - A.lo < fabs(d)) {
         const double m0 = A.lo - floor(A.lo / d) * d, m1 = A.hi - floor(A.hi / d) * d;
@@ -180,6 +183,11 @@ int fa_expr_tile(const fa_expr *e, int64_t b, int64_t h, int64_t q0, int64_t q1,
     default: goto undecided;
     }
     if (!x->is_bool && !is_cmp(x->op) && (r->lo != r->lo || r->hi != r->hi)) r->nan = 1; /* inf - inf */
+    /* an infinite end of an operand of + - *: some pair inside may make inf - inf or 0 · inf, NaN,
+     * which the ends alone do not show (((q - k) · inf):ge(-inf) is false on the diagonal) */
+    if ((x->op == FA_X_ADD || x->op == FA_X_SUB || x->op == FA_X_MUL) &&
+        (isinf(A.lo) || isinf(A.hi) || isinf(B.lo) || isinf(B.hi)))
+      r->nan = 1;
   }
   {
     const uint8_t bits = v[e->n - 1].bits;
