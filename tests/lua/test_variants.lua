@@ -464,4 +464,37 @@ function TestVariants:test_cuda_tensor_cores()
   end
 end
 
+-- tiles the interval check must leave partial: infinite ends of + - * (inf - inf, 0 · inf inside
+-- the tile) and % past 2^53; the calls must match the dense rule, and the block mask brute force
+function TestVariants:test_tiles_with_infinities_and_huge_values()
+  local cases = {
+    {function(b, h, q, k) return ((q - k) * math.huge):ge(-math.huge) end, function(i, j) return i ~= j end},
+    {function(b, h, q, k) return ((q + 2 ^ 60) % 3):eq(0) | q:ge(k) end, function(i, j) return (i + 2 ^ 60) % 3 == 0 or i >= j end},
+    {function(b, h, q, k) return ((k + math.huge) % 2):ge(0) | q:lt(k) end, function(i, j) return i < j end},
+  }
+  for n, c in ipairs(cases) do
+    local q, k, v = inputs(U.cuda and "f16" or "f64", 1, 1, 1, 32, 32, 16)
+    local bm = fa.block_mask(c[1], 1, 1, 32, 32, {tile = {16, 16}})
+    for qi = 1, 2 do
+      for ki = 1, 2 do
+        local any, all = false, true
+        for i = (qi - 1) * 16 + 1, qi * 16 do
+          for j = (ki - 1) * 16 + 1, ki * 16 do
+            local keep = c[2](i, j)
+            any, all = any or keep, all and keep
+          end
+        end
+        local state = bm:tile(1, 1, qi, ki)
+        if all then lu.assertTrue(state == "full" or state == "partial", ("case %d tile %d %d"):format(n, qi, ki)) end
+        if not any then lu.assertTrue(state == "empty" or state == "partial", ("case %d tile %d %d"):format(n, qi, ki)) end
+        if any and not all then lu.assertEquals(state, "partial", ("case %d tile %d %d"):format(n, qi, ki)) end
+      end
+    end
+    local mask = dense(32, 32, c[2])
+    local ro = U.reference(q, k, v, {mask = mask})
+    U.check_attention(q, k, v, {mask_mod = c[1], tile = not U.cuda and {16, 16} or nil}, ("tiles case %d"):format(n),
+      {ref = {ro, select(2, U.reference(q, k, v, {mask = mask, return_lse = true}))}})
+  end
+end
+
 U.run()
