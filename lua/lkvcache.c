@@ -109,7 +109,12 @@ static int kv_lengths(lua_State *L) {
 static int kv_reset(lua_State *L) {
   fa_context *ctx = fal_ctx(L);
   int64_t b = lua_isnoneornil(L, 2) ? -1 : fal_checkindex(L, 2, "b");
-  FAL_CALL(L, ctx, fa_kv_cache_reset(ctx, kv_self(L), b));
+  fa_kv_cache *c = kv_self(L);
+  fa_kv_cache_info i;
+  FAL_CALL(L, ctx, fa_kv_cache_get_info(ctx, c, &i));
+  if (b >= i.batch) /* the C API counts from 0: say it in Lua's numbering */
+    fal_argerror(L, 2, "b", "sequence %I is out of range 1 to %I", (lua_Integer)(b + 1), (lua_Integer)i.batch);
+  FAL_CALL(L, ctx, fa_kv_cache_reset(ctx, c, b));
   return 0;
 }
 

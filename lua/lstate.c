@@ -199,7 +199,8 @@ const char *fal_arglabel(lua_State *L, int idx, const char *name) {
   int n = idx;
   if (lua_getstack(L, 0, &ar) && lua_getinfo(L, "n", &ar) && ar.namewhat && strcmp(ar.namewhat, "method") == 0)
     n--; /* like luaL_argerror: obj:m(x) calls x argument #1 */
-  if (n == 0) lua_pushliteral(L, "self");
+  if (idx < 0 && name) lua_pushstring(L, name); /* an element of a table argument: os[2] */
+  else if (n == 0) lua_pushliteral(L, "self");
   else if (name) lua_pushfstring(L, "argument #%d (%s)", n, name);
   else lua_pushfstring(L, "argument #%d", n);
   return lua_tostring(L, -1);

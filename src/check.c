@@ -392,8 +392,9 @@ fa_status fa_check_merge_named(fa_context *ctx, fa_tensor *o1, fa_tensor *lse1, 
       (st = fa_check_tensor(ctx, lse2, n->lse2)) || (st = check_like(ctx, lse2, n->lse2, lse1, n->lse1)) ||
       (st = check_device_of(ctx, lse1, n->lse1, o1->storage->device)))
     return st;
-  char b1[64], b2[64];
-  if (o1->ndim != o2->ndim || lse1->ndim != lse2->ndim) goto shape;
+  char b1[64], b2[64], b3[64];
+  if (o1->ndim != o2->ndim) goto shape;
+  if (lse1->ndim != lse2->ndim) goto lse;
   for (int i = 0; i < o1->ndim; i++)
     if (o1->shape[i] != o2->shape[i]) goto shape;
   if (lse1->ndim != o1->ndim - 1 && !(o1->ndim == 1 && lse1->ndim == 1 && lse1->shape[0] == 1)) goto lse;
@@ -405,7 +406,7 @@ shape:
                  fa_shape_str(o1, b1, sizeof b1), n->o2, fa_shape_str(o2, b2, sizeof b2));
 lse:
   return fa_fail(ctx, FA_ERR_SHAPE,
-                 "flashattn: merge_states: lse must have o's shape without its last dimension: %s is %s, %s is %s, %s %s",
+                 "flashattn: merge_states: lse must have o's shape without its last dimension: %s is %s, %s is %s, %s is %s",
                  n->o1, fa_shape_str(o1, b1, sizeof b1), n->lse1, fa_shape_str(lse1, b2, sizeof b2), n->lse2,
-                 lse2->ndim == lse1->ndim ? "alike" : "differs");
+                 fa_shape_str(lse2, b3, sizeof b3));
 }

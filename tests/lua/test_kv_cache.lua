@@ -220,6 +220,7 @@ function TestKVCache:test_reset()
     lu.assertFalse(ok)
     lu.assertStrContains(err, "flashattn:")
   end
+  U.assert_fa_error({"sequence 3", "1 to 2"}, cache.reset, cache, 3) -- Lua's numbering
 end
 
 function TestKVCache:test_create_errors()
