@@ -12,21 +12,20 @@
 #include <cstring>
 
 /* cuTensorMapEncodeTiled, from the driver through the runtime (no link
- * against libcuda); NULL when the driver has none.  Racing threads store
- * the same pointer. */
+ * against libcuda); NULL when the driver has none.  Asked once: a static
+ * initialised by a lambda, which C++ makes thread-safe (a volatile flag
+ * let a thread on a weakly ordered host see it set before the pointer). */
 static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(void) {
-  static PFN_cuTensorMapEncodeTiled_v12000 volatile fn;
-  static volatile int asked;
-  if (!asked) {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
     void *f = NULL;
     cudaDriverEntryPointQueryResult found;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) == cudaSuccess &&
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) ==
+            cudaSuccess &&
         found == cudaDriverEntryPointSuccess)
-      fn = (PFN_cuTensorMapEncodeTiled_v12000)f;
-    else
-      (void)cudaGetLastError();
-    asked = 1;
-  }
+      return (PFN_cuTensorMapEncodeTiled_v12000)f;
+    (void)cudaGetLastError();
+    return (PFN_cuTensorMapEncodeTiled_v12000)NULL;
+  }();
   return fn;
 }
 
