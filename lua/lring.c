@@ -81,11 +81,13 @@ static int l_shard(lua_State *L) {
   /* an n past every length of t is refused by the core before it writes a shard: its error,
    * without first making n boxes (n = 2^29 took gigabytes and a minute) */
   int64_t widest = 0;
-  for (int i = 0; i < fa_tensor_ndim(t); i++) widest = fa_tensor_size(t, i) > widest ? fa_tensor_size(t, i) : widest;
+  for (int i = 0; i < fa_tensor_ndim(t); i++) {
+    const int64_t len = fa_tensor_size(t, i);
+    if (len > widest) widest = len;
+  }
   if (n > widest) {
     fa_tensor *none[1] = {NULL};
-    FAL_CALL(L, ctx, fa_shard(ctx, t, n, dim, layout, none));
-    fal_error(L, "shard: n = %d: more shards than any dimension of t has elements", n); /* not reached */
+    FAL_CALL(L, ctx, fa_shard(ctx, t, n, dim, layout, none)); /* raises */
   }
   fa_tensor **tmp = (fa_tensor **)fal_newbuffer(L, n, sizeof *tmp, "shards"); /* 5 */
   fa_tensor ***slots = push_boxes(L, n);                                      /* 6, 7 */

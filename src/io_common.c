@@ -1,5 +1,5 @@
 /* What the .npy and .safetensors readers and writers share: sources that
- * refuse to read past their end, files written whole or removed, byte
+ * refuse to read past their end, files renamed into place once whole, byte
  * order, and the format of a path (docs/io.md). */
 #define _POSIX_C_SOURCE 200809L /* fileno, fstat, fseeko, lstat, open, fdopen */
 #include "io_internal.h"
@@ -101,10 +101,10 @@ fa_status fa_io_create(fa_io_src *s, fa_context *ctx, const char *path) {
     int fd = -1;
     for (int attempt = 0; attempt < 16 && fd < 0; attempt++) {
       snprintf(s->tmp, n, "%s.%ld.%u.tmp", path, (long)getpid(), atomic_fetch_add(&counter, 1u));
-      fd = open(s->tmp, O_WRONLY | O_CREAT | O_EXCL, exists ? (sb.st_mode & 07777) : 0666);
+      fd = open(s->tmp, O_WRONLY | O_CREAT | O_EXCL, 0666);
       if (fd < 0 && errno != EEXIST) break;
     }
-    if (fd >= 0 && exists) (void)fchmod(fd, sb.st_mode & 07777); /* the bits open's umask took away */
+    if (fd >= 0 && exists) (void)fchmod(fd, sb.st_mode & 07777); /* the old file's mode, whatever the umask */
     if (fd < 0 || !(s->f = fdopen(fd, "wb"))) {
       const int err = errno;
       if (fd >= 0) close(fd), remove(s->tmp);
