@@ -16,6 +16,8 @@
  * it linked in, and package.loadlib can open flashattn.so beside it): each
  * copy must only ever see its own boxes, whose tensors it alone can free. */
 static const char tensor_mt_key = 0, pins_mt_key = 0;
+/* the registry's spare pin list (FAL_MAX_PINS entries, empty), or false */
+static const char pins_spare_key = 0;
 
 /* The userdata at idx when its metatable is this copy's one under key. */
 static void *toudata(lua_State *L, int idx, const void *key) {
@@ -89,9 +91,20 @@ static void pins_drop(fal_link *l) {
   }
 }
 
+/* Closed, a list of the usual size becomes the spare when there is none:
+ * the next call takes it instead of a new userdata with a finalizer (a
+ * userdata and its finalizer were a tenth of a tiny decode call's host
+ * time, H200).  The registry's slot for it exists from the metatable's
+ * making on (false when empty), so that storing into it allocates nothing. */
 static int pins_close(lua_State *L) {
   fal_pins *p = (fal_pins *)toudata(L, 1, &pins_mt_key);
-  if (p) pins_drop(&p->link);
+  if (p) {
+    pins_drop(&p->link);
+    if (p->cap == FAL_MAX_PINS && lua_rawgetp(L, LUA_REGISTRYINDEX, &pins_spare_key) == LUA_TBOOLEAN) {
+      lua_pushvalue(L, 1);
+      lua_rawsetp(L, LUA_REGISTRYINDEX, &pins_spare_key);
+    }
+  }
   return 0;
 }
 
@@ -108,7 +121,20 @@ fal_pins *fal_pins_open(lua_State *L) { return fal_pins_open_n(L, FAL_MAX_PINS);
 
 fal_pins *fal_pins_open_n(lua_State *L, int cap) {
   fal_state *s = fal_live_state(L);
+  if (cap <= FAL_MAX_PINS) {
+    cap = FAL_MAX_PINS;
+    if (lua_rawgetp(L, LUA_REGISTRYINDEX, &pins_spare_key) == LUA_TUSERDATA) { /* taken: the slot empty again */
+      fal_pins *p = (fal_pins *)lua_touserdata(L, -1);
+      lua_pushboolean(L, 0);
+      lua_rawsetp(L, LUA_REGISTRYINDEX, &pins_spare_key);
+      lua_toclose(L, -1);
+      return p;
+    }
+    lua_pop(L, 1);
+  }
   if (lua_rawgetp(L, LUA_REGISTRYINDEX, &pins_mt_key) != LUA_TTABLE) {
+    lua_pushboolean(L, 0);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &pins_spare_key);
     lua_pop(L, 1);
     lua_createtable(L, 0, 4);
     lua_pushcfunction(L, pins_close);

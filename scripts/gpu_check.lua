@@ -6,7 +6,8 @@
 -- the checks in share 1), so that a slow tool (racecheck) can take the pass
 -- in N processes or N calls; --no-cublas leaves out the "naive" attention
 -- algorithm, whose products cuBLAS computes: initcheck does not see what
--- cuBLAS writes through TMA on Hopper and flags every read of it.
+-- cuBLAS writes through TMA on Hopper and flags every read of it, and
+-- racecheck reports hazards inside cuBLAS's own kernels (nvjet_sm90_*).
 -- A bad argument is a one-line error on stderr and exit status 1.
 local root = (arg and arg[0] or ""):match("^(.*)/scripts/[^/]*$") or "."
 package.path = root .. "/lua/?.lua;" .. package.path

@@ -128,6 +128,47 @@ function TestOptsTables:test_index_that_yields_or_raises()
   lu.assertEquals(tostring(msg):sub(1, 10), "flashattn:")
 end
 
+-- A call's pin list is reused from call to call (one spare a state): calls
+-- nested in another's opts, one raising inside another, one whose opts free
+-- the tensors, and a coroutine left suspended inside a nested call's pins
+-- all keep their tensors alive exactly while they run and release them after.
+function TestOptsTables:test_pin_lists_reused_by_nested_and_failing_calls()
+  local q, k, v = qkv()
+  local ro = U.reference(q, k, v, {causal = true})
+  local m0 = U.mem_current()
+  local function opts_running(fn)
+    return setmetatable({}, {__index = function(_, key) if key == "causal" then fn() return true end end})
+  end
+  for _ = 1, 3 do
+    local inner
+    local o = fa.attention(q, k, v, opts_running(function()
+      inner = fa.attention(q, k, v, opts_running(function() fa.softmax(q) end))
+    end))
+    U.assert_close(o, ro, "f32", "outer call with a nested call in its opts")
+    U.assert_close(inner, ro, "f32", "nested call")
+    local ok, msg = pcall(fa.attention, q, k, v, opts_running(function()
+      fa.attention(q, k, v)
+      error("boom")
+    end))
+    lu.assertFalse(ok)
+    lu.assertStrContains(tostring(msg), "boom")
+  end
+  -- opts that free a temporary copy of q mid-call: the call's pin keeps it until the call ends
+  local q2 = q:clone()
+  local o = fa.attention(q2, k, v, opts_running(function() q2:free() end))
+  U.assert_close(o, ro, "f32", "q freed by the opts while pinned")
+  -- a coroutine that never finishes, suspended outside any call: its calls' pins are closed
+  local co = coroutine.create(function()
+    local x = fa.attention(q, k, v, {causal = true})
+    coroutine.yield(x)
+  end)
+  local _, x = coroutine.resume(co)
+  U.assert_close(x, ro, "f32", "call in a coroutine")
+  o, x, co, q2 = nil, nil, nil, nil
+  lu.assertEquals(U.mem_current(), m0, "every pinned and made tensor released")
+  U.assert_close(fa.attention(q, k, v, {causal = true}), ro, "f32", "a call after all that")
+end
+
 function TestOptsTables:test_index_options_still_apply()
   local q, k, v = qkv()
   local reads = {}
