@@ -27,13 +27,15 @@ static int pool_ok;
  * no device of its own) and FLASHATTN_NO_CUDA_CACHE is unset (for
  * compute-sanitizer: a reused block is neither freed nor uninitialised). */
 #define SMALL_MAX_BYTES ((size_t)1 << 20)
-#define SMALL_SLOTS 64
-#define SMALL_TOTAL_BYTES ((size_t)16 << 20)
+#define SMALL_CLASSES 16 /* byte counts kept at once */
+#define SMALL_DEPTH 256  /* blocks a byte count: the collector frees a loop's outputs by the hundred */
+#define SMALL_TOTAL_BYTES ((size_t)32 << 20)
 static struct {
-  void *p;
-  size_t n;
-} small[SMALL_SLOTS];
-static int small_count, small_on;
+  size_t n; /* 0: a free class */
+  int count;
+  void *p[SMALL_DEPTH];
+} small[SMALL_CLASSES];
+static int small_on;
 static size_t small_bytes;
 static pthread_mutex_t small_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -57,25 +59,27 @@ static int legacy_stream(cudaStream_t s) { return s == (cudaStream_t)0 || s == c
 static void *small_take(size_t n) {
   void *p = NULL;
   pthread_mutex_lock(&small_lock);
-  for (int i = small_count - 1; i >= 0; i--)
-    if (small[i].n == n) {
-      p = small[i].p;
-      small_bytes -= n;
-      small[i] = small[--small_count];
+  for (int c = 0; c < SMALL_CLASSES; c++)
+    if (small[c].n == n) {
+      if (small[c].count > 0) p = small[c].p[--small[c].count], small_bytes -= n;
       break;
     }
   pthread_mutex_unlock(&small_lock);
   return p;
 }
 
-/* Whether p (n bytes) is kept. */
+/* Whether p (n bytes) is kept: in n's class, or a free one. */
 static int small_keep(void *p, size_t n) {
   int kept = 0;
   if (n > SMALL_MAX_BYTES) return 0;
   pthread_mutex_lock(&small_lock);
-  if (small_count < SMALL_SLOTS && small_bytes + n <= SMALL_TOTAL_BYTES) {
-    small[small_count].p = p, small[small_count].n = n;
-    small_count++, small_bytes += n;
+  int c = 0, empty = -1;
+  for (; c < SMALL_CLASSES && small[c].n != n; c++)
+    if (empty < 0 && small[c].count == 0) empty = c;
+  if (c == SMALL_CLASSES && empty >= 0) small[c = empty].n = n;
+  if (c < SMALL_CLASSES && small[c].count < SMALL_DEPTH && small_bytes + n <= SMALL_TOTAL_BYTES) {
+    small[c].p[small[c].count++] = p;
+    small_bytes += n;
     kept = 1;
   }
   pthread_mutex_unlock(&small_lock);
@@ -85,9 +89,10 @@ static int small_keep(void *p, size_t n) {
 /* Every kept block back to the pool (out of device memory). */
 static void small_drain(void) {
   pthread_mutex_lock(&small_lock);
-  for (int i = 0; i < small_count; i++)
-    if (cudaFreeAsync(small[i].p, cudaStreamLegacy) != cudaSuccess) (void)cudaGetLastError();
-  small_count = 0, small_bytes = 0;
+  for (int c = 0; c < SMALL_CLASSES; c++)
+    while (small[c].count > 0)
+      if (cudaFreeAsync(small[c].p[--small[c].count], cudaStreamLegacy) != cudaSuccess) (void)cudaGetLastError();
+  small_bytes = 0;
   pthread_mutex_unlock(&small_lock);
 }
 
