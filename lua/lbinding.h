@@ -163,6 +163,9 @@ typedef struct {
 
 /* Pushes an empty pin list (one stack slot, to-be-closed) of FAL_MAX_PINS
  * entries, or of cap (a call taking a table of tensors). */
+/* The string at idx when it is a Lua string without NUL bytes (a C
+ * string means all of it), else NULL (lopts.c). */
+const char *fal_cstring(lua_State *L, int idx);
 fal_pins *fal_pins_open(lua_State *L);
 fal_pins *fal_pins_open_n(lua_State *L, int cap);
 /* Releases the pins at idx now (before a lua_settop below them: Lua 5.4.4's

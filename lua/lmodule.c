@@ -12,7 +12,8 @@ extern const luaL_Reg fal_ring_funcs[]; /* lring.c: fa.shard, fa.unshard, fa.rin
 static fa_device opt_device(lua_State *L, int idx) {
   fa_device d;
   if (lua_isnoneornil(L, idx)) return fa_context_device(fal_ctx(L));
-  if (lua_type(L, idx) == LUA_TSTRING && fa_device_parse(lua_tostring(L, idx), &d) == 0) return d;
+  const char *name = fal_cstring(L, idx);
+  if (name && fa_device_parse(name, &d) == 0) return d;
   fal_parse_device(L, idx, fal_arglabel(L, idx, "device"), &d); /* raises, naming argument #idx */
   return d;
 }

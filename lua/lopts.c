@@ -108,16 +108,19 @@ const char *fal_opt_string(lua_State *L, int idx, const char *key) {
   int tt = get(L, idx, key);
   if (tt == LUA_TNIL) return NULL;
   if (tt != LUA_TSTRING) bad(L, key, "a string");
-  return lua_tostring(L, -1);
+  const char *v = fal_cstring(L, -1);
+  if (!v) fal_error(L, "opts.%s: expected a string without NUL bytes, got '%s\\0...'", key, lua_tostring(L, -1));
+  return v;
 }
 
 int fal_opt_enum(lua_State *L, int idx, const char *key, const char *const *names, int *out) {
   int tt = get(L, idx, key);
   if (tt == LUA_TNIL) return 0;
   if (tt == LUA_TSTRING) {
-    const char *s = lua_tostring(L, -1);
+    size_t len;
+    const char *s = lua_tolstring(L, -1, &len);
     for (int i = 0; names[i]; i++)
-      if (strcmp(s, names[i]) == 0) {
+      if (strlen(names[i]) == len && memcmp(s, names[i], len) == 0) { /* "flash\0x" is no "flash" */
         *out = i;
         lua_pop(L, 1);
         return 1;
@@ -132,13 +135,24 @@ int fal_opt_enum(lua_State *L, int idx, const char *key, const char *const *name
     luaL_addstring(&b, names[i]);
   }
   luaL_pushresult(&b);
-  if (tt == LUA_TSTRING)
-    return fal_error(L, "opts.%s: expected one of %s, got '%s'", key, lua_tostring(L, -1), lua_tostring(L, top));
+  if (tt == LUA_TSTRING) {
+    size_t len;
+    const char *s = lua_tolstring(L, top, &len);
+    if (strlen(s) != len)
+      return fal_error(L, "opts.%s: expected one of %s, got a string with a NUL byte ('%s\\0...')", key,
+                       lua_tostring(L, -1), s);
+    return fal_error(L, "opts.%s: expected one of %s, got '%s'", key, lua_tostring(L, -1), s);
+  }
   return fal_error(L, "opts.%s: expected one of %s, got %s", key, lua_tostring(L, -1), fal_typename(L, top));
 }
 
 int fal_parse_dtype(lua_State *L, int idx, const char *what, fa_dtype *out) {
-  if (lua_type(L, idx) == LUA_TSTRING && fa_dtype_parse(lua_tostring(L, idx), out) == 0) return 1;
+  const char *name = fal_cstring(L, idx);
+  if (name && fa_dtype_parse(name, out) == 0) return 1; /* "bf16\0x" is no "bf16" */
+  if (lua_type(L, idx) == LUA_TSTRING && !name)
+    return fal_error(L, "%s: expected one of f32, f16, bf16, f64, bool (or float, half, bfloat16, double), got a string "
+                        "with a NUL byte ('%s\\0...')",
+                     what, lua_tostring(L, idx));
   if (lua_type(L, idx) == LUA_TSTRING)
     return fal_error(L, "%s: expected one of f32, f16, bf16, f64, bool (or float, half, bfloat16, double), got '%s'",
                      what, lua_tostring(L, idx));
@@ -146,8 +160,18 @@ int fal_parse_dtype(lua_State *L, int idx, const char *what, fa_dtype *out) {
                    fal_typename(L, idx));
 }
 
+const char *fal_cstring(lua_State *L, int idx) {
+  size_t len;
+  const char *s = lua_type(L, idx) == LUA_TSTRING ? lua_tolstring(L, idx, &len) : NULL;
+  return s && strlen(s) == len ? s : NULL;
+}
+
 int fal_parse_device(lua_State *L, int idx, const char *what, fa_device *out) {
-  if (lua_type(L, idx) == LUA_TSTRING && fa_device_parse(lua_tostring(L, idx), out) == 0) return 1;
+  const char *name = fal_cstring(L, idx);
+  if (name && fa_device_parse(name, out) == 0) return 1;
+  if (lua_type(L, idx) == LUA_TSTRING && !name)
+    return fal_error(L, "%s: expected one of cpu, cuda, got a string with a NUL byte ('%s\\0...')", what,
+                     lua_tostring(L, idx));
   if (lua_type(L, idx) == LUA_TSTRING)
     return fal_error(L, "%s: expected one of cpu, cuda, got '%s'", what, lua_tostring(L, idx));
   return fal_error(L, "%s: expected one of cpu, cuda, got %s", what, fal_typename(L, idx));

@@ -319,12 +319,14 @@ static fa_status parse_header(fa_io_src *s, char *text, size_t n, uint64_t data_
   if (n == 0 || text[0] != '{') return jbad(&j, "'{' as the header's first byte");
   j.p++;
   if (!jeat(&j, '}')) {
+    int metadata = 0;
     do {
       char *name;
       size_t len;
       if ((st = jstring(&j, &name, &len))) return st;
       if (!jeat(&j, ':')) return jbad(&j, "':' after a tensor name");
       if (strcmp(name, "__metadata__") == 0) {
+        if (metadata++) return jbad(&j, "one '__metadata__' (it appears twice)");
         if ((st = jskip(&j, 1))) return st;
         continue;
       }

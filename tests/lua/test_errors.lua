@@ -118,6 +118,13 @@ function TestAttentionErrors:test_option_names_and_types()
     {"softmax unknown option", {"blok"}, function() return fa.softmax(U.randn({2, 3}), {blok = 4}) end},
     {"softmax algo", {"algo"}, function() return fa.softmax(U.randn({2, 3}), {algo = "fast"}) end},
     {"softmax opts", {"opts"}, function() return fa.softmax(U.randn({2, 3}), "safe") end},
+    -- a name with a NUL byte is not the name before it (C would read "flash")
+    {"algo with a NUL", {"algo", "NUL"}, function() return fa.attention(q_(), k_(), v_(), {algo = "flash\0x"}) end},
+    {"kernel with a NUL", {"kernel", "NUL"}, function() return fa.attention(q_(), k_(), v_(), {kernel = "cpu_flash\0"}) end},
+    {"dtype with a NUL", {"dtype", "NUL"}, function() return fa.zeros(2, {dtype = "f32\0x"}) end},
+    {"device with a NUL", {"device", "NUL"}, function() return fa.zeros(2, {device = "cpu\0"}) end},
+    {"memory device with a NUL", {"device", "NUL"}, function() return fa.memory("cpu\0") end},
+    {"to with a NUL", {"argument #1 (x)", "NUL"}, function() return U.randn({2}):to("f16\0") end},
   })
 end
 

@@ -284,6 +284,9 @@ local bad_st = {
   {"deep", safetensors('{"__metadata__":' .. string.rep("[", 500) .. string.rep("]", 500) .. "}"), {"nesting"}},
   {"nul name", safetensors('{"a\\u0000":' .. entry("F32", "1", 0, 4) .. "}", "1234"), {"u0000"}},
   {"bad utf8", safetensors('{"\xff":' .. entry("F32", "1", 0, 4) .. "}", "1234"), {"UTF-8"}},
+  {"two metadata", safetensors('{"__metadata__":{},"a":' .. entry("F32", "1", 0, 4) .. ',"__metadata__":{"x":"y"}}',
+    "1234"), {"__metadata__", "twice"}},
+  {"two metadata, escaped", safetensors('{"__metadata__":{},"\\u005f_metadata__":{}}'), {"__metadata__", "twice"}},
 }
 
 function TestIoMalformed:test_safetensors()
