@@ -313,7 +313,9 @@ def draw_family(idx, seed, only):
 def draw_case(idx, seed, max_elems, only="all"):
     """Case idx of the grid seeded by seed (a pure function of the three)."""
     r = random.Random(seed * 1000003 + idx)
-    c = {"idx": idx, "seed": seed, "family": draw_family(idx, seed, only), "splits": 0}
+    c = {"idx": idx, "seed": seed, "family": draw_family(idx, seed, only), "splits": 0,
+         # drawn apart from r, so that the rest of an older seed's grid stays as it was
+         "unit_strides": random.Random(f"unit {seed} {idx}").random() < 0.25}
     if c["family"] == "decode":
         return draw_decode_case(r, c, max_elems)
     if c["family"] == "paged":
@@ -515,12 +517,17 @@ def forced_cases(seed):
     """Issue 21's reproducers, always in the grid: the causal Lq >> Lk race."""
     base = {"seed": seed, "family": "classic", "Dv": None, "layout": "bhld", "pad": 8, "window": None,
             "softcap": None, "alibi": None, "mask": None, "kv_lens": None, "scale": None, "algo": "auto",
-            "tile": None, "splits": 0}
+            "tile": None, "splits": 0, "unit_strides": False}
     out = []
     for dt in ("f16", "bf16"):
         out.append(dict(base, dtype=dt, B=4, Hq=8, Hkv=8, Lq=2048, Lk=64, D=128, causal="bottom_right"))
         for D in (64, 128, 256):
             out.append(dict(base, dtype=dt, B=4, Hq=9, Hkv=3, Lq=799, Lk=3, D=D, causal="bottom_right"))
+    # one batch and one KV head whose strides a dense tensor would not have (the TMA kernel's maps)
+    for causal in ("none", "bottom_right"):
+        out.append(dict(base, dtype="bf16", B=1, Hq=2, Hkv=1, Lq=1000, Lk=1100, D=128, causal=causal, unit_strides=True))
+        out.append(dict(base, dtype="f16", B=1, Hq=1, Hkv=1, Lq=300, Lk=777, D=64, causal=causal, unit_strides=True,
+                        layout="blhd"))
     for i, c in enumerate(out):
         c["idx"], c["Dv"] = -1 - i, c["D"]
     return out
@@ -538,7 +545,8 @@ def describe(c):
             "softcap", "mask", "kv_lens", "scale", "algo", "tile", "splits"]
     if c["family"] == "paged":
         keys += ["page_size", "capacity", "pages", "seq_lens", "appends", "kv_layout", "kv_dtype", "overflow"]
-    return " ".join(f"{k}={c[k]}" for k in keys) + (" alibi=yes" if c["alibi"] else "")
+    return (" ".join(f"{k}={c[k]}" for k in keys) + (" alibi=yes" if c["alibi"] else "") +
+            (" unit_strides=yes" if c.get("unit_strides") else ""))
 
 
 # ---- inputs and the reference ---------------------------------------------------------------------
@@ -552,10 +560,22 @@ def layout_tensor(g, c, layout, dt, H, L, D):
     """A random (B, H, L, D) tensor of dtype dt in layout (the host's
     (B, L, H, D) transposed, or rows c["pad"] elements wider than D)."""
     if layout in ("blhd", "packed"):  # the host's (B, L, H, D), seen as (B, H, L, D)
-        return torch.randn(c["B"], L, H, D, device="cuda", generator=g).to(dt).transpose(1, 2)
-    if layout == "padded":  # rows pad elements wider than D
-        return torch.randn(c["B"], H, L, D + c["pad"], device="cuda", generator=g).to(dt)[..., :D]
-    return torch.randn(c["B"], H, L, D, device="cuda", generator=g).to(dt)
+        t = torch.randn(c["B"], L, H, D, device="cuda", generator=g).to(dt).transpose(1, 2)
+    elif layout == "padded":  # rows pad elements wider than D
+        t = torch.randn(c["B"], H, L, D + c["pad"], device="cuda", generator=g).to(dt)[..., :D]
+    else:
+        t = torch.randn(c["B"], H, L, D, device="cuda", generator=g).to(dt)
+    return unit_strides(c, t)
+
+
+def unit_strides(c, t):
+    """t, with c["unit_strides"], its dimensions of one given strides no dense tensor has (0 as expanded, odd
+    ones): never stepped over, they must not change a result nor keep a call from its kernel."""
+    if not c.get("unit_strides"):
+        return t
+    odd = {0: 0, 1: 1, 2: 3}
+    st = [odd[i] if i in odd and t.shape[i] == 1 else s for i, s in enumerate(t.stride())]
+    return t.as_strided(t.shape, st, t.storage_offset())
 
 
 def make_inputs(c):
@@ -568,7 +588,7 @@ def make_inputs(c):
     q = tensor(c["Hq"], c["Lq"], c["D"])
     if c["layout"] == "packed" and c["D"] == c["Dv"]:  # k and v: slices of one (B, L, 2, H, D) tensor
         kv = torch.randn(c["B"], c["Lk"], 2, c["Hkv"], c["D"], device="cuda", generator=g).to(dt)
-        k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
+        k, v = unit_strides(c, kv[:, :, 0].transpose(1, 2)), unit_strides(c, kv[:, :, 1].transpose(1, 2))
     else:
         k, v = tensor(c["Hkv"], c["Lk"], c["D"]), tensor(c["Hkv"], c["Lk"], c["Dv"])
     mask = None
@@ -710,6 +730,7 @@ def make_outputs(c):
         out = ob[..., :Dv]
     else:
         ob = out = torch.full((B, H, L, Dv), nan, device="cuda", dtype=dt)
+    out = unit_strides(c, out)
     if c["layout"] == "packed":
         lb = torch.full((B, H, L + 3), nan, device="cuda", dtype=torch.float32)
         lse = lb[..., 1:L + 1]

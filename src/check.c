@@ -46,6 +46,23 @@ static fa_status check_device_of(fa_context *ctx, const fa_tensor *t, const char
   return FA_OK;
 }
 
+fa_status fa_check_writable(fa_context *ctx, const fa_tensor *out, const char *name) {
+  for (int i = 0; i < out->ndim; i++)
+    if (out->strides[i] == 0 && out->shape[i] > 1)
+      return fa_fail(ctx, FA_ERR_ARGUMENT,
+                     "flashattn: %s: dimension %d has stride 0 over %lld elements; expected an output whose elements "
+                     "do not share memory",
+                     name, i + 1, (long long)out->shape[i]);
+  return FA_OK;
+}
+
+/* An output: fa_check_out, and writable. */
+static fa_status check_output(fa_context *ctx, const fa_tensor *out, const char *name, int ndim, const int64_t *shape,
+                              fa_dtype dtype, fa_device device) {
+  fa_status st = fa_check_out(ctx, out, name, ndim, shape, dtype, device);
+  return st ? st : fa_check_writable(ctx, out, name);
+}
+
 fa_status fa_check_out(fa_context *ctx, const fa_tensor *out, const char *name, int ndim, const int64_t *shape,
                        fa_dtype dtype, fa_device device) {
   int same = out->ndim == ndim;
@@ -255,8 +272,8 @@ fa_status fa_check_attention_options(fa_context *ctx, const fa_tensor *q, const 
   int64_t oshape[4], lshape[4];
   for (int i = 0; i < d->rank - 1; i++) oshape[i] = lshape[i] = q->shape[i];
   oshape[d->rank - 1] = d->Dv;
-  if (o->out && (st = fa_check_out(ctx, o->out, "opts.out", d->rank, oshape, d->dtype, d->device))) return st;
-  if (o->lse_out && (st = fa_check_out(ctx, o->lse_out, "opts.lse_out", d->rank - 1, lshape, FA_F32, d->device)))
+  if (o->out && (st = check_output(ctx, o->out, "opts.out", d->rank, oshape, d->dtype, d->device))) return st;
+  if (o->lse_out && (st = check_output(ctx, o->lse_out, "opts.lse_out", d->rank - 1, lshape, FA_F32, d->device)))
     return st;
   /* both are written: whichever came last would overwrite the other */
   if (o->out && o->lse_out && fa_tensor_overlaps(o->out, o->lse_out))
@@ -350,7 +367,7 @@ fa_status fa_check_softmax(fa_context *ctx, fa_tensor *x, const fa_softmax_opts 
                      "N = %lld, got N = %lld (use algo \"online\")",
                      fa_dtype_name(x->dtype), fa_device_name(x->storage->device), (long long)maxn, (long long)n);
   }
-  if (o->out) return fa_check_out(ctx, o->out, "opts.out", x->ndim, x->shape, x->dtype, x->storage->device);
+  if (o->out) return check_output(ctx, o->out, "opts.out", x->ndim, x->shape, x->dtype, x->storage->device);
   return FA_OK;
 }
 
@@ -374,7 +391,7 @@ fa_status fa_check_matmul(fa_context *ctx, fa_tensor *a, fa_tensor *b, const fa_
                    (long long)o->tile);
   if (o->out) {
     int64_t shape[2] = {a->shape[0], b->shape[1]};
-    return fa_check_out(ctx, o->out, "opts.out", 2, shape, a->dtype, a->storage->device);
+    return check_output(ctx, o->out, "opts.out", 2, shape, a->dtype, a->storage->device);
   }
   return FA_OK;
 }

@@ -97,6 +97,9 @@ typedef struct {
 } fa_merge_names;
 fa_status fa_check_merge_named(fa_context *ctx, fa_tensor *o1, fa_tensor *lse1, fa_tensor *o2, fa_tensor *lse2,
                                const fa_merge_names *n);
+/* An output's elements each their own memory: no stride 0 over more than
+ * one element (a view of the C API's or DLPack's); name for the message. */
+fa_status fa_check_writable(fa_context *ctx, const fa_tensor *out, const char *name);
 /* out given by the caller: shape (rank dims), dtype, device must match. */
 fa_status fa_check_out(fa_context *ctx, const fa_tensor *out, const char *name, int ndim, const int64_t *shape,
                        fa_dtype dtype, fa_device device);

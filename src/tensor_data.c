@@ -3,6 +3,7 @@
  * staged copy of the span of storage the view covers (until the CUDA
  * backend has its own elementwise kernels, this keeps every method
  * correct on both devices). */
+#include "check.h"
 #include "internal.h"
 
 #include <math.h>
@@ -106,7 +107,7 @@ fa_status fa_tensor_copy(fa_context *ctx, fa_tensor *dst, fa_tensor *src) {
   FA_NEED(dst);
   FA_NEED(src);
   fa_status st = check_same_shape(ctx, dst, src, "copy_");
-  if (st) return st;
+  if (st || (st = fa_check_writable(ctx, dst, "copy_: the destination"))) return st;
   int64_t n = fa_tensor_numel(dst);
   if (n == 0) return FA_OK;
   fa_device dd = dst->storage->device, sd = src->storage->device;

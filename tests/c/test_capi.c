@@ -592,6 +592,49 @@ static void test_attention_on_wrapped(void) {
   free(R);
 }
 
+/* An output whose elements share memory (stride 0 over a dimension of more
+ * than one) is refused, writing nothing; stride 0 where the size is one is
+ * no sharing. */
+static void test_outputs_sharing_memory(void) {
+  tu_test = "outputs whose elements share memory";
+  const int B = 1, H = 2, L = 5, D = 8;
+  float Q[2 * 5 * 8], O[2 * 5 * 8];
+  fill(Q, sizeof Q / sizeof *Q);
+  int64_t sq[4] = {B, H, L, D}, shared[4] = {0, L * D, 0, 1}, unit[4] = {0, L * D, D, 1};
+  fa_tensor *q = NULL, *o_shared = NULL, *o_unit = NULL;
+  CHECK_OK(ctx, fa_tensor_wrap(ctx, Q, FA_CPU, FA_F32, 4, sq, NULL, NULL, NULL, &q));
+  CHECK_OK(ctx, fa_tensor_wrap(ctx, O, FA_CPU, FA_F32, 4, sq, shared, NULL, NULL, &o_shared));
+  CHECK_OK(ctx, fa_tensor_wrap(ctx, O, FA_CPU, FA_F32, 4, sq, unit, NULL, NULL, &o_unit));
+  if (q && o_shared && o_unit) {
+    for (size_t i = 0; i < sizeof O / sizeof *O; i++) O[i] = 7;
+    fa_attention_opts op;
+    fa_attention_opts_init(&op);
+    op.out = o_shared;
+    fa_tensor *res = NULL;
+    CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_attention(ctx, q, q, q, &op, &res, NULL));
+    CHECK(strstr(fa_context_error(ctx), "opts.out") && strstr(fa_context_error(ctx), "stride 0"), "message: %s",
+          fa_context_error(ctx));
+    CHECK(res == NULL, "no result");
+    fa_softmax_opts so;
+    fa_softmax_opts_init(&so);
+    so.out = o_shared;
+    CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_softmax(ctx, q, &so, &res));
+    CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_tensor_copy(ctx, o_shared, q));
+    CHECK(strstr(fa_context_error(ctx), "copy_"), "message: %s", fa_context_error(ctx));
+    int untouched = 1;
+    for (size_t i = 0; i < sizeof O / sizeof *O; i++) untouched &= O[i] == 7;
+    CHECK(untouched, "nothing written");
+    /* batch of one with stride 0: fine */
+    op.out = o_unit;
+    CHECK_OK(ctx, fa_attention(ctx, q, q, q, &op, &res, NULL));
+    CHECK(res == o_unit && O[0] != 7, "written through the unit stride");
+    if (res) fa_tensor_release(res);
+  }
+  if (q) fa_tensor_release(q);
+  if (o_shared) fa_tensor_release(o_shared);
+  if (o_unit) fa_tensor_release(o_unit);
+}
+
 static void test_matmul_merge_cost_info(void) {
   tu_test = "matmul, merge, cost, info";
   float A[6] = {1, 2, 3, 4, 5, 6}, Bm[6] = {1, 0, 0, 1, 1, 1}, C[4];
@@ -744,6 +787,7 @@ int main(void) {
   test_tensor_ops();
   test_status_codes();
   test_attention_on_wrapped();
+  test_outputs_sharing_memory();
   test_matmul_merge_cost_info();
   test_lua_handoff();
   fa_context_destroy(ctx);
