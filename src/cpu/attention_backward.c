@@ -98,17 +98,22 @@ static void ref_head(const fa_attn_backward *g, int64_t b, int64_t h, double *x,
         s += ((const double *)p->mask_f)[b * ms[0] + h * ms[1] + i * ms[2] + j * ms[3]];
       }
       x[i * Lk + j] = chain;
-      pm[i * Lk + j] = allowed && lse[i] != -INFINITY ? exp(s - lse[i]) : 0;
+      /* -1: the pair passes nothing back (masked by the range, a mask or mask_mod, or a score of -inf from the
+       * float mask or score_mod, whatever the values: as in the forward) */
+      pm[i * Lk + j] = allowed && s != -INFINITY && lse[i] != -INFINITY ? exp(s - lse[i]) : -1;
       dp[i * Lk + j] = ref_dot(dout + i * Dv, v + j * Dv, Dv);
     }
   for (int64_t i = 0; i < Lq; i++) {
     if (lse[i] == -INFINITY) continue; /* a row with no key */
     const double delta = ref_dot(dout + i * Dv, o + i * Dv, Dv);
     for (int64_t j = 0; j < Lk; j++) {
-      if (!ref_allowed(p, b, h, i, j)) continue;
       const double pij = pm[i * Lk + j];
-      for (int64_t e = 0; e < Dv; e++) dv[j * Dv + e] += pij * dout[i * Dv + e];
+      if (pij < 0) continue;
+      /* a weight of 0 passes nothing (not 0 · NaN), as in the kernels */
+      if (pij != 0)
+        for (int64_t e = 0; e < Dv; e++) dv[j * Dv + e] += pij * dout[i * Dv + e];
       const double ds = pij * (dp[i * Lk + j] - delta) * x[i * Lk + j] * p->scale;
+      if (ds == 0) continue;
       for (int64_t e = 0; e < D; e++) dq[i * D + e] += ds * k[j * D + e];
       for (int64_t e = 0; e < D; e++) dk[j * D + e] += ds * q[i * D + e];
     }

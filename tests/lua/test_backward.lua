@@ -351,6 +351,14 @@ function TestBackward:test_nonfinite_inputs_stay_in_their_pairs()
     -- the same through a variant (on cuda its compiled tensor-core kernels, then the guard's SIMT ones)
     {opts = {mask_mod = function(b, h, q, k) return q:ge(k) & (q - k):le(1) end},
      put = function(t) t.k:set(1, 1, 2, 1, inf); t.q:set(1, 2, 1, 3, nan) end},
+    -- causal through a float mask of -inf: the first query row of head 2 attends key 1 only, NaN in its
+    -- dout; keys 2..8 stay finite (the reference once added 0 · NaN there)
+    {mask_of = function(dtype, dev)
+       local m = fa.zeros({1, 1, 8, 8}, {dtype = "f64"})
+       for i = 1, 8 do for j = i + 1, 8 do m:set(1, 1, i, j, -inf) end end
+       return m:to(dtype, dev)
+     end,
+     put = function(t) t.dout:set(1, 2, 1, 2, nan) end, finite_keys = {2, 8}},
   }
   for _, kd in ipairs(kinds) do
     local dtype, D = kd[1], kd[2]
@@ -359,6 +367,7 @@ function TestBackward:test_nonfinite_inputs_stay_in_their_pairs()
                  dout = randn({1, 2, 8, D}, "f64")}
       st.put(t)
       for name, x in pairs(t) do t[name] = x:to(dtype, dev) end
+      if st.mask_of then st.opts = {mask = st.mask_of(dtype, dev)} end
       local o, lse = fa.attention(t.q, t.k, t.v, with_lse(st.opts))
       local got = {fa.attention_backward(t.q, t.k, t.v, o, lse, t.dout, st.opts)}
       local ref = {fa.attention_backward_reference(t.q:cpu(), t.k:cpu(), t.v:cpu(), o:cpu(), lse:cpu(), t.dout:cpu(),
@@ -379,6 +388,13 @@ function TestBackward:test_nonfinite_inputs_stay_in_their_pairs()
           end
         end
         lu.assertTrue(finite > 0, ("setup %d %s: the reference has finite entries"):format(si, gname))
+        if st.finite_keys and gname ~= "dq" then -- rows of keys no NaN reaches: finite in both
+          for e = (st.finite_keys[1] - 1) * D + 1, st.finite_keys[2] * D do
+            lu.assertTrue(rv[e] == rv[e] and math.abs(rv[e]) < inf and av[e] == av[e] and math.abs(av[e]) < inf,
+              ("%s D=%d setup %d %s[%d]: %s (reference %s), expected finite"):format(dtype, D, si, gname, e,
+                tostring(av[e]), tostring(rv[e])))
+          end
+        end
         lu.assertTrue(worst <= tol * math.max(scale, 1), ("%s D=%d setup %d %s: off by %g (scale %g)"):format(
           dtype, D, si, gname, worst, scale))
       end
