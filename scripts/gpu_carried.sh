@@ -1,0 +1,17 @@
+# Sourced first by a device command that runs a build packed by
+# scripts/gpu_pack.sh: Lua from .deps (scripts/gpu_env.sh), the build
+# unpacked into bg/ (always: a warm machine may keep an older one), $B,
+# $COMMIT, $OUT, FLASHATTN_DEVICE=cuda.  The device tool brings back at most
+# 8 files of $OUT: put logs elsewhere and tar them.
+. scripts/gpu_env.sh
+export OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT" bg
+xz -dc .snap/bg.tar.xz | tar -xf - -C bg
+ln -sf libflashattn.so.0.1.0 bg/libflashattn.so.0
+ln -sf libflashattn.so.0.1.0 bg/libflashattn.so
+export LD_LIBRARY_PATH=$PWD/bg:$LD_LIBRARY_PATH
+export LUA_PATH="$PWD/tests/lua/?.lua;$PWD/lua/?.lua;$LUA_PATH"
+export FLASHATTN_DEVICE=cuda
+B=bg
+COMMIT=$(cat .snap/commit 2>/dev/null || echo unknown)
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
