@@ -10,10 +10,18 @@
 # the Lq >> Lk cases of every fast instance, and the benchmarks with their peers.  Logs and JSON results go to $OUT.  Lua travels as Debian
 # packages: run `bash scripts/fetch_gpu_deps.sh` here first (needs .deps/).
 # FA_COMMIT names the commit measured when the tree is a copy without .git.
+# The device tool brings back at most 8 files: with FA_PACK_OUT=1 everything
+# but summary.txt leaves as $OUT/results.tgz (also when a step fails).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
+pack_out() {
+  [[ ${FA_PACK_OUT:-0} == 1 ]] || return 0
+  (cd "$OUT" && find . -mindepth 1 -maxdepth 1 ! -name summary.txt ! -name results.tgz -print0 |
+    tar -czf results.tgz --null -T - --remove-files)
+}
+trap pack_out EXIT
 what=" ${*:-all} "
 . scripts/gpu_env.sh
 B=build-gpu
