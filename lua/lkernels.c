@@ -33,9 +33,14 @@ static void read_softmax_opts(lua_State *L, int idx, const char *fname, fa_softm
 static fa_causal read_causal(lua_State *L, int idx) {
   fa_causal c = FA_CAUSAL_NONE;
   int tt = lua_getfield(L, idx, "causal");
+  const char *name = fal_cstring(L, -1); /* NULL: not a string, or one with a NUL byte */
   if (tt == LUA_TBOOLEAN) c = lua_toboolean(L, -1) ? FA_CAUSAL_BOTTOM_RIGHT : FA_CAUSAL_NONE;
-  else if (tt == LUA_TSTRING && strcmp(lua_tostring(L, -1), "bottom_right") == 0) c = FA_CAUSAL_BOTTOM_RIGHT;
-  else if (tt == LUA_TSTRING && strcmp(lua_tostring(L, -1), "top_left") == 0) c = FA_CAUSAL_TOP_LEFT;
+  else if (name && strcmp(name, "bottom_right") == 0) c = FA_CAUSAL_BOTTOM_RIGHT;
+  else if (name && strcmp(name, "top_left") == 0) c = FA_CAUSAL_TOP_LEFT;
+  else if (tt == LUA_TSTRING && !name)
+    fal_error(L, "opts.causal: expected false, true, 'bottom_right' or 'top_left', got a string with a NUL byte "
+                 "('%s\\0...')",
+              lua_tostring(L, -1));
   else if (tt == LUA_TSTRING)
     fal_error(L, "opts.causal: expected false, true, 'bottom_right' or 'top_left', got '%s'", lua_tostring(L, -1));
   else if (tt != LUA_TNIL)
@@ -52,7 +57,8 @@ int fal_opt_splits(lua_State *L, int idx, int64_t *out) {
   }
   int isint = 0;
   lua_Integer n = tt == LUA_TNUMBER ? lua_tointegerx(L, -1, &isint) : 0;
-  if (tt == LUA_TSTRING && strcmp(lua_tostring(L, -1), "auto") == 0) *out = 0;
+  const char *name = fal_cstring(L, -1);
+  if (name && strcmp(name, "auto") == 0) *out = 0;
   else if (isint && n >= 1) *out = (int64_t)n;
   else fal_error(L, "opts.splits: expected an integer >= 1 or 'auto', got %s", fal_describe(L, -1));
   lua_pop(L, 1);

@@ -50,7 +50,9 @@ int fal_opts(lua_State *L, int idx, const char *fname, const char *const *allowe
     lua_pop(L, 1); /* the value; the key stays for lua_next */
     int known = 0;
     if (lua_type(L, -1) == LUA_TSTRING) {
-      const char *key = lua_tostring(L, -1);
+      const char *key = fal_cstring(L, -1);
+      if (!key) /* {["causal\0"] = true} is no causal: a typo, and typos are errors */
+        fal_error(L, "opts: unknown option '%s\\0...' (a name with a NUL byte) for %s", lua_tostring(L, -1), fname);
       for (const char *const *a = allowed; *a && !known; a++) known = strcmp(key, *a) == 0;
     }
     if (!known) { /* described without running a metamethod; numbers and booleans as keys: [1], [true] */
@@ -292,7 +294,8 @@ void fal_opts_without(lua_State *L, int idx, const char *key) {
   lua_newtable(L);
   lua_pushnil(L);
   while (lua_next(L, idx)) {
-    if (lua_type(L, -2) == LUA_TSTRING && strcmp(lua_tostring(L, -2), key) == 0) {
+    const char *name = fal_cstring(L, -2);
+    if (name && strcmp(name, key) == 0) {
       lua_pop(L, 1);
       continue;
     }

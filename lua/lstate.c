@@ -226,10 +226,15 @@ const char *fal_describe(lua_State *L, int idx) {
   case LUA_TSTRING: {
     size_t n;
     const char *str = lua_tolstring(L, idx, &n); /* a string already: nothing converted */
-    lua_pushliteral(L, "'");
-    lua_pushlstring(L, str, n > DESCRIBE_MAX ? DESCRIBE_MAX : n);
-    lua_pushstring(L, n > DESCRIBE_MAX ? "...'" : "'");
-    lua_concat(L, 3);
+    luaL_Buffer b; /* a NUL byte shown as \0: the message is a C string */
+    luaL_buffinit(L, &b);
+    luaL_addchar(&b, '\'');
+    for (size_t i = 0; i < n && i < DESCRIBE_MAX; i++) {
+      if (str[i]) luaL_addchar(&b, str[i]);
+      else luaL_addstring(&b, "\\0");
+    }
+    luaL_addstring(&b, n > DESCRIBE_MAX ? "...'" : "'");
+    luaL_pushresult(&b);
     break;
   }
   case LUA_TNUMBER:

@@ -100,7 +100,9 @@ static int pins_close(lua_State *L) {
   fal_pins *p = (fal_pins *)toudata(L, 1, &pins_mt_key);
   if (p) {
     pins_drop(&p->link);
-    if (p->cap == FAL_MAX_PINS && lua_rawgetp(L, LUA_REGISTRYINDEX, &pins_spare_key) == LUA_TBOOLEAN) {
+    /* not one whose __gc ran (a finalizer closing a dead coroutine's slot): off the state's list, its
+     * later pins would have no backstop */
+    if (p->cap == FAL_MAX_PINS && p->link.prev && lua_rawgetp(L, LUA_REGISTRYINDEX, &pins_spare_key) == LUA_TBOOLEAN) {
       lua_pushvalue(L, 1);
       lua_rawsetp(L, LUA_REGISTRYINDEX, &pins_spare_key);
     }
@@ -127,8 +129,10 @@ fal_pins *fal_pins_open_n(lua_State *L, int cap) {
       fal_pins *p = (fal_pins *)lua_touserdata(L, -1);
       lua_pushboolean(L, 0);
       lua_rawsetp(L, LUA_REGISTRYINDEX, &pins_spare_key);
-      lua_toclose(L, -1);
-      return p;
+      if (p->link.prev) { /* still on the state's list (lua_close finalizes the spare too) */
+        lua_toclose(L, -1);
+        return p;
+      }
     }
     lua_pop(L, 1);
   }

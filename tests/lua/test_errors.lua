@@ -125,6 +125,10 @@ function TestAttentionErrors:test_option_names_and_types()
     {"device with a NUL", {"device", "NUL"}, function() return fa.zeros(2, {device = "cpu\0"}) end},
     {"memory device with a NUL", {"device", "NUL"}, function() return fa.memory("cpu\0") end},
     {"to with a NUL", {"argument #1 (x)", "NUL"}, function() return U.randn({2}):to("f16\0") end},
+    {"option name with a NUL", {"unknown option", "causal\\0"},
+     function() return fa.attention(q_(), k_(), v_(), {["causal\0"] = true}) end},
+    {"causal with a NUL", {"opts.causal", "NUL"}, function() return fa.attention(q_(), k_(), v_(), {causal = "top_left\0"}) end},
+    {"splits with a NUL", {"opts.splits", "'auto\\0x'"}, function() return fa.attention(q_(), k_(), v_(), {splits = "auto\0x"}) end},
   })
 end
 

@@ -169,6 +169,30 @@ function TestOptsTables:test_pin_lists_reused_by_nested_and_failing_calls()
   U.assert_close(fa.attention(q, k, v, {causal = true}), ro, "f32", "a call after all that")
 end
 
+-- A pin list finalized with its coroutine's slot still open, then closed by a later finalizer
+-- (coroutine.close in a __gc), must not become the spare: off the state's list, the tensors a
+-- later call pins in it would never be released.
+function TestOptsTables:test_finalized_pin_list_is_not_reused()
+  local bad = setmetatable({}, {__index = function() error("boom") end})
+  local m0 = U.mem_current()
+  do
+    local q, k, v = qkv()
+    local co = coroutine.create(function() return fa.attention(q, k, v, bad) end)
+    local closer = setmetatable({co = co}, {__gc = function(o) coroutine.close(o.co) end}) -- older than the list
+    lu.assertFalse((coroutine.resume(co)))
+    q, k, v, co, closer = nil, nil, nil, nil, nil
+  end
+  lu.assertEquals(U.mem_current(), m0)
+  do
+    local q, k, v = qkv()
+    local co = coroutine.create(function() return fa.attention(q, k, v, bad) end)
+    lu.assertFalse((coroutine.resume(co)))
+    q:free(); k:free(); v:free()
+    q, k, v, co = nil, nil, nil, nil
+  end
+  lu.assertEquals(U.mem_current(), m0, "the tensors a dead coroutine's call pinned are released")
+end
+
 function TestOptsTables:test_index_options_still_apply()
   local q, k, v = qkv()
   local reads = {}
