@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #define FA_MAX_HEAD_DIM 65536
 
@@ -46,13 +47,54 @@ static fa_status check_device_of(fa_context *ctx, const fa_tensor *t, const char
   return FA_OK;
 }
 
+static int cmp_offset(const void *a, const void *b) {
+  const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* 1 when two elements of t have one offset, 0 when none do, -1 when t is
+ * too large to tell (strides that interleave, past 2^16 elements) or the
+ * host is out of memory.  Strides that nest (fa_tensor_injective: every
+ * layout a view of a dense tensor has) need no count. */
+static int shares_elements(const fa_tensor *t) {
+  if (fa_tensor_injective(t)) return 0;
+  const int64_t n = fa_tensor_numel(t);
+  if (n > ((int64_t)1 << 16)) return -1;
+  int64_t *off = malloc(sizeof *off * (size_t)n), idx[FA_MAX_DIMS] = {0};
+  if (!off) return -1;
+  for (int64_t e = 0; e < n; e++) {
+    int64_t o = 0;
+    for (int d = 0; d < t->ndim; d++) o += idx[d] * t->strides[d];
+    off[e] = o;
+    for (int d = t->ndim - 1; d >= 0 && ++idx[d] == t->shape[d]; d--) idx[d] = 0;
+  }
+  qsort(off, (size_t)n, sizeof *off, cmp_offset);
+  int shared = 0;
+  for (int64_t e = 1; e < n && !shared; e++) shared = off[e] == off[e - 1];
+  free(off);
+  return shared;
+}
+
 fa_status fa_check_writable(fa_context *ctx, const fa_tensor *out, const char *name) {
+  if (fa_tensor_numel(out) == 0) return FA_OK;
   for (int i = 0; i < out->ndim; i++)
     if (out->strides[i] == 0 && out->shape[i] > 1)
       return fa_fail(ctx, FA_ERR_ARGUMENT,
                      "flashattn: %s: dimension %d has stride 0 over %lld elements; expected an output whose elements "
                      "do not share memory",
                      name, i + 1, (long long)out->shape[i]);
+  const int shared = shares_elements(out);
+  if (shared == 1)
+    return fa_fail(ctx, FA_ERR_ARGUMENT,
+                   "flashattn: %s: its strides give two elements one address; expected an output whose elements do "
+                   "not share memory",
+                   name);
+  if (shared < 0)
+    return fa_fail(ctx, FA_ERR_ARGUMENT,
+                   "flashattn: %s: strides that interleave over more than 65536 elements (whether two elements share "
+                   "memory is not checked that far); expected an output whose dimensions nest (any view of a dense "
+                   "tensor)",
+                   name);
   return FA_OK;
 }
 

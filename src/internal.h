@@ -38,6 +38,7 @@ typedef struct fa_storage {
   void *data;
   size_t nbytes;
   int accounted;                           /* counted in fa_memory (engine-owned) */
+  int reusable;                            /* CUDA: allocated for a call on the legacy stream */
   void (*release)(void *data, void *user); /* host-owned memory (wrap) */
   void *user;
 } fa_storage;
@@ -215,6 +216,13 @@ int fa_cuda_available(void);
 fa_status fa_cuda_device_info(fa_context *ctx, fa_device_info_t *out);
 fa_status fa_cuda_malloc(fa_context *ctx, void **p, size_t nbytes);
 void fa_cuda_free(void *p, size_t nbytes);
+/* Whether ctx's work goes to the legacy default stream (never captured
+ * into a CUDA graph), and fa_cuda_free for a block allocated for such a
+ * call, which the engine may keep and give again (kernels/core/memory.cu):
+ * a block allocated while a host's stream was captured belongs to the
+ * graph and must go back through fa_cuda_free. */
+int fa_cuda_legacy_stream(const fa_context *ctx);
+void fa_cuda_free_reusable(void *p, size_t nbytes);
 /* The same ordered on ctx's stream: a call's temporaries, which its
  * kernels on that stream may still read (the legacy stream does not wait
  * for a host's non-blocking stream). */

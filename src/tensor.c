@@ -62,7 +62,7 @@ static void storage_release(fa_storage *s) {
   if (atomic_fetch_sub(&s->refcount, 1) != 1) return;
   if (s->release) s->release(s->data, s->user);
   else if (s->accounted && s->device == FA_CPU) fa_host_free(s->data, s->nbytes);
-  else if (s->accounted && s->device == FA_CUDA) fa_cuda_free(s->data, s->nbytes);
+  else if (s->accounted && s->device == FA_CUDA) (s->reusable ? fa_cuda_free_reusable : fa_cuda_free)(s->data, s->nbytes);
   fa_host_free(s, sizeof *s);
 }
 
@@ -85,7 +85,10 @@ fa_status fa_tensor_new(fa_context *ctx, int ndim, const int64_t *shape, fa_dtyp
   s->nbytes = nbytes;
   s->accounted = 1;
   if (device == FA_CPU) s->data = fa_host_alloc(ctx, nbytes, &st);
-  else st = fa_cuda_malloc(ctx, &s->data, nbytes);
+  else {
+    st = fa_cuda_malloc(ctx, &s->data, nbytes);
+    s->reusable = fa_cuda_legacy_stream(ctx);
+  }
   if (st) {
     fa_host_free(s, sizeof *s);
     return st;

@@ -19,7 +19,8 @@ static int pool_ok;
 /* In front of the pool, a few small blocks kept by the engine itself:
  * cudaMallocAsync and cudaFreeAsync cost 1.7 and 2.0 µs of host time, a
  * third of a tiny decode call (B = 1, 256 keys: 12 µs a call, H200,
- * sampled).  A block given back on the legacy stream is taken again, for
+ * sampled).  A block of a call on the legacy stream (never a CUDA graph's:
+ * a captured stream is another), given back, is taken again, for
  * the same byte count (exact sizes: compute-sanitizer's memcheck still sees
  * each overrun), only by a call on the legacy stream, which comes after
  * everything queued before the block's release, as the pool's own reuse
@@ -150,10 +151,18 @@ extern "C" fa_status fa_cuda_malloc(fa_context *ctx, void **p, size_t nbytes) {
  * either way. */
 extern "C" void fa_cuda_free(void *p, size_t nbytes) {
   if (!p) return;
-  if (!(small_on && small_keep(p, nbytes ? nbytes : 1))) {
-    cudaError_t err = pool_ok ? cudaFreeAsync(p, cudaStreamLegacy) : cudaFree(p);
-    if (err != cudaSuccess) (void)cudaGetLastError();
-  }
+  cudaError_t err = pool_ok ? cudaFreeAsync(p, cudaStreamLegacy) : cudaFree(p);
+  if (err != cudaSuccess) (void)cudaGetLastError();
+  fa_mem_release(FA_CUDA, nbytes);
+}
+
+extern "C" int fa_cuda_legacy_stream(const fa_context *ctx) { return legacy_stream(fa_cuda_stream(ctx)); }
+
+/* Kept by the engine where it can (a block of a legacy-stream call: never
+ * a graph's), else as fa_cuda_free. */
+extern "C" void fa_cuda_free_reusable(void *p, size_t nbytes) {
+  if (!p) return;
+  if (!(small_on && small_keep(p, nbytes ? nbytes : 1))) return fa_cuda_free(p, nbytes);
   fa_mem_release(FA_CUDA, nbytes);
 }
 
@@ -162,7 +171,7 @@ extern "C" void fa_cuda_free(void *p, size_t nbytes) {
  * a CUDA graph (an operation on the legacy stream ends a capture). */
 extern "C" void fa_cuda_free_on(fa_context *ctx, void *p, size_t nbytes) {
   if (!p) return;
-  if (legacy_stream(fa_cuda_stream(ctx))) return fa_cuda_free(p, nbytes);
+  if (legacy_stream(fa_cuda_stream(ctx))) return fa_cuda_free_reusable(p, nbytes); /* allocated in this call */
   cudaError_t err = pool_ok ? cudaFreeAsync(p, fa_cuda_stream(ctx)) : cudaFree(p);
   if (err != cudaSuccess) (void)cudaGetLastError();
   fa_mem_release(FA_CUDA, nbytes);

@@ -25,6 +25,13 @@ void fa_cuda_free(void *p, size_t nbytes) {
   (void)nbytes;
 }
 
+int fa_cuda_legacy_stream(const fa_context *ctx) {
+  (void)ctx;
+  return 0;
+}
+
+void fa_cuda_free_reusable(void *p, size_t nbytes) { fa_cuda_free(p, nbytes); }
+
 void fa_cuda_free_on(fa_context *ctx, void *p, size_t nbytes) {
   (void)ctx;
   fa_cuda_free(p, nbytes);

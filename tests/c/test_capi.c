@@ -624,6 +624,30 @@ static void test_outputs_sharing_memory(void) {
     int untouched = 1;
     for (size_t i = 0; i < sizeof O / sizeof *O; i++) untouched &= O[i] == 7;
     CHECK(untouched, "nothing written");
+    /* non-zero strides that still give two elements one address ({1, 1} over 5 x 8), and ones that
+     * interleave without sharing (rows 3 apart, columns 2 apart, over 2 x 3: 0 2 4 3 5 7) */
+    int64_t s_over[4] = {80, 40, 1, 1}, sh_il[4] = {1, 1, 2, 3}, s_il[4] = {40, 40, 3, 2};
+    fa_tensor *o_over = NULL, *o_il = NULL;
+    CHECK_OK(ctx, fa_tensor_wrap(ctx, O, FA_CPU, FA_F32, 4, sq, s_over, NULL, NULL, &o_over));
+    CHECK_OK(ctx, fa_tensor_wrap(ctx, O, FA_CPU, FA_F32, 4, sh_il, s_il, NULL, NULL, &o_il));
+    if (o_over) {
+      op.out = o_over;
+      CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_attention(ctx, q, q, q, &op, &res, NULL));
+      CHECK(strstr(fa_context_error(ctx), "one address"), "message: %s", fa_context_error(ctx));
+      fa_tensor_release(o_over);
+    }
+    if (o_il) {
+      fa_tensor *src = NULL;
+      CHECK_OK(ctx, fa_tensor_empty(ctx, 4, sh_il, FA_F32, FA_CPU, &src));
+      if (src) CHECK_OK(ctx, fa_tensor_fill(ctx, src, 0));
+      if (src) CHECK_OK(ctx, fa_tensor_copy(ctx, o_il, src));
+      CHECK(O[0] == 0 && O[2] == 0 && O[7] == 0 && O[1] == 7, "interleaved destination written where it lies");
+      if (src) fa_tensor_release(src);
+      fa_tensor_release(o_il);
+    }
+    int still = 1;
+    for (size_t i = 0; i < sizeof O / sizeof *O; i++) still &= i == 0 || i == 2 || i == 3 || i == 4 || i == 5 || i == 7 || O[i] == 7;
+    CHECK(still, "nothing else written");
     /* batch of one with stride 0: fine */
     op.out = o_unit;
     CHECK_OK(ctx, fa_attention(ctx, q, q, q, &op, &res, NULL));
