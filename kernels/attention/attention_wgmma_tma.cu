@@ -32,19 +32,13 @@ static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(void) {
 /* The map of an operand at base (strides st, L rows of D elements a head,
  * H heads, B batches) read in boxes of 64 columns by `rows` rows, swizzled
  * for wgmma; rows past L come in as zeros.  0 when the driver refuses it
- * (a stride the copy engine cannot take, e.g. 0 for a broadcast of more
- * than one head). */
+ * (a stride the copy engine cannot take, e.g. 0 for a broadcast). */
 static int encode_operand(CUtensorMap *m, fa_dtype dt, const void *base, const fa_attn_strides &st, int64_t L,
                           int64_t H, int64_t B, int D, int rows) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (!encode) return 0;
-  /* a dimension of one is never stepped over, so its stride is free: the one a dense tensor has, where a
-   * host's view may hold anything there (0 where it was expanded, whatever its producer left) that the
-   * copy engine refuses (it takes multiples of 16 bytes), which sent such calls to a slower kernel */
-  const int64_t rows_of = L > 1 ? L : 1, s_st = L > 1 ? st.s : D, h_st = H > 1 ? st.h : s_st * rows_of,
-                b_st = B > 1 ? st.b : h_st * H;
-  const cuuint64_t dim[4] = {(cuuint64_t)D, (cuuint64_t)rows_of, (cuuint64_t)H, (cuuint64_t)B};
-  const cuuint64_t stride[3] = {(cuuint64_t)s_st * 2, (cuuint64_t)h_st * 2, (cuuint64_t)b_st * 2};
+  const cuuint64_t dim[4] = {(cuuint64_t)D, (cuuint64_t)(L > 0 ? L : 1), (cuuint64_t)H, (cuuint64_t)B};
+  const cuuint64_t stride[3] = {(cuuint64_t)st.s * 2, (cuuint64_t)st.h * 2, (cuuint64_t)st.b * 2};
   const cuuint32_t box[4] = {64, (cuuint32_t)rows, 1, 1}, step[4] = {1, 1, 1, 1};
   return encode(m, dt == FA_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
                 (void *)base, dim, stride, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
