@@ -523,7 +523,8 @@ def forced_cases(seed):
         out.append(dict(base, dtype=dt, B=4, Hq=8, Hkv=8, Lq=2048, Lk=64, D=128, causal="bottom_right"))
         for D in (64, 128, 256):
             out.append(dict(base, dtype=dt, B=4, Hq=9, Hkv=3, Lq=799, Lk=3, D=D, causal="bottom_right"))
-    # one batch and one KV head whose strides a dense tensor would not have (the TMA kernel's maps)
+    # one batch and one KV head whose strides a dense tensor would not have, on the kernels that take
+    # such calls dense (src/attention.c gives a dimension of one stride 0 before any kernel sees it)
     for causal in ("none", "bottom_right"):
         out.append(dict(base, dtype="bf16", B=1, Hq=2, Hkv=1, Lq=1000, Lk=1100, D=128, causal=causal, unit_strides=True))
         out.append(dict(base, dtype="f16", B=1, Hq=1, Hkv=1, Lq=300, Lk=777, D=64, causal=causal, unit_strides=True,
