@@ -171,9 +171,11 @@ fa_status fa_tensor_fill_random(fa_context *ctx, fa_tensor *t, fa_fill_kind kind
   FA_NEED(ctx);
   FA_NEED(t);
   if ((unsigned)kind > FA_FILL_ARANGE) return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: fill: unknown kind %d", (int)kind);
+  fa_status st = fa_check_writable(ctx, t, "fill: the tensor"); /* a value an element: one address each */
+  if (st) return st;
   if (t->storage->device == FA_CUDA) return fa_cuda_fill(ctx, t, (int)kind, seed, 0);
   host_map m;
-  fa_status st = map_host(ctx, t, 0, &m);
+  st = map_host(ctx, t, 0, &m);
   if (st) return st;
   int64_t n = fa_tensor_numel(t);
   fa_iter it;
@@ -253,7 +255,8 @@ fa_status fa_tensor_write_f64(fa_context *ctx, fa_tensor *t, const double *value
   FA_NEED(t);
   FA_NEED(values);
   host_map m;
-  fa_status st = map_host(ctx, t, 0, &m);
+  fa_status st = fa_check_writable(ctx, t, "write_f64: the tensor");
+  if (st || (st = map_host(ctx, t, 0, &m))) return st;
   if (st) return st;
   int64_t n = fa_tensor_numel(t);
   fa_iter it;

@@ -621,6 +621,9 @@ static void test_outputs_sharing_memory(void) {
     CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_softmax(ctx, q, &so, &res));
     CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_tensor_copy(ctx, o_shared, q));
     CHECK(strstr(fa_context_error(ctx), "copy_"), "message: %s", fa_context_error(ctx));
+    CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_tensor_fill_random(ctx, o_shared, FA_FILL_NORMAL, 1));
+    double vals[2 * 5 * 8] = {0};
+    CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_tensor_write_f64(ctx, o_shared, vals));
     int untouched = 1;
     for (size_t i = 0; i < sizeof O / sizeof *O; i++) untouched &= O[i] == 7;
     CHECK(untouched, "nothing written");
