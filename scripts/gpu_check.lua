@@ -1,7 +1,7 @@
 -- A quick check of every CUDA kernel against the CPU (f64), sized for
 -- compute-sanitizer (--small) or a fuller pass.  Exits non-zero on a
 -- mismatch.  Usage:
---   flashattn-lua scripts/gpu_check.lua [--small | --lq-gg-lk] [--part K/N] [--no-cublas]
+--   flashattn-lua scripts/gpu_check.lua [--small | --lq-gg-lk | --race] [--part K/N] [--no-cublas]
 -- --part K/N runs the K-th of N shares of the attention cases (the rest of
 -- the checks in share 1), so that a slow tool (racecheck) can take the pass
 -- in N processes or N calls; --no-cublas leaves out the "naive" attention
@@ -19,7 +19,8 @@ local function parse(argv)
   -- --lq-gg-lk: only the attention cases with many whole query tiles that have no key (issue 21's
   -- race), every fast instance: quick enough for racecheck and initcheck
   p:mutex(p:flag("--small", "sizes for compute-sanitizer"),
-          p:flag("--lq-gg-lk", "only the Lq >> Lk attention cases of every fast instance (racecheck, initcheck)"))
+          p:flag("--lq-gg-lk", "only the Lq >> Lk attention cases of every fast instance (racecheck, initcheck)"),
+          p:flag("--race", "the --small pass with one dtype of each width (f32, bf16) and no second runs (racecheck)"))
   p:option("--part", "K/N: the K-th of N shares of the attention cases (the other checks in share 1)", "1/1")
   p:flag("--no-cublas", "leave out the naive attention algorithm (cuBLAS products; for initcheck)")
   local args = sweep.parse_args(p, argv, "gpu_check.lua")
@@ -41,7 +42,19 @@ local function mine()
 end
 local algos = args.no_cublas and { "flash", "two_pass", "flash_row" } or { "flash", "two_pass", "naive", "flash_row" }
 local empty_tiles_only = args.lq_gg_lk
-local small = args.small or empty_tiles_only
+-- --race: racecheck took the --small pass past 400 s in each of 5 shares (H200, 2026-11-28); a race is
+-- in a kernel's synchronisation, the same for f16 and bf16, f32 and f64, so one of each width runs
+local race = args.race
+local small = args.small or empty_tiles_only or race
+local function dts(list)
+  if not race then return list end
+  local keep, seen = {}, {}
+  for _, dt in ipairs(list) do
+    local width = (dt == "f16" or dt == "bf16") and 2 or 4
+    if not seen[width] then seen[width] = true keep[#keep + 1] = dt end
+  end
+  return keep
+end
 local failures, checks = 0, 0
 local tol = { f32 = 1e-5, f16 = 2e-2, bf16 = 2e-2, f64 = 1e-12 }
 
@@ -57,7 +70,7 @@ end
 if not empty_tiles_only and first_part then
 -- tensors: random values agree across devices, conversions and reductions
 local seed = 1234
-for _, dt in ipairs { "f32", "f16", "bf16", "f64" } do
+for _, dt in ipairs(dts { "f32", "f16", "bf16", "f64" }) do
   local c = fa.randn({ 3, 5, 7 }, { dtype = dt, device = "cpu", seed = seed })
   local g = fa.randn({ 3, 5, 7 }, { dtype = dt, device = "cuda", seed = seed })
   -- f64: the GPU's log/cos may differ from the CPU's in the last place
@@ -72,7 +85,7 @@ end
 -- softmax: every algo and dtype against the f64 CPU result
 local shapes = small and { { 3, 1 }, { 5, 7 }, { 4, 1000 }, { 2, 4096 }, { 2, 40000 } }
   or { { 3, 1 }, { 5, 7 }, { 64, 1000 }, { 33, 4096 }, { 8, 40000 }, { 3, 300000 }, { 2, 2 ^ 20 + 8 } }
-for _, dt in ipairs { "f32", "f16", "bf16", "f64" } do
+for _, dt in ipairs(dts { "f32", "f16", "bf16", "f64" }) do
   for _, s in ipairs(shapes) do
     local x = fa.randn(s, { dtype = dt, device = "cuda", seed = s[1] * 7 + s[2] }) * 3
     local ref = fa.softmax(x:cpu():double(), { algo = "safe" })
@@ -119,7 +132,7 @@ local function attn_case(name, B, Hq, Hkv, Lq, Lk, D, Dv, opts)
   for key, val in pairs(opts) do ref_opts[key] = val end
   ref_opts.return_lse = true
   local ro, rl = fa.attention_reference(q, k, v, ref_opts)
-  for _, dt in ipairs { "f32", "f16", "bf16" } do
+  for _, dt in ipairs(dts { "f32", "f16", "bf16" }) do
     for _, algo in ipairs(algos) do
       local o_opts = {}
       for key, val in pairs(ref_opts) do o_opts[key] = val end
@@ -128,8 +141,10 @@ local function attn_case(name, B, Hq, Hkv, Lq, Lk, D, Dv, opts)
       if ok then
         check(string.format("attention %s %s %s", name, algo, dt), fa.rel_error(o:cpu(), ro), tol[dt])
         -- run twice: bit-identical (a race shows here first; o is finite, so a difference is > 0)
-        local o2 = fa.attention(q:to(dt), k:to(dt), v:to(dt), o_opts)
-        check(string.format("attention %s %s %s run twice", name, algo, dt), fa.max_abs_diff(o2, o), 0)
+        if not race then
+          local o2 = fa.attention(q:to(dt), k:to(dt), v:to(dt), o_opts)
+          check(string.format("attention %s %s %s run twice", name, algo, dt), fa.max_abs_diff(o2, o), 0)
+        end
         local finite = rl:isfinite()
         if finite then check(string.format("lse %s %s %s", name, algo, dt), fa.rel_error(lse:cpu(), rl), tol[dt]) end
       else
@@ -205,7 +220,7 @@ local function tma_case(name, B, Hq, Hkv, Lq, Lk, D, opts, layout)
   local plain = {}
   for key, val in pairs(ref_opts) do if key ~= "tile" then plain[key] = val end end
   local ro, rl = fa.attention_reference(q, k, v, plain)
-  for _, dt in ipairs { "f16", "bf16" } do
+  for _, dt in ipairs(dts { "f16", "bf16" }) do
     local qd, kd, vd = q:to(dt), k:to(dt), v:to(dt)
     if layout == "bhld" then qd, kd, vd = operand(Hq, Lq, 31):to(dt), operand(Hkv, Lk, 32):to(dt), operand(Hkv, Lk, 33):to(dt) end
     local t_opts, w_opts = {}, {}
@@ -217,8 +232,7 @@ local function tma_case(name, B, Hq, Hkv, Lq, Lk, D, opts, layout)
     if ok then
       check(label, fa.rel_error(o:cpu(), ro), tol[dt])
       if rl:isfinite() then check(label .. " lse", fa.rel_error(lse:cpu(), rl), tol[dt]) end
-      local o2 = fa.attention(qd, kd, vd, t_opts)
-      check(label .. " run twice", fa.max_abs_diff(o2, o), 0)
+      if not race then check(label .. " run twice", fa.max_abs_diff(fa.attention(qd, kd, vd, t_opts), o), 0) end
       local ok_w, ow = pcall(fa.attention, qd, kd, vd, w_opts)
       if ok_w then check(label .. " = wgmma", fa.max_abs_diff(ow, o), 0) end
     else
@@ -295,7 +309,7 @@ end
 -- the paged cache on the decode kernel: ragged appends into pages of 16 and 5 (pages of a sequence
 -- scattered through the pool), attend with GQA and Lq 1 and 4, against each sequence's reference
 for _, ps in ipairs { 16, 5 } do
-  for _, dt in ipairs { "bf16", "f16" } do
+  for _, dt in ipairs(dts { "bf16", "f16" }) do
     local B, H, Hq, D, cap = 3, 2, 8, 128, 900
     local cache = fa.kv_cache { batch = B, heads = H, dim = D, capacity = cap, page_size = ps, dtype = dt, device = "cuda" }
     local ks, vs = {}, {}
@@ -363,7 +377,7 @@ attn_case("f32 tiled d128 long", 1, 2, 2, 260, 390, 128, 128, {})
 local function same(a, b) return fa.max_abs_diff(a, b) == 0 end
 for _, kern in ipairs { "wgmma", "mma", "simt" } do
   for _, det in ipairs(kern == "wgmma" and { false, true } or { false }) do
-    for _, dt in ipairs(kern == "simt" and { "f32", "bf16" } or { "bf16", "f16" }) do
+    for _, dt in ipairs(dts(kern == "simt" and { "f32", "bf16" } or { "bf16", "f16" })) do
       if not mine() then goto next_dt end
       for _, D in ipairs { 64, 128 } do
         for ci, opts in ipairs { { causal = true }, {}, { window = { 20, 5 }, alibi = { 0.1, 0.2, 0.3, 0.4 }, softcap = 5 } } do
@@ -415,7 +429,7 @@ do
 end
 
 -- matmul: every algo and dtype against the f64 CPU product
-for _, dt in ipairs { "f32", "f16", "bf16", "f64" } do
+for _, dt in ipairs(dts { "f32", "f16", "bf16", "f64" }) do
   local a = fa.randn({ 37, 53 }, { dtype = dt, device = "cuda", seed = 21 })
   local b = fa.randn({ 53, 29 }, { dtype = dt, device = "cuda", seed = 22 })
   local ref = fa.matmul(a:cpu():double(), b:cpu():double(), { algo = "naive" })
@@ -429,7 +443,7 @@ for _, dt in ipairs { "f32", "f16", "bf16", "f64" } do
 end
 
 -- merge_states: two halves of the keys merged equal the whole
-for _, dt in ipairs { "f32", "f16", "bf16" } do
+for _, dt in ipairs(dts { "f32", "f16", "bf16" }) do
   local q = fa.randn({ 2, 3, 17, 32 }, { dtype = dt, device = "cuda", seed = 31 })
   local k = fa.randn({ 2, 3, 40, 32 }, { dtype = dt, device = "cuda", seed = 32 })
   local v = fa.randn({ 2, 3, 40, 32 }, { dtype = dt, device = "cuda", seed = 33 })
@@ -444,7 +458,7 @@ end
 -- a fully masked row, and a NaN row that stays in its row: short rows, and
 -- rows that auto splits over a cluster (n = 200000: several blocks each)
 for _, n in ipairs { 2, 200000 } do
-  for _, dt in ipairs { "f32", "f16" } do
+  for _, dt in ipairs(dts { "f32", "f16" }) do
     local x = fa.randn({ 3, n }, { dtype = dt, device = "cuda", seed = 11 })
     x:select(1, 1):fill_(-math.huge)
     x:narrow(1, 2, 1):narrow(2, n, 1):fill_(0 / 0)
@@ -483,7 +497,7 @@ end
 -- -inf around few finite values, NaN beside -inf, a row of -inf, large
 -- scores, a constant row
 for _, n in ipairs(small and { 3, 40, 5000 } or { 3, 40, 700, 5000, 200000 }) do
-  for _, dt in ipairs { "f32", "f16", "bf16" } do
+  for _, dt in ipairs(dts { "f32", "f16", "bf16" }) do
     local x = fa.randn({ 6, n }, { seed = n + 5, device = "cpu" })
     x:set(1, 1 + n // 3, math.huge)
     x:narrow(1, 2, 1):fill_(-math.huge)

@@ -59,9 +59,12 @@ if [[ $what == *" all "* || $what == *" sanitize "* ]]; then
     # cuBLAS left out of racecheck too: it reports hazards inside cuBLAS's own nvjet kernels
     # (2026-11-28, H200), which are NVIDIA's to answer for.  The engine's block cache off: the
     # tools should see each block freed and allocated again
+    # racecheck takes the --race pass (--small with one dtype of each width, no second runs): the
+    # --small one ran past 400 s in each of 5 shares
     extra=(); [[ $tool == initcheck || $tool == racecheck ]] && extra=(--no-cublas)
+    pass=--small; [[ $tool == racecheck ]] && pass=--race
     for ((part = 1; part <= ${SAN_PARTS:-4}; part++)); do
-      FLASHATTN_NO_CUDA_CACHE=1 compute-sanitizer --tool $tool --error-exitcode 9 $B/flashattn-lua scripts/gpu_check.lua --small \
+      FLASHATTN_NO_CUDA_CACHE=1 compute-sanitizer --tool $tool --error-exitcode 9 $B/flashattn-lua scripts/gpu_check.lua $pass \
         --part "$part/${SAN_PARTS:-4}" "${extra[@]}" >"$OUT/sanitize_${tool}_$part.log" 2>&1 &
     done
     for ((part = 1; part <= ${SAN_PARTS:-4}; part++)); do
