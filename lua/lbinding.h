@@ -163,9 +163,6 @@ typedef struct {
 
 /* Pushes an empty pin list (one stack slot, to-be-closed) of FAL_MAX_PINS
  * entries, or of cap (a call taking a table of tensors). */
-/* The string at idx when it is a Lua string without NUL bytes (a C
- * string means all of it), else NULL (lopts.c). */
-const char *fal_cstring(lua_State *L, int idx);
 fal_pins *fal_pins_open(lua_State *L);
 fal_pins *fal_pins_open_n(lua_State *L, int cap);
 /* Releases the pins at idx now (before a lua_settop below them: Lua 5.4.4's
@@ -173,6 +170,11 @@ fal_pins *fal_pins_open_n(lua_State *L, int cap);
 void fal_pins_close(lua_State *L, int idx);
 /* The live tensor at idx (an error naming the argument otherwise), pinned. */
 fa_tensor *fal_pin(lua_State *L, fal_pins *pins, int idx, const char *name);
+
+/* The string at idx when it is a Lua string without NUL bytes (a C
+ * string means all of it), else NULL (lopts.c); fal_describe shows the
+ * others with their NUL bytes as \0. */
+const char *fal_cstring(lua_State *L, int idx);
 
 /* Reads a shape from the arguments first..last: either numbers or one
  * table of numbers (lconstruct.c).  Returns the number of dimensions. */

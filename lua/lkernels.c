@@ -37,12 +37,8 @@ static fa_causal read_causal(lua_State *L, int idx) {
   if (tt == LUA_TBOOLEAN) c = lua_toboolean(L, -1) ? FA_CAUSAL_BOTTOM_RIGHT : FA_CAUSAL_NONE;
   else if (name && strcmp(name, "bottom_right") == 0) c = FA_CAUSAL_BOTTOM_RIGHT;
   else if (name && strcmp(name, "top_left") == 0) c = FA_CAUSAL_TOP_LEFT;
-  else if (tt == LUA_TSTRING && !name)
-    fal_error(L, "opts.causal: expected false, true, 'bottom_right' or 'top_left', got a string with a NUL byte "
-                 "('%s\\0...')",
-              lua_tostring(L, -1));
   else if (tt == LUA_TSTRING)
-    fal_error(L, "opts.causal: expected false, true, 'bottom_right' or 'top_left', got '%s'", lua_tostring(L, -1));
+    fal_error(L, "opts.causal: expected false, true, 'bottom_right' or 'top_left', got %s", fal_describe(L, -1));
   else if (tt != LUA_TNIL)
     fal_error(L, "opts.causal: expected false, true, 'bottom_right' or 'top_left', got %s", fal_typename(L, -1));
   lua_pop(L, 1);

@@ -50,10 +50,8 @@ int fal_opts(lua_State *L, int idx, const char *fname, const char *const *allowe
     lua_pop(L, 1); /* the value; the key stays for lua_next */
     int known = 0;
     if (lua_type(L, -1) == LUA_TSTRING) {
-      const char *key = fal_cstring(L, -1);
-      if (!key) /* {["causal\0"] = true} is no causal: a typo, and typos are errors */
-        fal_error(L, "opts: unknown option '%s\\0...' (a name with a NUL byte) for %s", lua_tostring(L, -1), fname);
-      for (const char *const *a = allowed; *a && !known; a++) known = strcmp(key, *a) == 0;
+      const char *key = fal_cstring(L, -1); /* {["causal\0"] = true} is no causal: an unknown option */
+      for (const char *const *a = allowed; key && *a && !known; a++) known = strcmp(key, *a) == 0;
     }
     if (!known) { /* described without running a metamethod; numbers and booleans as keys: [1], [true] */
       const int bracket = lua_type(L, -1) == LUA_TNUMBER || lua_type(L, -1) == LUA_TBOOLEAN;
@@ -111,7 +109,7 @@ const char *fal_opt_string(lua_State *L, int idx, const char *key) {
   if (tt == LUA_TNIL) return NULL;
   if (tt != LUA_TSTRING) bad(L, key, "a string");
   const char *v = fal_cstring(L, -1);
-  if (!v) fal_error(L, "opts.%s: expected a string without NUL bytes, got '%s\\0...'", key, lua_tostring(L, -1));
+  if (!v) fal_error(L, "opts.%s: expected a string without NUL bytes, got %s", key, fal_describe(L, -1));
   return v;
 }
 
@@ -119,10 +117,9 @@ int fal_opt_enum(lua_State *L, int idx, const char *key, const char *const *name
   int tt = get(L, idx, key);
   if (tt == LUA_TNIL) return 0;
   if (tt == LUA_TSTRING) {
-    size_t len;
-    const char *s = lua_tolstring(L, -1, &len);
-    for (int i = 0; names[i]; i++)
-      if (strlen(names[i]) == len && memcmp(s, names[i], len) == 0) { /* "flash\0x" is no "flash" */
+    const char *s = fal_cstring(L, -1); /* "flash\0x" is no "flash" */
+    for (int i = 0; s && names[i]; i++)
+      if (strcmp(s, names[i]) == 0) {
         *out = i;
         lua_pop(L, 1);
         return 1;
@@ -137,27 +134,17 @@ int fal_opt_enum(lua_State *L, int idx, const char *key, const char *const *name
     luaL_addstring(&b, names[i]);
   }
   luaL_pushresult(&b);
-  if (tt == LUA_TSTRING) {
-    size_t len;
-    const char *s = lua_tolstring(L, top, &len);
-    if (strlen(s) != len)
-      return fal_error(L, "opts.%s: expected one of %s, got a string with a NUL byte ('%s\\0...')", key,
-                       lua_tostring(L, -1), s);
-    return fal_error(L, "opts.%s: expected one of %s, got '%s'", key, lua_tostring(L, -1), s);
-  }
-  return fal_error(L, "opts.%s: expected one of %s, got %s", key, lua_tostring(L, -1), fal_typename(L, top));
+  const char *choices = lua_tostring(L, -1);
+  return fal_error(L, "opts.%s: expected one of %s, got %s", key, choices,
+                   tt == LUA_TSTRING ? fal_describe(L, top) : fal_typename(L, top));
 }
 
 int fal_parse_dtype(lua_State *L, int idx, const char *what, fa_dtype *out) {
   const char *name = fal_cstring(L, idx);
   if (name && fa_dtype_parse(name, out) == 0) return 1; /* "bf16\0x" is no "bf16" */
-  if (lua_type(L, idx) == LUA_TSTRING && !name)
-    return fal_error(L, "%s: expected one of f32, f16, bf16, f64, bool (or float, half, bfloat16, double), got a string "
-                        "with a NUL byte ('%s\\0...')",
-                     what, lua_tostring(L, idx));
   if (lua_type(L, idx) == LUA_TSTRING)
-    return fal_error(L, "%s: expected one of f32, f16, bf16, f64, bool (or float, half, bfloat16, double), got '%s'",
-                     what, lua_tostring(L, idx));
+    return fal_error(L, "%s: expected one of f32, f16, bf16, f64, bool (or float, half, bfloat16, double), got %s",
+                     what, fal_describe(L, idx));
   return fal_error(L, "%s: expected one of f32, f16, bf16, f64, bool (or float, half, bfloat16, double), got %s", what,
                    fal_typename(L, idx));
 }
@@ -171,11 +158,8 @@ const char *fal_cstring(lua_State *L, int idx) {
 int fal_parse_device(lua_State *L, int idx, const char *what, fa_device *out) {
   const char *name = fal_cstring(L, idx);
   if (name && fa_device_parse(name, out) == 0) return 1;
-  if (lua_type(L, idx) == LUA_TSTRING && !name)
-    return fal_error(L, "%s: expected one of cpu, cuda, got a string with a NUL byte ('%s\\0...')", what,
-                     lua_tostring(L, idx));
   if (lua_type(L, idx) == LUA_TSTRING)
-    return fal_error(L, "%s: expected one of cpu, cuda, got '%s'", what, lua_tostring(L, idx));
+    return fal_error(L, "%s: expected one of cpu, cuda, got %s", what, fal_describe(L, idx));
   return fal_error(L, "%s: expected one of cpu, cuda, got %s", what, fal_typename(L, idx));
 }
 

@@ -234,6 +234,7 @@ const char *fal_describe(lua_State *L, int idx) {
       else luaL_addstring(&b, "\\0");
     }
     luaL_addstring(&b, n > DESCRIBE_MAX ? "...'" : "'");
+    if (strlen(str) != n) luaL_addstring(&b, " (a string with a NUL byte)");
     luaL_pushresult(&b);
     break;
   }

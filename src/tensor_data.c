@@ -257,7 +257,6 @@ fa_status fa_tensor_write_f64(fa_context *ctx, fa_tensor *t, const double *value
   host_map m;
   fa_status st = fa_check_writable(ctx, t, "write_f64: the tensor");
   if (st || (st = map_host(ctx, t, 0, &m))) return st;
-  if (st) return st;
   int64_t n = fa_tensor_numel(t);
   fa_iter it;
   fa_iter_init(&it, t);
