@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${1:-build}
 [ -x "$B/flashattn-lua" ] && [ -f "$B/libflashattn.so.0.1.0" ] || { echo "gpu_pack: no build in $B" >&2; exit 1; }
-grep -q "90a" "$B/CMakeCache.txt" || { echo "gpu_pack: $B was not built for sm_90a" >&2; exit 1; }
+grep -qs "sm_90a" "$B/CMakeFiles/flashattn_objects.dir/flags.make" || { echo "gpu_pack: $B was not built for sm_90a" >&2; exit 1; }
 mkdir -p .snap
 tar -cf - -C "$B" flashattn-lua libflashattn.so.0.1.0 | xz -T2 -7 > .snap/bg.tar.xz
 git rev-parse --short HEAD > .snap/commit
