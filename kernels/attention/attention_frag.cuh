@@ -511,8 +511,7 @@ static __device__ __forceinline__ void frag_store(const attn_params &p, int64_t 
 template <typename T, int D, bool NORMALIZED, bool WGMMA, int ROWS, int GROUP>
 static __device__ __forceinline__ void frag_store_staged(const attn_params &p, int64_t bh, T *out, float *lse,
                                                          int64_t i0, int lane, frag_rows &r, float (*o)[4], char *tile) {
-  static_assert(GROUP == 32 || (GROUP == 128 && ROWS % 64 == 0 && ROWS <= 192),
-                "frag_store_staged: a warp, or a warpgroup of two or three");
+  static_assert(GROUP == 32 || (GROUP == 128 && ROWS == 128), "frag_store_staged: a warp, or a warpgroup of two");
   const int CH = D / 8, c2 = (lane & 3) * 2;
   const int rA = (int)(r.iA - i0), rB = rA + 8; /* the tile rows of this lane's pieces */
   float invA, invB;
@@ -529,7 +528,8 @@ static __device__ __forceinline__ void frag_store_staged(const attn_params &p, i
     *(uint32_t *)(tile + b + c2 * 2) = pack2<T>(o[d][2] * invB, o[d][3] * invB);
   }
   if (GROUP == 32) __syncwarp();
-  else asm volatile("bar.sync %0, 128;" ::"r"(1 + (int)(threadIdx.x >> 7)) : "memory"); /* 0 is the block's */
+  else if (threadIdx.x < 128) asm volatile("bar.sync 1, 128;" ::: "memory"); /* barrier 0 is the block's */
+  else asm volatile("bar.sync 2, 128;" ::: "memory");
   const int t = threadIdx.x % GROUP, row0 = (threadIdx.x / GROUP) * (GROUP / 2);
   const int64_t os = p.o_st.s;
   T *rows = out + i0 * os;

@@ -498,7 +498,7 @@ static fa_status plan_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_a
   v->n = 1;
   if (!v->fast) return FA_OK;
   if (v->fast == FAST_TMA) {
-    v->br = wt_br(p->D), v->bc = (int)p->tile_k;
+    v->br = WT_BR, v->bc = (int)p->tile_k;
     /* mask_mod too: its tiles narrow the producer's key range.  A/B on one H200 (2026-11-27, two rounds,
      * bench_variants): the persistent form 3-13 % faster for alibi, the windows, prefix_lm and documents
      * at 16k, 2-4 % slower for softcap */
@@ -679,19 +679,19 @@ static fa_status variant_spans(fa_context *ctx, const fa_attn_problem *p, const 
 static fa_status queue_variant_tma(fa_context *ctx, const fa_attn_problem *p, const variant_plan *v, cudaKernel_t kern,
                                    fa_variant_problem *vp) {
   const size_t smem = wt_smem_bytes((int)p->D, v->bc);
-  const int64_t tiles = p->B * p->Hq * ((p->Lq + wt_br(p->D) - 1) / wt_br(p->D));
+  const int64_t tiles = p->B * p->Hq * ((p->Lq + WT_BR - 1) / WT_BR);
   fa_status st = attn_grid_fits(ctx, tiles);
   if (st || tiles <= 0) return st;
   wt_maps maps = v->maps; /* a copy the launch reads: the arguments are copied at the launch */
   if (!v->persistent) {
     void *args[] = {vp, &maps};
-    return launch(ctx, kern, (unsigned)tiles, wt_threads(p->D), smem, args, "the variant's fast kernel");
+    return launch(ctx, kern, (unsigned)tiles, WT_THREADS, smem, args, "the variant's fast kernel");
   }
   unsigned grid = 0;
   int *next = NULL;
   if ((st = wt_persistent_start(ctx, tiles, &grid, &next))) return st;
   void *args[] = {vp, &maps, &next};
-  st = launch(ctx, kern, grid, wt_threads(p->D), smem, args, "the variant's fast kernel");
+  st = launch(ctx, kern, grid, WT_THREADS, smem, args, "the variant's fast kernel");
   fa_cuda_free_on(ctx, next, sizeof(int)); /* stream-ordered: after the kernel */
   return st;
 }

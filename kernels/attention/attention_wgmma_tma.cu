@@ -68,7 +68,7 @@ int wt_encode_maps(const fa_attn_problem *p, wt_maps *m) {
   key.B = p->B, key.Hq = p->Hq, key.Hkv = p->Hkv, key.Lq = p->Lq, key.Lk = p->Lk, key.D = p->D, key.bc = p->tile_k;
   if (last_ok < 0 || memcmp(&key, &last_key, sizeof key) != 0) {
     const int D = (int)p->D, BC = (int)p->tile_k;
-    last_ok = encode_operand(&last_maps.q, p->compute, p->q, p->q_st, p->Lq, p->Hq, p->B, D, wt_br(D)) &&
+    last_ok = encode_operand(&last_maps.q, p->compute, p->q, p->q_st, p->Lq, p->Hq, p->B, D, WT_BR) &&
               encode_operand(&last_maps.k, p->compute, p->k, p->k_st, p->Lk, p->Hkv, p->B, D, BC) &&
               encode_operand(&last_maps.v, p->compute, p->v, p->v_st, p->Lk, p->Hkv, p->B, D, BC);
     last_key = key;
@@ -84,9 +84,9 @@ static fa_status launch(fa_context *ctx, const attn_params *p, const wt_maps &m)
    * L = 16k (H200, 2026-11-27, docs/perf/2026-11-27-attention-h200-tma.json) */
   void (*kernel)(const attn_params, const wt_maps) = attn_wgmma_tma_kernel<T, D, BC, EXTRAS, D == 256>;
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  int64_t blocks = p->B * p->Hq * ((p->Lq + wt_br(D) - 1) / wt_br(D));
+  int64_t blocks = p->B * p->Hq * ((p->Lq + WT_BR - 1) / WT_BR);
   if (fa_status st = attn_grid_fits(ctx, blocks)) return st;
-  kernel<<<(unsigned)blocks, wt_threads(D), smem, fa_cuda_stream(ctx)>>>(*p, m);
+  kernel<<<(unsigned)blocks, WT_THREADS, smem, fa_cuda_stream(ctx)>>>(*p, m);
   FA_CUDA_CHECK_LAUNCH(ctx, "attn_wgmma_tma_kernel");
   return FA_OK;
 }
@@ -113,13 +113,13 @@ static fa_status launch_persistent(fa_context *ctx, const attn_params *p, const 
   const size_t smem = wt_layout<D, BC>::bytes;
   void (*kernel)(const attn_params, const wt_maps, int *) = attn_wgmma_tma_persistent_kernel<T, D, BC, EXTRAS>;
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  const int64_t tiles = p->B * p->Hq * ((p->Lq + wt_br(D) - 1) / wt_br(D));
+  const int64_t tiles = p->B * p->Hq * ((p->Lq + WT_BR - 1) / WT_BR);
   if (fa_status st = attn_grid_fits(ctx, tiles)) return st;
   if (tiles <= 0) return FA_OK;
   unsigned grid = 0;
   int *next = NULL;
   if (fa_status st = wt_persistent_start(ctx, tiles, &grid, &next)) return st;
-  kernel<<<grid, wt_threads(D), smem, fa_cuda_stream(ctx)>>>(*p, m, next);
+  kernel<<<grid, WT_THREADS, smem, fa_cuda_stream(ctx)>>>(*p, m, next);
   const cudaError_t err = cudaGetLastError();
   fa_cuda_free_on(ctx, next, sizeof(int)); /* stream-ordered: after the kernel */
   return fa_cuda_error(ctx, err, "attn_wgmma_tma_persistent_kernel");
@@ -144,7 +144,6 @@ template <typename T, int D, int BC> static fa_status launch_extras(fa_context *
 
 template <typename T> static fa_status tma_typed(fa_context *ctx, const attn_params *p, const wt_maps &m) {
   if (p->D == 256) return launch_extras<T, 256, 64>(ctx, p, m);
-  if (p->D == 64) return p->tile_k == 64 ? launch_extras<T, 64, 64>(ctx, p, m) : launch_extras<T, 64, 128>(ctx, p, m);
   if (p->tile_k == 176) return launch_extras<T, 128, 176>(ctx, p, m);
   return launch_extras<T, 128, 128>(ctx, p, m);
 }
@@ -162,34 +161,27 @@ static fa_status run_flash(fa_context *ctx, const attn_params *p, int pass) {
 
 /* ---- its registry entry ---- */
 
-/* its default key tile: the wgmma kernel's, but 128 at D = 64 (192 query rows there) */
-static int64_t tma_default_bc(int64_t D) { return D == 64 ? 128 : wgmma_key_tile(D); }
-
-/* f16/bf16 at D = Dv = 64, 128 or 256 on Hopper */
+/* f16/bf16 at D = Dv = 128 or 256 on Hopper */
 static int tma_fit(fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc, char *why, size_t n) {
-  if (!attn_fit_16bit(dt, D, Dv, D == 64 || D == 128 || D == 256, "64, 128 or 256", why, n)) return 0;
+  if (!attn_fit_16bit(dt, D, Dv, D == 128 || D == 256, "128 or 256", why, n)) return 0;
   if (!fa_cuda_wgmma_usable()) {
     snprintf(why, n, "it needs a Hopper GPU (sm_90) and sm_90a code in this build");
     return 0;
   }
-  *br = wt_br(D), *bc = tma_default_bc(D);
+  *br = WT_BR, *bc = wgmma_key_tile(D);
   return 1;
 }
 
-/* its default tile, {128, 176} at D = 128 and {192, 64} at D = 64 */
+/* its default tile, and {128, 176} at D = 128 */
 static bool tma_tile_ok(int64_t D, int64_t br, int64_t bc) {
-  return br == wt_br(D) && (D == 64 || D == 128 || D == 256) &&
-         (bc == tma_default_bc(D) || (D == 128 && bc == 176) || (D == 64 && bc == 64));
+  return br == WT_BR && (D == 128 || D == 256) && (bc == wgmma_key_tile(D) || (D == 128 && bc == 176));
 }
 
 /* The key tile a call runs with.  automatic: at D = 128 the default key
  * tile of 128 becomes 176 from 2048 keys on, without masks (3-9 % faster
- * from 4096 keys, 3-9 % slower at 1024; the masks' instance spills); at
- * D = 64 a mask takes 64. */
+ * from 4096 keys, 3-9 % slower at 1024; the masks' instance spills). */
 static int64_t tma_key_tile(const fa_attn_problem *p, bool automatic) {
-  const bool masked = attn_extras_kind(p) == EXTRAS_MASK;
-  if (automatic && p->D == 64 && p->tile_k == 128 && masked) return 64; /* 128 spills 712 bytes with a mask (ptxas -v) */
-  const bool wide = automatic && p->D == 128 && p->tile_k == 128 && p->Lk >= 2048 && !masked;
+  const bool wide = automatic && p->D == 128 && p->tile_k == 128 && p->Lk >= 2048 && attn_extras_kind(p) != EXTRAS_MASK;
   return wide ? 176 : p->tile_k;
 }
 

@@ -2,10 +2,9 @@
  * wgmma kernel's products and online softmax (attention_wgmma.cuh), fed by
  * the tensor memory accelerator.
  *
- * A block of three warpgroups owns 128 query rows of one (batch, head)
- * (four and 192 at D = 64: wt_consumers): warpgroups 0 and 1 (the
- * consumers) compute rows 0-63 and 64-127 as the wgmma kernel does; the
- * last warpgroup (the producer) gives up its registers
+ * A block of three warpgroups owns 128 query rows of one (batch, head):
+ * warpgroups 0 and 1 (the consumers) compute rows 0-63 and 64-127 as the
+ * wgmma kernel does; warpgroup 2 (the producer) gives up its registers
  * (setmaxnreg) and one of its threads brings Q and every key and value
  * tile into shared memory with TMA copies, described by tensor maps over
  * the operands' strides (API §6: any batch, head and sequence strides,
@@ -24,8 +23,7 @@
  *
  * Tiles {128, BC}: key tiles of 128 or 176 at D = 128 (the automatic
  * choice takes 176 from 2048 keys on: attention_wgmma_tma.cu), of 64 at D = 256,
- * where the consumers take turns at the tensor cores (PINGPONG); {192, 128}
- * or {192, 64} at D = 64.
+ * where the consumers take turns at the tensor cores (PINGPONG).
  *
  * Two forms: a block a query tile (attn_wgmma_tma_kernel), and a
  * persistent one, a block an SM taking query tiles from a counter and
@@ -50,13 +48,8 @@ struct CUtensorMap {
 #include <cuda.h>
 #endif
 
-/* Consumer warpgroups a block, 64 query rows each, then the producer:
- * two at D = 128 and 256; three at D = 64, where the softmax is half a
- * tile's work and two consumers left it in front of the products (the
- * tiles FlashAttention-3 takes there: 192 rows) */
-static __host__ __device__ constexpr int wt_consumers(long long D) { return D == 64 ? 3 : 2; }
-static __host__ __device__ constexpr int wt_br(long long D) { return 64 * wt_consumers(D); }
-static __host__ __device__ constexpr int wt_threads(long long D) { return 128 * (wt_consumers(D) + 1); }
+#define WT_BR 128
+#define WT_THREADS 384 /* two consumer warpgroups, then the producer */
 #define WT_KST 2
 #define WT_VST 2
 
@@ -96,7 +89,7 @@ struct wt_slot {
  * the alignment. */
 #define WT_NBAR (1 + 2 * WT_KST + 2 * WT_VST + 5)
 static __host__ __device__ constexpr size_t wt_smem_bytes(int D, int BC) {
-  return (size_t)wt_br(D) * D * 2 + (size_t)(WT_KST + WT_VST) * BC * D * 2 + 8 * WT_NBAR + 2 * sizeof(wt_slot) + 1024;
+  return (size_t)WT_BR * D * 2 + (size_t)(WT_KST + WT_VST) * BC * D * 2 + 8 * WT_NBAR + 2 * sizeof(wt_slot) + 1024;
 }
 
 /* A block's shared memory, 1024-byte aligned (the swizzle is computed on
@@ -105,7 +98,7 @@ static __host__ __device__ constexpr size_t wt_smem_bytes(int D, int BC) {
  * slots' full and empty), then the persistent form's two slots.  Addresses
  * as the copies and products take them (q: Q's tile). */
 template <int D, int BC> struct wt_layout {
-  static constexpr int QB = wt_br(D) * D * 2, KB = BC * D * 2; /* bytes of the Q tile, of a K or V tile */
+  static constexpr int QB = WT_BR * D * 2, KB = BC * D * 2; /* bytes of the Q tile, of a K or V tile */
   static constexpr int BARS = QB + (WT_KST + WT_VST) * KB, NBAR = WT_NBAR;
   static constexpr size_t bytes = wt_smem_bytes(D, BC);
   char *qs;
@@ -129,7 +122,7 @@ template <int D, int BC> struct wt_layout {
  * at named barrier WT_TURN + c before it issues a tile's products and lets
  * the other go once its S is in, so that the two issue in turn and one's
  * softmax runs while the other's products do. */
-enum { WT_TURN = 4 }; /* barriers 1 to 3: frag_store_staged's */
+enum { WT_TURN = 3 }; /* barriers 1 and 2: frag_store_staged's */
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 static __device__ __forceinline__ void wt_turn_wait(int c) {
   asm volatile("bar.sync %0, 256;" ::"r"(WT_TURN + c) : "memory");
@@ -161,13 +154,12 @@ template <int N> struct wt_ring {
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* The producer's copies, a 64-column block a copy.  Q's tile at rows
- * [row, row + wt_br(D)) of head h, batch bi, completing on bar: */
+ * [row, row + 128) of head h, batch bi, completing on bar: */
 template <int D>
 static __device__ __forceinline__ void wt_load_q(const CUtensorMap *m, uint32_t q, uint32_t bar, int row, int h, int bi) {
-  constexpr int BR = wt_br(D);
-  mbar_expect(bar, BR * D * 2);
+  mbar_expect(bar, WT_BR * D * 2);
 #pragma unroll
-  for (int c = 0; c < D / 64; c++) tma_load_4d(q + c * BR * 128, m, c * 64, row, h, bi, bar);
+  for (int c = 0; c < D / 64; c++) tma_load_4d(q + c * WT_BR * 128, m, c * 64, row, h, bi, bar);
 }
 /* key or value tile t of a query tile (rows [row, row + BC) of key head
  * hk) into buffer t % N of the ring at `ring`, once its empty barrier says
@@ -183,13 +175,12 @@ static __device__ __forceinline__ void wt_load_kv(const CUtensorMap *m, uint32_t
 }
 /* The mbarriers of both forms (the persistent form's four more with slots). */
 template <int D, int BC> static __device__ __forceinline__ void wt_init_barriers(const wt_layout<D, BC> &L, bool slots) {
-  constexpr int W = 4 * wt_consumers(D); /* the consumer warps, each arriving once */
   mbar_init(L.q_full(), 1);
-  for (int s = 0; s < WT_KST; s++) mbar_init(L.full_k() + 8 * s, 1), mbar_init(L.empty_k() + 8 * s, W);
-  for (int s = 0; s < WT_VST; s++) mbar_init(L.full_v() + 8 * s, 1), mbar_init(L.empty_v() + 8 * s, W);
+  for (int s = 0; s < WT_KST; s++) mbar_init(L.full_k() + 8 * s, 1), mbar_init(L.empty_k() + 8 * s, 8); /* 8 consumer warps */
+  for (int s = 0; s < WT_VST; s++) mbar_init(L.full_v() + 8 * s, 1), mbar_init(L.empty_v() + 8 * s, 8);
   if (slots) {
-    mbar_init(L.q_empty(), W);
-    for (int s = 0; s < 2; s++) mbar_init(L.slot_full() + 8 * s, 1), mbar_init(L.slot_empty() + 8 * s, W);
+    mbar_init(L.q_empty(), 8);
+    for (int s = 0; s < 2; s++) mbar_init(L.slot_full() + 8 * s, 1), mbar_init(L.slot_empty() + 8 * s, 8);
   }
   mbar_init_fence();
 }
@@ -210,7 +201,6 @@ static __device__ __forceinline__ void wt_consume(const fa_attn_problem &p, int6
   const uint32_t full_k = L.full_k(), empty_k = L.empty_k(), full_v = L.full_v(), empty_v = L.empty_v();
   const int lane = threadIdx.x & 31, wg = threadIdx.x >> 7, c2 = (lane & 3) * 2;
   const bool scale_pos = p.scale > 0;
-  static_assert(!PINGPONG || wt_consumers(D) == 2, "the turns are between two consumer warpgroups");
   float s[BC / 8][4];
   uint32_t pa[BC / 16][4]; /* P of the previous tile, as A fragments */
   if (PINGPONG && wg == 1 && ntiles > 0) wt_turn_pass(1); /* warpgroup 0 goes first */
@@ -219,7 +209,7 @@ static __device__ __forceinline__ void wt_consume(const fa_attn_problem &p, int6
     const int kb = t % WT_KST;
     mbar_wait(full_k + 8 * kb, kr.parity(t));
     if (PINGPONG) wt_turn_wait(wg);
-    qk_issue<T, D, wt_br(D), BC>(s, q_base, L.ks() + kb * KB);
+    qk_issue<T, D, WT_BR, BC>(s, q_base, L.ks() + kb * KB);
     if (t > 0) {
       const int vb = (t - 1) % WT_VST;
       mbar_wait(full_v + 8 * vb, vr.parity(t - 1));
@@ -257,25 +247,24 @@ static __device__ __forceinline__ void wt_consume(const fa_attn_problem &p, int6
 }
 
 template <typename T, int D, int BC, int EXTRAS, bool PINGPONG, typename PROB = attn_params>
-__global__ void __launch_bounds__(wt_threads(D), 1) attn_wgmma_tma_kernel(const PROB p, const __grid_constant__ wt_maps tm) {
+__global__ void __launch_bounds__(WT_THREADS, 1) attn_wgmma_tma_kernel(const PROB p, const __grid_constant__ wt_maps tm) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   const int v_bad = *p.v_nonfinite; /* see leave_for_fallback */
   extern __shared__ __align__(128) char wt_smem_raw[];
   const wt_layout<D, BC> L(wt_smem_raw);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
-  constexpr int NC = wt_consumers(D), BR = wt_br(D);
-  const frag_qtile<T, D, BR> qt(p, blockIdx.x);
+  const frag_qtile<T, D, WT_BR> qt(p, blockIdx.x);
   const int64_t bh = qt.bh, b = qt.b, h = qt.h, i0 = qt.i0;
   if (tid == 0) wt_init_barriers(L, false);
   int64_t t_lo, t_hi, all_lo, all_hi;
-  tile_key_range<BR>(p, b, i0, &t_lo, &t_hi, &all_lo, &all_hi); /* its barrier also publishes the mbarriers */
+  tile_key_range<WT_BR>(p, b, i0, &t_lo, &t_hi, &all_lo, &all_hi); /* its barrier also publishes the mbarriers */
   attn_rule<PROB>::narrow(p, b, h, i0, &t_lo, &t_hi);
   const int ntiles = (int)((t_hi - t_lo + BC - 1) / BC);
   if (leave_for_fallback(v_bad)) return;
 
-  if (wg == NC) { /* the producer */
+  if (wg == 2) { /* the producer */
     warpgroup_regs_dec<24>();
-    if (tid == NC * 128) {
+    if (tid == 2 * 128) {
       const int hk = (int)(h / (p.Hq / p.Hkv)), bi = (int)b;
       const wt_ring<WT_KST> kr;
       const wt_ring<WT_VST> vr;
@@ -289,7 +278,7 @@ __global__ void __launch_bounds__(wt_threads(D), 1) attn_wgmma_tma_kernel(const 
     }
     return;
   }
-  warpgroup_regs_inc<NC == 2 ? 240 : 160>(); /* 128 · 24 + 128 · NC · this <= 65536 */
+  warpgroup_regs_inc<240>();
 
   const int rA = warp * 16 + (lane >> 2), rB = rA + 8;
   frag_rows r = frag_rows_start(p, b, i0, rA, rB);
@@ -300,7 +289,7 @@ __global__ void __launch_bounds__(wt_threads(D), 1) attn_wgmma_tma_kernel(const 
   wt_consume<T, D, BC, EXTRAS, PINGPONG>(p, b, h, t_lo, all_lo, all_hi, ntiles, L, wt_ring<WT_KST>(), wt_ring<WT_VST>(),
                                          L.q + wg * 64 * 128, 0, r, o);
   /* O leaves through this warpgroup's rows of Q's tile (its products are done) */
-  frag_store_staged<T, D, false, true, BR, 128>(p, bh, qt.out(p), qt.lse(p), i0, lane, r, o, L.qs);
+  frag_store_staged<T, D, false, true, WT_BR, 128>(p, bh, qt.out(p), qt.lse(p), i0, lane, r, o, L.qs);
 #endif
 }
 
@@ -317,7 +306,7 @@ __global__ void __launch_bounds__(wt_threads(D), 1) attn_wgmma_tma_kernel(const 
  * the next tile's by then. */
 
 template <typename T, int D, int BC, int EXTRAS, typename PROB = attn_params>
-__global__ void __launch_bounds__(wt_threads(D), 1)
+__global__ void __launch_bounds__(WT_THREADS, 1)
     attn_wgmma_tma_persistent_kernel(const PROB p, const __grid_constant__ wt_maps tm, int *next_tile) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   const int v_bad = *p.v_nonfinite; /* see leave_for_fallback */
@@ -326,14 +315,13 @@ __global__ void __launch_bounds__(wt_threads(D), 1)
   wt_slot *slots = L.slots();
   const uint32_t slot_full = L.slot_full(), slot_empty = L.slot_empty();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
-  constexpr int NC = wt_consumers(D), BR = wt_br(D);
-  const int qtiles = (int)((p.Lq + BR - 1) / BR), total = (int)(p.B * p.Hq) * qtiles;
+  const int qtiles = (int)((p.Lq + WT_BR - 1) / WT_BR), total = (int)(p.B * p.Hq) * qtiles;
   if (tid == 0) wt_init_barriers(L, true);
   if (leave_for_fallback(v_bad)) return; /* its barrier also publishes the mbarriers */
 
-  if (wg == NC) { /* the producer: its first warp */
+  if (wg == 2) { /* the producer: its first warp */
     warpgroup_regs_dec<40>(); /* its tile loop spilled with 24 */
-    if (warp != 4 * NC) return;
+    if (warp != 8) return;
     wt_ring<WT_KST> kr;
     wt_ring<WT_VST> vr;
     for (int n = 0;; n++) {
@@ -349,10 +337,10 @@ __global__ void __launch_bounds__(wt_threads(D), 1)
         }
         return;
       }
-      const frag_qtile<T, D, BR> qt(p, tile);
+      const frag_qtile<T, D, WT_BR> qt(p, tile);
       tile_range r = tile_range::none();
 #pragma unroll
-      for (int k = 0; k < BR / 32; k++) r.fold(p, qt.b, qt.i0 + k * 32 + lane);
+      for (int k = 0; k < WT_BR / 32; k++) r.fold(p, qt.b, qt.i0 + k * 32 + lane);
       r.fold_warp();
       int64_t t_lo = 0, t_hi = 0;
       r.keys(&t_lo, &t_hi);
@@ -377,7 +365,7 @@ __global__ void __launch_bounds__(wt_threads(D), 1)
       __syncwarp();
     }
   }
-  warpgroup_regs_inc<NC == 2 ? 232 : 152>(); /* 128 · 40 + 128 · NC · this <= 65536 */
+  warpgroup_regs_inc<232>(); /* 128 · 40 + 256 · 232: the 168 a thread of the launch */
 
   const int rA = warp * 16 + (lane >> 2), rB = rA + 8;
   const uint32_t q_base = L.q + wg * 64 * 128; /* this warpgroup's 64 rows */
@@ -390,7 +378,7 @@ __global__ void __launch_bounds__(wt_threads(D), 1)
     __syncwarp();
     if (lane == 0) mbar_arrive(slot_empty + 8 * sl);
     if (slot.tile >= total) return;
-    const frag_qtile<T, D, BR> qt(p, slot.tile);
+    const frag_qtile<T, D, WT_BR> qt(p, slot.tile);
     const int ntiles = slot.ntiles;
     frag_rows r = frag_rows_start(p, qt.b, qt.i0, rA, rB);
     float o[D / 8][4];
