@@ -196,6 +196,9 @@ static inline fa_status tiled_grid(fa_context *ctx, int64_t nblk, bool fallback,
  * tile, until it fits. */
 static inline fa_status simt_fit_tile(fa_context *ctx, attn_params *p) {
   int smem_max = 0;
+  /* a fast kernel's tile may be taller than the largest instance (block_rows): the rows past
+   * it would never be computed (a {192, 128} tile left NaN rows, H200 2026-11-28) */
+  if (p->tile_q > 128) p->tile_q = 128;
   fa_status st = tiled_smem_max(ctx, &smem_max);
   while (!st && tiled_smem(block_rows((int)p->tile_q), (int)p->tile_k, p->D, p->Dv) > (size_t)smem_max && p->tile_q > 1) {
     if (p->tile_k > 8) p->tile_k /= 2;
