@@ -12,7 +12,7 @@ ln -sf libflashattn.so.0.1.0 bg/libflashattn.so
 ln -sf libflashattn-lua.so.0.1.0 bg/libflashattn-lua.so.0
 ln -sf libflashattn-lua.so.0.1.0 bg/libflashattn-lua.so
 # the interpreter with the module preloaded (CMake's flashattn-lua, linked here against the libraries)
-cc -O2 -Iinclude -Ibg/include -I"$D/usr/include/lua5.4" tests/c/lua_runner.c -o bg/flashattn-lua -Lbg -lflashattn-lua -lflashattn \
+cc -O2 -Iinclude -Ibg/include -I"$D/usr/include/lua5.4" -I"$D/usr/include/x86_64-linux-gnu" tests/c/lua_runner.c -o bg/flashattn-lua -Lbg -lflashattn-lua -lflashattn \
   "$ML/liblua5.4.so" -Wl,-rpath,"$PWD/bg"
 export LD_LIBRARY_PATH=$PWD/bg:$LD_LIBRARY_PATH
 export LUA_PATH="$PWD/tests/lua/?.lua;$PWD/lua/?.lua;$LUA_PATH"
