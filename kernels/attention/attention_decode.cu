@@ -247,7 +247,7 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
   float o[D / 8][4];
 #pragma unroll
   for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
-  const bool scale_pos = p.scale > 0;
+  const bool scale_pos = frag_scale_positive(p);
   const int kw = ks * NC * 8; /* the warp's first key in a tile */
 
   for (int t = 0; t < ntiles; t++) {

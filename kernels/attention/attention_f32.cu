@@ -250,7 +250,7 @@ __global__ void __launch_bounds__(F32_THREADS, 2) attn_f32_kernel(attn_params p)
   cp_async_commit();
   if (leave_for_fallback(v_bad)) return;
 
-  const bool scale_pos = p.scale > 0;
+  const bool scale_pos = frag_scale_positive(p);
   const float4 *QA = (const float4 *)Qs + rA * (QKS / 4), *KB = (const float4 *)Ks + g * (QKS / 4);
   const float4 *P4 = (const float4 *)Ps, *V4 = (const float4 *)Vs + tx;
   const int KBUF = F32_BC * QKS / 4, VBUF = F32_BC * CH; /* float4s a K, a V buffer */

@@ -542,6 +542,18 @@ static __device__ __forceinline__ void frag_store_staged(const attn_params &p, i
   frag_lse_store<NORMALIZED>(p, bh, lse, lane, r);
 }
 
+/* Whether the scale is positive (a tile whose rows all take all its keys then runs under the scale
+ * alone), asked once before a key loop and kept as an integer: ptxas recomputed the f64 test
+ * `p.scale > 0` at every key tile, and that DSETP waited for the tensor cores' products in flight
+ * (a math-pipe throttle on 11.6 % of the stall samples of the D = 128 forward at L = 1024, H200,
+ * ncu 2026-11-28), so a tile's softmax no longer overlapped its P·V.  The empty asm makes the
+ * value opaque, so that it cannot be recomputed. */
+static __device__ __forceinline__ bool frag_scale_positive(const fa_attn_problem &p) {
+  unsigned pos = p.scale > 0;
+  asm volatile("" : "+r"(pos));
+  return pos != 0;
+}
+
 /* The key range of a query tile, in parts: the union of its rows'
  * non-empty ranges [ulo, uhi) and the keys inside every row's range
  * [alo, ahi), rows past Lq aside; fold adds row i, fold_warp combines the

@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(PROB p) {
   int64_t t_lo, t_hi, all_lo, all_hi;
   tile_key_range<MMA_BR>(p, b, i0, &t_lo, &t_hi, &all_lo, &all_hi);
   attn_rule<PROB>::narrow(p, b, h, i0, &t_lo, &t_hi);
-  const bool scale_pos = p.scale > 0;
+  const bool scale_pos = frag_scale_positive(p);
   const int ntiles = (int)((t_hi - t_lo + MMA_BC - 1) / MMA_BC);
   if (ntiles > 0) {
     load_tile<T, D, MMA_BC, MMA_WARPS(D) * 32, false, DENSE>(Ks, k, k_ld, t_lo, t_hi);

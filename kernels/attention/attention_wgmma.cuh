@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && 
   /* PASS_OUTPUT: the rows' final exponent offsets */
   const float offA = PASS == PASS_OUTPUT ? frag_stats_offset(p, bh, r.iA) : 0.f;
   const float offB = PASS == PASS_OUTPUT ? frag_stats_offset(p, bh, r.iB) : 0.f;
-  const bool scale_pos = p.scale > 0;
+  const bool scale_pos = frag_scale_positive(p);
   float o[WITH_V ? DP / 8 : 1][4];
 #pragma unroll
   for (int d = 0; d < (WITH_V ? DP / 8 : 1); d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;

@@ -200,7 +200,7 @@ static __device__ __forceinline__ void wt_consume(const fa_attn_problem &p, int6
   constexpr int KB = BC * D * 2;
   const uint32_t full_k = L.full_k(), empty_k = L.empty_k(), full_v = L.full_v(), empty_v = L.empty_v();
   const int lane = threadIdx.x & 31, wg = threadIdx.x >> 7, c2 = (lane & 3) * 2;
-  const bool scale_pos = p.scale > 0;
+  const bool scale_pos = frag_scale_positive(p);
   float s[BC / 8][4];
   uint32_t pa[BC / 16][4]; /* P of the previous tile, as A fragments */
   if (PINGPONG && wg == 1 && ntiles > 0) wt_turn_pass(1); /* warpgroup 0 goes first */
