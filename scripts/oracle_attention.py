@@ -695,14 +695,25 @@ def judge_against(c, out, lse, ref, ref_lse, empty, lp, lp_lse):
         lscale = max(ref_lse[finite].abs().max().item() if finite.any() else 0.0, 1.0)
         lok = lerr <= max(1e-5 * lscale, 2 * lerr_lp)
     else:
+        # a floor of one unit in the last place of the output's dtype at the reference's magnitude
+        # (f16 2^-10, bf16 2^-7), and of four f32 ulps of the largest |lse|: where PyTorch's
+        # product is exact (rows with one key) twice its error is 0, and a difference the dtype
+        # cannot show less than was demanded.  Seed 43, case 692 (H200, 2026-11-28): a row of one
+        # key under alibi over 32k keys, |score| ~ 2^14, where exp2(s·k - m·k) by one FMA (the
+        # engine's and FlashAttention's form) is off by 2^-10 in the exponent: out 1 f16 ulp (0.00195
+        # at |v| ~ 3) and lse 2 f32 ulps (at 16374) from the exact value
+        scale = ref.abs().max().item() if ref.numel() else 0.0
+        ulp = scale * (2.0 ** -10 if c["dtype"] == "f16" else 2.0 ** -7)
         err = (out.float() - ref).abs().max().item() if out.numel() else 0.0
         err_lp = (lp.float() - ref).abs().max().item() if out.numel() else 0.0
-        ok = err <= 2 * err_lp + 1e-5
-        msg = f"out err {err:.3g}, torch {c['dtype']} err {err_lp:.3g} (limit {2 * err_lp + 1e-5:.3g})"
+        limit = 2 * err_lp + max(1e-5, ulp)
+        ok = err <= limit
+        msg = f"out err {err:.3g}, torch {c['dtype']} err {err_lp:.3g} (limit {limit:.3g})"
         finite = ~empty
         lerr = (lse - ref_lse)[finite].abs().max().item() if finite.any() else 0.0
         lerr_lp = (lp_lse.float() - ref_lse)[finite].abs().max().item() if finite.any() else 0.0
-        lok = lerr <= 2 * lerr_lp + 1e-4
+        lscale = ref_lse[finite].abs().max().item() if finite.any() else 0.0
+        lok = lerr <= 2 * lerr_lp + max(1e-4, 4 * 2.0 ** -23 * lscale)
     msg += f"; lse err {lerr:.3g}"
     if not torch.isfinite(out).all():
         ok, msg = False, msg + "; NaN/inf in out"
