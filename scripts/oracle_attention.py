@@ -920,7 +920,8 @@ def main():
                        "command": " ".join(sys.argv), "cases": len(cases), "failures": len(fails),
                        "nondeterministic": len(nondet), "seconds": round(secs, 1), "counts": counts,
                        "failed": fails, "not_bit_identical": nondet, "refused_as_documented": refused,
-                       "criterion": "f16/bf16: max|out-ref32| <= 2 max|out_lp-ref32| + 1e-5 (lse: + 1e-4); "
+                       "criterion": "f16/bf16: max|out-ref32| <= 2 max|out_lp-ref32| + max(1e-5, ulp of the dtype at max|ref32|) "
+                                    "(lse: + max(1e-4, 4 f32 ulps of max|lse|)); "
                                     "f32: max|out-ref64| <= max(1e-5 max|ref64|, 2 max|out_torch_f32-ref64|); "
                                     "empty rows exact zeros, lse -inf; paged: per sequence on its own K/V; "
                                     "a refused append changes nothing"},
