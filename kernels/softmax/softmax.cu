@@ -488,7 +488,7 @@ __global__ void __launch_bounds__(TH, 1024 / TH)
       if (threadIdx.x < cl) /* thread j sends this block's partial to block j */
         st_async_f2(cluster_map(smem_addr(&partials[b][rank][0]), threadIdx.x), st.m, st.d,
                     cluster_map(smem_addr(&arrived[b]), threadIdx.x));
-      mbar_wait(smem_addr(&arrived[b]), (k >> 1) & 1);
+      mbar_wait_cluster(smem_addr(&arrived[b]), (k >> 1) & 1); /* st_async from the cluster's blocks */
       MD<float> all = {-INFINITY, 0.f};
       const int lane = threadIdx.x & 31;
       if (lane < (int)cl) all = MD<float>{partials[b][lane][0], partials[b][lane][1]};
