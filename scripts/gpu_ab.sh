@@ -11,6 +11,11 @@
 # turn (work, REV..., work, REV...), and writes $OUT/ab.json: for every row
 # of the script's JSON results (keyed by dtype, D, L, causal, algo, rule)
 # the median ms of each build in each round, and prints the ratios.
+# Without a build there (FA_CARRIED=1, carrying .deps/debs and .snap/ab): here
+#   cmake -S . -B build90 -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real
+#   cmake --build build90 --target flashattn_shared flashattn_lua_shared; bash scripts/gpu_pack.sh build90 work
+# and the same from a git worktree of each base (bash scripts/gpu_pack.sh WORKTREE/build90 NAME);
+# there: FA_CARRIED=1 bash scripts/gpu_ab.sh run ROUNDS SCRIPT [ARGS...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = prepare ]; then
@@ -25,23 +30,39 @@ mode=${1:-}
   { echo "usage: gpu_ab.sh prepare REV... | build | run ROUNDS SCRIPT [ARGS...]"; exit 2; }
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT/ab"
-. scripts/gpu_env.sh
-names=(work) dirs=(.) builds=(build-gpu)
-for d in .snap/*/; do
-  [ -f "$d/CMakeLists.txt" ] && names+=("$(basename "$d")") dirs+=("$d") builds+=("build-ab/$(basename "$d")")
-done
-njobs=$(($(nproc) / ${#names[@]} + 1)) pids=()
-for i in "${!names[@]}"; do
-  gpu_build "${builds[$i]}" "${dirs[$i]}" $njobs >"$OUT/ab/build_${names[$i]}.log" 2>&1 &
-  pids+=($!)
-done
-fail=0
-for pid in "${pids[@]}"; do wait "$pid" || fail=1; done
-[ $fail = 0 ] || { tail -30 "$OUT"/ab/build_*.log; exit 1; }
+if [[ ${FA_CARRIED:-0} == 1 ]]; then
+  # builds made here and packed by `scripts/gpu_pack.sh BUILD NAME` (.snap/ab/NAME.tar.xz; one is
+  # named work, the others are set against it): nothing is compiled there but the interpreter
+  FA_NO_BG=1 . scripts/gpu_carried.sh
+  [ -f .snap/ab/work.tar.xz ] || { echo "gpu_ab: FA_CARRIED=1 wants .snap/ab/work.tar.xz (scripts/gpu_pack.sh BUILD work)"; exit 2; }
+  names=(work) builds=(bg-ab/work)
+  for t in .snap/ab/*.tar.xz; do
+    n=$(basename "$t" .tar.xz)
+    [ "$n" = work ] || names+=("$n") builds+=("bg-ab/$n")
+  done
+  for i in "${!names[@]}"; do
+    carried_unpack ".snap/ab/${names[$i]}.tar.xz" "${builds[$i]}" || exit 1
+    echo "${names[$i]}: $(cat ".snap/ab/${names[$i]}.commit" 2>/dev/null)" | tee -a "$OUT/ab/ab.log"
+  done
+else
+  . scripts/gpu_env.sh
+  names=(work) dirs=(.) builds=(build-gpu)
+  for d in .snap/*/; do
+    [ -f "$d/CMakeLists.txt" ] && names+=("$(basename "$d")") dirs+=("$d") builds+=("build-ab/$(basename "$d")")
+  done
+  njobs=$(($(nproc) / ${#names[@]} + 1)) pids=()
+  for i in "${!names[@]}"; do
+    gpu_build "${builds[$i]}" "${dirs[$i]}" $njobs >"$OUT/ab/build_${names[$i]}.log" 2>&1 &
+    pids+=($!)
+  done
+  fail=0
+  for pid in "${pids[@]}"; do wait "$pid" || fail=1; done
+  [ $fail = 0 ] || { tail -30 "$OUT"/ab/build_*.log; exit 1; }
+fi
 [ "$mode" = build ] && exit 0
 rounds=$2 script=$3
 shift 3
-export FLASHATTN_DEVICE=cuda
+export FLASHATTN_DEVICE=${FA_AB_DEVICE:-cuda} # FA_AB_DEVICE=cpu: a dry run of the machinery here
 for r in $(seq 1 "$rounds"); do
   for i in "${!names[@]}"; do
     n=${names[$i]}

@@ -4,6 +4,7 @@
 # spends no time compiling:
 #   bash scripts/fetch_gpu_deps.sh        # once: Lua and OpenBLAS as .debs in .deps/debs
 #   bash scripts/gpu_pack.sh [build]      # .snap/bg.tar.xz (libflashattn.so, libflashattn-lua.so) + .snap/commit
+#   bash scripts/gpu_pack.sh BUILD NAME   # .snap/ab/NAME.tar.xz + .snap/ab/NAME.commit (gpu_ab.sh, FA_CARRIED=1)
 # then, on the device (carrying .deps/debs and .snap; the two must stay
 # under the tool's 64 MiB), a command that begins with
 #   . scripts/gpu_carried.sh
@@ -11,12 +12,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${1:-build}
+NAME=${2:-} # given: .snap/ab/NAME.tar.xz and .snap/ab/NAME.commit, a build for scripts/gpu_ab.sh's carried mode
 [ -f "$B/libflashattn-lua.so.0.1.0" ] && [ -f "$B/libflashattn.so.0.1.0" ] || { echo "gpu_pack: no build in $B" >&2; exit 1; }
 grep -qs "sm_90a" "$B/CMakeFiles/flashattn_objects.dir/flags.make" || { echo "gpu_pack: $B was not built for sm_90a" >&2; exit 1; }
 mkdir -p .snap
 # the shared libraries only: flashattn-lua holds the engine whole again (twice the bytes), so
 # scripts/gpu_carried.sh links tests/c/lua_runner.c against them there
-tar -cf - -C "$B" libflashattn.so.0.1.0 libflashattn-lua.so.0.1.0 include/flashattn_version.h | xz -T2 -7 > .snap/bg.tar.xz
-git rev-parse --short HEAD > .snap/commit
-git diff --quiet HEAD -- . ':!.snap' || echo "gpu_pack: the tree has changes not committed; .snap/commit names HEAD" >&2
-ls -la .snap/bg.tar.xz
+# (a build for sm_90a alone, -DCMAKE_CUDA_ARCHITECTURES=90a-real, packs to about 17 MB: two fit
+# beside .deps/debs for an A/B)
+tar_file=.snap/bg.tar.xz commit_file=.snap/commit
+[ -n "$NAME" ] && mkdir -p .snap/ab && tar_file=.snap/ab/$NAME.tar.xz commit_file=.snap/ab/$NAME.commit
+tar -cf - -C "$B" libflashattn.so.0.1.0 libflashattn-lua.so.0.1.0 include/flashattn_version.h | xz -T2 -7 > "$tar_file"
+# the commit of the tree the build was made from (a base for an A/B may be a git worktree)
+src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$B/CMakeCache.txt")
+git -C "${src:-.}" rev-parse --short HEAD > "$commit_file"
+git -C "${src:-.}" diff --quiet HEAD -- . ':!.snap' ||
+  echo "gpu_pack: the tree of $B has changes not committed; $commit_file names its HEAD" >&2
+ls -la "$tar_file"
