@@ -544,10 +544,11 @@ static __device__ __forceinline__ void frag_store_staged(const attn_params &p, i
 
 /* Whether the scale is positive (a tile whose rows all take all its keys then runs under the scale
  * alone), asked once before a key loop and kept as an integer: ptxas recomputed the f64 test
- * `p.scale > 0` at every key tile, and that DSETP waited for the tensor cores' products in flight
- * (a math-pipe throttle on 11.6 % of the stall samples of the D = 128 forward at L = 1024, H200,
- * ncu 2026-11-28), so a tile's softmax no longer overlapped its P·V.  The empty asm makes the
- * value opaque, so that it cannot be recomputed. */
+ * `p.scale > 0` at every key tile, a DSETP right after the wait for S on which 11.6 % of the stall
+ * samples of the D = 128 forward at L = 1024 sat (H200, ncu 2026-11-28).  Taking it out did not
+ * move the time beyond noise (the warps were waiting for the products there), but an f64
+ * instruction has no place in the loop.  The empty asm makes the value opaque, so that it cannot
+ * be recomputed. */
 static __device__ __forceinline__ bool frag_scale_positive(const fa_attn_problem &p) {
   unsigned pos = p.scale > 0;
   asm volatile("" : "+r"(pos));
