@@ -298,13 +298,12 @@ static int t_to(lua_State *L) {
   if (n < 2) fal_typeerror(L, 2, "x", "a dtype or device name");
   for (int i = 2; i <= n && i <= 3; i++) {
     if (lua_type(L, i) != LUA_TSTRING) fal_typeerror(L, i, "x", "a dtype or device name");
-    const char *s = fal_cstring(L, i);
-    if (!s) fal_argerror(L, i, "x", "contains a NUL byte");
-    if (fa_dtype_parse(s, &dtype) != 0 && fa_device_parse(s, &device) != 0)
+    const char *s = fal_cstring(L, i); /* NULL: a NUL byte, which fal_describe shows */
+    if (!s || (fa_dtype_parse(s, &dtype) != 0 && fa_device_parse(s, &device) != 0))
       fal_argerror(L, i, "x",
                    "expected a dtype (f32, f16, bf16, f64, bool, or float, half, bfloat16, double) or a device "
-                   "(cpu, cuda), got '%s'",
-                   s);
+                   "(cpu, cuda), got %s",
+                   fal_describe(L, i));
   }
   return convert(L, dtype, device);
 }
