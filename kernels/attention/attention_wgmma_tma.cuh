@@ -123,6 +123,8 @@ template <int D, int BC> struct wt_layout {
  * the other go once its S is in, so that the two issue in turn and one's
  * softmax runs while the other's products do. */
 enum { WT_TURN = 3 }; /* barriers 1 and 2: frag_store_staged's */
+/* the persistent form's: both consumer warpgroups past the last tile's P·V (its buffer then takes O) */
+enum { WT_STAGE = 5 };
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 static __device__ __forceinline__ void wt_turn_wait(int c) {
   asm volatile("bar.sync %0, 256;" ::"r"(WT_TURN + c) : "memory");
@@ -190,12 +192,13 @@ template <int D, int BC> static __device__ __forceinline__ void wt_init_barriers
  * from t_lo, and the last tile's P·V, into o (rows r): tile t in buffer
  * t % 2 of the key and value rings of L (the barriers' phases kr, vr).  S(t+1) = Q·K(t+1)ᵀ is issued with O += P(t)·V(t) behind
  * it (the wgmma kernel's intra-warpgroup overlap).  q_empty (0: none) gets
- * this warp's arrival once its last S is in. */
+ * this warp's arrival once its last S is in.  hold_v: the last value
+ * tile's buffer is not given back (the caller stages O there, then does). */
 template <typename T, int D, int BC, int EXTRAS, bool PINGPONG>
 static __device__ __forceinline__ void wt_consume(const fa_attn_problem &p, int64_t b, int64_t h, int64_t t_lo,
                                                   int64_t all_lo, int64_t all_hi, int ntiles, const wt_layout<D, BC> &L,
                                                   const wt_ring<WT_KST> &kr, const wt_ring<WT_VST> &vr, uint32_t q_base,
-                                                  uint32_t q_empty, frag_rows &r, float (*o)[4]) {
+                                                  uint32_t q_empty, frag_rows &r, float (*o)[4], bool hold_v = false) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int KB = BC * D * 2;
   const uint32_t full_k = L.full_k(), empty_k = L.empty_k(), full_v = L.full_v(), empty_v = L.empty_v();
@@ -241,7 +244,7 @@ static __device__ __forceinline__ void wt_consume(const fa_attn_problem &p, int6
     pv_issue<T, D, BC>(o, pa, L.vs() + vb * KB);
     wgmma_wait<0>();
     wgmma_hold<D / 2>(&o[0][0]);
-    if (lane == 0) mbar_arrive(empty_v + 8 * vb);
+    if (lane == 0 && !hold_v) mbar_arrive(empty_v + 8 * vb);
   }
 #endif
 }
@@ -301,9 +304,17 @@ __global__ void __launch_bounds__(WT_THREADS, 1) attn_wgmma_tma_kernel(const PRO
  * loads tile n + 1's first key tile while the consumers finish tile n, and
  * its Q once they are past their last S = Q·Kᵀ (q_empty), so that a
  * tile's start waits for no copy.  Each query tile's keys and values start
- * at the rings' first buffers (wt_ring).  O leaves from the fragments
- * (frag_store): Q's buffer, through which the one-tile form stages it, is
- * the next tile's by then. */
+ * at the rings' first buffers (wt_ring).  With key tiles of 128, O
+ * leaves through the last value tile's buffer (Q's, through which the
+ * one-tile form stages it, is the next tile's by then): both warpgroups
+ * past their last P·V (barrier WT_STAGE), O staged and written 16 bytes a
+ * thread (frag_store_staged), then the buffer given back.  Written from
+ * the fragments (32 4-byte stores a thread, 8 rows an instruction), the
+ * epilogue took 6.8k of the 37.5k cycles of a query tile at L = 1024;
+ * staged, 2.5k (H200, clock64 trace of block 0, D = 128): +3-12 % at
+ * L = 1024, +2-5 % at 2048-4096 with tiles of 128.  With tiles of 176 the
+ * same was 2-3 % slower over the grid at 2048-4096 (though block 0's
+ * query tiles took 3 % less time): they keep the fragments' stores. */
 
 template <typename T, int D, int BC, int EXTRAS, typename PROB = attn_params>
 __global__ void __launch_bounds__(WT_THREADS, 1)
@@ -385,10 +396,20 @@ __global__ void __launch_bounds__(WT_THREADS, 1)
 #pragma unroll
     for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
     mbar_wait(L.q_full(), n & 1);
+    constexpr bool STAGE = BC == WT_BR; /* see above: key tiles of 128 */
     wt_consume<T, D, BC, EXTRAS, false>(p, qt.b, qt.h, slot.t_lo, slot.all_lo, slot.all_hi, ntiles, L, kr, vr, q_base,
-                                        L.q_empty(), r, o);
+                                        L.q_empty(), r, o, STAGE);
     kr.advance(ntiles), vr.advance(ntiles);
-    frag_store<T, D, false>(p, qt.bh, qt.out(p), qt.lse(p), lane, r, o);
+    if (STAGE && ntiles > 0) {
+      const int vb = (ntiles - 1) % WT_VST;
+      asm volatile("bar.sync %0, 256;" ::"r"((int)WT_STAGE) : "memory"); /* no consumer reads the buffer any more */
+      frag_store_staged<T, D, false, true, WT_BR, 128>(p, qt.bh, qt.out(p), qt.lse(p), qt.i0, lane, r, o,
+                                                       L.qs + L.QB + (WT_KST + vb) * L.KB);
+      fence_proxy_async(); /* this thread's accesses to it before the producer's next copy there */
+      __syncwarp();
+      if (lane == 0) mbar_arrive(L.empty_v() + 8 * vb);
+    } else
+      frag_store<T, D, false>(p, qt.bh, qt.out(p), qt.lse(p), lane, r, o);
   }
 #endif
 }
