@@ -177,13 +177,13 @@ def main():
     def num(x, w, f=".0f"):
         return f"{x:{w}{f}}" if isinstance(x, (int, float)) else " " * (w - 3) + "n/a"
 
-    print(f"\n{'B':>3} {'Hkv':>3} {'Lq':>3} {'Lk':>7} {'engine':>7} {'x copy':>6} {'FA2':>7} {'cuDNN':>7} "
+    print(f"\n{'B':>3} {'Hkv':>3} {'Lq':>3} {'Lk':>7} {'engine':>7} {'x copy':>6} {'x same':>6} {'FA2':>7} {'cuDNN':>7} "
           f"{'FA2 exp':>7} {'cuDNN ex':>8} {'best':>14} {'x best':>6}   (GB/s of K + V)")
     for r in shapes:
         p = r["peers"]
         g = lambda n: p.get(n, {}).get("gbs")
         print(f"{r['B']:3} {r['Hkv']:3} {r['Lq']:3} {r['Lk']:7} {num(r.get('kv_gbs'), 7)} "
-              f"{num(r.get('copy_ratio'), 6, '.2f')} {num(g('flash'), 7)} {num(g('cudnn'), 7)} "
+              f"{num(r.get('copy_ratio'), 6, '.2f')} {num(r.get('same_copy_ratio'), 6, '.2f')} {num(g('flash'), 7)} {num(g('cudnn'), 7)} "
               f"{num(g('flash_expanded'), 7)} {num(g('cudnn_expanded'), 8)} {r.get('best_peer', 'n/a'):>14} "
               f"{num(r.get('ratio_vs_best'), 6, '.2f')}")
     for r in result["paged"]:
