@@ -88,6 +88,7 @@ static fa_status launch(fa_context *ctx, const attn_params *p, const wt_maps &m)
   if (fa_status st = attn_grid_fits(ctx, blocks)) return st;
   kernel<<<(unsigned)blocks, WT_THREADS, smem, fa_cuda_stream(ctx)>>>(*p, m);
   FA_CUDA_CHECK_LAUNCH(ctx, "attn_wgmma_tma_kernel");
+  FA_TRACE_REPORT(fa_cuda_stream(ctx), "attn_wgmma_tma_kernel");
   return FA_OK;
 }
 
@@ -122,6 +123,7 @@ static fa_status launch_persistent(fa_context *ctx, const attn_params *p, const 
   kernel<<<grid, WT_THREADS, smem, fa_cuda_stream(ctx)>>>(*p, m, next);
   const cudaError_t err = cudaGetLastError();
   fa_cuda_free_on(ctx, next, sizeof(int)); /* stream-ordered: after the kernel */
+  if (err == cudaSuccess) FA_TRACE_REPORT(fa_cuda_stream(ctx), "attn_wgmma_tma_persistent_kernel");
   return fa_cuda_error(ctx, err, "attn_wgmma_tma_persistent_kernel");
 }
 

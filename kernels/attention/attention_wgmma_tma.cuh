@@ -33,12 +33,19 @@
  * fa_attn_problem here, fa_variant_problem in the attention variants' run-time
  * compiled units (API §9: attention_variant.cu), whose key range mask_mod's
  * tiles narrow (attn_rule<PROB>::narrow).  Measured steps and what was tried:
- * docs/perf/README.md.  The host side: attention_wgmma_tma.cu. */
+ * docs/perf/README.md.  The host side: attention_wgmma_tma.cu.
+ *
+ * Trace marks (trace.cuh, a build with FLASHATTN_KERNEL_TRACE): consumers
+ * 0 the query tile taken, 1 Q in, 2 the first S in, 3 the key loop done,
+ * 4 the last P·V done, 5 both warpgroups at the staging barrier, 6 O
+ * stored; the producer 0 its loop's top, 1 the tile taken, 2 the slot
+ * posted, 3 Q's copy issued, 4 every copy of the tile issued. */
 #ifndef FA_KERNELS_ATTENTION_WGMMA_TMA_CUH
 #define FA_KERNELS_ATTENTION_WGMMA_TMA_CUH
 
 #include "attention_wgmma.cuh"
 #include "tma.cuh"
+#include "trace.cuh"
 
 #if defined(__CUDACC_RTC__) /* no driver header in a run-time compiled unit: the map's layout (cuda.h's CUtensorMap) */
 struct CUtensorMap {
@@ -219,7 +226,10 @@ static __device__ __forceinline__ void wt_consume(const fa_attn_problem &p, int6
       pv_issue<T, D, BC>(o, pa, L.vs() + vb * KB);
     }
     if (t > 0) wgmma_wait<1>();
-    else wgmma_wait<0>();
+    else {
+      wgmma_wait<0>();
+      FA_TRACE_MARK(2);
+    }
     /* the turn passes once S is in (a barrier between the products' issue
      * and this wait made ptxas serialise them); every turn warpgroup 0
      * takes is passed back, but for its last */
@@ -237,6 +247,7 @@ static __device__ __forceinline__ void wt_consume(const fa_attn_problem &p, int6
     frag_rescale<D / 8>(o, alphaA, alphaB);
     p_pack<T, BC>(pa, s);
   }
+  FA_TRACE_MARK(3);
   if (q_empty && lane == 0) mbar_arrive(q_empty); /* this warp's reads of Q are done */
   if (ntiles > 0) { /* the last tile's P·V */
     const int vb = (ntiles - 1) % WT_VST;
@@ -258,6 +269,8 @@ __global__ void __launch_bounds__(WT_THREADS, 1) attn_wgmma_tma_kernel(const PRO
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   const frag_qtile<T, D, WT_BR> qt(p, blockIdx.x);
   const int64_t bh = qt.bh, b = qt.b, h = qt.h, i0 = qt.i0;
+  FA_TRACE_TILE(0);
+  FA_TRACE_MARK(0);
   if (tid == 0) wt_init_barriers(L, false);
   int64_t t_lo, t_hi, all_lo, all_hi;
   tile_key_range<WT_BR>(p, b, i0, &t_lo, &t_hi, &all_lo, &all_hi); /* its barrier also publishes the mbarriers */
@@ -272,12 +285,15 @@ __global__ void __launch_bounds__(WT_THREADS, 1) attn_wgmma_tma_kernel(const PRO
       const wt_ring<WT_KST> kr;
       const wt_ring<WT_VST> vr;
       wt_load_q<D>(&tm.q, L.q, L.q_full(), (int)i0, (int)h, bi);
+      FA_TRACE_MARK(3);
       if (ntiles > 0) wt_load_kv<D, BC>(&tm.k, L.ks(), L.full_k(), L.empty_k(), kr, 0, (int)t_lo, hk, bi);
       for (int t = 0; t < ntiles; t++) {
         const int j = (int)(t_lo + (int64_t)t * BC);
         if (t + 1 < ntiles) wt_load_kv<D, BC>(&tm.k, L.ks(), L.full_k(), L.empty_k(), kr, t + 1, j + BC, hk, bi);
         wt_load_kv<D, BC>(&tm.v, L.vs(), L.full_v(), L.empty_v(), vr, t, j, hk, bi);
       }
+      FA_TRACE_MARK(4);
+      FA_TRACE_DUMP();
     }
     return;
   }
@@ -289,10 +305,14 @@ __global__ void __launch_bounds__(WT_THREADS, 1) attn_wgmma_tma_kernel(const PRO
 #pragma unroll
   for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
   mbar_wait(L.q_full(), 0);
+  FA_TRACE_MARK(1);
   wt_consume<T, D, BC, EXTRAS, PINGPONG>(p, b, h, t_lo, all_lo, all_hi, ntiles, L, wt_ring<WT_KST>(), wt_ring<WT_VST>(),
                                          L.q + wg * 64 * 128, 0, r, o);
+  FA_TRACE_MARK(4);
   /* O leaves through this warpgroup's rows of Q's tile (its products are done) */
   frag_store_staged<T, D, false, true, WT_BR, 128>(p, bh, qt.out(p), qt.lse(p), i0, lane, r, o, L.qs);
+  FA_TRACE_MARK(6);
+  FA_TRACE_DUMP();
 #endif
 }
 
@@ -336,11 +356,15 @@ __global__ void __launch_bounds__(WT_THREADS, 1)
     wt_ring<WT_KST> kr;
     wt_ring<WT_VST> vr;
     for (int n = 0;; n++) {
+      FA_TRACE_TILE(n);
+      FA_TRACE_MARK(0);
       int tile = blockIdx.x;
       if (n > 0 && lane == 0) tile = (int)gridDim.x + atomicAdd(next_tile, 1);
       tile = __shfl_sync(0xffffffffu, tile, 0);
+      FA_TRACE_MARK(1);
       const int s = n & 1;
       if (tile >= total) { /* no tile left: the consumers stop too */
+        FA_TRACE_DUMP();
         if (lane == 0) {
           mbar_wait(slot_empty + 8 * s, ((n >> 1) & 1) ^ 1);
           slots[s].tile = tile;
@@ -361,16 +385,19 @@ __global__ void __launch_bounds__(WT_THREADS, 1)
         mbar_wait(slot_empty + 8 * s, ((n >> 1) & 1) ^ 1);
         slots[s] = wt_slot{tile, ntiles, (long long)t_lo, (long long)r.alo, (long long)r.ahi};
         mbar_arrive(slot_full + 8 * s);
+        FA_TRACE_MARK(2);
         /* 32-bit from here (the copy engine's coordinates are) */
         const int hk = (int)(qt.h / (p.Hq / p.Hkv)), bi = (int)qt.b, j_lo = (int)t_lo;
         /* the first key tile while the consumers finish the last query tile, then Q once they are done with theirs */
         if (ntiles > 0) wt_load_kv<D, BC>(&tm.k, L.ks(), L.full_k(), L.empty_k(), kr, 0, j_lo, hk, bi);
         mbar_wait(L.q_empty(), (n & 1) ^ 1);
         wt_load_q<D>(&tm.q, L.q, L.q_full(), (int)qt.i0, (int)qt.h, bi);
+        FA_TRACE_MARK(3);
         for (int t = 0; t < ntiles; t++) {
           if (t + 1 < ntiles) wt_load_kv<D, BC>(&tm.k, L.ks(), L.full_k(), L.empty_k(), kr, t + 1, j_lo + (t + 1) * BC, hk, bi);
           wt_load_kv<D, BC>(&tm.v, L.vs(), L.full_v(), L.empty_v(), vr, t, j_lo + t * BC, hk, bi);
         }
+        FA_TRACE_MARK(4);
       }
       kr.advance(ntiles), vr.advance(ntiles);
       __syncwarp();
@@ -385,10 +412,15 @@ __global__ void __launch_bounds__(WT_THREADS, 1)
   for (int n = 0;; n++) {
     const int sl = n & 1;
     mbar_wait(slot_full + 8 * sl, (n >> 1) & 1);
+    FA_TRACE_TILE(n);
+    FA_TRACE_MARK(0);
     const wt_slot slot = slots[sl];
     __syncwarp();
     if (lane == 0) mbar_arrive(slot_empty + 8 * sl);
-    if (slot.tile >= total) return;
+    if (slot.tile >= total) {
+      FA_TRACE_DUMP();
+      return;
+    }
     const frag_qtile<T, D, WT_BR> qt(p, slot.tile);
     const int ntiles = slot.ntiles;
     frag_rows r = frag_rows_start(p, qt.b, qt.i0, rA, rB);
@@ -396,13 +428,16 @@ __global__ void __launch_bounds__(WT_THREADS, 1)
 #pragma unroll
     for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
     mbar_wait(L.q_full(), n & 1);
+    FA_TRACE_MARK(1);
     constexpr bool STAGE = BC == WT_BR; /* see above: key tiles of 128 */
     wt_consume<T, D, BC, EXTRAS, false>(p, qt.b, qt.h, slot.t_lo, slot.all_lo, slot.all_hi, ntiles, L, kr, vr, q_base,
                                         L.q_empty(), r, o, STAGE);
     kr.advance(ntiles), vr.advance(ntiles);
+    FA_TRACE_MARK(4);
     if (STAGE && ntiles > 0) {
       const int vb = (ntiles - 1) % WT_VST;
       asm volatile("bar.sync %0, 256;" ::"r"((int)WT_STAGE) : "memory"); /* no consumer reads the buffer any more */
+      FA_TRACE_MARK(5);
       frag_store_staged<T, D, false, true, WT_BR, 128>(p, qt.bh, qt.out(p), qt.lse(p), qt.i0, lane, r, o,
                                                        L.qs + L.QB + (WT_KST + vb) * L.KB);
       fence_proxy_async(); /* this thread's accesses to it before the producer's next copy there */
@@ -410,6 +445,7 @@ __global__ void __launch_bounds__(WT_THREADS, 1)
       if (lane == 0) mbar_arrive(L.empty_v() + 8 * vb);
     } else
       frag_store<T, D, false>(p, qt.bh, qt.out(p), qt.lse(p), lane, r, o);
+    FA_TRACE_MARK(6);
   }
 #endif
 }

@@ -1,0 +1,48 @@
+-- Block 0's phases in the warp-specialised attention kernel, in cycles: runs one call shape a few
+-- times on a build configured with -DFLASHATTN_KERNEL_TRACE=ON, whose launches print the marks of
+-- kernels/ptx/trace.cuh (the marks are listed at the top of kernels/attention/attention_wgmma_tma.cuh);
+-- scripts/show_trace.py reads them.  On any other build the calls run and nothing is traced.
+-- Usage (GPU machine):
+--   cmake -S . -B build-trace -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_KERNEL_TRACE=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real
+--   cmake --build build-trace --target flashattn-lua
+--   build-trace/flashattn-lua scripts/probe_trace.lua --lq 1024 --lk 1024 | python3 scripts/show_trace.py
+-- Options: --b B --h H --lq LQ --lk LK --d D --dtype bf16|f16 --causal --kernel NAME --tile BRxBC --reps N
+-- (defaults: B 16, H 16, Lq = Lk = 1024, D 128, bf16, 3 repetitions: the last is the warm one).
+local root = (arg and arg[0] or ""):match("^(.*)/scripts/[^/]*$") or "."
+package.path = root .. "/lua/?.lua;" .. package.path
+local fa = require "flashattn"
+local argparse = require "argparse"
+local p = argparse("probe_trace.lua", "Runs one attention call shape a few times (a trace build prints block 0's cycle marks).")
+local int = function(name) return function(s)
+  local n = math.tointeger(tonumber(s))
+  if not n or n < 1 then return nil, name .. " takes a positive integer" end
+  return n
+end end
+p:option("--b", "batch"):convert(int("--b")):default("16")
+p:option("--h", "heads"):convert(int("--h")):default("16")
+p:option("--lq", "query rows"):convert(int("--lq")):default("1024")
+p:option("--lk", "keys"):convert(int("--lk")):default("1024")
+p:option("--d", "head dim"):convert(int("--d")):default("128")
+p:option("--dtype", "bf16 or f16"):choices({ "bf16", "f16" }):default("bf16")
+p:flag("--causal", "a causal mask")
+p:option("--kernel", "opts.kernel (fa.kernels lists them)")
+p:option("--tile", "opts.tile as BRxBC, e.g. 128x176")
+p:option("--reps", "calls"):convert(int("--reps")):default("3")
+local a = p:parse(arg)
+local function randn(L, s) return fa.randn({ a.b, a.h, L, a.d }, { dtype = a.dtype, device = "cuda", seed = s }) end
+local q, k, v = randn(a.lq, 1), randn(a.lk, 2), randn(a.lk, 3)
+local opts = { causal = a.causal or nil, kernel = a.kernel }
+if a.tile then
+  local br, bc = a.tile:match("^(%d+)x(%d+)$")
+  if not br then error("probe_trace.lua: --tile takes BRxBC, e.g. 128x176", 0) end
+  opts.tile = { tonumber(br), tonumber(bc) }
+end
+print(("probe_trace.lua: %s %s B %d H %d Lq %d Lk %d D %d%s kernel %s"):format(fa.device_info("cuda").name or "cuda",
+  a.dtype, a.b, a.h, a.lq, a.lk, a.d, a.causal and " causal" or "", table.concat(fa.kernels(q, k, v, opts), ",")))
+for rep = 1, a.reps do
+  print(("== rep %d"):format(rep))
+  io.stdout:flush()
+  fa.attention(q, k, v, opts):free()
+  fa.sync()
+  io.stdout:flush()
+end
