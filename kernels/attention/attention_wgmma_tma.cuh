@@ -331,7 +331,8 @@ __global__ void __launch_bounds__(WT_THREADS, 1) attn_wgmma_tma_kernel(const PRO
  * thread (frag_store_staged), then the buffer given back.  Written from
  * the fragments (32 4-byte stores a thread, 8 rows an instruction), the
  * epilogue took 6.8k of the 37.5k cycles of a query tile at L = 1024;
- * staged, 2.5k (H200, clock64 trace of block 0, D = 128): +3-12 % at
+ * staged, 2.5k (H200, clock64 marks of block 0, D = 128, in a build that
+ * printed them from the kernel and so serialised its products): +3-12 % at
  * L = 1024, +2-5 % at 2048-4096 with tiles of 128.  With tiles of 176 the
  * same was 2-3 % slower over the grid at 2048-4096 (though block 0's
  * query tiles took 3 % less time): they keep the fragments' stores. */
