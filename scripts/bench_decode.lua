@@ -90,35 +90,31 @@ local function time_ms(fn)
   return fa.bench(fn, { warmup = 2, rep = REP, flush_cache = true }).median_ms
 end
 
--- The device's copy bandwidth, measured once in this run on 1 GiB (smaller
--- copies measure the cost of a call, not the memory): the DRAM traffic of
--- a device-to-device copy, bytes read + bytes written, / time (the issue's
--- "the device copy runs at about 3000 GB/s").
-local copy_cache
-local function copy_gbs()
-  if not copy_cache then
-    local x = fa.zeros({ GIB // 2 }, { dtype = DT, device = dev })
-    local y = fa.zeros({ GIB // 2 }, { dtype = DT, device = dev })
-    copy_cache = 2 * GIB / (time_ms(function() y:copy_(x) end) * 1e-3) / 1e9
-    x:free(); y:free(); collectgarbage()
-  end
-  return copy_cache, GIB
-end
-
--- A copy whose DRAM traffic is `bytes` (bytes / 2 read, as many written),
--- timed like the calls (caches flushed): the yardstick of a stream of that
--- length, once a size; below 1 GiB only (nil above: copy_gbs is that figure).
-local same_copy_cache = {}
-local function same_copy_gbs(bytes)
-  if bytes >= GIB then return nil end
-  if not same_copy_cache[bytes] then
-    local n = bytes // 4 -- elements of 2 bytes in bytes / 2
+-- A device-to-device copy whose DRAM traffic is `traffic` bytes (half read,
+-- half written), timed like the calls (caches flushed): traffic / time, GB/s,
+-- once a size.
+local copy_cache = {}
+local function copy_rate(traffic)
+  if not copy_cache[traffic] then
+    local n = traffic // 4 -- elements of 2 bytes in traffic / 2
     local x = fa.zeros({ n }, { dtype = DT, device = dev })
     local y = fa.zeros({ n }, { dtype = DT, device = dev })
-    same_copy_cache[bytes] = 4 * n / (time_ms(function() y:copy_(x) end) * 1e-3) / 1e9
+    copy_cache[traffic] = 4 * n / (time_ms(function() y:copy_(x) end) * 1e-3) / 1e9
     x:free(); y:free(); collectgarbage()
   end
-  return same_copy_cache[bytes]
+  return copy_cache[traffic]
+end
+
+-- The device's copy bandwidth, on a copy of 1 GiB (smaller copies measure
+-- the cost of a call, not the memory; the issue's "the device copy runs at
+-- about 3000 GB/s"), and the GiB copied.
+local function copy_gbs() return copy_rate(2 * GIB), GIB end
+
+-- The yardstick of a stream of `bytes`: a copy of the same traffic, below
+-- 1 GiB only (nil above: copy_gbs is that figure).
+local function same_copy_gbs(bytes)
+  if bytes >= GIB then return nil end
+  return copy_rate(bytes)
 end
 
 -- The checked slice: batch entry B, the query heads of the last KV head

@@ -11,13 +11,10 @@
 local root = (arg and arg[0] or ""):match("^(.*)/scripts/[^/]*$") or "."
 package.path = root .. "/lua/?.lua;" .. package.path
 local fa = require "flashattn"
+local sweep = require "flashattn.sweep"
 local argparse = require "argparse"
 local p = argparse("probe_trace.lua", "Runs one attention call shape a few times (a trace build prints block 0's cycle marks).")
-local int = function(name) return function(s)
-  local n = math.tointeger(tonumber(s))
-  if not n or n < 1 then return nil, name .. " takes a positive integer" end
-  return n
-end end
+local function int(name) return sweep.integer_arg(1, name) end
 p:option("--b", "batch"):convert(int("--b")):default("16")
 p:option("--h", "heads"):convert(int("--h")):default("16")
 p:option("--lq", "query rows"):convert(int("--lq")):default("1024")

@@ -11,8 +11,10 @@ import argparse
 import re
 import sys
 
-PHASES = [("Q wait", 0, 1), ("first S", 1, 2), ("key loop", 2, 3), ("last P.V", 3, 4), ("stage barrier", 4, 5),
-          ("O store", 5, 6)]
+# (name, start marks in order of preference, end mark): O's store starts at the staging barrier, or
+# at the last P.V where the kernel does not stage
+PHASES = [("Q wait", (0,), 1), ("first S", (1,), 2), ("key loop", (2,), 3), ("last P.V", (3,), 4),
+          ("stage barrier", (4,), 5), ("O store", (5, 4), 6)]
 
 
 def parse(lines):
@@ -46,8 +48,8 @@ def show(launch):
     for (w, n), c in marks.items():
         if w == 2 or n == 0:
             continue
-        for name, a, b in PHASES:
-            lo = c[a] or (c[a - 1] if name == "O store" else 0)
+        for name, starts, b in PHASES:
+            lo = next((c[a] for a in starts if c[a]), 0)
             if lo and c[b]:
                 sums[name] = sums.get(name, 0) + c[b] - lo
                 counts[name] = counts.get(name, 0) + 1

@@ -114,6 +114,7 @@ template <int D, int BC> struct wt_layout {
       : qs(raw + ((1024 - (smem_addr(raw) & 1023)) & 1023)), q(smem_addr(qs)) {}
   __device__ __forceinline__ uint32_t ks() const { return q + QB; }
   __device__ __forceinline__ uint32_t vs() const { return q + QB + WT_KST * KB; }
+  __device__ __forceinline__ char *v_tile(int i) const { return qs + QB + (WT_KST + i) * KB; } /* value buffer i */
   __device__ __forceinline__ uint32_t q_full() const { return q + BARS; }
   __device__ __forceinline__ uint32_t full_k() const { return q + BARS + 8; }
   __device__ __forceinline__ uint32_t empty_k() const { return full_k() + 8 * WT_KST; }
@@ -133,9 +134,9 @@ enum { WT_TURN = 3 }; /* barriers 1 and 2: frag_store_staged's */
 /* the persistent form's: both consumer warpgroups past the last tile's P·V (its buffer then takes O) */
 enum { WT_STAGE = 5 };
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-static __device__ __forceinline__ void wt_turn_wait(int c) {
-  asm volatile("bar.sync %0, 256;" ::"r"(WT_TURN + c) : "memory");
-}
+/* named barrier id for the two consumer warpgroups */
+static __device__ __forceinline__ void wt_consumers_sync(int id) { asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory"); }
+static __device__ __forceinline__ void wt_turn_wait(int c) { wt_consumers_sync(WT_TURN + c); }
 /* when `go`: predicated rather than branched around, so that no branch
  * sits in the key loop's issue sequence */
 static __device__ __forceinline__ void wt_turn_pass(int c, bool go = true) {
@@ -437,10 +438,9 @@ __global__ void __launch_bounds__(WT_THREADS, 1)
     FA_TRACE_MARK(4);
     if (STAGE && ntiles > 0) {
       const int vb = (ntiles - 1) % WT_VST;
-      asm volatile("bar.sync %0, 256;" ::"r"((int)WT_STAGE) : "memory"); /* no consumer reads the buffer any more */
+      wt_consumers_sync(WT_STAGE); /* no consumer reads the buffer any more */
       FA_TRACE_MARK(5);
-      frag_store_staged<T, D, false, true, WT_BR, 128>(p, qt.bh, qt.out(p), qt.lse(p), qt.i0, lane, r, o,
-                                                       L.qs + L.QB + (WT_KST + vb) * L.KB);
+      frag_store_staged<T, D, false, true, WT_BR, 128>(p, qt.bh, qt.out(p), qt.lse(p), qt.i0, lane, r, o, L.v_tile(vb));
       fence_proxy_async(); /* this thread's accesses to it before the producer's next copy there */
       __syncwarp();
       if (lane == 0) mbar_arrive(L.empty_v() + 8 * vb);
