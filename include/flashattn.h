@@ -496,7 +496,8 @@ FA_API void fa_lua_set_file_access(struct lua_State *L, int allowed);
  * read through their strides, dq, dk, dv new tensors on the device; dk and
  * dv have one owner an element (bit-identical from run to run), dq too
  * except on the "wgmma" kernel without opts->deterministic, which adds it
- * up with atomics; tile_q / tile_k are ignored (the kernels' own tiles); opts.kernel
+ * up with atomics (with it, into one copy a block, summed in a fixed order,
+ * or by a kernel of its own); tile_q / tile_k are ignored (the kernels' own tiles); opts.kernel
  * names one of its kernels: "wgmma" (Hopper; f16/bf16, D = Dv = 64, 96 or
  * 128), "mma" (f16/bf16, D = Dv = 64 or 128), "simt" (any call on cuda). */
 FA_API fa_status fa_attention_backward(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, fa_tensor *o,

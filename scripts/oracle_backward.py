@@ -184,7 +184,8 @@ def draw_case(idx, seed, max_elems):
 
 def forced_cases(seed):
     """Always in the grid (negative idx): the tensor-core kernels at their
-    shapes, MQA, Lq = 1, Lk = 1, the widest head dim, a batch with no key."""
+    shapes, MQA, Lq = 1, Lk = 1, the widest head dim, a batch with no key,
+    the deterministic walk over several key tiles a block."""
     out = []
 
     def add(**kw):
@@ -204,8 +205,14 @@ def forced_cases(seed):
     add(dtype="f16", Lq=128, Lk=200, D=128, B=3, kv_lens=[0, 200, 17])
     add(dtype="bf16", Lq=97, Lk=131, D=64, window=(16, 0), softcap=30.0, layout="padded", pad=1)
     for i, c in enumerate(out):
-        c["idx"] = -1 - i
         c["deterministic"] = i % 2 == 1
+    # the deterministic walk of the wgmma backward (D = 128) with several key tiles a block, each adding
+    # into its own copy of dq: more KV heads than an H100/H200 has SMs (one block a head, 4 tiles), and
+    # 40 KV heads of 8 key tiles (3 blocks a head: the snake's last turn cut short), GQA
+    add(dtype="bf16", Lq=512, Lk=512, D=128, Hq=72, Hkv=72, causal="bottom_right", deterministic=True)
+    add(dtype="f16", Lq=1024, Lk=1024, D=128, B=1, Hq=80, Hkv=40, deterministic=True)
+    for i, c in enumerate(out):
+        c["idx"] = -1 - i
     return out
 
 

@@ -2,32 +2,77 @@
 
 #include <algorithm>
 
-/* Whether the call takes the schedule without determinism: dQ added up by
- * two-warpgroup dK/dV blocks of 128 keys into a zeroed f32 dq_acc, then
- * converted into g->dq.  At D = 64 the atomics' traffic is twice as large
- * against the work: that schedule ran 0.96-1.10x the two kernels' time
- * below 8k keys, 0.96-0.99x from 8k (H200, bf16).  Without query rows the
- * two kernels still write dk and dv (zeros). */
-extern "C" int fa_cuda_backward_wgmma_atomic(const fa_attn_problem *p, const fa_attn_grads *g) {
-  /* with no query row at all (B, Hq or Lq 0) the two kernels: dq_acc would be empty, and its
-   * conversion a launch of no blocks, which CUDA refuses */
-  return !g->deterministic && p->B * p->Hq * p->Lq > 0 && (p->D != 64 || p->Lk >= 8192);
+/* The deterministic walk's blocks a (batch, KV head), C: the fewest turns
+ * of the GPU (waves of `slots` blocks times key tiles a block), ties to
+ * the smaller C (fewer copies to zero and sum), the copies held to
+ * BWG_COPY_BYTES in all.  0 where that leaves most of the GPU idle (few
+ * heads, long keys): the two kernels then. */
+#define BWG_COPY_BYTES ((int64_t)2 << 30)
+static int64_t bwg_copies(int64_t heads, int64_t ktiles, int64_t slots, int64_t copy_bytes) {
+  int64_t best = 0, best_cost = INT64_MAX;
+  const int64_t most = std::min(ktiles, std::max<int64_t>(1, BWG_COPY_BYTES / copy_bytes));
+  for (int64_t c = 1; c <= most; c++) {
+    const int64_t cost = (heads * c + slots - 1) / slots * ((ktiles + c - 1) / c);
+    if (cost < best_cost) best = c, best_cost = cost;
+  }
+  return 2 * heads * best < slots && best < ktiles ? 0 : best;
+}
+
+/* The float4s of dq_acc (one copy): the (B·Hq) heads' query tiles of BWG_BR rows, D wide. */
+static int64_t bwg_acc_n4(const fa_attn_problem *p) {
+  return p->B * p->Hq * ((p->Lq + BWG_BR - 1) / BWG_BR) * BWG_BR * p->D / 4;
+}
+
+/* The copies' footprint that the deterministic walk takes, in L2s: the
+ * rows that the blocks at work add into at once (a (batch, KV head)'s dq
+ * each); past it the adds stream from memory.  bf16, D = 128, H200
+ * (docs/perf/2026-11-29-backward-deterministic-h200.json): the
+ * deterministic call against the default at L = 1k-4k (a footprint up to
+ * 5 L2s) 0.91-0.98x with the copies, 0.84-0.94x with the two kernels (a
+ * run of 2026-11-27); at 8k-16k (10-20 L2s) 0.77-0.87x against 0.84-0.87x.
+ * D = 64 takes the two kernels: the copies measured 0.89-0.99x, the two
+ * kernels 0.95-0.98x (the adds save little there). */
+#define BWG_COPIES_L2 6
+
+/* The blocks a (batch, KV head) of the schedule whose two-warpgroup dK/dV
+ * blocks of 128 keys add dQ into a zeroed f32 dq_acc (then converted into
+ * g->dq) instead of a dQ kernel: one a key tile, adding by atomics in any
+ * order, or with determinism bwg_copies' C, each into a copy of its own,
+ * where their footprint allows (BWG_COPIES_L2).  0: the two kernels.  At
+ * D = 64 the adds' traffic is twice as large against the work: that
+ * schedule ran 0.96-1.10x the two kernels' time below 8k keys, 0.96-0.99x
+ * from 8k (H200, bf16).  With no query row at all (B, Hq or Lq 0) the two
+ * kernels, which still write dk and dv (zeros): dq_acc would be empty, and
+ * its conversion a launch of no blocks, which CUDA refuses. */
+static int64_t bwg_walk_ctas(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g) {
+  if (p->B * p->Hq * p->Lq <= 0 || (p->D == 64 && p->Lk < 8192)) return 0;
+  const int64_t ktiles = (p->Lk + 2 * BWG_OWN - 1) / (2 * BWG_OWN);
+  if (!g->deterministic) return ktiles;
+  fa_cuda_props dp;
+  if (p->D == 64 || fa_cuda_device_props(ctx, &dp)) return 0; /* (the two kernels' launches report an error) */
+  const int64_t heads = p->B * p->Hkv, copy_bytes = bwg_acc_n4(p) * 16;
+  const int64_t c = bwg_copies(heads, ktiles, dp.sms, copy_bytes); /* one block an SM */
+  return std::min(heads * c, (int64_t)dp.sms) * (copy_bytes / heads) <= BWG_COPIES_L2 * (int64_t)dp.l2_bytes ? c : 0;
+}
+extern "C" int fa_cuda_backward_wgmma_adds_dq(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g) {
+  return bwg_walk_ctas(ctx, p, g) > 0;
 }
 
 template <typename T, int D>
-static cudaError_t bwg_convert(const float *acc, void *dq, int64_t Lq, int64_t n4, cudaStream_t s) {
+static cudaError_t bwg_convert(const float *acc, void *dq, int64_t Lq, int64_t n4, int64_t copies, cudaStream_t s) {
   const int64_t cblocks = std::min<int64_t>((n4 + 255) / 256, 65536);
-  bwg_dq_convert_kernel<T, D><<<(unsigned)cblocks, 256, 0, s>>>(acc, (T *)dq, Lq, n4);
+  bwg_dq_convert_kernel<T, D><<<(unsigned)cblocks, 256, 0, s>>>(acc, (T *)dq, Lq, n4, copies);
   return cudaGetLastError();
 }
-static cudaError_t bwg_convert_of(const fa_attn_problem *p, const float *acc, void *dq, int64_t n4, cudaStream_t s) {
+static cudaError_t bwg_convert_of(const fa_attn_problem *p, const float *acc, void *dq, int64_t n4, int64_t copies,
+                                  cudaStream_t s) {
   if (p->compute == FA_F16)
-    return p->D == 64   ? bwg_convert<__half, 64>(acc, dq, p->Lq, n4, s)
-           : p->D == 96 ? bwg_convert<__half, 96>(acc, dq, p->Lq, n4, s)
-                        : bwg_convert<__half, 128>(acc, dq, p->Lq, n4, s);
-  return p->D == 64   ? bwg_convert<__nv_bfloat16, 64>(acc, dq, p->Lq, n4, s)
-         : p->D == 96 ? bwg_convert<__nv_bfloat16, 96>(acc, dq, p->Lq, n4, s)
-                      : bwg_convert<__nv_bfloat16, 128>(acc, dq, p->Lq, n4, s);
+    return p->D == 64   ? bwg_convert<__half, 64>(acc, dq, p->Lq, n4, copies, s)
+           : p->D == 96 ? bwg_convert<__half, 96>(acc, dq, p->Lq, n4, copies, s)
+                        : bwg_convert<__half, 128>(acc, dq, p->Lq, n4, copies, s);
+  return p->D == 64   ? bwg_convert<__nv_bfloat16, 64>(acc, dq, p->Lq, n4, copies, s)
+         : p->D == 96 ? bwg_convert<__nv_bfloat16, 96>(acc, dq, p->Lq, n4, copies, s)
+                      : bwg_convert<__nv_bfloat16, 128>(acc, dq, p->Lq, n4, copies, s);
 }
 
 static cudaError_t bwg_launch(const void *kernel, int64_t blocks, int threads, size_t smem, void **args, cudaStream_t s) {
@@ -38,24 +83,28 @@ static cudaError_t bwg_launch(const void *kernel, int64_t blocks, int threads, s
 /* The call on the kernels given: the built-in instances, or a variant's
  * run-time compiled ones (attention_variant.cu), whose problem argument
  * prob (a fa_attn_problem or what derives from it) goes to the kernels as
- * it is.  With fa_cuda_backward_wgmma_atomic, dkdv is the instance with DQ
- * and dq is not used. */
+ * it is.  dq NULL: dkdv is the instance with DQ
+ * (fa_cuda_backward_wgmma_adds_dq). */
 extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g,
                                                 const float *delta, void *prob, const void *dkdv, const void *dq) {
   cudaStream_t s = fa_cuda_stream(ctx);
   fa_attn_grads ga = *g;
   float *acc = NULL;
-  void *args[] = {prob, &ga, &delta, &acc};
-  if (fa_cuda_backward_wgmma_atomic(p, g)) {
-    const int64_t blocks = p->B * p->Hkv * ((p->Lk + 2 * BWG_OWN - 1) / (2 * BWG_OWN));
-    const int64_t n4 = p->B * p->Hq * ((p->Lq + BWG_BR - 1) / BWG_BR) * BWG_BR * p->D / 4; /* float4s of dq_acc */
-    const size_t bytes = (size_t)n4 * 16;
-    fa_status st = attn_grid_fits(ctx, blocks);
+  bwg_walk walk = {(p->Lk + BWG_OWN - 1) / BWG_OWN, 0}; /* the two kernels': a key tile a block */
+  void *args[] = {prob, &ga, &delta, &acc, &walk};
+  if (dq == NULL) { /* the instance with DQ (fa_cuda_backward_wgmma_adds_dq) */
+    walk.ctas = bwg_walk_ctas(ctx, p, g);
+    const int64_t n4 = bwg_acc_n4(p), copies = g->deterministic ? walk.ctas : 1;
+    walk.copy = g->deterministic ? n4 * 4 : 0;
+    const int64_t blocks = p->B * p->Hkv * walk.ctas;
+    const size_t bytes = (size_t)(n4 * copies) * 16;
+    fa_status st = walk.ctas > 0 ? attn_grid_fits(ctx, blocks)
+                                 : fa_fail(ctx, FA_ERR_BACKEND, "flashattn: the backward's dQ schedule changed under a call");
     if (st || (st = fa_cuda_malloc(ctx, (void **)&acc, bytes))) return st; /* rows > 0: n4 > 0 */
     cudaError_t err = cudaMemsetAsync(acc, 0, bytes, s);
     if (err == cudaSuccess && blocks > 0)
       err = bwg_launch(dkdv, blocks, 2 * BWG_THREADS, bwg_smem_dkdv(BWG_PAD(p->D), true), args, s);
-    if (err == cudaSuccess) err = bwg_convert_of(p, acc, g->dq, n4, s);
+    if (err == cudaSuccess) err = bwg_convert_of(p, acc, g->dq, n4, copies, s);
     fa_cuda_free_on(ctx, acc, bytes); /* stream-ordered: after the kernels */
     return fa_cuda_error(ctx, err, "the backward's dK/dV/dQ launches");
   }
@@ -75,7 +124,7 @@ extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_p
 template <typename T, int D, int EXTRAS>
 static fa_status bwg_extras(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, const float *delta) {
   fa_attn_problem pa = *p;
-  if (fa_cuda_backward_wgmma_atomic(p, g))
+  if (fa_cuda_backward_wgmma_adds_dq(ctx, p, g))
     return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, (const void *)bwg_dkdv_kernel<T, D, EXTRAS, true>, NULL);
   return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, (const void *)bwg_dkdv_kernel<T, D, EXTRAS, false>,
                                     (const void *)bwg_dq_kernel<T, D, EXTRAS>);

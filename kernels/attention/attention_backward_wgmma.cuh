@@ -28,9 +28,20 @@
  * and dq_acc laid out so that a warp's 16-byte adds cover 512 contiguous
  * bytes: 14.4 ms (11.9 without the adds; the two kernels 16.7).  TMA bulk
  * reductions from shared memory instead of the atomics: 5 % slower.  At
- * D = 64 it pays only from 8k keys (fa_cuda_backward_wgmma_atomic).  The
+ * D = 64 it pays only from 8k keys (fa_cuda_backward_wgmma_adds_dq).  The
  * order of the atomic adds varies from run to run, so the rounding of dQ
  * does too.
+ *
+ * With opts.deterministic the same blocks walk the keys (bwg_walk): C
+ * blocks a (batch, KV head), block c taking key tiles c, 2C - 1 - c,
+ * 2C + c, ... in turn and adding into its own copy c of dq_acc, which the
+ * conversion sums in the order of c.  Each element of a copy is then
+ * added to by one thread alone, in its program order, which fixes the
+ * order of the adds (and their rounding); C is chosen to fill the GPU
+ * (bwg_copies).  Where the copies that the blocks at work add into pass a
+ * few L2s (long calls; BWG_COPIES_L2 in attention_backward_wgmma.cu) the
+ * adds stream from memory, and determinism takes the two kernels (seven
+ * products instead of five), as it does at D = 64.
  *
  * The kernels are templates on the problem type PROB, so that the Lua
  * variants' run-time compiled units (attention_variant.cuh) instantiate
@@ -162,13 +173,22 @@ static __device__ __forceinline__ char *bwg_aligned(char *raw) {
 }
 #endif
 
+/* How the dK/dV blocks take their key tiles: `ctas` blocks a (batch, KV
+ * head), block c taking tiles c, 2·ctas - 1 - c, 2·ctas + c, ... (a snake,
+ * so that a causal call's long and short tiles even out), adding its dQ
+ * into dq_acc + c·copy (copy 0: all blocks into one, with ctas = the key
+ * tiles: a tile a block). */
+struct bwg_walk {
+  int64_t ctas, copy;
+};
+
 /* Without DQ: one warpgroup, three blocks an SM at D = 64 without extras
  * (168 registers, no spill): 1.11-1.14x two (H200, 2026-11-27); the
  * extras' instance spills there.  DQ: two warpgroups (128 keys) that add
  * their share of dQ into dq_acc (f32, bwg_acc_tile's layout). */
 template <typename T, int DG, int EXTRAS, bool DQ, typename PROB = fa_attn_problem>
 __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : DG == 64 && !EXTRAS ? 3 : 2)
-    bwg_dkdv_kernel(PROB p, fa_attn_grads g, const float *delta, float *dq_acc) {
+    bwg_dkdv_kernel(PROB p, fa_attn_grads g, const float *delta, float *dq_acc, bwg_walk walk) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = BWG_PAD(DG), CH = D / 8, BR = BWG_BR, NC = BR / 8, QT = BR * D * 2; /* bytes of a Q or dO tile */
   constexpr int WGS = DQ ? 2 : 1, KEYS = WGS * BWG_OWN, THREADS = WGS * BWG_THREADS, NQ = D / WGS; /* dQ columns a warpgroup */
@@ -178,87 +198,93 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
   const int warp = threadIdx.x >> 5, wg = warp >> 2;
   char *dSs = Qs + 4 * QT;
   const int64_t ktiles = (p.Lk + KEYS - 1) / KEYS, blk = blockIdx.x;
-  const int64_t bhk = blk / ktiles, j0 = blk % ktiles * KEYS, b = bhk / p.Hkv, hk = bhk % p.Hkv;
-  const int64_t j1 = min(j0 + KEYS, p.Lk);
-  load_tile<T, D, KEYS, THREADS, true, false, DG>(Ks, (const T *)p.k + attn_at(p.k_st, b, hk, 0), p.k_st.s, j0, p.Lk);
-  load_tile<T, D, KEYS, THREADS, true, false, DG>(Vs, (const T *)p.v + attn_at(p.v_st, b, hk, 0), p.v_st.s, j0, p.Lk);
-  const bwm_qtiles qt = bwm_qtiles_meeting<EXTRAS>(p, b, hk, j0, j1, BR);
-  /* DQ: the blocks of one head start their walk at different query tiles
-   * (and wrap around), spread over the walk by their key tile: all
-   * starting at the first, they would add into the same dQ rows at the
-   * same time, and atomics on one address are serialised */
-  const int64_t rot = DQ && qt.count > 0 ? blk % ktiles * qt.count / ktiles : 0;
-  auto visit = [&](int64_t t) { return t + rot < qt.count ? t + rot : t + rot - qt.count; };
-  /* variants: mask_mod's states of the tile staged last, for this warpgroup's keys and the other's; a tile
-   * empty for both is neither loaded nor computed */
-  int state_next = FA_BLOCK_PARTIAL, other_next = FA_BLOCK_PARTIAL;
-  auto stage = [&](int64_t t, int s, bool *all) {
-    const int64_t u = visit(t), h = qt.head(u), i0 = qt.row(u, BR);
-    if constexpr (attn_rule<PROB>::tiles) {
-      state_next = bwm_variant_state(p, b, h, i0, j0 + wg * BWG_OWN);
-      other_next = DQ ? bwm_variant_state(p, b, h, i0, j0 + (1 - wg) * BWG_OWN) : state_next;
-      if (state_next == FA_BLOCK_EMPTY && other_next == FA_BLOCK_EMPTY) return;
-    }
-    bwm_stage_rows<T, D, BR, THREADS, true, DG>(Qs + s * 2 * QT, QT, p, g, delta, rows[s], b, h, i0, j0, j1, all);
-  };
-  bool all_next = true;
-  if (qt.count > 0) stage(0, 0, &all_next);
-  cp_async_commit();
-  float dk[CH][4], dv[CH][4];
-  bwm_zero<CH>(dk), bwm_zero<CH>(dv);
-  const uint32_t k_base = smem_addr(Ks), v_base = smem_addr(Vs);
-  const uint32_t kw_base = k_base + wg * BWG_OWN * 128, vw_base = v_base + wg * BWG_OWN * 128; /* this warpgroup's keys */
-  /* One barrier a query tile (two with DQ): after it this tile's copies
-   * and rows are in, and every warp is past the last tile, so stage s ^ 1
-   * (and the dSᵀ tile) may be written again. */
-  for (int64_t t = 0; t < qt.count; t++) {
-    const int s = (int)(t & 1);
-    cp_async_wait<0>();
-    fence_proxy_async();
-    const bool full = __syncthreads_and(all_next) && bwm_full_rule(EXTRAS) && j1 - j0 == KEYS;
-    const int state = state_next, other = other_next;
-    if (t + 1 < qt.count) stage(t + 1, s ^ 1, &all_next); /* the next tile's copies fly while this one computes */
+  const int64_t bhk = blk / walk.ctas, c = blk % walk.ctas, b = bhk / p.Hkv, hk = bhk % p.Hkv;
+  float *const acc = DQ ? dq_acc + c * walk.copy : NULL;
+  for (int64_t turn = 0; turn * walk.ctas < ktiles; turn++) {
+    const int64_t kt = turn * walk.ctas + (turn & 1 ? walk.ctas - 1 - c : c);
+    if (kt >= ktiles) break; /* block-uniform: the last turn's tiles run out from its high end */
+    const int64_t j0 = kt * KEYS, j1 = min(j0 + KEYS, p.Lk);
+    load_tile<T, D, KEYS, THREADS, true, false, DG>(Ks, (const T *)p.k + attn_at(p.k_st, b, hk, 0), p.k_st.s, j0, p.Lk);
+    load_tile<T, D, KEYS, THREADS, true, false, DG>(Vs, (const T *)p.v + attn_at(p.v_st, b, hk, 0), p.v_st.s, j0, p.Lk);
+    const bwm_qtiles qt = bwm_qtiles_meeting<EXTRAS>(p, b, hk, j0, j1, BR);
+    /* DQ: the blocks of one head start their walk at different query tiles
+     * (and wrap around), spread over the walk by their key tile: all
+     * starting at the first, they would add into the same dQ rows at the
+     * same time, and atomics on one address are serialised */
+    const int64_t rot = DQ && qt.count > 0 ? kt * qt.count / ktiles : 0;
+    auto visit = [&](int64_t t) { return t + rot < qt.count ? t + rot : t + rot - qt.count; };
+    /* variants: mask_mod's states of the tile staged last, for this warpgroup's keys and the other's; a tile
+     * empty for both is neither loaded nor computed */
+    int state_next = FA_BLOCK_PARTIAL, other_next = FA_BLOCK_PARTIAL;
+    auto stage = [&](int64_t t, int s, bool *all) {
+      const int64_t u = visit(t), h = qt.head(u), i0 = qt.row(u, BR);
+      if constexpr (attn_rule<PROB>::tiles) {
+        state_next = bwm_variant_state(p, b, h, i0, j0 + wg * BWG_OWN);
+        other_next = DQ ? bwm_variant_state(p, b, h, i0, j0 + (1 - wg) * BWG_OWN) : state_next;
+        if (state_next == FA_BLOCK_EMPTY && other_next == FA_BLOCK_EMPTY) return;
+      }
+      bwm_stage_rows<T, D, BR, THREADS, true, DG>(Qs + s * 2 * QT, QT, p, g, delta, rows[s], b, h, i0, j0, j1, all);
+    };
+    bool all_next = true;
+    if (qt.count > 0) stage(0, 0, &all_next);
     cp_async_commit();
-    if (attn_rule<PROB>::tiles && state == FA_BLOCK_EMPTY && other == FA_BLOCK_EMPTY) continue; /* the whole block's */
-    const uint32_t q_base = smem_addr(Qs + s * 2 * QT), do_base = q_base + QT;
-    float sc[NC][4], dp[NC][4];
-    wgmma_fence();
-    bwg_abt<T, DG, BR, KEYS>(&sc[0][0], kw_base, q_base);  /* Sᵀ = K·Qᵀ */
-    bwg_abt<T, DG, BR, KEYS>(&dp[0][0], vw_base, do_base); /* dPᵀ = V·dOᵀ */
-    wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_hold<BR / 2>(&sc[0][0]);
-    wgmma_hold<BR / 2>(&dp[0][0]);
-    const int64_t u = visit(t); /* here, not above: live across the products it cost ptxas 140-400 bytes of spills */
-    bwm_probs<true, NC, BR, EXTRAS>(p, b, qt.head(u), qt.row(u, BR), j0, 0, warp * 16, rows[s], full, sc, dp, state);
-    uint32_t pa[BR / 16][4], da[BR / 16][4];
-    bwg_pack<T, BR / 16>(pa, sc);
-    bwg_pack<T, BR / 16>(da, dp);
-    if (DQ) {
-      bwg_stage_ds<BR>(dSs, da);
+    float dk[CH][4], dv[CH][4];
+    bwm_zero<CH>(dk), bwm_zero<CH>(dv);
+    const uint32_t k_base = smem_addr(Ks), v_base = smem_addr(Vs);
+    const uint32_t kw_base = k_base + wg * BWG_OWN * 128, vw_base = v_base + wg * BWG_OWN * 128; /* this warpgroup's keys */
+    /* One barrier a query tile (two with DQ): after it this tile's copies
+     * and rows are in, and every warp is past the last tile, so stage s ^ 1
+     * (and the dSᵀ tile) may be written again. */
+    for (int64_t t = 0; t < qt.count; t++) {
+      const int s = (int)(t & 1);
+      cp_async_wait<0>();
       fence_proxy_async();
-      __syncthreads(); /* both warpgroups' dSᵀ rows are in */
+      const bool full = __syncthreads_and(all_next) && bwm_full_rule(EXTRAS) && j1 - j0 == KEYS;
+      const int state = state_next, other = other_next;
+      if (t + 1 < qt.count) stage(t + 1, s ^ 1, &all_next); /* the next tile's copies fly while this one computes */
+      cp_async_commit();
+      if (attn_rule<PROB>::tiles && state == FA_BLOCK_EMPTY && other == FA_BLOCK_EMPTY) continue; /* the whole block's */
+      const uint32_t q_base = smem_addr(Qs + s * 2 * QT), do_base = q_base + QT;
+      float sc[NC][4], dp[NC][4];
+      wgmma_fence();
+      bwg_abt<T, DG, BR, KEYS>(&sc[0][0], kw_base, q_base);  /* Sᵀ = K·Qᵀ */
+      bwg_abt<T, DG, BR, KEYS>(&dp[0][0], vw_base, do_base); /* dPᵀ = V·dOᵀ */
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_hold<BR / 2>(&sc[0][0]);
+      wgmma_hold<BR / 2>(&dp[0][0]);
+      const int64_t u = visit(t); /* here, not above: live across the products it cost ptxas 140-400 bytes of spills */
+      bwm_probs<true, NC, BR, EXTRAS>(p, b, qt.head(u), qt.row(u, BR), j0, 0, warp * 16, rows[s], full, sc, dp, state);
+      uint32_t pa[BR / 16][4], da[BR / 16][4];
+      bwg_pack<T, BR / 16>(pa, sc);
+      bwg_pack<T, BR / 16>(da, dp);
+      if (DQ) {
+        bwg_stage_ds<BR>(dSs, da);
+        fence_proxy_async();
+        __syncthreads(); /* both warpgroups' dSᵀ rows are in */
+      }
+      float dq[DQ ? NQ / 8 : 1][4];
+      wgmma_hold<D / 2>(&dv[0][0]);
+      wgmma_hold<D / 2>(&dk[0][0]);
+      wgmma_fence();
+      bwg_xb<T, D, BR / 16>(&dv[0][0], pa, do_base); /* dV += Pᵀ·dO */
+      bwg_xb<T, D, BR / 16>(&dk[0][0], da, q_base);  /* dK += dSᵀ·Q */
+      if (DQ) bwg_ds_k<T, NQ, KEYS>(&dq[0][0], smem_addr(dSs), k_base, wg * NQ); /* dQ's share: dS·K, NQ columns */
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_hold<D / 2>(&dv[0][0]);
+      wgmma_hold<D / 2>(&dk[0][0]);
+      if (DQ) {
+        wgmma_hold<NQ / 2>(&dq[0][0]);
+        bwg_add_dq<NQ, DG>(acc + bwg_acc_tile(b * p.Hq + qt.head(u), (p.Lq + BR - 1) / BR, qt.row(u, BR), DG), wg * NQ, dq);
+      }
     }
-    float dq[DQ ? NQ / 8 : 1][4];
-    wgmma_hold<D / 2>(&dv[0][0]);
-    wgmma_hold<D / 2>(&dk[0][0]);
-    wgmma_fence();
-    bwg_xb<T, D, BR / 16>(&dv[0][0], pa, do_base); /* dV += Pᵀ·dO */
-    bwg_xb<T, D, BR / 16>(&dk[0][0], da, q_base);  /* dK += dSᵀ·Q */
-    if (DQ) bwg_ds_k<T, NQ, KEYS>(&dq[0][0], smem_addr(dSs), k_base, wg * NQ); /* dQ's share: dS·K, NQ columns */
-    wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_hold<D / 2>(&dv[0][0]);
-    wgmma_hold<D / 2>(&dk[0][0]);
-    if (DQ) {
-      wgmma_hold<NQ / 2>(&dq[0][0]);
-      bwg_add_dq<NQ, DG>(dq_acc + bwg_acc_tile(b * p.Hq + qt.head(u), (p.Lq + BR - 1) / BR, qt.row(u, BR), DG), wg * NQ, dq);
-    }
+    cp_async_wait<0>(); /* no copy in flight at the exit or the next turn (a block whose keys no row takes) */
+    const int64_t r0 = (b * p.Hkv + hk) * p.Lk, j = j0 + warp * 16;
+    bwm_store<T, CH, DG>((T *)g.dk + r0 * DG, j, p.Lk, dk);
+    bwm_store<T, CH, DG>((T *)g.dv + r0 * DG, j, p.Lk, dv);
+    __syncthreads(); /* every warp is done with the tiles before the next turn's copies land in them */
   }
-  cp_async_wait<0>(); /* no copy in flight at the exit (a block whose keys no row takes) */
-  const int64_t r0 = (b * p.Hkv + hk) * p.Lk, j = j0 + warp * 16;
-  bwm_store<T, CH, DG>((T *)g.dk + r0 * DG, j, p.Lk, dk);
-  bwm_store<T, CH, DG>((T *)g.dv + r0 * DG, j, p.Lk, dv);
 #endif
 }
 
@@ -336,16 +362,22 @@ __global__ void __launch_bounds__(BWG_THREADS, 2)
 }
 
 /* dq (n elements of a (B·Hq, Lq, DG) tensor) = the f32 sums in acc
- * (dq_acc's layout), rounded to T: a thread a float4 of acc, its two
- * pairs of columns in rows g and g + 8 of a warp's 16. */
+ * (dq_acc's layout; `copies` of it, n4 float4s apart, summed in order),
+ * rounded to T: a thread a float4 of acc, its two pairs of columns in rows
+ * g and g + 8 of a warp's 16. */
 template <typename T, int DG>
-__global__ void __launch_bounds__(256) bwg_dq_convert_kernel(const float *acc, T *dq, int64_t Lq, int64_t n4) {
+__global__ void __launch_bounds__(256)
+    bwg_dq_convert_kernel(const float *acc, T *dq, int64_t Lq, int64_t n4, int64_t copies) {
   const int64_t qtiles = (Lq + BWG_BR - 1) / BWG_BR;
   for (int64_t f = (int64_t)blockIdx.x * 256 + threadIdx.x; f < n4; f += (int64_t)gridDim.x * 256) {
     const int64_t tile = f / (BWG_BR * DG / 4), bh = tile / qtiles;
     const int in = (int)(f % (BWG_BR * DG / 4)), lane = in & 31, w = (in >> 5) & 3, chunk = in >> 7;
     const int64_t i = tile % qtiles * BWG_BR + w * 16 + (lane >> 2);
-    const float4 x = *(const float4 *)(acc + f * 4);
+    float4 x = *(const float4 *)(acc + f * 4);
+    for (int64_t c = 1; c < copies; c++) {
+      const float4 y = *(const float4 *)(acc + (c * n4 + f) * 4);
+      x.x += y.x, x.y += y.y, x.z += y.z, x.w += y.w;
+    }
     T *row = dq + (bh * Lq + i) * DG + chunk * 8 + (lane & 3) * 2;
     if (i < Lq) *(uint32_t *)row = pack2<T>(x.x, x.y);
     if (i + 8 < Lq) *(uint32_t *)(row + 8 * DG) = pack2<T>(x.z, x.w);

@@ -35,7 +35,7 @@ extern "C" {
 extern const int fa_rtc_source_count;
 extern const char *const fa_rtc_source_names[];
 extern const char *const fa_rtc_source_texts[];
-int fa_cuda_backward_wgmma_atomic(const fa_attn_problem *p, const fa_attn_grads *g);
+int fa_cuda_backward_wgmma_adds_dq(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g);
 fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g,
                                      const float *delta, void *prob, const void *dkdv, const void *dq);
 }
@@ -825,19 +825,19 @@ extern "C" fa_status fa_cuda_attention_backward_variant(fa_context *ctx, fa_attn
   if (st) return st;
   const bool fast = kernel == FA_KERNEL_WGMMA, tiles = fast && p->mask_mod;
   const char *T = rtc_type(p);
-  const bool atomic = fa_cuda_backward_wgmma_atomic(p, g); /* the schedule without a dQ kernel */
+  const bool adds_dq = fa_cuda_backward_wgmma_adds_dq(ctx, p, g); /* the schedule without a dQ kernel */
   char names[RTC_KERNELS][160];
   const bw_simt_plan pl = bw_simt_plan_of(p);
   snprintf(names[0], sizeof names[0], "bw_dkdv_kernel<%s, %d, fa_variant_problem>", T, pl.dmax);
   snprintf(names[1], sizeof names[1], "bw_dq_kernel<%s, %d, fa_variant_problem>", T, pl.dmax);
   snprintf(names[2], sizeof names[2], "bwg_dkdv_kernel<%s, %lld, EXTRAS_VARIANT, %s, fa_variant_problem>", T,
-           (long long)p->D, atomic ? "true" : "false");
+           (long long)p->D, adds_dq ? "true" : "false");
   snprintf(names[3], sizeof names[3], "bwg_dq_kernel<%s, %lld, EXTRAS_VARIANT, fa_variant_problem>", T, (long long)p->D);
   snprintf(names[4], sizeof names[4], "fa_variant_spans_kernel<64, 64>");
   const char *list[RTC_KERNELS] = {names[0], names[1]};
   int n = 2, at_dkdv = 0, at_dq = 0, at_spans = 0;
   if (fast) list[at_dkdv = n++] = names[2];
-  if (fast && !atomic) list[at_dq = n++] = names[3];
+  if (fast && !adds_dq) list[at_dq = n++] = names[3];
   if (tiles) list[at_spans = n++] = names[4];
   const int64_t bounds[4] = {p->B, p->Hq, p->Lq, p->Lk};
   int reads[2];
