@@ -28,8 +28,8 @@ static int64_t bwg_acc_n4(const fa_attn_problem *p) {
  * each); past it the adds stream from memory.  bf16, D = 128, H200
  * (docs/perf/2026-11-29-backward-deterministic-h200.json): the
  * deterministic call against the default at L = 1k-4k (a footprint up to
- * 5 L2s) 0.91-0.98x with the copies, 0.84-0.94x with the two kernels (a
- * run of 2026-11-27); at 8k-16k (10-20 L2s) 0.77-0.87x against 0.84-0.87x.
+ * 5 L2s) 0.88-0.95x with the copies, 0.84-0.94x with the two kernels (a
+ * run of 2026-11-27); at 8k-16k (10-20 L2s) 0.77-0.87x against 0.83-0.87x.
  * D = 64 takes the two kernels: the copies measured 0.89-0.99x, the two
  * kernels 0.95-0.98x (the adds save little there). */
 #define BWG_COPIES_L2 6
@@ -84,7 +84,7 @@ static cudaError_t bwg_launch(const void *kernel, int64_t blocks, int threads, s
  * run-time compiled ones (attention_variant.cu), whose problem argument
  * prob (a fa_attn_problem or what derives from it) goes to the kernels as
  * it is.  dq NULL: dkdv is the instance with DQ
- * (fa_cuda_backward_wgmma_adds_dq). */
+ * (fa_cuda_backward_wgmma_adds_dq; with determinism, its WALK instance). */
 extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g,
                                                 const float *delta, void *prob, const void *dkdv, const void *dq) {
   cudaStream_t s = fa_cuda_stream(ctx);
@@ -124,8 +124,12 @@ extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_p
 template <typename T, int D, int EXTRAS>
 static fa_status bwg_extras(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, const float *delta) {
   fa_attn_problem pa = *p;
-  if (fa_cuda_backward_wgmma_adds_dq(ctx, p, g))
-    return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, (const void *)bwg_dkdv_kernel<T, D, EXTRAS, true>, NULL);
+  if (fa_cuda_backward_wgmma_adds_dq(ctx, p, g)) {
+    const void *dkdv = (const void *)bwg_dkdv_kernel<T, D, EXTRAS, true>;
+    if constexpr (D != 64) /* deterministic: the walk's instance (D = 64 takes the two kernels then) */
+      if (g->deterministic) dkdv = (const void *)bwg_dkdv_kernel<T, D, EXTRAS, true, fa_attn_problem, true>;
+    return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, dkdv, NULL);
+  }
   return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, (const void *)bwg_dkdv_kernel<T, D, EXTRAS, false>,
                                     (const void *)bwg_dq_kernel<T, D, EXTRAS>);
 }

@@ -32,10 +32,10 @@
  * order of the atomic adds varies from run to run, so the rounding of dQ
  * does too.
  *
- * With opts.deterministic the same blocks walk the keys (bwg_walk): C
- * blocks a (batch, KV head), block c taking key tiles c, 2C - 1 - c,
- * 2C + c, ... in turn and adding into its own copy c of dq_acc, which the
- * conversion sums in the order of c.  Each element of a copy is then
+ * With opts.deterministic the same blocks walk the keys (bwg_walk, the
+ * kernel's WALK instances): C blocks a (batch, KV head), block c taking
+ * key tiles c, 2C - 1 - c, 2C + c, ... in turn and adding into its own
+ * copy c of dq_acc, which the conversion sums in the order of c.  Each element of a copy is then
  * added to by one thread alone, in its program order, which fixes the
  * order of the adds (and their rounding); C is chosen to fill the GPU
  * (bwg_copies).  Where the copies that the blocks at work add into pass a
@@ -174,10 +174,10 @@ static __device__ __forceinline__ char *bwg_aligned(char *raw) {
 #endif
 
 /* How the dK/dV blocks take their key tiles: `ctas` blocks a (batch, KV
- * head), block c taking tiles c, 2·ctas - 1 - c, 2·ctas + c, ... (a snake,
- * so that a causal call's long and short tiles even out), adding its dQ
- * into dq_acc + c·copy (copy 0: all blocks into one, with ctas = the key
- * tiles: a tile a block). */
+ * head); in the WALK instances block c takes tiles c, 2·ctas - 1 - c,
+ * 2·ctas + c, ... (a snake, so that a causal call's long and short tiles
+ * even out) and adds its dQ into dq_acc + c·copy; the others take tile c
+ * alone (ctas = the key tiles), adding into dq_acc. */
 struct bwg_walk {
   int64_t ctas, copy;
 };
@@ -186,7 +186,7 @@ struct bwg_walk {
  * (168 registers, no spill): 1.11-1.14x two (H200, 2026-11-27); the
  * extras' instance spills there.  DQ: two warpgroups (128 keys) that add
  * their share of dQ into dq_acc (f32, bwg_acc_tile's layout). */
-template <typename T, int DG, int EXTRAS, bool DQ, typename PROB = fa_attn_problem>
+template <typename T, int DG, int EXTRAS, bool DQ, typename PROB = fa_attn_problem, bool WALK = false>
 __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : DG == 64 && !EXTRAS ? 3 : 2)
     bwg_dkdv_kernel(PROB p, fa_attn_grads g, const float *delta, float *dq_acc, bwg_walk walk) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -198,11 +198,17 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
   const int warp = threadIdx.x >> 5, wg = warp >> 2;
   char *dSs = Qs + 4 * QT;
   const int64_t ktiles = (p.Lk + KEYS - 1) / KEYS, blk = blockIdx.x;
-  const int64_t bhk = blk / walk.ctas, c = blk % walk.ctas, b = bhk / p.Hkv, hk = bhk % p.Hkv;
-  float *const acc = DQ ? dq_acc + c * walk.copy : NULL;
-  for (int64_t turn = 0; turn * walk.ctas < ktiles; turn++) {
-    const int64_t kt = turn * walk.ctas + (turn & 1 ? walk.ctas - 1 - c : c);
-    if (kt >= ktiles) break; /* block-uniform: the last turn's tiles run out from its high end */
+  const int64_t per = WALK ? walk.ctas : ktiles; /* blocks a (batch, KV head) */
+  const int64_t bhk = blk / per, c = blk % per, b = bhk / p.Hkv, hk = bhk % p.Hkv;
+  float *const acc = DQ && WALK ? dq_acc + c * walk.copy : dq_acc;
+  /* WALK: the tiles c, 2C - 1 - c, 2C + c, ... in turn; else tile c alone,
+   * the do-while's one pass folded away (a turn loop, or a lambda called
+   * per turn, in the instances that take one tile changed their register
+   * allocation: 40-76 bytes of spills in the default's) */
+  int64_t turn = 0;
+  do {
+    const int64_t kt = WALK ? turn * per + (turn & 1 ? per - 1 - c : c) : c;
+    if (WALK && kt >= ktiles) break; /* block-uniform: the last turn's tiles run out from its high end */
     const int64_t j0 = kt * KEYS, j1 = min(j0 + KEYS, p.Lk);
     load_tile<T, D, KEYS, THREADS, true, false, DG>(Ks, (const T *)p.k + attn_at(p.k_st, b, hk, 0), p.k_st.s, j0, p.Lk);
     load_tile<T, D, KEYS, THREADS, true, false, DG>(Vs, (const T *)p.v + attn_at(p.v_st, b, hk, 0), p.v_st.s, j0, p.Lk);
@@ -283,8 +289,8 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     const int64_t r0 = (b * p.Hkv + hk) * p.Lk, j = j0 + warp * 16;
     bwm_store<T, CH, DG>((T *)g.dk + r0 * DG, j, p.Lk, dk);
     bwm_store<T, CH, DG>((T *)g.dv + r0 * DG, j, p.Lk, dv);
-    __syncthreads(); /* every warp is done with the tiles before the next turn's copies land in them */
-  }
+    if (WALK) __syncthreads(); /* every warp is done with the tiles before the next turn's copies land in them */
+  } while (WALK && ++turn * per < ktiles);
 #endif
 }
 

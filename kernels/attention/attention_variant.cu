@@ -830,8 +830,8 @@ extern "C" fa_status fa_cuda_attention_backward_variant(fa_context *ctx, fa_attn
   const bw_simt_plan pl = bw_simt_plan_of(p);
   snprintf(names[0], sizeof names[0], "bw_dkdv_kernel<%s, %d, fa_variant_problem>", T, pl.dmax);
   snprintf(names[1], sizeof names[1], "bw_dq_kernel<%s, %d, fa_variant_problem>", T, pl.dmax);
-  snprintf(names[2], sizeof names[2], "bwg_dkdv_kernel<%s, %lld, EXTRAS_VARIANT, %s, fa_variant_problem>", T,
-           (long long)p->D, adds_dq ? "true" : "false");
+  snprintf(names[2], sizeof names[2], "bwg_dkdv_kernel<%s, %lld, EXTRAS_VARIANT, %s, fa_variant_problem%s>", T,
+           (long long)p->D, adds_dq ? "true" : "false", adds_dq && g->deterministic ? ", true" : "");
   snprintf(names[3], sizeof names[3], "bwg_dq_kernel<%s, %lld, EXTRAS_VARIANT, fa_variant_problem>", T, (long long)p->D);
   snprintf(names[4], sizeof names[4], "fa_variant_spans_kernel<64, 64>");
   const char *list[RTC_KERNELS] = {names[0], names[1]};
