@@ -12,34 +12,42 @@ local root = (arg and arg[0] or ""):match("^(.*)/scripts/[^/]*$") or "."
 package.path = root .. "/lua/?.lua;" .. package.path
 local fa = require "flashattn"
 local sweep = require "flashattn.sweep"
-local argparse = require "argparse"
-local p = argparse("probe_trace.lua", "Runs one attention call shape a few times (a trace build prints block 0's cycle marks).")
-local function int(name) return sweep.integer_arg(1, name) end
-p:option("--b", "batch"):convert(int("--b")):default("16")
-p:option("--h", "heads"):convert(int("--h")):default("16")
-p:option("--lq", "query rows"):convert(int("--lq")):default("1024")
-p:option("--lk", "keys"):convert(int("--lk")):default("1024")
-p:option("--d", "head dim"):convert(int("--d")):default("128")
-p:option("--dtype", "bf16 or f16"):choices({ "bf16", "f16" }):default("bf16")
-p:flag("--causal", "a causal mask")
-p:option("--kernel", "opts.kernel (fa.kernels lists them)")
-p:option("--tile", "opts.tile as BRxBC, e.g. 128x176")
-p:option("--reps", "calls"):convert(int("--reps")):default("3")
-local a = p:parse(arg)
-local function randn(L, s) return fa.randn({ a.b, a.h, L, a.d }, { dtype = a.dtype, device = "cuda", seed = s }) end
-local q, k, v = randn(a.lq, 1), randn(a.lk, 2), randn(a.lk, 3)
-local opts = { causal = a.causal or nil, kernel = a.kernel }
-if a.tile then
-  local br, bc = a.tile:match("^(%d+)x(%d+)$")
-  if not br then error("probe_trace.lua: --tile takes BRxBC, e.g. 128x176", 0) end
-  opts.tile = { tonumber(br), tonumber(bc) }
+local NAME = "probe_trace.lua"
+
+local function parse(argv)
+  local argparse = require "argparse"
+  local p = argparse(NAME, "Runs one attention call shape a few times (a trace build prints block 0's cycle marks).")
+  local function int(name) return sweep.integer_arg(1, name) end
+  p:option("--b", "batch"):convert(int("--b")):default("16")
+  p:option("--h", "heads"):convert(int("--h")):default("16")
+  p:option("--lq", "query rows"):convert(int("--lq")):default("1024")
+  p:option("--lk", "keys"):convert(int("--lk")):default("1024")
+  p:option("--d", "head dim"):convert(int("--d")):default("128")
+  p:option("--dtype", "bf16 or f16"):choices({ "bf16", "f16" }):default("bf16")
+  p:flag("--causal", "a causal mask")
+  p:option("--kernel", "opts.kernel (fa.kernels lists them)")
+  p:option("--tile", "opts.tile as BRxBC, e.g. 128x176")
+  p:option("--reps", "calls"):convert(int("--reps")):default("3")
+  return sweep.parse_args(p, argv, NAME)
 end
-print(("probe_trace.lua: %s %s B %d H %d Lq %d Lk %d D %d%s kernel %s"):format(fa.device_info("cuda").name or "cuda",
-  a.dtype, a.b, a.h, a.lq, a.lk, a.d, a.causal and " causal" or "", table.concat(fa.kernels(q, k, v, opts), ",")))
-for rep = 1, a.reps do
-  print(("== rep %d"):format(rep))
-  io.stdout:flush()
-  fa.attention(q, k, v, opts):free()
-  fa.sync()
-  io.stdout:flush()
-end
+
+sweep.main(NAME, function(argv)
+  local a = parse(argv)
+  local opts = { causal = a.causal or nil, kernel = a.kernel }
+  if a.tile then
+    local br, bc = a.tile:match("^(%d+)x(%d+)$")
+    if not br then error(NAME .. ": --tile takes BRxBC, e.g. 128x176", 0) end
+    opts.tile = { tonumber(br), tonumber(bc) }
+  end
+  local function randn(L, s) return fa.randn({ a.b, a.h, L, a.d }, { dtype = a.dtype, device = "cuda", seed = s }) end
+  local q, k, v = randn(a.lq, 1), randn(a.lk, 2), randn(a.lk, 3)
+  print(("%s: %s %s B %d H %d Lq %d Lk %d D %d%s kernel %s"):format(NAME, fa.device_info("cuda").name or "cuda",
+    a.dtype, a.b, a.h, a.lq, a.lk, a.d, a.causal and " causal" or "", table.concat(fa.kernels(q, k, v, opts), ",")))
+  for rep = 1, a.reps do
+    print(("== rep %d"):format(rep))
+    io.stdout:flush()
+    fa.attention(q, k, v, opts):free()
+    fa.sync()
+    io.stdout:flush()
+  end
+end, { ... })

@@ -44,7 +44,7 @@ static int64_t bwg_acc_n4(const fa_attn_problem *p) {
  * from 8k (H200, bf16).  With no query row at all (B, Hq or Lq 0) the two
  * kernels, which still write dk and dv (zeros): dq_acc would be empty, and
  * its conversion a launch of no blocks, which CUDA refuses. */
-static int64_t bwg_walk_ctas(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g) {
+extern "C" int64_t fa_cuda_backward_wgmma_walk(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g) {
   if (p->B * p->Hq * p->Lq <= 0 || (p->D == 64 && p->Lk < 8192)) return 0;
   const int64_t ktiles = (p->Lk + 2 * BWG_OWN - 1) / (2 * BWG_OWN);
   if (!g->deterministic) return ktiles;
@@ -53,9 +53,6 @@ static int64_t bwg_walk_ctas(fa_context *ctx, const fa_attn_problem *p, const fa
   const int64_t heads = p->B * p->Hkv, copy_bytes = bwg_acc_n4(p) * 16;
   const int64_t c = bwg_copies(heads, ktiles, dp.sms, copy_bytes); /* one block an SM */
   return std::min(heads * c, (int64_t)dp.sms) * (copy_bytes / heads) <= BWG_COPIES_L2 * (int64_t)dp.l2_bytes ? c : 0;
-}
-extern "C" int fa_cuda_backward_wgmma_adds_dq(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g) {
-  return bwg_walk_ctas(ctx, p, g) > 0;
 }
 
 template <typename T, int D>
@@ -83,23 +80,24 @@ static cudaError_t bwg_launch(const void *kernel, int64_t blocks, int threads, s
 /* The call on the kernels given: the built-in instances, or a variant's
  * run-time compiled ones (attention_variant.cu), whose problem argument
  * prob (a fa_attn_problem or what derives from it) goes to the kernels as
- * it is.  dq NULL: dkdv is the instance with DQ
- * (fa_cuda_backward_wgmma_adds_dq; with determinism, its WALK instance). */
+ * it is.  ctas: fa_cuda_backward_wgmma_walk's answer, taken once by the
+ * caller (which picks the instances by it); above 0, dkdv is the instance
+ * with DQ (with determinism, its WALK instance) and dq is not used. */
 extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g,
-                                                const float *delta, void *prob, const void *dkdv, const void *dq) {
+                                                const float *delta, void *prob, int64_t ctas, const void *dkdv,
+                                                const void *dq) {
   cudaStream_t s = fa_cuda_stream(ctx);
   fa_attn_grads ga = *g;
   float *acc = NULL;
   bwg_walk walk = {(p->Lk + BWG_OWN - 1) / BWG_OWN, 0}; /* the two kernels': a key tile a block */
   void *args[] = {prob, &ga, &delta, &acc, &walk};
-  if (dq == NULL) { /* the instance with DQ (fa_cuda_backward_wgmma_adds_dq) */
-    walk.ctas = bwg_walk_ctas(ctx, p, g);
+  if (ctas > 0) { /* the instance with DQ */
+    walk.ctas = ctas;
     const int64_t n4 = bwg_acc_n4(p), copies = g->deterministic ? walk.ctas : 1;
     walk.copy = g->deterministic ? n4 * 4 : 0;
     const int64_t blocks = p->B * p->Hkv * walk.ctas;
     const size_t bytes = (size_t)(n4 * copies) * 16;
-    fa_status st = walk.ctas > 0 ? attn_grid_fits(ctx, blocks)
-                                 : fa_fail(ctx, FA_ERR_BACKEND, "flashattn: the backward's dQ schedule changed under a call");
+    fa_status st = attn_grid_fits(ctx, blocks);
     if (st || (st = fa_cuda_malloc(ctx, (void **)&acc, bytes))) return st; /* rows > 0: n4 > 0 */
     cudaError_t err = cudaMemsetAsync(acc, 0, bytes, s);
     if (err == cudaSuccess && blocks > 0)
@@ -124,13 +122,14 @@ extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_p
 template <typename T, int D, int EXTRAS>
 static fa_status bwg_extras(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, const float *delta) {
   fa_attn_problem pa = *p;
-  if (fa_cuda_backward_wgmma_adds_dq(ctx, p, g)) {
+  const int64_t ctas = fa_cuda_backward_wgmma_walk(ctx, p, g);
+  if (ctas > 0) {
     const void *dkdv = (const void *)bwg_dkdv_kernel<T, D, EXTRAS, true>;
     if constexpr (D != 64) /* deterministic: the walk's instance (D = 64 takes the two kernels then) */
       if (g->deterministic) dkdv = (const void *)bwg_dkdv_kernel<T, D, EXTRAS, true, fa_attn_problem, true>;
-    return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, dkdv, NULL);
+    return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, ctas, dkdv, NULL);
   }
-  return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, (const void *)bwg_dkdv_kernel<T, D, EXTRAS, false>,
+  return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, 0, (const void *)bwg_dkdv_kernel<T, D, EXTRAS, false>,
                                     (const void *)bwg_dq_kernel<T, D, EXTRAS>);
 }
 

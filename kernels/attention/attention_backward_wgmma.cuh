@@ -28,7 +28,7 @@
  * and dq_acc laid out so that a warp's 16-byte adds cover 512 contiguous
  * bytes: 14.4 ms (11.9 without the adds; the two kernels 16.7).  TMA bulk
  * reductions from shared memory instead of the atomics: 5 % slower.  At
- * D = 64 it pays only from 8k keys (fa_cuda_backward_wgmma_adds_dq).  The
+ * D = 64 it pays only from 8k keys (fa_cuda_backward_wgmma_walk).  The
  * order of the atomic adds varies from run to run, so the rounding of dQ
  * does too.
  *

@@ -35,9 +35,9 @@ extern "C" {
 extern const int fa_rtc_source_count;
 extern const char *const fa_rtc_source_names[];
 extern const char *const fa_rtc_source_texts[];
-int fa_cuda_backward_wgmma_adds_dq(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g);
+int64_t fa_cuda_backward_wgmma_walk(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g);
 fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g,
-                                     const float *delta, void *prob, const void *dkdv, const void *dq);
+                                     const float *delta, void *prob, int64_t ctas, const void *dkdv, const void *dq);
 }
 
 /* ---- NVRTC, opened on first use ---- */
@@ -772,12 +772,13 @@ extern "C" fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attn_kernel k
 typedef struct {
   cudaKernel_t dkdv, dq, simt_dkdv, simt_dq;
   fa_variant_problem *vp;
+  int64_t ctas; /* fa_cuda_backward_wgmma_walk's, which chose dkdv's instance */
 } variant_backward;
 
 static fa_status variant_bw_fast(fa_context *ctx, fa_attn_kernel, const fa_attn_problem *p, const fa_attn_grads *g,
                                  const float *delta, void *user) {
   variant_backward *vb = (variant_backward *)user;
-  return fa_cuda_backward_wgmma_run(ctx, p, g, delta, vb->vp, (const void *)vb->dkdv, (const void *)vb->dq);
+  return fa_cuda_backward_wgmma_run(ctx, p, g, delta, vb->vp, vb->ctas, (const void *)vb->dkdv, (const void *)vb->dq);
 }
 
 static fa_status variant_bw_simt(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, const float *delta,
@@ -825,7 +826,8 @@ extern "C" fa_status fa_cuda_attention_backward_variant(fa_context *ctx, fa_attn
   if (st) return st;
   const bool fast = kernel == FA_KERNEL_WGMMA, tiles = fast && p->mask_mod;
   const char *T = rtc_type(p);
-  const bool adds_dq = fa_cuda_backward_wgmma_adds_dq(ctx, p, g); /* the schedule without a dQ kernel */
+  const int64_t ctas = fa_cuda_backward_wgmma_walk(ctx, p, g); /* above 0: the schedule without a dQ kernel */
+  const bool adds_dq = ctas > 0;
   char names[RTC_KERNELS][160];
   const bw_simt_plan pl = bw_simt_plan_of(p);
   snprintf(names[0], sizeof names[0], "bw_dkdv_kernel<%s, %d, fa_variant_problem>", T, pl.dmax);
@@ -850,7 +852,7 @@ extern "C" fa_status fa_cuda_attention_backward_variant(fa_context *ctx, fa_attn
   fa_variant_problem vp;
   variant_problem(p, &vp);
   fault_records fr = {NULL, 0, {0, 0}};
-  variant_backward vb = {kern[at_dkdv], at_dq ? kern[at_dq] : NULL, kern[0], kern[1], &vp};
+  variant_backward vb = {kern[at_dkdv], at_dq ? kern[at_dq] : NULL, kern[0], kern[1], &vp, ctas};
   void *temp = NULL;
   size_t temp_bytes = 0;
   st = faults_open(ctx, reads, &vp, &fr);
