@@ -188,10 +188,25 @@ static void infer(const fa_expr *e, const int64_t *bounds, int *ty, uint8_t *fl,
   free(rg);
 }
 
+/* Index operand j of a read, 0-based: a position as the integer the
+ * function takes (q, not (long long)(qf + 1.f) - 1: a float-to-integer
+ * conversion a score, which ran on the pipe that the softmax's exp2 needs),
+ * else the operand as an integer, less 1. */
+static void index0(text *t, const fa_expr *e, int j, const int *ty) {
+  const int op = e->nodes[j].op;
+  if (op == FA_X_B || op == FA_X_H || op == FA_X_Q || op == FA_X_K) {
+    put(t, "%c", "bhqk"[op - FA_X_B]);
+    return;
+  }
+  put(t, "(");
+  operand(t, j, ty[j], TI);
+  put(t, " - 1)");
+}
+
 /* A checked read's offset o<i>: each index i<i>_<d> (0-based) and whether
  * it is inside its dimension (k<i>_<d>), k<i> for all of them; offset 0
  * where one is not. */
-static void emit_checked_offset(text *t, const fa_expr_node *x, int i, const int *ty, int slot) {
+static void emit_checked_offset(text *t, const fa_expr *e, const fa_expr_node *x, int i, const int *ty, int slot) {
   for (int d = 0; d < x->ndim; d++) {
     const int a = x->a[d];
     if (ty[a] == TF) {
@@ -201,8 +216,8 @@ static void emit_checked_offset(text *t, const fa_expr_node *x, int i, const int
       put(t, "  const long long i%d_%d = k%d_%d ? (long long)x%d_%d - 1 : 0;\n", i, d, i, d, i, d);
     } else {
       put(t, "  const long long i%d_%d = ", i, d);
-      operand(t, a, ty[a], TI);
-      put(t, " - 1;\n");
+      index0(t, e, a, ty);
+      put(t, ";\n");
       put(t, "  const bool k%d_%d = (unsigned long long)i%d_%d < (unsigned long long)a.shape[%d][%d];\n", i, d, i, d,
           slot, d);
     }
@@ -247,13 +262,13 @@ static void emit_load(text *t, const fa_expr *e, int i, const int *ty, const uin
                       int reads) {
   const fa_expr_node *x = &e->nodes[i];
   if (unsafe) {
-    emit_checked_offset(t, x, i, ty, slot);
+    emit_checked_offset(t, e, x, i, ty, slot);
   } else { /* in range at every position of the call */
     put(t, "  const long long o%d = ", i);
     for (int d = 0; d < x->ndim; d++) {
-      put(t, "%s(", d ? " + " : "");
-      operand(t, x->a[d], ty[x->a[d]], TI);
-      put(t, " - 1) * a.stride[%d][%d]", slot, d);
+      put(t, "%s", d ? " + " : "");
+      index0(t, e, x->a[d], ty);
+      put(t, " * a.stride[%d][%d]", slot, d);
     }
     put(t, ";\n  const bool k%d = true;\n", i);
   }
@@ -364,8 +379,9 @@ static void emit_node(text *t, const fa_expr *e, int i, const int *ty, const uin
  * of integers (positions, integral constants, + - * min max abs floor, %
  * by a constant), comparisons, logic, fa.where, and reads at integer
  * indices whose float values only meet comparisons (doc[q] == doc[k]);
- * no other float.  tile(a, b, h, q0, q1, k0, k1) (0-based, inclusive)
- * gives 0 when no pair of the tile attends, 1 when every pair does, 2 when
+ * no other float.  tile(a, b, h, q0, q1, k0, k1[, lane, lanes]) (0-based,
+ * inclusive; lanes: 32 when a warp calls it together, its reads split
+ * among the lanes, else 1) gives 0 when no pair of the tile attends, 1 when every pair does, 2 when
  * it cannot tell (then the pairs are evaluated): interval arithmetic in
  * doubles (exact below 2^53) for the integers, for a read the least and
  * the greatest value over the box of its indices (at most TILE_READ_MAX
@@ -415,18 +431,26 @@ static void emit_tile_read(text *t, const fa_expr *e, int i, const int *ty, int 
   put(t, "    if (count > %d.) {\n", TILE_READ_MAX);
   if (ty[i] == TB) put(t, "      t%d = 3;\n    } else {\n", i);
   else put(t, "      n%d = true;\n    } else {\n", i);
-  /* the loops, outermost first; the offset o<i> as the pairs' */
-  for (int d = 0; d < x->ndim; d++)
-    put(t, "    for (long long x%d_%d = (long long)l%d - 1; x%d_%d < (long long)h%d; x%d_%d++)\n", i, d, x->a[d], i, d,
-        x->a[d], i, d);
-  put(t, "    {\n      const long long o%d = ", i);
+  /* the box's elements in one loop, lane by lane (lanes: the threads of a
+   * warp that share the tile, or 1), the last index fastest; each extent
+   * is at most TILE_READ_MAX here; the offset o<i> as the pairs' */
+  for (int d = 1; d < x->ndim; d++)
+    put(t, "    const int e%d_%d = (int)(h%d - l%d) + 1;\n", i, d, x->a[d], x->a[d]);
+  put(t, "    for (int u = lane; u < (int)count; u += lanes) {\n      int r = u;\n");
+  for (int d = x->ndim - 1; d >= 0; d--) {
+    put(t, "      const long long x%d_%d = (long long)l%d - 1 + ", i, d, x->a[d]);
+    put(t, d ? "r %% e%d_%d;\n      r /= e%d_%d;\n" : "r;\n", i, d, i, d);
+  }
+  put(t, "      const long long o%d = ", i);
   for (int d = 0; d < x->ndim; d++) put(t, "%sx%d_%d * a.stride[%d][%d]", d ? " + " : "", i, d, slot, d);
   put(t, ";\n      const double v = (double)(");
   put(t, load_format(e->tensors[x->tensor]->dtype), slot, i);
   put(t, ");\n");
-  if (ty[i] == TB) put(t, "      t%d |= v != 0. ? 1 : 2;\n", i);
-  else put(t, "      if (v != v) n%d = true;\n      else l%d = fmin(l%d, v), h%d = fmax(h%d, v);\n", i, i, i, i, i);
-  put(t, "    }\n    }\n  }\n");
+  if (ty[i] == TB) put(t, "      t%d |= v != 0. ? 1 : 2;\n    }\n    fa_tile_lanes_or(t%d, lanes);\n", i, i);
+  else
+    put(t, "      if (v != v) n%d = true;\n      else l%d = fmin(l%d, v), h%d = fmax(h%d, v);\n    }\n"
+           "    fa_tile_lanes_range(l%d, h%d, n%d, lanes);\n", i, i, i, i, i, i, i, i);
+  put(t, "    }\n  }\n");
 }
 
 /* A bound of operand j of a comparison meeting in type w (hi: the upper
@@ -448,7 +472,7 @@ static void emit_tile(text *t, const fa_expr *e, const int *ty, const uint8_t *l
   static const char *const cmp[] = {"lt", "le", "gt", "ge", "eq", "ne"};
   put(t, "  static const bool has_tile = true;\n");
   put(t, "  static __device__ int tile(const fa_variant_args &a, long long b, long long h, long long q0, long long q1,"
-         " long long k0, long long k1) {\n  (void)a;\n");
+         " long long k0, long long k1, int lane = 0, int lanes = 1) {\n  (void)a, (void)lane, (void)lanes;\n");
   for (int i = 0; i < e->n; i++) {
     if (!live[i]) continue;
     const fa_expr_node *x = &e->nodes[i];
@@ -654,7 +678,7 @@ static int emit_function(text *t, const fa_expr *e, const int64_t *bounds, int i
   if (is_mask && tile_exact(e, ty, live)) emit_tile(t, e, ty, live, base);
   else if (is_mask) put(t, "  static const bool has_tile = false;\n"
                            "  static __device__ int tile(const fa_variant_args &, long long, long long, long long, long long,"
-                           " long long, long long) { return 2; }\n");
+                           " long long, long long, int = 0, int = 1) { return 2; }\n");
   analysis_free(&an);
   return reads;
 }
@@ -686,7 +710,7 @@ char *fa_variant_source(const fa_expr *score_mod, const fa_expr *mask_mod, const
     put(&t, "  static __device__ __forceinline__ bool mask(const fa_variant_args &, float, long long, long long, "
             "long long, long long, float, float, float, float, int &) { return true; }\n"
             "  static const bool has_tile = false;\n  static __device__ int tile(const fa_variant_args &, long long, "
-            "long long, long long, long long, long long, long long) { return 1; }\n");
+            "long long, long long, long long, long long, long long, int = 0, int = 1) { return 1; }\n");
   put(&t, "};\n");
   if (t.failed) {
     free(t.s);

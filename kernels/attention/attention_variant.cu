@@ -660,7 +660,7 @@ static fa_status variant_spans(fa_context *ctx, const fa_attn_problem *p, const 
   }
   void *states = NULL;
   void *args[] = {vp, &spans, &states, (void *)&v->nh};
-  st = launch(ctx, spans_kernel, (unsigned)grid, 256, 0, args, "mask_mod's tiles");
+  st = launch(ctx, spans_kernel, (unsigned)grid, FA_SPANS_THREADS, 0, args, "mask_mod's tiles");
   va.spans = (const int *)spans;
   spans_entry *e = NULL;
   pthread_mutex_lock(&rtc_lock);
@@ -697,13 +697,19 @@ static fa_status queue_variant_tma(fa_context *ctx, const fa_attn_problem *p, co
 }
 
 /* Queues the call's kernels: mask_mod's spans, the fast kernel guarded by
- * v_flag (NaN or inf in V), and the SIMT kernel, behind it when there is
- * one (it runs only when v_flag is set), else alone. */
+ * v_flag (NaN or inf in V: set by a scan of V from the side stream, beside
+ * the kernels, as launch_guarded_by_v_flag does for the built-in rules; in
+ * front of them on the context's stream it took 19 us of a 400 us call at
+ * L = 4096, H200, where it may now run beside mask_mod's spans), and the
+ * SIMT kernel, behind it when there is one (it runs only when v_flag is
+ * set, after the scan), else alone. */
 static fa_status queue_variant(fa_context *ctx, const fa_attn_problem *p, const variant_plan *v, const char *src,
                                cudaKernel_t *kern, fa_variant_problem *vp, int *v_flag) {
   fa_status st = FA_OK;
   void *spans = NULL;
   size_t spans_bytes = 0;
+  cudaStream_t side = 0;
+  if (v_flag && (st = fa_cuda_fork(ctx, &side))) return st;
   if (v->n == 3) st = variant_spans(ctx, p, v, src, kern[2], vp, &spans, &spans_bytes);
   if (!st && v->fast == FAST_TMA) {
     vp->v_nonfinite = v_flag, vp->v_self_check = 0;
@@ -717,6 +723,11 @@ static fa_status queue_variant(fa_context *ctx, const fa_attn_problem *p, const 
     if (!(st = attn_grid_fits(ctx, blocks)))
       st = launch(ctx, kern[1], (unsigned)blocks, wg ? WG_THREADS : MMA_WARPS(p->D) * 32, smem, args,
                   "the variant's fast kernel");
+  }
+  if (v_flag) {
+    const cudaError_t err = st ? cudaSuccess : queue_nonfinite_scan(p, v_flag, side);
+    const fa_status joined = fa_cuda_join(ctx); /* waits here when it cannot be queued */
+    if (!st) st = err != cudaSuccess ? fa_cuda_error(ctx, err, "the NaN/inf check of v") : joined;
   }
   if (!st) {
     const fa_variant_args va = vp->va;
@@ -752,7 +763,7 @@ extern "C" fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attn_kernel k
   variant_problem(p, &vp);
   st = rtc_kernels_get(ctx, src, names, v.n, kern);
   if (!st) st = faults_open(ctx, reads, &vp, &fr);
-  if (!st && v.fast) st = values_nonfinite_flag(ctx, p, &v_flag); /* NaN or inf in V: the SIMT kernel redoes the call */
+  if (!st && v.fast) st = values_nonfinite_flag(ctx, p, &v_flag, false); /* NaN or inf in V: the SIMT kernel redoes the call */
   if (!st) st = queue_variant(ctx, p, &v, src, kern, &vp, v_flag);
   free(src);
   if (v_flag) fa_cuda_free_on(ctx, v_flag, sizeof(int)); /* stream-ordered */
@@ -815,7 +826,7 @@ static fa_status variant_bw_tiles(fa_context *ctx, const fa_attn_problem *p, cud
   va.spans_br = va.spans_bc = 64, va.spans_nq = nq, va.tiles_nk = nk;
   va.spans_sb = nb > 1 ? nh : 0, va.spans_sh = nh > 1 ? 1 : 0;
   void *args[] = {vp, &spans, &states, (void *)&nh};
-  st = launch(ctx, spans_kernel, (unsigned)grid, 256, 0, args, "mask_mod's tiles");
+  st = launch(ctx, spans_kernel, (unsigned)grid, FA_SPANS_THREADS, 0, args, "mask_mod's tiles");
   va.spans = spans, va.tiles = states;
   return st;
 }
@@ -900,7 +911,7 @@ extern "C" fa_status fa_cuda_block_mask(fa_context *ctx, const fa_expr *e, int64
   if (!st) st = attn_grid_fits(ctx, grid);
   if (!st) {
     void *args[] = {&vp, &spans, &dev, (void *)&nh};
-    st = launch(ctx, kern, (unsigned)grid, 256, 0, args, "fa.block_mask");
+    st = launch(ctx, kern, (unsigned)grid, FA_SPANS_THREADS, 0, args, "fa.block_mask");
   }
   if (!st) st = fa_cuda_memcpy(ctx, host, dev, bytes, FA_COPY_D2H);
   st = faults_close(ctx, &p, bounds, &fr, st);

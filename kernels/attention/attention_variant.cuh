@@ -23,6 +23,10 @@
 
 #include "attention_variant_args.cuh"
 
+/* The threads of a block of the spans kernel (fa_variant_spans_kernel: a
+ * warp a key tile). */
+#define FA_SPANS_THREADS 512
+
 struct fa_variant_problem : attn_params {
   fa_variant_args va;
 };

@@ -95,6 +95,25 @@ static __device__ __forceinline__ int fa_tile_ne(double al, double ah, double bl
   return r == 3 ? 3 : 3 - r;
 }
 
+/* A tile read's range (least l, greatest h, a NaN seen n) or a boolean
+ * read's values (bits t) over the lanes that shared its elements: a whole
+ * warp (lanes 32, every lane calling), or one thread (lanes 1: nothing to
+ * do; the host build of the test has no warps). */
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+static __device__ __forceinline__ void fa_tile_lanes_range(double &l, double &h, bool &n, int lanes) {
+  if (lanes < 32) return;
+  for (int m = 16; m; m >>= 1) l = fmin(l, __shfl_xor_sync(~0u, l, m)), h = fmax(h, __shfl_xor_sync(~0u, h, m));
+  n = __any_sync(~0u, n);
+}
+static __device__ __forceinline__ void fa_tile_lanes_or(int &t, int lanes) {
+  if (lanes < 32) return;
+  for (int m = 16; m; m >>= 1) t |= __shfl_xor_sync(~0u, t, m);
+}
+#else
+static inline void fa_tile_lanes_range(double &, double &, bool &, int) {}
+static inline void fa_tile_lanes_or(int &, int) {}
+#endif
+
 /* Read r's bad access (dimension d, index ix), kept from the first. */
 static __device__ __forceinline__ void fa_variant_note(long long *rec, int r, int d, long long ix) {
   if (atomicCAS((unsigned long long *)&rec[1 + 2 * r], ~0ull, (unsigned long long)d) == ~0ull) rec[2 + 2 * r] = ix;

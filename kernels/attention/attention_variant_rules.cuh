@@ -323,61 +323,79 @@ __device__ void bwm_variant_probs(const fa_attn_problem &p0, int64_t b, int64_t 
   fa_variant_faults(p, fs, fm);
 }
 
+/* The verdict of mask_mod's tile of query tile qt and key tile kt by its
+ * pairs (inside Lq and Lk), evaluated by one warp: FA_BLOCK_EMPTY, _FULL or
+ * _PARTIAL.  decide: the verdict only, so that the warp stops at the first
+ * round of pairs (32 lanes x 8) that has both a kept and a dropped pair;
+ * else every pair is evaluated and its bad reads recorded (fa.block_mask,
+ * whose call reports them).  Pair n is row n % BR, key (row + n / BR) % BC:
+ * a round takes every row (BR <= 256) and keys across the tile, so that a
+ * boundary in either (a document's, the diagonal) shows in the first. */
+template <int BR, int BC>
+static __device__ int fa_variant_tile_pairs(const fa_variant_problem &p, long long b, long long h, long long qt,
+                                            long long kt, int lane, bool decide) {
+  constexpr int PER = 8, ROUND = 32 * PER;
+  const int Lq = (int)p.Lq, Lk = (int)p.Lk; /* below 2^31 (checked) */
+  const float bf = (float)b, hf = (float)h;
+  bool any = false, all = true;
+  for (int r0 = 0; r0 < BR * BC; r0 += ROUND) {
+#pragma unroll
+    for (int e = 0; e < PER; e++) {
+      const int idx = r0 + e * 32 + lane, row = idx % BR;
+      const int i = (int)qt * BR + row, j = (int)kt * BC + (row + idx / BR) % BC;
+      if (idx >= BR * BC || i >= Lq || j >= Lk) continue;
+      int f = -1;
+      const bool m = fa_variant::mask(p.va, 0.f, b, h, i, j, bf, hf, (float)i, (float)j, f);
+      if (!decide && f >= 0) fa_variant_record(p.va.fault[1], f);
+      any |= m, all &= m;
+    }
+    any = __any_sync(~0u, any), all = __all_sync(~0u, all);
+    if (decide && any && !all) break;
+  }
+  return any ? (all ? FA_BLOCK_FULL : FA_BLOCK_PARTIAL) : FA_BLOCK_EMPTY;
+}
+
 /* mask_mod over the tiles of BR query rows and BC keys: one block a (b, h,
  * query tile) (b, h: 0 where the expression does not use them, spans_sb,
- * spans_sh = 0), its key tiles 256 at a time: each thread decides one as a
- * whole where fa_variant::tile can, then the block evaluates every pair of
- * the others (on the positions inside Lq and Lk) one tile after another,
- * and the tiles' span record (spans, for the attention kernels) and/or
- * their states (states, nk a query tile: fa.block_mask, and the backward's
- * tiles) are written.  Reads out of range are recorded for fa.block_mask
- * only (no spans): the attention kernels, forward and backward, evaluate
- * mask_mod again on the keys they attend, and record them there (a pair
- * outside the built-in ranges is not an error). */
+ * spans_sh = 0), its key tiles CHUNK at a time, a warp a key tile: the
+ * warp decides it as a whole where fa_variant::tile can (its reads split
+ * among the lanes), else evaluates its pairs (fa_variant_tile_pairs), and
+ * the tiles' span record (spans, for the attention kernels) and/or their
+ * states (states, nk a query tile: fa.block_mask, and the backward's tiles)
+ * are written.  Reads out of range are recorded for fa.block_mask only (no
+ * spans): the attention kernels, forward and backward, evaluate mask_mod
+ * again on the keys they attend, and record them there (a pair outside the
+ * built-in ranges is not an error).  A thread a tile, with the block on
+ * each undecided tile in turn, took 78 us at L = 4096 for a document mask
+ * (H200: ncu), about a fifth of the call; a warp a tile, which stops at the
+ * first round of pairs that decides it, is the fix. */
 template <int BR, int BC>
-__global__ void __launch_bounds__(256) fa_variant_spans_kernel(fa_variant_problem p, int *spans, uint8_t *states,
-                                                               long long nh) {
-  constexpr int CHUNK = 256, UNDECIDED = 0xff;
+__global__ void __launch_bounds__(FA_SPANS_THREADS) fa_variant_spans_kernel(fa_variant_problem p, int *spans,
+                                                                            uint8_t *states, long long nh) {
+  constexpr int CHUNK = 256, WARPS = FA_SPANS_THREADS / 32;
   __shared__ uint8_t state[CHUNK];
-  __shared__ unsigned undecided[CHUNK / 32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const long long nq = p.va.spans_nq, blk = blockIdx.x, qt = blk % nq;
   const long long b = blk / nq / nh, h = blk / nq % nh;
-  const long long nk = (p.Lk + BC - 1) / BC;
-  const int Lq = (int)p.Lq, Lk = (int)p.Lk; /* below 2^31 (checked) */
-  const long long q1 = min(qt * BR + BR, (long long)Lq) - 1;
-  const float bf = (float)b, hf = (float)h;
+  const long long nk = (p.Lk + BC - 1) / BC, Lk = p.Lk;
+  const long long q1 = min(qt * BR + BR, (long long)p.Lq) - 1;
   fa_span_builder span = fa_span_start();
   for (long long c0 = 0; c0 < nk; c0 += CHUNK) {
     const int n = (int)min((long long)CHUNK, nk - c0);
-    const long long kt = c0 + threadIdx.x;
-    int verdict = 2;
-    if (fa_variant::has_tile && threadIdx.x < n)
-      verdict = fa_variant::tile(p.va, b, h, qt * BR, q1, kt * BC, min(kt * BC + BC, (long long)Lk) - 1);
-    state[threadIdx.x] = verdict == 2 ? UNDECIDED : verdict == 1 ? FA_BLOCK_FULL : FA_BLOCK_EMPTY;
-    const unsigned ballot = __ballot_sync(~0u, verdict == 2 && threadIdx.x < n);
-    if (threadIdx.x % 32 == 0) undecided[threadIdx.x / 32] = ballot;
+    for (int u = warp; u < n; u += WARPS) { /* the same in every lane of the warp */
+      const long long kt = c0 + u;
+      int verdict = 2;
+      if (fa_variant::has_tile) verdict = fa_variant::tile(p.va, b, h, qt * BR, q1, kt * BC, min(kt * BC + BC, Lk) - 1, lane, 32);
+      const int st = verdict == 1 ? FA_BLOCK_FULL : verdict == 0 ? FA_BLOCK_EMPTY
+                                                                 : fa_variant_tile_pairs<BR, BC>(p, b, h, qt, kt, lane, spans != nullptr);
+      if (lane == 0) state[u] = (uint8_t)st;
+    }
     __syncthreads();
-    for (int w = 0; w < CHUNK / 32; w++)
-      for (unsigned left = undecided[w]; left; left &= left - 1) { /* the same in every thread */
-        const int u = w * 32 + __ffs(left) - 1;
-        const long long ku = c0 + u;
-        bool any = false, all = true;
-        for (int idx = threadIdx.x; idx < BR * BC; idx += 256) {
-          const int i = (int)qt * BR + idx / BC, j = (int)ku * BC + idx % BC;
-          if (i >= Lq || j >= Lk) continue;
-          int f = -1;
-          const bool m = fa_variant::mask(p.va, 0.f, b, h, i, j, bf, hf, (float)i, (float)j, f);
-          if (!spans && f >= 0) fa_variant_record(p.va.fault[1], f);
-          any |= m, all &= m;
-        }
-        any = __syncthreads_or(any), all = __syncthreads_and(all);
-        if (threadIdx.x == 0) state[u] = any ? (all ? FA_BLOCK_FULL : FA_BLOCK_PARTIAL) : FA_BLOCK_EMPTY;
-      }
-    __syncthreads();
-    if (states && threadIdx.x < n) states[blk * nk + kt] = state[threadIdx.x];
+    if (states)
+      for (int u = threadIdx.x; u < n; u += FA_SPANS_THREADS) states[blk * nk + c0 + u] = state[u];
     if (spans && threadIdx.x == 0)
       for (int u = 0; u < n; u++) fa_span_add(span, (int)(c0 + u), state[u] != FA_BLOCK_EMPTY, state[u] == FA_BLOCK_FULL);
-    __syncthreads(); /* state and undecided are the next chunk's */
+    __syncthreads(); /* state is the next chunk's */
   }
   if (spans && threadIdx.x == 0) fa_span_store(span, spans + 4 * blk);
 }

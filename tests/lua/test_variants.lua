@@ -461,6 +461,15 @@ function TestVariants:test_cuda_tensor_cores()
       -- wgmma_tma's key tiles of 176 (a row's keys past 32 bits)
       if D == 128 then check_variant(q, k, v, x[1], x[2], x[3] .. " (tile 176)", {tile = {128, 176}}) end
     end
+    -- NaN and inf in V (the scan from the side stream sets the flag, the SIMT fallback rewrites
+    -- the call): only the rows that attend those keys see them, and the next call is clean
+    local vn = v:clone()
+    vn:set(1, 2, 150, 3, U.NaN)
+    vn:set(1, 1, 60, 5, U.inf)
+    for _, x in ipairs({cases[3], cases[4], cases[6]}) do
+      check_variant(q, k, vn, x[1], x[2], x[3] .. " NaN/inf in v")
+      check_variant(q, k, v, x[1], x[2], x[3] .. " finite v after")
+    end
   end
 end
 
