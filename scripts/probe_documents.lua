@@ -86,11 +86,13 @@ for _, L in ipairs(ls) do
   local aligned = {}
   for j = 1, L do aligned[j] = (j - 1) // ALIGNED end
   local adoc = fa.tensor(aligned, {device = dev})
-  local W1, W2 = T, 4 * T
+  local W1, W2, W3, W4 = T, 4 * T, 8 * T, 16 * T
   local runs = {
     causal = function(r) return 1, r end,
     window1 = function(r) return math.max(1, r - W1), r end,
     window2 = function(r) return math.max(1, r - W2), r end,
+    window3 = function(r) return math.max(1, r - W3), r end,
+    window4 = function(r) return math.max(1, r - W4), r end,
     documents = function(r) return start[r], r end,
     aligned = function(r) return (r - 1) // ALIGNED * ALIGNED + 1, r end,
   }
@@ -101,6 +103,8 @@ for _, L in ipairs(ls) do
     {"causal mask_mod", {mask_mod = function(b, h, qi, kj) return qi:ge(kj) end}, "causal"},
     {"window " .. W1, {window = {W1, 0}}, "window1"},
     {"window " .. W2, {window = {W2, 0}}, "window2"},
+    {"window " .. W3, {window = {W3, 0}}, "window3"},
+    {"window " .. W4, {window = {W4, 0}}, "window4"},
     {"documents doc[q]==doc[k]", {mask_mod = doc_mm}, "documents"},
     {"documents, block_mask", {mask_mod = doc_mm, bm = true}, "documents"},
     {"documents k>=start[q]", {mask_mod = function(b, h, qi, kj) return kj:ge(st[qi]) & qi:ge(kj) end}, "documents"},

@@ -6,7 +6,8 @@
 --   cmake -S . -B build-trace -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_KERNEL_TRACE=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real
 --   cmake --build build-trace --target flashattn-lua
 --   build-trace/flashattn-lua scripts/probe_trace.lua --lq 1024 --lk 1024 | python3 scripts/show_trace.py
--- Options: --b B --h H --lq LQ --lk LK --d D --dtype bf16|f16 --causal --kernel NAME --tile BRxBC --reps N
+-- Options: --b B --h H --lq LQ --lk LK --d D --dtype bf16|f16 --causal --window W --kernel NAME --tile BRxBC
+-- --reps N
 -- (defaults: B 16, H 16, Lq = Lk = 1024, D 128, bf16, 3 repetitions: the last is the warm one).
 local root = (arg and arg[0] or ""):match("^(.*)/scripts/[^/]*$") or "."
 package.path = root .. "/lua/?.lua;" .. package.path
@@ -25,6 +26,8 @@ local function parse(argv)
   p:option("--d", "head dim"):convert(int("--d")):default("128")
   p:option("--dtype", "bf16 or f16"):choices({ "bf16", "f16" }):default("bf16")
   p:flag("--causal", "a causal mask")
+  p:option("--window", "opts.window = {W, 0}: a row's W keys before it and itself")
+   :convert(sweep.integer_arg(0, "--window"))
   p:option("--kernel", "opts.kernel (fa.kernels lists them)")
   p:option("--tile", "opts.tile as BRxBC, e.g. 128x176")
   p:option("--reps", "calls"):convert(int("--reps")):default("3")
@@ -33,7 +36,7 @@ end
 
 sweep.main(NAME, function(argv)
   local a = parse(argv)
-  local opts = { causal = a.causal or nil, kernel = a.kernel }
+  local opts = { causal = a.causal or nil, kernel = a.kernel, window = a.window and { a.window, 0 } or nil }
   if a.tile then
     local br, bc = a.tile:match("^(%d+)x(%d+)$")
     if not br then error(NAME .. ": --tile takes BRxBC, e.g. 128x176", 0) end
@@ -42,7 +45,8 @@ sweep.main(NAME, function(argv)
   local function randn(L, s) return fa.randn({ a.b, a.h, L, a.d }, { dtype = a.dtype, device = "cuda", seed = s }) end
   local q, k, v = randn(a.lq, 1), randn(a.lk, 2), randn(a.lk, 3)
   print(("%s: %s %s B %d H %d Lq %d Lk %d D %d%s kernel %s"):format(NAME, fa.device_info("cuda").name or "cuda",
-    a.dtype, a.b, a.h, a.lq, a.lk, a.d, a.causal and " causal" or "", table.concat(fa.kernels(q, k, v, opts), ",")))
+    a.dtype, a.b, a.h, a.lq, a.lk, a.d, (a.causal and " causal" or "") .. (a.window and " window " .. a.window or ""),
+    table.concat(fa.kernels(q, k, v, opts), ",")))
   for rep = 1, a.reps do
     print(("== rep %d"):format(rep))
     io.stdout:flush()

@@ -181,9 +181,17 @@ static bool tma_tile_ok(int64_t D, int64_t br, int64_t bc) {
 
 /* The key tile a call runs with.  automatic: at D = 128 the default key
  * tile of 128 becomes 176 from 2048 keys on, without masks (3-9 % faster
- * from 4096 keys, 3-9 % slower at 1024; the masks' instance spills). */
+ * from 4096 keys, 3-9 % slower at 1024; the masks' instance spills), and
+ * with a window only where it leaves a query tile 2048 keys or more: a
+ * narrower one spans few key tiles, of which 176 wide take more keys than
+ * it needs, and its O leaves unstaged (a 128-wide window at L = 4096: two
+ * tiles of 176 a query tile, 17.8k cycles a query tile against 11.7k for
+ * two full tiles of 128; H200, the trace build). */
 static int64_t tma_key_tile(const fa_attn_problem *p, bool automatic) {
-  const bool wide = automatic && p->D == 128 && p->tile_k == 128 && p->Lk >= 2048 && attn_extras_kind(p) != EXTRAS_MASK;
+  const int64_t right = p->win_right >= 0 ? p->win_right : p->causal != FA_CAUSAL_NONE ? 0 : -1;
+  const bool narrow = p->has_window && p->win_left >= 0 && right >= 0 && p->win_left + right + WT_BR < 2048;
+  const bool wide = automatic && p->D == 128 && p->tile_k == 128 && p->Lk >= 2048 && !narrow &&
+                    attn_extras_kind(p) != EXTRAS_MASK;
   return wide ? 176 : p->tile_k;
 }
 
