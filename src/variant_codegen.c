@@ -381,8 +381,9 @@ static void emit_node(text *t, const fa_expr *e, int i, const int *ty, const uin
  * indices whose float values only meet comparisons (doc[q] == doc[k]);
  * no other float.  tile(a, b, h, q0, q1, k0, k1[, lane, lanes]) (0-based,
  * inclusive; lanes: 32 when a warp calls it together, its reads split
- * among the lanes, else 1) gives 0 when no pair of the tile attends, 1 when every pair does, 2 when
- * it cannot tell (then the pairs are evaluated): interval arithmetic in
+ * among the lanes, else 1) gives 0 when no pair of the tile attends, 1
+ * when every pair does, 2 when it cannot tell (then the pairs are
+ * evaluated): interval arithmetic in
  * doubles (exact below 2^53) for the integers, for a read the least and
  * the greatest value over the box of its indices (at most TILE_READ_MAX
  * elements, every one inside the tensor, else it cannot tell), and for

@@ -383,18 +383,19 @@ __global__ void __launch_bounds__(FA_SPANS_THREADS) fa_variant_spans_kernel(fa_v
   for (long long c0 = 0; c0 < nk; c0 += CHUNK) {
     const int n = (int)min((long long)CHUNK, nk - c0);
     for (int u = warp; u < n; u += WARPS) { /* the same in every lane of the warp */
-      const long long kt = c0 + u;
+      const long long kt = c0 + u, k1 = min(kt * BC + BC, Lk) - 1;
       int verdict = 2;
-      if (fa_variant::has_tile) verdict = fa_variant::tile(p.va, b, h, qt * BR, q1, kt * BC, min(kt * BC + BC, Lk) - 1, lane, 32);
-      const int st = verdict == 1 ? FA_BLOCK_FULL : verdict == 0 ? FA_BLOCK_EMPTY
-                                                                 : fa_variant_tile_pairs<BR, BC>(p, b, h, qt, kt, lane, spans != nullptr);
+      if (fa_variant::has_tile) verdict = fa_variant::tile(p.va, b, h, qt * BR, q1, kt * BC, k1, lane, 32);
+      int st = verdict == 1 ? FA_BLOCK_FULL : FA_BLOCK_EMPTY;
+      if (verdict == 2) st = fa_variant_tile_pairs<BR, BC>(p, b, h, qt, kt, lane, spans != nullptr);
       if (lane == 0) state[u] = (uint8_t)st;
     }
     __syncthreads();
     if (states)
       for (int u = threadIdx.x; u < n; u += FA_SPANS_THREADS) states[blk * nk + c0 + u] = state[u];
     if (spans && threadIdx.x == 0)
-      for (int u = 0; u < n; u++) fa_span_add(span, (int)(c0 + u), state[u] != FA_BLOCK_EMPTY, state[u] == FA_BLOCK_FULL);
+      for (int u = 0; u < n; u++)
+        fa_span_add(span, (int)(c0 + u), state[u] != FA_BLOCK_EMPTY, state[u] == FA_BLOCK_FULL);
     __syncthreads(); /* state is the next chunk's */
   }
   if (spans && threadIdx.x == 0) fa_span_store(span, spans + 4 * blk);
