@@ -11,6 +11,7 @@
  * wall time, so a loop that waits on the GPU shows the wait. */
 #define _GNU_SOURCE
 #include <execinfo.h>
+#include <stdint.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,7 +59,8 @@ __attribute__((destructor)) static void sampler_stop(void) {
   FILE *f = fopen(path, "w");
   if (!f) return;
   for (int i = 0; i < taken; i++) {
-    for (int d = 0; d < depth[i]; d++) fprintf(f, "%p ", frames[i][d]);
+    /* hex always: glibc's %p writes a null frame as "(nil)", which the report could not read */
+    for (int d = 0; d < depth[i]; d++) fprintf(f, "%#lx ", (unsigned long)(uintptr_t)frames[i][d]);
     fputc('\n', f);
   }
   fputs("MAPS\n", f);

@@ -20,7 +20,9 @@ def main():
     ap.add_argument("--callers", nargs="*", default=[], help="functions whose callers to list")
     a = ap.parse_args()
     head, _, tail = open(a.profile).read().partition("\nMAPS\n")
-    samples = [[int(x, 16) for x in line.split()] for line in head.split("\n") if line.strip()]
+    # a null frame is 0 (profiles written with %p have it as "(nil)")
+    samples = [[0 if x == "(nil)" else int(x, 16) for x in line.split()]
+               for line in head.split("\n") if line.strip()]
     maps = []
     for line in tail.split("\n"):
         p = line.split()
