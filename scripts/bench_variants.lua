@@ -60,19 +60,6 @@ local CLOCK_S = (function()
   return best
 end)()
 
--- Document lengths from the seed: 64 to L/4 keys each, until L is covered.
-local function documents(L, s)
-  local lens, ids, n, x = {}, {}, 0, s
-  while n < L do
-    x = (x * 1103515245 + 12345) % 2147483648
-    local len = math.min(L - n, 64 + x % (L // 4 - 63))
-    lens[#lens + 1] = len
-    for i = n + 1, n + len do ids[i] = #lens end
-    n = n + len
-  end
-  return lens, ids
-end
-
 -- Attended (q, k) pairs of a rule over one (batch, head).
 local function pairs_causal_window(L, w) -- q >= k, q - k <= w
   local n = 0
@@ -121,7 +108,7 @@ end
 for _, shape in ipairs(shapes) do
   local B, L = shape[1], shape[2]
   local prefix = L // 4
-  local lens, ids = documents(L, seed)
+  local lens, ids = sweep.documents(L, seed)
   local doc = fa.tensor(ids, { device = dev })
   local sl = {}
   for h = 1, H do sl[h] = 2 ^ (-8 * h / H) end

@@ -20,15 +20,10 @@ local function parse(argv)
   p:option("--json", "write the results to this JSON file")
   p:option("--seed", "seed of the documents"):convert(sweep.integer_arg(0, "--seed")):default("1")
   p:option("--device", "cuda, or cpu for a smoke test at small sizes"):choices({"cuda", "cpu"}):default("cuda")
-  p:option("--ls", "comma list of L (default 4096,16384)")
+  p:option("--ls", "comma list of L (default 4096,16384)"):convert(sweep.list_arg("--ls", true))
   return sweep.parse_args(p, argv, NAME)
 end
 local opts = sweep.main(NAME, parse, {...})
-if opts.ls then
-  local ls = {}
-  for x in opts.ls:gmatch("[^,]+") do ls[#ls + 1] = assert(tonumber(x), NAME .. ": --ls takes numbers") end
-  opts.ls = ls
-end
 local dev = opts.device
 local cuda = dev == "cuda"
 local TOKENS, H, D, T = cuda and 16384 or 256, cuda and 16 or 2, cuda and 128 or 16, cuda and 128 or 16
@@ -36,19 +31,6 @@ local ls = opts.ls or (cuda and {4096, 16384} or {128})
 local dtype = cuda and "bf16" or "f32"
 local REP = cuda and 20 or 2
 local ALIGNED = cuda and 512 or 32
-
--- bench_variants.lua's documents: 64 to L/4 keys each, from the seed.
-local function documents(L, s)
-  local ids, n, x, count = {}, 0, s, 0
-  while n < L do
-    x = (x * 1103515245 + 12345) % 2147483648
-    local len = math.min(L - n, 64 + x % (math.max(64, L // 4) - 63))
-    count = count + 1
-    for j = n + 1, n + len do ids[j] = count end
-    n = n + len
-  end
-  return ids
-end
 
 -- Tiles of T x T a rule visits: keep(q, k) on 1-based positions, given as each row's kept keys [lo, hi].
 local function tiles_of(L, run)
@@ -76,7 +58,7 @@ for _, L in ipairs(ls) do
   local function randn(s) return fa.randn({B, H, L, D}, {dtype = dtype, device = dev, seed = s}) end
   local q, k, v = randn(1), randn(2), randn(3)
   local out = fa.zeros({B, H, L, D}, {dtype = dtype, device = dev})
-  local ids = documents(L, opts.seed)
+  local _, ids = sweep.documents(L, opts.seed)
   local start, first = {}, {}
   for j = 1, L do
     first[ids[j]] = first[ids[j]] or j
@@ -86,32 +68,27 @@ for _, L in ipairs(ls) do
   local aligned = {}
   for j = 1, L do aligned[j] = (j - 1) // ALIGNED end
   local adoc = fa.tensor(aligned, {device = dev})
-  local W1, W2, W3, W4 = T, 4 * T, 8 * T, 16 * T
-  local runs = {
-    causal = function(r) return 1, r end,
-    window1 = function(r) return math.max(1, r - W1), r end,
-    window2 = function(r) return math.max(1, r - W2), r end,
-    window3 = function(r) return math.max(1, r - W3), r end,
-    window4 = function(r) return math.max(1, r - W4), r end,
-    documents = function(r) return start[r], r end,
-    aligned = function(r) return (r - 1) // ALIGNED * ALIGNED + 1, r end,
-  }
+  -- each case: its name, options, and the keys [lo, hi] each row keeps
+  local function causal(r) return 1, r end
+  local function documents(r) return start[r], r end
+  local function aligned(r) return (r - 1) // ALIGNED * ALIGNED + 1, r end
   local function doc_mm(b, h, qi, kj) return doc[qi]:eq(doc[kj]) & qi:ge(kj) end
   local function adoc_mm(b, h, qi, kj) return adoc[qi]:eq(adoc[kj]) & qi:ge(kj) end
   local cases = {
-    {"causal", {causal = true}, "causal"},
-    {"causal mask_mod", {mask_mod = function(b, h, qi, kj) return qi:ge(kj) end}, "causal"},
-    {"window " .. W1, {window = {W1, 0}}, "window1"},
-    {"window " .. W2, {window = {W2, 0}}, "window2"},
-    {"window " .. W3, {window = {W3, 0}}, "window3"},
-    {"window " .. W4, {window = {W4, 0}}, "window4"},
-    {"documents doc[q]==doc[k]", {mask_mod = doc_mm}, "documents"},
-    {"documents, block_mask", {mask_mod = doc_mm, bm = true}, "documents"},
-    {"documents k>=start[q]", {mask_mod = function(b, h, qi, kj) return kj:ge(st[qi]) & qi:ge(kj) end}, "documents"},
-    {"aligned " .. ALIGNED .. " tensor", {mask_mod = adoc_mm}, "aligned"},
-    {"aligned " .. ALIGNED .. " positions", {mask_mod = function(b, h, qi, kj)
-      return ((qi - 1) / ALIGNED):floor():eq(((kj - 1) / ALIGNED):floor()) & qi:ge(kj) end}, "aligned"},
+    {"causal", {causal = true}, causal},
+    {"causal mask_mod", {mask_mod = function(b, h, qi, kj) return qi:ge(kj) end}, causal},
   }
+  for _, w in ipairs({T, 4 * T, 8 * T, 16 * T}) do
+    cases[#cases + 1] = {"window " .. w, {window = {w, 0}}, function(r) return math.max(1, r - w), r end}
+  end
+  for _, c in ipairs({
+    {"documents doc[q]==doc[k]", {mask_mod = doc_mm}, documents},
+    {"documents, block_mask", {mask_mod = doc_mm, bm = true}, documents},
+    {"documents k>=start[q]", {mask_mod = function(b, h, qi, kj) return kj:ge(st[qi]) & qi:ge(kj) end}, documents},
+    {"aligned " .. ALIGNED .. " tensor", {mask_mod = adoc_mm}, aligned},
+    {"aligned " .. ALIGNED .. " positions", {mask_mod = function(b, h, qi, kj)
+      return ((qi - 1) / ALIGNED):floor():eq(((kj - 1) / ALIGNED):floor()) & qi:ge(kj) end}, aligned},
+  }) do cases[#cases + 1] = c end
   -- rows of a few full key tiles (no rule): a query tile's fixed cost and a key tile's
   for _, nk in ipairs({1, 2, 4, 8}) do
     local Lk = nk * T
@@ -134,7 +111,7 @@ for _, L in ipairs(ls) do
     f() -- compiles a variant (NVRTC) on cuda
     fa.sync()
     local ms = fa.bench(f, {warmup = 2, rep = REP, flush_cache = true}).median_ms
-    local nonempty, partial = tiles_of(L, type(c[3]) == "function" and c[3] or runs[c[3]])
+    local nonempty, partial = tiles_of(L, c[3])
     local qtiles = (L + T - 1) // T
     if kk ~= k then kk:free() vv:free() end
     rows[#rows + 1] = {case = name, L = L, B = B, H = H, D = D, dtype = dtype, ms = ms, query_tiles = qtiles,

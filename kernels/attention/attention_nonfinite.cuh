@@ -154,6 +154,18 @@ static inline fa_status values_nonfinite_flag(fa_context *ctx, const fa_attn_pro
   return FA_OK;
 }
 
+/* Queues the scan of V that sets flag on the side stream (fa_cuda_fork's),
+ * beside the kernels queued since the fork, and makes the context's stream
+ * wait for it (fa_cuda_join, also after a failed launch, st): the status
+ * of the whole. */
+static inline fa_status join_nonfinite_scan(fa_context *ctx, const fa_attn_problem *p, int *flag, cudaStream_t side,
+                                            fa_status st) {
+  const cudaError_t err = st ? cudaSuccess : queue_nonfinite_scan(p, flag, side);
+  const fa_status joined = fa_cuda_join(ctx); /* waits here when it cannot be queued */
+  if (st) return st;
+  return err != cudaSuccess ? fa_cuda_error(ctx, err, "the NaN/inf check of v") : joined;
+}
+
 /* Queues run(ctx, g, pass) for a fast kernel guarded against NaN or inf in
  * V: g is *p with v_nonfinite set to a fresh device flag, which comes back
  * in *v_flag for the caller to free and to guard its fallback (a kernel
@@ -180,11 +192,7 @@ static inline fa_status launch_guarded_by_v_flag(fa_context *ctx, const attn_par
     return st;
   }
   st = run(ctx, &g, pass);
-  if (!self_check) {
-    const cudaError_t err = st ? cudaSuccess : queue_nonfinite_scan(p, flag, side);
-    const fa_status joined = fa_cuda_join(ctx); /* waits here when it cannot be queued */
-    if (!st) st = err != cudaSuccess ? fa_cuda_error(ctx, err, "the NaN/inf check of v") : joined;
-  }
+  if (!self_check) st = join_nonfinite_scan(ctx, p, flag, side, st);
   if (st) fa_cuda_free_on(ctx, flag, sizeof(int)); /* stream-ordered: after the work queued */
   else *v_flag = flag;
   return st;

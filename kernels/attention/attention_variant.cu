@@ -724,11 +724,7 @@ static fa_status queue_variant(fa_context *ctx, const fa_attn_problem *p, const 
       st = launch(ctx, kern[1], (unsigned)blocks, wg ? WG_THREADS : MMA_WARPS(p->D) * 32, smem, args,
                   "the variant's fast kernel");
   }
-  if (v_flag) {
-    const cudaError_t err = st ? cudaSuccess : queue_nonfinite_scan(p, v_flag, side);
-    const fa_status joined = fa_cuda_join(ctx); /* waits here when it cannot be queued */
-    if (!st) st = err != cudaSuccess ? fa_cuda_error(ctx, err, "the NaN/inf check of v") : joined;
-  }
+  if (v_flag) st = join_nonfinite_scan(ctx, p, v_flag, side, st);
   if (!st) {
     const fa_variant_args va = vp->va;
     (attn_params &)*vp = v->simt;

@@ -289,6 +289,22 @@ function M.wall_ns()
   return math.tointeger(tonumber(text:match("^%s*(%d+)%s*$")))
 end
 
+-- The variants benchmarks' documents (bench_variants.lua, probe_documents.lua):
+-- lengths of 64 to L/4 keys drawn from the seed by a fixed generator (the same
+-- on every machine, so that peers_variants.py reads them from the JSON) until L
+-- is covered; the lengths, and each position's document (1-based ids).
+function M.documents(L, seed)
+  local lens, ids, n, x = {}, {}, 0, seed
+  while n < L do
+    x = (x * 1103515245 + 12345) % 2147483648
+    local len = math.min(L - n, 64 + x % (math.max(64, L // 4) - 63))
+    lens[#lens + 1] = len
+    for i = n + 1, n + len do ids[i] = #lens end
+    n = n + len
+  end
+  return lens, ids
+end
+
 -- What every JSON file the scripts write carries: engine version, date,
 -- commit, command line and the seed of the inputs (a number, or a note where
 -- a script uses fixed seeds); `extra` fields are added.
