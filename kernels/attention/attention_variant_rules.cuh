@@ -54,14 +54,27 @@ static __device__ __forceinline__ void fa_variant_faults(const fa_variant_proble
 /* The positions of a thread's two rows (A, B) and keys in a tile, as the
  * expressions take them: rows clamped into [0, Lq), keys, when CLAMP, into
  * [0, Lk) (an unchecked read is in range only there); each also as a float
- * (exact below 2^24), a key's from this thread's first by a float add. */
+ * (exact below 2^24), a key's from this thread's first by a float add.  A
+ * key is worked out in 32 bits, unsigned (plan_variant sends no call of
+ * 2^31 keys or more here), so that a read's offset k * stride is a 32 x
+ * 64-bit multiply after a 32-bit clamp: a 64-bit key took 13 instructions
+ * a key to a document mask's read (the H200's SASS). */
 struct variant_rows {
-  int64_t b, hA, hB, iA, iB, j0, jmax;
-  int c2;
+  int64_t b, hA, hB, iA, iB;
+  unsigned j0, jmax;
   float bf, hAf, hBf, iAf, iBf, jf0, jfmax;
+  __device__ __forceinline__ variant_rows(const fa_attn_problem &p, int64_t b_, int64_t h, int64_t hB_,
+                                          const frag_rows &r, int64_t j0_, int c2) {
+    b = b_, hA = h, hB = hB_, iA = min(r.iA, p.Lq - 1), iB = min(r.iB, p.Lq - 1);
+    j0 = (unsigned)(j0_ + c2), jmax = (unsigned)(p.Lk - 1);
+    bf = (float)b, hAf = (float)hA, hBf = (float)hB, iAf = (float)iA, iBf = (float)iB;
+    jf0 = (float)(j0_ + c2), jfmax = (float)(p.Lk - 1);
+  }
   template <bool CLAMP> __device__ __forceinline__ void key(int n, int e, int64_t *j, float *jf) const {
-    *j = j0 + n * 8 + c2 + e, *jf = jf0 + (float)(n * 8 + e);
-    if (CLAMP) *j = min(*j, jmax), *jf = fminf(*jf, jfmax);
+    unsigned u = j0 + (unsigned)(n * 8 + e);
+    *jf = jf0 + (float)(n * 8 + e);
+    if (CLAMP) u = min(u, jmax), *jf = fminf(*jf, jfmax);
+    *j = (int64_t)u;
   }
 };
 
@@ -96,6 +109,18 @@ static __device__ __forceinline__ void variant_score_pass(const fa_variant_probl
     }
 }
 
+/* mask_mod at key (n, e) of rows A and B (the keys clamped), their faults
+ * in f1, f2. */
+static __device__ __forceinline__ void variant_mask_pair(const fa_variant_problem &p, const variant_rows &w, int n,
+                                                         int e, bool &mA, bool &mB, int &f1, int &f2) {
+  int64_t j;
+  float jf;
+  w.key<true>(n, e, &j, &jf);
+  f1 = f2 = -1;
+  mA = fa_variant::mask(p.va, 0.f, w.b, w.hA, w.iA, j, w.bf, w.hAf, w.iAf, jf, f1);
+  mB = fa_variant::mask(p.va, 0.f, w.b, w.hB, w.iB, j, w.bf, w.hBf, w.iBf, jf, f2);
+}
+
 /* The tensor-core kernels' tile (frag_score_tile's EXTRAS_VARIANT): rows A
  * and B of this thread, keys j0 + 8n + c2 + e; in range: every key of a
  * full tile (rows before Lq), else columns [a, a + n) of each row.  As the
@@ -113,10 +138,7 @@ __device__ bool frag_variant_tile(const fa_attn_problem &p0, int64_t b, int64_t 
   const fa_variant_problem &p = static_cast<const fa_variant_problem &>(p0);
   const score_rule ruA = score_rule_at(p, b, h, r.iA, j0 + c2), ruB = score_rule_at(p, b, hB, r.iB, j0 + c2);
   const bool vA = r.iA < p.Lq, vB = r.iB < p.Lq;
-  variant_rows w;
-  w.b = b, w.hA = h, w.hB = hB, w.iA = min(r.iA, p.Lq - 1), w.iB = min(r.iB, p.Lq - 1), w.j0 = j0, w.jmax = p.Lk - 1;
-  w.c2 = c2, w.bf = (float)b, w.hAf = (float)h, w.hBf = (float)hB, w.iAf = (float)w.iA, w.iBf = (float)w.iB;
-  w.jf0 = (float)(j0 + c2), w.jfmax = (float)w.jmax;
+  const variant_rows w(p, b, h, hB, r, j0, c2);
   int fs = -1, fm = -1;
   /* a key tile inside mask_mod's run of full tiles needs no mask_mod (both
    * rows are in one query tile) */
@@ -136,6 +158,48 @@ __device__ bool frag_variant_tile(const fa_attn_problem &p0, int64_t b, int64_t 
   const bool plain = full && (!fa_variant::has_mask || mask_full) && !fa_variant_rules::bool_mask &&
                      !fa_variant_rules::float_mask;
   if (plain && !fa_variant::has_score && !fa_variant_rules::softcap && !fa_variant_rules::alibi) return true;
+  /* with mask_mod the only step that asks which keys stay (no score_mod,
+   * no mask tensor), the key range and mask_mod go straight into the one
+   * select a score, without a row's bit mask: a document mask's partial
+   * tile 9 instructions a score -> 5 in the PTX */
+  if (!fa_variant::has_score && !fa_variant_rules::bool_mask && !fa_variant_rules::float_mask) {
+#pragma unroll
+    for (int n = 0; n < NC; n++)
+#pragma unroll
+      for (int q = 0; q < 4; q++) s[n][q] *= ruA.scale;
+    if (fa_variant_rules::softcap) frag_softcap_pass<NC>(ruA, ruB, s);
+    if (fa_variant_rules::alibi) frag_alibi_pass<NC>(ruA, ruB, s);
+    if (plain) return false;
+    /* the key range as columns [a, a + n) of each row (all of a full
+     * tile's in rows before Lq) */
+    const int rA = full ? 0 : aA, rB = full ? 0 : aB;
+    const unsigned wA = full ? (vA ? 8 * NC : 0) : nA, wB = full ? (vB ? 8 * NC : 0) : nB;
+    if (fa_variant::has_mask && !mask_full) /* a loop of its own: a branch a score otherwise */
+#pragma unroll
+      for (int n = 0; n < NC; n++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const int col = n * 8 + c2 + e;
+          int f1, f2;
+          bool mA, mB;
+          variant_mask_pair(p, w, n, e, mA, mB, f1, f2);
+          const bool kA = (unsigned)(col - rA) < wA, kB = (unsigned)(col - rB) < wB;
+          if (fm < 0) fm = kA && f1 >= 0 ? f1 : kB && f2 >= 0 ? f2 : -1;
+          s[n][e] = kA && mA ? s[n][e] : -INFINITY;
+          s[n][2 + e] = kB && mB ? s[n][2 + e] : -INFINITY;
+        }
+    else
+#pragma unroll
+      for (int n = 0; n < NC; n++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const int col = n * 8 + c2 + e;
+          if ((unsigned)(col - rA) >= wA) s[n][e] = -INFINITY;
+          if ((unsigned)(col - rB) >= wB) s[n][2 + e] = -INFINITY;
+        }
+    fa_variant_faults(p, fs, fm);
+    return false;
+  }
   K keepA = ~(K)0, keepB = ~(K)0; /* bit 2n + e: the key stays */
   if (!plain) {
     keepA = keepB = 0;
@@ -163,12 +227,9 @@ __device__ bool frag_variant_tile(const fa_attn_problem &p0, int64_t b, int64_t 
 #pragma unroll
       for (int e = 0; e < 2; e++) {
         const K bit = (K)1 << (2 * n + e);
-        int64_t j;
-        float jf;
-        w.key<true>(n, e, &j, &jf);
-        int f1 = -1, f2 = -1;
-        const bool mA = fa_variant::mask(p.va, 0.f, b, h, w.iA, j, w.bf, w.hAf, w.iAf, jf, f1);
-        const bool mB = fa_variant::mask(p.va, 0.f, b, hB, w.iB, j, w.bf, w.hBf, w.iBf, jf, f2);
+        int f1, f2;
+        bool mA, mB;
+        variant_mask_pair(p, w, n, e, mA, mB, f1, f2);
         if (fm < 0) fm = variant_kept_fault(keepA, keepB, bit, f1, f2);
         keepA &= mA ? ~(K)0 : ~bit, keepB &= mB ? ~(K)0 : ~bit;
       }
