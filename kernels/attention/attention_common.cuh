@@ -26,9 +26,10 @@ struct attn_params : fa_attn_problem {
    * is set, and the fallback launched after them runs only then, rewriting
    * every output. */
   int *v_nonfinite;
-  /* The kernel's blocks set that flag themselves, each from its share of V
-   * (v_check_share), instead of a pass over V (the Hopper kernel at D = 64
-   * with key tiles of 64, two blocks an SM). */
+  /* Who sets that flag (attention_nonfinite.cuh's V_CHECK_*): a pass over
+   * V; the kernel's blocks, each from its share of V (the Hopper kernel at
+   * D = 64 with key tiles of 64, two blocks an SM); or the kernel, from its
+   * outputs (the warp-specialised kernels). */
   int v_self_check;
   /* "two_pass": (m, l) of every query row, B·Hq·Lq pairs in device memory,
    * written by the statistics pass and read by the output pass. */

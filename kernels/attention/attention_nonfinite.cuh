@@ -8,10 +8,16 @@
  * (attention_naive.cu) skip masked keys and are exact, but slow.  So:
  *  1. values_nonfinite_flag makes a device flag, 0 on the stream;
  *  2. launch_guarded_by_v_flag queues the fast kernel with p.v_nonfinite =
- *     the flag, which is set when V holds NaN or inf: by a scan of V from a
- *     side stream queued beside the kernel (queue_nonfinite_scan), or by
- *     the kernel's blocks themselves, each a share of V after its output
- *     (p.v_self_check, v_check_share);
+ *     the flag, which is set (p.v_self_check says by what) when V holds NaN
+ *     or inf: by a scan of V from a side stream queued beside the kernel
+ *     (V_CHECK_SCAN, queue_nonfinite_scan), by the kernel's blocks, each a
+ *     share of V after its output (V_CHECK_SHARE, v_check_share), or, for
+ *     the kernels that hold every SM (the warp-specialised ones: a scan
+ *     beside them waits for them), when a row's output comes out NaN or
+ *     inf while its softmax sum is finite (V_CHECK_OUTPUT,
+ *     note_nonfinite_rows): the only way a non-finite V changes a result,
+ *     0 or p times NaN or inf in some key tile the row visited, whatever
+ *     the tensor cores make of 0 · inf;
  *  3. a fast block reads the flag at its start and, once it is set, leaves
  *     without writing (leave_for_fallback: the block decides as one);
  *  4. the SIMT kernel runs behind it with the same flag (tiled_typed in
@@ -20,7 +26,8 @@
  *     statistics pass wrote from the scores alone).
  * The flag may be set while the fast kernel runs: blocks that started
  * before write outputs the fallback then overwrites, so the result never
- * depends on the timing.  naive does the same with its own skipping P·V
+ * depends on the timing.  With V_CHECK_OUTPUT a NaN or inf of V that no
+ * visited tile holds sets nothing: no row's result depends on it.  naive does the same with its own skipping P·V
  * kernel behind cuBLAS.  The problem's fields: v_nonfinite, v_self_check
  * (src/internal.h). */
 #ifndef FA_KERNELS_ATTENTION_NONFINITE_CUH
@@ -28,6 +35,9 @@
 
 #include "async_copy.cuh"
 #include "attention_common.cuh"
+
+/* Who sets attn_params.v_nonfinite (its v_self_check): see above. */
+enum { V_CHECK_SCAN = 0, V_CHECK_SHARE, V_CHECK_OUTPUT };
 
 /* The exponent bits of a 32-bit word's element(s) of dtype T: all set is
  * NaN or inf (one f32, or two f16 / bf16). */
@@ -171,28 +181,28 @@ static inline fa_status join_nonfinite_scan(fa_context *ctx, const fa_attn_probl
  * in *v_flag for the caller to free and to guard its fallback (a kernel
  * that skips masked keys, run after this one) with.  The flag is set while
  * the kernel runs, and a block that starts after it is set does nothing;
- * the fallback then rewrites every output.  With self_check the kernel's
- * blocks check their shares of V themselves (g.v_self_check).
- * Else a pass over V sets it from a side stream, queued after the kernel
- * so that it takes the SMs the kernel's last blocks leave idle (in front
- * of the kernel it cost about 5 % of a 16-bit call at L = 1024), and the
- * context's stream waits for it before anything that follows. */
+ * the fallback then rewrites every output.  check (g.v_self_check): who
+ * sets it.  V_CHECK_SCAN: a pass over V from a side stream, queued after
+ * the kernel so that it takes the SMs the kernel's last blocks leave idle
+ * (in front of the kernel it cost about 5 % of a 16-bit call at L = 1024),
+ * and the context's stream waits for it before anything that follows;
+ * else the kernel itself. */
 static inline fa_status launch_guarded_by_v_flag(fa_context *ctx, const attn_params *p, int pass, int **v_flag,
                                                  fa_status (*run)(fa_context *, const attn_params *, int),
-                                                 bool self_check) {
+                                                 int check) {
   int *flag = NULL;
   fa_status st = values_nonfinite_flag(ctx, p, &flag, false);
   if (st) return st;
   attn_params g = *p;
   g.v_nonfinite = flag;
-  g.v_self_check = self_check;
+  g.v_self_check = check;
   cudaStream_t side = 0;
-  if (!self_check && (st = fa_cuda_fork(ctx, &side))) {
+  if (check == V_CHECK_SCAN && (st = fa_cuda_fork(ctx, &side))) {
     fa_cuda_free_on(ctx, flag, sizeof(int));
     return st;
   }
   st = run(ctx, &g, pass);
-  if (!self_check) st = join_nonfinite_scan(ctx, p, flag, side, st);
+  if (check == V_CHECK_SCAN) st = join_nonfinite_scan(ctx, p, flag, side, st);
   if (st) fa_cuda_free_on(ctx, flag, sizeof(int)); /* stream-ordered: after the work queued */
   else *v_flag = flag;
   return st;
@@ -205,10 +215,10 @@ static inline fa_status launch_guarded_by_v_flag(fa_context *ctx, const attn_par
 static inline fa_status launch_fast_passes(fa_context *ctx, const attn_params *p, fa_attention_algo algo,
                                            int **v_flag,
                                            fa_status (*run)(fa_context *, const attn_params *, int),
-                                           bool self_check = false) {
-  if (algo != FA_ATTN_TWO_PASS) return launch_guarded_by_v_flag(ctx, p, PASS_FLASH, v_flag, run, self_check);
+                                           int check = V_CHECK_SCAN) {
+  if (algo != FA_ATTN_TWO_PASS) return launch_guarded_by_v_flag(ctx, p, PASS_FLASH, v_flag, run, check);
   fa_status st = run(ctx, p, PASS_STATS);
-  return st ? st : launch_guarded_by_v_flag(ctx, p, PASS_OUTPUT, v_flag, run, self_check);
+  return st ? st : launch_guarded_by_v_flag(ctx, p, PASS_OUTPUT, v_flag, run, check);
 }
 
 #endif
@@ -241,7 +251,7 @@ static __device__ __forceinline__ bool leave_for_fallback(int v_bad) {
  * been measured.  Rows of Dv elements: 16-byte multiples on the fast paths. */
 template <typename T, int D, int BR>
 static __device__ __forceinline__ void v_check_share(const attn_params &p, const T *v, int64_t i0) {
-  if (!p.v_self_check) return;
+  if (p.v_self_check != V_CHECK_SHARE) return;
   const int CPR = D * (int)sizeof(T) / 16; /* 16-byte chunks a row */
   const int64_t nq = (p.Lq + BR - 1) / BR, qi = i0 / BR, n = p.Lk * CPR, vs = p.v_st.s;
   const int64_t lo = n * qi / nq, hi = n * (qi + 1) / nq;
@@ -250,6 +260,32 @@ static __device__ __forceinline__ void v_check_share(const attn_params &p, const
   for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x)
     bad |= words_nonfinite<T>(*(const uint4 *)(v + (i / CPR) * vs + (i % CPR) * (16 / sizeof(T))));
   if (bad) *p.v_nonfinite = 1;
+}
+
+/* With V_CHECK_OUTPUT: sets the flag when a row of this warp holds NaN or
+ * inf in its output while its softmax sum is finite (a NaN or inf sum
+ * comes of Q or K, and the row is NaN whatever V holds).  o: this thread's
+ * accumulators of rows A and B (columns 8d + c2, + 1 in [d][0..1] and
+ * [d][2..3]), lA, lB: its parts of the rows' sums, both before the final
+ * scaling.  Two integer operations a value, once a query tile (the scan of
+ * V it replaces took 19 us of a 300 us call at L = 4096, H200).  Called by
+ * the whole warp. */
+template <int DC>
+static __device__ __forceinline__ void note_nonfinite_rows(const attn_params &p, const float (*o)[4], float lA,
+                                                           float lB) {
+  if (p.v_self_check != V_CHECK_OUTPUT) return;
+  const uint32_t m = 0x7F800000u, low = 0x00800000u; /* an all-ones exponent carries into the sign bit */
+  uint32_t a = 0, b = 0;
+#pragma unroll
+  for (int d = 0; d < DC; d++) {
+    a |= ((__float_as_uint(o[d][0]) & m) + low) | ((__float_as_uint(o[d][1]) & m) + low);
+    b |= ((__float_as_uint(o[d][2]) & m) + low) | ((__float_as_uint(o[d][3]) & m) + low);
+  }
+  uint32_t la = (__float_as_uint(lA) & m) + low, lb = (__float_as_uint(lB) & m) + low;
+  la |= __shfl_xor_sync(0xffffffffu, la, 1), lb |= __shfl_xor_sync(0xffffffffu, lb, 1);
+  la |= __shfl_xor_sync(0xffffffffu, la, 2), lb |= __shfl_xor_sync(0xffffffffu, lb, 2);
+  const bool bad = ((a & ~la) | (b & ~lb)) >> 31;
+  if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) *p.v_nonfinite = 1;
 }
 
 #endif

@@ -700,25 +700,27 @@ static fa_status queue_variant_tma(fa_context *ctx, const fa_attn_problem *p, co
 }
 
 /* Queues the call's kernels: mask_mod's spans, the fast kernel guarded by
- * v_flag (NaN or inf in V: set by a scan of V from the side stream, beside
- * the kernels, as launch_guarded_by_v_flag does for the built-in rules; in
- * front of them on the context's stream it took 19 us of a 400 us call at
- * L = 4096, H200, where it may now run beside mask_mod's spans), and the
- * SIMT kernel, behind it when there is one (it runs only when v_flag is
- * set, after the scan), else alone. */
+ * v_flag (NaN or inf in V, as launch_guarded_by_v_flag does for the
+ * built-in rules: the warp-specialised kernel sets it from its outputs,
+ * V_CHECK_OUTPUT; for the others a scan of V from the side stream, beside
+ * the kernels), and the SIMT kernel, behind it when there is one (it runs
+ * only when v_flag is set), else alone.  A scan beside the warp-specialised
+ * kernel, which holds every SM, ran after it: 19 us of a 300 us document
+ * call at L = 4096 (H200). */
 static fa_status queue_variant(fa_context *ctx, const fa_attn_problem *p, const variant_plan *v, const char *src,
                                cudaKernel_t *kern, fa_variant_problem *vp, int *v_flag) {
   fa_status st = FA_OK;
   void *spans = NULL;
   size_t spans_bytes = 0;
   cudaStream_t side = 0;
-  if (v_flag && (st = fa_cuda_fork(ctx, &side))) return st;
+  const bool scan = v_flag && v->fast != FAST_TMA;
+  if (scan && (st = fa_cuda_fork(ctx, &side))) return st;
   if (v->n == 3) st = variant_spans(ctx, p, v, src, kern[2], vp, &spans, &spans_bytes);
   if (!st && v->fast == FAST_TMA) {
-    vp->v_nonfinite = v_flag, vp->v_self_check = 0;
+    vp->v_nonfinite = v_flag, vp->v_self_check = V_CHECK_OUTPUT;
     st = queue_variant_tma(ctx, p, v, kern[1], vp);
   } else if (!st && v->fast) {
-    vp->v_nonfinite = v_flag, vp->v_self_check = 0;
+    vp->v_nonfinite = v_flag, vp->v_self_check = V_CHECK_SCAN;
     void *args[] = {vp};
     const int64_t blocks = p->B * p->Hq * ((p->Lq + v->br - 1) / v->br);
     const bool wg = v->fast == FAST_WGMMA;
@@ -727,7 +729,7 @@ static fa_status queue_variant(fa_context *ctx, const fa_attn_problem *p, const 
       st = launch(ctx, kern[1], (unsigned)blocks, wg ? WG_THREADS : MMA_WARPS(p->D) * 32, smem, args,
                   "the variant's fast kernel");
   }
-  if (v_flag) st = join_nonfinite_scan(ctx, p, v_flag, side, st);
+  if (scan) st = join_nonfinite_scan(ctx, p, v_flag, side, st);
   if (!st) {
     const fa_variant_args va = vp->va;
     (attn_params &)*vp = v->simt;

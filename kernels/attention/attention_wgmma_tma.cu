@@ -210,7 +210,7 @@ static fa_status tma_queue(fa_context *ctx, const attn_params *p, fa_attention_a
   call.tile_k = tma_key_tile(p, automatic);
   if (!wt_encode_maps(&call, &call_maps)) /* tma_takes made them */
     return fa_fail(ctx, FA_ERR_BACKEND, "flashattn: attention on cuda: the driver refused the operands' tensor maps");
-  return launch_fast_passes(ctx, &call, FA_ATTN_FLASH, v_flag, run_flash);
+  return launch_fast_passes(ctx, &call, FA_ATTN_FLASH, v_flag, run_flash, V_CHECK_OUTPUT);
 }
 
 const attn_entry attn_entry_wgmma_tma = {FA_KERNEL_WGMMA_TMA, ATTN_ALGO(FA_ATTN_FLASH), false, tma_fit, tma_tile_ok,

@@ -310,6 +310,7 @@ __global__ void __launch_bounds__(WT_THREADS, 1) attn_wgmma_tma_kernel(const PRO
   wt_consume<T, D, BC, EXTRAS, PINGPONG>(p, b, h, t_lo, all_lo, all_hi, ntiles, L, wt_ring<WT_KST>(), wt_ring<WT_VST>(),
                                          L.q + wg * 64 * 128, 0, r, o);
   FA_TRACE_MARK(4);
+  note_nonfinite_rows<D / 8>(p, o, r.lA, r.lB);
   /* O leaves through this warpgroup's rows of Q's tile (its products are done) */
   frag_store_staged<T, D, false, true, WT_BR, 128>(p, bh, qt.out(p), qt.lse(p), i0, lane, r, o, L.qs);
   FA_TRACE_MARK(6);
@@ -436,6 +437,7 @@ __global__ void __launch_bounds__(WT_THREADS, 1)
                                         L.q_empty(), r, o, STAGE);
     kr.advance(ntiles), vr.advance(ntiles);
     FA_TRACE_MARK(4);
+    note_nonfinite_rows<D / 8>(p, o, r.lA, r.lB);
     if (STAGE && ntiles > 0) {
       const int vb = (ntiles - 1) % WT_VST;
       wt_consumers_sync(WT_STAGE); /* no consumer reads the buffer any more */
