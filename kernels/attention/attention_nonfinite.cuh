@@ -27,9 +27,9 @@
  * The flag may be set while the fast kernel runs: blocks that started
  * before write outputs the fallback then overwrites, so the result never
  * depends on the timing.  With V_CHECK_OUTPUT a NaN or inf of V that no
- * visited tile holds sets nothing: no row's result depends on it.  naive does the same with its own skipping P·V
- * kernel behind cuBLAS.  The problem's fields: v_nonfinite, v_self_check
- * (src/internal.h). */
+ * visited tile holds sets nothing: no row's result depends on it.  naive
+ * does the same with its own skipping P·V kernel behind cuBLAS.  The
+ * problem's fields: v_nonfinite, v_self_check (attention_common.cuh). */
 #ifndef FA_KERNELS_ATTENTION_NONFINITE_CUH
 #define FA_KERNELS_ATTENTION_NONFINITE_CUH
 

@@ -95,7 +95,8 @@ static bool wgmma_takes(const fa_attn_problem *p, fa_attention_algo, bool) { ret
 /* Its instances of two blocks an SM (D = 64, key tiles of 64) check their
  * shares of V themselves (v_check_share). */
 static fa_status wgmma_queue(fa_context *ctx, const attn_params *p, fa_attention_algo algo, bool, int **v_flag) {
-  return launch_fast_passes(ctx, p, algo, v_flag, fa_cuda_attention_wgmma, p->D == 64 && p->tile_k == 64 ? V_CHECK_SHARE : V_CHECK_SCAN);
+  const int check = p->D == 64 && p->tile_k == 64 ? V_CHECK_SHARE : V_CHECK_SCAN;
+  return launch_fast_passes(ctx, p, algo, v_flag, fa_cuda_attention_wgmma, check);
 }
 
 const attn_entry attn_entry_wgmma = {FA_KERNEL_WGMMA, ATTN_FLASH_OR_TWO_PASS, false, wgmma_fit, wgmma_tile_ok,
