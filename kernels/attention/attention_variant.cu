@@ -486,7 +486,7 @@ static fa_status plan_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_a
                                                                                                           : FAST_NONE;
   /* the tensor-core hook works a key out in 32 bits (variant_rows): 2^31 keys or more (keys and values of
    * 2^31 * D * 4 bytes, 512 GiB at the least D those kernels take, 64) go to the SIMT kernel */
-  if (p->Lk > INT32_MAX - 512 || p->Lq > INT32_MAX - 512) v->fast = FAST_NONE;
+  if (p->Lk > INT32_MAX - 512) v->fast = FAST_NONE;
   if (v->fast == FAST_TMA && !wt_encode_maps(p, &v->maps))
     return fa_fail(ctx, FA_ERR_BACKEND, "flashattn: attention on cuda: the driver refused the operands' tensor maps");
   const char *T = rtc_type(p);

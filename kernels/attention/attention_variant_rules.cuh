@@ -158,18 +158,54 @@ __device__ bool frag_variant_tile(const fa_attn_problem &p0, int64_t b, int64_t 
   const bool plain = full && (!fa_variant::has_mask || mask_full) && !fa_variant_rules::bool_mask &&
                      !fa_variant_rules::float_mask;
   if (plain && !fa_variant::has_score && !fa_variant_rules::softcap && !fa_variant_rules::alibi) return true;
-  /* with mask_mod the only step that asks which keys stay (no score_mod,
-   * no mask tensor), the key range and mask_mod go straight into the one
-   * select a score, without a row's bit mask: a document mask's partial
-   * tile 9 instructions a score -> 5 in the PTX */
-  if (!fa_variant::has_score && !fa_variant_rules::bool_mask && !fa_variant_rules::float_mask) {
+  /* direct: with mask_mod the only step that asks which keys stay (no
+   * score_mod, no mask tensor), the key range and mask_mod go straight
+   * into the one select a score at the end, without a row's bit mask (a
+   * document mask's partial tile: 9 instructions a score -> 5 in the PTX) */
+  constexpr bool direct = !fa_variant::has_score && !fa_variant_rules::bool_mask && !fa_variant_rules::float_mask;
+  K keepA = ~(K)0, keepB = ~(K)0; /* bit 2n + e: the key stays */
+  if (!direct && !plain) {
+    keepA = keepB = 0;
 #pragma unroll
     for (int n = 0; n < NC; n++)
 #pragma unroll
-      for (int q = 0; q < 4; q++) s[n][q] *= ruA.scale;
-    if (fa_variant_rules::softcap) frag_softcap_pass<NC>(ruA, ruB, s);
-    if (fa_variant_rules::alibi) frag_alibi_pass<NC>(ruA, ruB, s);
-    if (plain) return false;
+      for (int e = 0; e < 2; e++) {
+        const int col = n * 8 + c2 + e;
+        keepA |= (K)(full ? vA : (unsigned)(col - aA) < (unsigned)nA) << (2 * n + e);
+        keepB |= (K)(full ? vB : (unsigned)(col - aB) < (unsigned)nB) << (2 * n + e);
+      }
+  }
+  if (!plain && fa_variant_rules::bool_mask) /* read only at the keys in range */
+#pragma unroll
+    for (int n = 0; n < NC; n++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const K bit = (K)1 << (2 * n + e);
+        if ((keepA & bit) && !rule_mask_keeps(ruA, n * 8 + e)) keepA &= ~bit;
+        if ((keepB & bit) && !rule_mask_keeps(ruB, n * 8 + e)) keepB &= ~bit;
+      }
+  if (!direct && !plain && fa_variant::has_mask && !mask_full)
+#pragma unroll
+    for (int n = 0; n < NC; n++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const K bit = (K)1 << (2 * n + e);
+        int f1, f2;
+        bool mA, mB;
+        variant_mask_pair(p, w, n, e, mA, mB, f1, f2);
+        if (fm < 0) fm = variant_kept_fault(keepA, keepB, bit, f1, f2);
+        keepA &= mA ? ~(K)0 : ~bit, keepB &= mB ? ~(K)0 : ~bit;
+      }
+#pragma unroll
+  for (int n = 0; n < NC; n++)
+#pragma unroll
+    for (int q = 0; q < 4; q++) s[n][q] *= ruA.scale;
+  /* a plain tile's keys are all in range: no clamp, every fault kept */
+  if (fa_variant::has_score && plain) variant_score_pass<NC, false>(p, w, s, ~(K)0, ~(K)0, fs);
+  else if (fa_variant::has_score) variant_score_pass<NC, true>(p, w, s, keepA, keepB, fs);
+  if (fa_variant_rules::softcap) frag_softcap_pass<NC>(ruA, ruB, s);
+  if (fa_variant_rules::alibi) frag_alibi_pass<NC>(ruA, ruB, s);
+  if (!plain && direct) {
     /* the key range as columns [a, a + n) of each row (all of a full
      * tile's in rows before Lq) */
     const int rA = full ? 0 : aA, rB = full ? 0 : aB;
@@ -197,52 +233,7 @@ __device__ bool frag_variant_tile(const fa_attn_problem &p0, int64_t b, int64_t 
           if ((unsigned)(col - rA) >= wA) s[n][e] = -INFINITY;
           if ((unsigned)(col - rB) >= wB) s[n][2 + e] = -INFINITY;
         }
-    fa_variant_faults(p, fs, fm);
-    return false;
-  }
-  K keepA = ~(K)0, keepB = ~(K)0; /* bit 2n + e: the key stays */
-  if (!plain) {
-    keepA = keepB = 0;
-#pragma unroll
-    for (int n = 0; n < NC; n++)
-#pragma unroll
-      for (int e = 0; e < 2; e++) {
-        const int col = n * 8 + c2 + e;
-        keepA |= (K)(full ? vA : (unsigned)(col - aA) < (unsigned)nA) << (2 * n + e);
-        keepB |= (K)(full ? vB : (unsigned)(col - aB) < (unsigned)nB) << (2 * n + e);
-      }
-  }
-  if (!plain && fa_variant_rules::bool_mask) /* read only at the keys in range */
-#pragma unroll
-    for (int n = 0; n < NC; n++)
-#pragma unroll
-      for (int e = 0; e < 2; e++) {
-        const K bit = (K)1 << (2 * n + e);
-        if ((keepA & bit) && !rule_mask_keeps(ruA, n * 8 + e)) keepA &= ~bit;
-        if ((keepB & bit) && !rule_mask_keeps(ruB, n * 8 + e)) keepB &= ~bit;
-      }
-  if (!plain && fa_variant::has_mask && !mask_full)
-#pragma unroll
-    for (int n = 0; n < NC; n++)
-#pragma unroll
-      for (int e = 0; e < 2; e++) {
-        const K bit = (K)1 << (2 * n + e);
-        int f1, f2;
-        bool mA, mB;
-        variant_mask_pair(p, w, n, e, mA, mB, f1, f2);
-        if (fm < 0) fm = variant_kept_fault(keepA, keepB, bit, f1, f2);
-        keepA &= mA ? ~(K)0 : ~bit, keepB &= mB ? ~(K)0 : ~bit;
-      }
-#pragma unroll
-  for (int n = 0; n < NC; n++)
-#pragma unroll
-    for (int q = 0; q < 4; q++) s[n][q] *= ruA.scale;
-  /* a plain tile's keys are all in range: no clamp, every fault kept */
-  if (fa_variant::has_score && plain) variant_score_pass<NC, false>(p, w, s, ~(K)0, ~(K)0, fs);
-  else if (fa_variant::has_score) variant_score_pass<NC, true>(p, w, s, keepA, keepB, fs);
-  if (fa_variant_rules::softcap) frag_softcap_pass<NC>(ruA, ruB, s);
-  if (fa_variant_rules::alibi) frag_alibi_pass<NC>(ruA, ruB, s);
-  if (!plain) {
+  } else if (!plain) {
     if (fa_variant_rules::float_mask) /* read only at the keys that stay */
 #pragma unroll
       for (int n = 0; n < NC; n++)

@@ -461,8 +461,10 @@ function TestVariants:test_cuda_tensor_cores()
       -- wgmma_tma's key tiles of 176 (a row's keys past 32 bits)
       if D == 128 then check_variant(q, k, v, x[1], x[2], x[3] .. " (tile 176)", {tile = {128, 176}}) end
     end
-    -- NaN and inf in V (the scan from the side stream sets the flag, the SIMT fallback rewrites
-    -- the call): only the rows that attend those keys see them, and the next call is clean
+    -- NaN and inf in V (the warp-specialised kernel sees them in its outputs, the others' scan of V
+    -- from the side stream: the flag set, the SIMT fallback rewrites the call): only the rows that
+    -- attend those keys see them, though rows of the same key tiles that do not attend them visit
+    -- them too, and the next call is clean
     local vn = v:clone()
     vn:set(1, 2, 150, 3, U.NaN)
     vn:set(1, 1, 60, 5, U.inf)
