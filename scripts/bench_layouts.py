@@ -15,6 +15,7 @@ against FA2's on the same views (max |diff|).
 Usage (GPU machine, after scripts/gpu_env.sh and a build):
   python3 scripts/bench_layouts.py --lib build-gpu/libflashattn.so [--json OUT.json] [--commit C]
       [--dtypes bf16,f16] [--dims 64,128,256] [--lengths 1024,4096,16384] [--causal both]
+      [--also-kernel NAME]  (a registry kernel also timed on the same views, e.g. wgmma)
 """
 import argparse
 import ctypes
@@ -53,13 +54,16 @@ def operands(layout, dt, B, H, L, D):
 class EngineCall:
     """One fa_attention call on fixed operands, ready to repeat."""
 
-    def __init__(self, eng, dtype, q, k, v, out, causal):
+    def __init__(self, eng, dtype, q, k, v, out, causal, kernel=None):
         self.eng, self.lib = eng, eng.lib
+        self.kernel = kernel.encode() if kernel else None  # opts.kernel: a registry entry by name
         self.held = [eng.wrap(t, dtype) for t in (q, k, v, out)]
         self.opts = AttnOpts()
         self.lib.fa_attention_opts_init(ctypes.byref(self.opts))
         self.opts.causal = CAUSAL["bottom_right" if causal else "none"]
         self.opts.out = self.held[3]
+        if self.kernel:
+            self.opts.kernel = self.kernel
         self.ro = ctypes.c_void_p()
 
     def __call__(self):
@@ -93,6 +97,8 @@ def main():
     ap.add_argument("--causal", choices=["both", "yes", "no"], default="both")
     ap.add_argument("--tokens", type=int, default=16384, help="B·L")
     ap.add_argument("--width", type=int, default=2048, help="H·D")
+    ap.add_argument("--also-kernel", default=None,
+                    help="a kernel (opts.kernel) also timed on every layout, beside the engine's choice")
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     eng = Engine(a.lib)
@@ -113,6 +119,10 @@ def main():
                         call = EngineCall(eng, dname, q, k, v, o, causal)
                         row = {"dtype": dname, "B": B, "H": H, "L": L, "D": D, "causal": causal, "layout": layout}
                         row["tflops"] = tflops(bench(call), B, H, L, D, causal)
+                        if a.also_kernel:
+                            named = EngineCall(eng, dname, q, k, v, o, causal, a.also_kernel)
+                            row[f"tflops_{a.also_kernel}"] = tflops(bench(named), B, H, L, D, causal)
+                            named.close()
                         for name, backend in PEERS.items():
                             try:
                                 with sdpa_kernel([backend]):
@@ -137,7 +147,9 @@ def main():
                         print(f"{dname:5} {D:4} {L:6} {str(causal):6} {layout:7} {row['tflops']:7.1f} "
                               f"{f(row.get('fa2_tflops'))} {f(row.get('cudnn_tflops'))} {g(row['ratio_vs_fa2'])} "
                               f"{g(row['ratio_vs_cudnn'])} {g(row['ratio_vs_contiguous'])} "
-                              f"{row.get('maxdiff_vs_fa2', float('nan')):8.2g}", flush=True)
+                              f"{row.get('maxdiff_vs_fa2', float('nan')):8.2g}"
+                              + (f" {a.also_kernel} {row[f'tflops_{a.also_kernel}']:7.1f}" if a.also_kernel else ""),
+                              flush=True)
                         del q, k, v, o
                         torch.cuda.empty_cache()
     eng.close()

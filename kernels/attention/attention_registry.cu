@@ -31,8 +31,8 @@ static bool entry_takes(const attn_entry *e, const fa_attn_problem *p, fa_attent
 const attn_entry *attn_entry_pick(fa_attn_kernel named, const fa_attn_problem *p, fa_attention_algo algo, bool variant) {
   const bool automatic = named == FA_KERNEL_AUTO && !variant;
   for (const attn_entry *e : table)
-    if ((named == FA_KERNEL_AUTO ? !e->named_only : e->id == named) && (!variant || e->variant_hook) &&
-        entry_takes(e, p, algo, automatic))
+    if ((named == FA_KERNEL_AUTO ? !e->named_only && !(e->declines && e->declines(p)) : e->id == named) &&
+        (!variant || e->variant_hook) && entry_takes(e, p, algo, automatic))
       return e;
   return NULL;
 }

@@ -42,6 +42,9 @@ struct attn_entry {
   /* The run-time compiled variants (API §9; attention_variant.cu) have an
    * instance of it. */
   bool variant_hook;
+  /* Calls it takes when named but leaves to the next kernel when the
+   * choice is automatic (NULL: none): the next is faster there. */
+  bool (*declines)(const fa_attn_problem *p);
 };
 
 /* The entries, defined beside their kernels. */

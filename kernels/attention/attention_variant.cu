@@ -688,13 +688,13 @@ static fa_status queue_variant_tma(fa_context *ctx, const fa_attn_problem *p, co
   wt_maps maps = v->maps; /* a copy the launch reads: the arguments are copied at the launch */
   if (!v->persistent) {
     void *args[] = {vp, &maps};
-    return launch(ctx, kern, (unsigned)tiles, WT_THREADS, smem, args, "the variant's fast kernel");
+    return launch(ctx, kern, (unsigned)tiles, wt_threads((int)p->D), smem, args, "the variant's fast kernel");
   }
   unsigned grid = 0;
   int *next = NULL;
   if ((st = wt_persistent_start(ctx, tiles, &grid, &next))) return st;
   void *args[] = {vp, &maps, &next};
-  st = launch(ctx, kern, grid, WT_THREADS, smem, args, "the variant's fast kernel");
+  st = launch(ctx, kern, grid, wt_threads((int)p->D), smem, args, "the variant's fast kernel");
   fa_cuda_free_on(ctx, next, sizeof(int)); /* stream-ordered: after the kernel */
   return st;
 }

@@ -86,7 +86,7 @@ static fa_status launch(fa_context *ctx, const attn_params *p, const wt_maps &m)
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   int64_t blocks = p->B * p->Hq * ((p->Lq + WT_BR - 1) / WT_BR);
   if (fa_status st = attn_grid_fits(ctx, blocks)) return st;
-  kernel<<<(unsigned)blocks, WT_THREADS, smem, fa_cuda_stream(ctx)>>>(*p, m);
+  kernel<<<(unsigned)blocks, wt_threads(D), smem, fa_cuda_stream(ctx)>>>(*p, m);
   FA_CUDA_CHECK_LAUNCH(ctx, "attn_wgmma_tma_kernel");
   FA_TRACE_REPORT(fa_cuda_stream(ctx), "attn_wgmma_tma_kernel");
   return FA_OK;
@@ -120,7 +120,7 @@ static fa_status launch_persistent(fa_context *ctx, const attn_params *p, const 
   unsigned grid = 0;
   int *next = NULL;
   if (fa_status st = wt_persistent_start(ctx, tiles, &grid, &next)) return st;
-  kernel<<<grid, WT_THREADS, smem, fa_cuda_stream(ctx)>>>(*p, m, next);
+  kernel<<<grid, wt_threads(D), smem, fa_cuda_stream(ctx)>>>(*p, m, next);
   const cudaError_t err = cudaGetLastError();
   fa_cuda_free_on(ctx, next, sizeof(int)); /* stream-ordered: after the kernel */
   if (err == cudaSuccess) FA_TRACE_REPORT(fa_cuda_stream(ctx), "attn_wgmma_tma_persistent_kernel");
@@ -135,16 +135,18 @@ static bool wt_persistent(const attn_params *p) {
  * (the masks, and the consumers taking turns at D = 256). */
 template <typename T, int D, int BC> static fa_status launch_extras(fa_context *ctx, const attn_params *p, const wt_maps &m) {
   const int x = attn_extras_kind(p);
-  if (wt_persistent(p)) {
-    if (x == EXTRAS_SCORE) return launch_persistent<T, D, BC, EXTRAS_SCORE>(ctx, p, m);
-    return launch_persistent<T, D, BC, EXTRAS_NONE>(ctx, p, m);
-  }
+  if constexpr (wt_sm_blocks(D) == 1) /* the persistent form: a block an SM */
+    if (wt_persistent(p)) {
+      if (x == EXTRAS_SCORE) return launch_persistent<T, D, BC, EXTRAS_SCORE>(ctx, p, m);
+      return launch_persistent<T, D, BC, EXTRAS_NONE>(ctx, p, m);
+    }
   if (x == EXTRAS_MASK) return launch<T, D, BC, EXTRAS_MASK>(ctx, p, m);
   if (x == EXTRAS_SCORE) return launch<T, D, BC, EXTRAS_SCORE>(ctx, p, m);
   return launch<T, D, BC, EXTRAS_NONE>(ctx, p, m);
 }
 
 template <typename T> static fa_status tma_typed(fa_context *ctx, const attn_params *p, const wt_maps &m) {
+  if (p->D == 64) return launch_extras<T, 64, 64>(ctx, p, m);
   if (p->D == 256) return launch_extras<T, 256, 64>(ctx, p, m);
   if (p->tile_k == 176) return launch_extras<T, 128, 176>(ctx, p, m);
   return launch_extras<T, 128, 128>(ctx, p, m);
@@ -163,9 +165,9 @@ static fa_status run_flash(fa_context *ctx, const attn_params *p, int pass) {
 
 /* ---- its registry entry ---- */
 
-/* f16/bf16 at D = Dv = 128 or 256 on Hopper */
+/* f16/bf16 at D = Dv = 64, 128 or 256 on Hopper */
 static int tma_fit(fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc, char *why, size_t n) {
-  if (!attn_fit_16bit(dt, D, Dv, D == 128 || D == 256, "128 or 256", why, n)) return 0;
+  if (!attn_fit_16bit(dt, D, Dv, D == 64 || D == 128 || D == 256, "64, 128 or 256", why, n)) return 0;
   if (!fa_cuda_wgmma_usable()) {
     snprintf(why, n, "it needs a Hopper GPU (sm_90) and sm_90a code in this build");
     return 0;
@@ -176,7 +178,7 @@ static int tma_fit(fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc,
 
 /* its default tile, and {128, 176} at D = 128 */
 static bool tma_tile_ok(int64_t D, int64_t br, int64_t bc) {
-  return br == WT_BR && (D == 128 || D == 256) && (bc == wgmma_key_tile(D) || (D == 128 && bc == 176));
+  return br == WT_BR && (D == 64 || D == 128 || D == 256) && (bc == wgmma_key_tile(D) || (D == 128 && bc == 176));
 }
 
 /* The key tile a call runs with.  automatic: at D = 128 the default key
@@ -213,5 +215,12 @@ static fa_status tma_queue(fa_context *ctx, const attn_params *p, fa_attention_a
   return launch_fast_passes(ctx, &call, FA_ATTN_FLASH, v_flag, run_flash, V_CHECK_OUTPUT);
 }
 
+/* At D = 64 its blocks have no producer (attention_wgmma_tma.cuh: WT_FED)
+ * and run at 0.92-1.0 x the wgmma kernel on dense rows, which it leaves to
+ * that kernel; on strided ones (a transposed or packed view) it runs at
+ * 0.98-1.08 x (median 1.05) the wgmma kernel's strided copies (H200, 2026-11-29,
+ * docs/perf/2026-11-29-tma-d64-fed-h200.json). */
+static bool tma_declines(const fa_attn_problem *p) { return p->D == 64 && attn_rows_dense(p); }
+
 const attn_entry attn_entry_wgmma_tma = {FA_KERNEL_WGMMA_TMA, ATTN_ALGO(FA_ATTN_FLASH), false, tma_fit, tma_tile_ok,
-                                        tma_takes,           tma_queue,                true};
+                                        tma_takes,           tma_queue,                true,  tma_declines};

@@ -23,7 +23,8 @@
  *
  * Tiles {128, BC}: key tiles of 128 or 176 at D = 128 (the automatic
  * choice takes 176 from 2048 keys on: attention_wgmma_tma.cu), of 64 at D = 256,
- * where the consumers take turns at the tensor cores (PINGPONG).
+ * where the consumers take turns at the tensor cores (PINGPONG), and of 64
+ * at D = 64, where two blocks share an SM and have no producer (WT_FED).
  *
  * Two forms: a block a query tile (attn_wgmma_tma_kernel), and a
  * persistent one, a block an SM taking query tiles from a counter and
@@ -56,9 +57,25 @@ struct CUtensorMap {
 #endif
 
 #define WT_BR 128
-#define WT_THREADS 384 /* two consumer warpgroups, then the producer */
-#define WT_KST 2
-#define WT_VST 2
+
+/* A block's threads, how many blocks share an SM, and the depth of its
+ * key and value rings.  Two consumer warpgroups, then the producer, a block
+ * an SM (the producer's warpgroup gives its registers to the consumers:
+ * setmaxnreg), rings of two.  At D = 64 the products of a key tile take
+ * about as long as its exponentials, so two blocks share an SM, one's
+ * softmax running while the other's products do; there a producer warp
+ * would leave 96 registers a thread (18 warps: five on one of the SM's four
+ * register files), too few for the products (ptxas serialised them), so
+ * the block has no producer: two of its consumer threads feed it (WT_FED:
+ * wt_consume), through rings of four, and the consumers keep 128.  That
+ * form ran at 0.92-1.0 x the wgmma kernel on dense rows (thread 0 alone
+ * feeding: 0.87-0.97; the copies issued behind the products made ptxas
+ * serialise them, C7514), and above its strided copies: the registry gives
+ * it D = 64's strided calls (attention_wgmma_tma.cu: tma_declines). */
+static __host__ __device__ constexpr int wt_sm_blocks(int D) { return D == 64 ? 2 : 1; }
+static __host__ __device__ constexpr int wt_threads(int D) { return D == 64 ? 256 : 384; }
+static __host__ __device__ constexpr int wt_stages(int D) { return D == 64 ? 4 : 2; }
+#define WT_FED(D) (wt_sm_blocks(D) == 2)
 
 /* The tensor maps of q, k and v (kernel parameters: __grid_constant__). */
 struct wt_maps {
@@ -81,7 +98,7 @@ fa_status wt_persistent_start(fa_context *ctx, int64_t tiles, unsigned *grid, in
  * docs/perf/2026-11-27-attention-h200-persistent.json: D = 128 +2-13 % at
  * L = 1024-8192, -2 to +3 % at 16384; D = 256 +3 % at 16384. */
 static __host__ __device__ inline bool wt_persistent_fits(long long D, long long Lk, bool masked) {
-  return !masked && (D == 128 || Lk >= 16384);
+  return !masked && D != 64 && (D == 128 || Lk >= 16384);
 }
 
 /* A query tile the persistent form's producer posts to its consumers. */
@@ -94,9 +111,9 @@ struct wt_slot {
  * and key tiles of BC (wt_layout<D, BC>::bytes; the variants' launches ask
  * with run-time values): the tiles, the barriers, two slots, and 1024 for
  * the alignment. */
-#define WT_NBAR (1 + 2 * WT_KST + 2 * WT_VST + 5)
+static __host__ __device__ constexpr int wt_nbar(int D) { return 1 + 4 * wt_stages(D) + 5; }
 static __host__ __device__ constexpr size_t wt_smem_bytes(int D, int BC) {
-  return (size_t)WT_BR * D * 2 + (size_t)(WT_KST + WT_VST) * BC * D * 2 + 8 * WT_NBAR + 2 * sizeof(wt_slot) + 1024;
+  return (size_t)WT_BR * D * 2 + (size_t)2 * wt_stages(D) * BC * D * 2 + 8 * wt_nbar(D) + 2 * sizeof(wt_slot) + 1024;
 }
 
 /* A block's shared memory, 1024-byte aligned (the swizzle is computed on
@@ -105,22 +122,23 @@ static __host__ __device__ constexpr size_t wt_smem_bytes(int D, int BC) {
  * slots' full and empty), then the persistent form's two slots.  Addresses
  * as the copies and products take them (q: Q's tile). */
 template <int D, int BC> struct wt_layout {
+  static constexpr int NS = wt_stages(D);                       /* buffers a ring */
   static constexpr int QB = WT_BR * D * 2, KB = BC * D * 2; /* bytes of the Q tile, of a K or V tile */
-  static constexpr int BARS = QB + (WT_KST + WT_VST) * KB, NBAR = WT_NBAR;
+  static constexpr int BARS = QB + 2 * NS * KB, NBAR = wt_nbar(D);
   static constexpr size_t bytes = wt_smem_bytes(D, BC);
   char *qs;
   uint32_t q;
   __device__ __forceinline__ explicit wt_layout(char *raw)
       : qs(raw + ((1024 - (smem_addr(raw) & 1023)) & 1023)), q(smem_addr(qs)) {}
   __device__ __forceinline__ uint32_t ks() const { return q + QB; }
-  __device__ __forceinline__ uint32_t vs() const { return q + QB + WT_KST * KB; }
-  __device__ __forceinline__ char *v_tile(int i) const { return qs + QB + (WT_KST + i) * KB; } /* value buffer i */
+  __device__ __forceinline__ uint32_t vs() const { return q + QB + NS * KB; }
+  __device__ __forceinline__ char *v_tile(int i) const { return qs + QB + (NS + i) * KB; } /* value buffer i */
   __device__ __forceinline__ uint32_t q_full() const { return q + BARS; }
   __device__ __forceinline__ uint32_t full_k() const { return q + BARS + 8; }
-  __device__ __forceinline__ uint32_t empty_k() const { return full_k() + 8 * WT_KST; }
-  __device__ __forceinline__ uint32_t full_v() const { return empty_k() + 8 * WT_KST; }
-  __device__ __forceinline__ uint32_t empty_v() const { return full_v() + 8 * WT_VST; }
-  __device__ __forceinline__ uint32_t q_empty() const { return empty_v() + 8 * WT_VST; }
+  __device__ __forceinline__ uint32_t empty_k() const { return full_k() + 8 * NS; }
+  __device__ __forceinline__ uint32_t full_v() const { return empty_k() + 8 * NS; }
+  __device__ __forceinline__ uint32_t empty_v() const { return full_v() + 8 * NS; }
+  __device__ __forceinline__ uint32_t q_empty() const { return empty_v() + 8 * NS; }
   __device__ __forceinline__ uint32_t slot_full() const { return q_empty() + 8; }
   __device__ __forceinline__ uint32_t slot_empty() const { return slot_full() + 16; }
   __device__ __forceinline__ wt_slot *slots() const { return (wt_slot *)(qs + BARS + 8 * NBAR); }
@@ -186,8 +204,8 @@ static __device__ __forceinline__ void wt_load_kv(const CUtensorMap *m, uint32_t
 /* The mbarriers of both forms (the persistent form's four more with slots). */
 template <int D, int BC> static __device__ __forceinline__ void wt_init_barriers(const wt_layout<D, BC> &L, bool slots) {
   mbar_init(L.q_full(), 1);
-  for (int s = 0; s < WT_KST; s++) mbar_init(L.full_k() + 8 * s, 1), mbar_init(L.empty_k() + 8 * s, 8); /* 8 consumer warps */
-  for (int s = 0; s < WT_VST; s++) mbar_init(L.full_v() + 8 * s, 1), mbar_init(L.empty_v() + 8 * s, 8);
+  for (int s = 0; s < L.NS; s++) mbar_init(L.full_k() + 8 * s, 1), mbar_init(L.empty_k() + 8 * s, 8); /* 8 consumer warps */
+  for (int s = 0; s < L.NS; s++) mbar_init(L.full_v() + 8 * s, 1), mbar_init(L.empty_v() + 8 * s, 8);
   if (slots) {
     mbar_init(L.q_empty(), 8);
     for (int s = 0; s < 2; s++) mbar_init(L.slot_full() + 8 * s, 1), mbar_init(L.slot_empty() + 8 * s, 8);
@@ -196,19 +214,32 @@ template <int D, int BC> static __device__ __forceinline__ void wt_init_barriers
 }
 #endif
 
+/* Where a block without a producer (WT_FED) copies its tiles from: the
+ * maps, the first key tile's row, the key head and the batch. */
+struct wt_feed {
+  const wt_maps *m;
+  int j_lo, hk, bi;
+};
+
 /* A consumer warpgroup's key loop over the query tile's ntiles key tiles
  * from t_lo, and the last tile's P·V, into o (rows r): tile t in buffer
- * t % 2 of the key and value rings of L (the barriers' phases kr, vr).  S(t+1) = Q·K(t+1)ᵀ is issued with O += P(t)·V(t) behind
+ * t % NS of the key and value rings of L (the barriers' phases kr, vr).
+ * WT_FED(D): at tile t's top, thread 0 (warpgroup 0) copies K(t + 2) and
+ * thread 128 (warpgroup 1) V(t + 1), into the buffers of tiles t - 2 and
+ * t - 3, which both warpgroups are past unless one is two tiles behind
+ * (one feeder for both cost its warpgroup 3-8 %); the caller copied Q, K(0),
+ * K(1) and V(0).  S(t+1) = Q·K(t+1)ᵀ is issued with O += P(t)·V(t) behind
  * it (the wgmma kernel's intra-warpgroup overlap).  q_empty (0: none) gets
  * this warp's arrival once its last S is in.  hold_v: the last value
  * tile's buffer is not given back (the caller stages O there, then does). */
 template <typename T, int D, int BC, int EXTRAS, bool PINGPONG>
 static __device__ __forceinline__ void wt_consume(const fa_attn_problem &p, int64_t b, int64_t h, int64_t t_lo,
                                                   int64_t all_lo, int64_t all_hi, int ntiles, const wt_layout<D, BC> &L,
-                                                  const wt_ring<WT_KST> &kr, const wt_ring<WT_VST> &vr, uint32_t q_base,
-                                                  uint32_t q_empty, frag_rows &r, float (*o)[4], bool hold_v = false) {
+                                                  const wt_ring<wt_stages(D)> &kr, const wt_ring<wt_stages(D)> &vr,
+                                                  uint32_t q_base, uint32_t q_empty, frag_rows &r, float (*o)[4],
+                                                  bool hold_v = false, wt_feed feed = {}) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int KB = BC * D * 2;
+  constexpr int KB = BC * D * 2, NS = wt_stages(D);
   const uint32_t full_k = L.full_k(), empty_k = L.empty_k(), full_v = L.full_v(), empty_v = L.empty_v();
   const int lane = threadIdx.x & 31, wg = threadIdx.x >> 7, c2 = (lane & 3) * 2;
   const bool scale_pos = frag_scale_positive(p);
@@ -217,12 +248,16 @@ static __device__ __forceinline__ void wt_consume(const fa_attn_problem &p, int6
   if (PINGPONG && wg == 1 && ntiles > 0) wt_turn_pass(1); /* warpgroup 0 goes first */
   for (int t = 0; t < ntiles; t++) {
     const int64_t j0 = t_lo + (int64_t)t * BC;
-    const int kb = t % WT_KST;
+    const int kb = t % NS;
+    if (WT_FED(D) && threadIdx.x == 0 && t + 2 < ntiles)
+      wt_load_kv<D, BC>(&feed.m->k, L.ks(), full_k, empty_k, kr, t + 2, feed.j_lo + (t + 2) * BC, feed.hk, feed.bi);
+    if (WT_FED(D) && threadIdx.x == 128 && t + 1 < ntiles)
+      wt_load_kv<D, BC>(&feed.m->v, L.vs(), full_v, empty_v, vr, t + 1, feed.j_lo + (t + 1) * BC, feed.hk, feed.bi);
     mbar_wait(full_k + 8 * kb, kr.parity(t));
     if (PINGPONG) wt_turn_wait(wg);
     qk_issue<T, D, WT_BR, BC>(s, q_base, L.ks() + kb * KB);
     if (t > 0) {
-      const int vb = (t - 1) % WT_VST;
+      const int vb = (t - 1) % NS;
       mbar_wait(full_v + 8 * vb, vr.parity(t - 1));
       pv_issue<T, D, BC>(o, pa, L.vs() + vb * KB);
     }
@@ -244,14 +279,14 @@ static __device__ __forceinline__ void wt_consume(const fa_attn_problem &p, int6
 
     wgmma_wait<0>();
     wgmma_hold<D / 2>(&o[0][0]);
-    if (t > 0 && lane == 0) mbar_arrive(empty_v + 8 * ((t - 1) % WT_VST));
+    if (t > 0 && lane == 0) mbar_arrive(empty_v + 8 * ((t - 1) % NS));
     frag_rescale<D / 8>(o, alphaA, alphaB);
     p_pack<T, BC>(pa, s);
   }
   FA_TRACE_MARK(3);
   if (q_empty && lane == 0) mbar_arrive(q_empty); /* this warp's reads of Q are done */
   if (ntiles > 0) { /* the last tile's P·V */
-    const int vb = (ntiles - 1) % WT_VST;
+    const int vb = (ntiles - 1) % NS;
     mbar_wait(full_v + 8 * vb, vr.parity(ntiles - 1));
     pv_issue<T, D, BC>(o, pa, L.vs() + vb * KB);
     wgmma_wait<0>();
@@ -262,7 +297,7 @@ static __device__ __forceinline__ void wt_consume(const fa_attn_problem &p, int6
 }
 
 template <typename T, int D, int BC, int EXTRAS, bool PINGPONG, typename PROB = attn_params>
-__global__ void __launch_bounds__(WT_THREADS, 1) attn_wgmma_tma_kernel(const PROB p, const __grid_constant__ wt_maps tm) {
+__global__ void __launch_bounds__(wt_threads(D), wt_sm_blocks(D)) attn_wgmma_tma_kernel(const PROB p, const __grid_constant__ wt_maps tm) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   const int v_bad = *p.v_nonfinite; /* see leave_for_fallback */
   extern __shared__ __align__(128) char wt_smem_raw[];
@@ -279,12 +314,20 @@ __global__ void __launch_bounds__(WT_THREADS, 1) attn_wgmma_tma_kernel(const PRO
   const int ntiles = (int)((t_hi - t_lo + BC - 1) / BC);
   if (leave_for_fallback(v_bad)) return;
 
-  if (wg == 2) { /* the producer */
+  const wt_feed feed = {&tm, (int)t_lo, (int)(h / (p.Hq / p.Hkv)), (int)b}; /* the copy engine's coordinates: 32-bit */
+  if constexpr (WT_FED(D)) { /* no producer: Q and the first tiles here, the rest from the key loop (wt_consume) */
+    if (tid == 0) {
+      const wt_ring<wt_stages(D)> ring;
+      wt_load_q<D>(&tm.q, L.q, L.q_full(), (int)i0, (int)h, feed.bi);
+      for (int t = 0; t < 2 && t < ntiles; t++)
+        wt_load_kv<D, BC>(&tm.k, L.ks(), L.full_k(), L.empty_k(), ring, t, feed.j_lo + t * BC, feed.hk, feed.bi);
+      if (ntiles > 0) wt_load_kv<D, BC>(&tm.v, L.vs(), L.full_v(), L.empty_v(), ring, 0, feed.j_lo, feed.hk, feed.bi);
+    }
+  } else if (wg == 2) { /* the producer */
     warpgroup_regs_dec<24>();
     if (tid == 2 * 128) {
-      const int hk = (int)(h / (p.Hq / p.Hkv)), bi = (int)b;
-      const wt_ring<WT_KST> kr;
-      const wt_ring<WT_VST> vr;
+      const int hk = feed.hk, bi = feed.bi;
+      const wt_ring<wt_stages(D)> kr, vr;
       wt_load_q<D>(&tm.q, L.q, L.q_full(), (int)i0, (int)h, bi);
       FA_TRACE_MARK(3);
       if (ntiles > 0) wt_load_kv<D, BC>(&tm.k, L.ks(), L.full_k(), L.empty_k(), kr, 0, (int)t_lo, hk, bi);
@@ -298,7 +341,7 @@ __global__ void __launch_bounds__(WT_THREADS, 1) attn_wgmma_tma_kernel(const PRO
     }
     return;
   }
-  warpgroup_regs_inc<240>();
+  if constexpr (!WT_FED(D)) warpgroup_regs_inc<240>();
 
   const int rA = warp * 16 + (lane >> 2), rB = rA + 8;
   frag_rows r = frag_rows_start(p, b, i0, rA, rB);
@@ -307,8 +350,8 @@ __global__ void __launch_bounds__(WT_THREADS, 1) attn_wgmma_tma_kernel(const PRO
   for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
   mbar_wait(L.q_full(), 0);
   FA_TRACE_MARK(1);
-  wt_consume<T, D, BC, EXTRAS, PINGPONG>(p, b, h, t_lo, all_lo, all_hi, ntiles, L, wt_ring<WT_KST>(), wt_ring<WT_VST>(),
-                                         L.q + wg * 64 * 128, 0, r, o);
+  wt_consume<T, D, BC, EXTRAS, PINGPONG>(p, b, h, t_lo, all_lo, all_hi, ntiles, L, wt_ring<wt_stages(D)>(),
+                                         wt_ring<wt_stages(D)>(), L.q + wg * 64 * 128, 0, r, o, false, feed);
   FA_TRACE_MARK(4);
   note_nonfinite_rows<D / 8>(p, o, r.lA, r.lB);
   /* O leaves through this warpgroup's rows of Q's tile (its products are done) */
@@ -340,9 +383,10 @@ __global__ void __launch_bounds__(WT_THREADS, 1) attn_wgmma_tma_kernel(const PRO
  * query tiles took 3 % less time): they keep the fragments' stores. */
 
 template <typename T, int D, int BC, int EXTRAS, typename PROB = attn_params>
-__global__ void __launch_bounds__(WT_THREADS, 1)
+__global__ void __launch_bounds__(wt_threads(128), 1)
     attn_wgmma_tma_persistent_kernel(const PROB p, const __grid_constant__ wt_maps tm, int *next_tile) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(!WT_FED(D), "the persistent form has a producer warpgroup");
   const int v_bad = *p.v_nonfinite; /* see leave_for_fallback */
   extern __shared__ __align__(128) char wt_smem_raw[];
   const wt_layout<D, BC> L(wt_smem_raw);
@@ -356,8 +400,7 @@ __global__ void __launch_bounds__(WT_THREADS, 1)
   if (wg == 2) { /* the producer: its first warp */
     warpgroup_regs_dec<40>(); /* its tile loop spilled with 24 */
     if (warp != 8) return;
-    wt_ring<WT_KST> kr;
-    wt_ring<WT_VST> vr;
+    wt_ring<wt_stages(D)> kr, vr;
     for (int n = 0;; n++) {
       FA_TRACE_TILE(n);
       FA_TRACE_MARK(0);
@@ -410,8 +453,7 @@ __global__ void __launch_bounds__(WT_THREADS, 1)
 
   const int rA = warp * 16 + (lane >> 2), rB = rA + 8;
   const uint32_t q_base = L.q + wg * 64 * 128; /* this warpgroup's 64 rows */
-  wt_ring<WT_KST> kr;
-  wt_ring<WT_VST> vr;
+  wt_ring<wt_stages(D)> kr, vr;
   for (int n = 0;; n++) {
     const int sl = n & 1;
     mbar_wait(slot_full + 8 * sl, (n >> 1) & 1);
@@ -439,7 +481,7 @@ __global__ void __launch_bounds__(WT_THREADS, 1)
     FA_TRACE_MARK(4);
     note_nonfinite_rows<D / 8>(p, o, r.lA, r.lB);
     if (STAGE && ntiles > 0) {
-      const int vb = (ntiles - 1) % WT_VST;
+      const int vb = (ntiles - 1) % wt_stages(D);
       wt_consumers_sync(WT_STAGE); /* no consumer reads the buffer any more */
       FA_TRACE_MARK(5);
       frag_store_staged<T, D, false, true, WT_BR, 128>(p, qt.bh, qt.out(p), qt.lse(p), qt.i0, lane, r, o, L.v_tile(vb));
