@@ -449,7 +449,9 @@ static void emit_tile_read(text *t, const fa_expr *e, int i, const int *ty, int 
   put(t, ");\n");
   if (ty[i] == TB) put(t, "      t%d |= v != 0. ? 1 : 2;\n    }\n    fa_tile_lanes_or(t%d, lanes);\n", i, i);
   else
-    put(t, "      if (v != v) n%d = true;\n      else l%d = fmin(l%d, v), h%d = fmax(h%d, v);\n    }\n"
+    /* without a branch (fmin and fmax pass NaN over), so that the
+     * unrolled loop's reads are issued together */
+    put(t, "      n%d |= v != v;\n      l%d = fmin(l%d, v), h%d = fmax(h%d, v);\n    }\n"
            "    fa_tile_lanes_range(l%d, h%d, n%d, lanes);\n", i, i, i, i, i, i, i, i);
   put(t, "    }\n  }\n");
 }

@@ -380,13 +380,31 @@ __device__ void bwm_variant_probs(const fa_attn_problem &p0, int64_t b, int64_t 
  * _PARTIAL.  decide: the verdict only, so that the warp stops at the first
  * round of pairs (32 lanes x 8) that has both a kept and a dropped pair;
  * else every pair is evaluated and its bad reads recorded (fa.block_mask,
- * whose call reports them).  Pair n is row n % BR, key (row + n / BR) % BC:
- * a round takes every row (BR <= 256) and keys across the tile, so that a
- * boundary in either (a document's, the diagonal) shows in the first. */
+ * whose call reports them).  Pair n is row n % BR, key (row + o(n / BR)) %
+ * BC, o(m) = m·S % BC with S about 0.618·BC and prime to BC (a permutation
+ * of the offsets): a round takes every row (BR <= 256) and keys across the
+ * tile, so that a boundary in either (a document's, the diagonal) shows in
+ * the first, and the offsets of the first rounds spread over the tile, so
+ * that a corner of kept pairs (a document that starts late in the query
+ * tile and ends early in the key tile) shows soon.  With offsets in order
+ * (o(m) = m) such a tile of a document mask took 21-30 rounds (L = 4096 and
+ * 16384, the bench's documents), and the block, which waits for its
+ * slowest warp, as long; with the spread one round each. */
+static __host__ __device__ constexpr int fa_pair_stride(int bc) {
+  int s = bc * 618 / 1000 | 1, a = 0, b = 0;
+  for (;; s += 2) { /* the first odd s from 0.618·bc prime to bc */
+    for (a = s, b = bc; b;) {
+      const int t = a % b;
+      a = b, b = t;
+    }
+    if (a == 1) return s;
+  }
+}
+
 template <int BR, int BC>
 static __device__ int fa_variant_tile_pairs(const fa_variant_problem &p, long long b, long long h, long long qt,
                                             long long kt, int lane, bool decide) {
-  constexpr int PER = 8, ROUND = 32 * PER;
+  constexpr int PER = 8, ROUND = 32 * PER, S = fa_pair_stride(BC);
   const int Lq = (int)p.Lq, Lk = (int)p.Lk; /* below 2^31 (checked) */
   const float bf = (float)b, hf = (float)h;
   bool any = false, all = true;
@@ -394,7 +412,7 @@ static __device__ int fa_variant_tile_pairs(const fa_variant_problem &p, long lo
 #pragma unroll
     for (int e = 0; e < PER; e++) {
       const int idx = r0 + e * 32 + lane, row = idx % BR;
-      const int i = (int)qt * BR + row, j = (int)kt * BC + (row + idx / BR) % BC;
+      const int i = (int)qt * BR + row, j = (int)kt * BC + (row + idx / BR * S % BC) % BC;
       if (idx >= BR * BC || i >= Lq || j >= Lk) continue;
       int f = -1;
       const bool m = fa_variant::mask(p.va, 0.f, b, h, i, j, bf, hf, (float)i, (float)j, f);
