@@ -27,8 +27,10 @@ fa_attn_kernel fa_attn_kernel_find(const char *name);
 const char *fa_attn_kernel_refuses(fa_attn_kernel k, const fa_attn_dims *d, fa_attention_algo algo, int64_t tq,
                                    int64_t tk, int64_t *br, int64_t *bc, char *buf, size_t n);
 
-/* The names of the kernels that accept the call, in the registry's order,
- * up to cap into names (may be NULL when cap is 0); returns how many. */
+/* The names of the kernels that accept the call, in the registry's order
+ * (fastest first; a kernel that declines the call when choosing, after the
+ * next: fa_cuda_attention_kernel_declines), up to cap into names (may be
+ * NULL when cap is 0); returns how many. */
 int fa_attn_kernels_accepting(const fa_attn_dims *d, fa_attention_algo algo, int64_t tq, int64_t tk,
                               const char **names, int cap);
 

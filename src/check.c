@@ -216,6 +216,15 @@ static fa_status check_tile(fa_context *ctx, const fa_attention_opts *o, const f
   return FA_OK;
 }
 
+/* Whether the kernels read operand t with rows its last dimension apart:
+ * its sequence stride that (or a sequence of one row), or a copy (a last
+ * dimension that is not contiguous). */
+static int rows_dense(const fa_tensor *t) {
+  const int n = t->ndim;
+  const int64_t X = t->shape[n - 1];
+  return (X > 1 && t->strides[n - 1] != 1) || t->shape[n - 2] <= 1 || t->strides[n - 2] == X;
+}
+
 fa_status fa_check_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
                              int reference, fa_attn_dims *d) {
   fa_status st;
@@ -257,6 +266,7 @@ fa_status fa_check_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_ten
     return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: %s: sequence length %lld is above %d", d->Lq > INT32_MAX ? "q" : "k",
                    (long long)(d->Lq > INT32_MAX ? d->Lq : d->Lk), INT32_MAX);
   d->rank = q->ndim;
+  d->rows_dense = rows_dense(q) && rows_dense(k) && rows_dense(v);
   d->variant = 0;
   d->alibi_on_device = 0;
   d->device = q->storage->device;

@@ -43,8 +43,10 @@ struct attn_entry {
    * instance of it. */
   bool variant_hook;
   /* Calls it takes when named but leaves to the next kernel when the
-   * choice is automatic (NULL: none): the next is faster there. */
-  bool (*declines)(const fa_attn_problem *p);
+   * choice is automatic (NULL: none), by head dim and whether q, k and v
+   * have rows D and Dv apart (attn_rows_dense): the next is faster there.
+   * fa.kernels lists such a kernel after the next. */
+  bool (*declines)(int64_t D, bool rows_dense);
 };
 
 /* The entries, defined beside their kernels. */

@@ -220,7 +220,7 @@ static fa_status tma_queue(fa_context *ctx, const attn_params *p, fa_attention_a
  * that kernel; on strided ones (a transposed or packed view) it runs at
  * 0.98-1.08 x (median 1.05) the wgmma kernel's strided copies (H200, 2026-11-29,
  * docs/perf/2026-11-29-tma-d64-fed-h200.json). */
-static bool tma_declines(const fa_attn_problem *p) { return p->D == 64 && attn_rows_dense(p); }
+static bool tma_declines(int64_t D, bool rows_dense) { return D == 64 && rows_dense; }
 
 const attn_entry attn_entry_wgmma_tma = {FA_KERNEL_WGMMA_TMA, ATTN_ALGO(FA_ATTN_FLASH), false, tma_fit, tma_tile_ok,
                                         tma_takes,           tma_queue,                true,  tma_declines};

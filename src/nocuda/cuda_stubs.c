@@ -136,6 +136,11 @@ int fa_cuda_attention_kernel_tile_ok(fa_attn_kernel kernel, int64_t D, int64_t b
   return 0;
 }
 
+int fa_cuda_attention_kernel_declines(fa_attn_kernel kernel, int64_t D, int rows_dense) {
+  (void)kernel, (void)D, (void)rows_dense;
+  return 0;
+}
+
 int fa_cuda_attention_decode_fit(fa_dtype dt, int64_t D, int64_t Dv, int64_t Hq, int64_t Hkv, int64_t Lq, char *why,
                                  size_t n) {
   (void)dt, (void)D, (void)Dv, (void)Hq, (void)Hkv, (void)Lq;
