@@ -272,6 +272,14 @@ fa_status fa_attn_operand_on_device(fa_context *ctx, fa_tensor *t, fa_tensor **b
   return st_;
 }
 
+/* Whether the CUDA kernels read operand t with rows its last dimension
+ * apart: where it lies with that row stride, or as the dense copy
+ * fa_attn_operand_on_device makes. */
+static int device_rows_dense(const fa_tensor *t) {
+  fa_attn_strides st;
+  return !(readable_in_place(t, &st) && rows_fit_tensor_cores(t, &st)) || st.s == t->shape[t->ndim - 1];
+}
+
 /* Whether the kernels may write the caller's output t where it lies: rows
  * with a contiguous last dimension (inner = 1; lse: inner = 0), no two
  * elements in one place, sharing no storage with an input or with
@@ -531,6 +539,7 @@ fa_status fa_attention_kernels(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   fa_attn_dims d;
   fa_status st = fa_check_attention_or_defaults(ctx, q, k, v, &opts, &defaults, &d);
   if (st) return st;
-  *n = fa_attn_kernels_accepting(&d, opts->algo, opts->tile_q, opts->tile_k, names, cap);
+  const int dense = device_rows_dense(q) && device_rows_dense(k) && device_rows_dense(v);
+  *n = fa_attn_kernels_accepting(&d, opts->algo, opts->tile_q, opts->tile_k, dense, names, cap);
   return FA_OK;
 }

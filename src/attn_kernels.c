@@ -80,7 +80,7 @@ const char *fa_attn_kernel_refuses(fa_attn_kernel k, const fa_attn_dims *d, fa_a
   return NULL;
 }
 
-int fa_attn_kernels_accepting(const fa_attn_dims *d, fa_attention_algo algo, int64_t tq, int64_t tk,
+int fa_attn_kernels_accepting(const fa_attn_dims *d, fa_attention_algo algo, int64_t tq, int64_t tk, int rows_dense,
                               const char **names, int cap) {
   int count = 0, ids[FA_KERNEL_COUNT];
   char buf[160];
@@ -91,7 +91,7 @@ int fa_attn_kernels_accepting(const fa_attn_dims *d, fa_attention_algo algo, int
    * order, fastest first, but for that) comes after it */
   for (int i = 0; i + 1 < count; i++)
     if (fa_attn_kernel_table[ids[i]].device == FA_CUDA &&
-        fa_cuda_attention_kernel_declines((fa_attn_kernel)ids[i], d->D, d->rows_dense)) {
+        fa_cuda_attention_kernel_declines((fa_attn_kernel)ids[i], d->D, rows_dense)) {
       const int t = ids[i];
       ids[i] = ids[i + 1], ids[i + 1] = t, i++;
     }

@@ -29,9 +29,10 @@ const char *fa_attn_kernel_refuses(fa_attn_kernel k, const fa_attn_dims *d, fa_a
 
 /* The names of the kernels that accept the call, in the registry's order
  * (fastest first; a kernel that declines the call when choosing, after the
- * next: fa_cuda_attention_kernel_declines), up to cap into names (may be
+ * next: fa_cuda_attention_kernel_declines, given rows_dense: the kernels
+ * read q, k and v with rows D and Dv apart), up to cap into names (may be
  * NULL when cap is 0); returns how many. */
-int fa_attn_kernels_accepting(const fa_attn_dims *d, fa_attention_algo algo, int64_t tq, int64_t tk,
+int fa_attn_kernels_accepting(const fa_attn_dims *d, fa_attention_algo algo, int64_t tq, int64_t tk, int rows_dense,
                               const char **names, int cap);
 
 /* Whether fa_attention runs a call of dims d (checked, opts.kernel

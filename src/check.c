@@ -216,15 +216,6 @@ static fa_status check_tile(fa_context *ctx, const fa_attention_opts *o, const f
   return FA_OK;
 }
 
-/* Whether the kernels read operand t with rows its last dimension apart:
- * its sequence stride that (or a sequence of one row), or a copy (a last
- * dimension that is not contiguous). */
-static int rows_dense(const fa_tensor *t) {
-  const int n = t->ndim;
-  const int64_t X = t->shape[n - 1];
-  return (X > 1 && t->strides[n - 1] != 1) || t->shape[n - 2] <= 1 || t->strides[n - 2] == X;
-}
-
 fa_status fa_check_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
                              int reference, fa_attn_dims *d) {
   fa_status st;
@@ -266,7 +257,6 @@ fa_status fa_check_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_ten
     return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: %s: sequence length %lld is above %d", d->Lq > INT32_MAX ? "q" : "k",
                    (long long)(d->Lq > INT32_MAX ? d->Lq : d->Lk), INT32_MAX);
   d->rank = q->ndim;
-  d->rows_dense = rows_dense(q) && rows_dense(k) && rows_dense(v);
   d->variant = 0;
   d->alibi_on_device = 0;
   d->device = q->storage->device;
@@ -352,7 +342,7 @@ static const char *kernel_names(const fa_attn_dims *d, fa_device dev, int accept
   const char *names[FA_KERNEL_COUNT];
   int count = 0;
   if (accepting) {
-    count = fa_attn_kernels_accepting(d, algo, tq, tk, names, FA_KERNEL_COUNT);
+    count = fa_attn_kernels_accepting(d, algo, tq, tk, 1, names, FA_KERNEL_COUNT); /* an error's list: any order */
   } else {
     for (int k = 0; k < FA_KERNEL_COUNT; k++)
       if (fa_attn_kernel_table[k].device == dev) names[count++] = fa_attn_kernel_table[k].name;

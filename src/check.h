@@ -19,9 +19,6 @@ typedef struct {
    * when none is named (and before that check) */
   fa_attn_kernel kernel;
   int64_t kernel_br, kernel_bc;
-  /* q, k and v read with rows D and Dv apart (each dense in its rows, or a
-   * copy: a last dimension not contiguous): the order of fa.kernels' list */
-  int rows_dense;
 } fa_attn_dims;
 
 fa_status fa_check_tensor(fa_context *ctx, const fa_tensor *t, const char *name);
