@@ -9,7 +9,8 @@
  * live in shared memory in the layout wgmma reads (128-byte rows,
  * XOR-swizzled, one 64-column block after the other);
  * the next K and V tiles are copied asynchronously while one is computed.
- * S = Q·Kᵀ is one chain of D/16 wgmma over shared memory; the score rule and
+ * S = Q·Kᵀ is one chain of D/16 wgmma over shared memory (Q from registers
+ * at D = 64: wg_q_in_registers); the score rule and
  * the online softmax run on S's accumulators (the layout the mma.sync
  * kernel uses, so the code is shared: attention_frag.cuh); P is repacked in
  * registers as the A operand of O += P·V, whose B operand V is read
@@ -21,6 +22,7 @@
 #define FA_KERNELS_ATTENTION_WGMMA_CUH
 
 #include "attention_frag.cuh"
+#include "mma_sync.cuh"
 #include "wgmma_ops.cuh"
 
 #define WG_BR 128
@@ -63,6 +65,37 @@ static __device__ __forceinline__ void qk_issue(float (*s)[4], uint32_t q_base, 
     wgmma_ss<T, BC>(&s[0][0], da, db, ks > 0);
   }
   wgmma_commit();
+}
+
+/* The same with Q in registers (qa: this warp's 16 rows as the A fragments
+ * of the D / 16 k-steps), so that the tensor cores read only K from shared
+ * memory: at D = 64 with key tiles of 64, A and B from shared memory (4 KB
+ * a k-step in 32 cycles) took the whole of its 128 bytes a cycle. */
+template <typename T, int D, int BC>
+static __device__ __forceinline__ void qk_issue_rs(float (*s)[4], const uint32_t (*qa)[4], uint32_t k_base) {
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ks++)
+    wgmma_rs<T, BC>(&s[0][0], qa[ks], wgmma_desc(k_base + (ks >> 2) * BC * 128 + (ks & 3) * 32, 16, 1024), ks > 0);
+  wgmma_commit();
+}
+
+/* Whether S = Q·Kᵀ takes Q from registers (qk_issue_rs) in a kernel of
+ * head dim D, key tiles of BC and score rule EXTRAS: where it was measured
+ * faster (H200, docs/perf/2026-11-29-q-registers-h200.json): D = 64 with
+ * tiles of 64, no rule or the score rules (+2-5 %; alibi and softcap +4-6 %).
+ * Not with a mask tensor (its instances spilled 172 bytes where 112, 0.96 x),
+ * nor at D = 128 (the persistent kernel's tiles of 128: 0.94-0.97 x at
+ * L = 1024; of 176: 112-256 bytes of spills and serialised products). */
+static constexpr __host__ __device__ bool wg_q_in_registers(int D, int BC, int EXTRAS) {
+  return D == 64 && BC == 64 && (EXTRAS == EXTRAS_NONE || EXTRAS == EXTRAS_SCORE);
+}
+
+/* This warp's 16 rows of the Q tile (ROWS rows, sw128) as A fragments. */
+template <int D, int ROWS>
+static __device__ __forceinline__ void q_frags(uint32_t (*qa)[4], const char *Qs, int warp, int lane) {
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ks++) ldmatrix_x4(qa[ks], smem_addr(Qs + sw128<ROWS>(warp * 16 + (lane & 15), ks * 2 + (lane >> 4))));
 }
 
 /* P (the probabilities of a tile, in S's accumulators) packed as the A
@@ -111,6 +144,15 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && 
   cp_async_commit();
   if (leave_for_fallback(v_bad)) return;
   settle_copies_without_keys(ntiles); /* the output is staged through Q's tile */
+  constexpr bool Q_REGS = wg_q_in_registers(D, BC, EXTRAS);
+  uint32_t qa[Q_REGS ? D / 16 : 1][4];
+  if constexpr (Q_REGS) {
+    if (ntiles > 0) {
+      cp_async_wait<1>(); /* Q's group; the first key tile's stays in flight */
+      __syncthreads();
+    }
+    q_frags<D, WG_BR>(qa, Qs, warp, lane);
+  }
 
   const int g = lane >> 2, c2 = (lane & 3) * 2;
   const int rA = warp * 16 + g, rB = rA + 8;
@@ -137,7 +179,8 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && 
     fence_proxy_async();
     __syncthreads();
 
-    qk_issue<T, D, WG_BR, BC>(s, q_base, smem_addr(Ks + (t & 1) * BC * DP * 2));
+    if constexpr (Q_REGS) qk_issue_rs<T, D, BC>(s, qa, smem_addr(Ks + (t & 1) * BC * DP * 2));
+    else qk_issue<T, D, WG_BR, BC>(s, q_base, smem_addr(Ks + (t & 1) * BC * DP * 2));
     /* the next tile's copies, issued behind the products so that the tensor
      * cores start right after the barrier (other buffers: K (t+1)%2, V
      * (t+1)%3); without a branch, which would make ptxas serialise the

@@ -229,7 +229,8 @@ struct wt_feed {
  * t - 3, which both warpgroups are past unless one is two tiles behind
  * (one feeder for both cost its warpgroup 3-8 %); the caller copied Q, K(0),
  * K(1) and V(0).  S(t+1) = Q·K(t+1)ᵀ is issued with O += P(t)·V(t) behind
- * it (the wgmma kernel's intra-warpgroup overlap).  q_empty (0: none) gets
+ * it (the wgmma kernel's intra-warpgroup overlap); Q from registers where
+ * wg_q_in_registers says so (D = 64).  q_empty (0: none) gets
  * this warp's arrival once its last S is in.  hold_v: the last value
  * tile's buffer is not given back (the caller stages O there, then does). */
 template <typename T, int D, int BC, int EXTRAS, bool PINGPONG>
@@ -245,6 +246,10 @@ static __device__ __forceinline__ void wt_consume(const fa_attn_problem &p, int6
   const bool scale_pos = frag_scale_positive(p);
   float s[BC / 8][4];
   uint32_t pa[BC / 16][4]; /* P of the previous tile, as A fragments */
+  /* D = 64 without a rule: +0-4 % on strided views (H200); ptxas spills 56 bytes with the score rules, unmeasured */
+  constexpr bool Q_REGS = EXTRAS == EXTRAS_NONE && wg_q_in_registers(D, BC, EXTRAS);
+  uint32_t qa[Q_REGS ? D / 16 : 1][4];
+  if constexpr (Q_REGS) q_frags<D, WT_BR>(qa, L.qs, threadIdx.x >> 5, lane);
   if (PINGPONG && wg == 1 && ntiles > 0) wt_turn_pass(1); /* warpgroup 0 goes first */
   for (int t = 0; t < ntiles; t++) {
     const int64_t j0 = t_lo + (int64_t)t * BC;
@@ -255,7 +260,8 @@ static __device__ __forceinline__ void wt_consume(const fa_attn_problem &p, int6
       wt_load_kv<D, BC>(&feed.m->v, L.vs(), full_v, empty_v, vr, t + 1, feed.j_lo + (t + 1) * BC, feed.hk, feed.bi);
     mbar_wait(full_k + 8 * kb, kr.parity(t));
     if (PINGPONG) wt_turn_wait(wg);
-    qk_issue<T, D, WT_BR, BC>(s, q_base, L.ks() + kb * KB);
+    if constexpr (Q_REGS) qk_issue_rs<T, D, BC>(s, qa, L.ks() + kb * KB);
+    else qk_issue<T, D, WT_BR, BC>(s, q_base, L.ks() + kb * KB);
     if (t > 0) {
       const int vb = (t - 1) % NS;
       mbar_wait(full_v + 8 * vb, vr.parity(t - 1));
