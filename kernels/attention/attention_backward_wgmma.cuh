@@ -7,11 +7,13 @@
  *
  * dK/dV: a block of one warpgroup owns 64 keys of one (batch, KV head).
  * Per query tile of 64 rows: Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ
- * (both operands in shared memory), the probabilities on the accumulators
+ * (both operands in shared memory, or K and V in registers:
+ * bwg_kv_in_registers), the probabilities on the accumulators
  * (attention_backward_common.cuh), then dV += Pᵀ·dO and dK += dSᵀ·Q with
  * Pᵀ and dSᵀ repacked in registers as the A operands and dO, Q read
  * transposed from shared memory.  dQ: a block of one warpgroup owns 64
- * query rows; per key tile of 64, S = Q·Kᵀ, dP = dO·Vᵀ, dQ += dS·K.  The
+ * query rows; per key tile of 64, S = Q·Kᵀ, dP = dO·Vᵀ (Q and dO in
+ * registers: bwg_dq_rows_in_registers), dQ += dS·K.  The
  * next tile's copies fly while one is computed (two stages).
  *
  * Unless the call asks for determinism, dQ is not a second kernel: a dK/dV
@@ -91,6 +93,14 @@ static __device__ __forceinline__ void bwg_abt(float *acc, uint32_t a_base, uint
   for (int ks = 0; ks < D / 16; ks++)
     wgmma_ss<T, N>(acc, wgmma_desc(a_base + (ks >> 2) * AR * 128 + (ks & 3) * 32, 16, 1024),
                    wgmma_desc(b_base + (ks >> 2) * N * 128 + (ks & 3) * 32, 16, 1024), ks > 0);
+}
+
+/* The same with A in registers (xa: the warp's 16 rows as the A fragments
+ * of the D / 16 k-steps, sw128_a_frags): the tensor cores read only B. */
+template <typename T, int D, int N>
+static __device__ __forceinline__ void bwg_abt_rs(float *acc, const uint32_t (*xa)[4], uint32_t b_base) {
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ks++) wgmma_rs<T, N>(acc, xa[ks], wgmma_desc(b_base + (ks >> 2) * N * 128 + (ks & 3) * 32, 16, 1024), ks > 0);
 }
 
 /* X's accumulators (64 × 16·KS, P or dS) packed in T as wgmma's A
@@ -173,6 +183,25 @@ static __device__ __forceinline__ char *bwg_aligned(char *raw) {
 }
 #endif
 
+/* Whether the dK/dV kernel holds its keys' K and V in registers for Sᵀ and
+ * dPᵀ (bwg_abt_rs): from shared memory both products read A and B at
+ * N = 64, 4 KB a k-step in its 32 cycles of tensor work, the whole
+ * bandwidth.  The fused-dQ instance at D = 64 (H200: +4 %,
+ * docs/perf/2026-11-29-backward-registers-h200.json); not the one without
+ * dQ (three blocks an SM at 168 registers: 176 bytes of spills, the
+ * products serialised), nor D = 128 (no room beside dK and dV). */
+static constexpr __host__ __device__ bool bwg_kv_in_registers(int DG, int EXTRAS, bool DQ) {
+  return DG == 64 && EXTRAS == EXTRAS_NONE && DQ;
+}
+
+/* The same for the dQ kernel's Q and dO rows (S and dP), at D = 128 (+1.5 %
+ * for the deterministic calls from 8k keys).  At D = 64 its dQ came out
+ * wrong on an H200 (dK and dV right, 204 registers, no spill; the cause was
+ * not found, session 34), so D = 64 keeps them in shared memory. */
+static constexpr __host__ __device__ bool bwg_dq_rows_in_registers(int DG, int EXTRAS) {
+  return DG == 128 && EXTRAS == EXTRAS_NONE;
+}
+
 /* How the dK/dV blocks take their key tiles: `ctas` blocks a (batch, KV
  * head); in the WALK instances block c takes tiles c, 2·ctas - 1 - c,
  * 2·ctas + c, ... (a snake, so that a causal call's long and short tiles
@@ -192,6 +221,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = BWG_PAD(DG), CH = D / 8, BR = BWG_BR, NC = BR / 8, QT = BR * D * 2; /* bytes of a Q or dO tile */
   constexpr int WGS = DQ ? 2 : 1, KEYS = WGS * BWG_OWN, THREADS = WGS * BWG_THREADS, NQ = D / WGS; /* dQ columns a warpgroup */
+  constexpr bool KV_REGS = bwg_kv_in_registers(DG, EXTRAS, DQ);
   extern __shared__ __align__(128) char bwg_raw[];
   __shared__ bwm_rows<BR> rows[2];
   char *Ks = bwg_aligned(bwg_raw), *Vs = Ks + KEYS * D * 2, *Qs = Vs + KEYS * D * 2; /* Q, dO, Q, dO, dSᵀ */
@@ -212,6 +242,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     const int64_t j0 = kt * KEYS, j1 = min(j0 + KEYS, p.Lk);
     load_tile<T, D, KEYS, THREADS, true, false, DG>(Ks, (const T *)p.k + attn_at(p.k_st, b, hk, 0), p.k_st.s, j0, p.Lk);
     load_tile<T, D, KEYS, THREADS, true, false, DG>(Vs, (const T *)p.v + attn_at(p.v_st, b, hk, 0), p.v_st.s, j0, p.Lk);
+    if constexpr (KV_REGS) cp_async_commit(); /* a group of their own: read into registers before the loop */
     const bwm_qtiles qt = bwm_qtiles_meeting<EXTRAS>(p, b, hk, j0, j1, BR);
     /* DQ: the blocks of one head start their walk at different query tiles
      * (and wrap around), spread over the walk by their key tile: all
@@ -236,6 +267,13 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     cp_async_commit();
     float dk[CH][4], dv[CH][4];
     bwm_zero<CH>(dk), bwm_zero<CH>(dv);
+    uint32_t ka[KV_REGS ? D / 16 : 1][4], va[KV_REGS ? D / 16 : 1][4]; /* this warp's keys as A fragments */
+    if constexpr (KV_REGS) {
+      cp_async_wait<1>(); /* K and V; the first query tile's group stays in flight */
+      __syncthreads();
+      sw128_a_frags<D, KEYS>(ka, Ks, warp * 16, threadIdx.x & 31);
+      sw128_a_frags<D, KEYS>(va, Vs, warp * 16, threadIdx.x & 31);
+    }
     const uint32_t k_base = smem_addr(Ks), v_base = smem_addr(Vs);
     const uint32_t kw_base = k_base + wg * BWG_OWN * 128, vw_base = v_base + wg * BWG_OWN * 128; /* this warpgroup's keys */
     /* One barrier a query tile (two with DQ): after it this tile's copies
@@ -253,8 +291,13 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       const uint32_t q_base = smem_addr(Qs + s * 2 * QT), do_base = q_base + QT;
       float sc[NC][4], dp[NC][4];
       wgmma_fence();
-      bwg_abt<T, DG, BR, KEYS>(&sc[0][0], kw_base, q_base);  /* Sᵀ = K·Qᵀ */
-      bwg_abt<T, DG, BR, KEYS>(&dp[0][0], vw_base, do_base); /* dPᵀ = V·dOᵀ */
+      if constexpr (KV_REGS) {
+        bwg_abt_rs<T, DG, BR>(&sc[0][0], ka, q_base);  /* Sᵀ = K·Qᵀ */
+        bwg_abt_rs<T, DG, BR>(&dp[0][0], va, do_base); /* dPᵀ = V·dOᵀ */
+      } else {
+        bwg_abt<T, DG, BR, KEYS>(&sc[0][0], kw_base, q_base);
+        bwg_abt<T, DG, BR, KEYS>(&dp[0][0], vw_base, do_base);
+      }
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_hold<BR / 2>(&sc[0][0]);
@@ -310,6 +353,8 @@ __global__ void __launch_bounds__(BWG_THREADS, 2)
   load_tile<T, D, ROWS, THREADS, true, false, DG>(Qs, (const T *)p.q + attn_at(p.q_st, b, h, 0), p.q_st.s, i0, p.Lq);
   load_tile<T, D, ROWS, THREADS, true, false, DG>(dOs, (const T *)g.dout + attn_at(g.dout_st, b, h, 0),
                                                       g.dout_st.s, i0, p.Lq);
+  constexpr bool QO_REGS = bwg_dq_rows_in_registers(DG, EXTRAS);
+  if constexpr (QO_REGS) cp_async_commit(); /* a group of their own: read into registers before the loop */
   int64_t t_lo, t_hi;
   bwm_tile_keys(p, delta, rows, b, h, i0, &t_lo, &t_hi);
   if constexpr (attn_rule<PROB>::tiles) { /* key tiles on mask_mod's tiles, its nonempty ones */
@@ -330,6 +375,13 @@ __global__ void __launch_bounds__(BWG_THREADS, 2)
   float dq[CH][4];
   bwm_zero<CH>(dq);
   const uint32_t q_base = smem_addr(Qs), do_base = smem_addr(dOs);
+  uint32_t qa[QO_REGS ? D / 16 : 1][4], oa[QO_REGS ? D / 16 : 1][4]; /* this warp's rows as A fragments */
+  if constexpr (QO_REGS) {
+    cp_async_wait<1>(); /* Q and dO; the first key tile's group stays in flight */
+    __syncthreads();
+    sw128_a_frags<D, ROWS>(qa, Qs, warp * 16, tid & 31);
+    sw128_a_frags<D, ROWS>(oa, dOs, warp * 16, tid & 31);
+  }
   for (int64_t t = 0; t < ntiles; t++) {
     const int s = (int)(t & 1);
     const int64_t j0 = t_lo + t * BWG_BC;
@@ -346,8 +398,13 @@ __global__ void __launch_bounds__(BWG_THREADS, 2)
     const uint32_t k_base = smem_addr(Ks + s * 2 * KT), v_base = k_base + KT;
     float sc[NC][4], dp[NC][4];
     wgmma_fence();
-    bwg_abt<T, DG, BWG_BC, ROWS>(&sc[0][0], q_base, k_base);  /* S = Q·Kᵀ */
-    bwg_abt<T, DG, BWG_BC, ROWS>(&dp[0][0], do_base, v_base); /* dP = dO·Vᵀ */
+    if constexpr (QO_REGS) {
+      bwg_abt_rs<T, DG, BWG_BC>(&sc[0][0], qa, k_base);  /* S = Q·Kᵀ */
+      bwg_abt_rs<T, DG, BWG_BC>(&dp[0][0], oa, v_base); /* dP = dO·Vᵀ */
+    } else {
+      bwg_abt<T, DG, BWG_BC, ROWS>(&sc[0][0], q_base, k_base);
+      bwg_abt<T, DG, BWG_BC, ROWS>(&dp[0][0], do_base, v_base);
+    }
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_hold<BWG_BC / 2>(&sc[0][0]);

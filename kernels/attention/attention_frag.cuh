@@ -13,6 +13,7 @@
 #define FA_KERNELS_ATTENTION_FRAG_CUH
 
 #include "async_copy.cuh"
+#include "mma_sync.cuh"
 #include "attention_nonfinite.cuh"
 
 template <typename T> static __device__ __forceinline__ uint32_t pack2(float lo, float hi);
@@ -38,6 +39,14 @@ template <int CH> static __device__ __forceinline__ int swz(int row, int chunk) 
  * blocks). */
 template <int ROWS> static __device__ __forceinline__ int sw128(int row, int chunk) {
   return (chunk >> 3) * ROWS * 128 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
+}
+
+/* This warp's 16 rows from row0 of a tile of ROWS rows (sw128) as the
+ * A fragments of its D / 16 k-steps (wgmma with A from registers). */
+template <int D, int ROWS>
+static __device__ __forceinline__ void sw128_a_frags(uint32_t (*a)[4], const char *tile, int row0, int lane) {
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ks++) ldmatrix_x4(a[ks], smem_addr(tile + sw128<ROWS>(row0 + (lane & 15), ks * 2 + (lane >> 4))));
 }
 
 /* Byte offset of chunk ch of row r in a tile of CH chunks a row, in either

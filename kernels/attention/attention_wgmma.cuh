@@ -22,7 +22,6 @@
 #define FA_KERNELS_ATTENTION_WGMMA_CUH
 
 #include "attention_frag.cuh"
-#include "mma_sync.cuh"
 #include "wgmma_ops.cuh"
 
 #define WG_BR 128
@@ -91,13 +90,6 @@ static constexpr __host__ __device__ bool wg_q_in_registers(int D, int BC, int E
   return D == 64 && BC == 64 && (EXTRAS == EXTRAS_NONE || EXTRAS == EXTRAS_SCORE);
 }
 
-/* This warp's 16 rows of the Q tile (ROWS rows, sw128) as A fragments. */
-template <int D, int ROWS>
-static __device__ __forceinline__ void q_frags(uint32_t (*qa)[4], const char *Qs, int warp, int lane) {
-#pragma unroll
-  for (int ks = 0; ks < D / 16; ks++) ldmatrix_x4(qa[ks], smem_addr(Qs + sw128<ROWS>(warp * 16 + (lane & 15), ks * 2 + (lane >> 4))));
-}
-
 /* P (the probabilities of a tile, in S's accumulators) packed as the A
  * fragments of P·V. */
 template <typename T, int BC> static __device__ __forceinline__ void p_pack(uint32_t (*pa)[4], const float (*s)[4]) {
@@ -151,7 +143,7 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && 
       cp_async_wait<1>(); /* Q's group; the first key tile's stays in flight */
       __syncthreads();
     }
-    q_frags<D, WG_BR>(qa, Qs, warp, lane);
+    sw128_a_frags<D, WG_BR>(qa, Qs, warp * 16, lane);
   }
 
   const int g = lane >> 2, c2 = (lane & 3) * 2;

@@ -249,7 +249,7 @@ static __device__ __forceinline__ void wt_consume(const fa_attn_problem &p, int6
   /* D = 64 without a rule: +0-4 % on strided views (H200); ptxas spills 56 bytes with the score rules, unmeasured */
   constexpr bool Q_REGS = EXTRAS == EXTRAS_NONE && wg_q_in_registers(D, BC, EXTRAS);
   uint32_t qa[Q_REGS ? D / 16 : 1][4];
-  if constexpr (Q_REGS) q_frags<D, WT_BR>(qa, L.qs, threadIdx.x >> 5, lane);
+  if constexpr (Q_REGS) sw128_a_frags<D, WT_BR>(qa, L.qs, (threadIdx.x >> 5) * 16, lane);
   if (PINGPONG && wg == 1 && ntiles > 0) wt_turn_pass(1); /* warpgroup 0 goes first */
   for (int t = 0; t < ntiles; t++) {
     const int64_t j0 = t_lo + (int64_t)t * BC;
