@@ -95,14 +95,6 @@ static __device__ __forceinline__ void bwg_abt(float *acc, uint32_t a_base, uint
                    wgmma_desc(b_base + (ks >> 2) * N * 128 + (ks & 3) * 32, 16, 1024), ks > 0);
 }
 
-/* The same with A in registers (xa: the warp's 16 rows as the A fragments
- * of the D / 16 k-steps, sw128_a_frags): the tensor cores read only B. */
-template <typename T, int D, int N>
-static __device__ __forceinline__ void bwg_abt_rs(float *acc, const uint32_t (*xa)[4], uint32_t b_base) {
-#pragma unroll
-  for (int ks = 0; ks < D / 16; ks++) wgmma_rs<T, N>(acc, xa[ks], wgmma_desc(b_base + (ks >> 2) * N * 128 + (ks & 3) * 32, 16, 1024), ks > 0);
-}
-
 /* X's accumulators (64 × 16·KS, P or dS) packed in T as wgmma's A
  * fragments, k-step kk in xa[kk]: done before the products are issued, so
  * that no register they read is written while they run. */
@@ -184,7 +176,7 @@ static __device__ __forceinline__ char *bwg_aligned(char *raw) {
 #endif
 
 /* Whether the dK/dV kernel holds its keys' K and V in registers for Sᵀ and
- * dPᵀ (bwg_abt_rs): from shared memory both products read A and B at
+ * dPᵀ (wgmma_rs_kmajor): from shared memory both products read A and B at
  * N = 64, 4 KB a k-step in its 32 cycles of tensor work, the whole
  * bandwidth.  The fused-dQ instance at D = 64 (H200: +4 %,
  * docs/perf/2026-11-29-backward-registers-h200.json); not the one without
@@ -292,8 +284,8 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       float sc[NC][4], dp[NC][4];
       wgmma_fence();
       if constexpr (KV_REGS) {
-        bwg_abt_rs<T, DG, BR>(&sc[0][0], ka, q_base);  /* Sᵀ = K·Qᵀ */
-        bwg_abt_rs<T, DG, BR>(&dp[0][0], va, do_base); /* dPᵀ = V·dOᵀ */
+        wgmma_rs_kmajor<T, DG, BR>(&sc[0][0], ka, q_base);  /* Sᵀ = K·Qᵀ */
+        wgmma_rs_kmajor<T, DG, BR>(&dp[0][0], va, do_base); /* dPᵀ = V·dOᵀ */
       } else {
         bwg_abt<T, DG, BR, KEYS>(&sc[0][0], kw_base, q_base);
         bwg_abt<T, DG, BR, KEYS>(&dp[0][0], vw_base, do_base);
@@ -399,8 +391,8 @@ __global__ void __launch_bounds__(BWG_THREADS, 2)
     float sc[NC][4], dp[NC][4];
     wgmma_fence();
     if constexpr (QO_REGS) {
-      bwg_abt_rs<T, DG, BWG_BC>(&sc[0][0], qa, k_base);  /* S = Q·Kᵀ */
-      bwg_abt_rs<T, DG, BWG_BC>(&dp[0][0], oa, v_base); /* dP = dO·Vᵀ */
+      wgmma_rs_kmajor<T, DG, BWG_BC>(&sc[0][0], qa, k_base);  /* S = Q·Kᵀ */
+      wgmma_rs_kmajor<T, DG, BWG_BC>(&dp[0][0], oa, v_base); /* dP = dO·Vᵀ */
     } else {
       bwg_abt<T, DG, BWG_BC, ROWS>(&sc[0][0], q_base, k_base);
       bwg_abt<T, DG, BWG_BC, ROWS>(&dp[0][0], do_base, v_base);

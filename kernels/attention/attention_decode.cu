@@ -277,12 +277,7 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
     float s[NC][4];
     if constexpr (WG) {
 #if DEC_WGMMA_BUILD /* S = Q·Kᵀ for the 64 rows, K-major from the tile's column blocks */
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; kk++)
-        wgmma_rs<T, DEC_BC>(&s[0][0], qf[kk], wgmma_desc(smem_addr(kt) + (kk >> 2) * DEC_BC * 128 + (kk & 3) * 32, 16, 1024),
-                            kk > 0);
-      wgmma_commit();
+      qk_issue_rs<T, D, DEC_BC>(s, qf, smem_addr(kt));
       wgmma_wait<0>();
       wgmma_hold<NC * 4>(&s[0][0]);
 #endif

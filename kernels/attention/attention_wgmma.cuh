@@ -73,9 +73,7 @@ static __device__ __forceinline__ void qk_issue(float (*s)[4], uint32_t q_base, 
 template <typename T, int D, int BC>
 static __device__ __forceinline__ void qk_issue_rs(float (*s)[4], const uint32_t (*qa)[4], uint32_t k_base) {
   wgmma_fence();
-#pragma unroll
-  for (int ks = 0; ks < D / 16; ks++)
-    wgmma_rs<T, BC>(&s[0][0], qa[ks], wgmma_desc(k_base + (ks >> 2) * BC * 128 + (ks & 3) * 32, 16, 1024), ks > 0);
+  wgmma_rs_kmajor<T, D, BC>(&s[0][0], qa, k_base);
   wgmma_commit();
 }
 

@@ -136,5 +136,16 @@ static __device__ __forceinline__ uint64_t wgmma_desc(uint32_t saddr, uint32_t l
          (uint64_t)((sbo >> 4) & 0x3FFF) << 32 | (uint64_t)1 << 62;
 }
 
+/* acc = A·Bᵀ over K (K / 16 k-steps): A in registers (a[ks]: the warp's 16
+ * rows as the A fragments of k-step ks), B the N rows of a K-major tile at
+ * b_base in that swizzle (k-step ks reads 32 bytes into the 128-byte rows
+ * of column block ks / 4, blocks N rows long).  Issued, not fenced or
+ * committed: the tensor cores read only B from shared memory. */
+template <typename T, int K, int N>
+static __device__ __forceinline__ void wgmma_rs_kmajor(float *acc, const uint32_t (*a)[4], uint32_t b_base) {
+#pragma unroll
+  for (int ks = 0; ks < K / 16; ks++) wgmma_rs<T, N>(acc, a[ks], wgmma_desc(b_base + (ks >> 2) * N * 128 + (ks & 3) * 32, 16, 1024), ks > 0);
+}
+
 #endif
 #endif
