@@ -9,7 +9,8 @@
 # does) and every .snap/REV (build-ab/REV) for sm_90a, side by side; `run`
 # builds what is not built yet, then runs `flashattn-lua SCRIPT ARGS --json ...` ROUNDS times on each in
 # turn (work, REV..., work, REV...), and writes $OUT/ab.json: for every row
-# of the script's JSON results (keyed by dtype, D, L, causal, algo, rule)
+# of the script's JSON results (keyed by dtype, D, L, causal, algo, rule; bench_backward's
+# deterministic_ms kept beside ms)
 # the median ms of each build in each round, and prints the ratios.
 # Without a build there (FA_CARRIED=1, carrying .deps/debs and .snap/ab): here
 #   cmake -S . -B build90 -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real
@@ -78,12 +79,15 @@ for n in names:
     for r in range(1, rounds + 1):
         d = json.load(open(f"{out}/ab/{n}_{r}.json"))
         for x in d["results"]:
-            key = (x["dtype"], x["D"], x["L"], x["causal"], x["algo"], x.get("rule", "plain"))
+            algo = x.get("algo", "-")  # bench_backward's rows have none
+            key = (x["dtype"], x["D"], x["L"], x["causal"], algo, x.get("rule", "plain"))
             if key not in rows:
-                rows[key] = {"dtype": x["dtype"], "D": x["D"], "L": x["L"], "causal": x["causal"], "algo": x["algo"],
+                rows[key] = {"dtype": x["dtype"], "D": x["D"], "L": x["L"], "causal": x["causal"], "algo": algo,
                              "rule": x.get("rule", "plain")}
                 order.append(key)
             rows[key].setdefault(n + "_ms", []).append(round(x["ms"], 5))
+            if "deterministic_ms" in x:  # bench_backward: the call with opts.deterministic too
+                rows[key].setdefault(n + "_deterministic_ms", []).append(round(x["deterministic_ms"], 5))
             rows[key].setdefault(n + "_rel_err", []).append(x.get("rel_err"))
 res = {"device": d.get("device"), "builds": names, "rounds": rounds, "rows": [rows[k] for k in order]}
 json.dump(res, open(f"{out}/ab.json", "w"), indent=1)

@@ -146,7 +146,7 @@ static cudaError_t bw_queue_scans(const fa_attn_problem *p, int *flag, cudaStrea
  * §2: they reach only the pairs that connect them; a tile product's 0 · NaN
  * would carry them into masked pairs' gradients), as the forward guards V
  * (attention_nonfinite.cuh): the delta kernel checks dout on its way, and
- * passes over q and k queued from a side stream behind the kernels set a
+ * passes over q and k queued on a side stream beside the kernels set a
  * flag too; the SIMT kernels, which skip zero weights, run behind with the
  * flag and rewrite every gradient only when it is set.  (The tensor-core
  * kernels do not read the flag: the check at their start made ptxas spill
@@ -167,10 +167,12 @@ static fa_status bw_guarded(fa_context *ctx, fa_attn_kernel k, const fa_attn_pro
     fa_cuda_free_on(ctx, flag, sizeof(int));
     return st;
   }
-  st = ks->fast(ctx, k, p, g, delta, ks->user);
-  const cudaError_t err = st ? cudaSuccess : bw_queue_scans(p, flag, side);
+  /* the scans first: the fast kernels may queue work of their own behind them on the side stream
+   * (bw_launch_beside's dQ kernel) */
+  const cudaError_t err = bw_queue_scans(p, flag, side);
+  st = err != cudaSuccess ? fa_cuda_error(ctx, err, "the NaN/inf check of q and k") : ks->fast(ctx, k, p, g, delta, ks->user);
   const fa_status joined = fa_cuda_join(ctx); /* waits here when it cannot be queued */
-  if (!st) st = err != cudaSuccess ? fa_cuda_error(ctx, err, "the NaN/inf check of q and k") : joined;
+  if (!st) st = joined;
   if (!st) st = ks->simt(ctx, p, g, delta, flag, ks->user);
   fa_cuda_free_on(ctx, flag, sizeof(int)); /* stream-ordered: after the work queued */
   return st;

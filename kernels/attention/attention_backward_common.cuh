@@ -246,4 +246,41 @@ static __device__ void bwm_tile_keys(const fa_attn_problem &p, const float *delt
   *t_lo = span[0], *t_hi = span[1];
 }
 
+#ifndef __CUDACC_RTC__
+/* A kernel of the two-kernel schedule (dK/dV, or dQ): its grid of `blocks`
+ * blocks of `threads`, its dynamic shared memory, and its name for errors. */
+struct bw_launch_spec {
+  const void *kernel;
+  int64_t blocks;
+  int threads;
+  size_t smem;
+  const char *name;
+};
+
+/* The two-kernel schedule's launches (args: both kernels' parameters):
+ * dK/dV on the context's stream, dQ on the side stream beside it
+ * (fa_cuda_fork, then fa_cuda_join).  Neither reads what the other
+ * writes (dQ recomputes S and dP from q, k, v, dout, lse and delta), so
+ * dQ's blocks take the multiprocessors that dK/dV's last wave leaves idle,
+ * and the call has one grid's tail instead of two. */
+static inline fa_status bw_launch_beside(fa_context *ctx, const bw_launch_spec &kv, const bw_launch_spec &q,
+                                         void **args) {
+  fa_status st = attn_grid_fits(ctx, kv.blocks);
+  cudaStream_t side = 0;
+  if (st || (st = attn_grid_fits(ctx, q.blocks)) || (st = fa_cuda_fork(ctx, &side))) return st;
+  const bw_launch_spec *const ks[2] = {&kv, &q};
+  const cudaStream_t streams[2] = {fa_cuda_stream(ctx), side};
+  for (int i = 0; i < 2 && !st; i++) {
+    if (ks[i]->blocks <= 0) continue;
+    cudaError_t err = cudaFuncSetAttribute(ks[i]->kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ks[i]->smem);
+    if (err == cudaSuccess)
+      err = cudaLaunchKernel(ks[i]->kernel, dim3((unsigned)ks[i]->blocks), dim3(ks[i]->threads), args, ks[i]->smem,
+                             streams[i]);
+    st = fa_cuda_error(ctx, err, ks[i]->name);
+  }
+  const fa_status joined = fa_cuda_join(ctx); /* also after a failed launch: the streams stay in step */
+  return st ? st : joined;
+}
+#endif
+
 #endif

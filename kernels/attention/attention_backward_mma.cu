@@ -162,25 +162,13 @@ __global__ void __launch_bounds__(BWM_THREADS) bwm_dq_kernel(fa_attn_problem p, 
 
 template <typename T, int D, bool EXTRAS>
 static fa_status bwm_launch(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, const float *delta) {
-  const size_t smem_kv = (size_t)(2 * BWM_BC + 4 * BWM_BR(D)) * D * 2, smem_q = (size_t)(2 * BWM_BQ + 4 * BWM_BC) * D * 2;
-  const int64_t kblocks = p->B * p->Hkv * ((p->Lk + BWM_BC - 1) / BWM_BC);
-  const int64_t qblocks = p->B * p->Hq * ((p->Lq + BWM_BQ - 1) / BWM_BQ);
-  fa_status st;
-  if ((st = attn_grid_fits(ctx, kblocks)) || (st = attn_grid_fits(ctx, qblocks))) return st;
-  cudaStream_t s = fa_cuda_stream(ctx);
-  if (kblocks > 0) {
-    FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(bwm_dkdv_kernel<T, D, EXTRAS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)smem_kv));
-    bwm_dkdv_kernel<T, D, EXTRAS><<<(unsigned)kblocks, BWM_THREADS, smem_kv, s>>>(*p, *g, delta);
-    FA_CUDA_CHECK_LAUNCH(ctx, "bwm_dkdv_kernel");
-  }
-  if (qblocks > 0) {
-    FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(bwm_dq_kernel<T, D, EXTRAS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)smem_q));
-    bwm_dq_kernel<T, D, EXTRAS><<<(unsigned)qblocks, BWM_THREADS, smem_q, s>>>(*p, *g, delta);
-    FA_CUDA_CHECK_LAUNCH(ctx, "bwm_dq_kernel");
-  }
-  return FA_OK;
+  const bw_launch_spec kv = {(const void *)bwm_dkdv_kernel<T, D, EXTRAS>,
+                             p->B * p->Hkv * ((p->Lk + BWM_BC - 1) / BWM_BC), BWM_THREADS,
+                             (size_t)(2 * BWM_BC + 4 * BWM_BR(D)) * D * 2, "bwm_dkdv_kernel"};
+  const bw_launch_spec q = {(const void *)bwm_dq_kernel<T, D, EXTRAS>, p->B * p->Hq * ((p->Lq + BWM_BQ - 1) / BWM_BQ),
+                            BWM_THREADS, (size_t)(2 * BWM_BQ + 4 * BWM_BC) * D * 2, "bwm_dq_kernel"};
+  void *args[] = {(void *)p, (void *)g, (void *)&delta};
+  return bw_launch_beside(ctx, kv, q, args);
 }
 
 /* The instance without the score rule's extras (masks, alibi, softcap)

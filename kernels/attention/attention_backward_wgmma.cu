@@ -106,17 +106,11 @@ extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_p
     fa_cuda_free_on(ctx, acc, bytes); /* stream-ordered: after the kernels */
     return fa_cuda_error(ctx, err, "the backward's dK/dV/dQ launches");
   }
-  const int64_t kblocks = p->B * p->Hkv * ((p->Lk + BWG_OWN - 1) / BWG_OWN);
-  const int64_t qblocks = p->B * p->Hq * ((p->Lq + BWG_OWN - 1) / BWG_OWN);
-  fa_status st;
-  if ((st = attn_grid_fits(ctx, kblocks)) || (st = attn_grid_fits(ctx, qblocks))) return st;
-  if (kblocks > 0 &&
-      (st = fa_cuda_error(ctx, bwg_launch(dkdv, kblocks, BWG_THREADS, bwg_smem_dkdv(BWG_PAD(p->D), false), args, s),
-                          "bwg_dkdv_kernel")))
-    return st;
-  if (qblocks > 0)
-    return fa_cuda_error(ctx, bwg_launch(dq, qblocks, BWG_THREADS, bwg_smem_dq(BWG_PAD(p->D)), args, s), "bwg_dq_kernel");
-  return FA_OK;
+  const bw_launch_spec kv = {dkdv, p->B * p->Hkv * ((p->Lk + BWG_OWN - 1) / BWG_OWN), BWG_THREADS,
+                             bwg_smem_dkdv(BWG_PAD(p->D), false), "bwg_dkdv_kernel"};
+  const bw_launch_spec q = {dq, p->B * p->Hq * ((p->Lq + BWG_OWN - 1) / BWG_OWN), BWG_THREADS,
+                            bwg_smem_dq(BWG_PAD(p->D)), "bwg_dq_kernel"};
+  return bw_launch_beside(ctx, kv, q, args);
 }
 
 template <typename T, int D, int EXTRAS>
