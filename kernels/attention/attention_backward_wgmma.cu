@@ -39,13 +39,17 @@ static int64_t bwg_acc_n4(const fa_attn_problem *p) {
  * g->dq) instead of a dQ kernel: one a key tile, adding by atomics in any
  * order, or with determinism bwg_copies' C, each into a copy of its own,
  * where their footprint allows (BWG_COPIES_L2).  0: the two kernels.  At
- * D = 64 the adds' traffic is twice as large against the work: that
- * schedule ran 0.96-1.10x the two kernels' time below 8k keys, 0.96-0.99x
- * from 8k (H200, bf16).  With no query row at all (B, Hq or Lq 0) the two
- * kernels, which still write dk and dv (zeros): dq_acc would be empty, and
- * its conversion a launch of no blocks, which CUDA refuses. */
+ * D = 64 the adds' traffic is twice as large against the work: there the
+ * fused schedule (K and V in registers) against the two kernels side by
+ * side (bw_launch_beside) took, not causal, 0.99x their time at 1k keys and
+ * 0.97-0.98x at 2k-4k; causal 1.11x at 1k, 1.06x at 2k, 1.01x at 4k, 0.98x
+ * at 8k (H200, bf16, 2026-11-29), hence d64_fused_from.  With no query row
+ * at all (B, Hq or Lq 0) the two kernels, which still write dk and dv
+ * (zeros): dq_acc would be empty, and its conversion a launch of no
+ * blocks, which CUDA refuses. */
+static int64_t d64_fused_from(const fa_attn_problem *p) { return p->causal == FA_CAUSAL_NONE ? 2048 : 8192; }
 extern "C" int64_t fa_cuda_backward_wgmma_walk(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g) {
-  if (p->B * p->Hq * p->Lq <= 0 || (p->D == 64 && p->Lk < 8192)) return 0;
+  if (p->B * p->Hq * p->Lq <= 0 || (p->D == 64 && p->Lk < d64_fused_from(p))) return 0;
   const int64_t ktiles = (p->Lk + 2 * BWG_OWN - 1) / (2 * BWG_OWN);
   if (!g->deterministic) return ktiles;
   fa_cuda_props dp;

@@ -187,9 +187,11 @@ static constexpr __host__ __device__ bool bwg_kv_in_registers(int DG, int EXTRAS
 }
 
 /* The same for the dQ kernel's Q and dO rows (S and dP), at D = 128 (+1.5 %
- * for the deterministic calls from 8k keys).  At D = 64 its dQ came out
- * wrong on an H200 (dK and dV right, 204 registers, no spill; the cause was
- * not found, session 34), so D = 64 keeps them in shared memory. */
+ * for the deterministic calls from 8k keys).  Not at D = 64: there ptxas
+ * 13.0 miscompiles the loop, writing dS's packed fragments into the
+ * registers that hold dO's, which the next key tile's dP then reads (the
+ * PTX keeps them apart; SASS and the failing checks:
+ * docs/perf/2026-11-29-backward-d64-fused-h200.json). */
 static constexpr __host__ __device__ bool bwg_dq_rows_in_registers(int DG, int EXTRAS) {
   return DG == 128 && EXTRAS == EXTRAS_NONE;
 }
