@@ -173,6 +173,33 @@ static __device__ __forceinline__ void frag_alibi_pass(const score_rule &ruA, co
     }
 }
 
+/* Whether every row of the warp has this tile's keys on one side of its
+ * alibi diagonal (dist0 - k >= 0 for all of its keys k, or <= 0), so that
+ * the bias -slope·|dist0 - k| is linear in k there; called by whole warps
+ * (a vote: the warp takes one path). */
+template <int NC>
+static __device__ __forceinline__ bool frag_alibi_one_side(const score_rule &ruA, const score_rule &ruB) {
+  const float kl = (float)((NC - 1) * 8 + 1); /* this thread's last key of the tile, from its first */
+  return __all_sync(0xffffffffu, (ruA.dist0 >= kl || ruA.dist0 <= 0.f) && (ruB.dist0 >= kl || ruB.dist0 <= 0.f));
+}
+/* The scale and alibi of such a tile in two FMAs a score: the bias as
+ * ±slope·k ∓ slope·dist0, then s·scale plus it (frag_alibi_pass after the
+ * scale took a multiply, an add and an FMA: the alibi rule cost about a
+ * fifth of the D = 128 forward's time). */
+template <int NC>
+static __device__ __forceinline__ void frag_alibi_linear(const score_rule &ruA, const score_rule &ruB, float scale,
+                                                         float (*s)[4]) {
+  const float aA = ruA.dist0 > 0.f ? ruA.slope : -ruA.slope, aB = ruB.dist0 > 0.f ? ruB.slope : -ruB.slope;
+  const float cA = -aA * ruA.dist0, cB = -aB * ruB.dist0;
+#pragma unroll
+  for (int n = 0; n < NC; n++)
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+      const float kf = (float)(n * 8 + e);
+      s[n][e] = fmaf(s[n][e], scale, fmaf(aA, kf, cA)), s[n][2 + e] = fmaf(s[n][2 + e], scale, fmaf(aB, kf, cB));
+    }
+}
+
 /* EXTRAS_VARIANT's rule, defined in attention_variant.cuh (run-time
  * compiled: it calls the traced expression's code). */
 template <int NC>
@@ -221,7 +248,7 @@ template <int NC> static __device__ __forceinline__ frag_cols frag_cols_of(const
  * no mask pass.  On a full tile the key range needs no test a score, and
  * the mask's key pairs are read in one access where its rows allow. */
 template <int EXTRAS> struct frag_rule {
-  template <int NC>
+  template <int NC, bool LINEAR_ALIBI = false>
   static __device__ __forceinline__ bool apply(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0, int c2,
                                                bool full, const frag_rows &r, float (*s)[4], float *tmA, float *tmB,
                                                int64_t hB) {
@@ -237,13 +264,18 @@ template <int EXTRAS> struct frag_rule {
                      ruB = score_rule_at(p, b, hB < 0 ? h : hB, r.iB, j0 + c2);
     const bool vA = r.iA < p.Lq, vB = r.iB < p.Lq;
 #define FRAG_IN(X, col) (full ? v##X : (unsigned)((col) - a##X) < (unsigned)n##X)
-#pragma unroll
-    for (int n = 0; n < NC; n++)
-#pragma unroll
-      for (int q = 0; q < 4; q++) s[n][q] *= scale;
-    if (ruA.cap > 0.f) frag_softcap_pass<NC>(ruA, ruB, s);
     /* rows A and B may be of two heads (hB: decode's packing), one of slope 0 */
-    if (hB >= 0 ? p.alibi != NULL : ruA.slope != 0.f) frag_alibi_pass<NC>(ruA, ruB, s);
+    const bool alibi = hB >= 0 ? p.alibi != NULL : ruA.slope != 0.f;
+    if (LINEAR_ALIBI && alibi && !(ruA.cap > 0.f) && frag_alibi_one_side<NC>(ruA, ruB))
+      frag_alibi_linear<NC>(ruA, ruB, scale, s);
+    else {
+#pragma unroll
+      for (int n = 0; n < NC; n++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) s[n][q] *= scale;
+      if (ruA.cap > 0.f) frag_softcap_pass<NC>(ruA, ruB, s);
+      if (alibi) frag_alibi_pass<NC>(ruA, ruB, s);
+    }
     /* a full tile whose mask rows allow it reads a thread's key pairs in one
      * access each (a pair could cross the end of a row elsewhere) */
     const bool pairs = full && ruA.pairs && ruB.pairs;
@@ -305,7 +337,7 @@ template <int EXTRAS> struct frag_rule {
 /* EXTRAS_NONE: the scale alone.  A full tile's s stays raw (only the
  * maxima are scaled); elsewhere the key range's columns. */
 template <> struct frag_rule<EXTRAS_NONE> {
-  template <int NC>
+  template <int NC, bool = false>
   static __device__ __forceinline__ bool apply(const fa_attn_problem &p, int64_t, int64_t, int64_t j0, int c2,
                                                bool full, const frag_rows &r, float (*s)[4], float *tmA, float *tmB,
                                                int64_t) {
@@ -336,7 +368,7 @@ template <> struct frag_rule<EXTRAS_NONE> {
 /* EXTRAS_VARIANT: a traced score_mod / mask_mod with the built-in rule
  * (frag_variant_tile, run-time compiled). */
 template <> struct frag_rule<EXTRAS_VARIANT> {
-  template <int NC>
+  template <int NC, bool = false>
   static __device__ __forceinline__ bool apply(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0, int c2,
                                                bool full, const frag_rows &r, float (*s)[4], float *tmA, float *tmB,
                                                int64_t hB) {
@@ -351,12 +383,17 @@ template <> struct frag_rule<EXTRAS_VARIANT> {
   }
 };
 
-/* The kernels' one entry to the rule of their instance (frag_rule). */
-template <int NC, int EXTRAS>
+/* The kernels' one entry to the rule of their instance (frag_rule).
+ * LINEAR_ALIBI: alibi on tiles to one side of the diagonal as two FMAs a
+ * score (frag_alibi_linear), for the instances where it was measured
+ * faster: the Hopper kernels at D = 128, +2-5 % with alibi; at D = 64
+ * their alibi instances ran 1-3.5 % slower with it, at D = 256 0.96-1.02x
+ * (H200, 2026-11-29: docs/perf/2026-11-29-alibi-linear-h200.json). */
+template <int NC, int EXTRAS, bool LINEAR_ALIBI = false>
 static __device__ __forceinline__ bool frag_score_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0,
                                                        int c2, bool full, const frag_rows &r, float (*s)[4],
                                                        float *tmA, float *tmB, int64_t hB = -1) {
-  return frag_rule<EXTRAS>::template apply<NC>(p, b, h, j0, c2, full, r, s, tmA, tmB, hB);
+  return frag_rule<EXTRAS>::template apply<NC, LINEAR_ALIBI>(p, b, h, j0, c2, full, r, s, tmA, tmB, hB);
 }
 
 /* The multiplier of a tile's s in the exponent: scale when frag_score_tile
@@ -394,12 +431,12 @@ static __device__ __forceinline__ void frag_exp_tile(float (*s)[4], float k, flo
  * tile max across the quad, P = exp(s - m) in s, the row sums;
  * *alphaA, *alphaB = exp(m_old - m_new), by which O must be scaled
  * (frag_rescale) before P·V is added to it. */
-template <int NC, int EXTRAS, bool EXACT = false>
+template <int NC, int EXTRAS, bool EXACT = false, bool LINEAR_ALIBI = false>
 static __device__ __forceinline__ void frag_softmax_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0,
                                                          int c2, bool full, frag_rows &r, float (*s)[4],
                                                          float *alphaA, float *alphaB, int64_t hB = -1) {
   float tmA, tmB;
-  const bool raw = frag_score_tile<NC, EXTRAS>(p, b, h, j0, c2, full, r, s, &tmA, &tmB, hB);
+  const bool raw = frag_score_tile<NC, EXTRAS, LINEAR_ALIBI>(p, b, h, j0, c2, full, r, s, &tmA, &tmB, hB);
   tmA = fmaxf(tmA, __shfl_xor_sync(0xffffffffu, tmA, 1));
   tmA = fmaxf(tmA, __shfl_xor_sync(0xffffffffu, tmA, 2));
   tmB = fmaxf(tmB, __shfl_xor_sync(0xffffffffu, tmB, 1));

@@ -189,7 +189,7 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && 
     if (PASS == PASS_OUTPUT) {
       frag_probs_tile<BC / 8, EXTRAS>(p, b, h, j0, c2, full, r, s, offA, offB);
     } else {
-      frag_softmax_tile<BC / 8, EXTRAS>(p, b, h, j0, c2, full, r, s, &alphaA, &alphaB);
+      frag_softmax_tile<BC / 8, EXTRAS, false, D == 128>(p, b, h, j0, c2, full, r, s, &alphaA, &alphaB);
     }
     if (!WITH_V) continue;
 

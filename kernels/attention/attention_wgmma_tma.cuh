@@ -281,7 +281,7 @@ static __device__ __forceinline__ void wt_consume(const fa_attn_problem &p, int6
 
     const bool full = scale_pos && j0 >= all_lo && j0 + BC <= all_hi;
     float alphaA = 1.f, alphaB = 1.f;
-    frag_softmax_tile<BC / 8, EXTRAS>(p, b, h, j0, c2, full, r, s, &alphaA, &alphaB);
+    frag_softmax_tile<BC / 8, EXTRAS, false, D == 128>(p, b, h, j0, c2, full, r, s, &alphaA, &alphaB);
 
     wgmma_wait<0>();
     wgmma_hold<D / 2>(&o[0][0]);
