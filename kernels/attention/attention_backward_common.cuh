@@ -247,8 +247,8 @@ static __device__ void bwm_tile_keys(const fa_attn_problem &p, const float *delt
 }
 
 #ifndef __CUDACC_RTC__
-/* A kernel of the two-kernel schedule (dK/dV, or dQ): its grid of `blocks`
- * blocks of `threads`, its dynamic shared memory, and its name for errors. */
+/* A backward kernel's launch (dK/dV, dQ, or dK/dV adding dQ): its grid of
+ * `blocks` blocks of `threads`, its dynamic shared memory, and its name for errors. */
 struct bw_launch_spec {
   const void *kernel;
   int64_t blocks;
@@ -256,6 +256,12 @@ struct bw_launch_spec {
   size_t smem;
   const char *name;
 };
+
+/* One launch of kernel k on stream s (args: its parameters), its shared memory allowed first. */
+static inline cudaError_t bw_launch_on(const bw_launch_spec &k, void **args, cudaStream_t s) {
+  const cudaError_t err = cudaFuncSetAttribute(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)k.smem);
+  return err != cudaSuccess ? err : cudaLaunchKernel(k.kernel, dim3((unsigned)k.blocks), dim3(k.threads), args, k.smem, s);
+}
 
 /* The two-kernel schedule's launches (args: both kernels' parameters):
  * dK/dV on the context's stream, dQ on the side stream beside it
@@ -270,14 +276,8 @@ static inline fa_status bw_launch_beside(fa_context *ctx, const bw_launch_spec &
   if (st || (st = attn_grid_fits(ctx, q.blocks)) || (st = fa_cuda_fork(ctx, &side))) return st;
   const bw_launch_spec *const ks[2] = {&kv, &q};
   const cudaStream_t streams[2] = {fa_cuda_stream(ctx), side};
-  for (int i = 0; i < 2 && !st; i++) {
-    if (ks[i]->blocks <= 0) continue;
-    cudaError_t err = cudaFuncSetAttribute(ks[i]->kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ks[i]->smem);
-    if (err == cudaSuccess)
-      err = cudaLaunchKernel(ks[i]->kernel, dim3((unsigned)ks[i]->blocks), dim3(ks[i]->threads), args, ks[i]->smem,
-                             streams[i]);
-    st = fa_cuda_error(ctx, err, ks[i]->name);
-  }
+  for (int i = 0; i < 2 && !st; i++)
+    if (ks[i]->blocks > 0) st = fa_cuda_error(ctx, bw_launch_on(*ks[i], args, streams[i]), ks[i]->name);
   const fa_status joined = fa_cuda_join(ctx); /* also after a failed launch: the streams stay in step */
   return st ? st : joined;
 }

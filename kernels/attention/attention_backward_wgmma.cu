@@ -76,11 +76,6 @@ static cudaError_t bwg_convert_of(const fa_attn_problem *p, const float *acc, vo
                       : bwg_convert<__nv_bfloat16, 128>(acc, dq, p->Lq, n4, copies, s);
 }
 
-static cudaError_t bwg_launch(const void *kernel, int64_t blocks, int threads, size_t smem, void **args, cudaStream_t s) {
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  return err != cudaSuccess ? err : cudaLaunchKernel(kernel, dim3((unsigned)blocks), dim3(threads), args, smem, s);
-}
-
 /* The call on the kernels given: the built-in instances, or a variant's
  * run-time compiled ones (attention_variant.cu), whose problem argument
  * prob (a fa_attn_problem or what derives from it) goes to the kernels as
@@ -105,13 +100,13 @@ extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_p
     if (st || (st = fa_cuda_malloc(ctx, (void **)&acc, bytes))) return st; /* rows > 0: n4 > 0 */
     cudaError_t err = cudaMemsetAsync(acc, 0, bytes, s);
     if (err == cudaSuccess && blocks > 0)
-      err = bwg_launch(dkdv, blocks, 2 * BWG_THREADS, bwg_smem_dkdv(BWG_PAD(p->D), true), args, s);
+      err = bw_launch_on({dkdv, blocks, 2 * BWG_THREADS, bwg_smem_dkdv(BWG_PAD(p->D), true), "bwg_dkdv_kernel"}, args, s);
     if (err == cudaSuccess) err = bwg_convert_of(p, acc, g->dq, n4, copies, s);
     fa_cuda_free_on(ctx, acc, bytes); /* stream-ordered: after the kernels */
     return fa_cuda_error(ctx, err, "the backward's dK/dV/dQ launches");
   }
-  const bw_launch_spec kv = {dkdv, p->B * p->Hkv * ((p->Lk + BWG_OWN - 1) / BWG_OWN), BWG_THREADS,
-                             bwg_smem_dkdv(BWG_PAD(p->D), false), "bwg_dkdv_kernel"};
+  const bw_launch_spec kv = {dkdv, p->B * p->Hkv * walk.ctas, BWG_THREADS, bwg_smem_dkdv(BWG_PAD(p->D), false),
+                             "bwg_dkdv_kernel"};
   const bw_launch_spec q = {dq, p->B * p->Hq * ((p->Lq + BWG_OWN - 1) / BWG_OWN), BWG_THREADS,
                             bwg_smem_dq(BWG_PAD(p->D)), "bwg_dq_kernel"};
   return bw_launch_beside(ctx, kv, q, args);

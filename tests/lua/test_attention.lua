@@ -436,6 +436,14 @@ function TestAttention:test_alibi()
     local q, k, v = qkv(2, H, 2, Lk, Lq, 16, 16, dt)
     return q, k, v, {alibi = slopes, causal = true}
   end, "alibi + causal + GQA, Lq > Lk")
+  -- D = 128 over several key tiles, Lq < Lk (Hopper: the tiles to one side of every row's diagonal
+  -- take the bias as two FMAs a score, those across it the general pass)
+  for _, causal in ipairs({false, true}) do
+    check_all_algos(function(dt)
+      local q, k, v = qkv(1, 2, 2, 200, 456, 128, 128, dt)
+      return q, k, v, {alibi = {0.5, 0.03}, causal = causal}
+    end, "alibi D=128 " .. (causal and "causal" or "not causal"), {other_dtype()})
+  end
   -- the reference's alibi is the float bias written out
   local q, k, v = qkv(B, H, H, Lq, Lk, 8, 8, "f64", 1)
   q, k, v = q:cpu(), k:cpu(), v:cpu()

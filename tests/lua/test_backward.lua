@@ -183,6 +183,8 @@ function TestBackward:test_head_dims()
   local shapes = { -- {D, Dv, Hq, Hkv, Lq, Lk, opts}
     {64, 64, 4, 2, 130, 200, {}},
     {64, 64, 2, 2, 200, 130, {causal = true}},
+    {64, 64, 1, 1, 40, 2100, {}}, -- Hopper: dQ added up by the dK/dV blocks (D = 64 from 2048 keys, not causal)
+    {64, 64, 1, 1, 40, 2100, {causal = "top_left"}}, -- the two kernels side by side (causal below 8192 keys)
     {128, 128, 2, 1, 97, 160, {causal = "top_left", window = {70, 5}}},
     {128, 128, 2, 2, 70, 150, {alibi = {0.05, 0.02}, softcap = 3, kv_lens = {150, 40}}},
     {64, 64, 2, 2, 66, 129, function(dev)
