@@ -111,7 +111,7 @@ fa_status wt_persistent_start(fa_context *ctx, int64_t tiles, unsigned *grid, in
 /* The persistent form (see its kernel). */
 template <typename T, int D, int BC, int EXTRAS>
 static fa_status launch_persistent(fa_context *ctx, const attn_params *p, const wt_maps &m) {
-  const size_t smem = wt_layout<D, BC>::bytes;
+  const size_t smem = wt_layout<D, BC, wt_o_tile(D, BC)>::bytes;
   void (*kernel)(const attn_params, const wt_maps, int *) = attn_wgmma_tma_persistent_kernel<T, D, BC, EXTRAS>;
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   const int64_t tiles = p->B * p->Hq * ((p->Lq + WT_BR - 1) / WT_BR);

@@ -107,13 +107,21 @@ struct wt_slot {
   long long t_lo, all_lo, all_hi;
 };
 
-/* The mbarriers of a block, and its shared memory in bytes for head dim D
- * and key tiles of BC (wt_layout<D, BC>::bytes; the variants' launches ask
- * with run-time values): the tiles, the barriers, two slots, and 1024 for
- * the alignment. */
+/* Whether the persistent form stages O in a tile of its own (key tiles of
+ * 128, D = 128: 192 KB of tiles): each warp its 16 rows, with no barrier
+ * and the last value tile given back at once; elsewhere O goes out from
+ * the fragments (tiles of 176: no room) or through the last value tile's
+ * buffer. */
+static __host__ __device__ constexpr bool wt_o_tile(int D, int BC) { return D == 128 && BC == WT_BR; }
+
+/* The mbarriers of a block, and its shared memory in bytes for head dim D,
+ * key tiles of BC and a tile for O or not (wt_layout<D, BC, OT>::bytes;
+ * the variants' launches ask with run-time values): the tiles, the
+ * barriers, two slots, and 1024 for the alignment. */
 static __host__ __device__ constexpr int wt_nbar(int D) { return 1 + 4 * wt_stages(D) + 5; }
-static __host__ __device__ constexpr size_t wt_smem_bytes(int D, int BC) {
-  return (size_t)WT_BR * D * 2 + (size_t)2 * wt_stages(D) * BC * D * 2 + 8 * wt_nbar(D) + 2 * sizeof(wt_slot) + 1024;
+static __host__ __device__ constexpr size_t wt_smem_bytes(int D, int BC, bool OT = false) {
+  return (size_t)(OT ? 2 : 1) * WT_BR * D * 2 + (size_t)2 * wt_stages(D) * BC * D * 2 + 8 * wt_nbar(D) +
+         2 * sizeof(wt_slot) + 1024;
 }
 
 /* A block's shared memory, 1024-byte aligned (the swizzle is computed on
@@ -121,11 +129,11 @@ static __host__ __device__ constexpr size_t wt_smem_bytes(int D, int BC) {
  * full, the rings' full and empty; the persistent form's Q empty and its
  * slots' full and empty), then the persistent form's two slots.  Addresses
  * as the copies and products take them (q: Q's tile). */
-template <int D, int BC> struct wt_layout {
+template <int D, int BC, bool OT = false> struct wt_layout {
   static constexpr int NS = wt_stages(D);                       /* buffers a ring */
   static constexpr int QB = WT_BR * D * 2, KB = BC * D * 2; /* bytes of the Q tile, of a K or V tile */
-  static constexpr int BARS = QB + 2 * NS * KB, NBAR = wt_nbar(D);
-  static constexpr size_t bytes = wt_smem_bytes(D, BC);
+  static constexpr int BARS = QB + 2 * NS * KB + (OT ? QB : 0), NBAR = wt_nbar(D);
+  static constexpr size_t bytes = wt_smem_bytes(D, BC, OT);
   char *qs;
   uint32_t q;
   __device__ __forceinline__ explicit wt_layout(char *raw)
@@ -133,6 +141,7 @@ template <int D, int BC> struct wt_layout {
   __device__ __forceinline__ uint32_t ks() const { return q + QB; }
   __device__ __forceinline__ uint32_t vs() const { return q + QB + NS * KB; }
   __device__ __forceinline__ char *v_tile(int i) const { return qs + QB + (NS + i) * KB; } /* value buffer i */
+  __device__ __forceinline__ char *o_tile() const { return qs + QB + 2 * NS * KB; }        /* OT: O's tile */
   __device__ __forceinline__ uint32_t q_full() const { return q + BARS; }
   __device__ __forceinline__ uint32_t full_k() const { return q + BARS + 8; }
   __device__ __forceinline__ uint32_t empty_k() const { return full_k() + 8 * NS; }
@@ -149,8 +158,6 @@ template <int D, int BC> struct wt_layout {
  * the other go once its S is in, so that the two issue in turn and one's
  * softmax runs while the other's products do. */
 enum { WT_TURN = 3 }; /* barriers 1 and 2: frag_store_staged's */
-/* the persistent form's: both consumer warpgroups past the last tile's P·V (its buffer then takes O) */
-enum { WT_STAGE = 5 };
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* named barrier id for the two consumer warpgroups */
 static __device__ __forceinline__ void wt_consumers_sync(int id) { asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory"); }
@@ -202,7 +209,8 @@ static __device__ __forceinline__ void wt_load_kv(const CUtensorMap *m, uint32_t
   for (int c = 0; c < D / 64; c++) tma_load_4d(ring + sb * BC * D * 2 + c * BC * 128, m, c * 64, row, hk, bi, full + 8 * sb);
 }
 /* The mbarriers of both forms (the persistent form's four more with slots). */
-template <int D, int BC> static __device__ __forceinline__ void wt_init_barriers(const wt_layout<D, BC> &L, bool slots) {
+template <int D, int BC, bool OT>
+static __device__ __forceinline__ void wt_init_barriers(const wt_layout<D, BC, OT> &L, bool slots) {
   mbar_init(L.q_full(), 1);
   for (int s = 0; s < L.NS; s++) mbar_init(L.full_k() + 8 * s, 1), mbar_init(L.empty_k() + 8 * s, 8); /* 8 consumer warps */
   for (int s = 0; s < L.NS; s++) mbar_init(L.full_v() + 8 * s, 1), mbar_init(L.empty_v() + 8 * s, 8);
@@ -231,14 +239,13 @@ struct wt_feed {
  * K(1) and V(0).  S(t+1) = Q·K(t+1)ᵀ is issued with O += P(t)·V(t) behind
  * it (the wgmma kernel's intra-warpgroup overlap); Q from registers where
  * wg_q_in_registers says so (D = 64).  q_empty (0: none) gets
- * this warp's arrival once its last S is in.  hold_v: the last value
- * tile's buffer is not given back (the caller stages O there, then does). */
-template <typename T, int D, int BC, int EXTRAS, bool PINGPONG>
+ * this warp's arrival once its last S is in. */
+template <typename T, int D, int BC, int EXTRAS, bool PINGPONG, bool OT>
 static __device__ __forceinline__ void wt_consume(const fa_attn_problem &p, int64_t b, int64_t h, int64_t t_lo,
-                                                  int64_t all_lo, int64_t all_hi, int ntiles, const wt_layout<D, BC> &L,
+                                                  int64_t all_lo, int64_t all_hi, int ntiles, const wt_layout<D, BC, OT> &L,
                                                   const wt_ring<wt_stages(D)> &kr, const wt_ring<wt_stages(D)> &vr,
                                                   uint32_t q_base, uint32_t q_empty, frag_rows &r, float (*o)[4],
-                                                  bool hold_v = false, wt_feed feed = {}) {
+                                                  wt_feed feed = {}) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int KB = BC * D * 2, NS = wt_stages(D);
   const uint32_t full_k = L.full_k(), empty_k = L.empty_k(), full_v = L.full_v(), empty_v = L.empty_v();
@@ -297,7 +304,7 @@ static __device__ __forceinline__ void wt_consume(const fa_attn_problem &p, int6
     pv_issue<T, D, BC>(o, pa, L.vs() + vb * KB);
     wgmma_wait<0>();
     wgmma_hold<D / 2>(&o[0][0]);
-    if (lane == 0 && !hold_v) mbar_arrive(empty_v + 8 * vb);
+    if (lane == 0) mbar_arrive(empty_v + 8 * vb);
   }
 #endif
 }
@@ -357,7 +364,7 @@ __global__ void __launch_bounds__(wt_threads(D), wt_sm_blocks(D)) attn_wgmma_tma
   mbar_wait(L.q_full(), 0);
   FA_TRACE_MARK(1);
   wt_consume<T, D, BC, EXTRAS, PINGPONG>(p, b, h, t_lo, all_lo, all_hi, ntiles, L, wt_ring<wt_stages(D)>(),
-                                         wt_ring<wt_stages(D)>(), L.q + wg * 64 * 128, 0, r, o, false, feed);
+                                         wt_ring<wt_stages(D)>(), L.q + wg * 64 * 128, 0, r, o, feed);
   FA_TRACE_MARK(4);
   note_nonfinite_rows<D / 8>(p, o, r.lA, r.lB);
   /* O leaves through this warpgroup's rows of Q's tile (its products are done) */
@@ -375,27 +382,34 @@ __global__ void __launch_bounds__(wt_threads(D), wt_sm_blocks(D)) attn_wgmma_tma
  * loads tile n + 1's first key tile while the consumers finish tile n, and
  * its Q once they are past their last S = Q·Kᵀ (q_empty), so that a
  * tile's start waits for no copy.  Each query tile's keys and values start
- * at the rings' first buffers (wt_ring).  With key tiles of 128, O
- * leaves through the last value tile's buffer (Q's, through which the
- * one-tile form stages it, is the next tile's by then): both warpgroups
- * past their last P·V (barrier WT_STAGE), O staged and written 16 bytes a
- * thread (frag_store_staged), then the buffer given back.  Written from
- * the fragments (32 4-byte stores a thread, 8 rows an instruction), the
+ * at the rings' first buffers (wt_ring).  With key tiles of 128 at
+ * D = 128, O leaves through a tile of its own (wt_o_tile; Q's, through
+ * which the one-tile form stages it, is the next tile's by then), each
+ * warp staging its 16 rows and writing them 16 bytes a thread
+ * (frag_store_staged for a warp): no barrier between the consumers, and
+ * the last value tile goes back at once.  Through that value tile's buffer
+ * instead (both warpgroups past their last P·V at a barrier, then the
+ * buffer given back) it ran 2-7 % slower at L = 512 and 2-4 % at 1024
+ * (H200, 2026-11-30,
+ * docs/perf/2026-11-30-forward-o-tile-h200.json).  Written from the
+ * fragments (32 4-byte stores a thread, 8 rows an instruction), the
  * epilogue took 6.8k of the 37.5k cycles of a query tile at L = 1024;
  * staged, 2.5k (H200, clock64 marks of block 0, D = 128, in a build that
  * printed them from the kernel and so serialised its products): +3-12 % at
  * L = 1024, +2-5 % at 2048-4096 with tiles of 128.  With tiles of 176 the
  * same was 2-3 % slower over the grid at 2048-4096 (though block 0's
- * query tiles took 3 % less time): they keep the fragments' stores. */
+ * query tiles took 3 % less time): they keep the fragments' stores (no
+ * room for a tile of O beside rings of 176). */
 
 template <typename T, int D, int BC, int EXTRAS, typename PROB = attn_params>
 __global__ void __launch_bounds__(wt_threads(128), 1)
     attn_wgmma_tma_persistent_kernel(const PROB p, const __grid_constant__ wt_maps tm, int *next_tile) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(!WT_FED(D), "the persistent form has a producer warpgroup");
+  constexpr bool OT = wt_o_tile(D, BC);
   const int v_bad = *p.v_nonfinite; /* see leave_for_fallback */
   extern __shared__ __align__(128) char wt_smem_raw[];
-  const wt_layout<D, BC> L(wt_smem_raw);
+  const wt_layout<D, BC, OT> L(wt_smem_raw);
   wt_slot *slots = L.slots();
   const uint32_t slot_full = L.slot_full(), slot_empty = L.slot_empty();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
@@ -480,21 +494,14 @@ __global__ void __launch_bounds__(wt_threads(128), 1)
     for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
     mbar_wait(L.q_full(), n & 1);
     FA_TRACE_MARK(1);
-    constexpr bool STAGE = BC == WT_BR; /* see above: key tiles of 128 */
     wt_consume<T, D, BC, EXTRAS, false>(p, qt.b, qt.h, slot.t_lo, slot.all_lo, slot.all_hi, ntiles, L, kr, vr, q_base,
-                                        L.q_empty(), r, o, STAGE);
+                                        L.q_empty(), r, o);
     kr.advance(ntiles), vr.advance(ntiles);
     FA_TRACE_MARK(4);
     note_nonfinite_rows<D / 8>(p, o, r.lA, r.lB);
-    if (STAGE && ntiles > 0) {
-      const int vb = (ntiles - 1) % wt_stages(D);
-      wt_consumers_sync(WT_STAGE); /* no consumer reads the buffer any more */
-      FA_TRACE_MARK(5);
-      frag_store_staged<T, D, false, true, WT_BR, 128>(p, qt.bh, qt.out(p), qt.lse(p), qt.i0, lane, r, o, L.v_tile(vb));
-      fence_proxy_async(); /* this thread's accesses to it before the producer's next copy there */
-      __syncwarp();
-      if (lane == 0) mbar_arrive(L.empty_v() + 8 * vb);
-    } else
+    if constexpr (OT) /* each warp its own rows of O's tile: no barrier, and no buffer to give back */
+      frag_store_staged<T, D, false, true, WT_BR, 32>(p, qt.bh, qt.out(p), qt.lse(p), qt.i0, lane, r, o, L.o_tile());
+    else
       frag_store<T, D, false>(p, qt.bh, qt.out(p), qt.lse(p), lane, r, o);
     FA_TRACE_MARK(6);
   }
