@@ -681,7 +681,7 @@ static fa_status variant_spans(fa_context *ctx, const fa_attn_problem *p, const 
  * tile, or its persistent form with a fresh tile counter. */
 static fa_status queue_variant_tma(fa_context *ctx, const fa_attn_problem *p, const variant_plan *v, cudaKernel_t kern,
                                    fa_variant_problem *vp) {
-  const size_t smem = wt_smem_bytes((int)p->D, v->bc, v->persistent && wt_o_tile((int)p->D, v->bc));
+  const size_t smem = wt_form_smem_bytes((int)p->D, v->bc, v->persistent);
   const int64_t tiles = p->B * p->Hq * ((p->Lq + WT_BR - 1) / WT_BR);
   fa_status st = attn_grid_fits(ctx, tiles);
   if (st || tiles <= 0) return st;

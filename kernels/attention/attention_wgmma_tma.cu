@@ -79,7 +79,7 @@ int wt_encode_maps(const fa_attn_problem *p, wt_maps *m) {
 
 template <typename T, int D, int BC, int EXTRAS>
 static fa_status launch(fa_context *ctx, const attn_params *p, const wt_maps &m) {
-  const size_t smem = wt_layout<D, BC>::bytes;
+  const size_t smem = wt_form_smem_bytes(D, BC, false);
   /* turns at D = 256 (+5-12 %); at D = 128 they cost up to a tenth at
    * L = 16k (H200, 2026-11-27, docs/perf/2026-11-27-attention-h200-tma.json) */
   void (*kernel)(const attn_params, const wt_maps) = attn_wgmma_tma_kernel<T, D, BC, EXTRAS, D == 256>;
@@ -111,7 +111,7 @@ fa_status wt_persistent_start(fa_context *ctx, int64_t tiles, unsigned *grid, in
 /* The persistent form (see its kernel). */
 template <typename T, int D, int BC, int EXTRAS>
 static fa_status launch_persistent(fa_context *ctx, const attn_params *p, const wt_maps &m) {
-  const size_t smem = wt_layout<D, BC, wt_o_tile(D, BC)>::bytes;
+  const size_t smem = wt_form_smem_bytes(D, BC, true);
   void (*kernel)(const attn_params, const wt_maps, int *) = attn_wgmma_tma_persistent_kernel<T, D, BC, EXTRAS>;
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   const int64_t tiles = p->B * p->Hq * ((p->Lq + WT_BR - 1) / WT_BR);

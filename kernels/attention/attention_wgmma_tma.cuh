@@ -38,8 +38,8 @@
  *
  * Trace marks (trace.cuh, a build with FLASHATTN_KERNEL_TRACE): consumers
  * 0 the query tile taken, 1 Q in, 2 the first S in, 3 the key loop done,
- * 4 the last P·V done, 5 both warpgroups at the staging barrier, 6 O
- * stored; the producer 0 its loop's top, 1 the tile taken, 2 the slot
+ * 4 the last P·V done, 6 O stored (5: the staging barrier the
+ * persistent form had until 2026-11-30); the producer 0 its loop's top, 1 the tile taken, 2 the slot
  * posted, 3 Q's copy issued, 4 every copy of the tile issued. */
 #ifndef FA_KERNELS_ATTENTION_WGMMA_TMA_CUH
 #define FA_KERNELS_ATTENTION_WGMMA_TMA_CUH
@@ -109,19 +109,23 @@ struct wt_slot {
 
 /* Whether the persistent form stages O in a tile of its own (key tiles of
  * 128, D = 128: 192 KB of tiles): each warp its 16 rows, with no barrier
- * and the last value tile given back at once; elsewhere O goes out from
- * the fragments (tiles of 176: no room) or through the last value tile's
- * buffer. */
+ * and the last value tile given back at once; elsewhere it writes O from
+ * the fragments (no room for the tile beside rings of 176 at D = 128, or of
+ * 64 at D = 256). */
 static __host__ __device__ constexpr bool wt_o_tile(int D, int BC) { return D == 128 && BC == WT_BR; }
 
 /* The mbarriers of a block, and its shared memory in bytes for head dim D,
- * key tiles of BC and a tile for O or not (wt_layout<D, BC, OT>::bytes;
- * the variants' launches ask with run-time values): the tiles, the
- * barriers, two slots, and 1024 for the alignment. */
+ * key tiles of BC and a tile for O or not (wt_layout<D, BC, OT>'s): the
+ * tiles, the barriers, two slots, and 1024 for the alignment. */
 static __host__ __device__ constexpr int wt_nbar(int D) { return 1 + 4 * wt_stages(D) + 5; }
 static __host__ __device__ constexpr size_t wt_smem_bytes(int D, int BC, bool OT = false) {
   return (size_t)(OT ? 2 : 1) * WT_BR * D * 2 + (size_t)2 * wt_stages(D) * BC * D * 2 + 8 * wt_nbar(D) +
          2 * sizeof(wt_slot) + 1024;
+}
+/* The bytes a launch of either form asks for (the persistent form's tile
+ * of O where wt_o_tile says so): the built-in launches and the variants'. */
+static __host__ __device__ constexpr size_t wt_form_smem_bytes(int D, int BC, bool persistent) {
+  return wt_smem_bytes(D, BC, persistent && wt_o_tile(D, BC));
 }
 
 /* A block's shared memory, 1024-byte aligned (the swizzle is computed on
@@ -133,14 +137,12 @@ template <int D, int BC, bool OT = false> struct wt_layout {
   static constexpr int NS = wt_stages(D);                       /* buffers a ring */
   static constexpr int QB = WT_BR * D * 2, KB = BC * D * 2; /* bytes of the Q tile, of a K or V tile */
   static constexpr int BARS = QB + 2 * NS * KB + (OT ? QB : 0), NBAR = wt_nbar(D);
-  static constexpr size_t bytes = wt_smem_bytes(D, BC, OT);
   char *qs;
   uint32_t q;
   __device__ __forceinline__ explicit wt_layout(char *raw)
       : qs(raw + ((1024 - (smem_addr(raw) & 1023)) & 1023)), q(smem_addr(qs)) {}
   __device__ __forceinline__ uint32_t ks() const { return q + QB; }
   __device__ __forceinline__ uint32_t vs() const { return q + QB + NS * KB; }
-  __device__ __forceinline__ char *v_tile(int i) const { return qs + QB + (NS + i) * KB; } /* value buffer i */
   __device__ __forceinline__ char *o_tile() const { return qs + QB + 2 * NS * KB; }        /* OT: O's tile */
   __device__ __forceinline__ uint32_t q_full() const { return q + BARS; }
   __device__ __forceinline__ uint32_t full_k() const { return q + BARS + 8; }
