@@ -589,16 +589,15 @@ static __device__ __forceinline__ void frag_store_staged(const attn_params &p, i
 }
 
 /* Whether the scale is positive (a tile whose rows all take all its keys then runs under the scale
- * alone), asked once before a key loop and kept as an integer: ptxas recomputed the f64 test
- * `p.scale > 0` at every key tile, a DSETP right after the wait for S on which 11.6 % of the stall
- * samples of the D = 128 forward at L = 1024 sat (H200, ncu 2026-11-28).  Taking it out did not
- * move the time beyond noise (the warps were waiting for the products there), but an f64
- * instruction has no place in the loop.  The empty asm makes the value opaque, so that it cannot
- * be recomputed. */
+ * alone), as an integer test of the double's bits: the scale is finite (src/check.c), and a finite
+ * double is > 0 exactly when its bits, read as a signed 64-bit integer, are.  ptxas rematerialises
+ * a value it can recompute from the parameters rather than hold a register, and an f64 compare
+ * `p.scale > 0` became a DSETP at every key tile (an empty asm hid it from NVVM, not from ptxas).
+ * A DSETP waits for the pipe that Hopper's FP64 shares with the tensor cores: issued right after
+ * the products, it held the warp until they were done (13 % of the stall samples of the D = 64
+ * forward, 11.6 % at D = 128, H200 ncu); an integer compare runs on the ALU. */
 static __device__ __forceinline__ bool frag_scale_positive(const fa_attn_problem &p) {
-  unsigned pos = p.scale > 0;
-  asm volatile("" : "+r"(pos));
-  return pos != 0;
+  return __double_as_longlong(p.scale) > 0;
 }
 
 /* The key range of a query tile, in parts: the union of its rows'
