@@ -87,6 +87,35 @@ static __device__ __forceinline__ void load_tile(char *tile, const T *src, int64
   }
 }
 
+/* load_tile's copies (sw128 layout) for a run of tiles one after the other, a key loop's K and V:
+ * the thread's element offset is made once and stepped a tile at a time, and the rows that exist
+ * come as a 32-bit count, so that a tile costs its copies, their predicates and two 64-bit adds.
+ * (load_tile made them afresh from the tile's first row in 64 bits: about 60 instructions a key
+ * tile for the D = 64 forward's four copies a thread, H200 ncu.)  K and V of one stride share a
+ * stream (DENSE: both rows DG apart), which holds one offset in two registers. */
+template <typename T, int D, int ROWS, int THREADS, bool DENSE, int DG = D> struct tile_stream {
+  static constexpr int CH = D / 8, STEP = THREADS / CH;
+  int64_t off; /* the thread's chunk of the next tile's first row, elements from the matrix's start */
+  int64_t ld;  /* rows' stride, elements (DG when DENSE: the passes' offsets are constants) */
+  /* rows from r0 on of matrices whose rows are row_ld apart */
+  __device__ __forceinline__ tile_stream(int64_t row_ld, int64_t r0)
+      : off((r0 + threadIdx.x / CH) * (DENSE ? DG : row_ld) + (threadIdx.x % CH) * 8), ld(DENSE ? DG : row_ld) {}
+  /* the next tile of src, its first `rows` rows, into tile; the rest zero-filled (their copies name
+   * src and read nothing) */
+  __device__ __forceinline__ void copy(char *tile, const T *src, int rows) const {
+    static_assert(THREADS % CH == 0 && STEP % 8 == 0 && ROWS % STEP == 0, "tile_stream: a pass must cover whole rows");
+    const int chunk = threadIdx.x % CH, row0 = threadIdx.x / CH;
+    char *t = tile + sw128<ROWS>(row0, chunk);
+    const T *g = src + off;
+#pragma unroll
+    for (int it = 0; it < ROWS / STEP; it++) {
+      const bool in = row0 + it * STEP < rows && chunk < DG / 8;
+      cp_async16(t + it * STEP * 128, in ? g + it * STEP * ld : src, in ? 16 : 0);
+    }
+  }
+  __device__ __forceinline__ void step() { off += ROWS * ld; }
+};
+
 /* A block whose query tile has no key (ntiles = 0, block-uniform) skips the
  * key loop and with it the loop's wait for the copies and its barrier; the
  * staged output store then writes into Q's tile.  cp.async completes per

@@ -43,11 +43,12 @@ static __device__ __forceinline__ void pv_issue(float (*o)[4], uint32_t (*pa)[4]
   const int N = D < 128 ? D : 128; /* D = 256: two products of 128 columns (two column blocks each) */
   wgmma_hold<D / 2>(&o[0][0]);
   wgmma_fence();
+  const uint64_t v = wgmma_desc(v_base, BC * 128, 1024);
 #pragma unroll
   for (int kk = 0; kk < BC / 16; kk++)
 #pragma unroll
     for (int half = 0; half < D / N; half++)
-      wgmma_rs_tb<T, N>(&o[half * N / 8][0], pa[kk], wgmma_desc(v_base + half * 2 * BC * 128 + kk * 2048, BC * 128, 1024), 1);
+      wgmma_rs_tb<T, N>(&o[half * N / 8][0], pa[kk], wgmma_desc_add(v, half * 2 * BC * 128 + kk * 2048), 1);
   wgmma_commit();
 }
 
@@ -57,10 +58,11 @@ static __device__ __forceinline__ void pv_issue(float (*o)[4], uint32_t (*pa)[4]
 template <typename T, int D, int BR, int BC>
 static __device__ __forceinline__ void qk_issue(float (*s)[4], uint32_t q_base, uint32_t k_base) {
   wgmma_fence();
+  const uint64_t q = wgmma_desc(q_base, 16, 1024), k = wgmma_desc(k_base, 16, 1024);
 #pragma unroll
   for (int ks = 0; ks < D / 16; ks++) {
-    uint64_t da = wgmma_desc(q_base + (ks >> 2) * BR * 128 + (ks & 3) * 32, 16, 1024);
-    uint64_t db = wgmma_desc(k_base + (ks >> 2) * BC * 128 + (ks & 3) * 32, 16, 1024);
+    const uint64_t da = wgmma_desc_add(q, (ks >> 2) * BR * 128 + (ks & 3) * 32);
+    const uint64_t db = wgmma_desc_add(k, (ks >> 2) * BC * 128 + (ks & 3) * 32);
     wgmma_ss<T, BC>(&s[0][0], da, db, ks > 0);
   }
   wgmma_commit();
@@ -157,6 +159,9 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && 
   const uint32_t q_base = smem_addr(Qs) + wg * 64 * 128; /* this warpgroup's 64 rows */
   float s[BC / 8][4];
   uint32_t pa[WITH_V ? BC / 16 : 1][4]; /* P of the previous tile, as A fragments */
+  /* the copies of tiles 1, 2, ... (one stream for K and V when DENSE); the rows of the last tile */
+  tile_stream<T, DP, BC, WG_THREADS, DENSE, D> k_next(k_ld, t_lo + BC), v_next(v_ld, t_lo + BC);
+  const int last_rows = ntiles > 0 ? (int)(t_hi - t_lo - (int64_t)(ntiles - 1) * BC) : 0;
 
   /* Tile t: S_t = Q·K_tᵀ is issued with O += P_{t-1}·V_{t-1} behind it; the
    * softmax of S_t runs while the second product is on the tensor cores,
@@ -175,9 +180,11 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && 
      * cores start right after the barrier (other buffers: K (t+1)%2, V
      * (t+1)%3); without a branch, which would make ptxas serialise the
      * products: past the last tile the rows are all zero-filled */
-    const int64_t next_hi = t + 1 < ntiles ? t_hi : j0 + BC;
-    load_tile<T, DP, BC, WG_THREADS, true, DENSE, D>(Ks + ((t + 1) & 1) * BC * DP * 2, k, k_ld, j0 + BC, next_hi);
-    if (WITH_V) load_tile<T, DP, BC, WG_THREADS, true, DENSE, D>(Vs + ((t + 1) % 3) * BC * DP * 2, v, v_ld, j0 + BC, next_hi);
+    const int next_rows = t + 2 < ntiles ? BC : t + 2 == ntiles ? last_rows : 0;
+    k_next.copy(Ks + ((t + 1) & 1) * BC * DP * 2, k, next_rows);
+    if (WITH_V) (DENSE ? k_next : v_next).copy(Vs + ((t + 1) % 3) * BC * DP * 2, v, next_rows);
+    k_next.step();
+    if (!DENSE) v_next.step();
     cp_async_commit();
     if (WITH_V && t > 0) pv_issue<T, DP, BC>(o, pa, smem_addr(Vs + ((t - 1) % 3) * BC * DP * 2));
     if (WITH_V && t > 0) wgmma_wait<1>();

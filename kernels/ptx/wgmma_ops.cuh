@@ -135,6 +135,15 @@ static __device__ __forceinline__ uint64_t wgmma_desc(uint32_t saddr, uint32_t l
   return (uint64_t)((saddr & 0x3FFFF) >> 4) | (uint64_t)((lbo >> 4) & 0x3FFF) << 16 |
          (uint64_t)((sbo >> 4) & 0x3FFF) << 32 | (uint64_t)1 << 62;
 }
+/* The descriptor of the operand `bytes` (a multiple of 16) past desc's:
+ * one 32-bit add in the start-address field (bits 0-13, the address / 16),
+ * which cannot carry out of it (shared addresses stay below 2^18).  A
+ * product's k-steps take their descriptors this way from one made once:
+ * made afresh, each took an add, a mask, a shift and an or (the D = 64
+ * forward spent ~40 instructions a key tile there, H200 ncu). */
+static __device__ __forceinline__ uint64_t wgmma_desc_add(uint64_t desc, uint32_t bytes) {
+  return (desc >> 32) << 32 | (uint32_t)((uint32_t)desc + (bytes >> 4));
+}
 
 /* acc = A·Bᵀ over K (K / 16 k-steps): A in registers (a[ks]: the warp's 16
  * rows as the A fragments of k-step ks), B the N rows of a K-major tile at
@@ -143,8 +152,9 @@ static __device__ __forceinline__ uint64_t wgmma_desc(uint32_t saddr, uint32_t l
  * committed: the tensor cores read only B from shared memory. */
 template <typename T, int K, int N>
 static __device__ __forceinline__ void wgmma_rs_kmajor(float *acc, const uint32_t (*a)[4], uint32_t b_base) {
+  const uint64_t b = wgmma_desc(b_base, 16, 1024);
 #pragma unroll
-  for (int ks = 0; ks < K / 16; ks++) wgmma_rs<T, N>(acc, a[ks], wgmma_desc(b_base + (ks >> 2) * N * 128 + (ks & 3) * 32, 16, 1024), ks > 0);
+  for (int ks = 0; ks < K / 16; ks++) wgmma_rs<T, N>(acc, a[ks], wgmma_desc_add(b, (ks >> 2) * N * 128 + (ks & 3) * 32), ks > 0);
 }
 
 #endif
