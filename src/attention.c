@@ -41,6 +41,8 @@ void fa_attn_resolve_options(const fa_attention_opts *o, const fa_attn_dims *d, 
   p->compute = compute;
   p->softcap = o->softcap;
   if (compute != FA_F64 && p->softcap > 0) p->softcap = isinf((float)p->softcap) ? 0 : fmax(p->softcap, FLT_MIN);
+  p->scale_f = (float)p->scale;
+  p->softcap_f = (float)p->softcap, p->inv_softcap_f = p->softcap > 0 ? (float)(1.0 / p->softcap) : 0.f;
   p->causal = o->causal;
   p->has_window = o->has_window && (o->window_left >= 0 || o->window_right >= 0);
   p->win_left = o->window_left, p->win_right = o->window_right;

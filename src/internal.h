@@ -147,6 +147,10 @@ typedef struct {
   int64_t B, Hq, Hkv, Lq, Lk, D, Dv;
   double scale;
   double softcap;   /* 0 = off */
+  /* scale, softcap and 1 / softcap (0 when off) in f32, made once here for the kernels that compute in
+   * f32: a conversion from f64 in a key loop runs on Hopper's FP64 pipe, which the tensor cores share,
+   * and waits for their products (ptxas remakes such values from the parameters in the loop) */
+  float scale_f, softcap_f, inv_softcap_f;
   fa_causal causal;
   int64_t win_left, win_right; /* -1 = unbounded on that side; used when has_window */
   int has_window;

@@ -65,7 +65,7 @@ template <bool KEY_ROWS, int NC, int R>
 static __device__ __forceinline__ void bwm_probs_plain(const fa_attn_problem &p, int qoff, const bwm_rows<R> &rows,
                                                        float (*s)[4], float (*dp)[4]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, c2 = (lane & 3) * 2;
-  const float scale = (float)p.scale, k2 = scale * FA_LOG2E;
+  const float scale = p.scale_f, k2 = scale * FA_LOG2E;
 #pragma unroll
   for (int n = 0; n < NC; n++)
 #pragma unroll
@@ -112,7 +112,7 @@ static __device__ __forceinline__ void bwm_probs(const fa_attn_problem &p, int64
     return;
   }
   const int lane = threadIdx.x & 31, g = lane >> 2, c2 = (lane & 3) * 2;
-  const float scale = (float)p.scale, k2 = scale * FA_LOG2E;
+  const float scale = p.scale_f, k2 = scale * FA_LOG2E;
 #define BWM_AT(n, e)                                                                                                 \
   const int row = g + ((e) >> 1) * 8, col = (n) * 8 + c2 + ((e) & 1);                                                \
   const int qi = qoff + (KEY_ROWS ? col : row), kj = koff + (KEY_ROWS ? row : col)
@@ -129,7 +129,7 @@ static __device__ __forceinline__ void bwm_probs(const fa_attn_problem &p, int64
    * plain call's time.  (A score_rule built here instead of these locals
    * made the D = 128 dK/dV wgmma instance spill 76 bytes.) */
   const float slope = EXTRAS && p.alibi ? (float)p.alibi[h] : 0.f, off = (float)(p.Lk - p.Lq);
-  const float cap = EXTRAS ? (float)p.softcap : 0.f, inv_cap = cap > 0.f ? (float)(1.0 / p.softcap) : 0.f;
+  const float cap = EXTRAS ? p.softcap_f : 0.f, inv_cap = EXTRAS ? p.inv_softcap_f : 0.f;
   const int64_t *ms = p.mask_strides, mo = b * ms[0] + h * ms[1];
   const float *mf = EXTRAS && p.mask_f ? (const float *)p.mask_f + mo : NULL;
   const uint8_t *mb = EXTRAS && p.mask_b ? p.mask_b + mo : NULL;

@@ -79,8 +79,8 @@ static __device__ __forceinline__ score_rule score_rule_at(const fa_attn_problem
   ru.mask = p.mask_f ? (const void *)((const float *)p.mask_f + mo) : p.mask_b ? (const void *)(p.mask_b + mo) : NULL;
   ru.ms = p.mask_strides[3];
   ru.pairs = ru.ms == 1 && ((uintptr_t)ru.mask & (ru.mask_float ? 7 : 1)) == 0;
-  ru.scale = (float)p.scale;
-  ru.cap = (float)p.softcap, ru.inv_cap = p.softcap > 0 ? (float)(1.0 / p.softcap) : 0.f; /* c fitted to f32 (resolve_options) */
+  ru.scale = p.scale_f;
+  ru.cap = p.softcap_f, ru.inv_cap = p.inv_softcap_f; /* c fitted to f32 (resolve_options) */
   ru.slope = p.alibi ? (float)p.alibi[h] : 0.f;
   ru.dist0 = (float)(i + p.Lk - p.Lq - j0);
   return ru;

@@ -281,7 +281,7 @@ template <int EXTRAS> struct frag_rule {
   static __device__ __forceinline__ bool apply(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0, int c2,
                                                bool full, const frag_rows &r, float (*s)[4], float *tmA, float *tmB,
                                                int64_t hB) {
-    const float scale = (float)p.scale;
+    const float scale = p.scale_f;
     float mA = -INFINITY, mB = -INFINITY;
     const frag_cols k = frag_cols_of<NC>(r, j0);
     const int aA = k.aA, nA = k.nA, aB = k.aB, nB = k.nB;
@@ -370,7 +370,7 @@ template <> struct frag_rule<EXTRAS_NONE> {
   static __device__ __forceinline__ bool apply(const fa_attn_problem &p, int64_t, int64_t, int64_t j0, int c2,
                                                bool full, const frag_rows &r, float (*s)[4], float *tmA, float *tmB,
                                                int64_t) {
-    const float scale = (float)p.scale;
+    const float scale = p.scale_f;
     float mA = -INFINITY, mB = -INFINITY;
     if (full) {
       frag_tile_max<NC>(s, &mA, &mB);
@@ -401,7 +401,7 @@ template <> struct frag_rule<EXTRAS_VARIANT> {
   static __device__ __forceinline__ bool apply(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0, int c2,
                                                bool full, const frag_rows &r, float (*s)[4], float *tmA, float *tmB,
                                                int64_t hB) {
-    const float scale = (float)p.scale;
+    const float scale = p.scale_f;
     float mA = -INFINITY, mB = -INFINITY;
     const frag_cols k = frag_cols_of<NC>(r, j0);
     const bool raw = frag_variant_tile<NC>(p, b, h, hB < 0 ? h : hB, j0, c2, full, r, s, k.aA, k.nA, k.aB, k.nB);
@@ -431,7 +431,7 @@ static __device__ __forceinline__ bool frag_score_tile(const fa_attn_problem &p,
  * (times log2 e) unless EXACT. */
 template <bool EXACT = false>
 static __device__ __forceinline__ float frag_exp_factor(const fa_attn_problem &p, bool raw) {
-  return (raw ? (float)p.scale : 1.f) * (EXACT ? 1.f : FA_LOG2E);
+  return (raw ? p.scale_f : 1.f) * (EXACT ? 1.f : FA_LOG2E);
 }
 
 /* s = 2^(s·k - off) in place for rows A and B (-inf -> 0), and this

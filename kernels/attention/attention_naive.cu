@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(NAIVE_THREADS)
   const int lane = threadIdx.x & 31;
   const int64_t Lk = p.Lk;
   const int nv = Lk % 4 ? 0 : (int)(Lk / 4); /* float4 chunks a row (Lk <= INT32_MAX) */
-  const float scale = (float)p.scale;
+  const float scale = p.scale_f;
   constexpr int U = EXTRAS ? 2 : 4; /* chunks a thread has in flight (fewer with attn_score's registers) */
   __shared__ float2 part[2][WPR]; /* the warps' states, two rows' worth: one barrier a row */
   int buf = 0;
