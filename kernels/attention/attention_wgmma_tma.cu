@@ -181,18 +181,31 @@ static bool tma_tile_ok(int64_t D, int64_t br, int64_t bc) {
   return br == WT_BR && (D == 64 || D == 128 || D == 256) && (bc == wgmma_key_tile(D) || (D == 128 && bc == 176));
 }
 
-/* The key tile a call runs with.  automatic: at D = 128 the default key
- * tile of 128 becomes 176 from 2048 keys on, without masks (3-9 % faster
- * from 4096 keys, 3-9 % slower at 1024; the masks' instance spills), and
- * with a window only where it leaves a query tile 2048 keys or more: a
- * narrower one spans few key tiles, of which 176 wide take more keys than
- * it needs, and its O leaves unstaged (a 128-wide window at L = 4096: two
- * tiles of 176 a query tile, 17.8k cycles a query tile against 11.7k for
- * two full tiles of 128; H200, the trace build). */
-static int64_t tma_key_tile(const fa_attn_problem *p, bool automatic) {
+/* The keys a query tile of the call takes, on average over its rows: all of them, fewer under a
+ * causal mask (bottom-right: the Lk - Lq before the diagonal and half the rest; top-left: row i
+ * takes min(i + 1, Lk)), at most a window's width plus the tile's rows where both sides are bounded. */
+static double tma_tile_keys(const fa_attn_problem *p) {
+  const double Lq = (double)p->Lq, Lk = (double)p->Lk, n = Lq < Lk ? Lq : Lk;
+  double keys = Lk;
+  if (p->causal == FA_CAUSAL_BOTTOM_RIGHT) keys = Lk - n / 2;
+  else if (p->causal == FA_CAUSAL_TOP_LEFT) keys = Lq > 0 ? (n * (n + 1) / 2 + (Lq - n) * Lk) / Lq : 0;
   const int64_t right = p->win_right >= 0 ? p->win_right : p->causal != FA_CAUSAL_NONE ? 0 : -1;
-  const bool narrow = p->has_window && p->win_left >= 0 && right >= 0 && p->win_left + right + WT_BR < 2048;
-  const bool wide = automatic && p->D == 128 && p->tile_k == 128 && p->Lk >= 2048 && !narrow &&
+  if (p->has_window && p->win_left >= 0 && right >= 0 && (double)(p->win_left + right + WT_BR) < keys)
+    keys = (double)(p->win_left + right + WT_BR);
+  return keys;
+}
+
+/* The key tile a call runs with.  automatic: at D = 128 the default key tile of 128 becomes 176 where
+ * a query tile takes 8192 keys or more on average (tma_tile_keys), without masks (the masks' instance
+ * spills).  Since the O tile (session 36) and the key loops without f64 work (session 37), 128 is the
+ * faster below that: at L = 2048 1.01-1.04x not causal and 1.10-1.12x causal, at 4096 1.01-1.02x and
+ * 1.04-1.05x, causal 8192 (4096 keys a tile) 1.00-1.02x; 176 above it: 8192 not causal 1.01-1.08x,
+ * 16384 1.10-1.16x not causal and 1.01-1.05x causal (H200, bf16 and f16, three runs, one build:
+ * docs/perf/2026-11-30-key-tile-h200.json).  A window narrower than that spans few key tiles, of
+ * which 176 wide take more keys than it needs (a 128-wide window at L = 4096: 17.8k cycles a query
+ * tile against 11.7k for two full tiles of 128; the trace build). */
+static int64_t tma_key_tile(const fa_attn_problem *p, bool automatic) {
+  const bool wide = automatic && p->D == 128 && p->tile_k == 128 && tma_tile_keys(p) >= 8192 &&
                     attn_extras_kind(p) != EXTRAS_MASK;
   return wide ? 176 : p->tile_k;
 }
