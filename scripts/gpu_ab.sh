@@ -9,8 +9,9 @@
 # does) and every .snap/REV (build-ab/REV) for sm_90a, side by side; `run`
 # builds what is not built yet, then runs `flashattn-lua SCRIPT ARGS --json ...` ROUNDS times on each in
 # turn (work, REV..., work, REV...), and writes $OUT/ab.json: for every row
-# of the script's JSON results (keyed by dtype, D, L, causal, algo, rule; bench_backward's
-# deterministic_ms kept beside ms)
+# of the script's JSON results (keyed by the shape fields the row has: bench_attention's dtype, D, L,
+# causal, algo, rule; bench_backward's, its deterministic_ms kept beside ms; bench_decode's B, Hkv, Lq,
+# Lk and its paged rows' page_size)
 # the median ms of each build in each round, and prints the ratios.
 # Without a build there (FA_CARRIED=1, carrying .deps/debs and .snap/ab): here
 #   cmake -S . -B build90 -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real
@@ -75,26 +76,36 @@ python3 - "$OUT" "$rounds" "${names[@]}" <<'PY'
 import json, sys
 out, rounds, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 rows, order = {}, []
+# a row is keyed by the shape fields it has: bench_attention's (dtype, D, L, causal, algo, rule),
+# bench_backward's (no algo), bench_decode's (B, Hkv, Lq, Lk; its paged rows a list of their own, with page_size)
+FIELDS = ("dtype", "D", "B", "Hq", "Hkv", "L", "Lq", "Lk", "page_size", "causal", "algo", "rule")
 for n in names:
     for r in range(1, rounds + 1):
         d = json.load(open(f"{out}/ab/{n}_{r}.json"))
-        for x in d["results"]:
-            algo = x.get("algo", "-")  # bench_backward's rows have none
-            key = (x["dtype"], x["D"], x["L"], x["causal"], algo, x.get("rule", "plain"))
-            if key not in rows:
-                rows[key] = {"dtype": x["dtype"], "D": x["D"], "L": x["L"], "causal": x["causal"], "algo": algo,
-                             "rule": x.get("rule", "plain")}
-                order.append(key)
-            rows[key].setdefault(n + "_ms", []).append(round(x["ms"], 5))
-            if "deterministic_ms" in x:  # bench_backward: the call with opts.deterministic too
-                rows[key].setdefault(n + "_deterministic_ms", []).append(round(x["deterministic_ms"], 5))
-            rows[key].setdefault(n + "_rel_err", []).append(x.get("rel_err"))
+        for part in ("results", "paged"):
+            for x in d.get(part) or []:
+                if x.get("status", "ok") != "ok" or "ms" not in x:
+                    continue
+                row = {f: x[f] for f in FIELDS if f in x}
+                row.setdefault("algo", "-")  # bench_backward's rows have none
+                row.setdefault("rule", "plain")
+                if part != "results":
+                    row["part"] = part
+                key = tuple(sorted((k, str(v)) for k, v in row.items()))
+                if key not in rows:
+                    rows[key] = row
+                    order.append(key)
+                rows[key].setdefault(n + "_ms", []).append(round(x["ms"], 5))
+                if "deterministic_ms" in x:  # bench_backward: the call with opts.deterministic too
+                    rows[key].setdefault(n + "_deterministic_ms", []).append(round(x["deterministic_ms"], 5))
+                rows[key].setdefault(n + "_rel_err", []).append(x.get("rel_err"))
 res = {"device": d.get("device"), "builds": names, "rounds": rounds, "rows": [rows[k] for k in order]}
 json.dump(res, open(f"{out}/ab.json", "w"), indent=1)
-print("dtype  D     L causal algo+rule            " + " ".join(f"{n:>10}" for n in names) + "   ratios to work")
+print("shape" + " " * 57 + " ".join(f"{n:>10}" for n in names) + "   ratios to work")
 for k in order:
     x = rows[k]
+    label = " ".join(f"{f}={x[f]}" for f in FIELDS + ("part",) if f in x and x[f] not in ("-", "plain"))
     best = {n: min(x.get(n + "_ms", [float("nan")])) for n in names}
-    print(f"{k[0]:5} {k[1]:3} {k[2]:5} {str(k[3]):6} {k[4] + '+' + k[5]:22}" + " ".join(f"{best[n]:10.3f}" for n in names)
+    print(f"{label:62}" + " ".join(f"{best[n]:10.4f}" for n in names)
           + "   " + " ".join(f"{best[n] / best['work']:.3f}" for n in names[1:]))
 PY
