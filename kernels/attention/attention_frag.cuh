@@ -624,7 +624,8 @@ static __device__ __forceinline__ void frag_store_staged(const attn_params &p, i
  * `p.scale > 0` became a DSETP at every key tile (an empty asm hid it from NVVM, not from ptxas).
  * A DSETP waits for the pipe that Hopper's FP64 shares with the tensor cores: issued right after
  * the products, it held the warp until they were done (13 % of the stall samples of the D = 64
- * forward, 11.6 % at D = 128, H200 ncu); an integer compare runs on the ALU. */
+ * forward, 11.6 % at D = 128, H200 ncu); an integer compare runs on the ALU.  (`p.scale_f > 0.f`,
+ * the f32 scale, measured 0.95-1.00x this test: docs/perf/2026-11-30-scale-test-h200.json.) */
 static __device__ __forceinline__ bool frag_scale_positive(const fa_attn_problem &p) {
   return __double_as_longlong(p.scale) > 0;
 }

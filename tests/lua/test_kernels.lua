@@ -151,6 +151,34 @@ function TestKernels:test_cuda_d64_order_by_layout()
     lu.assertEquals(U.flat(fa.attention(qs, ks, vs, {causal = causal, kernel = "wgmma_tma"})), auto)
     U.check_attention(qs, ks, vs, {causal = causal}, "transposed D=64")
     U.check_attention(q, k, v, {causal = causal, kernel = "wgmma_tma"}, "wgmma_tma named on dense D=64")
+    -- the wgmma kernel's strided copies (rows ld apart, a part-filled last key tile: 303 keys)
+    U.check_attention(qs, ks, vs, {causal = causal, kernel = "wgmma"}, "wgmma named on transposed D=64")
+  end
+end
+
+-- D = 128 on Hopper: the automatic key tile of wgmma_tma is 176 where a query tile takes 8192 keys
+-- or more on average (all of them, fewer under causal or a window), else 128; the automatic call
+-- gives, bit for bit, what the kernel named with that tile gives
+function TestKernels:test_cuda_d128_key_tile()
+  if dev ~= "cuda" then lu.skip("cuda only") end
+  local function make(lq, lk)
+    return U.randn({1, 2, lq, 128}, "bf16", 1, "cuda"), U.randn({1, 2, lk, 128}, "bf16", 2, "cuda"),
+      U.randn({1, 2, lk, 128}, "bf16", 3, "cuda")
+  end
+  local probe = {make(130, 300)}
+  if not contains(fa.kernels(probe[1], probe[2], probe[3]), "wgmma_tma") then lu.skip("no Hopper kernels here") end
+  for _, c in ipairs({
+    {130, 8300, {}, 176},                   -- 8300 keys a row
+    {130, 8300, {causal = true}, 176},      -- bottom-right: 8235 on average
+    {130, 8300, {window = {64, 0}}, 128},   -- a window of 65 keys
+    {130, 4000, {}, 128},                   -- below 8192
+  }) do
+    local q, k, v = make(c[1], c[2])
+    local what = ("Lq %d Lk %d causal %s window %s"):format(c[1], c[2], tostring(c[3].causal), tostring(c[3].window))
+    local named = U.copy_opts(c[3])
+    named.kernel, named.tile = "wgmma_tma", {128, c[4]}
+    lu.assertEquals(U.flat(fa.attention(q, k, v, c[3])), U.flat(fa.attention(q, k, v, named)), what .. ": tile " .. c[4])
+    U.check_attention(q, k, v, named, what .. " tile " .. c[4])
   end
 end
 
