@@ -4,7 +4,7 @@
 -- rule, in one run.  FlexAttention, the peer, is measured right after by
 -- scripts/peers_variants.py on the cases this script writes.
 --
--- Shapes: bf16, D = 128, H = 16, L = 4096 (B = 4) and L = 16384 (B = 1).
+-- Shapes: bf16, D = 128, H = 16 (--dim D: H = 2048 / D), L = 4096 (B = 4) and L = 16384 (B = 1).
 -- Cases (slopes[h] = 2^(-8h/H), W = 1024, prefix = L/4, documents of
 -- lengths drawn from the seed, about 12 % of the causal pairs at 4k):
 --   alibi, softcap (30), sliding (q >= k, q - k <= W), document (causal
@@ -36,12 +36,15 @@ local function parse(argv)
   local p = argparse(NAME, "Lua attention variants against the built-in rules (and FlexAttention, by peers_variants.py).")
   sweep.bench_options(p, "3 repetitions, L = 4096 only", "seed of the inputs and the documents")
   p:option("--cases", "comma list of case names (default: all)")
-  return sweep.parse_args(p, argv, NAME)
+  p:option("--dim", "head dim on cuda, 64 or 128 (H = 2048 / D)"):convert(sweep.integer_arg(64, "--dim")):default("128")
+  local a = sweep.parse_args(p, argv, NAME)
+  if a.dim ~= 64 and a.dim ~= 128 then error(("%s: --dim: 64 or 128, got %d"):format(NAME, a.dim), 0) end
+  return a
 end
 local args = sweep.main(NAME, parse, { ... })
 local dev, seed, quick = args.device, args.seed, args.quick
 local cuda = dev == "cuda"
-local D, H = cuda and 128 or 32, cuda and 16 or 2
+local D, H = cuda and args.dim or 32, cuda and 2048 // args.dim or 2
 local shapes = cuda and (quick and { { 4, 4096 } } or { { 4, 4096 }, { 1, 16384 } }) or { { 1, 256 } }
 local W = cuda and 1024 or 32
 local REP = quick and 3 or 10

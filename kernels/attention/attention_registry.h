@@ -43,10 +43,11 @@ struct attn_entry {
    * instance of it. */
   bool variant_hook;
   /* Calls it takes when named but leaves to the next kernel when the
-   * choice is automatic (NULL: none), by head dim and whether q, k and v
-   * have rows D and Dv apart (attn_rows_dense): the next is faster there.
-   * fa.kernels lists such a kernel after the next. */
-  bool (*declines)(int64_t D, bool rows_dense);
+   * choice is automatic (NULL: none), by head dim, key tile (0: its
+   * default) and whether q, k and v have rows D and Dv apart
+   * (attn_rows_dense): the next is faster there.  fa.kernels lists such a
+   * kernel after the next. */
+  bool (*declines)(int64_t D, int64_t tile_k, bool rows_dense);
 };
 
 /* The entries, defined beside their kernels. */
@@ -71,8 +72,9 @@ const attn_entry *attn_entry_pick(fa_attn_kernel named, const fa_attn_problem *p
  * need not hold: fa_cuda_attention_check_tile). */
 bool attn_fast_tile(fa_dtype dt, int64_t D, int64_t Dv, int64_t br, int64_t bc);
 
-/* The Hopper kernels' default key tile at head dim D: 64 at D = 64 (two
- * blocks an SM) and at D = 256 (the shared memory of one), else 128. */
+/* The wgmma kernel's default key tile at head dim D: 64 at D = 64 (two
+ * blocks an SM) and at D = 256 (the shared memory of one), else 128
+ * (wgmma_tma's: tma_fit). */
 static inline int64_t wgmma_key_tile(int64_t D) { return D == 64 || D == 256 ? 64 : 128; }
 
 /* The part of the tensor-core kernels' fit they share: f16 or bf16 and

@@ -505,7 +505,7 @@ static fa_status plan_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_a
     /* mask_mod too: its tiles narrow the producer's key range.  A/B on one H200 (2026-11-27, two rounds,
      * bench_variants): the persistent form 3-13 % faster for alibi, the windows, prefix_lm and documents
      * at 16k, 2-4 % slower for softcap */
-    v->persistent = wt_persistent_fits(p->D, p->Lk, p->mask_b || p->mask_f);
+    v->persistent = wt_persistent_fits(p->D, v->bc, p->Lk, p->mask_b || p->mask_f);
     if (v->persistent)
       snprintf(v->names[1], sizeof v->names[1],
                "attn_wgmma_tma_persistent_kernel<%s, %lld, %d, EXTRAS_VARIANT, fa_variant_problem>", T,
@@ -688,13 +688,13 @@ static fa_status queue_variant_tma(fa_context *ctx, const fa_attn_problem *p, co
   wt_maps maps = v->maps; /* a copy the launch reads: the arguments are copied at the launch */
   if (!v->persistent) {
     void *args[] = {vp, &maps};
-    return launch(ctx, kern, (unsigned)tiles, wt_threads((int)p->D), smem, args, "the variant's fast kernel");
+    return launch(ctx, kern, (unsigned)tiles, wt_threads((int)p->D, v->bc), smem, args, "the variant's fast kernel");
   }
   unsigned grid = 0;
   int *next = NULL;
   if ((st = wt_persistent_start(ctx, tiles, &grid, &next))) return st;
   void *args[] = {vp, &maps, &next};
-  st = launch(ctx, kern, grid, wt_threads((int)p->D), smem, args, "the variant's fast kernel");
+  st = launch(ctx, kern, grid, wt_threads((int)p->D, v->bc), smem, args, "the variant's fast kernel");
   fa_cuda_free_on(ctx, next, sizeof(int)); /* stream-ordered: after the kernel */
   return st;
 }

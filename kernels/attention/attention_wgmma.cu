@@ -93,10 +93,15 @@ static bool wgmma_tile_ok(int64_t D, int64_t br, int64_t bc) {
 static bool wgmma_takes(const fa_attn_problem *p, fa_attention_algo, bool) { return attn_rows_aligned16(p); }
 
 /* Its instances of two blocks an SM (D = 64, key tiles of 64) check their
- * shares of V themselves (v_check_share). */
-static fa_status wgmma_queue(fa_context *ctx, const attn_params *p, fa_attention_algo algo, bool, int **v_flag) {
-  const int check = p->D == 64 && p->tile_k == 64 ? V_CHECK_SHARE : V_CHECK_SCAN;
-  return launch_fast_passes(ctx, p, algo, v_flag, fa_cuda_attention_wgmma, check);
+ * shares of V themselves (v_check_share).  Chosen (automatic) at D = 64
+ * with wgmma_tma's default key tile, 128 (two_pass, or operands the copy
+ * engine cannot map), it takes its own, 64: with 128 it ran at 0.85 x. */
+static fa_status wgmma_queue(fa_context *ctx, const attn_params *p, fa_attention_algo algo, bool automatic,
+                             int **v_flag) {
+  attn_params call = *p;
+  if (automatic && call.D == 64 && call.tile_k == 128) call.tile_k = wgmma_key_tile(64);
+  const int check = call.D == 64 && call.tile_k == 64 ? V_CHECK_SHARE : V_CHECK_SCAN;
+  return launch_fast_passes(ctx, &call, algo, v_flag, fa_cuda_attention_wgmma, check);
 }
 
 const attn_entry attn_entry_wgmma = {FA_KERNEL_WGMMA, ATTN_FLASH_OR_TWO_PASS, false, wgmma_fit, wgmma_tile_ok,

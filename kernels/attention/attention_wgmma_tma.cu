@@ -86,7 +86,7 @@ static fa_status launch(fa_context *ctx, const attn_params *p, const wt_maps &m)
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   int64_t blocks = p->B * p->Hq * ((p->Lq + WT_BR - 1) / WT_BR);
   if (fa_status st = attn_grid_fits(ctx, blocks)) return st;
-  kernel<<<(unsigned)blocks, wt_threads(D), smem, fa_cuda_stream(ctx)>>>(*p, m);
+  kernel<<<(unsigned)blocks, wt_threads(D, BC), smem, fa_cuda_stream(ctx)>>>(*p, m);
   FA_CUDA_CHECK_LAUNCH(ctx, "attn_wgmma_tma_kernel");
   FA_TRACE_REPORT(fa_cuda_stream(ctx), "attn_wgmma_tma_kernel");
   return FA_OK;
@@ -120,7 +120,7 @@ static fa_status launch_persistent(fa_context *ctx, const attn_params *p, const 
   unsigned grid = 0;
   int *next = NULL;
   if (fa_status st = wt_persistent_start(ctx, tiles, &grid, &next)) return st;
-  kernel<<<grid, wt_threads(D), smem, fa_cuda_stream(ctx)>>>(*p, m, next);
+  kernel<<<grid, wt_threads(D, BC), smem, fa_cuda_stream(ctx)>>>(*p, m, next);
   const cudaError_t err = cudaGetLastError();
   fa_cuda_free_on(ctx, next, sizeof(int)); /* stream-ordered: after the kernel */
   if (err == cudaSuccess) FA_TRACE_REPORT(fa_cuda_stream(ctx), "attn_wgmma_tma_persistent_kernel");
@@ -128,14 +128,14 @@ static fa_status launch_persistent(fa_context *ctx, const attn_params *p, const 
 }
 
 static bool wt_persistent(const attn_params *p) {
-  return wt_persistent_fits(p->D, p->Lk, attn_extras_kind(p) == EXTRAS_MASK);
+  return wt_persistent_fits(p->D, p->tile_k, p->Lk, attn_extras_kind(p) == EXTRAS_MASK);
 }
 
 /* The call's score rule on the persistent form, or on a block a query tile
  * (the masks, and the consumers taking turns at D = 256). */
 template <typename T, int D, int BC> static fa_status launch_extras(fa_context *ctx, const attn_params *p, const wt_maps &m) {
   const int x = attn_extras_kind(p);
-  if constexpr (wt_sm_blocks(D) == 1) /* the persistent form: a block an SM */
+  if constexpr (wt_sm_blocks(D, BC) == 1) /* the persistent form: a block an SM */
     if (wt_persistent(p)) {
       if (x == EXTRAS_SCORE) return launch_persistent<T, D, BC, EXTRAS_SCORE>(ctx, p, m);
       return launch_persistent<T, D, BC, EXTRAS_NONE>(ctx, p, m);
@@ -146,6 +146,7 @@ template <typename T, int D, int BC> static fa_status launch_extras(fa_context *
 }
 
 template <typename T> static fa_status tma_typed(fa_context *ctx, const attn_params *p, const wt_maps &m) {
+  if (p->D == 64 && p->tile_k == 128) return launch_extras<T, 64, 128>(ctx, p, m);
   if (p->D == 64) return launch_extras<T, 64, 64>(ctx, p, m);
   if (p->D == 256) return launch_extras<T, 256, 64>(ctx, p, m);
   if (p->tile_k == 176) return launch_extras<T, 128, 176>(ctx, p, m);
@@ -172,13 +173,14 @@ static int tma_fit(fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc,
     snprintf(why, n, "it needs a Hopper GPU (sm_90) and sm_90a code in this build");
     return 0;
   }
-  *br = WT_BR, *bc = wgmma_key_tile(D);
+  *br = WT_BR, *bc = D == 64 ? 128 : wgmma_key_tile(D);
   return 1;
 }
 
-/* its default tile, and {128, 176} at D = 128 */
+/* key tiles of 128 (its default at D = 64 and 128), 176 at D = 128 and 64 at D = 64 and 256 */
 static bool tma_tile_ok(int64_t D, int64_t br, int64_t bc) {
-  return br == WT_BR && (D == 64 || D == 128 || D == 256) && (bc == wgmma_key_tile(D) || (D == 128 && bc == 176));
+  return br == WT_BR && ((D == 64 && (bc == 64 || bc == 128)) || (D == 128 && (bc == 128 || bc == 176)) ||
+                         (D == 256 && bc == 64));
 }
 
 /* The keys a query tile of the call takes, on average over its rows: all of them, fewer under a
@@ -228,12 +230,14 @@ static fa_status tma_queue(fa_context *ctx, const attn_params *p, fa_attention_a
   return launch_fast_passes(ctx, &call, FA_ATTN_FLASH, v_flag, run_flash, V_CHECK_OUTPUT);
 }
 
-/* At D = 64 its blocks have no producer (attention_wgmma_tma.cuh: WT_FED)
- * and run at 0.92-1.0 x the wgmma kernel on dense rows, which it leaves to
- * that kernel; on strided ones (a transposed or packed view) it runs at
- * 0.98-1.08 x (median 1.05) the wgmma kernel's strided copies (H200, 2026-11-29,
- * docs/perf/2026-11-29-tma-d64-fed-h200.json). */
-static bool tma_declines(int64_t D, bool rows_dense) { return D == 64 && rows_dense; }
+/* At D = 64 with key tiles of 64 its blocks have no producer
+ * (attention_wgmma_tma.cuh: WT_FED) and run at 0.92-1.0 x the wgmma kernel
+ * on dense rows, which it leaves to that kernel; on strided ones (a
+ * transposed or packed view) at 0.98-1.08 x (median 1.05) the wgmma
+ * kernel's strided copies (H200, 2026-11-29,
+ * docs/perf/2026-11-29-tma-d64-fed-h200.json).  Its default there, tiles
+ * of 128 with a producer, it keeps. */
+static bool tma_declines(int64_t D, int64_t tile_k, bool rows_dense) { return D == 64 && tile_k == 64 && rows_dense; }
 
 const attn_entry attn_entry_wgmma_tma = {FA_KERNEL_WGMMA_TMA, ATTN_ALGO(FA_ATTN_FLASH), false, tma_fit, tma_tile_ok,
                                         tma_takes,           tma_queue,                true,  tma_declines};

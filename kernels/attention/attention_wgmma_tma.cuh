@@ -22,9 +22,10 @@
  * behind it, the wgmma kernel's intra-warpgroup overlap).
  *
  * Tiles {128, BC}: key tiles of 128 or 176 at D = 128 (the automatic
- * choice takes 176 from 2048 keys on: attention_wgmma_tma.cu), of 64 at D = 256,
- * where the consumers take turns at the tensor cores (PINGPONG), and of 64
- * at D = 64, where two blocks share an SM and have no producer (WT_FED).
+ * choice takes 176 where a query tile takes 8192 keys or more:
+ * attention_wgmma_tma.cu), of 64 at D = 256, where the consumers take turns
+ * at the tensor cores (PINGPONG), and of 128 at D = 64 (its default; or of
+ * 64, where two blocks share an SM and have no producer: WT_FED).
  *
  * Two forms: a block a query tile (attn_wgmma_tma_kernel), and a
  * persistent one, a block an SM taking query tiles from a counter and
@@ -59,11 +60,16 @@ struct CUtensorMap {
 #define WT_BR 128
 
 /* A block's threads, how many blocks share an SM, and the depth of its
- * key and value rings.  Two consumer warpgroups, then the producer, a block
- * an SM (the producer's warpgroup gives its registers to the consumers:
- * setmaxnreg), rings of two.  At D = 64 the products of a key tile take
- * about as long as its exponentials, so two blocks share an SM, one's
- * softmax running while the other's products do; there a producer warp
+ * key and value rings, for head dim D and key tiles of BC.  Two consumer
+ * warpgroups, then the producer, a block an SM (the producer's warpgroup
+ * gives its registers to the consumers: setmaxnreg), rings of two: also at
+ * D = 64 with tiles of 128, its default (the persistent form, Q in
+ * registers: 1.05-1.13 x the wgmma kernel's two blocks an SM of 64 keys on
+ * the plain rule, bf16 and f16, H200,
+ * docs/perf/2026-11-30-d64-producer-h200.json; the consumers taking turns
+ * there, as cuDNN's do, cost 1-12 %).  With key tiles of 64 at D = 64 the
+ * products of a key tile take about as long as its exponentials, so two
+ * blocks share an SM, one's softmax running while the other's products do; there a producer warp
  * would leave 96 registers a thread (18 warps: five on one of the SM's four
  * register files), too few for the products (ptxas serialised them), so
  * the block has no producer: two of its consumer threads feed it (WT_FED:
@@ -71,11 +77,12 @@ struct CUtensorMap {
  * form ran at 0.92-1.0 x the wgmma kernel on dense rows (thread 0 alone
  * feeding: 0.87-0.97; the copies issued behind the products made ptxas
  * serialise them, C7514), and above its strided copies: the registry gives
- * it D = 64's strided calls (attention_wgmma_tma.cu: tma_declines). */
-static __host__ __device__ constexpr int wt_sm_blocks(int D) { return D == 64 ? 2 : 1; }
-static __host__ __device__ constexpr int wt_threads(int D) { return D == 64 ? 256 : 384; }
-static __host__ __device__ constexpr int wt_stages(int D) { return D == 64 ? 4 : 2; }
-#define WT_FED(D) (wt_sm_blocks(D) == 2)
+ * it D = 64's strided calls with tiles of 64 (attention_wgmma_tma.cu:
+ * tma_declines). */
+static __host__ __device__ constexpr int wt_sm_blocks(int D, int BC) { return D == 64 && BC == 64 ? 2 : 1; }
+static __host__ __device__ constexpr int wt_threads(int D, int BC) { return wt_sm_blocks(D, BC) == 2 ? 256 : 384; }
+static __host__ __device__ constexpr int wt_stages(int D, int BC) { return wt_sm_blocks(D, BC) == 2 ? 4 : 2; }
+#define WT_FED(D, BC) (wt_sm_blocks(D, BC) == 2)
 
 /* The tensor maps of q, k and v (kernel parameters: __grid_constant__). */
 struct wt_maps {
@@ -90,15 +97,18 @@ fa_status wt_persistent_start(fa_context *ctx, int64_t tiles, unsigned *grid, in
 #endif
 
 /* Whether a call takes the persistent form, for the built-in rules and the
- * variants alike (masked: a bool or float mask): at D = 128, and
- * at D = 256 from 16384 keys on (there a block a tile with the consumers'
- * turns is faster on shorter rows, and turns in the persistent form cost
- * 10-12 %); not with a mask, whose instance spills more there (bool masks
- * -9 % at L = 4096).  H200, 2026-11-27,
+ * variants alike (masked: a bool or float mask; BC: the key tile): at
+ * D = 64 with a producer (tiles of 128) and at D = 128, and at D = 256
+ * from 16384 keys on (there a block a tile with the consumers' turns is
+ * faster on shorter rows, and turns in the persistent form cost 10-12 %);
+ * not with a mask, whose instance spills more there (bool masks -9 % at
+ * L = 4096; at D = 64 a float mask ran at 0.88-0.96 x the block a tile
+ * from 2048 keys on).  H200, 2026-11-27,
  * docs/perf/2026-11-27-attention-h200-persistent.json: D = 128 +2-13 % at
- * L = 1024-8192, -2 to +3 % at 16384; D = 256 +3 % at 16384. */
-static __host__ __device__ inline bool wt_persistent_fits(long long D, long long Lk, bool masked) {
-  return !masked && D != 64 && (D == 128 || Lk >= 16384);
+ * L = 1024-8192, -2 to +3 % at 16384; D = 256 +3 % at 16384; D = 64:
+ * docs/perf/2026-11-30-d64-producer-h200.json. */
+static __host__ __device__ inline bool wt_persistent_fits(long long D, long long BC, long long Lk, bool masked) {
+  return !masked && !WT_FED(D, BC) && (D == 64 || D == 128 || Lk >= 16384);
 }
 
 /* A query tile the persistent form's producer posts to its consumers. */
@@ -108,18 +118,18 @@ struct wt_slot {
 };
 
 /* Whether the persistent form stages O in a tile of its own (key tiles of
- * 128, D = 128: 192 KB of tiles): each warp its 16 rows, with no barrier
+ * 128, D = 128: 192 KB of tiles; D = 64: 96 KB): each warp its 16 rows, with no barrier
  * and the last value tile given back at once; elsewhere it writes O from
  * the fragments (no room for the tile beside rings of 176 at D = 128, or of
  * 64 at D = 256). */
-static __host__ __device__ constexpr bool wt_o_tile(int D, int BC) { return D == 128 && BC == WT_BR; }
+static __host__ __device__ constexpr bool wt_o_tile(int D, int BC) { return (D == 128 || D == 64) && BC == WT_BR; }
 
 /* The mbarriers of a block, and its shared memory in bytes for head dim D,
  * key tiles of BC and a tile for O or not (wt_layout<D, BC, OT>'s): the
  * tiles, the barriers, two slots, and 1024 for the alignment. */
-static __host__ __device__ constexpr int wt_nbar(int D) { return 1 + 4 * wt_stages(D) + 5; }
+static __host__ __device__ constexpr int wt_nbar(int D, int BC) { return 1 + 4 * wt_stages(D, BC) + 5; }
 static __host__ __device__ constexpr size_t wt_smem_bytes(int D, int BC, bool OT = false) {
-  return (size_t)(OT ? 2 : 1) * WT_BR * D * 2 + (size_t)2 * wt_stages(D) * BC * D * 2 + 8 * wt_nbar(D) +
+  return (size_t)(OT ? 2 : 1) * WT_BR * D * 2 + (size_t)2 * wt_stages(D, BC) * BC * D * 2 + 8 * wt_nbar(D, BC) +
          2 * sizeof(wt_slot) + 1024;
 }
 /* The bytes a launch of either form asks for (the persistent form's tile
@@ -134,9 +144,9 @@ static __host__ __device__ constexpr size_t wt_form_smem_bytes(int D, int BC, bo
  * slots' full and empty), then the persistent form's two slots.  Addresses
  * as the copies and products take them (q: Q's tile). */
 template <int D, int BC, bool OT = false> struct wt_layout {
-  static constexpr int NS = wt_stages(D);                       /* buffers a ring */
+  static constexpr int NS = wt_stages(D, BC);                   /* buffers a ring */
   static constexpr int QB = WT_BR * D * 2, KB = BC * D * 2; /* bytes of the Q tile, of a K or V tile */
-  static constexpr int BARS = QB + 2 * NS * KB + (OT ? QB : 0), NBAR = wt_nbar(D);
+  static constexpr int BARS = QB + 2 * NS * KB + (OT ? QB : 0), NBAR = wt_nbar(D, BC);
   char *qs;
   uint32_t q;
   __device__ __forceinline__ explicit wt_layout(char *raw)
@@ -154,6 +164,17 @@ template <int D, int BC, bool OT = false> struct wt_layout {
   __device__ __forceinline__ uint32_t slot_empty() const { return slot_full() + 16; }
   __device__ __forceinline__ wt_slot *slots() const { return (wt_slot *)(qs + BARS + 8 * NBAR); }
 };
+
+/* Whether the consumers take S = Q·Kᵀ's A operand from registers
+ * (qk_issue_rs), Q read from its tile once a query tile: at D = 64 without
+ * a rule (the block a tile of two blocks an SM: +0-4 % on strided views),
+ * and with tiles of 128 with the score rules too (plain 0.98-1.04 x, softcap
+ * 1.01-1.04 x, alibi 1.04-1.10 x the same kernel with Q from shared memory,
+ * H200, docs/perf/2026-11-30-d64-producer-h200.json); not with a mask
+ * tensor (spills), nor at D = 128 or 256 (no room). */
+static constexpr __host__ __device__ bool wt_q_in_registers(int D, int BC, int EXTRAS) {
+  return D == 64 && (EXTRAS == EXTRAS_NONE || (BC == 128 && EXTRAS == EXTRAS_SCORE));
+}
 
 /* The consumers' turns at the tensor cores (PINGPONG): warpgroup c waits
  * at named barrier WT_TURN + c before it issues a tile's products and lets
@@ -234,7 +255,7 @@ struct wt_feed {
 /* A consumer warpgroup's key loop over the query tile's ntiles key tiles
  * from t_lo, and the last tile's P·V, into o (rows r): tile t in buffer
  * t % NS of the key and value rings of L (the barriers' phases kr, vr).
- * WT_FED(D): at tile t's top, thread 0 (warpgroup 0) copies K(t + 2) and
+ * WT_FED(D, BC): at tile t's top, thread 0 (warpgroup 0) copies K(t + 2) and
  * thread 128 (warpgroup 1) V(t + 1), into the buffers of tiles t - 2 and
  * t - 3, which both warpgroups are past unless one is two tiles behind
  * (one feeder for both cost its warpgroup 3-8 %); the caller copied Q, K(0),
@@ -245,27 +266,26 @@ struct wt_feed {
 template <typename T, int D, int BC, int EXTRAS, bool PINGPONG, bool OT>
 static __device__ __forceinline__ void wt_consume(const fa_attn_problem &p, int64_t b, int64_t h, int64_t t_lo,
                                                   int64_t all_lo, int64_t all_hi, int ntiles, const wt_layout<D, BC, OT> &L,
-                                                  const wt_ring<wt_stages(D)> &kr, const wt_ring<wt_stages(D)> &vr,
+                                                  const wt_ring<wt_stages(D, BC)> &kr, const wt_ring<wt_stages(D, BC)> &vr,
                                                   uint32_t q_base, uint32_t q_empty, frag_rows &r, float (*o)[4],
                                                   wt_feed feed = {}) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int KB = BC * D * 2, NS = wt_stages(D);
+  constexpr int KB = BC * D * 2, NS = wt_stages(D, BC);
   const uint32_t full_k = L.full_k(), empty_k = L.empty_k(), full_v = L.full_v(), empty_v = L.empty_v();
   const int lane = threadIdx.x & 31, wg = threadIdx.x >> 7, c2 = (lane & 3) * 2;
   const bool scale_pos = frag_scale_positive(p);
   float s[BC / 8][4];
   uint32_t pa[BC / 16][4]; /* P of the previous tile, as A fragments */
-  /* D = 64 without a rule: +0-4 % on strided views (H200); ptxas spills 56 bytes with the score rules, unmeasured */
-  constexpr bool Q_REGS = EXTRAS == EXTRAS_NONE && wg_q_in_registers(D, BC, EXTRAS);
+  constexpr bool Q_REGS = wt_q_in_registers(D, BC, EXTRAS);
   uint32_t qa[Q_REGS ? D / 16 : 1][4];
   if constexpr (Q_REGS) sw128_a_frags<D, WT_BR>(qa, L.qs, (threadIdx.x >> 5) * 16, lane);
   if (PINGPONG && wg == 1 && ntiles > 0) wt_turn_pass(1); /* warpgroup 0 goes first */
   for (int t = 0; t < ntiles; t++) {
     const int64_t j0 = t_lo + (int64_t)t * BC;
     const int kb = t % NS;
-    if (WT_FED(D) && threadIdx.x == 0 && t + 2 < ntiles)
+    if (WT_FED(D, BC) && threadIdx.x == 0 && t + 2 < ntiles)
       wt_load_kv<D, BC>(&feed.m->k, L.ks(), full_k, empty_k, kr, t + 2, feed.j_lo + (t + 2) * BC, feed.hk, feed.bi);
-    if (WT_FED(D) && threadIdx.x == 128 && t + 1 < ntiles)
+    if (WT_FED(D, BC) && threadIdx.x == 128 && t + 1 < ntiles)
       wt_load_kv<D, BC>(&feed.m->v, L.vs(), full_v, empty_v, vr, t + 1, feed.j_lo + (t + 1) * BC, feed.hk, feed.bi);
     mbar_wait(full_k + 8 * kb, kr.parity(t));
     if (PINGPONG) wt_turn_wait(wg);
@@ -312,7 +332,7 @@ static __device__ __forceinline__ void wt_consume(const fa_attn_problem &p, int6
 }
 
 template <typename T, int D, int BC, int EXTRAS, bool PINGPONG, typename PROB = attn_params>
-__global__ void __launch_bounds__(wt_threads(D), wt_sm_blocks(D)) attn_wgmma_tma_kernel(const PROB p, const __grid_constant__ wt_maps tm) {
+__global__ void __launch_bounds__(wt_threads(D, BC), wt_sm_blocks(D, BC)) attn_wgmma_tma_kernel(const PROB p, const __grid_constant__ wt_maps tm) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   const int v_bad = *p.v_nonfinite; /* see leave_for_fallback */
   extern __shared__ __align__(128) char wt_smem_raw[];
@@ -330,9 +350,9 @@ __global__ void __launch_bounds__(wt_threads(D), wt_sm_blocks(D)) attn_wgmma_tma
   if (leave_for_fallback(v_bad)) return;
 
   const wt_feed feed = {&tm, (int)t_lo, (int)(h / (p.Hq / p.Hkv)), (int)b}; /* the copy engine's coordinates: 32-bit */
-  if constexpr (WT_FED(D)) { /* no producer: Q and the first tiles here, the rest from the key loop (wt_consume) */
+  if constexpr (WT_FED(D, BC)) { /* no producer: Q and the first tiles here, the rest from the key loop (wt_consume) */
     if (tid == 0) {
-      const wt_ring<wt_stages(D)> ring;
+      const wt_ring<wt_stages(D, BC)> ring;
       wt_load_q<D>(&tm.q, L.q, L.q_full(), (int)i0, (int)h, feed.bi);
       for (int t = 0; t < 2 && t < ntiles; t++)
         wt_load_kv<D, BC>(&tm.k, L.ks(), L.full_k(), L.empty_k(), ring, t, feed.j_lo + t * BC, feed.hk, feed.bi);
@@ -342,7 +362,7 @@ __global__ void __launch_bounds__(wt_threads(D), wt_sm_blocks(D)) attn_wgmma_tma
     warpgroup_regs_dec<24>();
     if (tid == 2 * 128) {
       const int hk = feed.hk, bi = feed.bi;
-      const wt_ring<wt_stages(D)> kr, vr;
+      const wt_ring<wt_stages(D, BC)> kr, vr;
       wt_load_q<D>(&tm.q, L.q, L.q_full(), (int)i0, (int)h, bi);
       FA_TRACE_MARK(3);
       if (ntiles > 0) wt_load_kv<D, BC>(&tm.k, L.ks(), L.full_k(), L.empty_k(), kr, 0, (int)t_lo, hk, bi);
@@ -356,7 +376,7 @@ __global__ void __launch_bounds__(wt_threads(D), wt_sm_blocks(D)) attn_wgmma_tma
     }
     return;
   }
-  if constexpr (!WT_FED(D)) warpgroup_regs_inc<240>();
+  if constexpr (!WT_FED(D, BC)) warpgroup_regs_inc<240>();
 
   const int rA = warp * 16 + (lane >> 2), rB = rA + 8;
   frag_rows r = frag_rows_start(p, b, i0, rA, rB);
@@ -365,8 +385,8 @@ __global__ void __launch_bounds__(wt_threads(D), wt_sm_blocks(D)) attn_wgmma_tma
   for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
   mbar_wait(L.q_full(), 0);
   FA_TRACE_MARK(1);
-  wt_consume<T, D, BC, EXTRAS, PINGPONG>(p, b, h, t_lo, all_lo, all_hi, ntiles, L, wt_ring<wt_stages(D)>(),
-                                         wt_ring<wt_stages(D)>(), L.q + wg * 64 * 128, 0, r, o, feed);
+  wt_consume<T, D, BC, EXTRAS, PINGPONG>(p, b, h, t_lo, all_lo, all_hi, ntiles, L, wt_ring<wt_stages(D, BC)>(),
+                                         wt_ring<wt_stages(D, BC)>(), L.q + wg * 64 * 128, 0, r, o, feed);
   FA_TRACE_MARK(4);
   note_nonfinite_rows<D / 8>(p, o, r.lA, r.lB);
   /* O leaves through this warpgroup's rows of Q's tile (its products are done) */
@@ -404,10 +424,10 @@ __global__ void __launch_bounds__(wt_threads(D), wt_sm_blocks(D)) attn_wgmma_tma
  * room for a tile of O beside rings of 176). */
 
 template <typename T, int D, int BC, int EXTRAS, typename PROB = attn_params>
-__global__ void __launch_bounds__(wt_threads(128), 1)
+__global__ void __launch_bounds__(wt_threads(128, 128), 1)
     attn_wgmma_tma_persistent_kernel(const PROB p, const __grid_constant__ wt_maps tm, int *next_tile) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(!WT_FED(D), "the persistent form has a producer warpgroup");
+  static_assert(!WT_FED(D, BC), "the persistent form has a producer warpgroup");
   constexpr bool OT = wt_o_tile(D, BC);
   const int v_bad = *p.v_nonfinite; /* see leave_for_fallback */
   extern __shared__ __align__(128) char wt_smem_raw[];
@@ -422,7 +442,7 @@ __global__ void __launch_bounds__(wt_threads(128), 1)
   if (wg == 2) { /* the producer: its first warp */
     warpgroup_regs_dec<40>(); /* its tile loop spilled with 24 */
     if (warp != 8) return;
-    wt_ring<wt_stages(D)> kr, vr;
+    wt_ring<wt_stages(D, BC)> kr, vr;
     for (int n = 0;; n++) {
       FA_TRACE_TILE(n);
       FA_TRACE_MARK(0);
@@ -475,7 +495,7 @@ __global__ void __launch_bounds__(wt_threads(128), 1)
 
   const int rA = warp * 16 + (lane >> 2), rB = rA + 8;
   const uint32_t q_base = L.q + wg * 64 * 128; /* this warpgroup's 64 rows */
-  wt_ring<wt_stages(D)> kr, vr;
+  wt_ring<wt_stages(D, BC)> kr, vr;
   for (int n = 0;; n++) {
     const int sl = n & 1;
     mbar_wait(slot_full + 8 * sl, (n >> 1) & 1);

@@ -134,19 +134,31 @@ function TestKernels:test_cuda_every_listed_kernel()
   end
 end
 
--- D = 64 on Hopper: wgmma_tma leaves dense rows to wgmma (faster there) and
+-- D = 64 on Hopper: wgmma_tma takes every layout at its default key tile (128, a producer
+-- warpgroup); with key tiles of 64 (no producer) it leaves dense rows to wgmma (faster there) and
 -- takes strided ones (a transposed view); the list is in the automatic order
 function TestKernels:test_cuda_d64_order_by_layout()
   if dev ~= "cuda" then lu.skip("cuda only") end
   local q, k, v = qkv("bf16", 64, "cuda", 300)
   local dense = fa.kernels(q, k, v)
   if not contains(dense, "wgmma_tma") then lu.skip("no Hopper kernels here") end
-  lu.assertEquals({dense[1], dense[2]}, {"wgmma", "wgmma_tma"})
+  lu.assertEquals({dense[1], dense[2]}, {"wgmma_tma", "wgmma"})
+  local dense64 = fa.kernels(q, k, v, {tile = {128, 64}})
+  lu.assertEquals({dense64[1], dense64[2]}, {"wgmma", "wgmma_tma"})
   local function view() return U.randn({2, 300, 4, 64}, "bf16", 1, "cuda"):transpose(2, 3) end
   local qs, ks, vs = view(), view(), view()
   local strided = fa.kernels(qs, ks, vs)
   lu.assertEquals({strided[1], strided[2]}, {"wgmma_tma", "wgmma"})
+  local strided64 = fa.kernels(qs, ks, vs, {tile = {128, 64}})
+  lu.assertEquals({strided64[1], strided64[2]}, {"wgmma_tma", "wgmma"})
   for _, causal in ipairs({false, true}) do
+    -- the automatic call is the named kernel at its tile, bit for bit
+    lu.assertEquals(U.flat(fa.attention(q, k, v, {causal = causal})),
+      U.flat(fa.attention(q, k, v, {causal = causal, kernel = "wgmma_tma", tile = {128, 128}})))
+    lu.assertEquals(U.flat(fa.attention(q, k, v, {causal = causal, tile = {128, 64}})),
+      U.flat(fa.attention(q, k, v, {causal = causal, kernel = "wgmma", tile = {128, 64}})))
+    U.check_attention(q, k, v, {causal = causal}, "dense D=64")
+    U.check_attention(qs, ks, vs, {causal = causal, tile = {128, 64}}, "transposed D=64, key tiles of 64")
     local auto = U.flat(fa.attention(qs, ks, vs, {causal = causal}))
     lu.assertEquals(U.flat(fa.attention(qs, ks, vs, {causal = causal, kernel = "wgmma_tma"})), auto)
     U.check_attention(qs, ks, vs, {causal = causal}, "transposed D=64")
