@@ -212,11 +212,21 @@ static int64_t tma_key_tile(const fa_attn_problem *p, bool automatic) {
   return wide ? 176 : p->tile_k;
 }
 
+/* Chosen at D = 64, a call with a mask tensor and a causal mask whose query tiles take fewer than
+ * 2048 keys on average is left to the wgmma kernel, two blocks an SM of 64 keys: there this
+ * kernel's block a tile (masks do not take the persistent form) ran at 0.87-0.93 x it at L = 1024,
+ * about even at 2048 (H200, docs/perf/2026-11-30-d64-producer-h200.json); without the causal mask
+ * it is ahead from L = 1024 on (1.02-1.09 x), and with it from 2048 keys a query tile (1.05-1.11 x). */
+static bool tma_leaves_short_masked(const fa_attn_problem *p, bool automatic) {
+  return automatic && p->D == 64 && attn_extras_kind(p) == EXTRAS_MASK && p->causal != FA_CAUSAL_NONE &&
+         attn_rows_dense(p) && tma_tile_keys(p) < 2048;
+}
+
 /* "flash" only, rows on 16 bytes, and operands the copy engine can map
  * (e.g. not a stride of 0) with the tile it will run: the maps tma_queue
  * then finds made (wt_encode_maps keeps the last) */
 static bool tma_takes(const fa_attn_problem *p, fa_attention_algo algo, bool automatic) {
-  if (algo != FA_ATTN_FLASH || !attn_rows_aligned16(p)) return false;
+  if (algo != FA_ATTN_FLASH || !attn_rows_aligned16(p) || tma_leaves_short_masked(p, automatic)) return false;
   fa_attn_problem call = *p;
   call.tile_k = tma_key_tile(p, automatic);
   return wt_encode_maps(&call, &call_maps);

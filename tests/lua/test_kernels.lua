@@ -168,6 +168,32 @@ function TestKernels:test_cuda_d64_order_by_layout()
   end
 end
 
+-- D = 64 on Hopper with a mask tensor and a causal mask: query tiles that take fewer than 2048 keys
+-- on average go to wgmma (key tiles of 64), longer ones and calls without the causal mask to
+-- wgmma_tma (128); the automatic call gives, bit for bit, what the kernel named with that tile gives
+function TestKernels:test_cuda_d64_masks_by_keys()
+  if dev ~= "cuda" then lu.skip("cuda only") end
+  local probe = {qkv("bf16", 64, "cuda", 200)}
+  if not contains(fa.kernels(probe[1], probe[2], probe[3]), "wgmma_tma") then lu.skip("no Hopper kernels here") end
+  for _, c in ipairs({
+    {130, 300, true, "wgmma", 64},         -- bottom-right causal: 235 keys a row on average
+    {130, 2100, true, "wgmma", 64},        -- 2035
+    {130, 4200, true, "wgmma_tma", 128},   -- 4135
+    {130, 300, false, "wgmma_tma", 128},   -- not causal
+  }) do
+    local q = U.randn({1, 2, c[1], 64}, "bf16", 1, "cuda")
+    local k, v = U.randn({1, 2, c[2], 64}, "bf16", 2, "cuda"), U.randn({1, 2, c[2], 64}, "bf16", 3, "cuda")
+    local m = fa.rand({c[1], c[2]}, {seed = 4, device = "cuda"}):to("cpu"):totable()
+    for i = 1, c[1] do for j = 1, c[2] do m[i][j] = m[i][j] < 0.9 end end
+    local opts = {causal = c[3], mask = fa.tensor(m, {device = "cuda"})}
+    local what = ("Lq %d Lk %d causal %s"):format(c[1], c[2], tostring(c[3]))
+    local named = U.copy_opts(opts)
+    named.kernel, named.tile = c[4], {128, c[5]}
+    lu.assertEquals(U.flat(fa.attention(q, k, v, opts)), U.flat(fa.attention(q, k, v, named)), what .. ": " .. c[4])
+    U.check_attention(q, k, v, opts, what)
+  end
+end
+
 -- D = 128 on Hopper: the automatic key tile of wgmma_tma is 176 where a query tile takes 8192 keys
 -- or more on average (all of them, fewer under causal or a window), else 128; the automatic call
 -- gives, bit for bit, what the kernel named with that tile gives
