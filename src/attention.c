@@ -542,6 +542,12 @@ fa_status fa_attention_kernels(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   fa_status st = fa_check_attention_or_defaults(ctx, q, k, v, &opts, &defaults, &d);
   if (st) return st;
   const int dense = device_rows_dense(q) && device_rows_dense(k) && device_rows_dense(v);
-  *n = fa_attn_kernels_accepting(&d, opts->algo, opts->tile_q, opts->tile_k, dense, names, cap);
+  /* the call as the kernels would see it, for their order: its rules, its key tile (0: a kernel's
+   * default), and which mask (only its kind is read: the mask itself stands in for its copy) */
+  fa_attn_problem call;
+  fa_attn_resolve_options(opts, &d, d.dtype, &call);
+  call.tile_q = opts->tile_q, call.tile_k = opts->tile_k;
+  if (opts->mask) fa_attn_attach_mask(&call, opts->mask, opts->mask);
+  *n = fa_attn_kernels_accepting(&d, opts->algo, opts->tile_q, opts->tile_k, &call, dense, names, cap);
   return FA_OK;
 }

@@ -80,8 +80,8 @@ const char *fa_attn_kernel_refuses(fa_attn_kernel k, const fa_attn_dims *d, fa_a
   return NULL;
 }
 
-int fa_attn_kernels_accepting(const fa_attn_dims *d, fa_attention_algo algo, int64_t tq, int64_t tk, int rows_dense,
-                              const char **names, int cap) {
+int fa_attn_kernels_accepting(const fa_attn_dims *d, fa_attention_algo algo, int64_t tq, int64_t tk,
+                              const fa_attn_problem *call, int rows_dense, const char **names, int cap) {
   int count = 0, ids[FA_KERNEL_COUNT];
   char buf[160];
   int64_t br, bc;
@@ -89,9 +89,9 @@ int fa_attn_kernels_accepting(const fa_attn_dims *d, fa_attention_algo algo, int
     if (!fa_attn_kernel_refuses((fa_attn_kernel)k, d, algo, tq, tk, &br, &bc, buf, sizeof buf)) ids[count++] = k;
   /* a kernel that leaves the call to the next when choosing (registry
    * order, fastest first, but for that) comes after it */
-  for (int i = 0; i + 1 < count; i++)
+  for (int i = 0; call && i + 1 < count; i++)
     if (fa_attn_kernel_table[ids[i]].device == FA_CUDA &&
-        fa_cuda_attention_kernel_declines((fa_attn_kernel)ids[i], d->D, tk, rows_dense)) {
+        fa_cuda_attention_kernel_declines((fa_attn_kernel)ids[i], call, rows_dense, !d->variant)) {
       const int t = ids[i];
       ids[i] = ids[i + 1], ids[i + 1] = t, i++;
     }

@@ -28,12 +28,13 @@ const char *fa_attn_kernel_refuses(fa_attn_kernel k, const fa_attn_dims *d, fa_a
                                    int64_t tk, int64_t *br, int64_t *bc, char *buf, size_t n);
 
 /* The names of the kernels that accept the call, in the registry's order
- * (fastest first; a kernel that declines the call when choosing, after the
- * next: fa_cuda_attention_kernel_declines, given rows_dense: the kernels
- * read q, k and v with rows D and Dv apart), up to cap into names (may be
- * NULL when cap is 0); returns how many. */
-int fa_attn_kernels_accepting(const fa_attn_dims *d, fa_attention_algo algo, int64_t tq, int64_t tk, int rows_dense,
-                              const char **names, int cap);
+ * (fastest first; given the call's problem, a kernel that declines it when
+ * choosing comes after the next: fa_cuda_attention_kernel_declines, with
+ * rows_dense: the kernels read q, k and v with rows D and Dv apart; call
+ * NULL: that order unchanged), up to cap into names (may be NULL when cap is
+ * 0); returns how many. */
+int fa_attn_kernels_accepting(const fa_attn_dims *d, fa_attention_algo algo, int64_t tq, int64_t tk,
+                              const fa_attn_problem *call, int rows_dense, const char **names, int cap);
 
 /* Whether fa_attention runs a call of dims d (checked, opts.kernel
  * resolved) and opts o on the decode kernel: named, or chosen

@@ -342,7 +342,7 @@ static const char *kernel_names(const fa_attn_dims *d, fa_device dev, int accept
   const char *names[FA_KERNEL_COUNT];
   int count = 0;
   if (accepting) {
-    count = fa_attn_kernels_accepting(d, algo, tq, tk, 1, names, FA_KERNEL_COUNT); /* an error's list: any order */
+    count = fa_attn_kernels_accepting(d, algo, tq, tk, NULL, 1, names, FA_KERNEL_COUNT); /* an error's list: any order */
   } else {
     for (int k = 0; k < FA_KERNEL_COUNT; k++)
       if (fa_attn_kernel_table[k].device == dev) names[count++] = fa_attn_kernel_table[k].name;

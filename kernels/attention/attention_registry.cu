@@ -31,7 +31,7 @@ static bool entry_takes(const attn_entry *e, const fa_attn_problem *p, fa_attent
 const attn_entry *attn_entry_pick(fa_attn_kernel named, const fa_attn_problem *p, fa_attention_algo algo, bool variant) {
   const bool automatic = named == FA_KERNEL_AUTO && !variant;
   for (const attn_entry *e : table)
-    if ((named == FA_KERNEL_AUTO ? !e->named_only && !(e->declines && e->declines(p->D, p->tile_k, attn_rows_dense(p)))
+    if ((named == FA_KERNEL_AUTO ? !e->named_only && !(e->declines && e->declines(p, attn_rows_dense(p), automatic))
                                  : e->id == named) &&
         (!variant || e->variant_hook) && entry_takes(e, p, algo, automatic))
       return e;
@@ -71,9 +71,10 @@ extern "C" int fa_cuda_attention_kernel_tile_ok(fa_attn_kernel kernel, int64_t D
   return e && e->tile_ok && e->tile_ok(D, br, bc);
 }
 
-extern "C" int fa_cuda_attention_kernel_declines(fa_attn_kernel kernel, int64_t D, int64_t tile_k, int rows_dense) {
+extern "C" int fa_cuda_attention_kernel_declines(fa_attn_kernel kernel, const fa_attn_problem *p, int rows_dense,
+                                                 int builtin) {
   const attn_entry *e = attn_entry_of(kernel);
-  return e && e->declines && e->declines(D, tile_k, rows_dense != 0);
+  return e && e->declines && e->declines(p, rows_dense != 0, builtin != 0);
 }
 
 /* The default tile of "flash" on cuda: that of the first fast kernel that

@@ -43,11 +43,12 @@ struct attn_entry {
    * instance of it. */
   bool variant_hook;
   /* Calls it takes when named but leaves to the next kernel when the
-   * choice is automatic (NULL: none), by head dim, key tile (0: its
-   * default) and whether q, k and v have rows D and Dv apart
-   * (attn_rows_dense): the next is faster there.  fa.kernels lists such a
-   * kernel after the next. */
-  bool (*declines)(int64_t D, int64_t tile_k, bool rows_dense);
+   * choice is automatic (NULL: none), by the call (its key tile p->tile_k,
+   * 0: its default), whether q, k and v have rows D and Dv apart
+   * (attn_rows_dense) and whether its rules are the built-in ones (builtin;
+   * a variant keeps the call's tile): the next is faster there.  fa.kernels
+   * lists such a kernel after the next. */
+  bool (*declines)(const fa_attn_problem *p, bool rows_dense, bool builtin);
 };
 
 /* The entries, defined beside their kernels. */

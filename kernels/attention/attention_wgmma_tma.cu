@@ -212,21 +212,11 @@ static int64_t tma_key_tile(const fa_attn_problem *p, bool automatic) {
   return wide ? 176 : p->tile_k;
 }
 
-/* Chosen at D = 64, a call with a mask tensor and a causal mask whose query tiles take fewer than
- * 2048 keys on average is left to the wgmma kernel, two blocks an SM of 64 keys: there this
- * kernel's block a tile (masks do not take the persistent form) ran at 0.87-0.93 x it at L = 1024,
- * about even at 2048 (H200, docs/perf/2026-11-30-d64-producer-h200.json); without the causal mask
- * it is ahead from L = 1024 on (1.02-1.09 x), and with it from 2048 keys a query tile (1.05-1.11 x). */
-static bool tma_leaves_short_masked(const fa_attn_problem *p, bool automatic) {
-  return automatic && p->D == 64 && attn_extras_kind(p) == EXTRAS_MASK && p->causal != FA_CAUSAL_NONE &&
-         attn_rows_dense(p) && tma_tile_keys(p) < 2048;
-}
-
 /* "flash" only, rows on 16 bytes, and operands the copy engine can map
  * (e.g. not a stride of 0) with the tile it will run: the maps tma_queue
  * then finds made (wt_encode_maps keeps the last) */
 static bool tma_takes(const fa_attn_problem *p, fa_attention_algo algo, bool automatic) {
-  if (algo != FA_ATTN_FLASH || !attn_rows_aligned16(p) || tma_leaves_short_masked(p, automatic)) return false;
+  if (algo != FA_ATTN_FLASH || !attn_rows_aligned16(p)) return false;
   fa_attn_problem call = *p;
   call.tile_k = tma_key_tile(p, automatic);
   return wt_encode_maps(&call, &call_maps);
@@ -240,14 +230,24 @@ static fa_status tma_queue(fa_context *ctx, const attn_params *p, fa_attention_a
   return launch_fast_passes(ctx, &call, FA_ATTN_FLASH, v_flag, run_flash, V_CHECK_OUTPUT);
 }
 
-/* At D = 64 with key tiles of 64 its blocks have no producer
- * (attention_wgmma_tma.cuh: WT_FED) and run at 0.92-1.0 x the wgmma kernel
- * on dense rows, which it leaves to that kernel; on strided ones (a
- * transposed or packed view) at 0.98-1.08 x (median 1.05) the wgmma
- * kernel's strided copies (H200, 2026-11-29,
- * docs/perf/2026-11-29-tma-d64-fed-h200.json).  Its default there, tiles
- * of 128 with a producer, it keeps. */
-static bool tma_declines(int64_t D, int64_t tile_k, bool rows_dense) { return D == 64 && tile_k == 64 && rows_dense; }
+/* What it leaves to the wgmma kernel (two blocks an SM of 64 keys), dense
+ * rows at D = 64 only:
+ * - key tiles of 64: its blocks then have no producer (attention_wgmma_tma.cuh:
+ *   WT_FED) and ran at 0.92-1.0 x the wgmma kernel on dense rows; on strided
+ *   ones (a transposed or packed view) at 0.98-1.08 x (median 1.05) the wgmma
+ *   kernel's strided copies (H200, 2026-11-29, docs/perf/2026-11-29-tma-d64-fed-h200.json);
+ * - a built-in call with a mask tensor and a causal mask whose query tiles take
+ *   fewer than 2048 keys on average: there its block a tile (masks do not take
+ *   the persistent form) ran at 0.87-0.93 x the wgmma kernel at L = 1024, about
+ *   even at 2048 (H200, docs/perf/2026-11-30-d64-producer-h200.json); without the
+ *   causal mask it is ahead from L = 1024 on (1.02-1.09 x), with it from 2048
+ *   keys a query tile (1.05-1.11 x).
+ * Its default at D = 64, tiles of 128 with a producer, it keeps otherwise. */
+static bool tma_declines(const fa_attn_problem *p, bool rows_dense, bool builtin) {
+  if (p->D != 64 || !rows_dense) return false;
+  return p->tile_k == 64 || (builtin && attn_extras_kind(p) == EXTRAS_MASK && p->causal != FA_CAUSAL_NONE &&
+                             tma_tile_keys(p) < 2048);
+}
 
 const attn_entry attn_entry_wgmma_tma = {FA_KERNEL_WGMMA_TMA, ATTN_ALGO(FA_ATTN_FLASH), false, tma_fit, tma_tile_ok,
                                         tma_takes,           tma_queue,                true,  tma_declines};

@@ -136,8 +136,8 @@ int fa_cuda_attention_kernel_tile_ok(fa_attn_kernel kernel, int64_t D, int64_t b
   return 0;
 }
 
-int fa_cuda_attention_kernel_declines(fa_attn_kernel kernel, int64_t D, int64_t tile_k, int rows_dense) {
-  (void)kernel, (void)D, (void)tile_k, (void)rows_dense;
+int fa_cuda_attention_kernel_declines(fa_attn_kernel kernel, const fa_attn_problem *p, int rows_dense, int builtin) {
+  (void)kernel, (void)p, (void)rows_dense, (void)builtin;
   return 0;
 }
 

@@ -170,7 +170,8 @@ end
 
 -- D = 64 on Hopper with a mask tensor and a causal mask: query tiles that take fewer than 2048 keys
 -- on average go to wgmma (key tiles of 64), longer ones and calls without the causal mask to
--- wgmma_tma (128); the automatic call gives, bit for bit, what the kernel named with that tile gives
+-- wgmma_tma (128); fa.kernels lists that kernel first, and the automatic call gives, bit for bit,
+-- what the kernel named with that tile gives
 function TestKernels:test_cuda_d64_masks_by_keys()
   if dev ~= "cuda" then lu.skip("cuda only") end
   local probe = {qkv("bf16", 64, "cuda", 200)}
@@ -189,6 +190,7 @@ function TestKernels:test_cuda_d64_masks_by_keys()
     local what = ("Lq %d Lk %d causal %s"):format(c[1], c[2], tostring(c[3]))
     local named = U.copy_opts(opts)
     named.kernel, named.tile = c[4], {128, c[5]}
+    lu.assertEquals(fa.kernels(q, k, v, opts)[1], c[4], what .. ": listed first")
     lu.assertEquals(U.flat(fa.attention(q, k, v, opts)), U.flat(fa.attention(q, k, v, named)), what .. ": " .. c[4])
     U.check_attention(q, k, v, opts, what)
   end
