@@ -222,6 +222,41 @@ function TestKernels:test_cuda_d128_key_tile()
   end
 end
 
+-- wgmma_tma's persistent form (D = 64 and 128, key tiles of 128: a block an SM walking the query
+-- tiles from a counter) with more query tiles than SMs, so that a block takes several in the
+-- scheduler's order: tiles with no key (a batch whose kv_lens is 0) between ones with keys, odd and
+-- even counts of key tiles (causal, Lk not a multiple of 128), the score rules, lse; each run twice,
+-- bit for bit.
+function TestKernels:test_cuda_tma_persistent_tiles()
+  if dev ~= "cuda" then lu.skip("cuda only") end
+  for _, D in ipairs({64, 128}) do
+    for _, dtype in ipairs({"bf16", "f16"}) do
+      local Lq, Lk = 600, 333
+      local q = U.randn({3, 16, Lq, D}, dtype, 11, "cuda")
+      local k, v = U.randn({3, 4, Lk, D}, dtype, 12, "cuda"), U.randn({3, 4, Lk, D}, dtype, 13, "cuda")
+      if not contains(fa.kernels(q, k, v), "wgmma_tma") then lu.skip("no Hopper kernels here") end
+      for _, opts in ipairs({
+        {},
+        {kv_lens = {Lk, 0, 157}},
+        {causal = true, kv_lens = {0, Lk, 200}},
+        {causal = "top_left"},
+        {softcap = 4, kv_lens = {0, 129, Lk}},
+        {alibi = {0.5, 0.25, 0.125, 0.0625, 0.5, 0.25, 0.125, 0.0625, 0.5, 0.25, 0.125, 0.0625, 0.5, 0.25, 0.125,
+          0.0625}, causal = "top_left", kv_lens = {Lk, 0, 0}},
+      }) do
+        local run = U.copy_opts(opts)
+        run.kernel, run.return_lse = "wgmma_tma", true
+        local what = ("%s D=%d causal=%s kv_lens=%s softcap=%s alibi=%s"):format(dtype, D, tostring(opts.causal),
+          opts.kv_lens and table.concat(opts.kv_lens, ",") or "-", tostring(opts.softcap), tostring(opts.alibi ~= nil))
+        local o1, l1 = U.check_attention(q, k, v, run, what)
+        local o2, l2 = fa.attention(q, k, v, run)
+        lu.assertEquals(fa.max_abs_diff(o2, o1), 0, what .. ": run twice")
+        lu.assertEquals(U.flat(l2), U.flat(l1), what .. ": lse, run twice")
+      end
+    end
+  end
+end
+
 function TestKernels:test_cuda_refusals()
   if dev ~= "cuda" then lu.skip("cuda only") end
   local q, k, v = qkv("f32", 64, "cuda")
