@@ -608,11 +608,20 @@ static __device__ __forceinline__ void frag_store_staged(const attn_params &p, i
   const int t = threadIdx.x % GROUP, row0 = (threadIdx.x / GROUP) * (GROUP / 2);
   const int64_t os = p.o_st.s;
   T *rows = out + i0 * os;
+  /* the group's chunks read first, then written, each store predicated on
+   * its row (a branch a row around a read and a store made them wait for
+   * each other, one at a time) */
+  uint4 chunk[CH / 2];
 #pragma unroll
   for (int it = 0; it < CH / 2; it++) {
     const int c = it * GROUP + t, row = row0 + c / CH, ch = c % CH;
-    const int at = tile_chunk<WGMMA, ROWS, CH>(row, ch);
-    if (i0 + row < p.Lq) *(uint4 *)(rows + row * os + ch * 8) = *(const uint4 *)(tile + at);
+    chunk[it] = *(const uint4 *)(tile + tile_chunk<WGMMA, ROWS, CH>(row, ch));
+  }
+  const int64_t left = p.Lq - i0; /* rows of the tile before Lq */
+#pragma unroll
+  for (int it = 0; it < CH / 2; it++) {
+    const int c = it * GROUP + t, row = row0 + c / CH, ch = c % CH;
+    if (row < left) *(uint4 *)(rows + row * os + ch * 8) = chunk[it];
   }
   frag_lse_store<NORMALIZED>(p, bh, lse, lane, r);
 }
