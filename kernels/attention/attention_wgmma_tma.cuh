@@ -461,10 +461,7 @@ __global__ void __launch_bounds__(wt_threads(128, 128), 1)
         return;
       }
       const frag_qtile<T, D, WT_BR> qt(p, tile);
-      tile_range r = tile_range::none();
-#pragma unroll
-      for (int k = 0; k < WT_BR / 32; k++) r.fold(p, qt.b, qt.i0 + k * 32 + lane);
-      r.fold_warp();
+      const tile_range r = tile_range::of_tile<WT_BR>(p, qt.b, qt.i0, lane);
       int64_t t_lo = 0, t_hi = 0;
       r.keys(&t_lo, &t_hi);
       attn_rule<PROB>::narrow(p, qt.b, qt.h, qt.i0, &t_lo, &t_hi);
