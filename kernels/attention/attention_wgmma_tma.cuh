@@ -111,6 +111,20 @@ static __host__ __device__ inline bool wt_persistent_fits(long long D, long long
   return !masked && !WT_FED(D, BC) && (D == 64 || D == 128 || Lk >= 16384);
 }
 
+/* Whether the persistent form's producer warpgroup has a second warp that
+ * takes the query tiles and reduces their key ranges (the scheduler), so
+ * that the copying warp does not: at D = 64 with the score rules, where it
+ * ran at 1.06-1.09 x alibi and 0.98-1.04 x softcap (bf16 and f16, L 1k and
+ * 4k, causal and not, two repetitions) against the copier taking them
+ * itself between a tile's last copy and the next tile's Q; without a rule,
+ * or at D = 128, it ran at 0.95-1.03 x (H200,
+ * docs/perf/2026-11-30-scheduler-h200.json, …-tile-range-h200.json).  The scheduler takes
+ * tile n + 1 once the copier is WT_LEAD key tiles from the end of tile n
+ * (sooner, two slots ahead, the tiles taken long before they start
+ * unbalanced the longest-first order: causal 16k D = 256 0.80 x). */
+static __host__ __device__ constexpr bool wt_scheduler(int D, int EXTRAS) { return D == 64 && EXTRAS == EXTRAS_SCORE; }
+enum { WT_LEAD = 2 };
+
 /* A query tile the persistent form's producer posts to its consumers. */
 struct wt_slot {
   int tile, ntiles;
@@ -127,7 +141,7 @@ static __host__ __device__ constexpr bool wt_o_tile(int D, int BC) { return (D =
 /* The mbarriers of a block, and its shared memory in bytes for head dim D,
  * key tiles of BC and a tile for O or not (wt_layout<D, BC, OT>'s): the
  * tiles, the barriers, two slots, and 1024 for the alignment. */
-static __host__ __device__ constexpr int wt_nbar(int D, int BC) { return 1 + 4 * wt_stages(D, BC) + 5; }
+static __host__ __device__ constexpr int wt_nbar(int D, int BC) { return 1 + 4 * wt_stages(D, BC) + 6; }
 static __host__ __device__ constexpr size_t wt_smem_bytes(int D, int BC, bool OT = false) {
   return (size_t)(OT ? 2 : 1) * WT_BR * D * 2 + (size_t)2 * wt_stages(D, BC) * BC * D * 2 + 8 * wt_nbar(D, BC) +
          2 * sizeof(wt_slot) + 1024;
@@ -162,6 +176,7 @@ template <int D, int BC, bool OT = false> struct wt_layout {
   __device__ __forceinline__ uint32_t q_empty() const { return empty_v() + 8 * NS; }
   __device__ __forceinline__ uint32_t slot_full() const { return q_empty() + 8; }
   __device__ __forceinline__ uint32_t slot_empty() const { return slot_full() + 16; }
+  __device__ __forceinline__ uint32_t sched_go() const { return slot_empty() + 16; } /* wt_scheduler's */
   __device__ __forceinline__ wt_slot *slots() const { return (wt_slot *)(qs + BARS + 8 * NBAR); }
 };
 
@@ -233,13 +248,15 @@ static __device__ __forceinline__ void wt_load_kv(const CUtensorMap *m, uint32_t
 }
 /* The mbarriers of both forms (the persistent form's four more with slots). */
 template <int D, int BC, bool OT>
-static __device__ __forceinline__ void wt_init_barriers(const wt_layout<D, BC, OT> &L, bool slots) {
+static __device__ __forceinline__ void wt_init_barriers(const wt_layout<D, BC, OT> &L, bool slots, bool sched = false) {
   mbar_init(L.q_full(), 1);
   for (int s = 0; s < L.NS; s++) mbar_init(L.full_k() + 8 * s, 1), mbar_init(L.empty_k() + 8 * s, 8); /* 8 consumer warps */
   for (int s = 0; s < L.NS; s++) mbar_init(L.full_v() + 8 * s, 1), mbar_init(L.empty_v() + 8 * s, 8);
   if (slots) {
     mbar_init(L.q_empty(), 8);
-    for (int s = 0; s < 2; s++) mbar_init(L.slot_full() + 8 * s, 1), mbar_init(L.slot_empty() + 8 * s, 8);
+    /* a slot is read by the 8 consumer warps, and with a scheduler warp by the copier too */
+    for (int s = 0; s < 2; s++) mbar_init(L.slot_full() + 8 * s, 1), mbar_init(L.slot_empty() + 8 * s, sched ? 9 : 8);
+    mbar_init(L.sched_go(), 1);
   }
   mbar_init_fence();
 }
@@ -396,6 +413,33 @@ __global__ void __launch_bounds__(wt_threads(D, BC), wt_sm_blocks(D, BC)) attn_w
 #endif
 }
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* The persistent form's copies of query tile `tile` (its ntiles key tiles
+ * from j_lo; the block's n-th), by the copying thread: the first key tile
+ * while the consumers finish the last query tile, then Q once they are done
+ * with theirs, then the rest.  SCHED: the scheduler warp is told it may take
+ * the next tile WT_LEAD key tiles from the end. */
+template <typename T, int D, int BC, bool SCHED, typename PROB, bool OT>
+static __device__ __forceinline__ void wt_copy_tile(const PROB &p, const wt_maps &tm, const wt_layout<D, BC, OT> &L,
+                                                    const wt_ring<wt_stages(D, BC)> &kr, const wt_ring<wt_stages(D, BC)> &vr,
+                                                    int tile, int ntiles, int j_lo, int n) {
+  const frag_qtile<T, D, WT_BR> qt(p, tile);
+  /* 32-bit from here (the copy engine's coordinates are) */
+  const int hk = (int)(qt.h / (p.Hq / p.Hkv)), bi = (int)qt.b, go_at = ntiles > WT_LEAD ? ntiles - WT_LEAD : 0;
+  if (SCHED && ntiles == 0) mbar_arrive(L.sched_go());
+  if (ntiles > 0) wt_load_kv<D, BC>(&tm.k, L.ks(), L.full_k(), L.empty_k(), kr, 0, j_lo, hk, bi);
+  mbar_wait(L.q_empty(), (n & 1) ^ 1);
+  wt_load_q<D>(&tm.q, L.q, L.q_full(), (int)qt.i0, (int)qt.h, bi);
+  FA_TRACE_MARK(3);
+  for (int t = 0; t < ntiles; t++) {
+    if (SCHED && t == go_at) mbar_arrive(L.sched_go()); /* the scheduler may take the next tile */
+    if (t + 1 < ntiles) wt_load_kv<D, BC>(&tm.k, L.ks(), L.full_k(), L.empty_k(), kr, t + 1, j_lo + (t + 1) * BC, hk, bi);
+    wt_load_kv<D, BC>(&tm.v, L.vs(), L.full_v(), L.empty_v(), vr, t, j_lo + t * BC, hk, bi);
+  }
+  FA_TRACE_MARK(4);
+}
+#endif
+
 /* The persistent form: a block an SM, walking query tiles.  The
  * producer warp takes tiles from a counter (the longest first, in
  * frag_qtile's order: whichever block is free takes the next), reduces the
@@ -428,7 +472,7 @@ __global__ void __launch_bounds__(wt_threads(128, 128), 1)
     attn_wgmma_tma_persistent_kernel(const PROB p, const __grid_constant__ wt_maps tm, int *next_tile) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(!WT_FED(D, BC), "the persistent form has a producer warpgroup");
-  constexpr bool OT = wt_o_tile(D, BC);
+  constexpr bool OT = wt_o_tile(D, BC), SCHED = wt_scheduler(D, EXTRAS);
   const int v_bad = *p.v_nonfinite; /* see leave_for_fallback */
   extern __shared__ __align__(128) char wt_smem_raw[];
   const wt_layout<D, BC, OT> L(wt_smem_raw);
@@ -436,55 +480,80 @@ __global__ void __launch_bounds__(wt_threads(128, 128), 1)
   const uint32_t slot_full = L.slot_full(), slot_empty = L.slot_empty();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   const int qtiles = (int)((p.Lq + WT_BR - 1) / WT_BR), total = (int)(p.B * p.Hq) * qtiles;
-  if (tid == 0) wt_init_barriers(L, true);
+  if (tid == 0) wt_init_barriers(L, true, SCHED);
   if (leave_for_fallback(v_bad)) return; /* its barrier also publishes the mbarriers */
 
-  if (wg == 2) { /* the producer: its first warp */
+  if (wg == 2) { /* the producer: its first warp copies; with SCHED its second takes the tiles */
     warpgroup_regs_dec<40>(); /* its tile loop spilled with 24 */
+    if (SCHED && warp == 9) { /* tile n + 1 taken once the copier is WT_LEAD key tiles from the end of tile n */
+      for (int n = 0;; n++) {
+        int tile = blockIdx.x;
+        if (n > 0 && lane == 0) {
+          mbar_wait(L.sched_go(), (n - 1) & 1);
+          tile = (int)gridDim.x + atomicAdd(next_tile, 1);
+        }
+        tile = __shfl_sync(0xffffffffu, tile, 0);
+        wt_slot sl = {tile, 0, 0, 0, 0};
+        if (tile < total) {
+          const frag_qtile<T, D, WT_BR> qt(p, tile);
+          const tile_range r = tile_range::of_tile<WT_BR>(p, qt.b, qt.i0, lane);
+          int64_t t_lo = 0, t_hi = 0;
+          r.keys(&t_lo, &t_hi);
+          attn_rule<PROB>::narrow(p, qt.b, qt.h, qt.i0, &t_lo, &t_hi);
+          sl = wt_slot{tile, (int)((t_hi - t_lo + BC - 1) / BC), (long long)t_lo, (long long)r.alo, (long long)r.ahi};
+        }
+        if (lane == 0) {
+          mbar_wait(slot_empty + 8 * (n & 1), ((n >> 1) & 1) ^ 1);
+          slots[n & 1] = sl;
+          mbar_arrive(slot_full + 8 * (n & 1));
+        }
+        if (tile >= total) return; /* the copier and the consumers stop too */
+        __syncwarp();
+      }
+    }
     if (warp != 8) return;
     wt_ring<wt_stages(D, BC)> kr, vr;
     for (int n = 0;; n++) {
       FA_TRACE_TILE(n);
       FA_TRACE_MARK(0);
-      int tile = blockIdx.x;
-      if (n > 0 && lane == 0) tile = (int)gridDim.x + atomicAdd(next_tile, 1);
-      tile = __shfl_sync(0xffffffffu, tile, 0);
-      FA_TRACE_MARK(1);
       const int s = n & 1;
-      if (tile >= total) { /* no tile left: the consumers stop too */
-        FA_TRACE_DUMP();
+      if constexpr (SCHED) { /* the scheduler's slot */
+        mbar_wait(slot_full + 8 * s, (n >> 1) & 1);
+        const wt_slot sl = slots[s];
+        __syncwarp();
+        if (lane == 0) mbar_arrive(slot_empty + 8 * s);
+        if (sl.tile >= total) return;
+        if (lane == 0) wt_copy_tile<T, D, BC, true>(p, tm, L, kr, vr, sl.tile, sl.ntiles, (int)sl.t_lo, n);
+        kr.advance(sl.ntiles), vr.advance(sl.ntiles);
+      } else {
+        int tile = blockIdx.x;
+        if (n > 0 && lane == 0) tile = (int)gridDim.x + atomicAdd(next_tile, 1);
+        tile = __shfl_sync(0xffffffffu, tile, 0);
+        FA_TRACE_MARK(1);
+        if (tile >= total) { /* no tile left: the consumers stop too */
+          FA_TRACE_DUMP();
+          if (lane == 0) {
+            mbar_wait(slot_empty + 8 * s, ((n >> 1) & 1) ^ 1);
+            slots[s].tile = tile;
+            mbar_arrive(slot_full + 8 * s);
+          }
+          return;
+        }
+        const frag_qtile<T, D, WT_BR> qt(p, tile);
+        const tile_range r = tile_range::of_tile<WT_BR>(p, qt.b, qt.i0, lane);
+        int64_t t_lo = 0, t_hi = 0;
+        r.keys(&t_lo, &t_hi);
+        attn_rule<PROB>::narrow(p, qt.b, qt.h, qt.i0, &t_lo, &t_hi);
+        const int ntiles = (int)((t_hi - t_lo + BC - 1) / BC);
         if (lane == 0) {
           mbar_wait(slot_empty + 8 * s, ((n >> 1) & 1) ^ 1);
-          slots[s].tile = tile;
+          slots[s] = wt_slot{tile, ntiles, (long long)t_lo, (long long)r.alo, (long long)r.ahi};
           mbar_arrive(slot_full + 8 * s);
+          FA_TRACE_MARK(2);
+          wt_copy_tile<T, D, BC, false>(p, tm, L, kr, vr, tile, ntiles, (int)t_lo, n);
         }
-        return;
+        kr.advance(ntiles), vr.advance(ntiles);
       }
-      const frag_qtile<T, D, WT_BR> qt(p, tile);
-      const tile_range r = tile_range::of_tile<WT_BR>(p, qt.b, qt.i0, lane);
-      int64_t t_lo = 0, t_hi = 0;
-      r.keys(&t_lo, &t_hi);
-      attn_rule<PROB>::narrow(p, qt.b, qt.h, qt.i0, &t_lo, &t_hi);
-      const int ntiles = (int)((t_hi - t_lo + BC - 1) / BC);
-      if (lane == 0) {
-        mbar_wait(slot_empty + 8 * s, ((n >> 1) & 1) ^ 1);
-        slots[s] = wt_slot{tile, ntiles, (long long)t_lo, (long long)r.alo, (long long)r.ahi};
-        mbar_arrive(slot_full + 8 * s);
-        FA_TRACE_MARK(2);
-        /* 32-bit from here (the copy engine's coordinates are) */
-        const int hk = (int)(qt.h / (p.Hq / p.Hkv)), bi = (int)qt.b, j_lo = (int)t_lo;
-        /* the first key tile while the consumers finish the last query tile, then Q once they are done with theirs */
-        if (ntiles > 0) wt_load_kv<D, BC>(&tm.k, L.ks(), L.full_k(), L.empty_k(), kr, 0, j_lo, hk, bi);
-        mbar_wait(L.q_empty(), (n & 1) ^ 1);
-        wt_load_q<D>(&tm.q, L.q, L.q_full(), (int)qt.i0, (int)qt.h, bi);
-        FA_TRACE_MARK(3);
-        for (int t = 0; t < ntiles; t++) {
-          if (t + 1 < ntiles) wt_load_kv<D, BC>(&tm.k, L.ks(), L.full_k(), L.empty_k(), kr, t + 1, j_lo + (t + 1) * BC, hk, bi);
-          wt_load_kv<D, BC>(&tm.v, L.vs(), L.full_v(), L.empty_v(), vr, t, j_lo + t * BC, hk, bi);
-        }
-        FA_TRACE_MARK(4);
-      }
-      kr.advance(ntiles), vr.advance(ntiles);
       __syncwarp();
     }
   }
