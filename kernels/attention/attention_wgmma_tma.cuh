@@ -442,9 +442,12 @@ static __device__ __forceinline__ void wt_copy_tile(const PROB &p, const wt_maps
 
 /* The persistent form: a block an SM, walking query tiles.  The
  * producer warp takes tiles from a counter (the longest first, in
- * frag_qtile's order: whichever block is free takes the next), reduces the
- * tile's key range with its 32 lanes, and posts {tile, range} in a ring of
- * two slots (wt_slot, full/empty mbarriers) ahead of the consumers; it
+ * frag_qtile's order: whichever block is free takes the next), finds the
+ * tile's key range (tile_range::of_tile: its first and last rows, or all
+ * of them), and posts {tile, range} in a ring of two slots (wt_slot,
+ * full/empty mbarriers) ahead of the consumers (with wt_scheduler, a second
+ * warp of the producer's warpgroup does this, and the first reads the
+ * slots too); it
  * loads tile n + 1's first key tile while the consumers finish tile n, and
  * its Q once they are past their last S = Q·Kᵀ (q_empty), so that a
  * tile's start waits for no copy.  Each query tile's keys and values start
