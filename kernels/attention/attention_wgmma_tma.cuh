@@ -414,6 +414,38 @@ __global__ void __launch_bounds__(wt_threads(D, BC), wt_sm_blocks(D, BC)) attn_w
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* The persistent form's n-th query tile of this block, taken by a warp:
+ * the block's own first, then from the counter (lane 0 waiting first, for
+ * n > 0, on mbarrier go's phase of tile n - 1 where go is not 0), with its
+ * key range (tile_range::of_tile, narrowed by the rule), as a slot posts
+ * it; tile >= total (and nothing else set) when none is left. */
+template <typename T, int D, int BC, typename PROB>
+static __device__ __forceinline__ wt_slot wt_take_tile(const PROB &p, int *next_tile, int n, int total, int lane,
+                                                       uint32_t go) {
+  int tile = blockIdx.x;
+  if (n > 0 && lane == 0) {
+    if (go) mbar_wait(go, (n - 1) & 1);
+    tile = (int)gridDim.x + atomicAdd(next_tile, 1);
+  }
+  tile = __shfl_sync(0xffffffffu, tile, 0);
+  if (tile >= total) return wt_slot{tile, 0, 0, 0, 0};
+  const frag_qtile<T, D, WT_BR> qt(p, tile);
+  const tile_range r = tile_range::of_tile<WT_BR>(p, qt.b, qt.i0, lane);
+  int64_t t_lo = 0, t_hi = 0;
+  r.keys(&t_lo, &t_hi);
+  attn_rule<PROB>::narrow(p, qt.b, qt.h, qt.i0, &t_lo, &t_hi);
+  return wt_slot{tile, (int)((t_hi - t_lo + BC - 1) / BC), (long long)t_lo, (long long)r.alo, (long long)r.ahi};
+}
+
+/* Slot n % 2 of the ring at slots (full and empty: its mbarriers) given
+ * sl, once its readers of slot n - 2 are done (the posting thread). */
+static __device__ __forceinline__ void wt_post_slot(wt_slot *slots, uint32_t full, uint32_t empty, int n,
+                                                    const wt_slot &sl) {
+  mbar_wait(empty + 8 * (n & 1), ((n >> 1) & 1) ^ 1);
+  slots[n & 1] = sl;
+  mbar_arrive(full + 8 * (n & 1));
+}
+
 /* The persistent form's copies of query tile `tile` (its ntiles key tiles
  * from j_lo; the block's n-th), by the copying thread: the first key tile
  * while the consumers finish the last query tile, then Q once they are done
@@ -490,27 +522,9 @@ __global__ void __launch_bounds__(wt_threads(128, 128), 1)
     warpgroup_regs_dec<40>(); /* its tile loop spilled with 24 */
     if (SCHED && warp == 9) { /* tile n + 1 taken once the copier is WT_LEAD key tiles from the end of tile n */
       for (int n = 0;; n++) {
-        int tile = blockIdx.x;
-        if (n > 0 && lane == 0) {
-          mbar_wait(L.sched_go(), (n - 1) & 1);
-          tile = (int)gridDim.x + atomicAdd(next_tile, 1);
-        }
-        tile = __shfl_sync(0xffffffffu, tile, 0);
-        wt_slot sl = {tile, 0, 0, 0, 0};
-        if (tile < total) {
-          const frag_qtile<T, D, WT_BR> qt(p, tile);
-          const tile_range r = tile_range::of_tile<WT_BR>(p, qt.b, qt.i0, lane);
-          int64_t t_lo = 0, t_hi = 0;
-          r.keys(&t_lo, &t_hi);
-          attn_rule<PROB>::narrow(p, qt.b, qt.h, qt.i0, &t_lo, &t_hi);
-          sl = wt_slot{tile, (int)((t_hi - t_lo + BC - 1) / BC), (long long)t_lo, (long long)r.alo, (long long)r.ahi};
-        }
-        if (lane == 0) {
-          mbar_wait(slot_empty + 8 * (n & 1), ((n >> 1) & 1) ^ 1);
-          slots[n & 1] = sl;
-          mbar_arrive(slot_full + 8 * (n & 1));
-        }
-        if (tile >= total) return; /* the copier and the consumers stop too */
+        const wt_slot sl = wt_take_tile<T, D, BC>(p, next_tile, n, total, lane, L.sched_go());
+        if (lane == 0) wt_post_slot(slots, slot_full, slot_empty, n, sl);
+        if (sl.tile >= total) return; /* the copier and the consumers stop too */
         __syncwarp();
       }
     }
@@ -520,45 +534,35 @@ __global__ void __launch_bounds__(wt_threads(128, 128), 1)
       FA_TRACE_TILE(n);
       FA_TRACE_MARK(0);
       const int s = n & 1;
+      int ntiles;
       if constexpr (SCHED) { /* the scheduler's slot */
         mbar_wait(slot_full + 8 * s, (n >> 1) & 1);
         const wt_slot sl = slots[s];
         __syncwarp();
         if (lane == 0) mbar_arrive(slot_empty + 8 * s);
-        if (sl.tile >= total) return;
-        if (lane == 0) wt_copy_tile<T, D, BC, true>(p, tm, L, kr, vr, sl.tile, sl.ntiles, (int)sl.t_lo, n);
-        kr.advance(sl.ntiles), vr.advance(sl.ntiles);
-      } else {
-        int tile = blockIdx.x;
-        if (n > 0 && lane == 0) tile = (int)gridDim.x + atomicAdd(next_tile, 1);
-        tile = __shfl_sync(0xffffffffu, tile, 0);
         FA_TRACE_MARK(1);
-        if (tile >= total) { /* no tile left: the consumers stop too */
-          FA_TRACE_DUMP();
-          if (lane == 0) {
-            mbar_wait(slot_empty + 8 * s, ((n >> 1) & 1) ^ 1);
-            slots[s].tile = tile;
-            mbar_arrive(slot_full + 8 * s);
-          }
-          return;
+        if (sl.tile >= total) break;
+        ntiles = sl.ntiles;
+        if (lane == 0) wt_copy_tile<T, D, BC, true>(p, tm, L, kr, vr, sl.tile, ntiles, (int)sl.t_lo, n);
+      } else {
+        const wt_slot sl = wt_take_tile<T, D, BC>(p, next_tile, n, total, lane, 0);
+        FA_TRACE_MARK(1);
+        if (sl.tile >= total) { /* no tile left: the consumers stop too */
+          if (lane == 0) wt_post_slot(slots, slot_full, slot_empty, n, sl);
+          break;
         }
-        const frag_qtile<T, D, WT_BR> qt(p, tile);
-        const tile_range r = tile_range::of_tile<WT_BR>(p, qt.b, qt.i0, lane);
-        int64_t t_lo = 0, t_hi = 0;
-        r.keys(&t_lo, &t_hi);
-        attn_rule<PROB>::narrow(p, qt.b, qt.h, qt.i0, &t_lo, &t_hi);
-        const int ntiles = (int)((t_hi - t_lo + BC - 1) / BC);
+        ntiles = sl.ntiles;
         if (lane == 0) {
-          mbar_wait(slot_empty + 8 * s, ((n >> 1) & 1) ^ 1);
-          slots[s] = wt_slot{tile, ntiles, (long long)t_lo, (long long)r.alo, (long long)r.ahi};
-          mbar_arrive(slot_full + 8 * s);
+          wt_post_slot(slots, slot_full, slot_empty, n, sl);
           FA_TRACE_MARK(2);
-          wt_copy_tile<T, D, BC, false>(p, tm, L, kr, vr, tile, ntiles, (int)t_lo, n);
+          wt_copy_tile<T, D, BC, false>(p, tm, L, kr, vr, sl.tile, ntiles, (int)sl.t_lo, n);
         }
-        kr.advance(ntiles), vr.advance(ntiles);
       }
+      kr.advance(ntiles), vr.advance(ntiles);
       __syncwarp();
     }
+    FA_TRACE_DUMP();
+    return;
   }
   warpgroup_regs_inc<232>(); /* 128 · 40 + 256 · 232: the 168 a thread of the launch */
 
