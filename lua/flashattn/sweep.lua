@@ -1007,7 +1007,9 @@ function M.spread_of(r, y)
   if type(r.q1_ms) ~= "number" or type(r.q3_ms) ~= "number" or type(r.median_ms) ~= "number" then return nil end
   if y == "median_ms" then return r.q1_ms, r.q3_ms end
   if (y == "tflops" or y == "gbs") and r.q1_ms > 0 and r.q3_ms > 0 then
-    return r[y] * r.median_ms / r.q3_ms, r[y] * r.median_ms / r.q1_ms
+    -- the ratio first: (rate · median) / q3 rounds twice and, where q3 equals the median, may land an
+    -- ulp past the rate it bounds; rate · (median / q3) is the rate itself there, and never past it
+    return r[y] * (r.median_ms / r.q3_ms), r[y] * (r.median_ms / r.q1_ms)
   end
   return nil
 end
