@@ -381,6 +381,7 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
   if (d->kernel == FA_KERNEL_AUTO) fa_cuda_attention_default_tile(d->dtype, d->D, d->Dv, &br, &bc);
   p.tile_q = o->tile_q ? o->tile_q : br;
   p.tile_k = o->tile_k ? o->tile_k : bc;
+  p.tile_given = o->tile_q || o->tile_k;
   fa_status st = FA_OK;
   if (d->dtype == FA_F64)
     return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: q: attention on cuda takes f32, f16 or bf16, got f64 (f64 runs on "

@@ -163,6 +163,9 @@ typedef struct {
   const int64_t *kv_lens; /* B entries or NULL */
   const double *alibi;    /* Hq entries or NULL */
   int64_t tile_q, tile_k; /* resolved: > 0 */
+  /* opts.tile was given: a kernel chosen automatically runs it as it is, not a tile of its own
+   * (wgmma's 64 keys at D = 64, wgmma_tma's 176 at D = 128) */
+  int tile_given;
   fa_dtype compute;       /* FA_F32 or FA_F64 on the CPU; the storage dtype on CUDA */
   /* Inputs and outputs, read and written through their strides (CPU: in
    * the compute dtype).  o: (B,Hq,Lq,Dv); lse (f32) or lse64 (the

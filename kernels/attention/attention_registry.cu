@@ -26,14 +26,18 @@ static bool entry_takes(const attn_entry *e, const fa_attn_problem *p, fa_attent
          (!e->tile_ok || e->tile_ok(p->D, p->tile_q, p->tile_k)) && e->takes(p, algo, automatic);
 }
 
-/* automatic (a kernel may take a tile of its own): not named, and not a
- * variant, whose instances keep the call's tile */
+/* A kernel may take a tile of its own (own_tile) when chosen, not named, for a built-in rule
+ * (a variant's instances keep the call's tile) and no opts.tile was given. */
+static bool own_tile(fa_attn_kernel named, const fa_attn_problem *p, bool variant) {
+  return named == FA_KERNEL_AUTO && !variant && !p->tile_given;
+}
+
 const attn_entry *attn_entry_pick(fa_attn_kernel named, const fa_attn_problem *p, fa_attention_algo algo, bool variant) {
-  const bool automatic = named == FA_KERNEL_AUTO && !variant;
+  const bool builtin = named == FA_KERNEL_AUTO && !variant;
   for (const attn_entry *e : table)
-    if ((named == FA_KERNEL_AUTO ? !e->named_only && !(e->declines && e->declines(p, attn_rows_dense(p), automatic))
+    if ((named == FA_KERNEL_AUTO ? !e->named_only && !(e->declines && e->declines(p, attn_rows_dense(p), builtin))
                                  : e->id == named) &&
-        (!variant || e->variant_hook) && entry_takes(e, p, algo, automatic))
+        (!variant || e->variant_hook) && entry_takes(e, p, algo, own_tile(named, p, variant)))
       return e;
   return NULL;
 }
@@ -142,7 +146,7 @@ extern "C" fa_status fa_cuda_attention_run(fa_context *ctx, fa_attention_algo al
   if (!st && stats_bytes) st = fa_cuda_malloc(ctx, (void **)&p.row_stats, stats_bytes);
   if (st) return st;
   int *v_flag = NULL;
-  st = e->queue(ctx, &p, algo, kernel == FA_KERNEL_AUTO, &v_flag);
+  st = e->queue(ctx, &p, algo, own_tile(kernel, in, false), &v_flag);
   if (!st && v_flag) st = attn_simt_queue(ctx, &p, algo, v_flag);
   if (v_flag) fa_cuda_free_on(ctx, v_flag, sizeof(int)); /* stream-ordered: after the kernels */
   if (stats_bytes) fa_cuda_free_on(ctx, p.row_stats, stats_bytes); /* after both passes */

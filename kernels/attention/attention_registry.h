@@ -37,7 +37,8 @@ struct attn_entry {
    * kernel guards itself against NaN/inf in V (launch_fast_passes) and
    * hands back the flag in *v_flag, behind which the dispatch queues the
    * SIMT kernel; the SIMT kernel leaves it NULL.  automatic: chosen, not
-   * named (a kernel may then take a tile of its own that suits the call). */
+   * named, and no opts.tile given (a kernel may then take a tile of its own
+   * that suits the call). */
   fa_status (*queue)(fa_context *ctx, const attn_params *p, fa_attention_algo algo, bool automatic, int **v_flag);
   /* The run-time compiled variants (API §9; attention_variant.cu) have an
    * instance of it. */

@@ -222,6 +222,29 @@ function TestKernels:test_cuda_d128_key_tile()
   end
 end
 
+-- opts.tile given with the automatic choice runs that tile as given: the kernels that take a tile
+-- of their own when chosen (wgmma_tma's 176 keys at D = 128 from 8192 keys a query tile; wgmma's 64
+-- at D = 64, where two_pass leaves the call to it) keep {128, 128}, bit for bit as when named
+function TestKernels:test_cuda_given_tile_kept()
+  if dev ~= "cuda" then lu.skip("cuda only") end
+  for _, c in ipairs({
+    {128, 8300, {}, "wgmma_tma"},
+    {64, 300, {algo = "two_pass"}, "wgmma"},
+  }) do
+    local D, Lk = c[1], c[2]
+    local q = U.randn({1, 2, 130, D}, "bf16", 1, "cuda")
+    local k, v = U.randn({1, 2, Lk, D}, "bf16", 2, "cuda"), U.randn({1, 2, Lk, D}, "bf16", 3, "cuda")
+    local given = U.copy_opts(c[3])
+    given.tile = {128, 128}
+    if fa.kernels(q, k, v, given)[1] ~= c[4] then lu.skip("no Hopper kernels here") end
+    local named = U.copy_opts(given)
+    named.kernel = c[4]
+    local what = ("D %d Lk %d %s"):format(D, Lk, c[4])
+    lu.assertEquals(U.flat(fa.attention(q, k, v, given)), U.flat(fa.attention(q, k, v, named)), what .. ": tile given")
+    U.check_attention(q, k, v, given, what)
+  end
+end
+
 -- wgmma_tma's persistent form (D = 64 and 128, key tiles of 128: a block an SM walking the query
 -- tiles from a counter) with more query tiles than SMs, so that a block takes several in the
 -- scheduler's order: tiles with no key (a batch whose kv_lens is 0) between ones with keys, odd and
