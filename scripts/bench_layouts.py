@@ -15,6 +15,8 @@ against FA2's on the same views (max |diff|).
 Usage (GPU machine, after scripts/gpu_env.sh and a build):
   python3 scripts/bench_layouts.py --lib build-gpu/libflashattn.so [--json OUT.json] [--commit C]
       [--dtypes bf16,f16] [--dims 64,128,256] [--lengths 1024,4096,16384] [--causal both]
+      [--rounds N]  (default 3: the layouts' engine calls timed in turns, each strided call set
+                     against the contiguous one of its round; the median ratio)
       [--also-kernel NAME]  (a registry kernel also timed on the same views, e.g. wgmma)
 """
 import argparse
@@ -22,6 +24,7 @@ import ctypes
 import datetime
 import json
 import os
+import statistics
 import sys
 
 import torch
@@ -86,6 +89,61 @@ def bench(fn):
     return do_bench(fn, warmup=10, rep=40, return_mode="median")
 
 
+def print_row(row, also):
+    f = lambda x: f"{x:7.1f}" if x else "    n/a"
+    g = lambda x: f"{x:6.2f}" if x else "   n/a"
+    print(f"{row['dtype']:5} {row['D']:4} {row['L']:6} {str(row['causal']):6} {row['layout']:7} {row['tflops']:7.1f} "
+          f"{f(row.get('fa2_tflops'))} {f(row.get('cudnn_tflops'))} {g(row['ratio_vs_fa2'])} "
+          f"{g(row['ratio_vs_cudnn'])} {g(row['ratio_vs_contiguous'])} "
+          f"{row.get('maxdiff_vs_fa2', float('nan')):8.2g}" + (f" {also} {row[f'tflops_{also}']:7.1f}" if also else ""),
+          flush=True)
+
+
+def shape_rows(a, eng, dname, dt, B, H, L, D, causal):
+    """The rows of one shape, a layout each: the engine's call on the three layouts timed in turns,
+    a.rounds times (bhld, blhd, packed, bhld, ...), so that each strided layout is set against the
+    contiguous call of the same round (ratio_vs_contiguous: the median of the rounds' ratios; tflops:
+    the median of the rounds); the peers once a layout."""
+    ops = {layout: operands(layout, dt, B, H, L, D) for layout in LAYOUTS}
+    calls = {layout: EngineCall(eng, dname, *ops[layout], causal) for layout in LAYOUTS}
+    times = {layout: [] for layout in LAYOUTS}
+    for _ in range(a.rounds):
+        for layout in LAYOUTS:
+            times[layout].append(bench(calls[layout]))
+    rows = []
+    for layout in LAYOUTS:
+        q, k, v, o = ops[layout]
+        call = calls[layout]
+        row = {"dtype": dname, "B": B, "H": H, "L": L, "D": D, "causal": causal, "layout": layout,
+               "rounds": a.rounds, "ms": times[layout]}
+        row["tflops"] = tflops(statistics.median(times[layout]), B, H, L, D, causal)
+        row["ratio_vs_contiguous"] = statistics.median(b / t for b, t in zip(times["bhld"], times[layout]))
+        if a.also_kernel:
+            named = EngineCall(eng, dname, q, k, v, o, causal, a.also_kernel)
+            row[f"tflops_{a.also_kernel}"] = tflops(bench(named), B, H, L, D, causal)
+            named.close()
+        for name, backend in PEERS.items():
+            try:
+                with sdpa_kernel([backend]):
+                    ref = sdpa(q, k, v, is_causal=causal)
+                    row[f"{name}_tflops"] = tflops(bench(lambda: sdpa(q, k, v, is_causal=causal)), B, H, L, D, causal)
+                if name == "fa2":
+                    call()
+                    torch.cuda.synchronize()
+                    row["maxdiff_vs_fa2"] = (o.float() - ref.float()).abs().max().item()
+            except RuntimeError:
+                row[f"{name}_tflops"] = None
+        row["ratio_vs_fa2"] = row["tflops"] / row["fa2_tflops"] if row.get("fa2_tflops") else None
+        row["ratio_vs_cudnn"] = row["tflops"] / row["cudnn_tflops"] if row.get("cudnn_tflops") else None
+        rows.append(row)
+        print_row(row, a.also_kernel)
+    for call in calls.values():
+        call.close()
+    del ops
+    torch.cuda.empty_cache()
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lib", default="build-gpu/libflashattn.so")
@@ -97,6 +155,8 @@ def main():
     ap.add_argument("--causal", choices=["both", "yes", "no"], default="both")
     ap.add_argument("--tokens", type=int, default=16384, help="B·L")
     ap.add_argument("--width", type=int, default=2048, help="H·D")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds of the three layouts' engine calls, timed in turns (ratios: within a round)")
     ap.add_argument("--also-kernel", default=None,
                     help="a kernel (opts.kernel) also timed on every layout, beside the engine's choice")
     a = ap.parse_args()
@@ -113,45 +173,7 @@ def main():
             for L in map(int, a.lengths.split(",")):
                 B = max(1, a.tokens // L)
                 for causal in causals:
-                    base = None
-                    for layout in LAYOUTS:
-                        q, k, v, o = operands(layout, dt, B, H, L, D)
-                        call = EngineCall(eng, dname, q, k, v, o, causal)
-                        row = {"dtype": dname, "B": B, "H": H, "L": L, "D": D, "causal": causal, "layout": layout}
-                        row["tflops"] = tflops(bench(call), B, H, L, D, causal)
-                        if a.also_kernel:
-                            named = EngineCall(eng, dname, q, k, v, o, causal, a.also_kernel)
-                            row[f"tflops_{a.also_kernel}"] = tflops(bench(named), B, H, L, D, causal)
-                            named.close()
-                        for name, backend in PEERS.items():
-                            try:
-                                with sdpa_kernel([backend]):
-                                    ref = sdpa(q, k, v, is_causal=causal)
-                                    row[f"{name}_tflops"] = tflops(bench(lambda: sdpa(q, k, v, is_causal=causal)),
-                                                                   B, H, L, D, causal)
-                                if name == "fa2":
-                                    call()
-                                    torch.cuda.synchronize()
-                                    row["maxdiff_vs_fa2"] = (o.float() - ref.float()).abs().max().item()
-                            except RuntimeError:
-                                row[f"{name}_tflops"] = None
-                        call.close()
-                        if layout == "bhld":
-                            base = row["tflops"]
-                        row["ratio_vs_fa2"] = row["tflops"] / row["fa2_tflops"] if row.get("fa2_tflops") else None
-                        row["ratio_vs_cudnn"] = row["tflops"] / row["cudnn_tflops"] if row.get("cudnn_tflops") else None
-                        row["ratio_vs_contiguous"] = row["tflops"] / base
-                        rows.append(row)
-                        f = lambda x: f"{x:7.1f}" if x else "    n/a"
-                        g = lambda x: f"{x:6.2f}" if x else "   n/a"
-                        print(f"{dname:5} {D:4} {L:6} {str(causal):6} {layout:7} {row['tflops']:7.1f} "
-                              f"{f(row.get('fa2_tflops'))} {f(row.get('cudnn_tflops'))} {g(row['ratio_vs_fa2'])} "
-                              f"{g(row['ratio_vs_cudnn'])} {g(row['ratio_vs_contiguous'])} "
-                              f"{row.get('maxdiff_vs_fa2', float('nan')):8.2g}"
-                              + (f" {a.also_kernel} {row[f'tflops_{a.also_kernel}']:7.1f}" if a.also_kernel else ""),
-                              flush=True)
-                        del q, k, v, o
-                        torch.cuda.empty_cache()
+                    rows += shape_rows(a, eng, dname, dt, B, H, L, D, causal)
     eng.close()
     if a.json:
         with open(a.json, "w") as fh:
