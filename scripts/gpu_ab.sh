@@ -10,7 +10,7 @@
 # builds what is not built yet, then runs `flashattn-lua SCRIPT ARGS --json ...` ROUNDS times on each in
 # turn (work, REV..., work, REV...), and writes $OUT/ab.json: for every row
 # of the script's JSON results (keyed by the shape fields the row has: bench_attention's dtype, D, L,
-# causal, algo, rule; bench_backward's, its deterministic_ms kept beside ms; bench_decode's B, Hkv, Lq,
+# causal, algo, rule; bench_backward's, its deterministic_ms kept beside ms, and its --extras rows; bench_decode's B, Hkv, Lq,
 # Lk and its paged rows' page_size)
 # the median ms of each build in each round, and prints the ratios.
 # Without a build there (FA_CARRIED=1, carrying .deps/debs and .snap/ab): here
@@ -77,12 +77,13 @@ import json, sys
 out, rounds, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 rows, order = {}, []
 # a row is keyed by the shape fields it has: bench_attention's (dtype, D, L, causal, algo, rule),
-# bench_backward's (no algo), bench_decode's (B, Hkv, Lq, Lk; its paged rows a list of their own, with page_size)
+# bench_backward's (no algo; its --extras rows a list of their own, with rule), bench_decode's (B, Hkv, Lq, Lk;
+# its paged rows a list of their own, with page_size)
 FIELDS = ("dtype", "D", "B", "Hq", "Hkv", "L", "Lq", "Lk", "page_size", "causal", "algo", "rule")
 for n in names:
     for r in range(1, rounds + 1):
         d = json.load(open(f"{out}/ab/{n}_{r}.json"))
-        for part in ("results", "paged"):
+        for part in ("results", "paged", "extras"):
             for x in d.get(part) or []:
                 if x.get("status", "ok") != "ok" or "ms" not in x:
                     continue

@@ -120,11 +120,12 @@ static __device__ __forceinline__ void bwm_probs(const fa_attn_problem &p, int64
     bwm_probs_plain<KEY_ROWS, NC, R>(p, qoff, rows, s, dp);
     return;
   }
-  /* the rule of API §2 in the forward's order (attn_score's steps), its
-   * per-tile parts taken once: the head's alibi slope, the mask of (b, h),
-   * softcap's c and 1/c as score_rule_at takes them; per score the key
-   * range, the bool mask, scale, softcap (tanh from one exp2, its value and
-   * derivative), alibi, the float mask.  attn_score a score, with 64-bit
+  /* the rule of API §2 in the forward's order and with its steps
+   * (attn_score's: softcap_step, alibi_step), its per-tile parts taken
+   * once: the head's alibi slope, the mask of (b, h), softcap's c and 1/c
+   * as score_rule_at takes them; per score the key range, the bool mask,
+   * scale, softcap (its value and derivative, tanh from one exp2), alibi,
+   * the float mask.  attn_score a score, with 64-bit
    * offsets and the slope loaded each time, ran the extras at 2.3-6.5x the
    * plain call's time.  (A score_rule built here instead of these locals
    * made the D = 128 dK/dV wgmma instance spill 76 bytes.) */
@@ -146,10 +147,11 @@ static __device__ __forceinline__ void bwm_probs(const fa_attn_problem &p, int64
         if (mb && takes) takes = mb[at] != 0;
         float sc = s[n][e] * scale;
         if (cap > 0.f) {
-          const float t = 1.f - __fdividef(2.f, exp2_approx(sc * inv_cap * (2.f * FA_LOG2E)) + 1.f); /* tanh */
-          sc = cap * t, chain = scale * (1.f - t * t);
+          float dt;
+          sc = softcap_step<true>(sc, cap, inv_cap, &dt);
+          chain = scale * dt;
         }
-        if (slope != 0.f) sc = fmaf(-slope, fabsf((float)i + off - (float)j), sc); /* rule_alibi's, exact below 2^24 */
+        if (slope != 0.f) sc = alibi_step(sc, slope, (float)i + off - (float)j); /* exact below 2^24 */
         if (mf && takes) sc += mf[at];
         takes = takes && sc != -INFINITY;
         pr = takes ? exp2_approx((sc - rows.lse[qi]) * FA_LOG2E) : 0.f;

@@ -85,10 +85,28 @@ static __device__ __forceinline__ score_rule score_rule_at(const fa_attn_problem
   ru.dist0 = (float)(i + p.Lk - p.Lq - j0);
   return ru;
 }
+/* Softcap and alibi on one score, written once for every kernel, forward
+ * and backward: softcap c·tanh(s / c), with *dtanh (when given) its
+ * derivative by s, 1 - tanh² (the backward's chain rule); alibi
+ * s - slope·|dist|.  FAST: tanh as 1 - 2 / (e^2x + 1) from one exp2 (within
+ * a few 1e-7 of tanhf), which the tensor-core backward takes: with tanhf
+ * its softcap call ran at 0.93 x (bf16, D = 128, L = 4096, H200,
+ * docs/perf/2026-11-30-softcap-step-h200.json). */
+template <bool FAST = false>
+static __device__ __forceinline__ float softcap_step(float s, float cap, float inv_cap, float *dtanh = nullptr) {
+  const float t = FAST ? 1.f - __fdividef(2.f, exp2_approx(s * inv_cap * (2.f * FA_LOG2E)) + 1.f) : tanhf(s * inv_cap);
+  if (dtanh) *dtanh = 1.f - t * t;
+  return cap * t;
+}
+static __device__ __forceinline__ float alibi_step(float s, float slope, float dist) {
+  return fmaf(-slope, fabsf(dist), s);
+}
 /* The steps, on key j0 + k (kf = k as a float). */
-static __device__ __forceinline__ float rule_softcap(const score_rule &ru, float s) { return ru.cap * tanhf(s * ru.inv_cap); }
+static __device__ __forceinline__ float rule_softcap(const score_rule &ru, float s, float *dtanh = nullptr) {
+  return softcap_step(s, ru.cap, ru.inv_cap, dtanh);
+}
 static __device__ __forceinline__ float rule_alibi(const score_rule &ru, float s, float kf) {
-  return fmaf(-ru.slope, fabsf(ru.dist0 - kf), s);
+  return alibi_step(s, ru.slope, ru.dist0 - kf);
 }
 static __device__ __forceinline__ float rule_mask_float(const score_rule &ru, float s, int k) {
   return s + ((const float *)ru.mask)[k * ru.ms];
@@ -117,9 +135,9 @@ static __device__ __forceinline__ float attn_score(const fa_attn_problem &p, int
   float s = dot * ru.scale;
   if (chain) *chain = ru.scale;
   if (ru.cap > 0.f) {
-    s = rule_softcap(ru, s);
-    const float t = s * ru.inv_cap; /* tanh(dot·scale / c) */
-    if (chain) *chain = ru.scale * (1.f - t * t);
+    float dt;
+    s = rule_softcap(ru, s, &dt);
+    if (chain) *chain = ru.scale * dt;
   }
   if (ru.slope != 0.f) s = rule_alibi(ru, s, 0.f);
   if (ru.mask && ru.mask_float) s = rule_mask_float(ru, s, 0);

@@ -36,9 +36,9 @@ static __device__ __forceinline__ float fa_variant_apply(const fa_variant_proble
   else if (fa_variant::has_score)
     s = fa_variant::score(p.va, s, b, h, i, j, (float)b, (float)h, (float)i, jf, fs);
   if (fa_variant_rules::softcap) {
-    s = rule_softcap(ru, s);
-    const float t = s * ru.inv_cap;
-    c *= 1.f - t * t;
+    float dt;
+    s = rule_softcap(ru, s, &dt);
+    c *= dt;
   }
   if (fa_variant_rules::alibi) s = rule_alibi(ru, s, (float)kk);
   if (fa_variant_rules::float_mask) s = rule_mask_float(ru, s, kk);
