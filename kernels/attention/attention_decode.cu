@@ -412,30 +412,35 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
   }
 }
 
-/* The chunks' states combined, a block a row: weights e^(lse_s - max), an
- * empty chunk (lse = -inf) weighing nothing, NaN in any chunk's lse making
- * the row NaN; the row's output through o's strides and its lse.  Warp w
- * takes chunks w, w + 4, ... (at most 64): their lse (a lane each) and
- * outputs (a vector a lane) are read together, weighed against the warp's
- * own maximum, and the four warps' sums meet rescaled in a fixed order
- * (deterministic): one round trip to memory instead of lse first, then
- * the outputs (the merge took 2.7-4.2 µs at batch 1, H200).  Launched as
- * a programmatic dependent of the chunks' kernel on Hopper
- * (decode_typed): its blocks wait here for that grid's memory. */
-template <typename T, int D>
+/* The chunks' states combined, WPR warps a row (4 / WPR rows a block of
+ * 128 threads): weights e^(lse_s - max), an empty chunk (lse = -inf)
+ * weighing nothing, NaN in any chunk's lse making the row NaN; the row's
+ * output through o's strides and its lse.  Warp w of a row takes chunks
+ * w, w + WPR, ... (at most 64): their lse (a lane each) and outputs (a
+ * vector a lane) are read together, weighed against the warp's own
+ * maximum, and with WPR = 4 the four warps' sums meet rescaled in a fixed
+ * order (deterministic): one round trip to memory instead of lse first,
+ * then the outputs (the merge took 2.7-4.2 µs at batch 1, H200).  WPR = 1
+ * (decode_merge_warps: many rows, few chunks) a warp a row: a block a row
+ * of four warps each reading one chunk (Lq = 16, 4096 rows) spent more on
+ * its blocks than on its reads.  Launched as a programmatic dependent of
+ * the chunks' kernel on Hopper (decode_typed): its blocks wait here for
+ * that grid's memory. */
+template <typename T, int D, int WPR>
 __global__ void __launch_bounds__(128) attn_decode_merge_kernel(fa_attn_problem p, decode_args a) {
   typedef typename std::conditional<D == 128, float4, float2>::type V; /* D / 32 floats a lane */
   const int PER = D / 32;
-  __shared__ __align__(16) float red[4][D];
-  __shared__ float wmax[4], wden[4];
-  const int64_t R = p.B * p.Hq * p.Lq, row = blockIdx.x;
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  __shared__ __align__(16) float red[WPR][D];
+  __shared__ float wmax[WPR], wden[WPR];
+  const int64_t R = p.B * p.Hq * p.Lq, row = (int64_t)blockIdx.x * (4 / WPR) + (threadIdx.x >> 5) / WPR;
+  const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) % WPR;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-  const int nw = a.splits > w ? (a.splits - w + 3) / 4 : 0; /* this warp's chunks */
-  const float l0 = lane < nw ? a.part_lse[(int64_t)(w + 4 * lane) * R + row] : -INFINITY;
-  const float l1 = lane + 32 < nw ? a.part_lse[(int64_t)(w + 4 * (lane + 32)) * R + row] : -INFINITY;
+  if (row >= R) return; /* the last block's rows past the end (WPR = 1: no barrier below) */
+  const int nw = a.splits > w ? (a.splits - w + WPR - 1) / WPR : 0; /* this warp's chunks */
+  const float l0 = lane < nw ? a.part_lse[(int64_t)(w + WPR * lane) * R + row] : -INFINITY;
+  const float l1 = lane + 32 < nw ? a.part_lse[(int64_t)(w + WPR * (lane + 32)) * R + row] : -INFINITY;
   /* a chunk whose state is NaN (NaN or inf in the row's q or k) makes the row NaN, as in one chunk
    * and the reference: fmaxf would pass over it, and the warp's weight would drop it */
   const bool nan_state = __any_sync(0xffffffffu, l0 != l0 || l1 != l1);
@@ -447,37 +452,50 @@ __global__ void __launch_bounds__(128) attn_decode_merge_kernel(fa_attn_problem 
 #pragma unroll 8
   for (int j = 0; j < nw; j++) {
     const float l = __shfl_sync(0xffffffffu, j < 32 ? l0 : l1, j & 31);
-    const V x = *(const V *)(src + (int64_t)(w + 4 * j) * R * D);
+    const V x = *(const V *)(src + (int64_t)(w + WPR * j) * R * D);
     const float *xs = (const float *)&x;
     const float wt = l == -INFINITY ? 0.f : expf(l - M); /* NaN stays NaN */
     den += wt;
 #pragma unroll
     for (int c = 0; c < PER; c++) acc[c] += wt == 0.f ? 0.f : wt * xs[c]; /* nothing of an empty chunk, not even 0 · inf */
   }
+  float Mall = M, dall = den;
+  if constexpr (WPR > 1) {
 #pragma unroll
-  for (int c = 0; c < PER; c++) red[w][lane * PER + c] = acc[c];
-  if (lane == 0) wmax[w] = M, wden[w] = den;
-  __syncthreads();
-  if (w != 0) return;
-  float Mall = fmaxf(fmaxf(wmax[0], wmax[1]), fmaxf(wmax[2], wmax[3])), f[4], dall = 0.f;
+    for (int c = 0; c < PER; c++) red[w][lane * PER + c] = acc[c];
+    if (lane == 0) wmax[w] = M, wden[w] = den;
+    __syncthreads();
+    if (w != 0) return;
+    float f[WPR];
+    Mall = wmax[0], dall = 0.f;
 #pragma unroll
-  for (int k = 0; k < 4; k++) {
-    f[k] = wmax[k] == -INFINITY ? 0.f : expf(wmax[k] - Mall); /* a warp of empty chunks (or none) weighs nothing */
-    dall += f[k] == 0.f ? 0.f : f[k] * wden[k];
+    for (int k = 1; k < WPR; k++) Mall = fmaxf(Mall, wmax[k]);
+#pragma unroll
+    for (int k = 0; k < WPR; k++) {
+      f[k] = wmax[k] == -INFINITY ? 0.f : expf(wmax[k] - Mall); /* a warp of empty chunks (or none) weighs nothing */
+      dall += f[k] == 0.f ? 0.f : f[k] * wden[k];
+    }
+#pragma unroll
+    for (int c = 0; c < PER; c++) {
+      const int col = lane * PER + c;
+      float v = 0.f;
+#pragma unroll
+      for (int k = 0; k < WPR; k++) v += f[k] == 0.f ? 0.f : f[k] * red[k][col];
+      acc[c] = v;
+    }
   }
   const int64_t i = row % p.Lq, bh = row / p.Lq, b = bh / p.Hq, h = bh % p.Hq;
   const float inv = row_inv(dall);
   T *out = (T *)p.o + attn_at(p.o_st, b, h, i) + lane * PER;
 #pragma unroll
-  for (int c = 0; c < PER; c++) {
-    const int col = lane * PER + c;
-    float v = 0.f;
-#pragma unroll
-    for (int k = 0; k < 4; k++) v += f[k] == 0.f ? 0.f : f[k] * red[k][col];
-    out[c] = from_float<T>(v * inv);
-  }
+  for (int c = 0; c < PER; c++) out[c] = from_float<T>(acc[c] * inv);
   if (p.lse && lane == 0) attn_lse_at(p, b, h, i) = dall == 0.f ? -INFINITY : Mall + logf(dall);
 }
+
+/* The merge's warps a row: one where the rows fill the GPU many times
+ * over (eight a SM and more) and a warp's chunks stay few (64 at most, 16
+ * in practice), else four. */
+static int decode_merge_warps(int64_t rows, int splits, int sms) { return rows >= 8LL * sms && splits <= 16 ? 1 : 4; }
 
 /* ---- launchers ---- */
 
@@ -605,9 +623,11 @@ static fa_status decode_typed(fa_context *ctx, const fa_attn_problem *p, decode_
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr.val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)rows), cfg.blockDim = dim3(128), cfg.stream = s;
+    const int wpr = decode_merge_warps(rows, a.splits, dp.sms), rpb = 4 / wpr;
+    cfg.gridDim = dim3((unsigned)((rows + rpb - 1) / rpb)), cfg.blockDim = dim3(128), cfg.stream = s;
     cfg.attrs = &attr, cfg.numAttrs = dp.sm90_code ? 1 : 0;
-    err = cudaLaunchKernelEx(&cfg, attn_decode_merge_kernel<T, D>, *p, a);
+    err = cudaLaunchKernelEx(&cfg, wpr == 1 ? attn_decode_merge_kernel<T, D, 1> : attn_decode_merge_kernel<T, D, 4>, *p,
+                             a);
   }
   fa_cuda_free_on(ctx, part, part_bytes); /* after the kernels, on their stream (capturable) */
   return fa_cuda_error(ctx, err, "launch of attn_decode_kernel");

@@ -74,6 +74,10 @@ function TestDecode:test_results_on_cuda()
     -- rows whose range is empty past the chunk's end (kv_lens and a window's left side): zeros, lse -inf
     {"f16", 1, 1, 1, 4, 128, 64, {kv_lens = {126}, window = {0, -1}, return_lse = true}},
     {"bf16", 2, 4, 2, 3, 700, 128, {kv_lens = {650, 300}, window = {48, -1}, splits = 3, return_lse = true}},
+    -- many rows (B·Hq·Lq = 1536, eight an SM and more) and at most 16 chunks: the merge takes a warp a
+    -- row; a batch without keys (every chunk empty: zeros, lse -inf)
+    {"bf16", 3, 32, 8, 16, 1100, 128, {kv_lens = {1100, 0, 517}, return_lse = true}},
+    {"f16", 3, 32, 8, 16, 2000, 64, {splits = 16, causal = true, return_lse = true}},
   }
   for i, c in ipairs(cases) do
     local q, k, v = qkv(c[1], c[2], c[3], c[4], c[5], c[6], c[7])
@@ -111,6 +115,12 @@ function TestDecode:test_nonfinite_values_on_cuda()
   for _, s in ipairs({1, 4, "auto"}) do
     U.check_attention(qn, kn, vn, {splits = s, return_lse = true}, ("decode NaN in q, splits %s"):format(s))
   end
+  -- the same where the merge takes a warp a row (1536 rows)
+  local qm = U.randn({3, 32, 16, 128}, "f32"):cpu():totable()
+  qm[2][5][7][3] = 0 / 0
+  local km, vm = U.randn({3, 8, 1500, 128}, "bf16"), U.randn({3, 8, 1500, 128}, "bf16")
+  U.check_attention(fa.tensor(qm, {dtype = "bf16", device = dev}), km, vm, {splits = 6, return_lse = true},
+    "decode NaN in q, 1536 rows, splits 6")
   -- 4 rows a key head, and 64 (four row groups: wgmma on Hopper)
   for _, qs in ipairs({{2, 4, 2, 128}, {2, 8, 16, 128}}) do
     local q = U.randn(qs, "bf16")
