@@ -214,6 +214,13 @@ fa_status fa_cpu_matmul(fa_context *ctx, fa_matmul_algo algo, int64_t tile, fa_d
 void fa_cpu_merge_states(fa_dtype dt, const void *o1, const double *lse1, const void *o2, const double *lse2, void *o,
                          double *lse, int64_t rows, int64_t dv);
 int fa_cpu_threads(void);
+/* The OpenMP threads for `items` independent work items of `flops`
+ * operations in all (cpu.c): at most the items, and one for a small call. */
+int fa_cpu_threads_for(int64_t items, double flops);
+/* The operations of a forward call, 2·B·Hq·Lq·Lk·(D + Dv): what decides its threads. */
+static inline double fa_attn_flops(const fa_attn_problem *p) {
+  return 2.0 * (double)p->B * (double)p->Hq * (double)p->Lq * (double)p->Lk * (double)(p->D + p->Dv);
+}
 const char *fa_cpu_simd(void);
 /* Set BLAS to one thread (the engine threads with OpenMP itself). */
 void fa_cpu_blas_init(void);

@@ -21,9 +21,9 @@ size_t fa_attn_bytes(size_t n, size_t size) {
   return (n * size + 63) / 64 * 64;
 }
 
-fa_status fa_attn_workspace_init(fa_context *ctx, fa_attn_workspace *w, int64_t work_items, size_t slice_bytes) {
-  int threads = omp_get_max_threads();
-  if (work_items < threads) threads = work_items > 0 ? (int)work_items : 1;
+fa_status fa_attn_workspace_init(fa_context *ctx, fa_attn_workspace *w, int64_t work_items, double flops,
+                                 size_t slice_bytes) {
+  const int threads = fa_cpu_threads_for(work_items, flops);
   w->base = 0;
   w->threads = threads;
   w->slice = (slice_bytes + 63) / 64 * 64;

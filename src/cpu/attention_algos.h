@@ -36,9 +36,11 @@ typedef struct {
   int threads;
 } fa_attn_workspace;
 
-/* Reserves `threads` slices of slice_bytes each; on failure the context
- * holds the message and nothing is held. */
-fa_status fa_attn_workspace_init(fa_context *ctx, fa_attn_workspace *w, int64_t work_items, size_t slice_bytes);
+/* Reserves a slice of slice_bytes for each of the threads that
+ * work_items of flops operations in all take (fa_cpu_threads_for); on
+ * failure the context holds the message and nothing is held. */
+fa_status fa_attn_workspace_init(fa_context *ctx, fa_attn_workspace *w, int64_t work_items, double flops,
+                                 size_t slice_bytes);
 void fa_attn_workspace_free(fa_attn_workspace *w);
 static inline void *fa_attn_workspace_slice(const fa_attn_workspace *w, int thread) {
   return w->base + (size_t)thread * w->slice;

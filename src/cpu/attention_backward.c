@@ -123,8 +123,7 @@ static void ref_head(const fa_attn_backward *g, int64_t b, int64_t h, double *x,
 fa_status fa_cpu_attention_backward_reference(fa_context *ctx, const fa_attn_backward *g) {
   const fa_attn_problem *p = g->p;
   const int64_t tasks = p->B * p->Hkv, G = p->Hq / p->Hkv;
-  int threads = omp_get_max_threads();
-  if (tasks < threads) threads = tasks > 0 ? (int)tasks : 1;
+  const int threads = fa_cpu_threads_for(tasks, 2.5 * fa_attn_flops(p));
   const double cells = (double)p->Lq * (double)p->Lk;
   if (cells * 3 * (double)threads * sizeof(double) > (double)SIZE_MAX / 2)
     return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: attention_backward_reference: Lq·Lk = %g is too large",

@@ -122,8 +122,7 @@ static void FA_R(bw_task)(const fa_attn_backward *g, int64_t b, int64_t hk, REAL
 static fa_status FA_R(bw_run)(fa_context *ctx, const fa_attn_backward *g) {
   const fa_attn_problem *p = g->p;
   const int64_t tasks = p->B * p->Hkv;
-  int threads = omp_get_max_threads();
-  if (tasks < threads) threads = tasks > 0 ? (int)tasks : 1;
+  const int threads = fa_cpu_threads_for(tasks, 2.5 * fa_attn_flops(p)); /* the backward: 2.5 forwards */
   const double per = (double)(p->Hq / p->Hkv) * (double)p->Lq + 3.0 * (double)p->tile_q * (double)p->tile_k;
   if (per * (double)threads * sizeof(REAL) > (double)SIZE_MAX / 2)
     return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: attention_backward: Lq = %lld is too large",

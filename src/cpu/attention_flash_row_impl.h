@@ -46,7 +46,7 @@ static void FA_R(flash_row)(const fa_attn_problem *p, int64_t b, int64_t h, int6
 
 static fa_status FA_R(flash_row_all)(const fa_attn_problem *p) {
   const int64_t rows = p->B * p->Hq * p->Lq;
-#pragma omp parallel for schedule(dynamic, 16)
+#pragma omp parallel for schedule(dynamic, 16) num_threads(fa_cpu_threads_for(rows, fa_attn_flops(p)))
   for (int64_t r = 0; r < rows; r++) FA_R(flash_row)(p, r / (p->Hq * p->Lq), r / p->Lq % p->Hq, r % p->Lq);
   return FA_OK;
 }

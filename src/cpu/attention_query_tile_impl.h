@@ -142,7 +142,7 @@ static void FA_R(qtile_pv)(const fa_attn_problem *p, const FA_R(qtile) *t, const
 static fa_status FA_R(qtile_run)(fa_context *ctx, const fa_attn_problem *p, FA_R(qtile_fn) fn) {
   const int64_t Br = p->tile_q, tiles = (p->Lq + Br - 1) / Br, items = p->B * p->Hq * tiles;
   fa_attn_workspace ws;
-  fa_status st = fa_attn_workspace_init(ctx, &ws, items, FA_R(qtile_ws_bytes)(p));
+  fa_status st = fa_attn_workspace_init(ctx, &ws, items, fa_attn_flops(p), FA_R(qtile_ws_bytes)(p));
   if (st) return st;
 #pragma omp parallel num_threads(ws.threads)
   {

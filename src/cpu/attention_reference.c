@@ -79,8 +79,7 @@ static void reference_row(const fa_attn_problem *p, int64_t b, int64_t h, int64_
 
 fa_status fa_cpu_attention_reference(fa_context *ctx, const fa_attn_problem *p) {
   const int64_t rows = p->B * p->Hq * p->Lq;
-  int threads = omp_get_max_threads();
-  if (rows < threads) threads = rows > 0 ? (int)rows : 1;
+  const int threads = fa_cpu_threads_for(rows, fa_attn_flops(p));
   const size_t lk = p->Lk > 0 ? (size_t)p->Lk : 1;
   if (lk > SIZE_MAX / sizeof(double) / (size_t)threads)
     return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: attention_reference: Lk = %lld is too large",
