@@ -11,7 +11,7 @@
 # turn (work, REV..., work, REV...), and writes $OUT/ab.json: for every row
 # of the script's JSON results (keyed by the shape fields the row has: bench_attention's dtype, D, L,
 # causal, algo, rule; bench_backward's, its deterministic_ms kept beside ms, and its --extras rows; bench_decode's B, Hkv, Lq,
-# Lk and its paged rows' page_size)
+# Lk and its paged rows' page_size; bench_variants' case, its builtin_ms and block_mask_ms kept beside ms)
 # the median ms of each build in each round, and prints the ratios.
 # Without a build there (FA_CARRIED=1, carrying .deps/debs and .snap/ab): here
 #   cmake -S . -B build90 -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real
@@ -78,8 +78,9 @@ out, rounds, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 rows, order = {}, []
 # a row is keyed by the shape fields it has: bench_attention's (dtype, D, L, causal, algo, rule),
 # bench_backward's (no algo; its --extras rows a list of their own, with rule), bench_decode's (B, Hkv, Lq, Lk;
-# its paged rows a list of their own, with page_size)
-FIELDS = ("dtype", "D", "B", "Hq", "Hkv", "L", "Lq", "Lk", "page_size", "causal", "algo", "rule")
+# its paged rows a list of their own, with page_size), bench_variants' (case, L, B; its built-in and block-mask
+# calls kept beside ms)
+FIELDS = ("dtype", "D", "B", "Hq", "Hkv", "L", "Lq", "Lk", "page_size", "causal", "algo", "rule", "case")
 for n in names:
     for r in range(1, rounds + 1):
         d = json.load(open(f"{out}/ab/{n}_{r}.json"))
@@ -97,8 +98,9 @@ for n in names:
                     rows[key] = row
                     order.append(key)
                 rows[key].setdefault(n + "_ms", []).append(round(x["ms"], 5))
-                if "deterministic_ms" in x:  # bench_backward: the call with opts.deterministic too
-                    rows[key].setdefault(n + "_deterministic_ms", []).append(round(x["deterministic_ms"], 5))
+                for extra in ("deterministic_ms", "builtin_ms", "block_mask_ms"):  # bench_backward's
+                    if x.get(extra) is not None:  # deterministic call; bench_variants' built-in and block-mask calls
+                        rows[key].setdefault(f"{n}_{extra}", []).append(round(x[extra], 5))
                 rows[key].setdefault(n + "_rel_err", []).append(x.get("rel_err"))
 res = {"device": d.get("device"), "builds": names, "rounds": rounds, "rows": [rows[k] for k in order]}
 json.dump(res, open(f"{out}/ab.json", "w"), indent=1)
