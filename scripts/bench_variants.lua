@@ -59,20 +59,13 @@ local function time_ms(fn) return fa.bench(fn, { warmup = 2, rep = REP, flush_ca
 -- calls at different moments of the run: the sliding window's variant (which runs as the built-in window
 -- option) read 0.86 x the built-in at 4096 in one run and 1.00 x in a probe of the two in turns.
 local ROUNDS = quick and 1 or 3
-local function median(t)
-  local s = {}
-  for i, x in ipairs(t) do s[i] = x end
-  table.sort(s)
-  local n = #s
-  return n % 2 == 1 and s[(n + 1) // 2] or (s[n // 2] + s[n // 2 + 1]) / 2
-end
 local function time_pair(variant, builtin)
   local vs, bs, rs = {}, {}, {}
   for r = 1, ROUNDS do
     vs[r], bs[r] = time_ms(variant), time_ms(builtin)
     rs[r] = bs[r] / vs[r]
   end
-  return median(vs), median(bs), median(rs)
+  return sweep.median(vs), sweep.median(bs), sweep.median(rs)
 end
 local function wall() return sweep.wall_ns() * 1e-9 end -- seconds
 -- a clock read starts a process (sweep.wall_ns): its cost, taken off the one-call timings

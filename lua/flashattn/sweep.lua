@@ -568,6 +568,14 @@ local function quantile(sorted, q)
   return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo)
 end
 
+-- The median of a list of numbers (the list itself left as it is); nil when empty.
+function M.median(values)
+  if #values == 0 then return nil end
+  local sorted = table.move(values, 1, #values, 1, {})
+  table.sort(sorted)
+  return quantile(sorted, 0.5)
+end
+
 -- Times fn: a probe run sizes the repetition count to the point's time budget
 -- and doubles as the warm-up; then each repetition is its own fa.bench run
 -- (device events on CUDA, cache flushed before it unless cfg.flush == false),

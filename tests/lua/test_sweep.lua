@@ -118,6 +118,16 @@ function TestSweepGrid:test_bad_axes_are_errors()
   fails({"window"}, sweep.point, "attention", {window = "left"})
 end
 
+-- the median of a list: odd and even counts, the list left unsorted, nil for none
+function TestSweepGrid:test_median()
+  local t = {3, 1, 2}
+  lu.assertEquals(sweep.median(t), 2)
+  lu.assertEquals(t, {3, 1, 2})
+  lu.assertEquals(sweep.median({4, 1, 3, 2}), 2.5)
+  lu.assertEquals(sweep.median({7}), 7)
+  lu.assertNil(sweep.median({}))
+end
+
 -- ---- measuring ------------------------------------------------------------------
 TestSweepRun = {}
 
