@@ -446,6 +446,18 @@ static __device__ __forceinline__ void wt_post_slot(wt_slot *slots, uint32_t ful
   mbar_arrive(full + 8 * (n & 1));
 }
 
+/* Slot n % 2 as its reader gets it (the whole warp: a consumer warp, or
+ * the copier under a scheduler), its empty mbarrier told once every lane
+ * has read it (one arrival a warp). */
+static __device__ __forceinline__ wt_slot wt_read_slot(const wt_slot *slots, uint32_t full, uint32_t empty, int n,
+                                                      int lane) {
+  mbar_wait(full + 8 * (n & 1), (n >> 1) & 1);
+  const wt_slot sl = slots[n & 1];
+  __syncwarp();
+  if (lane == 0) mbar_arrive(empty + 8 * (n & 1));
+  return sl;
+}
+
 /* The persistent form's copies of query tile `tile` (its ntiles key tiles
  * from j_lo; the block's n-th), by the copying thread: the first key tile
  * while the consumers finish the last query tile, then Q once they are done
@@ -533,13 +545,9 @@ __global__ void __launch_bounds__(wt_threads(128, 128), 1)
     for (int n = 0;; n++) {
       FA_TRACE_TILE(n);
       FA_TRACE_MARK(0);
-      const int s = n & 1;
       int ntiles;
       if constexpr (SCHED) { /* the scheduler's slot */
-        mbar_wait(slot_full + 8 * s, (n >> 1) & 1);
-        const wt_slot sl = slots[s];
-        __syncwarp();
-        if (lane == 0) mbar_arrive(slot_empty + 8 * s);
+        const wt_slot sl = wt_read_slot(slots, slot_full, slot_empty, n, lane);
         FA_TRACE_MARK(1);
         if (sl.tile >= total) break;
         ntiles = sl.ntiles;
@@ -570,13 +578,9 @@ __global__ void __launch_bounds__(wt_threads(128, 128), 1)
   const uint32_t q_base = L.q + wg * 64 * 128; /* this warpgroup's 64 rows */
   wt_ring<wt_stages(D, BC)> kr, vr;
   for (int n = 0;; n++) {
-    const int sl = n & 1;
-    mbar_wait(slot_full + 8 * sl, (n >> 1) & 1);
+    const wt_slot slot = wt_read_slot(slots, slot_full, slot_empty, n, lane);
     FA_TRACE_TILE(n);
     FA_TRACE_MARK(0);
-    const wt_slot slot = slots[sl];
-    __syncwarp();
-    if (lane == 0) mbar_arrive(slot_empty + 8 * sl);
     if (slot.tile >= total) {
       FA_TRACE_DUMP();
       return;
