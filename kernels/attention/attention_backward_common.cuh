@@ -148,7 +148,7 @@ static __device__ __forceinline__ void bwm_probs(const fa_attn_problem &p, int64
         float sc = s[n][e] * scale;
         if (cap > 0.f) {
           float dt;
-          sc = softcap_step<true>(sc, cap, inv_cap, &dt);
+          sc = softcap_step<TANH_SFU2>(sc, cap, inv_cap, &dt);
           chain = scale * dt;
         }
         if (slope != 0.f) sc = alibi_step(sc, slope, (float)i + off - (float)j); /* exact below 2^24 */

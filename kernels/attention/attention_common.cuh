@@ -86,15 +86,14 @@ static __device__ __forceinline__ score_rule score_rule_at(const fa_attn_problem
   return ru;
 }
 /* Softcap and alibi on one score, written once for every kernel, forward
- * and backward: softcap c·tanh(s / c), with *dtanh (when given) its
- * derivative by s, 1 - tanh² (the backward's chain rule); alibi
- * s - slope·|dist|.  FAST: tanh as 1 - 2 / (e^2x + 1) from one exp2 (within
- * a few 1e-7 of tanhf), which the tensor-core backward takes: with tanhf
- * its softcap call ran at 0.93 x (bf16, D = 128, L = 4096, H200,
- * docs/perf/2026-11-30-softcap-step-h200.json). */
-template <bool FAST = false>
+ * and backward: softcap c·tanh(s / c) (tanh_as<F>: the tensor-core
+ * forward SFU1, the tensor-core backward SFU2 (with tanhf its softcap call
+ * ran at 0.93x, docs/perf/2026-11-30-softcap-step-h200.json), the others
+ * tanhf), with *dtanh (when given) its derivative by s, 1 - tanh² (the
+ * backward's chain rule); alibi s - slope·|dist|. */
+template <tanh_form F = TANH_LIBM>
 static __device__ __forceinline__ float softcap_step(float s, float cap, float inv_cap, float *dtanh = nullptr) {
-  const float t = FAST ? 1.f - __fdividef(2.f, exp2_approx(s * inv_cap * (2.f * FA_LOG2E)) + 1.f) : tanhf(s * inv_cap);
+  const float t = tanh_as<F>(s * inv_cap);
   if (dtanh) *dtanh = 1.f - t * t;
   return cap * t;
 }
@@ -102,8 +101,9 @@ static __device__ __forceinline__ float alibi_step(float s, float slope, float d
   return fmaf(-slope, fabsf(dist), s);
 }
 /* The steps, on key j0 + k (kf = k as a float). */
+template <tanh_form F = TANH_LIBM>
 static __device__ __forceinline__ float rule_softcap(const score_rule &ru, float s, float *dtanh = nullptr) {
-  return softcap_step(s, ru.cap, ru.inv_cap, dtanh);
+  return softcap_step<F>(s, ru.cap, ru.inv_cap, dtanh);
 }
 static __device__ __forceinline__ float rule_alibi(const score_rule &ru, float s, float kf) {
   return alibi_step(s, ru.slope, ru.dist0 - kf);

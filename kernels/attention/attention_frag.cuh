@@ -183,13 +183,21 @@ static __device__ __forceinline__ frag_rows frag_rows_start(const fa_attn_proble
 }
 
 /* softcap and alibi (score_rule's steps) as passes over a tile's scores
- * of rows A and B, keys 8n + e from the rules' first. */
-template <int NC>
-static __device__ __forceinline__ void frag_softcap_pass(const score_rule &ruA, const score_rule &ruB, float (*s)[4]) {
+ * of rows A and B, keys 8n + e from the rules' first.  softcap's tanh:
+ * TANH_SFU1 where c <= 128 (the score then within 4e-5 of c·tanh(s/c)),
+ * tanhf for the f32 kernel (EXACT) and for larger c. */
+template <int NC, tanh_form F>
+static __device__ __forceinline__ void frag_softcap_as(const score_rule &ruA, const score_rule &ruB, float (*s)[4]) {
 #pragma unroll
   for (int n = 0; n < NC; n++)
 #pragma unroll
-    for (int e = 0; e < 2; e++) s[n][e] = rule_softcap(ruA, s[n][e]), s[n][2 + e] = rule_softcap(ruB, s[n][2 + e]);
+    for (int e = 0; e < 2; e++)
+      s[n][e] = rule_softcap<F>(ruA, s[n][e]), s[n][2 + e] = rule_softcap<F>(ruB, s[n][2 + e]);
+}
+template <int NC, bool EXACT>
+static __device__ __forceinline__ void frag_softcap_pass(const score_rule &ruA, const score_rule &ruB, float (*s)[4]) {
+  if (!EXACT && ruA.cap <= 128.f && ruB.cap <= 128.f) frag_softcap_as<NC, TANH_SFU1>(ruA, ruB, s);
+  else frag_softcap_as<NC, TANH_LIBM>(ruA, ruB, s);
 }
 template <int NC>
 static __device__ __forceinline__ void frag_alibi_pass(const score_rule &ruA, const score_rule &ruB, float (*s)[4]) {
@@ -231,7 +239,7 @@ static __device__ __forceinline__ void frag_alibi_linear(const score_rule &ruA, 
 
 /* EXTRAS_VARIANT's rule, defined in attention_variant.cuh (run-time
  * compiled: it calls the traced expression's code). */
-template <int NC>
+template <int NC, bool EXACT>
 __device__ bool frag_variant_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t hB, int64_t j0, int c2,
                                   bool full, const frag_rows &r, float (*s)[4], int aA, int nA, int aB, int nB);
 
@@ -277,7 +285,7 @@ template <int NC> static __device__ __forceinline__ frag_cols frag_cols_of(const
  * no mask pass.  On a full tile the key range needs no test a score, and
  * the mask's key pairs are read in one access where its rows allow. */
 template <int EXTRAS> struct frag_rule {
-  template <int NC, bool LINEAR_ALIBI = false>
+  template <int NC, bool LINEAR_ALIBI = false, bool EXACT = false>
   static __device__ __forceinline__ bool apply(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0, int c2,
                                                bool full, const frag_rows &r, float (*s)[4], float *tmA, float *tmB,
                                                int64_t hB) {
@@ -302,7 +310,7 @@ template <int EXTRAS> struct frag_rule {
       for (int n = 0; n < NC; n++)
 #pragma unroll
         for (int q = 0; q < 4; q++) s[n][q] *= scale;
-      if (ruA.cap > 0.f) frag_softcap_pass<NC>(ruA, ruB, s);
+      if (ruA.cap > 0.f) frag_softcap_pass<NC, EXACT>(ruA, ruB, s);
       if (alibi) frag_alibi_pass<NC>(ruA, ruB, s);
     }
     /* a full tile whose mask rows allow it reads a thread's key pairs in one
@@ -366,7 +374,7 @@ template <int EXTRAS> struct frag_rule {
 /* EXTRAS_NONE: the scale alone.  A full tile's s stays raw (only the
  * maxima are scaled); elsewhere the key range's columns. */
 template <> struct frag_rule<EXTRAS_NONE> {
-  template <int NC, bool = false>
+  template <int NC, bool = false, bool = false>
   static __device__ __forceinline__ bool apply(const fa_attn_problem &p, int64_t, int64_t, int64_t j0, int c2,
                                                bool full, const frag_rows &r, float (*s)[4], float *tmA, float *tmB,
                                                int64_t) {
@@ -397,14 +405,14 @@ template <> struct frag_rule<EXTRAS_NONE> {
 /* EXTRAS_VARIANT: a traced score_mod / mask_mod with the built-in rule
  * (frag_variant_tile, run-time compiled). */
 template <> struct frag_rule<EXTRAS_VARIANT> {
-  template <int NC, bool = false>
+  template <int NC, bool = false, bool EXACT = false>
   static __device__ __forceinline__ bool apply(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0, int c2,
                                                bool full, const frag_rows &r, float (*s)[4], float *tmA, float *tmB,
                                                int64_t hB) {
     const float scale = p.scale_f;
     float mA = -INFINITY, mB = -INFINITY;
     const frag_cols k = frag_cols_of<NC>(r, j0);
-    const bool raw = frag_variant_tile<NC>(p, b, h, hB < 0 ? h : hB, j0, c2, full, r, s, k.aA, k.nA, k.aB, k.nB);
+    const bool raw = frag_variant_tile<NC, EXACT>(p, b, h, hB < 0 ? h : hB, j0, c2, full, r, s, k.aA, k.nA, k.aB, k.nB);
     frag_tile_max<NC>(s, &mA, &mB);
     if (raw) mA *= scale, mB *= scale;
     *tmA = mA, *tmB = mB;
@@ -418,11 +426,11 @@ template <> struct frag_rule<EXTRAS_VARIANT> {
  * faster: the Hopper kernels at D = 128, +2-5 % with alibi; at D = 64
  * their alibi instances ran 1-3.5 % slower with it, at D = 256 0.96-1.02x
  * (H200, 2026-11-29: docs/perf/2026-11-29-alibi-linear-h200.json). */
-template <int NC, int EXTRAS, bool LINEAR_ALIBI = false>
+template <int NC, int EXTRAS, bool LINEAR_ALIBI = false, bool EXACT = false>
 static __device__ __forceinline__ bool frag_score_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0,
                                                        int c2, bool full, const frag_rows &r, float (*s)[4],
                                                        float *tmA, float *tmB, int64_t hB = -1) {
-  return frag_rule<EXTRAS>::template apply<NC, LINEAR_ALIBI>(p, b, h, j0, c2, full, r, s, tmA, tmB, hB);
+  return frag_rule<EXTRAS>::template apply<NC, LINEAR_ALIBI, EXACT>(p, b, h, j0, c2, full, r, s, tmA, tmB, hB);
 }
 
 /* The multiplier of a tile's s in the exponent: scale when frag_score_tile
@@ -465,7 +473,7 @@ static __device__ __forceinline__ void frag_softmax_tile(const fa_attn_problem &
                                                          int c2, bool full, frag_rows &r, float (*s)[4],
                                                          float *alphaA, float *alphaB, int64_t hB = -1) {
   float tmA, tmB;
-  const bool raw = frag_score_tile<NC, EXTRAS, LINEAR_ALIBI>(p, b, h, j0, c2, full, r, s, &tmA, &tmB, hB);
+  const bool raw = frag_score_tile<NC, EXTRAS, LINEAR_ALIBI, EXACT>(p, b, h, j0, c2, full, r, s, &tmA, &tmB, hB);
   tmA = fmaxf(tmA, __shfl_xor_sync(0xffffffffu, tmA, 1));
   tmA = fmaxf(tmA, __shfl_xor_sync(0xffffffffu, tmA, 2));
   tmB = fmaxf(tmB, __shfl_xor_sync(0xffffffffu, tmB, 1));
@@ -489,7 +497,7 @@ static __device__ __forceinline__ void frag_probs_tile(const fa_attn_problem &p,
                                                        int c2, bool full, const frag_rows &r, float (*s)[4],
                                                        float offA, float offB) {
   float tmA, tmB, sumA, sumB; /* unused: the statistics are final */
-  const bool raw = frag_score_tile<NC, EXTRAS>(p, b, h, j0, c2, full, r, s, &tmA, &tmB);
+  const bool raw = frag_score_tile<NC, EXTRAS, false, EXACT>(p, b, h, j0, c2, full, r, s, &tmA, &tmB);
   frag_exp_tile<NC, EXACT>(s, frag_exp_factor<EXACT>(p, raw), offA, offB, &sumA, &sumB);
 }
 

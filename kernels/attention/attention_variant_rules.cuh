@@ -131,7 +131,7 @@ static __device__ __forceinline__ void variant_mask_pair(const fa_variant_proble
  * (a read the range analysis found safe has no check), their results and
  * faults kept only where the key stays.  Returns whether s was left raw
  * (frag_score_tile). */
-template <int NC>
+template <int NC, bool EXACT>
 __device__ bool frag_variant_tile(const fa_attn_problem &p0, int64_t b, int64_t h, int64_t hB, int64_t j0, int c2,
                                   bool full, const frag_rows &r, float (*s)[4], int aA, int nA, int aB, int nB) {
   typedef variant_keep<NC> K;
@@ -203,7 +203,7 @@ __device__ bool frag_variant_tile(const fa_attn_problem &p0, int64_t b, int64_t 
   /* a plain tile's keys are all in range: no clamp, every fault kept */
   if (fa_variant::has_score && plain) variant_score_pass<NC, false>(p, w, s, ~(K)0, ~(K)0, fs);
   else if (fa_variant::has_score) variant_score_pass<NC, true>(p, w, s, keepA, keepB, fs);
-  if (fa_variant_rules::softcap) frag_softcap_pass<NC>(ruA, ruB, s);
+  if (fa_variant_rules::softcap) frag_softcap_pass<NC, EXACT>(ruA, ruB, s);
   if (fa_variant_rules::alibi) frag_alibi_pass<NC>(ruA, ruB, s);
   if (!plain && direct) {
     /* the key range as columns [a, a + n) of each row (all of a full

@@ -72,6 +72,31 @@ static __device__ __forceinline__ float exp2_approx(float x) {
   return r;
 }
 
+/* tanh(x) three ways (softcap_step's forms): TANH_LIBM tanhf; TANH_SFU2
+ * 1 - 2 / (e^2x + 1) from the SFU's exp2 and reciprocal (within a few 1e-7
+ * of tanhf); TANH_SFU1 the same with the reciprocal by three Newton steps
+ * from an integer seed (within 5 %) on the FMA pipe, one SFU op: within
+ * 3e-7 of tanh absolutely, less relatively near 0.  NaN -> NaN, +-inf ->
+ * +-1.  Why SFU1: a forward softcap score took three SFU ops (the
+ * softmax's exp2 too) at 16 a clock an SM, more than the tile's products
+ * on the tensor cores: the forward's softcap calls ran 1.04-1.16x faster
+ * with it (H200, docs/perf/2026-11-30-softcap-tanh-sfu1-h200.json); the
+ * backward, not bound by the SFU, ran 0.97x with it and keeps SFU2; the
+ * Lua variants' tanh keeps tanhf (SFU1 with its series near 0 for relative
+ * precision ran their softcap calls at 0.90-0.96x). */
+enum tanh_form { TANH_LIBM, TANH_SFU2, TANH_SFU1 };
+template <tanh_form F> static __device__ __forceinline__ float tanh_as(float x) {
+  if (F == TANH_LIBM) return tanhf(x);
+  float u = x * (2.f * FA_LOG2E);
+  if (F == TANH_SFU2) return 1.f - __fdividef(2.f, exp2_approx(u) + 1.f);
+  asm("min.NaN.f32 %0, %0, 0f41D00000;" : "+f"(u)); /* e^2x <= 2^26, where the seed holds; NaN kept */
+  const float y = exp2_approx(u) + 1.f;
+  float r = __int_as_float(0x7EF311C3 - __float_as_int(y));
+#pragma unroll
+  for (int i = 0; i < 3; i++) r *= fmaf(-y, r, 2.f);
+  return fmaf(-2.f, r, 1.f);
+}
+
 /* bf16 to float by its bits (the upper half of the float): the header's
  * conversion made the softmax kernels spill (ptxas, CUDA 13). */
 static __device__ __forceinline__ float fa_bf16_to_float(unsigned short bits) { return __uint_as_float((unsigned)bits << 16); }
