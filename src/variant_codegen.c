@@ -287,7 +287,48 @@ static void emit_load(text *t, const fa_expr *e, int i, const int *ty, const uin
   if (unsafe) emit_fault_note(t, x, i, ty, reads);
 }
 
-static void emit_node(text *t, const fa_expr *e, int i, const int *ty, const uint8_t *fl) {
+/* How much an absolute error of each node can grow on its way to the
+ * score (its "gain"): 1 at the root, through sums, negation and where's
+ * chosen operand unchanged, times |c| through a product with (or a division
+ * by) a constant c, unbounded through anything else or into a boolean (a
+ * mask).  A node used twice takes the larger.  tanh takes its one-SFU form
+ * where its gain is at most 128 (c·tanh(s / c), softcap, with c <= 128):
+ * within 3e-7 of tanh absolutely, so the score within 4e-5
+ * (common.cuh's tanh_as); elsewhere tanhf, whose relative precision a
+ * larger factor or a comparison may need. */
+#define FAST_TANH_GAIN 128.
+static double *gains(const fa_expr *e, const uint8_t *live, int is_mask) {
+  double *g = calloc((size_t)e->n, sizeof *g);
+  if (!g) return NULL;
+  g[e->n - 1] = is_mask ? INFINITY : 1.;
+  for (int i = e->n - 1; i >= 0; i--) {
+    const fa_expr_node *x = &e->nodes[i];
+    if (!live[i]) continue;
+    const int a = x->a[0], b = x->a[1], n = fa_expr_operands(x);
+    double to[4] = {INFINITY, INFINITY, INFINITY, INFINITY}; /* a read's indices: unbounded */
+    const fa_expr_node *xa = n > 0 ? &e->nodes[a] : NULL, *xb = n > 1 ? &e->nodes[b] : NULL;
+    switch (x->op) {
+    case FA_X_ADD: case FA_X_SUB: to[0] = to[1] = g[i]; break;
+    case FA_X_NEG: to[0] = g[i]; break;
+    case FA_X_WHERE: to[1] = to[2] = g[i]; break;
+    case FA_X_MUL:
+      if (xb->op == FA_X_CONST && !xb->is_bool) to[0] = g[i] * fabs(xb->c);
+      if (xa->op == FA_X_CONST && !xa->is_bool) to[1] = g[i] * fabs(xa->c);
+      break;
+    case FA_X_DIV:
+      if (xb->op == FA_X_CONST && xb->c != 0) to[0] = g[i] / fabs(xb->c);
+      break;
+    default: break;
+    }
+    for (int j = 0; j < n; j++) {
+      const double v = to[j] != to[j] ? INFINITY : to[j]; /* inf · 0 */
+      if (v > g[x->a[j]]) g[x->a[j]] = v;
+    }
+  }
+  return g;
+}
+
+static void emit_node(text *t, const fa_expr *e, int i, const int *ty, const uint8_t *fl, const double *gain) {
   const fa_expr_node *x = &e->nodes[i];
   const int a = x->a[0], b = x->a[1], c = x->a[2], T = ty[i];
   static const char *const cmp[] = {"<", "<=", ">", ">=", "==", "!="};
@@ -310,7 +351,8 @@ static void emit_node(text *t, const fa_expr *e, int i, const int *ty, const uin
     break;
   case FA_X_EXP: case FA_X_LOG: case FA_X_TANH: case FA_X_SQRT: {
     static const char *const fn[] = {"expf", "logf", "tanhf", "sqrtf"};
-    put(t, "%s(", fn[x->op - FA_X_EXP]), operand(t, a, ty[a], TF), put(t, ")");
+    const int fast = x->op == FA_X_TANH && gain && gain[i] <= FAST_TANH_GAIN;
+    put(t, "%s(", fast ? "tanh_as<TANH_SFU1>" : fn[x->op - FA_X_EXP]), operand(t, a, ty[a], TF), put(t, ")");
     break;
   }
   case FA_X_NOT: put(t, "!"), operand(t, a, ty[a], TB); break;
@@ -650,6 +692,7 @@ static int emit_function(text *t, const fa_expr *e, const int64_t *bounds, int i
     return 0;
   }
   if (dep) fa_expr_grad_deps(e, dep);
+  double *gain = gains(e, live, is_mask); /* NULL (out of memory): tanhf everywhere */
   put(t,
       "  static __device__ __forceinline__ %s %s(const fa_variant_args &a, float s, long long b, long long h, "
       "long long q, long long k, float bf, float hf, float qf, float kf, int &fault_node%s) {\n",
@@ -663,13 +706,13 @@ static int emit_function(text *t, const fa_expr *e, const int64_t *bounds, int i
       if (live[i]) emit_load(t, e, i, ty, fl, unsafe[i], base + x->tensor, reads);
       reads += unsafe[i];
     } else if (live[i]) {
-      emit_node(t, e, i, ty, fl);
+      emit_node(t, e, i, ty, fl, gain);
       if (dep && dep[i]) emit_grad(t, e, i, ty, dep);
     }
   }
   const int r = e->n - 1;
   if (dep) put(t, dep[r] ? "  ds = g%d;\n" : "  ds = 0.f;\n", r);
-  free(dep);
+  free(dep), free(gain);
   if (fl[r]) put(t, "  if (f%d >= 0) fault_node = f%d;\n", r, r);
   put(t, "  return ");
   operand(t, r, ty[r], is_mask ? TB : TF);

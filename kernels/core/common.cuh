@@ -81,9 +81,10 @@ static __device__ __forceinline__ float exp2_approx(float x) {
  * softmax's exp2 too) at 16 a clock an SM, more than the tile's products
  * on the tensor cores: the forward's softcap calls ran 1.04-1.16x faster
  * with it (H200, docs/perf/2026-11-30-softcap-tanh-sfu1-h200.json); the
- * backward, not bound by the SFU, ran 0.97x with it and keeps SFU2; the
- * Lua variants' tanh keeps tanhf (SFU1 with its series near 0 for relative
- * precision ran their softcap calls at 0.90-0.96x). */
+ * backward, not bound by the SFU, ran 0.97x with it and keeps SFU2.  The
+ * Lua variants take SFU1 where the tanh's error reaches the score times at
+ * most 128 (variant_codegen.c's gains), else tanhf (SFU1 with tanh's
+ * series near 0, for relative precision, ran their softcap at 0.90-0.96x). */
 enum tanh_form { TANH_LIBM, TANH_SFU2, TANH_SFU1 };
 template <tanh_form F> static __device__ __forceinline__ float tanh_as(float x) {
   if (F == TANH_LIBM) return tanhf(x);

@@ -73,6 +73,9 @@ static int run_host(const char *code, const fa_expr *e, int is_mask, const int64
   fprintf(f, "#include <math.h>\n#include <stdio.h>\n#include <string.h>\n"
              "#define __device__\n#define __host__\n#define __forceinline__ inline\n"
              "static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }\n"
+             /* common.cuh's one-SFU tanh is PTX: tanhf stands for it here */
+             "enum tanh_form { TANH_LIBM, TANH_SFU2, TANH_SFU1 };\n"
+             "template <tanh_form F> static inline float tanh_as(float x) { return tanhf(x); }\n"
              "static inline unsigned long long atomicCAS(unsigned long long *p, unsigned long long c, unsigned long long v)"
              " { unsigned long long o = *p; if (o == c) *p = v; return o; }\n"
              "struct __half { unsigned short x; };\nstruct __nv_bfloat16 { unsigned short x; };\n"
@@ -408,6 +411,43 @@ int main(int argc, char **argv) {
     CHECK(code && strstr(code, "(k + 1)") != NULL, "%s", "k as a 64-bit integer"); /* past 2^24 */
     free(code);
     check("positions past 2^24", e, 0, big, bks, 4, 0);
+    fa_expr_free(e);
+  }
+  /* tanh's form: the one-SFU tanh where its error reaches the score times at most 128 (softcap
+   * c·tanh(s / c), c <= 128, plus other terms), tanhf where a larger factor or a comparison follows */
+  {
+    const struct { const char *name; double c, mul; int fast; } cases[] = {
+      {"softcap 30", 30, 30, 1}, {"softcap 128", 128, 128, 1}, {"softcap 129", 129, 129, 0},
+      {"tanh(s) * 1000", 1, 1000, 0}, {"tanh(s / 30) * 30 * 5", 30, 150, 0}};
+    for (int c = 0; c < (int)(sizeof cases / sizeof cases[0]); c++) {
+      nodes x = {0};
+      const int s = node(&x, FA_X_S, 0, 0, 0, 0), q = node(&x, FA_X_Q, 0, 0, 0, 0);
+      const int t = N1(&x, FA_X_TANH, N2(&x, FA_X_DIV, s, cst(&x, cases[c].c)));
+      const int capped = cases[c].mul == 150 ? N2(&x, FA_X_MUL, N2(&x, FA_X_MUL, t, cst(&x, 30)), cst(&x, 5))
+                                             : N2(&x, FA_X_MUL, cst(&x, cases[c].mul), t);
+      N2(&x, FA_X_SUB, capped, N2(&x, FA_X_MUL, q, cst(&x, 0.5)));
+      fa_expr *e = NULL;
+      CHECK(fa_expr_new(ctx, x.n, x.count, NULL, NULL, 0, &e) == FA_OK, "%s", fa_context_error(ctx));
+      const int64_t tb[4] = {1, 1, 8, 8};
+      int reads[2];
+      char *code = fa_variant_source(e, NULL, tb, reads);
+      const int fast = code && strstr(code, "tanh_as<TANH_SFU1>(") != NULL, libm = code && strstr(code, "tanhf(") != NULL;
+      CHECK(code && fast == cases[c].fast && libm == !cases[c].fast, "%s: tanh's form (one-SFU %d, tanhf %d)",
+            cases[c].name, fast, libm);
+      free(code);
+      fa_expr_free(e);
+    }
+    /* in a mask_mod (a comparison follows): tanhf */
+    nodes x = {0};
+    const int q = node(&x, FA_X_Q, 0, 0, 0, 0);
+    B2(&x, FA_X_LT, N1(&x, FA_X_TANH, N2(&x, FA_X_DIV, q, cst(&x, 5))), cst(&x, 0.5));
+    fa_expr *e = NULL;
+    CHECK(fa_expr_new(ctx, x.n, x.count, NULL, NULL, 0, &e) == FA_OK, "%s", fa_context_error(ctx));
+    const int64_t tb[4] = {1, 1, 8, 8};
+    int reads[2];
+    char *code = fa_variant_source(NULL, e, tb, reads);
+    CHECK(code && strstr(code, "tanhf(") && !strstr(code, "tanh_as"), "%s", "mask_mod's tanh: tanhf");
+    free(code);
     fa_expr_free(e);
   }
   fa_tensor_drop(&slopes), fa_tensor_drop(&doc), fa_tensor_drop(&bias), fa_tensor_drop(&flags);
