@@ -292,10 +292,11 @@ static void emit_load(text *t, const fa_expr *e, int i, const int *ty, const uin
  * chosen operand unchanged, times |c| through a product with (or a division
  * by) a constant c, unbounded through anything else or into a boolean (a
  * mask).  A node used twice takes the larger.  tanh takes its one-SFU form
- * where its gain is at most 128 (c·tanh(s / c), softcap, with c <= 128):
- * within 3e-7 of tanh absolutely, so the score within 4e-5
- * (common.cuh's tanh_as); elsewhere tanhf, whose relative precision a
- * larger factor or a comparison may need. */
+ * where its gain is at most 128 (c·tanh(s / c), softcap, with c <= 128)
+ * and the unit's fa_variant_fast_tanh says so (f16/bf16 calls): within
+ * 3e-7 of tanh absolutely, so the score within 4e-5 (common.cuh's
+ * tanh_as); elsewhere tanhf, whose relative precision a larger factor, a
+ * comparison or f32 outputs may need. */
 #define FAST_TANH_GAIN 128.
 static double *gains(const fa_expr *e, const uint8_t *live, int is_mask) {
   double *g = calloc((size_t)e->n, sizeof *g);
@@ -351,8 +352,12 @@ static void emit_node(text *t, const fa_expr *e, int i, const int *ty, const uin
     break;
   case FA_X_EXP: case FA_X_LOG: case FA_X_TANH: case FA_X_SQRT: {
     static const char *const fn[] = {"expf", "logf", "tanhf", "sqrtf"};
-    const int fast = x->op == FA_X_TANH && gain && gain[i] <= FAST_TANH_GAIN;
-    put(t, "%s(", fast ? "tanh_as<TANH_SFU1>" : fn[x->op - FA_X_EXP]), operand(t, a, ty[a], TF), put(t, ")");
+    if (x->op == FA_X_TANH && gain && gain[i] <= FAST_TANH_GAIN) { /* the unit says whether f16/bf16 */
+      put(t, "(fa_variant_fast_tanh ? tanh_as<TANH_SFU1>("), operand(t, a, ty[a], TF), put(t, ") : tanhf(");
+      operand(t, a, ty[a], TF), put(t, "))");
+    } else {
+      put(t, "%s(", fn[x->op - FA_X_EXP]), operand(t, a, ty[a], TF), put(t, ")");
+    }
     break;
   }
   case FA_X_NOT: put(t, "!"), operand(t, a, ty[a], TB); break;

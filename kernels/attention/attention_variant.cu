@@ -541,17 +541,43 @@ static fa_status plan_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_a
 static char *variant_unit(const fa_attn_problem *p, const int64_t *bounds, int *reads) {
   char *code = fa_variant_source(p->score_mod, p->mask_mod, bounds, reads), *src = NULL;
   if (code) {
-    const size_t n = strlen(code) + 512;
+    const size_t n = strlen(code) + 640;
     if ((src = (char *)malloc(n)))
       snprintf(src, n,
-               "#include \"attention_variant.cuh\"\n%s"
+               "#include \"attention_variant.cuh\"\n"
+               "static const bool fa_variant_fast_tanh = %s; /* the one-SFU tanh where its gain allows */\n%s"
                "struct fa_variant_rules {\n  static const bool bool_mask = %s, float_mask = %s, softcap = %s, alibi = %s;\n};\n"
                "#include \"attention_variant_rules.cuh\"\n",
-               code, p->mask_b ? "true" : "false", p->mask_f ? "true" : "false", p->softcap > 0 ? "true" : "false",
-               p->alibi ? "true" : "false");
+               p->compute == FA_F16 || p->compute == FA_BF16 ? "true" : "false", code, p->mask_b ? "true" : "false",
+               p->mask_f ? "true" : "false", p->softcap > 0 ? "true" : "false", p->alibi ? "true" : "false");
   }
   free(code);
   return src;
+}
+
+/* The tests' check without a device (CI has the toolkit, not a GPU): the
+ * unit of score_mod and mask_mod for a call of dtype compiled by NVRTC for
+ * arch with each of the n kernel instances named, their code dropped; the
+ * first that does not compile is the error. */
+extern "C" fa_status fa_cuda_variant_compile(fa_context *ctx, const fa_expr *score_mod, const fa_expr *mask_mod,
+                                             fa_dtype dtype, const char *arch, const char *const *names, int n) {
+  fa_status st = nvrtc_open(ctx);
+  if (st) return st;
+  fa_attn_problem p;
+  memset(&p, 0, sizeof p);
+  p.B = 2, p.Hq = p.Hkv = 4, p.Lq = p.Lk = 256, p.compute = dtype, p.score_mod = score_mod, p.mask_mod = mask_mod;
+  const int64_t bounds[4] = {p.B, p.Hq, p.Lq, p.Lk};
+  int reads[2];
+  char *src = variant_unit(&p, bounds, reads);
+  if (!src) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.score_mod: out of host memory");
+  for (int i = 0; i < n && !st; i++) {
+    char *cubin = NULL, *lowered = NULL;
+    size_t size = 0;
+    st = rtc_compile(ctx, src, arch, names[i], &cubin, &size, &lowered);
+    free(cubin), free(lowered);
+  }
+  free(src);
+  return st;
 }
 
 /* ---- mask_mod's tiles (fa_variant_args.spans) ---- */

@@ -118,6 +118,12 @@ fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attn_kernel kernel, cons
   return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
 }
 
+fa_status fa_cuda_variant_compile(fa_context *ctx, const fa_expr *score_mod, const fa_expr *mask_mod, fa_dtype dtype,
+                                  const char *arch, const char *const *names, int n) {
+  (void)score_mod, (void)mask_mod, (void)dtype, (void)arch, (void)names, (void)n;
+  return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
+}
+
 fa_status fa_cuda_block_mask(fa_context *ctx, const fa_expr *e, int64_t B, int64_t H, int64_t Lq, int64_t Lk,
                              int64_t Br, int64_t Bc, uint8_t *state) {
   (void)e, (void)B, (void)H, (void)Lq, (void)Lk, (void)Br, (void)Bc, (void)state;
