@@ -290,18 +290,18 @@ static void emit_load(text *t, const fa_expr *e, int i, const int *ty, const uin
 /* How much an absolute error of each node can grow on its way to the
  * score (its "gain"): 1 at the root, through sums, negation and where's
  * chosen operand unchanged, times |c| through a product with (or a division
- * by) a constant c, unbounded through anything else or into a boolean (a
- * mask).  A node used twice takes the larger.  tanh takes its one-SFU form
- * where its gain is at most 128 (c·tanh(s / c), softcap, with c <= 128)
- * and the unit's fa_variant_fast_tanh says so (f16/bf16 calls): within
- * 3e-7 of tanh absolutely, so the score within 4e-5 (common.cuh's
- * tanh_as); elsewhere tanhf, whose relative precision a larger factor, a
- * comparison or f32 outputs may need. */
+ * by) a constant c, unbounded through anything else (score_mod's only: in
+ * mask_mod everything reaches a comparison).  A node used twice takes the
+ * larger.  tanh is fa_variant_tanh_fast where its gain is at most 128
+ * (c·tanh(s / c), softcap, with c <= 128): the unit makes that common.cuh's
+ * one-SFU tanh_as in f16/bf16 calls (within 3e-7 of tanh absolutely, so
+ * the score within 4e-5), tanhf in f32 ones (variant_unit); elsewhere
+ * tanhf, whose relative precision a larger factor may need. */
 #define FAST_TANH_GAIN 128.
-static double *gains(const fa_expr *e, const uint8_t *live, int is_mask) {
+static double *gains(const fa_expr *e, const uint8_t *live) {
   double *g = calloc((size_t)e->n, sizeof *g);
   if (!g) return NULL;
-  g[e->n - 1] = is_mask ? INFINITY : 1.;
+  g[e->n - 1] = 1.;
   for (int i = e->n - 1; i >= 0; i--) {
     const fa_expr_node *x = &e->nodes[i];
     if (!live[i]) continue;
@@ -352,12 +352,8 @@ static void emit_node(text *t, const fa_expr *e, int i, const int *ty, const uin
     break;
   case FA_X_EXP: case FA_X_LOG: case FA_X_TANH: case FA_X_SQRT: {
     static const char *const fn[] = {"expf", "logf", "tanhf", "sqrtf"};
-    if (x->op == FA_X_TANH && gain && gain[i] <= FAST_TANH_GAIN) { /* the unit says whether f16/bf16 */
-      put(t, "(fa_variant_fast_tanh ? tanh_as<TANH_SFU1>("), operand(t, a, ty[a], TF), put(t, ") : tanhf(");
-      operand(t, a, ty[a], TF), put(t, "))");
-    } else {
-      put(t, "%s(", fn[x->op - FA_X_EXP]), operand(t, a, ty[a], TF), put(t, ")");
-    }
+    const int fast = x->op == FA_X_TANH && gain && gain[i] <= FAST_TANH_GAIN;
+    put(t, "%s(", fast ? "fa_variant_tanh_fast" : fn[x->op - FA_X_EXP]), operand(t, a, ty[a], TF), put(t, ")");
     break;
   }
   case FA_X_NOT: put(t, "!"), operand(t, a, ty[a], TB); break;
@@ -697,7 +693,7 @@ static int emit_function(text *t, const fa_expr *e, const int64_t *bounds, int i
     return 0;
   }
   if (dep) fa_expr_grad_deps(e, dep);
-  double *gain = gains(e, live, is_mask); /* NULL (out of memory): tanhf everywhere */
+  double *gain = is_mask ? NULL : gains(e, live); /* NULL (a mask, or out of memory): tanhf everywhere */
   put(t,
       "  static __device__ __forceinline__ %s %s(const fa_variant_args &a, float s, long long b, long long h, "
       "long long q, long long k, float bf, float hf, float qf, float kf, int &fault_node%s) {\n",

@@ -306,10 +306,10 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       wgmma_hold<D / 2>(&dk[0][0]);
       wgmma_fence();
       bwg_xb<T, D, BR / 16>(&dv[0][0], pa, do_base); /* dV += Pᵀ·dO */
+      /* DQ: dV on the tensor cores while dSᵀ is staged and the warpgroups
+       * meet; then dQ's share, then dK, committed apart, so that the share's
+       * adds are issued while dK runs */
       if constexpr (DQ) {
-        /* dV on the tensor cores while dSᵀ is staged and the warpgroups
-         * meet; then dQ's share, then dK, committed apart, so that the
-         * share's adds are issued while dK runs */
         wgmma_commit();
         bwg_stage_ds<BR>(dSs, da);
         fence_proxy_async();
@@ -317,14 +317,13 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
         wgmma_fence();
         bwg_ds_k<T, NQ, KEYS>(&dq[0][0], smem_addr(dSs), k_base, wg * NQ); /* dQ's share: dS·K, NQ columns */
         wgmma_commit();
-        bwg_xb<T, D, BR / 16>(&dk[0][0], da, q_base); /* dK += dSᵀ·Q */
-        wgmma_commit();
+      }
+      bwg_xb<T, D, BR / 16>(&dk[0][0], da, q_base); /* dK += dSᵀ·Q */
+      wgmma_commit();
+      if constexpr (DQ) {
         wgmma_wait<1>();
         wgmma_hold<NQ / 2>(&dq[0][0]);
         bwg_add_dq<NQ, DG>(acc + bwg_acc_tile(b * p.Hq + qt.head(u), (p.Lq + BR - 1) / BR, qt.row(u, BR), DG), wg * NQ, dq);
-      } else {
-        bwg_xb<T, D, BR / 16>(&dk[0][0], da, q_base); /* dK += dSᵀ·Q */
-        wgmma_commit();
       }
       wgmma_wait<0>();
       wgmma_hold<D / 2>(&dv[0][0]);

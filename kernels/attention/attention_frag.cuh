@@ -196,7 +196,7 @@ static __device__ __forceinline__ void frag_softcap_as(const score_rule &ruA, co
 }
 template <int NC, bool EXACT>
 static __device__ __forceinline__ void frag_softcap_pass(const score_rule &ruA, const score_rule &ruB, float (*s)[4]) {
-  if (!EXACT && ruA.cap <= 128.f && ruB.cap <= 128.f) frag_softcap_as<NC, TANH_SFU1>(ruA, ruB, s);
+  if (!EXACT && ruA.cap <= 128.f) frag_softcap_as<NC, TANH_SFU1>(ruA, ruB, s); /* rows A and B: the call's one c */
   else frag_softcap_as<NC, TANH_LIBM>(ruA, ruB, s);
 }
 template <int NC>

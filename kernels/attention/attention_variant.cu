@@ -545,10 +545,11 @@ static char *variant_unit(const fa_attn_problem *p, const int64_t *bounds, int *
     if ((src = (char *)malloc(n)))
       snprintf(src, n,
                "#include \"attention_variant.cuh\"\n"
-               "static const bool fa_variant_fast_tanh = %s; /* the one-SFU tanh where its gain allows */\n%s"
+               "/* score_mod's tanh where its error reaches the score times at most 128 (variant_codegen.c) */\n"
+               "static __device__ __forceinline__ float fa_variant_tanh_fast(float x) { return %s(x); }\n%s"
                "struct fa_variant_rules {\n  static const bool bool_mask = %s, float_mask = %s, softcap = %s, alibi = %s;\n};\n"
                "#include \"attention_variant_rules.cuh\"\n",
-               p->compute == FA_F16 || p->compute == FA_BF16 ? "true" : "false", code, p->mask_b ? "true" : "false",
+               p->compute == FA_F16 || p->compute == FA_BF16 ? "tanh_as<TANH_SFU1>" : "tanhf", code, p->mask_b ? "true" : "false",
                p->mask_f ? "true" : "false", p->softcap > 0 ? "true" : "false", p->alibi ? "true" : "false");
   }
   free(code);
