@@ -123,8 +123,12 @@ FA_API fa_device fa_tensor_device(const fa_tensor *t);
 FA_API void *fa_tensor_data(const fa_tensor *t); /* address of the first element */
 FA_API int fa_tensor_is_contiguous(const fa_tensor *t);
 
-/* Views share storage with `t` (0-based dims and indices). */
+/* Views share storage with `t` (0-based dims and indices).  fa_tensor_view
+ * takes one -1 size (inferred) and any strides that can hold the shape
+ * (PyTorch's rule), else FA_ERR_SHAPE; fa_tensor_reshape is that view when
+ * it exists, else a view of a contiguous copy. */
 FA_API fa_status fa_tensor_view(fa_context *ctx, fa_tensor *t, int ndim, const int64_t *shape, fa_tensor **out);
+FA_API fa_status fa_tensor_reshape(fa_context *ctx, fa_tensor *t, int ndim, const int64_t *shape, fa_tensor **out);
 FA_API fa_status fa_tensor_select(fa_context *ctx, fa_tensor *t, int dim, int64_t index, fa_tensor **out);
 FA_API fa_status fa_tensor_narrow(fa_context *ctx, fa_tensor *t, int dim, int64_t start, int64_t len,
                                   fa_tensor **out);
@@ -159,8 +163,10 @@ typedef enum { FA_REDUCE_SUM = 0, FA_REDUCE_MAX, FA_REDUCE_MIN, FA_REDUCE_NORM }
 FA_API fa_status fa_tensor_reduce(fa_context *ctx, fa_tensor *t, fa_reduce_op op, double *out);
 FA_API fa_status fa_tensor_isfinite(fa_context *ctx, fa_tensor *t, int *out);
 
-typedef enum { FA_BIN_ADD = 0, FA_BIN_SUB, FA_BIN_MUL, FA_BIN_DIV } fa_binary_op;
-/* out = a op b (b a same-shape tensor) or a op scalar (b NULL). */
+typedef enum { FA_BIN_ADD = 0, FA_BIN_SUB, FA_BIN_MUL, FA_BIN_DIV, FA_BIN_RSUB, FA_BIN_RDIV } fa_binary_op;
+/* out = a op b (b a same-shape tensor) or a op scalar (b NULL), in a's
+ * dtype, each element computed in f64 and rounded once; RSUB and RDIV
+ * reverse the operands (b - a, scalar / a). */
 FA_API fa_status fa_tensor_binary(fa_context *ctx, fa_tensor *a, fa_binary_op op, fa_tensor *b, double scalar,
                                   fa_tensor **out);
 

@@ -83,8 +83,26 @@ static int fn_failed(lua_State *L, int status) {
   return fal_argerror(L, 1, "fn", "raised an error: %s", msg);
 }
 
+/* Set in the registry while a bench's fn runs: the context has one timer,
+ * which a bench inside fn would restart under the outer one's feet. */
+static const char bench_running_key = 0;
+
+static int bench_running(lua_State *L) {
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &bench_running_key);
+  const int on = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return on;
+}
+
+static void set_bench_running(lua_State *L, int on) {
+  lua_pushboolean(L, on);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &bench_running_key);
+}
+
 static int l_bench(lua_State *L) {
   fa_context *ctx = fal_ctx(L);
+  if (bench_running(L))
+    fal_error(L, "fa.bench: called from inside another fa.bench's fn (the two would share the context's timer)");
   int64_t warmup = DEFAULT_WARMUP, rep = DEFAULT_REP;
   int flush = 0;
   lua_settop(L, 2);
@@ -120,7 +138,9 @@ static int l_bench(lua_State *L) {
     if (!*dev_flush) FAL_CALL(L, ctx, fa_sync(ctx));
     FAL_CALL(L, ctx, fa_timer_start(ctx));
     lua_pushvalue(L, 1);
+    set_bench_running(L, 1);
     int st = lua_pcall(L, 0, 0, 0);
+    set_bench_running(L, 0);
     if (st != LUA_OK) fn_failed(L, st);
     double ms = 0;
     FAL_CALL(L, ctx, fa_timer_stop(ctx, &ms));

@@ -19,19 +19,24 @@ static int64_t shape_elem(lua_State *L, int t, int i) {
   return (int64_t)v;
 }
 
-/* A shape table holds its sizes at 1..n and nothing else: {2, 3, dtype =
- * "f16"} is an error, not a silently ignored option. */
-static void check_shape_keys(lua_State *L, int t, int64_t n, const char *name) {
+/* A key of table t other than the integers 1..n, described (never by its
+ * __tostring), or NULL when there is none. */
+static const char *stray_key(lua_State *L, int t, int64_t n) {
   lua_pushnil(L);
   while (lua_next(L, t)) {
     lua_pop(L, 1);
     int isint;
     lua_Integer k = lua_tointegerx(L, -1, &isint);
-    if (lua_type(L, -1) != LUA_TNUMBER || !isint || k < 1 || k > n) {
-      const char *shown = fal_describe(L, -1); /* never the key's __tostring */
-      fal_error(L, "%s: unexpected key %s in the shape table (options go in a separate last table)", name, shown);
-    }
+    if (lua_type(L, -1) != LUA_TNUMBER || !isint || k < 1 || k > n) return fal_describe(L, -1);
   }
+  return NULL;
+}
+
+/* A shape table holds its sizes at 1..n and nothing else: {2, 3, dtype =
+ * "f16"} is an error, not a silently ignored option. */
+static void check_shape_keys(lua_State *L, int t, int64_t n, const char *name) {
+  const char *shown = stray_key(L, t, n);
+  if (shown) fal_error(L, "%s: unexpected key %s in the shape table (options go in a separate last table)", name, shown);
 }
 
 int fal_read_shape(lua_State *L, int first, int last, int64_t shape[FA_MAX_DIMS], const char *name) {
@@ -207,6 +212,12 @@ static void walk(lua_State *L, nest *s, int d) {
     fal_error(L, "fa.tensor: ragged table at %s: expected %I elements, got %I", path_str(L, s, d),
               (lua_Integer)s->shape[d], (lua_Integer)n);
   luaL_checkstack(L, 4, "fa.tensor");
+  /* its elements at 1..n and nothing else: a hole past the border, or a
+   * key such as x = 3, would otherwise be dropped without a word */
+  const char *shown = stray_key(L, t, n);
+  if (shown)
+    fal_error(L, "fa.tensor: ragged table at %s: key %s outside its elements 1..%I", d ? path_str(L, s, d) : "the top",
+              shown, (lua_Integer)n);
   for (int64_t i = 1; i <= n; i++) {
     s->path[d] = i;
     int tt = lua_rawgeti(L, t, (lua_Integer)i);

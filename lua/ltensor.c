@@ -473,16 +473,7 @@ static int t_reshape(lua_State *L) {
   int nd = fal_read_shape(L, 2, n, shape, "shape");
   SELF(L);
   fa_tensor **r = fal_newbox(L);
-  if (fa_tensor_is_contiguous(SELF(L))) {
-    FAL_CALL(L, ctx, fa_tensor_view(ctx, SELF(L), nd, shape, r));
-    return 1;
-  }
-  fa_tensor **c = fal_newbox(L);
-  int ci = lua_gettop(L);
-  FAL_CALL(L, ctx, fa_tensor_contiguous(ctx, SELF(L), c));
-  FAL_CALL(L, ctx, fa_tensor_view(ctx, *c, nd, shape, r));
-  fal_box_release(L, ci); /* the view holds the copy's storage */
-  lua_pop(L, 1);
+  FAL_CALL(L, ctx, fa_tensor_reshape(ctx, SELF(L), nd, shape, r));
   return 1;
 }
 

@@ -29,34 +29,12 @@ static int t_sub(lua_State *L) { return tensor_op(L, 1, "self", FA_BIN_SUB, 2, "
 static int t_mul(lua_State *L) { return tensor_op(L, 1, "self", FA_BIN_MUL, 2, "x"); }
 static int t_div(lua_State *L) { return tensor_op(L, 1, "self", FA_BIN_DIV, 2, "x"); }
 
-/* s op t for a number s on the left. */
+/* s op t for a number s on the left: the reversed ops, computed in f64
+ * per element like the others (s itself is never rounded to t's dtype,
+ * and a bool t gives s - t and s / t of its 0s and 1s). */
 static int number_op(lua_State *L, fa_binary_op op) {
   if (op == FA_BIN_ADD || op == FA_BIN_MUL) return tensor_op(L, 2, "b", op, 1, "a"); /* commutative */
-  fa_context *ctx = fal_ctx(L);
-  lua_settop(L, 2);
-  fa_tensor **r = fal_newbox(L);
-  fa_tensor **tmp = fal_newbox(L);
-  int tmpi = lua_gettop(L);
-  fal_pins *pins = fal_pins_open(L); /* t through several calls, each of which may collect */
-  fa_tensor *t = fal_pin(L, pins, 2, "b");
-  double s = (double)lua_tonumber(L, 1);
-  if (op == FA_BIN_SUB) {
-    /* s - t = (-t) + s, exactly: negation is exact and addition commutes */
-    FAL_CALL(L, ctx, fa_tensor_binary(ctx, t, FA_BIN_MUL, NULL, -1.0, tmp));
-    FAL_CALL(L, ctx, fa_tensor_binary(ctx, *tmp, FA_BIN_ADD, NULL, s, r));
-  } else {
-    /* s / t through a tensor full of s (no reciprocal rounding) */
-    int64_t shape[FA_MAX_DIMS];
-    int nd = fa_tensor_ndim(t);
-    for (int i = 0; i < nd; i++) shape[i] = fa_tensor_size(t, i);
-    FAL_CALL(L, ctx, fa_tensor_empty(ctx, nd, shape, fa_tensor_dtype(t), fa_tensor_device(t), tmp));
-    FAL_CALL(L, ctx, fa_tensor_fill(ctx, *tmp, s));
-    FAL_CALL(L, ctx, fa_tensor_binary(ctx, *tmp, FA_BIN_DIV, t, 0.0, r));
-  }
-  fal_box_release(L, tmpi);
-  fal_pins_close(L, tmpi + 1);
-  lua_settop(L, tmpi - 1); /* tmp and the pins */
-  return 1;
+  return tensor_op(L, 2, "b", op == FA_BIN_SUB ? FA_BIN_RSUB : FA_BIN_RDIV, 1, "a");
 }
 
 /* __add etc.: tensor op tensor, tensor op number, number op tensor. */

@@ -447,8 +447,11 @@ done:
   return st;
 }
 
+/* reference: fa_attention_reference.  native_lse: lse in f64 where the
+ * CPU computes in f64 (the split pieces, whose merge keeps f64); the
+ * public call's lse is f32 (API §2). */
 static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
-                               int reference, fa_tensor **out, fa_tensor **lse) {
+                               int reference, int native_lse, fa_tensor **out, fa_tensor **lse) {
   fa_attention_opts defaults;
   if (!o) {
     fa_attention_opts_init(&defaults);
@@ -493,12 +496,12 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
     return st;
   }
   fa_dtype compute = reference || d.dtype == FA_F64 ? FA_F64 : FA_F32;
+  const fa_dtype lse_dtype = reference || (native_lse && compute == FA_F64) ? FA_F64 : FA_F32;
   fa_tensor *user_out = reference ? NULL : o->out, *user_lse = reference ? NULL : o->lse_out;
   fa_attn_buffers bufs = {0};
   fa_attn_problem p;
   if ((st = build_problem(ctx, q, k, v, o, &d, compute, &p, &bufs)) ||
-      (st = prepare_outputs(ctx, o, &d, compute, want_lse, user_out, user_lse, reference ? FA_F64 : FA_F32, &p,
-                            &bufs)))
+      (st = prepare_outputs(ctx, o, &d, compute, want_lse, user_out, user_lse, lse_dtype, &p, &bufs)))
     goto done;
   if (!reference) p.block_mask = o->block_mask;
   if ((st = fa_expr_begin(ctx, p.score_mod, p.mask_mod, 1))) goto done;
@@ -514,7 +517,7 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   if (st) goto done;
   fa_device dev = reference ? FA_CPU : d.device;
   st = fa_attn_deliver(ctx, q, d.rank, d.Dv, bufs.o, want_lse ? bufs.lse : NULL, user_out, user_lse,
-                       reference ? FA_F64 : d.dtype, reference ? FA_F64 : FA_F32, dev, out, lse);
+                       reference ? FA_F64 : d.dtype, lse_dtype, dev, out, lse);
 done:
   fa_attn_buffers_drop(ctx, &bufs);
   fa_tensor_release(slopes);
@@ -523,12 +526,17 @@ done:
 
 fa_status fa_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *opts,
                        fa_tensor **o, fa_tensor **lse) {
-  return run_attention(ctx, q, k, v, opts, 0, o, lse);
+  return run_attention(ctx, q, k, v, opts, 0, 0, o, lse);
+}
+
+fa_status fa_attention_piece(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *opts,
+                             fa_tensor **o, fa_tensor **lse) {
+  return run_attention(ctx, q, k, v, opts, 0, 1, o, lse);
 }
 
 fa_status fa_attention_reference(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v,
                                  const fa_attention_opts *opts, fa_tensor **o, fa_tensor **lse) {
-  return run_attention(ctx, q, k, v, opts, 1, o, lse);
+  return run_attention(ctx, q, k, v, opts, 1, 0, o, lse);
 }
 
 fa_status fa_attention_kernels(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *opts,

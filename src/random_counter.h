@@ -9,8 +9,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "flashattn.h"
 #include "host_device.h"
-
 
 #define FA_GOLDEN_GAMMA 0x9e3779b97f4a7c15ULL
 
@@ -30,6 +30,14 @@ FA_HOST_DEVICE static inline double fa_bits_to_unit(uint64_t x) { return (double
 /* Uniform in [0, 1). */
 FA_HOST_DEVICE static inline double fa_rng_uniform(uint64_t seed, uint64_t i) {
   return fa_bits_to_unit(fa_mix64(fa_mix64(seed) + i * FA_GOLDEN_GAMMA));
+}
+
+/* A uniform value as it is stored in dtype: never rounded up to 1 (the
+ * largest value below 1 of f32, f16, bf16 instead, which rounding leaves
+ * as it is), so that [0, 1) holds in every dtype. */
+FA_HOST_DEVICE static inline double fa_rng_uniform_for(int dtype, double u) {
+  const double top = dtype == FA_F32 ? 1 - 0x1.0p-24 : dtype == FA_F16 ? 1 - 0x1.0p-11 : dtype == FA_BF16 ? 1 - 0x1.0p-8 : u;
+  return u < top ? u : top;
 }
 
 /* Standard normal: Box-Muller from two streams of the same counter. */

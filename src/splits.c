@@ -59,7 +59,7 @@ fa_status fa_attention_splits_run(fa_context *ctx, fa_tensor *q, fa_tensor *k, f
       if ((st = fa_tensor_narrow(ctx, o->mask, o->mask->ndim - 1, s, d->Lk - s, &mp))) break;
       po.mask = mp;
     }
-    st = fa_attention(ctx, q, kp, vp, &po, &os[i], &lses[i]);
+    st = fa_attention_piece(ctx, q, kp, vp, &po, &os[i], &lses[i]);
     fa_tensor_drop(&kp), fa_tensor_drop(&vp), fa_tensor_drop(&mp);
   }
   if (!st) st = fa_merge_states_n(ctx, splits, os, lses, &ro, &rl);

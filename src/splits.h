@@ -12,6 +12,10 @@ fa_status fa_attention_splits_check(fa_context *ctx, const fa_attention_opts *o,
 /* The number of separate calls: "auto" (0) is 1 (the decode kernel chooses
  * its own chunks); never more pieces than keys. */
 int64_t fa_attention_splits_resolve(const fa_attention_opts *o, const fa_attn_dims *d);
+/* fa_attention for one piece: its lse in f64 where the CPU computes in
+ * f64 (f64 inputs), so that the merge loses nothing to an f32 lse. */
+fa_status fa_attention_piece(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *opts,
+                             fa_tensor **o, fa_tensor **lse);
 /* The split call of fa_attention (checked arguments, splits > 1). */
 fa_status fa_attention_splits_run(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
                                   const fa_attn_dims *d, int64_t splits, fa_tensor **out, fa_tensor **lse);

@@ -232,25 +232,23 @@ static fa_status check_dim(fa_context *ctx, const fa_tensor *t, int dim, const c
   return FA_OK;
 }
 
-fa_status fa_tensor_view(fa_context *ctx, fa_tensor *t, int ndim, const int64_t *shape_in, fa_tensor **out) {
-  FA_NEED(out);
-  *out = NULL;
-  FA_NEED(ctx);
-  FA_NEED(t);
-  FA_NEED(shape_in);
-  int64_t shape[FA_MAX_DIMS], strides[FA_MAX_DIMS];
+/* shape_in with its one -1 inferred, into shape, checked against t's
+ * element count; what names the call in errors. */
+static fa_status resolve_shape(fa_context *ctx, const fa_tensor *t, int ndim, const int64_t *shape_in,
+                               int64_t *shape, const char *what) {
   if (ndim < 1 || ndim > FA_MAX_DIMS)
-    return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: view: expected 1 to 4 dimensions, got %d", ndim);
+    return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: %s: expected 1 to 4 dimensions, got %d", what, ndim);
   int infer = -1;
   int64_t known = 1, span = 1, n = fa_tensor_numel(t);
   for (int i = 0; i < ndim; i++) {
     shape[i] = shape_in[i];
     if (shape[i] == -1 && infer < 0) infer = i;
     else if (shape[i] < 0)
-      return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: view: bad size %lld for dimension %d", (long long)shape[i], i + 1);
-    else if (shape[i] && span > FA_MAX_SPAN / shape[i]) /* before it can wrap around to n */
-      return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: view: size %lld of dimension %d is too large", (long long)shape[i],
+      return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: %s: bad size %lld for dimension %d", what, (long long)shape[i],
                      i + 1);
+    else if (shape[i] && span > FA_MAX_SPAN / shape[i]) /* before it can wrap around to n */
+      return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: %s: size %lld of dimension %d is too large", what,
+                     (long long)shape[i], i + 1);
     else {
       known *= shape[i];
       if (shape[i]) span *= shape[i];
@@ -258,19 +256,73 @@ fa_status fa_tensor_view(fa_context *ctx, fa_tensor *t, int ndim, const int64_t 
   }
   if (infer >= 0) {
     if (known == 0 || n % known)
-      return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: view: cannot infer dimension %d for %lld elements", infer + 1,
+      return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: %s: cannot infer dimension %d for %lld elements", what, infer + 1,
                      (long long)n);
     shape[infer] = n / known;
     known *= shape[infer];
   }
   char buf[64];
   if (known != n)
-    return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: view: shape has %lld elements but the tensor (%s) has %lld",
+    return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: %s: shape has %lld elements but the tensor (%s) has %lld", what,
                    (long long)known, fa_shape_str(t, buf, sizeof buf), (long long)n);
-  if (!fa_tensor_is_contiguous(t))
-    return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: view: the tensor is not contiguous (use reshape or contiguous)");
+  return FA_OK;
+}
+
+/* Strides that make t's elements, in row-major order, a tensor of `shape`
+ * (as many elements) without moving them, as PyTorch's view finds them:
+ * each run of t's dimensions that are contiguous with one another
+ * (stride[d - 1] = size[d]·stride[d], size-1 dimensions aside) must be
+ * covered by whole dimensions of the new shape.  0 when none exist. */
+static int view_strides(const fa_tensor *t, int ndim, const int64_t *shape, int64_t *strides) {
+  if (fa_tensor_numel(t) == 0) {
+    contiguous_strides(ndim, shape, strides);
+    return 1;
+  }
+  int vd = ndim - 1;
+  int64_t base = t->strides[t->ndim - 1], tn = 1, vn = 1;
+  for (int d = t->ndim - 1; d >= 0; d--) {
+    tn *= t->shape[d];
+    if (d == 0 || (t->shape[d - 1] != 1 && t->strides[d - 1] != tn * base)) { /* a run ends at d */
+      while (vd >= 0 && (vn < tn || shape[vd] == 1)) {
+        strides[vd] = vn * base;
+        vn *= shape[vd--];
+      }
+      if (vn != tn) return 0;
+      if (d > 0) base = t->strides[d - 1], tn = 1, vn = 1;
+    }
+  }
+  return vd == -1;
+}
+
+/* fa_tensor_view, and fa_tensor_reshape (may_copy) */
+static fa_status view_of(fa_context *ctx, fa_tensor *t, int ndim, const int64_t *shape_in, int may_copy,
+                         fa_tensor **out) {
+  FA_NEED(out);
+  *out = NULL;
+  FA_NEED(ctx);
+  FA_NEED(t);
+  FA_NEED(shape_in);
+  int64_t shape[FA_MAX_DIMS], strides[FA_MAX_DIMS];
+  fa_status st = resolve_shape(ctx, t, ndim, shape_in, shape, may_copy ? "reshape" : "view");
+  if (st) return st;
+  if (view_strides(t, ndim, shape, strides)) return make_view(ctx, t, ndim, shape, strides, t->offset, out);
+  if (!may_copy)
+    return fa_fail(ctx, FA_ERR_SHAPE,
+                   "flashattn: view: the tensor's strides do not allow this shape without a copy (use reshape)");
+  fa_tensor *c = NULL;
+  if ((st = fa_tensor_contiguous(ctx, t, &c))) return st;
   contiguous_strides(ndim, shape, strides);
-  return make_view(ctx, t, ndim, shape, strides, t->offset, out);
+  st = make_view(ctx, c, ndim, shape, strides, c->offset, out);
+  fa_tensor_release(c); /* the view holds the copy's storage */
+  return st;
+}
+
+fa_status fa_tensor_view(fa_context *ctx, fa_tensor *t, int ndim, const int64_t *shape, fa_tensor **out) {
+  return view_of(ctx, t, ndim, shape, 0, out);
+}
+
+fa_status fa_tensor_reshape(fa_context *ctx, fa_tensor *t, int ndim, const int64_t *shape, fa_tensor **out) {
+  return view_of(ctx, t, ndim, shape, 1, out);
 }
 
 fa_status fa_tensor_select(fa_context *ctx, fa_tensor *t, int dim, int64_t index, fa_tensor **out) {

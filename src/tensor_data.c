@@ -5,6 +5,7 @@
  * correct on both devices). */
 #include "check.h"
 #include "internal.h"
+#include "random_counter.h"
 
 #include <math.h>
 #include <string.h>
@@ -181,7 +182,7 @@ fa_status fa_tensor_fill_random(fa_context *ctx, fa_tensor *t, fa_fill_kind kind
   fa_iter it;
   fa_iter_init(&it, t);
   for (int64_t k = 0; k < n; k++, fa_iter_next(&it)) {
-    double v = kind == FA_FILL_UNIFORM  ? fa_random_uniform(seed, (uint64_t)k)
+    double v = kind == FA_FILL_UNIFORM  ? fa_rng_uniform_for(t->dtype, fa_random_uniform(seed, (uint64_t)k))
                : kind == FA_FILL_NORMAL ? fa_random_normal(seed, (uint64_t)k)
                                         : (double)k;
     fa_store_f64(t->dtype, m.base, it.offset, v);
@@ -398,6 +399,8 @@ static double apply_op(fa_binary_op op, double x, double y) {
   case FA_BIN_SUB: return x - y;
   case FA_BIN_MUL: return x * y;
   case FA_BIN_DIV: return x / y;
+  case FA_BIN_RSUB: return y - x;
+  case FA_BIN_RDIV: return y / x;
   }
   return NAN;
 }
@@ -408,8 +411,8 @@ fa_status fa_tensor_binary(fa_context *ctx, fa_tensor *a, fa_binary_op op, fa_te
   *out = NULL;
   FA_NEED(ctx);
   FA_NEED(a);
-  static const char *names[] = {"add", "sub", "mul", "div"};
-  if ((unsigned)op > FA_BIN_DIV) return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: unknown binary op %d", (int)op);
+  static const char *names[] = {"add", "sub", "mul", "div", "rsub", "rdiv"};
+  if ((unsigned)op > FA_BIN_RDIV) return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: unknown binary op %d", (int)op);
   fa_status st;
   if (b) {
     if ((st = check_same_shape(ctx, a, b, names[op]))) return st;
@@ -451,8 +454,38 @@ fail_r:
   return st;
 }
 
+/* A sum of squares kept as scale²·ssq (LAPACK's dlassq), so that f64
+ * values near the ends of the range (1e300, 1e-300) neither overflow nor
+ * vanish when squared. */
+typedef struct {
+  double scale, ssq;
+} sumsq;
+
+static void sumsq_add(sumsq *s, double x) {
+  const double ax = fabs(x);
+  if (ax == 0) return;
+  if (isnan(ax)) {
+    s->ssq = NAN;
+  } else if (s->scale < ax) {
+    const double r = isinf(ax) ? 0 : s->scale / ax;
+    s->ssq = 1 + s->ssq * r * r;
+    s->scale = ax;
+  } else {
+    const double r = isinf(ax) ? 1 : ax / s->scale; /* two infinities: one each */
+    s->ssq += r * r;
+  }
+}
+
+/* ‖x‖ / ‖y‖ from their sums of squares: 0/0 is 0, x/0 inf, NaN stays. */
+static double sumsq_ratio(sumsq x, sumsq y) {
+  if (isnan(x.ssq) || isnan(y.ssq)) return NAN;
+  if (x.scale == 0) return 0;
+  if (y.scale == 0) return INFINITY;
+  return x.scale / y.scale * sqrt(x.ssq / y.ssq);
+}
+
 /* Both comparison helpers walk a and b together on the host. */
-static fa_status compare(fa_context *ctx, fa_tensor *a, fa_tensor *b, const char *what, double *num, double *den,
+static fa_status compare(fa_context *ctx, fa_tensor *a, fa_tensor *b, const char *what, sumsq *num, sumsq *den,
                          double *maxdiff) {
   fa_status st = check_same_shape(ctx, a, b, what);
   if (st) return st;
@@ -466,13 +499,14 @@ static fa_status compare(fa_context *ctx, fa_tensor *a, fa_tensor *b, const char
   fa_iter ia, ib;
   fa_iter_init(&ia, a);
   fa_iter_init(&ib, b);
-  double s_num = 0, s_den = 0, md = 0;
+  sumsq s_num = {0, 0}, s_den = {0, 0};
+  double md = 0;
   for (int64_t k = 0; k < n; k++, fa_iter_next(&ia), fa_iter_next(&ib)) {
     double x = fa_load_f64(a->dtype, ma.base, ia.offset), y = fa_load_f64(b->dtype, mb.base, ib.offset);
     double d = x - y;
     if (x == y) d = 0; /* equal infinities */
-    s_num += d * d;
-    s_den += y * y;
+    sumsq_add(&s_num, d);
+    sumsq_add(&s_den, y);
     double ad = fabs(d);
     if (ad > md || isnan(ad)) md = isnan(md) ? md : ad;
   }
@@ -486,10 +520,11 @@ fa_status fa_rel_error(fa_context *ctx, fa_tensor *a, fa_tensor *ref, double *ou
   FA_NEED(a);
   FA_NEED(ref);
   FA_NEED(out);
-  double num, den, md;
+  sumsq num, den;
+  double md;
   fa_status st = compare(ctx, a, ref, "rel_error", &num, &den, &md);
   if (st) return st;
-  *out = den > 0 ? sqrt(num / den) : (num == 0 ? 0 : (isnan(num) ? NAN : INFINITY));
+  *out = sumsq_ratio(num, den);
   return FA_OK;
 }
 
@@ -498,6 +533,6 @@ fa_status fa_max_abs_diff(fa_context *ctx, fa_tensor *a, fa_tensor *b, double *o
   FA_NEED(a);
   FA_NEED(b);
   FA_NEED(out);
-  double num, den;
+  sumsq num, den;
   return compare(ctx, a, b, "max_abs_diff", &num, &den, out);
 }

@@ -61,8 +61,8 @@ static __device__ __forceinline__ void store_elem(const Layout &l, int64_t off, 
 }
 
 /* The generator of src/random_counter.h (the CPU's too). */
-static __device__ double random_value(int kind, uint64_t seed, uint64_t k) {
-  if (kind == FA_FILL_UNIFORM) return fa_rng_uniform(seed, k);
+static __device__ double random_value(int kind, int dtype, uint64_t seed, uint64_t k) {
+  if (kind == FA_FILL_UNIFORM) return fa_rng_uniform_for(dtype, fa_rng_uniform(seed, k));
   if (kind == FA_FILL_ARANGE) return (double)k;
   return fa_rng_normal(seed, k);
 }
@@ -76,13 +76,18 @@ __global__ void copy_kernel(Layout dst, Layout src, int64_t n) {
 
 enum { FILL_CONST = -1 };
 __global__ void fill_kernel(Layout t, int64_t n, int kind, uint64_t seed, double value) {
-  GRID_STRIDE(k, n) store_elem(t, offset_of(t, k), kind == FILL_CONST ? value : random_value(kind, seed, (uint64_t)k));
+  GRID_STRIDE(k, n) store_elem(t, offset_of(t, k), kind == FILL_CONST ? value : random_value(kind, t.dtype, seed, (uint64_t)k));
 }
 
 __global__ void binary_kernel(Layout r, Layout a, Layout b, int has_b, int op, double scalar, int64_t n) {
   GRID_STRIDE(k, n) {
     double x = load_elem(a, offset_of(a, k)), y = has_b ? load_elem(b, offset_of(b, k)) : scalar;
-    double z = op == FA_BIN_ADD ? x + y : op == FA_BIN_SUB ? x - y : op == FA_BIN_MUL ? x * y : x / y;
+    double z = op == FA_BIN_ADD    ? x + y
+               : op == FA_BIN_SUB  ? x - y
+               : op == FA_BIN_MUL  ? x * y
+               : op == FA_BIN_DIV  ? x / y
+               : op == FA_BIN_RSUB ? y - x
+                                   : y / x;
     store_elem(r, k, z);
   }
 }

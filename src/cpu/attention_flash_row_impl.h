@@ -41,7 +41,7 @@ static void FA_R(flash_row)(const fa_attn_problem *p, int64_t b, int64_t h, int6
       m = m_new;
     }
   }
-  FA_R(fa_attn_finish)(o, Dv, 1, Dv, &m, &d, p->lse ? p->lse + fa_attn_row_at(p->lse_st, b, h, i) : NULL, 1);
+  FA_R(fa_attn_finish)(o, Dv, 1, Dv, &m, &d, fa_lse_rows_at(p, fa_attn_row_at(p->lse_st, b, h, i)), 1);
 }
 
 static fa_status FA_R(flash_row_all)(const fa_attn_problem *p) {

@@ -19,7 +19,7 @@ typedef struct {
   int64_t ulo, uhi; /* union of the rows' key ranges (ulo >= uhi: none) */
   const REAL *q, *k, *v; /* the tile's first query row; the head's keys, values */
   REAL *o;               /* the tile's first output row, the running output */
-  float *lse;            /* the tile's first lse entry, or NULL */
+  fa_lse_rows lse;       /* the tile's first lse entries */
 } FA_R(qtile);
 
 typedef void (*FA_R(qtile_fn))(const fa_attn_problem *p, const FA_R(qtile) *t, const FA_R(qtile_ws) *w);
@@ -53,7 +53,7 @@ static FA_R(qtile) FA_R(qtile_begin)(const fa_attn_problem *p, int64_t b, int64_
                    (const REAL *)p->k + fa_attn_row_at(p->k_st, b, hk, 0),
                    (const REAL *)p->v + fa_attn_row_at(p->v_st, b, hk, 0),
                    (REAL *)p->o + fa_attn_row_at(p->o_st, b, h, i0),
-                   p->lse ? p->lse + fa_attn_row_at(p->lse_st, b, h, i0) : NULL};
+                   fa_lse_rows_at(p, fa_attn_row_at(p->lse_st, b, h, i0))};
   for (int64_t r = 0; r < rows; r++) {
     fa_attn_key_range(p, b, i0 + r, &w->lo[r], &w->hi[r]);
     if (w->lo[r] < w->hi[r]) {

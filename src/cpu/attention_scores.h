@@ -41,17 +41,31 @@ double fa_attn_exp_sum_f64(double *s, int64_t n, double m);
 void fa_attn_online_f32(float *s, int64_t ld, int64_t rows, int64_t n, float *m, float *l, float *alpha);
 void fa_attn_online_f64(double *s, int64_t ld, int64_t rows, int64_t n, double *m, double *l, double *alpha);
 
+/* Where a tile's lse rows go: f32 (fa_attn_problem's lse), f64 (its
+ * lse64: the reference's, and a split piece's of f64 inputs), or nowhere
+ * (both NULL). */
+typedef struct {
+  float *f32;
+  double *f64;
+} fa_lse_rows;
+
+/* The problem's lse rows from element offset `at`. */
+static inline fa_lse_rows fa_lse_rows_at(const fa_attn_problem *p, int64_t at) {
+  fa_lse_rows r = {p->lse ? p->lse + at : NULL, p->lse64 ? p->lse64 + at : NULL};
+  return r;
+}
+
 /* lse[r·ldl] = m[r] + log l[r], or -inf where l[r] == 0 (nothing
  * attended); ldl is the lse's row stride (opts.lse_out may be a view). */
-void fa_attn_lse_f32(const float *m, const float *l, int64_t rows, float *lse, int64_t ldl);
-void fa_attn_lse_f64(const double *m, const double *l, int64_t rows, float *lse, int64_t ldl);
+void fa_attn_lse_f32(const float *m, const float *l, int64_t rows, fa_lse_rows lse, int64_t ldl);
+void fa_attn_lse_f64(const double *m, const double *l, int64_t rows, fa_lse_rows lse, int64_t ldl);
 
 /* Final step for `rows` output rows of dv entries (row stride ldo):
- * o /= l and lse = m + log l (lse may be NULL; row stride ldl); a row with
+ * o /= l and lse = m + log l (lse may go nowhere; row stride ldl); a row with
  * l == 0 (no key attended) becomes zeros with lse = -inf. */
 void fa_attn_finish_f32(float *o, int64_t ldo, int64_t rows, int64_t dv, const float *m, const float *l,
-                        float *lse, int64_t ldl);
+                        fa_lse_rows lse, int64_t ldl);
 void fa_attn_finish_f64(double *o, int64_t ldo, int64_t rows, int64_t dv, const double *m, const double *l,
-                        float *lse, int64_t ldl);
+                        fa_lse_rows lse, int64_t ldl);
 
 #endif

@@ -132,12 +132,16 @@ void FA_R(fa_attn_online)(REAL *s, int64_t ld, int64_t rows, int64_t n, REAL *m,
   }
 }
 
-void FA_R(fa_attn_lse)(const REAL *m, const REAL *l, int64_t rows, float *lse, int64_t ldl) {
-  for (int64_t r = 0; r < rows; r++) lse[r * ldl] = l[r] == 0 ? -INFINITY : (float)(m[r] + FA_LOG(l[r]));
+void FA_R(fa_attn_lse)(const REAL *m, const REAL *l, int64_t rows, fa_lse_rows lse, int64_t ldl) {
+  for (int64_t r = 0; r < rows; r++) {
+    const REAL x = l[r] == 0 ? -INFINITY : m[r] + FA_LOG(l[r]);
+    if (lse.f32) lse.f32[r * ldl] = (float)x;
+    if (lse.f64) lse.f64[r * ldl] = (double)x;
+  }
 }
 
 void FA_R(fa_attn_finish)(REAL *o, int64_t ldo, int64_t rows, int64_t dv, const REAL *m, const REAL *l,
-                          float *lse, int64_t ldl) {
+                          fa_lse_rows lse, int64_t ldl) {
   for (int64_t r = 0; r < rows; r++) {
     REAL *orow = o + r * ldo;
     if (l[r] == 0) { /* no key attended */
@@ -147,7 +151,7 @@ void FA_R(fa_attn_finish)(REAL *o, int64_t ldo, int64_t rows, int64_t dv, const 
     const REAL inv = 1 / l[r];
     for (int64_t d = 0; d < dv; d++) orow[d] *= inv;
   }
-  if (lse) FA_R(fa_attn_lse)(m, l, rows, lse, ldl);
+  FA_R(fa_attn_lse)(m, l, rows, lse, ldl);
 }
 
 #undef FA_LANES

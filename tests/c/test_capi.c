@@ -271,6 +271,19 @@ static void test_views(void) {
     CHECK(fa_tensor_view(ctx, tr, 1, flat, &bad) != FA_OK, "view of a transpose");
     CHECK(strncmp(fa_context_error(ctx), "flashattn:", 10) == 0, "message");
     CHECK_STATUS(ctx, FA_ERR_SHAPE, fa_tensor_view(ctx, t, 1, (int64_t[]){25}, &bad));
+    /* reshape: a copy there (the base untouched), a view where the strides allow it */
+    fa_tensor *rc = NULL, *rv = NULL;
+    CHECK_OK(ctx, fa_tensor_reshape(ctx, tr, 1, flat, &rc));
+    if (rc) {
+      CHECK(fa_tensor_data(rc) != (void *)buf, "reshape of a transpose copies");
+      fa_tensor_release(rc);
+    }
+    CHECK_OK(ctx, fa_tensor_reshape(ctx, n, 2, (int64_t[]){-1, 2}, &rv)); /* the narrow's rows merged */
+    if (rv) {
+      CHECK(fa_tensor_data(rv) == fa_tensor_data(n) && fa_tensor_stride(rv, 0) == 4,
+            "reshape of a narrow into (-1, 2) is a view");
+      fa_tensor_release(rv);
+    }
     CHECK(fa_tensor_select(ctx, t, 3, 0, &bad) != FA_OK, "select dim 3 of a 3-D tensor");
     CHECK(fa_tensor_select(ctx, t, 0, 2, &bad) != FA_OK, "select index past the end");
     CHECK(fa_tensor_narrow(ctx, t, 2, 3, 2, &bad) != FA_OK, "narrow past the end");
@@ -312,6 +325,21 @@ static void test_tensor_ops(void) {
     fa_tensor_release(c);
     c = NULL;
   }
+  CHECK_OK(ctx, fa_tensor_binary(ctx, b, FA_BIN_RSUB, NULL, 100.0, &c)); /* 100 - b */
+  if (c) {
+    CHECK_OK(ctx, fa_tensor_reduce(ctx, c, FA_REDUCE_SUM, &sum));
+    CHECK(sum == 1500 - 105, "100-b sum %g", sum);
+    fa_tensor_release(c);
+    c = NULL;
+  }
+  CHECK_OK(ctx, fa_tensor_binary(ctx, b, FA_BIN_RDIV, b, 0, &c)); /* b / b */
+  if (c) {
+    CHECK_OK(ctx, fa_tensor_reduce(ctx, c, FA_REDUCE_MAX, &sum));
+    CHECK(isnan(sum) || sum == 1, "b/b");
+    fa_tensor_release(c);
+    c = NULL;
+  }
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_tensor_binary(ctx, b, (fa_binary_op)(FA_BIN_RDIV + 1), NULL, 0, &c));
   CHECK_OK(ctx, fa_tensor_binary(ctx, b, FA_BIN_SUB, b, 0, &c));
   if (c) {
     CHECK_OK(ctx, fa_tensor_reduce(ctx, c, FA_REDUCE_NORM, &sum));

@@ -22,6 +22,13 @@ function TestBench:test_fields_and_sanity()
   lu.assertTrue(r.min_ms <= r.mean_ms and r.mean_ms <= r.max_ms)
 end
 
+function TestBench:test_nested_bench_is_an_error()
+  -- the context has one timer: an inner bench would restart it under the outer one
+  U.assert_fa_error({"inside another fa.bench"}, fa.bench,
+    function() fa.bench(function() end, {warmup = 0, rep = 1}) end, {warmup = 0, rep = 2})
+  lu.assertEquals(fa.bench(function() end, {warmup = 0, rep = 2}).n, 2) -- usable afterwards
+end
+
 function TestBench:test_measures_the_time_spent()
   -- a call that takes at least 3 ms of wall time: a sleep in a child process
   -- (a busy loop on os.clock, the process's CPU time, ends early while the

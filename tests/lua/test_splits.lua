@@ -76,6 +76,23 @@ function TestSplits:test_against_the_reference()
   U.assert_lse(l, rl, "f32", "splits vs reference lse")
 end
 
+function TestSplits:test_f64_pieces_merge_in_f64()
+  -- an f64 call's pieces keep their lse in f64 until the merge: the split call equals the
+  -- reference to f64 rounding, as the unsplit one does (the lse handed back is f32)
+  if dev ~= "cpu" then return end -- no f64 attention on cuda
+  local q = fa.randn({2, 2, 3, 16}, {seed = 1, dtype = "f64", device = "cpu"})
+  local k = fa.randn({2, 1, 300, 16}, {seed = 2, dtype = "f64", device = "cpu"})
+  local v = fa.randn({2, 1, 300, 16}, {seed = 3, dtype = "f64", device = "cpu"})
+  for _, algo in ipairs({"naive", "two_pass", "flash_row", "flash"}) do
+    local opts = {splits = 5, algo = algo, causal = true, window = {100, 0}, return_lse = true}
+    local o, l = fa.attention(q, k, v, opts)
+    local ro, rl = fa.attention_reference(q, k, v, opts)
+    lu.assertTrue(fa.max_abs_diff(o, ro) < 1e-14, algo)
+    lu.assertEquals(l:dtype(), "f32")
+    lu.assertTrue(fa.max_abs_diff(l, rl:float()) == 0, algo .. " lse")
+  end
+end
+
 function TestSplits:test_empty_rows_and_no_keys()
   -- kv_lens 0: every piece empty: zeros and lse = -inf
   local q, k, v = U.randn({2, 1, 2, 8}), U.randn({2, 1, 10, 8}), U.randn({2, 1, 10, 8})

@@ -37,6 +37,10 @@ function TestConstructors:test_tensor_ragged_and_bad_tables()
   assert_fa_error({}, fa.tensor, {1, "x"})
   assert_fa_error({}, fa.tensor, {{{{{1}}}}}) -- 5 dimensions
   assert_fa_error({}, fa.tensor, 3)
+  -- holes and keys outside 1..n are errors, not dropped elements
+  assert_fa_error({"ragged", "key 4"}, fa.tensor, {{1, 2}, {3, 4, [4] = 9}})
+  assert_fa_error({"ragged", "key 4"}, fa.tensor, {{1, 2}, {3, 4}, [4] = {5, 6}})
+  assert_fa_error({"ragged", "'x'"}, fa.tensor, {1, 2, x = 3})
 end
 
 function TestConstructors:test_tensor_dtypes_and_aliases()
@@ -107,6 +111,11 @@ function TestConstructors:test_rand_and_randn()
   lu.assertTrue(fa.max_abs_diff(fa.randn({50}, {seed = 5, device = dev}), fa.randn({50}, {seed = 6, device = dev})) > 0)
   lu.assertTrue(fa.max_abs_diff(fa.randn({50}, {device = dev}), fa.randn({50}, {device = dev})) > 0)
   lu.assertTrue(fa.max_abs_diff(fa.rand({50}, {device = dev}), fa.rand({50}, {device = dev})) > 0)
+  -- [0, 1) in every dtype: values f32, f16, bf16 would round up to 1 are kept below it
+  for _, dt in ipairs({"f16", "bf16"}) do
+    lu.assertTrue(fa.rand(100000, {seed = 11, dtype = dt, device = dev}):max() < 1, dt)
+  end
+  lu.assertEquals(fa.rand(1, {seed = -4844470182302707374, device = dev}):get(1), 1 - 2 ^ -24)
 end
 
 -- the same seed gives the same values on every dtype (and device), up to
@@ -237,6 +246,26 @@ function TestMethods:test_view_of_noncontiguous_errors_reshape_copies()
   local r2 = t:reshape({3, 2})
   r2:set(1, 1, 42)
   lu.assertEquals(t:get(1, 1), 42)
+end
+
+function TestMethods:test_view_and_reshape_of_compatible_strides()
+  -- a narrow's rows split, or a transpose's last dimension split: views (PyTorch's rule)
+  local base = fa.zeros({4, 6}, {device = dev})
+  local r = base:narrow(2, 1, 3):reshape(2, 2, 3)
+  r:fill_(1)
+  lu.assertEquals(base:sum(), 12)
+  local t = fa.arange(24, {device = dev}):view(2, 3, 4):transpose(1, 2) -- 3x2x4
+  local v = t:view(3, 2, 2, 2)
+  v:set(2, 1, 2, 1, 99)
+  lu.assertEquals(t:get(2, 1, 3), 99)
+  -- a column of a row-major matrix: any shape of its elements
+  local col = fa.arange(12, {device = dev}):view(3, 4):select(2, 2)
+  lu.assertEquals(col:view(3, 1):totable(), {{1}, {5}, {9}})
+  -- flattening a narrow's rows needs a copy: reshape makes one, view refuses
+  local flat = base:narrow(2, 1, 3):reshape(12)
+  flat:fill_(5)
+  lu.assertEquals(base:sum(), 12)
+  assert_fa_error({"reshape"}, function() return base:narrow(2, 1, 3):view(12) end)
 end
 
 function TestMethods:test_contiguous()
@@ -459,6 +488,17 @@ function TestArithmetic:test_scalar_and_tensor_ops()
   assert_fa_error({}, a.add, a, nil)
 end
 
+function TestArithmetic:test_number_on_the_left()
+  -- s - t and s / t per element in f64, rounded once to t's dtype
+  local m = fa.tensor({true, false, true}, {device = dev})
+  lu.assertEquals((1 - m):totable(), {0, 1, 0})
+  lu.assertEquals((1 - m):dtype(), "bool")
+  lu.assertEquals((100000 / fa.full(1, 4, {dtype = "f16", device = dev})):get(1), 24992) -- 25000 in f16
+  lu.assertEquals((1e39 / fa.full(1, 1e30, {device = dev})):get(1), f32(1e9))
+  lu.assertEquals((3 - fa.tensor({1, 2.5}, {device = dev})):totable(), {2, 0.5})
+  lu.assertEquals((1 / fa.tensor({4, -0.5}, {device = dev})):totable(), {0.25, -2})
+end
+
 function TestArithmetic:test_isfinite()
   lu.assertTrue(fa.ones(5, {device = dev}):isfinite())
   lu.assertFalse(fa.tensor({1, U.NaN}, {device = dev}):isfinite())
@@ -610,6 +650,12 @@ function TestCompare:test_helpers()
   lu.assertFalse(fa.allclose(n, n))
   lu.assertFalse(fa.allclose(n, a, 1, 1))
   lu.assertTrue(U.is_nan(fa.rel_error(n, a)))
+  -- f64 values whose squares overflow or vanish
+  local F = {dtype = "f64"}
+  lu.assertAlmostEquals(fa.rel_error(fa.tensor({2e300, 0}, F), fa.tensor({1e300, 0}, F)), 1, 1e-15)
+  lu.assertAlmostEquals(fa.rel_error(fa.tensor({2e-300}, F), fa.tensor({1e-300}, F)), 1, 1e-15)
+  lu.assertAlmostEquals(fa.rel_error(fa.tensor({3e200, 4e200}, F), fa.tensor({0, 5e200}, F)), math.sqrt(10) / 5,
+    1e-15)
   lu.assertTrue(U.is_nan(fa.max_abs_diff(n, a)))
   -- across dtypes, computed in f64
   lu.assertEquals(fa.max_abs_diff(a:half(), a:double()), 0)
