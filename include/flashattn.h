@@ -90,7 +90,15 @@ FA_API size_t fa_dtype_size(fa_dtype d);
 /* Parses "f32", "float", "f16", "half", "bf16", "bfloat16", "f64",
  * "double", "bool".  Returns 0 on success, -1 otherwise (NULLs too). */
 FA_API int fa_dtype_parse(const char *name, fa_dtype *out);
+/* Parses "cpu", "cuda" (the current GPU) and "cuda:N" where N is the
+ * current GPU's index: one GPU an engine in this version.  0 or -1. */
 FA_API int fa_device_parse(const char *name, fa_device *out);
+/* N of a "cuda:N" name (decimal digits), else -1: whether a name that
+ * fa_device_parse refused names a GPU, so that errors can say so. */
+FA_API int fa_device_cuda_index(const char *name);
+/* *index = the current GPU's index (the one "cuda" names), or -1 where
+ * there is no usable GPU. */
+FA_API void fa_device_cuda_current(int *index);
 /* 1 when the backend can run on this machine. */
 FA_API int fa_backend_available(fa_device device);
 

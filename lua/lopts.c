@@ -158,9 +158,16 @@ const char *fal_cstring(lua_State *L, int idx) {
 int fal_parse_device(lua_State *L, int idx, const char *what, fa_device *out) {
   const char *name = fal_cstring(L, idx);
   if (name && fa_device_parse(name, out) == 0) return 1;
+  if (fa_device_cuda_index(name) >= 0) {
+    int cur = -1;
+    fa_device_cuda_current(&cur);
+    if (cur < 0) return fal_error(L, "%s: device '%s' is not available (no usable GPU)", what, name);
+    return fal_error(L, "%s: device '%s' is not available: this version runs on one GPU, the current one (cuda:%d)",
+                     what, name, cur);
+  }
   if (lua_type(L, idx) == LUA_TSTRING)
-    return fal_error(L, "%s: expected one of cpu, cuda, got %s", what, fal_describe(L, idx));
-  return fal_error(L, "%s: expected one of cpu, cuda, got %s", what, fal_typename(L, idx));
+    return fal_error(L, "%s: expected one of cpu, cuda, cuda:N, got %s", what, fal_describe(L, idx));
+  return fal_error(L, "%s: expected one of cpu, cuda, cuda:N, got %s", what, fal_typename(L, idx));
 }
 
 int fal_opt_dtype(lua_State *L, int idx, const char *key, fa_dtype *out) {

@@ -299,17 +299,31 @@ static int t_to(lua_State *L) {
   for (int i = 2; i <= n && i <= 3; i++) {
     if (lua_type(L, i) != LUA_TSTRING) fal_typeerror(L, i, "x", "a dtype or device name");
     const char *s = fal_cstring(L, i); /* NULL: a NUL byte, which fal_describe shows */
+    if (s && fa_device_cuda_index(s) >= 0) fal_parse_device(L, i, fal_arglabel(L, i, "x"), &device); /* cuda:N */
     if (!s || (fa_dtype_parse(s, &dtype) != 0 && fa_device_parse(s, &device) != 0))
       fal_argerror(L, i, "x",
                    "expected a dtype (f32, f16, bf16, f64, bool, or float, half, bfloat16, double) or a device "
-                   "(cpu, cuda), got %s",
+                   "(cpu, cuda, cuda:N), got %s",
                    fal_describe(L, i));
   }
   return convert(L, dtype, device);
 }
 
 static int t_cpu(lua_State *L) { return convert(L, fa_tensor_dtype(SELF(L)), FA_CPU); }
-static int t_cuda(lua_State *L) { return convert(L, fa_tensor_dtype(SELF(L)), FA_CUDA); }
+/* t:cuda([n]): n, PyTorch's device index, names the current GPU or is an error */
+static int t_cuda(lua_State *L) {
+  SELF(L);
+  if (!lua_isnoneornil(L, 2)) {
+    const lua_Integer n = fal_checkint(L, 2, "device");
+    const char *label = fal_arglabel(L, 2, "device");
+    if (n < 0) fal_error(L, "%s: expected a GPU index >= 0, got %I", label, n);
+    lua_pushfstring(L, "cuda:%I", n);
+    fa_device d;
+    fal_parse_device(L, -1, label, &d);
+    lua_settop(L, 1);
+  }
+  return convert(L, fa_tensor_dtype(SELF(L)), FA_CUDA);
+}
 static int t_float(lua_State *L) { return convert(L, FA_F32, fa_tensor_device(SELF(L))); }
 static int t_half(lua_State *L) { return convert(L, FA_F16, fa_tensor_device(SELF(L))); }
 static int t_bf16(lua_State *L) { return convert(L, FA_BF16, fa_tensor_device(SELF(L))); }

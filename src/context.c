@@ -114,10 +114,52 @@ int fa_dtype_parse(const char *name, fa_dtype *out) {
   return -1;
 }
 
+#ifdef FA_HAVE_CUDA
+/* The CUDA runtime (linked into the library): the engine works on the
+ * current device.  Declared here rather than through cuda_runtime.h,
+ * whose include directory the C sources do not get; cudaError_t is an
+ * enum, returned as an int, 0 = cudaSuccess. */
+extern int cudaGetDevice(int *device);
+#endif
+
+int fa_cuda_current_index(void) {
+#ifdef FA_HAVE_CUDA
+  int dev = -1;
+  if (fa_cuda_available() && cudaGetDevice(&dev) == 0) return dev;
+#endif
+  return -1;
+}
+
+void fa_device_cuda_current(int *index) {
+  if (index) *index = fa_cuda_current_index();
+}
+
+int fa_device_cuda_index(const char *name) {
+  if (!name || strncmp(name, "cuda:", 5) != 0) return -1;
+  long long n = 0;
+  const char *p = name + 5;
+  if (!*p) return -1;
+  for (; *p; p++) {
+    if (*p < '0' || *p > '9' || n > INT32_MAX / 10) return -1;
+    n = n * 10 + (*p - '0');
+  }
+  return n > INT32_MAX ? -1 : (int)n;
+}
+
 int fa_device_parse(const char *name, fa_device *out) {
   if (!name || !out) return -1;
-  if (strcmp(name, "cpu") == 0) *out = FA_CPU;
-  else if (strcmp(name, "cuda") == 0 || strcmp(name, "gpu") == 0) *out = FA_CUDA;
-  else return -1;
+  if (strcmp(name, "cpu") == 0) {
+    *out = FA_CPU;
+    return 0;
+  }
+  if (strcmp(name, "cuda") == 0 || strcmp(name, "gpu") == 0) {
+    *out = FA_CUDA;
+    return 0;
+  }
+  /* "cuda:N": the current GPU (cuda:0 where none can be told, which then
+   * fails as "cuda" does); another GPU is not in this version */
+  const int n = fa_device_cuda_index(name), cur = fa_cuda_current_index();
+  if (n < 0 || n != (cur < 0 ? 0 : cur)) return -1;
+  *out = FA_CUDA;
   return 0;
 }

@@ -43,22 +43,7 @@ fa_status fa_tensor_to_dlpack(fa_context *ctx, fa_tensor *t, struct DLManagedTen
  * was built with. */
 #define FA_DL_BOOL 6
 
-#ifdef FA_HAVE_CUDA
-/* The CUDA runtime (linked into the library): the engine works on the
- * current device.  Declared here rather than through cuda_runtime.h,
- * whose include directory the C sources do not get; cudaError_t is an
- * enum, returned as an int, 0 = cudaSuccess. */
-extern int cudaGetDevice(int *device);
-#endif
-
-/* The device the engine's CUDA calls run on, or -1 when it cannot be told. */
-static int current_cuda_device(void) {
-#ifdef FA_HAVE_CUDA
-  int dev = -1;
-  if (fa_cuda_available() && cudaGetDevice(&dev) == 0) return dev;
-#endif
-  return -1;
-}
+static int current_cuda_device(void) { return fa_cuda_current_index(); }
 
 /* ---- import ---- */
 

@@ -228,6 +228,9 @@ void fa_cpu_blas_init(void);
 
 /* ---- CUDA backend (kernels/), stubs when built without CUDA ---- */
 int fa_cuda_available(void);
+/* The index of the GPU the engine's CUDA calls run on (the current one),
+ * or -1 when there is none or it cannot be told. */
+int fa_cuda_current_index(void);
 fa_status fa_cuda_device_info(fa_context *ctx, fa_device_info_t *out);
 fa_status fa_cuda_malloc(fa_context *ctx, void **p, size_t nbytes);
 void fa_cuda_free(void *p, size_t nbytes);

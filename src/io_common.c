@@ -48,13 +48,21 @@ static void src_init(fa_io_src *s, fa_context *ctx, const char *op, const char *
 
 fa_status fa_io_open(fa_io_src *s, fa_context *ctx, const char *path) {
   src_init(s, ctx, "load", path);
-  s->f = fopen(path, "rb");
-  if (!s->f) return fa_io_fail(s, FA_ERR_ARGUMENT, "cannot open: %s", strerror(errno));
+  /* O_NONBLOCK: a FIFO's open would wait for a writer (forever), before
+   * fstat could refuse it; a regular file ignores the flag */
+  const int fd = open(path, O_RDONLY | O_NONBLOCK);
+  if (fd < 0) return fa_io_fail(s, FA_ERR_ARGUMENT, "cannot open: %s", strerror(errno));
   struct stat sb;
   /* a directory, FIFO or device has no end to check reads against */
-  if (fstat(fileno(s->f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-    fa_io_close(s);
+  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    close(fd);
     return fa_io_fail(s, FA_ERR_ARGUMENT, "not a regular file");
+  }
+  s->f = fdopen(fd, "rb");
+  if (!s->f) {
+    const int e = errno;
+    close(fd);
+    return fa_io_fail(s, FA_ERR_ARGUMENT, "cannot open: %s", strerror(e));
   }
   s->size = sb.st_size > 0 ? (uint64_t)sb.st_size : 0;
   return FA_OK;

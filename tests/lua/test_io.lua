@@ -319,6 +319,11 @@ function TestIoMalformed:test_missing_and_odd_paths()
   assert_load_error(path("missing.safetensors"), {"cannot open"})
   local d = os.getenv("TMPDIR") or "/tmp"
   assert_load_error(d, {"regular file"})
+  -- a FIFO: refused at once (opening it for reading would wait for a writer)
+  for _, name in ipairs({"fifo.npy", "fifo"}) do
+    local f = path(name)
+    if os.execute("mkfifo '" .. f .. "' 2>/dev/null") then assert_load_error(f, {"regular file"}) end
+  end
   U.assert_fa_error({"path"}, fa.load, 42)
   U.assert_fa_error({"path", "NUL"}, fa.load, "a\0b.npy")
   local p = write_file("text.txt", "just some text, not a tensor")

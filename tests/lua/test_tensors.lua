@@ -687,6 +687,23 @@ function TestDevices:test_default_device_and_moves()
   end
 end
 
+function TestDevices:test_cuda_index_names()
+  -- "cuda:N" is the current GPU when N is its index; other indices are errors that say so
+  local has_cuda = false
+  for _, b in ipairs(fa.backends()) do has_cuda = has_cuda or b == "cuda" end
+  if has_cuda then
+    lu.assertEquals(fa.zeros(2, {device = "cuda:0"}):device(), "cuda")
+    lu.assertEquals(fa.zeros(2, {device = "cpu"}):to("cuda:0"):device(), "cuda")
+    lu.assertEquals(fa.zeros(2, {device = "cpu"}):cuda(0):device(), "cuda")
+  else
+    U.assert_fa_error({"not available"}, fa.zeros, 2, {device = "cuda:0"})
+  end
+  U.assert_fa_error({"cuda:7", has_cuda and "one GPU" or "no usable GPU"}, fa.zeros, 2, {device = "cuda:7"})
+  U.assert_fa_error({"cuda:7"}, function() return fa.zeros(2, {device = "cpu"}):to("cuda:7") end)
+  U.assert_fa_error({"device"}, function() return fa.zeros(2, {device = "cpu"}):cuda(-1) end)
+  U.assert_fa_error({"cuda:N"}, fa.zeros, 2, {device = "cuda:x"})
+end
+
 function TestDevices:test_set_default_device()
   local before = fa.zeros(1):device()
   fa.set_default_device("cpu")
