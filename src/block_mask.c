@@ -57,6 +57,7 @@ fa_status fa_block_mask_new(fa_context *ctx, const fa_expr *e, int64_t B, int64_
   if (!m) return st;
   memset(m, 0, sizeof *m);
   m->B = B, m->H = H, m->Lq = Lq, m->Lk = Lk, m->Br = Br, m->Bc = Bc, m->nq = nq, m->nk = nk;
+  m->expr = fa_expr_fingerprint(e);
   m->bytes = (size_t)(B * H * nq * nk);
   if (!(m->state = fa_host_alloc(ctx, m->bytes, &st))) {
     fa_block_mask_free(m);

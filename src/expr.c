@@ -454,3 +454,23 @@ fa_status fa_expr_fault(fa_context *ctx, const fa_expr *e, const char *what) {
   return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: %s: %s: index %lld out of range 1..%lld (dimension %d)", what, desc,
                  (long long)e->fault_index, size, e->fault_dim + 1);
 }
+
+/* FNV-1a over the 8 bytes of v (fields one at a time: no padding bytes) */
+static uint64_t fp_mix(uint64_t h, uint64_t v) {
+  for (int b = 0; b < 8; b++, v >>= 8) h = (h ^ (v & 0xff)) * 0x100000001b3ULL;
+  return h;
+}
+
+uint64_t fa_expr_fingerprint(const fa_expr *e) {
+  if (!e) return 0;
+  uint64_t h = fp_mix(0xcbf29ce484222325ULL, (uint64_t)e->n);
+  for (int i = 0; i < e->n; i++) {
+    const fa_expr_node *x = &e->nodes[i];
+    uint64_t cbits;
+    memcpy(&cbits, &x->c, sizeof cbits);
+    h = fp_mix(h, x->op), h = fp_mix(h, x->is_bool), h = fp_mix(h, x->tensor), h = fp_mix(h, x->ndim);
+    for (int j = 0; j < 4; j++) h = fp_mix(h, (uint32_t)x->a[j]);
+    h = fp_mix(h, cbits);
+  }
+  return h;
+}

@@ -102,6 +102,7 @@ struct fa_expr {
 /* fa_block_mask (flashattn.h): state[((b·H + h)·nq + qi)·nk + ki]. */
 struct fa_block_mask {
   int64_t B, H, Lq, Lk, Br, Bc, nq, nk;
+  uint64_t expr; /* fa_expr_fingerprint of the mask_mod it was made from */
   int64_t counts[3];
   uint8_t *state;
   size_t bytes;
@@ -190,5 +191,10 @@ fa_status fa_expr_score_as_alibi(fa_context *ctx, const fa_expr *score_mod, int6
 
 /* Writes a readable form of node i (at most n bytes, cut with "...") into buf. */
 const char *fa_expr_describe(const fa_expr *e, int i, char *buf, size_t n);
+
+/* A 64-bit fingerprint of e's nodes (operations, operands, constants' bits,
+ * which captured tensor each load reads), not of the tensors' values:
+ * equal for two traces of one function. */
+uint64_t fa_expr_fingerprint(const fa_expr *e);
 
 #endif

@@ -131,15 +131,19 @@ fa_status fa_io_write(fa_io_src *s, const void *buf, size_t n) {
   return FA_OK;
 }
 
-fa_status fa_io_write_elems(fa_io_src *s, const void *data, size_t size, int64_t n) {
-  if (fa_io_little_endian() || size < 2) return fa_io_write(s, data, (size_t)n * size);
+fa_status fa_io_write_tensor(fa_io_src *s, const fa_tensor *t) {
+  const size_t size = fa_dtype_size(t->dtype);
+  const int64_t n = fa_numel_of(t->ndim, t->shape);
+  const int is_bool = t->dtype == FA_BOOL;
+  if ((fa_io_little_endian() || size < 2) && !is_bool) return fa_io_write(s, fa_tensor_ptr(t), (size_t)n * size);
   unsigned char buf[4096];
-  const unsigned char *p = data;
+  const unsigned char *p = fa_tensor_ptr(t);
   int64_t per = (int64_t)(sizeof buf / size);
   for (int64_t i = 0; i < n; i += per) {
     int64_t k = n - i < per ? n - i : per;
     memcpy(buf, p + (size_t)i * size, (size_t)k * size);
-    fa_io_swap(buf, size, k);
+    if (is_bool) fa_io_normalize_bool(buf, k); /* a wrapped tensor's bytes may be any nonzero value */
+    else fa_io_swap(buf, size, k);
     fa_status st = fa_io_write(s, buf, (size_t)k * size);
     if (st) return st;
   }
@@ -192,8 +196,22 @@ fa_status fa_io_place(fa_io_src *s, fa_tensor **t, fa_device device) {
 }
 
 fa_status fa_io_host_copy(fa_io_src *s, fa_tensor *t, int widen_bf16, fa_tensor **out) {
-  fa_dtype dt = widen_bf16 && t->dtype == FA_BF16 ? FA_F32 : t->dtype;
-  return fa_tensor_cpu_contiguous(s->ctx, t, dt, out);
+  fa_status st = fa_tensor_cpu_contiguous(s->ctx, t, t->dtype, out);
+  if (st || !widen_bf16 || t->dtype != FA_BF16) return st;
+  /* bf16 is f32's top half: widened by the bits, every NaN payload kept
+   * (a conversion through float arithmetic would quiet a signalling NaN) */
+  fa_tensor *w = NULL;
+  if ((st = fa_tensor_new_like(s->ctx, *out, FA_F32, FA_CPU, &w))) {
+    fa_tensor_drop(out);
+    return st;
+  }
+  const uint16_t *src = fa_tensor_ptr(*out);
+  uint32_t *dst = fa_tensor_ptr(w);
+  const int64_t n = fa_numel_of(w->ndim, w->shape);
+  for (int64_t i = 0; i < n; i++) dst[i] = (uint32_t)src[i] << 16;
+  fa_tensor_release(*out);
+  *out = w;
+  return FA_OK;
 }
 
 /* A device the readers can place tensors on (checked before any reading). */

@@ -43,9 +43,9 @@ fa_status fa_io_read(fa_io_src *s, uint64_t off, void *buf, size_t n, const char
 /* Opens path for writing ("save '<path>': ..." on failure). */
 fa_status fa_io_create(fa_io_src *s, fa_context *ctx, const char *path);
 fa_status fa_io_write(fa_io_src *s, const void *buf, size_t n);
-/* n elements of `size` bytes in little-endian order (swapped on a
- * big-endian machine through a small buffer). */
-fa_status fa_io_write_elems(fa_io_src *s, const void *data, size_t size, int64_t n);
+/* The elements of a contiguous host tensor in little-endian order
+ * (swapped on a big-endian machine through a small buffer), bools as 0 or 1. */
+fa_status fa_io_write_tensor(fa_io_src *s, const fa_tensor *t);
 /* Closes a file being written; on failure (st != FA_OK, or a failing
  * close) removes it, so that no half-written file is left. */
 fa_status fa_io_finish(fa_io_src *s, const char *path, fa_status st);

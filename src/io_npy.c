@@ -58,6 +58,8 @@ static fa_status read_str(fa_io_src *s, cursor *c, const char **str, size_t *len
 static fa_status read_int(fa_io_src *s, cursor *c, int64_t *v) {
   skip_ws(c);
   if (c->p >= c->end || *c->p < '0' || *c->p > '9') return bad(s, c, "a non-negative integer");
+  if (*c->p == '0' && c->p + 1 < c->end && c->p[1] >= '0' && c->p[1] <= '9')
+    return bad(s, c, "an integer without leading zeros (Python's literal)");
   int64_t x = 0;
   while (c->p < c->end && *c->p >= '0' && *c->p <= '9') {
     int d = *c->p++ - '0';
@@ -80,6 +82,9 @@ static fa_status read_shape(fa_io_src *s, cursor *c, npy_header *h) {
     if (st) return st;
     if (h->ndim < FA_MAX_DIMS) h->shape[h->ndim] = v;
     if (h->ndim < 1000) h->ndim++; /* counted only to be named in the error */
+    skip_ws(c);
+    if (h->ndim == 1 && c->p < c->end && *c->p == ')')
+      return bad(s, c, "',' after the one size of a 1-D shape: (n,) is a tuple, (n) a number");
     if (eat(c, ')')) return FA_OK;
     if (!eat(c, ',')) return bad(s, c, "',' or ')' in the shape tuple");
     if (eat(c, ')')) return FA_OK; /* (n,) */
@@ -162,6 +167,9 @@ fa_status fa_npy_read(fa_io_src *s, fa_device device, fa_tensor **out) {
   if (memcmp(pre, "\x93NUMPY", 6) != 0)
     return fa_io_fail(s, FA_ERR_ARGUMENT, "not an npy file (it does not start with \\x93NUMPY)");
   uint64_t hlen, prefix;
+  if (pre[7] != 0)
+    return fa_io_fail(s, FA_ERR_UNSUPPORTED, "npy format version %d.%d is not supported (1.0, 2.0, 3.0)", pre[6],
+                      pre[7]);
   if (pre[6] == 1) {
     hlen = (uint64_t)pre[8] | (uint64_t)pre[9] << 8;
     prefix = 10;
@@ -170,7 +178,8 @@ fa_status fa_npy_read(fa_io_src *s, fa_device device, fa_tensor **out) {
     hlen = (uint64_t)pre[8] | (uint64_t)pre[9] << 8 | (uint64_t)pre[10] << 16 | (uint64_t)pre[11] << 24;
     prefix = 12;
   } else {
-    return fa_io_fail(s, FA_ERR_UNSUPPORTED, "npy format version %d.%d is not supported (1.0 to 3.0)", pre[6], pre[7]);
+    return fa_io_fail(s, FA_ERR_UNSUPPORTED, "npy format version %d.%d is not supported (1.0, 2.0, 3.0)", pre[6],
+                      pre[7]);
   }
   if (hlen > FA_NPY_MAX_HEADER)
     return fa_io_fail(s, FA_ERR_ARGUMENT, "npy header of %llu bytes is larger than the %u this reader accepts",
@@ -246,7 +255,7 @@ fa_status fa_save_npy(fa_context *ctx, const char *path, fa_tensor *t) {
   head[total - 1] = '\n';
   if (!(st = fa_io_create(&s, ctx, path))) {
     st = fa_io_write(&s, head, total);
-    if (!st) st = fa_io_write_elems(&s, fa_tensor_ptr(c), fa_dtype_size(c->dtype), fa_numel_of(c->ndim, c->shape));
+    if (!st) st = fa_io_write_tensor(&s, c);
     st = fa_io_finish(&s, path, st);
   }
   fa_tensor_release(c);

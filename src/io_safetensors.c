@@ -592,7 +592,7 @@ fa_status fa_save_safetensors(fa_context *ctx, const char *path, size_t count, c
     for (size_t i = 0; i < count && !st; i++) { /* one host copy at a time */
       fa_tensor *c;
       if ((st = fa_io_wrap(&s, fa_io_host_copy(&s, v[i].t, 0, &c)))) break;
-      st = fa_io_write_elems(&s, fa_tensor_ptr(c), fa_dtype_size(c->dtype), fa_numel_of(c->ndim, c->shape));
+      st = fa_io_write_tensor(&s, c);
       fa_tensor_release(c);
     }
     st = fa_io_finish(&s, path, st);

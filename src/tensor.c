@@ -155,6 +155,10 @@ fa_status fa_tensor_wrap(fa_context *ctx, void *data, fa_device device, fa_dtype
   if ((unsigned)dtype > FA_BOOL) return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: fa_tensor_wrap: unknown dtype %d", (int)dtype);
   if (device != FA_CPU && device != FA_CUDA)
     return fa_fail(ctx, FA_ERR_DEVICE, "flashattn: fa_tensor_wrap: device: expected cpu or cuda");
+  if (!fa_backend_available(device)) /* as fa_tensor_empty: no tensor that every later use would refuse */
+    return fa_fail(ctx, FA_ERR_DEVICE,
+                   "flashattn: fa_tensor_wrap: device 'cuda' is not available (no usable GPU or no CUDA backend in "
+                   "this build)");
   if (!data && fa_numel_of(ndim, shape) > 0)
     return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: fa_tensor_wrap: data is NULL");
   int64_t st_[FA_MAX_DIMS];

@@ -204,6 +204,17 @@ function TestIoKnownBytes:test_written_npy_bytes()
   lu.assertEquals(bytes:sub(129), string.pack("<dddd", 1, 2, 3, 4))
 end
 
+function TestIoKnownBytes:test_bf16_widened_by_its_bits()
+  -- .npy has no bf16: it is saved as f32 by the bits, a signalling NaN's payload kept
+  local hdr = '{"x":{"dtype":"BF16","shape":[3],"data_offsets":[0,6]}}'
+  local src = write_file("snan.safetensors", string.pack("<I8", #hdr) .. hdr .. string.pack("<I2I2I2", 0xff81, 0x7fc1,
+    0x3f80))
+  local dst = path("snan.npy")
+  fa.save(dst, fa.load(src).x)
+  local bytes = read_file(dst)
+  lu.assertEquals({string.unpack("<I4I4I4", bytes, #bytes - 11)}, {0xff810000, 0x7fc10000, 0x3f800000, #bytes + 1})
+end
+
 function TestIoKnownBytes:test_safetensors_reference_layout()
   local json = '{"__metadata__":{"format":"pt"},"b":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]},' ..
     '"a":{"dtype":"F32","shape":[1,2],"data_offsets":[4,12]}}'
@@ -248,6 +259,10 @@ local bad_npy = {
   {"huge shape", npy("{'descr': '<f4', 'fortran_order': False, 'shape': (9223372036854775807, 3), }", "1234"),
     {"truncated"}},
   {"code", npy("__import__('os').system('echo owned')", ""), {"'{'"}},
+  -- NumPy's grammar: (6) is a number, not a shape; 02 is no Python literal; versions are x.0
+  {"shape (6)", npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2), }", "12345678"), {"(n,)"}},
+  {"leading zero", npy("{'descr': '<f4', 'fortran_order': False, 'shape': (02,), }", "12345678"), {"leading zeros"}},
+  {"version 1.1", "\x93NUMPY\x01\x01\x10\x00" .. string.rep(" ", 16), {"version 1.1"}},
 }
 
 function TestIoMalformed:test_npy()
