@@ -497,7 +497,7 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   }
   fa_dtype compute = reference || d.dtype == FA_F64 ? FA_F64 : FA_F32;
   const fa_dtype lse_dtype = reference || (native_lse && compute == FA_F64) ? FA_F64 : FA_F32;
-  fa_tensor *user_out = reference ? NULL : o->out, *user_lse = reference ? NULL : o->lse_out;
+  fa_tensor *user_out = o->out, *user_lse = o->lse_out;
   fa_attn_buffers bufs = {0};
   fa_attn_problem p;
   if ((st = build_problem(ctx, q, k, v, o, &d, compute, &p, &bufs)) ||

@@ -318,9 +318,11 @@ fa_status fa_check_attention_options(fa_context *ctx, const fa_tensor *q, const 
   int64_t oshape[4], lshape[4];
   for (int i = 0; i < d->rank - 1; i++) oshape[i] = lshape[i] = q->shape[i];
   oshape[d->rank - 1] = d->Dv;
-  if (o->out && (st = check_output(ctx, o->out, "opts.out", d->rank, oshape, d->dtype, d->device))) return st;
-  if (o->lse_out && (st = check_output(ctx, o->lse_out, "opts.lse_out", d->rank - 1, lshape, FA_F32, d->device)))
-    return st;
+  /* the reference's results are f64 on the CPU, and so are the outputs it writes */
+  const fa_dtype odt = reference ? FA_F64 : d->dtype, ldt = reference ? FA_F64 : FA_F32;
+  const fa_device odev = reference ? FA_CPU : d->device;
+  if (o->out && (st = check_output(ctx, o->out, "opts.out", d->rank, oshape, odt, odev))) return st;
+  if (o->lse_out && (st = check_output(ctx, o->lse_out, "opts.lse_out", d->rank - 1, lshape, ldt, odev))) return st;
   /* both are written: whichever came last would overwrite the other */
   if (o->out && o->lse_out && fa_tensor_overlaps(o->out, o->lse_out))
     return fa_fail(ctx, FA_ERR_ARGUMENT,

@@ -518,7 +518,11 @@ local function gen_attention()
   end
   if Hq == 0 or (res.alibi and #res.alibi ~= Hq) then bad("alibi count") end
 
-  -- outputs: a fresh poisoned tensor, or a view into a canvas
+  local reference = chance(0.1)
+  local fname = reference and "fa.attention_reference" or "fa.attention"
+  -- outputs: a fresh poisoned tensor, or a view into a canvas; the reference's are f64 on the CPU
+  local odt, ldt = reference and "f64" or dtype, reference and "f64" or "f32"
+  local out_dev_bad = reference and DEV ~= "cpu"
   local canvas, lo, hi, out_dim
   local oshape = {table.unpack(qs)}
   oshape[#oshape] = Dv
@@ -528,17 +532,19 @@ local function gen_attention()
       local big = {table.unpack(oshape)}
       local before, after = R(0, 2), R(0, 2)
       big[1] = big[1] + before + after
-      canvas = fa.full(big, 7, {dtype = pick({dtype, dtype, "f32", "f64"}), device = DEV})
+      canvas = fa.full(big, 7, {dtype = pick({odt, odt, "f32", "f64"}), device = DEV})
       o.out = canvas:narrow(1, before + 1, oshape[1])
-      if o.out:dtype() ~= dtype then bad("out dtype") end
+      if o.out:dtype() ~= odt then bad("out dtype") end
+      if out_dev_bad then bad("the reference's out on cuda") end
       lo, hi = before, before + oshape[1]
     else
-      o.out = fa.full(oshape, NaN, {dtype = dtype, device = DEV})
+      o.out = fa.full(oshape, NaN, {dtype = odt, device = DEV})
+      if out_dev_bad then bad("the reference's out on cuda") end
     end
     if chance(0.1) then
       local ws = {table.unpack(oshape)}
       ws[#ws] = ws[#ws] + 1
-      o.out = fa.zeros(ws, {dtype = dtype, device = DEV})
+      o.out = fa.zeros(ws, {dtype = odt, device = DEV})
       canvas = nil
       bad("out shape")
     end
@@ -548,15 +554,15 @@ local function gen_attention()
     local victim = pick({"q", "k", "v"})
     o.out = ({q = q, k = k, v = v})[victim]
     label_extra = " [out is " .. victim .. "]"
+    if reference and (dtype ~= "f64" or DEV ~= "cpu") then bad("the reference's out not f64 on the cpu") end
   end
   if want_lse and #qs >= 2 and chance(0.2) then
     local ls = {table.unpack(qs, 1, #qs - 1)}
-    o.lse_out = fa.full(ls, NaN, {dtype = chance(0.8) and "f32" or "f64", device = DEV})
-    if o.lse_out:dtype() ~= "f32" then bad("lse_out dtype") end
+    o.lse_out = fa.full(ls, NaN, {dtype = chance(0.8) and ldt or pick({"f32", "f64"}), device = DEV})
+    if o.lse_out:dtype() ~= ldt then bad("lse_out dtype") end
+    if out_dev_bad then bad("the reference's lse_out on cuda") end
   end
 
-  local reference = chance(0.1)
-  local fname = reference and "fa.attention_reference" or "fa.attention"
   -- no f64 attention kernel on cuda: f64 is the CPU reference's
   if DEV == "cuda" and qd == "f64" and not reference then bad("f64 attention on cuda") end
   label = ("%s q %s %s, k %s, v %s, opts {%s}%s"):format(fname, shape_str(qs), qd, shape_str(ks), shape_str(vs),
@@ -595,8 +601,8 @@ local function gen_attention()
       assert(out:dtype() == "f64" and out:device() == "cpu", "reference output dtype/device")
     else
       assert(out:dtype() == dtype, "output dtype " .. out:dtype())
-      if o.out then assert(rawequal(out, o.out), "the result is not opts.out") end
     end
+    if o.out then assert(rawequal(out, o.out), "the result is not opts.out") end
     if want_lse then
       assert(fa.is_tensor(lse), "no lse")
       assert(shape_str(lse:shape()) == shape_str({table.unpack(qs, 1, #qs - 1)}) or (#qs == 2 and lse:dim() == 1),

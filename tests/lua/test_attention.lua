@@ -645,6 +645,21 @@ function TestAttention:test_f32_kernel_tiles_and_key_counts()
   end
 end
 
+function TestAttention:test_reference_out_and_lse_out()
+  -- the reference writes f64 CPU outputs, views included, and returns them
+  local q, k, v = qkv(1, 2, 2, 5, 7, 8, 8, "f32")
+  local canvas = fa.full({1, 2, 5, 12}, 7, {dtype = "f64", device = "cpu"})
+  local out = canvas:narrow(4, 3, 8)
+  local lse_out = fa.zeros({1, 2, 5}, {dtype = "f64", device = "cpu"})
+  local o, l = fa.attention_reference(q, k, v, {out = out, lse_out = lse_out, return_lse = true, causal = true})
+  lu.assertTrue(rawequal(o, out) and rawequal(l, lse_out))
+  local ro, rl = fa.attention_reference(q, k, v, {return_lse = true, causal = true})
+  lu.assertEquals(fa.max_abs_diff(out, ro), 0)
+  lu.assertEquals(fa.max_abs_diff(lse_out, rl), 0)
+  lu.assertEquals(canvas:narrow(4, 1, 2):min(), 7) -- untouched around the view
+  U.assert_fa_error({"opts.out", "f64"}, fa.attention_reference, q, k, v, {out = fa.zeros({1, 2, 5, 8})})
+end
+
 function TestAttention:test_out_and_lse_out()
   local q, k, v = qkv(2, 2, 2, 11, 13, 8, 8, "f32")
   for _, algo in ipairs(ALGOS) do
