@@ -447,11 +447,16 @@ done:
   return st;
 }
 
-/* reference: fa_attention_reference.  native_lse: lse in f64 where the
- * CPU computes in f64 (the split pieces, whose merge keeps f64); the
- * public call's lse is f32 (API §2). */
+/* reference: fa_attention_reference.  piece_base >= 0: an opts.splits
+ * piece on the keys from piece_base (a view; src/splits.c): its lse in f64
+ * where the CPU computes in f64 (so that the merge keeps f64; the public
+ * call's lse is f32, API §2), top_left and the variants counting keys
+ * from piece_base (fa_attn_problem.key_base), no rewriting of the variants
+ * by the piece's own sizes (the whole call did it) and no block mask (made
+ * for the whole call's tiles).  -1: the call itself. */
 static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
-                               int reference, int native_lse, fa_tensor **out, fa_tensor **lse) {
+                               int reference, int64_t piece_base, fa_tensor **out, fa_tensor **lse) {
+  const int piece = piece_base >= 0;
   fa_attention_opts defaults;
   if (!o) {
     fa_attention_opts_init(&defaults);
@@ -466,13 +471,13 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   if (!st && !reference) st = fa_check_attention_kernel(ctx, o, &d);
   /* a mask_mod that is a window or causal rule runs as that rule (the reference keeps it literal) */
   fa_attention_opts as_range;
-  if (!st && !reference && fa_expr_mask_as_range(o->mask_mod, d.Lq, d.Lk, o, &as_range)) {
+  if (!st && !reference && !piece && fa_expr_mask_as_range(o->mask_mod, d.Lq, d.Lk, o, &as_range)) {
     o = &as_range;
     d.variant = o->score_mod || o->mask_mod;
   }
   /* the decode kernel cuts the keys into opts.splits chunks itself */
   const int decode = !st && !reference && fa_attn_decode_takes(&d, o);
-  if (!st) st = fa_attention_splits_check(ctx, o, reference || decode);
+  if (!st) st = fa_attention_splits_check(ctx, o, d.device, reference || decode);
   if (st) return st;
   const int64_t splits = reference || decode ? 1 : fa_attention_splits_resolve(o, &d);
   if (splits > 1) return fa_attention_splits_run(ctx, q, k, v, o, &d, splits, out, lse);
@@ -481,8 +486,8 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   fa_attention_opts as_alibi;
   fa_tensor *slopes = NULL;
   int alibi = 0;
-  if (!reference && (st = fa_expr_score_as_alibi(ctx, o->score_mod, d.Hq, d.Lq, d.Lk, d.device, o, &as_alibi, &slopes,
-                                                 &alibi)))
+  if (!reference && !piece &&
+      (st = fa_expr_score_as_alibi(ctx, o->score_mod, d.Hq, d.Lq, d.Lk, d.device, o, &as_alibi, &slopes, &alibi)))
     return st;
   if (alibi) {
     o = &as_alibi;
@@ -496,14 +501,15 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
     return st;
   }
   fa_dtype compute = reference || d.dtype == FA_F64 ? FA_F64 : FA_F32;
-  const fa_dtype lse_dtype = reference || (native_lse && compute == FA_F64) ? FA_F64 : FA_F32;
+  const fa_dtype lse_dtype = reference || (piece && compute == FA_F64) ? FA_F64 : FA_F32;
   fa_tensor *user_out = o->out, *user_lse = o->lse_out;
   fa_attn_buffers bufs = {0};
   fa_attn_problem p;
   if ((st = build_problem(ctx, q, k, v, o, &d, compute, &p, &bufs)) ||
       (st = prepare_outputs(ctx, o, &d, compute, want_lse, user_out, user_lse, lse_dtype, &p, &bufs)))
     goto done;
-  if (!reference) p.block_mask = o->block_mask;
+  if (!reference && !piece) p.block_mask = o->block_mask;
+  if (piece) p.key_base = piece_base;
   if ((st = fa_expr_begin(ctx, p.score_mod, p.mask_mod, 1))) goto done;
   if (d.B * d.Hq * d.Lq == 0) {
   } else if (d.Lk == 0) {
@@ -526,17 +532,17 @@ done:
 
 fa_status fa_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *opts,
                        fa_tensor **o, fa_tensor **lse) {
-  return run_attention(ctx, q, k, v, opts, 0, 0, o, lse);
+  return run_attention(ctx, q, k, v, opts, 0, -1, o, lse);
 }
 
 fa_status fa_attention_piece(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *opts,
-                             fa_tensor **o, fa_tensor **lse) {
-  return run_attention(ctx, q, k, v, opts, 0, 1, o, lse);
+                             int64_t key_base, fa_tensor **o, fa_tensor **lse) {
+  return run_attention(ctx, q, k, v, opts, 0, key_base, o, lse);
 }
 
 fa_status fa_attention_reference(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v,
                                  const fa_attention_opts *opts, fa_tensor **o, fa_tensor **lse) {
-  return run_attention(ctx, q, k, v, opts, 1, 0, o, lse);
+  return run_attention(ctx, q, k, v, opts, 1, -1, o, lse);
 }
 
 fa_status fa_attention_kernels(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *opts,

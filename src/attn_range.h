@@ -25,7 +25,7 @@ FA_HOST_DEVICE static inline void fa_attn_range_of(const fa_attn_problem *p, int
   if (p->causal == FA_CAUSAL_BOTTOM_RIGHT)
     e = fa_min64(e, diag + 1);
   else if (p->causal == FA_CAUSAL_TOP_LEFT)
-    e = fa_min64(e, i + 1);
+    e = fa_min64(e, i + 1 - p->key_base);
   if (p->has_window) {
     if (p->win_left >= 0) a = fa_max64(a, diag - fa_min64(p->win_left, widest));
     if (p->win_right >= 0) e = fa_min64(e, diag + fa_min64(p->win_right, widest) + 1);

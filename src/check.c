@@ -176,10 +176,6 @@ static fa_status check_variants(fa_context *ctx, const fa_attention_opts *o, int
       return fa_fail(ctx, FA_ERR_UNSUPPORTED,
                      "flashattn: %s on cuda: algo %s is not in this version (flash and auto take it)", name[i],
                      attn_algo_names[d->algo]);
-    if (o->splits > 1)
-      return fa_fail(ctx, FA_ERR_UNSUPPORTED,
-                     "flashattn: %s with opts.splits = %lld: not in this version (use splits = 1)", name[i],
-                     (long long)o->splits);
     for (int t = 0; t < e->ntensors; t++)
       if (e->tensors[t]->storage->device != d->device)
         return fa_fail(ctx, FA_ERR_DEVICE, "flashattn: %s: the captured tensor %s is on %s, expected %s (the call's device)",

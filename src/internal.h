@@ -152,6 +152,11 @@ typedef struct {
    * and waits for their products (ptxas remakes such values from the parameters in the loop) */
   float scale_f, softcap_f, inv_softcap_f;
   fa_causal causal;
+  /* The caller's index of key 0: 0, but on the CPU the start of an
+   * opts.splits piece, whose keys are a view from there (src/splits.c), so
+   * that top_left's diagonal and the variants' k count as the whole call's
+   * (the bottom-right diagonal, the window and alibi count from the end). */
+  int64_t key_base;
   int64_t win_left, win_right; /* -1 = unbounded on that side; used when has_window */
   int has_window;
   /* Float or bool mask in compute form: mask_f (f32 or f64 as the compute

@@ -387,7 +387,7 @@ static fa_status check_attend(fa_context *ctx, const fa_kv_cache *c, const fa_te
   for (int64_t b = 0; b < c->B; b++) d->Lk = c->lens[b] > d->Lk ? c->lens[b] : d->Lk;
   d->device = c->device, d->dtype = c->dtype, d->kernel = FA_KERNEL_AUTO;
   if ((st = fa_check_attention_options(ctx, q, o, 0, d))) return st;
-  return fa_attention_splits_check(ctx, o, 1); /* top_left with splits: the decode kernel's; the gather path refuses it */
+  return fa_attention_splits_check(ctx, o, d->device, 1); /* top_left with splits: the decode kernel's; the gather path refuses it */
 }
 
 /* The device copies of the table and the lengths, made or brought up to

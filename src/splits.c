@@ -12,16 +12,22 @@
 
 #include <string.h>
 
-fa_status fa_attention_splits_check(fa_context *ctx, const fa_attention_opts *o, int any_causal) {
+fa_status fa_attention_splits_check(fa_context *ctx, const fa_attention_opts *o, fa_device device, int any_causal) {
   if (!o) return FA_OK;
   if (o->splits < 0 || o->splits > INT32_MAX)
     return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.splits: expected a number >= 1 or \"auto\" (0), got %lld",
                    (long long)o->splits);
-  if (!any_causal && o->splits > 1 && o->causal == FA_CAUSAL_TOP_LEFT)
+  if (any_causal || o->splits <= 1 || device != FA_CUDA) return FA_OK;
+  if (o->causal == FA_CAUSAL_TOP_LEFT)
     return fa_fail(ctx, FA_ERR_UNSUPPORTED,
-                   "flashattn: opts.splits: %lld pieces with causal = \"top_left\" are not supported yet (use "
-                   "bottom_right, or splits = 1)",
+                   "flashattn: opts.splits: %lld pieces with causal = \"top_left\" on cuda are not in this version "
+                   "past the decode kernel's Lq <= 16 (use bottom_right, splits = 1, or the cpu)",
                    (long long)o->splits);
+  if (o->score_mod || o->mask_mod)
+    return fa_fail(ctx, FA_ERR_UNSUPPORTED,
+                   "flashattn: opts.%s with opts.splits = %lld on cuda: not in this version (use splits = 1, or the "
+                   "cpu)",
+                   o->score_mod ? "score_mod" : "mask_mod", (long long)o->splits);
   return FA_OK;
 }
 
@@ -59,7 +65,7 @@ fa_status fa_attention_splits_run(fa_context *ctx, fa_tensor *q, fa_tensor *k, f
       if ((st = fa_tensor_narrow(ctx, o->mask, o->mask->ndim - 1, s, d->Lk - s, &mp))) break;
       po.mask = mp;
     }
-    st = fa_attention_piece(ctx, q, kp, vp, &po, &os[i], &lses[i]);
+    st = fa_attention_piece(ctx, q, kp, vp, &po, s, &os[i], &lses[i]);
     fa_tensor_drop(&kp), fa_tensor_drop(&vp), fa_tensor_drop(&mp);
   }
   if (!st) st = fa_merge_states_n(ctx, splits, os, lses, &ro, &rl);

@@ -5,17 +5,20 @@
 
 #include "check.h"
 
-/* opts.splits: < 0 is an error; > 1 with causal top_left is unsupported
- * unless any_causal (the reference, which ignores splits, and the decode
- * kernel, whose chunks keep the keys' numbering). */
-fa_status fa_attention_splits_check(fa_context *ctx, const fa_attention_opts *o, int any_causal);
+/* opts.splits: < 0 is an error; > 1 with causal top_left or a variant is
+ * unsupported on cuda unless any_causal (the reference, which ignores
+ * splits, and the decode kernel, whose chunks keep the keys' numbering);
+ * the CPU's pieces count keys from their start (key_base). */
+fa_status fa_attention_splits_check(fa_context *ctx, const fa_attention_opts *o, fa_device device, int any_causal);
 /* The number of separate calls: "auto" (0) is 1 (the decode kernel chooses
  * its own chunks); never more pieces than keys. */
 int64_t fa_attention_splits_resolve(const fa_attention_opts *o, const fa_attn_dims *d);
-/* fa_attention for one piece: its lse in f64 where the CPU computes in
- * f64 (f64 inputs), so that the merge loses nothing to an f32 lse. */
+/* fa_attention for one piece, its keys k and v from the call's key_base
+ * on: its lse in f64 where the CPU computes in f64 (f64 inputs), so that
+ * the merge loses nothing to an f32 lse; top_left and the variants count
+ * keys as the whole call does (fa_attn_problem.key_base). */
 fa_status fa_attention_piece(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *opts,
-                             fa_tensor **o, fa_tensor **lse);
+                             int64_t key_base, fa_tensor **o, fa_tensor **lse);
 /* The split call of fa_attention (checked arguments, splits > 1). */
 fa_status fa_attention_splits_run(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
                                   const fa_attn_dims *d, int64_t splits, fa_tensor **out, fa_tensor **lse);

@@ -84,7 +84,8 @@ static inline int FA_R(qtile_block)(const fa_attn_problem *p, const FA_R(qtile) 
   *use = p;
   int s = FA_BLOCK_PARTIAL;
   if (p->block_mask) s = fa_block_mask_span(p->block_mask, t->b, t->h, t->i0 / p->tile_q, j0, n);
-  else if (p->mask_mod) s = fa_expr_tile(p->mask_mod, t->b, t->h, t->i0, t->i0 + t->rows - 1, j0, j0 + n - 1);
+  else if (p->mask_mod)
+    s = fa_expr_tile(p->mask_mod, t->b, t->h, t->i0, t->i0 + t->rows - 1, p->key_base + j0, p->key_base + j0 + n - 1);
   if (s == 2) s = FA_BLOCK_PARTIAL;
   if (s == FA_BLOCK_FULL) *use = full;
   return s;

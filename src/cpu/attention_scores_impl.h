@@ -31,11 +31,12 @@ static void FA_R(variant_scores)(const fa_attn_problem *p, int64_t b, int64_t h,
       x[u] = (double)(s[j] * scale);
     }
     if (p->mask_mod) {
-      fa_expr_eval_row(p->mask_mod, NULL, b, h, i, j0 + c0, m, act, keep);
+      fa_expr_eval_row(p->mask_mod, NULL, b, h, i, p->key_base + j0 + c0, m, act, keep);
       for (int64_t u = 0; u < m; u++) act[u] = act[u] && keep[u] != 0; /* NaN (a fault) attends */
     }
-    if (p->score_mod && chain) fa_expr_eval_row_grad(p->score_mod, x, b, h, i, j0 + c0, m, act, x, dx);
-    else if (p->score_mod) fa_expr_eval_row(p->score_mod, x, b, h, i, j0 + c0, m, act, x);
+    const int64_t k0 = p->key_base + j0 + c0; /* the variants' k: the whole call's numbering */
+    if (p->score_mod && chain) fa_expr_eval_row_grad(p->score_mod, x, b, h, i, k0, m, act, x, dx);
+    else if (p->score_mod) fa_expr_eval_row(p->score_mod, x, b, h, i, k0, m, act, x);
     for (int64_t u = 0; u < m; u++) {
       const int64_t j = c0 + u;
       if (chain) chain[j] = p->score_mod ? (REAL)dx[u] : 1;

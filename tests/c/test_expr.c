@@ -99,8 +99,15 @@ int main(void) {
   CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_attention(ctx, q, k, v, &o, &o1, NULL));
   o.mask_mod = alibi, o.block_mask = NULL; /* numbers where booleans are needed */
   CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_attention(ctx, q, k, v, &o, &o1, NULL));
-  o.mask_mod = causal, o.splits = 2;
-  CHECK_STATUS(ctx, FA_ERR_UNSUPPORTED, fa_attention(ctx, q, k, v, &o, &o1, NULL));
+  o.mask_mod = causal, o.splits = 2; /* the CPU's pieces count keys from their start: the unsplit call's result */
+  fa_tensor *split = NULL, *whole = NULL;
+  CHECK_OK(ctx, fa_attention(ctx, q, k, v, &o, &split, NULL));
+  o.splits = 1;
+  CHECK_OK(ctx, fa_attention(ctx, q, k, v, &o, &whole, NULL));
+  double split_diff = 1;
+  if (split && whole) CHECK_OK(ctx, fa_max_abs_diff(ctx, split, whole, &split_diff));
+  CHECK(split_diff < 1e-5, "mask_mod with splits 2: %g", split_diff);
+  fa_tensor_release(split), fa_tensor_release(whole);
   fa_tensor_release(o2);
   fa_tensor_release(q);
   fa_tensor_release(k);
