@@ -97,7 +97,13 @@ static void split_args(lua_State *L, ctor_args *a, int has_value, const char *fn
     shape_last = i - 1;
     if (has_value && !(i <= n && lua_type(L, i) == LUA_TBOOLEAN)) shape_last--;
   }
-  if (shape_last < 1 && has_value) fal_error(L, "%s: expected a shape and a value", fname);
+  if (shape_last < 1 && has_value) {
+    /* name what stands where the value should: fa.full(2, "x") */
+    const int at = lua_type(L, 1) == LUA_TTABLE ? 2 : shape_last + 2;
+    if (at <= n && lua_type(L, at) != LUA_TNUMBER && lua_type(L, at) != LUA_TBOOLEAN)
+      fal_error(L, "%s: argument #%d (value): expected a number or boolean, got %s", fname, at, fal_typename(L, at));
+    fal_error(L, "%s: expected a shape and a value", fname);
+  }
   a->nd = fal_read_shape(L, 1, shape_last, a->shape, "shape");
   a->value_idx = has_value ? shape_last + 1 : 0;
   a->opts_idx = shape_last + 1 + (has_value ? 1 : 0);
@@ -130,6 +136,7 @@ static int random_fill(lua_State *L, fa_fill_kind kind, const char *fname) {
   ctor_args a;
   split_args(L, &a, 0, fname);
   read_opts(L, &a, fname, random_opts);
+  if (a.dtype == FA_BOOL) fal_error(L, "%s: opts.dtype: expected a float dtype (f32, f16, bf16, f64), got bool", fname);
   uint64_t seed = a.has_seed ? (uint64_t)a.seed : fal_next_seed(L);
   fa_context *ctx = fal_ctx(L);
   fa_tensor *t = new_tensor(L, ctx, &a);

@@ -391,6 +391,10 @@ static int t_set(lua_State *L) {
   int64_t idx[FA_MAX_DIMS];
   int n = lua_gettop(L);
   if (n < 2) fal_error(L, "set: expected indices and a value");
+  if (n - 2 != fa_tensor_ndim(t)) /* count the value in: t:set(1, 1, 1) on a 3-D tensor lacks the value */
+    fal_error(L, "set: expected %d %s and a value for a %d-D tensor (%d arguments), got %d arguments",
+              fa_tensor_ndim(t), fa_tensor_ndim(t) == 1 ? "index" : "indices", fa_tensor_ndim(t),
+              fa_tensor_ndim(t) + 1, n - 1);
   read_index(L, t, 2, n - 2, "set", idx);
   double v = fal_checkvalue(L, n, "value");
   FAL_CALL(L, ctx, fa_tensor_set(ctx, SELF(L), idx, v));

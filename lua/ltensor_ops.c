@@ -129,6 +129,8 @@ static int l_allclose(lua_State *L) {
   fa_tensor *a = fal_pin(L, pins, 1, "a"), *b = fal_pin(L, pins, 2, "b");
   double rtol = lua_isnoneornil(L, 3) ? 1e-5 : fal_checknum(L, 3, "rtol");
   double atol = lua_isnoneornil(L, 4) ? 1e-8 : fal_checknum(L, 4, "atol");
+  if (!(rtol >= 0)) fal_argerror(L, 3, "rtol", "expected a number >= 0, got %f", rtol); /* NaN too */
+  if (!(atol >= 0)) fal_argerror(L, 4, "atol", "expected a number >= 0, got %f", atol);
   int same = fa_tensor_ndim(a) == fa_tensor_ndim(b);
   for (int i = 0; same && i < fa_tensor_ndim(a); i++) same = fa_tensor_size(a, i) == fa_tensor_size(b, i);
   if (!same) fal_error(L, "allclose: shapes differ: %s vs %s", shape_str(L, a), shape_str(L, b));

@@ -41,6 +41,12 @@ function TestConstructors:test_tensor_ragged_and_bad_tables()
   assert_fa_error({"ragged", "key 4"}, fa.tensor, {{1, 2}, {3, 4, [4] = 9}})
   assert_fa_error({"ragged", "key 4"}, fa.tensor, {{1, 2}, {3, 4}, [4] = {5, 6}})
   assert_fa_error({"ragged", "'x'"}, fa.tensor, {1, 2, x = 3})
+  -- messages that name what stands where
+  assert_fa_error({"value", "string"}, fa.full, 2, "x")
+  assert_fa_error({"dtype", "bool"}, fa.rand, 3, {dtype = "bool"})
+  assert_fa_error({"3 indices and a value"}, function() return fa.zeros(2, 2, 2):set(1, 1, 1) end)
+  assert_fa_error({"rtol", ">= 0"}, fa.allclose, fa.ones(2), fa.ones(2), -1)
+  assert_fa_error({"atol", ">= 0"}, fa.allclose, fa.ones(2), fa.ones(2), 0, 0 / 0)
 end
 
 function TestConstructors:test_tensor_dtypes_and_aliases()
