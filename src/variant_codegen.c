@@ -24,6 +24,7 @@
  * cost what the built-in rules do (no 64-bit or conversion work a score) */
 enum { TB, TI, TF, TJ };
 #define EXACT_IN_FLOAT 16777216.0
+#define EXACT_IN_DOUBLE 9007199254740992.0
 
 typedef struct {
   char *s;
@@ -85,7 +86,7 @@ static void constant(text *t, const fa_expr_node *x, int ty) {
   else put(t, "(float)%.17g", x->c);
 }
 
-static int integral(double c) { return c == floor(c) && fabs(c) < 9007199254740992.0; }
+static int integral(double c) { return c == floor(c) && fabs(c) < EXACT_IN_DOUBLE; }
 
 /* The range [lo, hi] of an integer node's values over a call's positions
  * (b in 1..B, h in 1..H, q in 1..Lq, k in 1..Lk): what shows a read in
@@ -176,6 +177,13 @@ static void infer(const fa_expr *e, const int64_t *bounds, int *ty, uint8_t *fl,
     }
     fl[i] = (uint8_t)f;
     if (rg) rg[i] = node_range(e, i, rg, ty, bounds);
+    /* an integer that may pass 2^53 is a float: the CPU's f64 holds it no
+     * more exactly, and a long long of (q * 1e9 * 1e9) would wrap around
+     * where f64 does not */
+    if (rg && ty[i] == TI && !(rg[i].lo >= -EXACT_IN_DOUBLE && rg[i].hi <= EXACT_IN_DOUBLE)) {
+      ty[i] = TF;
+      rg[i] = node_range(e, i, rg, ty, bounds);
+    }
   }
   /* integers that stay exact in a float, computed from such integers only */
   for (int i = 0; rg && i < e->n; i++) {

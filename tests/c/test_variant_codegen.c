@@ -412,6 +412,24 @@ int main(int argc, char **argv) {
     check("positions past 2^24", e, 0, big, bks, 4, 0);
     fa_expr_free(e);
   }
+  /* integers that may pass 2^53 are floats: (q * 1e9 * 1e9) > 0 holds for every q, as in f64 (a long long of it
+   * wrapped around to negative values) */
+  {
+    nodes x = {0};
+    const int q = node(&x, FA_X_Q, 0, 0, 0, 0);
+    const int big = N2(&x, FA_X_MUL, N2(&x, FA_X_MUL, q, cst(&x, 1e9)), cst(&x, 1e9));
+    B2(&x, FA_X_GT, big, cst(&x, 0));
+    fa_expr *e = NULL;
+    CHECK(fa_expr_new(ctx, x.n, x.count, NULL, NULL, 0, &e) == FA_OK, "%s", fa_context_error(ctx));
+    const int64_t qb[4] = {1, 1, 40, 3};
+    const int64_t qks[3] = {0, 1, 2};
+    int reads[2];
+    char *code = fa_variant_source(NULL, e, qb, reads);
+    CHECK(code && strstr(code, "long long v4") == NULL, "%s", "q * 1e9 * 1e9 is no long long");
+    free(code);
+    check("products past 2^53", e, 1, qb, qks, 3, 0);
+    fa_expr_free(e);
+  }
   /* tanh's form: the one-SFU tanh where its error reaches the score times at most 128 (softcap
    * c·tanh(s / c), c <= 128, plus other terms), tanhf where a larger factor or a comparison follows */
   {
