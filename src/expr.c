@@ -81,6 +81,10 @@ static inline double lua_mod(double a, double b) {
   return m;
 }
 
+/* A fault's index past int64's range (inf, 1e300), as its sign; INT64_MAX
+ * and INT64_MIN are "not an integer" and NaN. */
+#define FAULT_HUGE (INT64_MAX - 1)
+
 /* Records the fault of read `bad` (its index values in ix) unless one is
  * recorded already. */
 static void record_fault(const fa_expr *e, int bad, const double *ix) {
@@ -89,7 +93,11 @@ static void record_fault(const fa_expr *e, int bad, const double *ix) {
   for (int d = 0; d < l->ndim; d++) {
     const double x = ix[d];
     if (!(x >= 1 && x <= (double)t->shape[d]) || x != floor(x)) {
-      fa_expr_set_fault(e, bad, d, x != x ? INT64_MIN : x != floor(x) ? INT64_MAX : (int64_t)(fabs(x) < 9e18 ? x : 0));
+      fa_expr_set_fault(e, bad, d,
+                        x != x                ? INT64_MIN
+                        : x != floor(x)       ? INT64_MAX
+                        : !(fabs(x) < 9e18) ? (x > 0 ? FAULT_HUGE : -FAULT_HUGE) /* inf, 1e300 */
+                                              : (int64_t)x);
       return;
     }
   }
@@ -449,8 +457,11 @@ fa_status fa_expr_fault(fa_context *ctx, const fa_expr *e, const char *what) {
   const long long size = (long long)t->shape[e->fault_dim];
   if (e->fault_index == INT64_MAX || e->fault_index == INT64_MIN)
     return fa_fail(ctx, FA_ERR_ARGUMENT,
-                   "flashattn: %s: %s: index %d is %s, expected an integer in 1..%lld", what, desc,
+                   "flashattn: %s: %s: the index in dimension %d is %s, expected an integer in 1..%lld", what, desc,
                    e->fault_dim + 1, e->fault_index == INT64_MAX ? "not an integer" : "NaN", size);
+  if (e->fault_index == FAULT_HUGE || e->fault_index == -FAULT_HUGE)
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: %s: %s: index %s out of range 1..%lld (dimension %d)", what, desc,
+                   e->fault_index > 0 ? "+inf or past 9e18" : "-inf or below -9e18", size, e->fault_dim + 1);
   return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: %s: %s: index %lld out of range 1..%lld (dimension %d)", what, desc,
                  (long long)e->fault_index, size, e->fault_dim + 1);
 }

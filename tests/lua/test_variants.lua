@@ -248,6 +248,13 @@ function TestVariants:test_errors()
     return kept + 1
   end)
   E({"score_mod", "after the call"}, {score_mod = function(s) return s + kept end})
+  -- out-of-range reads name the index: past int64's range, NaN and fractions said as such
+  local ft = fa.tensor({1, 2, 3, 4}, {device = dev})
+  if dev == "cpu" then
+    E({"ft[", "+inf or past 9e18", "1..4"}, {score_mod = function(s, b, h, q) return s + ft[q * 1e300] end})
+    E({"ft[", "dimension 1 is NaN"}, {score_mod = function(s, b, h, q) return s + ft[(q - q) / 0] end})
+    E({"ft[", "not an integer"}, {score_mod = function(s, b, h, q) return s + ft[q * 0.5] end})
+  end
   -- an out-of-range read that fa.where discards is no error
   local o = att(q, k, v, {score_mod = function(s, b, h) return fa.where(h:lt(2), s + slopes[h + 1], s) end})
   lu.assertTrue(o:isfinite())
