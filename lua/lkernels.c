@@ -16,7 +16,7 @@ static const char *const matmul_algos[] = {"auto", "naive", "tiled", "blas", NUL
 static const char *const softmax_keys[] = {"algo", "block", "out", NULL};
 static const char *const attn_keys[] = {"algo",    "scale", "causal",     "window", "mask",    "kv_lens",
                                         "alibi",   "softcap", "tile",     "return_lse", "out", "lse_out", "splits", "kernel",
-                                        "score_mod", "mask_mod", "block_mask", NULL};
+                                        "score_mod", "mask_mod", "block_mask", "deterministic", NULL};
 static const char *const matmul_keys[] = {"algo", "tile", "out", NULL};
 
 /* ---- options ------------------------------------------------------------------ */
@@ -69,6 +69,9 @@ void read_attn_opts(lua_State *L, int idx, const char *fname, fa_attention_opts 
   if (!fal_opts(L, idx, fname, attn_keys)) return;
   if (fal_opt_enum(L, idx, "algo", attn_algos, &algo)) o->algo = (fa_attention_algo)algo;
   o->has_scale = fal_opt_num(L, idx, "scale", &o->scale);
+  /* the backward's (API §10); fa.attention takes it too, so that one opts table serves both passes
+   * (the forward is deterministic whatever it says) */
+  fal_opt_bool(L, idx, "deterministic", &o->deterministic);
   o->causal = read_causal(L, idx);
   o->has_window = fal_opt_pair(L, idx, "window", &o->window_left, &o->window_right);
   o->mask = fal_opt_tensor(L, idx, "mask", pins);

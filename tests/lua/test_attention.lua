@@ -660,6 +660,17 @@ function TestAttention:test_reference_out_and_lse_out()
   U.assert_fa_error({"opts.out", "f64"}, fa.attention_reference, q, k, v, {out = fa.zeros({1, 2, 5, 8})})
 end
 
+function TestAttention:test_one_opts_table_for_both_passes()
+  -- fa.attention takes the backward's `deterministic`, so that the same opts serve both (API §10)
+  local q, k, v = qkv(1, 2, 2, 5, 7, 8, 8, "f32")
+  local opts = {causal = true, deterministic = true, return_lse = true}
+  local o, lse = fa.attention(q, k, v, opts)
+  U.assert_close(o, U.reference(q, k, v, {causal = true}), "f32", "deterministic forward")
+  local dq = fa.attention_backward(q, k, v, o, lse, o, opts)
+  lu.assertEquals(dq:dim(), 4)
+  U.assert_fa_error({"deterministic", "boolean"}, fa.attention, q, k, v, {deterministic = 1})
+end
+
 function TestAttention:test_out_and_lse_out()
   local q, k, v = qkv(2, 2, 2, 11, 13, 8, 8, "f32")
   for _, algo in ipairs(ALGOS) do
