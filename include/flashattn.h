@@ -241,9 +241,10 @@ typedef struct {
    * rounding.  On cuda's decode kernel (f16/bf16, D = Dv = 64 or 128,
    * Hq / Hkv * Lq <= 64, no tile) they are chunks of one launch and auto
    * chooses their number; elsewhere they are separate calls merged by
-   * fa_merge_states_n, auto is 1, and with s > 1 causal =
-   * FA_CAUSAL_TOP_LEFT is FA_ERR_UNSUPPORTED.  fa_attention_reference
-   * ignores it. */
+   * fa_merge_states_n and auto is 1: on the CPU every rule applies (the
+   * pieces count keys as the whole call does), on cuda causal =
+   * FA_CAUSAL_TOP_LEFT or a variant with s > 1 is FA_ERR_UNSUPPORTED.
+   * fa_attention_reference ignores it. */
   int64_t splits;
   const char *kernel; /* NULL or "": the fastest kernel that accepts the call (API §6); a name that
                          fa_attention_kernels lists picks that kernel.  The references (forward and
@@ -251,11 +252,11 @@ typedef struct {
                          "simt"; FA_ERR_UNSUPPORTED when it does not take the call) and makes its own
                          choice for the forward's other names; a name no kernel has is FA_ERR_ARGUMENT. */
   /* Attention variants (API §9; docs/variants.md): expressions traced
-   * from a Lua score_mod(s, b, h, q, k) and mask_mod(b, h, q, k).  Only
-   * the Lua binding builds them in this version: C hosts leave them NULL.
+   * from a Lua score_mod(s, b, h, q, k) and mask_mod(b, h, q, k), or built
+   * by a C host with the fa_expr builder (docs/c-api.md), or NULL.
    * Both backends and fa_attention_reference; on cuda compiled into the
    * "flash" kernels at run time (NVRTC; other algos FA_ERR_UNSUPPORTED),
-   * refused with splits > 1; the backward and its reference take them
+   * refused there with splits > 1; the backward and its reference take them
    * too, differentiating score_mod's expression (on cuda compiled into
    * the "wgmma" backward kernels where they take the call, else the
    * "simt" ones). */
@@ -265,7 +266,8 @@ typedef struct {
    * the kernel's), or NULL: "flash" and "two_pass" skip its empty tiles and
    * evaluate mask_mod only on its partial ones (on cuda: skip the key tiles
    * outside its nonempty ones, unmasked in its run of full ones).  It needs
-   * mask_mod; the reference ignores it. */
+   * mask_mod, the expression it was made from (checked); the reference
+   * does not use its tiles. */
   const fa_block_mask *block_mask;
   /* fa_attention_backward only (API §10): nonzero asks for bit-identical
    * gradients from run to run.  The CPU backend and cuda's "mma" and
