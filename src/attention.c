@@ -130,6 +130,9 @@ static int shares_input(const fa_tensor *t, const fa_attn_buffers *b) {
   const fa_tensor *in[4] = {b->q, b->k, b->v, b->mask};
   for (int i = 0; i < 4; i++)
     if (in[i] && in[i]->storage == t->storage) return 1;
+  for (int e = 0; e < 2; e++) /* a score_mod's bias[b][h][q][k] is read while the rows are written */
+    for (int i = 0; b->exprs[e] && i < b->exprs[e]->ntensors; i++)
+      if (b->exprs[e]->tensors[i]->storage == t->storage) return 1;
   return 0;
 }
 
@@ -372,7 +375,7 @@ fa_status fa_attn_cuda_inputs(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_te
 /* decode: the decode kernel takes the call (fa_attn_decode_takes). */
 static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
                           const fa_attn_dims *d, int decode, int want_lse, fa_tensor **out, fa_tensor **lse) {
-  fa_attn_buffers bufs = {0};
+  fa_attn_buffers bufs = {.exprs = {o->score_mod, o->mask_mod}};
   fa_attn_problem p;
   fa_attn_resolve_options(o, d, d->dtype, &p);
   /* defaults: the tile of the fastest kernel that takes the call, or of
@@ -503,7 +506,7 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   fa_dtype compute = reference || d.dtype == FA_F64 ? FA_F64 : FA_F32;
   const fa_dtype lse_dtype = reference || (piece && compute == FA_F64) ? FA_F64 : FA_F32;
   fa_tensor *user_out = o->out, *user_lse = o->lse_out;
-  fa_attn_buffers bufs = {0};
+  fa_attn_buffers bufs = {.exprs = {o->score_mod, o->mask_mod}};
   fa_attn_problem p;
   if ((st = build_problem(ctx, q, k, v, o, &d, compute, &p, &bufs)) ||
       (st = prepare_outputs(ctx, o, &d, compute, want_lse, user_out, user_lse, lse_dtype, &p, &bufs)))

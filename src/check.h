@@ -44,6 +44,9 @@ typedef struct {
   fa_tensor *q, *k, *v, *mask, *o, *lse;
   void *kv_lens, *alibi;
   size_t kv_bytes, alibi_bytes;
+  /* the call's score_mod and mask_mod (not held): their captured tensors
+   * are inputs too, which an output written in place must not share */
+  const struct fa_expr *exprs[2];
 } fa_attn_buffers;
 void fa_attn_buffers_drop(fa_context *ctx, fa_attn_buffers *b);
 /* An operand on cuda as the kernels read it (API §6): t itself (retained)

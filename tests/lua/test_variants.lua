@@ -248,6 +248,17 @@ function TestVariants:test_errors()
     return kept + 1
   end)
   E({"score_mod", "after the call"}, {score_mod = function(s) return s + kept end})
+  -- an output that is a tensor the expression reads is computed apart, then copied in
+  local bias = U.randn({1, 1, 8, 8}, "f32")
+  local q8, k8, v8 = U.randn({1, 1, 8, 8}, "f32"), U.randn({1, 1, 8, 8}, "f32"), U.randn({1, 1, 8, 8}, "f32")
+  local want = att(q8, k8, v8, {score_mod = function(s, b, h, i, j) return s + bias:clone()[b][h][i][j] end})
+  for _, algo in ipairs(dev == "cpu" and {"flash", "naive", "two_pass", "flash_row"} or {"flash"}) do
+    local canvas = bias:clone()
+    local alias_mod = function(s, b, h, i, j) return s + canvas[b][h][i][j] end
+    local got = att(q8, k8, v8, {score_mod = alias_mod, out = canvas, algo = algo})
+    lu.assertTrue(rawequal(got, canvas))
+    U.assert_close(got, want, "f32", algo .. ": out is the captured tensor")
+  end
   -- out-of-range reads name the index: past int64's range, NaN and fractions said as such
   local ft = fa.tensor({1, 2, 3, 4}, {device = dev})
   if dev == "cpu" then
