@@ -208,6 +208,12 @@ static int l_kv_cache(lua_State *L) {
   lua_settop(L, 1);
   if (!lua_istable(L, 1)) fal_typeerror(L, 1, "opts", "a table {batch =, heads =, dim =, capacity =, ...}");
   fal_opts(L, 1, "fa.kv_cache", create_keys);
+  static const char *const required[] = {"batch", "heads", "dim", "capacity"}; /* named when absent, not read as 0 */
+  for (int i = 0; i < 4; i++) {
+    lua_getfield(L, 1, required[i]);
+    if (lua_isnil(L, -1)) fal_error(L, "fa.kv_cache: opts.%s is required (an integer >= 1)", required[i]);
+    lua_pop(L, 1);
+  }
   fal_opt_int(L, 1, "batch", &o.batch);
   fal_opt_int(L, 1, "heads", &o.heads);
   fal_opt_int(L, 1, "dim", &o.dim);

@@ -244,7 +244,9 @@ fa_status fa_check_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_ten
     return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: v: %lld heads differ from k's %lld", (long long)Hv, (long long)d->Hkv);
   if (Lv != d->Lk)
     return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: v: length %lld differs from k's %lld", (long long)Lv, (long long)d->Lk);
-  if (d->Hkv == 0 || d->Hq % d->Hkv)
+  if (d->Hkv == 0)
+    return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: k: 0 heads (Hkv must be >= 1; q has %lld)", (long long)d->Hq);
+  if (d->Hq % d->Hkv)
     return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: q has %lld heads, not a multiple of k's %lld (Hq %% Hkv must be 0)",
                    (long long)d->Hq, (long long)d->Hkv);
   if (d->D < 1 || d->Dv < 1)
@@ -289,6 +291,12 @@ fa_status fa_check_attention_options(fa_context *ctx, const fa_tensor *q, const 
   if (!(o->softcap >= 0) || isinf(o->softcap))
     return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.softcap: expected a finite number >= 0 (0 = off), got %g",
                    o->softcap);
+  if (!o->kv_lens && o->n_kv_lens)
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.kv_lens: NULL with n_kv_lens = %lld (both or neither)",
+                   (long long)o->n_kv_lens);
+  if (!o->alibi && o->n_alibi)
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.alibi: NULL with n_alibi = %lld (both or neither)",
+                   (long long)o->n_alibi);
   if (o->kv_lens) {
     if (o->n_kv_lens != d->B)
       return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: opts.kv_lens: expected %lld entries (one per batch), got %lld",
@@ -466,6 +474,10 @@ shape:
   return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: merge_states: %s (%s) and %s (%s) must have one shape", n->o1,
                  fa_shape_str(o1, b1, sizeof b1), n->o2, fa_shape_str(o2, b2, sizeof b2));
 lse:
+  if (lse1 == lse2 || strcmp(n->lse1, n->lse2) == 0) /* a state against itself: name it once */
+    return fa_fail(ctx, FA_ERR_SHAPE,
+                   "flashattn: merge_states: lse must have o's shape without its last dimension: %s is %s, %s is %s",
+                   n->o1, fa_shape_str(o1, b1, sizeof b1), n->lse1, fa_shape_str(lse1, b2, sizeof b2));
   return fa_fail(ctx, FA_ERR_SHAPE,
                  "flashattn: merge_states: lse must have o's shape without its last dimension: %s is %s, %s is %s, %s is %s",
                  n->o1, fa_shape_str(o1, b1, sizeof b1), n->lse1, fa_shape_str(lse1, b2, sizeof b2), n->lse2,

@@ -449,6 +449,13 @@ static void test_status_codes(void) {
   CHECK(fa_attention(ctx, q, k, v, &bad, &o, &lse) != FA_OK, "alibi of the wrong length");
   CHECK(strstr(fa_context_error(ctx), "alibi") != NULL, "names alibi: %s", fa_context_error(ctx));
   bad = op;
+  bad.n_kv_lens = 1; /* a count without its array */
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_attention(ctx, q, k, v, &bad, &o, &lse));
+  CHECK(strstr(fa_context_error(ctx), "kv_lens") != NULL, "names kv_lens: %s", fa_context_error(ctx));
+  bad = op;
+  bad.n_alibi = 2;
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_attention(ctx, q, k, v, &bad, &o, &lse));
+  bad = op;
   bad.out = k; /* wrong shape */
   CHECK_STATUS(ctx, FA_ERR_SHAPE, fa_attention(ctx, q, k, v, &bad, &o, &lse));
   CHECK(strstr(fa_context_error(ctx), "out") != NULL, "names out: %s", fa_context_error(ctx));
