@@ -271,6 +271,9 @@ fa_status fa_kv_cache_append(fa_context *ctx, fa_kv_cache *c, fa_tensor *k, fa_t
   if ((st = check_kv_operand(ctx, c, k, "k", c->D, -1))) return st;
   const int64_t n = k->shape[2];
   if ((st = check_kv_operand(ctx, c, v, "v", c->Dv, n))) return st;
+  if (!lens && n_lens)
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: kv_cache append: lens is NULL with n_lens = %lld (both or neither)",
+                   (long long)n_lens);
   if (lens && n_lens != c->B)
     return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: kv_cache append: lens: expected %lld entries (one per sequence), got %lld",
                    (long long)c->B, (long long)n_lens);
