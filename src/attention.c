@@ -34,6 +34,12 @@ void fa_attn_buffers_drop(fa_context *ctx, fa_attn_buffers *b) {
  * compute dtype but f64 works in f32, where softcap is taken as f32 takes
  * it: past f32's range c·tanh(s/c) is s (off; c = inf would give inf·0 =
  * NaN), a c that rounds to 0 is the least normal (0/0 at s = 0). */
+void fa_attn_fit_tiles(fa_attn_problem *p) {
+  const int64_t lq = p->Lq > 1 ? p->Lq : 1, lk = p->Lk > 1 ? p->Lk : 1;
+  if (p->tile_q > lq) p->tile_q = lq;
+  if (p->tile_k > lk) p->tile_k = lk;
+}
+
 void fa_attn_resolve_options(const fa_attention_opts *o, const fa_attn_dims *d, fa_dtype compute, fa_attn_problem *p) {
   memset(p, 0, sizeof *p);
   p->B = d->B, p->Hq = d->Hq, p->Hkv = d->Hkv, p->Lq = d->Lq, p->Lk = d->Lk, p->D = d->D, p->Dv = d->Dv;
@@ -109,6 +115,7 @@ static fa_status build_problem(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   p->score_mod = o->score_mod, p->mask_mod = o->mask_mod;
   p->tile_q = o->tile_q ? o->tile_q : FA_CPU_DEFAULT_TILE_Q;
   p->tile_k = o->tile_k ? o->tile_k : FA_CPU_DEFAULT_TILE_K;
+  fa_attn_fit_tiles(p);
   fa_status st;
   if ((st = cpu_operand(ctx, q, compute, &bufs->q, &p->q_st)) ||
       (st = cpu_operand(ctx, k, compute, &bufs->k, &p->k_st)) ||

@@ -26,6 +26,7 @@ static void bw_problem(const fa_attention_opts *o, const fa_attn_dims *d, fa_dty
   p->score_mod = o->score_mod, p->mask_mod = o->mask_mod; /* API §9: the chain rule through score_mod's expression */
   p->tile_q = o->tile_q > 0 ? o->tile_q : BW_TILE; /* the backward's own default: three Br·Bc tiles in cache */
   p->tile_k = o->tile_k > 0 ? o->tile_k : BW_TILE;
+  fa_attn_fit_tiles(p);
 }
 
 /* A contiguous (shape of `like`) view of the computed buffer, converted to

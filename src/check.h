@@ -26,6 +26,10 @@ fa_status fa_check_tensor(fa_context *ctx, const fa_tensor *t, const char *name)
  * the backward too): p cleared, then shapes, scale, softcap, causal,
  * window, the compute dtype. */
 void fa_attn_resolve_options(const fa_attention_opts *o, const fa_attn_dims *d, fa_dtype compute, fa_attn_problem *p);
+/* The CPU's tiles no larger than Lq and Lk (at least 1): a tile past the
+ * sequence covers it all the same, and its workspace would be sized by the
+ * tile ({4096, 4096} on 4 rows took 67 MB). */
+void fa_attn_fit_tiles(fa_attn_problem *p);
 /* Points p at the mask's contiguous copy buf, with broadcast strides. */
 void fa_attn_attach_mask(fa_attn_problem *p, const fa_tensor *m, fa_tensor *buf);
 /* An attention call's computed output obuf (B, Hq, Lq, Dv) and lse lbuf
