@@ -233,7 +233,7 @@ typedef struct {
   const double *alibi;    /* Hq slopes or NULL */
   int64_t n_alibi;
   double softcap;         /* > 0: s -> c·tanh(s/c); 0 = off */
-  int64_t tile_q, tile_k; /* 0 = backend default; FA_TILE_ZERO: see below */
+  int64_t tile_q, tile_k; /* both 0 = backend default (one 0 beside a size is out of range); FA_TILE_ZERO: see below */
   int return_lse;
   fa_tensor *out, *lse_out; /* optional preallocated outputs; they must not overlap each other */
   /* Split-KV (API §8): 0 = auto, s >= 1 cuts the keys into s contiguous

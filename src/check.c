@@ -273,6 +273,9 @@ fa_status fa_check_attention_options(fa_context *ctx, const fa_tensor *q, const 
     return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.algo: expected auto, naive, two_pass, flash_row or flash");
   d->algo = o->algo == FA_ATTN_AUTO ? FA_ATTN_FLASH : o->algo;
   d->variant = o->score_mod || o->mask_mod;
+  if (o->splits < 0 || o->splits > INT32_MAX) /* here, so that the cost and the kernel listing refuse it too */
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.splits: expected a number >= 1 or \"auto\" (0), got %lld",
+                   (long long)o->splits);
   if (o->has_scale && !isfinite(o->scale))
     return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.scale: expected a finite number, got %g", o->scale);
   /* every backend but f64 multiplies by (float)scale: past f32's range

@@ -173,8 +173,8 @@ static void release_pages(fa_kv_cache *c, int64_t b) {
 fa_status fa_kv_cache_reset(fa_context *ctx, fa_kv_cache *c, int64_t b) {
   FA_NEED(c);
   if (b < -1 || b >= c->B)
-    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: kv_cache reset: sequence %lld is out of range 0 to %lld (-1 = all)",
-                   (long long)b, (long long)c->B - 1);
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: kv_cache reset: sequence %lld is out of range 1 to %lld",
+                   (long long)b + 1, (long long)c->B); /* counted from 1, as every message */
   if (b >= 0) release_pages(c, b);
   else
     for (int64_t i = 0; i < c->B; i++) release_pages(c, i);

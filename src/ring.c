@@ -45,8 +45,8 @@ static fa_status check_layout(fa_context *ctx, const char *fname, int layout) {
 static fa_status resolve_dim(fa_context *ctx, const char *fname, const fa_tensor *t, int dim, int *out) {
   const int d = dim < 0 ? dim + t->ndim : dim;
   if (d < 0 || d >= t->ndim)
-    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: %s: dim %d is out of range for a %d-D tensor", fname, dim,
-                   t->ndim);
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: %s: dim %d is out of range for a %d-D tensor", fname,
+                   dim >= 0 ? dim + 1 : dim, t->ndim); /* counted from 1 (or from the end), as every message */
   *out = d;
   return FA_OK;
 }

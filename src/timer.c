@@ -13,14 +13,22 @@ static double now_ms(void) {
 
 fa_status fa_timer_start(fa_context *ctx) {
   FA_NEED(ctx);
-  if (ctx->device == FA_CUDA) return fa_cuda_timer_start(ctx);
+  if (ctx->device == FA_CUDA) {
+    const fa_status st = fa_cuda_timer_start(ctx);
+    ctx->timer_started = st == FA_OK;
+    return st;
+  }
   ctx->timer_start_ms = now_ms();
+  ctx->timer_started = 1;
   return FA_OK;
 }
 
 fa_status fa_timer_stop(fa_context *ctx, double *ms) {
   FA_NEED(ctx);
   FA_NEED(ms);
+  *ms = 0;
+  if (!ctx->timer_started)
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: fa_timer_stop: the context's timer was not started (fa_timer_start)");
   if (ctx->device == FA_CUDA) return fa_cuda_timer_stop(ctx, ms);
   *ms = now_ms() - ctx->timer_start_ms;
   return FA_OK;

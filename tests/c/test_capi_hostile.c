@@ -57,6 +57,15 @@ static void test_null_context(void) {
   CHECK_ARG(NULL, fa_timer_stop(NULL, &ms));
   CHECK_ARG(ctx, fa_timer_stop(ctx, NULL));
   CHECK_NAMES("ms");
+  { /* stopped before it was started: an error, not the clock since boot */
+    fa_context *fresh = NULL;
+    if (fa_context_create(FA_CPU, &fresh) == FA_OK) {
+      CHECK_ARG(fresh, fa_timer_stop(fresh, &ms));
+      CHECK(ms == 0, "no time from a timer never started: %g", ms);
+      CHECK(fa_timer_start(fresh) == FA_OK && fa_timer_stop(fresh, &ms) == FA_OK && ms >= 0, "start, then stop");
+      fa_context_destroy(fresh);
+    }
+  }
   fa_device_info_t info;
   CHECK_ARG(NULL, fa_device_info(NULL, FA_CPU, &info));
   CHECK_ARG(ctx, fa_device_info(ctx, FA_CPU, NULL));
