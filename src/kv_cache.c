@@ -379,6 +379,7 @@ static fa_status check_attend(fa_context *ctx, const fa_kv_cache *c, const fa_te
                     : o->kv_lens                      ? "kv_lens (the cache's lengths are the key lengths)"
                     : o->score_mod                    ? "score_mod (not in this version)"
                     : o->mask_mod                     ? "mask_mod (not in this version)"
+                    : o->kernel && o->kernel[0]       ? "kernel (the cache chooses: the decode kernel, or the gather)"
                                                       : NULL;
   if (bad)
     return fa_fail(ctx, FA_ERR_ARGUMENT,
