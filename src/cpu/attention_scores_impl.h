@@ -58,8 +58,8 @@ static void FA_R(variant_scores)(const fa_attn_problem *p, int64_t b, int64_t h,
 }
 
 FA_CPU_CLONES
-void FA_R(fa_attn_scores)(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n,
-                          int64_t lo, int64_t hi, REAL *s) {
+static void FA_R(scores_cloned)(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n,
+                                int64_t lo, int64_t hi, REAL *s) {
   if (p->score_mod || p->mask_mod) {
     FA_R(variant_scores)(p, b, h, i, j0, n, lo, hi, s, NULL);
     return;
@@ -110,10 +110,10 @@ static inline REAL FA_R(exp_sum)(REAL *s, int64_t n, REAL m) {
 }
 
 FA_CPU_CLONES
-REAL FA_R(fa_attn_exp_sum)(REAL *s, int64_t n, REAL m) { return FA_R(exp_sum)(s, n, m); }
+static REAL FA_R(exp_sum_cloned)(REAL *s, int64_t n, REAL m) { return FA_R(exp_sum)(s, n, m); }
 
 FA_CPU_CLONES
-void FA_R(fa_attn_online)(REAL *s, int64_t ld, int64_t rows, int64_t n, REAL *m, REAL *l, REAL *alpha) {
+static void FA_R(online_cloned)(REAL *s, int64_t ld, int64_t rows, int64_t n, REAL *m, REAL *l, REAL *alpha) {
   for (int64_t r = 0; r < rows; r++) {
     REAL *row = s + r * ld;
     const REAL mt = FA_R(row_max)(row, n), m_old = m[r];
@@ -131,6 +131,17 @@ void FA_R(fa_attn_online)(REAL *s, int64_t ld, int64_t rows, int64_t n, REAL *m,
     l[r] = l[r] * a + sum;
     m[r] = m_new;
   }
+}
+
+/* The entry points: plain functions (hidden by -fvisibility=hidden, which
+ * GCC does not apply to a clone's ifunc and resolvers) over the clones. */
+void FA_R(fa_attn_scores)(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n,
+                          int64_t lo, int64_t hi, REAL *s) {
+  FA_R(scores_cloned)(p, b, h, i, j0, n, lo, hi, s);
+}
+REAL FA_R(fa_attn_exp_sum)(REAL *s, int64_t n, REAL m) { return FA_R(exp_sum_cloned)(s, n, m); }
+void FA_R(fa_attn_online)(REAL *s, int64_t ld, int64_t rows, int64_t n, REAL *m, REAL *l, REAL *alpha) {
+  FA_R(online_cloned)(s, ld, rows, n, m, l, alpha);
 }
 
 void FA_R(fa_attn_lse)(const REAL *m, const REAL *l, int64_t rows, fa_lse_rows lse, int64_t ldl) {

@@ -73,5 +73,8 @@ static inline float fa_expf_fast(float x) {
 #else
 #define FA_CPU_CLONES
 #endif
+/* (Only on static functions: GCC gives a clone of external linkage an
+ * exported ifunc and resolvers whatever -fvisibility says; callers in other
+ * files go through a plain function.) */
 
 #endif
