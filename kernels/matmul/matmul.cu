@@ -2,6 +2,7 @@
  * element), the tiled one (T×T tiles of A and B staged in shared memory,
  * T = opts.tile), and cuBLAS.  Row-major, accumulation in f32 (f64 for f64). */
 #include "common.cuh"
+#include "merge_weights.h"
 
 #include <cublas_v2.h>
 
@@ -138,10 +139,7 @@ __global__ void merge_kernel(const T *o1, const double *l1, const T *o2, const d
     if (a == -INFINITY && bb == -INFINITY) w1 = w2 = 0.0, lse = -INFINITY;
     else if (a == -INFINITY) w1 = 0.0, w2 = 1.0, lse = bb;
     else if (bb == -INFINITY) w1 = 1.0, w2 = 0.0, lse = a;
-    else {
-      lse = fmax(a, bb) + log1p(exp(-fabs(a - bb)));
-      w1 = exp(a - lse), w2 = exp(bb - lse);
-    }
+    else lse = fa_merge_weights(a, bb, &w1, &w2);
     if (dv > 0) {
       double v1 = w1 == 0.0 ? 0.0 : w1 * to_float(o1[x]), v2 = w2 == 0.0 ? 0.0 : w2 * to_float(o2[x]);
       o[x] = from_float<T>((typename Elem<T>::acc)(v1 + v2));

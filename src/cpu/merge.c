@@ -7,6 +7,7 @@
  * weights and lse are computed in double; o1, o2, o (f32 or f64) are contiguous
  * rows x dv and o may be o1 or o2 (lse may be lse1 or lse2). */
 #include "internal.h"
+#include "merge_weights.h"
 
 #include <math.h>
 #include <string.h>
@@ -26,9 +27,8 @@
       *lse = l2 == -INFINITY ? l1 : l2;                                                             \
       return;                                                                                                \
     }                                                                                                        \
-    double m = l1 > l2 ? l1 : l2;                                                                            \
-    double l = m + log1p(exp(-fabs(l1 - l2))); /* NaN if either is NaN, or both +inf */                     \
-    double w1 = exp(l1 - l), w2 = exp(l2 - l);                                                               \
+    double w1, w2;                                                                                           \
+    const double l = fa_merge_weights(l1, l2, &w1, &w2); /* NaN if either is NaN, or both +inf */           \
     for (int64_t i = 0; i < dv; i++) o[i] = (T)(w1 * (double)o1[i] + w2 * (double)o2[i]);                   \
     *lse = l;                                                                                         \
   }

@@ -106,6 +106,24 @@ end
 
 -- A NaN lse beside an empty state (lse = -inf) is a state, not an empty one:
 -- the merge keeps it (its o and its NaN lse), as on every device.
+function TestMerge:test_large_lse_weights_from_the_difference()
+  -- equal states far from 0: half each (the weights come from lse1 - lse2, not from a rounded
+  -- merged lse, whose rounding at 1e30 dropped log 2 and gave both a weight of 1)
+  local o = fa.merge_states(fa.full({1, 3}, 1, {device = dev}), fa.tensor({1e30}, {device = dev}),
+    fa.full({1, 3}, 3, {device = dev}), fa.tensor({1e30}, {device = dev}))
+  lu.assertEquals(o:get(1, 1), 2)
+  -- a state of lse +inf takes it whole
+  local o2, l2 = fa.merge_states(fa.full({1, 2}, 1, {device = dev}), fa.tensor({math.huge}, {device = dev}),
+    fa.full({1, 2}, 3, {device = dev}), fa.tensor({1}, {device = dev}))
+  lu.assertEquals({o2:get(1, 1), l2:get(1)}, {1, math.huge})
+  -- splits of large scores: the unsplit result (six equal keys: the mean of 0..5)
+  local q, k, v = fa.ones({1, 1, 1, 1}, {device = dev}), fa.ones({1, 1, 6, 1}, {device = dev}),
+    fa.arange(6, {device = dev}):view(1, 1, 6, 1)
+  for _, sc in ipairs({1e10, 1e14}) do
+    lu.assertEquals(fa.attention(q, k, v, {scale = sc, splits = 2}):get(1, 1, 1, 1), 2.5, "scale " .. sc)
+  end
+end
+
 function TestMerge:test_nan_lse_beside_an_empty_state()
   local o1, o2 = U.randn({2, 3}), U.randn({2, 3})
   local l1 = fa.tensor({0 / 0, -math.huge}, {device = dev})
