@@ -90,8 +90,9 @@ FA_API size_t fa_dtype_size(fa_dtype d);
 /* Parses "f32", "float", "f16", "half", "bf16", "bfloat16", "f64",
  * "double", "bool".  Returns 0 on success, -1 otherwise (NULLs too). */
 FA_API int fa_dtype_parse(const char *name, fa_dtype *out);
-/* Parses "cpu", "cuda" (the current GPU) and "cuda:N" where N is the
- * current GPU's index: one GPU an engine in this version.  0 or -1. */
+/* Parses "cpu", "cuda" (the current GPU; "gpu" too) and "cuda:N" where N
+ * is the current GPU's index (cuda:0 where there is no GPU, which then
+ * fails as "cuda" does): one GPU an engine in this version.  0 or -1. */
 FA_API int fa_device_parse(const char *name, fa_device *out);
 /* N of a "cuda:N" name (decimal digits), else -1: whether a name that
  * fa_device_parse refused names a GPU, so that errors can say so. */

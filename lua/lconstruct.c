@@ -98,11 +98,11 @@ static void split_args(lua_State *L, ctor_args *a, int has_value, const char *fn
     if (has_value && !(i <= n && lua_type(L, i) == LUA_TBOOLEAN)) shape_last--;
   }
   if (shape_last < 1 && has_value) {
-    /* name what stands where the value should: fa.full(2, "x") */
+    /* name what stands where the value should: fa.full(2, "x"), but not fa.full("x"), which has no shape */
     const int at = lua_type(L, 1) == LUA_TTABLE ? 2 : shape_last + 2;
-    if (at <= n && lua_type(L, at) != LUA_TNUMBER && lua_type(L, at) != LUA_TBOOLEAN)
+    if (at >= 2 && at <= n && lua_type(L, at) != LUA_TNUMBER && lua_type(L, at) != LUA_TBOOLEAN)
       fal_error(L, "%s: argument #%d (value): expected a number or boolean, got %s", fname, at, fal_typename(L, at));
-    fal_error(L, "%s: expected a shape and a value", fname);
+    fal_error(L, "%s: expected a shape (numbers or a table) and a value", fname);
   }
   a->nd = fal_read_shape(L, 1, shape_last, a->shape, "shape");
   a->value_idx = has_value ? shape_last + 1 : 0;

@@ -95,10 +95,21 @@ fa_context *fal_ctx(lua_State *L) {
   fal_state *s = fal_live_state(L);
   if (s->host) return s->host;
   fa_context *ctx = own_context(s);
-  if (!ctx)
+  if (!ctx) {
+    const char *env = getenv("FLASHATTN_DEVICE");
+    if (fa_default_device() == FA_DEVICE_NONE && env) {
+      int cur = -1;
+      fa_device_cuda_current(&cur);
+      if (cur < 0)
+        fal_error(L, "cannot create a context: FLASHATTN_DEVICE='%s' names a GPU and there is none usable here (or "
+                     "call fa.set_default_device('cpu'))", env);
+      fal_error(L, "cannot create a context: FLASHATTN_DEVICE='%s' is not the current GPU (cuda or cuda:%d: this "
+                   "version runs on that one), or call fa.set_default_device('cpu')", env, cur);
+    }
     fal_error(L, "cannot create a context on the default device '%s' (check FLASHATTN_DEVICE, or call "
                  "fa.set_default_device('cpu'))",
               fa_device_name(fa_default_device()));
+  }
   return ctx;
 }
 

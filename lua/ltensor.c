@@ -316,7 +316,7 @@ static int t_cuda(lua_State *L) {
   if (!lua_isnoneornil(L, 2)) {
     const lua_Integer n = fal_checkint(L, 2, "device");
     const char *label = fal_arglabel(L, 2, "device");
-    if (n < 0) fal_error(L, "%s: expected a GPU index >= 0, got %I", label, n);
+    if (n < 0 || n > INT32_MAX) fal_error(L, "%s: expected a GPU index from 0, got %I", label, n);
     lua_pushfstring(L, "cuda:%I", n);
     fa_device d;
     fal_parse_device(L, -1, label, &d);
@@ -392,9 +392,9 @@ static int t_set(lua_State *L) {
   int n = lua_gettop(L);
   if (n < 2) fal_error(L, "set: expected indices and a value");
   if (n - 2 != fa_tensor_ndim(t)) /* count the value in: t:set(1, 1, 1) on a 3-D tensor lacks the value */
-    fal_error(L, "set: expected %d %s and a value for a %d-D tensor (%d arguments), got %d arguments",
+    fal_error(L, "set: expected %d %s and a value for a %d-D tensor (%d arguments), got %d argument%s",
               fa_tensor_ndim(t), fa_tensor_ndim(t) == 1 ? "index" : "indices", fa_tensor_ndim(t),
-              fa_tensor_ndim(t) + 1, n - 1);
+              fa_tensor_ndim(t) + 1, n - 1, n - 1 == 1 ? "" : "s");
   read_index(L, t, 2, n - 2, "set", idx);
   double v = fal_checkvalue(L, n, "value");
   FAL_CALL(L, ctx, fa_tensor_set(ctx, SELF(L), idx, v));

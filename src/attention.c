@@ -29,17 +29,17 @@ void fa_attn_buffers_drop(fa_context *ctx, fa_attn_buffers *b) {
   b->kv_lens = b->alibi = NULL;
 }
 
-/* The options every backend reads the same way: shapes, scale, softcap,
- * causal alignment, window, the compute dtype (p is cleared first).  Every
- * compute dtype but f64 works in f32, where softcap is taken as f32 takes
- * it: past f32's range c·tanh(s/c) is s (off; c = inf would give inf·0 =
- * NaN), a c that rounds to 0 is the least normal (0/0 at s = 0). */
 void fa_attn_fit_tiles(fa_attn_problem *p) {
   const int64_t lq = p->Lq > 1 ? p->Lq : 1, lk = p->Lk > 1 ? p->Lk : 1;
   if (p->tile_q > lq) p->tile_q = lq;
   if (p->tile_k > lk) p->tile_k = lk;
 }
 
+/* The options every backend reads the same way: shapes, scale, softcap,
+ * causal alignment, window, the compute dtype (p is cleared first).  Every
+ * compute dtype but f64 works in f32, where softcap is taken as f32 takes
+ * it: past f32's range c·tanh(s/c) is s (off; c = inf would give inf·0 =
+ * NaN), a c that rounds to 0 is the least normal (0/0 at s = 0). */
 void fa_attn_resolve_options(const fa_attention_opts *o, const fa_attn_dims *d, fa_dtype compute, fa_attn_problem *p) {
   memset(p, 0, sizeof *p);
   p->B = d->B, p->Hq = d->Hq, p->Hkv = d->Hkv, p->Lq = d->Lq, p->Lk = d->Lk, p->D = d->D, p->Dv = d->Dv;
@@ -381,8 +381,9 @@ fa_status fa_attn_cuda_inputs(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_te
 
 /* decode: the decode kernel takes the call (fa_attn_decode_takes). */
 static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
-                          const fa_attn_dims *d, int decode, int want_lse, fa_tensor **out, fa_tensor **lse) {
-  fa_attn_buffers bufs = {.exprs = {o->score_mod, o->mask_mod}};
+                          const fa_expr *const exprs[2], const fa_attn_dims *d, int decode, int want_lse,
+                          fa_tensor **out, fa_tensor **lse) {
+  fa_attn_buffers bufs = {.exprs = {exprs[0], exprs[1]}};
   fa_attn_problem p;
   fa_attn_resolve_options(o, d, d->dtype, &p);
   /* defaults: the tile of the fastest kernel that takes the call, or of
@@ -462,8 +463,10 @@ done:
  * where the CPU computes in f64 (so that the merge keeps f64; the public
  * call's lse is f32, API §2), top_left and the variants counting keys
  * from piece_base (fa_attn_problem.key_base), no rewriting of the variants
- * by the piece's own sizes (the whole call did it) and no block mask (made
- * for the whole call's tiles).  -1: the call itself. */
+ * by the piece's own sizes (the whole call rewrote mask_mod's range rules
+ * before it split; a score_mod of ALiBi's form runs as its expression in
+ * the pieces) and no block mask (made for the whole call's tiles).  -1:
+ * the call itself. */
 static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
                                int reference, int64_t piece_base, fa_tensor **out, fa_tensor **lse) {
   const int piece = piece_base >= 0;
@@ -475,6 +478,9 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   if (out) *out = NULL;
   if (lse) *lse = NULL;
   if (!out) return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: attention: the output pointer is NULL");
+  /* the caller's variants, whose captured tensors an output must not share even where they are
+   * rewritten below (score_mod's ALiBi slopes are then opts.alibi itself) */
+  const fa_expr *const exprs[2] = {o->score_mod, o->mask_mod};
   FA_NEED(ctx);
   fa_attn_dims d;
   fa_status st = fa_check_attention(ctx, q, k, v, o, reference, &d);
@@ -506,14 +512,14 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   }
   int want_lse = o->return_lse || lse != NULL || o->lse_out;
   if (!reference && d.device == FA_CUDA) {
-    st = run_cuda(ctx, q, k, v, o, &d, decode, want_lse, out, lse);
+    st = run_cuda(ctx, q, k, v, o, exprs, &d, decode, want_lse, out, lse);
     fa_tensor_release(slopes); /* stream-ordered: after the kernels that read it */
     return st;
   }
   fa_dtype compute = reference || d.dtype == FA_F64 ? FA_F64 : FA_F32;
   const fa_dtype lse_dtype = reference || (piece && compute == FA_F64) ? FA_F64 : FA_F32;
   fa_tensor *user_out = o->out, *user_lse = o->lse_out;
-  fa_attn_buffers bufs = {.exprs = {o->score_mod, o->mask_mod}};
+  fa_attn_buffers bufs = {.exprs = {exprs[0], exprs[1]}};
   fa_attn_problem p;
   if ((st = build_problem(ctx, q, k, v, o, &d, compute, &p, &bufs)) ||
       (st = prepare_outputs(ctx, o, &d, compute, want_lse, user_out, user_lse, lse_dtype, &p, &bufs)))

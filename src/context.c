@@ -27,6 +27,9 @@ fa_device fa_default_device(void) {
   fa_device d;
   const char *env = getenv("FLASHATTN_DEVICE");
   if (env && *env && fa_device_parse(env, &d) == 0) return d;
+  /* a GPU that is not the current one (or none at all): no default device rather than another one, so that the
+   * first call fails naming FLASHATTN_DEVICE */
+  if (env && fa_device_cuda_index(env) >= 0) return FA_DEVICE_NONE;
   return fa_cuda_available() ? FA_CUDA : FA_CPU;
 }
 
@@ -139,6 +142,7 @@ int fa_device_cuda_index(const char *name) {
   long long n = 0;
   const char *p = name + 5;
   if (!*p) return -1;
+  if (p[0] == '0' && p[1]) return -1; /* no leading zeros: cuda:0, not cuda:00 */
   for (; *p; p++) {
     if (*p < '0' || *p > '9' || n > INT32_MAX / 10) return -1;
     n = n * 10 + (*p - '0');
@@ -158,8 +162,10 @@ int fa_device_parse(const char *name, fa_device *out) {
   }
   /* "cuda:N": the current GPU (cuda:0 where none can be told, which then
    * fails as "cuda" does); another GPU is not in this version */
-  const int n = fa_device_cuda_index(name), cur = fa_cuda_current_index();
-  if (n < 0 || n != (cur < 0 ? 0 : cur)) return -1;
+  const int n = fa_device_cuda_index(name);
+  if (n < 0) return -1; /* (no CUDA call for a name that is no GPU's) */
+  const int cur = fa_cuda_current_index();
+  if (n != (cur < 0 ? 0 : cur)) return -1;
   *out = FA_CUDA;
   return 0;
 }

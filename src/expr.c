@@ -82,7 +82,8 @@ static inline double lua_mod(double a, double b) {
 }
 
 /* A fault's index past int64's range (inf, 1e300), as its sign; INT64_MAX
- * and INT64_MIN are "not an integer" and NaN. */
+ * and INT64_MIN are "not an integer" and NaN (the generated CUDA code's
+ * FA_VARIANT_HUGE_INDEX, _FRACTION_INDEX and _NAN_INDEX are the same). */
 #define FAULT_HUGE (INT64_MAX - 1)
 
 /* Records the fault of read `bad` (its index values in ix) unless one is

@@ -24,6 +24,7 @@ struct fa_context {
   uint64_t seed_counter; /* for random fills without an explicit seed */
   double timer_start_ms;  /* CPU timer */
   int timer_started;      /* fa_timer_start ran: fa_timer_stop before it is an error */
+  fa_device timer_device; /* the device it ran on: a stop on another is an error */
   void *events[2];        /* CUDA timer: start and stop events, made on first use */
   void *cublas;           /* cuBLAS handle, made on first use */
   void *side_stream;      /* CUDA: a stream for work beside the context's (fa_cuda_fork), made on first use */

@@ -173,8 +173,8 @@ static void release_pages(fa_kv_cache *c, int64_t b) {
 fa_status fa_kv_cache_reset(fa_context *ctx, fa_kv_cache *c, int64_t b) {
   FA_NEED(c);
   if (b < -1 || b >= c->B)
-    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: kv_cache reset: sequence %lld is out of range 1 to %lld",
-                   (long long)b + 1, (long long)c->B); /* counted from 1, as every message */
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: kv_cache reset: b = %lld: expected -1 (all) or 0 to %lld",
+                   (long long)b, (long long)c->B - 1); /* the C argument as given (cache:reset checks its own) */
   if (b >= 0) release_pages(c, b);
   else
     for (int64_t i = 0; i < c->B; i++) release_pages(c, i);
@@ -391,7 +391,8 @@ static fa_status check_attend(fa_context *ctx, const fa_kv_cache *c, const fa_te
   for (int64_t b = 0; b < c->B; b++) d->Lk = c->lens[b] > d->Lk ? c->lens[b] : d->Lk;
   d->device = c->device, d->dtype = c->dtype, d->kernel = FA_KERNEL_AUTO;
   if ((st = fa_check_attention_options(ctx, q, o, 0, d))) return st;
-  return fa_attention_splits_check(ctx, o, d->device, 1); /* top_left with splits: the decode kernel's; the gather path refuses it */
+  return fa_attention_splits_check(ctx, o, d->device, 1); /* top_left with splits: the decode kernel's, or the gather
+                                                            * path's fa_attention, which checks it again */
 }
 
 /* The device copies of the table and the lengths, made or brought up to

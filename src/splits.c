@@ -54,6 +54,7 @@ fa_status fa_attention_splits_run(fa_context *ctx, fa_tensor *q, fa_tensor *k, f
     }
     fa_attention_opts po = *o;
     po.splits = 1, po.out = po.lse_out = NULL, po.return_lse = 1;
+    po.block_mask = NULL; /* made for the whole call's keys: each piece evaluates mask_mod itself */
     po.kv_lens = lens, po.n_kv_lens = d->B;
     if ((st = fa_tensor_narrow(ctx, k, kdim, s, d->Lk - s, &kp)) ||
         (st = fa_tensor_narrow(ctx, v, kdim, s, d->Lk - s, &vp)))

@@ -13,6 +13,7 @@ static double now_ms(void) {
 
 fa_status fa_timer_start(fa_context *ctx) {
   FA_NEED(ctx);
+  ctx->timer_device = ctx->device;
   if (ctx->device == FA_CUDA) {
     const fa_status st = fa_cuda_timer_start(ctx);
     ctx->timer_started = st == FA_OK;
@@ -29,6 +30,9 @@ fa_status fa_timer_stop(fa_context *ctx, double *ms) {
   *ms = 0;
   if (!ctx->timer_started)
     return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: fa_timer_stop: the context's timer was not started (fa_timer_start)");
+  if (ctx->timer_device != ctx->device)
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: fa_timer_stop: the timer was started on %s, the context is on %s now",
+                   fa_device_name(ctx->timer_device), fa_device_name(ctx->device));
   if (ctx->device == FA_CUDA) return fa_cuda_timer_stop(ctx, ms);
   *ms = now_ms() - ctx->timer_start_ms;
   return FA_OK;

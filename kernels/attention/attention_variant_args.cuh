@@ -35,6 +35,8 @@ struct fa_variant_args {
 /* The index of a bad read that is NaN or not an integer (expr.c's codes). */
 #define FA_VARIANT_NAN_INDEX (-9223372036854775807LL - 1)
 #define FA_VARIANT_FRACTION_INDEX 9223372036854775807LL
+/* an index past int64's range (inf, 1e300), by its sign: src/expr.c's FAULT_HUGE */
+#define FA_VARIANT_HUGE_INDEX 9223372036854775806LL
 
 /* Lua's modulo, the sign of the divisor: of integers (d a constant other
  * than 0) and of floats. */

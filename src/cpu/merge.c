@@ -29,7 +29,8 @@
     }                                                                                                        \
     double w1, w2;                                                                                           \
     const double l = fa_merge_weights(l1, l2, &w1, &w2); /* NaN if either is NaN, or both +inf */           \
-    for (int64_t i = 0; i < dv; i++) o[i] = (T)(w1 * (double)o1[i] + w2 * (double)o2[i]);                   \
+    for (int64_t i = 0; i < dv; i++) /* a weight of 0 takes nothing (inf·0 would be NaN), as on cuda */     \
+      o[i] = (T)((w1 == 0 ? 0 : w1 * (double)o1[i]) + (w2 == 0 ? 0 : w2 * (double)o2[i]));                   \
     *lse = l;                                                                                         \
   }
 

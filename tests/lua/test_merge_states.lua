@@ -104,8 +104,6 @@ function TestMerge:test_f64_states_follow_the_formula()
   end
 end
 
--- A NaN lse beside an empty state (lse = -inf) is a state, not an empty one:
--- the merge keeps it (its o and its NaN lse), as on every device.
 function TestMerge:test_large_lse_weights_from_the_difference()
   -- equal states far from 0: half each (the weights come from lse1 - lse2, not from a rounded
   -- merged lse, whose rounding at 1e30 dropped log 2 and gave both a weight of 1)
@@ -124,6 +122,8 @@ function TestMerge:test_large_lse_weights_from_the_difference()
   end
 end
 
+-- A NaN lse beside an empty state (lse = -inf) is a state, not an empty one:
+-- the merge keeps it (its o and its NaN lse), as on every device.
 function TestMerge:test_nan_lse_beside_an_empty_state()
   local o1, o2 = U.randn({2, 3}), U.randn({2, 3})
   local l1 = fa.tensor({0 / 0, -math.huge}, {device = dev})

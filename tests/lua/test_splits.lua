@@ -141,6 +141,11 @@ function TestSplits:test_auto_and_errors()
     local sm = function(s, b, h, i, j) return s - (i - j):abs() * 0.1 + j * 0.01 end
     U.assert_close(fa.attention(q, k, v, {splits = 3, mask_mod = mm, score_mod = sm}),
       fa.attention(q, k, v, {mask_mod = mm, score_mod = sm}), "f32", "variants splits")
+    -- a block mask is the unsplit call's: the pieces evaluate mask_mod themselves
+    local causal = function(b, h, i, j) return i:ge(j) end
+    local bm = fa.block_mask(causal, 1, 1, 2, 9, {tile = {2, 4}})
+    U.assert_close(fa.attention(q, k, v, {splits = 3, mask_mod = causal, block_mask = bm, tile = {2, 4}}),
+      fa.attention(q, k, v, {mask_mod = causal}), "f32", "block mask with splits")
   end
   -- top_left with one piece still runs; the reference ignores splits
   fa.attention(q, k, v, {splits = 1, causal = "top_left"})

@@ -259,6 +259,17 @@ function TestVariants:test_errors()
     lu.assertTrue(rawequal(got, canvas))
     U.assert_close(got, want, "f32", algo .. ": out is the captured tensor")
   end
+  -- the same where score_mod is ALiBi's form and its slopes tensor becomes opts.alibi itself (f64 on the CPU)
+  if dev == "cpu" then
+    local buf = fa.randn({1, 4, 8, 4}, {dtype = "f64", device = "cpu", seed = 5})
+    local slopes = buf:view(-1):narrow(1, 29, 4)
+    local qa, ka, va = fa.randn({1, 4, 8, 4}, {dtype = "f64", seed = 6}), fa.randn({1, 4, 8, 4}, {dtype = "f64", seed = 7}),
+      fa.randn({1, 4, 8, 4}, {dtype = "f64", seed = 8})
+    local kept = slopes:clone()
+    local want_a = att(qa, ka, va, {score_mod = function(s, b, h, i, j) return s - kept[h] * (i - j):abs() end})
+    local got_a = att(qa, ka, va, {score_mod = function(s, b, h, i, j) return s - slopes[h] * (i - j):abs() end, out = buf})
+    lu.assertTrue(fa.max_abs_diff(got_a, want_a) < 1e-12, "alibi slopes in out")
+  end
   -- out-of-range reads name the index: past int64's range, NaN and fractions said as such
   local ft = fa.tensor({1, 2, 3, 4}, {device = dev})
   if dev == "cpu" then
