@@ -69,8 +69,8 @@ typedef struct {
   int64_t seed;
 } ctor_args;
 
-static const char *const plain_opts[] = {"dtype", "device", NULL};
-static const char *const random_opts[] = {"dtype", "device", "seed", NULL};
+/* API §1: every constructor's opts are {dtype=, device=, seed=}; seed is checked everywhere, used by rand and randn */
+static const char *const ctor_opts[] = {"dtype", "device", "seed", NULL};
 
 static void read_opts(lua_State *L, ctor_args *a, const char *fname, const char *const *allowed) {
   int n = lua_gettop(L);
@@ -81,7 +81,7 @@ static void read_opts(lua_State *L, ctor_args *a, const char *fname, const char 
   if (!fal_opts(L, a->opts_idx, fname, allowed)) return;
   a->has_dtype = fal_opt_dtype(L, a->opts_idx, "dtype", &a->dtype);
   fal_opt_device(L, a->opts_idx, "device", &a->device);
-  if (allowed == random_opts) a->has_seed = fal_opt_int(L, a->opts_idx, "seed", &a->seed);
+  a->has_seed = fal_opt_int(L, a->opts_idx, "seed", &a->seed);
 }
 
 /* shape..., [value], [opts]: for fa.full the last number of a numeric
@@ -120,7 +120,7 @@ static int filled(lua_State *L, double value, int has_value, const char *fname) 
   ctor_args a;
   split_args(L, &a, has_value, fname);
   if (has_value) value = fal_checkvalue(L, a.value_idx, "value");
-  read_opts(L, &a, fname, plain_opts);
+  read_opts(L, &a, fname, ctor_opts);
   if (has_value && lua_type(L, a.value_idx) == LUA_TBOOLEAN && !a.has_dtype) a.dtype = FA_BOOL;
   fa_context *ctx = fal_ctx(L);
   fa_tensor *t = new_tensor(L, ctx, &a);
@@ -135,7 +135,7 @@ static int l_full(lua_State *L) { return filled(L, 0.0, 1, "fa.full"); }
 static int random_fill(lua_State *L, fa_fill_kind kind, const char *fname) {
   ctor_args a;
   split_args(L, &a, 0, fname);
-  read_opts(L, &a, fname, random_opts);
+  read_opts(L, &a, fname, ctor_opts);
   if (a.dtype == FA_BOOL) fal_error(L, "%s: opts.dtype: expected a float dtype (f32, f16, bf16, f64), got bool", fname);
   uint64_t seed = a.has_seed ? (uint64_t)a.seed : fal_next_seed(L);
   fa_context *ctx = fal_ctx(L);
@@ -153,7 +153,7 @@ static int l_arange(lua_State *L) {
   a.shape[0] = fal_checkint(L, 1, "n");
   a.value_idx = 0;
   a.opts_idx = 2;
-  read_opts(L, &a, "fa.arange", plain_opts);
+  read_opts(L, &a, "fa.arange", ctor_opts);
   fa_context *ctx = fal_ctx(L);
   fa_tensor *t = new_tensor(L, ctx, &a);
   FAL_CALL(L, ctx, fa_tensor_fill_random(ctx, t, FA_FILL_ARANGE, 0));
@@ -288,7 +288,7 @@ static int l_tensor(lua_State *L) {
   for (int i = 0; i < s.nd; i++) a.shape[i] = s.shape[i];
   a.value_idx = 0;
   a.opts_idx = 2;
-  read_opts(L, &a, "fa.tensor", plain_opts);
+  read_opts(L, &a, "fa.tensor", ctor_opts);
   if (s.kind == LUA_TBOOLEAN && !a.has_dtype) a.dtype = FA_BOOL; /* booleans make a mask */
 
   /* the tensor first: past the memory limit the call fails before any walk */

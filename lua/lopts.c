@@ -269,6 +269,7 @@ double *fal_opt_numbers(lua_State *L, int idx, const char *key, int64_t *n) {
     if (!b) bad(L, key, "a table or a tensor of numbers");
     if (!b->t) fal_error(L, "opts.%s: tensor has been freed", key);
     if (fa_tensor_ndim(b->t) != 1) fal_error(L, "opts.%s: expected a 1-D tensor, got %d dimensions", key, fa_tensor_ndim(b->t));
+    if (fa_tensor_dtype(b->t) == FA_BOOL) fal_error(L, "opts.%s: expected a tensor of numbers, got a bool tensor", key);
     fa_context *ctx = fal_ctx(L);
     *n = fa_tensor_numel(b->t);
     buf = (double *)fal_newbuffer(L, *n, sizeof *buf, key);

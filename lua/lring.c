@@ -28,6 +28,54 @@ static int read_dim(lua_State *L, int idx) {
   return dim > 0 ? (int)dim - 1 : (int)dim;
 }
 
+/* The layout fa.shard cut each shard by (and that fa.ring_attention's
+ * outputs keep), in a weak-keyed registry table: a call on shards that
+ * does not name opts.layout takes theirs, so that zig-zag shards attended
+ * with causal = true are read as zig-zag (API §11) without being told. */
+static const char layout_tags_key = 0;
+
+static void tag_layout(lua_State *L, int tbl, int n, int layout) {
+  tbl = lua_absindex(L, tbl);
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &layout_tags_key) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_createtable(L, 0, 1);
+    lua_pushliteral(L, "k");
+    lua_setfield(L, -2, "__mode");
+    lua_setmetatable(L, -2);
+    lua_pushvalue(L, -1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &layout_tags_key);
+  }
+  for (int i = 1; i <= n; i++) {
+    lua_rawgeti(L, tbl, i);
+    lua_pushinteger(L, layout);
+    lua_rawset(L, -3);
+  }
+  lua_pop(L, 1);
+}
+
+/* The tag of tbl[1], or -1 (not a shard of fa.shard's, or not a tensor). */
+static int tagged_layout(lua_State *L, int tbl) {
+  tbl = lua_absindex(L, tbl);
+  int layout = -1;
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &layout_tags_key) == LUA_TTABLE) {
+    lua_rawgeti(L, tbl, 1);
+    if (lua_rawget(L, -2) == LUA_TNUMBER) layout = (int)lua_tointeger(L, -1);
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  return layout;
+}
+
+/* Whether the opts table at idx names a layout (raw: no __index runs twice). */
+static int names_layout(lua_State *L, int idx) {
+  if (!lua_istable(L, idx)) return 0;
+  lua_pushliteral(L, "layout");
+  const int named = lua_rawget(L, idx) != LUA_TNIL;
+  lua_pop(L, 1);
+  return named;
+}
+
 static fa_shard_layout read_layout(lua_State *L, int idx) {
   int layout = FA_SHARD_CONTIGUOUS;
   if (lua_istable(L, idx)) fal_opt_enum(L, idx, "layout", layouts, &layout);
@@ -93,6 +141,7 @@ static int l_shard(lua_State *L) {
   fa_tensor ***slots = push_boxes(L, n);                                      /* 6, 7 */
   FAL_CALL(L, ctx, fa_shard(ctx, t, n, dim, layout, tmp));
   fill_boxes(slots, tmp, n);
+  tag_layout(L, -1, n, layout);
   return 1;
 }
 
@@ -131,6 +180,7 @@ static int l_unshard(lua_State *L) {
     dim = read_dim(L, 2);
     layout = read_layout(L, 2);
   }
+  if (!names_layout(L, 2) && tagged_layout(L, 1) >= 0) layout = (fa_shard_layout)tagged_layout(L, 1);
   len = lua_rawlen(L, 1); /* again: the opts' __index may have run */
   if (len < 1 || len > (lua_Unsigned)(INT_MAX / 4))
     fal_argerror(L, 1, "shards", "expected a table of at least one tensor, got %I entries", (lua_Integer)len);
@@ -159,9 +209,11 @@ static int l_ring_attention(lua_State *L) {
       lua_pop(L, 1);
     }
     layout = (int)read_layout(L, 4);
+    if (!names_layout(L, 4) && tagged_layout(L, 1) >= 0) layout = tagged_layout(L, 1); /* fa.shard's */
     fal_opts_without(L, 4, "layout"); /* 5: for fa.attention's reader */
     opts = 5;
   } else {
+    if (tagged_layout(L, 1) >= 0) layout = tagged_layout(L, 1);
     lua_pushnil(L); /* 5 */
   }
   const lua_Unsigned len = lua_rawlen(L, 1);
@@ -182,6 +234,8 @@ static int l_ring_attention(lua_State *L) {
   FAL_CALL(L, ctx, fa_ring_attention(ctx, n, qs, ks, vs, &o, layout, tmp, want_lse ? tmp + n : NULL));
   fill_boxes(oslots, tmp, n);
   if (want_lse) fill_boxes(lslots, tmp + n, n);
+  tag_layout(L, otab, n, layout); /* the outputs are the queries' shards */
+  if (want_lse) tag_layout(L, ltab, n, layout);
   lua_pushvalue(L, otab);
   if (!want_lse) return 1;
   lua_pushvalue(L, ltab);

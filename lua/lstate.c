@@ -100,6 +100,8 @@ fa_context *fal_ctx(lua_State *L) {
     if (fa_default_device() == FA_DEVICE_NONE && env) {
       int cur = -1;
       fa_device_cuda_current(&cur);
+      if (fa_device_cuda_index(env) < 0)
+        fal_error(L, "cannot create a context: FLASHATTN_DEVICE='%s' is not a device (cpu, cuda or cuda:N)", env);
       if (cur < 0)
         fal_error(L, "cannot create a context: FLASHATTN_DEVICE='%s' names a GPU and there is none usable here (or "
                      "call fa.set_default_device('cpu'))", env);

@@ -27,9 +27,9 @@ fa_device fa_default_device(void) {
   fa_device d;
   const char *env = getenv("FLASHATTN_DEVICE");
   if (env && *env && fa_device_parse(env, &d) == 0) return d;
-  /* a GPU that is not the current one (or none at all): no default device rather than another one, so that the
+  /* a name that is no usable device (another GPU, "tpu"): no default device rather than another one, so that the
    * first call fails naming FLASHATTN_DEVICE */
-  if (env && fa_device_cuda_index(env) >= 0) return FA_DEVICE_NONE;
+  if (env && *env) return FA_DEVICE_NONE;
   return fa_cuda_available() ? FA_CUDA : FA_CPU;
 }
 

@@ -660,6 +660,12 @@ function TestAttention:test_reference_out_and_lse_out()
   U.assert_fa_error({"opts.out", "f64"}, fa.attention_reference, q, k, v, {out = fa.zeros({1, 2, 5, 8})})
 end
 
+function TestAttention:test_bool_tensors_are_no_slopes_or_lengths()
+  local q = fa.randn({1, 2, 3, 4}, {seed = 1})
+  U.assert_fa_error({"opts.alibi", "bool"}, fa.attention, q, q, q, {alibi = fa.tensor({true, false})})
+  U.assert_fa_error({"opts.kv_lens", "bool"}, fa.attention, q, q, q, {kv_lens = fa.tensor({true})})
+end
+
 function TestAttention:test_one_opts_table_for_both_passes()
   -- fa.attention takes the backward's `deterministic`, so that the same opts serve both (API §10)
   local q, k, v = qkv(1, 2, 2, 5, 7, 8, 8, "f32")

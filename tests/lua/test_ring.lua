@@ -175,6 +175,18 @@ local function check_ring(q, k, v, n, opts, what)
   lu.assertEquals(fa.max_abs_diff(fa.unshard(only[1], {layout = layout}), o), 0, what)
 end
 
+function TestRing:test_zigzag_shards_remember_their_layout()
+  -- API §11: causal with zig-zag shards made by fa.shard equals one-device attention, opts.layout given nowhere else
+  local q, k, v = U.randn({1, 2, 32, 8}, "f32"), U.randn({1, 2, 32, 8}, "f32"), U.randn({1, 2, 32, 8}, "f32")
+  local zz = {layout = "zigzag"}
+  local os = fa.ring_attention(fa.shard(q, 4, zz), fa.shard(k, 4, zz), fa.shard(v, 4, zz), {causal = true})
+  U.assert_close(fa.unshard(os), fa.attention(q, k, v, {causal = true}), "f32", "zigzag, layout remembered")
+  -- opts.layout still wins: contiguous shards read as zig-zag are another sequence
+  local cs = {fa.shard(q, 4), fa.shard(k, 4), fa.shard(v, 4)}
+  local wrong = fa.unshard(fa.ring_attention(cs[1], cs[2], cs[3], {causal = true, layout = "zigzag"}), zz)
+  lu.assertTrue(fa.max_abs_diff(wrong, fa.attention(q, k, v, {causal = true})) > 1e-3)
+end
+
 function TestRing:test_equals_single_device_attention()
   local shapes = {
     {{1, 2, 13, 8}, {1, 2, 13, 8}, {1, 2, 13, 8}},   -- MHA, odd length
