@@ -51,6 +51,11 @@ function TestMatmul:test_tiles()
   U.assert_fa_error({"tile"}, fa.matmul, a, b, {algo = "tiled", tile = -1})
   U.assert_fa_error({"tile"}, fa.matmul, a, b, {algo = "tiled", tile = 2.5})
   U.assert_fa_error({"tile"}, fa.matmul, a, b, {algo = "tiled", tile = "8"})
+  -- written as attention's tile: {n} or {n, n} (square tiles)
+  local c, d = U.randn({37, 41}), U.randn({41, 29})
+  check(c, d, {algo = "tiled", tile = {16, 16}}, "tiled {16, 16}")
+  check(c, d, {algo = "tiled", tile = {8}}, "tiled {8}")
+  U.assert_fa_error({"tile", "square"}, fa.matmul, c, d, {algo = "tiled", tile = {8, 16}})
 end
 
 function TestMatmul:test_views()
