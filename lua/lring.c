@@ -67,13 +67,17 @@ static int tagged_layout(lua_State *L, int tbl) {
   return layout;
 }
 
-/* Whether the opts table at idx names a layout (raw: no __index runs twice). */
-static int names_layout(lua_State *L, int idx) {
-  if (!lua_istable(L, idx)) return 0;
-  lua_pushliteral(L, "layout");
-  const int named = lua_rawget(L, idx) != LUA_TNIL;
-  lua_pop(L, 1);
-  return named;
+/* layout, or the shards' tag at shards_idx where the opts at opts_idx do
+ * not name one (raw: no __index runs twice). */
+static int layout_or_tag(lua_State *L, int opts_idx, int shards_idx, int layout) {
+  if (lua_istable(L, opts_idx)) {
+    lua_pushliteral(L, "layout");
+    const int named = lua_rawget(L, opts_idx) != LUA_TNIL;
+    lua_pop(L, 1);
+    if (named) return layout;
+  }
+  const int tag = tagged_layout(L, shards_idx);
+  return tag >= 0 ? tag : layout;
 }
 
 static fa_shard_layout read_layout(lua_State *L, int idx) {
@@ -180,7 +184,7 @@ static int l_unshard(lua_State *L) {
     dim = read_dim(L, 2);
     layout = read_layout(L, 2);
   }
-  if (!names_layout(L, 2) && tagged_layout(L, 1) >= 0) layout = (fa_shard_layout)tagged_layout(L, 1);
+  layout = (fa_shard_layout)layout_or_tag(L, 2, 1, layout);
   len = lua_rawlen(L, 1); /* again: the opts' __index may have run */
   if (len < 1 || len > (lua_Unsigned)(INT_MAX / 4))
     fal_argerror(L, 1, "shards", "expected a table of at least one tensor, got %I entries", (lua_Integer)len);
@@ -208,12 +212,11 @@ static int l_ring_attention(lua_State *L) {
                   *u);
       lua_pop(L, 1);
     }
-    layout = (int)read_layout(L, 4);
-    if (!names_layout(L, 4) && tagged_layout(L, 1) >= 0) layout = tagged_layout(L, 1); /* fa.shard's */
+    layout = layout_or_tag(L, 4, 1, (int)read_layout(L, 4)); /* fa.shard's where opts name none */
     fal_opts_without(L, 4, "layout"); /* 5: for fa.attention's reader */
     opts = 5;
   } else {
-    if (tagged_layout(L, 1) >= 0) layout = tagged_layout(L, 1);
+    layout = layout_or_tag(L, 4, 1, layout);
     lua_pushnil(L); /* 5 */
   }
   const lua_Unsigned len = lua_rawlen(L, 1);

@@ -97,16 +97,10 @@ fa_context *fal_ctx(lua_State *L) {
   fa_context *ctx = own_context(s);
   if (!ctx) {
     const char *env = getenv("FLASHATTN_DEVICE");
-    if (fa_default_device() == FA_DEVICE_NONE && env) {
-      int cur = -1;
-      fa_device_cuda_current(&cur);
-      if (fa_device_cuda_index(env) < 0)
-        fal_error(L, "cannot create a context: FLASHATTN_DEVICE='%s' is not a device (cpu, cuda or cuda:N)", env);
-      if (cur < 0)
-        fal_error(L, "cannot create a context: FLASHATTN_DEVICE='%s' names a GPU and there is none usable here (or "
-                     "call fa.set_default_device('cpu'))", env);
-      fal_error(L, "cannot create a context: FLASHATTN_DEVICE='%s' is not the current GPU (cuda or cuda:%d: this "
-                   "version runs on that one), or call fa.set_default_device('cpu')", env, cur);
+    if (fa_default_device() == FA_DEVICE_NONE && env) { /* a name no usable device has: the device parser says why */
+      fa_device d;
+      lua_pushstring(L, env);
+      fal_parse_device(L, -1, "cannot create a context: FLASHATTN_DEVICE (or call fa.set_default_device('cpu'))", &d);
     }
     fal_error(L, "cannot create a context on the default device '%s' (check FLASHATTN_DEVICE, or call "
                  "fa.set_default_device('cpu'))",

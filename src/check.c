@@ -477,7 +477,7 @@ shape:
   return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: merge_states: %s (%s) and %s (%s) must have one shape", n->o1,
                  fa_shape_str(o1, b1, sizeof b1), n->o2, fa_shape_str(o2, b2, sizeof b2));
 lse:
-  if (lse1 == lse2 || strcmp(n->lse1, n->lse2) == 0) /* a state against itself: name it once */
+  if (strcmp(n->lse1, n->lse2) == 0) /* the first state against itself: name it once */
     return fa_fail(ctx, FA_ERR_SHAPE,
                    "flashattn: merge_states: lse must have o's shape without its last dimension: %s is %s, %s is %s",
                    n->o1, fa_shape_str(o1, b1, sizeof b1), n->lse1, fa_shape_str(lse1, b2, sizeof b2));

@@ -43,8 +43,6 @@ fa_status fa_tensor_to_dlpack(fa_context *ctx, fa_tensor *t, struct DLManagedTen
  * was built with. */
 #define FA_DL_BOOL 6
 
-static int current_cuda_device(void) { return fa_cuda_current_index(); }
-
 /* ---- import ---- */
 
 static void release_managed(void *data, void *user) {
@@ -83,7 +81,7 @@ static fa_status import_device(fa_context *ctx, DLDevice dev, fa_device *out) {
                      "flashattn: fa_tensor_from_dlpack: a %s tensor, but device 'cuda' is not available (no usable "
                      "GPU or no CUDA backend in this build)",
                      device_type_name((int)dev.device_type));
-    int cur = current_cuda_device();
+    int cur = fa_cuda_current_index();
     if (dev.device_id != cur)
       return fa_fail(ctx, FA_ERR_DEVICE,
                      "flashattn: fa_tensor_from_dlpack: a tensor on CUDA device %d, but the engine runs on the current "
@@ -244,7 +242,7 @@ fa_status fa_tensor_to_dlpack(fa_context *ctx, fa_tensor *t, DLManagedTensor **o
   DLDevice dev = {kDLCPU, 0};
   if (t->storage->device == FA_CUDA) {
     dev.device_type = kDLCUDA;
-    dev.device_id = current_cuda_device();
+    dev.device_id = fa_cuda_current_index();
     if (dev.device_id < 0)
       return fa_fail(ctx, FA_ERR_DEVICE, "flashattn: fa_tensor_to_dlpack: the current CUDA device cannot be told");
   }
