@@ -7,8 +7,9 @@
 -- forward before), tflops = 2.5 × the forward's FLOPs (4·B·H·L²·D, half
 -- when causal) / time, as FlashAttention counts the backward; and
 -- deterministic_ms, the same call with opts.deterministic (on Hopper at
--- D = 96/128 the two-kernel schedule; the default adds dq up with
--- atomics; elsewhere the same code, timed again).  Shapes up to
+-- D = 96/128 the fused schedule adding dq in the key tiles' order, or up to
+-- 1k keys at D = 128 into a copy a block; the default adds dq up with
+-- atomics in any order; elsewhere the same code, timed again).  Shapes up to
 -- --check-max-l (default 2048) are first checked on their first (batch,
 -- head) against fa.attention_backward_reference (f64 on the CPU): a
 -- gradient past the bf16/f16 tolerance is recorded as "wrong", gets no

@@ -59,6 +59,23 @@ extern "C" int64_t fa_cuda_backward_wgmma_walk(fa_context *ctx, const fa_attn_pr
   return std::min(heads * c, (int64_t)dp.sms) * (copy_bytes / heads) <= BWG_COPIES_L2 * (int64_t)dp.l2_bytes ? c : 0;
 }
 
+/* fa_cuda_backward_wgmma_run's ctas for the ORDER instance: with
+ * determinism at D = 96 and 128 (not the variants', whose empty tiles the
+ * instance does not skip), the fused schedule adding into one dq_acc in the
+ * key tiles' order (bwg_order_wait), instead of the walk's copies or the two
+ * kernels (walk: ctas, fa_cuda_backward_wgmma_walk's answer).  Its time over
+ * the default's (H200, bf16, B·L = 16k, H·D = 2048, not causal / causal,
+ * docs/perf/2026-11-30-backward-order-h200.json): D = 128 0.89 / 0.91 at
+ * 1k, 0.87 / 0.91 at 4k, 0.87 / 0.86 at 16k; D = 96 0.90 / 0.90, 0.87 /
+ * 0.89, 0.87 / 0.89; against the walk's 0.91 / 0.96, 0.86 / 0.91 and the
+ * two kernels' 0.79 / 0.80 at D = 128, 0.74 / 0.71, 0.83 / 0.79 and 0.75 /
+ * 0.77 at D = 96.  So the walk keeps D = 128 up to 1k keys. */
+#define BWG_ORDERED ((int64_t)-1)
+#define BWG_ORDER_HEADS 16 /* bwg_walk.heads: 8 and 16 alike, 1 or 2 slower (bwg_dkdv_kernel's ORDER) */
+static bool bwg_ordered(const fa_attn_problem *p, const fa_attn_grads *g, int64_t walk) {
+  return g->deterministic && p->D != 64 && p->B * p->Hq * p->Lq > 0 && !(p->D == 128 && walk > 0 && p->Lk <= 1024);
+}
+
 template <typename T, int D>
 static cudaError_t bwg_convert(const float *acc, void *dq, int64_t Lq, int64_t n4, int64_t copies, cudaStream_t s) {
   const int64_t cblocks = std::min<int64_t>((n4 + 255) / 256, 65536);
@@ -81,24 +98,29 @@ static cudaError_t bwg_convert_of(const fa_attn_problem *p, const float *acc, vo
  * prob (a fa_attn_problem or what derives from it) goes to the kernels as
  * it is.  ctas: fa_cuda_backward_wgmma_walk's answer, taken once by the
  * caller (which picks the instances by it); above 0, dkdv is the instance
- * with DQ (with determinism, its WALK instance) and dq is not used. */
+ * with DQ (with determinism, its WALK instance) and dq is not used;
+ * BWG_ORDERED, its ORDER instance, a key tile a block. */
 extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g,
                                                 const float *delta, void *prob, int64_t ctas, const void *dkdv,
                                                 const void *dq) {
   cudaStream_t s = fa_cuda_stream(ctx);
   fa_attn_grads ga = *g;
   float *acc = NULL;
-  bwg_walk walk = {(p->Lk + BWG_OWN - 1) / BWG_OWN, 0}; /* the two kernels': a key tile a block */
+  bwg_walk walk = {(p->Lk + BWG_OWN - 1) / BWG_OWN, 0, NULL, 1}; /* the two kernels': a key tile a block */
   void *args[] = {prob, &ga, &delta, &acc, &walk};
-  if (ctas > 0) { /* the instance with DQ */
-    walk.ctas = ctas;
-    const int64_t n4 = bwg_acc_n4(p), copies = g->deterministic ? walk.ctas : 1;
-    walk.copy = g->deterministic ? n4 * 4 : 0;
+  if (ctas > 0 || ctas == BWG_ORDERED) { /* the instance with DQ */
+    const bool walks = ctas > 0 && g->deterministic;
+    walk.ctas = ctas > 0 ? ctas : (p->Lk + 2 * BWG_OWN - 1) / (2 * BWG_OWN);
+    const int64_t n4 = bwg_acc_n4(p), copies = walks ? walk.ctas : 1;
+    walk.copy = walks ? n4 * 4 : 0;
     const int64_t blocks = p->B * p->Hkv * walk.ctas;
-    const size_t bytes = (size_t)(n4 * copies) * 16;
+    const int64_t counters = ctas == BWG_ORDERED ? 1 + p->B * p->Hq * ((p->Lq + BWG_BR - 1) / BWG_BR) : 0;
+    const size_t bytes = (size_t)(n4 * copies) * 16 + (size_t)counters * sizeof(int);
     fa_status st = attn_grid_fits(ctx, blocks);
     if (st || (st = fa_cuda_malloc(ctx, (void **)&acc, bytes))) return st; /* rows > 0: n4 > 0 */
-    cudaError_t err = cudaMemsetAsync(acc, 0, bytes, s);
+    if (counters) walk.order = (int *)(acc + n4 * copies * 4);
+    walk.heads = BWG_ORDER_HEADS;
+    cudaError_t err = cudaMemsetAsync(acc, 0, bytes, s); /* the sums, the ticket and the counters */
     if (err == cudaSuccess && blocks > 0)
       err = bw_launch_on({dkdv, blocks, 2 * BWG_THREADS, bwg_smem_dkdv(BWG_PAD(p->D), true), "bwg_dkdv_kernel"}, args, s);
     if (err == cudaSuccess) err = bwg_convert_of(p, acc, g->dq, n4, copies, s);
@@ -116,9 +138,15 @@ template <typename T, int D, int EXTRAS>
 static fa_status bwg_extras(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, const float *delta) {
   fa_attn_problem pa = *p;
   const int64_t ctas = fa_cuda_backward_wgmma_walk(ctx, p, g);
+  if constexpr (D != 64)
+    if (bwg_ordered(p, g, ctas))
+      return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, BWG_ORDERED,
+                                        (const void *)bwg_dkdv_kernel<T, D, EXTRAS, true, fa_attn_problem, false, true>,
+                                        NULL);
   if (ctas > 0) {
     const void *dkdv = (const void *)bwg_dkdv_kernel<T, D, EXTRAS, true>;
-    if constexpr (D != 64) /* deterministic: the walk's instance (D = 64 takes the two kernels then) */
+    if constexpr (D == 128) /* deterministic up to 1k keys: the walk's instance (D = 96 takes ORDER, D = 64 the two
+                             * kernels) */
       if (g->deterministic) dkdv = (const void *)bwg_dkdv_kernel<T, D, EXTRAS, true, fa_attn_problem, true>;
     return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, ctas, dkdv, NULL);
   }

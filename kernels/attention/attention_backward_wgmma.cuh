@@ -34,16 +34,19 @@
  * order of the atomic adds varies from run to run, so the rounding of dQ
  * does too.
  *
- * With opts.deterministic the same blocks walk the keys (bwg_walk, the
- * kernel's WALK instances): C blocks a (batch, KV head), block c taking
- * key tiles c, 2C - 1 - c, 2C + c, ... in turn and adding into its own
- * copy c of dq_acc, which the conversion sums in the order of c.  Each element of a copy is then
- * added to by one thread alone, in its program order, which fixes the
- * order of the adds (and their rounding); C is chosen to fill the GPU
+ * With opts.deterministic at D = 96 and 128 the blocks add into the one
+ * dq_acc as without it, but into each query tile in the order of their key
+ * tiles (the ORDER instances: bwg_order_wait), which fixes the order of the
+ * adds (and their rounding).  The Lua variants' calls, and D = 128 up to
+ * 1k keys, take the walk instead (bwg_walk, the kernel's WALK instances):
+ * C blocks a (batch, KV head), block c taking key tiles c, 2C - 1 - c,
+ * 2C + c, ... in turn and adding into its own copy c of dq_acc, which the
+ * conversion sums in the order of c; each element of a copy is added to by
+ * one thread alone, in its program order.  C is chosen to fill the GPU
  * (bwg_copies).  Where the copies that the blocks at work add into pass a
- * few L2s (long calls; BWG_COPIES_L2 in attention_backward_wgmma.cu) the
- * adds stream from memory, and determinism takes the two kernels (seven
- * products instead of five), as it does at D = 64.
+ * few L2s (long calls; BWG_COPIES_L2 in attention_backward_wgmma.cu), and
+ * at D = 64, determinism takes the two kernels (seven products instead of
+ * five).
  *
  * The kernels are templates on the problem type PROB, so that the Lua
  * variants' run-time compiled units (attention_variant.cuh) instantiate
@@ -203,16 +206,55 @@ static constexpr __host__ __device__ bool bwg_dq_rows_in_registers(int DG, int E
  * alone (ctas = the key tiles), adding into dq_acc. */
 struct bwg_walk {
   int64_t ctas, copy;
+  int *order; /* ORDER: the blocks' ticket, then a counter a (batch·Hq + head, query tile), zeroed */
+  int64_t heads; /* ORDER: the (batch, KV head)s whose key tiles the tickets interleave */
 };
+
+/* ORDER (opts.deterministic at D = 96 and 128, bwg_ordered): one
+ * block a key tile, as without determinism, adding into the one dq_acc,
+ * but a query tile's adds made in the order of the key tiles.  The counter
+ * of a query tile holds 1 + the key tile that added into it last; block kt
+ * waits until it reads kt where key tile kt - 1 meets the query tile too
+ * (the key tiles meeting a query tile are consecutive: the rows' key ranges
+ * are intervals whose ends do not decrease, bwm_rows_meeting), and else
+ * adds first.  A block takes its index from a ticket when it starts (CUDA
+ * does not promise to start blocks in the order of blockIdx), so the block
+ * waited for has started, and waits only on blocks that started before it:
+ * every wait ends.  Every block walks its query tiles from the last one down (no
+ * stagger): the last query tiles meet every key tile of a causal call, so
+ * the blocks of a head start in step, each a little behind the one before,
+ * and a causal block of few tiles finishes early instead of waiting for its
+ * first tile (walking up, block kt would wait for block kt - 1 to reach it).
+ * The tickets interleave the key tiles of walk.heads (batch, KV head)s: a
+ * head's chain of adds moves a block a link at a time, and with the blocks
+ * at work all of one head (the default's order) that pace held the GPU
+ * (D = 128 at 16k: 0.82x the default with one head, 0.87 with 8 or 16,
+ * causal 0.78 and 0.86; H200, docs/perf/2026-11-30-backward-order-h200.json). */
+static __device__ __forceinline__ void bwg_order_wait(const int *counter, int want) {
+  int v;
+  for (;;) {
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
+    if (v == want) return;
+    __nanosleep(32);
+  }
+}
+/* After a barrier of the whole block past its adds (the release orders
+ * every thread's adds before the store). */
+static __device__ __forceinline__ void bwg_order_release(int *counter, int v) {
+  asm volatile("st.release.gpu.global.s32 [%0], %1;" : : "l"(counter), "r"(v) : "memory");
+}
 
 /* Without DQ: one warpgroup, three blocks an SM at D = 64 without extras
  * (168 registers, no spill): 1.11-1.14x two (H200, 2026-11-27); the
  * extras' instance spills there.  DQ: two warpgroups (128 keys) that add
  * their share of dQ into dq_acc (f32, bwg_acc_tile's layout). */
-template <typename T, int DG, int EXTRAS, bool DQ, typename PROB = fa_attn_problem, bool WALK = false>
+template <typename T, int DG, int EXTRAS, bool DQ, typename PROB = fa_attn_problem, bool WALK = false,
+          bool ORDER = false>
 __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : DG == 64 && !EXTRAS ? 3 : 2)
     bwg_dkdv_kernel(PROB p, fa_attn_grads g, const float *delta, float *dq_acc, bwg_walk walk) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(!ORDER || (DQ && !WALK && !attn_rule<PROB>::tiles), "ORDER: the fused dQ, a key tile a block, "
+                                                                   "every query tile it meets visited");
   constexpr int D = BWG_PAD(DG), CH = D / 8, BR = BWG_BR, NC = BR / 8, QT = BR * D * 2; /* bytes of a Q or dO tile */
   constexpr int WGS = DQ ? 2 : 1, KEYS = WGS * BWG_OWN, THREADS = WGS * BWG_THREADS, NQ = D / WGS; /* dQ columns a warpgroup */
   constexpr bool KV_REGS = bwg_kv_in_registers(DG, EXTRAS, DQ);
@@ -221,7 +263,16 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
   char *Ks = bwg_aligned(bwg_raw), *Vs = Ks + KEYS * D * 2, *Qs = Vs + KEYS * D * 2; /* Q, dO, Q, dO, dSᵀ */
   const int warp = threadIdx.x >> 5, wg = warp >> 2;
   char *dSs = Qs + 4 * QT;
-  const int64_t ktiles = (p.Lk + KEYS - 1) / KEYS, blk = blockIdx.x;
+  const int64_t ktiles = (p.Lk + KEYS - 1) / KEYS;
+  int64_t blk = blockIdx.x;
+  if constexpr (ORDER) {
+    __shared__ int ticket;
+    if (threadIdx.x == 0) ticket = atomicAdd(walk.order, 1);
+    __syncthreads();
+    const int64_t nbh = (int64_t)gridDim.x / ktiles, base = ticket / (walk.heads * ktiles) * walk.heads;
+    const int64_t n = min(walk.heads, nbh - base), r = ticket - base * ktiles;
+    blk = (base + r % n) * ktiles + r / n;
+  }
   const int64_t per = WALK ? walk.ctas : ktiles; /* blocks a (batch, KV head) */
   const int64_t bhk = blk / per, c = blk % per, b = bhk / p.Hkv, hk = bhk % p.Hkv;
   float *const acc = DQ && WALK ? dq_acc + c * walk.copy : dq_acc;
@@ -237,13 +288,23 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     load_tile<T, D, KEYS, THREADS, true, false, DG>(Ks, (const T *)p.k + attn_at(p.k_st, b, hk, 0), p.k_st.s, j0, p.Lk);
     load_tile<T, D, KEYS, THREADS, true, false, DG>(Vs, (const T *)p.v + attn_at(p.v_st, b, hk, 0), p.v_st.s, j0, p.Lk);
     if constexpr (KV_REGS) cp_async_commit(); /* a group of their own: read into registers before the loop */
+    __shared__ int64_t prev_span[2]; /* ORDER: the rows key tile kt - 1 meets */
+    if constexpr (ORDER)
+      if (threadIdx.x == 0) { /* published by bwm_qtiles_meeting's barrier */
+        prev_span[0] = prev_span[1] = 0;
+        if (kt > 0) bwm_rows_meeting(p, b, j0 - KEYS, j0, &prev_span[0], &prev_span[1]);
+      }
     const bwm_qtiles qt = bwm_qtiles_meeting<EXTRAS>(p, b, hk, j0, j1, BR);
     /* DQ: the blocks of one head start their walk at different query tiles
      * (and wrap around), spread over the walk by their key tile: all
      * starting at the first, they would add into the same dQ rows at the
      * same time, and atomics on one address are serialised */
-    const int64_t rot = DQ && qt.count > 0 ? kt * qt.count / ktiles : 0;
-    auto visit = [&](int64_t t) { return t + rot < qt.count ? t + rot : t + rot - qt.count; };
+    const int64_t rot = DQ && !ORDER && qt.count > 0 ? kt * qt.count / ktiles : 0;
+    auto visit = [&](int64_t t) {
+      if constexpr (ORDER) return qt.count - 1 - t;
+      return t + rot < qt.count ? t + rot : t + rot - qt.count;
+    };
+    int *done = nullptr; /* ORDER: the counter of the query tile added into last, released after a barrier */
     /* variants: mask_mod's states of the tile staged last, for this warpgroup's keys and the other's; a tile
      * empty for both is neither loaded nor computed */
     int state_next = FA_BLOCK_PARTIAL, other_next = FA_BLOCK_PARTIAL;
@@ -323,13 +384,27 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       if constexpr (DQ) {
         wgmma_wait<1>();
         wgmma_hold<NQ / 2>(&dq[0][0]);
-        bwg_add_dq<NQ, DG>(acc + bwg_acc_tile(b * p.Hq + qt.head(u), (p.Lq + BR - 1) / BR, qt.row(u, BR), DG), wg * NQ, dq);
+        const int64_t bh = b * p.Hq + qt.head(u), qtiles = (p.Lq + BR - 1) / BR, i0 = qt.row(u, BR);
+        if constexpr (ORDER) {
+          /* the last tile's adds, which every thread issued before the barriers of this tile: released
+           * here, a tile late, their fence costs little (right after the products it cost 7 %) */
+          if (done && threadIdx.x == 0) bwg_order_release(done, (int)kt + 1);
+          done = walk.order + 1 + bh * qtiles + i0 / BR;
+          const int64_t r0 = prev_span[0], r1 = prev_span[1]; /* key tile kt - 1 meets these rows' tile: after it */
+          if (r1 > r0 && i0 >= r0 / BR * BR && i0 < r1) bwg_order_wait(done, (int)kt);
+        }
+        bwg_add_dq<NQ, DG>(acc + bwg_acc_tile(bh, qtiles, i0, DG), wg * NQ, dq);
       }
       wgmma_wait<0>();
       wgmma_hold<D / 2>(&dv[0][0]);
       wgmma_hold<D / 2>(&dk[0][0]);
     }
     cp_async_wait<0>(); /* no copy in flight at the exit or the next turn (a block whose keys no row takes) */
+    if constexpr (ORDER)
+      if (done) {
+        __syncthreads(); /* every thread's adds of the last tile */
+        if (threadIdx.x == 0) bwg_order_release(done, (int)kt + 1);
+      }
     const int64_t r0 = (b * p.Hkv + hk) * p.Lk, j = j0 + warp * 16;
     bwm_store<T, CH, DG>((T *)g.dk + r0 * DG, j, p.Lk, dk);
     bwm_store<T, CH, DG>((T *)g.dv + r0 * DG, j, p.Lk, dv);
