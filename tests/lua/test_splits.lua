@@ -133,9 +133,19 @@ function TestSplits:test_auto_and_errors()
     lu.assertFalse(ok)
     lu.assertStrContains(err, "flashattn: opts.splits")
   end
-  -- top_left: the CPU's pieces count keys from their start (so does cuda's decode kernel, Lq <= 16)
-  U.assert_close(fa.attention(q, k, v, {splits = 2, causal = "top_left"}), fa.attention(q, k, v, {causal = "top_left"}),
-    "f32", "top_left splits")
+  -- top_left: the CPU's pieces count keys from their start, and so does cuda's decode kernel (f16/bf16, Lq <= 16,
+  -- D 64/128/...); cuda's other calls refuse the pieces (docs/lua-api.md, opts.splits)
+  if dev == "cpu" then
+    U.assert_close(fa.attention(q, k, v, {splits = 2, causal = "top_left"}), fa.attention(q, k, v, {causal = "top_left"}),
+      "f32", "top_left splits")
+  else
+    local ok, err = pcall(fa.attention, q, k, v, {splits = 2, causal = "top_left"})
+    lu.assertFalse(ok)
+    lu.assertStrContains(err, "flashattn: opts.splits")
+    local qd, kd, vd = U.randn({1, 2, 3, 64}, "bf16"), U.randn({1, 2, 40, 64}, "bf16"), U.randn({1, 2, 40, 64}, "bf16")
+    U.assert_close(fa.attention(qd, kd, vd, {splits = 3, causal = "top_left"}),
+      fa.attention(qd, kd, vd, {causal = "top_left"}), "bf16", "top_left splits, decode kernel")
+  end
   if dev == "cpu" then
     local mm = function(b, h, i, j) return ((i + j) % 3):ne(0) & i:ge(j) | j:le(i * 2) end
     local sm = function(s, b, h, i, j) return s - (i - j):abs() * 0.1 + j * 0.01 end
