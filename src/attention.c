@@ -82,7 +82,7 @@ static int writable_in_place(const fa_tensor *t, int inner, const fa_attn_buffer
  * it lies: a host tensor of the compute dtype, readable in place, its row
  * stride an int (BLAS's leading dimensions).  Else a contiguous copy in
  * the compute dtype, and *st keeps the dense strides. */
-static fa_status cpu_operand(fa_context *ctx, fa_tensor *t, fa_dtype compute, fa_tensor **buf, fa_attn_strides *st) {
+fa_status fa_attn_cpu_operand(fa_context *ctx, fa_tensor *t, fa_dtype compute, fa_tensor **buf, fa_attn_strides *st) {
   fa_attn_strides here;
   if (t->storage->device != FA_CPU || t->dtype != compute || !readable_in_place(t, &here) || here.s > INT_MAX)
     return fa_tensor_cpu_contiguous(ctx, t, compute, buf);
@@ -106,7 +106,7 @@ static int cpu_output_in_place(const fa_tensor *t, fa_dtype dt, int inner, const
 }
 
 /* Fills p from dims and opts; the inputs are read where they lie, or from
- * contiguous host copies in the compute dtype (cpu_operand). */
+ * contiguous host copies in the compute dtype (fa_attn_cpu_operand). */
 static fa_status build_problem(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
                                const fa_attn_dims *d, fa_dtype compute, fa_attn_problem *p, fa_attn_buffers *bufs) {
   fa_attn_resolve_options(o, d, compute, p);
@@ -117,9 +117,9 @@ static fa_status build_problem(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   p->tile_k = o->tile_k ? o->tile_k : FA_CPU_DEFAULT_TILE_K;
   fa_attn_fit_tiles(p);
   fa_status st;
-  if ((st = cpu_operand(ctx, q, compute, &bufs->q, &p->q_st)) ||
-      (st = cpu_operand(ctx, k, compute, &bufs->k, &p->k_st)) ||
-      (st = cpu_operand(ctx, v, compute, &bufs->v, &p->v_st)))
+  if ((st = fa_attn_cpu_operand(ctx, q, compute, &bufs->q, &p->q_st)) ||
+      (st = fa_attn_cpu_operand(ctx, k, compute, &bufs->k, &p->k_st)) ||
+      (st = fa_attn_cpu_operand(ctx, v, compute, &bufs->v, &p->v_st)))
     return st;
   p->q = fa_tensor_ptr(bufs->q), p->k = fa_tensor_ptr(bufs->k), p->v = fa_tensor_ptr(bufs->v);
   if (o->mask) {

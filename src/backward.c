@@ -1,10 +1,11 @@
 /* fa_attention_backward and fa_attention_backward_reference (API §10): the
  * gradients of fa_attention with respect to q, k and v.  Checked once like
  * the forward (fa_check_attention, then o, lse, dout), the options resolved
- * into an fa_attn_problem, the inputs made contiguous host buffers of the
- * compute dtype (f32; f64 for f64 inputs and for the reference), the
- * gradients computed there and delivered in q's dtype and each input's
- * shape.  CUDA: the operands read where they lie (API §6), the gradients
+ * into an fa_attn_problem, the inputs read where they lie when they are
+ * host tensors of the compute dtype (f32; f64 for f64 inputs and for the
+ * reference), else copied into contiguous ones (lse, the mask, and every
+ * operand of the reference, always), the gradients computed into dense
+ * buffers and delivered in q's dtype and each input's shape.  CUDA: the operands read where they lie (API §6), the gradients
  * computed by kernels/attention/attention_backward*.cu into new dense
  * tensors of q's dtype. */
 #include "attn_kernels.h"
@@ -158,8 +159,14 @@ static fa_status run_backward(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_te
   fa_attn_problem p;
   bw_problem(opts, &d, compute, &p);
   fa_tensor *in[BW_MASK] = {q, k, v, o, lse, dout};
+  fa_attn_strides dout_st = fa_attn_strides_dense(d.Hq, d.Lq, d.Dv);
+  /* the fast path reads q, k, v, o and dout where they lie (API §6); lse, and every operand of the reference, as
+   * dense copies */
+  fa_attn_strides *at[BW_MASK] = {&p.q_st, &p.k_st, &p.v_st, &p.o_st, NULL, &dout_st};
   for (int i = 0; i < BW_MASK; i++)
-    if ((st = fa_tensor_cpu_contiguous(ctx, in[i], compute, &t[i]))) goto done;
+    if ((st = !reference && at[i] ? fa_attn_cpu_operand(ctx, in[i], compute, &t[i], at[i])
+                                  : fa_tensor_cpu_contiguous(ctx, in[i], compute, &t[i])))
+      goto done;
   p.q = fa_tensor_ptr(t[BW_Q]), p.k = fa_tensor_ptr(t[BW_K]), p.v = fa_tensor_ptr(t[BW_V]);
   if (opts->mask) {
     fa_tensor *m = opts->mask;
@@ -173,7 +180,8 @@ static fa_status run_backward(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_te
                         fa_tensor_ptr(t[BW_LSE]),
                         fa_tensor_ptr(t[BW_DQ]),
                         fa_tensor_ptr(t[BW_DK]),
-                        fa_tensor_ptr(t[BW_DV])};
+                        fa_tensor_ptr(t[BW_DV]),
+                        dout_st};
   st = fa_expr_begin(ctx, p.score_mod, p.mask_mod, 1);
   if (!st && d.B * d.Hq * d.Lq > 0 && d.Lk > 0)
     st = reference ? fa_cpu_attention_backward_reference(ctx, &g) : fa_cpu_attention_backward(ctx, &g);

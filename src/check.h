@@ -53,6 +53,12 @@ typedef struct {
   const struct fa_expr *exprs[2];
 } fa_attn_buffers;
 void fa_attn_buffers_drop(fa_context *ctx, fa_attn_buffers *b);
+/* An operand on the CPU as its kernels read it (API §6): t itself
+ * (retained) where it lies, a host tensor of the compute dtype whose row
+ * stride is an int (BLAS's leading dimensions), else a contiguous copy in
+ * the compute dtype; *st its strides (the caller sets the dense ones
+ * first: a copy leaves them). */
+fa_status fa_attn_cpu_operand(fa_context *ctx, fa_tensor *t, fa_dtype compute, fa_tensor **buf, fa_attn_strides *st);
 /* An operand on cuda as the kernels read it (API §6): t itself (retained)
  * where it lies, else a contiguous copy; *st its strides. */
 fa_status fa_attn_operand_on_device(fa_context *ctx, fa_tensor *t, fa_tensor **buf, fa_attn_strides *st);

@@ -6,13 +6,16 @@
 #include "internal.h"
 
 /* p holds the forward's options and q, k, v in the compute dtype (f32 or
- * f64, contiguous (B,H,L,D)); o and dout are (B,Hq,Lq,Dv), lse (B,Hq,Lq) in
- * the compute dtype too.  dq (B,Hq,Lq,D), dk (B,Hkv,Lk,D), dv (B,Hkv,Lk,Dv)
- * are written whole (zeros where nothing flows). */
+ * f64) at p's strides (API §6: rows contiguous, anywhere); o (p->o_st) and
+ * dout (dout_st) are (B,Hq,Lq,Dv) at their strides, lse (B,Hq,Lq) dense, all
+ * in the compute dtype too.  dq (B,Hq,Lq,D), dk (B,Hkv,Lk,D), dv
+ * (B,Hkv,Lk,Dv), dense, are written whole (zeros where nothing flows).  The
+ * reference takes every operand dense. */
 typedef struct {
   const fa_attn_problem *p;
   const void *o, *dout, *lse;
   void *dq, *dk, *dv;
+  fa_attn_strides dout_st;
 } fa_attn_backward;
 
 /* FlashAttention's recomputation scheme, no Lq·Lk storage: one task per

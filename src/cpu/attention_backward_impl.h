@@ -19,17 +19,18 @@ static inline REAL FA_R(bw_dot)(const REAL *a, const REAL *b, int64_t n) {
 }
 
 /* c += Σ_r w[r][j] · x[r] over the r of w's m rows whose weight is not 0
- * (w: m × n, rows n apart; x: m rows of len; c: n rows of len), or with
- * trans the transpose: c[r] += Σ_j w[r][j] · x[j].  The products of
+ * (w: m × n, rows n apart; x: m rows of len, ldx apart; c: n rows of len),
+ * or with trans the transpose: c[r] += Σ_j w[r][j] · x[j] (x: n rows).  The products of
  * bw_tile when an operand of the call holds NaN or inf: a weight of 0 (a
  * masked key, a row that takes none) then passes nothing, as in the
  * reference, where the tile product's 0 · NaN would be NaN. */
-static void FA_R(bw_skip_zeros)(int trans, int64_t m, int64_t n, int64_t len, const REAL *w, const REAL *x, REAL *c) {
+static void FA_R(bw_skip_zeros)(int trans, int64_t m, int64_t n, int64_t len, const REAL *w, const REAL *x, int64_t ldx,
+                                REAL *c) {
   for (int64_t r = 0; r < m; r++)
     for (int64_t j = 0; j < n; j++) {
       const REAL a = w[r * n + j];
       if (a == 0) continue;
-      const REAL *src = trans ? x + j * len : x + r * len;
+      const REAL *src = trans ? x + j * ldx : x + r * ldx;
       REAL *dst = trans ? c + r * len : c + j * len;
       for (int64_t e = 0; e < len; e++) dst[e] += a * src[e];
     }
@@ -47,9 +48,12 @@ static void FA_R(bw_tile)(const fa_attn_backward *g, int64_t b, int64_t h, int64
                           int64_t n, const REAL *delta, REAL *sp, REAL *dp, REAL *th, int skip_zeros) {
   const fa_attn_problem *p = g->p;
   const int64_t D = p->D, Dv = p->Dv, hk = h / (p->Hq / p->Hkv), row0 = (b * p->Hq + h) * p->Lq + i0;
-  const int64_t kv = (b * p->Hkv + hk) * p->Lk + j0;
-  const REAL *q = (const REAL *)p->q + row0 * D, *k = (const REAL *)p->k + kv * D;
-  const REAL *v = (const REAL *)p->v + kv * Dv, *dout = (const REAL *)g->dout + row0 * Dv;
+  const int64_t kv = (b * p->Hkv + hk) * p->Lk + j0; /* the dense outputs' rows (and lse's) */
+  const fa_attn_strides qs = p->q_st, ks = p->k_st, vs = p->v_st, os = g->dout_st; /* the operands' (API §6) */
+  const REAL *q = (const REAL *)p->q + b * qs.b + h * qs.h + i0 * qs.s;
+  const REAL *k = (const REAL *)p->k + b * ks.b + hk * ks.h + j0 * ks.s;
+  const REAL *v = (const REAL *)p->v + b * vs.b + hk * vs.h + j0 * vs.s;
+  const REAL *dout = (const REAL *)g->dout + b * os.b + h * os.h + i0 * os.s;
   const REAL *lse = (const REAL *)g->lse + row0;
   REAL *dq = (REAL *)g->dq + row0 * D, *dk = (REAL *)g->dk + kv * D, *dv = (REAL *)g->dv + kv * Dv;
   const REAL scale = (REAL)p->scale;
@@ -69,8 +73,8 @@ static void FA_R(bw_tile)(const fa_attn_backward *g, int64_t b, int64_t h, int64
     if (whole == FA_BLOCK_EMPTY) return;
     if (whole == FA_BLOCK_FULL) full = *p, full.mask_mod = NULL, use = &full;
   }
-  FA_R(bw_gemm)(0, 1, m, n, D, q, D, k, D, 0, sp, n);       /* S = Q·Kᵀ */
-  FA_R(bw_gemm)(0, 1, m, n, Dv, dout, Dv, v, Dv, 0, dp, n); /* dP = dO·Vᵀ */
+  FA_R(bw_gemm)(0, 1, m, n, D, q, qs.s, k, ks.s, 0, sp, n);       /* S = Q·Kᵀ */
+  FA_R(bw_gemm)(0, 1, m, n, Dv, dout, os.s, v, vs.s, 0, dp, n); /* dP = dO·Vᵀ */
   for (int64_t r = 0; r < m; r++) {
     REAL *s = sp + r * n, *d = dp + r * n, *t = th + r * n;
     int64_t lo, hi;
@@ -91,14 +95,14 @@ static void FA_R(bw_tile)(const fa_attn_backward *g, int64_t b, int64_t h, int64
     }
   }
   if (!skip_zeros) {
-    FA_R(bw_gemm)(1, 0, n, Dv, m, sp, n, dout, Dv, 1, dv, Dv); /* dV += Pᵀ·dO */
-    FA_R(bw_gemm)(1, 0, n, D, m, dp, n, q, D, 1, dk, D);       /* dK += dSᵀ·Q */
-    FA_R(bw_gemm)(0, 0, m, D, n, dp, n, k, D, 1, dq, D);       /* dQ += dS·K */
+    FA_R(bw_gemm)(1, 0, n, Dv, m, sp, n, dout, os.s, 1, dv, Dv); /* dV += Pᵀ·dO */
+    FA_R(bw_gemm)(1, 0, n, D, m, dp, n, q, qs.s, 1, dk, D);       /* dK += dSᵀ·Q */
+    FA_R(bw_gemm)(0, 0, m, D, n, dp, n, k, ks.s, 1, dq, D);       /* dQ += dS·K */
     return;
   }
-  FA_R(bw_skip_zeros)(0, m, n, Dv, sp, dout, dv);
-  FA_R(bw_skip_zeros)(0, m, n, D, dp, q, dk);
-  FA_R(bw_skip_zeros)(1, m, n, D, dp, k, dq);
+  FA_R(bw_skip_zeros)(0, m, n, Dv, sp, dout, os.s, dv);
+  FA_R(bw_skip_zeros)(0, m, n, D, dp, q, qs.s, dk);
+  FA_R(bw_skip_zeros)(1, m, n, D, dp, k, ks.s, dq);
 }
 
 /* The task of (b, hk): the dk, dv of that KV head and the dq rows of its
@@ -108,15 +112,27 @@ static void FA_R(bw_task)(const fa_attn_backward *g, int64_t b, int64_t hk, REAL
   const int64_t G = p->Hq / p->Hkv, Lq = p->Lq, Lk = p->Lk, Dv = p->Dv, br = p->tile_q, bc = p->tile_k, h0 = hk * G;
   REAL *delta = scratch, *sp = scratch + G * Lq, *dp = sp + br * bc, *th = dp + br * bc;
   const REAL *o = (const REAL *)g->o, *dout = (const REAL *)g->dout;
+  const fa_attn_strides os = p->o_st, ds = g->dout_st;
   for (int64_t r = 0; r < G * Lq; r++) { /* delta_i = rowsum(dO_i ∘ O_i) */
-    const int64_t row = (b * p->Hq + h0) * Lq + r;
-    delta[r] = FA_R(bw_dot)(dout + row * Dv, o + row * Dv, Dv);
+    const int64_t h = h0 + r / Lq, i = r % Lq;
+    delta[r] = FA_R(bw_dot)(dout + b * ds.b + h * ds.h + i * ds.s, o + b * os.b + h * os.h + i * os.s, Dv);
   }
   for (int64_t j0 = 0; j0 < Lk; j0 += bc)
     for (int64_t h = h0; h < h0 + G; h++)
       for (int64_t i0 = 0; i0 < Lq; i0 += br)
         FA_R(bw_tile)(g, b, h, i0, Lq - i0 < br ? Lq - i0 : br, j0, Lk - j0 < bc ? Lk - j0 : bc,
                       delta + (h - h0) * Lq + i0, sp, dp, th, skip_zeros);
+}
+
+/* Whether the B·H·L rows of X elements at st from base are all finite
+ * (one pass where they are dense). */
+static int FA_R(bw_rows_finite)(const REAL *base, fa_attn_strides st, int64_t B, int64_t H, int64_t L, int64_t X) {
+  if (st.s == X && (H == 1 || st.h == L * X) && (B == 1 || st.b == H * L * X)) return FA_R(all_finite)(base, B * H * L * X);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t i = 0; i < L; i++)
+        if (!FA_R(all_finite)(base + b * st.b + h * st.h + i * st.s, X)) return 0;
+  return 1;
 }
 
 static fa_status FA_R(bw_run)(fa_context *ctx, const fa_attn_backward *g) {
@@ -132,9 +148,9 @@ static fa_status FA_R(bw_run)(fa_context *ctx, const fa_attn_backward *g) {
   REAL *scratch = fa_host_alloc(ctx, bytes ? bytes : 1, &st);
   if (!scratch) return st;
   /* one pass over the operands a call, not one a tile pair */
-  const int skip_zeros = !(FA_R(all_finite)((const REAL *)p->q, p->B * p->Hq * p->Lq * p->D) &&
-                           FA_R(all_finite)((const REAL *)p->k, p->B * p->Hkv * p->Lk * p->D) &&
-                           FA_R(all_finite)((const REAL *)g->dout, p->B * p->Hq * p->Lq * p->Dv));
+  const int skip_zeros = !(FA_R(bw_rows_finite)((const REAL *)p->q, p->q_st, p->B, p->Hq, p->Lq, p->D) &&
+                           FA_R(bw_rows_finite)((const REAL *)p->k, p->k_st, p->B, p->Hkv, p->Lk, p->D) &&
+                           FA_R(bw_rows_finite)((const REAL *)g->dout, g->dout_st, p->B, p->Hq, p->Lq, p->Dv));
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
   for (int64_t t = 0; t < tasks; t++)
     FA_R(bw_task)(g, t / p->Hkv, t % p->Hkv, scratch + (size_t)omp_get_thread_num() * each, skip_zeros);

@@ -232,6 +232,76 @@ function TestLayouts:test_views_are_not_copied()
   lu.assertTrue(peak("f16", true) > dense, "the measure does not see the f16 inputs' copies")
 end
 
+-- The CPU backward reads q, k, v, o and dout where they lie too (API §6):
+-- transposed views and a head slice of a packed tensor give the gradients of
+-- their contiguous copies, and hold no more memory than those calls (f16
+-- inputs, converted first, do); NaN in a strided dout reaches only the
+-- rows of dq it should, as with dense operands.
+function TestLayouts:test_backward_reads_views()
+  if U.cuda then return end
+  local D = 32
+  local function inputs(strided, dtype)
+    local q, k, v, dout
+    if strided then
+      q, k, v, dout = bhld(B, HQ, LQ, D, dtype), bhld(B, HKV, LK, D, dtype), bhld(B, HKV, LK, D, dtype),
+        bhld(B, HQ, LQ, D, dtype)
+    else
+      q, k, v = U.randn({B, HQ, LQ, D}, dtype), U.randn({B, HKV, LK, D}, dtype), U.randn({B, HKV, LK, D}, dtype)
+      dout = U.randn({B, HQ, LQ, D}, dtype)
+    end
+    return q, k, v, dout
+  end
+  for _, opts in ipairs({{}, {causal = true}, {window = {3, 2}, kv_lens = {LK - 2, LK}}}) do
+    local q, k, v, dout = inputs(true, "f32")
+    local o, lse = fa.attention(q, k, v, {causal = opts.causal, window = opts.window, kv_lens = opts.kv_lens,
+      return_lse = true})
+    local ot = U.poison({B, LQ, HQ, D}):transpose(2, 3)
+    ot:copy_(o)
+    local got = {fa.attention_backward(q, k, v, ot, lse, dout, opts)}
+    local want = {fa.attention_backward(q:contiguous(), k:contiguous(), v:contiguous(), o, lse, dout:contiguous(), opts)}
+    for i, name in ipairs({"dq", "dk", "dv"}) do U.assert_close(got[i], want[i], "f32", name .. " from views") end
+  end
+  -- head slices of a packed (B, L, Hq + 2·Hkv, D) tensor (GQA)
+  local x = U.randn({B, LQ, HQ + 2 * HKV, D})
+  local q = x:narrow(3, 1, HQ):transpose(2, 3)
+  local k, v = x:narrow(3, HQ + 1, HKV):transpose(2, 3), x:narrow(3, HQ + HKV + 1, HKV):transpose(2, 3)
+  local o, lse = fa.attention(q, k, v, {return_lse = true})
+  local dout = U.randn({B, HQ, LQ, D})
+  local got = {fa.attention_backward(q, k, v, o, lse, dout)}
+  local want = {fa.attention_backward(q:contiguous(), k:contiguous(), v:contiguous(), o, lse, dout)}
+  for i, name in ipairs({"dq", "dk", "dv"}) do U.assert_close(got[i], want[i], "f32", name .. " from packed QKV") end
+  -- no copies of f32 views
+  local function peak(dtype, strided)
+    local q2, k2, v2, dout2 = inputs(strided, dtype)
+    local o2, lse2 = fa.attention(q2, k2, v2, {return_lse = true})
+    if strided then
+      local ov = U.poison({B, LQ, HQ, D}, dtype):transpose(2, 3)
+      ov:copy_(o2)
+      o2 = ov
+    end
+    collectgarbage()
+    local before = U.mem_current()
+    fa.reset_peak()
+    local g = {fa.attention_backward(q2, k2, v2, o2, lse2, dout2)}
+    local used = fa.memory().peak - before
+    g = nil
+    return used
+  end
+  local dense = peak("f32", false)
+  lu.assertEquals(peak("f32", true), dense, "strided f32 operands of the backward were copied")
+  lu.assertTrue(peak("f16", true) > dense, "the measure does not see the f16 operands' copies")
+  -- NaN in a strided dout: the rows of dq that read it, and dk, dv of the keys those rows attend
+  local q3, k3, v3, d3 = inputs(true, "f32")
+  local o3, l3 = fa.attention(q3, k3, v3, {return_lse = true})
+  d3[1][1][2][1] = 0 / 0
+  local g3 = {fa.attention_backward(q3, k3, v3, o3, l3, d3)}
+  local w3 = {fa.attention_backward(q3:contiguous(), k3:contiguous(), v3:contiguous(), o3, l3, d3:contiguous())}
+  for i, name in ipairs({"dq", "dk", "dv"}) do
+    local err = U.masked_rel_err(g3[i], w3[i])
+    lu.assertTrue(err < 1e-5, name .. ": NaN where the dense call has it, the rest close (" .. tostring(err) .. ")")
+  end
+end
+
 -- NaN and inf in a strided V (a transposed (B, L, H, D) tensor) reach only
 -- the rows that attend them: on cuda the check of V runs over its rows
 -- where they lie, 16 bytes a lane where the rows allow (D = 64, 96, 128 in
