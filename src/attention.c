@@ -92,6 +92,18 @@ fa_status fa_attn_cpu_operand(fa_context *ctx, fa_tensor *t, fa_dtype compute, f
   return FA_OK;
 }
 
+/* The mask as the CPU kernels read it: m itself (retained) when it is a host
+ * tensor of bool or the compute dtype, at any strides (every kernel indexes
+ * it by its four, fa_attn_attach_mask), else a contiguous copy in that
+ * dtype. */
+fa_status fa_attn_cpu_mask(fa_context *ctx, fa_tensor *m, fa_dtype compute, fa_tensor **buf) {
+  const fa_dtype want = m->dtype == FA_BOOL ? FA_BOOL : compute;
+  if (m->storage->device != FA_CPU || m->dtype != want) return fa_tensor_cpu_contiguous(ctx, m, want, buf);
+  fa_tensor_retain(m);
+  *buf = m;
+  return FA_OK;
+}
+
 /* Whether the CPU kernels write the caller's output t (dtype dt; inner and
  * other as for writable_in_place) where it lies, its row stride an int as
  * for the inputs; then *st its strides (else *st is left dense). */
@@ -124,7 +136,7 @@ static fa_status build_problem(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   p->q = fa_tensor_ptr(bufs->q), p->k = fa_tensor_ptr(bufs->k), p->v = fa_tensor_ptr(bufs->v);
   if (o->mask) {
     fa_tensor *m = o->mask;
-    if ((st = fa_tensor_cpu_contiguous(ctx, m, m->dtype == FA_BOOL ? FA_BOOL : compute, &bufs->mask))) return st;
+    if ((st = fa_attn_cpu_mask(ctx, m, compute, &bufs->mask))) return st;
     fa_attn_attach_mask(p, m, bufs->mask);
   }
   return FA_OK;

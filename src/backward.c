@@ -3,8 +3,9 @@
  * the forward (fa_check_attention, then o, lse, dout), the options resolved
  * into an fa_attn_problem, the inputs read where they lie when they are
  * host tensors of the compute dtype (f32; f64 for f64 inputs and for the
- * reference), else copied into contiguous ones (lse, the mask, and every
- * operand of the reference, always), the gradients computed into dense
+ * reference), else copied into contiguous ones (lse, and every operand of
+ * the reference but the mask, always; the mask read at its strides where
+ * its dtype allows), the gradients computed into dense
  * buffers and delivered in q's dtype and each input's shape.  CUDA: the operands read where they lie (API §6), the gradients
  * computed by kernels/attention/attention_backward*.cu into new dense
  * tensors of q's dtype. */
@@ -170,7 +171,7 @@ static fa_status run_backward(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_te
   p.q = fa_tensor_ptr(t[BW_Q]), p.k = fa_tensor_ptr(t[BW_K]), p.v = fa_tensor_ptr(t[BW_V]);
   if (opts->mask) {
     fa_tensor *m = opts->mask;
-    if ((st = fa_tensor_cpu_contiguous(ctx, m, m->dtype == FA_BOOL ? FA_BOOL : compute, &t[BW_MASK]))) goto done;
+    if ((st = fa_attn_cpu_mask(ctx, m, compute, &t[BW_MASK]))) goto done;
     fa_attn_attach_mask(&p, m, t[BW_MASK]);
   }
   if ((st = bw_buffers(ctx, &d, compute, FA_CPU, &t[BW_DQ]))) goto done; /* BW_DQ, BW_DK, BW_DV in turn */

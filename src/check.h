@@ -59,6 +59,9 @@ void fa_attn_buffers_drop(fa_context *ctx, fa_attn_buffers *b);
  * the compute dtype; *st its strides (the caller sets the dense ones
  * first: a copy leaves them). */
 fa_status fa_attn_cpu_operand(fa_context *ctx, fa_tensor *t, fa_dtype compute, fa_tensor **buf, fa_attn_strides *st);
+/* opts.mask on the CPU: m itself (retained) in bool or the compute dtype,
+ * at any strides, else a contiguous copy in that dtype. */
+fa_status fa_attn_cpu_mask(fa_context *ctx, fa_tensor *m, fa_dtype compute, fa_tensor **buf);
 /* An operand on cuda as the kernels read it (API §6): t itself (retained)
  * where it lies, else a contiguous copy; *st its strides. */
 fa_status fa_attn_operand_on_device(fa_context *ctx, fa_tensor *t, fa_tensor **buf, fa_attn_strides *st);

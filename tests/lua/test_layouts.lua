@@ -302,6 +302,40 @@ function TestLayouts:test_backward_reads_views()
   end
 end
 
+-- A strided opts.mask (a transposed view, a broadcast over heads) is read
+-- where it lies on the CPU, by the forward and the backward: the results of
+-- its contiguous copy, no more memory than with that copy made beforehand.
+function TestLayouts:test_mask_views_are_not_copied()
+  if U.cuda then return end
+  local D = 16
+  local q, k, v = U.randn({B, HQ, LQ, D}), U.randn({B, HKV, LK, D}), U.randn({B, HKV, LK, D})
+  local dout = U.randn({B, HQ, LQ, D})
+  local bool_view = fa.tensor(U.nested({B, 1, LK, LQ}, function() return math.random() < 0.7 end), {device = U.device})
+  bool_view = bool_view:transpose(3, 4) -- (B, 1, LQ, LK), the keys along the slow dimension
+  local float_view = U.randn({B, HQ, LK, LQ}):transpose(3, 4)
+  for _, m in ipairs({bool_view, float_view}) do
+    local mc = m:contiguous()
+    local o, lse = fa.attention(q, k, v, {mask = m, return_lse = true})
+    local oc, lsec = fa.attention(q, k, v, {mask = mc, return_lse = true})
+    U.assert_close(o, oc, "f32", "output with a mask view")
+    U.assert_lse(lse, lsec, "f32", "lse with a mask view")
+    local g = {fa.attention_backward(q, k, v, o, lse, dout, {mask = m})}
+    local gc = {fa.attention_backward(q, k, v, o, lse, dout, {mask = mc})}
+    for i, name in ipairs({"dq", "dk", "dv"}) do U.assert_close(g[i], gc[i], "f32", name .. " with a mask view") end
+    local function peak(mask)
+      collectgarbage()
+      local before = U.mem_current()
+      fa.reset_peak()
+      local r = {fa.attention(q, k, v, {mask = mask, return_lse = true})}
+      r[3], r[4], r[5] = fa.attention_backward(q, k, v, o, lse, dout, {mask = mask})
+      local used = fa.memory().peak - before
+      r = nil
+      return used
+    end
+    lu.assertEquals(peak(m), peak(mc), "a strided mask was copied")
+  end
+end
+
 -- NaN and inf in a strided V (a transposed (B, L, H, D) tensor) reach only
 -- the rows that attend them: on cuda the check of V runs over its rows
 -- where they lie, 16 bytes a lane where the rows allow (D = 64, 96, 128 in
