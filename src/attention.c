@@ -370,13 +370,9 @@ fa_status fa_attn_cuda_inputs(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_te
       (st = fa_attn_operand_on_device(ctx, v, &bufs->v, &p->v_st)))
     return st;
   p->q = fa_tensor_ptr(bufs->q), p->k = fa_tensor_ptr(bufs->k), p->v = fa_tensor_ptr(bufs->v);
-  if (o->mask) {
-    fa_tensor *m = o->mask, *conv = NULL;
-    fa_dtype want = m->dtype == FA_BOOL ? FA_BOOL : FA_F32;
-    if ((st = fa_tensor_to(ctx, m, want, FA_CUDA, &conv))) return st;
-    st = fa_tensor_contiguous(ctx, conv, &bufs->mask);
-    fa_tensor_release(conv);
-    if (st) return st;
+  if (o->mask) { /* bool or f32 on the device, read at its strides (the kernels index it by all four) */
+    fa_tensor *m = o->mask;
+    if ((st = fa_tensor_to(ctx, m, m->dtype == FA_BOOL ? FA_BOOL : FA_F32, FA_CUDA, &bufs->mask))) return st;
     fa_attn_attach_mask(p, m, bufs->mask);
   }
   if (o->kv_lens) {

@@ -303,10 +303,10 @@ function TestLayouts:test_backward_reads_views()
 end
 
 -- A strided opts.mask (a transposed view, a broadcast over heads) is read
--- where it lies on the CPU, by the forward and the backward: the results of
--- its contiguous copy, no more memory than with that copy made beforehand.
+-- where it lies, by the forward and the backward: the results of its
+-- contiguous copy, and on the CPU no more memory than with that copy made
+-- beforehand.
 function TestLayouts:test_mask_views_are_not_copied()
-  if U.cuda then return end
   local D = 16
   local q, k, v = U.randn({B, HQ, LQ, D}), U.randn({B, HKV, LK, D}), U.randn({B, HKV, LK, D})
   local dout = U.randn({B, HQ, LQ, D})
@@ -332,7 +332,7 @@ function TestLayouts:test_mask_views_are_not_copied()
       r = nil
       return used
     end
-    lu.assertEquals(peak(m), peak(mc), "a strided mask was copied")
+    if not U.cuda then lu.assertEquals(peak(m), peak(mc), "a strided mask was copied") end
   end
 end
 
