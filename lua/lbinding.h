@@ -205,6 +205,9 @@ const char *fal_opt_string(lua_State *L, int idx, const char *key);
 /* The same for a pair of sizes (tile): a 0 the script wrote reaches the core
  * as FA_TILE_ZERO, an error naming the range, not the C API's "default". */
 int fal_opt_size_pair(lua_State *L, int idx, const char *key, int64_t *a, int64_t *b);
+/* opts[key] as one square size: an integer, {n} or {n, n} (attention's
+ * tile written for a kernel that takes square ones); 0 when absent. */
+int fal_opt_square(lua_State *L, int idx, const char *key, int64_t *n);
 /* A table or a tensor of numbers: pushes a userdata buffer of doubles and
  * returns it with *n entries; NULL (nothing pushed) when absent. */
 double *fal_opt_numbers(lua_State *L, int idx, const char *key, int64_t *n);

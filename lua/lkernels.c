@@ -106,24 +106,7 @@ static void read_matmul_opts(lua_State *L, int idx, fa_matmul_opts *o, fal_pins 
   fa_matmul_opts_init(o);
   if (!fal_opts(L, idx, "fa.matmul", matmul_keys)) return;
   if (fal_opt_enum(L, idx, "algo", matmul_algos, &algo)) o->algo = (fa_matmul_algo)algo;
-  if (lua_getfield(L, idx, "tile") == LUA_TTABLE) { /* {n} or {n, n}, as attention's tile is written */
-    int64_t t[2] = {0, 0};
-    const lua_Unsigned len = lua_rawlen(L, -1);
-    for (int i = 0; i < 2 && (lua_Unsigned)i < len; i++) {
-      lua_rawgeti(L, -1, i + 1);
-      int isint;
-      t[i] = (int64_t)lua_tointegerx(L, -1, &isint);
-      if (!isint) fal_error(L, "opts.tile: expected integers, got %s", fal_typename(L, -1));
-      lua_pop(L, 1);
-    }
-    if (len < 1 || len > 2 || (len == 2 && t[0] != t[1]))
-      fal_error(L, "opts.tile: the tiled matmul takes square tiles, n or {n} or {n, n}");
-    o->tile = t[0];
-    lua_pop(L, 1);
-  } else {
-    lua_pop(L, 1);
-    fal_opt_int(L, idx, "tile", &o->tile);
-  }
+  fal_opt_square(L, idx, "tile", &o->tile); /* n, {n} or {n, n}, as attention's tile is written */
   o->out = fal_opt_tensor(L, idx, "out", pins);
 }
 

@@ -74,15 +74,19 @@ static int bad(lua_State *L, const char *key, const char *what) {
   return fal_error(L, "opts.%s: expected %s, got %s", key, what, fal_typename(L, -1));
 }
 
-int fal_opt_int(lua_State *L, int idx, const char *key, int64_t *out) {
+/* The value on the stack's top (opts[key], popped) as an integer. */
+static int64_t pop_int(lua_State *L, const char *key) {
   int isint;
-  int tt = get(L, idx, key);
-  if (tt == LUA_TNIL) return 0;
-  if (tt != LUA_TNUMBER) bad(L, key, "an integer");
+  if (lua_type(L, -1) != LUA_TNUMBER) bad(L, key, "an integer");
   lua_Integer v = lua_tointegerx(L, -1, &isint);
   if (!isint) fal_error(L, "opts.%s: expected an integer, got %f", key, (double)lua_tonumber(L, -1));
-  *out = (int64_t)v;
   lua_pop(L, 1);
+  return (int64_t)v;
+}
+
+int fal_opt_int(lua_State *L, int idx, const char *key, int64_t *out) {
+  if (get(L, idx, key) == LUA_TNIL) return 0;
+  *out = pop_int(L, key);
   return 1;
 }
 
@@ -240,6 +244,23 @@ int fal_opt_pair(lua_State *L, int idx, const char *key, int64_t *a, int64_t *b)
 
 int fal_opt_size_pair(lua_State *L, int idx, const char *key, int64_t *a, int64_t *b) {
   return read_pair(L, idx, key, a, b, 1);
+}
+
+int fal_opt_square(lua_State *L, int idx, const char *key, int64_t *n) {
+  const int tt = get(L, idx, key);
+  if (tt == LUA_TNIL) return 0;
+  if (tt != LUA_TTABLE) {
+    *n = pop_int(L, key); /* a number, or its error */
+    return 1;
+  }
+  const lua_Unsigned len = lua_rawlen(L, -1);
+  if (len < 1 || len > 2)
+    fal_error(L, "opts.%s: square tiles: n, {n} or {n, n}, got a table of %d entries", key, (int)len);
+  *n = pair_elem(L, key, 1);
+  if (len == 2 && pair_elem(L, key, 2) != *n)
+    fal_error(L, "opts.%s: square tiles: n, {n} or {n, n}, got two different sizes", key);
+  lua_pop(L, 1);
+  return 1;
 }
 
 /* The tensor in the box at vi, still alive, or an error. */

@@ -212,13 +212,13 @@ static int l_ring_attention(lua_State *L) {
                   *u);
       lua_pop(L, 1);
     }
-    layout = layout_or_tag(L, 4, 1, (int)read_layout(L, 4)); /* fa.shard's where opts name none */
+    layout = (int)read_layout(L, 4);
     fal_opts_without(L, 4, "layout"); /* 5: for fa.attention's reader */
     opts = 5;
   } else {
-    layout = layout_or_tag(L, 4, 1, layout);
     lua_pushnil(L); /* 5 */
   }
+  layout = layout_or_tag(L, 4, 1, layout); /* fa.shard's where the opts name none */
   const lua_Unsigned len = lua_rawlen(L, 1);
   if (len < 1 || len > (lua_Unsigned)(INT_MAX / 4))
     fal_argerror(L, 1, "qs", "expected a table of at least one tensor, got %I entries", (lua_Integer)len);

@@ -63,8 +63,9 @@ void fa_attn_strides_contiguous(fa_attn_problem *p) {
   p->lse_st = fa_attn_strides_dense(p->Hq, p->Lq, 1);
 }
 
-/* Points p at the mask's contiguous copy `buf` (bool or float), with
- * right-aligned broadcast strides over (B, Hq, Lq, Lk): 0 where size 1. */
+/* Points p at the mask as `buf` holds it (bool or float: the caller's
+ * tensor or a converted copy), with buf's strides right-aligned over
+ * (B, Hq, Lq, Lk): 0 where m has size 1. */
 void fa_attn_attach_mask(fa_attn_problem *p, const fa_tensor *m, fa_tensor *buf) {
   if (m->dtype == FA_BOOL) p->mask_b = fa_tensor_ptr(buf);
   else p->mask_f = fa_tensor_ptr(buf);

@@ -1,14 +1,15 @@
 /* fa_attention_backward and fa_attention_backward_reference (API §10): the
  * gradients of fa_attention with respect to q, k and v.  Checked once like
  * the forward (fa_check_attention, then o, lse, dout), the options resolved
- * into an fa_attn_problem, the inputs read where they lie when they are
- * host tensors of the compute dtype (f32; f64 for f64 inputs and for the
- * reference), else copied into contiguous ones (lse, and every operand of
- * the reference but the mask, always; the mask read at its strides where
- * its dtype allows), the gradients computed into dense
- * buffers and delivered in q's dtype and each input's shape.  CUDA: the operands read where they lie (API §6), the gradients
- * computed by kernels/attention/attention_backward*.cu into new dense
- * tensors of q's dtype. */
+ * into an fa_attn_problem.  CPU: q, k, v, o and dout read where they lie
+ * when they are host tensors of the compute dtype (f32; f64 for f64 inputs
+ * and for the reference), else from contiguous copies in it; lse, and
+ * every operand of the reference, as contiguous copies; the mask at its
+ * strides where its dtype allows; the gradients computed into dense
+ * buffers and delivered in q's dtype and each input's shape.  CUDA: the
+ * operands read where they lie (API §6), the gradients computed by
+ * kernels/attention/attention_backward*.cu into new dense tensors of q's
+ * dtype. */
 #include "attn_kernels.h"
 #include "check.h"
 #include "expr.h"

@@ -30,7 +30,8 @@ void fa_attn_resolve_options(const fa_attention_opts *o, const fa_attn_dims *d, 
  * sequence covers it all the same, and its workspace would be sized by the
  * tile ({4096, 4096} on 4 rows took 67 MB). */
 void fa_attn_fit_tiles(fa_attn_problem *p);
-/* Points p at the mask's contiguous copy buf, with broadcast strides. */
+/* Points p at the mask as buf holds it (the caller's tensor or a converted
+ * copy), with buf's strides, 0 where m broadcasts. */
 void fa_attn_attach_mask(fa_attn_problem *p, const fa_tensor *m, fa_tensor *buf);
 /* An attention call's computed output obuf (B, Hq, Lq, Dv) and lse lbuf
  * (B, Hq, Lq; NULL: no lse wanted) handed out in q's rank: copied into

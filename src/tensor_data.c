@@ -5,6 +5,7 @@
  * correct on both devices). */
 #include "check.h"
 #include "internal.h"
+#include "binary_op.h"
 #include "random_counter.h"
 
 #include <math.h>
@@ -393,18 +394,6 @@ fa_status fa_tensor_isfinite(fa_context *ctx, fa_tensor *t, int *out) {
   return unmap_host(ctx, &m, 0);
 }
 
-static double apply_op(fa_binary_op op, double x, double y) {
-  switch (op) {
-  case FA_BIN_ADD: return x + y;
-  case FA_BIN_SUB: return x - y;
-  case FA_BIN_MUL: return x * y;
-  case FA_BIN_DIV: return x / y;
-  case FA_BIN_RSUB: return y - x;
-  case FA_BIN_RDIV: return y / x;
-  }
-  return NAN;
-}
-
 fa_status fa_tensor_binary(fa_context *ctx, fa_tensor *a, fa_binary_op op, fa_tensor *b, double scalar,
                            fa_tensor **out) {
   FA_NEED(out);
@@ -441,7 +430,7 @@ fa_status fa_tensor_binary(fa_context *ctx, fa_tensor *a, fa_binary_op op, fa_te
       y = fa_load_f64(b->dtype, mb.base, ib.offset);
       fa_iter_next(&ib);
     }
-    fa_store_f64(r->dtype, mr.base, k, apply_op(op, fa_load_f64(a->dtype, ma.base, ia.offset), y));
+    fa_store_f64(r->dtype, mr.base, k, fa_binary_apply(op, fa_load_f64(a->dtype, ma.base, ia.offset), y));
   }
   st = unmap_host(ctx, &mr, 1);
 fail_b:

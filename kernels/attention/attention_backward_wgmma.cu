@@ -106,7 +106,7 @@ extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_p
   cudaStream_t s = fa_cuda_stream(ctx);
   fa_attn_grads ga = *g;
   float *acc = NULL;
-  bwg_walk walk = {(p->Lk + BWG_OWN - 1) / BWG_OWN, 0, NULL, 1}; /* the two kernels': a key tile a block */
+  bwg_walk walk = {(p->Lk + BWG_OWN - 1) / BWG_OWN, 0, NULL, BWG_ORDER_HEADS}; /* the two kernels': a key tile a block */
   void *args[] = {prob, &ga, &delta, &acc, &walk};
   if (ctas > 0 || ctas == BWG_ORDERED) { /* the instance with DQ */
     const bool walks = ctas > 0 && g->deterministic;
@@ -119,7 +119,6 @@ extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_p
     fa_status st = attn_grid_fits(ctx, blocks);
     if (st || (st = fa_cuda_malloc(ctx, (void **)&acc, bytes))) return st; /* rows > 0: n4 > 0 */
     if (counters) walk.order = (int *)(acc + n4 * copies * 4);
-    walk.heads = BWG_ORDER_HEADS;
     cudaError_t err = cudaMemsetAsync(acc, 0, bytes, s); /* the sums, the ticket and the counters */
     if (err == cudaSuccess && blocks > 0)
       err = bw_launch_on({dkdv, blocks, 2 * BWG_THREADS, bwg_smem_dkdv(BWG_PAD(p->D), true), "bwg_dkdv_kernel"}, args, s);

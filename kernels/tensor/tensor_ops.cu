@@ -3,6 +3,7 @@
  * with the CPU's counter-based generator, so a seed gives the same values
  * on both devices), reductions in f64 and arithmetic. */
 #include "common.cuh"
+#include "binary_op.h"
 #include "random_counter.h"
 
 #include <cuda_bf16.h>
@@ -82,13 +83,7 @@ __global__ void fill_kernel(Layout t, int64_t n, int kind, uint64_t seed, double
 __global__ void binary_kernel(Layout r, Layout a, Layout b, int has_b, int op, double scalar, int64_t n) {
   GRID_STRIDE(k, n) {
     double x = load_elem(a, offset_of(a, k)), y = has_b ? load_elem(b, offset_of(b, k)) : scalar;
-    double z = op == FA_BIN_ADD    ? x + y
-               : op == FA_BIN_SUB  ? x - y
-               : op == FA_BIN_MUL  ? x * y
-               : op == FA_BIN_DIV  ? x / y
-               : op == FA_BIN_RSUB ? y - x
-                                   : y / x;
-    store_elem(r, k, z);
+    store_elem(r, k, fa_binary_apply(op, x, y));
   }
 }
 

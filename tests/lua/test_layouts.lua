@@ -18,6 +18,18 @@ local SENTINEL = 77 -- exact in bf16 too
 -- (B, L, H, D) values seen as (B, H, L, D).
 local function bhld(b, h, l, d, dtype) return U.randn({b, l, h, d}, dtype):transpose(2, 3) end
 
+-- The engine's peak memory while fn runs, over what it held before (its
+-- results kept until the measure is read).
+local function peak_during(fn)
+  collectgarbage()
+  local before = U.mem_current()
+  fa.reset_peak()
+  local kept = {fn()}
+  local used = fa.memory().peak - before
+  kept = nil
+  return used
+end
+
 -- Options cycled through the layouts: causal or not, a mask, kv_lens.
 local function options(i, b, lq, lk)
   local sets = {
@@ -222,10 +234,7 @@ function TestLayouts:test_views_are_not_copied()
       q, k, v = U.randn({B, HQ, LQ, D}, dtype), U.randn({B, HKV, LK, D}, dtype), U.randn({B, HKV, LK, D}, dtype)
       out, lse_out = U.poison({B, HQ, LQ, D}, dtype), U.poison({B, HQ, LQ}, "f32")
     end
-    local before = U.mem_current()
-    fa.reset_peak()
-    fa.attention(q, k, v, {out = out, lse_out = lse_out})
-    return fa.memory().peak - before
+    return peak_during(function() return fa.attention(q, k, v, {out = out, lse_out = lse_out}) end)
   end
   local dense = peak("f32", false)
   lu.assertEquals(peak("f32", true), dense, "strided f32 views were copied")
@@ -279,13 +288,7 @@ function TestLayouts:test_backward_reads_views()
       ov:copy_(o2)
       o2 = ov
     end
-    collectgarbage()
-    local before = U.mem_current()
-    fa.reset_peak()
-    local g = {fa.attention_backward(q2, k2, v2, o2, lse2, dout2)}
-    local used = fa.memory().peak - before
-    g = nil
-    return used
+    return peak_during(function() return fa.attention_backward(q2, k2, v2, o2, lse2, dout2) end)
   end
   local dense = peak("f32", false)
   lu.assertEquals(peak("f32", true), dense, "strided f32 operands of the backward were copied")
@@ -323,14 +326,11 @@ function TestLayouts:test_mask_views_are_not_copied()
     local gc = {fa.attention_backward(q, k, v, o, lse, dout, {mask = mc})}
     for i, name in ipairs({"dq", "dk", "dv"}) do U.assert_close(g[i], gc[i], "f32", name .. " with a mask view") end
     local function peak(mask)
-      collectgarbage()
-      local before = U.mem_current()
-      fa.reset_peak()
-      local r = {fa.attention(q, k, v, {mask = mask, return_lse = true})}
-      r[3], r[4], r[5] = fa.attention_backward(q, k, v, o, lse, dout, {mask = mask})
-      local used = fa.memory().peak - before
-      r = nil
-      return used
+      return peak_during(function()
+        local r = {fa.attention(q, k, v, {mask = mask, return_lse = true})}
+        r[3], r[4], r[5] = fa.attention_backward(q, k, v, o, lse, dout, {mask = mask})
+        return r
+      end)
     end
     if not U.cuda then lu.assertEquals(peak(m), peak(mc), "a strided mask was copied") end
   end
