@@ -214,9 +214,17 @@ fa_status fa_cpu_attention_reference(fa_context *ctx, const fa_attn_problem *p);
 fa_status fa_cpu_softmax(fa_context *ctx, fa_softmax_algo algo, int64_t block, fa_dtype dt, fa_dtype storage,
                          const void *x, void *y, int64_t rows, int64_t n);
 int64_t fa_cpu_softmax_fused_max_n(fa_dtype dt);
-/* Row-major C(m,n) = A(m,k)·B(k,n), f32 or f64, contiguous. */
-fa_status fa_cpu_matmul(fa_context *ctx, fa_matmul_algo algo, int64_t tile, fa_dtype dt, const void *a,
-                        const void *b, void *c, int64_t m, int64_t k, int64_t n);
+/* fa.matmul's operands as the backends take them (API §6: read where they
+ * lie): row-major A (m x k) and B (k x n) with rows lda and ldb elements
+ * apart (lda >= k, ldb >= n, their last dimension contiguous), C (m x n)
+ * contiguous. */
+typedef struct fa_mm_operands {
+  const void *a, *b;
+  void *c;
+  int64_t m, k, n, lda, ldb;
+} fa_mm_operands;
+/* Row-major C = A·B, f32 or f64. */
+fa_status fa_cpu_matmul(fa_context *ctx, fa_matmul_algo algo, int64_t tile, fa_dtype dt, const fa_mm_operands *g);
 /* o contiguous rows x dv in compute dtype dt; lse in f64 (so that f64
  * states merge to f64 precision) */
 void fa_cpu_merge_states(fa_dtype dt, const void *o1, const double *lse1, const void *o2, const double *lse2, void *o,
@@ -380,8 +388,7 @@ fa_status fa_cuda_attention_backward(fa_context *ctx, fa_attn_kernel kernel, con
 fa_status fa_cuda_attention_backward_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_attn_problem *p,
                                              const fa_attn_grads *g);
 /* Row-major C = A·B on device buffers of dtype dt. */
-fa_status fa_cuda_matmul(fa_context *ctx, fa_matmul_algo algo, int64_t tile, fa_dtype dt, const void *a, const void *b,
-                         void *c, int64_t m, int64_t k, int64_t n);
+fa_status fa_cuda_matmul(fa_context *ctx, fa_matmul_algo algo, int64_t tile, fa_dtype dt, const fa_mm_operands *g);
 /* o rows x dv device buffers of dtype dt, lse f64 (rows entries, also when dv = 0) */
 fa_status fa_cuda_merge_states(fa_context *ctx, fa_dtype dt, const void *o1, const double *l1, const void *o2,
                                const double *l2, void *o, double *l, int64_t rows, int64_t dv);

@@ -1,10 +1,28 @@
-/* fa_matmul: the seeds' naive and tiled products and the BLAS one. */
+/* fa_matmul: the seeds' naive and tiled products and the BLAS one, on
+ * operands read where they lie when their rows allow (mm_operand). */
 #include "check.h"
 
+#include <limits.h>
 #include <string.h>
 
 void fa_matmul_opts_init(fa_matmul_opts *o) {
   if (o) memset(o, 0, sizeof *o);
+}
+
+/* t as an operand read where it lies (API §6), retained into *use with its
+ * rows' stride in *ld: in the compute dtype, the last dimension
+ * contiguous, rows at least a row apart and within BLAS's int; else a
+ * contiguous copy (on the CPU converted to the compute dtype), *ld its row. */
+static fa_status mm_operand(fa_context *ctx, fa_tensor *t, fa_dtype compute, fa_tensor **use, int64_t *ld) {
+  const int64_t rows = t->shape[0], cols = t->shape[1], row = cols > 1 ? cols : 1, rs = t->strides[0];
+  if (t->dtype == compute && (cols <= 1 || t->strides[1] == 1) && (rows <= 1 || (rs >= row && rs <= INT_MAX))) {
+    fa_tensor_retain(t);
+    *use = t, *ld = rows <= 1 ? row : rs;
+    return FA_OK;
+  }
+  *ld = row;
+  if (t->storage->device == FA_CUDA) return fa_tensor_contiguous(ctx, t, use);
+  return fa_tensor_cpu_contiguous(ctx, t, compute, use);
 }
 
 fa_status fa_matmul(fa_context *ctx, fa_tensor *a, fa_tensor *b, const fa_matmul_opts *opts, fa_tensor **c) {
@@ -24,12 +42,8 @@ fa_status fa_matmul(fa_context *ctx, fa_tensor *a, fa_tensor *b, const fa_matmul
   int64_t m = a->shape[0], k = a->shape[1], n = b->shape[1];
   int64_t shape[2] = {m, n};
   fa_tensor *ac = NULL, *bc = NULL, *cc = NULL, *out = opts->out;
-  if (dev == FA_CUDA) {
-    if (!(st = fa_tensor_contiguous(ctx, a, &ac))) st = fa_tensor_contiguous(ctx, b, &bc);
-  } else if (!(st = fa_tensor_cpu_contiguous(ctx, a, compute, &ac))) {
-    st = fa_tensor_cpu_contiguous(ctx, b, compute, &bc);
-  }
-  if (st) goto done;
+  fa_mm_operands g = {NULL, NULL, NULL, m, k, n, k, n};
+  if ((st = mm_operand(ctx, a, compute, &ac, &g.lda)) || (st = mm_operand(ctx, b, compute, &bc, &g.ldb))) goto done;
   if (out && out->dtype == compute && fa_tensor_is_contiguous(out) && out->storage != a->storage &&
       out->storage != b->storage) {
     fa_tensor_retain(out);
@@ -37,12 +51,9 @@ fa_status fa_matmul(fa_context *ctx, fa_tensor *a, fa_tensor *b, const fa_matmul
   } else if ((st = fa_tensor_new(ctx, 2, shape, compute, dev, &cc))) {
     goto done;
   }
-  if (dev == FA_CUDA)
-    st = fa_cuda_matmul(ctx, opts->algo, opts->tile, compute, fa_tensor_ptr(ac), fa_tensor_ptr(bc), fa_tensor_ptr(cc),
-                        m, k, n);
-  else
-    st = fa_cpu_matmul(ctx, opts->algo, opts->tile, compute, fa_tensor_ptr(ac), fa_tensor_ptr(bc), fa_tensor_ptr(cc), m,
-                       k, n);
+  g.a = fa_tensor_ptr(ac), g.b = fa_tensor_ptr(bc), g.c = fa_tensor_ptr(cc);
+  st = dev == FA_CUDA ? fa_cuda_matmul(ctx, opts->algo, opts->tile, compute, &g)
+                      : fa_cpu_matmul(ctx, opts->algo, opts->tile, compute, &g);
   if (st) goto done;
   if (out && cc != out) {
     if (!(st = fa_tensor_copy(ctx, out, cc))) {

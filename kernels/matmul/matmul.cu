@@ -7,11 +7,12 @@
 #include <cublas_v2.h>
 
 template <typename T>
-__global__ void matmul_naive_kernel(const T *a, const T *b, T *c, int64_t m, int64_t k, int64_t n) {
+__global__ void matmul_naive_kernel(const T *a, const T *b, T *c, int64_t m, int64_t k, int64_t n, int64_t lda,
+                                    int64_t ldb) {
   int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, row = (int64_t)blockIdx.y * blockDim.y + threadIdx.y;
   if (row >= m || col >= n) return;
   typename Elem<T>::acc acc = 0;
-  for (int64_t x = 0; x < k; x++) acc += to_float(a[row * k + x]) * to_float(b[x * n + col]);
+  for (int64_t x = 0; x < k; x++) acc += to_float(a[row * lda + x]) * to_float(b[x * ldb + col]);
   c[row * n + col] = from_float<T>(acc);
 }
 
@@ -19,7 +20,8 @@ __global__ void matmul_naive_kernel(const T *a, const T *b, T *c, int64_t m, int
  * bt×bt threads (bt = min(T, 32)), each thread owning an (T/bt)² block of C.
  * Bounded for 1024 threads: f64 accumulators would not fit otherwise. */
 template <typename T>
-__global__ void __launch_bounds__(1024) matmul_tiled_kernel(const T *a, const T *b, T *c, int64_t m, int64_t k, int64_t n, int tile) {
+__global__ void __launch_bounds__(1024) matmul_tiled_kernel(const T *a, const T *b, T *c, int64_t m, int64_t k, int64_t n,
+                                                             int64_t lda, int64_t ldb, int tile) {
   typedef typename Elem<T>::acc A;
   extern __shared__ __align__(16) unsigned char tiles_raw[];
   const int bt = blockDim.x, per = tile / bt; /* per <= 4 */
@@ -31,8 +33,8 @@ __global__ void __launch_bounds__(1024) matmul_tiled_kernel(const T *a, const T 
     for (int r = ty; r < tile; r += bt)
       for (int q = tx; q < tile; q += bt) {
         int64_t ar = row0 + r, ak = x0 + q, bk = x0 + r, bc = col0 + q;
-        as[r * tile + q] = ar < m && ak < k ? to_float(a[ar * k + ak]) : (A)0;
-        bs[r * tile + q] = bk < k && bc < n ? to_float(b[bk * n + bc]) : (A)0;
+        as[r * tile + q] = ar < m && ak < k ? to_float(a[ar * lda + ak]) : (A)0;
+        bs[r * tile + q] = bk < k && bc < n ? to_float(b[bk * ldb + bc]) : (A)0;
       }
     __syncthreads();
     for (int x = 0; x < tile; x++)
@@ -63,12 +65,14 @@ template <> cudaDataType_t dtype_of<__half>() { return CUDA_R_16F; }
 template <> cudaDataType_t dtype_of<__nv_bfloat16>() { return CUDA_R_16BF; }
 
 template <typename T>
-static fa_status matmul_typed(fa_context *ctx, fa_matmul_algo algo, int64_t tile, const T *a, const T *b, T *c,
-                              int64_t m, int64_t k, int64_t n) {
+static fa_status matmul_typed(fa_context *ctx, fa_matmul_algo algo, int64_t tile, const fa_mm_operands *g) {
+  const T *a = (const T *)g->a, *b = (const T *)g->b;
+  T *c = (T *)g->c;
+  const int64_t m = g->m, k = g->k, n = g->n, lda = g->lda, ldb = g->ldb;
   cudaStream_t s = fa_cuda_stream(ctx);
   if (algo == FA_MATMUL_NAIVE) {
     dim3 block(16, 16), grid((unsigned)((n + 15) / 16), (unsigned)((m + 15) / 16));
-    matmul_naive_kernel<T><<<grid, block, 0, s>>>(a, b, c, m, k, n);
+    matmul_naive_kernel<T><<<grid, block, 0, s>>>(a, b, c, m, k, n, lda, ldb);
     FA_CUDA_CHECK_LAUNCH(ctx, "matmul_naive_kernel");
     return FA_OK;
   }
@@ -77,11 +81,11 @@ static fa_status matmul_typed(fa_context *ctx, fa_matmul_algo algo, int64_t tile
     size_t smem = 2 * (size_t)t * t * sizeof(typename Elem<T>::acc);
     FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(matmul_tiled_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     dim3 block(bt, bt), grid((unsigned)((n + t - 1) / t), (unsigned)((m + t - 1) / t));
-    matmul_tiled_kernel<T><<<grid, block, smem, s>>>(a, b, c, m, k, n, t);
+    matmul_tiled_kernel<T><<<grid, block, smem, s>>>(a, b, c, m, k, n, lda, ldb, t);
     FA_CUDA_CHECK_LAUNCH(ctx, "matmul_tiled_kernel");
     return FA_OK;
   }
-  if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX)
+  if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX)
     return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: matmul on cuda: sizes above cuBLAS's int range");
   void *h = NULL;
   fa_status st = fa_cuda_cublas_handle(ctx, &h);
@@ -91,8 +95,8 @@ static fa_status matmul_typed(fa_context *ctx, fa_matmul_algo algo, int64_t tile
   const float one_f = 1.f, zero_f = 0.f;
   const bool dbl = sizeof(T) == 8;
   cublasStatus_t cs = cublasGemmEx((cublasHandle_t)h, CUBLAS_OP_N, CUBLAS_OP_N, (int)n, (int)m, (int)k,
-                                   dbl ? (const void *)&one_d : (const void *)&one_f, b, dtype_of<T>(), (int)n, a,
-                                   dtype_of<T>(), (int)k, dbl ? (const void *)&zero_d : (const void *)&zero_f, c,
+                                   dbl ? (const void *)&one_d : (const void *)&one_f, b, dtype_of<T>(), (int)ldb, a,
+                                   dtype_of<T>(), (int)lda, dbl ? (const void *)&zero_d : (const void *)&zero_f, c,
                                    dtype_of<T>(), (int)n, dbl ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F,
                                    CUBLAS_GEMM_DEFAULT);
   if (cs != CUBLAS_STATUS_SUCCESS)
@@ -100,8 +104,9 @@ static fa_status matmul_typed(fa_context *ctx, fa_matmul_algo algo, int64_t tile
   return FA_OK;
 }
 
-extern "C" fa_status fa_cuda_matmul(fa_context *ctx, fa_matmul_algo algo, int64_t tile, fa_dtype dt, const void *a,
-                                    const void *b, void *c, int64_t m, int64_t k, int64_t n) {
+extern "C" fa_status fa_cuda_matmul(fa_context *ctx, fa_matmul_algo algo, int64_t tile, fa_dtype dt,
+                                    const fa_mm_operands *g) {
+  const int64_t m = g->m, k = g->k, n = g->n;
   int64_t tile_max = dt == FA_F64 ? 64 : 128;
   if (algo == FA_MATMUL_TILED && tile && (tile > tile_max || (tile > 32 && tile % 32)))
     return fa_fail(ctx, FA_ERR_ARGUMENT,
@@ -110,16 +115,14 @@ extern "C" fa_status fa_cuda_matmul(fa_context *ctx, fa_matmul_algo algo, int64_
                    (long long)tile_max, (long long)tile);
   if (m == 0 || n == 0) return FA_OK;
   if (k == 0) { /* an empty sum: zeros (cuBLAS rejects a leading dimension of 0) */
-    FA_CUDA_CHECK(ctx, cudaMemsetAsync(c, 0, (size_t)(m * n) * fa_dtype_size(dt), fa_cuda_stream(ctx)));
+    FA_CUDA_CHECK(ctx, cudaMemsetAsync(g->c, 0, (size_t)(m * n) * fa_dtype_size(dt), fa_cuda_stream(ctx)));
     return FA_OK;
   }
   switch (dt) {
-  case FA_F32: return matmul_typed<float>(ctx, algo, tile, (const float *)a, (const float *)b, (float *)c, m, k, n);
-  case FA_F64: return matmul_typed<double>(ctx, algo, tile, (const double *)a, (const double *)b, (double *)c, m, k, n);
-  case FA_F16: return matmul_typed<__half>(ctx, algo, tile, (const __half *)a, (const __half *)b, (__half *)c, m, k, n);
-  case FA_BF16:
-    return matmul_typed<__nv_bfloat16>(ctx, algo, tile, (const __nv_bfloat16 *)a, (const __nv_bfloat16 *)b,
-                                       (__nv_bfloat16 *)c, m, k, n);
+  case FA_F32: return matmul_typed<float>(ctx, algo, tile, g);
+  case FA_F64: return matmul_typed<double>(ctx, algo, tile, g);
+  case FA_F16: return matmul_typed<__half>(ctx, algo, tile, g);
+  case FA_BF16: return matmul_typed<__nv_bfloat16>(ctx, algo, tile, g);
   default: return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: matmul: dtype %s has no CUDA kernel", fa_dtype_name(dt));
   }
 }

@@ -178,9 +178,8 @@ fa_status fa_cuda_attention_check_tile(fa_context *ctx, fa_dtype dt, int64_t D, 
   return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
 }
 
-fa_status fa_cuda_matmul(fa_context *ctx, fa_matmul_algo algo, int64_t tile, fa_dtype dt, const void *a, const void *b,
-                         void *c, int64_t m, int64_t k, int64_t n) {
-  (void)algo, (void)tile, (void)dt, (void)a, (void)b, (void)c, (void)m, (void)k, (void)n;
+fa_status fa_cuda_matmul(fa_context *ctx, fa_matmul_algo algo, int64_t tile, fa_dtype dt, const fa_mm_operands *g) {
+  (void)algo, (void)tile, (void)dt, (void)g;
   return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
 }
 

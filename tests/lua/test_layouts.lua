@@ -361,4 +361,35 @@ function TestLayouts:test_nonfinite_v_views()
   end
 end
 
+-- fa.matmul reads its operands where they lie too (API §6): rows of a
+-- wider matrix (a narrow of its columns, a row stride past the row) give
+-- the contiguous copies' product, every algo, with no more memory on the
+-- CPU than the contiguous call (a transposed operand, whose last dimension
+-- is not contiguous, is copied: the measure sees it).
+function TestLayouts:test_matmul_reads_views()
+  local M, K, N = 37, 45, 29
+  local dtypes = U.cuda and {"f32", "f64", "f16", "bf16"} or {"f32", "f64"}
+  for _, dtype in ipairs(dtypes) do
+    local a = U.randn({M, K + 7}, dtype):narrow(2, 4, K)
+    local b = U.randn({K, N + 5}, dtype):narrow(2, 2, N)
+    for _, algo in ipairs({"naive", "tiled", "blas"}) do
+      local what = ("matmul %s %s of row-strided views"):format(algo, dtype)
+      local ref = fa.matmul(a:contiguous(), b:contiguous(), {algo = algo})
+      local c = fa.matmul(a, b, {algo = algo})
+      U.assert_close(c, ref, dtype, what)
+      local out = U.poison({M, N}, dtype)
+      fa.matmul(a, b, {algo = algo, out = out})
+      U.assert_close(out, ref, dtype, what .. " (opts.out)")
+      -- a single row, whose stride says nothing
+      U.assert_close(fa.matmul(a:narrow(1, 3, 1), b, {algo = algo}), ref:narrow(1, 3, 1), dtype, what .. " (one row)")
+    end
+  end
+  if U.cuda then return end
+  local function peak(x, y) return peak_during(function() return fa.matmul(x, y) end) end
+  local a, b = U.randn({M, K + 7}):narrow(2, 4, K), U.randn({K, N + 5}):narrow(2, 2, N)
+  local dense = peak(a:contiguous(), b:contiguous())
+  lu.assertEquals(peak(a, b), dense, "row-strided f32 operands were copied")
+  lu.assertTrue(peak(U.randn({K, M}):transpose(1, 2), b) > dense, "the measure does not see a transposed operand's copy")
+end
+
 U.run()
