@@ -4,6 +4,7 @@
 #define FA_INTERNAL_H
 
 #include "flashattn.h"
+#include "host_device.h"
 
 #include <stdarg.h>
 #include <stddef.h>
@@ -225,10 +226,29 @@ typedef struct fa_mm_operands {
 } fa_mm_operands;
 /* Row-major C = A·B, f32 or f64. */
 fa_status fa_cpu_matmul(fa_context *ctx, fa_matmul_algo algo, int64_t tile, fa_dtype dt, const fa_mm_operands *g);
-/* o contiguous rows x dv in compute dtype dt; lse in f64 (so that f64
- * states merge to f64 precision) */
-void fa_cpu_merge_states(fa_dtype dt, const void *o1, const double *lse1, const void *o2, const double *lse2, void *o,
-                         double *lse, int64_t rows, int64_t dv);
+/* Where the rows of a state lie (API §6: read in place): row r, counted
+ * over its leading dimensions padded in front to three (size[0..2], size
+ * 1 and stride 0 where there are fewer), starts at element
+ * fa_state_row(&rows, r); its dv values are contiguous. */
+typedef struct fa_state_rows {
+  int64_t size[3], stride[3];
+} fa_state_rows;
+FA_HOST_DEVICE static inline int64_t fa_state_row(const fa_state_rows *s, int64_t r) {
+  return r / (s->size[1] * s->size[2]) * s->stride[0] + r / s->size[2] % s->size[1] * s->stride[1] +
+         r % s->size[2] * s->stride[2];
+}
+/* merge_states' operands: states o1, o2 of dtype dt at their rows, lse1,
+ * lse2 in f64 (so that f64 states merge to f64 precision), into o
+ * contiguous rows x dv and lse (rows entries, also when dv = 0). */
+typedef struct fa_merge_operands {
+  const void *o1, *o2;
+  fa_state_rows rows1, rows2;
+  const double *lse1, *lse2;
+  void *o;
+  double *lse;
+  int64_t rows, dv;
+} fa_merge_operands;
+void fa_cpu_merge_states(fa_dtype dt, const fa_merge_operands *g);
 int fa_cpu_threads(void);
 /* The OpenMP threads for `items` independent work items of `flops`
  * operations in all (cpu.c): at most the items, and one for a small call. */
@@ -389,9 +409,8 @@ fa_status fa_cuda_attention_backward_variant(fa_context *ctx, fa_attn_kernel ker
                                              const fa_attn_grads *g);
 /* Row-major C = A·B on device buffers of dtype dt. */
 fa_status fa_cuda_matmul(fa_context *ctx, fa_matmul_algo algo, int64_t tile, fa_dtype dt, const fa_mm_operands *g);
-/* o rows x dv device buffers of dtype dt, lse f64 (rows entries, also when dv = 0) */
-fa_status fa_cuda_merge_states(fa_context *ctx, fa_dtype dt, const void *o1, const double *l1, const void *o2,
-                               const double *l2, void *o, double *l, int64_t rows, int64_t dv);
+/* fa_cpu_merge_states on device buffers (f32, f64, f16 or bf16) */
+fa_status fa_cuda_merge_states(fa_context *ctx, fa_dtype dt, const fa_merge_operands *g);
 /* The default {Br, Bc} of "flash" on cuda for this dtype and head dims. */
 void fa_cuda_attention_default_tile(fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc);
 /* FA_OK when {br, bc} is a tile the CUDA kernels take for these head dims. */

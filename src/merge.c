@@ -14,8 +14,29 @@ static fa_status contiguous_as(fa_context *ctx, fa_tensor *t, fa_dtype dtype, fa
   return st;
 }
 
-/* The merge of (a, la) and (b, lb), contiguous states in dtype compute and
- * lse in f64 on dev, into fresh tensors of the same kinds. */
+/* The rows of state t (ndim >= 1: its leading dimensions, padded in front). */
+static fa_state_rows state_rows(const fa_tensor *t) {
+  fa_state_rows r = {{1, 1, 1}, {0, 0, 0}};
+  for (int d = t->ndim - 2, i = 2; d >= 0; d--, i--) r.size[i] = t->shape[d], r.stride[i] = t->strides[d];
+  return r;
+}
+
+/* State t as merge_pair reads it (API §6: where it lies): t itself,
+ * retained, when it is of dtype compute on dev with its last dimension
+ * contiguous; else a contiguous copy in that dtype. */
+static fa_status state_operand(fa_context *ctx, fa_tensor *t, fa_dtype compute, fa_device dev, fa_tensor **out) {
+  const int64_t dv = t->shape[t->ndim - 1];
+  if (t->dtype == compute && t->storage->device == dev && (dv <= 1 || t->strides[t->ndim - 1] == 1)) {
+    fa_tensor_retain(t);
+    *out = t;
+    return FA_OK;
+  }
+  return contiguous_as(ctx, t, compute, dev, out);
+}
+
+/* The merge of (a, la) and (b, lb), states in dtype compute read at their
+ * rows and lse contiguous in f64 on dev, into fresh contiguous tensors of
+ * a's shape (dtype compute) and la's (f64). */
 static fa_status merge_pair(fa_context *ctx, fa_dtype compute, fa_device dev, fa_tensor *a, fa_tensor *la, fa_tensor *b,
                             fa_tensor *lb, fa_tensor **ro, fa_tensor **rl) {
   fa_status st;
@@ -25,13 +46,11 @@ static fa_status merge_pair(fa_context *ctx, fa_dtype compute, fa_device dev, fa
     return st;
   }
   /* one row per lse entry (also when dv = 0: the lse still merge) */
-  int64_t dv = a->shape[a->ndim - 1], rows = fa_tensor_numel(la);
-  if (dev == FA_CUDA)
-    st = fa_cuda_merge_states(ctx, compute, fa_tensor_ptr(a), fa_tensor_ptr(la), fa_tensor_ptr(b), fa_tensor_ptr(lb),
-                              fa_tensor_ptr(*ro), fa_tensor_ptr(*rl), rows, dv);
-  else
-    fa_cpu_merge_states(compute, fa_tensor_ptr(a), fa_tensor_ptr(la), fa_tensor_ptr(b), fa_tensor_ptr(lb),
-                        fa_tensor_ptr(*ro), fa_tensor_ptr(*rl), rows, dv);
+  const fa_merge_operands g = {fa_tensor_ptr(a), fa_tensor_ptr(b), state_rows(a), state_rows(b), fa_tensor_ptr(la),
+                               fa_tensor_ptr(lb), fa_tensor_ptr(*ro), fa_tensor_ptr(*rl), fa_tensor_numel(la),
+                               a->shape[a->ndim - 1]};
+  if (dev == FA_CUDA) st = fa_cuda_merge_states(ctx, compute, &g);
+  else fa_cpu_merge_states(compute, &g);
   if (st) fa_tensor_drop(ro), fa_tensor_drop(rl);
   return st;
 }
@@ -45,11 +64,11 @@ static fa_status merge_fold(fa_context *ctx, fa_dtype compute, int64_t n, fa_ten
   const fa_device dev = os[0]->storage->device;
   fa_tensor *acc = NULL, *lacc = NULL, *b = NULL, *lb = NULL;
   fa_status st;
-  if ((st = contiguous_as(ctx, os[0], compute, dev, &acc)) || (st = contiguous_as(ctx, lses[0], FA_F64, dev, &lacc)))
+  if ((st = state_operand(ctx, os[0], compute, dev, &acc)) || (st = contiguous_as(ctx, lses[0], FA_F64, dev, &lacc)))
     goto done;
   for (int64_t i = 1; i < n && !st; i++) {
     fa_tensor *ro = NULL, *rl = NULL;
-    if ((st = contiguous_as(ctx, os[i], compute, dev, &b)) || (st = contiguous_as(ctx, lses[i], FA_F64, dev, &lb)) ||
+    if ((st = state_operand(ctx, os[i], compute, dev, &b)) || (st = contiguous_as(ctx, lses[i], FA_F64, dev, &lb)) ||
         (st = merge_pair(ctx, compute, dev, acc, lacc, b, lb, &ro, &rl)))
       break;
     fa_tensor_drop(&acc), fa_tensor_drop(&lacc), fa_tensor_drop(&b), fa_tensor_drop(&lb);

@@ -130,12 +130,12 @@ extern "C" fa_status fa_cuda_matmul(fa_context *ctx, fa_matmul_algo algo, int64_
 /* ---- merge_states: the seeds' rescale-and-add in log space ----
  * One thread per output element (and one per row when Dv = 0); the weights
  * and lse in f64, so that an f64 lse keeps its precision; f64 states too. */
-template <typename T>
-__global__ void merge_kernel(const T *o1, const double *l1, const T *o2, const double *l2, T *o, double *l,
-                             int64_t rows, int64_t dv) {
-  const int64_t w = dv > 0 ? dv : 1;
+template <typename T> __global__ void merge_kernel(const fa_merge_operands g) {
+  const T *o1 = (const T *)g.o1, *o2 = (const T *)g.o2;
+  const double *l1 = g.lse1, *l2 = g.lse2;
+  const int64_t rows = g.rows, dv = g.dv, w = dv > 0 ? dv : 1;
   for (int64_t x = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; x < rows * w; x += (int64_t)gridDim.x * blockDim.x) {
-    int64_t r = x / w;
+    const int64_t r = x / w, c = x - r * w;
     /* the empty cases by lse == -inf alone (as on the CPU): a NaN lse beside an
      * empty state is kept, not taken for empty (fmax would drop the NaN) */
     double a = l1[r], bb = l2[r], w1, w2, lse;
@@ -144,28 +144,24 @@ __global__ void merge_kernel(const T *o1, const double *l1, const T *o2, const d
     else if (bb == -INFINITY) w1 = 1.0, w2 = 0.0, lse = a;
     else lse = fa_merge_weights(a, bb, &w1, &w2);
     if (dv > 0) {
-      double v1 = w1 == 0.0 ? 0.0 : w1 * to_float(o1[x]), v2 = w2 == 0.0 ? 0.0 : w2 * to_float(o2[x]);
-      o[x] = from_float<T>((typename Elem<T>::acc)(v1 + v2));
+      const T e1 = o1[fa_state_row(&g.rows1, r) + c], e2 = o2[fa_state_row(&g.rows2, r) + c];
+      double v1 = w1 == 0.0 ? 0.0 : w1 * to_float(e1), v2 = w2 == 0.0 ? 0.0 : w2 * to_float(e2);
+      ((T *)g.o)[x] = from_float<T>((typename Elem<T>::acc)(v1 + v2));
     }
-    if (x % w == 0) l[r] = lse;
+    if (c == 0) g.lse[r] = lse;
   }
 }
 
-extern "C" fa_status fa_cuda_merge_states(fa_context *ctx, fa_dtype dt, const void *o1, const double *l1,
-                                          const void *o2, const double *l2, void *o, double *l, int64_t rows,
-                                          int64_t dv) {
-  int64_t n = rows * (dv > 0 ? dv : 1);
+extern "C" fa_status fa_cuda_merge_states(fa_context *ctx, fa_dtype dt, const fa_merge_operands *g) {
+  const int64_t n = g->rows * (g->dv > 0 ? g->dv : 1);
   if (n == 0) return FA_OK;
   unsigned blocks = (unsigned)min((n + 255) / 256, (int64_t)65535);
   cudaStream_t s = fa_cuda_stream(ctx);
   switch (dt) {
-  case FA_F32: merge_kernel<float><<<blocks, 256, 0, s>>>((const float *)o1, l1, (const float *)o2, l2, (float *)o, l, rows, dv); break;
-  case FA_F64: merge_kernel<double><<<blocks, 256, 0, s>>>((const double *)o1, l1, (const double *)o2, l2, (double *)o, l, rows, dv); break;
-  case FA_F16: merge_kernel<__half><<<blocks, 256, 0, s>>>((const __half *)o1, l1, (const __half *)o2, l2, (__half *)o, l, rows, dv); break;
-  case FA_BF16:
-    merge_kernel<__nv_bfloat16><<<blocks, 256, 0, s>>>((const __nv_bfloat16 *)o1, l1, (const __nv_bfloat16 *)o2, l2,
-                                                       (__nv_bfloat16 *)o, l, rows, dv);
-    break;
+  case FA_F32: merge_kernel<float><<<blocks, 256, 0, s>>>(*g); break;
+  case FA_F64: merge_kernel<double><<<blocks, 256, 0, s>>>(*g); break;
+  case FA_F16: merge_kernel<__half><<<blocks, 256, 0, s>>>(*g); break;
+  case FA_BF16: merge_kernel<__nv_bfloat16><<<blocks, 256, 0, s>>>(*g); break;
   default: return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: merge_states on cuda takes f32, f64, f16 or bf16, got %s", fa_dtype_name(dt));
   }
   FA_CUDA_CHECK_LAUNCH(ctx, "merge_kernel");

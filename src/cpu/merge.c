@@ -4,8 +4,8 @@
  *   o   = e^(lse1-lse)·o1 + e^(lse2-lse)·o2
  * An empty side (lse = -inf) leaves the other side exactly as it was; two
  * empty sides give o = 0, lse = -inf; a NaN lse makes its row NaN.  The
- * weights and lse are computed in double; o1, o2, o (f32 or f64) are contiguous
- * rows x dv and o may be o1 or o2 (lse may be lse1 or lse2). */
+ * weights and lse are computed in double; o1 and o2 (f32 or f64) are read at
+ * their rows (fa_state_rows), o is contiguous rows x dv. */
 #include "internal.h"
 #include "merge_weights.h"
 
@@ -37,17 +37,18 @@
 FA_MERGE_DEFINE(float, f32)
 FA_MERGE_DEFINE(double, f64)
 
-void fa_cpu_merge_states(fa_dtype dt, const void *o1, const double *lse1, const void *o2, const double *lse2, void *o,
-                         double *lse, int64_t rows, int64_t dv) {
+void fa_cpu_merge_states(fa_dtype dt, const fa_merge_operands *g) {
   if (dt != FA_F32 && dt != FA_F64) return; /* the dispatch passes the compute dtype only */
+  const int64_t rows = g->rows, dv = g->dv;
   int par = rows > 1 && rows * dv >= FA_MERGE_PAR_MIN;
 #pragma omp parallel for schedule(static) if (par)
   for (int64_t r = 0; r < rows; r++) {
-    double l1 = lse1[r], l2 = lse2[r]; /* read before lse[r] (maybe lse1 + r) is written */
+    const double l1 = g->lse1[r], l2 = g->lse2[r];
+    const int64_t a = fa_state_row(&g->rows1, r), b = fa_state_row(&g->rows2, r);
     if (dt == FA_F32)
-      merge_row_f32((const float *)o1 + r * dv, l1, (const float *)o2 + r * dv, l2, (float *)o + r * dv, lse + r, dv);
+      merge_row_f32((const float *)g->o1 + a, l1, (const float *)g->o2 + b, l2, (float *)g->o + r * dv, g->lse + r, dv);
     else
-      merge_row_f64((const double *)o1 + r * dv, l1, (const double *)o2 + r * dv, l2, (double *)o + r * dv, lse + r,
+      merge_row_f64((const double *)g->o1 + a, l1, (const double *)g->o2 + b, l2, (double *)g->o + r * dv, g->lse + r,
                     dv);
   }
 }

@@ -183,9 +183,8 @@ fa_status fa_cuda_matmul(fa_context *ctx, fa_matmul_algo algo, int64_t tile, fa_
   return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
 }
 
-fa_status fa_cuda_merge_states(fa_context *ctx, fa_dtype dt, const void *o1, const double *l1, const void *o2,
-                               const double *l2, void *o, double *l, int64_t rows, int64_t dv) {
-  (void)dt, (void)o1, (void)l1, (void)o2, (void)l2, (void)o, (void)l, (void)rows, (void)dv;
+fa_status fa_cuda_merge_states(fa_context *ctx, fa_dtype dt, const fa_merge_operands *g) {
+  (void)dt, (void)g;
   return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
 }
 

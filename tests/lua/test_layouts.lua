@@ -392,4 +392,43 @@ function TestLayouts:test_matmul_reads_views()
   lu.assertTrue(peak(U.randn({K, M}):transpose(1, 2), b) > dense, "the measure does not see a transposed operand's copy")
 end
 
+-- fa.merge_states reads its states where they lie (API §6): transposed
+-- (B, L, H, Dv) states and a head slice give the contiguous states' merge
+-- bit for bit, the two-state and the list form, an empty state (lse =
+-- -inf) passing the other through; on the CPU with no more fa.memory()
+-- than the contiguous call (the lse, merged in f64, are converted either way).
+function TestLayouts:test_merge_states_reads_views()
+  local DV = 24
+  local dtypes = U.cuda and {"f32", "f16", "bf16", "f64"} or {"f32", "f64"}
+  for _, dtype in ipairs(dtypes) do
+    local os, ls, dense_os, dense_ls = {}, {}, {}, {}
+    for i = 1, 3 do
+      os[i] = i == 3 and U.randn({B, LQ, HQ + 2, DV}, dtype):narrow(3, 2, HQ):transpose(2, 3)
+        or bhld(B, HQ, LQ, DV, dtype)
+      ls[i] = U.randn({B, LQ, HQ}, "f32"):transpose(2, 3)
+      dense_os[i], dense_ls[i] = os[i]:contiguous(), ls[i]:contiguous()
+    end
+    local what = "merge_states of strided " .. dtype .. " states"
+    local o, l = fa.merge_states(os[1], ls[1], os[2], ls[2])
+    local ro, rl = fa.merge_states(dense_os[1], dense_ls[1], dense_os[2], dense_ls[2])
+    lu.assertEquals(o:totable(), ro:totable(), what)
+    lu.assertEquals(l:totable(), rl:totable(), what .. " (lse)")
+    o, l = fa.merge_states(os, ls)
+    ro, rl = fa.merge_states(dense_os, dense_ls)
+    lu.assertEquals(o:totable(), ro:totable(), what .. " (list)")
+    lu.assertEquals(l:totable(), rl:totable(), what .. " (list, lse)")
+    local empty = fa.full({B, HQ, LQ}, -math.huge, {dtype = "f32", device = dev})
+    o = fa.merge_states(os[3], ls[3], os[1], empty)
+    lu.assertEquals(o:totable(), dense_os[3]:totable(), what .. " (an empty state)")
+  end
+  if U.cuda then return end
+  local function peak(o1, l1, o2, l2) return peak_during(function() return fa.merge_states(o1, l1, o2, l2) end) end
+  local o1, o2 = bhld(B, HQ, LQ, DV, "f32"), bhld(B, HQ, LQ, DV, "f32")
+  local l1, l2 = U.randn({B, HQ, LQ}, "f32"), U.randn({B, HQ, LQ}, "f32")
+  local dense = peak(o1:contiguous(), l1, o2:contiguous(), l2)
+  lu.assertEquals(peak(o1, l1, o2, l2), dense, "strided f32 states were copied")
+  lu.assertTrue(peak(bhld(B, HQ, LQ, DV, "f16"), l1, bhld(B, HQ, LQ, DV, "f16"), l2) > dense,
+    "the measure does not see the f16 states' copies")
+end
+
 U.run()
