@@ -97,7 +97,7 @@ static void record_fault(const fa_expr *e, int bad, const double *ix) {
       fa_expr_set_fault(e, bad, d,
                         x != x                ? INT64_MIN
                         : x != floor(x)       ? INT64_MAX
-                        : !(fabs(x) < 9e18) ? (x > 0 ? FAULT_HUGE : -FAULT_HUGE) /* inf, 1e300 */
+                        : !(fabs(x) < FA_EXPR_INT64_SAFE) ? (x > 0 ? FAULT_HUGE : -FAULT_HUGE) /* inf, 1e300 */
                                               : (int64_t)x);
       return;
     }

@@ -25,6 +25,10 @@
 
 #define FA_EXPR_MAX_NODES 4096
 #define FA_EXPR_MAX_TENSORS 16
+/* Below 2^63 (9.22e18): the magnitude up to which a traced integer, or a
+ * read's index, is taken as an int64 (the CPU's evaluator, the generated
+ * CUDA code and its type inference alike). */
+#define FA_EXPR_INT64_SAFE 9.0e18
 
 typedef enum {
   FA_X_CONST = 0, /* c */

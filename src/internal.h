@@ -217,8 +217,8 @@ fa_status fa_cpu_softmax(fa_context *ctx, fa_softmax_algo algo, int64_t block, f
 int64_t fa_cpu_softmax_fused_max_n(fa_dtype dt);
 /* fa.matmul's operands as the backends take them (API §6: read where they
  * lie): row-major A (m x k) and B (k x n) with rows lda and ldb elements
- * apart (lda >= k, ldb >= n, their last dimension contiguous), C (m x n)
- * contiguous. */
+ * apart (lda >= k, ldb >= n, within int: BLAS's leading dimensions; their
+ * last dimension contiguous), C (m x n) contiguous. */
 typedef struct fa_mm_operands {
   const void *a, *b;
   void *c;
@@ -227,13 +227,16 @@ typedef struct fa_mm_operands {
 /* Row-major C = A·B, f32 or f64. */
 fa_status fa_cpu_matmul(fa_context *ctx, fa_matmul_algo algo, int64_t tile, fa_dtype dt, const fa_mm_operands *g);
 /* Where the rows of a state lie (API §6: read in place): row r, counted
- * over its leading dimensions padded in front to three (size[0..2], size
- * 1 and stride 0 where there are fewer), starts at element
- * fa_state_row(&rows, r); its dv values are contiguous. */
+ * over its leading dimensions (those that follow each other in memory
+ * merged, then padded in front to three: size 1, stride 0), starts at
+ * element fa_state_row(&rows, r); its dv values are contiguous.  A state
+ * whose rows are one run (a contiguous one) takes no division: cuda's
+ * merge works this out for every element. */
 typedef struct fa_state_rows {
   int64_t size[3], stride[3];
 } fa_state_rows;
 FA_HOST_DEVICE static inline int64_t fa_state_row(const fa_state_rows *s, int64_t r) {
+  if (s->size[0] == 1 && s->size[1] == 1) return r * s->stride[2];
   return r / (s->size[1] * s->size[2]) * s->stride[0] + r / s->size[2] % s->size[1] * s->stride[1] +
          r % s->size[2] * s->stride[2];
 }

@@ -14,10 +14,14 @@ static fa_status contiguous_as(fa_context *ctx, fa_tensor *t, fa_dtype dtype, fa
   return st;
 }
 
-/* The rows of state t (ndim >= 1: its leading dimensions, padded in front). */
+/* The rows of state t (ndim >= 1): its leading dimensions from the last,
+ * each merged into the one after it where it steps over that one whole. */
 static fa_state_rows state_rows(const fa_tensor *t) {
   fa_state_rows r = {{1, 1, 1}, {0, 0, 0}};
-  for (int d = t->ndim - 2, i = 2; d >= 0; d--, i--) r.size[i] = t->shape[d], r.stride[i] = t->strides[d];
+  for (int d = t->ndim - 2, i = 3; d >= 0; d--) {
+    if (i < 3 && t->strides[d] == r.stride[i] * r.size[i]) r.size[i] *= t->shape[d];
+    else i--, r.size[i] = t->shape[d], r.stride[i] = t->strides[d];
+  }
   return r;
 }
 

@@ -25,7 +25,6 @@
 enum { TB, TI, TF, TJ };
 #define EXACT_IN_FLOAT 16777216.0
 #define EXACT_IN_DOUBLE 9007199254740992.0
-#define INT64_SAFE 9.0e18 /* below 2^63 = 9.22e18 */
 
 typedef struct {
   char *s;
@@ -181,7 +180,7 @@ static void infer(const fa_expr *e, const int64_t *bounds, int *ty, uint8_t *fl,
     /* an integer that may pass int64's range is a float: a long long of
      * (q * 1e9 * 1e9) would wrap around where the CPU's f64 does not (below
      * that a long long stays exact, where a float would round) */
-    if (rg && ty[i] == TI && !(rg[i].lo >= -INT64_SAFE && rg[i].hi <= INT64_SAFE)) {
+    if (rg && ty[i] == TI && !(rg[i].lo >= -FA_EXPR_INT64_SAFE && rg[i].hi <= FA_EXPR_INT64_SAFE)) {
       ty[i] = TF;
       rg[i] = node_range(e, i, rg, ty, bounds);
     }
@@ -245,9 +244,9 @@ static void emit_fault_note(text *t, const fa_expr_node *x, int i, const int *ty
   for (int d = x->ndim - 1; d >= 0; d--) {
     if (ty[x->a[d]] == TF)
       put(t, "    if (!k%d_%d) d = %d, ix = x%d_%d != x%d_%d ? FA_VARIANT_NAN_INDEX : x%d_%d != floorf(x%d_%d) ? "
-             "FA_VARIANT_FRACTION_INDEX : fabsf(x%d_%d) < 9e18f ? (long long)x%d_%d : x%d_%d > 0 ? "
+             "FA_VARIANT_FRACTION_INDEX : fabsf(x%d_%d) < %.1ef ? (long long)x%d_%d : x%d_%d > 0 ? "
              "FA_VARIANT_HUGE_INDEX : -FA_VARIANT_HUGE_INDEX;\n",
-          i, d, d, i, d, i, d, i, d, i, d, i, d, i, d, i, d);
+          i, d, d, i, d, i, d, i, d, i, d, i, d, FA_EXPR_INT64_SAFE, i, d, i, d);
     else put(t, "    if (!k%d_%d) d = %d, ix = i%d_%d + 1;\n", i, d, d, i, d);
   }
   put(t, "    fa_variant_note(fault, %d, d, ix);\n  }\n", reads);

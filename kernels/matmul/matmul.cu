@@ -85,7 +85,7 @@ static fa_status matmul_typed(fa_context *ctx, fa_matmul_algo algo, int64_t tile
     FA_CUDA_CHECK_LAUNCH(ctx, "matmul_tiled_kernel");
     return FA_OK;
   }
-  if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX)
+  if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) /* (lda, ldb are: fa_mm_operands) */
     return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: matmul on cuda: sizes above cuBLAS's int range");
   void *h = NULL;
   fa_status st = fa_cuda_cublas_handle(ctx, &h);

@@ -110,7 +110,7 @@ fa_status fa_cpu_matmul(fa_context *ctx, fa_matmul_algo algo, int64_t tile, fa_d
   }
   if (algo == FA_MATMUL_AUTO) algo = FA_MATMUL_BLAS;
   if (algo == FA_MATMUL_BLAS) {
-    if (m > INT_MAX || k > INT_MAX || n > INT_MAX || lda > INT_MAX || ldb > INT_MAX) /* BLAS takes int dimensions */
+    if (m > INT_MAX || k > INT_MAX || n > INT_MAX) /* BLAS takes int dimensions (lda, ldb are: fa_mm_operands) */
       return fa_fail(ctx, FA_ERR_UNSUPPORTED,
                      "flashattn: matmul algo 'blas': m, k, n must be below 2^31, got %lld, %lld, %lld", (long long)m,
                      (long long)k, (long long)n);
