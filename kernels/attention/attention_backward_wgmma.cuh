@@ -92,10 +92,11 @@ static inline size_t bwg_smem_dq(int D) { return (size_t)(2 * BWG_OWN + 4 * BWG_
  * column block ks / 4).  Issued, not committed. */
 template <typename T, int D, int N, int AR>
 static __device__ __forceinline__ void bwg_abt(float *acc, uint32_t a_base, uint32_t b_base) {
+  const uint64_t a = wgmma_desc(a_base, 16, 1024), b = wgmma_desc(b_base, 16, 1024);
 #pragma unroll
   for (int ks = 0; ks < D / 16; ks++)
-    wgmma_ss<T, N>(acc, wgmma_desc(a_base + (ks >> 2) * AR * 128 + (ks & 3) * 32, 16, 1024),
-                   wgmma_desc(b_base + (ks >> 2) * N * 128 + (ks & 3) * 32, 16, 1024), ks > 0);
+    wgmma_ss<T, N>(acc, wgmma_desc_add(a, (ks >> 2) * AR * 128 + (ks & 3) * 32),
+                   wgmma_desc_add(b, (ks >> 2) * N * 128 + (ks & 3) * 32), ks > 0);
 }
 
 /* X's accumulators (64 × 16·KS, P or dS) packed in T as wgmma's A
@@ -115,8 +116,9 @@ static __device__ __forceinline__ void bwg_pack(uint32_t (*xa)[4], const float (
  * column blocks 16·KS·128 bytes apart.  Issued, not committed. */
 template <typename T, int D, int KS>
 static __device__ __forceinline__ void bwg_xb(float *acc, const uint32_t (*xa)[4], uint32_t b_base) {
+  const uint64_t b = wgmma_desc(b_base, KS * 16 * 128, 1024);
 #pragma unroll
-  for (int kk = 0; kk < KS; kk++) wgmma_rs_tb<T, D>(acc, xa[kk], wgmma_desc(b_base + kk * 2048, KS * 16 * 128, 1024), 1);
+  for (int kk = 0; kk < KS; kk++) wgmma_rs_tb<T, D>(acc, xa[kk], wgmma_desc_add(b, kk * 2048), 1);
 }
 
 /* dSᵀ (the warp's 16 keys × BR query rows, packed by bwg_pack) into ds as
@@ -143,11 +145,11 @@ static __device__ __forceinline__ void bwg_stage_ds(char *ds, const uint32_t (*d
  * rows long).  Issued, not committed; dq is overwritten. */
 template <typename T, int N, int KEYS>
 static __device__ __forceinline__ void bwg_ds_k(float *dq, uint32_t ds_base, uint32_t k_base, int n0) {
-  const uint32_t kb = k_base + (n0 >> 6) * KEYS * 128 + (n0 & 63) * 2;
+  const uint64_t a = wgmma_desc(ds_base, KEYS * 128, 1024),
+                 b = wgmma_desc(k_base + (n0 >> 6) * KEYS * 128 + (n0 & 63) * 2, KEYS * 128, 1024);
 #pragma unroll
   for (int kk = 0; kk < KEYS / 16; kk++)
-    wgmma_ss_tt<T, N>(dq, wgmma_desc(ds_base + kk * 2048, KEYS * 128, 1024), wgmma_desc(kb + kk * 2048, KEYS * 128, 1024),
-                      kk > 0);
+    wgmma_ss_tt<T, N>(dq, wgmma_desc_add(a, kk * 2048), wgmma_desc_add(b, kk * 2048), kk > 0);
 }
 
 /* dq_acc's layout: per (batch, head) and query tile of BWG_BR = 64 rows,
@@ -168,7 +170,7 @@ static __device__ __forceinline__ void bwg_add_dq(float *acc, int n0, const floa
   const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3;
 #pragma unroll
   for (int d = 0; d < N / 8; d++) {
-    if (n0 + d * 8 >= DG) break;
+    if (DG % N != 0 && n0 + d * 8 >= DG) break; /* D = 96's padding; else folded away */
     atomicAdd((float4 *)(acc + ((n0 / 8 + d) * 4 + w) * 128 + lane * 4), make_float4(dq[d][0], dq[d][1], dq[d][2], dq[d][3]));
   }
 }
@@ -261,7 +263,9 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
   extern __shared__ __align__(128) char bwg_raw[];
   __shared__ bwm_rows<BR> rows[2];
   char *Ks = bwg_aligned(bwg_raw), *Vs = Ks + KEYS * D * 2, *Qs = Vs + KEYS * D * 2; /* Q, dO, Q, dO, dSᵀ */
-  const int warp = threadIdx.x >> 5, wg = warp >> 2;
+  /* wg from lane 0: the compiler then knows it is warp-uniform and works
+   * the descriptors of this warpgroup's keys out in uniform registers */
+  const int warp = threadIdx.x >> 5, wg = __shfl_sync(0xffffffffu, warp >> 2, 0);
   char *dSs = Qs + 4 * QT;
   const int64_t ktiles = (p.Lk + KEYS - 1) / KEYS;
   int64_t blk = blockIdx.x;
@@ -334,10 +338,14 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     /* One barrier a query tile (two with DQ): after it this tile's copies
      * and rows are in, and every warp is past the last tile, so stage s ^ 1
      * (and the dSᵀ tile) may be written again. */
+    bool landed = false; /* DQ: this tile's copies waited for and fenced at the end of the last one */
     for (int64_t t = 0; t < qt.count; t++) {
       const int s = (int)(t & 1);
-      cp_async_wait<0>();
-      fence_proxy_async();
+      if (!landed) {
+        cp_async_wait<0>();
+        fence_proxy_async();
+      }
+      landed = false;
       const bool full = __syncthreads_and(all_next) && bwm_full_rule(EXTRAS) && j1 - j0 == KEYS;
       const int state = state_next, other = other_next;
       if (t + 1 < qt.count) stage(t + 1, s ^ 1, &all_next); /* the next tile's copies fly while this one computes */
@@ -384,6 +392,12 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       if constexpr (DQ) {
         wgmma_wait<1>();
         wgmma_hold<NQ / 2>(&dq[0][0]);
+        /* the next tile's copies (issued a tile ago) waited for and fenced
+         * here, before the adds: at the loop's head the fence (a membar)
+         * waited for the adds to complete (ncu: 6 % of the samples there) */
+        cp_async_wait<0>();
+        fence_proxy_async();
+        landed = true;
         const int64_t bh = b * p.Hq + qt.head(u), qtiles = (p.Lq + BR - 1) / BR, i0 = qt.row(u, BR);
         if constexpr (ORDER) {
           /* the last tile's adds, which every thread issued before the barriers of this tile: released
