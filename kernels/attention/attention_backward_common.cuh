@@ -179,27 +179,39 @@ static __device__ __forceinline__ void bwm_store(T *out, int64_t r0, int64_t lim
   }
 }
 
+/* The first row m in [a, z) where row m's key range ends after j0
+ * (FIRST_END; else starts at j1 or later), z if none: a test that never
+ * goes from true back to false along the rows.  One warp searches, each
+ * round testing 32 rows evenly spread over what is left and keeping the gap
+ * where the test turns: three rounds up to 32k rows (one thread bisecting
+ * took a dK/dV block's start ~2 us at L = 1k, the block waiting at a
+ * barrier; H200 ncu, 2026-11-30). */
+template <bool FIRST_END>
+static __device__ int64_t bwm_first_row(const fa_attn_problem &p, int64_t b, int64_t j, int64_t a, int64_t z) {
+  const int lane = threadIdx.x & 31;
+  while (a < z) { /* the answer lies in [a, z]; a and z are the same in every lane */
+    const int64_t step = (z - a + 31) / 32, m = a + lane * step;
+    bool before = false;
+    if (m < z) {
+      int64_t lo, hi;
+      fa_attn_range_of(&p, b, m, &lo, &hi);
+      before = FIRST_END ? hi <= j : lo < j;
+    }
+    const int64_t c = __popc(__ballot_sync(0xffffffffu, before)); /* the rows tested before the test turns */
+    const int64_t a1 = c == 0 ? a : a + (c - 1) * step + 1;
+    z = min(a + c * step, z), a = a1;
+  }
+  return a;
+}
+
 /* The query rows whose key ranges meet keys [j0, j1) of batch b, as
  * [*r0, *r1): an interval, since causal, window and kv_lens leave each row
  * one range whose ends do not decrease from row to row (src/attn_range.h);
- * found by bisection (one thread). */
+ * called by a whole warp. */
 static __device__ void bwm_rows_meeting(const fa_attn_problem &p, int64_t b, int64_t j0, int64_t j1, int64_t *r0,
                                         int64_t *r1) {
-  int64_t a = 0, z = p.Lq, lo, hi;
-  while (a < z) { /* the first row whose range ends after j0 */
-    const int64_t m = a + (z - a) / 2;
-    fa_attn_range_of(&p, b, m, &lo, &hi);
-    if (hi > j0) z = m;
-    else a = m + 1;
-  }
-  *r0 = a, z = p.Lq;
-  while (a < z) { /* the first row whose range starts at j1 or later */
-    const int64_t m = a + (z - a) / 2;
-    fa_attn_range_of(&p, b, m, &lo, &hi);
-    if (lo >= j1) z = m;
-    else a = m + 1;
-  }
-  *r1 = a;
+  *r0 = bwm_first_row<true>(p, b, j0, 0, p.Lq);
+  *r1 = bwm_first_row<false>(p, b, j1, *r0, p.Lq);
 }
 
 /* The query tiles of a dK/dV block, every query head of its KV head in
@@ -219,7 +231,7 @@ template <int EXTRAS = EXTRAS_NONE>
 static __device__ bwm_qtiles bwm_qtiles_meeting(const fa_attn_problem &p, int64_t b, int64_t hk, int64_t j0,
                                                 int64_t j1, int BR) {
   __shared__ int64_t span[2];
-  if (threadIdx.x == 0) bwm_rows_meeting(p, b, j0, j1, &span[0], &span[1]);
+  if (threadIdx.x < 32) bwm_rows_meeting(p, b, j0, j1, &span[0], &span[1]); /* (every lane writes the same) */
   __syncthreads();
   if constexpr (EXTRAS == EXTRAS_VARIANT) bwm_variant_rows(p, b, hk, j0, j1, span);
   bwm_qtiles qt; /* from span in shared memory: from copies in registers, ptxas spilled 140-200 bytes in the loop */

@@ -1,4 +1,5 @@
 #include "attention_backward_wgmma.cuh"
+#include "attention_wgmma_tma.cuh" /* wt_encode_operand */
 
 #include <algorithm>
 
@@ -99,15 +100,17 @@ static cudaError_t bwg_convert_of(const fa_attn_problem *p, const float *acc, vo
  * it is.  ctas: fa_cuda_backward_wgmma_walk's answer, taken once by the
  * caller (which picks the instances by it); above 0, dkdv is the instance
  * with DQ (with determinism, its WALK instance) and dq is not used;
- * BWG_ORDERED, its ORDER instance, a key tile a block. */
+ * BWG_ORDERED, its ORDER instance, a key tile a block.  maps: the
+ * bwg_maps of a TMA instance of dkdv, else NULL. */
 extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g,
                                                 const float *delta, void *prob, int64_t ctas, const void *dkdv,
-                                                const void *dq) {
+                                                const void *dq, const void *maps) {
+  static const bwg_maps no_maps = {}; /* the instances without TMA */
   cudaStream_t s = fa_cuda_stream(ctx);
   fa_attn_grads ga = *g;
   float *acc = NULL;
   bwg_walk walk = {(p->Lk + BWG_OWN - 1) / BWG_OWN, 0, NULL, BWG_ORDER_HEADS}; /* the two kernels': a key tile a block */
-  void *args[] = {prob, &ga, &delta, &acc, &walk};
+  void *args[] = {prob, &ga, &delta, &acc, &walk, (void *)(maps ? maps : &no_maps)};
   if (ctas > 0 || ctas == BWG_ORDERED) { /* the instance with DQ */
     const bool walks = ctas > 0 && g->deterministic;
     walk.ctas = ctas > 0 ? ctas : (p->Lk + 2 * BWG_OWN - 1) / (2 * BWG_OWN);
@@ -141,16 +144,22 @@ static fa_status bwg_extras(fa_context *ctx, const fa_attn_problem *p, const fa_
     if (bwg_ordered(p, g, ctas))
       return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, BWG_ORDERED,
                                         (const void *)bwg_dkdv_kernel<T, D, EXTRAS, true, fa_attn_problem, false, true>,
-                                        NULL);
+                                        NULL, NULL);
   if (ctas > 0) {
     const void *dkdv = (const void *)bwg_dkdv_kernel<T, D, EXTRAS, true>;
     if constexpr (D == 128) /* deterministic up to 1k keys: the walk's instance (D = 96 takes ORDER, D = 64 the two
                              * kernels) */
       if (g->deterministic) dkdv = (const void *)bwg_dkdv_kernel<T, D, EXTRAS, true, fa_attn_problem, true>;
-    return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, ctas, dkdv, NULL);
+    /* Q and dO by the tensor memory accelerator where the copy engine takes their strides */
+    bwg_maps tm;
+    const bool tma = !g->deterministic &&
+                     wt_encode_operand(&tm.q, p->compute, p->q, p->q_st, p->Lq, p->Hq, p->B, D, BWG_BR) &&
+                     wt_encode_operand(&tm.dout, p->compute, g->dout, g->dout_st, p->Lq, p->Hq, p->B, D, BWG_BR);
+    if (tma) dkdv = (const void *)bwg_dkdv_kernel<T, D, EXTRAS, true, fa_attn_problem, false, false, true>;
+    return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, ctas, dkdv, NULL, tma ? &tm : NULL);
   }
   return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, 0, (const void *)bwg_dkdv_kernel<T, D, EXTRAS, false>,
-                                    (const void *)bwg_dq_kernel<T, D, EXTRAS>);
+                                    (const void *)bwg_dq_kernel<T, D, EXTRAS>, NULL);
 }
 
 template <typename T, int D>

@@ -14,7 +14,12 @@
  * transposed from shared memory.  dQ: a block of one warpgroup owns 64
  * query rows; per key tile of 64, S = Q·Kᵀ, dP = dO·Vᵀ (Q and dO in
  * registers: bwg_dq_rows_in_registers), dQ += dS·K.  The
- * next tile's copies fly while one is computed (two stages).
+ * next tile's copies fly while one is computed (two stages).  The fused
+ * dQ instance of the default takes Q and dO by TMA (one thread issuing the
+ * copies, an mbarrier a stage) wherever the copy engine takes their strides,
+ * and stores dK and dV through shared memory in whole rows: 1.02-1.07x at
+ * D = 128 and 1.09-1.11x at D = 96 against cp.async from every thread
+ * (bf16, H200, docs/perf/2026-11-30-backward-tma-h200.json).
  *
  * Unless the call asks for determinism, dQ is not a second kernel: a dK/dV
  * block of two warpgroups (128 keys, 64 each) also computes its share
@@ -58,7 +63,15 @@
 #define FA_KERNELS_ATTENTION_BACKWARD_WGMMA_CUH
 
 #include "attention_backward_common.cuh"
+#include "tma.cuh"
 #include "wgmma_ops.cuh"
+
+/* The tensor maps of q and dout for the dK/dV kernel's TMA instances
+ * (a kernel parameter: __grid_constant__), boxes of 64 columns by BWG_BR
+ * rows; zeros for the other instances. */
+struct bwg_maps {
+  CUtensorMap q, dout;
+};
 
 /* One warpgroup a block, two blocks an SM, 64 keys (dK/dV) or query rows
  * (dQ) a block; tiles of 64 query rows (dK/dV) or keys (dQ).  Two
@@ -175,6 +188,33 @@ static __device__ __forceinline__ void bwg_add_dq(float *acc, int n0, const floa
   }
 }
 
+/* The warp's 16 rows × DG of acc (its accumulators: chunk d of 8 columns
+ * in acc[d], rows g and g + 8) stored as T at rows r0.. of out (those
+ * below limit), through shared memory at st (16 rows of DG·2 + 16 bytes:
+ * the pad spreads a fragment's 8 rows over the banks): whole rows in
+ * 16-byte stores, where the fragments give 4-byte stores 8 rows apart
+ * (ncu, D = 128, L = 1k: those stores and their drain at the exit took
+ * ~10 % of the dK/dV blocks' samples). */
+template <typename T, int DG>
+static __device__ __forceinline__ void bwg_store_rows(T *out, int64_t r0, int64_t limit, const float (*acc)[4],
+                                                      char *st) {
+  constexpr int RB = DG * 2 + 16, CHUNKS = DG / 8;
+  const int lane = threadIdx.x & 31, g = lane >> 2, c4 = (lane & 3) * 4;
+#pragma unroll
+  for (int d = 0; d < CHUNKS; d++) {
+    *(uint32_t *)(st + g * RB + d * 16 + c4) = pack2<T>(acc[d][0], acc[d][1]);
+    *(uint32_t *)(st + (g + 8) * RB + d * 16 + c4) = pack2<T>(acc[d][2], acc[d][3]);
+  }
+  __syncwarp();
+#pragma unroll
+  for (int q = lane; q < 16 * CHUNKS; q += 32) {
+    const int r = q / CHUNKS, c = q % CHUNKS;
+    if (r0 + r < limit) *(uint4 *)(out + (r0 + r) * DG + c * 8) = *(const uint4 *)(st + r * RB + c * 16);
+  }
+  __syncwarp(); /* st free again */
+}
+#define BWG_STORE_BYTES(DG) (16 * ((DG) * 2 + 16)) /* bwg_store_rows' st, a warp's */
+
 static __device__ __forceinline__ char *bwg_aligned(char *raw) {
   return raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);
 }
@@ -251,12 +291,26 @@ static __device__ __forceinline__ void bwg_order_release(int *counter, int v) {
  * extras' instance spills there.  DQ: two warpgroups (128 keys) that add
  * their share of dQ into dq_acc (f32, bwg_acc_tile's layout). */
 template <typename T, int DG, int EXTRAS, bool DQ, typename PROB = fa_attn_problem, bool WALK = false,
-          bool ORDER = false>
+          bool ORDER = false, bool TMA = false>
 __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : DG == 64 && !EXTRAS ? 3 : 2)
-    bwg_dkdv_kernel(PROB p, fa_attn_grads g, const float *delta, float *dq_acc, bwg_walk walk) {
+    bwg_dkdv_kernel(PROB p, fa_attn_grads g, const float *delta, float *dq_acc, bwg_walk walk,
+                    const __grid_constant__ bwg_maps tm) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(!ORDER || (DQ && !WALK && !attn_rule<PROB>::tiles), "ORDER: the fused dQ, a key tile a block, "
                                                                    "every query tile it meets visited");
+  static_assert(!TMA || (!WALK && !attn_rule<PROB>::tiles), "TMA: a stage's uses counted from the one key tile's "
+                                                            "first query tile, every tile staged");
+  /* TMA: the query tiles' Q and dO come by the tensor memory accelerator,
+   * issued by thread 0 and completing on qbar[stage], instead of cp.async
+   * from every thread (whose address arithmetic was ~15 % of the loop's
+   * instructions, H200 ncu at L = 1k) */
+  __shared__ __align__(8) uint64_t qbar[2];
+  if constexpr (TMA)
+    if (threadIdx.x == 0) {
+      mbar_init(smem_addr(&qbar[0]), 1), mbar_init(smem_addr(&qbar[1]), 1);
+      mbar_init_fence();
+      tma_prefetch_map(&tm.q), tma_prefetch_map(&tm.dout);
+    } /* published by the barriers before the first copy (bwm_qtiles_meeting's) */
   constexpr int D = BWG_PAD(DG), CH = D / 8, BR = BWG_BR, NC = BR / 8, QT = BR * D * 2; /* bytes of a Q or dO tile */
   constexpr int WGS = DQ ? 2 : 1, KEYS = WGS * BWG_OWN, THREADS = WGS * BWG_THREADS, NQ = D / WGS; /* dQ columns a warpgroup */
   constexpr bool KV_REGS = bwg_kv_in_registers(DG, EXTRAS, DQ);
@@ -293,11 +347,12 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     load_tile<T, D, KEYS, THREADS, true, false, DG>(Vs, (const T *)p.v + attn_at(p.v_st, b, hk, 0), p.v_st.s, j0, p.Lk);
     if constexpr (KV_REGS) cp_async_commit(); /* a group of their own: read into registers before the loop */
     __shared__ int64_t prev_span[2]; /* ORDER: the rows key tile kt - 1 meets */
-    if constexpr (ORDER)
-      if (threadIdx.x == 0) { /* published by bwm_qtiles_meeting's barrier */
+    if constexpr (ORDER) {
+      if (threadIdx.x < 32) { /* published by bwm_qtiles_meeting's barrier */
         prev_span[0] = prev_span[1] = 0;
         if (kt > 0) bwm_rows_meeting(p, b, j0 - KEYS, j0, &prev_span[0], &prev_span[1]);
       }
+    }
     const bwm_qtiles qt = bwm_qtiles_meeting<EXTRAS>(p, b, hk, j0, j1, BR);
     /* DQ: the blocks of one head start their walk at different query tiles
      * (and wrap around), spread over the walk by their key tile: all
@@ -319,7 +374,21 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
         other_next = DQ ? bwm_variant_state(p, b, h, i0, j0 + (1 - wg) * BWG_OWN) : state_next;
         if (state_next == FA_BLOCK_EMPTY && other_next == FA_BLOCK_EMPTY) return;
       }
-      bwm_stage_rows<T, D, BR, THREADS, true, DG>(Qs + s * 2 * QT, QT, p, g, delta, rows[s], b, h, i0, j0, j1, all);
+      if constexpr (TMA) {
+        if (threadIdx.x == 0) {
+          const uint32_t bar = smem_addr(&qbar[s]), dst = smem_addr(Qs + s * 2 * QT);
+          mbar_expect(bar, 2 * QT);
+#pragma unroll
+          for (int c = 0; c < D / 64; c++) { /* D = 96: the second box's last 32 columns come in as zeros */
+            tma_load_4d(dst + c * BR * 128, &tm.q, c * 64, (int)i0, (int)h, (int)b, bar);
+            tma_load_4d(dst + QT + c * BR * 128, &tm.dout, c * 64, (int)i0, (int)h, (int)b, bar);
+          }
+        }
+        *all = true;
+        if (threadIdx.x < BR) bwm_row_load(p, delta, rows[s], b, h, i0, (int)threadIdx.x, j0, j1, all);
+      } else {
+        bwm_stage_rows<T, D, BR, THREADS, true, DG>(Qs + s * 2 * QT, QT, p, g, delta, rows[s], b, h, i0, j0, j1, all);
+      }
     };
     bool all_next = true;
     if (qt.count > 0) stage(0, 0, &all_next);
@@ -341,11 +410,12 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     bool landed = false; /* DQ: this tile's copies waited for and fenced at the end of the last one */
     for (int64_t t = 0; t < qt.count; t++) {
       const int s = (int)(t & 1);
-      if (!landed) {
+      if (!landed) { /* TMA: K and V alone, before the first tile */
         cp_async_wait<0>();
         fence_proxy_async();
       }
-      landed = false;
+      landed = TMA;
+      if constexpr (TMA) mbar_wait(smem_addr(&qbar[s]), (unsigned)(t >> 1) & 1); /* stage s's use t / 2 */
       const bool full = __syncthreads_and(all_next) && bwm_full_rule(EXTRAS) && j1 - j0 == KEYS;
       const int state = state_next, other = other_next;
       if (t + 1 < qt.count) stage(t + 1, s ^ 1, &all_next); /* the next tile's copies fly while this one computes */
@@ -395,9 +465,11 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
         /* the next tile's copies (issued a tile ago) waited for and fenced
          * here, before the adds: at the loop's head the fence (a membar)
          * waited for the adds to complete (ncu: 6 % of the samples there) */
-        cp_async_wait<0>();
-        fence_proxy_async();
-        landed = true;
+        if constexpr (!TMA) {
+          cp_async_wait<0>();
+          fence_proxy_async();
+          landed = true;
+        }
         const int64_t bh = b * p.Hq + qt.head(u), qtiles = (p.Lq + BR - 1) / BR, i0 = qt.row(u, BR);
         if constexpr (ORDER) {
           /* the last tile's adds, which every thread issued before the barriers of this tile: released
@@ -420,8 +492,16 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
         if (threadIdx.x == 0) bwg_order_release(done, (int)kt + 1);
       }
     const int64_t r0 = (b * p.Hkv + hk) * p.Lk, j = j0 + warp * 16;
-    bwm_store<T, CH, DG>((T *)g.dk + r0 * DG, j, p.Lk, dk);
-    bwm_store<T, CH, DG>((T *)g.dv + r0 * DG, j, p.Lk, dv);
+    static_assert(WGS * 4 * BWG_STORE_BYTES(DG) <= 4 * QT, "the warps' staging fits where the Q and dO tiles were");
+    if constexpr (TMA) { /* (the cp.async instances spill with it: 8-28 bytes) */
+      __syncthreads(); /* every warp's products are past the tiles */
+      char *st = Qs + warp * BWG_STORE_BYTES(DG);
+      bwg_store_rows<T, DG>((T *)g.dk + r0 * DG, j, p.Lk, dk, st);
+      bwg_store_rows<T, DG>((T *)g.dv + r0 * DG, j, p.Lk, dv, st);
+    } else {
+      bwm_store<T, CH, DG>((T *)g.dk + r0 * DG, j, p.Lk, dk);
+      bwm_store<T, CH, DG>((T *)g.dv + r0 * DG, j, p.Lk, dv);
+    }
     if (WALK) __syncthreads(); /* every warp is done with the tiles before the next turn's copies land in them */
   } while (WALK && ++turn * per < ktiles);
 #endif

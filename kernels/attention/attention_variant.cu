@@ -37,7 +37,8 @@ extern const char *const fa_rtc_source_names[];
 extern const char *const fa_rtc_source_texts[];
 int64_t fa_cuda_backward_wgmma_walk(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g);
 fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g,
-                                     const float *delta, void *prob, int64_t ctas, const void *dkdv, const void *dq);
+                                     const float *delta, void *prob, int64_t ctas, const void *dkdv, const void *dq,
+                                     const void *maps);
 }
 
 /* ---- NVRTC, opened on first use ---- */
@@ -817,7 +818,7 @@ typedef struct {
 static fa_status variant_bw_fast(fa_context *ctx, fa_attn_kernel, const fa_attn_problem *p, const fa_attn_grads *g,
                                  const float *delta, void *user) {
   variant_backward *vb = (variant_backward *)user;
-  return fa_cuda_backward_wgmma_run(ctx, p, g, delta, vb->vp, vb->ctas, (const void *)vb->dkdv, (const void *)vb->dq);
+  return fa_cuda_backward_wgmma_run(ctx, p, g, delta, vb->vp, vb->ctas, (const void *)vb->dkdv, (const void *)vb->dq, NULL);
 }
 
 static fa_status variant_bw_simt(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, const float *delta,

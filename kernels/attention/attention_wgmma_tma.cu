@@ -29,12 +29,10 @@ static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(void) {
   return fn;
 }
 
-/* The map of an operand at base (strides st, L rows of D elements a head,
- * H heads, B batches) read in boxes of 64 columns by `rows` rows, swizzled
- * for wgmma; rows past L come in as zeros.  0 when the driver refuses it
- * (a stride the copy engine cannot take, e.g. 0 for a broadcast). */
-static int encode_operand(CUtensorMap *m, fa_dtype dt, const void *base, const fa_attn_strides &st, int64_t L,
-                          int64_t H, int64_t B, int D, int rows) {
+/* wt_encode_operand: 0 also for a stride the copy engine cannot take (e.g.
+ * 0, a broadcast). */
+int wt_encode_operand(CUtensorMap *m, fa_dtype dt, const void *base, const fa_attn_strides &st, int64_t L, int64_t H,
+                      int64_t B, int D, int rows) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (!encode) return 0;
   const cuuint64_t dim[4] = {(cuuint64_t)D, (cuuint64_t)(L > 0 ? L : 1), (cuuint64_t)H, (cuuint64_t)B};
@@ -68,9 +66,9 @@ int wt_encode_maps(const fa_attn_problem *p, wt_maps *m) {
   key.B = p->B, key.Hq = p->Hq, key.Hkv = p->Hkv, key.Lq = p->Lq, key.Lk = p->Lk, key.D = p->D, key.bc = p->tile_k;
   if (last_ok < 0 || memcmp(&key, &last_key, sizeof key) != 0) {
     const int D = (int)p->D, BC = (int)p->tile_k;
-    last_ok = encode_operand(&last_maps.q, p->compute, p->q, p->q_st, p->Lq, p->Hq, p->B, D, WT_BR) &&
-              encode_operand(&last_maps.k, p->compute, p->k, p->k_st, p->Lk, p->Hkv, p->B, D, BC) &&
-              encode_operand(&last_maps.v, p->compute, p->v, p->v_st, p->Lk, p->Hkv, p->B, D, BC);
+    last_ok = wt_encode_operand(&last_maps.q, p->compute, p->q, p->q_st, p->Lq, p->Hq, p->B, D, WT_BR) &&
+              wt_encode_operand(&last_maps.k, p->compute, p->k, p->k_st, p->Lk, p->Hkv, p->B, D, BC) &&
+              wt_encode_operand(&last_maps.v, p->compute, p->v, p->v_st, p->Lk, p->Hkv, p->B, D, BC);
     last_key = key;
   }
   if (last_ok) *m = last_maps;

@@ -49,14 +49,6 @@
 #include "tma.cuh"
 #include "trace.cuh"
 
-#if defined(__CUDACC_RTC__) /* no driver header in a run-time compiled unit: the map's layout (cuda.h's CUtensorMap) */
-struct CUtensorMap {
-  alignas(64) unsigned long long opaque[16];
-};
-#else
-#include <cuda.h>
-#endif
-
 #define WT_BR 128
 
 /* A block's threads, how many blocks share an SM, and the depth of its
@@ -93,6 +85,11 @@ struct wt_maps {
 /* The maps of p's q, k and v for its tile (attention_wgmma_tma.cu); 0 when
  * the copy engine cannot take one of them (a stride it refuses). */
 int wt_encode_maps(const fa_attn_problem *p, wt_maps *m);
+/* The map of an operand at base (strides st, L rows of D elements a head,
+ * H heads, B batches) read in boxes of 64 columns by `rows` rows, swizzled
+ * for wgmma; rows past L come in as zeros.  0 when the driver refuses it. */
+int wt_encode_operand(CUtensorMap *m, fa_dtype dt, const void *base, const fa_attn_strides &st, int64_t L, int64_t H,
+                      int64_t B, int D, int rows);
 fa_status wt_persistent_start(fa_context *ctx, int64_t tiles, unsigned *grid, int **next);
 #endif
 

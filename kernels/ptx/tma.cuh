@@ -9,6 +9,14 @@
 
 #include "async_copy.cuh"
 
+#if defined(__CUDACC_RTC__) /* no driver header in a run-time compiled unit: the map's layout (cuda.h's CUtensorMap) */
+struct CUtensorMap {
+  alignas(64) unsigned long long opaque[16];
+};
+#else
+#include <cuda.h>
+#endif
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 /* The box of map at coordinates {c0, c1, c2, c3} (innermost first) into
  * shared memory at dst, its bytes counted on bar. */
