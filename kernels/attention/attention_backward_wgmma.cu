@@ -70,7 +70,11 @@ extern "C" int64_t fa_cuda_backward_wgmma_walk(fa_context *ctx, const fa_attn_pr
  * 1k, 0.87 / 0.91 at 4k, 0.87 / 0.86 at 16k; D = 96 0.90 / 0.90, 0.87 /
  * 0.89, 0.87 / 0.89; against the walk's 0.91 / 0.96, 0.86 / 0.91 and the
  * two kernels' 0.79 / 0.80 at D = 128, 0.74 / 0.71, 0.83 / 0.79 and 0.75 /
- * 0.77 at D = 96.  So the walk keeps D = 128 up to 1k keys. */
+ * 0.77 at D = 96.  So the walk keeps D = 128 up to 1k keys, where ORDER
+ * has no TMA instance (the score rule's extras) or the copy engine refuses
+ * the strides: with Q and dO by TMA, ORDER took 0.91x the walk's time not
+ * causal and 0.97x causal there (bf16, H200, 2026-11-30,
+ * docs/perf/2026-11-30-backward-tma-h200.json). */
 #define BWG_ORDERED ((int64_t)-1)
 #define BWG_ORDER_HEADS 16 /* bwg_walk.heads: 8 and 16 alike, 1 or 2 slower (bwg_dkdv_kernel's ORDER) */
 static bool bwg_ordered(const fa_attn_problem *p, const fa_attn_grads *g, int64_t walk) {
@@ -136,26 +140,48 @@ extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_p
   return bw_launch_beside(ctx, kv, q, args);
 }
 
+/* Whether the fused dQ instance of the default (neither), the walk (WALK)
+ * or the key tiles' order (ORDER) has a TMA instance: not the walk's, nor
+ * ORDER's with the score rule's extras (ptxas spills 48-160 bytes there). */
+static constexpr bool bwg_has_tma(int extras, bool walk, bool order) {
+  return !walk && (!order || extras == EXTRAS_NONE);
+}
+
+/* That instance, with Q and dO by the tensor memory accelerator where it
+ * has one and the copy engine takes their strides (*tma, *tm filled),
+ * else by cp.async. */
+template <typename T, int D, int EXTRAS, bool WALK, bool ORDER>
+static const void *bwg_fused(const fa_attn_problem *p, const fa_attn_grads *g, bwg_maps *tm, bool *tma) {
+  *tma = false;
+  if constexpr (bwg_has_tma(EXTRAS, WALK, ORDER)) {
+    *tma = wt_encode_operand(&tm->q, p->compute, p->q, p->q_st, p->Lq, p->Hq, p->B, D, BWG_BR) &&
+           wt_encode_operand(&tm->dout, p->compute, g->dout, g->dout_st, p->Lq, p->Hq, p->B, D, BWG_BR);
+    if (*tma) return (const void *)bwg_dkdv_kernel<T, D, EXTRAS, true, fa_attn_problem, WALK, ORDER, true>;
+  }
+  return (const void *)bwg_dkdv_kernel<T, D, EXTRAS, true, fa_attn_problem, WALK, ORDER>;
+}
+
 template <typename T, int D, int EXTRAS>
 static fa_status bwg_extras(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, const float *delta) {
   fa_attn_problem pa = *p;
   const int64_t ctas = fa_cuda_backward_wgmma_walk(ctx, p, g);
-  if constexpr (D != 64)
-    if (bwg_ordered(p, g, ctas))
-      return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, BWG_ORDERED,
-                                        (const void *)bwg_dkdv_kernel<T, D, EXTRAS, true, fa_attn_problem, false, true>,
-                                        NULL, NULL);
+  bwg_maps tm;
+  bool tma = false;
+  if constexpr (D != 64) {
+    /* determinism: ORDER (bwg_ordered), and at D = 128 up to 1k keys also where its TMA instance takes the call
+     * (the walk has none) */
+    const void *dkdv = NULL;
+    if (bwg_ordered(p, g, ctas) || (g->deterministic && ctas > 0 && bwg_has_tma(EXTRAS, false, true)))
+      dkdv = bwg_fused<T, D, EXTRAS, false, true>(p, g, &tm, &tma);
+    if (dkdv && (tma || bwg_ordered(p, g, ctas)))
+      return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, BWG_ORDERED, dkdv, NULL, tma ? &tm : NULL);
+  }
   if (ctas > 0) {
-    const void *dkdv = (const void *)bwg_dkdv_kernel<T, D, EXTRAS, true>;
+    const void *dkdv = NULL;
     if constexpr (D == 128) /* deterministic up to 1k keys: the walk's instance (D = 96 takes ORDER, D = 64 the two
                              * kernels) */
-      if (g->deterministic) dkdv = (const void *)bwg_dkdv_kernel<T, D, EXTRAS, true, fa_attn_problem, true>;
-    /* Q and dO by the tensor memory accelerator where the copy engine takes their strides */
-    bwg_maps tm;
-    const bool tma = !g->deterministic &&
-                     wt_encode_operand(&tm.q, p->compute, p->q, p->q_st, p->Lq, p->Hq, p->B, D, BWG_BR) &&
-                     wt_encode_operand(&tm.dout, p->compute, g->dout, g->dout_st, p->Lq, p->Hq, p->B, D, BWG_BR);
-    if (tma) dkdv = (const void *)bwg_dkdv_kernel<T, D, EXTRAS, true, fa_attn_problem, false, false, true>;
+      if (g->deterministic) dkdv = bwg_fused<T, D, EXTRAS, true, false>(p, g, &tm, &tma);
+    if (!dkdv) dkdv = bwg_fused<T, D, EXTRAS, false, false>(p, g, &tm, &tma);
     return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, ctas, dkdv, NULL, tma ? &tm : NULL);
   }
   return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, 0, (const void *)bwg_dkdv_kernel<T, D, EXTRAS, false>,

@@ -298,8 +298,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(!ORDER || (DQ && !WALK && !attn_rule<PROB>::tiles), "ORDER: the fused dQ, a key tile a block, "
                                                                    "every query tile it meets visited");
-  static_assert(!TMA || (!WALK && !attn_rule<PROB>::tiles), "TMA: a stage's uses counted from the one key tile's "
-                                                            "first query tile, every tile staged");
+  static_assert(!TMA || !attn_rule<PROB>::tiles, "TMA: every query tile staged (a stage's uses counted)");
   /* TMA: the query tiles' Q and dO come by the tensor memory accelerator,
    * issued by thread 0 and completing on qbar[stage], instead of cp.async
    * from every thread (whose address arithmetic was ~15 % of the loop's
@@ -339,6 +338,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
    * per turn, in the instances that take one tile changed their register
    * allocation: 40-76 bytes of spills in the default's) */
   int64_t turn = 0;
+  int64_t used = 0; /* TMA: the query tiles staged in the turns before (the stages' uses count on across turns) */
   do {
     const int64_t kt = WALK ? turn * per + (turn & 1 ? per - 1 - c : c) : c;
     if (WALK && kt >= ktiles) break; /* block-uniform: the last turn's tiles run out from its high end */
@@ -391,7 +391,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       }
     };
     bool all_next = true;
-    if (qt.count > 0) stage(0, 0, &all_next);
+    if (qt.count > 0) stage(0, TMA ? (int)(used & 1) : 0, &all_next);
     cp_async_commit();
     float dk[CH][4], dv[CH][4];
     bwm_zero<CH>(dk), bwm_zero<CH>(dv);
@@ -409,13 +409,14 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
      * (and the dSᵀ tile) may be written again. */
     bool landed = false; /* DQ: this tile's copies waited for and fenced at the end of the last one */
     for (int64_t t = 0; t < qt.count; t++) {
-      const int s = (int)(t & 1);
+      const int64_t n = (TMA ? used : 0) + t; /* TMA: the block's query tiles so far, its stages' uses */
+      const int s = (int)(n & 1);
       if (!landed) { /* TMA: K and V alone, before the first tile */
         cp_async_wait<0>();
         fence_proxy_async();
       }
       landed = TMA;
-      if constexpr (TMA) mbar_wait(smem_addr(&qbar[s]), (unsigned)(t >> 1) & 1); /* stage s's use t / 2 */
+      if constexpr (TMA) mbar_wait(smem_addr(&qbar[s]), (unsigned)(n >> 1) & 1); /* stage s's use n / 2 */
       const bool full = __syncthreads_and(all_next) && bwm_full_rule(EXTRAS) && j1 - j0 == KEYS;
       const int state = state_next, other = other_next;
       if (t + 1 < qt.count) stage(t + 1, s ^ 1, &all_next); /* the next tile's copies fly while this one computes */
@@ -493,7 +494,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       }
     const int64_t r0 = (b * p.Hkv + hk) * p.Lk, j = j0 + warp * 16;
     static_assert(WGS * 4 * BWG_STORE_BYTES(DG) <= 4 * QT, "the warps' staging fits where the Q and dO tiles were");
-    if constexpr (TMA) { /* (the cp.async instances spill with it: 8-28 bytes) */
+    if constexpr (TMA && !WALK) { /* (the cp.async and WALK instances spill with it: 8-160 bytes) */
       __syncthreads(); /* every warp's products are past the tiles */
       char *st = Qs + warp * BWG_STORE_BYTES(DG);
       bwg_store_rows<T, DG>((T *)g.dk + r0 * DG, j, p.Lk, dk, st);
@@ -502,7 +503,10 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       bwm_store<T, CH, DG>((T *)g.dk + r0 * DG, j, p.Lk, dk);
       bwm_store<T, CH, DG>((T *)g.dv + r0 * DG, j, p.Lk, dv);
     }
-    if (WALK) __syncthreads(); /* every warp is done with the tiles before the next turn's copies land in them */
+    if constexpr (WALK) {
+      __syncthreads(); /* every warp is done with the tiles before the next turn's copies land in them */
+      used += qt.count;
+    }
   } while (WALK && ++turn * per < ktiles);
 #endif
 }
