@@ -207,7 +207,8 @@ static __device__ int64_t bwm_first_row(const fa_attn_problem &p, int64_t b, int
 /* The query rows whose key ranges meet keys [j0, j1) of batch b, as
  * [*r0, *r1): an interval, since causal, window and kv_lens leave each row
  * one range whose ends do not decrease from row to row (src/attn_range.h);
- * called by a whole warp. */
+ * called by a whole warp (r0 and r1 the lanes' own: the ballots do not
+ * order shared memory between the lanes). */
 static __device__ void bwm_rows_meeting(const fa_attn_problem &p, int64_t b, int64_t j0, int64_t j1, int64_t *r0,
                                         int64_t *r1) {
   *r0 = bwm_first_row<true>(p, b, j0, 0, p.Lq);
@@ -231,7 +232,11 @@ template <int EXTRAS = EXTRAS_NONE>
 static __device__ bwm_qtiles bwm_qtiles_meeting(const fa_attn_problem &p, int64_t b, int64_t hk, int64_t j0,
                                                 int64_t j1, int BR) {
   __shared__ int64_t span[2];
-  if (threadIdx.x < 32) bwm_rows_meeting(p, b, j0, j1, &span[0], &span[1]); /* (every lane writes the same) */
+  if (threadIdx.x < 32) {
+    int64_t r0, r1;
+    bwm_rows_meeting(p, b, j0, j1, &r0, &r1);
+    if (threadIdx.x == 0) span[0] = r0, span[1] = r1;
+  }
   __syncthreads();
   if constexpr (EXTRAS == EXTRAS_VARIANT) bwm_variant_rows(p, b, hk, j0, j1, span);
   bwm_qtiles qt; /* from span in shared memory: from copies in registers, ptxas spilled 140-200 bytes in the loop */

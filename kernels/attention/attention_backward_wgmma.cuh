@@ -348,9 +348,10 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     if constexpr (KV_REGS) cp_async_commit(); /* a group of their own: read into registers before the loop */
     __shared__ int64_t prev_span[2]; /* ORDER: the rows key tile kt - 1 meets */
     if constexpr (ORDER) {
-      if (threadIdx.x < 32) { /* published by bwm_qtiles_meeting's barrier */
-        prev_span[0] = prev_span[1] = 0;
-        if (kt > 0) bwm_rows_meeting(p, b, j0 - KEYS, j0, &prev_span[0], &prev_span[1]);
+      if (threadIdx.x < 32) {
+        int64_t r0 = 0, r1 = 0;
+        if (kt > 0) bwm_rows_meeting(p, b, j0 - KEYS, j0, &r0, &r1);
+        if (threadIdx.x == 0) prev_span[0] = r0, prev_span[1] = r1; /* published by bwm_qtiles_meeting's barrier */
       }
     }
     const bwm_qtiles qt = bwm_qtiles_meeting<EXTRAS>(p, b, hk, j0, j1, BR);
