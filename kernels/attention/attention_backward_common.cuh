@@ -42,10 +42,20 @@ static __device__ __forceinline__ bool bwm_row_load(const fa_attn_problem &p, co
   return live && lo < hi && lo < j1 && hi > j0;
 }
 
+/* The rows of query tile (head h, rows from i0) into rows, a thread a row
+ * (*all as bwm_row_load's, true in the other threads). */
+template <int R>
+static __device__ __forceinline__ void bwm_stage_row_of_thread(const fa_attn_problem &p, const float *delta,
+                                                               bwm_rows<R> &rows, int64_t b, int64_t h, int64_t i0,
+                                                               int64_t j0, int64_t j1, bool *all) {
+  const int r = (int)threadIdx.x;
+  *all = true;
+  if (r < R) bwm_row_load(p, delta, rows, b, h, i0, r, j0, j1, all);
+}
+
 /* A dK/dV block's stage of query tile (head h, rows from i0): its Q tile
  * at qs and dO tile at qs + qt_bytes (cp.async; WGMMA: load_tile's layout,
- * D the tile's width, DG the rows'), and its rows into rows (a thread a
- * row; *all as bwm_row_load's, true in the other threads). */
+ * D the tile's width, DG the rows'), and its rows (bwm_stage_row_of_thread). */
 template <typename T, int D, int R, int THREADS, bool WGMMA, int DG = D>
 static __device__ __forceinline__ void bwm_stage_rows(char *qs, int qt_bytes, const fa_attn_problem &p,
                                                       const fa_attn_grads &g, const float *delta, bwm_rows<R> &rows,
@@ -54,9 +64,7 @@ static __device__ __forceinline__ void bwm_stage_rows(char *qs, int qt_bytes, co
   load_tile<T, D, R, THREADS, WGMMA, false, DG>(qs, (const T *)p.q + attn_at(p.q_st, b, h, 0), p.q_st.s, i0, p.Lq);
   load_tile<T, D, R, THREADS, WGMMA, false, DG>(qs + qt_bytes, (const T *)g.dout + attn_at(g.dout_st, b, h, 0),
                                                 g.dout_st.s, i0, p.Lq);
-  const int r = (int)threadIdx.x;
-  *all = true;
-  if (r < R) bwm_row_load(p, delta, rows, b, h, i0, r, j0, j1, all);
+  bwm_stage_row_of_thread(p, delta, rows, b, h, i0, j0, j1, all);
 }
 
 /* bwm_probs of a tile whose every row takes every key, under the scale

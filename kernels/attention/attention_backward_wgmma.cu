@@ -74,11 +74,13 @@ extern "C" int64_t fa_cuda_backward_wgmma_walk(fa_context *ctx, const fa_attn_pr
  * has no TMA instance (the score rule's extras) or the copy engine refuses
  * the strides: with Q and dO by TMA, ORDER took 0.91x the walk's time not
  * causal and 0.97x causal there (bf16, H200, 2026-11-30,
- * docs/perf/2026-11-30-backward-tma-h200.json). */
+ * docs/perf/2026-11-30-backward-tma-h200.json).  order_tma: ORDER's
+ * instance for the call takes Q and dO by TMA. */
 #define BWG_ORDERED ((int64_t)-1)
 #define BWG_ORDER_HEADS 16 /* bwg_walk.heads: 8 and 16 alike, 1 or 2 slower (bwg_dkdv_kernel's ORDER) */
-static bool bwg_ordered(const fa_attn_problem *p, const fa_attn_grads *g, int64_t walk) {
-  return g->deterministic && p->D != 64 && p->B * p->Hq * p->Lq > 0 && !(p->D == 128 && walk > 0 && p->Lk <= 1024);
+static bool bwg_ordered(const fa_attn_problem *p, const fa_attn_grads *g, int64_t walk, bool order_tma) {
+  return g->deterministic && p->D != 64 && p->B * p->Hq * p->Lq > 0 &&
+         !(p->D == 128 && walk > 0 && p->Lk <= 1024 && !order_tma);
 }
 
 template <typename T, int D>
@@ -147,17 +149,11 @@ static constexpr bool bwg_has_tma(int extras, bool walk, bool order) {
   return !walk && (!order || extras == EXTRAS_NONE);
 }
 
-/* That instance, with Q and dO by the tensor memory accelerator where it
- * has one and the copy engine takes their strides (*tma, *tm filled),
- * else by cp.async. */
-template <typename T, int D, int EXTRAS, bool WALK, bool ORDER>
-static const void *bwg_fused(const fa_attn_problem *p, const fa_attn_grads *g, bwg_maps *tm, bool *tma) {
-  *tma = false;
-  if constexpr (bwg_has_tma(EXTRAS, WALK, ORDER)) {
-    *tma = wt_encode_operand(&tm->q, p->compute, p->q, p->q_st, p->Lq, p->Hq, p->B, D, BWG_BR) &&
-           wt_encode_operand(&tm->dout, p->compute, g->dout, g->dout_st, p->Lq, p->Hq, p->B, D, BWG_BR);
-    if (*tma) return (const void *)bwg_dkdv_kernel<T, D, EXTRAS, true, fa_attn_problem, WALK, ORDER, true>;
-  }
+/* That instance: with Q and dO by the tensor memory accelerator where it
+ * has one and tma (the call's maps were made), else by cp.async. */
+template <typename T, int D, int EXTRAS, bool WALK, bool ORDER> static const void *bwg_fused(bool tma) {
+  if constexpr (bwg_has_tma(EXTRAS, WALK, ORDER))
+    if (tma) return (const void *)bwg_dkdv_kernel<T, D, EXTRAS, true, fa_attn_problem, WALK, ORDER, true>;
   return (const void *)bwg_dkdv_kernel<T, D, EXTRAS, true, fa_attn_problem, WALK, ORDER>;
 }
 
@@ -165,23 +161,23 @@ template <typename T, int D, int EXTRAS>
 static fa_status bwg_extras(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, const float *delta) {
   fa_attn_problem pa = *p;
   const int64_t ctas = fa_cuda_backward_wgmma_walk(ctx, p, g);
+  /* the maps of Q and dO for the fused instances' TMA forms, made once: 0 where the copy engine refuses a stride */
   bwg_maps tm;
-  bool tma = false;
+  const bool maps = (ctas > 0 || (D != 64 && g->deterministic)) &&
+                    wt_encode_operand(&tm.q, p->compute, p->q, p->q_st, p->Lq, p->Hq, p->B, D, BWG_BR) &&
+                    wt_encode_operand(&tm.dout, p->compute, g->dout, g->dout_st, p->Lq, p->Hq, p->B, D, BWG_BR);
   if constexpr (D != 64) {
-    /* determinism: ORDER (bwg_ordered), and at D = 128 up to 1k keys also where its TMA instance takes the call
-     * (the walk has none) */
-    const void *dkdv = NULL;
-    if (bwg_ordered(p, g, ctas) || (g->deterministic && ctas > 0 && bwg_has_tma(EXTRAS, false, true)))
-      dkdv = bwg_fused<T, D, EXTRAS, false, true>(p, g, &tm, &tma);
-    if (dkdv && (tma || bwg_ordered(p, g, ctas)))
-      return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, BWG_ORDERED, dkdv, NULL, tma ? &tm : NULL);
+    const bool tma = maps && bwg_has_tma(EXTRAS, false, true);
+    if (bwg_ordered(p, g, ctas, tma))
+      return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, BWG_ORDERED, bwg_fused<T, D, EXTRAS, false, true>(tma),
+                                        NULL, tma ? &tm : NULL);
   }
   if (ctas > 0) {
-    const void *dkdv = NULL;
-    if constexpr (D == 128) /* deterministic up to 1k keys: the walk's instance (D = 96 takes ORDER, D = 64 the two
-                             * kernels) */
-      if (g->deterministic) dkdv = bwg_fused<T, D, EXTRAS, true, false>(p, g, &tm, &tma);
-    if (!dkdv) dkdv = bwg_fused<T, D, EXTRAS, false, false>(p, g, &tm, &tma);
+    /* deterministic up to 1k keys: the walk's instance (D = 96 takes ORDER, D = 64 the two kernels) */
+    const bool walks = D == 128 && g->deterministic, tma = maps && bwg_has_tma(EXTRAS, walks, false);
+    const void *dkdv = bwg_fused<T, D, EXTRAS, false, false>(tma);
+    if constexpr (D == 128)
+      if (walks) dkdv = bwg_fused<T, D, EXTRAS, true, false>(tma);
     return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, ctas, dkdv, NULL, tma ? &tm : NULL);
   }
   return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, 0, (const void *)bwg_dkdv_kernel<T, D, EXTRAS, false>,

@@ -385,8 +385,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
             tma_load_4d(dst + QT + c * BR * 128, &tm.dout, c * 64, (int)i0, (int)h, (int)b, bar);
           }
         }
-        *all = true;
-        if (threadIdx.x < BR) bwm_row_load(p, delta, rows[s], b, h, i0, (int)threadIdx.x, j0, j1, all);
+        bwm_stage_row_of_thread(p, delta, rows[s], b, h, i0, j0, j1, all);
       } else {
         bwm_stage_rows<T, D, BR, THREADS, true, DG>(Qs + s * 2 * QT, QT, p, g, delta, rows[s], b, h, i0, j0, j1, all);
       }
