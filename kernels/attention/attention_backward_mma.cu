@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(BWM_THREADS) bwm_dkdv_kernel(fa_attn_problem p
    * K and V for t = 0) and its rows (this thread's row r = tid < BR: *all
    * whether it takes every key of the block) */
   auto stage = [&](int64_t t, int s, bool *all) {
-    bwm_stage_rows<T, D, BR, BWM_THREADS, false>(Qs + s * 2 * QT, QT, p, g, delta, rows[s], b, qt.head(t),
+    bwm_stage_rows<T, D, BR, BWM_THREADS, false, D, !EXTRAS>(Qs + s * 2 * QT, QT, p, g, delta, rows[s], b, qt.head(t),
                                                  qt.row(t, BR), j0, j1, all);
   };
   bool all_next = true;
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(BWM_THREADS) bwm_dkdv_kernel(fa_attn_problem p
     bwm_zero<NC>(sc), bwm_zero<NC>(dp);
     bwm_gemm_abt<T, CH, NC>(sc, Ks, warp * 16, Qt);  /* Sᵀ = K·Qᵀ */
     bwm_gemm_abt<T, CH, NC>(dp, Vs, warp * 16, dOt); /* dPᵀ = V·dOᵀ */
-    bwm_probs<true, NC, BR, EXTRAS>(p, b, qt.head(t), qt.row(t, BR), j0, 0, warp * 16, rows[s], full, sc, dp);
+    bwm_probs<true, NC, BR, EXTRAS, !EXTRAS>(p, b, qt.head(t), qt.row(t, BR), j0, 0, warp * 16, rows[s], full, sc, dp);
     bwm_gemm_xb<T, CH, BR / 16>(dv, sc, dOt); /* dV += Pᵀ·dO */
     bwm_gemm_xb<T, CH, BR / 16>(dk, dp, Qt);  /* dK += dSᵀ·Q */
     __syncthreads(); /* stage s is refilled by the next iteration */

@@ -313,6 +313,8 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
   constexpr int D = BWG_PAD(DG), CH = D / 8, BR = BWG_BR, NC = BR / 8, QT = BR * D * 2; /* bytes of a Q or dO tile */
   constexpr int WGS = DQ ? 2 : 1, KEYS = WGS * BWG_OWN, THREADS = WGS * BWG_THREADS, NQ = D / WGS; /* dQ columns a warpgroup */
   constexpr bool KV_REGS = bwg_kv_in_registers(DG, EXTRAS, DQ);
+  /* the rows' key ranges relative to the key tile (bwm_rows): not the walk's instance (28 bytes of spills) */
+  constexpr bool REL = EXTRAS == EXTRAS_NONE && !WALK;
   extern __shared__ __align__(128) char bwg_raw[];
   __shared__ bwm_rows<BR> rows[2];
   char *Ks = bwg_aligned(bwg_raw), *Vs = Ks + KEYS * D * 2, *Qs = Vs + KEYS * D * 2; /* Q, dO, Q, dO, dSᵀ */
@@ -385,9 +387,10 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
             tma_load_4d(dst + QT + c * BR * 128, &tm.dout, c * 64, (int)i0, (int)h, (int)b, bar);
           }
         }
-        bwm_stage_row_of_thread(p, delta, rows[s], b, h, i0, j0, j1, all);
+        bwm_stage_row_of_thread<BR, REL>(p, delta, rows[s], b, h, i0, j0, j1, all);
       } else {
-        bwm_stage_rows<T, D, BR, THREADS, true, DG>(Qs + s * 2 * QT, QT, p, g, delta, rows[s], b, h, i0, j0, j1, all);
+        bwm_stage_rows<T, D, BR, THREADS, true, DG, REL>(Qs + s * 2 * QT, QT, p, g, delta, rows[s], b, h, i0, j0, j1,
+                                                         all);
       }
     };
     bool all_next = true;
@@ -437,7 +440,8 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       wgmma_hold<BR / 2>(&sc[0][0]);
       wgmma_hold<BR / 2>(&dp[0][0]);
       const int64_t u = visit(t); /* here, not above: live across the products it cost ptxas 140-400 bytes of spills */
-      bwm_probs<true, NC, BR, EXTRAS>(p, b, qt.head(u), qt.row(u, BR), j0, 0, warp * 16, rows[s], full, sc, dp, state);
+      bwm_probs<true, NC, BR, EXTRAS, REL>(p, b, qt.head(u), qt.row(u, BR), j0, 0, warp * 16, rows[s], full, sc, dp,
+                                           state);
       uint32_t pa[BR / 16][4], da[BR / 16][4];
       bwg_pack<T, BR / 16>(pa, sc);
       bwg_pack<T, BR / 16>(da, dp);
