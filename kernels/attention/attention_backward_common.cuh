@@ -17,12 +17,13 @@ template <int N> static __device__ __forceinline__ void bwm_zero(float (*acc)[4]
 
 /* What a block knows of the query rows of its tile (index in the tile):
  * key range, lse (natural and base-2), delta; and where staged with REL
- * (the dK/dV kernels without the score rule's extras), the key range again
- * as kl, kl + kw relative to the staging's j0 (the block's key tile), kw =
- * 0 for a row that takes nothing: bwm_probs's test of a tile that is not
- * full, two 32-bit compares a score where the 64-bit range and the lse
- * test took about 8 (H200, D = 128, 1k causal: a diagonal tile ran at 1.9x
- * a full one's time). */
+ * (the kernels without the score rule's extras), the key range again as
+ * kl, kl + kw relative to the staging's j0 (a dK/dV block's key tile, a
+ * dQ block's key 0), kw = 0 for a row that takes nothing: bwm_probs's test
+ * of a tile that is not full, one unsigned compare a score where the
+ * 64-bit range and the lse test took about 8 (H200, D = 128, 1k causal: a
+ * diagonal tile ran at 1.9x a full one's time).  Keys past 2^30 (K and V
+ * of 256 GB at D = 64) are not told apart: such a call does not fit. */
 template <int R> struct bwm_rows {
   int64_t lo[R], hi[R];
   float lse[R], lse2[R], delta[R];
@@ -141,13 +142,14 @@ static __device__ __forceinline__ void bwm_probs(const fa_attn_problem &p, int64
     return;
   }
   if constexpr (REL) { /* the key ranges alone, relative to the tile (rows.kl, rows.kw) */
-    static_assert(KEY_ROWS && !EXTRAS, "REL: the dK/dV kernels' rows, without the score rule's extras");
+    static_assert(!EXTRAS, "REL: the rows of a kernel without the score rule's extras");
+    const int kbase = KEY_ROWS ? 0 : (int)j0; /* the keys relative to the staging's j0: the key tile's, or 0 */
 #pragma unroll
     for (int n = 0; n < NC; n++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         BWM_AT(n, e);
-        const bool takes = (unsigned)(kj - rows.kl[qi]) < (unsigned)rows.kw[qi];
+        const bool takes = (unsigned)(kbase + kj - rows.kl[qi]) < (unsigned)rows.kw[qi];
         const float pr = exp2_approx(takes ? fmaf(s[n][e], k2, -rows.lse2[qi]) : -INFINITY); /* 0 if not */
         s[n][e] = pr;
         dp[n][e] = takes ? pr * (dp[n][e] - rows.delta[qi]) * scale : 0.f; /* (NaN in o reaches delta) */
@@ -282,12 +284,12 @@ static __device__ bwm_qtiles bwm_qtiles_meeting(const fa_attn_problem &p, int64_
 /* The rows of the dQ block's query tile at i0 of head h into rows (its
  * first R threads, one a row), and the keys any of them takes as
  * [*t_lo, *t_hi) (0, 0 for none); called by the whole block. */
-template <int R>
+template <int R, bool REL = false>
 static __device__ void bwm_tile_keys(const fa_attn_problem &p, const float *delta, bwm_rows<R> &rows, int64_t b,
                                      int64_t h, int64_t i0, int64_t *t_lo, int64_t *t_hi) {
   __shared__ int64_t span[2];
   bool unused;
-  if (threadIdx.x < R) bwm_row_load(p, delta, rows, b, h, i0, threadIdx.x, 0, p.Lk, &unused);
+  if (threadIdx.x < R) bwm_row_load<R, REL>(p, delta, rows, b, h, i0, threadIdx.x, 0, p.Lk, &unused);
   __syncthreads();
   if (threadIdx.x == 0) {
     int64_t lo = INT64_MAX, hi = 0;

@@ -534,7 +534,8 @@ __global__ void __launch_bounds__(BWG_THREADS, 2)
   constexpr bool QO_REGS = bwg_dq_rows_in_registers(DG, EXTRAS);
   if constexpr (QO_REGS) cp_async_commit(); /* a group of their own: read into registers before the loop */
   int64_t t_lo, t_hi;
-  bwm_tile_keys(p, delta, rows, b, h, i0, &t_lo, &t_hi);
+  constexpr bool REL = EXTRAS == EXTRAS_NONE; /* the rows' key ranges relative to key 0 (bwm_rows) */
+  bwm_tile_keys<ROWS, REL>(p, delta, rows, b, h, i0, &t_lo, &t_hi);
   if constexpr (attn_rule<PROB>::tiles) { /* key tiles on mask_mod's tiles, its nonempty ones */
     t_lo = t_lo / BWG_BC * BWG_BC;
     attn_rule<PROB>::narrow(p, b, h, i0, &t_lo, &t_hi);
@@ -587,7 +588,7 @@ __global__ void __launch_bounds__(BWG_THREADS, 2)
     wgmma_wait<0>();
     wgmma_hold<BWG_BC / 2>(&sc[0][0]);
     wgmma_hold<BWG_BC / 2>(&dp[0][0]);
-    bwm_probs<false, NC, ROWS, EXTRAS>(p, b, h, i0, j0, warp * 16, 0, rows, full, sc, dp, state);
+    bwm_probs<false, NC, ROWS, EXTRAS, REL>(p, b, h, i0, j0, warp * 16, 0, rows, full, sc, dp, state);
     uint32_t da[BWG_BC / 16][4];
     bwg_pack<T, BWG_BC / 16>(da, dp);
     wgmma_hold<D / 2>(&dq[0][0]);
