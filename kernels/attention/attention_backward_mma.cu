@@ -82,8 +82,8 @@ __global__ void __launch_bounds__(BWM_THREADS) bwm_dkdv_kernel(fa_attn_problem p
    * K and V for t = 0) and its rows (this thread's row r = tid < BR: *all
    * whether it takes every key of the block) */
   auto stage = [&](int64_t t, int s, bool *all) {
-    bwm_stage_rows<T, D, BR, BWM_THREADS, false, D, !EXTRAS>(Qs + s * 2 * QT, QT, p, g, delta, rows[s], b, qt.head(t),
-                                                 qt.row(t, BR), j0, j1, all);
+    bwm_stage_rows<T, D, BR, BWM_THREADS, false, D, !EXTRAS>(Qs + s * 2 * QT, QT, p, g, delta, rows[s], b,
+                                                             qt.head(t), qt.row(t, BR), j0, j1, all);
   };
   bool all_next = true;
   if (qt.count > 0) stage(0, 0, &all_next);
@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(BWM_THREADS) bwm_dq_kernel(fa_attn_problem p, 
   load_tile<T, D, BWM_BQ, BWM_THREADS, false, false>(dOs, (const T *)g.dout + attn_at(g.dout_st, b, h, 0), g.dout_st.s,
                                                       i0, p.Lq);
   int64_t t_lo, t_hi;
-  bwm_tile_keys(p, delta, rows, b, h, i0, &t_lo, &t_hi);
+  bwm_tile_keys<BWM_BQ, !EXTRAS>(p, delta, rows, b, h, i0, &t_lo, &t_hi); /* the key ranges relative to key 0 too */
   const int64_t ntiles = (t_hi - t_lo + BWM_BC - 1) / BWM_BC;
   const T *k = (const T *)p.k + attn_at(p.k_st, b, hk, 0), *v = (const T *)p.v + attn_at(p.v_st, b, hk, 0);
   auto stage = [&](int64_t t, int s) {
@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(BWM_THREADS) bwm_dq_kernel(fa_attn_problem p, 
     bwm_zero<NC>(sc), bwm_zero<NC>(dp);
     bwm_gemm_abt<T, CH, NC>(sc, Qs, warp * 16, Kt);  /* S = Q·Kᵀ */
     bwm_gemm_abt<T, CH, NC>(dp, dOs, warp * 16, Vt); /* dP = dO·Vᵀ */
-    bwm_probs<false, NC, BWM_BQ, EXTRAS>(p, b, h, i0, j0, warp * 16, 0, rows, full, sc, dp);
+    bwm_probs<false, NC, BWM_BQ, EXTRAS, !EXTRAS>(p, b, h, i0, j0, warp * 16, 0, rows, full, sc, dp);
     bwm_gemm_xb<T, CH, BWM_BC / 16>(dq, dp, Kt); /* dQ += dS·K */
     __syncthreads(); /* stage s is refilled by the next iteration */
   }
