@@ -298,7 +298,8 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(!ORDER || (DQ && !WALK && !attn_rule<PROB>::tiles), "ORDER: the fused dQ, a key tile a block, "
                                                                    "every query tile it meets visited");
-  static_assert(!TMA || !attn_rule<PROB>::tiles, "TMA: every query tile staged (a stage's uses counted)");
+  static_assert(!TMA || (!attn_rule<PROB>::tiles && !WALK), "TMA: every query tile staged (a stage's uses counted), "
+                                                              "one turn (the stages' uses start at 0)");
   /* TMA: the query tiles' Q and dO come by the tensor memory accelerator,
    * issued by thread 0 and completing on qbar[stage], instead of cp.async
    * from every thread (whose address arithmetic was ~15 % of the loop's
@@ -340,7 +341,6 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
    * per turn, in the instances that take one tile changed their register
    * allocation: 40-76 bytes of spills in the default's) */
   int64_t turn = 0;
-  int64_t used = 0; /* TMA: the query tiles staged in the turns before (the stages' uses count on across turns) */
   do {
     const int64_t kt = WALK ? turn * per + (turn & 1 ? per - 1 - c : c) : c;
     if (WALK && kt >= ktiles) break; /* block-uniform: the last turn's tiles run out from its high end */
@@ -381,8 +381,10 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
         if (threadIdx.x == 0) {
           const uint32_t bar = smem_addr(&qbar[s]), dst = smem_addr(Qs + s * 2 * QT);
           mbar_expect(bar, 2 * QT);
+          /* tma_load_tile's boxes, Q's and dO's in turn (the order measured; the two tiles one after the other
+           * change ptxas's registers by up to 4); D = 96: the second box's last 32 columns come in as zeros */
 #pragma unroll
-          for (int c = 0; c < D / 64; c++) { /* D = 96: the second box's last 32 columns come in as zeros */
+          for (int c = 0; c < D / 64; c++) {
             tma_load_4d(dst + c * BR * 128, &tm.q, c * 64, (int)i0, (int)h, (int)b, bar);
             tma_load_4d(dst + QT + c * BR * 128, &tm.dout, c * 64, (int)i0, (int)h, (int)b, bar);
           }
@@ -394,7 +396,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       }
     };
     bool all_next = true;
-    if (qt.count > 0) stage(0, TMA ? (int)(used & 1) : 0, &all_next);
+    if (qt.count > 0) stage(0, 0, &all_next);
     cp_async_commit();
     float dk[CH][4], dv[CH][4];
     bwm_zero<CH>(dk), bwm_zero<CH>(dv);
@@ -412,14 +414,13 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
      * (and the dSᵀ tile) may be written again. */
     bool landed = false; /* DQ: this tile's copies waited for and fenced at the end of the last one */
     for (int64_t t = 0; t < qt.count; t++) {
-      const int64_t n = (TMA ? used : 0) + t; /* TMA: the block's query tiles so far, its stages' uses */
-      const int s = (int)(n & 1);
+      const int s = (int)(t & 1);
       if (!landed) { /* TMA: K and V alone, before the first tile */
         cp_async_wait<0>();
         fence_proxy_async();
       }
       landed = TMA;
-      if constexpr (TMA) mbar_wait(smem_addr(&qbar[s]), (unsigned)(n >> 1) & 1); /* stage s's use n / 2 */
+      if constexpr (TMA) mbar_wait(smem_addr(&qbar[s]), (unsigned)(t >> 1) & 1); /* stage s's use t / 2 */
       const bool full = __syncthreads_and(all_next) && bwm_full_rule(EXTRAS) && j1 - j0 == KEYS;
       const int state = state_next, other = other_next;
       if (t + 1 < qt.count) stage(t + 1, s ^ 1, &all_next); /* the next tile's copies fly while this one computes */
@@ -507,10 +508,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       bwm_store<T, CH, DG>((T *)g.dk + r0 * DG, j, p.Lk, dk);
       bwm_store<T, CH, DG>((T *)g.dv + r0 * DG, j, p.Lk, dv);
     }
-    if constexpr (WALK) {
-      __syncthreads(); /* every warp is done with the tiles before the next turn's copies land in them */
-      used += qt.count;
-    }
+    if (WALK) __syncthreads(); /* every warp is done with the tiles before the next turn's copies land in them */
   } while (WALK && ++turn * per < ktiles);
 #endif
 }

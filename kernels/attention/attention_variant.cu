@@ -818,7 +818,8 @@ typedef struct {
 static fa_status variant_bw_fast(fa_context *ctx, fa_attn_kernel, const fa_attn_problem *p, const fa_attn_grads *g,
                                  const float *delta, void *user) {
   variant_backward *vb = (variant_backward *)user;
-  return fa_cuda_backward_wgmma_run(ctx, p, g, delta, vb->vp, vb->ctas, (const void *)vb->dkdv, (const void *)vb->dq, NULL);
+  return fa_cuda_backward_wgmma_run(ctx, p, g, delta, vb->vp, vb->ctas, (const void *)vb->dkdv, (const void *)vb->dq,
+                                    NULL);
 }
 
 static fa_status variant_bw_simt(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, const float *delta,

@@ -228,8 +228,7 @@ template <int N> struct wt_ring {
 template <int D>
 static __device__ __forceinline__ void wt_load_q(const CUtensorMap *m, uint32_t q, uint32_t bar, int row, int h, int bi) {
   mbar_expect(bar, WT_BR * D * 2);
-#pragma unroll
-  for (int c = 0; c < D / 64; c++) tma_load_4d(q + c * WT_BR * 128, m, c * 64, row, h, bi, bar);
+  tma_load_tile<D, WT_BR>(q, m, row, h, bi, bar);
 }
 /* key or value tile t of a query tile (rows [row, row + BC) of key head
  * hk) into buffer t % N of the ring at `ring`, once its empty barrier says
@@ -240,8 +239,7 @@ static __device__ __forceinline__ void wt_load_kv(const CUtensorMap *m, uint32_t
   const int sb = t % N;
   mbar_wait(empty + 8 * sb, ph.parity(t) ^ 1);
   mbar_expect(full + 8 * sb, BC * D * 2);
-#pragma unroll
-  for (int c = 0; c < D / 64; c++) tma_load_4d(ring + sb * BC * D * 2 + c * BC * 128, m, c * 64, row, hk, bi, full + 8 * sb);
+  tma_load_tile<D, BC>(ring + sb * BC * D * 2, m, row, hk, bi, full + 8 * sb);
 }
 /* The mbarriers of both forms (the persistent form's four more with slots). */
 template <int D, int BC, bool OT>

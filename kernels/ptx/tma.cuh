@@ -26,6 +26,17 @@ static __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void *map
                "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
                : "memory");
 }
+/* A tile of ROWS rows by D columns of a 4-D operand's map (boxes of 64
+ * columns by ROWS rows, 128-byte swizzle: load_tile's layout for wgmma) at
+ * rows [row, row + ROWS) of head h, batch b into dst, one box a 64-column
+ * block, ROWS·128 bytes apart; its ROWS·D·2 bytes counted on bar (the
+ * caller expects them).  Columns past the operand's come in as zeros. */
+template <int D, int ROWS>
+static __device__ __forceinline__ void tma_load_tile(uint32_t dst, const void *map, int row, int h, int b,
+                                                     uint32_t bar) {
+#pragma unroll
+  for (int c = 0; c < D / 64; c++) tma_load_4d(dst + c * ROWS * 128, map, c * 64, row, h, b, bar);
+}
 /* One arrival on bar (its pending count down by one). */
 static __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
