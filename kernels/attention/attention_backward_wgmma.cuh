@@ -281,13 +281,15 @@ struct bwg_walk {
  * meets the tile too; block kt + 1 took its ticket first, so the wait
  * ends).  Block kt + 1 reaches each tile two query tiles before block kt
  * does, so blocks that start together do not wait for one another; but
- * the longest blocks start last.  In the descending walk a
- * warp's adds waited on 57 % of the query tiles at L = 4096 causal, 1.2k
- * cycles a tile on average (D = 128; 10-25 % and 0.2-0.8k cycles not
- * causal and at 16k).  Against the descending walk (H200, bf16,
+ * the longest blocks start last.  In the descending walk a warp's adds
+ * waited on 57 % of the query tiles at L = 4096 causal, 1.2k cycles a tile
+ * on average (D = 128; 10-25 % and 0.2-0.8k cycles not causal and at 16k).
+ * Against the descending walk (H200, bf16,
  * docs/perf/2026-12-01-backward-order-up-h200.json): 1.04 / 1.04x at 1k
  * (D = 96 / 128), 1.02 / 1.03x at 2k, 1.01 / 0.96x at 4k, 0.93 / 0.84x at
- * 16k, where the long blocks starting last leave the GPU a tail. */
+ * 16k, where the long blocks starting last leave the GPU a tail.  The
+ * kernel reads it from its parameter at each use: held in a local, ptxas
+ * spilled 28-104 bytes in the extras' ORDER instance. */
 #define BWG_ORDER_UP_KEYS 2048
 template <typename PROB> static __device__ __forceinline__ bool bwg_order_up(const PROB &p) {
   return p.causal != FA_CAUSAL_NONE && p.Lk <= BWG_ORDER_UP_KEYS;

@@ -336,6 +336,32 @@ function TestBackward:test_runs_are_bit_identical()
   end
 end
 
+-- cuda's deterministic schedule at D = 96 and 128 orders a query tile's dq adds by key tile (blocks of
+-- 128 keys waiting on a counter): causal calls of up to 2048 keys in the mirror order (bwg_order_up),
+-- longer ones and calls not causal in the descending one.  Calls of several key tiles on both sides of
+-- that bound, GQA: bit-identical twice, and close to the default's atomics.
+function TestBackward:test_ordered_deterministic_schedules()
+  if not U.cuda then return end -- the CPU's deterministic call has one owner an element (above)
+  for _, D in ipairs({96, 128}) do
+    for _, c in ipairs({{700, true}, {2100, true}, {700, false}}) do
+      local L, causal = c[1], c[2]
+      local q, k, v = randn({1, 4, L, D}, "bf16", U.device), randn({1, 2, L, D}, "bf16", U.device),
+                      randn({1, 2, L, D}, "bf16", U.device)
+      local dout = randn({1, 4, L, D}, "bf16", U.device)
+      local o, lse = fa.attention(q, k, v, {causal = causal, return_lse = true})
+      local opts = {causal = causal, deterministic = true}
+      local a = {fa.attention_backward(q, k, v, o, lse, dout, opts)}
+      local b = {fa.attention_backward(q, k, v, o, lse, dout, opts)}
+      local d = {fa.attention_backward(q, k, v, o, lse, dout, {causal = causal})}
+      local what = ("D=%d L=%d causal=%s"):format(D, L, tostring(causal))
+      for i = 1, 3 do
+        lu.assertTrue(same_bits(a[i], b[i]), what .. " run-to-run")
+        lu.assertTrue(fa.rel_error(a[i]:cpu(), d[i]:cpu()) < 1e-2, what .. " against the default")
+      end
+    end
+  end
+end
+
 -- NaN and inf in q, k, v or dout reach only the gradients the reference's pairs connect them to: a
 -- masked pair (a key past kv_lens, a causal key after the row) passes nothing, where a tile product's
 -- 0 · NaN would be NaN.  Wherever the reference is finite the backend is finite and close to it.
