@@ -591,12 +591,26 @@ static __device__ __forceinline__ void frag_store(const attn_params &p, int64_t 
  * than with frag_store (docs/perf/2026-11-22-attention-h200-run27.json).
  * The group's rows of the tile must be read no more (Q's, once the
  * products are done). */
+/* A lane's pieces of O / l (rows rA and rA + 8, columns c2, c2 + 1 of each
+ * 8-column chunk) into `tile` in its layout (tile_chunk): frag_store_staged's,
+ * and the warp-specialised kernel's staging for its bulk stores. */
+template <typename T, int D, bool WGMMA, int ROWS>
+static __device__ __forceinline__ void frag_stage(char *tile, int rA, int c2, const float (*o)[4], float invA,
+                                                  float invB) {
+  constexpr int CH = D / 8;
+#pragma unroll
+  for (int d = 0; d < CH; d++) {
+    *(uint32_t *)(tile + tile_chunk<WGMMA, ROWS, CH>(rA, d) + c2 * 2) = pack2<T>(o[d][0] * invA, o[d][1] * invA);
+    *(uint32_t *)(tile + tile_chunk<WGMMA, ROWS, CH>(rA + 8, d) + c2 * 2) = pack2<T>(o[d][2] * invB, o[d][3] * invB);
+  }
+}
+
 template <typename T, int D, bool NORMALIZED, bool WGMMA, int ROWS, int GROUP>
 static __device__ __forceinline__ void frag_store_staged(const attn_params &p, int64_t bh, T *out, float *lse,
                                                          int64_t i0, int lane, frag_rows &r, float (*o)[4], char *tile) {
   static_assert(GROUP == 32 || (GROUP == 128 && ROWS == 128), "frag_store_staged: a warp, or a warpgroup of two");
   const int CH = D / 8, c2 = (lane & 3) * 2;
-  const int rA = (int)(r.iA - i0), rB = rA + 8; /* the tile rows of this lane's pieces */
+  const int rA = (int)(r.iA - i0); /* the tile rows of this lane's pieces: rA and rA + 8 */
   float invA, invB;
   frag_finish<NORMALIZED>(r, &invA, &invB);
   cp_async_wait<0>(); /* none of this thread's copies in flight at the exit (the zero-filled ones past the last tile) */
@@ -604,12 +618,7 @@ static __device__ __forceinline__ void frag_store_staged(const attn_params &p, i
    * overwrites Q's rows.  With no key tile no barrier lies between the two (racecheck on the
    * Lq >> Lk cases, 2026-11-25: WAR hazards between ldmatrix and these stores). */
   if (GROUP == 32) __syncwarp();
-#pragma unroll
-  for (int d = 0; d < CH; d++) {
-    const int a = tile_chunk<WGMMA, ROWS, CH>(rA, d), b = tile_chunk<WGMMA, ROWS, CH>(rB, d);
-    *(uint32_t *)(tile + a + c2 * 2) = pack2<T>(o[d][0] * invA, o[d][1] * invA);
-    *(uint32_t *)(tile + b + c2 * 2) = pack2<T>(o[d][2] * invB, o[d][3] * invB);
-  }
+  frag_stage<T, D, WGMMA, ROWS>(tile, rA, c2, o, invA, invB);
   if (GROUP == 32) __syncwarp();
   else if (threadIdx.x < 128) asm volatile("bar.sync 1, 128;" ::: "memory"); /* barrier 0 is the block's */
   else asm volatile("bar.sync 2, 128;" ::: "memory");

@@ -52,6 +52,33 @@ struct wt_maps_key {
   int64_t B, Hq, Hkv, Lq, Lk, D, bc;
 };
 
+/* O's map (wt_maps.o: boxes of 64 columns by a warp's 16 rows), kept as
+ * the last call's on this thread apart from q, k and v's: a loop of calls
+ * that each take a new output encodes it alone. */
+struct wt_output_key {
+  fa_dtype dt;
+  const void *o;
+  fa_attn_strides o_st;
+  int64_t B, Hq, Lq, D, Dv;
+};
+
+static void wt_encode_output(const fa_attn_problem *p, wt_maps *m) {
+  static thread_local wt_output_key last_key;
+  static thread_local CUtensorMap last_map;
+  static thread_local int last_ok = -1;
+  wt_output_key key;
+  memset(&key, 0, sizeof key);
+  key.dt = p->compute, key.o = p->o, key.o_st = p->o_st;
+  key.B = p->B, key.Hq = p->Hq, key.Lq = p->Lq, key.D = p->D, key.Dv = p->Dv;
+  if (last_ok < 0 || memcmp(&key, &last_key, sizeof key) != 0) {
+    last_ok = p->o && p->Dv == p->D &&
+              wt_encode_operand(&last_map, p->compute, p->o, p->o_st, p->Lq, p->Hq, p->B, (int)p->D, 16);
+    last_key = key;
+  }
+  m->o_mapped = last_ok;
+  if (last_ok) m->o = last_map;
+}
+
 /* The last call's maps on this thread, kept: a loop of calls on the same
  * tensors (decoding, benchmarks) encodes them once, and the registry's
  * check (tma_takes) and the launch share one encoding. */
@@ -71,8 +98,10 @@ int wt_encode_maps(const fa_attn_problem *p, wt_maps *m) {
               wt_encode_operand(&last_maps.v, p->compute, p->v, p->v_st, p->Lk, p->Hkv, p->B, D, BC);
     last_key = key;
   }
-  if (last_ok) *m = last_maps;
-  return last_ok;
+  if (!last_ok) return 0;
+  *m = last_maps;
+  wt_encode_output(p, m);
+  return 1;
 }
 
 template <typename T, int D, int BC, int EXTRAS>
@@ -125,8 +154,8 @@ static fa_status launch_persistent(fa_context *ctx, const attn_params *p, const 
   return fa_cuda_error(ctx, err, "attn_wgmma_tma_persistent_kernel");
 }
 
-static bool wt_persistent(const attn_params *p) {
-  return wt_persistent_fits(p->D, p->tile_k, p->Lk, attn_extras_kind(p) == EXTRAS_MASK);
+static bool wt_persistent(const attn_params *p, const wt_maps &m) {
+  return wt_persistent_takes(m, p->D, p->tile_k, p->Lk, attn_extras_kind(p) == EXTRAS_MASK);
 }
 
 /* The call's score rule on the persistent form, or on a block a query tile
@@ -134,7 +163,7 @@ static bool wt_persistent(const attn_params *p) {
 template <typename T, int D, int BC> static fa_status launch_extras(fa_context *ctx, const attn_params *p, const wt_maps &m) {
   const int x = attn_extras_kind(p);
   if constexpr (wt_sm_blocks(D, BC) == 1) /* the persistent form: a block an SM */
-    if (wt_persistent(p)) {
+    if (wt_persistent(p, m)) {
       if (x == EXTRAS_SCORE) return launch_persistent<T, D, BC, EXTRAS_SCORE>(ctx, p, m);
       return launch_persistent<T, D, BC, EXTRAS_NONE>(ctx, p, m);
     }

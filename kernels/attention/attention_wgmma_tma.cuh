@@ -79,11 +79,16 @@ static __host__ __device__ constexpr int wt_stages(int D, int BC) { return wt_sm
 /* The tensor maps of q, k and v (kernel parameters: __grid_constant__). */
 struct wt_maps {
   CUtensorMap q, k, v;
+  /* the persistent form's output, written from O's tile (wt_store_o) in boxes of 64 columns by 16 rows
+   * (a warp's); o_mapped 0 where the copy engine refuses it (wt_persistent_takes) */
+  CUtensorMap o;
+  int o_mapped;
 };
 
 #if !defined(__CUDACC_RTC__)
 /* The maps of p's q, k and v for its tile (attention_wgmma_tma.cu); 0 when
- * the copy engine cannot take one of them (a stride it refuses). */
+ * the copy engine cannot take one of them (a stride it refuses).  O's map
+ * too, where it takes O (m->o_mapped). */
 int wt_encode_maps(const fa_attn_problem *p, wt_maps *m);
 /* The map of an operand at base (strides st, L rows of D elements a head,
  * H heads, B batches) read in boxes of 64 columns by `rows` rows, swizzled
@@ -134,6 +139,17 @@ struct wt_slot {
  * the fragments (no room for the tile beside rings of 176 at D = 128, or of
  * 64 at D = 256). */
 static __host__ __device__ constexpr bool wt_o_tile(int D, int BC) { return (D == 128 || D == 64) && BC == WT_BR; }
+
+#if !defined(__CUDACC_RTC__)
+/* The same, given the call's maps: where O leaves through a tile of its own
+ * (wt_o_tile), the copy engine writes it (wt_store_o), so O's map must be
+ * there; the driver refusing it (it takes every output whose rows lie on
+ * 16 bytes, as the kernel's operands must) sends the call to the one-tile
+ * form. */
+static inline bool wt_persistent_takes(const wt_maps &m, long long D, long long BC, long long Lk, bool masked) {
+  return wt_persistent_fits(D, BC, Lk, masked) && (m.o_mapped || !wt_o_tile((int)D, (int)BC));
+}
+#endif
 
 /* The mbarriers of a block, and its shared memory in bytes for head dim D,
  * key tiles of BC and a tile for O or not (wt_layout<D, BC, OT>'s): the
@@ -479,6 +495,37 @@ static __device__ __forceinline__ void wt_copy_tile(const PROB &p, const wt_maps
 }
 #endif
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* A warp's 16 rows of O / l (rows row0.. of query tile qt) and their lse,
+ * through its rows of O's tile (sw128, as frag_store_staged stages them) and
+ * out by the copy engine: lane 0 issues a bulk tensor store a 64-column box,
+ * and the warp goes on to its next query tile without waiting for the
+ * writes.  Before it writes the tile's rows again, lane 0 waits for its last
+ * stores to have read them (long done by then: a query tile later).  With
+ * the threads' 16-byte stores instead (frag_store_staged), a query tile's
+ * epilogue was 2.5k cycles at D = 128 (docs/perf/README.md, session 39). */
+template <typename T, int D>
+static __device__ __forceinline__ void wt_store_o(const attn_params &p, const wt_maps &tm, const frag_qtile<T, D, WT_BR> &qt,
+                                                  int lane, frag_rows &r, float (*o)[4], char *tile) {
+  const uint32_t tile_addr = smem_addr(tile);
+  const int row0 = (threadIdx.x >> 5) * 16; /* the warp's rows of the tile */
+  float invA, invB;
+  frag_finish<false>(r, &invA, &invB);
+  if (lane == 0) tma_store_wait<true>();
+  __syncwarp();
+  frag_stage<T, D, true, WT_BR>(tile, row0 + (lane >> 2), (lane & 3) * 2, o, invA, invB);
+  tma_store_fence();
+  __syncwarp();
+  if (lane == 0) {
+#pragma unroll
+    for (int c = 0; c < D / 64; c++)
+      tma_store_4d(&tm.o, tile_addr + c * WT_BR * 128 + row0 * 128, c * 64, (int)qt.i0 + row0, (int)qt.h, (int)qt.b);
+    tma_store_commit();
+  }
+  frag_lse_store<false>(p, qt.bh, qt.lse(p), lane, r);
+}
+#endif
+
 /* The persistent form: a block an SM, walking query tiles.  The
  * producer warp takes tiles from a counter (the longest first, in
  * frag_qtile's order: whichever block is free takes the next), finds the
@@ -577,6 +624,7 @@ __global__ void __launch_bounds__(wt_threads(128, 128), 1)
     FA_TRACE_TILE(n);
     FA_TRACE_MARK(0);
     if (slot.tile >= total) {
+      if (OT && lane == 0) tma_store_wait<false>(); /* the last tile's stores done */
       FA_TRACE_DUMP();
       return;
     }
@@ -594,7 +642,7 @@ __global__ void __launch_bounds__(wt_threads(128, 128), 1)
     FA_TRACE_MARK(4);
     note_nonfinite_rows<D / 8>(p, o, r.lA, r.lB);
     if constexpr (OT) /* each warp its own rows of O's tile: no barrier, and no buffer to give back */
-      frag_store_staged<T, D, false, true, WT_BR, 32>(p, qt.bh, qt.out(p), qt.lse(p), qt.i0, lane, r, o, L.o_tile());
+      wt_store_o<T, D>(p, tm, qt, lane, r, o, L.o_tile());
     else
       frag_store<T, D, false>(p, qt.bh, qt.out(p), qt.lse(p), lane, r, o);
     FA_TRACE_MARK(6);

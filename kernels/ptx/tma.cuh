@@ -1,7 +1,8 @@
 /* Hopper's tensor memory accelerator (TMA) and warp specialisation, for the
  * warp-specialised attention kernel (attention_wgmma_tma.cu): bulk tensor
  * copies global -> shared described by a tensor map and completing on an
- * mbarrier (async_copy.cuh: mbar_init, mbar_expect, mbar_wait), plain
+ * mbarrier (async_copy.cuh: mbar_init, mbar_expect, mbar_wait), bulk
+ * tensor copies shared -> global (an output's tile), plain
  * arrivals on an mbarrier (a consumer releasing a buffer), and setmaxnreg
  * (a producer warpgroup hands its registers to the consumers). */
 #ifndef FA_KERNELS_TMA_CUH
@@ -36,6 +37,24 @@ static __device__ __forceinline__ void tma_load_tile(uint32_t dst, const void *m
                                                      uint32_t bar) {
 #pragma unroll
   for (int c = 0; c < D / 64; c++) tma_load_4d(dst + c * ROWS * 128, map, c * 64, row, h, b, bar);
+}
+/* The box of map at {c0, c1, c2, c3} written from shared memory at src
+ * (the load's layout), a bulk copy of the issuing thread's bulk group; rows
+ * and columns past the map's bounds are not written.  The writes to src
+ * that it reads must be made visible to the copy engine first
+ * (tma_store_fence by each writing thread, then their barrier). */
+static __device__ __forceinline__ void tma_store_4d(const void *map, uint32_t src, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];" ::"l"((uint64_t)map),
+               "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+static __device__ __forceinline__ void tma_store_fence() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+static __device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+/* This thread's committed stores have read their shared memory (READ), or
+ * are done. */
+template <bool READ> static __device__ __forceinline__ void tma_store_wait() {
+  if (READ) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+  else asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 /* One arrival on bar (its pending count down by one). */
 static __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
