@@ -540,9 +540,11 @@ static __device__ __forceinline__ void wt_store_o(const attn_params &p, const wt
  * at the rings' first buffers (wt_ring).  With key tiles of 128 at
  * D = 128, O leaves through a tile of its own (wt_o_tile; Q's, through
  * which the one-tile form stages it, is the next tile's by then), each
- * warp staging its 16 rows and writing them 16 bytes a thread
- * (frag_store_staged for a warp): no barrier between the consumers, and
- * the last value tile goes back at once.  Through that value tile's buffer
+ * warp staging its 16 rows and the copy engine writing them (wt_store_o):
+ * no barrier between the consumers, and the last value tile goes back at
+ * once.  Written by the threads from the tile (16 bytes a thread), the
+ * document variant at L = 4096 ran 3 % slower, the built-in rules 0.98-1.02 x
+ * (H200, 2026-12-01, docs/perf/2026-12-01-o-tma-store-h200.json).  Through that value tile's buffer
  * instead (both warpgroups past their last P·V at a barrier, then the
  * buffer given back) it ran 2-7 % slower at L = 512 and 2-4 % at 1024
  * (H200, 2026-11-30,
