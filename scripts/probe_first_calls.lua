@@ -1,9 +1,12 @@
 -- What the first call of a new variant costs (issue 26: at most 2 s, NVRTC included): bf16,
 -- B = 4, H = 16, L = 4096, D = 128; each variant's first call, then each again, wall clock with
 -- fa.sync.  Run it twice with FLASHATTN_CACHE_DIR set to a fresh folder: the first process
--- compiles, the second loads the instances from the disk.  The rules that the engine turns into
+-- compiles, the second loads the instances from the disk.  NVRTC 13 has a disk cache of its
+-- own (its library names CUDA_CACHE_DISABLE; on an H200 node a second process with a fresh
+-- FLASHATTN_CACHE_DIR compiled the same variants in 0.2-0.3 s against 1.4-2.1 s the first time,
+-- 2026-12-01): set CUDA_CACHE_DISABLE=1 too for the cost of an expression new to the machine.  The rules that the engine turns into
 -- built-in options (alibi, sliding window) compile nothing.  Prints the NVRTC library loaded.
--- Usage (GPU machine): FLASHATTN_CACHE_DIR=$(mktemp -d) flashattn-lua scripts/probe_first_calls.lua [--small]
+-- Usage (GPU machine): CUDA_CACHE_DISABLE=1 FLASHATTN_CACHE_DIR=$(mktemp -d) flashattn-lua scripts/probe_first_calls.lua [--small]
 -- (--small: L = 256 and the CPU when no GPU is there, a smoke test)
 local root = (arg and arg[0] or ""):match("^(.*)/scripts/[^/]*$") or "."
 package.path = root .. "/lua/?.lua;" .. package.path
