@@ -127,18 +127,23 @@ end
 
 -- opts.out and opts.lse_out as views of larger (B, L, H, X) buffers: the
 -- result lands in the views, the rest of the buffers keeps its sentinel,
--- and the returned tensors are the views themselves.
+-- and the returned tensors are the views themselves.  Rows padded by 5
+-- elements, or (D = 128, f16 and bf16) rows on 16 bytes beside a head left
+-- out: on Hopper the warp-specialised kernel's persistent form writes those
+-- by bulk tensor stores of 16-row boxes through a map of the view (LQ = 21:
+-- a box past the last row).
 function TestLayouts:test_out_views()
-  for di, dtype in ipairs({"f32", "f16", "bf16"}) do
-    local D = di == 2 and 40 or 64
+  local cases = {{"f32", 64, 5}, {"f16", 40, 5}, {"bf16", 64, 5}, {"f16", 128, 0}, {"bf16", 128, 0}}
+  for _, case in ipairs(cases) do
+    local dtype, D, pad = case[1], case[2], case[3]
     local q, k, v = bhld(B, HQ, LQ, D, dtype), bhld(B, HKV, LK, D, dtype), bhld(B, HKV, LK, D, dtype)
     local ro, rl = U.reference(q:contiguous(), k:contiguous(), v:contiguous(), {causal = true})
-    local obase = fa.full({B, LQ, HQ + 1, D + 5}, SENTINEL, {dtype = dtype, device = dev})
+    local obase = fa.full({B, LQ, HQ + 1, D + pad}, SENTINEL, {dtype = dtype, device = dev})
     local lbase = fa.full({B, LQ, HQ + 2}, SENTINEL, {device = dev})
     local out = obase:narrow(3, 1, HQ):narrow(4, 1, D):transpose(2, 3)
     local lse_out = lbase:narrow(3, 2, HQ):transpose(2, 3)
     for _, algo in ipairs(ALGOS) do
-      local what = ("%s %s out views"):format(algo, dtype)
+      local what = ("%s %s D = %d out views"):format(algo, dtype, D)
       out:fill_(U.NaN)
       lse_out:fill_(U.NaN)
       local o, lse = fa.attention(q, k, v, {algo = algo, tile = TILE, causal = true, out = out, lse_out = lse_out})
@@ -146,7 +151,7 @@ function TestLayouts:test_out_views()
       lu.assertTrue(rawequal(lse, lse_out), what .. ": the lse is not opts.lse_out")
       U.assert_close(out, ro, dtype, what)
       U.assert_lse(lse_out, rl, dtype, what .. " lse")
-      lu.assertTrue(untouched(obase:narrow(4, D + 1, 5)) and untouched(obase:narrow(3, HQ + 1, 1)),
+      lu.assertTrue((pad == 0 or untouched(obase:narrow(4, D + 1, pad))) and untouched(obase:narrow(3, HQ + 1, 1)),
         what .. ": written outside opts.out")
       lu.assertTrue(untouched(lbase:narrow(3, 1, 1)) and untouched(lbase:narrow(3, HQ + 2, 1)),
         what .. ": written outside opts.lse_out")
