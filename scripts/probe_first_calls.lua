@@ -3,9 +3,10 @@
 -- fa.sync.  Run it twice with FLASHATTN_CACHE_DIR set to a fresh folder: the first process
 -- compiles, the second loads the instances from the disk.  NVRTC 13 has a disk cache of its
 -- own (its library names CUDA_CACHE_DISABLE; on an H200 node a second process with a fresh
--- FLASHATTN_CACHE_DIR compiled the same variants in 0.2-0.3 s against 1.4-2.1 s the first time,
--- 2026-12-01): set CUDA_CACHE_DISABLE=1 too for the cost of an expression new to the machine.  The rules that the engine turns into
--- built-in options (alibi, sliding window) compile nothing.  Prints the NVRTC library loaded.
+-- FLASHATTN_CACHE_DIR compiled the same variants in 0.2-0.3 s against 1.4-2.1 s the first
+-- time, 2026-12-01): set CUDA_CACHE_DISABLE=1 too for the cost of an expression new to the
+-- machine.  The rules that the engine turns into built-in options (alibi, sliding window)
+-- compile nothing.  Prints the NVRTC library loaded.
 -- Usage (GPU machine): CUDA_CACHE_DISABLE=1 FLASHATTN_CACHE_DIR=$(mktemp -d) flashattn-lua scripts/probe_first_calls.lua [--small]
 -- (--small: L = 256 and the CPU when no GPU is there, a smoke test)
 local root = (arg and arg[0] or ""):match("^(.*)/scripts/[^/]*$") or "."

@@ -506,7 +506,7 @@ static fa_status plan_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_a
     /* mask_mod too: its tiles narrow the producer's key range.  A/B on one H200 (2026-11-27, two rounds,
      * bench_variants): the persistent form 3-13 % faster for alibi, the windows, prefix_lm and documents
      * at 16k, 2-4 % slower for softcap */
-    v->persistent = wt_persistent_takes(v->maps, p->D, v->bc, p->Lk, p->mask_b || p->mask_f);
+    v->persistent = wt_persistent_fits(v->maps, p->D, v->bc, p->Lk, p->mask_b || p->mask_f);
     if (v->persistent)
       snprintf(v->names[1], sizeof v->names[1],
                "attn_wgmma_tma_persistent_kernel<%s, %lld, %d, EXTRAS_VARIANT, fa_variant_problem>", T,

@@ -52,14 +52,16 @@ struct wt_maps_key {
   int64_t B, Hq, Hkv, Lq, Lk, D, bc;
 };
 
-/* O's map (wt_maps.o: boxes of 64 columns by a warp's 16 rows), kept as
- * the last call's on this thread apart from q, k and v's: a loop of calls
- * that each take a new output encodes it alone. */
+/* O's map (wt_maps.o: boxes of 64 columns by a warp's 16 rows), made only
+ * where the persistent form stages O in a tile of its own (wt_o_tile: the
+ * other forms store from the threads), and kept as the last call's on this
+ * thread apart from q, k and v's: a loop of calls that each take a new
+ * output encodes it alone. */
 struct wt_output_key {
   fa_dtype dt;
   const void *o;
   fa_attn_strides o_st;
-  int64_t B, Hq, Lq, D, Dv;
+  int64_t B, Hq, Lq, D, Dv, bc;
 };
 
 static void wt_encode_output(const fa_attn_problem *p, wt_maps *m) {
@@ -69,9 +71,9 @@ static void wt_encode_output(const fa_attn_problem *p, wt_maps *m) {
   wt_output_key key;
   memset(&key, 0, sizeof key);
   key.dt = p->compute, key.o = p->o, key.o_st = p->o_st;
-  key.B = p->B, key.Hq = p->Hq, key.Lq = p->Lq, key.D = p->D, key.Dv = p->Dv;
+  key.B = p->B, key.Hq = p->Hq, key.Lq = p->Lq, key.D = p->D, key.Dv = p->Dv, key.bc = p->tile_k;
   if (last_ok < 0 || memcmp(&key, &last_key, sizeof key) != 0) {
-    last_ok = p->o && p->Dv == p->D &&
+    last_ok = p->o && p->Dv == p->D && wt_o_tile((int)p->D, (int)p->tile_k) &&
               wt_encode_operand(&last_map, p->compute, p->o, p->o_st, p->Lq, p->Hq, p->B, (int)p->D, 16);
     last_key = key;
   }
@@ -155,7 +157,7 @@ static fa_status launch_persistent(fa_context *ctx, const attn_params *p, const 
 }
 
 static bool wt_persistent(const attn_params *p, const wt_maps &m) {
-  return wt_persistent_takes(m, p->D, p->tile_k, p->Lk, attn_extras_kind(p) == EXTRAS_MASK);
+  return wt_persistent_fits(m, p->D, p->tile_k, p->Lk, attn_extras_kind(p) == EXTRAS_MASK);
 }
 
 /* The call's score rule on the persistent form, or on a block a query tile

@@ -80,7 +80,7 @@ static __host__ __device__ constexpr int wt_stages(int D, int BC) { return wt_sm
 struct wt_maps {
   CUtensorMap q, k, v;
   /* the persistent form's output, written from O's tile (wt_store_o) in boxes of 64 columns by 16 rows
-   * (a warp's); o_mapped 0 where the copy engine refuses it (wt_persistent_takes) */
+   * (a warp's); o_mapped 0 where the copy engine refuses it or no tile of O is staged (wt_persistent_fits) */
   CUtensorMap o;
   int o_mapped;
 };
@@ -97,21 +97,6 @@ int wt_encode_operand(CUtensorMap *m, fa_dtype dt, const void *base, const fa_at
                       int64_t B, int D, int rows);
 fa_status wt_persistent_start(fa_context *ctx, int64_t tiles, unsigned *grid, int **next);
 #endif
-
-/* Whether a call takes the persistent form, for the built-in rules and the
- * variants alike (masked: a bool or float mask; BC: the key tile): at
- * D = 64 with a producer (tiles of 128) and at D = 128, and at D = 256
- * from 16384 keys on (there a block a tile with the consumers' turns is
- * faster on shorter rows, and turns in the persistent form cost 10-12 %);
- * not with a mask, whose instance spills more there (bool masks -9 % at
- * L = 4096; at D = 64 a float mask ran at 0.88-0.96 x the block a tile
- * from 2048 keys on).  H200, 2026-11-27,
- * docs/perf/2026-11-27-attention-h200-persistent.json: D = 128 +2-13 % at
- * L = 1024-8192, -2 to +3 % at 16384; D = 256 +3 % at 16384; D = 64:
- * docs/perf/2026-11-30-d64-producer-h200.json. */
-static __host__ __device__ inline bool wt_persistent_fits(long long D, long long BC, long long Lk, bool masked) {
-  return !masked && !WT_FED(D, BC) && (D == 64 || D == 128 || Lk >= 16384);
-}
 
 /* Whether the persistent form's producer warpgroup has a second warp that
  * takes the query tiles and reduces their key ranges (the scheduler), so
@@ -141,13 +126,24 @@ struct wt_slot {
 static __host__ __device__ constexpr bool wt_o_tile(int D, int BC) { return (D == 128 || D == 64) && BC == WT_BR; }
 
 #if !defined(__CUDACC_RTC__)
-/* The same, given the call's maps: where O leaves through a tile of its own
- * (wt_o_tile), the copy engine writes it (wt_store_o), so O's map must be
- * there; the driver refusing it (it takes every output whose rows lie on
- * 16 bytes, as the kernel's operands must) sends the call to the one-tile
- * form. */
-static inline bool wt_persistent_takes(const wt_maps &m, long long D, long long BC, long long Lk, bool masked) {
-  return wt_persistent_fits(D, BC, Lk, masked) && (m.o_mapped || !wt_o_tile((int)D, (int)BC));
+/* Whether a call takes the persistent form, for the built-in rules and the
+ * variants alike (masked: a bool or float mask; BC: the key tile): at
+ * D = 64 with a producer (tiles of 128) and at D = 128, and at D = 256
+ * from 16384 keys on (there a block a tile with the consumers' turns is
+ * faster on shorter rows, and turns in the persistent form cost 10-12 %);
+ * not with a mask, whose instance spills more there (bool masks -9 % at
+ * L = 4096; at D = 64 a float mask ran at 0.88-0.96 x the block a tile
+ * from 2048 keys on).  H200, 2026-11-27,
+ * docs/perf/2026-11-27-attention-h200-persistent.json: D = 128 +2-13 % at
+ * L = 1024-8192, -2 to +3 % at 16384; D = 256 +3 % at 16384; D = 64:
+ * docs/perf/2026-11-30-d64-producer-h200.json.  Where O leaves through a
+ * tile of its own (wt_o_tile) the copy engine writes it (wt_store_o), so
+ * O's map (m.o_mapped) must be there: the driver refusing it (it takes
+ * every output whose rows lie on 16 bytes, as the kernel's operands must)
+ * sends the call to the one-tile form. */
+static inline bool wt_persistent_fits(const wt_maps &m, long long D, long long BC, long long Lk, bool masked) {
+  return !masked && !WT_FED(D, BC) && (D == 64 || D == 128 || Lk >= 16384) &&
+         (m.o_mapped || !wt_o_tile((int)D, (int)BC));
 }
 #endif
 
