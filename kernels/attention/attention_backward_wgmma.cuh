@@ -177,7 +177,10 @@ static __device__ __forceinline__ int64_t bwg_acc_tile(int64_t bh, int64_t qtile
 
 /* The warp's 16 rows × N columns of dq (its chunks from n0 / 8 of the tile
  * at acc, dq_acc's layout) added in with 16-byte atomics; chunks at or past
- * DG left alone. */
+ * DG left alone.  A warpgroup's share staged in shared memory and added by
+ * one bulk reduction of the copy engine (cp.reduce.async.bulk .add.f32)
+ * was slower: 0.80-0.89x the call's speed, ordered (ORDER) or not (H200,
+ * docs/perf/2026-12-01-backward-order-waits-h200.json). */
 template <int N, int DG>
 static __device__ __forceinline__ void bwg_add_dq(float *acc, int n0, const float (*dq)[4]) {
   const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3;
