@@ -23,8 +23,9 @@
  * get_empty_cache_for_benchmark): the peers' scripts time with do_bench, and a
  * flush of the same length hides the same host cost of queueing a call.  With
  * 128 MiB (about 30 us of writes on an H200) the host's preparation of a
- * variant call (40-80 us at B 4, H 16, L 4096) left the GPU idle between the start event and the
- * first kernel: timed as the call's, where do_bench hid the peer's. */
+ * variant call (40-80 us at B 4, H 16, L 4096) left the GPU idle between
+ * the start event and the first kernel: timed as the call's, where
+ * do_bench hid the peer's. */
 #define DEVICE_FLUSH_ELEMS ((int64_t)64 << 20)
 
 static const char *const bench_keys[] = {"warmup", "rep", "flush_cache", NULL};
