@@ -327,9 +327,10 @@ typedef enum {
 fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_attn_problem *p);
 /* The tests' check of the variants' generated CUDA C without a device:
  * score_mod and mask_mod's unit for dtype compiled by NVRTC for arch (e.g.
- * "sm_90a") with each of the n kernel instances named. */
+ * "sm_90a") with each of the n kernel instances named, those of bit i of
+ * guards as a call compiles the SIMT guard behind a fast kernel. */
 fa_status fa_cuda_variant_compile(fa_context *ctx, const fa_expr *score_mod, const fa_expr *mask_mod, fa_dtype dtype,
-                                  const char *arch, const char *const *names, int n);
+                                  const char *arch, const char *const *names, int n, unsigned guards);
 /* fa_block_mask_new on the device: the state of every tile of Br x Bc of
  * mask_mod e (its tensors on the device) into state (host memory, B·H·nq·nk
  * bytes); a read out of range is recorded in e (fa_expr_fault). */

@@ -220,22 +220,45 @@ static void disk_store(const char *key, size_t keylen, uint64_t h, const char *l
   free(tmp), free(file), free(dir);
 }
 
-/* NVRTC: the cubin (malloc'd) of src for arch with the kernel instance
- * name, and its lowered name (malloc'd). */
-static fa_status rtc_compile(fa_context *ctx, const char *src, const char *arch, const char *name, char **cubin,
-                             size_t *size, char **lowered) {
-  nvrtcProgram prog;
-  nvrtcResult r = nvrtc.create(&prog, src, "flashattn_variant.cu", fa_rtc_source_count, fa_rtc_source_texts,
+/* NVRTC's option for an instance that only guards the call (the SIMT
+ * kernels behind fast ones, run only when V holds NaN or inf): a quicker
+ * compile, so that the first call of a new expression waits for the fast
+ * kernel alone (NVRTC 13.0, bf16, D = 128: the SIMT forward 1.25 s ->
+ * 0.74 s here, 0.7-1.0 s on an H200 node beside the fast kernel's
+ * 1.4-2.4 s).  Not -Ofc=mid or max (0.35-0.42 s): their code keeps a stack
+ * (352 B, 3.8 KB a thread), and with max's every call of a variant took
+ * 0.13-0.19 ms more on an H200, the guard returning at once.  An NVRTC
+ * without -Ofc compiles the guard as the others. */
+static const char RTC_GUARD_OPTION[] = "-Ofc=min";
+
+/* A program of src with the instance name, compiled with opts[0..n). */
+static nvrtcResult rtc_program(nvrtcProgram *prog, const char *src, const char *name, int n, const char *const *opts) {
+  nvrtcResult r = nvrtc.create(prog, src, "flashattn_variant.cu", fa_rtc_source_count, fa_rtc_source_texts,
                                fa_rtc_source_names);
-  if (r != NVRTC_SUCCESS)
-    return fa_fail(ctx, FA_ERR_BACKEND, "flashattn: opts.score_mod / opts.mask_mod: NVRTC: %s", nvrtc.error(r));
-  r = nvrtc.add_name(prog, name);
+  if (r != NVRTC_SUCCESS) return r;
+  r = nvrtc.add_name(*prog, name);
+  return r == NVRTC_SUCCESS ? nvrtc.compile(*prog, n, opts) : r;
+}
+
+/* NVRTC: the cubin (malloc'd) of src for arch with the kernel instance
+ * name (guard: RTC_GUARD_OPTION's), and its lowered name (malloc'd). */
+static fa_status rtc_compile(fa_context *ctx, const char *src, const char *arch, const char *name, bool guard,
+                             char **cubin, size_t *size, char **lowered) {
   const char *inc_env = getenv("FLASHATTN_CUDA_INCLUDE");
   char arch_opt[32], inc_opt[4096];
   snprintf(arch_opt, sizeof arch_opt, "-arch=%s", arch);
   snprintf(inc_opt, sizeof inc_opt, "-I%s", inc_env && *inc_env ? inc_env : FA_CUDA_INCLUDE_DIR);
-  const char *opts[] = {arch_opt, "-std=c++17", "-default-device", "-w", inc_opt};
-  if (r == NVRTC_SUCCESS) r = nvrtc.compile(prog, (int)(sizeof opts / sizeof *opts), opts);
+  const char *opts[] = {arch_opt, "-std=c++17", "-default-device", "-w", inc_opt, RTC_GUARD_OPTION};
+  const int nopts = (int)(sizeof opts / sizeof *opts) - (guard ? 0 : 1);
+  nvrtcProgram prog = NULL;
+  nvrtcResult r = rtc_program(&prog, src, name, nopts, opts);
+  if (r == NVRTC_ERROR_INVALID_OPTION && guard) { /* an NVRTC before -Ofc: the guard as the others */
+    nvrtc.destroy(&prog);
+    prog = NULL;
+    r = rtc_program(&prog, src, name, nopts - 1, opts);
+  }
+  if (!prog)
+    return fa_fail(ctx, FA_ERR_BACKEND, "flashattn: opts.score_mod / opts.mask_mod: NVRTC: %s", nvrtc.error(r));
   fa_status st = FA_OK;
   if (r != NVRTC_SUCCESS) {
     size_t ln = 0;
@@ -262,16 +285,17 @@ static fa_status rtc_compile(fa_context *ctx, const char *src, const char *arch,
   return st;
 }
 
-/* The cache key: the source, the instance, the arch, NVRTC's version and
- * the embedded headers' hash (malloc'd). */
-static char *kernel_key(const char *src, const char *arch, const char *name, uint64_t headers, size_t *len) {
+/* The cache key: the source, the instance, the arch, NVRTC's version, the
+ * embedded headers' hash and whether it is a guard's compile (malloc'd). */
+static char *kernel_key(const char *src, const char *arch, const char *name, bool guard, uint64_t headers,
+                        size_t *len) {
   int major = 0, minor = 0;
   nvrtc.version(&major, &minor);
   const size_t cap = strlen(src) + strlen(name) + 256;
   char *key = (char *)malloc(cap);
   if (!key) return NULL;
-  const int w = snprintf(key, cap, "%s\n// %s nvrtc %d.%d headers %016llx\n// %s", src, arch, major, minor,
-                         (unsigned long long)headers, name);
+  const int w = snprintf(key, cap, "%s\n// %s nvrtc %d.%d headers %016llx%s\n// %s", src, arch, major, minor,
+                         (unsigned long long)headers, guard ? " guard" : "", name);
   *len = (size_t)w;
   return key;
 }
@@ -280,6 +304,7 @@ static char *kernel_key(const char *src, const char *arch, const char *name, uin
 typedef struct {
   const char *src, *name;
   const char *arch;
+  bool guard;
   char *key, *cubin, *lowered;
   size_t keylen, size;
   uint64_t hash;
@@ -289,7 +314,7 @@ typedef struct {
 
 static void *rtc_job_compile(void *arg) {
   rtc_job *j = (rtc_job *)arg;
-  j->st = rtc_compile(&j->err, j->src, j->arch, j->name, &j->cubin, &j->size, &j->lowered);
+  j->st = rtc_compile(&j->err, j->src, j->arch, j->name, j->guard, &j->cubin, &j->size, &j->lowered);
   if (!j->st) disk_store(j->key, j->keylen, j->hash, j->lowered, j->cubin, j->size);
   return NULL;
 }
@@ -302,8 +327,10 @@ static cudaError_t rtc_load(const rtc_job *j, rtc_kernel *k) {
 
 /* The kernels names[0..n) of src for this device: from memory, else from
  * the disk, else compiled, the missing ones side by side (NVRTC takes
- * about a second an instance), and stored on both. */
-static fa_status rtc_kernels_get(fa_context *ctx, const char *src, const char *const *names, int n, cudaKernel_t *out) {
+ * about a second an instance), and stored on both.  Bit i of guards: the
+ * instance names[i] is a guard (RTC_GUARD_OPTION). */
+static fa_status rtc_kernels_get(fa_context *ctx, const char *src, const char *const *names, int n, unsigned guards,
+                                 cudaKernel_t *out) {
   fa_cuda_props dp;
   if (fa_status pst = fa_cuda_device_props(ctx, &dp)) return pst;
   char arch[16];
@@ -318,8 +345,8 @@ static fa_status rtc_kernels_get(fa_context *ctx, const char *src, const char *c
   if (!st && !headers) headers = sources_hash();
   for (int i = 0; !st && i < n; i++) {
     rtc_job *j = &jobs[i];
-    j->src = src, j->name = names[i], j->arch = arch;
-    if (!(j->key = kernel_key(src, arch, names[i], headers, &j->keylen))) {
+    j->src = src, j->name = names[i], j->arch = arch, j->guard = (guards >> i) & 1;
+    if (!(j->key = kernel_key(src, arch, names[i], j->guard, headers, &j->keylen))) {
       st = fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.score_mod: out of host memory");
       break;
     }
@@ -559,10 +586,12 @@ static char *variant_unit(const fa_attn_problem *p, const int64_t *bounds, int *
 
 /* The tests' check without a device (CI has the toolkit, not a GPU): the
  * unit of score_mod and mask_mod for a call of dtype compiled by NVRTC for
- * arch with each of the n kernel instances named, their code dropped; the
- * first that does not compile is the error. */
+ * arch with each of the n kernel instances named (bit i of guards: as a
+ * guard), their code dropped; the first that does not compile is the
+ * error. */
 extern "C" fa_status fa_cuda_variant_compile(fa_context *ctx, const fa_expr *score_mod, const fa_expr *mask_mod,
-                                             fa_dtype dtype, const char *arch, const char *const *names, int n) {
+                                             fa_dtype dtype, const char *arch, const char *const *names, int n,
+                                             unsigned guards) {
   fa_status st = nvrtc_open(ctx);
   if (st) return st;
   fa_attn_problem p;
@@ -575,7 +604,7 @@ extern "C" fa_status fa_cuda_variant_compile(fa_context *ctx, const fa_expr *sco
   for (int i = 0; i < n && !st; i++) {
     char *cubin = NULL, *lowered = NULL;
     size_t size = 0;
-    st = rtc_compile(ctx, src, arch, names[i], &cubin, &size, &lowered);
+    st = rtc_compile(ctx, src, arch, names[i], (guards >> i) & 1, &cubin, &size, &lowered);
     free(cubin), free(lowered);
   }
   free(src);
@@ -790,7 +819,7 @@ extern "C" fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attn_kernel k
   fault_records fr = {NULL, 0, {0, 0}};
   int *v_flag = NULL;
   variant_problem(p, &vp);
-  st = rtc_kernels_get(ctx, src, names, v.n, kern);
+  st = rtc_kernels_get(ctx, src, names, v.n, v.fast ? 1u : 0u, kern); /* the SIMT kernel: a guard behind a fast one */
   if (!st) st = faults_open(ctx, reads, &vp, &fr);
   if (!st && v.fast) st = values_nonfinite_flag(ctx, p, &v_flag, false); /* NaN or inf in V: the SIMT kernel redoes the call */
   if (!st) st = queue_variant(ctx, p, &v, src, kern, &vp, v_flag);
@@ -887,7 +916,7 @@ extern "C" fa_status fa_cuda_attention_backward_variant(fa_context *ctx, fa_attn
   char *src = variant_unit(p, bounds, reads);
   if (!src) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.score_mod: out of host memory");
   cudaKernel_t kern[RTC_KERNELS] = {NULL};
-  st = rtc_kernels_get(ctx, src, list, n, kern);
+  st = rtc_kernels_get(ctx, src, list, n, fast ? 3u : 0u, kern); /* the SIMT ones: guards behind the fast ones */
   free(src);
   if (st) return st;
   fa_variant_problem vp;
@@ -922,7 +951,7 @@ extern "C" fa_status fa_cuda_block_mask(fa_context *ctx, const fa_expr *e, int64
   snprintf(name, sizeof name, "fa_variant_spans_kernel<%lld, %lld>", (long long)Br, (long long)Bc);
   const char *names[1] = {name};
   cudaKernel_t kern = NULL;
-  fa_status st = rtc_kernels_get(ctx, src, names, 1, &kern);
+  fa_status st = rtc_kernels_get(ctx, src, names, 1, 0u, &kern);
   free(src);
   if (st) return st;
   const long long nb = expr_uses(e, FA_X_B) ? B : 1, nh = expr_uses(e, FA_X_H) ? H : 1;

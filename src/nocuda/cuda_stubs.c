@@ -119,8 +119,8 @@ fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attn_kernel kernel, cons
 }
 
 fa_status fa_cuda_variant_compile(fa_context *ctx, const fa_expr *score_mod, const fa_expr *mask_mod, fa_dtype dtype,
-                                  const char *arch, const char *const *names, int n) {
-  (void)score_mod, (void)mask_mod, (void)dtype, (void)arch, (void)names, (void)n;
+                                  const char *arch, const char *const *names, int n, unsigned guards) {
+  (void)score_mod, (void)mask_mod, (void)dtype, (void)arch, (void)names, (void)n, (void)guards;
   return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
 }
 

@@ -31,8 +31,8 @@ static fa_expr *make(fa_context *ctx, nodes *x) {
 }
 
 static void compile(fa_context *ctx, const char *what, const fa_expr *sm, const fa_expr *mm, fa_dtype dtype,
-                    const char *const *names, int n) {
-  const fa_status st = fa_cuda_variant_compile(ctx, sm, mm, dtype, "sm_90a", names, n);
+                    const char *const *names, int n, unsigned guards) {
+  const fa_status st = fa_cuda_variant_compile(ctx, sm, mm, dtype, "sm_90a", names, n, guards);
   CHECK(st == FA_OK, "%s: %s", what, fa_context_error(ctx));
 }
 
@@ -55,16 +55,20 @@ int main(void) {
     const char *bf16[] = {"attn_wgmma_tma_persistent_kernel<__nv_bfloat16, 128, 128, EXTRAS_VARIANT, fa_variant_problem>",
                           "bwg_dkdv_kernel<__nv_bfloat16, 128, EXTRAS_VARIANT, true, fa_variant_problem>",
                           "bwg_dq_kernel<__nv_bfloat16, 128, EXTRAS_VARIANT, fa_variant_problem>",
-                          "fa_variant_spans_kernel<128, 128>"};
-    compile(ctx, "bf16, D = 128", score, mask, FA_BF16, bf16, 4);
+                          "fa_variant_spans_kernel<128, 128>",
+                          /* the SIMT guards behind them, compiled as a call compiles them (-Ofc=max) */
+                          "attn_tiled_kernel<__nv_bfloat16, 64, MODE_FLASH, fa_variant_problem>",
+                          "bw_dkdv_kernel<__nv_bfloat16, 128, fa_variant_problem>",
+                          "bw_dq_kernel<__nv_bfloat16, 128, fa_variant_problem>"};
+    compile(ctx, "bf16, D = 128", score, mask, FA_BF16, bf16, 7, 0x70u);
     const char *f16[] = {"attn_wgmma_kernel<__half, 64, 64, EXTRAS_VARIANT, PASS_FLASH, false, fa_variant_problem>"};
-    compile(ctx, "f16, D = 64", score, NULL, FA_F16, f16, 1);
+    compile(ctx, "f16, D = 64", score, NULL, FA_F16, f16, 1, 0u);
     const char *f32[] = {"attn_tiled_kernel<float, 32, MODE_FLASH, fa_variant_problem>",
                          "bw_dkdv_kernel<float, 64, fa_variant_problem>", "bw_dq_kernel<float, 64, fa_variant_problem>"};
-    compile(ctx, "f32, SIMT", score, mask, FA_F32, f32, 3);
+    compile(ctx, "f32, SIMT", score, mask, FA_F32, f32, 3, 0u);
     /* a name the unit does not define is the error, with NVRTC's word for it */
     const char *bad[] = {"attn_no_such_kernel<float>"};
-    CHECK(fa_cuda_variant_compile(ctx, score, NULL, FA_F32, "sm_90a", bad, 1) != FA_OK &&
+    CHECK(fa_cuda_variant_compile(ctx, score, NULL, FA_F32, "sm_90a", bad, 1, 0u) != FA_OK &&
               strstr(fa_context_error(ctx), "flashattn: ") != NULL,
           "%s", "an unknown instance is an error");
   }
