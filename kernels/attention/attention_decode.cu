@@ -70,13 +70,17 @@ struct decode_args {
   int evict_first; /* K and V under L2's evict-first policy (decode_evict_first) */
 };
 
-/* Paged: the element offset of key j in the pools (the same in K's and
- * V's: D = Dv), page table[j / page_size] of the batch, row j % page_size;
- * a shift for pages of a power of two. */
-static __device__ __forceinline__ int64_t dec_page_offset(const fa_attn_problem &p, const decode_args &a,
-                                                          const int32_t *table, int64_t j) {
-  const int64_t slot = a.pg_shift >= 0 ? j >> a.pg_shift : j / a.pg.page_size;
-  return (int64_t)table[slot] * a.pg.k_page + (j - slot * a.pg.page_size) * p.k_st.s;
+/* Paged: key j's page-table slot, j / page_size (a shift for pages of a
+ * power of two). */
+static __device__ __forceinline__ int64_t dec_page_slot(const decode_args &a, int64_t j) {
+  return a.pg_shift >= 0 ? j >> a.pg_shift : j / a.pg.page_size;
+}
+/* The element offset of key j in the pools (the same in K's and V's:
+ * D = Dv): page `page` (the table's entry at dec_page_slot), row
+ * j % page_size. */
+static __device__ __forceinline__ int64_t dec_page_offset(const fa_attn_problem &p, const decode_args &a, int32_t page,
+                                                          int64_t j) {
+  return (int64_t)page * a.pg.k_page + (j - dec_page_slot(a, j) * a.pg.page_size) * p.k_st.s;
 }
 
 /* Keys [j0, j0 + DEC_BC) of one key head into the K and V tiles (swizzled
@@ -199,16 +203,28 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
 
   const T *kbase = (const T *)p.k + (PAGED ? hk * p.k_st.h : attn_at(p.k_st, b, hk, 0));
   const T *vbase = (const T *)p.v + (PAGED ? hk * p.v_st.h : attn_at(p.v_st, b, hk, 0));
-  /* paged: the rows' offsets of tile u in rowoff[u % 4], made at the end
-   * of the iteration before the one that copies the tile (the first
-   * three here) */
+  /* paged: the offset of tile u's row r in rowoff[u % 4][r], made by
+   * thread r at the end of the iteration before the one that copies the
+   * tile (the first three here), from the table's entry that thread
+   * fetched into page[u % 4][r] by cp.async with the tiles two iterations
+   * earlier: no thread waits for a read of the table.  Read within the
+   * iteration, it held pages of 16 at 1.09-1.17 x the contiguous call's
+   * time (now 1.02-1.04; H200, docs/perf/2026-12-01-decode-paged-table-ahead-h200.json) */
   __shared__ int64_t rowoff[PAGED ? 4 : 1][DEC_BC];
+  __shared__ int32_t page[PAGED ? 4 : 1][DEC_BC];
   const int32_t *table = PAGED ? a.pg.table + b * a.pg.max_pages : NULL;
-  if (PAGED && tid < DEC_BC)
+  /* thread tid < DEC_BC: tile u's entry of row tid into page[u % 4] */
+  auto fetch_page = [&](int u) {
+    const int64_t j = kb + (int64_t)u * DEC_BC + tid;
+    cp_async4(&page[u % 4][tid], j < ke ? table + dec_page_slot(a, j) : table, j < ke ? 4 : 0);
+  };
+  if (PAGED && tid < DEC_BC) {
     for (int u = 0; u < DEC_STAGES && u < ntiles; u++) {
       const int64_t j = kb + (int64_t)u * DEC_BC + tid;
-      rowoff[u][tid] = j < ke ? dec_page_offset(p, a, table, j) : 0;
+      rowoff[u][tid] = j < ke ? dec_page_offset(p, a, table[dec_page_slot(a, j)], j) : 0;
     }
+    for (int u = DEC_STAGES; u < DEC_STAGES + 2 && u < ntiles; u++) fetch_page(u); /* with tile 0's copies */
+  }
   if (PAGED) __syncthreads();
 #pragma unroll
   for (int st = 0; st < DEC_STAGES - 1; st++) {
@@ -263,13 +279,8 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
       char *kn = dec_smem + (tn % DEC_STAGES) * 2 * TILE;
       if (tn < ntiles)
         dec_load<T, D, PAGED, WG>(kn, kn + TILE, p, a, kbase, vbase, rowoff[PAGED ? tn % 4 : 0], kb + (int64_t)tn * DEC_BC, ke);
+      if (PAGED && tid < DEC_BC && tn + 3 < ntiles) fetch_page(tn + 3); /* tile tn's group: read at tn's end */
       cp_async_commit();
-    }
-    /* paged: the table entries of tile tn + 1, read now, used next iteration */
-    int64_t next_off = 0;
-    if (PAGED && tid < DEC_BC && tn + 1 < ntiles) {
-      const int64_t j = kb + (int64_t)(tn + 1) * DEC_BC + tid;
-      if (j < ke) next_off = dec_page_offset(p, a, table, j);
     }
     const char *kt = dec_smem + (t % DEC_STAGES) * 2 * TILE, *vt = kt + TILE;
     const int64_t j0 = kb + (int64_t)t * DEC_BC + kw;
@@ -340,7 +351,10 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
         }
       }
     }
-    if (PAGED && tid < DEC_BC && tn + 1 < ntiles) rowoff[(tn + 1) % 4][tid] = next_off; /* read after the next barrier */
+    if (PAGED && tid < DEC_BC && tn + 1 < ntiles) { /* the entry came with tile t's group; read after the barrier */
+      const int64_t j = kb + (int64_t)(tn + 1) * DEC_BC + tid;
+      rowoff[(tn + 1) % 4][tid] = j < ke ? dec_page_offset(p, a, page[(tn + 1) % 4][tid], j) : 0;
+    }
   }
   cp_async_wait<0>();
   __syncthreads(); /* the tiles are free: the warps' states meet there */

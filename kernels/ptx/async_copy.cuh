@@ -14,6 +14,12 @@ static __device__ __forceinline__ uint32_t smem_addr(const void *p) { return (ui
 static __device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
 }
+/* 4 bytes global -> shared (cp.async.ca: the sizes below 16), src_bytes
+ * = 0 fills zeros: the decode kernel's page-table entries, fetched ahead
+ * with the tiles. */
+static __device__ __forceinline__ void cp_async4(void *dst, const void *src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
 /* An L2 policy for data read once (a decode step's K and V): its lines
  * are the first evicted, so that streaming them replaces each other
  * rather than what else L2 holds (dirty lines among it would be written
