@@ -11,22 +11,24 @@
 local root = (arg and arg[0] or ""):match("^(.*)/scripts/[^/]*$") or "."
 package.path = root .. "/lua/?.lua;" .. package.path
 local fa = require "flashattn"
+local sweep = require "flashattn.sweep"
 local NAME = "probe_paged_decode.lua"
-local ncu, small, json_path = false, false, nil
-local i = 1
-while arg and arg[i] do
-  if arg[i] == "--ncu" then ncu = true
-  elseif arg[i] == "--small" then small = true
-  elseif arg[i] == "--json" and arg[i + 1] then json_path, i = arg[i + 1], i + 1
-  else error(NAME .. ": options: --ncu, --small, --json FILE", 0) end
-  i = i + 1
+local function parse(argv)
+  local p = require "argparse"(NAME, "Paged decode against the contiguous call.")
+  p:flag("--ncu", "no timing: three calls of each at B = 8, Lk = 32k, for ncu")
+  p:flag("--small", "f32 on the CPU at a small size, a smoke test")
+  p:option("--json", "write the results to this JSON file")
+  return sweep.parse_args(p, argv, NAME)
 end
+local opts = sweep.main(NAME, parse, { ... })
+local ncu, small, json_path = opts.ncu, opts.small, opts.json
 local dev, dt = small and "cpu" or "cuda", small and "f32" or "bf16"
 local Hq, Hkv, D = small and 4 or 32, small and 2 or 8, small and 32 or 128
 local shapes = small and { { 2, 100 }, { 1, 300 } } or ncu and { { 8, 32768 } }
                or { { 8, 4096 }, { 8, 32768 }, { 8, 131072 }, { 64, 4096 }, { 64, 32768 } }
-local out = { meta = { gpu = fa.device_info(dev).name or dev, dtype = dt, Hq = Hq, Hkv = Hkv, D = D, pages = { 16, 256 },
-  timing = "fa.bench, L2 flushed, warmup 3, 30 repetitions, median; contiguous, pages of 16 and of 256 in turns" },
+local out = { meta = sweep.run_meta("fixed: q 1, k 2, v 3", { gpu = fa.device_info(dev).name or dev, dtype = dt,
+  Hq = Hq, Hkv = Hkv, D = D, pages = { 16, 256 },
+  timing = "fa.bench, L2 flushed, warmup 3, 30 repetitions, median; contiguous, pages of 16 and of 256 in turns" }),
   results = {} }
 for _, shape in ipairs(shapes) do
   local B, L = shape[1], shape[2]
@@ -39,11 +41,12 @@ for _, shape in ipairs(shapes) do
     local c = fa.kv_cache { batch = B, heads = Hkv, dim = D, capacity = L, page_size = ps, dtype = dt, device = dev }
     c:append(k, v)
     local o = c:attend(q)
-    row["p" .. ps .. "_max_abs_diff"] = fa.max_abs_diff(o, ref)
+    local diff = fa.max_abs_diff(o, ref)
     o:free()
-    if row["p" .. ps .. "_max_abs_diff"] > (small and 1e-5 or 0) then
+    row["p" .. ps .. "_max_abs_diff"] = diff
+    if diff > (small and 1e-5 or 0) then
       error(("%s: B %d Lk %d pages of %d: the paged output differs from the contiguous call's by %g"):format(NAME, B, L,
-        ps, row["p" .. ps .. "_max_abs_diff"]), 0)
+        ps, diff), 0)
     end
     caches[#caches + 1] = c
     calls["p" .. ps] = function() c:attend(q):free() end
@@ -70,8 +73,6 @@ for _, shape in ipairs(shapes) do
   collectgarbage()
 end
 if json_path then
-  local f = assert(io.open(json_path, "w"))
-  f:write(require("cjson").encode(out))
-  f:close()
+  sweep.write_json_object(out, json_path)
   print(NAME .. ": wrote " .. json_path)
 end

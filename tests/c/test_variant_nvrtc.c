@@ -56,7 +56,7 @@ int main(void) {
                           "bwg_dkdv_kernel<__nv_bfloat16, 128, EXTRAS_VARIANT, true, fa_variant_problem>",
                           "bwg_dq_kernel<__nv_bfloat16, 128, EXTRAS_VARIANT, fa_variant_problem>",
                           "fa_variant_spans_kernel<128, 128>",
-                          /* the SIMT guards behind them, compiled as a call compiles them (-Ofc=max) */
+                          /* the SIMT guards behind them, compiled as a call compiles them (RTC_GUARD_OPTION) */
                           "attn_tiled_kernel<__nv_bfloat16, 64, MODE_FLASH, fa_variant_problem>",
                           "bw_dkdv_kernel<__nv_bfloat16, 128, fa_variant_problem>",
                           "bw_dq_kernel<__nv_bfloat16, 128, fa_variant_problem>"};
