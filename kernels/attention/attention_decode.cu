@@ -21,10 +21,15 @@
  * kernels' fragment code (attention_frag.cuh).
  *
  * NaN or inf in V: a masked key's weight is 0, and 0 · NaN = NaN on the
- * tensor cores would reach rows that never attend it.  Each thread checks
- * the value chunks it copied into a tile, the tile's barrier gathers the
- * answer, and a tile with NaN or inf goes through a scalar product that
- * skips zero weights: exact, with no second kernel and no scan of V. */
+ * tensor cores would reach rows that never attend it.  A block whose O
+ * holds NaN or inf at the end of its chunk (the only way such a V shows)
+ * reads the chunk a second time with every P·V a scalar product that
+ * skips zero weights: exact, and NaN or inf in q or k, or in V at an
+ * attended key, come out as they did.  This replaced a check of every V
+ * tile; with it gone and O's rescale skipped where no row's maximum rose,
+ * the kernel executes 34 % fewer instructions (B = 8, Lk = 128k) and the
+ * long streams take 1.3-1.8 % less time (H200,
+ * docs/perf/2026-12-01-decode-v-check-late-h200.json). */
 #include "attention_frag.cuh"
 #include "attention_registry.h"
 #include "attention_wgmma.cuh"
@@ -128,20 +133,6 @@ static __device__ __forceinline__ void dec_load(char *kt, char *vt, const fa_att
   else dec_copy<T, D, PAGED, WG, false>(kt, vt, p, kb, vb, rowoff, j0, end);
 }
 
-/* Whether the chunks of a V tile that this thread copied (dec_load's)
- * hold NaN or inf: after the thread's cp.async.wait its own copies are
- * visible to it, so the block's barrier can carry the answer
- * (__syncthreads_or) and no warp checks fragments it did not copy. */
-template <typename T, int D, bool WG> static __device__ __forceinline__ bool dec_v_nonfinite(const char *vt) {
-  const int CH = D / 8, STEP = DEC_THREADS / CH;
-  const int chunk = threadIdx.x % CH, row0 = threadIdx.x / CH;
-  uint32_t bits = 0;
-#pragma unroll
-  for (int it = 0; it < DEC_BC / STEP; it++)
-    bits |= words_nonfinite_bits<T>(*(const uint4 *)(vt + dec_at<D, WG>(row0 + it * STEP, chunk)));
-  return nonfinite_in_bits<T>(bits);
-}
-
 /* O += P·V for 16 keys (rows kr..kr+15 of the V tile) one key at a time,
  * skipping zero weights: the exact product for the rare tile with NaN or
  * inf in V.  s holds P (f32) in the accumulator layout, keys n·8 + c2 (+1)
@@ -218,22 +209,6 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
     const int64_t j = kb + (int64_t)u * DEC_BC + tid;
     cp_async4(&page[u % 4][tid], j < ke ? table + dec_page_slot(a, j) : table, j < ke ? 4 : 0);
   };
-  if (PAGED && tid < DEC_BC) {
-    for (int u = 0; u < DEC_STAGES && u < ntiles; u++) {
-      const int64_t j = kb + (int64_t)u * DEC_BC + tid;
-      rowoff[u][tid] = j < ke ? dec_page_offset(p, a, table[dec_page_slot(a, j)], j) : 0;
-    }
-    for (int u = DEC_STAGES; u < DEC_STAGES + 2 && u < ntiles; u++) fetch_page(u); /* with tile 0's copies */
-  }
-  if (PAGED) __syncthreads();
-#pragma unroll
-  for (int st = 0; st < DEC_STAGES - 1; st++) {
-    if (st < ntiles)
-      dec_load<T, D, PAGED, WG>(dec_smem + st * 2 * TILE, dec_smem + st * 2 * TILE + TILE, p, a, kbase, vbase, rowoff[PAGED ? st : 0],
-                            kb + st * DEC_BC, ke);
-    cp_async_commit();
-  }
-
   /* the warp's two packed rows: query row i of head h (a row past G·Lq has
    * i = Lq: no keys, never stored) */
   const int g = lane >> 2, c2 = (lane & 3) * 2, rA = rg * 16 + g, rB = rA + 8;
@@ -249,114 +224,143 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
   r.loA = max(r.loA, kb), r.hiA = max(min(r.hiA, ke), r.loA);
   r.loB = max(r.loB, kb), r.hiB = max(min(r.hiB, ke), r.loB);
   uint32_t qf[D / 16][4]; /* Q as mma A fragments, straight from memory (a few rows) */
-  {
-    const T *qA = (const T *)p.q + attn_at(p.q_st, b, hA, okA ? r.iA : 0) + c2;
-    const T *qB = (const T *)p.q + attn_at(p.q_st, b, hB, okB ? r.iB : 0) + c2;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) {
-      qf[kk][0] = okA ? *(const uint32_t *)(qA + kk * 16) : 0u;
-      qf[kk][1] = okB ? *(const uint32_t *)(qB + kk * 16) : 0u;
-      qf[kk][2] = okA ? *(const uint32_t *)(qA + kk * 16 + 8) : 0u;
-      qf[kk][3] = okB ? *(const uint32_t *)(qB + kk * 16 + 8) : 0u;
-    }
-  }
   float o[D / 8][4];
-#pragma unroll
-  for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
   const bool scale_pos = frag_scale_positive(p);
   const int kw = ks * NC * 8; /* the warp's first key in a tile */
 
-  for (int t = 0; t < ntiles; t++) {
-    cp_async_wait<DEC_STAGES - 2>();
-#if DEC_WGMMA_BUILD
-    if (WG) fence_proxy_async(); /* the copies, visible to wgmma's reads */
-#endif
-    /* tile t is in; the buffer of tile t - 1 is free; and whether V's tile
-     * holds NaN or inf, each thread checking the chunks it copied */
-    const bool v_bad = __syncthreads_or(dec_v_nonfinite<T, D, WG>(dec_smem + (t % DEC_STAGES) * 2 * TILE + TILE));
-    const int tn = t + DEC_STAGES - 1;
-    {
-      char *kn = dec_smem + (tn % DEC_STAGES) * 2 * TILE;
-      if (tn < ntiles)
-        dec_load<T, D, PAGED, WG>(kn, kn + TILE, p, a, kbase, vbase, rowoff[PAGED ? tn % 4 : 0], kb + (int64_t)tn * DEC_BC, ke);
-      if (PAGED && tid < DEC_BC && tn + 3 < ntiles) fetch_page(tn + 3); /* tile tn's group: read at tn's end */
+  /* pass 0 multiplies every tile on the tensor cores; a second pass, only
+   * where pass 0 left NaN or inf in O, reads the chunk again with every
+   * P·V the exact product (the header's NaN or inf in V) */
+  for (int pass = 0;; pass++) {
+    if (PAGED && tid < DEC_BC) {
+      for (int u = 0; u < DEC_STAGES && u < ntiles; u++) {
+        const int64_t j = kb + (int64_t)u * DEC_BC + tid;
+        rowoff[u][tid] = j < ke ? dec_page_offset(p, a, table[dec_page_slot(a, j)], j) : 0;
+      }
+      for (int u = DEC_STAGES; u < DEC_STAGES + 2 && u < ntiles; u++) fetch_page(u); /* with tile 0's copies */
+    }
+    if (PAGED) __syncthreads();
+#pragma unroll
+    for (int st = 0; st < DEC_STAGES - 1; st++) {
+      if (st < ntiles)
+        dec_load<T, D, PAGED, WG>(dec_smem + st * 2 * TILE, dec_smem + st * 2 * TILE + TILE, p, a, kbase, vbase,
+                                  rowoff[PAGED ? st : 0], kb + st * DEC_BC, ke);
       cp_async_commit();
     }
-    const char *kt = dec_smem + (t % DEC_STAGES) * 2 * TILE, *vt = kt + TILE;
-    const int64_t j0 = kb + (int64_t)t * DEC_BC + kw;
+    if (pass == 0) { /* Q once, while the first tiles arrive */
+      const T *qA = (const T *)p.q + attn_at(p.q_st, b, hA, okA ? r.iA : 0) + c2;
+      const T *qB = (const T *)p.q + attn_at(p.q_st, b, hB, okB ? r.iB : 0) + c2;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; kk++) {
+        qf[kk][0] = okA ? *(const uint32_t *)(qA + kk * 16) : 0u;
+        qf[kk][1] = okB ? *(const uint32_t *)(qB + kk * 16) : 0u;
+        qf[kk][2] = okA ? *(const uint32_t *)(qA + kk * 16 + 8) : 0u;
+        qf[kk][3] = okB ? *(const uint32_t *)(qB + kk * 16 + 8) : 0u;
+      }
+    }
+#pragma unroll
+    for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+    r.mA = r.mB = -INFINITY, r.lA = r.lB = 0.f;
+    for (int t = 0; t < ntiles; t++) {
+      cp_async_wait<DEC_STAGES - 2>();
+#if DEC_WGMMA_BUILD
+      if (WG) fence_proxy_async(); /* the copies, visible to wgmma's reads */
+#endif
+      __syncthreads(); /* tile t is in; the buffer of tile t - 1 is free */
+      const bool v_bad = pass > 0; /* the second pass: every P·V by the exact product */
+      const int tn = t + DEC_STAGES - 1;
+      {
+        char *kn = dec_smem + (tn % DEC_STAGES) * 2 * TILE;
+        if (tn < ntiles)
+          dec_load<T, D, PAGED, WG>(kn, kn + TILE, p, a, kbase, vbase, rowoff[PAGED ? tn % 4 : 0],
+                                    kb + (int64_t)tn * DEC_BC, ke);
+        if (PAGED && tid < DEC_BC && tn + 3 < ntiles) fetch_page(tn + 3); /* tile tn's group: read at tn's end */
+        cp_async_commit();
+      }
+      const char *kt = dec_smem + (t % DEC_STAGES) * 2 * TILE, *vt = kt + TILE;
+      const int64_t j0 = kb + (int64_t)t * DEC_BC + kw;
 
-    float s[NC][4];
-    if constexpr (WG) {
+      float s[NC][4];
+      if constexpr (WG) {
 #if DEC_WGMMA_BUILD /* S = Q·Kᵀ for the 64 rows, K-major from the tile's column blocks */
-      qk_issue_rs<T, D, DEC_BC>(s, qf, smem_addr(kt));
-      wgmma_wait<0>();
-      wgmma_hold<NC * 4>(&s[0][0]);
-#endif
-    } else {
-#pragma unroll
-      for (int n = 0; n < NC; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < D / 16; kk++)
-#pragma unroll
-        for (int n = 0; n < NC; n += 2) {
-          uint32_t bf[4];
-          const int key = kw + n * 8 + (lane & 7) + ((lane >> 4) << 3);
-          ldmatrix_x4(bf, smem_addr(kt + swz<D / 8>(key, kk * 2 + ((lane >> 3) & 1))));
-          mma16816<T>(s[n], qf[kk], bf[0], bf[1]);
-          mma16816<T>(s[n + 1], qf[kk], bf[2], bf[3]);
-        }
-    }
-    const bool full = scale_pos && j0 >= all_lo && j0 + NC * 8 <= all_hi;
-    float alphaA, alphaB;
-    frag_softmax_tile<NC, EXTRAS>(p, b, hA, j0, c2, full, r, s, &alphaA, &alphaB, hB);
-    frag_rescale<D / 8>(o, alphaA, alphaB);
-
-    if constexpr (WG) {
-#if DEC_WGMMA_BUILD /* O += P·V, V read N-major (transposed) from the tile */
-      if (v_bad) {
-#pragma unroll
-        for (int kk = 0; kk < NC / 2; kk++) dec_pv_exact<T, D, WG>(o, s, kk, vt, kk * 16, lane);
-      } else {
-        uint32_t pa[NC / 2][4];
-        p_pack<T, DEC_BC>(pa, s);
-        pv_issue<T, D, DEC_BC>(o, pa, smem_addr(vt));
+        qk_issue_rs<T, D, DEC_BC>(s, qf, smem_addr(kt));
         wgmma_wait<0>();
-        wgmma_hold<D / 2>(&o[0][0]);
-      }
+        wgmma_hold<NC * 4>(&s[0][0]);
 #endif
-    } else
+      } else {
 #pragma unroll
-    for (int kk = 0; kk < NC / 2; kk++) {
-      uint32_t pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                        pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-      if (v_bad) { /* rare: NaN or inf somewhere in this tile of V */
-        dec_pv_exact<T, D, WG>(o, s, kk, vt, kw + kk * 16, lane);
-        continue;
+        for (int n = 0; n < NC; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++)
+#pragma unroll
+          for (int n = 0; n < NC; n += 2) {
+            uint32_t bf[4];
+            const int key = kw + n * 8 + (lane & 7) + ((lane >> 4) << 3);
+            ldmatrix_x4(bf, smem_addr(kt + swz<D / 8>(key, kk * 2 + ((lane >> 3) & 1))));
+            mma16816<T>(s[n], qf[kk], bf[0], bf[1]);
+            mma16816<T>(s[n + 1], qf[kk], bf[2], bf[3]);
+          }
       }
-      /* the value columns in two halves, so that half the fragments are
-       * held at once (registers: the 64-row instances were at the cap) */
+      const bool full = scale_pos && j0 >= all_lo && j0 + NC * 8 <= all_hi;
+      float alphaA, alphaB;
+      frag_softmax_tile<NC, EXTRAS>(p, b, hA, j0, c2, full, r, s, &alphaA, &alphaB, hB);
+      /* O rescaled only where a row's maximum rose (alpha = 1 leaves it as it is): 64 multiplies a tile that
+       * the long streams mostly skip */
+      if (__any_sync(0xffffffffu, alphaA != 1.f || alphaB != 1.f)) frag_rescale<D / 8>(o, alphaA, alphaB);
+
+      if constexpr (WG) {
+#if DEC_WGMMA_BUILD /* O += P·V, V read N-major (transposed) from the tile */
+        if (v_bad) {
 #pragma unroll
-      for (int half = 0; half < 2; half++) {
-        uint32_t vf[D / 32][4];
-#pragma unroll
-        for (int d = 0; d < D / 32; d++) {
-          const int chunk = 2 * (half * D / 32 + d) + (lane >> 4);
-          ldmatrix_x4_trans(vf[d], smem_addr(vt + swz<D / 8>(kw + kk * 16 + (lane & 15), chunk)));
+          for (int kk = 0; kk < NC / 2; kk++) dec_pv_exact<T, D, WG>(o, s, kk, vt, kk * 16, lane);
+        } else {
+          uint32_t pa[NC / 2][4];
+          p_pack<T, DEC_BC>(pa, s);
+          pv_issue<T, D, DEC_BC>(o, pa, smem_addr(vt));
+          wgmma_wait<0>();
+          wgmma_hold<D / 2>(&o[0][0]);
         }
+#endif
+      } else
 #pragma unroll
-        for (int d = 0; d < D / 32; d++) {
-          const int dd = half * D / 32 + d;
-          mma16816<T>(o[2 * dd], pa, vf[d][0], vf[d][1]);
-          mma16816<T>(o[2 * dd + 1], pa, vf[d][2], vf[d][3]);
+      for (int kk = 0; kk < NC / 2; kk++) {
+        uint32_t pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                          pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        if (v_bad) { /* rare: NaN or inf somewhere in this tile of V */
+          dec_pv_exact<T, D, WG>(o, s, kk, vt, kw + kk * 16, lane);
+          continue;
         }
+        /* the value columns in two halves, so that half the fragments are
+         * held at once (registers: the 64-row instances were at the cap) */
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+          uint32_t vf[D / 32][4];
+#pragma unroll
+          for (int d = 0; d < D / 32; d++) {
+            const int chunk = 2 * (half * D / 32 + d) + (lane >> 4);
+            ldmatrix_x4_trans(vf[d], smem_addr(vt + swz<D / 8>(kw + kk * 16 + (lane & 15), chunk)));
+          }
+#pragma unroll
+          for (int d = 0; d < D / 32; d++) {
+            const int dd = half * D / 32 + d;
+            mma16816<T>(o[2 * dd], pa, vf[d][0], vf[d][1]);
+            mma16816<T>(o[2 * dd + 1], pa, vf[d][2], vf[d][3]);
+          }
+        }
+      }
+      if (PAGED && tid < DEC_BC && tn + 1 < ntiles) { /* the entry came with tile t's group; read after the barrier */
+        const int64_t j = kb + (int64_t)(tn + 1) * DEC_BC + tid;
+        rowoff[(tn + 1) % 4][tid] = j < ke ? dec_page_offset(p, a, page[(tn + 1) % 4][tid], j) : 0;
       }
     }
-    if (PAGED && tid < DEC_BC && tn + 1 < ntiles) { /* the entry came with tile t's group; read after the barrier */
-      const int64_t j = kb + (int64_t)(tn + 1) * DEC_BC + tid;
-      rowoff[(tn + 1) % 4][tid] = j < ke ? dec_page_offset(p, a, page[(tn + 1) % 4][tid], j) : 0;
-    }
+    cp_async_wait<0>();
+    if (pass > 0) break;
+    /* NaN or inf anywhere in this O (a sum overflowing to inf counts too): the chunk again, exactly */
+    bool bad = false;
+#pragma unroll
+    for (int d = 0; d < D / 8; d++) bad |= !isfinite(o[d][0] + o[d][1] + o[d][2] + o[d][3]);
+    if (!__syncthreads_or(bad)) break;
   }
-  cp_async_wait<0>();
   __syncthreads(); /* the tiles are free: the warps' states meet there */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   /* the merge launch may start now (its blocks wait for this grid's

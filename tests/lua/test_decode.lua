@@ -121,6 +121,18 @@ function TestDecode:test_nonfinite_values_on_cuda()
   local km, vm = U.randn({3, 8, 1500, 128}, "bf16"), U.randn({3, 8, 1500, 128}, "bf16")
   U.check_attention(fa.tensor(qm, {dtype = "bf16", device = dev}), km, vm, {splits = 6, return_lse = true},
     "decode NaN in q, 1536 rows, splits 6")
+  -- NaN and inf in V at the last keys, causal: the query rows that attend them are NaN or inf, the rows before
+  -- them finite (the block's second pass, with every P·V exact, gives both)
+  local vc = U.randn({1, 2, 700, 128}, "f32"):cpu():totable()
+  vc[1][1][700][3], vc[1][2][699][11], vc[1][2][698][4] = 0 / 0, 1 / 0, -1 / 0
+  local kc, vcn = U.randn({1, 2, 700, 128}, "bf16"), fa.tensor(vc, {dtype = "bf16", device = dev})
+  for _, qs in ipairs({{1, 8, 4, 128}, {1, 8, 16, 128}}) do
+    local q = U.randn(qs, "bf16")
+    for _, s in ipairs({"auto", 1, 3}) do
+      U.check_attention(q, kc, vcn, {causal = true, splits = s},
+        ("decode NaN/inf in V at attended keys, Lq %d, splits %s"):format(qs[3], s))
+    end
+  end
   -- 4 rows a key head, and 64 (four row groups: wgmma on Hopper)
   for _, qs in ipairs({{2, 4, 2, 128}, {2, 8, 16, 128}}) do
     local q = U.randn(qs, "bf16")
