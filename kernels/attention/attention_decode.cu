@@ -75,6 +75,11 @@ struct decode_args {
   int evict_first; /* K and V under L2's evict-first policy (decode_evict_first) */
 };
 
+/* Paged: the key of row `row` of tile u of a chunk that starts at key kb
+ * (the row a thread tid < DEC_BC fetches the table entry of). */
+static __device__ __forceinline__ int64_t dec_tile_key(int64_t kb, int u, int row) {
+  return kb + (int64_t)u * DEC_BC + row;
+}
 /* Paged: key j's page-table slot, j / page_size (a shift for pages of a
  * power of two). */
 static __device__ __forceinline__ int64_t dec_page_slot(const decode_args &a, int64_t j) {
@@ -134,8 +139,8 @@ static __device__ __forceinline__ void dec_load(char *kt, char *vt, const fa_att
 }
 
 /* O += P·V for 16 keys (rows kr..kr+15 of the V tile) one key at a time,
- * skipping zero weights: the exact product for the rare tile with NaN or
- * inf in V.  s holds P (f32) in the accumulator layout, keys n·8 + c2 (+1)
+ * skipping zero weights: the exact product of the rare second pass over a
+ * chunk whose O came out NaN or inf (NaN or inf in V).  s holds P (f32) in the accumulator layout, keys n·8 + c2 (+1)
  * of chunks 2kk and 2kk + 1. */
 template <typename T, int D, bool WG>
 static __device__ __forceinline__ void dec_pv_exact(float (*o)[4], const float (*s)[4], int kk, const char *vt, int kr,
@@ -206,7 +211,7 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
   const int32_t *table = PAGED ? a.pg.table + b * a.pg.max_pages : NULL;
   /* thread tid < DEC_BC: tile u's entry of row tid into page[u % 4] */
   auto fetch_page = [&](int u) {
-    const int64_t j = kb + (int64_t)u * DEC_BC + tid;
+    const int64_t j = dec_tile_key(kb, u, tid);
     cp_async4(&page[u % 4][tid], j < ke ? table + dec_page_slot(a, j) : table, j < ke ? 4 : 0);
   };
   /* the warp's two packed rows: query row i of head h (a row past G·Lq has
@@ -234,7 +239,7 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
   for (int pass = 0;; pass++) {
     if (PAGED && tid < DEC_BC) {
       for (int u = 0; u < DEC_STAGES && u < ntiles; u++) {
-        const int64_t j = kb + (int64_t)u * DEC_BC + tid;
+        const int64_t j = dec_tile_key(kb, u, tid);
         rowoff[u][tid] = j < ke ? dec_page_offset(p, a, table[dec_page_slot(a, j)], j) : 0;
       }
       for (int u = DEC_STAGES; u < DEC_STAGES + 2 && u < ntiles; u++) fetch_page(u); /* with tile 0's copies */
@@ -267,7 +272,7 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
       if (WG) fence_proxy_async(); /* the copies, visible to wgmma's reads */
 #endif
       __syncthreads(); /* tile t is in; the buffer of tile t - 1 is free */
-      const bool v_bad = pass > 0; /* the second pass: every P·V by the exact product */
+      const bool exact = pass > 0; /* the second pass: every P·V by the exact product */
       const int tn = t + DEC_STAGES - 1;
       {
         char *kn = dec_smem + (tn % DEC_STAGES) * 2 * TILE;
@@ -310,7 +315,7 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
 
       if constexpr (WG) {
 #if DEC_WGMMA_BUILD /* O += P·V, V read N-major (transposed) from the tile */
-        if (v_bad) {
+        if (exact) {
 #pragma unroll
           for (int kk = 0; kk < NC / 2; kk++) dec_pv_exact<T, D, WG>(o, s, kk, vt, kk * 16, lane);
         } else {
@@ -326,7 +331,7 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
       for (int kk = 0; kk < NC / 2; kk++) {
         uint32_t pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
                           pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-        if (v_bad) { /* rare: NaN or inf somewhere in this tile of V */
+        if (exact) { /* the second pass (NaN or inf in this chunk's O) */
           dec_pv_exact<T, D, WG>(o, s, kk, vt, kw + kk * 16, lane);
           continue;
         }
@@ -349,7 +354,7 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
         }
       }
       if (PAGED && tid < DEC_BC && tn + 1 < ntiles) { /* the entry came with tile t's group; read after the barrier */
-        const int64_t j = kb + (int64_t)(tn + 1) * DEC_BC + tid;
+        const int64_t j = dec_tile_key(kb, tn + 1, tid);
         rowoff[(tn + 1) % 4][tid] = j < ke ? dec_page_offset(p, a, page[(tn + 1) % 4][tid], j) : 0;
       }
     }
