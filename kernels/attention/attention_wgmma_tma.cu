@@ -177,6 +177,7 @@ template <typename T, int D, int BC> static fa_status launch_extras(fa_context *
 template <typename T> static fa_status tma_typed(fa_context *ctx, const attn_params *p, const wt_maps &m) {
   if (p->D == 64 && p->tile_k == 128) return launch_extras<T, 64, 128>(ctx, p, m);
   if (p->D == 64) return launch_extras<T, 64, 64>(ctx, p, m);
+  if (p->D == 256 && p->tile_k == 80) return launch_extras<T, 256, 80>(ctx, p, m);
   if (p->D == 256) return launch_extras<T, 256, 64>(ctx, p, m);
   if (p->tile_k == 176) return launch_extras<T, 128, 176>(ctx, p, m);
   return launch_extras<T, 128, 128>(ctx, p, m);
@@ -206,10 +207,10 @@ static int tma_fit(fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc,
   return 1;
 }
 
-/* key tiles of 128 (its default at D = 64 and 128), 176 at D = 128 and 64 at D = 64 and 256 */
+/* key tiles of 128 (its default at D = 64 and 128), 176 at D = 128, 64 at D = 64 and 64 or 80 at D = 256 */
 static bool tma_tile_ok(int64_t D, int64_t br, int64_t bc) {
   return br == WT_BR && ((D == 64 && (bc == 64 || bc == 128)) || (D == 128 && (bc == 128 || bc == 176)) ||
-                         (D == 256 && bc == 64));
+                         (D == 256 && (bc == 64 || bc == 80)));
 }
 
 /* The keys a query tile of the call takes, on average over its rows: all of them, fewer under a
@@ -234,10 +235,18 @@ static double tma_tile_keys(const fa_attn_problem *p) {
  * 16384 1.10-1.16x not causal and 1.01-1.05x causal (H200, bf16 and f16, three runs, one build:
  * docs/perf/2026-11-30-key-tile-h200.json).  A window narrower than that spans few key tiles, of
  * which 176 wide take more keys than it needs (a 128-wide window at L = 4096: 17.8k cycles a query
- * tile against 11.7k for two full tiles of 128; the trace build). */
+ * tile against 11.7k for two full tiles of 128; the trace build).
+ * At D = 256 the default 64 becomes 80 (FlashAttention-3's tile there: S = Q·Kᵀ's products 80 wide, each
+ * tile's fixed costs spread over more keys; 224 KB of tiles) where a query tile takes 1024 keys or more,
+ * without masks: against 64 in one process, both orders, two processes (H200, bf16,
+ * docs/perf/2026-12-01-d256-key-tile-80-h200.json): 1.02-1.06x from 1024 keys not causal and 2048
+ * causal, 1.04-1.08x at 16384; at 1024 causal (576 keys a tile) 0.98-1.00x; softcap 0.97-1.04x, alibi
+ * 0.97-1.19x; a bool or float mask 0.82-0.95x (its instance spills 52 bytes where 16). */
 static int64_t tma_key_tile(const fa_attn_problem *p, bool automatic) {
   const bool wide = automatic && p->D == 128 && p->tile_k == 128 && tma_tile_keys(p) >= 8192 &&
                     attn_extras_kind(p) != EXTRAS_MASK;
+  if (automatic && p->D == 256 && p->tile_k == 64 && tma_tile_keys(p) >= 1024 && attn_extras_kind(p) != EXTRAS_MASK)
+    return 80;
   return wide ? 176 : p->tile_k;
 }
 

@@ -23,7 +23,8 @@
  *
  * Tiles {128, BC}: key tiles of 128 or 176 at D = 128 (the automatic
  * choice takes 176 where a query tile takes 8192 keys or more:
- * attention_wgmma_tma.cu), of 64 at D = 256, where the consumers take turns
+ * attention_wgmma_tma.cu), of 64 or 80 at D = 256 (80 where a query tile
+ * takes 1024 keys or more, without masks), where the consumers take turns
  * at the tensor cores (PINGPONG), and of 128 at D = 64 (its default; or of
  * 64, where two blocks share an SM and have no producer: WT_FED).
  *
@@ -122,7 +123,7 @@ struct wt_slot {
  * 128, D = 128: 192 KB of tiles; D = 64: 96 KB): each warp its 16 rows, with no barrier
  * and the last value tile given back at once; elsewhere it writes O from
  * the fragments (no room for the tile beside rings of 176 at D = 128, or of
- * 64 at D = 256). */
+  * 64 or 80 at D = 256). */
 static __host__ __device__ constexpr bool wt_o_tile(int D, int BC) { return (D == 128 || D == 64) && BC == WT_BR; }
 
 #if !defined(__CUDACC_RTC__)

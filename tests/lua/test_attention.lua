@@ -569,6 +569,31 @@ function TestAttention:test_fast_paths_head_dims()
   end
 end
 
+-- D = 256 with rows of more than 1024 keys: on Hopper cuda (f16/bf16) the
+-- warp-specialised kernel's key tiles of 80 (its automatic choice there,
+-- and given as {128, 80}), whose last tile is partial (1100 = 13 * 80 + 60),
+-- beside the default {128, 64}; every score rule, two query tiles (the
+-- second partial), GQA.
+function TestAttention:test_long_rows_at_d256()
+  local dtype = other_dtype()
+  local Lq, Lk = 130, 1100
+  local q, k, v = qkv(1, 2, 1, Lq, Lk, 256, 256, dtype)
+  local mask = fa.tensor(U.nested({Lq, Lk}, function(i, j) return (i * 7 + j * 3) % 10 ~= 0 end), {device = dev})
+  local cases = {
+    {}, {causal = true}, {softcap = 5}, {alibi = {0.05, 0.01}, causal = true}, {kv_lens = {1037}},
+    {window = {1000, 100}}, {mask = mask}, {causal = "top_left"},
+  }
+  for _, opts in ipairs(cases) do
+    for _, tile in ipairs({false, {128, 80}, {128, 64}}) do
+      local o = U.copy_opts(opts)
+      o.return_lse = true
+      if tile then o.tile = tile end
+      U.check_attention(q, k, v, o, ("D=256 Lk=%d %s %s tile %s"):format(Lk, dtype, desc(opts),
+        tile and (tile[1] .. "x" .. tile[2]) or "auto"))
+    end
+  end
+end
+
 -- NaN and inf in V with no causal and no window, where the CUDA fast kernels
 -- check V themselves (each block a share of the key tiles: Lq and Lk span
 -- several query and key tiles, so that the tiles with NaN fall to a block
