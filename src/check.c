@@ -274,8 +274,8 @@ fa_status fa_check_attention_options(fa_context *ctx, const fa_tensor *q, const 
   d->algo = o->algo == FA_ATTN_AUTO ? FA_ATTN_FLASH : o->algo;
   d->variant = o->score_mod || o->mask_mod;
   if (o->splits < 0 || o->splits > INT32_MAX) /* here, so that the cost and the kernel listing refuse it too */
-    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.splits: expected a number >= 1 or \"auto\" (0), got %lld",
-                   (long long)o->splits);
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.splits: expected an integer from 1 to %d or \"auto\" (0), got %lld",
+                   INT32_MAX, (long long)o->splits); /* the upper bound named: 2^31 is >= 1 too */
   if (o->has_scale && !isfinite(o->scale))
     return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.scale: expected a finite number, got %g", o->scale);
   /* every backend but f64 multiplies by (float)scale: past f32's range
