@@ -131,8 +131,8 @@ static int kv_append(lua_State *L) {
     lens = (int64_t *)fal_newbuffer(L, n ? n : 1, sizeof *lens, "lens"); /* 6 */
     for (int64_t i = 0; i < n; i++) {
       lua_rawgeti(L, 4, (lua_Integer)i + 1);
-      int isint;
-      lua_Integer x = lua_tointegerx(L, -1, &isint);
+      int isint = 0; /* a number: lua_tointegerx alone would take the string "2" as 2 */
+      lua_Integer x = lua_type(L, -1) == LUA_TNUMBER ? lua_tointegerx(L, -1, &isint) : 0;
       if (!isint) fal_error(L, "kv_cache append: lens[%I]: expected an integer, got %s", (lua_Integer)i + 1, fal_describe(L, -1));
       lens[i] = (int64_t)x;
       lua_pop(L, 1);

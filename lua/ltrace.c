@@ -495,20 +495,28 @@ static fa_expr *trace_fn(lua_State *L, int fidx, int mask, const char *what) {
   /* the reads kept it below the bound; a script that reached the table (the debug library) did not */
   if (len > FA_EXPR_MAX_TENSORS) terr(L, t, "more than %d tensors captured", FA_EXPR_MAX_TENSORS);
   const int nt = (int)len;
-  for (int i = 0; i < nt; i++) {
-    lua_rawgeti(L, tt, i + 1);
-    fal_box *b = fal_tobox(L, -1);
-    lua_pushvalue(L, -1);
-    lua_rawget(L, names);
-    tnames[i] = lua_tostring(L, -1); /* kept alive by the names table */
-    if (!b || !b->t) terr(L, t, "a tensor it captured (%s) was freed during the trace", tnames[i] ? tnames[i] : "?");
-    tensors[i] = b->t;
-    lua_pop(L, 2);
-  }
   fa_context *ctx = fal_ctx(L);
-  /* no Lua code runs from here to the call: the tensors stay alive */
   fa_expr *e = NULL;
-  if (fa_expr_new(ctx, t->nodes, t->n, tensors, tnames, nt, &e) != FA_OK) fal_fail(L, ctx);
+  fa_status st = FA_OK;
+  /* as FAL_CALL: out of memory once, collect and try again; the tensors are
+   * read from their boxes again then (a finalizer of the collection may have
+   * freed one), so no pointer is kept across Lua code */
+  for (int attempt = 0; attempt < 2; attempt++) {
+    if (attempt) fal_collect(L);
+    for (int i = 0; i < nt; i++) {
+      lua_rawgeti(L, tt, i + 1);
+      fal_box *b = fal_tobox(L, -1);
+      lua_pushvalue(L, -1);
+      lua_rawget(L, names);
+      tnames[i] = lua_tostring(L, -1); /* kept alive by the names table */
+      if (!b || !b->t) terr(L, t, "a tensor it captured (%s) was freed during the trace", tnames[i] ? tnames[i] : "?");
+      tensors[i] = b->t;
+      lua_pop(L, 2);
+    }
+    /* no Lua code runs from here to the call: the tensors stay alive */
+    if ((st = fa_expr_new(ctx, t->nodes, t->n, tensors, tnames, nt, &e)) != FA_ERR_OUT_OF_MEMORY) break;
+  }
+  if (st) fal_fail(L, ctx);
   h->p = e;
   t->done = 1;
   lua_settop(L, hi);

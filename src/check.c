@@ -189,7 +189,7 @@ static fa_status check_variants(fa_context *ctx, const fa_attention_opts *o, int
   if (m->expr != fa_expr_fingerprint(o->mask_mod))
     return fa_fail(ctx, FA_ERR_ARGUMENT,
                    "flashattn: opts.block_mask: made from another mask_mod than the call's (their traced expressions "
-                   "differ)");
+                   "or the tensors they captured differ)");
   const int64_t br = d->device == FA_CUDA ? m->Br : o->tile_q ? o->tile_q : FA_CPU_DEFAULT_TILE_Q;
   const int64_t bc = d->device == FA_CUDA ? m->Bc : o->tile_k ? o->tile_k : FA_CPU_DEFAULT_TILE_K;
   if (m->B != d->B || m->H != d->Hq || m->Lq != d->Lq || m->Lk != d->Lk || m->Br != br || m->Bc != bc)
@@ -274,8 +274,8 @@ fa_status fa_check_attention_options(fa_context *ctx, const fa_tensor *q, const 
   d->algo = o->algo == FA_ATTN_AUTO ? FA_ATTN_FLASH : o->algo;
   d->variant = o->score_mod || o->mask_mod;
   if (o->splits < 0 || o->splits > INT32_MAX) /* here, so that the cost and the kernel listing refuse it too */
-    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.splits: expected a number >= 1 or \"auto\" (0), got %lld",
-                   (long long)o->splits);
+    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.splits: expected an integer from 1 to %d or \"auto\" (0), got %lld",
+                   INT32_MAX, (long long)o->splits); /* the upper bound named: 2^31 is >= 1 too */
   if (o->has_scale && !isfinite(o->scale))
     return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.scale: expected a finite number, got %g", o->scale);
   /* every backend but f64 multiplies by (float)scale: past f32's range

@@ -484,5 +484,17 @@ uint64_t fa_expr_fingerprint(const fa_expr *e) {
     for (int j = 0; j < 4; j++) h = fp_mix(h, (uint32_t)x->a[j]);
     h = fp_mix(h, cbits);
   }
+  /* which tensors the loads read: two traces of one text that captured
+   * different tensors (a document mask over another batch's ids) are two
+   * masks, and a block mask made from one must not skip the other's tiles.
+   * Their identity (memory, dtype, shape, strides), not their values: the
+   * same closure traced again gives the same fingerprint. */
+  h = fp_mix(h, (uint64_t)e->ntensors);
+  for (int t = 0; t < e->ntensors; t++) {
+    const fa_tensor *x = e->tensors[t];
+    h = fp_mix(h, (uint64_t)(uintptr_t)x->storage->data), h = fp_mix(h, (uint64_t)x->offset);
+    h = fp_mix(h, (uint64_t)x->dtype), h = fp_mix(h, (uint64_t)x->ndim);
+    for (int d = 0; d < x->ndim; d++) h = fp_mix(h, (uint64_t)x->shape[d]), h = fp_mix(h, (uint64_t)x->strides[d]);
+  }
   return h;
 }

@@ -197,8 +197,9 @@ fa_status fa_expr_score_as_alibi(fa_context *ctx, const fa_expr *score_mod, int6
 const char *fa_expr_describe(const fa_expr *e, int i, char *buf, size_t n);
 
 /* A 64-bit fingerprint of e's nodes (operations, operands, constants' bits,
- * which captured tensor each load reads), not of the tensors' values:
- * equal for two traces of one function. */
+ * which captured tensor each load reads) and of the captured tensors'
+ * identities (memory, dtype, shape, strides), not of their values: equal
+ * for two traces of one function. */
 uint64_t fa_expr_fingerprint(const fa_expr *e);
 
 #endif

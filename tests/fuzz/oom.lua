@@ -215,6 +215,35 @@ walk("merge_states", function()
           fa.randn(2, 3, {seed = 16}):double()}
 end, function(x) return fa.merge_states(x[1], x[2], x[3], x[4]:float()) end)
 
+-- ---- Part II: variants (the traced expression is an allocation too), decoding, backward ----------
+do
+  local q, k, v = qkv("f32", 2, 4, 2, 3, 40, 8)
+  local bias = fa.randn(4, 3, 40, {seed = 9})
+  local sm = function(s, b, h, i, j) return s + bias[h][i][j] end
+  local mm = function(b, h, i, j) return (i * 3):ge(j) end
+  walk("attention score_mod + mask_mod", function() return {} end,
+    function() return fa.attention(q, k, v, {score_mod = sm, mask_mod = mm, return_lse = true}) end)
+  walk("fa.block_mask, and a call with it", function() return {} end, function()
+    local bm = fa.block_mask(mm, 2, 4, 3, 40, {tile = {2, 8}})
+    return {bm:counts()}, fa.attention(q, k, v, {mask_mod = mm, block_mask = bm, tile = {2, 8}})
+  end)
+  walk("attention_backward score_mod", function()
+    local o, l = fa.attention(q, k, v, {return_lse = true, score_mod = sm})
+    return {o, l}
+  end, function(x) return fa.attention_backward(q, k, v, x[1], x[2], x[1], {score_mod = sm}) end)
+  walk("merge_states of a table, attention splits", function() return {} end, function()
+    local os, ls = {}, {}
+    for i = 1, 3 do os[i], ls[i] = fa.attention(q, k:narrow(3, 1, 10 * i), v:narrow(3, 1, 10 * i), {return_lse = true}) end
+    return fa.merge_states(os, ls), fa.attention(q, k, v, {splits = 3, causal = true, return_lse = true})
+  end)
+  walk("kv_cache append and attend", function() return {} end, function()
+    local c = fa.kv_cache{batch = 2, heads = 2, dim = 8, capacity = 50, page_size = 4}
+    c:append(k:narrow(3, 1, 5), v:narrow(3, 1, 5), {5, 2})
+    c:append(k:narrow(3, 6, 7):transpose(3, 4):contiguous():transpose(3, 4), v:narrow(3, 6, 7):half(), {7, 3})
+    return c:lengths(), c:attend(q, {causal = true, return_lse = true})
+  end)
+end
+
 -- ---- more than the host can give ------------------------------------------------------------
 for _, f in ipairs({
   function() return fa.zeros(2 ^ 42) end,

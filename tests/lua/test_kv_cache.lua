@@ -174,11 +174,13 @@ function TestKVCache:test_capacity_and_pool_errors_write_nothing()
   lu.assertFalse(ok)
   lu.assertStrContains(err, "pool")
   -- lens out of range, wrong count, wrong shapes
-  for _, lens in ipairs({{6, 1}, {-1, 0}, {1}, {1, 2, 3}, {1.5, 0}}) do
+  for _, lens in ipairs({{6, 1}, {-1, 0}, {1}, {1, 2, 3}, {1.5, 0}, {"0", "0"}, {0, true}}) do
     ok, err = pcall(cache.append, cache, k2, v2, lens)
     lu.assertFalse(ok)
     lu.assertStrContains(err, "flashattn:")
   end
+  -- counts are numbers, as everywhere: a string is not converted
+  U.assert_fa_error({"lens[1]", "expected an integer", "'0'"}, cache.append, cache, k2, v2, {"0", "0"})
   ok, err = pcall(cache.append, cache, U.randn({2, 1, 2, 5}), U.randn({2, 1, 2, 4}))
   lu.assertFalse(ok)
   lu.assertStrContains(err, "flashattn: kv_cache append: k")

@@ -133,6 +133,8 @@ function TestSplits:test_auto_and_errors()
     lu.assertFalse(ok)
     lu.assertStrContains(err, "flashattn: opts.splits")
   end
+  -- past the largest count: the message names the range, not just ">= 1"
+  U.assert_fa_error({"opts.splits", "1 to 2147483647", "2147483648"}, fa.attention, q, k, v, {splits = 2 ^ 31})
   -- top_left: the CPU's pieces count keys from their start, and so does cuda's decode kernel (f16/bf16, Lq <= 16,
   -- D 64/128/...); cuda's other calls refuse the pieces (docs/lua-api.md, opts.splits)
   if dev == "cpu" then

@@ -413,6 +413,17 @@ function TestVariants:test_block_mask_results()
   -- a mask_mod of another expression than the block mask's is an error
   U.assert_fa_error({"block_mask", "another mask_mod"}, fa.attention, q, k, v,
     {mask_mod = function(b, h, q, k) return q:le(k) end, block_mask = all, tile = {8, 8}})
+  -- and so is one of the same text over other captured tensors (another batch's document
+  -- ids): its tiles are not the block mask's, which would skip keys the call attends
+  local function document(ids) return function(b, h, q, k) return ids[q]:eq(ids[k]) end end
+  local two = fa.tensor({1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                         2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2}, {device = dev})
+  local bm = fa.block_mask(document(two), 1, 1, 32, 32, {tile = {8, 8}})
+  U.assert_fa_error({"block_mask", "another mask_mod"}, fa.attention, q, k, v,
+    {mask_mod = document(fa.ones({32}, {device = dev})), block_mask = bm, tile = {8, 8}})
+  -- the same tensor captured again (another closure, a view of the same elements) is the same mask
+  U.assert_close(fa.attention(q, k, v, {mask_mod = document(two:narrow(1, 1, 32)), block_mask = bm, tile = {8, 8}}),
+    fa.attention(q, k, v, {mask_mod = document(two), tile = {8, 8}}), "f32", "block mask, same tensor")
 end
 
 function TestVariants:test_block_mask_errors()
