@@ -93,6 +93,10 @@ static inline void *fa_tensor_ptr(const fa_tensor *t) {
   return (char *)t->storage->data + t->offset * (int64_t)fa_dtype_size(t->dtype);
 }
 int64_t fa_numel_of(int ndim, const int64_t *shape);
+/* The first dimension (0-based) of a shape of sizes >= 0 at which the
+ * product of its sizes passes what a tensor may hold (fa_tensor_new's
+ * "too many" error); -1 when the shape fits. */
+int fa_shape_too_large(int ndim, const int64_t *shape);
 /* Whether the byte ranges a and b span in one storage intersect (a
  * strided view's range runs from its first to its last element; empty
  * tensors span nothing). */

@@ -46,11 +46,21 @@ static void src_init(fa_io_src *s, fa_context *ctx, const char *op, const char *
   s->label = label;
 }
 
+/* open(path, flags) that never waits: a FIFO's open would wait for the
+ * other end (forever, when nothing opens it), so O_NONBLOCK makes it return
+ * at once: for reading, opened; for writing, ENXIO when no process reads it.
+ * The flag is taken off again, so that reads and writes are ordinary ones
+ * (a regular file ignores it). */
+static int open_no_wait(const char *path, int flags) {
+  const int fd = open(path, flags | O_NONBLOCK, 0666);
+  const int fl = fd < 0 ? -1 : fcntl(fd, F_GETFL);
+  if (fl != -1) (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  return fd;
+}
+
 fa_status fa_io_open(fa_io_src *s, fa_context *ctx, const char *path) {
   src_init(s, ctx, "load", path);
-  /* O_NONBLOCK: a FIFO's open would wait for a writer (forever), before
-   * fstat could refuse it; a regular file ignores the flag */
-  const int fd = open(path, O_RDONLY | O_NONBLOCK);
+  const int fd = open_no_wait(path, O_RDONLY); /* a FIFO is then refused by fstat */
   if (fd < 0) return fa_io_fail(s, FA_ERR_ARGUMENT, "cannot open: %s", strerror(errno));
   struct stat sb;
   /* a directory, FIFO or device has no end to check reads against */
@@ -97,7 +107,8 @@ fa_status fa_io_read(fa_io_src *s, uint64_t off, void *buf, size_t n, const char
 /* A new or regular file is written beside the path and renamed onto it
  * once whole (fa_io_finish), so that a failed save leaves what was there
  * (a file of the same mode); anything else (a device, a FIFO, a symbolic
- * link) is written in place and never removed: it is not the engine's. */
+ * link) is written in place and never removed: it is not the engine's.
+ * Nothing waits: a FIFO that no process reads is an error at once. */
 fa_status fa_io_create(fa_io_src *s, fa_context *ctx, const char *path) {
   src_init(s, ctx, "save", path);
   struct stat sb;
@@ -121,8 +132,17 @@ fa_status fa_io_create(fa_io_src *s, fa_context *ctx, const char *path) {
     }
     return FA_OK;
   }
-  s->f = fopen(path, "wb");
-  if (!s->f) return fa_io_fail(s, FA_ERR_ARGUMENT, "cannot open for writing: %s", strerror(errno));
+  const int fd = open_no_wait(path, O_WRONLY | O_CREAT | O_TRUNC); /* fopen "wb" would wait for a FIFO's reader */
+  if (fd < 0) {
+    const int err = errno;
+    return fa_io_fail(s, FA_ERR_ARGUMENT, "cannot open for writing: %s%s", strerror(err),
+                      err == ENXIO ? " (a FIFO is written only while a process reads it)" : "");
+  }
+  if (!(s->f = fdopen(fd, "wb"))) {
+    const int err = errno;
+    close(fd);
+    return fa_io_fail(s, FA_ERR_ARGUMENT, "cannot open for writing: %s", strerror(err));
+  }
   return FA_OK;
 }
 

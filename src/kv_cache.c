@@ -115,12 +115,27 @@ fa_status fa_kv_cache_create(fa_context *ctx, const fa_kv_cache_opts *o, fa_kv_c
   const int64_t ps = o->page_size ? o->page_size : 16, maxp = (o->capacity + ps - 1) / ps;
   if (maxp > KV_MAX_ENTRIES / o->batch)
     return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: kv_cache: batch * capacity / page_size is too large");
-  const int64_t pages = o->pages ? o->pages : o->batch * maxp;
+  const int64_t pages = o->pages ? o->pages : o->batch * maxp, dv = o->dim_v ? o->dim_v : o->dim;
+  const int64_t ks[4] = {pages, o->heads, ps, o->dim}, vs[4] = {pages, o->heads, ps, dv};
+  /* the pools' shapes as the tensor layer checks them, before anything is allocated: the field at which
+   * their sizes' product passes the limit is named */
+  static const char *const fields[4] = {"pages", "heads", "page_size", "dim"};
+  for (int pool = 0; pool < 2; pool++) {
+    const int64_t *sh = pool ? vs : ks;
+    const int i = fa_shape_too_large(4, sh);
+    if (i >= 0)
+      return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY,
+                     "flashattn: kv_cache: %s: the %s pool, pages x heads x page_size x %s = %lld x %lld x %lld x "
+                     "%lld elements%s, is more than a tensor may hold",
+                     pool && i == 3 ? "dim_v" : fields[i], pool ? "V" : "K", pool ? "dim_v" : "dim", (long long)sh[0],
+                     (long long)sh[1], (long long)sh[2], (long long)sh[3],
+                     o->pages ? "" : " (pages = batch x ceil(capacity / page_size))");
+  }
   fa_status st;
   fa_kv_cache *c = fa_host_alloc(ctx, cache_host_bytes(o->batch, maxp, pages), &st);
   if (!c) return st;
   memset(c, 0, sizeof *c);
-  c->B = o->batch, c->H = o->heads, c->D = o->dim, c->Dv = o->dim_v ? o->dim_v : o->dim;
+  c->B = o->batch, c->H = o->heads, c->D = o->dim, c->Dv = dv;
   c->capacity = o->capacity, c->page_size = ps, c->pages = pages, c->max_pages = maxp;
   c->dtype = o->dtype, c->device = dev;
   c->free_list = (int64_t *)(c + 1);
@@ -131,7 +146,6 @@ fa_status fa_kv_cache_create(fa_context *ctx, const fa_kv_cache_opts *o, fa_kv_c
   for (int64_t i = 0; i < c->B * maxp; i++) c->table[i] = -1;
   for (int64_t b = 0; b < c->B; b++) c->lens[b] = 0;
   c->dirty_lo = 0, c->dirty_hi = c->B * maxp, c->dev_stale = 1; /* the device copy is made whole once */
-  const int64_t ks[4] = {pages, c->H, ps, c->D}, vs[4] = {pages, c->H, ps, c->Dv};
   if ((st = fa_tensor_new(ctx, 4, ks, c->dtype, dev, &c->kpool)) ||
       (st = fa_tensor_new(ctx, 4, vs, c->dtype, dev, &c->vpool))) {
     fa_kv_cache_destroy(c);

@@ -20,19 +20,26 @@ int64_t fa_numel_of(int ndim, const int64_t *shape) {
  * 0 x 2^40 x 2^40. */
 #define FA_MAX_SPAN (INT64_MAX / 16)
 
+int fa_shape_too_large(int ndim, const int64_t *shape) {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] > 0 && n > FA_MAX_SPAN / shape[i]) return i;
+    if (shape[i] > 0) n *= shape[i];
+  }
+  return -1;
+}
+
 static fa_status check_shape(fa_context *ctx, int ndim, const int64_t *shape, const char *what) {
   if (ndim < 1 || ndim > FA_MAX_DIMS)
     return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: %s: expected 1 to 4 dimensions, got %d", what, ndim);
-  int64_t n = 1;
-  for (int i = 0; i < ndim; i++) {
+  for (int i = 0; i < ndim; i++)
     if (shape[i] < 0)
       return fa_fail(ctx, FA_ERR_SHAPE, "flashattn: %s: size of dimension %d must be >= 0, got %lld", what, i + 1,
                      (long long)shape[i]);
-    if (shape[i] && n > FA_MAX_SPAN / shape[i])
-      return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: %s: %lld elements in dimension %d is too many", what,
-                     (long long)shape[i], i + 1);
-    if (shape[i]) n *= shape[i];
-  }
+  const int i = fa_shape_too_large(ndim, shape);
+  if (i >= 0)
+    return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: %s: %lld elements in dimension %d is too many", what,
+                   (long long)shape[i], i + 1);
   return FA_OK;
 }
 

@@ -382,6 +382,27 @@ function TestIoSave:test_bad_arguments()
   U.assert_fa_error({"unexpected"}, fa.save, path("x.npy"), t, 3)
 end
 
+-- a FIFO or a device at the path is written in place (docs/io.md) and nothing waits: a FIFO that no
+-- process reads is an error at once (opening it for writing waited for a reader forever)
+function TestIoSave:test_fifo_and_device_paths()
+  local t = fa.ones(3)
+  if io.open("/dev/null", "rb") then fa.save("/dev/null", t) end
+  local f = path("out.fifo.npy")
+  lu.skipIf(not os.execute("mkfifo '" .. f .. "' 2>/dev/null"), "mkfifo is not available")
+  local ok, msg = pcall(fa.save, f, t)
+  lu.assertFalse(ok)
+  lu.assertStrContains(tostring(msg), "flashattn: save '" .. f .. "': cannot open for writing")
+  lu.assertStrContains(tostring(msg), "FIFO")
+  -- with a reader (this process, through a read-write handle) the file goes through the FIFO
+  local want = path("plain.npy")
+  fa.save(want, t)
+  want = read_file(want)
+  local h = assert(io.open(f, "r+b"))
+  fa.save(f, t)
+  lu.assertEquals(h:read(#want), want)
+  h:close()
+end
+
 -- a save that fails once the file is begun (out of memory for a view's host copy) leaves the path
 -- as it was: the old file whole, and nothing beside it
 function TestIoSave:test_failed_save_keeps_the_old_file()

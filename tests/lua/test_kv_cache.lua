@@ -251,6 +251,28 @@ function TestKVCache:test_create_errors()
   lu.assertStrContains(tostring(c), "flashattn.KVCache(")
 end
 
+-- sizes each in range whose pools would pass what a tensor may hold: refused before anything is
+-- allocated, naming kv_cache and the field at which the pool's size passes the limit (the tensor
+-- layer's "shape: ... is too many" named neither)
+function TestKVCache:test_create_pool_too_large()
+  local E = 1 << 40
+  local cases = {
+    {{batch = E, heads = 1 << 30, dim = 8, capacity = 16}, "heads", "K pool"},
+    {{batch = 2, heads = 2, dim = E, capacity = 1 << 30}, "dim", "K pool"},
+    {{batch = 1, heads = 1 << 20, dim = 8, dim_v = E, capacity = 1 << 20}, "dim_v", "V pool"},
+    {{batch = 1 << 20, heads = 1 << 20, dim = 1 << 20, capacity = 1 << 20}, "page_size", "K pool"},
+    {{batch = 1, heads = 1 << 30, dim = 8, capacity = 16, pages = 1 << 35}, "heads", "K pool"},
+  }
+  collectgarbage()
+  local before = fa.memory("cpu").current
+  for i, c in ipairs(cases) do
+    c[1].device = dev
+    U.assert_fa_error({"flashattn: kv_cache: " .. c[2] .. ": the " .. c[3], "more than a tensor may hold"},
+                      fa.kv_cache, c[1])
+    lu.assertEquals(fa.memory("cpu").current, before, "case " .. i)
+  end
+end
+
 function TestKVCache:test_free_and_use_after_free()
   collectgarbage()
   collectgarbage()
