@@ -573,7 +573,7 @@ end
 -- warp-specialised kernel's key tiles of 80 (its automatic choice there,
 -- and given as {128, 80}), whose last tile is partial (1100 = 13 * 80 + 60),
 -- beside the default {128, 64}; every score rule, two query tiles (the
--- second partial), GQA.
+-- second partial), GQA; and 16500 keys, which the persistent form takes.
 function TestAttention:test_long_rows_at_d256()
   local dtype = other_dtype()
   local Lq, Lk = 130, 1100
@@ -591,6 +591,14 @@ function TestAttention:test_long_rows_at_d256()
       U.check_attention(q, k, v, o, ("D=256 Lk=%d %s %s tile %s"):format(Lk, dtype, desc(opts),
         tile and (tile[1] .. "x" .. tile[2]) or "auto"))
     end
+  end
+  -- from 16384 keys the persistent form (a block an SM walking the query
+  -- tiles) with tiles of 80, the last partial (16500 = 206 * 80 + 20)
+  local q2, k2, v2 = qkv(1, 1, 1, 129, 16500, 256, 256, dtype)
+  for _, opts in ipairs({{}, {causal = true, softcap = 5}}) do
+    local o = U.copy_opts(opts)
+    o.return_lse = true
+    U.check_attention(q2, k2, v2, o, ("D=256 Lk=16500 %s %s"):format(dtype, desc(opts)))
   end
 end
 
