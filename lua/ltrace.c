@@ -421,6 +421,25 @@ static void prune(trace *t) {
   t->n = m;
 }
 
+/* The traced expression over the captured tensors, read from their boxes in
+ * the table at tt (their names in the table at names) right before the call:
+ * no Lua code runs in between, so the tensors stay alive. */
+static fa_status trace_expr_new(lua_State *L, const trace *t, int tt, int names, int nt, fa_expr **e) {
+  fa_tensor *tensors[FA_EXPR_MAX_TENSORS];
+  const char *tnames[FA_EXPR_MAX_TENSORS];
+  for (int i = 0; i < nt; i++) {
+    lua_rawgeti(L, tt, i + 1);
+    fal_box *b = fal_tobox(L, -1);
+    lua_pushvalue(L, -1);
+    lua_rawget(L, names);
+    tnames[i] = lua_tostring(L, -1); /* kept alive by the names table */
+    if (!b || !b->t) terr(L, t, "a tensor it captured (%s) was freed during the trace", tnames[i] ? tnames[i] : "?");
+    tensors[i] = b->t;
+    lua_pop(L, 2);
+  }
+  return fa_expr_new(fal_ctx(L), t->nodes, t->n, tensors, tnames, nt, e);
+}
+
 /* Traces the function at fidx (mask: mask_mod(b, h, q, k), else
  * score_mod(s, b, h, q, k)); pushes the holder that owns the result. */
 static fa_expr *trace_fn(lua_State *L, int fidx, int mask, const char *what) {
@@ -487,36 +506,16 @@ static fa_expr *trace_fn(lua_State *L, int fidx, int mask, const char *what) {
   }
   prune(t);
 
-  fa_tensor *tensors[FA_EXPR_MAX_TENSORS];
-  const char *tnames[FA_EXPR_MAX_TENSORS];
   lua_getiuservalue(L, ti, 1);
   const int tt = lua_gettop(L);
   const lua_Unsigned len = lua_rawlen(L, tt);
   /* the reads kept it below the bound; a script that reached the table (the debug library) did not */
   if (len > FA_EXPR_MAX_TENSORS) terr(L, t, "more than %d tensors captured", FA_EXPR_MAX_TENSORS);
-  const int nt = (int)len;
   fa_context *ctx = fal_ctx(L);
   fa_expr *e = NULL;
-  fa_status st = FA_OK;
-  /* as FAL_CALL: out of memory once, collect and try again; the tensors are
-   * read from their boxes again then (a finalizer of the collection may have
-   * freed one), so no pointer is kept across Lua code */
-  for (int attempt = 0; attempt < 2; attempt++) {
-    if (attempt) fal_collect(L);
-    for (int i = 0; i < nt; i++) {
-      lua_rawgeti(L, tt, i + 1);
-      fal_box *b = fal_tobox(L, -1);
-      lua_pushvalue(L, -1);
-      lua_rawget(L, names);
-      tnames[i] = lua_tostring(L, -1); /* kept alive by the names table */
-      if (!b || !b->t) terr(L, t, "a tensor it captured (%s) was freed during the trace", tnames[i] ? tnames[i] : "?");
-      tensors[i] = b->t;
-      lua_pop(L, 2);
-    }
-    /* no Lua code runs from here to the call: the tensors stay alive */
-    if ((st = fa_expr_new(ctx, t->nodes, t->n, tensors, tnames, nt, &e)) != FA_ERR_OUT_OF_MEMORY) break;
-  }
-  if (st) fal_fail(L, ctx);
+  /* FAL_CALL's retry after a collection calls it again, so the tensors are read from their boxes again then (a
+   * finalizer of the collection may have freed one) */
+  FAL_CALL(L, ctx, trace_expr_new(L, t, tt, names, (int)len, &e));
   h->p = e;
   t->done = 1;
   lua_settop(L, hi);

@@ -243,11 +243,10 @@ static double tma_tile_keys(const fa_attn_problem *p) {
  * causal, 1.04-1.08x at 16384; at 1024 causal (576 keys a tile) 0.98-1.00x; softcap 0.97-1.04x, alibi
  * 0.97-1.19x; a bool or float mask 0.82-0.95x (its instance spills 52 bytes where 16). */
 static int64_t tma_key_tile(const fa_attn_problem *p, bool automatic) {
-  const bool wide = automatic && p->D == 128 && p->tile_k == 128 && tma_tile_keys(p) >= 8192 &&
-                    attn_extras_kind(p) != EXTRAS_MASK;
-  if (automatic && p->D == 256 && p->tile_k == 64 && tma_tile_keys(p) >= 1024 && attn_extras_kind(p) != EXTRAS_MASK)
-    return 80;
-  return wide ? 176 : p->tile_k;
+  if (!automatic || attn_extras_kind(p) == EXTRAS_MASK) return p->tile_k;
+  if (p->D == 128 && p->tile_k == 128 && tma_tile_keys(p) >= 8192) return 176;
+  if (p->D == 256 && p->tile_k == 64 && tma_tile_keys(p) >= 1024) return 80;
+  return p->tile_k;
 }
 
 /* "flash" only, rows on 16 bytes, and operands the copy engine can map
