@@ -391,10 +391,11 @@ fa_status fa_attn_cuda_inputs(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_te
 /* decode: the decode kernel takes the call (fa_attn_decode_takes). */
 static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
                           const fa_expr *const exprs[2], const fa_attn_dims *d, int decode, int want_lse,
-                          fa_tensor **out, fa_tensor **lse) {
+                          int64_t key_base, fa_tensor **out, fa_tensor **lse) {
   fa_attn_buffers bufs = {.exprs = {exprs[0], exprs[1]}};
   fa_attn_problem p;
   fa_attn_resolve_options(o, d, d->dtype, &p);
+  p.key_base = key_base; /* an opts.splits piece: top_left's diagonal counts the whole call's keys */
   /* defaults: the tile of the fastest kernel that takes the call, or of
    * the kernel opts.kernel named (the opts' tile when given) */
   int64_t br = d->kernel_br, bc = d->kernel_bc;
@@ -521,7 +522,7 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   }
   int want_lse = o->return_lse || lse != NULL || o->lse_out;
   if (!reference && d.device == FA_CUDA) {
-    st = run_cuda(ctx, q, k, v, o, exprs, &d, decode, want_lse, out, lse);
+    st = run_cuda(ctx, q, k, v, o, exprs, &d, decode, want_lse, piece ? piece_base : 0, out, lse);
     fa_tensor_release(slopes); /* stream-ordered: after the kernels that read it */
     return st;
   }

@@ -1,10 +1,12 @@
 /* opts.splits for fa_attention (API §8): the keys cut into s contiguous
  * pieces, each attended by fa_attention and the partial states merged by
- * fa_merge_states_n.  Exact (within rounding) for every rule of §2 but
- * causal = top_left: piece [s, e) is computed on the keys [s, Lk) (a view)
- * with kv_lens = min(kv_lens[b], e) - s, so that the bottom-right diagonal,
- * the window and the alibi distances, which all count from the end of the
- * keys, stay those of the whole call; a mask is narrowed the same way.
+ * fa_merge_states_n.  Exact (within rounding) for every rule of §2: piece
+ * [s, e) is computed on the keys [s, Lk) (a view) with kv_lens =
+ * min(kv_lens[b], e) - s, so that the bottom-right diagonal, the window and
+ * the alibi distances, which all count from the end of the keys, stay those
+ * of the whole call; top_left's diagonal counts from the piece's start
+ * (fa_attn_problem.key_base, on both backends); a mask is narrowed the same
+ * way.  The variants take the pieces on the CPU only.
  * The decode kernel on cuda (kernels/attention/attention_decode.cu) takes
  * opts.splits itself, as chunks of one launch, "auto" (0) chosen from the
  * shape and the GPU; this path is for the other calls, where "auto" is 1. */
@@ -15,11 +17,6 @@
 fa_status fa_attention_splits_check(fa_context *ctx, const fa_attention_opts *o, fa_device device, int any_causal) {
   if (!o) return FA_OK; /* its range: fa_check_attention_options */
   if (any_causal || o->splits <= 1 || device != FA_CUDA) return FA_OK;
-  if (o->causal == FA_CAUSAL_TOP_LEFT)
-    return fa_fail(ctx, FA_ERR_UNSUPPORTED,
-                   "flashattn: opts.splits: %lld pieces with causal = \"top_left\" on cuda are not in this version "
-                   "past the decode kernel's Lq <= 16 (use bottom_right, splits = 1, or the cpu)",
-                   (long long)o->splits);
   if (o->score_mod || o->mask_mod)
     return fa_fail(ctx, FA_ERR_UNSUPPORTED,
                    "flashattn: opts.%s with opts.splits = %lld on cuda: not in this version (use splits = 1, or the "

@@ -135,15 +135,24 @@ function TestSplits:test_auto_and_errors()
   end
   -- past the largest count: the message names the range, not just ">= 1"
   U.assert_fa_error({"opts.splits", "1 to 2147483647", "2147483648"}, fa.attention, q, k, v, {splits = 2 ^ 31})
-  -- top_left: the CPU's pieces count keys from their start, and so does cuda's decode kernel (f16/bf16, Lq <= 16,
-  -- D 64/128/...); cuda's other calls refuse the pieces (docs/lua-api.md, opts.splits)
-  if dev == "cpu" then
-    U.assert_close(fa.attention(q, k, v, {splits = 2, causal = "top_left"}), fa.attention(q, k, v, {causal = "top_left"}),
-      "f32", "top_left splits")
-  else
-    local ok, err = pcall(fa.attention, q, k, v, {splits = 2, causal = "top_left"})
-    lu.assertFalse(ok)
-    lu.assertStrContains(err, "flashattn: opts.splits")
+  -- top_left: the pieces count keys from their start on both backends, and so does cuda's decode kernel
+  -- (f16/bf16, Lq <= 16, D 64/128/...)
+  U.assert_close(fa.attention(q, k, v, {splits = 2, causal = "top_left"}), fa.attention(q, k, v, {causal = "top_left"}),
+    "f32", "top_left splits")
+  do -- more query rows than keys, a window and kv_lens beside top_left, and a 16-bit call on the tensor-core kernels
+    local q2, k2, v2 = U.randn({2, 2, 70, 32}), U.randn({2, 2, 50, 32}), U.randn({2, 2, 50, 32})
+    for _, o in ipairs({{causal = "top_left"}, {causal = "top_left", window = {6, 0}}, {causal = "top_left", kv_lens = {31, 50}}}) do
+      for _, s in ipairs({2, 3, 7}) do
+        local os = {splits = s}
+        for key, val in pairs(o) do os[key] = val end
+        U.assert_close(fa.attention(q2, k2, v2, os), fa.attention(q2, k2, v2, o), "f32", "top_left splits " .. s)
+      end
+    end
+    local qh, kh, vh = U.randn({1, 4, 200, 64}, "bf16"), U.randn({1, 4, 300, 64}, "bf16"), U.randn({1, 4, 300, 64}, "bf16")
+    local ref = fa.attention_reference(qh, kh, vh, {causal = "top_left"})
+    U.assert_close(fa.attention(qh, kh, vh, {splits = 3, causal = "top_left"}), ref, "bf16", "top_left splits, bf16")
+  end
+  if dev ~= "cpu" then
     local qd, kd, vd = U.randn({1, 2, 3, 64}, "bf16"), U.randn({1, 2, 40, 64}, "bf16"), U.randn({1, 2, 40, 64}, "bf16")
     U.assert_close(fa.attention(qd, kd, vd, {splits = 3, causal = "top_left"}),
       fa.attention(qd, kd, vd, {causal = "top_left"}), "bf16", "top_left splits, decode kernel")
