@@ -503,7 +503,6 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   }
   /* the decode kernel cuts the keys into opts.splits chunks itself */
   const int decode = !st && !reference && fa_attn_decode_takes(&d, o);
-  if (!st) st = fa_attention_splits_check(ctx, o, d.device, reference || decode);
   if (st) return st;
   const int64_t splits = reference || decode ? 1 : fa_attention_splits_resolve(o, &d);
   if (splits > 1) return fa_attention_splits_run(ctx, q, k, v, o, &d, splits, out, lse);

@@ -15,7 +15,6 @@
  * to each sequence's own length. */
 #include "attn_kernels.h"
 #include "check.h"
-#include "splits.h"
 
 #include <math.h>
 #include <string.h>
@@ -404,9 +403,7 @@ static fa_status check_attend(fa_context *ctx, const fa_kv_cache *c, const fa_te
   d->rank = 4, d->B = c->B, d->Hq = q->shape[1], d->Hkv = c->H, d->Lq = q->shape[2], d->D = c->D, d->Dv = c->Dv;
   for (int64_t b = 0; b < c->B; b++) d->Lk = c->lens[b] > d->Lk ? c->lens[b] : d->Lk;
   d->device = c->device, d->dtype = c->dtype, d->kernel = FA_KERNEL_AUTO;
-  if ((st = fa_check_attention_options(ctx, q, o, 0, d))) return st;
-  return fa_attention_splits_check(ctx, o, d->device, 1); /* top_left with splits: the decode kernel's, or the gather
-                                                            * path's fa_attention, which checks it again */
+  return fa_check_attention_options(ctx, q, o, 0, d);
 }
 
 /* The device copies of the table and the lengths, made or brought up to

@@ -6,24 +6,14 @@
  * the alibi distances, which all count from the end of the keys, stay those
  * of the whole call; top_left's diagonal counts from the piece's start
  * (fa_attn_problem.key_base, on both backends); a mask is narrowed the same
- * way.  The variants take the pieces on the CPU only.
+ * way; the variants' k too (the CPU's expressions and cuda's compiled ones
+ * add key_base).
  * The decode kernel on cuda (kernels/attention/attention_decode.cu) takes
  * opts.splits itself, as chunks of one launch, "auto" (0) chosen from the
  * shape and the GPU; this path is for the other calls, where "auto" is 1. */
 #include "splits.h"
 
 #include <string.h>
-
-fa_status fa_attention_splits_check(fa_context *ctx, const fa_attention_opts *o, fa_device device, int any_causal) {
-  if (!o) return FA_OK; /* its range: fa_check_attention_options */
-  if (any_causal || o->splits <= 1 || device != FA_CUDA) return FA_OK;
-  if (o->score_mod || o->mask_mod)
-    return fa_fail(ctx, FA_ERR_UNSUPPORTED,
-                   "flashattn: opts.%s with opts.splits = %lld on cuda: not in this version (use splits = 1, or the "
-                   "cpu)",
-                   o->score_mod ? "score_mod" : "mask_mod", (long long)o->splits);
-  return FA_OK;
-}
 
 int64_t fa_attention_splits_resolve(const fa_attention_opts *o, const fa_attn_dims *d) {
   int64_t s = o && o->splits > 0 ? o->splits : 1;

@@ -5,11 +5,6 @@
 
 #include "check.h"
 
-/* opts.splits (its range checked by fa_check_attention_options): > 1 with
- * a variant is unsupported on cuda unless any_causal (the reference, which
- * ignores splits, and the decode kernel, whose chunks keep the keys'
- * numbering); the pieces count keys from their start (key_base). */
-fa_status fa_attention_splits_check(fa_context *ctx, const fa_attention_opts *o, fa_device device, int any_causal);
 /* The number of separate calls: "auto" (0) is 1 (the decode kernel chooses
  * its own chunks); never more pieces than keys. */
 int64_t fa_attention_splits_resolve(const fa_attention_opts *o, const fa_attn_dims *d);

@@ -514,7 +514,7 @@ static fa_status plan_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_a
                                                                                                           : FAST_NONE;
   /* the tensor-core hook works a key out in 32 bits (variant_rows): 2^31 keys or more (keys and values of
    * 2^31 * D * 4 bytes, 512 GiB at the least D those kernels take, 64) go to the SIMT kernel */
-  if (p->Lk > INT32_MAX - 512) v->fast = FAST_NONE;
+  if (p->key_base + p->Lk > INT32_MAX - 512) v->fast = FAST_NONE;
   if (v->fast == FAST_TMA && !wt_encode_maps(p, &v->maps))
     return fa_fail(ctx, FA_ERR_BACKEND, "flashattn: attention on cuda: the driver refused the operands' tensor maps");
   const char *T = rtc_type(p);
@@ -809,7 +809,8 @@ extern "C" fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attn_kernel k
   variant_plan v;
   fa_status st = plan_variant(ctx, kernel, p, &v);
   if (st) return st;
-  const int64_t bounds[4] = {p->B, p->Hq, p->Lq, p->Lk};
+  /* an opts.splits piece (key_base > 0): k counts the whole call's keys, up to its end */
+  const int64_t bounds[4] = {p->B, p->Hq, p->Lq, p->key_base + p->Lk};
   int reads[2];
   char *src = variant_unit(p, bounds, reads);
   if (!src) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.score_mod: out of host memory");

@@ -27,6 +27,7 @@ static __device__ __forceinline__ float fa_variant_apply(const fa_variant_proble
                                                          bool in, bool mask_full, int &fs, int &fm,
                                                          float *chain = nullptr) {
   if (fa_variant_rules::bool_mask && in && !rule_mask_keeps(ru, kk)) in = false;
+  if (p.key_base) j += p.key_base, jf = (float)j; /* an opts.splits piece: the whole call's k */
   if (fa_variant::has_mask && in && !mask_full)
     in = fa_variant::mask(p.va, 0.f, b, h, i, j, (float)b, (float)h, (float)i, jf, fm);
   if (!in) return -INFINITY;
@@ -66,9 +67,10 @@ struct variant_rows {
   __device__ __forceinline__ variant_rows(const fa_attn_problem &p, int64_t b_, int64_t h, int64_t hB_,
                                           const frag_rows &r, int64_t j0_, int c2) {
     b = b_, hA = h, hB = hB_, iA = min(r.iA, p.Lq - 1), iB = min(r.iB, p.Lq - 1);
-    j0 = (unsigned)(j0_ + c2), jmax = (unsigned)(p.Lk - 1);
+    /* key_base: an opts.splits piece's keys, numbered as the whole call's */
+    j0 = (unsigned)(p.key_base + j0_ + c2), jmax = (unsigned)(p.key_base + p.Lk - 1);
     bf = (float)b, hAf = (float)hA, hBf = (float)hB, iAf = (float)iA, iBf = (float)iB;
-    jf0 = (float)(j0_ + c2), jfmax = (float)(p.Lk - 1);
+    jf0 = (float)(p.key_base + j0_ + c2), jfmax = (float)(p.key_base + p.Lk - 1);
   }
   template <bool CLAMP> __device__ __forceinline__ void key(int n, int e, int64_t *j, float *jf) const {
     unsigned u = j0 + (unsigned)(n * 8 + e);
@@ -277,7 +279,8 @@ template <> struct attn_rule<fa_variant_problem> {
    * the same in every thread of the block) */
   static __device__ __forceinline__ bool tile_empty(const fa_variant_problem &p, int64_t b, int64_t h, int64_t i0,
                                                     int64_t i1, int64_t j0, int64_t j1) {
-    return fa_variant::has_mask && fa_variant::has_tile && fa_variant::tile(p.va, b, h, i0, i1, j0, j1) == 0;
+    return fa_variant::has_mask && fa_variant::has_tile &&
+           fa_variant::tile(p.va, b, h, i0, i1, p.key_base + j0, p.key_base + j1) == 0;
   }
   /* the tensor-core kernels: the keys of mask_mod's nonempty tiles */
   static __device__ __forceinline__ void narrow(const fa_variant_problem &p, int64_t b, int64_t h, int64_t i0,
@@ -415,7 +418,8 @@ static __device__ int fa_variant_tile_pairs(const fa_variant_problem &p, long lo
       const int i = (int)qt * BR + row, j = (int)kt * BC + (row + idx / BR * S % BC) % BC;
       if (idx >= BR * BC || i >= Lq || j >= Lk) continue;
       int f = -1;
-      const bool m = fa_variant::mask(p.va, 0.f, b, h, i, j, bf, hf, (float)i, (float)j, f);
+      const long long jk = p.key_base + j; /* an opts.splits piece: the whole call's k */
+      const bool m = fa_variant::mask(p.va, 0.f, b, h, i, jk, bf, hf, (float)i, (float)jk, f);
       if (!decide && f >= 0) fa_variant_record(p.va.fault[1], f);
       any |= m, all &= m;
     }
@@ -455,7 +459,8 @@ __global__ void __launch_bounds__(FA_SPANS_THREADS) fa_variant_spans_kernel(fa_v
     for (int u = warp; u < n; u += WARPS) { /* the same in every lane of the warp */
       const long long kt = c0 + u, k1 = min(kt * BC + BC, Lk) - 1;
       int verdict = 2;
-      if (fa_variant::has_tile) verdict = fa_variant::tile(p.va, b, h, qt * BR, q1, kt * BC, k1, lane, 32);
+      if (fa_variant::has_tile)
+        verdict = fa_variant::tile(p.va, b, h, qt * BR, q1, p.key_base + kt * BC, p.key_base + k1, lane, 32);
       int st = verdict == 1 ? FA_BLOCK_FULL : FA_BLOCK_EMPTY;
       if (verdict == 2) st = fa_variant_tile_pairs<BR, BC>(p, b, h, qt, kt, lane, spans != nullptr);
       if (lane == 0) state[u] = (uint8_t)st;

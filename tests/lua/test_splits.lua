@@ -3,8 +3,8 @@
 -- the unsplit call within rounding, lse too, with every rule of the
 -- attention (causal bottom-right, window, kv_lens, alibi, softcap, mask)
 -- measured on the whole key sequence; causal = "top_left" and the variants
--- too (on the CPU; on cuda the decode kernel's Lq <= 16 only).  "auto" (the
--- default) is 1 here (the decode kernel chooses its own).
+-- too, on both backends.  "auto" (the default) is 1 here (the decode kernel
+-- chooses its own).
 local U = require "fa_testutil"
 local fa, lu = U.fa, U.lu
 local dev = U.device
@@ -157,11 +157,28 @@ function TestSplits:test_auto_and_errors()
     U.assert_close(fa.attention(qd, kd, vd, {splits = 3, causal = "top_left"}),
       fa.attention(qd, kd, vd, {causal = "top_left"}), "bf16", "top_left splits, decode kernel")
   end
-  if dev == "cpu" then
+  do -- the variants' k counts the whole call's keys in every piece, on both backends
     local mm = function(b, h, i, j) return ((i + j) % 3):ne(0) & i:ge(j) | j:le(i * 2) end
     local sm = function(s, b, h, i, j) return s - (i - j):abs() * 0.1 + j * 0.01 end
     U.assert_close(fa.attention(q, k, v, {splits = 3, mask_mod = mm, score_mod = sm}),
       fa.attention(q, k, v, {mask_mod = mm, score_mod = sm}), "f32", "variants splits")
+    -- 16-bit: the tensor-core kernels and mask_mod's tiles (spans) on cuda; a captured tensor read at k
+    local qh, kh, vh = U.randn({1, 2, 100, 64}, "bf16"), U.randn({1, 2, 300, 64}, "bf16"), U.randn({1, 2, 300, 64}, "bf16")
+    local docs = {}
+    for j = 1, 300 do docs[j] = j <= 70 and 1 or j <= 210 and 2 or 3 end
+    local doc = fa.tensor(docs, {dtype = "f32", device = dev})
+    local dm = function(b, h, i, j) return doc[j]:ne(2) | (i * 3):ge(j) end
+    local ds = function(s, b, h, i, j) return s + doc[j] * 0.25 - j * 0.002 end
+    for _, o in ipairs({{mask_mod = dm}, {score_mod = ds}, {mask_mod = dm, score_mod = ds}}) do
+      local ref = fa.attention_reference(qh, kh, vh, o)
+      for _, n in ipairs({2, 5}) do
+        local os = {splits = n}
+        for key, val in pairs(o) do os[key] = val end
+        U.assert_close(fa.attention(qh, kh, vh, os), ref, "bf16", "variants splits " .. n .. ", bf16")
+      end
+    end
+  end
+  if dev == "cpu" then
     -- a block mask is the unsplit call's: the pieces evaluate mask_mod themselves
     local causal = function(b, h, i, j) return i:ge(j) end
     local bm = fa.block_mask(causal, 1, 1, 2, 9, {tile = {2, 4}})
