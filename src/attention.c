@@ -420,7 +420,7 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
     st = cuda_fill_empty(ctx, &bufs, want_lse);
   } else if (d->variant) {
     p.score_mod = o->score_mod, p.mask_mod = o->mask_mod, p.block_mask = o->block_mask;
-    if (!(st = fa_expr_begin(ctx, p.score_mod, p.mask_mod, 0))) st = fa_cuda_attention_variant(ctx, d->kernel, &p);
+    if (!(st = fa_expr_begin(ctx, p.score_mod, p.mask_mod, 0))) st = fa_cuda_attention_variant(ctx, d->algo, d->kernel, &p);
     if (!st) st = fa_expr_end(ctx, p.score_mod, p.mask_mod); /* a tensor read out of range (src/expr.h) */
   } else { /* the registry: decode where it fits (its split of the keys is opts.splits) */
     st = fa_cuda_attention_run(ctx, d->algo, decode ? FA_KERNEL_DECODE : d->kernel, NULL, decode ? o->splits : 0, &p);

@@ -1,45 +1,13 @@
 /* Attention on the GPU: the SIMT tiled kernel's launchers
  * (attention_tiled.cuh) and registry entry, behind "flash" and "two_pass",
- * and the seeds' one-row recurrence behind "flash_row".  The SIMT kernel
+ * and the seeds' one-row recurrence behind "flash_row" (attn_row_kernel,
+ * in attention_tiled.cuh too).  The SIMT kernel
  * takes every call: the ones the faster kernels of the registry
  * (attention_registry.cu) do not, and theirs when V holds NaN or inf. */
 #include "attention_registry.h"
 #include "attention_tiled.cuh"
 
 #include <cstdio>
-
-/* "flash_row": the seeds' one-pass recurrence, one thread per query row,
- * keys and values read straight from device memory, no tiling. */
-template <typename T> __global__ void attn_row_kernel(fa_attn_problem p) {
-  const int64_t row = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (row >= p.B * p.Hq * p.Lq) return;
-  const int64_t i = row % p.Lq, bh = row / p.Lq, b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv);
-  const int D = (int)p.D, Dv = (int)p.Dv;
-  const T *q = (const T *)p.q + attn_at(p.q_st, b, h, i);
-  const T *k = (const T *)p.k + attn_at(p.k_st, b, hk, 0);
-  const T *v = (const T *)p.v + attn_at(p.v_st, b, hk, 0);
-  const int64_t ks = p.k_st.s, vs = p.v_st.s;
-  float o[256];
-  for (int c = 0; c < Dv; c++) o[c] = 0.f;
-  float m = -INFINITY, d = 0.f;
-  int64_t lo, hi;
-  fa_attn_range_of(&p, b, i, &lo, &hi);
-  for (int64_t j = lo; j < hi; j++) {
-    float dot = 0.f;
-    for (int c = 0; c < D; c++) dot = fmaf(to_float(q[c]), to_float(k[j * ks + c]), dot);
-    float s = attn_score(p, b, h, i, j, dot, lo, hi);
-    if (s == -INFINITY) continue;
-    /* a NaN score is dropped by fmaxf but reaches d and o through e */
-    float m_new = fmaxf(m, s), alpha = m == -INFINITY ? 0.f : expf(m - m_new), e = expf(s - m_new);
-    d = d * alpha + e;
-    for (int c = 0; c < Dv; c++) o[c] = o[c] * alpha + e * to_float(v[j * vs + c]);
-    m = m_new;
-  }
-  float inv = row_inv(d);
-  T *orow = (T *)p.o + attn_at(p.o_st, b, h, i);
-  for (int c = 0; c < Dv; c++) orow[c] = from_float<T>(o[c] * inv);
-  if (p.lse) attn_lse_at(p, b, h, i) = row_lse(m, d);
-}
 
 /* ---- launchers ---- */
 

@@ -163,6 +163,41 @@ __global__ void __launch_bounds__(NWARPS * 32) attn_tiled_kernel(PROB p, int br,
   }
 }
 
+/* "flash_row": the seeds' one-pass recurrence, one thread per query row,
+ * keys and values read straight from device memory, no tiling; the score
+ * rule of PROB (attn_rule: the built-in one, or a variant's, run-time
+ * compiled: attention_variant.cuh). */
+template <typename T, typename PROB = fa_attn_problem> __global__ void attn_row_kernel(PROB p) {
+  const int64_t row = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (row >= p.B * p.Hq * p.Lq) return;
+  const int64_t i = row % p.Lq, bh = row / p.Lq, b = bh / p.Hq, h = bh % p.Hq, hk = h / (p.Hq / p.Hkv);
+  const int D = (int)p.D, Dv = (int)p.Dv;
+  const T *q = (const T *)p.q + attn_at(p.q_st, b, h, i);
+  const T *k = (const T *)p.k + attn_at(p.k_st, b, hk, 0);
+  const T *v = (const T *)p.v + attn_at(p.v_st, b, hk, 0);
+  const int64_t ks = p.k_st.s, vs = p.v_st.s;
+  float o[256];
+  for (int c = 0; c < Dv; c++) o[c] = 0.f;
+  float m = -INFINITY, d = 0.f;
+  int64_t lo, hi;
+  fa_attn_range_of(&p, b, i, &lo, &hi);
+  for (int64_t j = lo; j < hi; j++) {
+    float dot = 0.f;
+    for (int c = 0; c < D; c++) dot = fmaf(to_float(q[c]), to_float(k[j * ks + c]), dot);
+    float s = attn_rule<PROB>::score(p, b, h, i, j, dot, lo, hi);
+    if (s == -INFINITY) continue;
+    /* a NaN score is dropped by fmaxf but reaches d and o through e */
+    float m_new = fmaxf(m, s), alpha = m == -INFINITY ? 0.f : expf(m - m_new), e = expf(s - m_new);
+    d = d * alpha + e;
+    for (int c = 0; c < Dv; c++) o[c] = o[c] * alpha + e * to_float(v[j * vs + c]);
+    m = m_new;
+  }
+  float inv = row_inv(d);
+  T *orow = (T *)p.o + attn_at(p.o_st, b, h, i);
+  for (int c = 0; c < Dv; c++) orow[c] = from_float<T>(o[c] * inv);
+  if (p.lse) attn_lse_at(p, b, h, i) = row_lse(m, d);
+}
+
 #ifndef __CUDACC_RTC__ /* the launchers' sizes (attention.cu, attention_variant.cu) */
 /* The kernel instance for Br rows: the smallest of 8, 16, 32, 64, 128 that holds them. */
 static inline int block_rows(int br) { return br <= 8 ? 8 : br <= 16 ? 16 : br <= 32 ? 32 : br <= 64 ? 64 : 128; }

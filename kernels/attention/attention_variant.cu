@@ -805,12 +805,73 @@ static fa_status queue_variant(fa_context *ctx, const fa_attn_problem *p, const 
   return st;
 }
 
-extern "C" fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_attn_problem *p) {
+/* "two_pass" and "flash_row" with a variant: the SIMT kernels of those
+ * algorithms (attn_tiled_kernel's statistics and output passes, with row
+ * statistics in between; attn_row_kernel), compiled with the expressions
+ * as "flash"'s SIMT kernel is. */
+static fa_status variant_simt_algo(fa_context *ctx, fa_attention_algo algo, const fa_attn_problem *p,
+                                   const int64_t *bounds) {
+  attn_params simt = attn_params_of(*p);
+  const char *T = rtc_type(p);
+  char names[2][160];
+  int n = 1;
+  fa_status st = FA_OK;
+  if (algo == FA_ATTN_FLASH_ROW) {
+    snprintf(names[0], sizeof names[0], "attn_row_kernel<%s, fa_variant_problem>", T);
+  } else {
+    if ((st = simt_fit_tile(ctx, &simt))) return st;
+    const int br = block_rows((int)simt.tile_q);
+    snprintf(names[0], sizeof names[0], "attn_tiled_kernel<%s, %d, MODE_STATS, fa_variant_problem>", T, br);
+    snprintf(names[1], sizeof names[1], "attn_tiled_kernel<%s, %d, MODE_OUTPUT, fa_variant_problem>", T, br);
+    n = 2;
+  }
+  int reads[2];
+  char *src = variant_unit(p, bounds, reads);
+  if (!src) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.score_mod: out of host memory");
+  const char *list[RTC_KERNELS] = {names[0], names[1]};
+  cudaKernel_t kern[RTC_KERNELS] = {NULL, NULL, NULL};
+  fa_variant_problem vp;
+  fault_records fr = {NULL, 0, {0, 0}};
+  variant_problem(p, &vp);
+  st = rtc_kernels_get(ctx, src, list, n, 0u, kern);
+  free(src);
+  if (!st) st = faults_open(ctx, reads, &vp, &fr);
+  if (!st && algo == FA_ATTN_FLASH_ROW) { /* a thread a query row, as attention.cu's row_typed */
+    const int64_t blocks = (p->B * p->Hq * p->Lq + 127) / 128;
+    void *args[] = {&vp};
+    if (!(st = attn_grid_fits(ctx, blocks)) && blocks > 0)
+      st = launch(ctx, kern[0], (unsigned)blocks, 128, 0, args, "the variant's flash_row kernel");
+  } else if (!st) { /* the statistics pass, then the output pass */
+    const size_t stats_bytes = sizeof(float) * 2 * (size_t)(p->B * p->Hq * p->Lq);
+    float *stats = NULL;
+    if (!(st = fa_cuda_malloc(ctx, (void **)&stats, stats_bytes))) {
+      const fa_variant_args va = vp.va;
+      (attn_params &)vp = simt;
+      vp.va = va, vp.row_stats = stats;
+      int bc = (int)simt.tile_k, tq = (int)simt.tile_q;
+      int64_t nblk = p->B * p->Hq * ((p->Lq + tq - 1) / tq), grid = 0;
+      void *args[] = {&vp, &tq, &bc, &nblk};
+      st = tiled_grid(ctx, nblk, false, &grid);
+      if (!st) st = attn_grid_fits(ctx, grid);
+      const size_t smem = tiled_smem(block_rows(tq), bc, p->D, p->Dv);
+      for (int pass = 0; !st && grid > 0 && pass < 2; pass++)
+        st = launch(ctx, kern[pass], (unsigned)grid, NWARPS * 32, smem, args,
+                    pass ? "the variant's two_pass output kernel" : "the variant's two_pass statistics kernel");
+      fa_cuda_free_on(ctx, stats, stats_bytes); /* stream-ordered: after both passes */
+    }
+  }
+  return faults_close(ctx, p, bounds, &fr, st);
+}
+
+extern "C" fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attention_algo algo, fa_attn_kernel kernel,
+                                               const fa_attn_problem *p) {
+  /* an opts.splits piece (key_base > 0): k counts the whole call's keys, up to its end */
+  const int64_t call_bounds[4] = {p->B, p->Hq, p->Lq, p->key_base + p->Lk};
+  if (algo == FA_ATTN_TWO_PASS || algo == FA_ATTN_FLASH_ROW) return variant_simt_algo(ctx, algo, p, call_bounds);
   variant_plan v;
   fa_status st = plan_variant(ctx, kernel, p, &v);
   if (st) return st;
-  /* an opts.splits piece (key_base > 0): k counts the whole call's keys, up to its end */
-  const int64_t bounds[4] = {p->B, p->Hq, p->Lq, p->key_base + p->Lk};
+  const int64_t *bounds = call_bounds;
   int reads[2];
   char *src = variant_unit(p, bounds, reads);
   if (!src) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.score_mod: out of host memory");
