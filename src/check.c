@@ -153,12 +153,9 @@ static fa_status check_mask(fa_context *ctx, const fa_tensor *m, const fa_attn_d
   return FA_OK;
 }
 
-static const char *const attn_algo_names[] = {"auto", "naive", "two_pass", "flash_row", "flash"};
-
 /* opts.score_mod and opts.mask_mod (API §9): both backends and the
- * reference take them, on cuda with "flash", "two_pass" and "flash_row"
- * (compiled into their kernels at run time; not "naive", whose score rule
- * runs between two cuBLAS products).  The tensors an expression captured are on the call's
+ * reference take them, with every algo (on cuda compiled into its kernels
+ * at run time).  The tensors an expression captured are on the call's
  * device (the reference reads host copies of any device's).  On cuda a
  * block mask is checked against the call's shape (its tile is used where
  * it divides the kernels', kernels/attention/attention_variant.cu). */
@@ -172,11 +169,6 @@ static fa_status check_variants(fa_context *ctx, const fa_attention_opts *o, int
       return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: %s: expected an expression of %s, got one of %s", name[i],
                      i ? "booleans" : "numbers", i ? "numbers" : "booleans");
     if (reference) continue;
-    if (d->device == FA_CUDA && d->algo == FA_ATTN_NAIVE)
-      return fa_fail(ctx, FA_ERR_UNSUPPORTED,
-                     "flashattn: %s on cuda: algo %s is not in this version (flash, two_pass, flash_row and auto take "
-                     "it)",
-                     name[i], attn_algo_names[d->algo]);
     for (int t = 0; t < e->ntensors; t++)
       if (e->tensors[t]->storage->device != d->device)
         return fa_fail(ctx, FA_ERR_DEVICE, "flashattn: %s: the captured tensor %s is on %s, expected %s (the call's device)",

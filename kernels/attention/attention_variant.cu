@@ -863,11 +863,48 @@ static fa_status variant_simt_algo(fa_context *ctx, fa_attention_algo algo, cons
   return faults_close(ctx, p, bounds, &fr, st);
 }
 
+/* "naive" with a variant: attention_naive.cu's method (S and P in memory,
+ * cuBLAS's products) around the row kernel compiled with the expressions. */
+typedef struct {
+  cudaKernel_t kern;
+  fa_variant_problem *vp;
+  int wpr;
+} variant_naive_rows;
+static fa_status variant_naive_launch(fa_context *ctx, const fa_attn_problem *p, const float *S, void *P, int64_t rows,
+                                      void *user) {
+  const variant_naive_rows *u = (const variant_naive_rows *)user;
+  int64_t grid = 0;
+  fa_status st = naive_softmax_grid(ctx, p, u->wpr, rows, &grid);
+  void *args[] = {u->vp, &S, &P, &rows};
+  if (!st && grid > 0) st = launch(ctx, u->kern, (unsigned)grid, NAIVE_THREADS, 0, args, "the variant's naive row kernel");
+  return st;
+}
+static fa_status variant_naive(fa_context *ctx, const fa_attn_problem *p, const int64_t *bounds) {
+  variant_naive_rows u = {NULL, NULL, naive_softmax_wpr(p)};
+  char name[160];
+  snprintf(name, sizeof name, "naive_softmax_kernel<%s, true, %d, fa_variant_problem>", rtc_type(p), u.wpr);
+  int reads[2];
+  char *src = variant_unit(p, bounds, reads);
+  if (!src) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.score_mod: out of host memory");
+  const char *list[RTC_KERNELS] = {name};
+  cudaKernel_t kern[RTC_KERNELS] = {NULL, NULL, NULL};
+  fa_variant_problem vp;
+  fault_records fr = {NULL, 0, {0, 0}};
+  variant_problem(p, &vp);
+  fa_status st = rtc_kernels_get(ctx, src, list, 1, 0u, kern);
+  free(src);
+  if (!st) st = faults_open(ctx, reads, &vp, &fr);
+  u.kern = kern[0], u.vp = &vp;
+  if (!st) st = fa_cuda_attention_naive_with(ctx, p, variant_naive_launch, &u);
+  return faults_close(ctx, p, bounds, &fr, st);
+}
+
 extern "C" fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attention_algo algo, fa_attn_kernel kernel,
                                                const fa_attn_problem *p) {
   /* an opts.splits piece (key_base > 0): k counts the whole call's keys, up to its end */
   const int64_t call_bounds[4] = {p->B, p->Hq, p->Lq, p->key_base + p->Lk};
   if (algo == FA_ATTN_TWO_PASS || algo == FA_ATTN_FLASH_ROW) return variant_simt_algo(ctx, algo, p, call_bounds);
+  if (algo == FA_ATTN_NAIVE) return variant_naive(ctx, p, call_bounds);
   variant_plan v;
   fa_status st = plan_variant(ctx, kernel, p, &v);
   if (st) return st;

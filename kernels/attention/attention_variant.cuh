@@ -7,7 +7,7 @@
  * positions, has_score and has_mask), then attention_variant_rules.cuh,
  * which hooks them into the kernels' score rule.  The kernels are the
  * built-in ones (attention_wgmma.cuh, attention_mma.cuh,
- * attention_tiled.cuh; the backward's attention_backward_simt.cuh and
+ * attention_tiled.cuh, attention_naive.cuh; the backward's attention_backward_simt.cuh and
  * attention_backward_wgmma.cuh) instantiated with PROB = fa_variant_problem: the
  * problem plus the captured tensors, passed by value with each launch, so
  * that new tensors or shapes never recompile. */
@@ -15,6 +15,7 @@
 #define FA_KERNELS_ATTENTION_VARIANT_CUH
 
 #include "attention_mma.cuh"
+#include "attention_naive.cuh"
 #include "attention_tiled.cuh"
 #include "attention_wgmma.cuh"
 #include "attention_wgmma_tma.cuh"

@@ -66,11 +66,13 @@ int main(void) {
     const char *f32[] = {"attn_tiled_kernel<float, 32, MODE_FLASH, fa_variant_problem>",
                          "bw_dkdv_kernel<float, 64, fa_variant_problem>", "bw_dq_kernel<float, 64, fa_variant_problem>"};
     compile(ctx, "f32, SIMT", score, mask, FA_F32, f32, 3, 0u);
-    /* "two_pass" and "flash_row" (attention_variant.cu's variant_simt_algo) */
+    /* "two_pass", "flash_row" and "naive" (attention_variant.cu's variant_simt_algo, variant_naive) */
     const char *algos[] = {"attn_tiled_kernel<__nv_bfloat16, 64, MODE_STATS, fa_variant_problem>",
                            "attn_tiled_kernel<__nv_bfloat16, 64, MODE_OUTPUT, fa_variant_problem>",
-                           "attn_row_kernel<__nv_bfloat16, fa_variant_problem>"};
-    compile(ctx, "bf16, two_pass and flash_row", score, mask, FA_BF16, algos, 3, 0u);
+                           "attn_row_kernel<__nv_bfloat16, fa_variant_problem>",
+                           "naive_softmax_kernel<__nv_bfloat16, true, 1, fa_variant_problem>",
+                           "naive_softmax_kernel<__nv_bfloat16, true, 8, fa_variant_problem>"};
+    compile(ctx, "bf16, two_pass, flash_row and naive", score, mask, FA_BF16, algos, 5, 0u);
     /* a name the unit does not define is the error, with NVRTC's word for it */
     const char *bad[] = {"attn_no_such_kernel<float>"};
     CHECK(fa_cuda_variant_compile(ctx, score, NULL, FA_F32, "sm_90a", bad, 1, 0u) != FA_OK &&

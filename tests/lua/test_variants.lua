@@ -42,7 +42,6 @@ local function check_variant(q, k, v, mod, builtin, what, extra)
       U.check_attention(q, k, v, merged(mod, merged(merged(o, {return_lse = true}), extra)),
         what .. " " .. name .. " " .. q:dtype(), {ref = {ro, rl}})
     end
-    U.assert_fa_error({"not in this version"}, fa.attention, q, k, v, merged(mod, {algo = "naive"}))
     return
   end
   for _, algo in ipairs(algos) do
@@ -67,9 +66,10 @@ end
 
 local function dtypes() return U.cuda and {"f32", "f16"} or cpu_dtypes end
 
--- "two_pass" and "flash_row" with variants (on cuda their SIMT kernels, compiled with the expressions): score_mod,
--- mask_mod over a captured tensor, both, a tile option, GQA, Lq != Lk, against the f64 reference
-function TestVariants:test_two_pass_and_flash_row()
+-- "naive", "two_pass" and "flash_row" with variants (on cuda their kernels compiled with the expressions: naive's
+-- row kernel between cuBLAS's products, the SIMT passes, the one-row recurrence): score_mod, mask_mod over a
+-- captured tensor, both, a tile option, GQA, Lq != Lk, against the f64 reference
+function TestVariants:test_naive_two_pass_and_flash_row()
   for _, dtype in ipairs(dtypes()) do
     local q, k, v = inputs(dtype, 2, 4, 2, 45, 70, 16)
     local slopes = fa.tensor({0.5, 0.25, 0.125, 0.0625}, {device = dev})
@@ -81,7 +81,7 @@ function TestVariants:test_two_pass_and_flash_row()
     for _, o in ipairs({{score_mod = sm}, {mask_mod = mm}, {score_mod = sm, mask_mod = mm, causal = true},
                         {mask_mod = mm, tile = {16, 32}, softcap = 4}}) do
       local ro, rl = fa.attention_reference(q, k, v, merged(o, {return_lse = true}))
-      for _, algo in ipairs({"two_pass", "flash_row"}) do
+      for _, algo in ipairs({"naive", "two_pass", "flash_row"}) do
         U.check_attention(q, k, v, merged(o, {algo = algo, return_lse = true}), algo .. " " .. dtype, {ref = {ro, rl}})
       end
     end
@@ -190,7 +190,7 @@ function TestVariants:test_fully_masked_rows()
     local mm = function(b, h, q, k) return q:gt(3) & k:le(q) end -- rows 1..3 attend nothing
     local opts = {mask_mod = mm, return_lse = true}
     local calls = {{fa.attention_reference, "reference"}}
-    for _, algo in ipairs(U.cuda and {"flash", "two_pass", "flash_row"} or algos) do
+    for _, algo in ipairs(algos) do
       calls[#calls + 1] = {function(a, b, c, o) return fa.attention(a, b, c, merged(o, {algo = algo})) end, algo}
     end
     for _, c in ipairs(calls) do
@@ -273,7 +273,7 @@ function TestVariants:test_errors()
   local bias = U.randn({1, 1, 8, 8}, "f32")
   local q8, k8, v8 = U.randn({1, 1, 8, 8}, "f32"), U.randn({1, 1, 8, 8}, "f32"), U.randn({1, 1, 8, 8}, "f32")
   local want = att(q8, k8, v8, {score_mod = function(s, b, h, i, j) return s + bias:clone()[b][h][i][j] end})
-  for _, algo in ipairs(dev == "cpu" and {"flash", "naive", "two_pass", "flash_row"} or {"flash", "two_pass", "flash_row"}) do
+  for _, algo in ipairs({"flash", "naive", "two_pass", "flash_row"}) do
     local canvas = bias:clone()
     local alias_mod = function(s, b, h, i, j) return s + canvas[b][h][i][j] end
     local got = att(q8, k8, v8, {score_mod = alias_mod, out = canvas, algo = algo})
