@@ -327,8 +327,9 @@ typedef enum {
 /* "flash" with p->score_mod and / or p->mask_mod (API §9; their captured
  * tensors on the device), compiled at run time into the kernel named
  * (AUTO, WGMMA, MMA or SIMT; kernels/attention/attention_variant.cu);
- * "two_pass" and "flash_row" into their SIMT kernels.  A read out of range
- * is recorded in the expression (fa_expr_fault). */
+ * "two_pass" and "flash_row" into their SIMT kernels, "naive" into its row
+ * kernel between cuBLAS's products.  A read out of range is recorded in the
+ * expression (fa_expr_fault). */
 fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attention_algo algo, fa_attn_kernel kernel,
                                     const fa_attn_problem *p);
 /* The tests' check of the variants' generated CUDA C without a device:

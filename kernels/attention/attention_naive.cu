@@ -57,7 +57,7 @@ static fa_status launch_softmax_as(fa_context *ctx, const fa_attn_problem *p, co
 
 template <typename T>
 static fa_status launch_softmax(fa_context *ctx, const fa_attn_problem *p, const float *S, T *P, int64_t rows) {
-  const bool extras = attn_has_extras(p), block_rows = p->Lk > NAIVE_LONG_ROW;
+  const bool extras = attn_has_extras(p), block_rows = naive_softmax_wpr(p) > 1;
   if (extras)
     return block_rows ? launch_softmax_as<T, true, NAIVE_THREADS / 32>(ctx, p, S, P, rows)
                       : launch_softmax_as<T, true, 1>(ctx, p, S, P, rows);

@@ -734,6 +734,42 @@ static fa_status variant_spans(fa_context *ctx, const fa_attn_problem *p, const 
   return st;
 }
 
+/* vp with the SIMT kernel's problem simt (its tile), its captured tensors kept. */
+static void simt_problem(fa_variant_problem *vp, const attn_params *simt) {
+  const fa_variant_args va = vp->va;
+  (attn_params &)*vp = *simt;
+  vp->va = va;
+}
+
+/* The SIMT tiled kernel k on vp's tile (a guard behind a fast kernel when
+ * vp->v_nonfinite is set: a few blocks an SM). */
+static fa_status launch_simt(fa_context *ctx, cudaKernel_t k, fa_variant_problem *vp, const char *what) {
+  int bc = (int)vp->tile_k, tq = (int)vp->tile_q;
+  int64_t nblk = vp->B * vp->Hq * ((vp->Lq + tq - 1) / tq), grid = 0;
+  void *args[] = {vp, &tq, &bc, &nblk};
+  fa_status st = tiled_grid(ctx, nblk, vp->v_nonfinite != NULL, &grid);
+  if (!st) st = attn_grid_fits(ctx, grid);
+  if (!st && grid > 0)
+    st = launch(ctx, k, (unsigned)grid, NWARPS * 32, tiled_smem(block_rows(tq), bc, vp->D, vp->Dv), args, what);
+  return st;
+}
+
+/* The start every variant call shares: the call's unit (*src, malloc'd:
+ * the caller frees it) compiled with the instances list[0..n) (bit i of
+ * guards: a guard), *vp the problem with its captured tensors and the
+ * fault records open (fr: closed by faults_close, also after a failure). */
+static fa_status variant_open(fa_context *ctx, const fa_attn_problem *p, const int64_t *bounds, const char *const *list,
+                              int n, unsigned guards, cudaKernel_t *kern, fa_variant_problem *vp, fault_records *fr,
+                              char **src) {
+  int reads[2];
+  *fr = fault_records{NULL, 0, {0, 0}};
+  variant_problem(p, vp);
+  if (!(*src = variant_unit(p, bounds, reads)))
+    return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.score_mod: out of host memory");
+  fa_status st = rtc_kernels_get(ctx, *src, list, n, guards, kern);
+  return st ? st : faults_open(ctx, reads, vp, fr);
+}
+
 /* The warp-specialised kernel of the call (FAST_TMA): a block a query
  * tile, or its persistent form with a fresh tile counter. */
 static fa_status queue_variant_tma(fa_context *ctx, const fa_attn_problem *p, const variant_plan *v, cudaKernel_t kern,
@@ -788,18 +824,9 @@ static fa_status queue_variant(fa_context *ctx, const fa_attn_problem *p, const 
   }
   if (scan) st = join_nonfinite_scan(ctx, p, v_flag, side, st);
   if (!st) {
-    const fa_variant_args va = vp->va;
-    (attn_params &)*vp = v->simt;
-    vp->va = va;
+    simt_problem(vp, &v->simt);
     vp->v_nonfinite = v_flag;
-    int bc = (int)v->simt.tile_k, tq = (int)v->simt.tile_q;
-    int64_t nblk = p->B * p->Hq * ((p->Lq + tq - 1) / tq), grid = 0;
-    void *args[] = {vp, &tq, &bc, &nblk};
-    st = tiled_grid(ctx, nblk, v_flag != NULL, &grid);
-    if (!st) st = attn_grid_fits(ctx, grid);
-    if (!st && grid > 0)
-      st = launch(ctx, kern[0], (unsigned)grid, NWARPS * 32, tiled_smem(block_rows(tq), bc, p->D, p->Dv), args,
-                  "the variant's SIMT kernel");
+    st = launch_simt(ctx, kern[0], vp, "the variant's SIMT kernel");
   }
   if (spans) fa_cuda_free_on(ctx, spans, spans_bytes); /* stream-ordered: after the kernels */
   return st;
@@ -825,17 +852,13 @@ static fa_status variant_simt_algo(fa_context *ctx, fa_attention_algo algo, cons
     snprintf(names[1], sizeof names[1], "attn_tiled_kernel<%s, %d, MODE_OUTPUT, fa_variant_problem>", T, br);
     n = 2;
   }
-  int reads[2];
-  char *src = variant_unit(p, bounds, reads);
-  if (!src) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.score_mod: out of host memory");
   const char *list[RTC_KERNELS] = {names[0], names[1]};
   cudaKernel_t kern[RTC_KERNELS] = {NULL, NULL, NULL};
   fa_variant_problem vp;
-  fault_records fr = {NULL, 0, {0, 0}};
-  variant_problem(p, &vp);
-  st = rtc_kernels_get(ctx, src, list, n, 0u, kern);
+  fault_records fr;
+  char *src = NULL;
+  st = variant_open(ctx, p, bounds, list, n, 0u, kern, &vp, &fr, &src);
   free(src);
-  if (!st) st = faults_open(ctx, reads, &vp, &fr);
   if (!st && algo == FA_ATTN_FLASH_ROW) { /* a thread a query row, as attention.cu's row_typed */
     const int64_t blocks = (p->B * p->Hq * p->Lq + 127) / 128;
     void *args[] = {&vp};
@@ -845,18 +868,10 @@ static fa_status variant_simt_algo(fa_context *ctx, fa_attention_algo algo, cons
     const size_t stats_bytes = sizeof(float) * 2 * (size_t)(p->B * p->Hq * p->Lq);
     float *stats = NULL;
     if (!(st = fa_cuda_malloc(ctx, (void **)&stats, stats_bytes))) {
-      const fa_variant_args va = vp.va;
-      (attn_params &)vp = simt;
-      vp.va = va, vp.row_stats = stats;
-      int bc = (int)simt.tile_k, tq = (int)simt.tile_q;
-      int64_t nblk = p->B * p->Hq * ((p->Lq + tq - 1) / tq), grid = 0;
-      void *args[] = {&vp, &tq, &bc, &nblk};
-      st = tiled_grid(ctx, nblk, false, &grid);
-      if (!st) st = attn_grid_fits(ctx, grid);
-      const size_t smem = tiled_smem(block_rows(tq), bc, p->D, p->Dv);
-      for (int pass = 0; !st && grid > 0 && pass < 2; pass++)
-        st = launch(ctx, kern[pass], (unsigned)grid, NWARPS * 32, smem, args,
-                    pass ? "the variant's two_pass output kernel" : "the variant's two_pass statistics kernel");
+      simt_problem(&vp, &simt);
+      vp.row_stats = stats;
+      st = launch_simt(ctx, kern[0], &vp, "the variant's two_pass statistics kernel");
+      if (!st) st = launch_simt(ctx, kern[1], &vp, "the variant's two_pass output kernel");
       fa_cuda_free_on(ctx, stats, stats_bytes); /* stream-ordered: after both passes */
     }
   }
@@ -883,17 +898,13 @@ static fa_status variant_naive(fa_context *ctx, const fa_attn_problem *p, const 
   variant_naive_rows u = {NULL, NULL, naive_softmax_wpr(p)};
   char name[160];
   snprintf(name, sizeof name, "naive_softmax_kernel<%s, true, %d, fa_variant_problem>", rtc_type(p), u.wpr);
-  int reads[2];
-  char *src = variant_unit(p, bounds, reads);
-  if (!src) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.score_mod: out of host memory");
   const char *list[RTC_KERNELS] = {name};
   cudaKernel_t kern[RTC_KERNELS] = {NULL, NULL, NULL};
   fa_variant_problem vp;
-  fault_records fr = {NULL, 0, {0, 0}};
-  variant_problem(p, &vp);
-  fa_status st = rtc_kernels_get(ctx, src, list, 1, 0u, kern);
+  fault_records fr;
+  char *src = NULL;
+  fa_status st = variant_open(ctx, p, bounds, list, 1, 0u, kern, &vp, &fr, &src);
   free(src);
-  if (!st) st = faults_open(ctx, reads, &vp, &fr);
   u.kern = kern[0], u.vp = &vp;
   if (!st) st = fa_cuda_attention_naive_with(ctx, p, variant_naive_launch, &u);
   return faults_close(ctx, p, bounds, &fr, st);
@@ -908,23 +919,19 @@ extern "C" fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attention_alg
   variant_plan v;
   fa_status st = plan_variant(ctx, kernel, p, &v);
   if (st) return st;
-  const int64_t *bounds = call_bounds;
-  int reads[2];
-  char *src = variant_unit(p, bounds, reads);
-  if (!src) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.score_mod: out of host memory");
   const char *names[RTC_KERNELS] = {v.names[0], v.names[1], v.names[2]};
   cudaKernel_t kern[RTC_KERNELS] = {NULL, NULL, NULL};
   fa_variant_problem vp;
-  fault_records fr = {NULL, 0, {0, 0}};
+  fault_records fr;
+  char *src = NULL;
   int *v_flag = NULL;
-  variant_problem(p, &vp);
-  st = rtc_kernels_get(ctx, src, names, v.n, v.fast ? 1u : 0u, kern); /* the SIMT kernel: a guard behind a fast one */
-  if (!st) st = faults_open(ctx, reads, &vp, &fr);
+  /* the SIMT kernel: a guard behind a fast one */
+  st = variant_open(ctx, p, call_bounds, names, v.n, v.fast ? 1u : 0u, kern, &vp, &fr, &src);
   if (!st && v.fast) st = values_nonfinite_flag(ctx, p, &v_flag, false); /* NaN or inf in V: the SIMT kernel redoes the call */
   if (!st) st = queue_variant(ctx, p, &v, src, kern, &vp, v_flag);
   free(src);
   if (v_flag) fa_cuda_free_on(ctx, v_flag, sizeof(int)); /* stream-ordered */
-  return faults_close(ctx, p, bounds, &fr, st);
+  return faults_close(ctx, p, call_bounds, &fr, st);
 }
 
 /* The backward of a variant call (API §10: the chain rule through
@@ -1011,20 +1018,15 @@ extern "C" fa_status fa_cuda_attention_backward_variant(fa_context *ctx, fa_attn
   if (fast && !adds_dq) list[at_dq = n++] = names[3];
   if (tiles) list[at_spans = n++] = names[4];
   const int64_t bounds[4] = {p->B, p->Hq, p->Lq, p->Lk};
-  int reads[2];
-  char *src = variant_unit(p, bounds, reads);
-  if (!src) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.score_mod: out of host memory");
   cudaKernel_t kern[RTC_KERNELS] = {NULL};
-  st = rtc_kernels_get(ctx, src, list, n, fast ? 3u : 0u, kern); /* the SIMT ones: guards behind the fast ones */
-  free(src);
-  if (st) return st;
   fa_variant_problem vp;
-  variant_problem(p, &vp);
-  fault_records fr = {NULL, 0, {0, 0}};
+  fault_records fr;
+  char *src = NULL;
+  st = variant_open(ctx, p, bounds, list, n, fast ? 3u : 0u, kern, &vp, &fr, &src); /* the SIMT ones: guards */
+  free(src);
   variant_backward vb = {kern[at_dkdv], at_dq ? kern[at_dq] : NULL, kern[0], kern[1], &vp, ctas};
   void *temp = NULL;
   size_t temp_bytes = 0;
-  st = faults_open(ctx, reads, &vp, &fr);
   if (!st && tiles) st = variant_bw_tiles(ctx, p, kern[at_spans], &vp, &temp, &temp_bytes);
   const fa_bw_kernels ks = {variant_bw_fast, variant_bw_simt, &vb};
   if (!st) st = fa_cuda_backward_run(ctx, kernel, p, g, &ks);

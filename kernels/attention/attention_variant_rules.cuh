@@ -27,7 +27,7 @@ static __device__ __forceinline__ float fa_variant_apply(const fa_variant_proble
                                                          bool in, bool mask_full, int &fs, int &fm,
                                                          float *chain = nullptr) {
   if (fa_variant_rules::bool_mask && in && !rule_mask_keeps(ru, kk)) in = false;
-  if (p.key_base) j += p.key_base, jf = (float)j; /* an opts.splits piece: the whole call's k */
+  j += p.key_base, jf += (float)p.key_base; /* an opts.splits piece: the whole call's k (0 otherwise) */
   if (fa_variant::has_mask && in && !mask_full)
     in = fa_variant::mask(p.va, 0.f, b, h, i, j, (float)b, (float)h, (float)i, jf, fm);
   if (!in) return -INFINITY;
