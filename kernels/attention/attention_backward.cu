@@ -38,15 +38,20 @@ extern "C" fa_status fa_cuda_attention_backward_mma(fa_context *ctx, fa_attn_ker
  * row's (b, h, i) in 32-bit arithmetic when the rows fit (U = unsigned).
  * A warp a row with 64-bit divisions made the whole backward 4-6 % slower
  * at D = 64, L = 1k (H200; the kernel was bound by its index arithmetic).
- * flag (or NULL): set when dout holds NaN or inf (bw_guarded), on the way. */
-template <typename T, bool VEC, typename U>
+ * flag (or NULL): set when dout holds NaN or inf (bw_guarded), on the way.
+ * FIXED (bw_fixed_dq): also each row's multiplier into mult, from
+ * Σ|dO_i|, max|O_i| and its KV head's max|K|, max|V| in kvmax
+ * (bw_kv_max_kernel); the flag also set when o holds NaN or inf, or where
+ * the row has no multiplier. */
+template <typename T, bool VEC, typename U, bool FIXED = false>
 __global__ void __launch_bounds__(BW_THREADS)
-    bw_delta_kernel(fa_attn_problem p, fa_attn_grads g, float *delta, int lpr, int *flag) {
+    bw_delta_kernel(fa_attn_problem p, fa_attn_grads g, float *delta, int lpr, int *flag, const unsigned *kvmax,
+                    float *mult) {
   constexpr int V = VEC ? 16 / sizeof(T) : 1;
   const int per_block = BW_THREADS / lpr, sub = threadIdx.x % lpr;
   const U rows = (U)(p.B * p.Hq * p.Lq), row = (U)blockIdx.x * (U)per_block + (U)(threadIdx.x / lpr);
   const U Lq = (U)p.Lq, Hq = (U)p.Hq, i = row % Lq, bh = row / Lq, b = bh / Hq, h = bh % Hq;
-  float acc = 0.f;
+  float acc = 0.f, l1 = 0.f, omax = 0.f; /* FIXED: Σ|dO_i|, max|O_i| */
   bool bad = false;
   if (row < rows) {
     const T *o = (const T *)p.o + attn_at(p.o_st, b, h, i), *d = (const T *)g.dout + attn_at(g.dout_st, b, h, i);
@@ -55,23 +60,100 @@ __global__ void __launch_bounds__(BW_THREADS)
         const uint4 x = *(const uint4 *)(o + e), y = *(const uint4 *)(d + e);
         const T *xs = (const T *)&x, *ys = (const T *)&y;
 #pragma unroll
-        for (int c = 0; c < V; c++) acc = fmaf(to_float(xs[c]), to_float(ys[c]), acc);
-        bad |= words_nonfinite<T>(y);
+        for (int c = 0; c < V; c++) {
+          const float ov = to_float(xs[c]), dv = to_float(ys[c]);
+          acc = fmaf(ov, dv, acc);
+          if (FIXED) l1 += fabsf(dv), omax = fmaxf(omax, fabsf(ov));
+        }
+        bad |= words_nonfinite<T>(y) || (FIXED && words_nonfinite<T>(x));
       } else {
-        const float y = to_float(d[e]);
-        acc = fmaf(to_float(o[e]), y, acc);
-        bad |= !isfinite(y);
+        const float y = to_float(d[e]), ov = to_float(o[e]);
+        acc = fmaf(ov, y, acc);
+        if (FIXED) l1 += fabsf(y), omax = fmaxf(omax, fabsf(ov));
+        bad |= !isfinite(y) || (FIXED && !isfinite(ov));
       }
     }
   }
-  for (int off = lpr / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off); /* within the group */
-  if (row < rows && sub == 0) delta[row] = acc;
+  for (int off = lpr / 2; off > 0; off >>= 1) { /* within the group */
+    acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (FIXED) l1 += __shfl_xor_sync(0xffffffffu, l1, off), omax = fmaxf(omax, __shfl_xor_sync(0xffffffffu, omax, off));
+  }
+  if (row < rows && sub == 0) {
+    delta[row] = acc;
+    if constexpr (FIXED) {
+      const U hk = h / (Hq / (U)p.Hkv), at = 2 * (b * (U)p.Hkv + hk);
+      const float m = bw_fixed_mult(p.scale_f, __uint_as_float(kvmax[at]), __uint_as_float(kvmax[at + 1]), l1, omax);
+      mult[row] = m;
+      bad |= m == 0.f;
+    }
+  }
   if (flag && __syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
 }
 
 /* Queues bw_delta_kernel for the call (flag: as the kernel's). */
+template <typename T, bool VEC, typename U>
+static void bw_delta_launch(unsigned blocks, cudaStream_t s, const fa_attn_problem *p, const fa_attn_grads *g,
+                            float *delta, int lpr, int *flag, bool fixed) {
+  const int64_t rows = p->B * p->Hq * p->Lq;
+  if (fixed) /* after delta: the rows' multipliers, then each KV head's max|K|, max|V| (fa_cuda_backward_run) */
+    bw_delta_kernel<T, VEC, U, true><<<blocks, BW_THREADS, 0, s>>>(*p, *g, delta, lpr, flag,
+                                                                   (const unsigned *)(delta + 2 * rows), delta + rows);
+  else
+    bw_delta_kernel<T, VEC, U><<<blocks, BW_THREADS, 0, s>>>(*p, *g, delta, lpr, flag, NULL, NULL);
+}
+
+/* max|K| and max|V| of each (batch, KV head) (FIXED, bw_fixed_dq) into
+ * kvmax, zeroed before (the bits of floats of one sign order as unsigned
+ * integers do), a block BW_MAX_ROWS rows of one head in 16-byte loads (the
+ * wgmma kernels' rows); flag set where K or V holds NaN or inf. */
+#define BW_MAX_ROWS 64
+template <typename T> __global__ void __launch_bounds__(256) bw_kv_max_kernel(fa_attn_problem p, unsigned *kvmax, int *flag) {
+  constexpr int V = 16 / sizeof(T);
+  const int64_t per = (p.Lk + BW_MAX_ROWS - 1) / BW_MAX_ROWS, bhk = blockIdx.x / per, j0 = blockIdx.x % per * BW_MAX_ROWS;
+  const int64_t b = bhk / p.Hkv, hk = bhk % p.Hkv;
+  const int rows = (int)min((int64_t)BW_MAX_ROWS, p.Lk - j0), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float m[2] = {0.f, 0.f};
+  bool bad = false;
+#pragma unroll
+  for (int t = 0; t < 2; t++) {
+    const T *x = (const T *)(t ? p.v : p.k);
+    const fa_attn_strides st = t ? p.v_st : p.k_st;
+    const int cpr = (int)((t ? p.Dv : p.D) / V);
+    for (int e = threadIdx.x; e < rows * cpr; e += 256) {
+      const uint4 u = *(const uint4 *)(x + attn_at(st, b, hk, j0 + e / cpr) + e % cpr * V);
+      const T *xs = (const T *)&u;
+#pragma unroll
+      for (int k = 0; k < V; k++) m[t] = fmaxf(m[t], fabsf(to_float(xs[k])));
+      bad |= words_nonfinite<T>(u);
+    }
+  }
+  __shared__ float part[2][8];
+#pragma unroll
+  for (int t = 0; t < 2; t++) {
+    for (int off = 16; off > 0; off >>= 1) m[t] = fmaxf(m[t], __shfl_xor_sync(0xffffffffu, m[t], off));
+    if (lane == 0) part[t][warp] = m[t];
+  }
+  if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
+  if (threadIdx.x < 2) {
+    float x = 0.f;
+    for (int w = 0; w < 8; w++) x = fmaxf(x, part[threadIdx.x][w]);
+    atomicMax(kvmax + 2 * bhk + threadIdx.x, __float_as_uint(x));
+  }
+}
+template <typename T> static fa_status bw_kv_max(fa_context *ctx, const fa_attn_problem *p, unsigned *kvmax, int *flag) {
+  const int64_t blocks = p->B * p->Hkv * ((p->Lk + BW_MAX_ROWS - 1) / BW_MAX_ROWS);
+  cudaStream_t s = fa_cuda_stream(ctx);
+  fa_status st = attn_grid_fits(ctx, blocks);
+  if (!st) st = fa_cuda_error(ctx, cudaMemsetAsync(kvmax, 0, (size_t)(2 * p->B * p->Hkv) * sizeof(unsigned), s),
+                              "the backward's max|K|, max|V|");
+  if (st || blocks == 0) return st;
+  bw_kv_max_kernel<T><<<(unsigned)blocks, 256, 0, s>>>(*p, kvmax, flag);
+  FA_CUDA_CHECK_LAUNCH(ctx, "bw_kv_max_kernel");
+  return FA_OK;
+}
+
 template <typename T> static fa_status bw_delta(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g,
-                                                float *delta, int *flag) {
+                                                float *delta, int *flag, bool fixed) {
   const int64_t rows = p->B * p->Hq * p->Lq;
   const int64_t es = (int64_t)sizeof(T), V = 16 / es;
   const bool vec = p->Dv % V == 0 && attn_rows_on16(p->o, p->o_st, es) && attn_rows_on16(g->dout, g->dout_st, es);
@@ -83,10 +165,10 @@ template <typename T> static fa_status bw_delta(fa_context *ctx, const fa_attn_p
   if (st || blocks == 0) return st;
   const bool small = rows <= (int64_t)UINT32_MAX - BW_THREADS; /* the last block's row indices too */
   cudaStream_t s = fa_cuda_stream(ctx);
-  if (vec && small) bw_delta_kernel<T, true, unsigned><<<(unsigned)blocks, BW_THREADS, 0, s>>>(*p, *g, delta, lpr, flag);
-  else if (vec) bw_delta_kernel<T, true, int64_t><<<(unsigned)blocks, BW_THREADS, 0, s>>>(*p, *g, delta, lpr, flag);
-  else if (small) bw_delta_kernel<T, false, unsigned><<<(unsigned)blocks, BW_THREADS, 0, s>>>(*p, *g, delta, lpr, flag);
-  else bw_delta_kernel<T, false, int64_t><<<(unsigned)blocks, BW_THREADS, 0, s>>>(*p, *g, delta, lpr, flag);
+  if (vec && small) bw_delta_launch<T, true, unsigned>((unsigned)blocks, s, p, g, delta, lpr, flag, fixed);
+  else if (vec) bw_delta_launch<T, true, int64_t>((unsigned)blocks, s, p, g, delta, lpr, flag, fixed);
+  else if (small) bw_delta_launch<T, false, unsigned>((unsigned)blocks, s, p, g, delta, lpr, flag, fixed);
+  else bw_delta_launch<T, false, int64_t>((unsigned)blocks, s, p, g, delta, lpr, flag, fixed);
   FA_CUDA_CHECK_LAUNCH(ctx, "bw_delta_kernel");
   return FA_OK;
 }
@@ -126,14 +208,15 @@ static fa_status bw_simt(fa_context *ctx, const fa_attn_problem *p, const fa_att
 
 /* Queues on s the passes over q and k that set *flag when one holds NaN
  * or inf (attention_nonfinite.cuh's scan of v, pointed at each; dout is
- * checked by the delta kernel, which reads all of it anyway). */
-static cudaError_t bw_queue_scans(const fa_attn_problem *p, int *flag, cudaStream_t s) {
+ * checked by the delta kernel, which reads all of it anyway; k, with
+ * fixed, by bw_kv_max_kernel). */
+static cudaError_t bw_queue_scans(const fa_attn_problem *p, int *flag, cudaStream_t s, bool fixed) {
   const struct {
     const void *x;
     fa_attn_strides st;
     int64_t heads, len, width;
   } ops[2] = {{p->q, p->q_st, p->Hq, p->Lq, p->D}, {p->k, p->k_st, p->Hkv, p->Lk, p->D}};
-  for (int i = 0; i < 2; i++) {
+  for (int i = 0; i < (fixed ? 1 : 2); i++) {
     fa_attn_problem t = *p;
     t.v = ops[i].x, t.v_st = ops[i].st, t.Hkv = ops[i].heads, t.Lk = ops[i].len, t.Dv = ops[i].width;
     const cudaError_t err = queue_nonfinite_scan(&t, flag, s);
@@ -158,18 +241,19 @@ static cudaError_t bw_queue_scans(const fa_attn_problem *p, int *flag, cudaStrea
  * (bw_launch) took a point off at 1k. */
 template <typename T>
 static fa_status bw_guarded(fa_context *ctx, fa_attn_kernel k, const fa_attn_problem *p, const fa_attn_grads *g,
-                            float *delta, const fa_bw_kernels *ks) {
+                            float *delta, const fa_bw_kernels *ks, bool fixed) {
   int *flag = NULL;
   cudaStream_t side = 0;
   fa_status st = values_nonfinite_flag(ctx, p, &flag, false);
   if (st) return st;
-  if ((st = bw_delta<T>(ctx, p, g, delta, flag)) || (st = fa_cuda_fork(ctx, &side))) {
+  if ((fixed && (st = bw_kv_max<T>(ctx, p, (unsigned *)(delta + 2 * p->B * p->Hq * p->Lq), flag))) ||
+      (st = bw_delta<T>(ctx, p, g, delta, flag, fixed)) || (st = fa_cuda_fork(ctx, &side))) {
     fa_cuda_free_on(ctx, flag, sizeof(int));
     return st;
   }
   /* the scans first: the fast kernels may queue work of their own behind them on the side stream
    * (bw_launch_beside's dQ kernel) */
-  const cudaError_t err = bw_queue_scans(p, flag, side);
+  const cudaError_t err = bw_queue_scans(p, flag, side, fixed);
   st = err != cudaSuccess ? fa_cuda_error(ctx, err, "the NaN/inf check of q and k") : ks->fast(ctx, k, p, g, delta, ks->user);
   const fa_status joined = fa_cuda_join(ctx); /* waits here when it cannot be queued */
   if (!st) st = joined;
@@ -180,9 +264,9 @@ static fa_status bw_guarded(fa_context *ctx, fa_attn_kernel k, const fa_attn_pro
 
 template <typename T>
 static fa_status bw_typed(fa_context *ctx, fa_attn_kernel k, const fa_attn_problem *p, const fa_attn_grads *g,
-                          float *delta, const fa_bw_kernels *ks) {
-  if (k != FA_KERNEL_SIMT) return bw_guarded<T>(ctx, k, p, g, delta, ks);
-  fa_status st = bw_delta<T>(ctx, p, g, delta, NULL);
+                          float *delta, const fa_bw_kernels *ks, bool fixed) {
+  if (k != FA_KERNEL_SIMT) return bw_guarded<T>(ctx, k, p, g, delta, ks, fixed);
+  fa_status st = bw_delta<T>(ctx, p, g, delta, NULL, false);
   return st ? st : ks->simt(ctx, p, g, delta, NULL, ks->user);
 }
 
@@ -212,16 +296,21 @@ extern "C" fa_status fa_cuda_backward_choose(fa_context *ctx, const fa_attn_prob
 
 /* The call on kernel k (FA_KERNEL_SIMT, or a tensor-core kernel that takes
  * it) through the launches ks: delta, the kernels, and the guard. */
+static fa_status builtin_fast(fa_context *ctx, fa_attn_kernel k, const fa_attn_problem *p, const fa_attn_grads *g,
+                              const float *delta, void *);
 extern "C" fa_status fa_cuda_backward_run(fa_context *ctx, fa_attn_kernel k, const fa_attn_problem *p,
                                           const fa_attn_grads *g, const fa_bw_kernels *ks) {
-  const size_t bytes = (size_t)(p->B * p->Hq * p->Lq) * sizeof(float);
+  /* fixed-point dQ: delta, each row's multiplier, each KV head's max|K| and max|V| (bw_fixed_dq) */
+  const bool fixed = k == FA_KERNEL_WGMMA && ks->fast == builtin_fast && bw_fixed_dq(p, g);
+  const int64_t rows = p->B * p->Hq * p->Lq;
+  const size_t bytes = (size_t)(fixed ? 2 * rows + 2 * p->B * p->Hkv : rows) * sizeof(float);
   float *delta = NULL;
   fa_status st = fa_cuda_malloc(ctx, (void **)&delta, bytes);
   if (st) return st;
   switch (p->compute) {
-  case FA_F16: st = bw_typed<__half>(ctx, k, p, g, delta, ks); break;
-  case FA_BF16: st = bw_typed<__nv_bfloat16>(ctx, k, p, g, delta, ks); break;
-  default: st = bw_typed<float>(ctx, k, p, g, delta, ks); break;
+  case FA_F16: st = bw_typed<__half>(ctx, k, p, g, delta, ks, fixed); break;
+  case FA_BF16: st = bw_typed<__nv_bfloat16>(ctx, k, p, g, delta, ks, fixed); break;
+  default: st = bw_typed<float>(ctx, k, p, g, delta, ks, false); break;
   }
   fa_cuda_free_on(ctx, delta, bytes); /* stream-ordered: after the kernels */
   return st;

@@ -301,7 +301,53 @@ static __device__ void bwm_tile_keys(const fa_attn_problem &p, const float *delt
   *t_lo = span[0], *t_hi = span[1];
 }
 
+/* The deterministic dQ of the wgmma kernels (bw_fixed_dq): a query row's
+ * partial sums of dQ_i = Σ_j dS_ij·K_j are added as int32 multiples of
+ * 1 / m_i, m_i a power of two so chosen that no sum passes 2^29 in
+ * magnitude.  |dS_ij| ≤ scale · P_ij · |dP_ij - delta_i| (softcap's
+ * derivative is at most 1), |dP_ij| ≤ Σ|dO_i| · max|V| and |delta_i| ≤
+ * Σ|dO_i| · max|O_i|, and a row's P sums to 1 (lse from the forward): so
+ * every partial sum of dQ_i is below bound = scale · max|K| · Σ|dO_i| ·
+ * (max|V| + max|O_i|), max|K| and max|V| over the row's KV head, and m_i =
+ * 2^29 / 2^ceil(log2 bound).  Rounding to integers then costs at most
+ * bound · 2^-30 a key tile: some 2^-20 of the row's largest possible dQ
+ * after 1024 tiles, where the output's dtype keeps 2^-9 (bf16) or 2^-12
+ * (f16).  1 where the bound is 0 (every dS or K is); 0 where it passes
+ * 2^155 or is not finite: the caller's NaN/inf flag then hands the call to
+ * the SIMT kernels. */
+static __device__ __forceinline__ float bw_fixed_mult(float scale, float kmax, float vmax, float dout_l1, float omax) {
+  const float f[4] = {fabsf(scale), kmax, dout_l1, vmax + omax};
+  int e = 0;
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    if (!(f[k] < INFINITY)) return 0.f; /* inf or NaN */
+    if (f[k] == 0.f) return 1.f;
+    int ek;
+    frexpf(f[k], &ek); /* f[k] < 2^ek */
+    e += ek;
+  }
+  return 29 - e < -126 ? 0.f : ldexpf(1.f, min(29 - e, 127));
+}
+
 #ifndef __CUDACC_RTC__
+/* Whether the call's dQ is added in fixed point (bw_fixed_mult): the
+ * built-in rules' deterministic calls on the wgmma kernels at D = 96 and
+ * 128, whose delta buffer then holds each row's multiplier after delta,
+ * and max|K|, max|V| of each KV head after those (fa_cuda_backward_run).
+ * Against the key tiles' order (ORDER, attention_backward_wgmma.cuh), in
+ * turns (H200, bf16, B·L = 16k, H·D = 2048; docs/perf/2026-12-01-backward-
+ * fixed-point-h200.json): 1.02-1.12x its speed from 2k keys (D = 128 causal
+ * at 2k: 0.99x), 0.99-1.01x at 1k not causal, 0.95 / 0.98x at 1k causal
+ * (D = 128 / 96: the pass over K and V and the int32 adds' instructions,
+ * four where the default issues one float4 atomic, weigh most on short
+ * calls), so causal calls of up to 1k keys keep ORDER's mirror order.
+ * D = 64 keeps the two kernels, at 0.85-0.96x of whose speed the
+ * fixed-point adds ran. */
+static inline bool bw_fixed_dq(const fa_attn_problem *p, const fa_attn_grads *g) {
+  return g->deterministic && p->B * p->Hq * p->Lq > 0 && p->D != 64 &&
+         !(p->causal != FA_CAUSAL_NONE && p->Lk <= 1024);
+}
+
 /* A backward kernel's launch (dK/dV, dQ, or dK/dV adding dQ): its grid of
  * `blocks` blocks of `threads`, its dynamic shared memory, and its name for errors. */
 struct bw_launch_spec {

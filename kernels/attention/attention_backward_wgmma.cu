@@ -40,17 +40,17 @@ static int64_t bwg_acc_n4(const fa_attn_problem *p) {
  * g->dq) instead of a dQ kernel: one a key tile, adding by atomics in any
  * order, or with determinism bwg_copies' C, each into a copy of its own,
  * where their footprint allows (BWG_COPIES_L2).  0: the two kernels.  At
- * D = 64 the adds' traffic is twice as large against the work: there the
- * fused schedule (K and V in registers) against the two kernels side by
- * side (bw_launch_beside) took, not causal, 0.99x their time at 1k keys and
- * 0.97-0.98x at 2k-4k; causal 1.11x at 1k, 1.06x at 2k, 1.01x at 4k, 0.98x
- * at 8k (H200, bf16, 2026-11-29), hence d64_fused_from.  With no query row
+ * D = 64 the fused schedule (K and V in registers) took 1.05-1.27x the two
+ * kernels' time side by side (bw_launch_beside) on 2026-11-29 below 2k keys
+ * not causal and 8k causal; since Q and dO came by TMA and the causal
+ * diagonal's one compare a score (sessions 45-46) it runs at 1.08x their
+ * speed at 1k not causal, 1.03-1.05x causal at 1k-4k, even elsewhere (H200,
+ * bf16, B·L = 16k, two rounds in turns), so it takes every length.  With no query row
  * at all (B, Hq or Lq 0) the two kernels, which still write dk and dv
  * (zeros): dq_acc would be empty, and its conversion a launch of no
  * blocks, which CUDA refuses. */
-static int64_t d64_fused_from(const fa_attn_problem *p) { return p->causal == FA_CAUSAL_NONE ? 2048 : 8192; }
 extern "C" int64_t fa_cuda_backward_wgmma_walk(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g) {
-  if (p->B * p->Hq * p->Lq <= 0 || (p->D == 64 && p->Lk < d64_fused_from(p))) return 0;
+  if (p->B * p->Hq * p->Lq <= 0) return 0;
   const int64_t ktiles = (p->Lk + 2 * BWG_OWN - 1) / (2 * BWG_OWN);
   if (!g->deterministic) return ktiles;
   fa_cuda_props dp;
@@ -61,8 +61,9 @@ extern "C" int64_t fa_cuda_backward_wgmma_walk(fa_context *ctx, const fa_attn_pr
 }
 
 /* fa_cuda_backward_wgmma_run's ctas for the ORDER instance: with
- * determinism at D = 96 and 128 (not the variants', whose empty tiles the
- * instance does not skip), the fused schedule adding into one dq_acc in the
+ * determinism at D = 96 and 128 where the fixed-point adds do not take the
+ * call (bw_fixed_dq: causal calls of up to 1k keys; not the variants',
+ * whose empty tiles the instance does not skip), the fused schedule adding into one dq_acc in the
  * key tiles' order (bwg_order_wait), instead of the walk's copies or the two
  * kernels (walk: ctas, fa_cuda_backward_wgmma_walk's answer).  Its time over
  * the default's (H200, bf16, B·L = 16k, H·D = 2048, not causal / causal,
@@ -77,6 +78,7 @@ extern "C" int64_t fa_cuda_backward_wgmma_walk(fa_context *ctx, const fa_attn_pr
  * docs/perf/2026-11-30-backward-tma-h200.json).  order_tma: ORDER's
  * instance for the call takes Q and dO by TMA. */
 #define BWG_ORDERED ((int64_t)-1)
+#define BWG_FIXED ((int64_t)-2) /* fa_cuda_backward_wgmma_run's ctas for the FIXED instance (bw_fixed_dq) */
 #define BWG_ORDER_HEADS 16 /* bwg_walk.heads: 8 and 16 alike, 1 or 2 slower (bwg_dkdv_kernel's ORDER) */
 static bool bwg_ordered(const fa_attn_problem *p, const fa_attn_grads *g, int64_t walk, bool order_tma) {
   return g->deterministic && p->D != 64 && p->B * p->Hq * p->Lq > 0 &&
@@ -88,6 +90,22 @@ static cudaError_t bwg_convert(const float *acc, void *dq, int64_t Lq, int64_t n
   const int64_t cblocks = std::min<int64_t>((n4 + 255) / 256, 65536);
   bwg_dq_convert_kernel<T, D><<<(unsigned)cblocks, 256, 0, s>>>(acc, (T *)dq, Lq, n4, copies);
   return cudaGetLastError();
+}
+template <typename T, int D>
+static cudaError_t bwg_convert_fixed(const int *acc, const float *mult, void *dq, int64_t Lq, int64_t n4, cudaStream_t s) {
+  const int64_t cblocks = std::min<int64_t>((n4 + 255) / 256, 65536);
+  bwg_dq_convert_fixed_kernel<T, D><<<(unsigned)cblocks, 256, 0, s>>>(acc, mult, (T *)dq, Lq, n4);
+  return cudaGetLastError();
+}
+static cudaError_t bwg_convert_fixed_of(const fa_attn_problem *p, const int *acc, const float *mult, void *dq, int64_t n4,
+                                        cudaStream_t s) {
+  if (p->compute == FA_F16)
+    return p->D == 64   ? bwg_convert_fixed<__half, 64>(acc, mult, dq, p->Lq, n4, s)
+           : p->D == 96 ? bwg_convert_fixed<__half, 96>(acc, mult, dq, p->Lq, n4, s)
+                        : bwg_convert_fixed<__half, 128>(acc, mult, dq, p->Lq, n4, s);
+  return p->D == 64   ? bwg_convert_fixed<__nv_bfloat16, 64>(acc, mult, dq, p->Lq, n4, s)
+         : p->D == 96 ? bwg_convert_fixed<__nv_bfloat16, 96>(acc, mult, dq, p->Lq, n4, s)
+                      : bwg_convert_fixed<__nv_bfloat16, 128>(acc, mult, dq, p->Lq, n4, s);
 }
 static cudaError_t bwg_convert_of(const fa_attn_problem *p, const float *acc, void *dq, int64_t n4, int64_t copies,
                                   cudaStream_t s) {
@@ -117,9 +135,10 @@ extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_p
   float *acc = NULL;
   bwg_walk walk = {(p->Lk + BWG_OWN - 1) / BWG_OWN, 0, NULL, BWG_ORDER_HEADS}; /* the two kernels': a key tile a block */
   void *args[] = {prob, &ga, &delta, &acc, &walk, (void *)(maps ? maps : &no_maps)};
-  if (ctas > 0 || ctas == BWG_ORDERED) { /* the instance with DQ */
-    const bool walks = ctas > 0 && g->deterministic;
+  if (ctas > 0 || ctas == BWG_ORDERED || ctas == BWG_FIXED) { /* the instance with DQ */
+    const bool walks = ctas > 0 && g->deterministic, fixed = ctas == BWG_FIXED;
     walk.ctas = ctas > 0 ? ctas : (p->Lk + 2 * BWG_OWN - 1) / (2 * BWG_OWN);
+    if (fixed) walk.fixed = delta + p->B * p->Hq * p->Lq; /* bw_fixed_dq's multipliers, after delta */
     const int64_t n4 = bwg_acc_n4(p), copies = walks ? walk.ctas : 1;
     walk.copy = walks ? n4 * 4 : 0;
     const int64_t blocks = p->B * p->Hkv * walk.ctas;
@@ -131,7 +150,9 @@ extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_p
     cudaError_t err = cudaMemsetAsync(acc, 0, bytes, s); /* the sums, the ticket and the counters */
     if (err == cudaSuccess && blocks > 0)
       err = bw_launch_on({dkdv, blocks, 2 * BWG_THREADS, bwg_smem_dkdv(BWG_PAD(p->D), true), "bwg_dkdv_kernel"}, args, s);
-    if (err == cudaSuccess) err = bwg_convert_of(p, acc, g->dq, n4, copies, s);
+    if (err == cudaSuccess)
+      err = fixed ? bwg_convert_fixed_of(p, (const int *)acc, walk.fixed, g->dq, n4, s)
+                  : bwg_convert_of(p, acc, g->dq, n4, copies, s);
     fa_cuda_free_on(ctx, acc, bytes); /* stream-ordered: after the kernels */
     return fa_cuda_error(ctx, err, "the backward's dK/dV/dQ launches");
   }
@@ -156,6 +177,10 @@ template <typename T, int D, int EXTRAS, bool WALK, bool ORDER> static const voi
     if (tma) return (const void *)bwg_dkdv_kernel<T, D, EXTRAS, true, fa_attn_problem, WALK, ORDER, true>;
   return (const void *)bwg_dkdv_kernel<T, D, EXTRAS, true, fa_attn_problem, WALK, ORDER>;
 }
+template <typename T, int D, int EXTRAS> static const void *bwg_fused_fixed(bool tma) {
+  if (tma) return (const void *)bwg_dkdv_kernel<T, D, EXTRAS, true, fa_attn_problem, false, false, true, true>;
+  return (const void *)bwg_dkdv_kernel<T, D, EXTRAS, true, fa_attn_problem, false, false, false, true>;
+}
 
 template <typename T, int D, int EXTRAS>
 static fa_status bwg_extras(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, const float *delta) {
@@ -163,9 +188,13 @@ static fa_status bwg_extras(fa_context *ctx, const fa_attn_problem *p, const fa_
   const int64_t ctas = fa_cuda_backward_wgmma_walk(ctx, p, g);
   /* the maps of Q and dO for the fused instances' TMA forms, made once: 0 where the copy engine refuses a stride */
   bwg_maps tm;
-  const bool maps = (ctas > 0 || (D != 64 && g->deterministic)) &&
+  const bool fixed = bw_fixed_dq(p, g);
+  const bool maps = (ctas > 0 || fixed || (D != 64 && g->deterministic)) &&
                     wt_encode_operand(&tm.q, p->compute, p->q, p->q_st, p->Lq, p->Hq, p->B, D, BWG_BR) &&
                     wt_encode_operand(&tm.dout, p->compute, g->dout, g->dout_st, p->Lq, p->Hq, p->B, D, BWG_BR);
+  if (fixed) /* fa_cuda_backward_run made the rows' multipliers */
+    return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, BWG_FIXED, bwg_fused_fixed<T, D, EXTRAS>(maps), NULL,
+                                      maps ? &tm : NULL);
   if constexpr (D != 64) {
     const bool tma = maps && bwg_has_tma(EXTRAS, false, true);
     if (bwg_ordered(p, g, ctas, tma))

@@ -39,10 +39,12 @@
  * order of the atomic adds varies from run to run, so the rounding of dQ
  * does too.
  *
- * With opts.deterministic at D = 96 and 128 the blocks add into the one
- * dq_acc as without it, but into each query tile in the order of their key
- * tiles (the ORDER instances: bwg_order_wait), which fixes the order of the
- * adds (and their rounding).  The Lua variants' calls, and D = 128 up to
+ * With opts.deterministic at D = 96 and 128 the blocks add as without it,
+ * but in fixed point (the FIXED instances: bwg_add_dq_fixed, multipliers by
+ * bw_fixed_mult): int32 sums, the same in any order.  Causal calls of up to
+ * 1k keys instead add into each query tile in the order of their key tiles
+ * (the ORDER instances: bwg_order_wait), which fixes the order of the float
+ * adds (and their rounding) and is faster there.  The Lua variants' calls, and D = 128 up to
  * 1k keys, take the walk instead (bwg_walk, the kernel's WALK instances):
  * C blocks a (batch, KV head), block c taking key tiles c, 2C - 1 - c,
  * 2C + c, ... in turn and adding into its own copy c of dq_acc, which the
@@ -216,6 +218,25 @@ static __device__ __forceinline__ void bwg_store_rows(T *out, int64_t r0, int64_
   }
   __syncwarp(); /* st free again */
 }
+/* bwg_add_dq's fixed-point form (FIXED): the warp's values times their
+ * rows' multipliers (m0 for row g, m8 for g + 8: bw_fixed_mult, powers of
+ * two), rounded to int32 and added by 4-byte reductions, value k of a
+ * lane's four at k·32 + lane of its 512 bytes, so that each reduction of a
+ * warp covers 128 contiguous bytes.  Integer adds give the same sum in any
+ * order: determinism at the atomics' pace (an H200 adds int32 reductions
+ * so laid out as fast as the float4 atomics, 3.8 TB/s within L2). */
+template <int N, int DG>
+static __device__ __forceinline__ void bwg_add_dq_fixed(int *acc, int n0, const float (*dq)[4], float m0, float m8) {
+  const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3;
+#pragma unroll
+  for (int d = 0; d < N / 8; d++) {
+    if (DG % N != 0 && n0 + d * 8 >= DG) break; /* D = 96's padding; else folded away */
+    int *c = acc + ((n0 / 8 + d) * 4 + w) * 128 + lane;
+    atomicAdd(c, __float2int_rn(dq[d][0] * m0)), atomicAdd(c + 32, __float2int_rn(dq[d][1] * m0));
+    atomicAdd(c + 64, __float2int_rn(dq[d][2] * m8)), atomicAdd(c + 96, __float2int_rn(dq[d][3] * m8));
+  }
+}
+
 #define BWG_STORE_BYTES(DG) (16 * ((DG) * 2 + 16)) /* bwg_store_rows' st, a warp's */
 
 static __device__ __forceinline__ char *bwg_aligned(char *raw) {
@@ -253,6 +274,7 @@ struct bwg_walk {
   int64_t ctas, copy;
   int *order; /* ORDER: the blocks' ticket, then a counter a (batch·Hq + head, query tile), zeroed */
   int64_t heads; /* ORDER: the (batch, KV head)s whose key tiles the tickets interleave */
+  const float *fixed; /* FIXED: each query row's multiplier (B·Hq·Lq, bw_fixed_mult) */
 };
 
 /* ORDER (opts.deterministic at D = 96 and 128, bwg_ordered): one
@@ -316,13 +338,15 @@ static __device__ __forceinline__ void bwg_order_release(int *counter, int v) {
  * extras' instance spills there.  DQ: two warpgroups (128 keys) that add
  * their share of dQ into dq_acc (f32, bwg_acc_tile's layout). */
 template <typename T, int DG, int EXTRAS, bool DQ, typename PROB = fa_attn_problem, bool WALK = false,
-          bool ORDER = false, bool TMA = false>
+          bool ORDER = false, bool TMA = false, bool FIXED = false>
 __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : DG == 64 && !EXTRAS ? 3 : 2)
     bwg_dkdv_kernel(PROB p, fa_attn_grads g, const float *delta, float *dq_acc, bwg_walk walk,
                     const __grid_constant__ bwg_maps tm) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(!ORDER || (DQ && !WALK && !attn_rule<PROB>::tiles), "ORDER: the fused dQ, a key tile a block, "
                                                                    "every query tile it meets visited");
+  static_assert(!FIXED || (DQ && !WALK && !ORDER && !attn_rule<PROB>::tiles), "FIXED: the default's schedule, "
+                                                                             "its bound on dS (no score_mod)");
   static_assert(!TMA || (!attn_rule<PROB>::tiles && !WALK), "TMA: every query tile staged (a stage's uses counted), "
                                                               "one turn (the stages' uses start at 0)");
   /* TMA: the query tiles' Q and dO come by the tensor memory accelerator,
@@ -343,6 +367,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
   constexpr bool REL = EXTRAS == EXTRAS_NONE && !WALK;
   extern __shared__ __align__(128) char bwg_raw[];
   __shared__ bwm_rows<BR> rows[2];
+  __shared__ float fmul[FIXED ? 2 : 1][BR]; /* FIXED: the staged query tiles' multipliers */
   char *Ks = bwg_aligned(bwg_raw), *Vs = Ks + KEYS * D * 2, *Qs = Vs + KEYS * D * 2; /* Q, dO, Q, dO, dSᵀ */
   /* wg from lane 0: the compiler then knows it is warp-uniform and works
    * the descriptors of this warpgroup's keys out in uniform registers */
@@ -422,6 +447,8 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
         bwm_stage_rows<T, D, BR, THREADS, true, DG, REL>(Qs + s * 2 * QT, QT, p, g, delta, rows[s], b, h, i0, j0, j1,
                                                          all);
       }
+      if constexpr (FIXED) /* published as rows[s] is, by the barrier at the tile's start */
+        if (threadIdx.x < BR) fmul[s][threadIdx.x] = i0 + threadIdx.x < p.Lq ? walk.fixed[(b * p.Hq + h) * p.Lq + i0 + threadIdx.x] : 0.f;
     };
     bool all_next = true;
     if (qt.count > 0) stage(0, 0, &all_next);
@@ -513,7 +540,12 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
           const int64_t r0 = prev_span[0], r1 = prev_span[1]; /* the key tile before this one meets the tile: after it */
           if (r1 > r0 && i0 >= r0 / BR * BR && i0 < r1) bwg_order_wait(done, (int)kt + (bwg_order_up(p) ? 2 : 0));
         }
-        bwg_add_dq<NQ, DG>(acc + bwg_acc_tile(bh, qtiles, i0, DG), wg * NQ, dq);
+        if constexpr (FIXED) {
+          const int r = (warp & 3) * 16 + ((threadIdx.x & 31) >> 2);
+          bwg_add_dq_fixed<NQ, DG>((int *)acc + bwg_acc_tile(bh, qtiles, i0, DG), wg * NQ, dq, fmul[s][r], fmul[s][r + 8]);
+        } else {
+          bwg_add_dq<NQ, DG>(acc + bwg_acc_tile(bh, qtiles, i0, DG), wg * NQ, dq);
+        }
       }
       wgmma_wait<0>();
       wgmma_hold<D / 2>(&dv[0][0]);
@@ -649,6 +681,30 @@ __global__ void __launch_bounds__(256)
     T *row = dq + (bh * Lq + i) * DG + chunk * 8 + (lane & 3) * 2;
     if (i < Lq) *(uint32_t *)row = pack2<T>(x.x, x.y);
     if (i + 8 < Lq) *(uint32_t *)(row + 8 * DG) = pack2<T>(x.z, x.w);
+  }
+}
+
+/* bwg_dq_convert_kernel for FIXED's int32 sums (bwg_add_dq_fixed's order
+ * within a warp's 512 bytes), each divided by its row's multiplier (a power
+ * of two: exact). */
+template <typename T, int DG>
+__global__ void __launch_bounds__(256)
+    bwg_dq_convert_fixed_kernel(const int *acc, const float *mult, T *dq, int64_t Lq, int64_t n4) {
+  const int64_t qtiles = (Lq + BWG_BR - 1) / BWG_BR;
+  for (int64_t f = (int64_t)blockIdx.x * 256 + threadIdx.x; f < n4; f += (int64_t)gridDim.x * 256) {
+    const int64_t tile = f / (BWG_BR * DG / 4), bh = tile / qtiles;
+    const int in = (int)(f % (BWG_BR * DG / 4)), lane = in & 31, w = (in >> 5) & 3, chunk = in >> 7;
+    const int64_t i = tile % qtiles * BWG_BR + w * 16 + (lane >> 2);
+    const int *a = acc + (f - lane) * 4 + lane;
+    T *row = dq + (bh * Lq + i) * DG + chunk * 8 + (lane & 3) * 2;
+    if (i < Lq) {
+      const float m = mult[bh * Lq + i];
+      *(uint32_t *)row = pack2<T>((float)a[0] / m, (float)a[32] / m);
+    }
+    if (i + 8 < Lq) {
+      const float m = mult[bh * Lq + i + 8];
+      *(uint32_t *)(row + 8 * DG) = pack2<T>((float)a[64] / m, (float)a[96] / m);
+    }
   }
 }
 

@@ -336,10 +336,10 @@ function TestBackward:test_runs_are_bit_identical()
   end
 end
 
--- cuda's deterministic schedule at D = 96 and 128 orders a query tile's dq adds by key tile (blocks of
--- 128 keys waiting on a counter): causal calls of up to 2048 keys in the mirror order (bwg_order_up),
--- longer ones and calls not causal in the descending one.  Calls of several key tiles on both sides of
--- that bound, GQA: bit-identical twice, and close to the default's atomics.
+-- cuda's deterministic schedule at D = 96 and 128: causal calls of up to 1024 keys order a query tile's
+-- dq adds by key tile (blocks of 128 keys waiting on a counter, in the mirror order: bwg_order_up), the
+-- others add in fixed point (test_fixed_point_deterministic_dq).  Calls of several key tiles on both
+-- sides of that bound, GQA: bit-identical twice, and close to the default's atomics.
 function TestBackward:test_ordered_deterministic_schedules()
   if not U.cuda then return end -- the CPU's deterministic call has one owner an element (above)
   for _, D in ipairs({96, 128}) do
@@ -357,6 +357,56 @@ function TestBackward:test_ordered_deterministic_schedules()
       for i = 1, 3 do
         lu.assertTrue(same_bits(a[i], b[i]), what .. " run-to-run")
         lu.assertTrue(fa.rel_error(a[i]:cpu(), d[i]:cpu()) < 1e-2, what .. " against the default")
+      end
+    end
+  end
+end
+
+-- cuda's deterministic calls at D = 96 and 128 (but causal ones of up to 1024 keys) add dq as int32
+-- multiples of a power of two a query row, from a bound on the row's partial sums (max|K|, max|V|,
+-- Σ|dO_i|, max|O_i|: bw_fixed_mult).  Values far from 1 (the multipliers follow them), the score
+-- rules' instance, GQA, short and long calls: against the reference, bit-identical twice, close to
+-- the default; NaN in v or inf in o hand the call to the SIMT kernels, whose bits it then has.  On the
+-- CPU the same calls against the reference.
+function TestBackward:test_fixed_point_deterministic_dq()
+  local dev = U.device
+  local far = {bf16 = {2 ^ 40, 2 ^ -60}, f16 = {2 ^ 6, 2 ^ -12}} -- v's and dout's factors
+  local long = U.cuda and 1100 or 150 -- past ORDER's causal bound on cuda (the CPU: one owner an element)
+  local calls = {{130, 300, {}}, {long, long, {causal = true}},
+                 {90, 200, {window = {50, 20}, alibi = {0.1, 0.2, 0.3, 0.4}, softcap = 5, kv_lens = {170}}}}
+  for _, dtype in ipairs({"bf16", "f16"}) do
+    for _, D in ipairs({96, 128}) do
+      for ci, c in ipairs(calls) do
+        local Lq, Lk = c[1], c[2]
+        local q, k = randn({1, 4, Lq, D}, dtype, dev), randn({1, 2, Lk, D}, dtype, dev)
+        local v = randn({1, 2, Lk, D}, dtype, dev) * (ci == 1 and far[dtype][1] or 1)
+        local dout = randn({1, 4, Lq, D}, dtype, dev) * (ci == 1 and far[dtype][2] or 1)
+        local opts = U.copy_opts(c[3])
+        opts.deterministic = true
+        local what = ("%s D=%d call %d"):format(dtype, D, ci)
+        check_backend(what, q, k, v, dout, opts, dtype)
+        local o, lse = fa.attention(q, k, v, with_lse(opts))
+        local a = {fa.attention_backward(q, k, v, o, lse, dout, opts)}
+        local b = {fa.attention_backward(q, k, v, o, lse, dout, opts)}
+        local d = {fa.attention_backward(q, k, v, o, lse, dout, c[3])}
+        for i = 1, 3 do
+          lu.assertTrue(same_bits(a[i], b[i]), what .. " run-to-run")
+          lu.assertTrue(fa.rel_error(a[i]:cpu(), d[i]:cpu()) < 1e-2, what .. " against the default")
+        end
+        if ci == 1 then -- non-finite v, then o: the SIMT kernels' result, bit for bit
+          local simt = U.copy_opts(opts)
+          simt.kernel = "simt"
+          local v2 = v:clone()
+          v2:set(1, 2, 7, 3, 0 / 0)
+          local o2, lse2 = fa.attention(q, k, v2, with_lse(opts))
+          local o3 = o:clone()
+          o3:set(1, 3, 5, 1, math.huge)
+          for _, inputs in ipairs({{v2, o2, lse2}, {v, o3, lse}}) do
+            local x = {fa.attention_backward(q, k, inputs[1], inputs[2], inputs[3], dout, opts)}
+            local y = {fa.attention_backward(q, k, inputs[1], inputs[2], inputs[3], dout, simt)}
+            for i = 1, 3 do lu.assertTrue(same_bits(x[i], y[i]), what .. " non-finite: as the SIMT kernels") end
+          end
+        end
       end
     end
   end
