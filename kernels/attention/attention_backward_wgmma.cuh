@@ -277,48 +277,30 @@ struct bwg_walk {
   const float *fixed; /* FIXED: each query row's multiplier (B·Hq·Lq, bw_fixed_mult) */
 };
 
-/* ORDER (opts.deterministic at D = 96 and 128, bwg_ordered): one
+/* ORDER (opts.deterministic at D = 96 and 128 on causal calls of up to 1k
+ * keys, bwg_ordered; the others add in fixed point, bw_fixed_dq): one
  * block a key tile, as without determinism, adding into the one dq_acc,
- * but a query tile's adds made in the order of the key tiles.  The counter
- * of a query tile holds 1 + the key tile that added into it last; block kt
- * waits until it reads kt where key tile kt - 1 meets the query tile too
- * (the key tiles meeting a query tile are consecutive: the rows' key ranges
- * are intervals whose ends do not decrease, bwm_rows_meeting), and else
- * adds first.  A block takes its index from a ticket when it starts (CUDA
- * does not promise to start blocks in the order of blockIdx), so the block
- * waited for has started, and waits only on blocks that started before it:
- * every wait ends.  Every block walks its query tiles from the last one down (no
- * stagger): the last query tiles meet every key tile of a causal call, so
- * the blocks of a head start in step, each a little behind the one before,
- * and a causal block of few tiles finishes early instead of waiting for its
- * first tile (walking up, block kt would wait for block kt - 1 to reach it).
- * The tickets interleave the key tiles of walk.heads (batch, KV head)s: a
- * head's chain of adds moves a block a link at a time, and with the blocks
- * at work all of one head (the default's order) that pace held the GPU
- * (D = 128 at 16k: 0.82x the default with one head, 0.87 with 8 or 16,
- * causal 0.78 and 0.86; H200, docs/perf/2026-11-30-backward-order-h200.json).
- *
- * bwg_order_up, causal calls of up to BWG_ORDER_UP_KEYS keys: the mirror
- * image.  The tickets hand out a head's key tiles from the last one down,
- * every block walks its query tiles up from the diagonal, and a query
- * tile's adds go in the order of the key tiles from the last one down
- * (block kt waits for the counter to read kt + 2 where key tile kt + 1
- * meets the tile too; block kt + 1 took its ticket first, so the wait
- * ends).  Block kt + 1 reaches each tile two query tiles before block kt
- * does, so blocks that start together do not wait for one another; but
- * the longest blocks start last.  In the descending walk a warp's adds
- * waited on 57 % of the query tiles at L = 4096 causal, 1.2k cycles a tile
- * on average (D = 128; 10-25 % and 0.2-0.8k cycles not causal and at 16k).
- * Against the descending walk (H200, bf16,
- * docs/perf/2026-12-01-backward-order-up-h200.json): 1.04 / 1.04x at 1k
- * (D = 96 / 128), 1.02 / 1.03x at 2k, 1.01 / 0.96x at 4k, 0.93 / 0.84x at
- * 16k, where the long blocks starting last leave the GPU a tail.  The
- * kernel reads it from its parameter at each use: held in a local, ptxas
- * spilled 28-104 bytes in the extras' ORDER instance. */
-#define BWG_ORDER_UP_KEYS 2048
-template <typename PROB> static __device__ __forceinline__ bool bwg_order_up(const PROB &p) {
-  return p.causal != FA_CAUSAL_NONE && p.Lk <= BWG_ORDER_UP_KEYS;
-}
+ * but a query tile's adds made in the order of the key tiles, from the last
+ * one down.  The counter of a query tile holds 1 + the key tile that added
+ * into it last; block kt waits until it reads kt + 2 where key tile kt + 1
+ * meets the query tile too (the key tiles meeting a query tile are
+ * consecutive: the rows' key ranges are intervals whose ends do not
+ * decrease, bwm_rows_meeting), and else adds first.  A block takes its
+ * index from a ticket when it starts (CUDA does not promise to start blocks
+ * in the order of blockIdx), and the tickets hand out a head's key tiles
+ * from the last one down, so the block waited for has started, and waits
+ * only on blocks that started before it: every wait ends.  Every block
+ * walks its query tiles up from the diagonal, so block kt + 1 reaches each
+ * tile two query tiles before block kt does, and blocks that start together
+ * do not wait for one another.  The tickets interleave the key tiles of
+ * walk.heads (batch, KV head)s: a head's chain of adds moves a block a link
+ * at a time, and with the blocks at work all of one head that pace held the
+ * GPU (D = 128 at 16k: 0.82x the default with one head, 0.87 with 8 or 16;
+ * H200, docs/perf/2026-11-30-backward-order-h200.json).  Against the walk
+ * from the last query tile down with adds from the first key tile up (this
+ * instance's order for every call until the fixed-point adds): 1.04x at 1k
+ * causal (H200, bf16, docs/perf/2026-12-01-backward-order-up-h200.json),
+ * where a warp's adds had waited on 57 % of the query tiles at 4k. */
 static __device__ __forceinline__ void bwg_order_wait(const int *counter, int want) {
   int v;
   for (;;) {
@@ -381,7 +363,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     __syncthreads();
     const int64_t nbh = (int64_t)gridDim.x / ktiles, base = ticket / (walk.heads * ktiles) * walk.heads;
     const int64_t n = min(walk.heads, nbh - base), r = ticket - base * ktiles;
-    blk = (base + r % n) * ktiles + (bwg_order_up(p) ? ktiles - 1 - r / n : r / n);
+    blk = (base + r % n) * ktiles + ktiles - 1 - r / n; /* a head's key tiles from the last one down */
   }
   const int64_t per = WALK ? walk.ctas : ktiles; /* blocks a (batch, KV head) */
   const int64_t bhk = blk / per, c = blk % per, b = bhk / p.Hkv, hk = bhk % p.Hkv;
@@ -398,14 +380,12 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     load_tile<T, D, KEYS, THREADS, true, false, DG>(Ks, (const T *)p.k + attn_at(p.k_st, b, hk, 0), p.k_st.s, j0, p.Lk);
     load_tile<T, D, KEYS, THREADS, true, false, DG>(Vs, (const T *)p.v + attn_at(p.v_st, b, hk, 0), p.v_st.s, j0, p.Lk);
     if constexpr (KV_REGS) cp_async_commit(); /* a group of their own: read into registers before the loop */
-    /* ORDER: the rows meeting the key tile that adds before this one, kt - 1 (kt + 1 with bwg_order_up) */
+    /* ORDER: the rows meeting the key tile that adds before this one, kt + 1 */
     __shared__ int64_t prev_span[2];
     if constexpr (ORDER) {
       if (threadIdx.x < 32) {
         int64_t r0 = 0, r1 = 0;
-        const bool up = bwg_order_up(p);
-        if (up ? kt + 1 < ktiles : kt > 0)
-          bwm_rows_meeting(p, b, up ? j1 : j0 - KEYS, up ? min(j1 + KEYS, p.Lk) : j0, &r0, &r1);
+        if (kt + 1 < ktiles) bwm_rows_meeting(p, b, j1, min(j1 + KEYS, p.Lk), &r0, &r1);
         if (threadIdx.x == 0) prev_span[0] = r0, prev_span[1] = r1; /* published by bwm_qtiles_meeting's barrier */
       }
     }
@@ -416,7 +396,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
      * same time, and atomics on one address are serialised */
     const int64_t rot = DQ && !ORDER && qt.count > 0 ? kt * qt.count / ktiles : 0;
     auto visit = [&](int64_t t) {
-      if constexpr (ORDER) return bwg_order_up(p) ? t : qt.count - 1 - t;
+      if constexpr (ORDER) return t; /* up from the diagonal */
       return t + rot < qt.count ? t + rot : t + rot - qt.count;
     };
     int *done = nullptr; /* ORDER: the counter of the query tile added into last, released after a barrier */
@@ -538,7 +518,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
           if (done && threadIdx.x == 0) bwg_order_release(done, (int)kt + 1);
           done = walk.order + 1 + bh * qtiles + i0 / BR;
           const int64_t r0 = prev_span[0], r1 = prev_span[1]; /* the key tile before this one meets the tile: after it */
-          if (r1 > r0 && i0 >= r0 / BR * BR && i0 < r1) bwg_order_wait(done, (int)kt + (bwg_order_up(p) ? 2 : 0));
+          if (r1 > r0 && i0 >= r0 / BR * BR && i0 < r1) bwg_order_wait(done, (int)kt + 2);
         }
         if constexpr (FIXED) {
           const int r = (warp & 3) * 16 + ((threadIdx.x & 31) >> 2);
