@@ -303,17 +303,18 @@ static __device__ void bwm_tile_keys(const fa_attn_problem &p, const float *delt
 
 /* The deterministic dQ of the wgmma kernels (bw_fixed_dq): a query row's
  * partial sums of dQ_i = Σ_j dS_ij·K_j are added as int32 multiples of
- * 1 / m_i, m_i a power of two so chosen that no sum passes 2^29 in
- * magnitude.  |dS_ij| ≤ scale · P_ij · |dP_ij - delta_i| (softcap's
- * derivative is at most 1), |dP_ij| ≤ Σ|dO_i| · max|V| and |delta_i| ≤
- * Σ|dO_i| · max|O_i|, and a row's P sums to 1 (lse from the forward): so
- * every partial sum of dQ_i is below bound = scale · max|K| · Σ|dO_i| ·
- * (max|V| + max|O_i|), max|K| and max|V| over the row's KV head, and m_i =
- * 2^29 / 2^ceil(log2 bound).  Rounding to integers then costs at most
- * bound · 2^-30 a key tile: some 2^-20 of the row's largest possible dQ
+ * 1 / m_i, m_i a power of two.  |dS_ij| ≤ scale · P_ij · |dP_ij - delta_i|
+ * (softcap's derivative is at most 1), |dP_ij| ≤ Σ|dO_i| · max|V| and
+ * |delta_i| ≤ Σ|dO_i| · max|O_i|: so every partial sum of dQ_i is below
+ * bound · Σ_j P_ij, bound = scale · max|K| · Σ|dO_i| · (max|V| + max|O_i|),
+ * max|K| and max|V| over the row's KV head, and m_i = 2^27 /
+ * 2^ceil(log2 bound).  With lse from the forward a row's P sums to 1, and
+ * a sum stays below 2^27; one whose lse lies up to log 16 under the
+ * forward's still fits in 31 bits.  Rounding to integers costs at most
+ * bound · 2^-28 a key tile: some 2^-18 of the row's largest possible dQ
  * after 1024 tiles, where the output's dtype keeps 2^-9 (bf16) or 2^-12
  * (f16).  1 where the bound is 0 (every dS or K is); 0 where it passes
- * 2^155 or is not finite: the caller's NaN/inf flag then hands the call to
+ * 2^153 or is not finite: the caller's NaN/inf flag then hands the call to
  * the SIMT kernels. */
 static __device__ __forceinline__ float bw_fixed_mult(float scale, float kmax, float vmax, float dout_l1, float omax) {
   const float f[4] = {fabsf(scale), kmax, dout_l1, vmax + omax};
@@ -326,7 +327,7 @@ static __device__ __forceinline__ float bw_fixed_mult(float scale, float kmax, f
     frexpf(f[k], &ek); /* f[k] < 2^ek */
     e += ek;
   }
-  return 29 - e < -126 ? 0.f : ldexpf(1.f, min(29 - e, 127));
+  return 27 - e < -126 ? 0.f : ldexpf(1.f, min(27 - e, 127));
 }
 
 #ifndef __CUDACC_RTC__

@@ -366,8 +366,8 @@ end
 -- multiples of a power of two a query row, from a bound on the row's partial sums (max|K|, max|V|,
 -- Σ|dO_i|, max|O_i|: bw_fixed_mult).  Values far from 1 (the multipliers follow them), the score
 -- rules' instance, GQA, short and long calls: against the reference, bit-identical twice, close to
--- the default; NaN in v or inf in o hand the call to the SIMT kernels, whose bits it then has.  On the
--- CPU the same calls against the reference.
+-- the default, an lse under the forward's; NaN in v or inf in o hand the call to the SIMT kernels,
+-- whose bits it then has.  On the CPU the same calls against the reference.
 function TestBackward:test_fixed_point_deterministic_dq()
   local dev = U.device
   local far = {bf16 = {2 ^ 40, 2 ^ -60}, f16 = {2 ^ 6, 2 ^ -12}} -- v's and dout's factors
@@ -392,6 +392,15 @@ function TestBackward:test_fixed_point_deterministic_dq()
         for i = 1, 3 do
           lu.assertTrue(same_bits(a[i], b[i]), what .. " run-to-run")
           lu.assertTrue(fa.rel_error(a[i]:cpu(), d[i]:cpu()) < 1e-2, what .. " against the default")
+        end
+        if ci == 1 then
+          -- an lse log 8 under the forward's (each row's probabilities sum to 8): within the multipliers'
+          -- headroom (log 16), as the reference computes it from the same lse
+          local lse8 = lse - math.log(8)
+          local r = {fa.attention_backward_reference(q:cpu(), k:cpu(), v:cpu(), o:cpu(), lse8:cpu(), dout:cpu(),
+                                                     U.ref_opts(opts))}
+          local g = {fa.attention_backward(q, k, v, o, lse8, dout, opts)}
+          for i = 1, 3 do U.assert_close(g[i]:cpu(), r[i], dtype, what .. " lse - log 8", bw_tol[dtype]) end
         end
         if ci == 1 then -- non-finite v, then o: the SIMT kernels' result, bit for bit
           local simt = U.copy_opts(opts)
