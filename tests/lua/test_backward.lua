@@ -402,6 +402,22 @@ function TestBackward:test_fixed_point_deterministic_dq()
           local g = {fa.attention_backward(q, k, v, o, lse8, dout, opts)}
           for i = 1, 3 do U.assert_close(g[i]:cpu(), r[i], dtype, what .. " lse - log 8", bw_tol[dtype]) end
         end
+        if ci == 1 and D == 128 then
+          -- the bound met: q = 0 (uniform attention), k and v +1 on the first half of the keys and -1 on the
+          -- second, dout = 1, so that o = 0 and every dq element is scale · D · (the probabilities' sum),
+          -- the bound times that sum; with lse log 8 under the forward's, 8 times the bound (it would wrap
+          -- 32-bit sums without the headroom)
+          local Lt = 256
+          local half = fa.ones({1, 2, Lt, D}, {dtype = dtype, device = dev})
+          half:narrow(3, Lt // 2 + 1, Lt // 2):fill_(-1)
+          local q0, d1 = fa.zeros({1, 4, 64, D}, {dtype = dtype, device = dev}), fa.ones({1, 4, 64, D}, {dtype = dtype, device = dev})
+          local ot, lt = fa.attention(q0, half, half, with_lse(opts))
+          local l8 = lt - math.log(8)
+          local r = {fa.attention_backward_reference(q0:cpu(), half:cpu(), half:cpu(), ot:cpu(), l8:cpu(), d1:cpu(),
+                                                     U.ref_opts(opts))}
+          local g = {fa.attention_backward(q0, half, half, ot, l8, d1, opts)}
+          for i = 1, 3 do U.assert_close(g[i]:cpu(), r[i], dtype, what .. " the bound met", bw_tol[dtype]) end
+        end
         if ci == 1 then -- non-finite v, then o: the SIMT kernels' result, bit for bit
           local simt = U.copy_opts(opts)
           simt.kernel = "simt"
