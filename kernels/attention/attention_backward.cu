@@ -90,14 +90,13 @@ __global__ void __launch_bounds__(BW_THREADS)
   if (flag && __syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
 }
 
-/* Queues bw_delta_kernel for the call (flag: as the kernel's). */
+/* bw_delta_kernel's launch: its FIXED instance with fixed. */
 template <typename T, bool VEC, typename U>
 static void bw_delta_launch(unsigned blocks, cudaStream_t s, const fa_attn_problem *p, const fa_attn_grads *g,
                             float *delta, int lpr, int *flag, bool fixed) {
-  const int64_t rows = p->B * p->Hq * p->Lq;
-  if (fixed) /* after delta: the rows' multipliers, then each KV head's max|K|, max|V| (fa_cuda_backward_run) */
-    bw_delta_kernel<T, VEC, U, true><<<blocks, BW_THREADS, 0, s>>>(*p, *g, delta, lpr, flag,
-                                                                   (const unsigned *)(delta + 2 * rows), delta + rows);
+  if (fixed)
+    bw_delta_kernel<T, VEC, U, true><<<blocks, BW_THREADS, 0, s>>>(*p, *g, delta, lpr, flag, bw_fixed_kvmax(delta, p),
+                                                                   bw_fixed_mults(delta, p));
   else
     bw_delta_kernel<T, VEC, U><<<blocks, BW_THREADS, 0, s>>>(*p, *g, delta, lpr, flag, NULL, NULL);
 }
@@ -152,6 +151,7 @@ template <typename T> static fa_status bw_kv_max(fa_context *ctx, const fa_attn_
   return FA_OK;
 }
 
+/* Queues bw_delta_kernel for the call (flag, fixed: as the kernel's, FIXED). */
 template <typename T> static fa_status bw_delta(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g,
                                                 float *delta, int *flag, bool fixed) {
   const int64_t rows = p->B * p->Hq * p->Lq;
@@ -246,7 +246,7 @@ static fa_status bw_guarded(fa_context *ctx, fa_attn_kernel k, const fa_attn_pro
   cudaStream_t side = 0;
   fa_status st = values_nonfinite_flag(ctx, p, &flag, false);
   if (st) return st;
-  if ((fixed && (st = bw_kv_max<T>(ctx, p, (unsigned *)(delta + 2 * p->B * p->Hq * p->Lq), flag))) ||
+  if ((fixed && (st = bw_kv_max<T>(ctx, p, bw_fixed_kvmax(delta, p), flag))) ||
       (st = bw_delta<T>(ctx, p, g, delta, flag, fixed)) || (st = fa_cuda_fork(ctx, &side))) {
     fa_cuda_free_on(ctx, flag, sizeof(int));
     return st;
@@ -294,10 +294,11 @@ extern "C" fa_status fa_cuda_backward_choose(fa_context *ctx, const fa_attn_prob
   return FA_OK;
 }
 
-/* The call on kernel k (FA_KERNEL_SIMT, or a tensor-core kernel that takes
- * it) through the launches ks: delta, the kernels, and the guard. */
 static fa_status builtin_fast(fa_context *ctx, fa_attn_kernel k, const fa_attn_problem *p, const fa_attn_grads *g,
                               const float *delta, void *);
+
+/* The call on kernel k (FA_KERNEL_SIMT, or a tensor-core kernel that takes
+ * it) through the launches ks: delta, the kernels, and the guard. */
 extern "C" fa_status fa_cuda_backward_run(fa_context *ctx, fa_attn_kernel k, const fa_attn_problem *p,
                                           const fa_attn_grads *g, const fa_bw_kernels *ks) {
   /* fixed-point dQ: delta, each row's multiplier, each KV head's max|K| and max|V| (bw_fixed_dq) */

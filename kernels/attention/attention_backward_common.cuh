@@ -348,6 +348,15 @@ static inline bool bw_fixed_dq(const fa_attn_problem *p, const fa_attn_grads *g)
   return g->deterministic && p->B * p->Hq * p->Lq > 0 && p->D != 64 &&
          !(p->causal != FA_CAUSAL_NONE && p->Lk <= 1024);
 }
+/* Where fa_cuda_backward_run's delta buffer holds, with bw_fixed_dq, the
+ * rows' multipliers (B·Hq·Lq floats after delta) and each KV head's
+ * max|K|, max|V| (2·B·Hkv, as unsigned bits, after those). */
+static inline float *bw_fixed_mults(const float *delta, const fa_attn_problem *p) {
+  return (float *)delta + p->B * p->Hq * p->Lq;
+}
+static inline unsigned *bw_fixed_kvmax(const float *delta, const fa_attn_problem *p) {
+  return (unsigned *)(bw_fixed_mults(delta, p) + p->B * p->Hq * p->Lq);
+}
 
 /* A backward kernel's launch (dK/dV, dQ, or dK/dV adding dQ): its grid of
  * `blocks` blocks of `threads`, its dynamic shared memory, and its name for errors. */

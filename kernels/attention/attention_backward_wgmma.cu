@@ -138,7 +138,7 @@ extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_p
   if (ctas > 0 || ctas == BWG_ORDERED || ctas == BWG_FIXED) { /* the instance with DQ */
     const bool walks = ctas > 0 && g->deterministic, fixed = ctas == BWG_FIXED;
     walk.ctas = ctas > 0 ? ctas : (p->Lk + 2 * BWG_OWN - 1) / (2 * BWG_OWN);
-    if (fixed) walk.fixed = delta + p->B * p->Hq * p->Lq; /* bw_fixed_dq's multipliers, after delta */
+    if (fixed) walk.fixed = bw_fixed_mults(delta, p);
     const int64_t n4 = bwg_acc_n4(p), copies = walks ? walk.ctas : 1;
     walk.copy = walks ? n4 * 4 : 0;
     const int64_t blocks = p->B * p->Hkv * walk.ctas;
