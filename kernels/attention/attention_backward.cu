@@ -90,15 +90,18 @@ __global__ void __launch_bounds__(BW_THREADS)
   if (flag && __syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
 }
 
-/* bw_delta_kernel's launch: its FIXED instance with fixed. */
+/* bw_delta_kernel's launch: its FIXED instance with fixed (f16 and bf16
+ * alone: the wgmma kernels' dtypes). */
 template <typename T, bool VEC, typename U>
 static void bw_delta_launch(unsigned blocks, cudaStream_t s, const fa_attn_problem *p, const fa_attn_grads *g,
                             float *delta, int lpr, int *flag, bool fixed) {
-  if (fixed)
-    bw_delta_kernel<T, VEC, U, true><<<blocks, BW_THREADS, 0, s>>>(*p, *g, delta, lpr, flag, bw_fixed_kvmax(delta, p),
-                                                                   bw_fixed_mults(delta, p));
-  else
-    bw_delta_kernel<T, VEC, U><<<blocks, BW_THREADS, 0, s>>>(*p, *g, delta, lpr, flag, NULL, NULL);
+  if constexpr (sizeof(T) == 2)
+    if (fixed) {
+      bw_delta_kernel<T, VEC, U, true><<<blocks, BW_THREADS, 0, s>>>(*p, *g, delta, lpr, flag, bw_fixed_kvmax(delta, p),
+                                                                     bw_fixed_mults(delta, p));
+      return;
+    }
+  bw_delta_kernel<T, VEC, U><<<blocks, BW_THREADS, 0, s>>>(*p, *g, delta, lpr, flag, NULL, NULL);
 }
 
 /* max|K| and max|V| of each (batch, KV head) (FIXED, bw_fixed_dq) into
@@ -140,6 +143,7 @@ template <typename T> __global__ void __launch_bounds__(256) bw_kv_max_kernel(fa
   }
 }
 template <typename T> static fa_status bw_kv_max(fa_context *ctx, const fa_attn_problem *p, unsigned *kvmax, int *flag) {
+  static_assert(sizeof(T) == 2, "fixed: the wgmma kernels' f16 and bf16 alone");
   const int64_t blocks = p->B * p->Hkv * ((p->Lk + BW_MAX_ROWS - 1) / BW_MAX_ROWS);
   cudaStream_t s = fa_cuda_stream(ctx);
   fa_status st = attn_grid_fits(ctx, blocks);
@@ -246,8 +250,9 @@ static fa_status bw_guarded(fa_context *ctx, fa_attn_kernel k, const fa_attn_pro
   cudaStream_t side = 0;
   fa_status st = values_nonfinite_flag(ctx, p, &flag, false);
   if (st) return st;
-  if ((fixed && (st = bw_kv_max<T>(ctx, p, bw_fixed_kvmax(delta, p), flag))) ||
-      (st = bw_delta<T>(ctx, p, g, delta, flag, fixed)) || (st = fa_cuda_fork(ctx, &side))) {
+  if constexpr (sizeof(T) == 2) /* fixed: f16 and bf16 alone */
+    if (fixed) st = bw_kv_max<T>(ctx, p, bw_fixed_kvmax(delta, p), flag);
+  if (st || (st = bw_delta<T>(ctx, p, g, delta, flag, fixed)) || (st = fa_cuda_fork(ctx, &side))) {
     fa_cuda_free_on(ctx, flag, sizeof(int));
     return st;
   }

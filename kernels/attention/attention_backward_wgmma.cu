@@ -85,37 +85,23 @@ static bool bwg_ordered(const fa_attn_problem *p, const fa_attn_grads *g, int64_
          !(p->D == 128 && walk > 0 && p->Lk <= 1024 && !order_tma);
 }
 
+/* The conversion of dq_acc into g->dq (bwg_dq_convert_kernel; mult: FIXED's multipliers, else NULL). */
 template <typename T, int D>
-static cudaError_t bwg_convert(const float *acc, void *dq, int64_t Lq, int64_t n4, int64_t copies, cudaStream_t s) {
+static cudaError_t bwg_convert(const float *acc, const float *mult, void *dq, int64_t Lq, int64_t n4, int64_t copies,
+                               cudaStream_t s) {
   const int64_t cblocks = std::min<int64_t>((n4 + 255) / 256, 65536);
-  bwg_dq_convert_kernel<T, D><<<(unsigned)cblocks, 256, 0, s>>>(acc, (T *)dq, Lq, n4, copies);
+  bwg_dq_convert_kernel<T, D><<<(unsigned)cblocks, 256, 0, s>>>(acc, mult, (T *)dq, Lq, n4, copies);
   return cudaGetLastError();
 }
-template <typename T, int D>
-static cudaError_t bwg_convert_fixed(const int *acc, const float *mult, void *dq, int64_t Lq, int64_t n4, cudaStream_t s) {
-  const int64_t cblocks = std::min<int64_t>((n4 + 255) / 256, 65536);
-  bwg_dq_convert_fixed_kernel<T, D><<<(unsigned)cblocks, 256, 0, s>>>(acc, mult, (T *)dq, Lq, n4);
-  return cudaGetLastError();
-}
-static cudaError_t bwg_convert_fixed_of(const fa_attn_problem *p, const int *acc, const float *mult, void *dq, int64_t n4,
-                                        cudaStream_t s) {
+static cudaError_t bwg_convert_of(const fa_attn_problem *p, const float *acc, const float *mult, void *dq, int64_t n4,
+                                  int64_t copies, cudaStream_t s) {
   if (p->compute == FA_F16)
-    return p->D == 64   ? bwg_convert_fixed<__half, 64>(acc, mult, dq, p->Lq, n4, s)
-           : p->D == 96 ? bwg_convert_fixed<__half, 96>(acc, mult, dq, p->Lq, n4, s)
-                        : bwg_convert_fixed<__half, 128>(acc, mult, dq, p->Lq, n4, s);
-  return p->D == 64   ? bwg_convert_fixed<__nv_bfloat16, 64>(acc, mult, dq, p->Lq, n4, s)
-         : p->D == 96 ? bwg_convert_fixed<__nv_bfloat16, 96>(acc, mult, dq, p->Lq, n4, s)
-                      : bwg_convert_fixed<__nv_bfloat16, 128>(acc, mult, dq, p->Lq, n4, s);
-}
-static cudaError_t bwg_convert_of(const fa_attn_problem *p, const float *acc, void *dq, int64_t n4, int64_t copies,
-                                  cudaStream_t s) {
-  if (p->compute == FA_F16)
-    return p->D == 64   ? bwg_convert<__half, 64>(acc, dq, p->Lq, n4, copies, s)
-           : p->D == 96 ? bwg_convert<__half, 96>(acc, dq, p->Lq, n4, copies, s)
-                        : bwg_convert<__half, 128>(acc, dq, p->Lq, n4, copies, s);
-  return p->D == 64   ? bwg_convert<__nv_bfloat16, 64>(acc, dq, p->Lq, n4, copies, s)
-         : p->D == 96 ? bwg_convert<__nv_bfloat16, 96>(acc, dq, p->Lq, n4, copies, s)
-                      : bwg_convert<__nv_bfloat16, 128>(acc, dq, p->Lq, n4, copies, s);
+    return p->D == 64   ? bwg_convert<__half, 64>(acc, mult, dq, p->Lq, n4, copies, s)
+           : p->D == 96 ? bwg_convert<__half, 96>(acc, mult, dq, p->Lq, n4, copies, s)
+                        : bwg_convert<__half, 128>(acc, mult, dq, p->Lq, n4, copies, s);
+  return p->D == 64   ? bwg_convert<__nv_bfloat16, 64>(acc, mult, dq, p->Lq, n4, copies, s)
+         : p->D == 96 ? bwg_convert<__nv_bfloat16, 96>(acc, mult, dq, p->Lq, n4, copies, s)
+                      : bwg_convert<__nv_bfloat16, 128>(acc, mult, dq, p->Lq, n4, copies, s);
 }
 
 /* The call on the kernels given: the built-in instances, or a variant's
@@ -136,9 +122,9 @@ extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_p
   bwg_walk walk = {(p->Lk + BWG_OWN - 1) / BWG_OWN, 0, NULL, BWG_ORDER_HEADS}; /* the two kernels': a key tile a block */
   void *args[] = {prob, &ga, &delta, &acc, &walk, (void *)(maps ? maps : &no_maps)};
   if (ctas > 0 || ctas == BWG_ORDERED || ctas == BWG_FIXED) { /* the instance with DQ */
-    const bool walks = ctas > 0 && g->deterministic, fixed = ctas == BWG_FIXED;
+    const bool walks = ctas > 0 && g->deterministic;
     walk.ctas = ctas > 0 ? ctas : (p->Lk + 2 * BWG_OWN - 1) / (2 * BWG_OWN);
-    if (fixed) walk.fixed = bw_fixed_mults(delta, p);
+    if (ctas == BWG_FIXED) walk.fixed = bw_fixed_mults(delta, p);
     const int64_t n4 = bwg_acc_n4(p), copies = walks ? walk.ctas : 1;
     walk.copy = walks ? n4 * 4 : 0;
     const int64_t blocks = p->B * p->Hkv * walk.ctas;
@@ -150,9 +136,7 @@ extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_p
     cudaError_t err = cudaMemsetAsync(acc, 0, bytes, s); /* the sums, the ticket and the counters */
     if (err == cudaSuccess && blocks > 0)
       err = bw_launch_on({dkdv, blocks, 2 * BWG_THREADS, bwg_smem_dkdv(BWG_PAD(p->D), true), "bwg_dkdv_kernel"}, args, s);
-    if (err == cudaSuccess)
-      err = fixed ? bwg_convert_fixed_of(p, (const int *)acc, walk.fixed, g->dq, n4, s)
-                  : bwg_convert_of(p, acc, g->dq, n4, copies, s);
+    if (err == cudaSuccess) err = bwg_convert_of(p, acc, walk.fixed, g->dq, n4, copies, s);
     fa_cuda_free_on(ctx, acc, bytes); /* stream-ordered: after the kernels */
     return fa_cuda_error(ctx, err, "the backward's dK/dV/dQ launches");
   }
@@ -185,17 +169,17 @@ template <typename T, int D, int EXTRAS> static const void *bwg_fused_fixed(bool
 template <typename T, int D, int EXTRAS>
 static fa_status bwg_extras(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, const float *delta) {
   fa_attn_problem pa = *p;
-  const int64_t ctas = fa_cuda_backward_wgmma_walk(ctx, p, g);
+  const bool fixed = bw_fixed_dq(p, g);
+  const int64_t ctas = fixed ? 0 : fa_cuda_backward_wgmma_walk(ctx, p, g);
   /* the maps of Q and dO for the fused instances' TMA forms, made once: 0 where the copy engine refuses a stride */
   bwg_maps tm;
-  const bool fixed = bw_fixed_dq(p, g);
-  const bool maps = (ctas > 0 || fixed || (D != 64 && g->deterministic)) &&
+  const bool maps = (ctas > 0 || (D != 64 && g->deterministic)) &&
                     wt_encode_operand(&tm.q, p->compute, p->q, p->q_st, p->Lq, p->Hq, p->B, D, BWG_BR) &&
                     wt_encode_operand(&tm.dout, p->compute, g->dout, g->dout_st, p->Lq, p->Hq, p->B, D, BWG_BR);
-  if (fixed) /* fa_cuda_backward_run made the rows' multipliers */
-    return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, BWG_FIXED, bwg_fused_fixed<T, D, EXTRAS>(maps), NULL,
-                                      maps ? &tm : NULL);
-  if constexpr (D != 64) {
+  if constexpr (D != 64) { /* (bw_fixed_dq leaves D = 64 to the two kernels: no instances there) */
+    if (fixed) /* fa_cuda_backward_run made the rows' multipliers */
+      return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, BWG_FIXED, bwg_fused_fixed<T, D, EXTRAS>(maps), NULL,
+                                        maps ? &tm : NULL);
     const bool tma = maps && bwg_has_tma(EXTRAS, false, true);
     if (bwg_ordered(p, g, ctas, tma))
       return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, BWG_ORDERED, bwg_fused<T, D, EXTRAS, false, true>(tma),

@@ -641,50 +641,37 @@ __global__ void __launch_bounds__(BWG_THREADS, 2)
 #endif
 }
 
-/* dq (n elements of a (B·Hq, Lq, DG) tensor) = the f32 sums in acc
- * (dq_acc's layout; `copies` of it, n4 float4s apart, summed in order),
- * rounded to T: a thread a float4 of acc, its two pairs of columns in rows
- * g and g + 8 of a warp's 16. */
+/* dq (n elements of a (B·Hq, Lq, DG) tensor) = the sums in acc (dq_acc's
+ * layout) rounded to T: a thread a float4's place of acc, its two pairs of
+ * columns in rows g and g + 8 of a warp's 16.  Without mult, f32 sums,
+ * `copies` of them n4 float4s apart, summed in order; with mult (FIXED),
+ * int32 sums in bwg_add_dq_fixed's order within a warp's 512 bytes, each
+ * divided by its row's multiplier (a power of two: exact). */
 template <typename T, int DG>
 __global__ void __launch_bounds__(256)
-    bwg_dq_convert_kernel(const float *acc, T *dq, int64_t Lq, int64_t n4, int64_t copies) {
+    bwg_dq_convert_kernel(const float *acc, const float *mult, T *dq, int64_t Lq, int64_t n4, int64_t copies) {
   const int64_t qtiles = (Lq + BWG_BR - 1) / BWG_BR;
   for (int64_t f = (int64_t)blockIdx.x * 256 + threadIdx.x; f < n4; f += (int64_t)gridDim.x * 256) {
     const int64_t tile = f / (BWG_BR * DG / 4), bh = tile / qtiles;
     const int in = (int)(f % (BWG_BR * DG / 4)), lane = in & 31, w = (in >> 5) & 3, chunk = in >> 7;
     const int64_t i = tile % qtiles * BWG_BR + w * 16 + (lane >> 2);
-    float4 x = *(const float4 *)(acc + f * 4);
-    for (int64_t c = 1; c < copies; c++) {
-      const float4 y = *(const float4 *)(acc + (c * n4 + f) * 4);
-      x.x += y.x, x.y += y.y, x.z += y.z, x.w += y.w;
+    float4 x;
+    float m0 = 1.f, m8 = 1.f;
+    if (mult) {
+      const int *a = (const int *)acc + (f - lane) * 4 + lane;
+      x = make_float4((float)a[0], (float)a[32], (float)a[64], (float)a[96]);
+      if (i < Lq) m0 = mult[bh * Lq + i];
+      if (i + 8 < Lq) m8 = mult[bh * Lq + i + 8];
+    } else {
+      x = *(const float4 *)(acc + f * 4);
+      for (int64_t c = 1; c < copies; c++) {
+        const float4 y = *(const float4 *)(acc + (c * n4 + f) * 4);
+        x.x += y.x, x.y += y.y, x.z += y.z, x.w += y.w;
+      }
     }
     T *row = dq + (bh * Lq + i) * DG + chunk * 8 + (lane & 3) * 2;
-    if (i < Lq) *(uint32_t *)row = pack2<T>(x.x, x.y);
-    if (i + 8 < Lq) *(uint32_t *)(row + 8 * DG) = pack2<T>(x.z, x.w);
-  }
-}
-
-/* bwg_dq_convert_kernel for FIXED's int32 sums (bwg_add_dq_fixed's order
- * within a warp's 512 bytes), each divided by its row's multiplier (a power
- * of two: exact). */
-template <typename T, int DG>
-__global__ void __launch_bounds__(256)
-    bwg_dq_convert_fixed_kernel(const int *acc, const float *mult, T *dq, int64_t Lq, int64_t n4) {
-  const int64_t qtiles = (Lq + BWG_BR - 1) / BWG_BR;
-  for (int64_t f = (int64_t)blockIdx.x * 256 + threadIdx.x; f < n4; f += (int64_t)gridDim.x * 256) {
-    const int64_t tile = f / (BWG_BR * DG / 4), bh = tile / qtiles;
-    const int in = (int)(f % (BWG_BR * DG / 4)), lane = in & 31, w = (in >> 5) & 3, chunk = in >> 7;
-    const int64_t i = tile % qtiles * BWG_BR + w * 16 + (lane >> 2);
-    const int *a = acc + (f - lane) * 4 + lane;
-    T *row = dq + (bh * Lq + i) * DG + chunk * 8 + (lane & 3) * 2;
-    if (i < Lq) {
-      const float m = mult[bh * Lq + i];
-      *(uint32_t *)row = pack2<T>((float)a[0] / m, (float)a[32] / m);
-    }
-    if (i + 8 < Lq) {
-      const float m = mult[bh * Lq + i + 8];
-      *(uint32_t *)(row + 8 * DG) = pack2<T>((float)a[64] / m, (float)a[96] / m);
-    }
+    if (i < Lq) *(uint32_t *)row = pack2<T>(x.x / m0, x.y / m0);
+    if (i + 8 < Lq) *(uint32_t *)(row + 8 * DG) = pack2<T>(x.z / m8, x.w / m8);
   }
 }
 

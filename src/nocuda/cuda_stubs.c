@@ -115,8 +115,7 @@ fa_status fa_cuda_attention_run(fa_context *ctx, fa_attention_algo algo, fa_attn
 
 fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attention_algo algo, fa_attn_kernel kernel,
                                     const fa_attn_problem *p) {
-  (void)algo;
-  (void)kernel, (void)p;
+  (void)algo, (void)kernel, (void)p;
   return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
 }
 

@@ -132,8 +132,8 @@ local function is_variant(opts) return opts.score_mod ~= nil or opts.mask_mod ~=
 
 -- The backward of inputs (on the test's device) against the reference of
 -- their CPU copies: dtype, device, shape and values.
-local function check_backend(name, q, k, v, dout, opts, dtype, tol)
-  local o, lse = fa.attention(q, k, v, with_lse(opts))
+-- The backward from the o and lse given against the reference's from the same.
+local function check_given(name, q, k, v, o, lse, dout, opts, dtype, tol)
   local r = {fa.attention_backward_reference(q:cpu(), k:cpu(), v:cpu(), o:cpu(), lse:cpu(), dout:cpu(), U.ref_opts(opts))}
   local g = {fa.attention_backward(q, k, v, o, lse, dout, opts)}
   for i, x in ipairs({q, k, v}) do
@@ -142,6 +142,11 @@ local function check_backend(name, q, k, v, dout, opts, dtype, tol)
     lu.assertEquals(g[i]:shape(), x:shape())
     U.assert_close(g[i]:cpu(), r[i], dtype, ("%s %s d%s"):format(name, dtype, ({"q", "k", "v"})[i]), tol or bw_tol[dtype])
   end
+end
+
+local function check_backend(name, q, k, v, dout, opts, dtype, tol)
+  local o, lse = fa.attention(q, k, v, with_lse(opts))
+  check_given(name, q, k, v, o, lse, dout, opts, dtype, tol)
 end
 
 -- The backward on the kernel named in opts.kernel (cuda): against the reference where it runs; the
@@ -396,29 +401,21 @@ function TestBackward:test_fixed_point_deterministic_dq()
         if ci == 1 then
           -- an lse log 8 under the forward's (each row's probabilities sum to 8): within the multipliers'
           -- headroom (log 16), as the reference computes it from the same lse
-          local lse8 = lse - math.log(8)
-          local r = {fa.attention_backward_reference(q:cpu(), k:cpu(), v:cpu(), o:cpu(), lse8:cpu(), dout:cpu(),
-                                                     U.ref_opts(opts))}
-          local g = {fa.attention_backward(q, k, v, o, lse8, dout, opts)}
-          for i = 1, 3 do U.assert_close(g[i]:cpu(), r[i], dtype, what .. " lse - log 8", bw_tol[dtype]) end
-        end
-        if ci == 1 and D == 128 then
-          -- the bound met: q = 0 (uniform attention), k and v +1 on the first half of the keys and -1 on the
-          -- second, dout = 1, so that o = 0 and every dq element is scale · D · (the probabilities' sum),
-          -- the bound times that sum; with lse log 8 under the forward's, 8 times the bound (it would wrap
-          -- 32-bit sums without the headroom)
-          local Lt = 256
-          local half = fa.ones({1, 2, Lt, D}, {dtype = dtype, device = dev})
-          half:narrow(3, Lt // 2 + 1, Lt // 2):fill_(-1)
-          local q0, d1 = fa.zeros({1, 4, 64, D}, {dtype = dtype, device = dev}), fa.ones({1, 4, 64, D}, {dtype = dtype, device = dev})
-          local ot, lt = fa.attention(q0, half, half, with_lse(opts))
-          local l8 = lt - math.log(8)
-          local r = {fa.attention_backward_reference(q0:cpu(), half:cpu(), half:cpu(), ot:cpu(), l8:cpu(), d1:cpu(),
-                                                     U.ref_opts(opts))}
-          local g = {fa.attention_backward(q0, half, half, ot, l8, d1, opts)}
-          for i = 1, 3 do U.assert_close(g[i]:cpu(), r[i], dtype, what .. " the bound met", bw_tol[dtype]) end
-        end
-        if ci == 1 then -- non-finite v, then o: the SIMT kernels' result, bit for bit
+          check_given(what .. " lse - log 8", q, k, v, o, lse - math.log(8), dout, opts, dtype)
+          if D == 128 then
+            -- the bound met: q = 0 (uniform attention), k and v +1 on the first half of the keys and -1 on the
+            -- second, dout = 1, so that o = 0 and every dq element is scale · D · (the probabilities' sum),
+            -- the bound times that sum; with lse log 8 under the forward's, 8 times the bound (it would wrap
+            -- 32-bit sums without the headroom)
+            local Lt = 256
+            local half = fa.ones({1, 2, Lt, D}, {dtype = dtype, device = dev}) -- k and v
+            half:narrow(3, Lt // 2 + 1, Lt // 2):fill_(-1)
+            local at = {dtype = dtype, device = dev}
+            local q0, d1 = fa.zeros({1, 4, 64, D}, at), fa.ones({1, 4, 64, D}, at)
+            local ot, lt = fa.attention(q0, half, half, with_lse(opts))
+            check_given(what .. " the bound met", q0, half, half, ot, lt - math.log(8), d1, opts, dtype)
+          end
+          -- non-finite v, then o: the SIMT kernels' result, bit for bit
           local simt = U.copy_opts(opts)
           simt.kernel = "simt"
           local v2 = v:clone()
