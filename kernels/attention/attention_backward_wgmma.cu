@@ -45,7 +45,9 @@ static int64_t bwg_acc_n4(const fa_attn_problem *p) {
  * not causal and 8k causal; since Q and dO came by TMA and the causal
  * diagonal's one compare a score (sessions 45-46) it runs at 1.08x their
  * speed at 1k not causal, 1.03-1.05x causal at 1k-4k, even elsewhere (H200,
- * bf16, B·L = 16k, two rounds in turns), so it takes every length.  With no query row
+ * bf16, B·L = 16k, two rounds in turns), so it takes every length; with
+ * tiles of 128 query rows (bwg_rows_tile) 1.11-1.19x faster again
+ * (docs/perf/2026-12-01-backward-d64-rows128-h200.json).  With no query row
  * at all (B, Hq or Lq 0) the two kernels, which still write dk and dv
  * (zeros): dq_acc would be empty, and its conversion a launch of no
  * blocks, which CUDA refuses. */
@@ -104,6 +106,12 @@ static cudaError_t bwg_convert_of(const fa_attn_problem *p, const float *acc, co
                       : bwg_convert<__nv_bfloat16, 128>(acc, mult, dq, p->Lq, n4, copies, s);
 }
 
+/* bwg_rows_tile of the call's fused instance (walks: the WALK one); the
+ * Lua variants' are those of a problem with score_mod or mask_mod. */
+static int bwg_rows_of(const fa_attn_problem *p, bool walks) {
+  return bwg_rows_tile((int)p->D, p->score_mod || p->mask_mod ? EXTRAS_VARIANT : attn_extras_kind(p), true, walks);
+}
+
 /* The call on the kernels given: the built-in instances, or a variant's
  * run-time compiled ones (attention_variant.cu), whose problem argument
  * prob (a fa_attn_problem or what derives from it) goes to the kernels as
@@ -135,12 +143,14 @@ extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_p
     if (counters) walk.order = (int *)(acc + n4 * copies * 4);
     cudaError_t err = cudaMemsetAsync(acc, 0, bytes, s); /* the sums, the ticket and the counters */
     if (err == cudaSuccess && blocks > 0)
-      err = bw_launch_on({dkdv, blocks, 2 * BWG_THREADS, bwg_smem_dkdv(BWG_PAD(p->D), true), "bwg_dkdv_kernel"}, args, s);
+      err = bw_launch_on({dkdv, blocks, 2 * BWG_THREADS, bwg_smem_dkdv(BWG_PAD(p->D), true, bwg_rows_of(p, walks)),
+                          "bwg_dkdv_kernel"},
+                         args, s);
     if (err == cudaSuccess) err = bwg_convert_of(p, acc, walk.fixed, g->dq, n4, copies, s);
     fa_cuda_free_on(ctx, acc, bytes); /* stream-ordered: after the kernels */
     return fa_cuda_error(ctx, err, "the backward's dK/dV/dQ launches");
   }
-  const bw_launch_spec kv = {dkdv, p->B * p->Hkv * walk.ctas, BWG_THREADS, bwg_smem_dkdv(BWG_PAD(p->D), false),
+  const bw_launch_spec kv = {dkdv, p->B * p->Hkv * walk.ctas, BWG_THREADS, bwg_smem_dkdv(BWG_PAD(p->D), false, BWG_BR),
                              "bwg_dkdv_kernel"};
   const bw_launch_spec q = {dq, p->B * p->Hq * ((p->Lq + BWG_OWN - 1) / BWG_OWN), BWG_THREADS,
                             bwg_smem_dq(BWG_PAD(p->D)), "bwg_dq_kernel"};
@@ -173,20 +183,21 @@ static fa_status bwg_extras(fa_context *ctx, const fa_attn_problem *p, const fa_
   const int64_t ctas = fixed ? 0 : fa_cuda_backward_wgmma_walk(ctx, p, g);
   /* the maps of Q and dO for the fused instances' TMA forms, made once: 0 where the copy engine refuses a stride */
   bwg_maps tm;
-  const bool maps = (ctas > 0 || (D != 64 && g->deterministic)) &&
-                    wt_encode_operand(&tm.q, p->compute, p->q, p->q_st, p->Lq, p->Hq, p->B, D, BWG_BR) &&
-                    wt_encode_operand(&tm.dout, p->compute, g->dout, g->dout_st, p->Lq, p->Hq, p->B, D, BWG_BR);
-  if constexpr (D != 64) { /* (bw_fixed_dq leaves D = 64 to the two kernels: no instances there) */
-    if (fixed) /* fa_cuda_backward_run made the rows' multipliers */
-      return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, BWG_FIXED, bwg_fused_fixed<T, D, EXTRAS>(maps), NULL,
-                                        maps ? &tm : NULL);
+  const int br = bwg_rows_tile(D, EXTRAS, true, false); /* (TMA: no walk) */
+  const bool maps = (ctas > 0 || g->deterministic) &&
+                    wt_encode_operand(&tm.q, p->compute, p->q, p->q_st, p->Lq, p->Hq, p->B, D, br) &&
+                    wt_encode_operand(&tm.dout, p->compute, g->dout, g->dout_st, p->Lq, p->Hq, p->B, D, br);
+  if (fixed) /* fa_cuda_backward_run made the rows' multipliers */
+    return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, BWG_FIXED, bwg_fused_fixed<T, D, EXTRAS>(maps), NULL,
+                                      maps ? &tm : NULL);
+  if constexpr (D != 64) { /* (ORDER: its instances hold tiles of 64 rows, bwg_rows_tile) */
     const bool tma = maps && bwg_has_tma(EXTRAS, false, true);
     if (bwg_ordered(p, g, ctas, tma))
       return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, BWG_ORDERED, bwg_fused<T, D, EXTRAS, false, true>(tma),
                                         NULL, tma ? &tm : NULL);
   }
   if (ctas > 0) {
-    /* deterministic up to 1k keys: the walk's instance (D = 96 takes ORDER, D = 64 the two kernels) */
+    /* deterministic up to 1k keys: the walk's instance (D = 96 takes ORDER, D = 64 the two kernels: walk 0) */
     const bool walks = D == 128 && g->deterministic, tma = maps && bwg_has_tma(EXTRAS, walks, false);
     const void *dkdv = bwg_fused<T, D, EXTRAS, false, false>(tma);
     if constexpr (D == 128)

@@ -6,9 +6,9 @@
  * staged once serves a warpgroup's 64 rows without ldmatrix traffic.
  *
  * dK/dV: a block of one warpgroup owns 64 keys of one (batch, KV head).
- * Per query tile of 64 rows: Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ
- * (both operands in shared memory, or K and V in registers:
- * bwg_kv_in_registers), the probabilities on the accumulators
+ * Per query tile of 64 rows (128 in the fused instances at D = 64:
+ * bwg_rows_tile): Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (both operands in shared
+ * memory), the probabilities on the accumulators
  * (attention_backward_common.cuh), then dV += Pᵀ·dO and dK += dSᵀ·Q with
  * Pᵀ and dSᵀ repacked in registers as the A operands and dO, Q read
  * transposed from shared memory.  dQ: a block of one warpgroup owns 64
@@ -25,7 +25,7 @@
  * block of two warpgroups (128 keys, 64 each) also computes its share
  * dS·K of each query tile (dSᵀ of both staged in shared memory as the
  * transposed A operand, K read transposed as B; each warpgroup half of
- * D) and adds it into an f32 copy of dQ with vector atomics; a last launch
+ * D, or at D = 64 half of the 128 rows) and adds it into an f32 copy of dQ with vector atomics; a last launch
  * converts that copy.  This takes two of the seven products (S and dP
  * recomputed by the dQ kernel) out of the work.  The atomics' traffic
  * (Lq·D·4 bytes a head per key block) is what bounds it (bf16, D = 128,
@@ -34,15 +34,14 @@
  * their query walks staggered (no two blocks of a head on the same rows)
  * and dq_acc laid out so that a warp's 16-byte adds cover 512 contiguous
  * bytes: 14.4 ms (11.9 without the adds; the two kernels 16.7).  TMA bulk
- * reductions from shared memory instead of the atomics: 5 % slower.  At
- * D = 64 it pays only from 8k keys (fa_cuda_backward_wgmma_walk).  The
+ * reductions from shared memory instead of the atomics: 5 % slower.  The
  * order of the atomic adds varies from run to run, so the rounding of dQ
  * does too.
  *
- * With opts.deterministic at D = 96 and 128 the blocks add as without it,
+ * With opts.deterministic the blocks add as without it,
  * but in fixed point (the FIXED instances: bwg_add_dq_fixed, multipliers by
  * bw_fixed_mult): int32 sums, the same in any order.  Causal calls of up to
- * 1k keys instead add into each query tile in the order of their key tiles
+ * 1k keys at D = 96 and 128 instead add into each query tile in the order of their key tiles
  * (the ORDER instances: bwg_order_wait), which fixes the order of the float
  * adds (and their rounding) and is faster there.  The Lua variants' calls, and D = 128 up to
  * 1k keys, take the walk instead (bwg_walk, the kernel's WALK instances):
@@ -51,9 +50,8 @@
  * conversion sums in the order of c; each element of a copy is added to by
  * one thread alone, in its program order.  C is chosen to fill the GPU
  * (bwg_copies).  Where the copies that the blocks at work add into pass a
- * few L2s (long calls; BWG_COPIES_L2 in attention_backward_wgmma.cu), and
- * at D = 64, determinism takes the two kernels (seven products instead of
- * five).
+ * few L2s (long calls; BWG_COPIES_L2 in attention_backward_wgmma.cu),
+ * determinism takes the two kernels (seven products instead of five).
  *
  * The kernels are templates on the problem type PROB, so that the Lua
  * variants' run-time compiled units (attention_variant.cuh) instantiate
@@ -69,8 +67,8 @@
 #include "wgmma_ops.cuh"
 
 /* The tensor maps of q and dout for the dK/dV kernel's TMA instances
- * (a kernel parameter: __grid_constant__), boxes of 64 columns by BWG_BR
- * rows; zeros for the other instances. */
+ * (a kernel parameter: __grid_constant__), boxes of 64 columns by the
+ * tile's rows (bwg_rows_tile); zeros for the other instances. */
 struct bwg_maps {
   CUtensorMap q, dout;
 };
@@ -90,12 +88,23 @@ struct bwg_maps {
 #define BWG_PAD(D) ((D) == 96 ? 128 : (D))
 #define BWG_BC 64       /* keys a dQ tile */
 
+/* The query rows of a dK/dV tile: BWG_BR, but 128 for the fused dQ
+ * instances of the built-in rules at D = 64 (FlashAttention-3's tile
+ * there), whose tiles of 64 left a block's chain of products and
+ * elementwise steps too short for the tensor cores: S and dP as m64n128
+ * products, and each warpgroup adds dQ for 64 query rows of its own over
+ * the block's 128 keys (BWG_ROWSPLIT).  Not the Lua variants' (mask_mod's
+ * tiles are 64 x 64), nor the walk's (D = 64 has none). */
+static constexpr __host__ __device__ int bwg_rows_tile(int DG, int EXTRAS, bool DQ, bool WALK) {
+  return DG == 64 && DQ && !WALK && EXTRAS != EXTRAS_VARIANT ? 128 : BWG_BR;
+}
+
 #ifndef __CUDACC_RTC__
 /* The dynamic shared memory of each kernel (+ 1024: the swizzle wants
- * 1024-byte aligned tiles). */
-static inline size_t bwg_smem_dkdv(int D, bool dq) {
+ * 1024-byte aligned tiles); br: bwg_rows_tile's. */
+static inline size_t bwg_smem_dkdv(int D, bool dq, int br) {
   const int keys = dq ? 2 * BWG_OWN : BWG_OWN; /* two warpgroups with dQ */
-  return (size_t)(2 * keys + 4 * BWG_BR) * D * 2 + (dq ? keys * BWG_BR * 2 : 0) + 1024;
+  return (size_t)(2 * keys + 4 * br) * D * 2 + (dq ? keys * br * 2 : 0) + 1024;
 }
 static inline size_t bwg_smem_dq(int D) { return (size_t)(2 * BWG_OWN + 4 * BWG_BC) * D * 2 + 1024; }
 #endif
@@ -137,20 +146,21 @@ static __device__ __forceinline__ void bwg_xb(float *acc, const uint32_t (*xa)[4
 }
 
 /* dSᵀ (the warp's 16 keys × BR query rows, packed by bwg_pack) into ds as
- * T: a key a 128-byte row (the warp's rows from 16 · its index in the
- * block), swizzled as the tiles are, so that it reads as the A operand of
- * dQ = dS·K stored M-major (transposed). */
-template <int BR>
+ * T: per 64 query rows a block of KEYS 128-byte rows, a key a row (the
+ * warp's rows from 16 · its index in the block), swizzled as the tiles
+ * are, so that a block reads as the A operand of dQ = dS·K for its 64 rows
+ * stored M-major (transposed). */
+template <int BR, int KEYS>
 static __device__ __forceinline__ void bwg_stage_ds(char *ds, const uint32_t (*da)[4]) {
-  static_assert(BR == 64, "a key's dS is one 128-byte row");
   const int lane = threadIdx.x & 31, ra = (threadIdx.x >> 5) * 16 + (lane >> 2), c4 = (lane & 3) * 4;
 #pragma unroll
   for (int kk = 0; kk < BR / 16; kk++)
 #pragma unroll
     for (int h = 0; h < 2; h++) { /* columns 16·kk + 8·h.. */
-      const int chunk = 2 * kk + h;
-      *(uint32_t *)(ds + ra * 128 + ((chunk ^ (ra & 7)) << 4) + c4) = da[kk][2 * h];
-      *(uint32_t *)(ds + (ra + 8) * 128 + ((chunk ^ ((ra + 8) & 7)) << 4) + c4) = da[kk][2 * h + 1];
+      char *blk = ds + (kk >> 2) * KEYS * 128; /* the 64 query rows of these columns */
+      const int chunk = (2 * kk + h) & 7;
+      *(uint32_t *)(blk + ra * 128 + ((chunk ^ (ra & 7)) << 4) + c4) = da[kk][2 * h];
+      *(uint32_t *)(blk + (ra + 8) * 128 + ((chunk ^ ((ra + 8) & 7)) << 4) + c4) = da[kk][2 * h + 1];
     }
 }
 
@@ -244,18 +254,8 @@ static __device__ __forceinline__ char *bwg_aligned(char *raw) {
 }
 #endif
 
-/* Whether the dK/dV kernel holds its keys' K and V in registers for Sᵀ and
- * dPᵀ (wgmma_rs_kmajor): from shared memory both products read A and B at
- * N = 64, 4 KB a k-step in its 32 cycles of tensor work, the whole
- * bandwidth.  The fused-dQ instance at D = 64 (H200: +4 %,
- * docs/perf/2026-11-29-backward-registers-h200.json); not the one without
- * dQ (three blocks an SM at 168 registers: 176 bytes of spills, the
- * products serialised), nor D = 128 (no room beside dK and dV). */
-static constexpr __host__ __device__ bool bwg_kv_in_registers(int DG, int EXTRAS, bool DQ) {
-  return DG == 64 && EXTRAS == EXTRAS_NONE && DQ;
-}
-
-/* The same for the dQ kernel's Q and dO rows (S and dP), at D = 128 (+1.5 %
+/* Whether the dQ kernel holds its Q and dO rows in registers for S and dP
+ * (wgmma_rs_kmajor), at D = 128 (+1.5 %
  * for the deterministic calls from 8k keys).  Not at D = 64: there ptxas
  * 13.0 miscompiles the loop, writing dS's packed fragments into the
  * registers that hold dO's, which the next key tile's dP then reads (the
@@ -342,9 +342,14 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       mbar_init_fence();
       tma_prefetch_map(&tm.q), tma_prefetch_map(&tm.dout);
     } /* published by the barriers before the first copy (bwm_qtiles_meeting's) */
-  constexpr int D = BWG_PAD(DG), CH = D / 8, BR = BWG_BR, NC = BR / 8, QT = BR * D * 2; /* bytes of a Q or dO tile */
-  constexpr int WGS = DQ ? 2 : 1, KEYS = WGS * BWG_OWN, THREADS = WGS * BWG_THREADS, NQ = D / WGS; /* dQ columns a warpgroup */
-  constexpr bool KV_REGS = bwg_kv_in_registers(DG, EXTRAS, DQ);
+  constexpr int D = BWG_PAD(DG), CH = D / 8, BR = bwg_rows_tile(DG, EXTRAS, DQ, WALK), NC = BR / 8;
+  constexpr int QT = BR * D * 2; /* bytes of a Q or dO tile */
+  /* DQ: each warpgroup adds dQ for the tile's 64 rows of its own, all D columns (ROWSPLIT: tiles of 128
+   * rows), or for all 64 rows, D / 2 columns of them */
+  constexpr bool ROWSPLIT = BR == 2 * BWG_BR;
+  constexpr int WGS = DQ ? 2 : 1, KEYS = WGS * BWG_OWN, THREADS = WGS * BWG_THREADS;
+  constexpr int NQ = ROWSPLIT ? D : D / WGS; /* dQ columns a warpgroup */
+  static_assert(!ROWSPLIT || (DQ && !ORDER), "tiles of 128 rows: the default's fused dQ, or its FIXED form");
   /* the rows' key ranges relative to the key tile (bwm_rows): not the walk's instance (28 bytes of spills) */
   constexpr bool REL = EXTRAS == EXTRAS_NONE && !WALK;
   extern __shared__ __align__(128) char bwg_raw[];
@@ -379,7 +384,6 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     const int64_t j0 = kt * KEYS, j1 = min(j0 + KEYS, p.Lk);
     load_tile<T, D, KEYS, THREADS, true, false, DG>(Ks, (const T *)p.k + attn_at(p.k_st, b, hk, 0), p.k_st.s, j0, p.Lk);
     load_tile<T, D, KEYS, THREADS, true, false, DG>(Vs, (const T *)p.v + attn_at(p.v_st, b, hk, 0), p.v_st.s, j0, p.Lk);
-    if constexpr (KV_REGS) cp_async_commit(); /* a group of their own: read into registers before the loop */
     /* ORDER: the rows meeting the key tile that adds before this one, kt + 1 */
     __shared__ int64_t prev_span[2];
     if constexpr (ORDER) {
@@ -435,13 +439,6 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     cp_async_commit();
     float dk[CH][4], dv[CH][4];
     bwm_zero<CH>(dk), bwm_zero<CH>(dv);
-    uint32_t ka[KV_REGS ? D / 16 : 1][4], va[KV_REGS ? D / 16 : 1][4]; /* this warp's keys as A fragments */
-    if constexpr (KV_REGS) {
-      cp_async_wait<1>(); /* K and V; the first query tile's group stays in flight */
-      __syncthreads();
-      sw128_a_frags<D, KEYS>(ka, Ks, warp * 16, threadIdx.x & 31);
-      sw128_a_frags<D, KEYS>(va, Vs, warp * 16, threadIdx.x & 31);
-    }
     const uint32_t k_base = smem_addr(Ks), v_base = smem_addr(Vs);
     const uint32_t kw_base = k_base + wg * BWG_OWN * 128, vw_base = v_base + wg * BWG_OWN * 128; /* this warpgroup's keys */
     /* One barrier a query tile (two with DQ): after it this tile's copies
@@ -464,13 +461,8 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       const uint32_t q_base = smem_addr(Qs + s * 2 * QT), do_base = q_base + QT;
       float sc[NC][4], dp[NC][4];
       wgmma_fence();
-      if constexpr (KV_REGS) {
-        wgmma_rs_kmajor<T, DG, BR>(&sc[0][0], ka, q_base);  /* Sᵀ = K·Qᵀ */
-        wgmma_rs_kmajor<T, DG, BR>(&dp[0][0], va, do_base); /* dPᵀ = V·dOᵀ */
-      } else {
-        bwg_abt<T, DG, BR, KEYS>(&sc[0][0], kw_base, q_base);
-        bwg_abt<T, DG, BR, KEYS>(&dp[0][0], vw_base, do_base);
-      }
+      bwg_abt<T, DG, BR, KEYS>(&sc[0][0], kw_base, q_base);  /* Sᵀ = K·Qᵀ */
+      bwg_abt<T, DG, BR, KEYS>(&dp[0][0], vw_base, do_base); /* dPᵀ = V·dOᵀ */
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_hold<BR / 2>(&sc[0][0]);
@@ -491,11 +483,12 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
        * adds are issued while dK runs */
       if constexpr (DQ) {
         wgmma_commit();
-        bwg_stage_ds<BR>(dSs, da);
+        bwg_stage_ds<BR, KEYS>(dSs, da);
         fence_proxy_async();
         __syncthreads(); /* both warpgroups' dSᵀ rows are in */
         wgmma_fence();
-        bwg_ds_k<T, NQ, KEYS>(&dq[0][0], smem_addr(dSs), k_base, wg * NQ); /* dQ's share: dS·K, NQ columns */
+        bwg_ds_k<T, NQ, KEYS>(&dq[0][0], smem_addr(dSs) + (ROWSPLIT ? wg * KEYS * 128 : 0), k_base,
+                              ROWSPLIT ? 0 : wg * NQ); /* dQ's share: dS·K, NQ columns */
         wgmma_commit();
       }
       bwg_xb<T, D, BR / 16>(&dk[0][0], da, q_base); /* dK += dSᵀ·Q */
@@ -511,20 +504,25 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
           fence_proxy_async();
           landed = true;
         }
-        const int64_t bh = b * p.Hq + qt.head(u), qtiles = (p.Lq + BR - 1) / BR, i0 = qt.row(u, BR);
+        /* dq_acc's tiles are of BWG_BR rows (bwg_acc_tile); ROWSPLIT: this warpgroup's half of the tile */
+        const int64_t bh = b * p.Hq + qt.head(u), qtiles = (p.Lq + BWG_BR - 1) / BWG_BR;
+        const int64_t i0 = qt.row(u, BR) + (ROWSPLIT ? wg * BWG_BR : 0);
         if constexpr (ORDER) {
           /* the last tile's adds, which every thread issued before the barriers of this tile: released
            * here, a tile late, their fence costs little (right after the products it cost 7 %) */
           if (done && threadIdx.x == 0) bwg_order_release(done, (int)kt + 1);
-          done = walk.order + 1 + bh * qtiles + i0 / BR;
+          done = walk.order + 1 + bh * qtiles + i0 / BWG_BR;
           const int64_t r0 = prev_span[0], r1 = prev_span[1]; /* the key tile before this one meets the tile: after it */
           if (r1 > r0 && i0 >= r0 / BR * BR && i0 < r1) bwg_order_wait(done, (int)kt + 2);
         }
-        if constexpr (FIXED) {
-          const int r = (warp & 3) * 16 + ((threadIdx.x & 31) >> 2);
-          bwg_add_dq_fixed<NQ, DG>((int *)acc + bwg_acc_tile(bh, qtiles, i0, DG), wg * NQ, dq, fmul[s][r], fmul[s][r + 8]);
-        } else {
-          bwg_add_dq<NQ, DG>(acc + bwg_acc_tile(bh, qtiles, i0, DG), wg * NQ, dq);
+        if (!ROWSPLIT || i0 < p.Lq) { /* (a half past Lq: no tile of dq_acc) */
+          const int n0 = ROWSPLIT ? 0 : wg * NQ;
+          if constexpr (FIXED) {
+            const int r = (ROWSPLIT ? wg * BWG_BR : 0) + (warp & 3) * 16 + ((threadIdx.x & 31) >> 2);
+            bwg_add_dq_fixed<NQ, DG>((int *)acc + bwg_acc_tile(bh, qtiles, i0, DG), n0, dq, fmul[s][r], fmul[s][r + 8]);
+          } else {
+            bwg_add_dq<NQ, DG>(acc + bwg_acc_tile(bh, qtiles, i0, DG), n0, dq);
+          }
         }
       }
       wgmma_wait<0>();

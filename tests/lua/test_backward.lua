@@ -188,8 +188,8 @@ function TestBackward:test_head_dims()
   local shapes = { -- {D, Dv, Hq, Hkv, Lq, Lk, opts}
     {64, 64, 4, 2, 130, 200, {}},
     {64, 64, 2, 2, 200, 130, {causal = true}},
-    {64, 64, 1, 1, 40, 2100, {}}, -- Hopper: dQ added up by the dK/dV blocks (D = 64 from 2048 keys, not causal)
-    {64, 64, 1, 1, 40, 2100, {causal = "top_left"}}, -- the two kernels side by side (causal below 8192 keys)
+    {64, 64, 1, 1, 40, 2100, {}}, -- Hopper: dQ added up by the dK/dV blocks (tiles of 128 query rows at D = 64)
+    {64, 64, 1, 1, 40, 2100, {causal = "top_left"}}, -- the same, the rows' keys from the end
     {128, 128, 2, 1, 97, 160, {causal = "top_left", window = {70, 5}}},
     {128, 128, 2, 2, 70, 150, {alibi = {0.05, 0.02}, softcap = 3, kv_lens = {150, 40}}},
     {64, 64, 2, 2, 66, 129, function(dev)
@@ -367,7 +367,8 @@ function TestBackward:test_ordered_deterministic_schedules()
   end
 end
 
--- cuda's deterministic calls at D = 96 and 128 (but causal ones of up to 1024 keys) add dq as int32
+-- cuda's deterministic calls at D = 64, 96 and 128 (but causal ones of up to 1024 keys at 96 and 128;
+-- D = 64 on tiles of 128 query rows, each warpgroup adding its 64, the second past Lq = 130) add dq as int32
 -- multiples of a power of two a query row, from a bound on the row's partial sums (max|K|, max|V|,
 -- Σ|dO_i|, max|O_i|: bw_fixed_mult).  Values far from 1 (the multipliers follow them), the score
 -- rules' instance, GQA, short and long calls: against the reference, bit-identical twice, close to
@@ -380,7 +381,7 @@ function TestBackward:test_fixed_point_deterministic_dq()
   local calls = {{130, 300, {}}, {long, long, {causal = true}},
                  {90, 200, {window = {50, 20}, alibi = {0.1, 0.2, 0.3, 0.4}, softcap = 5, kv_lens = {170}}}}
   for _, dtype in ipairs({"bf16", "f16"}) do
-    for _, D in ipairs({96, 128}) do
+    for _, D in ipairs({64, 96, 128}) do
       for ci, c in ipairs(calls) do
         local Lq, Lk = c[1], c[2]
         local q, k = randn({1, 4, Lq, D}, dtype, dev), randn({1, 2, Lk, D}, dtype, dev)
