@@ -350,6 +350,11 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
   constexpr int WGS = DQ ? 2 : 1, KEYS = WGS * BWG_OWN, THREADS = WGS * BWG_THREADS;
   constexpr int NQ = ROWSPLIT ? D : D / WGS; /* dQ columns a warpgroup */
   static_assert(!ROWSPLIT || (DQ && !ORDER), "tiles of 128 rows: the default's fused dQ, or its FIXED form");
+  /* this warp's keys of K in registers as Sᵀ's A operand (wgmma_rs_kmajor), a third less of the shared
+   * memory's bandwidth for that product: in the default's TMA instance at D = 64, 1.01-1.03x its speed
+   * (H200, docs/perf/2026-12-01-backward-d64-rows128-h200.json); its other instances spill 140-340 bytes
+   * with it, and D = 96 and 128 have no room beside dK and dV.  V too (as with tiles of 64) spills. */
+  constexpr bool KREG = ROWSPLIT && EXTRAS == EXTRAS_NONE && TMA && !FIXED;
   /* the rows' key ranges relative to the key tile (bwm_rows): not the walk's instance (28 bytes of spills) */
   constexpr bool REL = EXTRAS == EXTRAS_NONE && !WALK;
   extern __shared__ __align__(128) char bwg_raw[];
@@ -439,6 +444,12 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     cp_async_commit();
     float dk[CH][4], dv[CH][4];
     bwm_zero<CH>(dk), bwm_zero<CH>(dv);
+    uint32_t ka[KREG ? D / 16 : 1][4];
+    if constexpr (KREG) {
+      cp_async_wait<0>(); /* K and V (Q and dO come by TMA) */
+      __syncthreads();
+      sw128_a_frags<D, KEYS>(ka, Ks, warp * 16, threadIdx.x & 31);
+    }
     const uint32_t k_base = smem_addr(Ks), v_base = smem_addr(Vs);
     const uint32_t kw_base = k_base + wg * BWG_OWN * 128, vw_base = v_base + wg * BWG_OWN * 128; /* this warpgroup's keys */
     /* One barrier a query tile (two with DQ): after it this tile's copies
@@ -461,7 +472,8 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       const uint32_t q_base = smem_addr(Qs + s * 2 * QT), do_base = q_base + QT;
       float sc[NC][4], dp[NC][4];
       wgmma_fence();
-      bwg_abt<T, DG, BR, KEYS>(&sc[0][0], kw_base, q_base);  /* Sᵀ = K·Qᵀ */
+      if constexpr (KREG) wgmma_rs_kmajor<T, DG, BR>(&sc[0][0], ka, q_base); /* Sᵀ = K·Qᵀ */
+      else bwg_abt<T, DG, BR, KEYS>(&sc[0][0], kw_base, q_base);
       bwg_abt<T, DG, BR, KEYS>(&dp[0][0], vw_base, do_base); /* dPᵀ = V·dOᵀ */
       wgmma_commit();
       wgmma_wait<0>();
