@@ -332,8 +332,9 @@ static __device__ __forceinline__ float bw_fixed_mult(float scale, float kmax, f
 
 #ifndef __CUDACC_RTC__
 /* Whether the call's dQ is added in fixed point (bw_fixed_mult): the
- * built-in rules' deterministic calls on the wgmma kernels, whose delta buffer then holds each row's multiplier after delta,
- * and max|K|, max|V| of each KV head after those (fa_cuda_backward_run).
+ * built-in rules' deterministic calls on the wgmma kernels, whose delta
+ * buffer then holds each row's multiplier after delta, and max|K|, max|V|
+ * of each KV head after those (fa_cuda_backward_run).
  * Against the key tiles' order (ORDER, attention_backward_wgmma.cuh), in
  * turns (H200, bf16, B·L = 16k, H·D = 2048; docs/perf/2026-12-01-backward-
  * fixed-point-h200.json): 1.02-1.12x its speed from 2k keys (D = 128 causal

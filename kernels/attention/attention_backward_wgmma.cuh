@@ -8,7 +8,8 @@
  * dK/dV: a block of one warpgroup owns 64 keys of one (batch, KV head).
  * Per query tile of 64 rows (128 in the fused instances at D = 64:
  * bwg_rows_tile): Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (both operands in shared
- * memory), the probabilities on the accumulators
+ * memory; K in registers in that instance's TMA form: KREG), the
+ * probabilities on the accumulators
  * (attention_backward_common.cuh), then dV += Pᵀ·dO and dK += dSᵀ·Q with
  * Pᵀ and dSᵀ repacked in registers as the A operands and dO, Q read
  * transposed from shared memory.  dQ: a block of one warpgroup owns 64
@@ -25,9 +26,10 @@
  * block of two warpgroups (128 keys, 64 each) also computes its share
  * dS·K of each query tile (dSᵀ of both staged in shared memory as the
  * transposed A operand, K read transposed as B; each warpgroup half of
- * D, or at D = 64 half of the 128 rows) and adds it into an f32 copy of dQ with vector atomics; a last launch
- * converts that copy.  This takes two of the seven products (S and dP
- * recomputed by the dQ kernel) out of the work.  The atomics' traffic
+ * D, or at D = 64 half of the 128 rows) and adds it into an f32 copy of
+ * dQ with vector atomics; a last launch converts that copy.  This takes
+ * two of the seven products (S and dP recomputed by the dQ kernel) out of
+ * the work.  The atomics' traffic
  * (Lq·D·4 bytes a head per key block) is what bounds it (bf16, D = 128,
  * L = 16k, H200): with blocks of 64 keys and 8-byte adds in dQ's own
  * layout the adds took the call from 11.5 to 21.3 ms; blocks of 128 keys,
@@ -41,10 +43,10 @@
  * With opts.deterministic the blocks add as without it,
  * but in fixed point (the FIXED instances: bwg_add_dq_fixed, multipliers by
  * bw_fixed_mult): int32 sums, the same in any order.  Causal calls of up to
- * 1k keys at D = 96 and 128 instead add into each query tile in the order of their key tiles
- * (the ORDER instances: bwg_order_wait), which fixes the order of the float
- * adds (and their rounding) and is faster there.  The Lua variants' calls, and D = 128 up to
- * 1k keys, take the walk instead (bwg_walk, the kernel's WALK instances):
+ * 1k keys at D = 96 and 128 instead add into each query tile in the order
+ * of their key tiles (the ORDER instances: bwg_order_wait), which fixes the
+ * order of the float adds (and their rounding) and is faster there.  The
+ * Lua variants' calls, and D = 128 up to 1k keys, take the walk instead (bwg_walk, the kernel's WALK instances):
  * C blocks a (batch, KV head), block c taking key tiles c, 2C - 1 - c,
  * 2C + c, ... in turn and adding into its own copy c of dq_acc, which the
  * conversion sums in the order of c; each element of a copy is added to by
@@ -93,8 +95,9 @@ struct bwg_maps {
  * there), whose tiles of 64 left a block's chain of products and
  * elementwise steps too short for the tensor cores: S and dP as m64n128
  * products, and each warpgroup adds dQ for 64 query rows of its own over
- * the block's 128 keys (BWG_ROWSPLIT).  Not the Lua variants' (mask_mod's
- * tiles are 64 x 64), nor the walk's (D = 64 has none). */
+ * the block's 128 keys (bwg_dkdv_kernel's ROWSPLIT).  Not the Lua
+ * variants' (mask_mod's tiles are 64 x 64), nor the walk's (D = 64 has
+ * none). */
 static constexpr __host__ __device__ int bwg_rows_tile(int DG, int EXTRAS, bool DQ, bool WALK) {
   return DG == 64 && DQ && !WALK && EXTRAS != EXTRAS_VARIANT ? 128 : BWG_BR;
 }
