@@ -83,7 +83,7 @@ extern "C" int64_t fa_cuda_backward_wgmma_walk(fa_context *ctx, const fa_attn_pr
 #define BWG_FIXED ((int64_t)-2) /* fa_cuda_backward_wgmma_run's ctas for the FIXED instance (bw_fixed_dq) */
 #define BWG_ORDER_HEADS 16 /* bwg_walk.heads: 8 and 16 alike, 1 or 2 slower (bwg_dkdv_kernel's ORDER) */
 static bool bwg_ordered(const fa_attn_problem *p, const fa_attn_grads *g, int64_t walk, bool order_tma) {
-  return g->deterministic && p->D != 64 && p->B * p->Hq * p->Lq > 0 &&
+  return g->deterministic && p->B * p->Hq * p->Lq > 0 &&
          !(p->D == 128 && walk > 0 && p->Lk <= 1024 && !order_tma);
 }
 
@@ -184,7 +184,8 @@ static fa_status bwg_extras(fa_context *ctx, const fa_attn_problem *p, const fa_
   /* the maps of Q and dO for the fused instances' TMA forms, made once: 0 where the copy engine refuses a stride */
   bwg_maps tm;
   const int br = bwg_rows_tile(D, EXTRAS, true, false); /* (TMA: no walk) */
-  const bool maps = (ctas > 0 || g->deterministic) &&
+  /* (D = 64's deterministic calls that fixed point does not take run the two kernels: no maps) */
+  const bool maps = (ctas > 0 || fixed || (D != 64 && g->deterministic)) &&
                     wt_encode_operand(&tm.q, p->compute, p->q, p->q_st, p->Lq, p->Hq, p->B, D, br) &&
                     wt_encode_operand(&tm.dout, p->compute, g->dout, g->dout_st, p->Lq, p->Hq, p->B, D, br);
   if (fixed) /* fa_cuda_backward_run made the rows' multipliers */

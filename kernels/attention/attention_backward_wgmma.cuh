@@ -41,7 +41,7 @@
  * does too.
  *
  * With opts.deterministic the blocks add as without it,
- * but in fixed point (the FIXED instances: bwg_add_dq_fixed, multipliers by
+ * but in fixed point (the FIXED instances: bwg_add_dq, multipliers by
  * bw_fixed_mult): int32 sums, the same in any order.  Causal calls of up to
  * 1k keys at D = 96 and 128 instead add into each query tile in the order
  * of their key tiles (the ORDER instances: bwg_order_wait), which fixes the
@@ -195,14 +195,30 @@ static __device__ __forceinline__ int64_t bwg_acc_tile(int64_t bh, int64_t qtile
  * DG left alone.  A warpgroup's share staged in shared memory and added by
  * one bulk reduction of the copy engine (cp.reduce.async.bulk .add.f32)
  * was slower: 0.80-0.89x the call's speed, ordered (ORDER) or not (H200,
- * docs/perf/2026-12-01-backward-order-waits-h200.json). */
-template <int N, int DG>
-static __device__ __forceinline__ void bwg_add_dq(float *acc, int n0, const float (*dq)[4]) {
+ * docs/perf/2026-12-01-backward-order-waits-h200.json).
+ *
+ * FIXED: int32 sums instead, the warp's values times their rows'
+ * multipliers (m0 for row g, m8 for g + 8: bw_fixed_mult, powers of two),
+ * rounded and added by 4-byte reductions, value k of a lane's four at
+ * k·32 + lane of its 512 bytes, so that each reduction of a warp covers
+ * 128 contiguous bytes.  Integer adds give the same sum in any order:
+ * determinism at the atomics' pace (an H200 adds int32 reductions so laid
+ * out as fast as the float4 atomics, 3.8 TB/s within L2). */
+template <int N, int DG, bool FIXED = false>
+static __device__ __forceinline__ void bwg_add_dq(float *acc, int n0, const float (*dq)[4], float m0 = 1.f,
+                                                  float m8 = 1.f) {
   const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3;
 #pragma unroll
   for (int d = 0; d < N / 8; d++) {
     if (DG % N != 0 && n0 + d * 8 >= DG) break; /* D = 96's padding; else folded away */
-    atomicAdd((float4 *)(acc + ((n0 / 8 + d) * 4 + w) * 128 + lane * 4), make_float4(dq[d][0], dq[d][1], dq[d][2], dq[d][3]));
+    float *c = acc + ((n0 / 8 + d) * 4 + w) * 128;
+    if constexpr (FIXED) {
+      int *ci = (int *)c + lane;
+      atomicAdd(ci, __float2int_rn(dq[d][0] * m0)), atomicAdd(ci + 32, __float2int_rn(dq[d][1] * m0));
+      atomicAdd(ci + 64, __float2int_rn(dq[d][2] * m8)), atomicAdd(ci + 96, __float2int_rn(dq[d][3] * m8));
+    } else {
+      atomicAdd((float4 *)(c + lane * 4), make_float4(dq[d][0], dq[d][1], dq[d][2], dq[d][3]));
+    }
   }
 }
 
@@ -231,25 +247,6 @@ static __device__ __forceinline__ void bwg_store_rows(T *out, int64_t r0, int64_
   }
   __syncwarp(); /* st free again */
 }
-/* bwg_add_dq's fixed-point form (FIXED): the warp's values times their
- * rows' multipliers (m0 for row g, m8 for g + 8: bw_fixed_mult, powers of
- * two), rounded to int32 and added by 4-byte reductions, value k of a
- * lane's four at k·32 + lane of its 512 bytes, so that each reduction of a
- * warp covers 128 contiguous bytes.  Integer adds give the same sum in any
- * order: determinism at the atomics' pace (an H200 adds int32 reductions
- * so laid out as fast as the float4 atomics, 3.8 TB/s within L2). */
-template <int N, int DG>
-static __device__ __forceinline__ void bwg_add_dq_fixed(int *acc, int n0, const float (*dq)[4], float m0, float m8) {
-  const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3;
-#pragma unroll
-  for (int d = 0; d < N / 8; d++) {
-    if (DG % N != 0 && n0 + d * 8 >= DG) break; /* D = 96's padding; else folded away */
-    int *c = acc + ((n0 / 8 + d) * 4 + w) * 128 + lane;
-    atomicAdd(c, __float2int_rn(dq[d][0] * m0)), atomicAdd(c + 32, __float2int_rn(dq[d][1] * m0));
-    atomicAdd(c + 64, __float2int_rn(dq[d][2] * m8)), atomicAdd(c + 96, __float2int_rn(dq[d][3] * m8));
-  }
-}
-
 #define BWG_STORE_BYTES(DG) (16 * ((DG) * 2 + 16)) /* bwg_store_rows' st, a warp's */
 
 static __device__ __forceinline__ char *bwg_aligned(char *raw) {
@@ -489,6 +486,9 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       bwg_pack<T, BR / 16>(pa, sc);
       bwg_pack<T, BR / 16>(da, dp);
       float dq[DQ ? NQ / 8 : 1][4];
+      /* DQ: this warpgroup's first dQ row in the tile and first column (ROWSPLIT: its 64 rows, else its
+       * columns); here, not at the kernel's top: live across the loop, ptxas spilled 108 bytes in an instance */
+      const int wrow = ROWSPLIT ? wg * BWG_BR : 0, wcol = ROWSPLIT ? 0 : wg * NQ;
       wgmma_hold<D / 2>(&dv[0][0]);
       wgmma_hold<D / 2>(&dk[0][0]);
       wgmma_fence();
@@ -502,8 +502,8 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
         fence_proxy_async();
         __syncthreads(); /* both warpgroups' dSᵀ rows are in */
         wgmma_fence();
-        bwg_ds_k<T, NQ, KEYS>(&dq[0][0], smem_addr(dSs) + (ROWSPLIT ? wg * KEYS * 128 : 0), k_base,
-                              ROWSPLIT ? 0 : wg * NQ); /* dQ's share: dS·K, NQ columns */
+        bwg_ds_k<T, NQ, KEYS>(&dq[0][0], smem_addr(dSs) + wrow / 64 * KEYS * 128, k_base,
+                              wcol); /* dQ's share: dS·K, NQ columns (bwg_stage_ds: a block of KEYS rows a 64 rows) */
         wgmma_commit();
       }
       bwg_xb<T, D, BR / 16>(&dk[0][0], da, q_base); /* dK += dSᵀ·Q */
@@ -521,7 +521,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
         }
         /* dq_acc's tiles are of BWG_BR rows (bwg_acc_tile); ROWSPLIT: this warpgroup's half of the tile */
         const int64_t bh = b * p.Hq + qt.head(u), qtiles = (p.Lq + BWG_BR - 1) / BWG_BR;
-        const int64_t i0 = qt.row(u, BR) + (ROWSPLIT ? wg * BWG_BR : 0);
+        const int64_t i0 = qt.row(u, BR) + wrow;
         if constexpr (ORDER) {
           /* the last tile's adds, which every thread issued before the barriers of this tile: released
            * here, a tile late, their fence costs little (right after the products it cost 7 %) */
@@ -531,13 +531,9 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
           if (r1 > r0 && i0 >= r0 / BR * BR && i0 < r1) bwg_order_wait(done, (int)kt + 2);
         }
         if (!ROWSPLIT || i0 < p.Lq) { /* (a half past Lq: no tile of dq_acc) */
-          const int n0 = ROWSPLIT ? 0 : wg * NQ;
-          if constexpr (FIXED) {
-            const int r = (ROWSPLIT ? wg * BWG_BR : 0) + (warp & 3) * 16 + ((threadIdx.x & 31) >> 2);
-            bwg_add_dq_fixed<NQ, DG>((int *)acc + bwg_acc_tile(bh, qtiles, i0, DG), n0, dq, fmul[s][r], fmul[s][r + 8]);
-          } else {
-            bwg_add_dq<NQ, DG>(acc + bwg_acc_tile(bh, qtiles, i0, DG), n0, dq);
-          }
+          const int r = wrow + (warp & 3) * 16 + ((threadIdx.x & 31) >> 2); /* FIXED: the rows' multipliers */
+          bwg_add_dq<NQ, DG, FIXED>(acc + bwg_acc_tile(bh, qtiles, i0, DG), wcol, dq, FIXED ? fmul[s][r] : 1.f,
+                                    FIXED ? fmul[s][r + 8] : 1.f);
         }
       }
       wgmma_wait<0>();
@@ -658,7 +654,7 @@ __global__ void __launch_bounds__(BWG_THREADS, 2)
  * layout) rounded to T: a thread a float4's place of acc, its two pairs of
  * columns in rows g and g + 8 of a warp's 16.  Without mult, f32 sums,
  * `copies` of them n4 float4s apart, summed in order; with mult (FIXED),
- * int32 sums in bwg_add_dq_fixed's order within a warp's 512 bytes, each
+ * int32 sums in bwg_add_dq's FIXED order within a warp's 512 bytes, each
  * divided by its row's multiplier (a power of two: exact). */
 template <typename T, int DG>
 __global__ void __launch_bounds__(256)
