@@ -23,10 +23,14 @@ template <int N> static __device__ __forceinline__ void bwm_zero(float (*acc)[4]
  * of a tile that is not full, one unsigned compare a score where the
  * 64-bit range and the lse test took about 8 (H200, D = 128, 1k causal: a
  * diagonal tile ran at 1.9x a full one's time).  Keys past 2^30 (K and V
- * of 256 GB at D = 64) are not told apart: such a call does not fit. */
+ * of 256 GB at D = 64) are not told apart: such a call does not fit.
+ * dsc = delta · scale, so that without the extras dS is
+ * P · fma(dP, scale, -dsc): one multiply a score fewer than
+ * P · (dP - delta) · scale, 1.00-1.02x the D = 64 backward's speed (H200,
+ * docs/perf/2026-12-02-backward-dsc-h200.json). */
 template <int R> struct bwm_rows {
   int64_t lo[R], hi[R];
-  float lse[R], lse2[R], delta[R];
+  float lse[R], lse2[R], delta[R], dsc[R];
   int kl[R], kw[R];
 };
 
@@ -44,7 +48,8 @@ static __device__ __forceinline__ bool bwm_row_load(const fa_attn_problem &p, co
     lse = attn_lse_at(p, b, h, i);
     dl = delta[(b * p.Hq + h) * p.Lq + i];
   }
-  rows.lo[r] = lo, rows.hi[r] = hi, rows.lse[r] = lse, rows.lse2[r] = lse * FA_LOG2E, rows.delta[r] = dl;
+  rows.lo[r] = lo, rows.hi[r] = hi, rows.lse[r] = lse, rows.delta[r] = dl;
+  rows.lse2[r] = lse * FA_LOG2E, rows.dsc[r] = dl * p.scale_f;
   const bool live = lse != -INFINITY; /* an empty row passes nothing back */
   if constexpr (REL) {
     constexpr int64_t far = 1 << 30; /* past any tile's keys */
@@ -94,7 +99,7 @@ static __device__ __forceinline__ void bwm_probs_plain(const fa_attn_problem &p,
       const int qi = qoff + (KEY_ROWS ? n * 8 + c2 + (e & 1) : g + (e >> 1) * 8);
       const float pr = exp2_approx(fmaf(s[n][e], k2, -rows.lse2[qi]));
       s[n][e] = pr;
-      dp[n][e] = pr * (dp[n][e] - rows.delta[qi]) * scale;
+      dp[n][e] = pr * fmaf(dp[n][e], scale, -rows.dsc[qi]);
     }
 }
 
@@ -152,7 +157,7 @@ static __device__ __forceinline__ void bwm_probs(const fa_attn_problem &p, int64
         const bool takes = (unsigned)(kbase + kj - rows.kl[qi]) < (unsigned)rows.kw[qi];
         const float pr = exp2_approx(takes ? fmaf(s[n][e], k2, -rows.lse2[qi]) : -INFINITY); /* 0 if not */
         s[n][e] = pr;
-        dp[n][e] = takes ? pr * (dp[n][e] - rows.delta[qi]) * scale : 0.f; /* (NaN in o reaches delta) */
+        dp[n][e] = takes ? pr * fmaf(dp[n][e], scale, -rows.dsc[qi]) : 0.f; /* (NaN in o reaches delta) */
       }
     return;
   }
@@ -196,7 +201,9 @@ static __device__ __forceinline__ void bwm_probs(const fa_attn_problem &p, int64
       }
       s[n][e] = pr;
       /* a key the row does not take passes nothing back, whatever dP holds (NaN in an unattended V) */
-      dp[n][e] = takes ? pr * (dp[n][e] - rows.delta[qi]) * chain : 0.f;
+      dp[n][e] = !takes  ? 0.f
+                 : EXTRAS ? pr * (dp[n][e] - rows.delta[qi]) * chain
+                          : pr * fmaf(dp[n][e], scale, -rows.dsc[qi]);
     }
 #undef BWM_AT
 }
