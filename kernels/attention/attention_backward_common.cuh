@@ -34,8 +34,26 @@ template <int R> struct bwm_rows {
   int kl[R], kw[R];
 };
 
-/* Row r of the tile at i0 of head h (one thread a row): whether it takes
- * any of keys [j0, j1), and whether it takes all of them (*all). */
+/* Row r's lse and delta, and what they give (lse2, dsc; REL: kl, kw), for
+ * a row whose key range is [lo, hi) (lse -inf: a row that takes nothing,
+ * or one past Lq): whether it takes any of keys [j0, j1), and whether it
+ * takes all of them (*all). */
+template <int R, bool REL>
+static __device__ __forceinline__ bool bwm_row_set(const fa_attn_problem &p, bwm_rows<R> &rows, int r, int64_t lo,
+                                                   int64_t hi, float lse, float dl, int64_t j0, int64_t j1, bool *all) {
+  rows.lse[r] = lse, rows.delta[r] = dl;
+  rows.lse2[r] = lse * FA_LOG2E, rows.dsc[r] = dl * p.scale_f;
+  const bool live = lse != -INFINITY; /* an empty row passes nothing back */
+  if constexpr (REL) {
+    constexpr int64_t far = 1 << 30; /* past any tile's keys */
+    const int64_t kl = min(max(lo - j0, (int64_t)0), far), kh = min(max(hi - j0, (int64_t)0), far);
+    rows.kl[r] = (int)kl, rows.kw[r] = live && kh > kl ? (int)(kh - kl) : 0;
+  }
+  *all = live && lo <= j0 && hi >= j1;
+  return live && lo < hi && lo < j1 && hi > j0;
+}
+
+/* Row r of the tile at i0 of head h (one thread a row), as bwm_row_set. */
 template <int R, bool REL = false>
 static __device__ __forceinline__ bool bwm_row_load(const fa_attn_problem &p, const float *delta, bwm_rows<R> &rows,
                                                     int64_t b, int64_t h, int64_t i0, int r, int64_t j0, int64_t j1,
@@ -48,16 +66,32 @@ static __device__ __forceinline__ bool bwm_row_load(const fa_attn_problem &p, co
     lse = attn_lse_at(p, b, h, i);
     dl = delta[(b * p.Hq + h) * p.Lq + i];
   }
-  rows.lo[r] = lo, rows.hi[r] = hi, rows.lse[r] = lse, rows.delta[r] = dl;
-  rows.lse2[r] = lse * FA_LOG2E, rows.dsc[r] = dl * p.scale_f;
-  const bool live = lse != -INFINITY; /* an empty row passes nothing back */
-  if constexpr (REL) {
-    constexpr int64_t far = 1 << 30; /* past any tile's keys */
-    const int64_t kl = min(max(lo - j0, (int64_t)0), far), kh = min(max(hi - j0, (int64_t)0), far);
-    rows.kl[r] = (int)kl, rows.kw[r] = live && kh > kl ? (int)(kh - kl) : 0;
-  }
-  *all = live && i < p.Lq && lo <= j0 && hi >= j1;
-  return live && lo < hi && lo < j1 && hi > j0;
+  rows.lo[r] = lo, rows.hi[r] = hi;
+  return bwm_row_set<R, REL>(p, rows, r, lo, hi, lse, dl, j0, j1, all);
+}
+
+/* bwm_row_load in two steps, so that no thread waits for lse and delta
+ * to come from memory: bwm_row_issue stores the row's key range and copies
+ * its lse and delta by cp.async (zeros past Lq); bwm_row_finish, once the
+ * thread has waited for its copies, the rest.  In one step, the threads
+ * that staged the next tile's rows waited there for a round trip to L2
+ * before they issued this tile's products. */
+template <int R>
+static __device__ __forceinline__ void bwm_row_issue(const fa_attn_problem &p, const float *delta, bwm_rows<R> &rows,
+                                                     int64_t b, int64_t h, int64_t i0, int r) {
+  const int64_t i = i0 + r;
+  const bool in = i < p.Lq;
+  int64_t lo = 0, hi = 0;
+  if (in) fa_attn_range_of(&p, b, i, &lo, &hi);
+  rows.lo[r] = lo, rows.hi[r] = hi;
+  cp_async4(&rows.lse[r], in ? &attn_lse_at(p, b, h, i) : p.lse, in ? 4 : 0);
+  cp_async4(&rows.delta[r], in ? delta + (b * p.Hq + h) * p.Lq + i : delta, in ? 4 : 0);
+}
+template <int R, bool REL>
+static __device__ __forceinline__ void bwm_row_finish(const fa_attn_problem &p, bwm_rows<R> &rows, int64_t i0, int r,
+                                                      int64_t j0, int64_t j1, bool *all) {
+  const float lse = i0 + r < p.Lq ? rows.lse[r] : -INFINITY;
+  bwm_row_set<R, REL>(p, rows, r, rows.lo[r], rows.hi[r], lse, rows.delta[r], j0, j1, all);
 }
 
 /* The rows of query tile (head h, rows from i0) into rows, a thread a row

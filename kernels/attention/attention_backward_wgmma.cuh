@@ -315,6 +315,28 @@ static __device__ __forceinline__ void bwg_order_release(int *counter, int v) {
   asm volatile("st.release.gpu.global.s32 [%0], %1;" : : "l"(counter), "r"(v) : "memory");
 }
 
+/* Where a TMA instance of the fused kernel finishes staging a query tile's
+ * rows.  ONE_STEP: thread r < BR loads row r's lse and delta when the
+ * tile's Q and dO are issued, a tile ahead (bwm_row_load), and waits there
+ * for them, before this tile's products.  Else in two steps
+ * (bwm_row_issue: the range, lse and delta by cp.async, and FIXED's
+ * multiplier; then bwm_row_finish): AT_START at the tile's start, before
+ * its barrier; AT_END at the end of the tile before, while its dK is on the
+ * tensor cores.  Chosen by measure, three rounds in turns (H200, bf16,
+ * docs/perf/2026-12-02-backward-rows-staged-h200.json): against one step,
+ * FIXED at the start 0.91-0.97x the time at D = 64 and 128, 0.96-1.00x at
+ * D = 96; the default at D = 128 at the end 0.954-0.983x (at the start
+ * 1.02-1.04x); the default at D = 64 and 96 0.99-1.03x in either two-step
+ * form, so one step there.  ORDER and the score rules' instances were
+ * not measured: one step, as before. */
+enum { BWG_ROWS_ONE_STEP, BWG_ROWS_AT_START, BWG_ROWS_AT_END };
+static constexpr __host__ __device__ int bwg_rows_staged(int DG, int EXTRAS, bool TMA, bool ORDER, bool FIXED) {
+  return !TMA || ORDER || EXTRAS != EXTRAS_NONE ? BWG_ROWS_ONE_STEP
+         : FIXED                                ? BWG_ROWS_AT_START
+         : DG == 128                            ? BWG_ROWS_AT_END
+                                                : BWG_ROWS_ONE_STEP;
+}
+
 /* Without DQ: one warpgroup, three blocks an SM at D = 64 without extras
  * (168 registers, no spill): 1.11-1.14x two (H200, 2026-11-27); the
  * extras' instance spills there.  DQ: two warpgroups (128 keys) that add
@@ -412,6 +434,8 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     /* variants: mask_mod's states of the tile staged last, for this warpgroup's keys and the other's; a tile
      * empty for both is neither loaded nor computed */
     int state_next = FA_BLOCK_PARTIAL, other_next = FA_BLOCK_PARTIAL;
+    constexpr int ROWS_AT = bwg_rows_staged(DG, EXTRAS, TMA, ORDER, FIXED);
+    constexpr bool SPLIT_ROWS = ROWS_AT != BWG_ROWS_ONE_STEP, FINISH_LATE = ROWS_AT == BWG_ROWS_AT_END;
     auto stage = [&](int64_t t, int s, bool *all) {
       const int64_t u = visit(t), h = qt.head(u), i0 = qt.row(u, BR);
       if constexpr (attn_rule<PROB>::tiles) {
@@ -431,13 +455,22 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
             tma_load_4d(dst + QT + c * BR * 128, &tm.dout, c * 64, (int)i0, (int)h, (int)b, bar);
           }
         }
-        bwm_stage_row_of_thread<BR, REL>(p, delta, rows[s], b, h, i0, j0, j1, all);
+        if constexpr (SPLIT_ROWS) {
+          if (threadIdx.x < BR) bwm_row_issue<BR>(p, delta, rows[s], b, h, i0, threadIdx.x);
+        } else {
+          bwm_stage_row_of_thread<BR, REL>(p, delta, rows[s], b, h, i0, j0, j1, all);
+        }
       } else {
         bwm_stage_rows<T, D, BR, THREADS, true, DG, REL>(Qs + s * 2 * QT, QT, p, g, delta, rows[s], b, h, i0, j0, j1,
                                                          all);
       }
       if constexpr (FIXED) /* published as rows[s] is, by the barrier at the tile's start */
-        if (threadIdx.x < BR) fmul[s][threadIdx.x] = i0 + threadIdx.x < p.Lq ? walk.fixed[(b * p.Hq + h) * p.Lq + i0 + threadIdx.x] : 0.f;
+        if (threadIdx.x < BR) {
+          const int64_t i = i0 + threadIdx.x;
+          const float *m = walk.fixed + (b * p.Hq + h) * p.Lq + i;
+          if constexpr (SPLIT_ROWS) cp_async4(&fmul[s][threadIdx.x], i < p.Lq ? m : walk.fixed, i < p.Lq ? 4 : 0);
+          else fmul[s][threadIdx.x] = i < p.Lq ? *m : 0.f;
+        }
     };
     bool all_next = true;
     if (qt.count > 0) stage(0, 0, &all_next);
@@ -463,6 +496,11 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
         fence_proxy_async();
       }
       landed = TMA;
+      if (SPLIT_ROWS && (!FINISH_LATE || t == 0)) { /* this tile's rows, copied a tile ago */
+        cp_async_wait<0>();
+        all_next = true;
+        if (threadIdx.x < BR) bwm_row_finish<BR, REL>(p, rows[s], qt.row(visit(t), BR), threadIdx.x, j0, j1, &all_next);
+      }
       if constexpr (TMA) mbar_wait(smem_addr(&qbar[s]), (unsigned)(t >> 1) & 1); /* stage s's use t / 2 */
       const bool full = __syncthreads_and(all_next) && bwm_full_rule(EXTRAS) && j1 - j0 == KEYS;
       const int state = state_next, other = other_next;
@@ -535,6 +573,12 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
           bwg_add_dq<NQ, DG, FIXED>(acc + bwg_acc_tile(bh, qtiles, i0, DG), wcol, dq, FIXED ? fmul[s][r] : 1.f,
                                     FIXED ? fmul[s][r + 8] : 1.f);
         }
+      }
+      if (SPLIT_ROWS && FINISH_LATE && t + 1 < qt.count) { /* the next tile's rows, while dK is on the tensor cores */
+        cp_async_wait<0>();
+        all_next = true;
+        if (threadIdx.x < BR)
+          bwm_row_finish<BR, REL>(p, rows[s ^ 1], qt.row(visit(t + 1), BR), threadIdx.x, j0, j1, &all_next);
       }
       wgmma_wait<0>();
       wgmma_hold<D / 2>(&dv[0][0]);
