@@ -327,8 +327,8 @@ static __device__ __forceinline__ void bwg_order_release(int *counter, int v) {
  * FIXED at the start 0.91-0.97x the time at D = 64 and 128, 0.96-1.00x at
  * D = 96; the default at D = 128 at the end 0.954-0.983x (at the start
  * 1.02-1.04x); the default at D = 64 and 96 0.99-1.03x in either two-step
- * form, so one step there.  ORDER and the score rules' instances were
- * not measured: one step, as before. */
+ * form, so one step there; ORDER 0.994-1.018x in either, one step.  The
+ * score rules' instances were not measured: one step, as before. */
 enum { BWG_ROWS_ONE_STEP, BWG_ROWS_AT_START, BWG_ROWS_AT_END };
 static constexpr __host__ __device__ int bwg_rows_staged(int DG, int EXTRAS, bool TMA, bool ORDER, bool FIXED) {
   return !TMA || ORDER || EXTRAS != EXTRAS_NONE ? BWG_ROWS_ONE_STEP
