@@ -473,6 +473,12 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
         }
     };
     bool all_next = true;
+    /* SPLIT_ROWS: the second step for tile t, staged in stage s (all_next: whether its rows take every key) */
+    auto finish_rows = [&](int64_t t, int s) {
+      cp_async_wait<0>();
+      all_next = true;
+      if (threadIdx.x < BR) bwm_row_finish<BR, REL>(p, rows[s], qt.row(visit(t), BR), threadIdx.x, j0, j1, &all_next);
+    };
     if (qt.count > 0) stage(0, 0, &all_next);
     cp_async_commit();
     float dk[CH][4], dv[CH][4];
@@ -496,11 +502,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
         fence_proxy_async();
       }
       landed = TMA;
-      if (SPLIT_ROWS && (!FINISH_LATE || t == 0)) { /* this tile's rows, copied a tile ago */
-        cp_async_wait<0>();
-        all_next = true;
-        if (threadIdx.x < BR) bwm_row_finish<BR, REL>(p, rows[s], qt.row(visit(t), BR), threadIdx.x, j0, j1, &all_next);
-      }
+      if (SPLIT_ROWS && (!FINISH_LATE || t == 0)) finish_rows(t, s); /* this tile's rows, copied a tile ago */
       if constexpr (TMA) mbar_wait(smem_addr(&qbar[s]), (unsigned)(t >> 1) & 1); /* stage s's use t / 2 */
       const bool full = __syncthreads_and(all_next) && bwm_full_rule(EXTRAS) && j1 - j0 == KEYS;
       const int state = state_next, other = other_next;
@@ -574,12 +576,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
                                     FIXED ? fmul[s][r + 8] : 1.f);
         }
       }
-      if (SPLIT_ROWS && FINISH_LATE && t + 1 < qt.count) { /* the next tile's rows, while dK is on the tensor cores */
-        cp_async_wait<0>();
-        all_next = true;
-        if (threadIdx.x < BR)
-          bwm_row_finish<BR, REL>(p, rows[s ^ 1], qt.row(visit(t + 1), BR), threadIdx.x, j0, j1, &all_next);
-      }
+      if (SPLIT_ROWS && FINISH_LATE && t + 1 < qt.count) finish_rows(t + 1, s ^ 1); /* while dK is on the tensor cores */
       wgmma_wait<0>();
       wgmma_hold<D / 2>(&dv[0][0]);
       wgmma_hold<D / 2>(&dk[0][0]);
