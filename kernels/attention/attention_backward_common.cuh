@@ -34,14 +34,13 @@ template <int R> struct bwm_rows {
   int kl[R], kw[R];
 };
 
-/* Row r's lse and delta, and what they give (lse2, dsc; REL: kl, kw), for
- * a row whose key range is [lo, hi) (lse -inf: a row that takes nothing,
- * or one past Lq): whether it takes any of keys [j0, j1), and whether it
- * takes all of them (*all). */
+/* What row r's lse and delta give (lse2, dsc; REL: kl, kw), for a row
+ * whose key range is [lo, hi) (lse -inf: a row that takes nothing, or one
+ * past Lq): whether it takes any of keys [j0, j1), and whether it takes
+ * all of them (*all). */
 template <int R, bool REL>
 static __device__ __forceinline__ bool bwm_row_set(const fa_attn_problem &p, bwm_rows<R> &rows, int r, int64_t lo,
                                                    int64_t hi, float lse, float dl, int64_t j0, int64_t j1, bool *all) {
-  rows.lse[r] = lse, rows.delta[r] = dl;
   rows.lse2[r] = lse * FA_LOG2E, rows.dsc[r] = dl * p.scale_f;
   const bool live = lse != -INFINITY; /* an empty row passes nothing back */
   if constexpr (REL) {
@@ -66,32 +65,34 @@ static __device__ __forceinline__ bool bwm_row_load(const fa_attn_problem &p, co
     lse = attn_lse_at(p, b, h, i);
     dl = delta[(b * p.Hq + h) * p.Lq + i];
   }
-  rows.lo[r] = lo, rows.hi[r] = hi;
+  rows.lo[r] = lo, rows.hi[r] = hi, rows.lse[r] = lse, rows.delta[r] = dl;
   return bwm_row_set<R, REL>(p, rows, r, lo, hi, lse, dl, j0, j1, all);
 }
 
 /* bwm_row_load in two steps, so that no thread waits for lse and delta
  * to come from memory: bwm_row_issue stores the row's key range and copies
- * its lse and delta by cp.async (zeros past Lq); bwm_row_finish, once the
- * thread has waited for its copies, the rest.  In one step, the threads
- * that staged the next tile's rows waited there for a round trip to L2
- * before they issued this tile's products. */
+ * its lse and delta by cp.async (a row past Lq: -inf and 0 stored);
+ * bwm_row_finish, once the thread has waited for its copies, the rest.  In
+ * one step, the threads that staged the next tile's rows waited there for a
+ * round trip to L2 before they issued this tile's products. */
 template <int R>
 static __device__ __forceinline__ void bwm_row_issue(const fa_attn_problem &p, const float *delta, bwm_rows<R> &rows,
                                                      int64_t b, int64_t h, int64_t i0, int r) {
   const int64_t i = i0 + r;
-  const bool in = i < p.Lq;
   int64_t lo = 0, hi = 0;
-  if (in) fa_attn_range_of(&p, b, i, &lo, &hi);
+  if (i < p.Lq) {
+    fa_attn_range_of(&p, b, i, &lo, &hi);
+    cp_async4(&rows.lse[r], &attn_lse_at(p, b, h, i), 4);
+    cp_async4(&rows.delta[r], delta + (b * p.Hq + h) * p.Lq + i, 4);
+  } else {
+    rows.lse[r] = -INFINITY, rows.delta[r] = 0.f;
+  }
   rows.lo[r] = lo, rows.hi[r] = hi;
-  cp_async4(&rows.lse[r], in ? &attn_lse_at(p, b, h, i) : p.lse, in ? 4 : 0);
-  cp_async4(&rows.delta[r], in ? delta + (b * p.Hq + h) * p.Lq + i : delta, in ? 4 : 0);
 }
 template <int R, bool REL>
-static __device__ __forceinline__ void bwm_row_finish(const fa_attn_problem &p, bwm_rows<R> &rows, int64_t i0, int r,
-                                                      int64_t j0, int64_t j1, bool *all) {
-  const float lse = i0 + r < p.Lq ? rows.lse[r] : -INFINITY;
-  bwm_row_set<R, REL>(p, rows, r, rows.lo[r], rows.hi[r], lse, rows.delta[r], j0, j1, all);
+static __device__ __forceinline__ void bwm_row_finish(const fa_attn_problem &p, bwm_rows<R> &rows, int r, int64_t j0,
+                                                      int64_t j1, bool *all) {
+  bwm_row_set<R, REL>(p, rows, r, rows.lo[r], rows.hi[r], rows.lse[r], rows.delta[r], j0, j1, all);
 }
 
 /* The rows of query tile (head h, rows from i0) into rows, a thread a row

@@ -328,7 +328,10 @@ static __device__ __forceinline__ void bwg_order_release(int *counter, int v) {
  * D = 96; the default at D = 128 at the end 0.954-0.983x (at the start
  * 1.02-1.04x); the default at D = 64 and 96 0.99-1.03x in either two-step
  * form, so one step there; ORDER 0.994-1.018x in either, one step.  The
- * score rules' instances were not measured: one step, as before. */
+ * score rules' instances were not measured: one step, as before.  Since
+ * the first step stores a row past Lq whole (no tile row and no second
+ * 64-bit division a tile for the second), FIXED has run at 0.94-0.98x the
+ * time of that form again, the default at D = 128 at 0.995-1.013x. */
 enum { BWG_ROWS_ONE_STEP, BWG_ROWS_AT_START, BWG_ROWS_AT_END };
 static constexpr __host__ __device__ int bwg_rows_staged(int DG, int EXTRAS, bool TMA, bool ORDER, bool FIXED) {
   return !TMA || ORDER || EXTRAS != EXTRAS_NONE ? BWG_ROWS_ONE_STEP
@@ -473,11 +476,11 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
         }
     };
     bool all_next = true;
-    /* SPLIT_ROWS: the second step for tile t, staged in stage s (all_next: whether its rows take every key) */
-    auto finish_rows = [&](int64_t t, int s) {
+    /* SPLIT_ROWS: the second step for the tile staged in stage s (all_next: whether its rows take every key) */
+    auto finish_rows = [&](int s) {
       cp_async_wait<0>();
       all_next = true;
-      if (threadIdx.x < BR) bwm_row_finish<BR, REL>(p, rows[s], qt.row(visit(t), BR), threadIdx.x, j0, j1, &all_next);
+      if (threadIdx.x < BR) bwm_row_finish<BR, REL>(p, rows[s], threadIdx.x, j0, j1, &all_next);
     };
     if (qt.count > 0) stage(0, 0, &all_next);
     cp_async_commit();
@@ -502,7 +505,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
         fence_proxy_async();
       }
       landed = TMA;
-      if (SPLIT_ROWS && (!FINISH_LATE || t == 0)) finish_rows(t, s); /* this tile's rows, copied a tile ago */
+      if (SPLIT_ROWS && (!FINISH_LATE || t == 0)) finish_rows(s); /* this tile's rows, copied a tile ago */
       if constexpr (TMA) mbar_wait(smem_addr(&qbar[s]), (unsigned)(t >> 1) & 1); /* stage s's use t / 2 */
       const bool full = __syncthreads_and(all_next) && bwm_full_rule(EXTRAS) && j1 - j0 == KEYS;
       const int state = state_next, other = other_next;
@@ -576,7 +579,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
                                     FIXED ? fmul[s][r + 8] : 1.f);
         }
       }
-      if (SPLIT_ROWS && FINISH_LATE && t + 1 < qt.count) finish_rows(t + 1, s ^ 1); /* while dK is on the tensor cores */
+      if (SPLIT_ROWS && FINISH_LATE && t + 1 < qt.count) finish_rows(s ^ 1); /* the next tile's, while dK is on the tensor cores */
       wgmma_wait<0>();
       wgmma_hold<D / 2>(&dv[0][0]);
       wgmma_hold<D / 2>(&dk[0][0]);
