@@ -297,8 +297,19 @@ static __device__ void bwm_rows_meeting(const fa_attn_problem &p, int64_t b, int
  * turn: tile t is head h0 + t / n, rows from i0 + (t % n)·BR. */
 struct bwm_qtiles {
   int64_t h0, i0, n, count;
-  __device__ __forceinline__ int64_t head(int64_t t) const { return h0 + t / n; }
-  __device__ __forceinline__ int64_t row(int64_t t, int BR) const { return i0 + t % n * BR; }
+  uint32_t mul; /* t / n = (t · mul) >> shift for t < 2^31 (bwm_qtiles_meeting) */
+  int shift;
+  __device__ __forceinline__ int64_t head(int64_t t) const { return h0 + div(t); }
+  __device__ __forceinline__ int64_t row(int64_t t, int BR) const { return i0 + (t - div(t) * n) * BR; }
+  /* A multiply and a shift: the 64-bit division that was here (a branch to
+   * a 32-bit one, about 20 dependent instructions) ran twice a query tile
+   * in the fused kernel's loop, once between the S/dP products and the
+   * probabilities; without it the default takes 0.91-0.98x the time and
+   * the deterministic call 0.95-0.97x at D = 64-128, and the spills of
+   * D = 64's instances fell from 80 to 64 bytes (default) and from 52 to 0
+   * (fixed point) (H200, bf16, three rounds in turns,
+   * docs/perf/2026-12-02-backward-tile-division-h200.json) */
+  __device__ __forceinline__ int64_t div(int64_t t) const { return (int64_t)(((uint64_t)(uint32_t)t * mul) >> shift); }
 };
 
 __device__ void bwm_variant_rows(const fa_attn_problem &p, int64_t b, int64_t hk, int64_t j0, int64_t j1, int64_t *span);
@@ -320,6 +331,10 @@ static __device__ bwm_qtiles bwm_qtiles_meeting(const fa_attn_problem &p, int64_
   bwm_qtiles qt; /* from span in shared memory: from copies in registers, ptxas spilled 140-200 bytes in the loop */
   qt.h0 = hk * (p.Hq / p.Hkv), qt.i0 = span[0] / BR * BR;
   qt.n = span[1] > span[0] ? (span[1] - qt.i0 + BR - 1) / BR : 0, qt.count = p.Hq / p.Hkv * qt.n;
+  /* t < count < 2^31 (Hq·Lq rows of Q past 2^37 would be 16 TB); l = ceil(log2 n), mul = ceil(2^(31+l) / n) < 2^32:
+   * the product's excess over t / n is below t / 2^(31+l) < 1 / n, so its floor is t / n's */
+  const int l = qt.n > 1 ? 32 - __clz((unsigned)(qt.n - 1)) : 0;
+  qt.shift = 31 + l, qt.mul = qt.n > 0 ? (uint32_t)((((uint64_t)1 << qt.shift) + qt.n - 1) / qt.n) : 0;
   return qt;
 }
 
