@@ -391,20 +391,16 @@ static __device__ __forceinline__ float bw_fixed_mult(float scale, float kmax, f
 /* Whether the call's dQ is added in fixed point (bw_fixed_mult): the
  * built-in rules' deterministic calls on the wgmma kernels, whose delta
  * buffer then holds each row's multiplier after delta, and max|K|, max|V|
- * of each KV head after those (fa_cuda_backward_run).
- * Against the key tiles' order (ORDER, attention_backward_wgmma.cuh), in
- * turns (H200, bf16, B·L = 16k, H·D = 2048; docs/perf/2026-12-01-backward-
- * fixed-point-h200.json): 1.02-1.12x its speed from 2k keys (D = 128 causal
- * at 2k: 0.99x), 0.99-1.01x at 1k not causal, 0.95 / 0.98x at 1k causal
- * (D = 128 / 96: the pass over K and V and the int32 adds' instructions,
- * four where the default issues one float4 atomic, weigh most on short
- * calls), so causal calls of up to 1k keys keep ORDER's mirror order.
- * At D = 64 (tiles of 128 query rows, which ORDER has not) against the two
- * kernels, in turns (docs/perf/2026-12-01-backward-d64-rows128-h200.json):
- * 1.09-1.14x their speed not causal, causal 1.03 at 2k and 1.08-1.16 from
- * 4k, 0.97 at 1k, where the two kernels stay. */
+ * of each KV head after those (fa_cuda_backward_run).  Every length since
+ * its fused kernel's rows came in two steps and its tile index without a
+ * division (sessions 56-57): causal calls of 1k keys, which took the two
+ * kernels at D = 64 and the key tiles' order (adds into a query tile
+ * waiting for the key tile before) at D = 96 and 128, now take 0.92 / 0.94
+ * / 0.94x their time (bf16, H200, three rounds in turns,
+ * docs/perf/2026-12-02-backward-tile-division-h200.json); from 2k keys and
+ * at 1k not causal it was already the faster by 1.0-1.14x. */
 static inline bool bw_fixed_dq(const fa_attn_problem *p, const fa_attn_grads *g) {
-  return g->deterministic && p->B * p->Hq * p->Lq > 0 && !(p->causal != FA_CAUSAL_NONE && p->Lk <= 1024);
+  return g->deterministic && p->B * p->Hq * p->Lq > 0;
 }
 /* Where fa_cuda_backward_run's delta buffer holds, with bw_fixed_dq, the
  * rows' multipliers (B·Hq·Lq floats after delta) and each KV head's

@@ -62,30 +62,7 @@ extern "C" int64_t fa_cuda_backward_wgmma_walk(fa_context *ctx, const fa_attn_pr
   return std::min(heads * c, (int64_t)dp.sms) * (copy_bytes / heads) <= BWG_COPIES_L2 * (int64_t)dp.l2_bytes ? c : 0;
 }
 
-/* fa_cuda_backward_wgmma_run's ctas for the ORDER instance: with
- * determinism at D = 96 and 128 where the fixed-point adds do not take the
- * call (bw_fixed_dq: causal calls of up to 1k keys; not the variants',
- * whose empty tiles the instance does not skip), the fused schedule adding into one dq_acc in the
- * key tiles' order (bwg_order_wait), instead of the walk's copies or the two
- * kernels (walk: ctas, fa_cuda_backward_wgmma_walk's answer).  Its time over
- * the default's (H200, bf16, B·L = 16k, H·D = 2048, not causal / causal,
- * docs/perf/2026-11-30-backward-order-h200.json): D = 128 0.89 / 0.91 at
- * 1k, 0.87 / 0.91 at 4k, 0.87 / 0.86 at 16k; D = 96 0.90 / 0.90, 0.87 /
- * 0.89, 0.87 / 0.89; against the walk's 0.91 / 0.96, 0.86 / 0.91 and the
- * two kernels' 0.79 / 0.80 at D = 128, 0.74 / 0.71, 0.83 / 0.79 and 0.75 /
- * 0.77 at D = 96.  So the walk keeps D = 128 up to 1k keys, where ORDER
- * has no TMA instance (the score rule's extras) or the copy engine refuses
- * the strides: with Q and dO by TMA, ORDER took 0.91x the walk's time not
- * causal and 0.97x causal there (bf16, H200, 2026-11-30,
- * docs/perf/2026-11-30-backward-tma-h200.json).  order_tma: ORDER's
- * instance for the call takes Q and dO by TMA. */
-#define BWG_ORDERED ((int64_t)-1)
 #define BWG_FIXED ((int64_t)-2) /* fa_cuda_backward_wgmma_run's ctas for the FIXED instance (bw_fixed_dq) */
-#define BWG_ORDER_HEADS 16 /* bwg_walk.heads: 8 and 16 alike, 1 or 2 slower (bwg_dkdv_kernel's ORDER) */
-static bool bwg_ordered(const fa_attn_problem *p, const fa_attn_grads *g, int64_t walk, bool order_tma) {
-  return g->deterministic && p->B * p->Hq * p->Lq > 0 &&
-         !(p->D == 128 && walk > 0 && p->Lk <= 1024 && !order_tma);
-}
 
 /* The conversion of dq_acc into g->dq (bwg_dq_convert_kernel; mult: FIXED's multipliers, else NULL). */
 template <typename T, int D>
@@ -118,7 +95,7 @@ static int bwg_rows_of(const fa_attn_problem *p, bool walks) {
  * it is.  ctas: fa_cuda_backward_wgmma_walk's answer, taken once by the
  * caller (which picks the instances by it); above 0, dkdv is the instance
  * with DQ (with determinism, its WALK instance) and dq is not used;
- * BWG_ORDERED, its ORDER instance, a key tile a block.  maps: the
+ * BWG_FIXED, its FIXED instance, a key tile a block.  maps: the
  * bwg_maps of a TMA instance of dkdv, else NULL. */
 extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g,
                                                 const float *delta, void *prob, int64_t ctas, const void *dkdv,
@@ -127,21 +104,19 @@ extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_p
   cudaStream_t s = fa_cuda_stream(ctx);
   fa_attn_grads ga = *g;
   float *acc = NULL;
-  bwg_walk walk = {(p->Lk + BWG_OWN - 1) / BWG_OWN, 0, NULL, BWG_ORDER_HEADS}; /* the two kernels': a key tile a block */
+  bwg_walk walk = {(p->Lk + BWG_OWN - 1) / BWG_OWN, 0, NULL}; /* the two kernels': a key tile a block */
   void *args[] = {prob, &ga, &delta, &acc, &walk, (void *)(maps ? maps : &no_maps)};
-  if (ctas > 0 || ctas == BWG_ORDERED || ctas == BWG_FIXED) { /* the instance with DQ */
+  if (ctas > 0 || ctas == BWG_FIXED) { /* the instance with DQ */
     const bool walks = ctas > 0 && g->deterministic;
     walk.ctas = ctas > 0 ? ctas : (p->Lk + 2 * BWG_OWN - 1) / (2 * BWG_OWN);
     if (ctas == BWG_FIXED) walk.fixed = bw_fixed_mults(delta, p);
     const int64_t n4 = bwg_acc_n4(p), copies = walks ? walk.ctas : 1;
     walk.copy = walks ? n4 * 4 : 0;
     const int64_t blocks = p->B * p->Hkv * walk.ctas;
-    const int64_t counters = ctas == BWG_ORDERED ? 1 + p->B * p->Hq * ((p->Lq + BWG_BR - 1) / BWG_BR) : 0;
-    const size_t bytes = (size_t)(n4 * copies) * 16 + (size_t)counters * sizeof(int);
+    const size_t bytes = (size_t)(n4 * copies) * 16;
     fa_status st = attn_grid_fits(ctx, blocks);
     if (st || (st = fa_cuda_malloc(ctx, (void **)&acc, bytes))) return st; /* rows > 0: n4 > 0 */
-    if (counters) walk.order = (int *)(acc + n4 * copies * 4);
-    cudaError_t err = cudaMemsetAsync(acc, 0, bytes, s); /* the sums, the ticket and the counters */
+    cudaError_t err = cudaMemsetAsync(acc, 0, bytes, s); /* the sums */
     if (err == cudaSuccess && blocks > 0)
       err = bw_launch_on({dkdv, blocks, 2 * BWG_THREADS, bwg_smem_dkdv(BWG_PAD(p->D), true, bwg_rows_of(p, walks)),
                           "bwg_dkdv_kernel"},
@@ -157,54 +132,30 @@ extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_p
   return bw_launch_beside(ctx, kv, q, args);
 }
 
-/* Whether the fused dQ instance of the default (neither), the walk (WALK)
- * or the key tiles' order (ORDER) has a TMA instance: not the walk's, nor
- * ORDER's with the score rule's extras (ptxas spills 48-160 bytes there). */
-static constexpr bool bwg_has_tma(int extras, bool walk, bool order) {
-  return !walk && (!order || extras == EXTRAS_NONE);
-}
-
-/* That instance: with Q and dO by the tensor memory accelerator where it
- * has one and tma (the call's maps were made), else by cp.async. */
-template <typename T, int D, int EXTRAS, bool WALK, bool ORDER> static const void *bwg_fused(bool tma) {
-  if constexpr (bwg_has_tma(EXTRAS, WALK, ORDER))
-    if (tma) return (const void *)bwg_dkdv_kernel<T, D, EXTRAS, true, fa_attn_problem, WALK, ORDER, true>;
-  return (const void *)bwg_dkdv_kernel<T, D, EXTRAS, true, fa_attn_problem, WALK, ORDER>;
-}
-template <typename T, int D, int EXTRAS> static const void *bwg_fused_fixed(bool tma) {
-  if (tma) return (const void *)bwg_dkdv_kernel<T, D, EXTRAS, true, fa_attn_problem, false, false, true, true>;
-  return (const void *)bwg_dkdv_kernel<T, D, EXTRAS, true, fa_attn_problem, false, false, false, true>;
+/* The fused dQ instance of the default (FIXED: its fixed-point form), with
+ * Q and dO by the tensor memory accelerator where tma (the call's maps
+ * were made), else by cp.async. */
+template <typename T, int D, int EXTRAS, bool FIXED> static const void *bwg_fused(bool tma) {
+  if (tma) return (const void *)bwg_dkdv_kernel<T, D, EXTRAS, true, fa_attn_problem, false, true, FIXED>;
+  return (const void *)bwg_dkdv_kernel<T, D, EXTRAS, true, fa_attn_problem, false, false, FIXED>;
 }
 
 template <typename T, int D, int EXTRAS>
 static fa_status bwg_extras(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g, const float *delta) {
   fa_attn_problem pa = *p;
   const bool fixed = bw_fixed_dq(p, g);
+  /* else not deterministic (or no query row): the default's fused schedule, or the two kernels (ctas 0) */
   const int64_t ctas = fixed ? 0 : fa_cuda_backward_wgmma_walk(ctx, p, g);
   /* the maps of Q and dO for the fused instances' TMA forms, made once: 0 where the copy engine refuses a stride */
   bwg_maps tm;
   const int br = bwg_rows_tile(D, EXTRAS, true, false); /* (TMA: no walk) */
-  /* (D = 64's deterministic calls that fixed point does not take run the two kernels: no maps) */
-  const bool maps = (ctas > 0 || fixed || (D != 64 && g->deterministic)) &&
+  const bool maps = (ctas > 0 || fixed) &&
                     wt_encode_operand(&tm.q, p->compute, p->q, p->q_st, p->Lq, p->Hq, p->B, D, br) &&
                     wt_encode_operand(&tm.dout, p->compute, g->dout, g->dout_st, p->Lq, p->Hq, p->B, D, br);
-  if (fixed) /* fa_cuda_backward_run made the rows' multipliers */
-    return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, BWG_FIXED, bwg_fused_fixed<T, D, EXTRAS>(maps), NULL,
-                                      maps ? &tm : NULL);
-  if constexpr (D != 64) { /* (ORDER: its instances hold tiles of 64 rows, bwg_rows_tile) */
-    const bool tma = maps && bwg_has_tma(EXTRAS, false, true);
-    if (bwg_ordered(p, g, ctas, tma))
-      return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, BWG_ORDERED, bwg_fused<T, D, EXTRAS, false, true>(tma),
-                                        NULL, tma ? &tm : NULL);
-  }
-  if (ctas > 0) {
-    /* deterministic up to 1k keys: the walk's instance (D = 96 takes ORDER, D = 64 the two kernels: walk 0) */
-    const bool walks = D == 128 && g->deterministic, tma = maps && bwg_has_tma(EXTRAS, walks, false);
-    const void *dkdv = bwg_fused<T, D, EXTRAS, false, false>(tma);
-    if constexpr (D == 128)
-      if (walks) dkdv = bwg_fused<T, D, EXTRAS, true, false>(tma);
-    return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, ctas, dkdv, NULL, tma ? &tm : NULL);
-  }
+  if (fixed || ctas > 0) /* fixed: fa_cuda_backward_run made the rows' multipliers */
+    return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, fixed ? BWG_FIXED : ctas,
+                                      fixed ? bwg_fused<T, D, EXTRAS, true>(maps) : bwg_fused<T, D, EXTRAS, false>(maps),
+                                      NULL, maps ? &tm : NULL);
   return fa_cuda_backward_wgmma_run(ctx, p, g, delta, &pa, 0, (const void *)bwg_dkdv_kernel<T, D, EXTRAS, false>,
                                     (const void *)bwg_dq_kernel<T, D, EXTRAS>, NULL);
 }

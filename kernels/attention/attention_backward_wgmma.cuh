@@ -42,11 +42,8 @@
  *
  * With opts.deterministic the blocks add as without it,
  * but in fixed point (the FIXED instances: bwg_add_dq, multipliers by
- * bw_fixed_mult): int32 sums, the same in any order.  Causal calls of up to
- * 1k keys at D = 96 and 128 instead add into each query tile in the order
- * of their key tiles (the ORDER instances: bwg_order_wait), which fixes the
- * order of the float adds (and their rounding) and is faster there.  The
- * Lua variants' calls, and D = 128 up to 1k keys, take the walk instead (bwg_walk, the kernel's WALK instances):
+ * bw_fixed_mult): int32 sums, the same in any order.  The
+ * Lua variants' calls take the walk instead (bwg_walk, the kernel's WALK instances):
  * C blocks a (batch, KV head), block c taking key tiles c, 2C - 1 - c,
  * 2C + c, ... in turn and adding into its own copy c of dq_acc, which the
  * conversion sums in the order of c; each element of a copy is added to by
@@ -194,7 +191,7 @@ static __device__ __forceinline__ int64_t bwg_acc_tile(int64_t bh, int64_t qtile
  * at acc, dq_acc's layout) added in with 16-byte atomics; chunks at or past
  * DG left alone.  A warpgroup's share staged in shared memory and added by
  * one bulk reduction of the copy engine (cp.reduce.async.bulk .add.f32)
- * was slower: 0.80-0.89x the call's speed, ordered (ORDER) or not (H200,
+ * was slower: 0.80-0.89x the call's speed, in a fixed order or not (H200,
  * docs/perf/2026-12-01-backward-order-waits-h200.json).
  *
  * FIXED: int32 sums instead, the warp's values times their rows'
@@ -272,48 +269,8 @@ static constexpr __host__ __device__ bool bwg_dq_rows_in_registers(int DG, int E
  * alone (ctas = the key tiles), adding into dq_acc. */
 struct bwg_walk {
   int64_t ctas, copy;
-  int *order; /* ORDER: the blocks' ticket, then a counter a (batch·Hq + head, query tile), zeroed */
-  int64_t heads; /* ORDER: the (batch, KV head)s whose key tiles the tickets interleave */
   const float *fixed; /* FIXED: each query row's multiplier (B·Hq·Lq, bw_fixed_mult) */
 };
-
-/* ORDER (opts.deterministic at D = 96 and 128 on causal calls of up to 1k
- * keys, bwg_ordered; the others add in fixed point, bw_fixed_dq): one
- * block a key tile, as without determinism, adding into the one dq_acc,
- * but a query tile's adds made in the order of the key tiles, from the last
- * one down.  The counter of a query tile holds 1 + the key tile that added
- * into it last; block kt waits until it reads kt + 2 where key tile kt + 1
- * meets the query tile too (the key tiles meeting a query tile are
- * consecutive: the rows' key ranges are intervals whose ends do not
- * decrease, bwm_rows_meeting), and else adds first.  A block takes its
- * index from a ticket when it starts (CUDA does not promise to start blocks
- * in the order of blockIdx), and the tickets hand out a head's key tiles
- * from the last one down, so the block waited for has started, and waits
- * only on blocks that started before it: every wait ends.  Every block
- * walks its query tiles up from the diagonal, so block kt + 1 reaches each
- * tile two query tiles before block kt does, and blocks that start together
- * do not wait for one another.  The tickets interleave the key tiles of
- * walk.heads (batch, KV head)s: a head's chain of adds moves a block a link
- * at a time, and with the blocks at work all of one head that pace held the
- * GPU (D = 128 at 16k: 0.82x the default with one head, 0.87 with 8 or 16;
- * H200, docs/perf/2026-11-30-backward-order-h200.json).  Against the walk
- * from the last query tile down with adds from the first key tile up (this
- * instance's order for every call until the fixed-point adds): 1.04x at 1k
- * causal (H200, bf16, docs/perf/2026-12-01-backward-order-up-h200.json),
- * where a warp's adds had waited on 57 % of the query tiles at 4k. */
-static __device__ __forceinline__ void bwg_order_wait(const int *counter, int want) {
-  int v;
-  for (;;) {
-    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
-    if (v == want) return;
-    __nanosleep(32);
-  }
-}
-/* After a barrier of the whole block past its adds (the release orders
- * every thread's adds before the store). */
-static __device__ __forceinline__ void bwg_order_release(int *counter, int v) {
-  asm volatile("st.release.gpu.global.s32 [%0], %1;" : : "l"(counter), "r"(v) : "memory");
-}
 
 /* Where a TMA instance of the fused kernel finishes staging a query tile's
  * rows.  ONE_STEP: thread r < BR loads row r's lse and delta when the
@@ -327,17 +284,17 @@ static __device__ __forceinline__ void bwg_order_release(int *counter, int v) {
  * FIXED at the start 0.91-0.97x the time at D = 64 and 128, 0.96-1.00x at
  * D = 96; the default at D = 128 at the end 0.954-0.983x (at the start
  * 1.02-1.04x); the default at D = 64 and 96 0.99-1.03x in either two-step
- * form, so one step there; ORDER 0.994-1.018x in either, one step.  The
+ * form, so one step there.  The
  * score rules' instances were not measured: one step, as before.  Since
  * the first step stores a row past Lq whole (no tile row and no second
  * 64-bit division a tile for the second), FIXED has run at 0.94-0.98x the
  * time of that form again, the default at D = 128 at 0.995-1.013x. */
 enum { BWG_ROWS_ONE_STEP, BWG_ROWS_AT_START, BWG_ROWS_AT_END };
-static constexpr __host__ __device__ int bwg_rows_staged(int DG, int EXTRAS, bool TMA, bool ORDER, bool FIXED) {
-  return !TMA || ORDER || EXTRAS != EXTRAS_NONE ? BWG_ROWS_ONE_STEP
-         : FIXED                                ? BWG_ROWS_AT_START
-         : DG == 128                            ? BWG_ROWS_AT_END
-                                                : BWG_ROWS_ONE_STEP;
+static constexpr __host__ __device__ int bwg_rows_staged(int DG, int EXTRAS, bool TMA, bool FIXED) {
+  return !TMA || EXTRAS != EXTRAS_NONE ? BWG_ROWS_ONE_STEP
+         : FIXED                       ? BWG_ROWS_AT_START
+         : DG == 128                   ? BWG_ROWS_AT_END
+                                       : BWG_ROWS_ONE_STEP;
 }
 
 /* Without DQ: one warpgroup, three blocks an SM at D = 64 without extras
@@ -345,15 +302,13 @@ static constexpr __host__ __device__ int bwg_rows_staged(int DG, int EXTRAS, boo
  * extras' instance spills there.  DQ: two warpgroups (128 keys) that add
  * their share of dQ into dq_acc (f32, bwg_acc_tile's layout). */
 template <typename T, int DG, int EXTRAS, bool DQ, typename PROB = fa_attn_problem, bool WALK = false,
-          bool ORDER = false, bool TMA = false, bool FIXED = false>
+          bool TMA = false, bool FIXED = false>
 __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : DG == 64 && !EXTRAS ? 3 : 2)
     bwg_dkdv_kernel(PROB p, fa_attn_grads g, const float *delta, float *dq_acc, bwg_walk walk,
                     const __grid_constant__ bwg_maps tm) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(!ORDER || (DQ && !WALK && !attn_rule<PROB>::tiles), "ORDER: the fused dQ, a key tile a block, "
-                                                                   "every query tile it meets visited");
-  static_assert(!FIXED || (DQ && !WALK && !ORDER && !attn_rule<PROB>::tiles), "FIXED: the default's schedule, "
-                                                                             "its bound on dS (no score_mod)");
+  static_assert(!FIXED || (DQ && !WALK && !attn_rule<PROB>::tiles), "FIXED: the default's schedule, "
+                                                                   "its bound on dS (no score_mod)");
   static_assert(!TMA || (!attn_rule<PROB>::tiles && !WALK), "TMA: every query tile staged (a stage's uses counted), "
                                                               "one turn (the stages' uses start at 0)");
   /* TMA: the query tiles' Q and dO come by the tensor memory accelerator,
@@ -374,7 +329,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
   constexpr bool ROWSPLIT = BR == 2 * BWG_BR;
   constexpr int WGS = DQ ? 2 : 1, KEYS = WGS * BWG_OWN, THREADS = WGS * BWG_THREADS;
   constexpr int NQ = ROWSPLIT ? D : D / WGS; /* dQ columns a warpgroup */
-  static_assert(!ROWSPLIT || (DQ && !ORDER), "tiles of 128 rows: the default's fused dQ, or its FIXED form");
+  static_assert(!ROWSPLIT || DQ, "tiles of 128 rows: the default's fused dQ, or its FIXED form");
   /* this warp's keys of K in registers as Sᵀ's A operand (wgmma_rs_kmajor), a third less of the shared
    * memory's bandwidth for that product: in the default's TMA instance at D = 64, 1.01-1.03x its speed
    * (H200, docs/perf/2026-12-01-backward-d64-rows128-h200.json); its other instances spill 140-340 bytes
@@ -391,15 +346,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
   const int warp = threadIdx.x >> 5, wg = __shfl_sync(0xffffffffu, warp >> 2, 0);
   char *dSs = Qs + 4 * QT;
   const int64_t ktiles = (p.Lk + KEYS - 1) / KEYS;
-  int64_t blk = blockIdx.x;
-  if constexpr (ORDER) {
-    __shared__ int ticket;
-    if (threadIdx.x == 0) ticket = atomicAdd(walk.order, 1);
-    __syncthreads();
-    const int64_t nbh = (int64_t)gridDim.x / ktiles, base = ticket / (walk.heads * ktiles) * walk.heads;
-    const int64_t n = min(walk.heads, nbh - base), r = ticket - base * ktiles;
-    blk = (base + r % n) * ktiles + ktiles - 1 - r / n; /* a head's key tiles from the last one down */
-  }
+  const int64_t blk = blockIdx.x;
   const int64_t per = WALK ? walk.ctas : ktiles; /* blocks a (batch, KV head) */
   const int64_t bhk = blk / per, c = blk % per, b = bhk / p.Hkv, hk = bhk % p.Hkv;
   float *const acc = DQ && WALK ? dq_acc + c * walk.copy : dq_acc;
@@ -414,30 +361,17 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     const int64_t j0 = kt * KEYS, j1 = min(j0 + KEYS, p.Lk);
     load_tile<T, D, KEYS, THREADS, true, false, DG>(Ks, (const T *)p.k + attn_at(p.k_st, b, hk, 0), p.k_st.s, j0, p.Lk);
     load_tile<T, D, KEYS, THREADS, true, false, DG>(Vs, (const T *)p.v + attn_at(p.v_st, b, hk, 0), p.v_st.s, j0, p.Lk);
-    /* ORDER: the rows meeting the key tile that adds before this one, kt + 1 */
-    __shared__ int64_t prev_span[2];
-    if constexpr (ORDER) {
-      if (threadIdx.x < 32) {
-        int64_t r0 = 0, r1 = 0;
-        if (kt + 1 < ktiles) bwm_rows_meeting(p, b, j1, min(j1 + KEYS, p.Lk), &r0, &r1);
-        if (threadIdx.x == 0) prev_span[0] = r0, prev_span[1] = r1; /* published by bwm_qtiles_meeting's barrier */
-      }
-    }
     const bwm_qtiles qt = bwm_qtiles_meeting<EXTRAS>(p, b, hk, j0, j1, BR);
     /* DQ: the blocks of one head start their walk at different query tiles
      * (and wrap around), spread over the walk by their key tile: all
      * starting at the first, they would add into the same dQ rows at the
      * same time, and atomics on one address are serialised */
-    const int64_t rot = DQ && !ORDER && qt.count > 0 ? kt * qt.count / ktiles : 0;
-    auto visit = [&](int64_t t) {
-      if constexpr (ORDER) return t; /* up from the diagonal */
-      return t + rot < qt.count ? t + rot : t + rot - qt.count;
-    };
-    int *done = nullptr; /* ORDER: the counter of the query tile added into last, released after a barrier */
+    const int64_t rot = DQ && qt.count > 0 ? kt * qt.count / ktiles : 0;
+    auto visit = [&](int64_t t) { return t + rot < qt.count ? t + rot : t + rot - qt.count; };
     /* variants: mask_mod's states of the tile staged last, for this warpgroup's keys and the other's; a tile
      * empty for both is neither loaded nor computed */
     int state_next = FA_BLOCK_PARTIAL, other_next = FA_BLOCK_PARTIAL;
-    constexpr int ROWS_AT = bwg_rows_staged(DG, EXTRAS, TMA, ORDER, FIXED);
+    constexpr int ROWS_AT = bwg_rows_staged(DG, EXTRAS, TMA, FIXED);
     constexpr bool SPLIT_ROWS = ROWS_AT != BWG_ROWS_ONE_STEP, FINISH_LATE = ROWS_AT == BWG_ROWS_AT_END;
     auto stage = [&](int64_t t, int s, bool *all) {
       const int64_t u = visit(t), h = qt.head(u), i0 = qt.row(u, BR);
@@ -565,14 +499,6 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
         /* dq_acc's tiles are of BWG_BR rows (bwg_acc_tile); ROWSPLIT: this warpgroup's half of the tile */
         const int64_t bh = b * p.Hq + qt.head(u), qtiles = (p.Lq + BWG_BR - 1) / BWG_BR;
         const int64_t i0 = qt.row(u, BR) + wrow;
-        if constexpr (ORDER) {
-          /* the last tile's adds, which every thread issued before the barriers of this tile: released
-           * here, a tile late, their fence costs little (right after the products it cost 7 %) */
-          if (done && threadIdx.x == 0) bwg_order_release(done, (int)kt + 1);
-          done = walk.order + 1 + bh * qtiles + i0 / BWG_BR;
-          const int64_t r0 = prev_span[0], r1 = prev_span[1]; /* the key tile before this one meets the tile: after it */
-          if (r1 > r0 && i0 >= r0 / BR * BR && i0 < r1) bwg_order_wait(done, (int)kt + 2);
-        }
         if (!ROWSPLIT || i0 < p.Lq) { /* (a half past Lq: no tile of dq_acc) */
           const int r = wrow + (warp & 3) * 16 + ((threadIdx.x & 31) >> 2); /* FIXED: the rows' multipliers */
           bwg_add_dq<NQ, DG, FIXED>(acc + bwg_acc_tile(bh, qtiles, i0, DG), wcol, dq, FIXED ? fmul[s][r] : 1.f,
@@ -585,11 +511,6 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       wgmma_hold<D / 2>(&dk[0][0]);
     }
     cp_async_wait<0>(); /* no copy in flight at the exit or the next turn (a block whose keys no row takes) */
-    if constexpr (ORDER)
-      if (done) {
-        __syncthreads(); /* every thread's adds of the last tile */
-        if (threadIdx.x == 0) bwg_order_release(done, (int)kt + 1);
-      }
     const int64_t r0 = (b * p.Hkv + hk) * p.Lk, j = j0 + warp * 16;
     static_assert(WGS * 4 * BWG_STORE_BYTES(DG) <= 4 * QT, "the warps' staging fits where the Q and dO tiles were");
     if constexpr (TMA && !WALK) { /* (the cp.async and WALK instances spill with it: 8-160 bytes) */

@@ -341,11 +341,11 @@ function TestBackward:test_runs_are_bit_identical()
   end
 end
 
--- cuda's deterministic schedule at D = 96 and 128: causal calls of up to 1024 keys order a query tile's
--- dq adds by key tile (blocks of 128 keys waiting on a counter, in the mirror order: bwg_order_up), the
--- others add in fixed point (test_fixed_point_deterministic_dq).  Calls of several key tiles on both
--- sides of that bound, GQA: bit-identical twice, and close to the default's atomics.
-function TestBackward:test_ordered_deterministic_schedules()
+-- cuda's deterministic calls at D = 96 and 128 of several key tiles (blocks of 128 keys adding dq in
+-- fixed point: test_fixed_point_deterministic_dq), causal and not, on both sides of 1024 keys (up to which
+-- causal calls added in the key tiles' order until 2026-12-02), GQA: bit-identical twice, and close to
+-- the default's atomics.
+function TestBackward:test_deterministic_calls_of_several_key_tiles()
   if not U.cuda then return end -- the CPU's deterministic call has one owner an element (above)
   for _, D in ipairs({96, 128}) do
     for _, c in ipairs({{700, true}, {2100, true}, {700, false}}) do
@@ -367,8 +367,7 @@ function TestBackward:test_ordered_deterministic_schedules()
   end
 end
 
--- cuda's deterministic calls at D = 64, 96 and 128 (but causal ones of up to 1024 keys; D = 64 on tiles
--- of 128 query rows, each warpgroup adding its 64, the second past Lq = 130 in call 1) add dq as int32
+-- cuda's deterministic calls at D = 64, 96 and 128 (D = 64 on tiles of 128 query rows, each warpgroup adding its 64, the second past Lq = 130 in call 1) add dq as int32
 -- multiples of a power of two a query row, from a bound on the row's partial sums (max|K|, max|V|,
 -- Σ|dO_i|, max|O_i|: bw_fixed_mult).  Values far from 1 (the multipliers follow them), the score
 -- rules' instance, GQA, short and long calls: against the reference, bit-identical twice, close to
@@ -377,7 +376,7 @@ end
 function TestBackward:test_fixed_point_deterministic_dq()
   local dev = U.device
   local far = {bf16 = {2 ^ 40, 2 ^ -60}, f16 = {2 ^ 6, 2 ^ -12}} -- v's and dout's factors
-  local long = U.cuda and 1100 or 150 -- past ORDER's causal bound on cuda (the CPU: one owner an element)
+  local long = U.cuda and 1100 or 150 -- several key tiles on cuda (the CPU: one owner an element)
   local calls = {{130, 300, {}}, {long, long, {causal = true}},
                  {90, 200, {window = {50, 20}, alibi = {0.1, 0.2, 0.3, 0.4}, softcap = 5, kv_lens = {170}}}}
   for _, dtype in ipairs({"bf16", "f16"}) do
