@@ -1,7 +1,8 @@
 # Sourced first by a device command that runs a build packed by
 # scripts/gpu_pack.sh: Lua from .deps (scripts/gpu_env.sh), the build
 # unpacked into bg/ (always: a warm machine may keep an older one), $B,
-# $COMMIT, $OUT, FLASHATTN_DEVICE=cuda.  The device tool brings back at most
+# $COMMIT (the pack's, also exported as FA_COMMIT unless that is set), $OUT,
+# FLASHATTN_DEVICE=cuda.  The device tool brings back at most
 # 8 files of $OUT: put logs elsewhere and tar them.  FA_NO_BG=1: only the
 # paths and carried_unpack (scripts/gpu_ab.sh's carried builds).
 . scripts/gpu_env.sh
@@ -29,5 +30,8 @@ if [[ ${FA_NO_BG:-0} != 1 ]]; then
   export LD_LIBRARY_PATH=$PWD/bg:$LD_LIBRARY_PATH
   B=bg
   COMMIT=$(cat .snap/commit 2>/dev/null || echo unknown)
+  # the commit that the results' JSONs name (lua/flashattn/sweep.lua's commit(), the scripts' --commit): the
+  # build's, not the working tree's HEAD that this copy carries
+  export FA_COMMIT=${FA_COMMIT:-$COMMIT}
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader

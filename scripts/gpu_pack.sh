@@ -25,7 +25,11 @@ tar_file=.snap/bg.tar.xz commit_file=.snap/commit
 tar -cf - -C "$B" libflashattn.so.0.1.0 libflashattn-lua.so.0.1.0 include/flashattn_version.h | xz -T2 -7 > "$tar_file"
 # the commit of the tree the build was made from (a base for an A/B may be a git worktree)
 src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$B/CMakeCache.txt")
-git -C "${src:-.}" rev-parse --short HEAD > "$commit_file"
-git -C "${src:-.}" diff --quiet HEAD -- . ':!.snap' ||
-  echo "gpu_pack: the tree of $B has changes not committed; $commit_file names its HEAD" >&2
+# (HEAD-dirty where the tree had changes not committed, as git describe --dirty says it)
+commit=$(git -C "${src:-.}" rev-parse --short HEAD)
+if ! git -C "${src:-.}" diff --quiet HEAD -- . ':!.snap'; then
+  commit=$commit-dirty
+  echo "gpu_pack: the tree of $B has changes not committed; $commit_file says $commit" >&2
+fi
+echo "$commit" > "$commit_file"
 ls -la "$tar_file"
