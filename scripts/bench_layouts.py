@@ -148,7 +148,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lib", default="build-gpu/libflashattn.so")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--commit", default=os.environ.get("FA_COMMIT") or "unknown",
+                    help="the commit measured (default: FA_COMMIT, which scripts/gpu_carried.sh sets)")
     ap.add_argument("--dtypes", default="bf16,f16")
     ap.add_argument("--dims", default="64,128,256")
     ap.add_argument("--lengths", default="1024,4096,16384")

@@ -874,7 +874,8 @@ def main():
                          "paged KV cache only")
     ap.add_argument("--max-elems", type=int, default=24 << 20, help="bound on B*Hq*Lq*Lk of a case")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--commit", default=os.environ.get("FA_COMMIT") or "unknown",
+                    help="the commit measured (default: FA_COMMIT, which scripts/gpu_carried.sh sets)")
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

@@ -620,7 +620,8 @@ def main():
     ap.add_argument("--case", type=int, default=None, help="replay this case of the grid alone (same --seed)")
     ap.add_argument("--max-elems", type=int, default=3 << 20, help="bound on B*Hq*Lq*Lk of a case")
     ap.add_argument("--json", default=None, help="write the results here")
-    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--commit", default=os.environ.get("FA_COMMIT") or "unknown",
+                    help="the commit measured (default: FA_COMMIT, which scripts/gpu_carried.sh sets)")
     ap.add_argument("--list", action="store_true", help="print the grid's cases and exit (no GPU, no torch)")
     ap.add_argument("--verbose", action="store_true", help="one line per case")
     a = ap.parse_args()
