@@ -37,8 +37,8 @@ so torch's error does not hold this term, which dominates on rows of a few
 keys).  For dq and dk the low-precision error is the larger of the math
 path's and that of FlashAttention's method in f32 (fa_form_grads: D_i from
 o rather than from P and dP, which on rows of one key leaves the rounding of
-two dot products where the math path gives exactly 0).  And exactly: no NaN or inf in a gradient; dq exactly 0 on the
-rows with no key, dk and dv exactly 0 on the keys no query row of their
+two dot products where the math path gives exactly 0).  And exactly: no NaN
+or inf in a gradient; dq exactly 0 on the rows with no key, dk and dv exactly 0 on the keys no query row of their
 group takes; the inputs (q, k, v, o, lse, dout, mask) unchanged; every
 backward run twice and bit-identical (dq only in the cases that set
 opts.deterministic, half of them: else the wgmma kernel sums dq with atomics), the
@@ -432,10 +432,12 @@ def o_rounding_grads(c, q, k, v, dout, mask, keep, dt):
     return torch.autograd.grad(loss, leaves)
 
 
-def fa_form_grads(c, q, k, v, dout, mask, keep, dt):
+def fa_form_grads(c, q, k, v, dout, mask, keep):
     """dq, dk as FlashAttention's method computes them, every operation in
-    dtype dt (f32 here, as the engine's): P = exp(s - lse), dP = dout v^T, D_i = rowsum(dout * o) from
-    the o of the same precision, dS = P (dP - D_i) (the autograd of
+    f32 as the engine's at every dtype (in bf16 or f16 throughout it would
+    loosen those cases' limits past the math path's): P = exp(s - lse),
+    dP = dout v^T, D_i = rowsum(dout * o) from the o of the same
+    precision, dS = P (dP - D_i) (the autograd of
     sum(P * (dP - D)) with lse, dP and D held constant, so that dS goes
     through the score rule as the engine's chain rule takes it).  The math
     path's softmax backward takes D_i as sum_j P_ij dP_ij instead: where a
@@ -443,6 +445,7 @@ def fa_form_grads(c, q, k, v, dout, mask, keep, dt):
     two dot products over D summed apart, differ by their rounding (f32,
     D = 256, window (0, 0), scale 1: 1.2e-4 on dq, seed 5703 case 205).
     Its error is the precision's own for this method."""
+    dt = torch.float32
     leaves = [x.detach().to(dt).requires_grad_() for x in (q, k)]
     o, alive, lse, s, vx = math_attention(c, *leaves, v.detach().to(dt), mask, keep, dt, scores=True)
     do = dout.to(dt)
@@ -506,22 +509,23 @@ def max_abs(x):
     return x.abs().max().item() if x.numel() else 0.0
 
 
+def finite_err(x, ref):
+    """(max |x - ref| over the finite differences, 0 if none; whether all were finite)."""
+    d = (x.double() - ref).abs()
+    finite = torch.isfinite(d)
+    return (d[finite].max().item() if finite.any() else 0.0), bool(finite.all())
+
+
 def judge_grad(name, g, ref, lp, oround, floor, fa=None):
     """(ok, figures, message) for one gradient: FlashAttention's criterion,
     plus the error that the stored o's rounding alone brings (oround: see
     o_rounding_grads), which the math path's autograd does not have; the
     low-precision error is the larger of the math path's (lp) and, for dq
-    and dk, FlashAttention's method's in the same precision (fa:
-    fa_form_grads)."""
+    and dk, FlashAttention's method's in f32 (fa: fa_form_grads)."""
     diff = (g.double() - ref).abs()
     err = max_abs(torch.nan_to_num(diff, nan=math.inf))
-    lpd = (lp.double() - ref).abs()
-    finite = torch.isfinite(lpd)
-    err_lp = lpd[finite].max().item() if finite.any() else 0.0
-    err_fa = 0.0
-    if fa is not None:
-        fad = (fa.double() - ref).abs()
-        err_fa = fad[torch.isfinite(fad)].max().item() if torch.isfinite(fad).any() else 0.0
+    err_lp, lp_finite = finite_err(lp, ref)
+    err_fa = finite_err(fa, ref)[0] if fa is not None else 0.0
     err_o = max_abs(oround - ref)
     limit = 2 * max(err_lp, err_fa) + err_o + floor
     ok = err <= limit
@@ -529,7 +533,7 @@ def judge_grad(name, g, ref, lp, oround, floor, fa=None):
            "limit": limit, "max_ref": max_abs(ref), "ok": ok}
     msg = f"{name} err {err:.3g} (torch {err_lp:.3g}, FA's form {err_fa:.3g}, o's rounding {err_o:.3g}, " \
           f"limit {limit:.3g})"
-    if not finite.all():
+    if not lp_finite:
         fig["torch_lowp_nonfinite"] = True
         msg += " [torch low precision non-finite]"
     return ok, fig, msg
@@ -572,9 +576,7 @@ def run_case(bw, c, verbose):
     o64, ref, alive = autograd_grads(c, q, k, v, dout, mask, keep, torch.float64)
     _, lp, _ = autograd_grads(c, q, k, v, dout, mask, keep, torch.float32 if c["dtype"] == "f32" else dt)
     orr = o_rounding_grads(c, q, k, v, dout, mask, keep, dt)
-    # in f32, the engine's own arithmetic for P, dP and D at every dtype (in bf16 or f16 throughout it would
-    # loosen those cases' limits past the math path's)
-    fa = list(fa_form_grads(c, q, k, v, dout, mask, keep, torch.float32)) + [None]
+    fa = list(fa_form_grads(c, q, k, v, dout, mask, keep)) + [None]  # (dv: the math path's alone)
     rec["forward_err"] = max_abs(out.double() - o64)  # informational: oracle_attention.py judges the forward
     scale = max(max_abs(g) for g in ref)
     floor = REL_FLOOR[c["dtype"]] * scale

@@ -12,6 +12,7 @@ Usage: python3 scripts/peers_attention.py --engine E.json --json OUT.json [--com
 import argparse
 import datetime
 import json
+import os
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -67,7 +68,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--engine", required=True)
     ap.add_argument("--json", required=True)
-    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--commit", default=os.environ.get("FA_COMMIT") or "unknown",
+                    help="the commit measured (default: FA_COMMIT, which scripts/gpu_carried.sh sets)")
     args = ap.parse_args()
     with open(args.engine) as f:
         engine = json.load(f)

@@ -39,7 +39,9 @@ static int64_t bwg_acc_n4(const fa_attn_problem *p) {
  * blocks of 128 keys add dQ into a zeroed f32 dq_acc (then converted into
  * g->dq) instead of a dQ kernel: one a key tile, adding by atomics in any
  * order, or with determinism bwg_copies' C, each into a copy of its own,
- * where their footprint allows (BWG_COPIES_L2).  0: the two kernels.  At
+ * where their footprint allows (BWG_COPIES_L2).  0: the two kernels.  (The
+ * deterministic answer serves the Lua variants alone: the built-in rules'
+ * deterministic calls add in fixed point, bw_fixed_dq, and ask nothing.)  At
  * D = 64 the fused schedule (K and V in registers) took 1.05-1.27x the two
  * kernels' time side by side (bw_launch_beside) on 2026-11-29 below 2k keys
  * not causal and 8k causal; since Q and dO came by TMA and the causal
