@@ -33,7 +33,8 @@ extern "C" fa_status fa_cuda_attention_backward_mma(fa_context *ctx, fa_attn_ker
 
 /* delta of every query row (B·Hq·Lq, dense): the sum over Dv of dO·O in
  * f32.  A group of lpr lanes a row (a power of two up to 32, about Dv / V
- * of them), each lane V elements at a time: 16 bytes a load when VEC (rows
+ * of them; BW_DELTA_ROWS rows a group, a block's worth of rows apart, their
+ * loads issued together), each lane V elements at a time: 16 bytes a load when VEC (rows
  * of o and dout on 16 bytes, Dv a multiple of V), else one element.  The
  * row's (b, h, i) in 32-bit arithmetic when the rows fit (U = unsigned).
  * A warp a row with 64-bit divisions made the whole backward 4-6 % slower
@@ -43,50 +44,85 @@ extern "C" fa_status fa_cuda_attention_backward_mma(fa_context *ctx, fa_attn_ker
  * Σ|dO_i|, max|O_i| and its KV head's max|K|, max|V| in kvmax
  * (bw_kv_max_kernel); the flag also set when o holds NaN or inf, or where
  * the row has no multiplier. */
+#define BW_DELTA_ROWS 4 /* rows a group of lanes */
 template <typename T, bool VEC, typename U, bool FIXED = false>
 __global__ void __launch_bounds__(BW_THREADS)
     bw_delta_kernel(fa_attn_problem p, fa_attn_grads g, float *delta, int lpr, int *flag, const unsigned *kvmax,
                     float *mult) {
-  constexpr int V = VEC ? 16 / sizeof(T) : 1;
+  constexpr int V = VEC ? 16 / sizeof(T) : 1, R = BW_DELTA_ROWS;
   const int per_block = BW_THREADS / lpr, sub = threadIdx.x % lpr;
-  const U rows = (U)(p.B * p.Hq * p.Lq), row = (U)blockIdx.x * (U)per_block + (U)(threadIdx.x / lpr);
-  const U Lq = (U)p.Lq, Hq = (U)p.Hq, i = row % Lq, bh = row / Lq, b = bh / Hq, h = bh % Hq;
-  float acc = 0.f, l1 = 0.f, omax = 0.f; /* FIXED: Σ|dO_i|, max|O_i| */
+  const U rows = (U)(p.B * p.Hq * p.Lq), Lq = (U)p.Lq, Hq = (U)p.Hq;
+  U row[R];
+  const T *o[R], *d[R];
+  float acc[R], l1[R], omax[R]; /* FIXED: Σ|dO_i|, max|O_i| */
   bool bad = false;
-  if (row < rows) {
-    const T *o = (const T *)p.o + attn_at(p.o_st, b, h, i), *d = (const T *)g.dout + attn_at(g.dout_st, b, h, i);
-    for (int64_t e = (int64_t)sub * V; e < p.Dv; e += (int64_t)lpr * V) {
-      if (VEC) {
-        const uint4 x = *(const uint4 *)(o + e), y = *(const uint4 *)(d + e);
-        const T *xs = (const T *)&x, *ys = (const T *)&y;
+#pragma unroll
+  for (int k = 0; k < R; k++) {
+    row[k] = ((U)blockIdx.x * (U)R + (U)k) * (U)per_block + (U)(threadIdx.x / lpr);
+    const U i = row[k] % Lq, bh = row[k] / Lq, b = bh / Hq, h = bh % Hq;
+    o[k] = row[k] < rows ? (const T *)p.o + attn_at(p.o_st, b, h, i) : NULL;
+    d[k] = row[k] < rows ? (const T *)g.dout + attn_at(g.dout_st, b, h, i) : NULL;
+    acc[k] = l1[k] = omax[k] = 0.f;
+  }
+  /* each step's loads of the R rows issued together (a row a group took the kernel to 2.9 TB/s, the
+   * blocks' start and end about as long as their loads: H200, bf16, D = 128, 256k rows) */
+  for (int64_t e = (int64_t)sub * V; e < p.Dv; e += (int64_t)lpr * V) {
+    if (VEC) {
+      uint4 x[R], y[R];
+#pragma unroll
+      for (int k = 0; k < R; k++)
+        if (o[k]) x[k] = *(const uint4 *)(o[k] + e), y[k] = *(const uint4 *)(d[k] + e);
+#pragma unroll
+      for (int k = 0; k < R; k++) {
+        if (!o[k]) continue;
+        const T *xs = (const T *)&x[k], *ys = (const T *)&y[k];
 #pragma unroll
         for (int c = 0; c < V; c++) {
           const float ov = to_float(xs[c]), dv = to_float(ys[c]);
-          acc = fmaf(ov, dv, acc);
-          if (FIXED) l1 += fabsf(dv), omax = fmaxf(omax, fabsf(ov));
+          acc[k] = fmaf(ov, dv, acc[k]);
+          if (FIXED) l1[k] += fabsf(dv), omax[k] = fmaxf(omax[k], fabsf(ov));
         }
-        bad |= words_nonfinite<T>(y) || (FIXED && words_nonfinite<T>(x));
-      } else {
-        const float y = to_float(d[e]), ov = to_float(o[e]);
-        acc = fmaf(ov, y, acc);
-        if (FIXED) l1 += fabsf(y), omax = fmaxf(omax, fabsf(ov));
-        bad |= !isfinite(y) || (FIXED && !isfinite(ov));
+        bad |= words_nonfinite<T>(y[k]) || (FIXED && words_nonfinite<T>(x[k]));
+      }
+    } else {
+      float x[R], y[R];
+#pragma unroll
+      for (int k = 0; k < R; k++)
+        if (o[k]) x[k] = to_float(o[k][e]), y[k] = to_float(d[k][e]);
+#pragma unroll
+      for (int k = 0; k < R; k++) {
+        if (!o[k]) continue;
+        acc[k] = fmaf(x[k], y[k], acc[k]);
+        if (FIXED) l1[k] += fabsf(y[k]), omax[k] = fmaxf(omax[k], fabsf(x[k]));
+        bad |= !isfinite(y[k]) || (FIXED && !isfinite(x[k]));
       }
     }
   }
-  for (int off = lpr / 2; off > 0; off >>= 1) { /* within the group */
-    acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    if (FIXED) l1 += __shfl_xor_sync(0xffffffffu, l1, off), omax = fmaxf(omax, __shfl_xor_sync(0xffffffffu, omax, off));
-  }
-  if (row < rows && sub == 0) {
-    delta[row] = acc;
-    if constexpr (FIXED) {
+  float kmax[R], vmax[R]; /* FIXED: the rows' KV heads' max|K|, max|V|, all loaded before any store */
+#pragma unroll
+  for (int k = 0; k < R; k++) {
+    for (int off = lpr / 2; off > 0; off >>= 1) { /* within the group */
+      acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], off);
+      if (FIXED)
+        l1[k] += __shfl_xor_sync(0xffffffffu, l1[k], off),
+            omax[k] = fmaxf(omax[k], __shfl_xor_sync(0xffffffffu, omax[k], off));
+    }
+    if (FIXED && row[k] < rows && sub == 0) {
+      const U bh = row[k] / Lq, b = bh / Hq, h = bh % Hq;
       const U hk = h / (Hq / (U)p.Hkv), at = 2 * (b * (U)p.Hkv + hk);
-      const float m = bw_fixed_mult(p.scale_f, __uint_as_float(kvmax[at]), __uint_as_float(kvmax[at + 1]), l1, omax);
-      mult[row] = m;
-      bad |= m == 0.f;
+      kmax[k] = __uint_as_float(kvmax[at]), vmax[k] = __uint_as_float(kvmax[at + 1]);
     }
   }
+#pragma unroll
+  for (int k = 0; k < R; k++)
+    if (row[k] < rows && sub == 0) {
+      delta[row[k]] = acc[k];
+      if constexpr (FIXED) {
+        const float m = bw_fixed_mult(p.scale_f, kmax[k], vmax[k], l1[k], omax[k]);
+        mult[row[k]] = m;
+        bad |= m == 0.f;
+      }
+    }
   if (flag && __syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
 }
 
@@ -164,10 +200,10 @@ template <typename T> static fa_status bw_delta(fa_context *ctx, const fa_attn_p
   const int64_t chunks = vec ? p->Dv / V : p->Dv;
   int lpr = 1;
   while (lpr < 32 && lpr < chunks) lpr *= 2;
-  const int64_t blocks = (rows + BW_THREADS / lpr - 1) / (BW_THREADS / lpr);
+  const int64_t per = BW_DELTA_ROWS * (BW_THREADS / lpr), blocks = (rows + per - 1) / per;
   fa_status st = attn_grid_fits(ctx, blocks);
   if (st || blocks == 0) return st;
-  const bool small = rows <= (int64_t)UINT32_MAX - BW_THREADS; /* the last block's row indices too */
+  const bool small = rows <= (int64_t)UINT32_MAX - BW_DELTA_ROWS * BW_THREADS; /* the last block's row indices too */
   cudaStream_t s = fa_cuda_stream(ctx);
   if (vec && small) bw_delta_launch<T, true, unsigned>((unsigned)blocks, s, p, g, delta, lpr, flag, fixed);
   else if (vec) bw_delta_launch<T, true, int64_t>((unsigned)blocks, s, p, g, delta, lpr, flag, fixed);

@@ -70,8 +70,9 @@ extern "C" int64_t fa_cuda_backward_wgmma_walk(fa_context *ctx, const fa_attn_pr
 template <typename T, int D>
 static cudaError_t bwg_convert(const float *acc, const float *mult, void *dq, int64_t Lq, int64_t n4, int64_t copies,
                                cudaStream_t s) {
-  const int64_t cblocks = std::min<int64_t>((n4 + 255) / 256, 65536);
-  bwg_dq_convert_kernel<T, D><<<(unsigned)cblocks, 256, 0, s>>>(acc, mult, (T *)dq, Lq, n4, copies);
+  const int64_t cblocks = std::min<int64_t>(n4 / (BWG_BR * D / 4), 65536); /* a tile of BWG_BR rows a block at a time */
+  if (mult) bwg_dq_convert_kernel<T, D, true><<<(unsigned)cblocks, 256, 0, s>>>(acc, mult, (T *)dq, Lq, n4, copies);
+  else bwg_dq_convert_kernel<T, D, false><<<(unsigned)cblocks, 256, 0, s>>>(acc, mult, (T *)dq, Lq, n4, copies);
   return cudaGetLastError();
 }
 static cudaError_t bwg_convert_of(const fa_attn_problem *p, const float *acc, const float *mult, void *dq, int64_t n4,

@@ -615,37 +615,64 @@ __global__ void __launch_bounds__(BWG_THREADS, 2)
 #endif
 }
 
-/* dq (n elements of a (B·Hq, Lq, DG) tensor) = the sums in acc (dq_acc's
- * layout) rounded to T: a thread a float4's place of acc, its two pairs of
- * columns in rows g and g + 8 of a warp's 16.  Without mult, f32 sums,
- * `copies` of them n4 float4s apart, summed in order; with mult (FIXED),
- * int32 sums in bwg_add_dq's FIXED order within a warp's 512 bytes, each
- * divided by its row's multiplier (a power of two: exact). */
-template <typename T, int DG>
+/* dq (a (B·Hq, Lq, DG) tensor) = the sums in acc (dq_acc's layout, n4
+ * float4s) rounded to T: a block a tile of BWG_BR rows at a time, each
+ * thread BWG_CONVERT_PER float4 places of it (their loads issued together;
+ * each place two pairs of columns in rows g and g + 8 of a warp's 16),
+ * staged in shared memory as T and stored in whole rows of 16-byte stores
+ * (the places' 4-byte stores 8 rows apart wrote half of each sector: the
+ * conversion took 65 us for 134 MB of sums at L = 1k, D = 128, H200 ncu).
+ * Without mult, f32 sums, `copies` of them n4 float4s apart, summed in
+ * order; with mult (FIXED), int32 sums in bwg_add_dq's FIXED order within
+ * a warp's 512 bytes, each divided by its row's multiplier (a power of
+ * two: exact). */
+#define BWG_CONVERT_PER(DG) (BWG_BR * (DG) / 4 / 256)
+template <typename T, int DG, bool FIXED>
 __global__ void __launch_bounds__(256)
     bwg_dq_convert_kernel(const float *acc, const float *mult, T *dq, int64_t Lq, int64_t n4, int64_t copies) {
-  const int64_t qtiles = (Lq + BWG_BR - 1) / BWG_BR;
-  for (int64_t f = (int64_t)blockIdx.x * 256 + threadIdx.x; f < n4; f += (int64_t)gridDim.x * 256) {
-    const int64_t tile = f / (BWG_BR * DG / 4), bh = tile / qtiles;
-    const int in = (int)(f % (BWG_BR * DG / 4)), lane = in & 31, w = (in >> 5) & 3, chunk = in >> 7;
-    const int64_t i = tile % qtiles * BWG_BR + w * 16 + (lane >> 2);
-    float4 x;
-    float m0 = 1.f, m8 = 1.f;
-    if (mult) {
-      const int *a = (const int *)acc + (f - lane) * 4 + lane;
-      x = make_float4((float)a[0], (float)a[32], (float)a[64], (float)a[96]);
-      if (i < Lq) m0 = mult[bh * Lq + i];
-      if (i + 8 < Lq) m8 = mult[bh * Lq + i + 8];
-    } else {
-      x = *(const float4 *)(acc + f * 4);
-      for (int64_t c = 1; c < copies; c++) {
-        const float4 y = *(const float4 *)(acc + (c * n4 + f) * 4);
-        x.x += y.x, x.y += y.y, x.z += y.z, x.w += y.w;
+  constexpr int TILE4 = BWG_BR * DG / 4, PER = BWG_CONVERT_PER(DG), RP = DG + 8; /* RP: a staged row's pitch */
+  static_assert(TILE4 == PER * 256, "a tile's float4 places, a whole number a thread");
+  __shared__ __align__(16) T st[BWG_BR * RP];
+  const int64_t qtiles = (Lq + BWG_BR - 1) / BWG_BR, tiles = n4 / TILE4;
+  const int lane = threadIdx.x & 31;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int64_t bh = tile / qtiles, i0 = tile % qtiles * BWG_BR, f0 = tile * TILE4;
+    float4 x[PER];
+    float m0[FIXED ? PER : 1], m8[FIXED ? PER : 1]; /* FIXED: the rows' multipliers, loaded with the sums */
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+      const int64_t f = f0 + threadIdx.x + k * 256;
+      if constexpr (FIXED) {
+        const int r = ((threadIdx.x + k * 256) >> 5 & 3) * 16 + (lane >> 2);
+        const int *a = (const int *)acc + (f - lane) * 4 + lane;
+        x[k] = make_float4((float)a[0], (float)a[32], (float)a[64], (float)a[96]);
+        m0[k] = i0 + r < Lq ? mult[bh * Lq + i0 + r] : 1.f;
+        m8[k] = i0 + r + 8 < Lq ? mult[bh * Lq + i0 + r + 8] : 1.f;
+      } else {
+        x[k] = *(const float4 *)(acc + f * 4);
       }
     }
-    T *row = dq + (bh * Lq + i) * DG + chunk * 8 + (lane & 3) * 2;
-    if (i < Lq) *(uint32_t *)row = pack2<T>(x.x / m0, x.y / m0);
-    if (i + 8 < Lq) *(uint32_t *)(row + 8 * DG) = pack2<T>(x.z / m8, x.w / m8);
+    for (int64_t c = 1; c < copies; c++) /* (FIXED: copies is 1) */
+#pragma unroll
+      for (int k = 0; k < PER; k++) {
+        const float4 y = *(const float4 *)(acc + (c * n4 + f0 + threadIdx.x + k * 256) * 4);
+        x[k].x += y.x, x[k].y += y.y, x[k].z += y.z, x[k].w += y.w;
+      }
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+      const int in = threadIdx.x + k * 256, w = (in >> 5) & 3, chunk = in >> 7;
+      const int r = w * 16 + (lane >> 2), col = chunk * 8 + (lane & 3) * 2;
+      const float a0 = FIXED ? m0[k] : 1.f, a8 = FIXED ? m8[k] : 1.f;
+      *(uint32_t *)(st + r * RP + col) = pack2<T>(x[k].x / a0, x[k].y / a0);
+      *(uint32_t *)(st + (r + 8) * RP + col) = pack2<T>(x[k].z / a8, x[k].w / a8);
+    }
+    __syncthreads();
+    constexpr int CPR = DG / 8; /* 16-byte chunks a row */
+    for (int q = threadIdx.x; q < BWG_BR * CPR; q += 256) {
+      const int r = q / CPR, c = q % CPR;
+      if (i0 + r < Lq) *(uint4 *)(dq + (bh * Lq + i0 + r) * DG + c * 8) = *(const uint4 *)(st + r * RP + c * 8);
+    }
+    __syncthreads(); /* st free again */
   }
 }
 
