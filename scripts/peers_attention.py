@@ -12,7 +12,6 @@ Usage: python3 scripts/peers_attention.py --engine E.json --json OUT.json [--com
 import argparse
 import datetime
 import json
-import os
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -68,8 +67,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--engine", required=True)
     ap.add_argument("--json", required=True)
-    ap.add_argument("--commit", default=os.environ.get("FA_COMMIT") or "unknown",
-                    help="the commit measured (default: FA_COMMIT, which scripts/gpu_carried.sh sets)")
+    ap.add_argument("--commit", default=None, help="commit measured (default: the engine JSON's)")
     args = ap.parse_args()
     with open(args.engine) as f:
         engine = json.load(f)
@@ -92,7 +90,8 @@ def main():
             row[f"ratio_vs_{name}"] = r["tflops"] / t if t else None
         rows.append(row)
     result = {
-        "date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(), "commit": args.commit,
+        "date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
+        "commit": args.commit or engine.get("meta", {}).get("commit", "unknown"),
         "benchmark": "attention forward, TFLOP/s = 4·B·H·L²·D (half for causal) / median time",
         "shapes": rows, "engine_all_algos": engine["results"],
     }

@@ -9,7 +9,6 @@ Usage: python3 scripts/peers_softmax.py --engine E.json --json OUT.json [--commi
 import argparse
 import datetime
 import json
-import os
 
 import torch
 import triton
@@ -49,8 +48,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--engine", required=True)
     ap.add_argument("--json", required=True)
-    ap.add_argument("--commit", default=os.environ.get("FA_COMMIT") or "unknown",
-                    help="the commit measured (default: FA_COMMIT, which scripts/gpu_carried.sh sets)")
+    ap.add_argument("--commit", default=None, help="commit measured (default: the engine JSON's)")
     args = ap.parse_args()
     with open(args.engine) as f:
         engine = json.load(f)
@@ -89,7 +87,7 @@ def main():
     result = {
         "date": datetime.date.today().isoformat(),
         "gpu": torch.cuda.get_device_name(),
-        "commit": args.commit,
+        "commit": args.commit or engine.get("meta", {}).get("commit", "unknown"),
         "benchmark": "softmax over the last dimension, GB/s = (bytes read + written once) / median time",
         "copy_gbs": copy,
         "shapes": rows,

@@ -34,8 +34,9 @@ extern "C" fa_status fa_cuda_attention_backward_mma(fa_context *ctx, fa_attn_ker
 /* delta of every query row (B·Hq·Lq, dense): the sum over Dv of dO·O in
  * f32.  A group of lpr lanes a row (a power of two up to 32, about Dv / V
  * of them; BW_DELTA_ROWS rows a group, a block's worth of rows apart, their
- * loads issued together), each lane V elements at a time: 16 bytes a load when VEC (rows
- * of o and dout on 16 bytes, Dv a multiple of V), else one element.  The
+ * loads issued together), each lane V elements at a time: 16 bytes a load
+ * when VEC (rows of o and dout on 16 bytes, Dv a multiple of V), else one
+ * element.  The
  * row's (b, h, i) in 32-bit arithmetic when the rows fit (U = unsigned).
  * A warp a row with 64-bit divisions made the whole backward 4-6 % slower
  * at D = 64, L = 1k (H200; the kernel was bound by its index arithmetic).
@@ -52,7 +53,7 @@ __global__ void __launch_bounds__(BW_THREADS)
   constexpr int V = VEC ? 16 / sizeof(T) : 1, R = BW_DELTA_ROWS;
   const int per_block = BW_THREADS / lpr, sub = threadIdx.x % lpr;
   const U rows = (U)(p.B * p.Hq * p.Lq), Lq = (U)p.Lq, Hq = (U)p.Hq;
-  U row[R];
+  U row[R], at[R]; /* at (FIXED): where the row's KV head's max|K|, max|V| are in kvmax */
   const T *o[R], *d[R];
   float acc[R], l1[R], omax[R]; /* FIXED: Σ|dO_i|, max|O_i| */
   bool bad = false;
@@ -62,6 +63,7 @@ __global__ void __launch_bounds__(BW_THREADS)
     const U i = row[k] % Lq, bh = row[k] / Lq, b = bh / Hq, h = bh % Hq;
     o[k] = row[k] < rows ? (const T *)p.o + attn_at(p.o_st, b, h, i) : NULL;
     d[k] = row[k] < rows ? (const T *)g.dout + attn_at(g.dout_st, b, h, i) : NULL;
+    if constexpr (FIXED) at[k] = 2 * (b * (U)p.Hkv + h / (Hq / (U)p.Hkv));
     acc[k] = l1[k] = omax[k] = 0.f;
   }
   /* each step's loads of the R rows issued together (a row a group: 47.5 us for the 134 MB of o and dout,
@@ -107,11 +109,8 @@ __global__ void __launch_bounds__(BW_THREADS)
         l1[k] += __shfl_xor_sync(0xffffffffu, l1[k], off),
             omax[k] = fmaxf(omax[k], __shfl_xor_sync(0xffffffffu, omax[k], off));
     }
-    if (FIXED && row[k] < rows && sub == 0) {
-      const U bh = row[k] / Lq, b = bh / Hq, h = bh % Hq;
-      const U hk = h / (Hq / (U)p.Hkv), at = 2 * (b * (U)p.Hkv + hk);
-      kmax[k] = __uint_as_float(kvmax[at]), vmax[k] = __uint_as_float(kvmax[at + 1]);
-    }
+    if (FIXED && row[k] < rows && sub == 0)
+      kmax[k] = __uint_as_float(kvmax[at[k]]), vmax[k] = __uint_as_float(kvmax[at[k] + 1]);
   }
 #pragma unroll
   for (int k = 0; k < R; k++)

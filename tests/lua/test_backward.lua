@@ -367,7 +367,8 @@ function TestBackward:test_deterministic_calls_of_several_key_tiles()
   end
 end
 
--- cuda's deterministic calls at D = 64, 96 and 128 (D = 64 on tiles of 128 query rows, each warpgroup adding its 64, the second past Lq = 130 in call 1) add dq as int32
+-- cuda's deterministic calls at D = 64, 96 and 128 (D = 64 on tiles of 128 query rows, each warpgroup
+-- adding its 64, the second past Lq = 130 in call 1) add dq as int32
 -- multiples of a power of two a query row, from a bound on the row's partial sums (max|K|, max|V|,
 -- Σ|dO_i|, max|O_i|: bw_fixed_mult).  Values far from 1 (the multipliers follow them), the score
 -- rules' instance, GQA, short and long calls: against the reference, bit-identical twice, close to
