@@ -270,6 +270,9 @@ static constexpr __host__ __device__ bool bwg_dq_rows_in_registers(int DG, int E
 struct bwg_walk {
   int64_t ctas, copy;
   const float *fixed; /* FIXED: each query row's multiplier (B·Hq·Lq, bw_fixed_mult) */
+  /* not WALK: the last `tail` (batch, KV head)s of the grid come key tile by key tile (their first tiles,
+   * the longest in a causal call, then their second ...), the others head by head (bwg_tail) */
+  int64_t tail;
 };
 
 /* Where a TMA instance of the fused kernel finishes staging a query tile's
@@ -348,7 +351,12 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
   const int64_t ktiles = (p.Lk + KEYS - 1) / KEYS;
   const int64_t blk = blockIdx.x;
   const int64_t per = WALK ? walk.ctas : ktiles; /* blocks a (batch, KV head) */
-  const int64_t bhk = blk / per, c = blk % per, b = bhk / p.Hkv, hk = bhk % p.Hkv;
+  /* the block's (batch, KV head) and its key tile or (WALK) its place c among the head's blocks: head by head,
+   * the last walk.tail heads key tile by key tile (bwg_tail; 0 in the WALK instances); the grid is below 2^31 */
+  const uint32_t heads = (uint32_t)(p.B * p.Hkv), lead = (heads - (uint32_t)walk.tail) * (uint32_t)per;
+  const uint32_t ub = (uint32_t)blk, ur = ub - lead, tail = max((uint32_t)walk.tail, 1u);
+  const uint32_t ubhk = ub < lead ? ub / (uint32_t)per : heads - (uint32_t)walk.tail + ur % tail;
+  const int64_t c = ub < lead ? ub % (uint32_t)per : ur / tail, b = ubhk / (uint32_t)p.Hkv, hk = ubhk % (uint32_t)p.Hkv;
   float *const acc = DQ && WALK ? dq_acc + c * walk.copy : dq_acc;
   /* WALK: the tiles c, 2C - 1 - c, 2C + c, ... in turn; else tile c alone,
    * the do-while's one pass folded away (a turn loop, or a lambda called

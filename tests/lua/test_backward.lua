@@ -367,6 +367,34 @@ function TestBackward:test_deterministic_calls_of_several_key_tiles()
   end
 end
 
+-- cuda's causal calls on the fused kernel whose grid takes its last (batch, KV head)s key tile by key
+-- tile and the others head by head (bwg_tail: the last ceil(2·SMs / key tiles) heads; 64 here against
+-- 44 on a GPU of 132 SMs), GQA, both dtypes' instances at D = 64 and 128, default and deterministic:
+-- every head's gradients against the SIMT kernel's, and the deterministic call bit-identical twice.
+function TestBackward:test_causal_grid_in_two_orders()
+  if not U.cuda then return end -- (the CPU has no grid)
+  for _, c in ipairs({{64, "bf16"}, {128, "f16"}}) do
+    local D, dtype = c[1], c[2]
+    local q, k, v = randn({4, 32, 768, D}, dtype, U.device), randn({4, 16, 768, D}, dtype, U.device),
+                    randn({4, 16, 768, D}, dtype, U.device)
+    local dout = randn({4, 32, 768, D}, dtype, U.device)
+    local o, lse = fa.attention(q, k, v, {causal = true, return_lse = true})
+    local s = {fa.attention_backward(q, k, v, o, lse, dout, {causal = true, kernel = "simt"})}
+    for _, det in ipairs({false, true}) do
+      local opts = {causal = true, kernel = "wgmma", deterministic = det}
+      local a = {fa.attention_backward(q, k, v, o, lse, dout, opts)}
+      local what = ("D=%d %s deterministic=%s"):format(D, dtype, tostring(det))
+      for i = 1, 3 do
+        lu.assertTrue(fa.rel_error(a[i]:cpu(), s[i]:cpu()) < 1e-2, what .. " against simt, " .. ({"dq", "dk", "dv"})[i])
+      end
+      if det then
+        local b = {fa.attention_backward(q, k, v, o, lse, dout, opts)}
+        for i = 1, 3 do lu.assertTrue(same_bits(a[i], b[i]), what .. " run-to-run") end
+      end
+    end
+  end
+end
+
 -- cuda's deterministic calls at D = 64, 96 and 128 (D = 64 on tiles of 128 query rows, each warpgroup
 -- adding its 64, the second past Lq = 130 in call 1) add dq as int32
 -- multiples of a power of two a query row, from a bound on the row's partial sums (max|K|, max|V|,
