@@ -33,11 +33,11 @@ extern "C" fa_status fa_cuda_attention_backward_mma(fa_context *ctx, fa_attn_ker
 
 /* delta of every query row (B·Hq·Lq, dense): the sum over Dv of dO·O in
  * f32.  A group of lpr lanes a row (a power of two up to 32, about Dv / V
- * of them; BW_DELTA_ROWS rows a group, a block's worth of rows apart, their
- * loads issued together), each lane V elements at a time: 16 bytes a load
- * when VEC (rows of o and dout on 16 bytes, Dv a multiple of V), else one
- * element.  The
- * row's (b, h, i) in 32-bit arithmetic when the rows fit (U = unsigned).
+ * of them; R rows a group, a block's worth of rows apart, their loads
+ * issued together: BW_DELTA_ROWS, BW_DELTA_ROWS_FIXED in the FIXED
+ * instance), each lane V elements at a time: 16 bytes a load when VEC
+ * (rows of o and dout on 16 bytes, Dv a multiple of V), else one element.
+ * The row's (b, h, i) in 32-bit arithmetic when the rows fit (U = unsigned).
  * A warp a row with 64-bit divisions made the whole backward 4-6 % slower
  * at D = 64, L = 1k (H200; the kernel was bound by its index arithmetic).
  * flag (or NULL): set when dout holds NaN or inf (bw_guarded), on the way.
@@ -45,12 +45,12 @@ extern "C" fa_status fa_cuda_attention_backward_mma(fa_context *ctx, fa_attn_ker
  * Σ|dO_i|, max|O_i| and its KV head's max|K|, max|V| in kvmax
  * (bw_kv_max_kernel); the flag also set when o holds NaN or inf, or where
  * the row has no multiplier. */
-#define BW_DELTA_ROWS 4 /* rows a group of lanes */
-template <typename T, bool VEC, typename U, bool FIXED = false>
+#define BW_DELTA_ROWS 4 /* rows a group of lanes (the FIXED instance's: bw_delta_launch) */
+template <typename T, bool VEC, typename U, bool FIXED = false, int R = BW_DELTA_ROWS>
 __global__ void __launch_bounds__(BW_THREADS)
     bw_delta_kernel(fa_attn_problem p, fa_attn_grads g, float *delta, int lpr, int *flag, const unsigned *kvmax,
                     float *mult) {
-  constexpr int V = VEC ? 16 / sizeof(T) : 1, R = BW_DELTA_ROWS;
+  constexpr int V = VEC ? 16 / sizeof(T) : 1;
   const int per_block = BW_THREADS / lpr, sub = threadIdx.x % lpr;
   const U rows = (U)(p.B * p.Hq * p.Lq), Lq = (U)p.Lq, Hq = (U)p.Hq;
   U row[R], at[R]; /* at (FIXED): where the row's KV head's max|K|, max|V| are in kvmax */
@@ -112,8 +112,9 @@ __global__ void __launch_bounds__(BW_THREADS)
   }
   if constexpr (FIXED) {
     /* the group's R multipliers side by side: lane sub makes row k0 + sub's (its values picked by
-     * selects, not indexed, so they stay in registers); one lane doing the four rows one after the
-     * other made the FIXED kernel twice the default's time (76 against 38 us, H200, D = 128, 1k) */
+     * selects, not indexed, so they stay in registers); one lane making four rows' one after the
+     * other, the FIXED kernel took 76 us against the default's 38, side by side 64 (H200 ncu, bf16,
+     * D = 128, L = 1k) */
     for (int k0 = 0; k0 < R; k0 += lpr) {
       const int mine = k0 + sub;
       U r = rows, a = 0;
@@ -131,18 +132,28 @@ __global__ void __launch_bounds__(BW_THREADS)
   if (flag && __syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
 }
 
-/* bw_delta_kernel's launch: its FIXED instance with fixed (f16 and bf16
- * alone: the wgmma kernels' dtypes). */
+/* bw_delta_kernel's launch over `rows` rows: its FIXED instance with fixed
+ * (f16 and bf16 alone: the wgmma kernels' dtypes), BW_DELTA_ROWS_FIXED
+ * rows a group.  Its 98 registers at four rows (two blocks an SM) read
+ * o and dout in 65 us at D = 128, L = 1k; at two rows, 54 registers and
+ * four blocks, 58 us (H200 ncu, bf16, 256k rows; the default's four rows
+ * at 80 registers and three blocks: 39 us).  `small`'s bound (32-bit row
+ * indices) holds for both. */
+#define BW_DELTA_ROWS_FIXED 2
 template <typename T, bool VEC, typename U>
-static void bw_delta_launch(unsigned blocks, cudaStream_t s, const fa_attn_problem *p, const fa_attn_grads *g,
+static void bw_delta_launch(int64_t rows, cudaStream_t s, const fa_attn_problem *p, const fa_attn_grads *g,
                             float *delta, int lpr, int *flag, bool fixed) {
   if constexpr (sizeof(T) == 2)
     if (fixed) {
-      bw_delta_kernel<T, VEC, U, true><<<blocks, BW_THREADS, 0, s>>>(*p, *g, delta, lpr, flag, bw_fixed_kvmax(delta, p),
-                                                                     bw_fixed_mults(delta, p));
+      constexpr int R = BW_DELTA_ROWS_FIXED;
+      const int64_t per = R * (BW_THREADS / lpr);
+      bw_delta_kernel<T, VEC, U, true, R><<<(unsigned)((rows + per - 1) / per), BW_THREADS, 0, s>>>(
+          *p, *g, delta, lpr, flag, bw_fixed_kvmax(delta, p), bw_fixed_mults(delta, p));
       return;
     }
-  bw_delta_kernel<T, VEC, U><<<blocks, BW_THREADS, 0, s>>>(*p, *g, delta, lpr, flag, NULL, NULL);
+  const int64_t per = BW_DELTA_ROWS * (BW_THREADS / lpr);
+  bw_delta_kernel<T, VEC, U><<<(unsigned)((rows + per - 1) / per), BW_THREADS, 0, s>>>(*p, *g, delta, lpr, flag, NULL,
+                                                                                         NULL);
 }
 
 /* max|K| and max|V| of each (batch, KV head) (FIXED, bw_fixed_dq) into
@@ -205,15 +216,17 @@ template <typename T> static fa_status bw_delta(fa_context *ctx, const fa_attn_p
   const int64_t chunks = vec ? p->Dv / V : p->Dv;
   int lpr = 1;
   while (lpr < 32 && lpr < chunks) lpr *= 2;
-  const int64_t per = BW_DELTA_ROWS * (BW_THREADS / lpr), blocks = (rows + per - 1) / per;
+  /* the blocks of the instance with the fewer rows a group (the more blocks) */
+  const int64_t per = BW_DELTA_ROWS_FIXED * (BW_THREADS / lpr), blocks = (rows + per - 1) / per;
+  static_assert(BW_DELTA_ROWS_FIXED <= BW_DELTA_ROWS, "the grid's check: the FIXED instance's blocks");
   fa_status st = attn_grid_fits(ctx, blocks);
   if (st || blocks == 0) return st;
   const bool small = rows <= (int64_t)UINT32_MAX - BW_DELTA_ROWS * BW_THREADS; /* the last block's row indices too */
   cudaStream_t s = fa_cuda_stream(ctx);
-  if (vec && small) bw_delta_launch<T, true, unsigned>((unsigned)blocks, s, p, g, delta, lpr, flag, fixed);
-  else if (vec) bw_delta_launch<T, true, int64_t>((unsigned)blocks, s, p, g, delta, lpr, flag, fixed);
-  else if (small) bw_delta_launch<T, false, unsigned>((unsigned)blocks, s, p, g, delta, lpr, flag, fixed);
-  else bw_delta_launch<T, false, int64_t>((unsigned)blocks, s, p, g, delta, lpr, flag, fixed);
+  if (vec && small) bw_delta_launch<T, true, unsigned>(rows, s, p, g, delta, lpr, flag, fixed);
+  else if (vec) bw_delta_launch<T, true, int64_t>(rows, s, p, g, delta, lpr, flag, fixed);
+  else if (small) bw_delta_launch<T, false, unsigned>(rows, s, p, g, delta, lpr, flag, fixed);
+  else bw_delta_launch<T, false, int64_t>(rows, s, p, g, delta, lpr, flag, fixed);
   FA_CUDA_CHECK_LAUNCH(ctx, "bw_delta_kernel");
   return FA_OK;
 }
