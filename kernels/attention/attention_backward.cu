@@ -216,9 +216,10 @@ template <typename T> static fa_status bw_delta(fa_context *ctx, const fa_attn_p
   const int64_t chunks = vec ? p->Dv / V : p->Dv;
   int lpr = 1;
   while (lpr < 32 && lpr < chunks) lpr *= 2;
-  /* the blocks of the instance with the fewer rows a group (the more blocks) */
-  const int64_t per = BW_DELTA_ROWS_FIXED * (BW_THREADS / lpr), blocks = (rows + per - 1) / per;
-  static_assert(BW_DELTA_ROWS_FIXED <= BW_DELTA_ROWS, "the grid's check: the FIXED instance's blocks");
+  /* the grid of the instance that runs (bw_delta_launch's) */
+  const int64_t per = (fixed && sizeof(T) == 2 ? BW_DELTA_ROWS_FIXED : BW_DELTA_ROWS) * (BW_THREADS / lpr),
+                blocks = (rows + per - 1) / per;
+  static_assert(BW_DELTA_ROWS_FIXED <= BW_DELTA_ROWS, "small's bound: the default's rows a group, the more");
   fa_status st = attn_grid_fits(ctx, blocks);
   if (st || blocks == 0) return st;
   const bool small = rows <= (int64_t)UINT32_MAX - BW_DELTA_ROWS * BW_THREADS; /* the last block's row indices too */
