@@ -132,28 +132,27 @@ __global__ void __launch_bounds__(BW_THREADS)
   if (flag && __syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
 }
 
-/* bw_delta_kernel's launch over `rows` rows: its FIXED instance with fixed
- * (f16 and bf16 alone: the wgmma kernels' dtypes), BW_DELTA_ROWS_FIXED
- * rows a group.  Its 98 registers at four rows (two blocks an SM) read
- * o and dout in 65 us at D = 128, L = 1k; at two rows, 54 registers and
- * four blocks, 58 us (H200 ncu, bf16, 256k rows; the default's four rows
- * at 80 registers and three blocks: 39 us).  `small`'s bound (32-bit row
- * indices) holds for both. */
+/* bw_delta_kernel's launch on `blocks` blocks: its FIXED instance with
+ * fixed (f16 and bf16 alone: the wgmma kernels' dtypes), BW_DELTA_ROWS_FIXED
+ * rows a group (bw_delta_group_rows).  Its 98 registers at four rows (two
+ * blocks an SM) read o and dout in 65 us at D = 128, L = 1k; at two rows,
+ * 54 registers and four blocks, 58 us (H200 ncu, bf16, 256k rows; the
+ * default's four rows at 80 registers and three blocks: 39 us). */
 #define BW_DELTA_ROWS_FIXED 2
+template <typename T> static constexpr bool bw_delta_fixed(bool fixed) { return fixed && sizeof(T) == 2; }
+template <typename T> static constexpr int bw_delta_group_rows(bool fixed) {
+  return bw_delta_fixed<T>(fixed) ? BW_DELTA_ROWS_FIXED : BW_DELTA_ROWS;
+}
 template <typename T, bool VEC, typename U>
-static void bw_delta_launch(int64_t rows, cudaStream_t s, const fa_attn_problem *p, const fa_attn_grads *g,
+static void bw_delta_launch(unsigned blocks, cudaStream_t s, const fa_attn_problem *p, const fa_attn_grads *g,
                             float *delta, int lpr, int *flag, bool fixed) {
   if constexpr (sizeof(T) == 2)
-    if (fixed) {
-      constexpr int R = BW_DELTA_ROWS_FIXED;
-      const int64_t per = R * (BW_THREADS / lpr);
-      bw_delta_kernel<T, VEC, U, true, R><<<(unsigned)((rows + per - 1) / per), BW_THREADS, 0, s>>>(
+    if (bw_delta_fixed<T>(fixed)) {
+      bw_delta_kernel<T, VEC, U, true, BW_DELTA_ROWS_FIXED><<<blocks, BW_THREADS, 0, s>>>(
           *p, *g, delta, lpr, flag, bw_fixed_kvmax(delta, p), bw_fixed_mults(delta, p));
       return;
     }
-  const int64_t per = BW_DELTA_ROWS * (BW_THREADS / lpr);
-  bw_delta_kernel<T, VEC, U><<<(unsigned)((rows + per - 1) / per), BW_THREADS, 0, s>>>(*p, *g, delta, lpr, flag, NULL,
-                                                                                         NULL);
+  bw_delta_kernel<T, VEC, U><<<blocks, BW_THREADS, 0, s>>>(*p, *g, delta, lpr, flag, NULL, NULL);
 }
 
 /* max|K| and max|V| of each (batch, KV head) (FIXED, bw_fixed_dq) into
@@ -216,18 +215,16 @@ template <typename T> static fa_status bw_delta(fa_context *ctx, const fa_attn_p
   const int64_t chunks = vec ? p->Dv / V : p->Dv;
   int lpr = 1;
   while (lpr < 32 && lpr < chunks) lpr *= 2;
-  /* the grid of the instance that runs (bw_delta_launch's) */
-  const int64_t per = (fixed && sizeof(T) == 2 ? BW_DELTA_ROWS_FIXED : BW_DELTA_ROWS) * (BW_THREADS / lpr),
-                blocks = (rows + per - 1) / per;
+  const int64_t per = bw_delta_group_rows<T>(fixed) * (BW_THREADS / lpr), blocks = (rows + per - 1) / per;
   static_assert(BW_DELTA_ROWS_FIXED <= BW_DELTA_ROWS, "small's bound: the default's rows a group, the more");
   fa_status st = attn_grid_fits(ctx, blocks);
   if (st || blocks == 0) return st;
   const bool small = rows <= (int64_t)UINT32_MAX - BW_DELTA_ROWS * BW_THREADS; /* the last block's row indices too */
   cudaStream_t s = fa_cuda_stream(ctx);
-  if (vec && small) bw_delta_launch<T, true, unsigned>(rows, s, p, g, delta, lpr, flag, fixed);
-  else if (vec) bw_delta_launch<T, true, int64_t>(rows, s, p, g, delta, lpr, flag, fixed);
-  else if (small) bw_delta_launch<T, false, unsigned>(rows, s, p, g, delta, lpr, flag, fixed);
-  else bw_delta_launch<T, false, int64_t>(rows, s, p, g, delta, lpr, flag, fixed);
+  if (vec && small) bw_delta_launch<T, true, unsigned>((unsigned)blocks, s, p, g, delta, lpr, flag, fixed);
+  else if (vec) bw_delta_launch<T, true, int64_t>((unsigned)blocks, s, p, g, delta, lpr, flag, fixed);
+  else if (small) bw_delta_launch<T, false, unsigned>((unsigned)blocks, s, p, g, delta, lpr, flag, fixed);
+  else bw_delta_launch<T, false, int64_t>((unsigned)blocks, s, p, g, delta, lpr, flag, fixed);
   FA_CUDA_CHECK_LAUNCH(ctx, "bw_delta_kernel");
   return FA_OK;
 }

@@ -353,9 +353,9 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
   const int64_t per = WALK ? walk.ctas : ktiles; /* blocks a (batch, KV head) */
   /* the block's (batch, KV head) and its key tile or (WALK) its place c among the head's blocks: head by head,
    * the last walk.tail heads key tile by key tile (bwg_tail; 0 in the WALK instances); the grid is below 2^31 */
-  const uint32_t heads = (uint32_t)(p.B * p.Hkv), lead = (heads - (uint32_t)walk.tail) * (uint32_t)per;
+  const uint32_t tail0 = (uint32_t)(p.B * p.Hkv - walk.tail), lead = tail0 * (uint32_t)per; /* tail0: its first head */
   const uint32_t ub = (uint32_t)blk, ur = ub - lead, tail = max((uint32_t)walk.tail, 1u);
-  const uint32_t ubhk = ub < lead ? ub / (uint32_t)per : heads - (uint32_t)walk.tail + ur % tail;
+  const uint32_t ubhk = ub < lead ? ub / (uint32_t)per : tail0 + ur % tail;
   const int64_t c = ub < lead ? ub % (uint32_t)per : ur / tail, b = ubhk / (uint32_t)p.Hkv, hk = ubhk % (uint32_t)p.Hkv;
   float *const acc = DQ && WALK ? dq_acc + c * walk.copy : dq_acc;
   /* WALK: the tiles c, 2C - 1 - c, 2C + c, ... in turn; else tile c alone,
