@@ -407,6 +407,11 @@ typedef struct {
   fa_attn_strides dout_st;
   void *dq, *dk, *dv;
   int deterministic;
+  /* NULL, or a device flag that the kernels set to 1 where a gradient they
+   * write holds NaN or inf: the check of its outputs that the wgmma
+   * kernel's fused default makes in place of a pass over q and k
+   * (bw_guarded) */
+  int *nonfinite;
 } fa_attn_grads;
 /* kernel: FA_KERNEL_AUTO (the fastest that takes the call), or the
  * backward's FA_KERNEL_WGMMA, FA_KERNEL_MMA or FA_KERNEL_SIMT

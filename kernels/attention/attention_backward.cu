@@ -30,6 +30,7 @@ extern "C" const char *fa_cuda_attention_backward_refuses(fa_attn_kernel k, cons
                                                            const fa_attn_grads *g);
 extern "C" fa_status fa_cuda_attention_backward_mma(fa_context *ctx, fa_attn_kernel k, const fa_attn_problem *p,
                                                     const fa_attn_grads *g, const float *delta);
+extern "C" bool fa_cuda_backward_wgmma_checks_outputs(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g);
 
 /* delta of every query row (B·Hq·Lq, dense): the sum over Dv of dO·O in
  * f32.  A group of lpr lanes a row (a power of two up to 32, about Dv / V
@@ -290,30 +291,47 @@ static cudaError_t bw_queue_scans(const fa_attn_problem *p, int *flag, cudaStrea
  * flag and rewrite every gradient only when it is set.  (The tensor-core
  * kernels do not read the flag: the check at their start made ptxas spill
  * 24-76 bytes in their score-rule instances, and a call with NaN or inf
- * only costs their time once more.)  All of it (the passes, the flag,
- * the fallback's launches) cost 2-6 % of a call at L = 1k, 1-2 % at 4k,
- * under 1 % at 16k (bf16, D = 64 and 128, H200, the same build with and
- * without the guard in one run); the fallback's grid of four blocks an SM
- * (bw_launch) took a point off at 1k. */
+ * only costs their time once more.)
+ *
+ * outputs (the wgmma kernel's fused default,
+ * fa_cuda_backward_wgmma_checks_outputs): no passes over q and k; the
+ * kernels set the flag (g->nonfinite) where a gradient they write holds
+ * NaN or inf.  That sees every NaN or inf the tensor cores took in: each
+ * product's result flows into a gradient's f32 sums (S into P into dV, dP
+ * into dS into dK and dQ), where NaN stays NaN and inf stays inf or turns
+ * NaN, and the conversion keeps both; where S's inf left P zero (exp of
+ * -inf), the inf of q or k still meets dS again in dK = dSᵀ·Q and dQ = dS·K
+ * (0 · inf = NaN).  Only conservative: finite inputs whose gradients
+ * overflow (f16) also take the SIMT kernels, which overflow alike.  The
+ * passes had cost 35 us of 916 at L = 1k, D = 128 (bf16, H200, torch's
+ * profiler), run before the main kernel rather than beside it: their 2048
+ * blocks held the SMs. */
 template <typename T>
 static fa_status bw_guarded(fa_context *ctx, fa_attn_kernel k, const fa_attn_problem *p, const fa_attn_grads *g,
-                            float *delta, const fa_bw_kernels *ks, bool fixed) {
+                            float *delta, const fa_bw_kernels *ks, bool fixed, bool outputs) {
   int *flag = NULL;
   cudaStream_t side = 0;
   fa_status st = values_nonfinite_flag(ctx, p, &flag, false);
   if (st) return st;
   if constexpr (sizeof(T) == 2) /* fixed: f16 and bf16 alone */
     if (fixed) st = bw_kv_max<T>(ctx, p, bw_fixed_kvmax(delta, p), flag);
-  if (st || (st = bw_delta<T>(ctx, p, g, delta, flag, fixed)) || (st = fa_cuda_fork(ctx, &side))) {
+  if (st || (st = bw_delta<T>(ctx, p, g, delta, flag, fixed)) || (!outputs && (st = fa_cuda_fork(ctx, &side)))) {
     fa_cuda_free_on(ctx, flag, sizeof(int));
     return st;
   }
-  /* the scans first: the fast kernels may queue work of their own behind them on the side stream
-   * (bw_launch_beside's dQ kernel) */
-  const cudaError_t err = bw_queue_scans(p, flag, side, fixed);
-  st = err != cudaSuccess ? fa_cuda_error(ctx, err, "the NaN/inf check of q and k") : ks->fast(ctx, k, p, g, delta, ks->user);
-  const fa_status joined = fa_cuda_join(ctx); /* waits here when it cannot be queued */
-  if (!st) st = joined;
+  if (outputs) {
+    fa_attn_grads gc = *g;
+    gc.nonfinite = flag;
+    st = ks->fast(ctx, k, p, &gc, delta, ks->user);
+  } else {
+    /* the scans first: the fast kernels may queue work of their own behind them on the side stream
+     * (bw_launch_beside's dQ kernel) */
+    const cudaError_t err = bw_queue_scans(p, flag, side, fixed);
+    st = err != cudaSuccess ? fa_cuda_error(ctx, err, "the NaN/inf check of q and k")
+                            : ks->fast(ctx, k, p, g, delta, ks->user);
+    const fa_status joined = fa_cuda_join(ctx); /* waits here when it cannot be queued */
+    if (!st) st = joined;
+  }
   if (!st) st = ks->simt(ctx, p, g, delta, flag, ks->user);
   fa_cuda_free_on(ctx, flag, sizeof(int)); /* stream-ordered: after the work queued */
   return st;
@@ -321,8 +339,8 @@ static fa_status bw_guarded(fa_context *ctx, fa_attn_kernel k, const fa_attn_pro
 
 template <typename T>
 static fa_status bw_typed(fa_context *ctx, fa_attn_kernel k, const fa_attn_problem *p, const fa_attn_grads *g,
-                          float *delta, const fa_bw_kernels *ks, bool fixed) {
-  if (k != FA_KERNEL_SIMT) return bw_guarded<T>(ctx, k, p, g, delta, ks, fixed);
+                          float *delta, const fa_bw_kernels *ks, bool fixed, bool outputs) {
+  if (k != FA_KERNEL_SIMT) return bw_guarded<T>(ctx, k, p, g, delta, ks, fixed, outputs);
   fa_status st = bw_delta<T>(ctx, p, g, delta, NULL, false);
   return st ? st : ks->simt(ctx, p, g, delta, NULL, ks->user);
 }
@@ -360,15 +378,17 @@ extern "C" fa_status fa_cuda_backward_run(fa_context *ctx, fa_attn_kernel k, con
                                           const fa_attn_grads *g, const fa_bw_kernels *ks) {
   /* fixed-point dQ: delta, each row's multiplier, each KV head's max|K| and max|V| (bw_fixed_dq) */
   const bool fixed = k == FA_KERNEL_WGMMA && ks->fast == builtin_fast && bw_fixed_dq(p, g);
+  /* the gradients checked for NaN and inf where they are written, in place of passes over q and k (bw_guarded) */
+  const bool outputs = k == FA_KERNEL_WGMMA && ks->fast == builtin_fast && fa_cuda_backward_wgmma_checks_outputs(ctx, p, g);
   const int64_t rows = p->B * p->Hq * p->Lq;
   const size_t bytes = (size_t)(fixed ? 2 * rows + 2 * p->B * p->Hkv : rows) * sizeof(float);
   float *delta = NULL;
   fa_status st = fa_cuda_malloc(ctx, (void **)&delta, bytes);
   if (st) return st;
   switch (p->compute) {
-  case FA_F16: st = bw_typed<__half>(ctx, k, p, g, delta, ks, fixed); break;
-  case FA_BF16: st = bw_typed<__nv_bfloat16>(ctx, k, p, g, delta, ks, fixed); break;
-  default: st = bw_typed<float>(ctx, k, p, g, delta, ks, false); break;
+  case FA_F16: st = bw_typed<__half>(ctx, k, p, g, delta, ks, fixed, outputs); break;
+  case FA_BF16: st = bw_typed<__nv_bfloat16>(ctx, k, p, g, delta, ks, fixed, outputs); break;
+  default: st = bw_typed<float>(ctx, k, p, g, delta, ks, false, false); break;
   }
   fa_cuda_free_on(ctx, delta, bytes); /* stream-ordered: after the kernels */
   return st;

@@ -245,15 +245,24 @@ static __device__ __forceinline__ void bwm_probs(const fa_attn_problem &p, int64
 
 /* The warp's 16 rows × 8·CH accumulators, rows r0 + (0..15) of a dense
  * (rows, DG) matrix out: their first DG columns (a tile wider than the
- * rows: D = 96 held as 128), rows at or past limit not written. */
-template <typename T, int CH, int DG = CH * 8>
-static __device__ __forceinline__ void bwm_store(T *out, int64_t r0, int64_t limit, const float (*acc)[4]) {
+ * rows: D = 96 held as 128), rows at or past limit not written; CHECK:
+ * the words written folded into *seen (fold_nonfinite_pairs). */
+template <typename T, int CH, int DG = CH * 8, bool CHECK = false>
+static __device__ __forceinline__ void bwm_store(T *out, int64_t r0, int64_t limit, const float (*acc)[4],
+                                                 uint32_t *seen = nullptr) {
   const int lane = threadIdx.x & 31, g = lane >> 2, c2 = (lane & 3) * 2;
   const int64_t ra = r0 + g, rb = ra + 8;
 #pragma unroll
   for (int d = 0; d < DG / 8; d++) {
-    if (ra < limit) *(uint32_t *)(out + ra * DG + d * 8 + c2) = pack2<T>(acc[d][0], acc[d][1]);
-    if (rb < limit) *(uint32_t *)(out + rb * DG + d * 8 + c2) = pack2<T>(acc[d][2], acc[d][3]);
+    const uint32_t wa = pack2<T>(acc[d][0], acc[d][1]), wb = pack2<T>(acc[d][2], acc[d][3]);
+    if (ra < limit) {
+      *(uint32_t *)(out + ra * DG + d * 8 + c2) = wa;
+      if constexpr (CHECK) fold_nonfinite_pairs<T>(*seen, wa);
+    }
+    if (rb < limit) {
+      *(uint32_t *)(out + rb * DG + d * 8 + c2) = wb;
+      if constexpr (CHECK) fold_nonfinite_pairs<T>(*seen, wb);
+    }
   }
 }
 

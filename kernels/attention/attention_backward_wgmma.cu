@@ -64,6 +64,16 @@ extern "C" int64_t fa_cuda_backward_wgmma_walk(fa_context *ctx, const fa_attn_pr
   return std::min(heads * c, (int64_t)dp.sms) * (copy_bytes / heads) <= BWG_COPIES_L2 * (int64_t)dp.l2_bytes ? c : 0;
 }
 
+/* Whether the call on the built-in instances checks the gradients it
+ * writes for NaN and inf (g->nonfinite; bw_guarded then scans neither q nor
+ * k): the fused default's, whose dK/dV blocks (CHECK) and dQ conversion
+ * fold every word they store.  Not the deterministic calls (FIXED: dQ in
+ * fixed point, where NaN and inf leave no trace), nor a call whose kernels
+ * read no key (the two kernels then). */
+extern "C" bool fa_cuda_backward_wgmma_checks_outputs(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g) {
+  return !g->deterministic && fa_cuda_backward_wgmma_walk(ctx, p, g) > 0;
+}
+
 /* The (batch, KV head)s that the fused kernel's grid takes key tile by key
  * tile at its end (bwg_walk.tail; per: blocks a head), the others head by
  * head, a head's key tiles in a row (its blocks share Q and dO in L2).  In
@@ -84,21 +94,21 @@ static int64_t bwg_tail(fa_context *ctx, const fa_attn_problem *p, int64_t per) 
 /* The conversion of dq_acc into g->dq (bwg_dq_convert_kernel; mult: FIXED's multipliers, else NULL). */
 template <typename T, int D>
 static cudaError_t bwg_convert(const float *acc, const float *mult, void *dq, int64_t Lq, int64_t n4, int64_t copies,
-                               cudaStream_t s) {
+                               int *nonfinite, cudaStream_t s) {
   const int64_t cblocks = std::min<int64_t>(n4 / (BWG_BR * D / 4), 65536); /* a tile of BWG_BR rows a block at a time */
-  if (mult) bwg_dq_convert_kernel<T, D, true><<<(unsigned)cblocks, 256, 0, s>>>(acc, mult, (T *)dq, Lq, n4, copies);
-  else bwg_dq_convert_kernel<T, D, false><<<(unsigned)cblocks, 256, 0, s>>>(acc, mult, (T *)dq, Lq, n4, copies);
+  if (mult) bwg_dq_convert_kernel<T, D, true><<<(unsigned)cblocks, 256, 0, s>>>(acc, mult, (T *)dq, Lq, n4, copies, NULL);
+  else bwg_dq_convert_kernel<T, D, false><<<(unsigned)cblocks, 256, 0, s>>>(acc, mult, (T *)dq, Lq, n4, copies, nonfinite);
   return cudaGetLastError();
 }
 static cudaError_t bwg_convert_of(const fa_attn_problem *p, const float *acc, const float *mult, void *dq, int64_t n4,
-                                  int64_t copies, cudaStream_t s) {
+                                  int64_t copies, int *nonfinite, cudaStream_t s) {
   if (p->compute == FA_F16)
-    return p->D == 64   ? bwg_convert<__half, 64>(acc, mult, dq, p->Lq, n4, copies, s)
-           : p->D == 96 ? bwg_convert<__half, 96>(acc, mult, dq, p->Lq, n4, copies, s)
-                        : bwg_convert<__half, 128>(acc, mult, dq, p->Lq, n4, copies, s);
-  return p->D == 64   ? bwg_convert<__nv_bfloat16, 64>(acc, mult, dq, p->Lq, n4, copies, s)
-         : p->D == 96 ? bwg_convert<__nv_bfloat16, 96>(acc, mult, dq, p->Lq, n4, copies, s)
-                      : bwg_convert<__nv_bfloat16, 128>(acc, mult, dq, p->Lq, n4, copies, s);
+    return p->D == 64   ? bwg_convert<__half, 64>(acc, mult, dq, p->Lq, n4, copies, nonfinite, s)
+           : p->D == 96 ? bwg_convert<__half, 96>(acc, mult, dq, p->Lq, n4, copies, nonfinite, s)
+                        : bwg_convert<__half, 128>(acc, mult, dq, p->Lq, n4, copies, nonfinite, s);
+  return p->D == 64   ? bwg_convert<__nv_bfloat16, 64>(acc, mult, dq, p->Lq, n4, copies, nonfinite, s)
+         : p->D == 96 ? bwg_convert<__nv_bfloat16, 96>(acc, mult, dq, p->Lq, n4, copies, nonfinite, s)
+                      : bwg_convert<__nv_bfloat16, 128>(acc, mult, dq, p->Lq, n4, copies, nonfinite, s);
 }
 
 /* bwg_rows_tile of the call's fused instance (walks: the WALK one); the
@@ -140,7 +150,7 @@ extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_p
       err = bw_launch_on({dkdv, blocks, 2 * BWG_THREADS, bwg_smem_dkdv(BWG_PAD(p->D), true, bwg_rows_of(p, walks)),
                           "bwg_dkdv_kernel"},
                          args, s);
-    if (err == cudaSuccess) err = bwg_convert_of(p, acc, walk.fixed, g->dq, n4, copies, s);
+    if (err == cudaSuccess) err = bwg_convert_of(p, acc, walk.fixed, g->dq, n4, copies, g->nonfinite, s);
     fa_cuda_free_on(ctx, acc, bytes); /* stream-ordered: after the kernels */
     return fa_cuda_error(ctx, err, "the backward's dK/dV/dQ launches");
   }

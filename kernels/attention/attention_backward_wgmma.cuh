@@ -226,9 +226,9 @@ static __device__ __forceinline__ void bwg_add_dq(float *acc, int n0, const floa
  * 16-byte stores, where the fragments give 4-byte stores 8 rows apart
  * (ncu, D = 128, L = 1k: those stores and their drain at the exit took
  * ~10 % of the dK/dV blocks' samples). */
-template <typename T, int DG>
+template <typename T, int DG, bool CHECK = false>
 static __device__ __forceinline__ void bwg_store_rows(T *out, int64_t r0, int64_t limit, const float (*acc)[4],
-                                                      char *st) {
+                                                      char *st, uint32_t &seen) {
   constexpr int RB = DG * 2 + 16, CHUNKS = DG / 8;
   const int lane = threadIdx.x & 31, g = lane >> 2, c4 = (lane & 3) * 4;
 #pragma unroll
@@ -240,7 +240,13 @@ static __device__ __forceinline__ void bwg_store_rows(T *out, int64_t r0, int64_
 #pragma unroll
   for (int q = lane; q < 16 * CHUNKS; q += 32) {
     const int r = q / CHUNKS, c = q % CHUNKS;
-    if (r0 + r < limit) *(uint4 *)(out + (r0 + r) * DG + c * 8) = *(const uint4 *)(st + r * RB + c * 16);
+    if (r0 + r < limit) {
+      const uint4 w = *(const uint4 *)(st + r * RB + c * 16);
+      *(uint4 *)(out + (r0 + r) * DG + c * 8) = w;
+      if constexpr (CHECK)
+        fold_nonfinite_pairs<T>(seen, w.x), fold_nonfinite_pairs<T>(seen, w.y), fold_nonfinite_pairs<T>(seen, w.z),
+            fold_nonfinite_pairs<T>(seen, w.w);
+    }
   }
   __syncwarp(); /* st free again */
 }
@@ -340,6 +346,8 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
   constexpr bool KREG = ROWSPLIT && EXTRAS == EXTRAS_NONE && TMA && !FIXED;
   /* the rows' key ranges relative to the key tile (bwm_rows): not the walk's instance (28 bytes of spills) */
   constexpr bool REL = EXTRAS == EXTRAS_NONE && !WALK;
+  /* the built-in rules' default: the dK and dV it writes are checked for NaN and inf (g.nonfinite; bw_guarded) */
+  constexpr bool CHECK = DQ && !WALK && !FIXED && EXTRAS != EXTRAS_VARIANT;
   extern __shared__ __align__(128) char bwg_raw[];
   __shared__ bwm_rows<BR> rows[2];
   __shared__ float fmul[FIXED ? 2 : 1][BR]; /* FIXED: the staged query tiles' multipliers */
@@ -521,15 +529,18 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     cp_async_wait<0>(); /* no copy in flight at the exit or the next turn (a block whose keys no row takes) */
     const int64_t r0 = (b * p.Hkv + hk) * p.Lk, j = j0 + warp * 16;
     static_assert(WGS * 4 * BWG_STORE_BYTES(DG) <= 4 * QT, "the warps' staging fits where the Q and dO tiles were");
+    uint32_t seen = 0; /* CHECK: fold_nonfinite_pairs over the words stored */
     if constexpr (TMA && !WALK) { /* (the cp.async and WALK instances spill with it: 8-160 bytes) */
       __syncthreads(); /* every warp's products are past the tiles */
       char *st = Qs + warp * BWG_STORE_BYTES(DG);
-      bwg_store_rows<T, DG>((T *)g.dk + r0 * DG, j, p.Lk, dk, st);
-      bwg_store_rows<T, DG>((T *)g.dv + r0 * DG, j, p.Lk, dv, st);
+      bwg_store_rows<T, DG, CHECK>((T *)g.dk + r0 * DG, j, p.Lk, dk, st, seen);
+      bwg_store_rows<T, DG, CHECK>((T *)g.dv + r0 * DG, j, p.Lk, dv, st, seen);
     } else {
-      bwm_store<T, CH, DG>((T *)g.dk + r0 * DG, j, p.Lk, dk);
-      bwm_store<T, CH, DG>((T *)g.dv + r0 * DG, j, p.Lk, dv);
+      bwm_store<T, CH, DG, CHECK>((T *)g.dk + r0 * DG, j, p.Lk, dk, &seen);
+      bwm_store<T, CH, DG, CHECK>((T *)g.dv + r0 * DG, j, p.Lk, dv, &seen);
     }
+    if constexpr (CHECK)
+      if (g.nonfinite && __any_sync(0xffffffffu, pairs_nonfinite(seen)) && (threadIdx.x & 31) == 0) *g.nonfinite = 1;
     if (WALK) __syncthreads(); /* every warp is done with the tiles before the next turn's copies land in them */
   } while (WALK && ++turn * per < ktiles);
 #endif
@@ -637,12 +648,14 @@ __global__ void __launch_bounds__(BWG_THREADS, 2)
 #define BWG_CONVERT_PER(DG) (BWG_BR * (DG) / 4 / 256)
 template <typename T, int DG, bool FIXED>
 __global__ void __launch_bounds__(256)
-    bwg_dq_convert_kernel(const float *acc, const float *mult, T *dq, int64_t Lq, int64_t n4, int64_t copies) {
+    bwg_dq_convert_kernel(const float *acc, const float *mult, T *dq, int64_t Lq, int64_t n4, int64_t copies,
+                          int *nonfinite) {
   constexpr int TILE4 = BWG_BR * DG / 4, PER = BWG_CONVERT_PER(DG), RP = DG + 8; /* RP: a staged row's pitch */
   static_assert(TILE4 == PER * 256, "a tile's float4 places, a whole number a thread");
   __shared__ __align__(16) T st[BWG_BR * RP];
   const int64_t qtiles = (Lq + BWG_BR - 1) / BWG_BR, tiles = n4 / TILE4;
   const int lane = threadIdx.x & 31;
+  uint32_t seen = 0; /* nonfinite (not FIXED): fold_nonfinite_pairs over the words stored */
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int64_t bh = tile / qtiles, i0 = tile % qtiles * BWG_BR, f0 = tile * TILE4;
     float4 x[PER];
@@ -678,10 +691,18 @@ __global__ void __launch_bounds__(256)
     constexpr int CPR = DG / 8; /* 16-byte chunks a row */
     for (int q = threadIdx.x; q < BWG_BR * CPR; q += 256) {
       const int r = q / CPR, c = q % CPR;
-      if (i0 + r < Lq) *(uint4 *)(dq + (bh * Lq + i0 + r) * DG + c * 8) = *(const uint4 *)(st + r * RP + c * 8);
+      if (i0 + r < Lq) {
+        const uint4 w = *(const uint4 *)(st + r * RP + c * 8);
+        *(uint4 *)(dq + (bh * Lq + i0 + r) * DG + c * 8) = w;
+        if constexpr (!FIXED)
+          fold_nonfinite_pairs<T>(seen, w.x), fold_nonfinite_pairs<T>(seen, w.y), fold_nonfinite_pairs<T>(seen, w.z),
+              fold_nonfinite_pairs<T>(seen, w.w);
+      }
     }
     __syncthreads(); /* st free again */
   }
+  if constexpr (!FIXED)
+    if (nonfinite && __syncthreads_or(pairs_nonfinite(seen)) && threadIdx.x == 0) *nonfinite = 1;
 }
 
 #endif

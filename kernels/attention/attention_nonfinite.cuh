@@ -68,6 +68,19 @@ template <typename T> static __device__ __forceinline__ bool words_nonfinite(con
   return nonfinite_in_bits<T>(words_nonfinite_bits<T>(w));
 }
 
+/* NaN or inf among the f16 / bf16 pairs of words folded into acc, one
+ * instruction a word: acc = w · 0 + acc per half, which stays ±0 while
+ * every w was finite and is NaN (sticky) once one held NaN or inf (0 · inf
+ * is NaN); pairs_nonfinite(acc) tells.  For outputs checked where they are
+ * written (the backward's fused default: bw_guarded), where
+ * words_nonfinite_bits takes three a word. */
+template <typename T> static __device__ __forceinline__ void fold_nonfinite_pairs(uint32_t &acc, uint32_t w) {
+  static_assert(sizeof(T) == 2, "pairs of f16 or bf16");
+  if constexpr (std::is_same<T, __half>::value) asm("fma.rn.f16x2 %0, %1, %2, %0;" : "+r"(acc) : "r"(w), "r"(0u));
+  else asm("fma.rn.bf16x2 %0, %1, %2, %0;" : "+r"(acc) : "r"(w), "r"(0u));
+}
+static __device__ __forceinline__ bool pairs_nonfinite(uint32_t acc) { return (acc & 0x7FFF7FFFu) != 0; }
+
 /* Sets *flag when any of the n values at v (dtype T) is NaN or inf; 16
  * bytes a load when v is 16-byte aligned. */
 template <typename T> __global__ void any_nonfinite_kernel(const T *v, int64_t n, int *flag) {

@@ -532,6 +532,46 @@ function TestBackward:test_nonfinite_inputs_stay_in_their_pairs()
   end
 end
 
+-- On cuda the default call (not deterministic) checks the gradients it writes for NaN and inf instead of
+-- passing over q and k first: whatever NaN or inf the tensor cores took in from q or k shows in some gradient,
+-- and hands the call to the SIMT kernels, whose result it then is, bit for bit.  So does a gradient that
+-- overflows f16 from finite inputs (the check cannot tell the two apart).  Two key tiles and a part, GQA.
+function TestBackward:test_nonfinite_gradients_take_the_simt_kernels()
+  if not U.cuda then lu.skip("cuda: the tensor-core kernels' check of their gradients") end
+  local nan, inf = 0 / 0, math.huge
+  local puts = {
+    {"inf in q", function(t) t.q:set(1, 3, 150, 5, inf) end},
+    {"-inf in k, a key late rows attend", function(t) t.k:set(1, 2, 190, 7, -inf) end},
+    {"NaN in q, a row attending one key", function(t) t.q:set(1, 1, 1, 1, nan) end},
+    {"NaN in k and inf in q", function(t) t.k:set(1, 1, 3, 2, nan); t.q:set(1, 4, 77, 1, -inf) end},
+    {"dq past f16's range", function(t, D) -- q = 0: uniform P; dS ~ 4e2, K ~ 1e3 over 200 keys
+       t.q = fa.zeros({1, 4, 200, D}, {dtype = "f64"})
+       t.k, t.v, t.dout = t.k * 1000, t.v * 100, t.dout * 100
+     end, "f16"},
+  }
+  for _, c in ipairs({{"bf16", 128}, {"f16", 64}, {"bf16", 96}, {"f16", 128}}) do
+    local dtype, D = c[1], c[2]
+    for _, put in ipairs(puts) do
+      if not put[3] or put[3] == dtype then
+        local t = {q = randn({1, 4, 200, D}), k = randn({1, 2, 200, D}), v = randn({1, 2, 200, D}),
+                   dout = randn({1, 4, 200, D})}
+        put[2](t, D)
+        for name, x in pairs(t) do t[name] = x:to(dtype, "cuda") end
+        local opts = {causal = true}
+        local o, lse = fa.attention(t.q, t.k, t.v, with_lse(opts))
+        local what = ("%s D=%d %s"):format(dtype, D, put[1])
+        if put[3] then lu.assertTrue(o:isfinite() and lse:isfinite(), what .. ": a finite forward") end
+        local got = {fa.attention_backward(t.q, t.k, t.v, o, lse, t.dout, opts)}
+        local simt = {fa.attention_backward(t.q, t.k, t.v, o, lse, t.dout, {causal = true, kernel = "simt"})}
+        if put[3] then lu.assertFalse(simt[1]:isfinite(), what .. ": dq overflows") end
+        for i, g in ipairs({"dq", "dk", "dv"}) do
+          lu.assertTrue(same_bits(got[i], simt[i]), what .. ": " .. g .. " as the SIMT kernels'")
+        end
+      end
+    end
+  end
+end
+
 -- score_mod terms free of s pass no derivative, even where their own
 -- would not be finite: sqrt(k - k) adds 0 and d/ds of it is 0, not 0/0
 -- (the CPU's forward mode once gave NaN there); the gradients are those of
