@@ -31,6 +31,7 @@ extern "C" const char *fa_cuda_attention_backward_refuses(fa_attn_kernel k, cons
 extern "C" fa_status fa_cuda_attention_backward_mma(fa_context *ctx, fa_attn_kernel k, const fa_attn_problem *p,
                                                     const fa_attn_grads *g, const float *delta);
 extern "C" bool fa_cuda_backward_wgmma_checks_outputs(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g);
+extern "C" size_t fa_cuda_backward_wgmma_acc_bytes(const fa_attn_problem *p);
 
 /* delta of every query row (B·Hq·Lq, dense): the sum over Dv of dO·O in
  * f32.  A group of lpr lanes a row (a power of two up to 32, about Dv / V
@@ -50,8 +51,13 @@ extern "C" bool fa_cuda_backward_wgmma_checks_outputs(fa_context *ctx, const fa_
 template <typename T, bool VEC, typename U, bool FIXED = false, int R = BW_DELTA_ROWS>
 __global__ void __launch_bounds__(BW_THREADS)
     bw_delta_kernel(fa_attn_problem p, fa_attn_grads g, float *delta, int lpr, int *flag, const unsigned *kvmax,
-                    float *mult) {
+                    float *mult, int64_t zero4) {
   constexpr int V = VEC ? 16 / sizeof(T) : 1;
+  if (g.dq_acc) { /* its share of the zero4 float4s of dq_acc, stored before the reads (nothing waits for them) */
+    const int64_t share = (zero4 + gridDim.x - 1) / gridDim.x, z0 = (int64_t)blockIdx.x * share;
+    const int64_t z1 = min(z0 + share, zero4);
+    for (int64_t z = z0 + threadIdx.x; z < z1; z += BW_THREADS) ((float4 *)g.dq_acc)[z] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
   const int per_block = BW_THREADS / lpr, sub = threadIdx.x % lpr;
   const U rows = (U)(p.B * p.Hq * p.Lq), Lq = (U)p.Lq, Hq = (U)p.Hq;
   U row[R], at[R]; /* at (FIXED): where the row's KV head's max|K|, max|V| are in kvmax */
@@ -146,14 +152,14 @@ template <typename T> static constexpr int bw_delta_group_rows(bool fixed) {
 }
 template <typename T, bool VEC, typename U>
 static void bw_delta_launch(unsigned blocks, cudaStream_t s, const fa_attn_problem *p, const fa_attn_grads *g,
-                            float *delta, int lpr, int *flag, bool fixed) {
+                            float *delta, int lpr, int *flag, bool fixed, int64_t zero4) {
   if constexpr (sizeof(T) == 2)
     if (bw_delta_fixed<T>(fixed)) {
       bw_delta_kernel<T, VEC, U, true, BW_DELTA_ROWS_FIXED><<<blocks, BW_THREADS, 0, s>>>(
-          *p, *g, delta, lpr, flag, bw_fixed_kvmax(delta, p), bw_fixed_mults(delta, p));
+          *p, *g, delta, lpr, flag, bw_fixed_kvmax(delta, p), bw_fixed_mults(delta, p), zero4);
       return;
     }
-  bw_delta_kernel<T, VEC, U><<<blocks, BW_THREADS, 0, s>>>(*p, *g, delta, lpr, flag, NULL, NULL);
+  bw_delta_kernel<T, VEC, U><<<blocks, BW_THREADS, 0, s>>>(*p, *g, delta, lpr, flag, NULL, NULL, zero4);
 }
 
 /* max|K| and max|V| of each (batch, KV head) (FIXED, bw_fixed_dq) into
@@ -221,11 +227,12 @@ template <typename T> static fa_status bw_delta(fa_context *ctx, const fa_attn_p
   fa_status st = attn_grid_fits(ctx, blocks);
   if (st || blocks == 0) return st;
   const bool small = rows <= (int64_t)UINT32_MAX - BW_DELTA_ROWS * BW_THREADS; /* the last block's row indices too */
+  const int64_t zero4 = g->dq_acc ? (int64_t)(fa_cuda_backward_wgmma_acc_bytes(p) / 16) : 0;
   cudaStream_t s = fa_cuda_stream(ctx);
-  if (vec && small) bw_delta_launch<T, true, unsigned>((unsigned)blocks, s, p, g, delta, lpr, flag, fixed);
-  else if (vec) bw_delta_launch<T, true, int64_t>((unsigned)blocks, s, p, g, delta, lpr, flag, fixed);
-  else if (small) bw_delta_launch<T, false, unsigned>((unsigned)blocks, s, p, g, delta, lpr, flag, fixed);
-  else bw_delta_launch<T, false, int64_t>((unsigned)blocks, s, p, g, delta, lpr, flag, fixed);
+  if (vec && small) bw_delta_launch<T, true, unsigned>((unsigned)blocks, s, p, g, delta, lpr, flag, fixed, zero4);
+  else if (vec) bw_delta_launch<T, true, int64_t>((unsigned)blocks, s, p, g, delta, lpr, flag, fixed, zero4);
+  else if (small) bw_delta_launch<T, false, unsigned>((unsigned)blocks, s, p, g, delta, lpr, flag, fixed, zero4);
+  else bw_delta_launch<T, false, int64_t>((unsigned)blocks, s, p, g, delta, lpr, flag, fixed, zero4);
   FA_CUDA_CHECK_LAUNCH(ctx, "bw_delta_kernel");
   return FA_OK;
 }
@@ -265,15 +272,14 @@ static fa_status bw_simt(fa_context *ctx, const fa_attn_problem *p, const fa_att
 
 /* Queues on s the passes over q and k that set *flag when one holds NaN
  * or inf (attention_nonfinite.cuh's scan of v, pointed at each; dout is
- * checked by the delta kernel, which reads all of it anyway; k, with
- * fixed, by bw_kv_max_kernel). */
-static cudaError_t bw_queue_scans(const fa_attn_problem *p, int *flag, cudaStream_t s, bool fixed) {
+ * checked by the delta kernel, which reads all of it anyway). */
+static cudaError_t bw_queue_scans(const fa_attn_problem *p, int *flag, cudaStream_t s) {
   const struct {
     const void *x;
     fa_attn_strides st;
     int64_t heads, len, width;
   } ops[2] = {{p->q, p->q_st, p->Hq, p->Lq, p->D}, {p->k, p->k_st, p->Hkv, p->Lk, p->D}};
-  for (int i = 0; i < (fixed ? 1 : 2); i++) {
+  for (int i = 0; i < 2; i++) {
     fa_attn_problem t = *p;
     t.v = ops[i].x, t.v_st = ops[i].st, t.Hkv = ops[i].heads, t.Lk = ops[i].len, t.Dv = ops[i].width;
     const cudaError_t err = queue_nonfinite_scan(&t, flag, s);
@@ -293,7 +299,7 @@ static cudaError_t bw_queue_scans(const fa_attn_problem *p, int *flag, cudaStrea
  * 24-76 bytes in their score-rule instances, and a call with NaN or inf
  * only costs their time once more.)
  *
- * outputs (the wgmma kernel's fused default,
+ * outputs (the wgmma kernel's fused instances,
  * fa_cuda_backward_wgmma_checks_outputs): no passes over q and k; the
  * kernels set the flag (g->nonfinite) where a gradient they write holds
  * NaN or inf.  That sees every NaN or inf the tensor cores took in: each
@@ -301,11 +307,14 @@ static cudaError_t bw_queue_scans(const fa_attn_problem *p, int *flag, cudaStrea
  * into dS into dK and dQ), where NaN stays NaN and inf stays inf or turns
  * NaN, and the conversion keeps both; where S's inf left P zero (exp of
  * -inf), the inf of q or k still meets dS again in dK = dSᵀ·Q and dQ = dS·K
- * (0 · inf = NaN).  Only conservative: finite inputs whose gradients
- * overflow (f16) also take the SIMT kernels, which overflow alike.  The
- * passes had cost 35 us of 916 at L = 1k, D = 128 (bf16, H200, torch's
- * profiler), run before the main kernel rather than beside it: their 2048
- * blocks held the SMs. */
+ * (0 · inf = NaN).  With fixed, dQ's sums are integers, where NaN and inf
+ * leave no trace; q's still show in dK or dV (S NaN or +inf: P, then dV;
+ * -inf: dK's 0 · inf), and k and v are checked by bw_kv_max_kernel, which
+ * reads them for their maxima anyway.  Only conservative: finite inputs
+ * whose gradients overflow (f16) also take the SIMT kernels, which
+ * overflow alike.  The passes had cost 35 us of 916 at L = 1k, D = 128
+ * (bf16, H200, torch's profiler), run before the main kernel rather than
+ * beside it: their 2048 blocks held the SMs. */
 template <typename T>
 static fa_status bw_guarded(fa_context *ctx, fa_attn_kernel k, const fa_attn_problem *p, const fa_attn_grads *g,
                             float *delta, const fa_bw_kernels *ks, bool fixed, bool outputs) {
@@ -326,7 +335,7 @@ static fa_status bw_guarded(fa_context *ctx, fa_attn_kernel k, const fa_attn_pro
   } else {
     /* the scans first: the fast kernels may queue work of their own behind them on the side stream
      * (bw_launch_beside's dQ kernel) */
-    const cudaError_t err = bw_queue_scans(p, flag, side, fixed);
+    const cudaError_t err = bw_queue_scans(p, flag, side);
     st = err != cudaSuccess ? fa_cuda_error(ctx, err, "the NaN/inf check of q and k")
                             : ks->fast(ctx, k, p, g, delta, ks->user);
     const fa_status joined = fa_cuda_join(ctx); /* waits here when it cannot be queued */
@@ -385,12 +394,21 @@ extern "C" fa_status fa_cuda_backward_run(fa_context *ctx, fa_attn_kernel k, con
   float *delta = NULL;
   fa_status st = fa_cuda_malloc(ctx, (void **)&delta, bytes);
   if (st) return st;
+  /* the fused default's dQ sums, zeroed by the delta kernel as it reads o and dout: a memset of their own took
+   * 30 us of a 1k call at D = 128 (134 MB at the write rate), the delta kernel 44 */
+  fa_attn_grads ga = *g;
+  const size_t acc_bytes = outputs ? fa_cuda_backward_wgmma_acc_bytes(p) : 0;
+  if (acc_bytes && (st = fa_cuda_malloc(ctx, (void **)&ga.dq_acc, acc_bytes))) {
+    fa_cuda_free_on(ctx, delta, bytes);
+    return st;
+  }
   switch (p->compute) {
-  case FA_F16: st = bw_typed<__half>(ctx, k, p, g, delta, ks, fixed, outputs); break;
-  case FA_BF16: st = bw_typed<__nv_bfloat16>(ctx, k, p, g, delta, ks, fixed, outputs); break;
-  default: st = bw_typed<float>(ctx, k, p, g, delta, ks, false, false); break;
+  case FA_F16: st = bw_typed<__half>(ctx, k, p, &ga, delta, ks, fixed, outputs); break;
+  case FA_BF16: st = bw_typed<__nv_bfloat16>(ctx, k, p, &ga, delta, ks, fixed, outputs); break;
+  default: st = bw_typed<float>(ctx, k, p, &ga, delta, ks, false, false); break;
   }
   fa_cuda_free_on(ctx, delta, bytes); /* stream-ordered: after the kernels */
+  if (ga.dq_acc) fa_cuda_free_on(ctx, ga.dq_acc, acc_bytes);
   return st;
 }
 

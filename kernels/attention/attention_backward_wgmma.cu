@@ -64,14 +64,18 @@ extern "C" int64_t fa_cuda_backward_wgmma_walk(fa_context *ctx, const fa_attn_pr
   return std::min(heads * c, (int64_t)dp.sms) * (copy_bytes / heads) <= BWG_COPIES_L2 * (int64_t)dp.l2_bytes ? c : 0;
 }
 
+/* The bytes of the fused default's dQ sums (one copy of dq_acc), which
+ * fa_cuda_backward_run has the delta kernel zero (g->dq_acc). */
+extern "C" size_t fa_cuda_backward_wgmma_acc_bytes(const fa_attn_problem *p) { return (size_t)bwg_acc_n4(p) * 16; }
+
 /* Whether the call on the built-in instances checks the gradients it
  * writes for NaN and inf (g->nonfinite; bw_guarded then scans neither q nor
- * k): the fused default's, whose dK/dV blocks (CHECK) and dQ conversion
- * fold every word they store.  Not the deterministic calls (FIXED: dQ in
- * fixed point, where NaN and inf leave no trace), nor a call whose kernels
- * read no key (the two kernels then). */
+ * k): the fused instances', whose dK/dV blocks (CHECK) and, but in fixed
+ * point (FIXED, where NaN and inf leave no trace: bw_guarded), dQ's
+ * conversion fold every word they store.  Not a call that reads no key
+ * and is not deterministic (the two kernels then). */
 extern "C" bool fa_cuda_backward_wgmma_checks_outputs(fa_context *ctx, const fa_attn_problem *p, const fa_attn_grads *g) {
-  return !g->deterministic && fa_cuda_backward_wgmma_walk(ctx, p, g) > 0;
+  return bw_fixed_dq(p, g) || fa_cuda_backward_wgmma_walk(ctx, p, g) > 0;
 }
 
 /* The (batch, KV head)s that the fused kernel's grid takes key tile by key
@@ -143,15 +147,18 @@ extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_p
     walk.tail = walks ? 0 : bwg_tail(ctx, p, walk.ctas);
     const int64_t blocks = p->B * p->Hkv * walk.ctas;
     const size_t bytes = (size_t)(n4 * copies) * 16;
+    const bool zeroed = g->dq_acc && copies == 1; /* by the delta kernel (fa_cuda_backward_run) */
     fa_status st = attn_grid_fits(ctx, blocks);
-    if (st || (st = fa_cuda_malloc(ctx, (void **)&acc, bytes))) return st; /* rows > 0: n4 > 0 */
-    cudaError_t err = cudaMemsetAsync(acc, 0, bytes, s); /* the sums */
+    if (!st && zeroed) acc = g->dq_acc;
+    else if (!st) st = fa_cuda_malloc(ctx, (void **)&acc, bytes); /* rows > 0: n4 > 0 */
+    if (st) return st;
+    cudaError_t err = zeroed ? cudaSuccess : cudaMemsetAsync(acc, 0, bytes, s); /* the sums */
     if (err == cudaSuccess && blocks > 0)
       err = bw_launch_on({dkdv, blocks, 2 * BWG_THREADS, bwg_smem_dkdv(BWG_PAD(p->D), true, bwg_rows_of(p, walks)),
                           "bwg_dkdv_kernel"},
                          args, s);
     if (err == cudaSuccess) err = bwg_convert_of(p, acc, walk.fixed, g->dq, n4, copies, g->nonfinite, s);
-    fa_cuda_free_on(ctx, acc, bytes); /* stream-ordered: after the kernels */
+    if (!zeroed) fa_cuda_free_on(ctx, acc, bytes); /* stream-ordered: after the kernels */
     return fa_cuda_error(ctx, err, "the backward's dK/dV/dQ launches");
   }
   const bw_launch_spec kv = {dkdv, p->B * p->Hkv * walk.ctas, BWG_THREADS, bwg_smem_dkdv(BWG_PAD(p->D), false, BWG_BR),

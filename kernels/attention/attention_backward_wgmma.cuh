@@ -346,8 +346,9 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
   constexpr bool KREG = ROWSPLIT && EXTRAS == EXTRAS_NONE && TMA && !FIXED;
   /* the rows' key ranges relative to the key tile (bwm_rows): not the walk's instance (28 bytes of spills) */
   constexpr bool REL = EXTRAS == EXTRAS_NONE && !WALK;
-  /* the built-in rules' default: the dK and dV it writes are checked for NaN and inf (g.nonfinite; bw_guarded) */
-  constexpr bool CHECK = DQ && !WALK && !FIXED && EXTRAS != EXTRAS_VARIANT;
+  /* the built-in rules' fused instances: the dK and dV they write are checked for NaN and inf (g.nonfinite;
+   * bw_guarded) */
+  constexpr bool CHECK = DQ && !WALK && EXTRAS != EXTRAS_VARIANT;
   extern __shared__ __align__(128) char bwg_raw[];
   __shared__ bwm_rows<BR> rows[2];
   __shared__ float fmul[FIXED ? 2 : 1][BR]; /* FIXED: the staged query tiles' multipliers */

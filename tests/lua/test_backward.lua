@@ -532,10 +532,11 @@ function TestBackward:test_nonfinite_inputs_stay_in_their_pairs()
   end
 end
 
--- On cuda the default call (not deterministic) checks the gradients it writes for NaN and inf instead of
--- passing over q and k first: whatever NaN or inf the tensor cores took in from q or k shows in some gradient,
--- and hands the call to the SIMT kernels, whose result it then is, bit for bit.  So does a gradient that
--- overflows f16 from finite inputs (the check cannot tell the two apart).  Two key tiles and a part, GQA.
+-- On cuda the built-in rules' calls check the gradients they write for NaN and inf instead of passing over
+-- q and k first: whatever NaN or inf the tensor cores took in from q or k shows in some gradient (with
+-- determinism, dK or dV: its dQ sums are integers), and hands the call to the SIMT kernels, whose result it then
+-- is, bit for bit.  So does a default call's gradient that overflows f16 from finite inputs (the check cannot
+-- tell the two apart).  Two key tiles and a part, GQA.
 function TestBackward:test_nonfinite_gradients_take_the_simt_kernels()
   if not U.cuda then lu.skip("cuda: the tensor-core kernels' check of their gradients") end
   local nan, inf = 0 / 0, math.huge
@@ -557,15 +558,16 @@ function TestBackward:test_nonfinite_gradients_take_the_simt_kernels()
                    dout = randn({1, 4, 200, D})}
         put[2](t, D)
         for name, x in pairs(t) do t[name] = x:to(dtype, "cuda") end
-        local opts = {causal = true}
-        local o, lse = fa.attention(t.q, t.k, t.v, with_lse(opts))
-        local what = ("%s D=%d %s"):format(dtype, D, put[1])
-        if put[3] then lu.assertTrue(o:isfinite() and lse:isfinite(), what .. ": a finite forward") end
-        local got = {fa.attention_backward(t.q, t.k, t.v, o, lse, t.dout, opts)}
+        local o, lse = fa.attention(t.q, t.k, t.v, with_lse({causal = true}))
+        if put[3] then lu.assertTrue(o:isfinite() and lse:isfinite(), put[1] .. ": a finite forward") end
         local simt = {fa.attention_backward(t.q, t.k, t.v, o, lse, t.dout, {causal = true, kernel = "simt"})}
-        if put[3] then lu.assertFalse(simt[1]:isfinite(), what .. ": dq overflows") end
-        for i, g in ipairs({"dq", "dk", "dv"}) do
-          lu.assertTrue(same_bits(got[i], simt[i]), what .. ": " .. g .. " as the SIMT kernels'")
+        if put[3] then lu.assertFalse(simt[1]:isfinite(), put[1] .. ": dq overflows") end
+        for _, det in ipairs(put[3] and {false} or {false, true}) do
+          local what = ("%s D=%d %s%s"):format(dtype, D, put[1], det and ", deterministic" or "")
+          local got = {fa.attention_backward(t.q, t.k, t.v, o, lse, t.dout, {causal = true, deterministic = det})}
+          for i, g in ipairs({"dq", "dk", "dv"}) do
+            lu.assertTrue(same_bits(got[i], simt[i]), what .. ": " .. g .. " as the SIMT kernels'")
+          end
         end
       end
     end
