@@ -412,9 +412,10 @@ typedef struct {
    * kernel's fused default makes in place of a pass over q and k
    * (bw_guarded) */
   int *nonfinite;
-  /* NULL, or the wgmma kernel's fused default's dQ sums (f32,
-   * fa_cuda_backward_wgmma_acc_bytes), zeroed by the delta kernel beside
-   * its reads in place of a memset of their own (fa_cuda_backward_run) */
+  /* NULL, or the dQ sums of the wgmma kernel's fused instances (f32, or
+   * FIXED's int32; fa_cuda_backward_wgmma_acc_bytes), zeroed by the delta
+   * kernel beside its reads in place of a memset of their own
+   * (fa_cuda_backward_run) */
   float *dq_acc;
 } fa_attn_grads;
 /* kernel: FA_KERNEL_AUTO (the fastest that takes the call), or the

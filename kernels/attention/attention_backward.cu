@@ -394,8 +394,8 @@ extern "C" fa_status fa_cuda_backward_run(fa_context *ctx, fa_attn_kernel k, con
   float *delta = NULL;
   fa_status st = fa_cuda_malloc(ctx, (void **)&delta, bytes);
   if (st) return st;
-  /* the fused default's dQ sums, zeroed by the delta kernel as it reads o and dout: a memset of their own took
-   * 30 us of a 1k call at D = 128 (134 MB at the write rate), the delta kernel 44 */
+  /* the fused instances' dQ sums (the default's and FIXED's), zeroed by the delta kernel as it reads o and dout:
+   * a memset of their own took 30 us of a 1k call at D = 128 (134 MB at the write rate), the delta kernel 44 */
   fa_attn_grads ga = *g;
   const size_t acc_bytes = outputs ? fa_cuda_backward_wgmma_acc_bytes(p) : 0;
   if (acc_bytes && (st = fa_cuda_malloc(ctx, (void **)&ga.dq_acc, acc_bytes))) {

@@ -64,8 +64,9 @@ extern "C" int64_t fa_cuda_backward_wgmma_walk(fa_context *ctx, const fa_attn_pr
   return std::min(heads * c, (int64_t)dp.sms) * (copy_bytes / heads) <= BWG_COPIES_L2 * (int64_t)dp.l2_bytes ? c : 0;
 }
 
-/* The bytes of the fused default's dQ sums (one copy of dq_acc), which
- * fa_cuda_backward_run has the delta kernel zero (g->dq_acc). */
+/* The bytes of the fused instances' dQ sums (one copy of dq_acc: the
+ * default's, or FIXED's), which fa_cuda_backward_run has the delta kernel
+ * zero (g->dq_acc). */
 extern "C" size_t fa_cuda_backward_wgmma_acc_bytes(const fa_attn_problem *p) { return (size_t)bwg_acc_n4(p) * 16; }
 
 /* Whether the call on the built-in instances checks the gradients it
