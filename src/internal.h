@@ -408,8 +408,8 @@ typedef struct {
   void *dq, *dk, *dv;
   int deterministic;
   /* NULL, or a device flag that the kernels set to 1 where a gradient they
-   * write holds NaN or inf: the check of its outputs that the wgmma
-   * kernel's fused default makes in place of a pass over q and k
+   * write holds NaN or inf: the check of their outputs that the wgmma
+   * kernel's fused instances make in place of passes over q and k
    * (bw_guarded) */
   int *nonfinite;
   /* NULL, or the dQ sums of the wgmma kernel's fused instances (f32, or

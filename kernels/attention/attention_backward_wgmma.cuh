@@ -243,9 +243,7 @@ static __device__ __forceinline__ void bwg_store_rows(T *out, int64_t r0, int64_
     if (r0 + r < limit) {
       const uint4 w = *(const uint4 *)(st + r * RB + c * 16);
       *(uint4 *)(out + (r0 + r) * DG + c * 8) = w;
-      if constexpr (CHECK)
-        fold_nonfinite_pairs<T>(seen, w.x), fold_nonfinite_pairs<T>(seen, w.y), fold_nonfinite_pairs<T>(seen, w.z),
-            fold_nonfinite_pairs<T>(seen, w.w);
+      if constexpr (CHECK) fold_nonfinite_words<T>(seen, w);
     }
   }
   __syncwarp(); /* st free again */
@@ -530,7 +528,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     cp_async_wait<0>(); /* no copy in flight at the exit or the next turn (a block whose keys no row takes) */
     const int64_t r0 = (b * p.Hkv + hk) * p.Lk, j = j0 + warp * 16;
     static_assert(WGS * 4 * BWG_STORE_BYTES(DG) <= 4 * QT, "the warps' staging fits where the Q and dO tiles were");
-    uint32_t seen = 0; /* CHECK: fold_nonfinite_pairs over the words stored */
+    uint32_t seen = 0; /* CHECK: fold_nonfinite_words over what is stored */
     if constexpr (TMA && !WALK) { /* (the cp.async and WALK instances spill with it: 8-160 bytes) */
       __syncthreads(); /* every warp's products are past the tiles */
       char *st = Qs + warp * BWG_STORE_BYTES(DG);
@@ -656,7 +654,7 @@ __global__ void __launch_bounds__(256)
   __shared__ __align__(16) T st[BWG_BR * RP];
   const int64_t qtiles = (Lq + BWG_BR - 1) / BWG_BR, tiles = n4 / TILE4;
   const int lane = threadIdx.x & 31;
-  uint32_t seen = 0; /* nonfinite (not FIXED): fold_nonfinite_pairs over the words stored */
+  uint32_t seen = 0; /* nonfinite (not FIXED): fold_nonfinite_words over what is stored */
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int64_t bh = tile / qtiles, i0 = tile % qtiles * BWG_BR, f0 = tile * TILE4;
     float4 x[PER];
@@ -695,9 +693,7 @@ __global__ void __launch_bounds__(256)
       if (i0 + r < Lq) {
         const uint4 w = *(const uint4 *)(st + r * RP + c * 8);
         *(uint4 *)(dq + (bh * Lq + i0 + r) * DG + c * 8) = w;
-        if constexpr (!FIXED)
-          fold_nonfinite_pairs<T>(seen, w.x), fold_nonfinite_pairs<T>(seen, w.y), fold_nonfinite_pairs<T>(seen, w.z),
-              fold_nonfinite_pairs<T>(seen, w.w);
+        if constexpr (!FIXED) fold_nonfinite_words<T>(seen, w);
       }
     }
     __syncthreads(); /* st free again */

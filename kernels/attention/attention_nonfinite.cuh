@@ -72,12 +72,17 @@ template <typename T> static __device__ __forceinline__ bool words_nonfinite(con
  * instruction a word: acc = w · 0 + acc per half, which stays ±0 while
  * every w was finite and is NaN (sticky) once one held NaN or inf (0 · inf
  * is NaN); pairs_nonfinite(acc) tells.  For outputs checked where they are
- * written (the backward's fused default: bw_guarded), where
+ * written (the backward's fused instances: bw_guarded), where
  * words_nonfinite_bits takes three a word. */
 template <typename T> static __device__ __forceinline__ void fold_nonfinite_pairs(uint32_t &acc, uint32_t w) {
   static_assert(sizeof(T) == 2, "pairs of f16 or bf16");
   if constexpr (std::is_same<T, __half>::value) asm("fma.rn.f16x2 %0, %1, %2, %0;" : "+r"(acc) : "r"(w), "r"(0u));
   else asm("fma.rn.bf16x2 %0, %1, %2, %0;" : "+r"(acc) : "r"(w), "r"(0u));
+}
+/* The four words of 16 bytes stored, folded as fold_nonfinite_pairs does. */
+template <typename T> static __device__ __forceinline__ void fold_nonfinite_words(uint32_t &acc, const uint4 &w) {
+  fold_nonfinite_pairs<T>(acc, w.x), fold_nonfinite_pairs<T>(acc, w.y), fold_nonfinite_pairs<T>(acc, w.z);
+  fold_nonfinite_pairs<T>(acc, w.w);
 }
 static __device__ __forceinline__ bool pairs_nonfinite(uint32_t acc) { return (acc & 0x7FFF7FFFu) != 0; }
 
