@@ -100,8 +100,14 @@ static __device__ __forceinline__ int64_t dec_page_offset(const fa_attn_problem 
  * ahead so that the table's latency is not the copies').  EVICT: under
  * L2's evict-first policy (a template argument, so that the choice is one
  * branch a tile, not one a copy: the Lq = 16 kernel is bound by its
- * instruction count). */
-template <typename T, int D, bool PAGED, bool WG, bool EVICT>
+ * instruction count).  FULL: every row of the tile is before `end` (all
+ * but a chunk's last tile), so no row's test, pointer choice or byte count
+ * is made: a third of a tile's instructions were the copies'.  Taken by
+ * the contiguous LEAN instances (attn_decode_kernel): Lq = 16 took
+ * 0.98-0.995x the time with it, Lq = 1 and 4 the same, and the paged
+ * instances 1.04-1.05x at 4k keys (H200,
+ * docs/perf/2026-12-02-decode-full-tiles-h200.json). */
+template <typename T, int D, bool PAGED, bool WG, bool EVICT, bool FULL>
 static __device__ __forceinline__ void dec_copy(char *kt, char *vt, const fa_attn_problem &p, const T *kb, const T *vb,
                                                 const int64_t *rowoff, int64_t j0, int64_t end) {
   const int CH = D / 8, STEP = DEC_THREADS / CH;
@@ -115,7 +121,7 @@ static __device__ __forceinline__ void dec_copy(char *kt, char *vt, const fa_att
 #pragma unroll
   for (int it = 0; it < DEC_BC / STEP; it++) {
     const int r = row0 + it * STEP;
-    const bool in = j0 + r < end;
+    const bool in = FULL || j0 + r < end;
     const T *ks = kb, *vs = vb; /* rows past the end: a valid address, nothing read */
     if (in) {
       if (PAGED) ks += rowoff[r], vs += rowoff[r];
@@ -131,11 +137,18 @@ static __device__ __forceinline__ void dec_copy(char *kt, char *vt, const fa_att
     if (!PAGED) kr += kstep, vr += vstep;
   }
 }
-template <typename T, int D, bool PAGED, bool WG>
+template <typename T, int D, bool PAGED, bool WG, bool LEAN>
 static __device__ __forceinline__ void dec_load(char *kt, char *vt, const fa_attn_problem &p, const decode_args &a,
                                                 const T *kb, const T *vb, const int64_t *rowoff, int64_t j0, int64_t end) {
-  if (a.evict_first) dec_copy<T, D, PAGED, WG, true>(kt, vt, p, kb, vb, rowoff, j0, end);
-  else dec_copy<T, D, PAGED, WG, false>(kt, vt, p, kb, vb, rowoff, j0, end);
+  const bool full = LEAN && !PAGED && j0 + DEC_BC <= end;
+  if (a.evict_first) {
+    if (full) dec_copy<T, D, PAGED, WG, true, true>(kt, vt, p, kb, vb, rowoff, j0, end);
+    else dec_copy<T, D, PAGED, WG, true, false>(kt, vt, p, kb, vb, rowoff, j0, end);
+  } else if (full) {
+    dec_copy<T, D, PAGED, WG, false, true>(kt, vt, p, kb, vb, rowoff, j0, end);
+  } else {
+    dec_copy<T, D, PAGED, WG, false, false>(kt, vt, p, kb, vb, rowoff, j0, end);
+  }
 }
 
 /* O += P·V for 16 keys (rows kr..kr+15 of the V tile) one key at a time,
@@ -160,6 +173,14 @@ static __device__ __forceinline__ void dec_pv_exact(float (*o)[4], const float (
   }
 }
 
+#if DEC_WGMMA_BUILD
+/* wgmma: the P·V in flight done, O's registers free to read. */
+template <int D> static __device__ __forceinline__ void dec_pv_done(float (*o)[4]) {
+  wgmma_wait<0>();
+  wgmma_hold<D / 2>(&o[0][0]);
+}
+#endif
+
 /* One (batch, key head, chunk) a block.  RG row groups of 16 packed rows
  * (G·Lq <= 16·RG); warp w takes row group w % RG and the keys
  * [w / RG · 8NC, ...) of every tile. */
@@ -167,6 +188,12 @@ template <typename T, int D, int RG, int EXTRAS, bool PAGED>
 __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_problem call, decode_args a) {
   const int KS = DEC_WARPS / RG, NC = DEC_BC / KS / 8, TILE = DEC_BC * D * 2;
   constexpr bool WG = dec_wgmma<RG>();
+  /* the plain wgmma instances (Lq = 16 and the like): S issued before the next tile's copies, P·V waited for at
+   * the next tile's top, full tiles copied without a row's test (dec_load).  In turns against the code before
+   * (H200, docs/perf/2026-12-02-decode-lean-h200.json): Lq = 16 0.97-0.99x the time, the rest the same;
+   * not the masked ones (window, alibi, softcap, a mask), where ptxas then spilled (120 bytes a thread paged at
+   * D = 128, 32 at D = 64; the plain ones spill less than before: 8 bytes at D = 128 against 48) */
+  constexpr bool LEAN = WG && EXTRAS == EXTRAS_NONE;
   extern __shared__ __align__(128) char dec_smem_raw[];
   /* wgmma's swizzle is computed on address bits: 1024-byte aligned tiles */
   char *const dec_smem = WG ? dec_smem_raw + ((1024 - (smem_addr(dec_smem_raw) & 1023)) & 1023) : dec_smem_raw;
@@ -230,6 +257,8 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
   r.loB = max(r.loB, kb), r.hiB = max(min(r.hiB, ke), r.loB);
   uint32_t qf[D / 16][4]; /* Q as mma A fragments, straight from memory (a few rows) */
   float o[D / 8][4];
+  uint32_t pv_a[WG ? NC / 2 : 1][4]; /* wgmma: P as A fragments (LEAN: read by a P·V in flight past its tile) */
+  (void)pv_a;
   const bool scale_pos = frag_scale_positive(p);
   const int kw = ks * NC * 8; /* the warp's first key in a tile */
 
@@ -248,8 +277,8 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
 #pragma unroll
     for (int st = 0; st < DEC_STAGES - 1; st++) {
       if (st < ntiles)
-        dec_load<T, D, PAGED, WG>(dec_smem + st * 2 * TILE, dec_smem + st * 2 * TILE + TILE, p, a, kbase, vbase,
-                                  rowoff[PAGED ? st : 0], kb + st * DEC_BC, ke);
+        dec_load<T, D, PAGED, WG, LEAN>(dec_smem + st * 2 * TILE, dec_smem + st * 2 * TILE + TILE, p, a, kbase,
+                                        vbase, rowoff[PAGED ? st : 0], kb + st * DEC_BC, ke);
       cp_async_commit();
     }
     if (pass == 0) { /* Q once, while the first tiles arrive */
@@ -269,26 +298,29 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
     for (int t = 0; t < ntiles; t++) {
       cp_async_wait<DEC_STAGES - 2>();
 #if DEC_WGMMA_BUILD
-      if (WG) fence_proxy_async(); /* the copies, visible to wgmma's reads */
+      if (LEAN) dec_pv_done<D>(o); /* tile t - 1's P·V, issued at its end, ran while tile t's copies came */
+      if (WG) fence_proxy_async();   /* the copies, visible to wgmma's reads */
 #endif
       __syncthreads(); /* tile t is in; the buffer of tile t - 1 is free */
       const bool exact = pass > 0; /* the second pass: every P·V by the exact product */
       const int tn = t + DEC_STAGES - 1;
+      float s[NC][4];
+#if DEC_WGMMA_BUILD /* LEAN: S issued before the next tile's copies, whose instructions then run beside it */
+      if constexpr (LEAN) qk_issue_rs<T, D, DEC_BC>(s, qf, smem_addr(dec_smem + (t % DEC_STAGES) * 2 * TILE));
+#endif
       {
         char *kn = dec_smem + (tn % DEC_STAGES) * 2 * TILE;
         if (tn < ntiles)
-          dec_load<T, D, PAGED, WG>(kn, kn + TILE, p, a, kbase, vbase, rowoff[PAGED ? tn % 4 : 0],
-                                    kb + (int64_t)tn * DEC_BC, ke);
+          dec_load<T, D, PAGED, WG, LEAN>(kn, kn + TILE, p, a, kbase, vbase, rowoff[PAGED ? tn % 4 : 0],
+                                          kb + (int64_t)tn * DEC_BC, ke);
         if (PAGED && tid < DEC_BC && tn + 3 < ntiles) fetch_page(tn + 3); /* tile tn's group: read at tn's end */
         cp_async_commit();
       }
       const char *kt = dec_smem + (t % DEC_STAGES) * 2 * TILE, *vt = kt + TILE;
       const int64_t j0 = kb + (int64_t)t * DEC_BC + kw;
-
-      float s[NC][4];
       if constexpr (WG) {
 #if DEC_WGMMA_BUILD /* S = Q·Kᵀ for the 64 rows, K-major from the tile's column blocks */
-        qk_issue_rs<T, D, DEC_BC>(s, qf, smem_addr(kt));
+        if constexpr (!LEAN) qk_issue_rs<T, D, DEC_BC>(s, qf, smem_addr(kt));
         wgmma_wait<0>();
         wgmma_hold<NC * 4>(&s[0][0]);
 #endif
@@ -319,11 +351,9 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
 #pragma unroll
           for (int kk = 0; kk < NC / 2; kk++) dec_pv_exact<T, D, WG>(o, s, kk, vt, kk * 16, lane);
         } else {
-          uint32_t pa[NC / 2][4];
-          p_pack<T, DEC_BC>(pa, s);
-          pv_issue<T, D, DEC_BC>(o, pa, smem_addr(vt));
-          wgmma_wait<0>();
-          wgmma_hold<D / 2>(&o[0][0]);
+          p_pack<T, DEC_BC>(pv_a, s);
+          pv_issue<T, D, DEC_BC>(o, pv_a, smem_addr(vt));
+          if (!LEAN) dec_pv_done<D>(o); /* LEAN: at the next tile's top */
         }
 #endif
       } else
@@ -359,6 +389,9 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
       }
     }
     cp_async_wait<0>();
+#if DEC_WGMMA_BUILD
+    if (LEAN) dec_pv_done<D>(o); /* the last tile's P·V */
+#endif
     if (pass > 0) break;
     /* NaN or inf anywhere in this O (a sum overflowing to inf counts too): the chunk again, exactly */
     bool bad = false;
