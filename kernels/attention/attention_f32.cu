@@ -218,8 +218,6 @@ static __device__ __forceinline__ void f32_softmax_tile(const attn_params &p, in
   }
 }
 
-/* PASS (attention_common.cuh): flash, or the statistics pass of two_pass
- * (no V, no P) or its output pass (probabilities final, no rescaling). */
 /* "two_pass", output pass: the exponent's offset of row i, its final m
  * alone (0 for an empty row), O divided by l at the end as the one-pass
  * kernel does.  Not m + ln l as one f32 (frag_stats_offset), which is
@@ -233,6 +231,8 @@ static __device__ __forceinline__ float f32_output_offset(const attn_params &p, 
   return m == -INFINITY ? 0.f : m;
 }
 
+/* PASS (attention_common.cuh): flash, or the statistics pass of two_pass
+ * (no V, no P) or its output pass (probabilities final but for 1 / l, no rescaling). */
 template <int D, int EXTRAS, int PASS, bool DENSE = true>
 __global__ void __launch_bounds__(F32_THREADS, 2) attn_f32_kernel(attn_params p) {
   const bool WITH_V = PASS != PASS_STATS;
