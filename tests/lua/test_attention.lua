@@ -454,6 +454,26 @@ function TestAttention:test_alibi()
     fa.attention_reference(q, k, v, {mask = bias})) < 1e-14, "alibi = −slope·|i + Lk − Lq − j|")
 end
 
+-- f32 with alibi and causal top_left over long keys: every attended key lies about Lk from alibi's
+-- diagonal, so every score is near -slope·Lk. two_pass's output pass once took m + ln l as one f32
+-- offset, rounded at that magnitude (cuda: 3.6e-4 from the f64 reference where the one-pass kernel
+-- had 1.4e-4, Lk = 16k; oracle seed 6105, case 849). Every algorithm is held to the one-pass error.
+function TestAttention:test_f32_two_pass_under_large_alibi_biases()
+  local Lk = dev == "cuda" and 16384 or 4096
+  local q, k, v = qkv(1, 4, 1, 2, Lk, 128, 128, "f32")
+  local opts = {alibi = {0.7071, 0.25, 0.1768, 0.0625}, causal = "top_left"}
+  local ref = fa.attention_reference(q:cpu():double(), k:cpu():double(), v:cpu():double(), opts)
+  local function err(algo)
+    opts.algo = algo
+    return fa.max_abs_diff(fa.attention(q, k, v, opts):cpu():double(), ref)
+  end
+  local flash = err("flash")
+  for _, algo in ipairs({"two_pass", "naive", "flash_row"}) do
+    local e = err(algo)
+    lu.assertTrue(e <= 1.25 * flash + 1e-6, ("%s: %.3g from the reference, flash %.3g"):format(algo, e, flash))
+  end
+end
+
 function TestAttention:test_softcap()
   for _, c in ipairs({5, 0.5, 30}) do
     check_all_algos(function(dt)
