@@ -218,19 +218,6 @@ static __device__ __forceinline__ void f32_softmax_tile(const attn_params &p, in
   }
 }
 
-/* "two_pass", output pass: the exponent's offset of row i, its final m
- * alone (0 for an empty row), O divided by l at the end as the one-pass
- * kernel does.  Not m + ln l as one f32 (frag_stats_offset), which is
- * rounded at the scores' magnitude: under alibi with causal top_left at
- * 16k keys, where every score is near -slope·16k, that put up to 5e-4 on
- * every weight of a row (f32 error 3.6e-4 against the one-pass kernel's
- * 1.4e-4, H200, docs/perf/README.md session 61; seed 6105 of the oracle). */
-static __device__ __forceinline__ float f32_output_offset(const attn_params &p, int64_t bh, int64_t i) {
-  if (i >= p.Lq) return 0.f;
-  const float m = p.row_stats[2 * (bh * p.Lq + i)];
-  return m == -INFINITY ? 0.f : m;
-}
-
 /* PASS (attention_common.cuh): flash, or the statistics pass of two_pass
  * (no V, no P) or its output pass (probabilities final but for 1 / l, no rescaling). */
 template <int D, int EXTRAS, int PASS, bool DENSE = true>
@@ -269,7 +256,7 @@ __global__ void __launch_bounds__(F32_THREADS, 2) attn_f32_kernel(attn_params p)
   const int KBUF = F32_BC * QKS / 4, VBUF = F32_BC * CH; /* float4s a K, a V buffer */
   float2 *Pw = (float2 *)(Ps + rA * F32_BC) + (t4 & 1); /* P[rA + 8e][8n + 2t4..] at Pw[8e·32 + 2·((2n + t4/2) ^ swz)] */
   float offA = 0.f, offB = 0.f; /* PASS_OUTPUT: the rows' final m, P = exp(s - m), O / l at the end */
-  if (PASS == PASS_OUTPUT) offA = f32_output_offset(p, bh, r.iA), offB = f32_output_offset(p, bh, r.iB);
+  if (PASS == PASS_OUTPUT) offA = frag_stats_offset<true>(p, bh, r.iA), offB = frag_stats_offset<true>(p, bh, r.iB);
 
   double acc[NT][4];
   float4 o[F32_RM][NH];

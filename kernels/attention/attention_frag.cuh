@@ -520,15 +520,21 @@ static __device__ __forceinline__ void frag_stats_store(const attn_params &p, in
 
 /* "two_pass", output pass: from the rows' final (m, l), the offsets that
  * make 2^(s·k - off) = exp(s - m) / l, so that P comes out normalised:
- * m·log2 e + log2 l, or m + ln l in frag_exp_tile's EXACT units (0 for an
- * empty row, whose scores are all -inf; NaN when l is, so that the row
- * comes out NaN). */
+ * m·log2 e + log2 l (0 for an empty row, whose scores are all -inf; NaN
+ * when l is, so that the row comes out NaN).  EXACT (the f32 kernel): m
+ * alone in natural units, and the caller divides O by l, as the one-pass
+ * kernels do: m + ln l as one f32 is rounded at the scores' magnitude,
+ * which under alibi with causal top_left at 16k keys (every score near
+ * -slope·16k) put up to 5e-4 on every weight of a row (f32 error 3.6e-4
+ * against the one-pass kernel's 1.4e-4, H200, docs/perf/README.md session
+ * 61; seed 6105 of the oracle).  The 16-bit kernels' form rounds alike,
+ * within their dtype's tolerance. */
 template <bool EXACT = false>
 static __device__ __forceinline__ float frag_stats_offset(const attn_params &p, int64_t bh, int64_t i) {
   if (i >= p.Lq) return 0.f;
   const float m = p.row_stats[2 * (bh * p.Lq + i)], l = p.row_stats[2 * (bh * p.Lq + i) + 1];
-  if (m == -INFINITY) return l == l ? 0.f : l;
-  return EXACT ? m + logf(l) : fmaf(m, FA_LOG2E, log2f(l));
+  if (m == -INFINITY) return l == l || EXACT ? 0.f : l;
+  return EXACT ? m : fmaf(m, FA_LOG2E, log2f(l));
 }
 
 /* O *= alpha per row (always: skipping it when no row of the warp moved its
