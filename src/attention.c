@@ -327,9 +327,10 @@ static fa_status upload(fa_context *ctx, const void *host, size_t bytes, void **
 
 /* The outputs of a call on cuda: the caller's opts.out and opts.lse_out
  * where the kernels can write them (API §6: their strides), else fresh
- * dense buffers; p->o, p->lse and their strides point at them. */
+ * dense buffers; p->o, p->lse and their strides point at them.  lse_dtype
+ * FA_F64 (an opts.splits piece, no lse_out): a fresh f64 lse at p->lse64. */
 static fa_status cuda_outputs(fa_context *ctx, const fa_attention_opts *o, const fa_attn_dims *d, int want_lse,
-                              fa_attn_buffers *bufs, fa_attn_problem *p) {
+                              fa_dtype lse_dtype, fa_attn_buffers *bufs, fa_attn_problem *p) {
   int64_t oshape[4] = {d->B, d->Hq, d->Lq, d->Dv};
   fa_tensor *uo = o->out, *ul = o->lse_out;
   fa_status st;
@@ -347,10 +348,11 @@ static fa_status cuda_outputs(fa_context *ctx, const fa_attention_opts *o, const
     if (ul && writable_in_place(ul, 0, bufs, bufs->o)) {
       fa_tensor_retain(ul);
       bufs->lse = ul;
-    } else if ((st = fa_tensor_new(ctx, 3, oshape, FA_F32, FA_CUDA, &bufs->lse))) {
+    } else if ((st = fa_tensor_new(ctx, 3, oshape, lse_dtype, FA_CUDA, &bufs->lse))) {
       return st;
     }
-    p->lse = fa_tensor_ptr(bufs->lse);
+    if (lse_dtype == FA_F64) p->lse64 = fa_tensor_ptr(bufs->lse);
+    else p->lse = fa_tensor_ptr(bufs->lse);
     row_strides(bufs->lse, 0, &p->lse_st);
   }
   return FA_OK;
@@ -388,14 +390,19 @@ fa_status fa_attn_cuda_inputs(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_te
   return FA_OK;
 }
 
-/* decode: the decode kernel takes the call (fa_attn_decode_takes). */
+/* decode: the decode kernel takes the call (fa_attn_decode_takes).
+ * piece_base >= 0: an opts.splits piece (see run_attention), its lse in
+ * f64 for the merge (the kernels' attn_lse_store); the decode kernel, which
+ * cuts its keys itself, never gets one (a piece is a call it refused). */
 static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
                           const fa_expr *const exprs[2], const fa_attn_dims *d, int decode, int want_lse,
-                          int64_t key_base, fa_tensor **out, fa_tensor **lse) {
+                          int64_t piece_base, fa_tensor **out, fa_tensor **lse) {
   fa_attn_buffers bufs = {.exprs = {exprs[0], exprs[1]}};
   fa_attn_problem p;
   fa_attn_resolve_options(o, d, d->dtype, &p);
-  p.key_base = key_base; /* an opts.splits piece: top_left's diagonal counts the whole call's keys */
+  const fa_dtype lse_dtype = piece_base >= 0 && !decode ? FA_F64 : FA_F32;
+  /* an opts.splits piece: top_left's diagonal counts the whole call's keys */
+  p.key_base = piece_base >= 0 ? piece_base : 0;
   /* defaults: the tile of the fastest kernel that takes the call, or of
    * the kernel opts.kernel named (the opts' tile when given) */
   int64_t br = d->kernel_br, bc = d->kernel_bc;
@@ -414,7 +421,7 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
   if (d->algo == FA_ATTN_FLASH_ROW && d->Dv > 256)
     return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: flash_row on cuda: Dv = %lld is above 256", (long long)d->Dv);
   if ((st = fa_attn_cuda_inputs(ctx, q, k, v, o, d, &p, &bufs))) goto done;
-  if ((st = cuda_outputs(ctx, o, d, want_lse, &bufs, &p))) goto done;
+  if ((st = cuda_outputs(ctx, o, d, want_lse, lse_dtype, &bufs, &p))) goto done;
   if (d->B * d->Hq * d->Lq == 0) {
   } else if (d->Lk == 0) { /* no keys: zeros and lse = -inf */
     st = cuda_fill_empty(ctx, &bufs, want_lse);
@@ -426,8 +433,8 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
     st = fa_cuda_attention_run(ctx, d->algo, decode ? FA_KERNEL_DECODE : d->kernel, NULL, decode ? o->splits : 0, &p);
   }
   if (st) goto done;
-  st = fa_attn_deliver(ctx, q, d->rank, d->Dv, bufs.o, want_lse ? bufs.lse : NULL, o->out, o->lse_out, d->dtype, FA_F32,
-                       FA_CUDA, out, lse);
+  st = fa_attn_deliver(ctx, q, d->rank, d->Dv, bufs.o, want_lse ? bufs.lse : NULL, o->out, o->lse_out, d->dtype,
+                       lse_dtype, FA_CUDA, out, lse);
 done:
   fa_attn_buffers_drop(ctx, &bufs);
   return st;
@@ -452,7 +459,7 @@ fa_status fa_attention_paged(fa_context *ctx, fa_tensor *q, const fa_attn_paged_
   p.kv_lens = kv->lens;
   if (o->alibi && (st = upload(ctx, o->alibi, alibi_bytes, &alibi))) goto done;
   p.alibi = alibi;
-  if ((st = cuda_outputs(ctx, o, d, want_lse, &bufs, &p))) goto done;
+  if ((st = cuda_outputs(ctx, o, d, want_lse, FA_F32, &bufs, &p))) goto done;
   if (d->B * d->Hq * d->Lq == 0) {
   } else if (d->Lk == 0) {
     st = cuda_fill_empty(ctx, &bufs, want_lse);
@@ -470,8 +477,9 @@ done:
 
 /* reference: fa_attention_reference.  piece_base >= 0: an opts.splits
  * piece on the keys from piece_base (a view; src/splits.c): its lse in f64
- * where the CPU computes in f64 (so that the merge keeps f64; the public
- * call's lse is f32, API §2), top_left and the variants counting keys
+ * on both backends (the public call's lse is f32, API §2; the merge weighs
+ * the pieces by e^(lse - max), and an f32 lse near 8192 is rounded by up to
+ * 5e-4, on a piece's weight: tests/lua/test_splits.lua), top_left and the variants counting keys
  * from piece_base (fa_attn_problem.key_base), no rewriting of the variants
  * by the piece's own sizes (the whole call rewrote mask_mod's range rules
  * before it split; a score_mod of ALiBi's form runs as its expression in
@@ -521,12 +529,12 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   }
   int want_lse = o->return_lse || lse != NULL || o->lse_out;
   if (!reference && d.device == FA_CUDA) {
-    st = run_cuda(ctx, q, k, v, o, exprs, &d, decode, want_lse, piece ? piece_base : 0, out, lse);
+    st = run_cuda(ctx, q, k, v, o, exprs, &d, decode, want_lse, piece_base, out, lse);
     fa_tensor_release(slopes); /* stream-ordered: after the kernels that read it */
     return st;
   }
   fa_dtype compute = reference || d.dtype == FA_F64 ? FA_F64 : FA_F32;
-  const fa_dtype lse_dtype = reference || (piece && compute == FA_F64) ? FA_F64 : FA_F32;
+  const fa_dtype lse_dtype = reference || piece ? FA_F64 : FA_F32;
   fa_tensor *user_out = o->out, *user_lse = o->lse_out;
   fa_attn_buffers bufs = {.exprs = {exprs[0], exprs[1]}};
   fa_attn_problem p;

@@ -180,10 +180,12 @@ template <typename PROB> struct attn_rule {
 static __host__ __device__ __forceinline__ int64_t attn_at(const fa_attn_strides &st, int64_t b, int64_t h, int64_t i) {
   return b * st.b + h * st.h + i * st.s;
 }
-/* lse's place for row i of head h of batch b. */
+/* lse's place for row i of head h of batch b (the backward reads the forward's, f32). */
 static __device__ __forceinline__ float &attn_lse_at(const fa_attn_problem &p, int64_t b, int64_t h, int64_t i) {
   return p.lse[attn_at(p.lse_st, b, h, i)];
 }
+/* Whether the call wants lse: in f32 (p.lse), or in f64 (p.lse64: an opts.splits piece, src/splits.c). */
+static __device__ __forceinline__ bool attn_wants_lse(const fa_attn_problem &p) { return p.lse || p.lse64; }
 /* Whether every row of an operand at ptr (strides st, elements of es
  * bytes) starts on 16 bytes: the pointer and its batch, head and sequence
  * strides in bytes; attn_rows_aligned16: q, k, v and o all do (the
@@ -273,6 +275,14 @@ template <typename F> static inline fa_status attn_instance_by_rule_and_pass(con
 
 /* lse of a finished row: -inf for an empty row (l = 0), NaN stays NaN. */
 static __device__ __forceinline__ float row_lse(float m, float l) { return l == 0.f ? -INFINITY : m + logf(l); }
+/* A finished row's lse into element `at` of the call's: f32 (p.lse), or
+ * f64 (p.lse64: an opts.splits piece, whose merge weighs the pieces by
+ * e^(lse - max)) without f32's rounding of m + ln l at |m| (half an ulp of
+ * 8192 is 5e-4 on a piece's weight). */
+static __device__ __forceinline__ void attn_lse_store(const fa_attn_problem &p, int64_t at, float m, float l) {
+  if (p.lse64) p.lse64[at] = l == 0.f ? -INFINITY : (double)m + (double)logf(l);
+  else p.lse[at] = row_lse(m, l);
+}
 /* 1 / l of a finished row: 0 for an empty row (its O is zeros), NaN stays NaN. */
 static __device__ __forceinline__ float row_inv(float l) { return l > 0.f ? 1.f / l : (l == l ? 0.f : l); }
 

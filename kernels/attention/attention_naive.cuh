@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(NAIVE_THREADS)
     }
     for (int64_t j = 4 * (int64_t)nv + t; j < Lk; j += nt)
       prow[j] = from_float<T>(p_of(naive_score<EXTRAS, PROB>(p, b, h, i, (int)j, __ldcs(&srow[j]), lo, hi, scale), mc, inv));
-    if (p.lse && t == 0) attn_lse_at(p, b, h, i) = row_lse(m, d);
+    if (attn_wants_lse(p) && t == 0) attn_lse_store(p, attn_at(p.lse_st, b, h, i), m, d);
   }
 }
 

@@ -143,10 +143,8 @@ static __device__ __forceinline__ void attn_tiled_block(const PROB &p, int br, i
       int col = c * 32 + lane;
       if (col < Dv) orow[col] = from_float<T>(o[r][c] * inv);
     }
-    if (p.lse && lane == 0) {
-      float lr = MODE == MODE_OUTPUT ? stats[2 * row + 1] : l[r];
-      attn_lse_at(p, b, h, i) = row_lse(m[r], lr);
-    }
+    if (attn_wants_lse(p) && lane == 0)
+      attn_lse_store(p, attn_at(p.lse_st, b, h, i), m[r], MODE == MODE_OUTPUT ? stats[2 * row + 1] : l[r]);
   }
 }
 
@@ -195,7 +193,7 @@ template <typename T, typename PROB = fa_attn_problem> __global__ void attn_row_
   float inv = row_inv(d);
   T *orow = (T *)p.o + attn_at(p.o_st, b, h, i);
   for (int c = 0; c < Dv; c++) orow[c] = from_float<T>(o[c] * inv);
-  if (p.lse) attn_lse_at(p, b, h, i) = row_lse(m, d);
+  if (attn_wants_lse(p)) attn_lse_store(p, attn_at(p.lse_st, b, h, i), m, d);
 }
 
 #ifndef __CUDACC_RTC__ /* the launchers' sizes (attention.cu, attention_variant.cu) */

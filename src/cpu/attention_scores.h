@@ -42,7 +42,7 @@ void fa_attn_online_f32(float *s, int64_t ld, int64_t rows, int64_t n, float *m,
 void fa_attn_online_f64(double *s, int64_t ld, int64_t rows, int64_t n, double *m, double *l, double *alpha);
 
 /* Where a tile's lse rows go: f32 (fa_attn_problem's lse), f64 (its
- * lse64: the reference's, and a split piece's of f64 inputs), or nowhere
+ * lse64: the reference's, and an opts.splits piece's), or nowhere
  * (both NULL). */
 typedef struct {
   float *f32;

@@ -148,7 +148,8 @@ void FA_R(fa_attn_lse)(const REAL *m, const REAL *l, int64_t rows, fa_lse_rows l
   for (int64_t r = 0; r < rows; r++) {
     const REAL x = l[r] == 0 ? -INFINITY : m[r] + FA_LOG(l[r]);
     if (lse.f32) lse.f32[r * ldl] = (float)x;
-    if (lse.f64) lse.f64[r * ldl] = (double)x;
+    /* f64 (a split piece's, for the merge): m + log l not rounded to f32 at |m| (alibi: slope * Lk) */
+    if (lse.f64) lse.f64[r * ldl] = l[r] == 0 ? -INFINITY : (double)m[r] + log((double)l[r]);
   }
 }
 
