@@ -5,6 +5,7 @@
  * merged in f32 (f64 for f64) with fa_merge_states_n.  Every error path
  * releases what it made. */
 #include "check.h"
+#include "splits.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -238,11 +239,15 @@ typedef struct {
   fa_tensor *o, *lse;
 } state;
 
-/* (o, lse) of one (query piece, key piece) pair, in the merge's dtypes. */
+/* (o, lse) of one (query piece, key piece) pair, in the merge's dtypes:
+ * an opts.splits-style piece (src/splits.c) from its own first key, whose
+ * lse comes in f64 on both backends rather than rounded to f32 at the
+ * scores' magnitude. */
 static fa_status attend_piece(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *po,
                               int reference, fa_dtype odt, fa_dtype ldt, fa_device dev, state *out) {
   fa_tensor *o = NULL, *lse = NULL;
-  fa_status st = reference ? fa_attention_reference(ctx, q, k, v, po, &o, &lse) : fa_attention(ctx, q, k, v, po, &o, &lse);
+  fa_status st = reference ? fa_attention_reference(ctx, q, k, v, po, &o, &lse)
+                           : fa_attention_piece(ctx, q, k, v, po, 0, &o, &lse);
   if (!st) st = fa_tensor_to(ctx, o, odt, dev, &out->o);
   if (!st) st = fa_tensor_to(ctx, lse, ldt, dev, &out->lse);
   if (st) fa_tensor_drop(&out->o), fa_tensor_drop(&out->lse);
@@ -335,9 +340,11 @@ fa_status fa_ring_attention(fa_context *ctx, int n, fa_tensor *const *qs, fa_ten
     }
   }
   /* f64: each piece by the f64 reference (its lse is f64, the merge's
-   * weights stay exact to f64); else fa_attention, merged in f32 */
+   * weights stay exact to f64); else fa_attention's pieces, their states
+   * merged in f32 and their lse in f64 (an f32 lse near 8192 is off by up
+   * to 5e-4 on a piece's weight: tests/lua/test_ring.lua) */
   const int reference = q0->dtype == FA_F64;
-  const fa_dtype odt = reference ? FA_F64 : FA_F32, ldt = odt;
+  const fa_dtype odt = reference ? FA_F64 : FA_F32, ldt = FA_F64;
   const fa_device dev = q0->storage->device;
   fa_attention_opts full = *opts, diag = *opts;
   full.causal = FA_CAUSAL_NONE, diag.causal = FA_CAUSAL_TOP_LEFT;

@@ -216,6 +216,33 @@ function TestRing:test_equals_single_device_attention()
   end
 end
 
+function TestRing:test_f32_states_merge_without_rounding_their_lse()
+  -- every score 8192 plus a few 64ths (q of ones, keys 128 + k/64: exact in f32), every key of like
+  -- weight: each step's lse, 8192 + log of a sum, once went to the merge as f32, half an ulp of 8192
+  -- (5e-4) on each state's weight; the pieces' lse and the running lse stay in f64 between merges
+  local L, D = 48, 64
+  local kf, vf, x = {}, {}, 777
+  for i = 1, L * D do
+    x = (x * 1103515245 + 12345) % 2147483648
+    kf[i] = 128 + (x % 5 - 2) / 64
+    vf[i] = (x % 1999) / 999.5 - 1
+  end
+  local q = U.from_flat(fa.ones({L * D}):totable(), {1, 1, L, D}, "f32", dev)
+  local k, v = U.from_flat(kf, {1, 1, L, D}, "f32", dev), U.from_flat(vf, {1, 1, L, D}, "f32", dev)
+  for _, causal in ipairs({false, true}) do
+    local ref = fa.attention_reference(q, k, v, {scale = 1, causal = causal})
+    for _, n in ipairs({2, 4}) do
+      for _, layout in ipairs({"contiguous", "zigzag"}) do
+        local sh = {layout = layout}
+        local os_ = fa.ring_attention(fa.shard(q, n, sh), fa.shard(k, n, sh), fa.shard(v, n, sh),
+          {scale = 1, causal = causal, layout = layout})
+        local e = fa.max_abs_diff(fa.unshard(os_, sh):cpu():double(), ref)
+        lu.assertTrue(e < 1e-6, ("causal=%s, %d %s shards: %.3g from the reference"):format(tostring(causal), n, layout, e))
+      end
+    end
+  end
+end
+
 function TestRing:test_options_pass_through()
   local q, k, v = U.randn({1, 2, 12, 8}), U.randn({1, 2, 12, 8}), U.randn({1, 2, 12, 8})
   for _, opts in ipairs({
