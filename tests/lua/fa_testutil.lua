@@ -93,6 +93,21 @@ function U.from_flat(flat, shape, dtype, device)
   return t
 end
 
+-- f32 q, k, v of shapes (1, 1, Lq, D), (1, 1, Lk, D), (1, 1, Lk, D) on device whose scores at scale 1
+-- are all 8192 plus a few 64ths, exact in f32 (q of ones, keys 128 + j/64 for small integers j), so
+-- that every key weighs about alike and a merge's f32 lse (half an ulp of 8192: 5e-4) shows; values
+-- in [-1, 1]. `seed` picks the keys and values.
+function U.scores_near_8192(Lq, Lk, D, seed, device)
+  local kf, vf, x = {}, {}, seed
+  for i = 1, Lk * D do
+    x = (x * 1103515245 + 12345) % 2147483648
+    kf[i] = 128 + (x % 5 - 2) / 64
+    vf[i] = (x % 1999) / 999.5 - 1
+  end
+  local q = U.from_flat(fa.ones({Lq * D}):totable(), {1, 1, Lq, D}, "f32", device)
+  return q, U.from_flat(kf, {1, 1, Lk, D}, "f32", device), U.from_flat(vf, {1, 1, Lk, D}, "f32", device)
+end
+
 function U.prod(shape)
   local n = 1
   for _, s in ipairs(shape) do n = n * s end

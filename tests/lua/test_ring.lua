@@ -220,15 +220,7 @@ function TestRing:test_f32_states_merge_without_rounding_their_lse()
   -- every score 8192 plus a few 64ths (q of ones, keys 128 + k/64: exact in f32), every key of like
   -- weight: each step's lse, 8192 + log of a sum, once went to the merge as f32, half an ulp of 8192
   -- (5e-4) on each state's weight; the pieces' lse and the running lse stay in f64 between merges
-  local L, D = 48, 64
-  local kf, vf, x = {}, {}, 777
-  for i = 1, L * D do
-    x = (x * 1103515245 + 12345) % 2147483648
-    kf[i] = 128 + (x % 5 - 2) / 64
-    vf[i] = (x % 1999) / 999.5 - 1
-  end
-  local q = U.from_flat(fa.ones({L * D}):totable(), {1, 1, L, D}, "f32", dev)
-  local k, v = U.from_flat(kf, {1, 1, L, D}, "f32", dev), U.from_flat(vf, {1, 1, L, D}, "f32", dev)
+  local q, k, v = U.scores_near_8192(48, 48, 64, 777, dev)
   for _, causal in ipairs({false, true}) do
     local ref = fa.attention_reference(q, k, v, {scale = 1, causal = causal})
     for _, n in ipairs({2, 4}) do

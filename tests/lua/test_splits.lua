@@ -99,15 +99,7 @@ function TestSplits:test_f32_pieces_merge_without_rounding_their_lse()
   -- is the softmax's), every key of like weight: the pieces' lse, 8192 + log of a piece's sum, once
   -- went to the merge as f32, half an ulp of 8192 (5e-4) on each piece's weight, 4e-5 on the output
   -- where the unsplit call is within 1e-7; the pieces now keep their lse in f64 to the merge
-  local Lk, D = 70, 64
-  local kf, vf, x = {}, {}, 12345
-  for i = 1, Lk * D do
-    x = (x * 1103515245 + 12345) % 2147483648
-    kf[i] = 128 + (x % 5 - 2) / 64
-    vf[i] = (x % 1999) / 999.5 - 1
-  end
-  local q = U.from_flat(fa.ones({D}):totable(), {1, 1, 1, D}, "f32", dev)
-  local k, v = U.from_flat(kf, {1, 1, Lk, D}, "f32", dev), U.from_flat(vf, {1, 1, Lk, D}, "f32", dev)
+  local q, k, v = U.scores_near_8192(1, 70, 64, 12345, dev)
   local ref = fa.attention_reference(q, k, v, {scale = 1})
   for _, algo in ipairs({"flash", "two_pass", "naive", "flash_row"}) do
     for _, s in ipairs({1, 2, 7}) do
