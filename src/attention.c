@@ -392,15 +392,18 @@ fa_status fa_attn_cuda_inputs(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_te
 
 /* decode: the decode kernel takes the call (fa_attn_decode_takes).
  * piece_base >= 0: an opts.splits piece (see run_attention), its lse in
- * f64 for the merge (the kernels' attn_lse_store); the decode kernel, which
- * cuts its keys itself, never gets one (a piece is a call it refused). */
+ * f64 for the merge where the call is f32 (the kernels that take f32 write
+ * it: attn_lse_store); a 16-bit piece keeps an f32 lse, whose rounding is
+ * below its dtype's, so that the tensor-core kernels' epilogues stay as
+ * they are (one that wrote either form ran 1 % slower at bf16 D = 64, 1k
+ * keys causal).  Not where the decode kernel takes the call (16-bit). */
 static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
                           const fa_expr *const exprs[2], const fa_attn_dims *d, int decode, int want_lse,
                           int64_t piece_base, fa_tensor **out, fa_tensor **lse) {
   fa_attn_buffers bufs = {.exprs = {exprs[0], exprs[1]}};
   fa_attn_problem p;
   fa_attn_resolve_options(o, d, d->dtype, &p);
-  const fa_dtype lse_dtype = piece_base >= 0 && !decode ? FA_F64 : FA_F32;
+  const fa_dtype lse_dtype = piece_base >= 0 && !decode && d->dtype == FA_F32 ? FA_F64 : FA_F32;
   /* an opts.splits piece: top_left's diagonal counts the whole call's keys */
   p.key_base = piece_base >= 0 ? piece_base : 0;
   /* defaults: the tile of the fastest kernel that takes the call, or of

@@ -184,7 +184,8 @@ static __host__ __device__ __forceinline__ int64_t attn_at(const fa_attn_strides
 static __device__ __forceinline__ float &attn_lse_at(const fa_attn_problem &p, int64_t b, int64_t h, int64_t i) {
   return p.lse[attn_at(p.lse_st, b, h, i)];
 }
-/* Whether the call wants lse: in f32 (p.lse), or in f64 (p.lse64: an opts.splits piece, src/splits.c). */
+/* Whether the call wants lse: in f32 (p.lse), or in f64 (p.lse64: an f32 opts.splits piece, src/splits.c;
+ * only the kernels that take f32 write that form: attn_lse_store). */
 static __device__ __forceinline__ bool attn_wants_lse(const fa_attn_problem &p) { return p.lse || p.lse64; }
 /* Whether every row of an operand at ptr (strides st, elements of es
  * bytes) starts on 16 bytes: the pointer and its batch, head and sequence

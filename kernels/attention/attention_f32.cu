@@ -318,7 +318,7 @@ __global__ void __launch_bounds__(F32_THREADS, 2) attn_f32_kernel(attn_params p)
       out[16 * hh] = make_float4(o[i][hh].x * inv, o[i][hh].y * inv, o[i][hh].z * inv, o[i][hh].w * inv);
     if (attn_wants_lse(p) && tx == 0) {
       const float *st = p.row_stats + 2 * (bh * p.Lq + row); /* PASS_OUTPUT: the statistics pass's */
-      attn_lse_store(p, qt.lse(p) + row * p.lse_st.s, PASS == PASS_OUTPUT ? st[0] : row_m[rr],
+      attn_lse_store(p, attn_at(p.lse_st, b, h, row), PASS == PASS_OUTPUT ? st[0] : row_m[rr],
                      PASS == PASS_OUTPUT ? st[1] : row_l[rr]);
     }
   }

@@ -143,7 +143,7 @@ struct frag_rows {
 
 /* Block blk's query tile of BR rows; q, k, v point at its head's rows
  * (GQA: the key/value head of query head h; rows p.*_st.s apart); out()
- * and lse() at its head's output rows and lse entries (-1 without lse),
+ * and lse() at its head's output rows and lse entries (NULL without lse),
  * made at the end (held through the key loop, they cost registers).
  * Blocks go head by head, the long
  * causal tiles of a head first; with p.sched_heads = G > 1, groups of G
@@ -158,9 +158,8 @@ template <typename T, int D, int BR, typename I = unsigned> struct frag_qtile {
   int64_t bh, b, h, i0;
   const T *q, *k, *v;
   __device__ __forceinline__ T *out(const fa_attn_problem &p) const { return (T *)p.o + attn_at(p.o_st, b, h, 0); }
-  /* the head's first lse element, -1: no lse wanted */
-  __device__ __forceinline__ int64_t lse(const fa_attn_problem &p) const {
-    return attn_wants_lse(p) ? attn_at(p.lse_st, b, h, 0) : -1;
+  __device__ __forceinline__ float *lse(const fa_attn_problem &p) const {
+    return p.lse ? p.lse + attn_at(p.lse_st, b, h, 0) : NULL;
   }
   __device__ __forceinline__ frag_qtile(const attn_params &p, int64_t blk64) {
     const I blk = (I)blk64, qtiles = (I)((p.Lq + BR - 1) / BR), BH = (I)(p.B * p.Hq), Hq = (I)p.Hq;
@@ -557,18 +556,16 @@ static __device__ __forceinline__ void frag_finish(frag_rows &r, float *invA, fl
   }
 }
 
-/* lse of rows A and B from element lse of the call's (the head's first,
- * -1: none wanted; -inf for an empty row); NORMALIZED: from p.row_stats. */
+/* lse of rows A and B into lse (the head's entries, NULL: none wanted;
+ * -inf for an empty row); NORMALIZED: from p.row_stats. */
 template <bool NORMALIZED>
-static __device__ __forceinline__ void frag_lse_store(const attn_params &p, int64_t bh, int64_t lse, int lane,
+static __device__ __forceinline__ void frag_lse_store(const attn_params &p, int64_t bh, float *lse, int lane,
                                                       const frag_rows &r) {
-  if (lse >= 0 && (lane & 3) == 0) {
+  if (lse && (lane & 3) == 0) {
     const float *st = p.row_stats + 2 * bh * p.Lq;
     const int64_t ls = p.lse_st.s;
-    if (r.iA < p.Lq)
-      attn_lse_store(p, lse + r.iA * ls, NORMALIZED ? st[2 * r.iA] : r.mA, NORMALIZED ? st[2 * r.iA + 1] : r.lA);
-    if (r.iB < p.Lq)
-      attn_lse_store(p, lse + r.iB * ls, NORMALIZED ? st[2 * r.iB] : r.mB, NORMALIZED ? st[2 * r.iB + 1] : r.lB);
+    if (r.iA < p.Lq) lse[r.iA * ls] = NORMALIZED ? row_lse(st[2 * r.iA], st[2 * r.iA + 1]) : row_lse(r.mA, r.lA);
+    if (r.iB < p.Lq) lse[r.iB * ls] = NORMALIZED ? row_lse(st[2 * r.iB], st[2 * r.iB + 1]) : row_lse(r.mB, r.lB);
   }
 }
 
@@ -576,7 +573,7 @@ static __device__ __forceinline__ void frag_lse_store(const attn_params &p, int6
  * fragments, 4 bytes a store (each store instruction touches 8 rows), and
  * lse. */
 template <typename T, int D, bool NORMALIZED>
-static __device__ __forceinline__ void frag_store(const attn_params &p, int64_t bh, T *out, int64_t lse, int lane,
+static __device__ __forceinline__ void frag_store(const attn_params &p, int64_t bh, T *out, float *lse, int lane,
                                                   frag_rows &r, float (*o)[4]) {
   const int c2 = (lane & 3) * 2;
   const int64_t os = p.o_st.s;
@@ -615,7 +612,7 @@ static __device__ __forceinline__ void frag_stage(char *tile, int rA, int c2, co
 }
 
 template <typename T, int D, bool NORMALIZED, bool WGMMA, int ROWS, int GROUP>
-static __device__ __forceinline__ void frag_store_staged(const attn_params &p, int64_t bh, T *out, int64_t lse,
+static __device__ __forceinline__ void frag_store_staged(const attn_params &p, int64_t bh, T *out, float *lse,
                                                          int64_t i0, int lane, frag_rows &r, float (*o)[4], char *tile) {
   static_assert(GROUP == 32 || (GROUP == 128 && ROWS == 128), "frag_store_staged: a warp, or a warpgroup of two");
   const int CH = D / 8, c2 = (lane & 3) * 2;
