@@ -822,10 +822,10 @@ def paged_references(c, q, appended):
         kb = torch.cat([k[b:b + 1, :, :(n if lens is None else lens[b])] for k, _, n, lens in appended], dim=2).to(dt)
         vb = torch.cat([v[b:b + 1, :, :(n if lens is None else lens[b])] for _, v, n, lens in appended], dim=2).to(dt)
         parts.append(references(cb, q[b:b + 1], kb, vb, None))
-    cat = [None if x[0] is None else torch.cat(x, dim=0) if torch.is_tensor(x[0]) else x for x in zip(*parts)]
-    if cat[5] is not None:  # f32: each draw of the f32-scores references, all sequences
-        cat[5] = [torch.cat(d, dim=0) for d in zip(*cat[5])]
-    return cat
+    cat = [torch.cat(x, dim=0) for x in zip(*(part[:5] for part in parts))]
+    # f32: each draw of the f32-scores references, all sequences
+    draws = [torch.cat(d, dim=0) for d in zip(*(part[5] for part in parts))] if c["dtype"] == "f32" else None
+    return cat + [draws]
 
 
 def run_paged_case(eng, c):

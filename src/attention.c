@@ -396,14 +396,14 @@ fa_status fa_attn_cuda_inputs(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_te
  * it: attn_lse_store); a 16-bit piece keeps an f32 lse, whose rounding is
  * below its dtype's, so that the tensor-core kernels' epilogues stay as
  * they are (one that wrote either form ran 1 % slower at bf16 D = 64, 1k
- * keys causal).  Not where the decode kernel takes the call (16-bit). */
+ * keys causal). */
 static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
                           const fa_expr *const exprs[2], const fa_attn_dims *d, int decode, int want_lse,
                           int64_t piece_base, fa_tensor **out, fa_tensor **lse) {
   fa_attn_buffers bufs = {.exprs = {exprs[0], exprs[1]}};
   fa_attn_problem p;
   fa_attn_resolve_options(o, d, d->dtype, &p);
-  const fa_dtype lse_dtype = piece_base >= 0 && !decode && d->dtype == FA_F32 ? FA_F64 : FA_F32;
+  const fa_dtype lse_dtype = piece_base >= 0 && d->dtype == FA_F32 ? FA_F64 : FA_F32;
   /* an opts.splits piece: top_left's diagonal counts the whole call's keys */
   p.key_base = piece_base >= 0 ? piece_base : 0;
   /* defaults: the tile of the fastest kernel that takes the call, or of
@@ -480,9 +480,10 @@ done:
 
 /* reference: fa_attention_reference.  piece_base >= 0: an opts.splits
  * piece on the keys from piece_base (a view; src/splits.c): its lse in f64
- * on both backends (the public call's lse is f32, API §2; the merge weighs
- * the pieces by e^(lse - max), and an f32 lse near 8192 is rounded by up to
- * 5e-4, on a piece's weight: tests/lua/test_splits.lua), top_left and the variants counting keys
+ * on the CPU, and for f32 on cuda (the public call's lse is f32, API §2; the
+ * merge weighs the pieces by e^(lse - max), and an f32 lse near 8192 is
+ * rounded by up to 5e-4 of a piece's weight: tests/lua/test_splits.lua),
+ * top_left and the variants counting keys
  * from piece_base (fa_attn_problem.key_base), no rewriting of the variants
  * by the piece's own sizes (the whole call rewrote mask_mod's range rules
  * before it split; a score_mod of ALiBi's form runs as its expression in

@@ -181,8 +181,8 @@ typedef struct {
   fa_dtype compute;       /* FA_F32 or FA_F64 on the CPU; the storage dtype on CUDA */
   /* Inputs and outputs, read and written through their strides (CPU: in
    * the compute dtype).  o: (B,Hq,Lq,Dv); lse (f32) or lse64 (f64: the
-   * reference's, and an opts.splits piece's on both backends, so that
-   * their merge is not rounded to f32 at |lse|): (B,Hq,Lq) or NULL,
+   * reference's, and an opts.splits piece's: every dtype on the CPU, f32
+   * on cuda; so that their merge is not rounded to f32 at |lse|): (B,Hq,Lq) or NULL,
    * lse_st.s its row stride. */
   const void *q, *k, *v;
   void *o;

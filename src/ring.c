@@ -241,7 +241,7 @@ typedef struct {
 
 /* (o, lse) of one (query piece, key piece) pair, in the merge's dtypes:
  * an opts.splits-style piece (src/splits.c) from its own first key, whose
- * lse comes in f64 on both backends rather than rounded to f32 at the
+ * lse comes in f64 (fa_attention_piece) rather than rounded to f32 at the
  * scores' magnitude. */
 static fa_status attend_piece(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *po,
                               int reference, fa_dtype odt, fa_dtype ldt, fa_device dev, state *out) {

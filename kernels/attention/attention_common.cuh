@@ -277,13 +277,12 @@ template <typename F> static inline fa_status attn_instance_by_rule_and_pass(con
 /* lse of a finished row: -inf for an empty row (l = 0), NaN stays NaN. */
 static __device__ __forceinline__ float row_lse(float m, float l) { return l == 0.f ? -INFINITY : m + logf(l); }
 /* A finished row's lse into element `at` of the call's: f32 (p.lse), or
- * f64 (p.lse64: an opts.splits piece, whose merge weighs the pieces by
+ * f64 (p.lse64: an f32 opts.splits piece, whose merge weighs the pieces by
  * e^(lse - max)) without f32's rounding of m + ln l at |m| (half an ulp of
  * 8192 is 5e-4 on a piece's weight). */
 static __device__ __forceinline__ void attn_lse_store(const fa_attn_problem &p, int64_t at, float m, float l) {
-  const float ln_l = logf(l); /* one logf for both forms (inlined, about 20 instructions) */
-  if (p.lse64) p.lse64[at] = l == 0.f ? -INFINITY : (double)m + (double)ln_l;
-  else p.lse[at] = l == 0.f ? -INFINITY : m + ln_l;
+  if (p.lse64) p.lse64[at] = l == 0.f ? -INFINITY : (double)m + (double)logf(l);
+  else p.lse[at] = row_lse(m, l);
 }
 /* 1 / l of a finished row: 0 for an empty row (its O is zeros), NaN stays NaN. */
 static __device__ __forceinline__ float row_inv(float l) { return l > 0.f ? 1.f / l : (l == l ? 0.f : l); }

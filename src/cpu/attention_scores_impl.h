@@ -146,9 +146,8 @@ void FA_R(fa_attn_online)(REAL *s, int64_t ld, int64_t rows, int64_t n, REAL *m,
 
 void FA_R(fa_attn_lse)(const REAL *m, const REAL *l, int64_t rows, fa_lse_rows lse, int64_t ldl) {
   for (int64_t r = 0; r < rows; r++) {
-    const REAL x = l[r] == 0 ? -INFINITY : m[r] + FA_LOG(l[r]);
-    if (lse.f32) lse.f32[r * ldl] = (float)x;
-    /* f64 (a split piece's, for the merge): m + log l not rounded to f32 at |m| (alibi: slope * Lk) */
+    /* f64 (the reference's, a split piece's for the merge): m + log l in f64, not rounded to f32 at |m| */
+    if (lse.f32) lse.f32[r * ldl] = l[r] == 0 ? -INFINITY : (float)(m[r] + FA_LOG(l[r]));
     if (lse.f64) lse.f64[r * ldl] = l[r] == 0 ? -INFINITY : (double)m[r] + log((double)l[r]);
   }
 }
