@@ -318,6 +318,7 @@ typedef enum {
   FA_KERNEL_SIMT,       /* cuda: the SIMT tiled kernel, every dtype */
   FA_KERNEL_NAIVE,      /* cuda: algo naive (cuBLAS) */
   FA_KERNEL_ROW,        /* cuda: algo flash_row */
+  FA_KERNEL_WGMMA_FP8,  /* cuda: Hopper, e4m3 operands with per-tile scales, f16/bf16 calls at D = 128, flash; named only */
   FA_KERNEL_CPU_FLASH,
   FA_KERNEL_CPU_TWO_PASS,
   FA_KERNEL_CPU_NAIVE,

@@ -264,6 +264,18 @@ template <int NC> static __device__ __forceinline__ frag_cols frag_cols_of(const
   return c;
 }
 
+/* -inf at the columns outside the rows' ranges k (a tile not wholly inside them). */
+template <int NC> static __device__ __forceinline__ void frag_mask_cols(float (*s)[4], const frag_cols &k, int c2) {
+#pragma unroll
+  for (int n = 0; n < NC; n++)
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+      const int col = n * 8 + c2 + e;
+      if ((unsigned)(col - k.aA) >= (unsigned)k.nA) s[n][e] = -INFINITY;
+      if ((unsigned)(col - k.aB) >= (unsigned)k.nB) s[n][2 + e] = -INFINITY;
+    }
+}
+
 /* The score rules as variant structs, one a kernel instance's EXTRAS: the
  * built-in rule of API §2 in three tiers (none of its extras; softcap and
  * alibi; those and the masks) and the traced variants of §9, each through
@@ -356,15 +368,7 @@ template <int EXTRAS> struct frag_rule {
           if (FRAG_IN(B, col) && !rule_mask_keeps(ruB, k)) s[n][2 + e] = -INFINITY;
         }
 #undef FRAG_IN
-    if (!full) /* the key range: a pass only on the tiles that need it */
-#pragma unroll
-      for (int n = 0; n < NC; n++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-          const int col = n * 8 + c2 + e;
-          if ((unsigned)(col - aA) >= (unsigned)nA) s[n][e] = -INFINITY;
-          if ((unsigned)(col - aB) >= (unsigned)nB) s[n][2 + e] = -INFINITY;
-        }
+    if (!full) frag_mask_cols<NC>(s, k, c2); /* the key range: a pass only on the tiles that need it */
     frag_tile_max<NC>(s, &mA, &mB);
     *tmA = mA, *tmB = mB;
     return false;
@@ -464,6 +468,20 @@ static __device__ __forceinline__ void frag_exp_tile(float (*s)[4], float k, flo
   *sumA = a, *sumB = b;
 }
 
+/* The rows' running maxima r.mA, r.mB raised to this thread's tile maxima
+ * tmA, tmB (reduced across the quad here); *alphaA, *alphaB = exp(m_old -
+ * m_new), 1 for a row still empty. */
+static __device__ __forceinline__ void frag_rows_max(frag_rows &r, float tmA, float tmB, float *alphaA, float *alphaB) {
+  tmA = fmaxf(tmA, __shfl_xor_sync(0xffffffffu, tmA, 1));
+  tmA = fmaxf(tmA, __shfl_xor_sync(0xffffffffu, tmA, 2));
+  tmB = fmaxf(tmB, __shfl_xor_sync(0xffffffffu, tmB, 1));
+  tmB = fmaxf(tmB, __shfl_xor_sync(0xffffffffu, tmB, 2));
+  const float nmA = fmaxf(r.mA, tmA), nmB = fmaxf(r.mB, tmB);
+  *alphaA = nmA == -INFINITY ? 1.f : exp2_approx((r.mA - nmA) * FA_LOG2E);
+  *alphaB = nmB == -INFINITY ? 1.f : exp2_approx((r.mB - nmB) * FA_LOG2E);
+  r.mA = nmA, r.mB = nmB;
+}
+
 /* One key tile [j0, j0 + 8·NC) of the online softmax: the score rule, the
  * tile max across the quad, P = exp(s - m) in s, the row sums;
  * *alphaA, *alphaB = exp(m_old - m_new), by which O must be scaled
@@ -474,14 +492,8 @@ static __device__ __forceinline__ void frag_softmax_tile(const fa_attn_problem &
                                                          float *alphaA, float *alphaB, int64_t hB = -1) {
   float tmA, tmB;
   const bool raw = frag_score_tile<NC, EXTRAS, LINEAR_ALIBI, EXACT>(p, b, h, j0, c2, full, r, s, &tmA, &tmB, hB);
-  tmA = fmaxf(tmA, __shfl_xor_sync(0xffffffffu, tmA, 1));
-  tmA = fmaxf(tmA, __shfl_xor_sync(0xffffffffu, tmA, 2));
-  tmB = fmaxf(tmB, __shfl_xor_sync(0xffffffffu, tmB, 1));
-  tmB = fmaxf(tmB, __shfl_xor_sync(0xffffffffu, tmB, 2));
-  const float nmA = fmaxf(r.mA, tmA), nmB = fmaxf(r.mB, tmB);
-  *alphaA = nmA == -INFINITY ? 1.f : exp2_approx((r.mA - nmA) * FA_LOG2E);
-  *alphaB = nmB == -INFINITY ? 1.f : exp2_approx((r.mB - nmB) * FA_LOG2E);
-  r.mA = nmA, r.mB = nmB;
+  frag_rows_max(r, tmA, tmB, alphaA, alphaB);
+  const float nmA = r.mA, nmB = r.mB;
   const float u = EXACT ? 1.f : FA_LOG2E;
   const float offA = nmA == -INFINITY ? 0.f : nmA * u, offB = nmB == -INFINITY ? 0.f : nmB * u;
   float sumA, sumB;

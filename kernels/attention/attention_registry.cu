@@ -11,7 +11,7 @@
  * first there too, only when named). */
 static const attn_entry *const table[] = {&attn_entry_decode, &attn_entry_wgmma_tma, &attn_entry_wgmma,
                                           &attn_entry_mma,    &attn_entry_f32,       &attn_entry_simt,
-                                          &attn_entry_naive,  &attn_entry_row};
+                                          &attn_entry_naive,  &attn_entry_row,       &attn_entry_wgmma_fp8};
 
 static const attn_entry *attn_entry_of(fa_attn_kernel k) {
   for (const attn_entry *e : table)

@@ -54,6 +54,7 @@ struct attn_entry {
 
 /* The entries, defined beside their kernels. */
 extern const attn_entry attn_entry_wgmma_tma; /* attention_wgmma_tma.cu */
+extern const attn_entry attn_entry_wgmma_fp8; /* attention_fp8.cu: e4m3, named only */
 extern const attn_entry attn_entry_wgmma;     /* attention_wgmma.cu */
 extern const attn_entry attn_entry_mma;       /* attention_mma.cu */
 extern const attn_entry attn_entry_f32;       /* attention_f32.cu */
