@@ -55,7 +55,7 @@ template <typename T> static fa_status fp8_typed(fa_context *ctx, const attn_par
     fa_cuda_free_on(ctx, ws, bytes);
     return fa_fail(ctx, FA_ERR_BACKEND, "flashattn: attention on cuda: the driver refused the e4m3 operands' tensor maps");
   }
-  void (*kernel)(attn_params, fp8_operands, fp8_maps) = attn_fp8_ws_kernel<T, true>;
+  void (*kernel)(attn_params, fp8_operands, fp8_maps) = attn_fp8_ws_kernel<T>;
   if (err == cudaSuccess)
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err == cudaSuccess) {

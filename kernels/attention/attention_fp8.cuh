@@ -14,8 +14,7 @@
  *  2. attn_fp8_ws_kernel: the warp-specialised kernel's schedule
  *     (attention_wgmma_tma.cuh: a producer warpgroup brings Q, K and Vᵀ in
  *     by TMA, two consumer warpgroups own 64 query rows each; S(t) issued
- *     with P(t-1)·V(t-1) behind it, the consumers taking turns at the
- *     tensor cores) on e4m3 operands: S = Q·Kᵀ in four k-steps of 32, P·V
+ *     with P(t-1)·V(t-1) behind it) on e4m3 operands: S = Q·Kᵀ in four k-steps of 32, P·V
  *     in four; P rounded to e4m3 in registers.
  *
  * The scales: a key tile's S comes out in units of sQ·sK(t), which joins
@@ -244,10 +243,11 @@ static __device__ __forceinline__ void fp8_softmax_tile(float (*s)[4], frag_rows
  * a block of three warpgroups a query tile; the producer's thread brings Q,
  * K(t) and Vᵀ(t) in by TMA through rings of two (wt_layout<64, 128>: an e4m3
  * tile of 128 x 128 is a 16-bit tile of 128 x 64), and the two consumer
- * warpgroups run the key loop, never meeting at a block barrier.  PP: they
- * take turns at the tensor cores (wt_turn_wait / wt_turn_pass), so that
- * one's softmax runs beside the other's products. */
-template <typename T, bool PP>
+ * warpgroups run the key loop, never meeting at a block barrier.  Taking
+ * turns at the tensor cores (wt_turn_wait / wt_turn_pass, as D = 256's
+ * 16-bit instances do) ran at 0.89-0.95 x this (bf16, D = 128, L 1k-16k,
+ * two rounds each in one H200 call, docs/perf/2026-12-03-fp8-h200.json). */
+template <typename T>
 __global__ void __launch_bounds__(3 * 128, 1)
     attn_fp8_ws_kernel(const attn_params p, const fp8_operands f, const __grid_constant__ fp8_maps tm) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -297,13 +297,11 @@ __global__ void __launch_bounds__(3 * 128, 1)
   float s[FP8_TILE / 8][4];
   uint32_t pa[FP8_TILE / 32][4];
   mbar_wait(L.q_full(), 0);
-  if (PP && wg == 1 && ntiles > 0) wt_turn_pass(1); /* warpgroup 0 goes first */
   for (int t = 0; t < ntiles; t++) {
     const int64_t j0 = t_lo + (int64_t)t * FP8_TILE;
     const int kb = t % NS;
     const float skt = sk[t], svt = sv[t];
     mbar_wait(L.full_k() + 8 * kb, kr.parity(t));
-    if (PP) wt_turn_wait(wg);
     fp8_qk_issue(s, q_base, L.ks() + kb * KB);
     if (t > 0) {
       const int vb = (t - 1) % NS;
@@ -313,9 +311,6 @@ __global__ void __launch_bounds__(3 * 128, 1)
     } else {
       wgmma_wait<0>();
     }
-    /* the other warpgroup's products now, beside this one's softmax (every turn of warpgroup 0 is
-     * passed back, but for its last) */
-    if (PP) wt_turn_pass(wg, wg == 0 || t + 1 < ntiles);
     wgmma_hold<FP8_TILE / 2>(&s[0][0]);
     if (lane == 0) mbar_arrive(L.empty_k() + 8 * kb); /* this warp's reads of K(t) are done */
     const bool full = j0 >= all_lo && j0 + FP8_TILE <= all_hi;
