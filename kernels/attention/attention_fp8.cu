@@ -99,6 +99,7 @@ static fa_status fp8_queue(fa_context *ctx, const attn_params *p, fa_attention_a
   if (no)
     return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: opts.kernel: \"wgmma_fp8\" does not take %s (it computes "
                    "causal, windowed and kv_lens calls without other rules)", no);
+  /* the NaN/inf flag is set by the rounding pass, which reads all of q, k and v: no scan of V is queued */
   return launch_fast_passes(ctx, p, algo, v_flag, fp8_run, V_CHECK_OUTPUT);
 }
 
