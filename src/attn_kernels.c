@@ -19,7 +19,7 @@ const fa_attn_kernel_info fa_attn_kernel_table[FA_KERNEL_COUNT] = {
     [FA_KERNEL_SIMT] = {"simt", FA_CUDA, FLASH_OR_TWO_PASS, FA_ATTN_FLASH},
     [FA_KERNEL_NAIVE] = {"naive", FA_CUDA, ALGO(FA_ATTN_NAIVE), FA_ATTN_NAIVE},
     [FA_KERNEL_ROW] = {"row", FA_CUDA, ALGO(FA_ATTN_FLASH_ROW), FA_ATTN_FLASH_ROW},
-    [FA_KERNEL_WGMMA_FP8] = {"wgmma_fp8", FA_CUDA, ALGO(FA_ATTN_FLASH), FA_ATTN_FLASH},
+    [FA_KERNEL_WGMMA_FP8] = {"wgmma_fp8", FA_CUDA, ALGO(FA_ATTN_FLASH), FA_ATTN_FLASH, 1},
     [FA_KERNEL_CPU_FLASH] = {"cpu_flash", FA_CPU, ALGO(FA_ATTN_FLASH), FA_ATTN_FLASH},
     [FA_KERNEL_CPU_TWO_PASS] = {"cpu_two_pass", FA_CPU, ALGO(FA_ATTN_TWO_PASS), FA_ATTN_TWO_PASS},
     [FA_KERNEL_CPU_NAIVE] = {"cpu_naive", FA_CPU, ALGO(FA_ATTN_NAIVE), FA_ATTN_NAIVE},
@@ -88,7 +88,7 @@ int fa_attn_kernels_accepting(const fa_attn_dims *d, fa_attention_algo algo, int
   int64_t br, bc;
   for (int k = 0; k < FA_KERNEL_COUNT; k++)
     if (!fa_attn_kernel_refuses((fa_attn_kernel)k, d, algo, tq, tk, &br, &bc, buf, sizeof buf) &&
-        (k != FA_KERNEL_WGMMA_FP8 || d->kernel == k)) /* e4m3 results: listed only when named */
+        (!fa_attn_kernel_table[k].listed_when_named || d->kernel == k))
       ids[count++] = k;
   /* a kernel that leaves the call to the next when choosing (registry
    * order, fastest first, but for that) comes after it */

@@ -13,6 +13,7 @@ typedef struct {
   fa_device device;
   unsigned algos;         /* bit 1u << a for each fa_attention_algo a it implements */
   fa_attention_algo algo; /* the one it runs with algo auto */
+  int listed_when_named;  /* listed only when opts.kernel names it: results not of the call's dtype (wgmma_fp8) */
 } fa_attn_kernel_info;
 
 extern const fa_attn_kernel_info fa_attn_kernel_table[FA_KERNEL_COUNT];

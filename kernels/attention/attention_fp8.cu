@@ -16,13 +16,14 @@ static size_t fp8_layout(const attn_params *p, char *base, fp8_operands *f) {
   const size_t q8 = fp8_round256((size_t)(p->B * p->Hq * lq) * FP8_TILE);
   const size_t kv8 = fp8_round256((size_t)(p->B * p->Hkv * lk) * FP8_TILE);
   const size_t sq = fp8_round256(sizeof(float) * (size_t)(p->B * p->Hq * nq));
-  const size_t skv = fp8_round256(sizeof(float) * (size_t)(p->B * p->Hkv * nk));
+  const size_t sk = fp8_round256(sizeof(float) * (size_t)(p->B * p->Hkv * nk));
+  const size_t sv = fp8_round256(sizeof(float2) * (size_t)(p->B * p->Hkv * nk));
   if (f) {
     f->q8 = (uint8_t *)base, f->k8 = (uint8_t *)base + q8, f->v8t = f->k8 + kv8;
-    f->sq = (float *)(f->v8t + kv8), f->sk = (float *)((char *)f->sq + sq), f->sv = (float *)((char *)f->sk + skv);
+    f->sq = (float *)(f->v8t + kv8), f->sk = (float *)((char *)f->sq + sq), f->sv = (float2 *)((char *)f->sk + sk);
     f->lq_pad = lq, f->lk_pad = lk;
   }
-  return q8 + 2 * kv8 + sq + 2 * skv;
+  return q8 + 2 * kv8 + sq + sk + sv;
 }
 
 /* The maps of f's q8, k8 and Vᵀ for p (fp8_maps); 0 when the driver refuses one. */
@@ -55,11 +56,10 @@ template <typename T> static fa_status fp8_typed(fa_context *ctx, const attn_par
     fa_cuda_free_on(ctx, ws, bytes);
     return fa_fail(ctx, FA_ERR_BACKEND, "flashattn: attention on cuda: the driver refused the e4m3 operands' tensor maps");
   }
-  void (*kernel)(attn_params, fp8_operands, fp8_maps) = attn_fp8_ws_kernel<T>;
   if (err == cudaSuccess)
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    err = cudaFuncSetAttribute(attn_fp8_ws_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err == cudaSuccess) {
-    kernel<<<(unsigned)qblocks, 3 * 128, smem, s>>>(*p, f, maps);
+    attn_fp8_ws_kernel<T><<<(unsigned)qblocks, 3 * 128, smem, s>>>(*p, f, maps);
     err = cudaGetLastError();
   }
   fa_cuda_free_on(ctx, ws, bytes); /* stream-ordered: after the kernels */

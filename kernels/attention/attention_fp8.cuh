@@ -10,7 +10,7 @@
  *     kernel behind computes the call exactly (attention_nonfinite.cuh).  V
  *     is written transposed (Vᵀ, rows of head dim, keys along a row),
  *     because wgmma reads 8-bit B operands K-major only, with the keys of
- *     every 32 in the order P's registers hold them (fp8_key_slot).
+ *     every 16 in the order P's registers hold them (fp8_v_tile).
  *  2. attn_fp8_ws_kernel: the warp-specialised kernel's schedule
  *     (attention_wgmma_tma.cuh: a producer warpgroup brings Q, K and Vᵀ in
  *     by TMA, two consumer warpgroups own 64 query rows each; S(t) issued
@@ -41,11 +41,13 @@
 /* The quantized operands of a call (attention_fp8.cu allocates them):
  * q8 (B·Hq heads of lq_pad rows of 128 bytes), k8 (B·Hkv heads of lk_pad
  * rows), v8t (B·Hkv heads of 128 rows of lk_pad bytes: Vᵀ), and the tiles'
- * scales sq (B·Hq × lq_pad / 128), sk and sv (B·Hkv × lk_pad / 128).
+ * scales sq (B·Hq × lq_pad / 128) and sk (B·Hkv × lk_pad / 128), and V's
+ * as the key loop takes them, {ln sV, 1 / sV} (sv, B·Hkv × lk_pad / 128).
  * Rows past L are zeros. */
 struct fp8_operands {
   uint8_t *q8, *k8, *v8t;
-  float *sq, *sk, *sv;
+  float *sq, *sk;
+  float2 *sv;
   int64_t lq_pad, lk_pad;
 };
 
@@ -56,15 +58,6 @@ struct fp8_operands {
 struct fp8_maps {
   CUtensorMap q, k, vt;
 };
-
-/* Where key j of a run of 32 sits in Vᵀ's row: P's A fragment holds, in
- * register r of lane (g, t), the keys 16·(r >> 1) + {2t, 2t+1, 8+2t, 9+2t}
- * of S's accumulators as k-slots 16·(r >> 1) + 4t + {0, 1, 2, 3}; V's keys
- * go where the slots say, so P·V adds the right pairs without moving P. */
-static __host__ __device__ __forceinline__ int fp8_key_slot(int j) {
-  const int h = j >> 4, rem = j & 15;
-  return 16 * h + 4 * ((rem & 7) >> 1) + 2 * (rem >> 3) + (rem & 1);
-}
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* The block's largest magnitude of amax (every thread's own), every thread
@@ -81,32 +74,6 @@ static __device__ __forceinline__ float fp8_block_max(float amax, float *ws) {
   return m;
 }
 
-/* One tile of 128 rows of a head (rows row0.., L of them exist, each D =
- * 128 elements from src, rows ld apart) into registers: x[it][e] is row
- * (tid / 16) + 16·it, columns 8·(tid % 16) + e; rows past L are 0.  Sets
- * *bad for a NaN or inf; returns the thread's largest magnitude. */
-template <typename T>
-static __device__ __forceinline__ float fp8_tile_in(const T *src, int64_t ld, int64_t row0, int64_t L, float (*x)[8],
-                                                    bool *bad) {
-  const int c = threadIdx.x & 15, r0 = threadIdx.x >> 4;
-  float amax = 0.f;
-#pragma unroll
-  for (int it = 0; it < FP8_TILE / 16; it++) {
-    const int64_t row = row0 + r0 + 16 * it;
-    uint4 raw = make_uint4(0, 0, 0, 0);
-    if (row < L) raw = *(const uint4 *)(src + row * ld + 8 * c);
-    const T *v = (const T *)&raw;
-#pragma unroll
-    for (int e = 0; e < 8; e++) {
-      const float f = to_float(v[e]);
-      *bad |= !(fabsf(f) <= 3.4028235e38f);
-      amax = fmaxf(amax, fabsf(f));
-      x[it][e] = f;
-    }
-  }
-  return amax;
-}
-
 /* The tile's scale (amax / 448, 1 for zeros) and the factor its values are
  * multiplied by before rounding. */
 static __device__ __forceinline__ float fp8_scale(float amax, float *inv) {
@@ -114,67 +81,99 @@ static __device__ __forceinline__ float fp8_scale(float amax, float *inv) {
   return amax > 0.f ? amax / FP8_MAX : 1.f;
 }
 
-/* Blocks [0, B·Hq·nq): a tile of Q; then a tile of K and V each of the
- * B·Hkv·nk key tiles.  flag: set to 1 when q, k or v holds NaN or inf. */
+/* The thread's largest magnitude of x[0..n), *bad set for a NaN or inf. */
+template <int N> static __device__ __forceinline__ float fp8_amax(const float *x, bool *bad) {
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < N; i++) *bad |= !(fabsf(x[i]) <= 3.4028235e38f), amax = fmaxf(amax, fabsf(x[i]));
+  return amax;
+}
+
+/* Tile t of 128 rows (L of the head's rows exist, each D = 128 elements
+ * from src, rows ld apart; past L zeros) rounded into out's rows of 128
+ * bytes, its scale into *scale: a thread takes rows (tid / 16) + 16·it,
+ * columns 8·(tid % 16) to 8·(tid % 16) + 7. */
+template <typename T>
+static __device__ __forceinline__ void fp8_rows(const T *src, int64_t ld, int64_t t, int64_t L, uint8_t *out,
+                                                float *scale, float *ws, bool *bad) {
+  const int c = threadIdx.x & 15, r0 = threadIdx.x >> 4;
+  float x[FP8_TILE / 16][8];
+#pragma unroll
+  for (int it = 0; it < FP8_TILE / 16; it++) {
+    const int64_t row = t * FP8_TILE + r0 + 16 * it;
+    uint4 raw = make_uint4(0, 0, 0, 0);
+    if (row < L) raw = *(const uint4 *)(src + row * ld + 8 * c);
+    const T *v = (const T *)&raw;
+#pragma unroll
+    for (int e = 0; e < 8; e++) x[it][e] = to_float(v[e]);
+  }
+  float inv;
+  const float s = fp8_scale(fp8_block_max(fp8_amax<FP8_TILE / 16 * 8>(&x[0][0], bad), ws), &inv);
+#pragma unroll
+  for (int it = 0; it < FP8_TILE / 16; it++)
+    *(uint2 *)(out + (r0 + 16 * it) * FP8_TILE + 8 * c) =
+        make_uint2(e4m3x4(x[it][0] * inv, x[it][1] * inv, x[it][2] * inv, x[it][3] * inv),
+                   e4m3x4(x[it][4] * inv, x[it][5] * inv, x[it][6] * inv, x[it][7] * inv));
+  if (threadIdx.x == 0) *scale = s;
+}
+
+/* Key tile t of V (the head's rows from src, ld apart, L of them) as Vᵀ
+ * into out (its 128 rows of head dim, rows ldo bytes apart, this tile's
+ * 128 bytes of each), and V's scale as the key loop takes it, {ln sV,
+ * 1 / sV}: a thread takes 16 keys by 4 columns, so that each half-run of
+ * 16 keys is one 16-byte piece of a column's row, in the order P's A
+ * fragment holds them: register r of lane (g, t) holds the accumulators of
+ * keys 16·(r >> 1) + {2t, 2t + 1, 8 + 2t, 9 + 2t} as k-slots 16·(r >> 1) +
+ * 4t + {0, 1, 2, 3}, so bytes 4w..4w+3 of a piece hold keys 2w, 2w + 1,
+ * 8 + 2w, 9 + 2w, and P·V adds the right pairs without moving P. */
+template <typename T>
+static __device__ __forceinline__ void fp8_v_tile(const T *src, int64_t ld, int64_t t, int64_t L, uint8_t *out,
+                                                  int64_t ldo, float2 *scale, float *ws, bool *bad) {
+  const int dc = 4 * (threadIdx.x & 31), k0 = 16 * (threadIdx.x >> 5);
+  float y[16][4];
+#pragma unroll
+  for (int j = 0; j < 16; j++) {
+    const int64_t row = t * FP8_TILE + k0 + j;
+    uint2 raw = make_uint2(0, 0);
+    if (row < L) raw = *(const uint2 *)(src + row * ld + dc);
+    const T *e = (const T *)&raw;
+#pragma unroll
+    for (int i = 0; i < 4; i++) y[j][i] = to_float(e[i]);
+  }
+  float inv;
+  const float s = fp8_scale(fp8_block_max(fp8_amax<64>(&y[0][0], bad), ws), &inv);
+  uint8_t *vo = out + dc * ldo + k0;
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    uint32_t w[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+      w[q] = e4m3x4(y[2 * q][i] * inv, y[2 * q + 1][i] * inv, y[8 + 2 * q][i] * inv, y[9 + 2 * q][i] * inv);
+    *(uint4 *)(vo + i * ldo) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+  if (threadIdx.x == 0) *scale = make_float2(__logf(s), 1.f / s);
+}
 #endif
 
+/* Blocks [0, B·Hq·nq): a tile of Q; then a tile of K and V each of the
+ * B·Hkv·nk key tiles.  flag: set to 1 when q, k or v holds NaN or inf. */
 template <typename T>
 __global__ void __launch_bounds__(FP8_THREADS) attn_fp8_quantize_kernel(const attn_params p, const fp8_operands f,
                                                                         int *flag) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __shared__ float ws[FP8_THREADS / 32];
   const int64_t nq = f.lq_pad / FP8_TILE, nk = f.lk_pad / FP8_TILE, qblocks = p.B * p.Hq * nq;
-  const int c = threadIdx.x & 15, r0 = threadIdx.x >> 4;
-  float x[FP8_TILE / 16][8];
   bool bad = false;
   if ((int64_t)blockIdx.x < qblocks) {
     const int64_t bh = blockIdx.x / nq, t = blockIdx.x % nq, b = bh / p.Hq, h = bh % p.Hq;
-    const T *q = (const T *)p.q + attn_at(p.q_st, b, h, 0);
-    float inv;
-    const float s = fp8_scale(fp8_block_max(fp8_tile_in(q, p.q_st.s, t * FP8_TILE, p.Lq, x, &bad), ws), &inv);
-    uint8_t *out = f.q8 + (bh * f.lq_pad + t * FP8_TILE) * FP8_TILE;
-#pragma unroll
-    for (int it = 0; it < FP8_TILE / 16; it++)
-      *(uint2 *)(out + (r0 + 16 * it) * FP8_TILE + 8 * c) =
-          make_uint2(e4m3x4(x[it][0] * inv, x[it][1] * inv, x[it][2] * inv, x[it][3] * inv),
-                     e4m3x4(x[it][4] * inv, x[it][5] * inv, x[it][6] * inv, x[it][7] * inv));
-    if (threadIdx.x == 0) f.sq[blockIdx.x] = s;
+    fp8_rows((const T *)p.q + attn_at(p.q_st, b, h, 0), p.q_st.s, t, p.Lq,
+             f.q8 + (bh * f.lq_pad + t * FP8_TILE) * FP8_TILE, f.sq + blockIdx.x, ws, &bad);
   } else {
     const int64_t blk = blockIdx.x - qblocks, bh = blk / nk, t = blk % nk, b = bh / p.Hkv, h = bh % p.Hkv;
-    const T *k = (const T *)p.k + attn_at(p.k_st, b, h, 0), *v = (const T *)p.v + attn_at(p.v_st, b, h, 0);
-    float inv;
-    float s = fp8_scale(fp8_block_max(fp8_tile_in(k, p.k_st.s, t * FP8_TILE, p.Lk, x, &bad), ws), &inv);
-    uint8_t *out = f.k8 + (bh * f.lk_pad + t * FP8_TILE) * FP8_TILE;
-#pragma unroll
-    for (int it = 0; it < FP8_TILE / 16; it++)
-      *(uint2 *)(out + (r0 + 16 * it) * FP8_TILE + 8 * c) =
-          make_uint2(e4m3x4(x[it][0] * inv, x[it][1] * inv, x[it][2] * inv, x[it][3] * inv),
-                     e4m3x4(x[it][4] * inv, x[it][5] * inv, x[it][6] * inv, x[it][7] * inv));
-    if (threadIdx.x == 0) f.sk[blk] = s;
-    s = fp8_scale(fp8_block_max(fp8_tile_in(v, p.v_st.s, t * FP8_TILE, p.Lk, x, &bad), ws), &inv);
-    /* Vᵀ, read again (from L2) as 16 keys by 4 columns a thread: a half-run of 16 keys is a 16-byte
-     * piece of each column's row in fp8_key_slot's order, so bytes 4w..4w+3 hold keys 2w, 2w + 1,
-     * 8 + 2w, 9 + 2w */
-    const int dc = 4 * (threadIdx.x & 31), k0 = 16 * (threadIdx.x >> 5);
-    float y[16][4];
-#pragma unroll
-    for (int j = 0; j < 16; j++) {
-      const int64_t row = t * FP8_TILE + k0 + j;
-      uint2 raw = make_uint2(0, 0);
-      if (row < p.Lk) raw = *(const uint2 *)(v + row * p.v_st.s + dc);
-      const T *e = (const T *)&raw;
-#pragma unroll
-      for (int i = 0; i < 4; i++) y[j][i] = to_float(e[i]) * inv;
-    }
-    uint8_t *vo = f.v8t + (bh * FP8_TILE + dc) * f.lk_pad + t * FP8_TILE + k0;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      uint32_t w[4];
-#pragma unroll
-      for (int q = 0; q < 4; q++) w[q] = e4m3x4(y[2 * q][i], y[2 * q + 1][i], y[8 + 2 * q][i], y[9 + 2 * q][i]);
-      *(uint4 *)(vo + i * f.lk_pad) = make_uint4(w[0], w[1], w[2], w[3]);
-    }
-    if (threadIdx.x == 0) f.sv[blk] = s;
+    fp8_rows((const T *)p.k + attn_at(p.k_st, b, h, 0), p.k_st.s, t, p.Lk,
+             f.k8 + (bh * f.lk_pad + t * FP8_TILE) * FP8_TILE, f.sk + blk, ws, &bad);
+    fp8_v_tile((const T *)p.v + attn_at(p.v_st, b, h, 0), p.v_st.s, t, p.Lk,
+               f.v8t + bh * FP8_TILE * f.lk_pad + t * FP8_TILE, f.lk_pad, f.sv + blk, ws, &bad);
   }
   if (__syncthreads_or(bad) && threadIdx.x == 0) atomicExch(flag, 1);
 #endif
@@ -193,7 +192,7 @@ static __device__ __forceinline__ void fp8_qk_issue(float (*s)[4], uint32_t q_ba
 }
 
 /* O += P·V of a key tile (committed, not waited for): P's A fragments, Vᵀ's
- * tile (rows of head dim, the keys in fp8_key_slot's order) K-major. */
+ * tile (rows of head dim, the keys in fp8_v_tile's order) K-major. */
 static __device__ __forceinline__ void fp8_pv_issue(float (*o)[4], const uint32_t (*pa)[4], uint32_t vt_base) {
   wgmma_hold<FP8_TILE / 2>(&o[0][0]);
   wgmma_fence();
@@ -218,11 +217,12 @@ static __device__ __forceinline__ void fp8_p_pack(uint32_t (*pa)[4], const float
 
 /* One key tile of the online softmax (raw e4m3 products in s): the key
  * range's columns (a tile not wholly inside every row's range), the rows'
- * maxima of s·c + lnv (c: the softmax scale times sQ·sK(t), > 0; lnv =
- * ln sV(t)), P' = exp(s·c + lnv - m') in s, l' += Σ P' / sV(t) (ivv =
- * 1 / sV(t)); *alphaA, *alphaB rescale O. */
+ * maxima of s·c + ln sV(t) (c: the softmax scale times sQ·sK(t), > 0;
+ * v: {ln sV(t), 1 / sV(t)}), P' = exp(s·c + ln sV(t) - m') in s, l' += Σ P' /
+ * sV(t); *alphaA, *alphaB rescale O. */
 static __device__ __forceinline__ void fp8_softmax_tile(float (*s)[4], frag_rows &r, bool full, int64_t j0, int c2,
-                                                        float c, float lnv, float ivv, float *alphaA, float *alphaB) {
+                                                        float c, float2 v, float *alphaA, float *alphaB) {
+  const float lnv = v.x, ivv = v.y;
   constexpr int NC = FP8_TILE / 8;
   if (!full) frag_mask_cols<NC>(s, frag_cols_of<NC>(r, j0), c2);
   /* the maxima and sums in four independent chains a row, joined at the end: with frag_tile_max's and
@@ -305,7 +305,8 @@ __global__ void __launch_bounds__(3 * 128, 1)
   for (int d = 0; d < FP8_TILE / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
   const int64_t nq = f.lq_pad / FP8_TILE, nk = f.lk_pad / FP8_TILE, bhk = b * p.Hkv + hk;
   const float cq = p.scale_f * f.sq[bh * nq + i0 / FP8_TILE];
-  const float *sk = f.sk + bhk * nk + t_lo / FP8_TILE, *sv = f.sv + bhk * nk + t_lo / FP8_TILE;
+  const float *sk = f.sk + bhk * nk + t_lo / FP8_TILE;
+  const float2 *sv = f.sv + bhk * nk + t_lo / FP8_TILE;
   const uint32_t q_base = L.q + wg * 64 * FP8_TILE;
   const wt_ring<NS> kr, vr;
   float s[FP8_TILE / 8][4];
@@ -314,7 +315,8 @@ __global__ void __launch_bounds__(3 * 128, 1)
   for (int t = 0; t < ntiles; t++) {
     const int64_t j0 = t_lo + (int64_t)t * FP8_TILE;
     const int kb = t % NS;
-    const float skt = sk[t], svt = sv[t];
+    const float skt = sk[t];
+    const float2 svt = sv[t];
     mbar_wait(L.full_k() + 8 * kb, kr.parity(t));
     fp8_qk_issue(s, q_base, L.ks() + kb * KB);
     if (t > 0) {
@@ -329,7 +331,7 @@ __global__ void __launch_bounds__(3 * 128, 1)
     if (lane == 0) mbar_arrive(L.empty_k() + 8 * kb); /* this warp's reads of K(t) are done */
     const bool full = j0 >= all_lo && j0 + FP8_TILE <= all_hi;
     float alphaA, alphaB;
-    fp8_softmax_tile(s, r, full, j0, c2, cq * skt, __logf(svt), 1.f / svt, &alphaA, &alphaB);
+    fp8_softmax_tile(s, r, full, j0, c2, cq * skt, svt, &alphaA, &alphaB);
     wgmma_wait<0>();
     wgmma_hold<FP8_TILE / 2>(&o[0][0]);
     if (t > 0 && lane == 0) mbar_arrive(L.empty_v() + 8 * ((t - 1) % NS));
