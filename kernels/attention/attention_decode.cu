@@ -341,9 +341,7 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
       const bool full = scale_pos && j0 >= all_lo && j0 + NC * 8 <= all_hi;
       float alphaA, alphaB;
       frag_softmax_tile<NC, EXTRAS>(p, b, hA, j0, c2, full, r, s, &alphaA, &alphaB, hB);
-      /* O rescaled only where a row's maximum rose (alpha = 1 leaves it as it is): 64 multiplies a tile that
-       * the long streams mostly skip */
-      if (__any_sync(0xffffffffu, alphaA != 1.f || alphaB != 1.f)) frag_rescale<D / 8>(o, alphaA, alphaB);
+      frag_rescale_moved<D / 8>(o, alphaA, alphaB); /* 64 multiplies a tile that the long streams mostly skip */
 
       if constexpr (WG) {
 #if DEC_WGMMA_BUILD /* O += P·V, V read N-major (transposed) from the tile */

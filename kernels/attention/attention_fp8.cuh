@@ -225,28 +225,16 @@ static __device__ __forceinline__ void fp8_softmax_tile(float (*s)[4], frag_rows
   const float lnv = v.x, ivv = v.y;
   constexpr int NC = FP8_TILE / 8;
   if (!full) frag_mask_cols<NC>(s, frag_cols_of<NC>(r, j0), c2);
-  /* the maxima and sums in four independent chains a row, joined at the end: with frag_tile_max's and
-   * frag_exp_tile's one chain a row the call took 1.02-1.04 x the time (bf16, D = 128, L 1k-16k, two
-   * rounds in one H200 call, docs/perf/2026-12-03-fp8-dev-h200.json); the sums' order is this kernel's own */
-  float ma[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, mb[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-#pragma unroll
-  for (int n = 0; n < NC; n++)
-    ma[n & 3] = fmaxf(ma[n & 3], fmaxf(s[n][0], s[n][1])), mb[n & 3] = fmaxf(mb[n & 3], fmaxf(s[n][2], s[n][3]));
-  const float mA = fmaxf(fmaxf(ma[0], ma[1]), fmaxf(ma[2], ma[3])), mB = fmaxf(fmaxf(mb[0], mb[1]), fmaxf(mb[2], mb[3]));
+  /* four chains a row for the maxima and sums: with one this call took 1.02-1.04 x the time (bf16, D = 128,
+   * L 1k-16k, two rounds in one H200 call, docs/perf/2026-12-03-fp8-dev-h200.json) */
+  float mA = -INFINITY, mB = -INFINITY;
+  frag_tile_max<NC, 4>(s, &mA, &mB);
   frag_rows_max(r, mA * c + lnv, mB * c + lnv, alphaA, alphaB); /* -inf stays -inf */
   const float nmA = r.mA, nmB = r.mB;
   const float offA = nmA == -INFINITY ? 0.f : (nmA - lnv) * FA_LOG2E;
   const float offB = nmB == -INFINITY ? 0.f : (nmB - lnv) * FA_LOG2E;
-  const float k = c * FA_LOG2E;
-  float sa[4] = {0.f, 0.f, 0.f, 0.f}, sb[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-  for (int n = 0; n < NC; n++)
-#pragma unroll
-    for (int e = 0; e < 2; e++) {
-      s[n][e] = exp2_approx(fmaf(s[n][e], k, -offA)), s[n][2 + e] = exp2_approx(fmaf(s[n][2 + e], k, -offB));
-      sa[n & 3] += s[n][e], sb[n & 3] += s[n][2 + e];
-    }
-  const float sumA = (sa[0] + sa[1]) + (sa[2] + sa[3]), sumB = (sb[0] + sb[1]) + (sb[2] + sb[3]);
+  float sumA, sumB;
+  frag_exp_tile<NC, false, 4>(s, c * FA_LOG2E, offA, offB, &sumA, &sumB);
   r.lA = r.lA * *alphaA + sumA * ivv;
   r.lB = r.lB * *alphaB + sumB * ivv;
 }

@@ -243,11 +243,24 @@ template <int NC, bool EXACT>
 __device__ bool frag_variant_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t hB, int64_t j0, int c2,
                                   bool full, const frag_rows &r, float (*s)[4], int aA, int nA, int aB, int nB);
 
-/* This thread's maxima of rows A and B over a tile's scores. */
-template <int NC> static __device__ __forceinline__ void frag_tile_max(float (*s)[4], float *mA, float *mB) {
+/* This thread's maxima of rows A and B over a tile's scores (raised from
+ * *mA, *mB), in C independent chains a row joined at the end (a power of
+ * 2): exact in any order (fmaxf skips a NaN in every order).  Four chains
+ * made the FP8 kernel 2-4 % faster; in the 16-bit kernels they cost 4 % at
+ * D = 64 and gained nothing at D = 128 and 256 (H200, 2026-12-03,
+ * docs/perf/2026-12-03-lazy-max-h200.json). */
+template <int NC, int C = 1> static __device__ __forceinline__ void frag_tile_max(float (*s)[4], float *mA, float *mB) {
+  float a[C], b[C];
+#pragma unroll
+  for (int c = 0; c < C; c++) a[c] = c ? -INFINITY : *mA, b[c] = c ? -INFINITY : *mB;
 #pragma unroll
   for (int n = 0; n < NC; n++)
-    *mA = fmaxf(*mA, fmaxf(s[n][0], s[n][1])), *mB = fmaxf(*mB, fmaxf(s[n][2], s[n][3]));
+    a[n % C] = fmaxf(a[n % C], fmaxf(s[n][0], s[n][1])), b[n % C] = fmaxf(b[n % C], fmaxf(s[n][2], s[n][3]));
+#pragma unroll
+  for (int w = 1; w < C; w *= 2)
+#pragma unroll
+    for (int c = 0; c + w < C; c += 2 * w) a[c] = fmaxf(a[c], a[c + w]), b[c] = fmaxf(b[c], b[c + w]);
+  *mA = a[0], *mB = b[0];
 }
 
 /* The key range as the rows' column bounds inside a tile of 8·NC keys
@@ -396,11 +409,10 @@ template <> struct frag_rule<EXTRAS_NONE> {
 #pragma unroll
       for (int e = 0; e < 2; e++) {
         const int col = n * 8 + c2 + e;
-        const float sa = (unsigned)(col - k.aA) < (unsigned)k.nA ? s[n][e] * scale : -INFINITY;
-        const float sb = (unsigned)(col - k.aB) < (unsigned)k.nB ? s[n][2 + e] * scale : -INFINITY;
-        s[n][e] = sa, s[n][2 + e] = sb;
-        mA = fmaxf(mA, sa), mB = fmaxf(mB, sb);
+        s[n][e] = (unsigned)(col - k.aA) < (unsigned)k.nA ? s[n][e] * scale : -INFINITY;
+        s[n][2 + e] = (unsigned)(col - k.aB) < (unsigned)k.nB ? s[n][2 + e] * scale : -INFINITY;
       }
+    frag_tile_max<NC>(s, &mA, &mB);
     *tmA = mA, *tmB = mB;
     return false;
   }
@@ -450,10 +462,12 @@ static __device__ __forceinline__ float frag_exp_factor(const fa_attn_problem &p
  * thread's sums of each row.  EXACT (the f32 kernel): k and off in natural
  * units, p = 2^((s·k - off)·log2 e), so that the rounding of the exponent
  * does not grow with the scores' magnitude (one more multiply). */
-template <int NC, bool EXACT = false>
+template <int NC, bool EXACT = false, int C = 1 /* chains a row, as frag_tile_max's */>
 static __device__ __forceinline__ void frag_exp_tile(float (*s)[4], float k, float offA, float offB, float *sumA,
                                                      float *sumB) {
-  float a = 0.f, b = 0.f;
+  float a[C], b[C];
+#pragma unroll
+  for (int c = 0; c < C; c++) a[c] = b[c] = 0.f;
   const float u = EXACT ? FA_LOG2E : 1.f;
 #pragma unroll
   for (int n = 0; n < NC; n++) {
@@ -462,21 +476,37 @@ static __device__ __forceinline__ void frag_exp_tile(float (*s)[4], float k, flo
       float pa = exp2_approx(fmaf(s[n][e], k, -offA) * u);
       float pb = exp2_approx(fmaf(s[n][2 + e], k, -offB) * u);
       s[n][e] = pa, s[n][2 + e] = pb;
-      a += pa, b += pb;
+      a[n % C] += pa, b[n % C] += pb;
     }
   }
-  *sumA = a, *sumB = b;
+#pragma unroll
+  for (int w = 1; w < C; w *= 2)
+#pragma unroll
+    for (int c = 0; c + w < C; c += 2 * w) a[c] += a[c + w], b[c] += b[c + w];
+  *sumA = a[0], *sumB = b[0];
 }
+
+/* How far (natural units) a tile's max may pass a row's running max before
+ * the running max is raised, in the lazy form of frag_rows_max: P = exp(s -
+ * m) then stays at most 2^8 (in range in f32 and in P's 16-bit forms, whose
+ * relative rounding is the same at any magnitude), and once a row's max has
+ * settled its O is not rescaled at all (frag_rescale_moved). */
+#define FA_MAX_SLACK 5.5451774f /* 8 ln 2 */
 
 /* The rows' running maxima r.mA, r.mB raised to this thread's tile maxima
  * tmA, tmB (reduced across the quad here); *alphaA, *alphaB = exp(m_old -
- * m_new), 1 for a row still empty. */
+ * m_new), 1 for a row still empty.  LAZY: a running max is raised only
+ * where the tile's passes it by more than FA_MAX_SLACK (the first finite
+ * one always), and else stays as it is, with alpha = 1. */
+template <bool LAZY = false>
 static __device__ __forceinline__ void frag_rows_max(frag_rows &r, float tmA, float tmB, float *alphaA, float *alphaB) {
   tmA = fmaxf(tmA, __shfl_xor_sync(0xffffffffu, tmA, 1));
   tmA = fmaxf(tmA, __shfl_xor_sync(0xffffffffu, tmA, 2));
   tmB = fmaxf(tmB, __shfl_xor_sync(0xffffffffu, tmB, 1));
   tmB = fmaxf(tmB, __shfl_xor_sync(0xffffffffu, tmB, 2));
-  const float nmA = fmaxf(r.mA, tmA), nmB = fmaxf(r.mB, tmB);
+  /* lazy: -inf - -inf and NaN compare false (the max stays), as fmaxf keeps it */
+  const float nmA = LAZY ? (tmA - r.mA > FA_MAX_SLACK ? tmA : r.mA) : fmaxf(r.mA, tmA);
+  const float nmB = LAZY ? (tmB - r.mB > FA_MAX_SLACK ? tmB : r.mB) : fmaxf(r.mB, tmB);
   *alphaA = nmA == -INFINITY ? 1.f : exp2_approx((r.mA - nmA) * FA_LOG2E);
   *alphaB = nmB == -INFINITY ? 1.f : exp2_approx((r.mB - nmB) * FA_LOG2E);
   r.mA = nmA, r.mB = nmB;
@@ -485,14 +515,15 @@ static __device__ __forceinline__ void frag_rows_max(frag_rows &r, float tmA, fl
 /* One key tile [j0, j0 + 8·NC) of the online softmax: the score rule, the
  * tile max across the quad, P = exp(s - m) in s, the row sums;
  * *alphaA, *alphaB = exp(m_old - m_new), by which O must be scaled
- * (frag_rescale) before P·V is added to it. */
-template <int NC, int EXTRAS, bool EXACT = false, bool LINEAR_ALIBI = false>
+ * (frag_rescale) before P·V is added to it.  LAZY: frag_rows_max's lazy
+ * maxima (then frag_rescale_moved). */
+template <int NC, int EXTRAS, bool EXACT = false, bool LINEAR_ALIBI = false, bool LAZY = false>
 static __device__ __forceinline__ void frag_softmax_tile(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0,
                                                          int c2, bool full, frag_rows &r, float (*s)[4],
                                                          float *alphaA, float *alphaB, int64_t hB = -1) {
   float tmA, tmB;
   const bool raw = frag_score_tile<NC, EXTRAS, LINEAR_ALIBI, EXACT>(p, b, h, j0, c2, full, r, s, &tmA, &tmB, hB);
-  frag_rows_max(r, tmA, tmB, alphaA, alphaB);
+  frag_rows_max<LAZY>(r, tmA, tmB, alphaA, alphaB);
   const float nmA = r.mA, nmB = r.mB;
   const float u = EXACT ? 1.f : FA_LOG2E;
   const float offA = nmA == -INFINITY ? 0.f : nmA * u, offB = nmB == -INFINITY ? 0.f : nmB * u;
@@ -549,11 +580,18 @@ static __device__ __forceinline__ float frag_stats_offset(const attn_params &p, 
   return EXACT ? m : fmaf(m, FA_LOG2E, log2f(l));
 }
 
-/* O *= alpha per row (always: skipping it when no row of the warp moved its
- * max measured slower on the H200, docs/perf/2026-11-22-attention-h200-run5.json). */
+/* O *= alpha per row. */
 template <int DC> static __device__ __forceinline__ void frag_rescale(float (*o)[4], float alphaA, float alphaB) {
 #pragma unroll
   for (int d = 0; d < DC; d++) o[d][0] *= alphaA, o[d][1] *= alphaA, o[d][2] *= alphaB, o[d][3] *= alphaB;
+}
+
+/* The same, skipped where no row of the warp moved its max (alpha = 1 would
+ * leave O as it is): with frag_rows_max's lazy maxima most tiles skip it.
+ * (With maxima raised at every rise the test cost more than it saved on the
+ * H200, docs/perf/2026-11-22-attention-h200-run5.json.) */
+template <int DC> static __device__ __forceinline__ void frag_rescale_moved(float (*o)[4], float alphaA, float alphaB) {
+  if (__any_sync(0xffffffffu, alphaA != 1.f || alphaB != 1.f)) frag_rescale<DC>(o, alphaA, alphaB);
 }
 
 /* The end of the rows: the factors 1 / l that finish O (the quad's sums

@@ -76,6 +76,14 @@ static __host__ __device__ constexpr int wt_sm_blocks(int D, int BC) { return D 
 static __host__ __device__ constexpr int wt_threads(int D, int BC) { return wt_sm_blocks(D, BC) == 2 ? 256 : 384; }
 static __host__ __device__ constexpr int wt_stages(int D, int BC) { return wt_sm_blocks(D, BC) == 2 ? 4 : 2; }
 #define WT_FED(D, BC) (wt_sm_blocks(D, BC) == 2)
+/* Whether the key loop keeps lazy row maxima and skips O's rescale where no
+ * row of a warp raised its max (frag_rows_max<true>, frag_rescale_moved): at
+ * D = 256, whose O is 128 floats a thread against 40 scores a key tile of
+ * 80, it ran 1.02-1.06 x as fast (L = 1024 and 4096, causal and not); at
+ * D = 128 1.00-1.02 x, at D = 64 0.96 x, where the vote and branch cost more
+ * than the 32-64 multiplies a tile (H200, 2026-12-03, two rounds in one
+ * call, docs/perf/2026-12-03-lazy-max-h200.json). */
+#define WT_LAZY(D) ((D) == 256)
 
 /* The tensor maps of q, k and v (kernel parameters: __grid_constant__). */
 struct wt_maps {
@@ -335,12 +343,13 @@ static __device__ __forceinline__ void wt_consume(const fa_attn_problem &p, int6
 
     const bool full = scale_pos && j0 >= all_lo && j0 + BC <= all_hi;
     float alphaA = 1.f, alphaB = 1.f;
-    frag_softmax_tile<BC / 8, EXTRAS, false, D == 128>(p, b, h, j0, c2, full, r, s, &alphaA, &alphaB);
+    frag_softmax_tile<BC / 8, EXTRAS, false, D == 128, WT_LAZY(D)>(p, b, h, j0, c2, full, r, s, &alphaA, &alphaB);
 
     wgmma_wait<0>();
     wgmma_hold<D / 2>(&o[0][0]);
     if (t > 0 && lane == 0) mbar_arrive(empty_v + 8 * ((t - 1) % NS));
-    frag_rescale<D / 8>(o, alphaA, alphaB);
+    if constexpr (WT_LAZY(D)) frag_rescale_moved<D / 8>(o, alphaA, alphaB);
+    else frag_rescale<D / 8>(o, alphaA, alphaB);
     p_pack<T, BC>(pa, s);
   }
   FA_TRACE_MARK(3);
