@@ -77,13 +77,14 @@ static __host__ __device__ constexpr int wt_threads(int D, int BC) { return wt_s
 static __host__ __device__ constexpr int wt_stages(int D, int BC) { return wt_sm_blocks(D, BC) == 2 ? 4 : 2; }
 #define WT_FED(D, BC) (wt_sm_blocks(D, BC) == 2)
 /* Whether the key loop keeps lazy row maxima and skips O's rescale where no
- * row of a warp raised its max (frag_rows_max<true>, frag_rescale_moved): at
- * D = 256, whose O is 128 floats a thread against 40 scores a key tile of
- * 80, it ran 1.02-1.06 x as fast (L = 1024 and 4096, causal and not); at
- * D = 128 1.00-1.02 x, at D = 64 0.96 x, where the vote and branch cost more
- * than the 32-64 multiplies a tile (H200, 2026-12-03, two rounds in one
- * call, docs/perf/2026-12-03-lazy-max-h200.json). */
-#define WT_LAZY(D) ((D) == 256)
+ * row of a warp raised its max (frag_rows_max<true>, frag_rescale_moved):
+ * at D = 256, whose O is 128 floats a thread against 40 scores a key tile
+ * of 80, it ran 1.05-1.08 x as fast (bf16, L 1k-16k, causal and not); at
+ * D = 128 1.01-1.05 x (three rounds); at D = 64 0.96 x, where the vote and
+ * branch cost more than the 32 multiplies a tile that ptxas had hidden in
+ * the exponentials' latency (H200, 2026-12-03, in turns in one call,
+ * docs/perf/2026-12-03-lazy-max-h200.json). */
+#define WT_LAZY(D) ((D) >= 128)
 
 /* The tensor maps of q, k and v (kernel parameters: __grid_constant__). */
 struct wt_maps {

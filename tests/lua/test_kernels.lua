@@ -249,6 +249,16 @@ function TestKernels:test_cuda_given_tile_kept()
   end
 end
 
+-- opts run on wgmma_tma with lse: against the reference, then again bit for bit
+local function check_tma_twice(q, k, v, opts, what)
+  local run = U.copy_opts(opts)
+  run.kernel, run.return_lse = "wgmma_tma", true
+  local o1, l1 = U.check_attention(q, k, v, run, what)
+  local o2, l2 = fa.attention(q, k, v, run)
+  lu.assertEquals(fa.max_abs_diff(o2, o1), 0, what .. ": run twice")
+  lu.assertEquals(U.flat(l2), U.flat(l1), what .. ": lse, run twice")
+end
+
 -- wgmma_tma's persistent form (D = 64 and 128, key tiles of 128: a block an SM walking the query
 -- tiles from a counter) with more query tiles than SMs, so that a block takes several in the
 -- scheduler's order: tiles with no key (a batch whose kv_lens is 0) between ones with keys, odd and
@@ -271,15 +281,35 @@ function TestKernels:test_cuda_tma_persistent_tiles()
         {alibi = {0.5, 0.25, 0.125, 0.0625, 0.5, 0.25, 0.125, 0.0625, 0.5, 0.25, 0.125, 0.0625, 0.5, 0.25, 0.125,
           0.0625}, causal = "top_left", kv_lens = {Lk, 0, 0}},
       }) do
-        local run = U.copy_opts(opts)
-        run.kernel, run.return_lse = "wgmma_tma", true
         local what = ("%s D=%d causal=%s kv_lens=%s softcap=%s alibi=%s"):format(dtype, D, tostring(opts.causal),
           opts.kv_lens and table.concat(opts.kv_lens, ",") or "-", tostring(opts.softcap), tostring(opts.alibi ~= nil))
-        local o1, l1 = U.check_attention(q, k, v, run, what)
-        local o2, l2 = fa.attention(q, k, v, run)
-        lu.assertEquals(fa.max_abs_diff(o2, o1), 0, what .. ": run twice")
-        lu.assertEquals(U.flat(l2), U.flat(l1), what .. ": lse, run twice")
+        check_tma_twice(q, k, v, opts, what)
       end
+    end
+  end
+end
+
+-- wgmma_tma's lazy row maxima (D = 256): a row's running max moves only where a key tile's passes
+-- it by more than 8 ln 2, and O is rescaled only where some row of a warp moved. Alibi with
+-- causal top_left makes each key tile's max rise along a row by slope x the tile (80 keys): steep heads
+-- move every tile, shallow ones let the stale max fall behind by up to the slack before it moves,
+-- flat ones never; kv_lens ends rows inside a tile; every case against the reference and run twice.
+function TestKernels:test_cuda_lazy_maxima()
+  if dev ~= "cuda" then lu.skip("cuda only") end
+  for _, dtype in ipairs({"bf16", "f16"}) do
+    local Lq, Lk = 200, 700
+    local q = U.randn({2, 4, Lq, 256}, dtype, 1, "cuda")
+    local k, v = U.randn({2, 4, Lk, 256}, dtype, 2, "cuda"), U.randn({2, 4, Lk, 256}, dtype, 3, "cuda")
+    if not contains(fa.kernels(q, k, v), "wgmma_tma") then lu.skip("no Hopper kernels here") end
+    for _, opts in ipairs({
+      {alibi = {2, 0.05, 0.004, 0}, causal = "top_left"},
+      {alibi = {2, 0.05, 0.004, 0}, kv_lens = {Lk, 333}},
+      {alibi = {0.06, 0.07, 0.03, 0.01}, causal = true, kv_lens = {500, Lk}},
+      {},
+    }) do
+      local what = ("%s alibi=%s causal=%s kv_lens=%s"):format(dtype, opts.alibi and table.concat(opts.alibi, ",") or "-",
+        tostring(opts.causal), opts.kv_lens and table.concat(opts.kv_lens, ",") or "-")
+      check_tma_twice(q, k, v, opts, what)
     end
   end
 end
