@@ -587,9 +587,11 @@ template <int DC> static __device__ __forceinline__ void frag_rescale(float (*o)
 }
 
 /* The same, skipped where no row of the warp moved its max (alpha = 1 would
- * leave O as it is): with frag_rows_max's lazy maxima most tiles skip it.
- * (With maxima raised at every rise the test cost more than it saved on the
- * H200, docs/perf/2026-11-22-attention-h200-run5.json.) */
+ * leave O as it is): with frag_rows_max's lazy maxima most tiles skip it, as
+ * do the decode kernel's long key streams with exact ones.  In the prefill
+ * kernels with exact maxima some row of a warp moves at almost every tile,
+ * and the test cost more than it saved (H200,
+ * docs/perf/2026-11-22-attention-h200-run5.json). */
 template <int DC> static __device__ __forceinline__ void frag_rescale_moved(float (*o)[4], float alphaA, float alphaB) {
   if (__any_sync(0xffffffffu, alphaA != 1.f || alphaB != 1.f)) frag_rescale<DC>(o, alphaA, alphaB);
 }
