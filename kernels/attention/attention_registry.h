@@ -20,7 +20,9 @@ struct attn_entry {
   fa_attn_kernel id;
   /* The algos it implements (ATTN_ALGO bits). */
   unsigned algos;
-  /* Taken only when named (decode). */
+  /* Taken only when named (decode, wgmma_fp8).  Whether fa.kernels lists
+   * it when not named is the kernel table's listed_when_named
+   * (src/attn_kernels.c): decode is listed, wgmma_fp8 is not. */
   bool named_only;
   /* The tiled kernels' (opts.tile a knob; NULL for decode, naive and
    * flash_row, which have none).  fit: the call's dtype and head dims on
