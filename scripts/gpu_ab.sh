@@ -13,7 +13,8 @@
 # causal, algo, rule; bench_backward's, its deterministic_ms kept beside ms, and its --extras rows; bench_decode's B, Hkv, Lq,
 # Lk and its paged rows' page_size; bench_variants' case, its builtin_ms and block_mask_ms kept beside ms)
 # the median ms of each build in each round, and prints the ratios.
-# Without a build there (FA_CARRIED=1, carrying .deps/debs and .snap/ab): here
+# Without a build there (FA_CARRIED=1, carrying .deps/debs and .snap/ab; with more than two builds,
+# `bash scripts/gpu_pack.sh --bundle` makes them one file that fits the tool's 64 MiB): here
 #   cmake -S . -B build90 -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real
 #   cmake --build build90 --target flashattn_shared flashattn_lua_shared; bash scripts/gpu_pack.sh build90 work
 # and the same from a git worktree of each base (bash scripts/gpu_pack.sh WORKTREE/build90 NAME);
@@ -35,15 +36,29 @@ mkdir -p "$OUT/ab"
 if [[ ${FA_CARRIED:-0} == 1 ]]; then
   # builds made here and packed by `scripts/gpu_pack.sh BUILD NAME` (.snap/ab/NAME.tar.xz; one is
   # named work, the others are set against it): nothing is compiled there but the interpreter
+  # (or all of them in one .snap/ab/bundle.tar.xz: scripts/gpu_pack.sh --bundle)
   FA_NO_BG=1 . scripts/gpu_carried.sh
-  [ -f .snap/ab/work.tar.xz ] || { echo "gpu_ab: FA_CARRIED=1 wants .snap/ab/work.tar.xz (scripts/gpu_pack.sh BUILD work)"; exit 2; }
-  names=(work) builds=(bg-ab/work)
-  for t in .snap/ab/*.tar.xz; do
-    n=$(basename "$t" .tar.xz)
-    [ "$n" = work ] || names+=("$n") builds+=("bg-ab/$n")
-  done
+  if [ -f .snap/ab/bundle.tar.xz ]; then
+    for t in .snap/ab/*.tar.xz; do
+      [ "$t" = .snap/ab/bundle.tar.xz ] || { echo "gpu_ab: $t beside the bundle: scripts/gpu_pack.sh --bundle takes it in"; exit 2; }
+    done
+    rm -rf bg-ab && carried_bundle .snap/ab/bundle.tar.xz bg-ab || exit 1
+    [ -d bg-ab/work ] || { echo "gpu_ab: the bundle has no build named work"; exit 2; }
+    names=(work) builds=(bg-ab/work)
+    for d in bg-ab/*/; do
+      n=$(basename "$d")
+      [ "$n" = work ] || names+=("$n") builds+=("bg-ab/$n")
+    done
+  else
+    [ -f .snap/ab/work.tar.xz ] || { echo "gpu_ab: FA_CARRIED=1 wants .snap/ab/work.tar.xz (scripts/gpu_pack.sh BUILD work)"; exit 2; }
+    names=(work) builds=(bg-ab/work)
+    for t in .snap/ab/*.tar.xz; do
+      n=$(basename "$t" .tar.xz)
+      [ "$n" = work ] || names+=("$n") builds+=("bg-ab/$n")
+    done
+    for i in "${!names[@]}"; do carried_unpack ".snap/ab/${names[$i]}.tar.xz" "${builds[$i]}" || exit 1; done
+  fi
   for i in "${!names[@]}"; do
-    carried_unpack ".snap/ab/${names[$i]}.tar.xz" "${builds[$i]}" || exit 1
     echo "${names[$i]}: $(cat ".snap/ab/${names[$i]}.commit" 2>/dev/null)" | tee -a "$OUT/ab/ab.log"
   done
 else

@@ -15,10 +15,22 @@ mkdir -p "$OUT"
 carried_unpack() {
   mkdir -p "$2"
   xz -dc "$1" | tar -xf - -C "$2"
-  ln -sf libflashattn.so.0.1.0 "$2/libflashattn.so.0" && ln -sf libflashattn.so.0.1.0 "$2/libflashattn.so"
-  ln -sf libflashattn-lua.so.0.1.0 "$2/libflashattn-lua.so.0" && ln -sf libflashattn-lua.so.0.1.0 "$2/libflashattn-lua.so"
+  carried_finish "$2"
+}
+# carried_bundle TAR DIR: every build of a bundle (scripts/gpu_pack.sh --bundle: a folder a build) into
+# DIR/NAME, each finished as carried_unpack does
+carried_bundle() {
+  mkdir -p "$2"
+  xz -dc "$1" | tar -xf - -C "$2"
+  local d
+  for d in "$2"/*/; do carried_finish "${d%/}" || return 1; done
+}
+# carried_finish DIR: the libraries' links and the interpreter, for a build unpacked into DIR
+carried_finish() {
+  ln -sf libflashattn.so.0.1.0 "$1/libflashattn.so.0" && ln -sf libflashattn.so.0.1.0 "$1/libflashattn.so"
+  ln -sf libflashattn-lua.so.0.1.0 "$1/libflashattn-lua.so.0" && ln -sf libflashattn-lua.so.0.1.0 "$1/libflashattn-lua.so"
   local dir
-  dir=$(cd "$2" && pwd)
+  dir=$(cd "$1" && pwd)
   cc -O2 -Iinclude -I"$dir/include" -I"$D/usr/include/lua5.4" -I"$D/usr/include/x86_64-linux-gnu" tests/c/lua_runner.c \
     -o "$dir/flashattn-lua" -L"$dir" -Wl,--no-as-needed -lflashattn-lua -lflashattn -Wl,--as-needed "$ML/liblua5.4.so" \
     -Wl,--disable-new-dtags,-rpath,"$dir"

@@ -9,8 +9,31 @@
 # under the tool's 64 MiB), a command that begins with
 #   . scripts/gpu_carried.sh
 # finds the build in bg/ ($B), Lua on its paths and FLASHATTN_DEVICE=cuda.
+#   bash scripts/gpu_pack.sh --bundle     # every .snap/ab/NAME.tar.xz (and an earlier bundle's builds) into one .snap/ab/bundle.tar.xz
+# The bundle is a folder a build, compressed with a dictionary larger than one build (128 MiB): the
+# builds of an A/B share most of their bytes, so a second build adds about 3.5 MB where its own file
+# is 23 MB, and three or four fit beside .deps/debs.  gpu_ab.sh's carried mode takes the bundle
+# when there is one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = --bundle ]; then
+  shopt -s nullglob
+  tars=(.snap/ab/*.tar.xz)
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  # the builds of an earlier bundle stay, but for those packed again since
+  [ -f .snap/ab/bundle.tar.xz ] && xz -dc .snap/ab/bundle.tar.xz | tar -xf - -C "$tmp"
+  for t in "${tars[@]}"; do
+    name=$(basename "$t" .tar.xz)
+    [ "$name" = bundle ] && continue
+    rm -rf "${tmp:?}/$name" && mkdir -p "$tmp/$name" && xz -dc "$t" | tar -xf - -C "$tmp/$name"
+  done
+  [ -n "$(ls "$tmp")" ] || { echo "gpu_pack: no .snap/ab/NAME.tar.xz to bundle" >&2; exit 1; }
+  (cd "$tmp" && tar -cf - -- *) | xz -T1 --lzma2=preset=6,dict=128MiB > .snap/ab/bundle.tar.xz
+  for t in "${tars[@]}"; do [ "$(basename "$t")" = bundle.tar.xz ] || rm -f "$t"; done
+  ls -la .snap/ab/bundle.tar.xz
+  exit 0
+fi
 B=${1:-build}
 NAME=${2:-} # given: .snap/ab/NAME.tar.xz and .snap/ab/NAME.commit, a build for scripts/gpu_ab.sh's carried mode
 [ -f "$B/libflashattn-lua.so.0.1.0" ] && [ -f "$B/libflashattn.so.0.1.0" ] || { echo "gpu_pack: no build in $B" >&2; exit 1; }
