@@ -38,26 +38,24 @@ if [[ ${FA_CARRIED:-0} == 1 ]]; then
   # named work, the others are set against it): nothing is compiled there but the interpreter
   # (or all of them in one .snap/ab/bundle.tar.xz: scripts/gpu_pack.sh --bundle)
   FA_NO_BG=1 . scripts/gpu_carried.sh
+  rm -rf bg-ab
   if [ -f .snap/ab/bundle.tar.xz ]; then
     for t in .snap/ab/*.tar.xz; do
       [ "$t" = .snap/ab/bundle.tar.xz ] || { echo "gpu_ab: $t beside the bundle: scripts/gpu_pack.sh --bundle takes it in"; exit 2; }
     done
-    rm -rf bg-ab && carried_bundle .snap/ab/bundle.tar.xz bg-ab || exit 1
-    [ -d bg-ab/work ] || { echo "gpu_ab: the bundle has no build named work"; exit 2; }
-    names=(work) builds=(bg-ab/work)
-    for d in bg-ab/*/; do
-      n=$(basename "$d")
-      [ "$n" = work ] || names+=("$n") builds+=("bg-ab/$n")
-    done
+    carried_bundle .snap/ab/bundle.tar.xz bg-ab || exit 1
   else
-    [ -f .snap/ab/work.tar.xz ] || { echo "gpu_ab: FA_CARRIED=1 wants .snap/ab/work.tar.xz (scripts/gpu_pack.sh BUILD work)"; exit 2; }
-    names=(work) builds=(bg-ab/work)
     for t in .snap/ab/*.tar.xz; do
-      n=$(basename "$t" .tar.xz)
-      [ "$n" = work ] || names+=("$n") builds+=("bg-ab/$n")
+      [ -f "$t" ] || continue
+      carried_unpack "$t" "bg-ab/$(basename "$t" .tar.xz)" || exit 1
     done
-    for i in "${!names[@]}"; do carried_unpack ".snap/ab/${names[$i]}.tar.xz" "${builds[$i]}" || exit 1; done
   fi
+  [ -d bg-ab/work ] || { echo "gpu_ab: FA_CARRIED=1 wants a build named work (scripts/gpu_pack.sh BUILD work)"; exit 2; }
+  names=(work) builds=(bg-ab/work)
+  for d in bg-ab/*/; do
+    n=$(basename "$d")
+    [ "$n" = work ] || names+=("$n") builds+=("bg-ab/$n")
+  done
   for i in "${!names[@]}"; do
     echo "${names[$i]}: $(cat ".snap/ab/${names[$i]}.commit" 2>/dev/null)" | tee -a "$OUT/ab/ab.log"
   done
