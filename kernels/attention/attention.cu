@@ -53,9 +53,10 @@ static fa_status launch_tiled(fa_context *ctx, const attn_params *p) {
   if (fa_status st = tiled_grid(ctx, blocks, p->v_nonfinite != NULL, &grid)) return st;
   if (fa_status st = attn_grid_fits(ctx, grid)) return st;
   if (grid == 0) return FA_OK;
-  attn_tiled_kernel<T, BR, MODE><<<(unsigned)grid, NWARPS * 32, smem, fa_cuda_stream(ctx)>>>(*p, br, bc, blocks);
-  FA_CUDA_CHECK_LAUNCH(ctx, "attn_tiled_kernel");
-  return FA_OK;
+  attn_params g = *p;
+  void *args[] = {&g, &br, &bc, &blocks};
+  return tiled_launch(ctx, (const void *)attn_tiled_kernel<T, BR, MODE>, grid, smem, args, p->v_nonfinite != NULL,
+                      "launch of attn_tiled_kernel");
 }
 
 template <typename T, int MODE> static fa_status tiled_by_br(fa_context *ctx, const attn_params *p) {

@@ -325,7 +325,7 @@ static fa_status bw_guarded(fa_context *ctx, fa_attn_kernel k, const fa_attn_pro
   if constexpr (sizeof(T) == 2) /* fixed: f16 and bf16 alone */
     if (fixed) st = bw_kv_max<T>(ctx, p, bw_fixed_kvmax(delta, p), flag);
   if (st || (st = bw_delta<T>(ctx, p, g, delta, flag, fixed)) || (!outputs && (st = fa_cuda_fork(ctx, &side)))) {
-    fa_cuda_free_on(ctx, flag, sizeof(int));
+    fa_cuda_free_on(ctx, flag, FA_FLAG_BYTES);
     return st;
   }
   if (outputs) {
@@ -342,7 +342,7 @@ static fa_status bw_guarded(fa_context *ctx, fa_attn_kernel k, const fa_attn_pro
     if (!st) st = joined;
   }
   if (!st) st = ks->simt(ctx, p, g, delta, flag, ks->user);
-  fa_cuda_free_on(ctx, flag, sizeof(int)); /* stream-ordered: after the work queued */
+  fa_cuda_free_on(ctx, flag, FA_FLAG_BYTES); /* stream-ordered: after the work queued */
   return st;
 }
 

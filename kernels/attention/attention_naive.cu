@@ -146,7 +146,7 @@ static fa_status naive_typed(fa_context *ctx, const fa_attn_problem *p, naive_so
     naive_pv_skipping_kernel<T><<<(unsigned)(rows < 1024 ? rows : 1024), 128, 0, fa_cuda_stream(ctx)>>>(
         *p, (const T *)P, flag);
     st = fa_cuda_error(ctx, cudaGetLastError(), "launch of naive_pv_skipping_kernel");
-    fa_cuda_free_on(ctx, flag, sizeof(int)); /* stream-ordered: after the kernel */
+    fa_cuda_free_on(ctx, flag, FA_FLAG_BYTES); /* stream-ordered: after the kernel */
   }
 done:
   free(host);

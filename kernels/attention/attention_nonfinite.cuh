@@ -6,7 +6,9 @@
  * key's weight is 0 and 0 · NaN = NaN would reach rows that never attend
  * the key; the SIMT kernel (attention.cu) and naive's skipping product
  * (attention_naive.cu) skip masked keys and are exact, but slow.  So:
- *  1. values_nonfinite_flag makes a device flag, 0 on the stream;
+ *  1. values_nonfinite_flag makes a device flag, 0 on the stream (with a
+ *     second int beside it, zeroed by the same memset: the tile counter of
+ *     a persistent kernel the flag guards, fa_flag_counter);
  *  2. launch_guarded_by_v_flag queues the fast kernel with p.v_nonfinite =
  *     the flag, which is set (p.v_self_check says by what) when V holds NaN
  *     or inf: by a scan of V from a side stream queued beside the kernel
@@ -21,7 +23,9 @@
  *  3. a fast block reads the flag at its start and, once it is set, leaves
  *     without writing (leave_for_fallback: the block decides as one);
  *  4. the SIMT kernel runs behind it with the same flag (tiled_typed in
- *     attention.cu): it returns at once while the flag is 0, else rewrites
+ *     attention.cu; on Hopper code a programmatic dependent launch whose
+ *     blocks wait for the fast kernel's memory, tiled_launch): it returns
+ *     at once while the flag is 0, else rewrites
  *     every output (two_pass: its output pass, on the statistics the fast
  *     statistics pass wrote from the scores alone).
  * The flag may be set while the fast kernel runs: blocks that started
@@ -163,19 +167,29 @@ static inline cudaError_t queue_nonfinite_scan(const fa_attn_problem *p, int *fl
   return cudaGetLastError();
 }
 
-/* A device int (from the pool: the caller frees it with fa_cuda_free) set
- * to 0 on the stream; with scan, then set to 1 when the values v hold NaN
- * or inf: one pass over v, no wait. */
+/* The bytes of a flag of values_nonfinite_flag: the flag, then a spare
+ * int, both 0 on the stream, for a persistent kernel's tile counter
+ * (fa_flag_counter): one memset a call where there were two, each a few
+ * µs of a short call's fixed cost. */
+#define FA_FLAG_BYTES (2 * sizeof(int))
+/* The tile counter that comes with flag (0 until a kernel counts on it;
+ * one kernel a flag), or NULL without a flag. */
+static inline int *fa_flag_counter(int *flag) { return flag ? flag + 1 : NULL; }
+
+/* A device int (from the pool: the caller frees it with fa_cuda_free_on,
+ * FA_FLAG_BYTES) set to 0 on the stream, its spare int too; with scan,
+ * then set to 1 when the values v hold NaN or inf: one pass over v, no
+ * wait. */
 static inline fa_status values_nonfinite_flag(fa_context *ctx, const fa_attn_problem *p, int **flag, bool scan = true) {
   *flag = NULL;
   void *f = NULL;
-  fa_status st = fa_cuda_malloc(ctx, &f, sizeof(int));
+  fa_status st = fa_cuda_malloc(ctx, &f, FA_FLAG_BYTES);
   if (st) return st;
   cudaStream_t s = fa_cuda_stream(ctx);
-  cudaError_t err = cudaMemsetAsync(f, 0, sizeof(int), s);
+  cudaError_t err = cudaMemsetAsync(f, 0, FA_FLAG_BYTES, s);
   if (err == cudaSuccess && scan) err = queue_nonfinite_scan(p, (int *)f, s);
   if ((st = fa_cuda_error(ctx, err, "the NaN/inf check of v"))) {
-    fa_cuda_free_on(ctx, f, sizeof(int));
+    fa_cuda_free_on(ctx, f, FA_FLAG_BYTES);
     return st;
   }
   *flag = (int *)f;
@@ -216,12 +230,12 @@ static inline fa_status launch_guarded_by_v_flag(fa_context *ctx, const attn_par
   g.v_self_check = check;
   cudaStream_t side = 0;
   if (check == V_CHECK_SCAN && (st = fa_cuda_fork(ctx, &side))) {
-    fa_cuda_free_on(ctx, flag, sizeof(int));
+    fa_cuda_free_on(ctx, flag, FA_FLAG_BYTES);
     return st;
   }
   st = run(ctx, &g, pass);
   if (check == V_CHECK_SCAN) st = join_nonfinite_scan(ctx, p, flag, side, st);
-  if (st) fa_cuda_free_on(ctx, flag, sizeof(int)); /* stream-ordered: after the work queued */
+  if (st) fa_cuda_free_on(ctx, flag, FA_FLAG_BYTES); /* stream-ordered: after the work queued */
   else *v_flag = flag;
   return st;
 }

@@ -2,6 +2,7 @@
  * what src/ asks of it (a kernel's fit, tiles and default tile), and the
  * dispatch: the kernel named or the first that takes the call, scheduled,
  * then the SIMT kernel behind a fast one for NaN/inf in V. */
+#include "attention_nonfinite.cuh"
 #include "attention_registry.h"
 
 #include <cstdio>
@@ -148,7 +149,7 @@ extern "C" fa_status fa_cuda_attention_run(fa_context *ctx, fa_attention_algo al
   int *v_flag = NULL;
   st = e->queue(ctx, &p, algo, own_tile(kernel, in, false), &v_flag);
   if (!st && v_flag) st = attn_simt_queue(ctx, &p, algo, v_flag);
-  if (v_flag) fa_cuda_free_on(ctx, v_flag, sizeof(int)); /* stream-ordered: after the kernels */
+  if (v_flag) fa_cuda_free_on(ctx, v_flag, FA_FLAG_BYTES); /* stream-ordered: after the kernels */
   if (stats_bytes) fa_cuda_free_on(ctx, p.row_stats, stats_bytes); /* after both passes */
   return st;
 }

@@ -154,6 +154,12 @@ static __device__ __forceinline__ void attn_tiled_block(const PROB &p, int br, i
  * unless V holds NaN or inf. */
 template <typename T, int BR, int MODE, typename PROB = attn_params>
 __global__ void __launch_bounds__(NWARPS * 32) attn_tiled_kernel(PROB p, int br, int Bc, int64_t nblk) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  /* as the guard, launched as a programmatic dependent of the fast kernel
+   * (launch_tiled): its memory, the flag and outputs, once it is done
+   * (nothing to wait for in a plain launch) */
+  if (p.v_nonfinite) asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
   if (p.v_nonfinite && !*p.v_nonfinite) return; /* not needed: the tensor cores have run */
   for (int64_t blk = blockIdx.x; blk < nblk; blk += gridDim.x) {
     attn_tiled_block<T, BR, MODE, PROB>(p, br, Bc, blk);
@@ -222,6 +228,29 @@ static inline fa_status tiled_grid(fa_context *ctx, int64_t nblk, bool fallback,
   if (fa_status st = fa_cuda_device_props(ctx, &dp)) return st;
   *grid = min(nblk, (int64_t)dp.sms * 2);
   return FA_OK;
+}
+
+/* Queues the SIMT kernel fn (the built-in instance, or a variant's) over
+ * grid blocks with args.  As the guard behind a fast kernel (guard: it
+ * reads the fast kernel's flag), a programmatic dependent launch where the
+ * build has code for sm_90 or later (sm_80 code has no griddepcontrol):
+ * its launch overlaps the fast kernel's end, whose blocks let it be placed
+ * (griddepcontrol.launch_dependents), and its blocks wait at their start
+ * for that kernel's memory (attn_tiled_kernel). */
+static inline fa_status tiled_launch(fa_context *ctx, const void *fn, int64_t grid, size_t smem, void **args, bool guard,
+                                     const char *what) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)grid), cfg.blockDim = dim3(NWARPS * 32), cfg.dynamicSmemBytes = smem;
+  cfg.stream = fa_cuda_stream(ctx);
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  if (guard) {
+    fa_cuda_props dp;
+    if (fa_status st = fa_cuda_device_props(ctx, &dp)) return st;
+    cfg.attrs = &attr, cfg.numAttrs = dp.sm90_code ? 1 : 0;
+  }
+  return fa_cuda_error(ctx, cudaLaunchKernelExC(&cfg, fn, args), what);
 }
 
 /* The tile of the SIMT kernel for a call whose tile (a tensor-core

@@ -749,8 +749,11 @@ static fa_status launch_simt(fa_context *ctx, cudaKernel_t k, fa_variant_problem
   void *args[] = {vp, &tq, &bc, &nblk};
   fa_status st = tiled_grid(ctx, nblk, vp->v_nonfinite != NULL, &grid);
   if (!st) st = attn_grid_fits(ctx, grid);
+  const size_t smem = tiled_smem(block_rows(tq), bc, vp->D, vp->Dv);
   if (!st && grid > 0)
-    st = launch(ctx, k, (unsigned)grid, NWARPS * 32, tiled_smem(block_rows(tq), bc, vp->D, vp->Dv), args, what);
+    st = fa_cuda_error(ctx, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                       what);
+  if (!st && grid > 0) st = tiled_launch(ctx, (const void *)k, grid, smem, args, vp->v_nonfinite != NULL, what);
   return st;
 }
 
@@ -771,7 +774,7 @@ static fa_status variant_open(fa_context *ctx, const fa_attn_problem *p, const i
 }
 
 /* The warp-specialised kernel of the call (FAST_TMA): a block a query
- * tile, or its persistent form with a fresh tile counter. */
+ * tile, or its persistent form with the NaN/inf flag's tile counter. */
 static fa_status queue_variant_tma(fa_context *ctx, const fa_attn_problem *p, const variant_plan *v, cudaKernel_t kern,
                                    fa_variant_problem *vp) {
   const size_t smem = wt_form_smem_bytes((int)p->D, v->bc, v->persistent);
@@ -785,10 +788,11 @@ static fa_status queue_variant_tma(fa_context *ctx, const fa_attn_problem *p, co
   }
   unsigned grid = 0;
   int *next = NULL;
-  if ((st = wt_persistent_start(ctx, tiles, &grid, &next))) return st;
+  int *zeroed = fa_flag_counter(vp->v_nonfinite);
+  if ((st = wt_persistent_start(ctx, tiles, zeroed, &grid, &next))) return st;
   void *args[] = {vp, &maps, &next};
   st = launch(ctx, kern, grid, wt_threads((int)p->D, v->bc), smem, args, "the variant's fast kernel");
-  fa_cuda_free_on(ctx, next, sizeof(int)); /* stream-ordered: after the kernel */
+  wt_persistent_end(ctx, zeroed, next);
   return st;
 }
 
@@ -930,7 +934,7 @@ extern "C" fa_status fa_cuda_attention_variant(fa_context *ctx, fa_attention_alg
   if (!st && v.fast) st = values_nonfinite_flag(ctx, p, &v_flag, false); /* NaN or inf in V: the SIMT kernel redoes the call */
   if (!st) st = queue_variant(ctx, p, &v, src, kern, &vp, v_flag);
   free(src);
-  if (v_flag) fa_cuda_free_on(ctx, v_flag, sizeof(int)); /* stream-ordered */
+  if (v_flag) fa_cuda_free_on(ctx, v_flag, FA_FLAG_BYTES); /* stream-ordered */
   return faults_close(ctx, p, call_bounds, &fr, st);
 }
 

@@ -105,7 +105,8 @@ int wt_encode_maps(const fa_attn_problem *p, wt_maps *m);
  * for wgmma; rows past L come in as zeros.  0 when the driver refuses it. */
 int wt_encode_operand(CUtensorMap *m, fa_dtype dt, const void *base, const fa_attn_strides &st, int64_t L, int64_t H,
                       int64_t B, int D, int rows);
-fa_status wt_persistent_start(fa_context *ctx, int64_t tiles, unsigned *grid, int **next);
+fa_status wt_persistent_start(fa_context *ctx, int64_t tiles, int *zeroed, unsigned *grid, int **next);
+void wt_persistent_end(fa_context *ctx, int *zeroed, int *next);
 #endif
 
 /* Whether the persistent form's producer warpgroup has a second warp that
@@ -373,6 +374,7 @@ __global__ void __launch_bounds__(wt_threads(D, BC), wt_sm_blocks(D, BC)) attn_w
   extern __shared__ __align__(128) char wt_smem_raw[];
   const wt_layout<D, BC> L(wt_smem_raw);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  asm volatile("griddepcontrol.launch_dependents;"); /* the SIMT guard: as in the persistent form */
   const frag_qtile<T, D, WT_BR> qt(p, blockIdx.x);
   const int64_t bh = qt.bh, b = qt.b, h = qt.h, i0 = qt.i0;
   FA_TRACE_TILE(0);
@@ -578,6 +580,10 @@ __global__ void __launch_bounds__(wt_threads(128, 128), 1)
   const uint32_t slot_full = L.slot_full(), slot_empty = L.slot_empty();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   const int qtiles = (int)((p.Lq + WT_BR - 1) / WT_BR), total = (int)(p.B * p.Hq) * qtiles;
+  /* the SIMT guard behind it (a programmatic dependent launch: launch_tiled)
+   * may be placed now; its blocks take an SM as this kernel's blocks leave
+   * it, and wait there for this grid's end and memory */
+  asm volatile("griddepcontrol.launch_dependents;");
   if (tid == 0) wt_init_barriers(L, true, SCHED);
   if (leave_for_fallback(v_bad)) return; /* its barrier also publishes the mbarriers */
 
