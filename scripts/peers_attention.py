@@ -1,6 +1,8 @@
 """Peers for the attention benchmark, measured in the same run on the same GPU:
 PyTorch's scaled_dot_product_attention with the flash (FlashAttention-2),
-cuDNN and efficient backends.  Merges the engine's figures
+cuDNN and efficient backends, and the bf16 matmul rate of the same run
+(peer_matmul.py: each row's engine_frac_matmul, the issue's "fraction of the
+matmul rate").  Merges the engine's figures
 (scripts/bench_attention.lua --json) into one result file with the ratios.
 Rows with a score rule (bench_attention.lua --rules) are set against SDPA
 given the same rule as its attn_mask, on the backends that take one: the
@@ -17,6 +19,8 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 from triton.testing import do_bench
+
+from peer_matmul import MATMUL_N, matmul_tflops
 
 BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION}
@@ -71,6 +75,9 @@ def main():
     args = ap.parse_args()
     with open(args.engine) as f:
         engine = json.load(f)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    mm, mm_ms = matmul_tflops()
+    print(f"bf16 matmul {MATMUL_N}^3: {mm:.0f} TFLOP/s ({mm_ms:.3f} ms)", flush=True)
     rows = []
     peers = {}  # a shape's peer figures, measured once for every engine row of it ("flash", "flash@KERNEL")
     for r in engine["results"]:
@@ -88,22 +95,24 @@ def main():
             t = peers[shape][name]
             row[f"torch_{name}_tflops"] = t
             row[f"ratio_vs_{name}"] = r["tflops"] / t if t else None
+        row["engine_frac_matmul"] = r["tflops"] / mm
         rows.append(row)
     result = {
         "date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
         "commit": args.commit or engine.get("meta", {}).get("commit", "unknown"),
         "benchmark": "attention forward, TFLOP/s = 4·B·H·L²·D (half for causal) / median time",
+        "matmul_bf16_tflops": mm, "matmul_bf16_ms": mm_ms, "matmul_n": MATMUL_N,
         "shapes": rows, "engine_all_algos": engine["results"],
     }
     with open(args.json, "w") as f:
         json.dump(result, f, indent=1)
     fmt = lambda x: f"{x:7.1f}" if x else "    n/a"
-    print(f"{'dtype':5} {'D':>4} {'L':>6} {'causal':6} {'rule':10} {'algo':15} {'engine':>7} {'FA2':>7} {'cuDNN':>7} {'effic':>7} {'xFA2':>6} {'xcuDNN':>7} {'xeff':>6}")
+    print(f"{'dtype':5} {'D':>4} {'L':>6} {'causal':6} {'rule':10} {'algo':15} {'engine':>7} {'FA2':>7} {'cuDNN':>7} {'effic':>7} {'xFA2':>6} {'xcuDNN':>7} {'xeff':>6} {'xmm':>5}")
     for r in rows:
         rat = lambda k: f"{r[k]:6.2f}" if r[k] else "   n/a"
         print(f"{r['dtype']:5} {r['D']:4} {r['L']:6} {str(r['causal']):6} {r.get('rule', 'plain'):10} {r['algo']:15} {r['tflops']:7.1f} "
               f"{fmt(r['torch_flash_tflops'])} {fmt(r['torch_cudnn_tflops'])} {fmt(r['torch_efficient_tflops'])} "
-              f"{rat('ratio_vs_flash')} {rat('ratio_vs_cudnn'):>7} {rat('ratio_vs_efficient')}")
+              f"{rat('ratio_vs_flash')} {rat('ratio_vs_cudnn'):>7} {rat('ratio_vs_efficient')} {r['engine_frac_matmul']:5.2f}")
 
 
 if __name__ == "__main__":

@@ -38,7 +38,6 @@ torch = triton = sdpa = sdpa_kernel = do_bench = None
 BACKENDS = {}
 DTYPES = {}
 PEERS = ("flash", "cudnn", "flash_det")  # flash_det: FA2 with torch's deterministic algorithms on
-MATMUL_N = 8192
 
 
 def load():
@@ -117,14 +116,6 @@ def time_backward(peer, q, k, v, dout, causal, gqa):
             return None, "; ".join(why)[:400]
 
 
-def matmul_tflops():
-    """The bf16 matmul rate of this GPU: (8192 x 8192) @ (8192 x 8192), do_bench median."""
-    a = torch.randn(MATMUL_N, MATMUL_N, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(MATMUL_N, MATMUL_N, device="cuda", dtype=torch.bfloat16)
-    ms = do_bench(lambda: a @ b, warmup=25, rep=100, return_mode="median")
-    return 2.0 * MATMUL_N ** 3 / (ms * 1e-3) / 1e12, ms
-
-
 def shape_str(r):
     return (f"{r['dtype']} B={r['B']} H={r.get('H', r.get('Hq'))} L={r.get('L', r.get('Lq'))} D={r['D']} "
             f"causal={r['causal']}")
@@ -189,8 +180,8 @@ def main():
     torch.manual_seed(emeta.get("seed", 1) if isinstance(emeta.get("seed"), int) else 1)
     torch.backends.cuda.matmul.allow_tf32 = False
 
+    from peer_matmul import MATMUL_N, matmul_tflops  # here: it imports torch
     mm, mm_ms = matmul_tflops()
-    torch.cuda.empty_cache()  # the matmul's operands, gone with its frame
     print(f"bf16 matmul {MATMUL_N}^3: {mm:.0f} TFLOP/s ({mm_ms:.3f} ms)", flush=True)
     rows = []
     for r in engine.get("results", []):

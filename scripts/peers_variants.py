@@ -81,7 +81,6 @@ import time
 torch = triton = flex_attention = create_block_mask = do_bench = None
 DTYPES = {}
 BACKENDS = ("flex_triton", "flex_flash")
-MATMUL_N = 8192
 TOLERANCE = {"bf16": 2e-2, "f16": 2e-2, "f32": 1e-5}  # the engine's sweep.TOLERANCE
 SCORE_PARTS = ("alibi", "softcap")
 MASK_PARTS = ("sliding", "document", "prefix_lm")
@@ -157,14 +156,6 @@ def bench_ms(fn, warmup, rep):
         return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
     r = do_bench(fn, warmup=warmup, rep=rep, quantiles=[0.5])
     return r[0] if isinstance(r, (list, tuple)) else r
-
-
-def matmul_tflops(warmup, rep):
-    """The bf16 matmul rate of this GPU: (8192 x 8192) @ (8192 x 8192), do_bench median."""
-    a = torch.randn(MATMUL_N, MATMUL_N, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(MATMUL_N, MATMUL_N, device="cuda", dtype=torch.bfloat16)
-    ms = bench_ms(lambda: a @ b, warmup, rep)
-    return 2.0 * MATMUL_N ** 3 / (ms * 1e-3) / 1e12, ms
 
 
 def warm_compiler(flex):
@@ -443,8 +434,8 @@ def main():
     # cap as constants (the FLASH backend cannot take captured symbolic scalars)
     flex = torch.compile(flex_attention, dynamic=False)
 
+    from peer_matmul import MATMUL_N, matmul_tflops  # here: it imports torch
     mm, mm_ms = matmul_tflops(args.warmup, args.rep)
-    torch.cuda.empty_cache()  # the matmul's operands, gone with its frame
     print(f"bf16 matmul {MATMUL_N}^3: {mm:.0f} TFLOP/s ({mm_ms:.3f} ms)", flush=True)
     warm_s = warm_compiler(flex)
     print(f"compiler warm-up (flex_attention, L = 256, no mods): {warm_s:.1f} s", flush=True)
