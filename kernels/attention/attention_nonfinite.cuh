@@ -25,9 +25,9 @@
  *  4. the SIMT kernel runs behind it with the same flag (tiled_typed in
  *     attention.cu; on Hopper code a programmatic dependent launch whose
  *     blocks wait for the fast kernel's memory, tiled_launch): it returns
- *     at once while the flag is 0, else rewrites
- *     every output (two_pass: its output pass, on the statistics the fast
- *     statistics pass wrote from the scores alone).
+ *     at once while the flag is 0, else rewrites every output (two_pass:
+ *     its output pass, on the statistics the fast statistics pass wrote
+ *     from the scores alone).
  * The flag may be set while the fast kernel runs: blocks that started
  * before write outputs the fallback then overwrites, so the result never
  * depends on the timing.  With V_CHECK_OUTPUT a NaN or inf of V that no
