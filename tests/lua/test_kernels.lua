@@ -172,10 +172,10 @@ function TestKernels:test_cuda_d64_order_by_layout()
   end
 end
 
--- D = 64 on Hopper with a mask tensor and a causal mask: query tiles that take fewer than 2048 keys
--- on average go to wgmma (key tiles of 64), longer ones and calls without the causal mask to
--- wgmma_tma (128); fa.kernels lists that kernel first, and the automatic call gives, bit for bit,
--- what the kernel named with that tile gives
+-- D = 64 on Hopper with a bool mask and a causal mask: query tiles that take fewer than 2048 keys
+-- on average go to wgmma (key tiles of 64), longer ones, calls without the causal mask and float
+-- masks to wgmma_tma (128); fa.kernels lists that kernel first, and the automatic call gives, bit
+-- for bit, what the kernel named with that tile gives
 function TestKernels:test_cuda_d64_masks_by_keys()
   if dev ~= "cuda" then lu.skip("cuda only") end
   local probe = {qkv("bf16", 64, "cuda", 200)}
@@ -185,13 +185,15 @@ function TestKernels:test_cuda_d64_masks_by_keys()
     {130, 2100, true, "wgmma", 64},        -- 2035
     {130, 4200, true, "wgmma_tma", 128},   -- 4135
     {130, 300, false, "wgmma_tma", 128},   -- not causal
+    {130, 300, true, "wgmma_tma", 128, true}, -- a float mask
+    {130, 2100, true, "wgmma_tma", 128, true},
   }) do
     local q = U.randn({1, 2, c[1], 64}, "bf16", 1, "cuda")
     local k, v = U.randn({1, 2, c[2], 64}, "bf16", 2, "cuda"), U.randn({1, 2, c[2], 64}, "bf16", 3, "cuda")
     local m = fa.rand({c[1], c[2]}, {seed = 4, device = "cuda"}):to("cpu"):totable()
-    for i = 1, c[1] do for j = 1, c[2] do m[i][j] = m[i][j] < 0.9 end end
+    for i = 1, c[1] do for j = 1, c[2] do m[i][j] = c[6] and -3 * m[i][j] or m[i][j] < 0.9 end end
     local opts = {causal = c[3], mask = fa.tensor(m, {device = "cuda"})}
-    local what = ("Lq %d Lk %d causal %s"):format(c[1], c[2], tostring(c[3]))
+    local what = ("Lq %d Lk %d causal %s %s mask"):format(c[1], c[2], tostring(c[3]), c[6] and "float" or "bool")
     local named = U.copy_opts(opts)
     named.kernel, named.tile = c[4], {128, c[5]}
     lu.assertEquals(fa.kernels(q, k, v, opts)[1], c[4], what .. ": listed first")
