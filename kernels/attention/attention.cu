@@ -46,8 +46,6 @@ template <typename T, int BR, int MODE>
 static fa_status launch_tiled(fa_context *ctx, const attn_params *p) {
   int bc = (int)p->tile_k;
   size_t smem = tiled_smem(BR, bc, p->D, p->Dv);
-  FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(attn_tiled_kernel<T, BR, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          (int)smem));
   int br = (int)p->tile_q;
   int64_t blocks = p->B * p->Hq * ((p->Lq + br - 1) / br), grid = 0;
   if (fa_status st = tiled_grid(ctx, blocks, p->v_nonfinite != NULL, &grid)) return st;

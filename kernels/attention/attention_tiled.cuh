@@ -231,7 +231,8 @@ static inline fa_status tiled_grid(fa_context *ctx, int64_t nblk, bool fallback,
 }
 
 /* Queues the SIMT kernel fn (the built-in instance, or a variant's) over
- * grid blocks with args.  As the guard behind a fast kernel (guard: it
+ * grid blocks with args and smem bytes of dynamic shared memory (set on
+ * fn here).  As the guard behind a fast kernel (guard: it
  * reads the fast kernel's flag), a programmatic dependent launch where the
  * build has code for sm_90 or later (sm_80 code has no griddepcontrol):
  * its launch overlaps the fast kernel's end, whose blocks let it be placed
@@ -239,6 +240,8 @@ static inline fa_status tiled_grid(fa_context *ctx, int64_t nblk, bool fallback,
  * for that kernel's memory (attn_tiled_kernel). */
 static inline fa_status tiled_launch(fa_context *ctx, const void *fn, int64_t grid, size_t smem, void **args, bool guard,
                                      const char *what) {
+  cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (err != cudaSuccess) return fa_cuda_error(ctx, err, what);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((unsigned)grid), cfg.blockDim = dim3(NWARPS * 32), cfg.dynamicSmemBytes = smem;
   cfg.stream = fa_cuda_stream(ctx);

@@ -749,11 +749,9 @@ static fa_status launch_simt(fa_context *ctx, cudaKernel_t k, fa_variant_problem
   void *args[] = {vp, &tq, &bc, &nblk};
   fa_status st = tiled_grid(ctx, nblk, vp->v_nonfinite != NULL, &grid);
   if (!st) st = attn_grid_fits(ctx, grid);
-  const size_t smem = tiled_smem(block_rows(tq), bc, vp->D, vp->Dv);
   if (!st && grid > 0)
-    st = fa_cuda_error(ctx, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-                       what);
-  if (!st && grid > 0) st = tiled_launch(ctx, (const void *)k, grid, smem, args, vp->v_nonfinite != NULL, what);
+    st = tiled_launch(ctx, (const void *)k, grid, tiled_smem(block_rows(tq), bc, vp->D, vp->Dv), args,
+                      vp->v_nonfinite != NULL, what);
   return st;
 }
 
