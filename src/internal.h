@@ -172,6 +172,11 @@ typedef struct {
   const void *mask_f;
   const uint8_t *mask_b;
   int64_t mask_strides[4];
+  /* CUDA, the kernels that score in fragments: mask_b as bits (bit k % 32 of word k / 32 is key k),
+   * made by the dispatch for them (kernels/attention/attention_mask_bits.cu), its (B, Hq, Lq)
+   * strides in words, 0 where broadcast; NULL elsewhere */
+  const uint32_t *mask_bits;
+  int64_t mask_bits_strides[3];
   const int64_t *kv_lens; /* B entries or NULL */
   const double *alibi;    /* Hq entries or NULL */
   int64_t tile_q, tile_k; /* resolved: > 0 */

@@ -118,9 +118,6 @@ static __device__ __forceinline__ bool rule_mask_keeps(const score_rule &ru, int
 static __device__ __forceinline__ float2 rule_mask_float2(const score_rule &ru, int k) {
   return *(const float2 *)((const float *)ru.mask + k);
 }
-static __device__ __forceinline__ unsigned rule_mask_bytes2(const score_rule &ru, int k) {
-  return *(const uint16_t *)((const uint8_t *)ru.mask + k); /* key k in bits 0-7, k + 1 in bits 8-15 */
-}
 /* The final score of key j for query row i from the raw dot product, or
  * -inf when the key is outside [lo, hi) or the bool mask says no (the
  * kernels that take one score at a time).  chain, when given: the

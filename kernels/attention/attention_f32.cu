@@ -380,4 +380,4 @@ static fa_status f32_queue(fa_context *ctx, const attn_params *p, fa_attention_a
 }
 
 const attn_entry attn_entry_f32 = {FA_KERNEL_F32, ATTN_FLASH_OR_TWO_PASS, false, f32_fit, f32_tile_ok, f32_takes, f32_queue,
-                                  false};
+                                  false,         NULL,        true};

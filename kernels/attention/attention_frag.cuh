@@ -289,6 +289,48 @@ template <int NC> static __device__ __forceinline__ void frag_mask_cols(float (*
     }
 }
 
+/* Row i's bool mask bits (p.mask_bits, which the dispatch makes for every
+ * kernel that scores in fragments: attention_mask_bits.cu) for the keys
+ * this thread holds in the tile of 8·NC keys from j0, keys j0 + c2 + 8n + e
+ * (e = 0, 1) at bit 8(n % 4) + e of u[n / 4]; all set for a row past Lq
+ * (valid false), which has no mask row.  One 16-, 8- or 4-byte load where
+ * the tile starts at a multiple of its width in words (a thread's keys are
+ * then those words' bits from c2 on), else NC / 4 + 1 words shifted into
+ * place; a row's padding keeps both inside it. */
+template <int NC>
+static __device__ __forceinline__ void frag_mask_bits(const fa_attn_problem &p, int64_t b, int64_t h, int64_t i,
+                                                      bool valid, int64_t j0, int c2, uint32_t (&u)[(NC + 3) / 4]) {
+  constexpr int NW = (NC + 3) / 4;
+  if (!valid) {
+#pragma unroll
+    for (int q = 0; q < NW; q++) u[q] = 0xffffffffu;
+    return;
+  }
+  const int64_t *bs = p.mask_bits_strides;
+  const uint32_t *row = p.mask_bits + b * bs[0] + h * bs[1] + i * bs[2];
+  if constexpr (NW == 4 || NW == 2 || NW == 1)
+    if ((j0 & (32 * NW - 1)) == 0) {
+      const uint32_t *w = row + (j0 >> 5);
+      if constexpr (NW == 4) {
+        const uint4 x = *(const uint4 *)w;
+        u[0] = x.x >> c2, u[1] = x.y >> c2, u[2] = x.z >> c2, u[3] = x.w >> c2;
+      } else if constexpr (NW == 2) {
+        const uint2 x = *(const uint2 *)w;
+        u[0] = x.x >> c2, u[1] = x.y >> c2;
+      } else {
+        u[0] = w[0] >> c2;
+      }
+      return;
+    }
+  const int64_t k = j0 + c2;
+  const uint32_t *w = row + (k >> 5);
+  uint32_t x[NW + 1];
+#pragma unroll
+  for (int q = 0; q <= NW; q++) x[q] = w[q];
+#pragma unroll
+  for (int q = 0; q < NW; q++) u[q] = __funnelshift_r(x[q], x[q + 1], (unsigned)(k & 31));
+}
+
 /* The score rules as variant structs, one a kernel instance's EXTRAS: the
  * built-in rule of API §2 in three tiers (none of its extras; softcap and
  * alibi; those and the masks) and the traced variants of §9, each through
@@ -308,7 +350,8 @@ template <int NC> static __device__ __forceinline__ void frag_mask_cols(float (*
  * branch for each option, was 1.8-3.2x slower in bf16: call 1 of
  * docs/perf/2026-11-25-attention-h100-extras.json); EXTRAS_SCORE compiles
  * no mask pass.  On a full tile the key range needs no test a score, and
- * the mask's key pairs are read in one access where its rows allow. */
+ * a float mask's key pairs are read in one access where its rows allow; a
+ * bool mask is read as bits (frag_mask_bits), a few words a row. */
 template <int EXTRAS> struct frag_rule {
   template <int NC, bool LINEAR_ALIBI = false, bool EXACT = false>
   static __device__ __forceinline__ bool apply(const fa_attn_problem &p, int64_t b, int64_t h, int64_t j0, int c2,
@@ -362,24 +405,19 @@ template <int EXTRAS> struct frag_rule {
           if (FRAG_IN(A, col)) s[n][e] = rule_mask_float(ruA, s[n][e], k);
           if (FRAG_IN(B, col)) s[n][2 + e] = rule_mask_float(ruB, s[n][2 + e], k);
         }
-    if (EXTRAS == EXTRAS_MASK && ruA.mask && !ruA.mask_float && pairs)
-#pragma unroll
-      for (int n = 0; n < NC; n++) {
-        const unsigned mA2 = vA ? rule_mask_bytes2(ruA, n * 8) : 0xffffu, mB2 = vB ? rule_mask_bytes2(ruB, n * 8) : 0xffffu;
-        if (!(mA2 & 0xffu)) s[n][0] = -INFINITY;
-        if (!(mA2 & 0xff00u)) s[n][1] = -INFINITY;
-        if (!(mB2 & 0xffu)) s[n][2] = -INFINITY;
-        if (!(mB2 & 0xff00u)) s[n][3] = -INFINITY;
-      }
-    else if (EXTRAS == EXTRAS_MASK && ruA.mask && !ruA.mask_float)
+    if (EXTRAS == EXTRAS_MASK && ruA.mask && !ruA.mask_float) { /* bool: its bits (frag_mask_bits) */
+      constexpr int NW = (NC + 3) / 4;
+      uint32_t uA[NW], uB[NW];
+      frag_mask_bits<NC>(p, b, h, r.iA, vA, j0, c2, uA);
+      frag_mask_bits<NC>(p, b, hB < 0 ? h : hB, r.iB, vB, j0, c2, uB);
 #pragma unroll
       for (int n = 0; n < NC; n++)
 #pragma unroll
         for (int e = 0; e < 2; e++) {
-          const int col = n * 8 + c2 + e, k = n * 8 + e;
-          if (FRAG_IN(A, col) && !rule_mask_keeps(ruA, k)) s[n][e] = -INFINITY;
-          if (FRAG_IN(B, col) && !rule_mask_keeps(ruB, k)) s[n][2 + e] = -INFINITY;
+          if (!((uA[n >> 2] >> (8 * (n & 3) + e)) & 1u)) s[n][e] = -INFINITY;
+          if (!((uB[n >> 2] >> (8 * (n & 3) + e)) & 1u)) s[n][2 + e] = -INFINITY;
         }
+    }
 #undef FRAG_IN
     if (!full) frag_mask_cols<NC>(s, k, c2); /* the key range: a pass only on the tiles that need it */
     frag_tile_max<NC>(s, &mA, &mB);

@@ -52,6 +52,9 @@ struct attn_entry {
    * a variant keeps the call's tile): the next is faster there.  fa.kernels
    * lists such a kernel after the next. */
   bool (*declines)(const fa_attn_problem *p, bool rows_dense, bool builtin);
+  /* It reads a bool mask as bits (p->mask_bits: the kernels that score in
+   * fragments, frag_rule), which the dispatch makes for it. */
+  bool mask_bits;
 };
 
 /* The entries, defined beside their kernels. */
@@ -92,5 +95,9 @@ extern "C" int fa_cuda_wgmma_usable(void);
 /* The SIMT kernel for algo: alone (only_if NULL), or behind a fast kernel,
  * running only when its flag only_if is set (two_pass: the output pass). */
 fa_status attn_simt_queue(fa_context *ctx, const attn_params *p, fa_attention_algo algo, int *only_if);
+/* p's bool mask as bits (attention_mask_bits.cu): into *bits, *bytes of
+ * device memory that the caller frees behind the kernels; p->mask_bits
+ * and its strides set. */
+fa_status attn_mask_bits_queue(fa_context *ctx, attn_params *p, uint32_t **bits, size_t *bytes);
 
 #endif

@@ -301,4 +301,4 @@ static bool tma_declines(const fa_attn_problem *p, bool rows_dense, bool builtin
 }
 
 const attn_entry attn_entry_wgmma_tma = {FA_KERNEL_WGMMA_TMA, ATTN_ALGO(FA_ATTN_FLASH), false, tma_fit, tma_tile_ok,
-                                        tma_takes,           tma_queue,                true,  tma_declines};
+                                        tma_takes,           tma_queue,                true,  tma_declines, true};

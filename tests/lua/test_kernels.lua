@@ -102,6 +102,17 @@ local function cuda_shapes()
   return {{"f16", 64}, {"f16", 128}, {"f32", 64}, {"bf16", 96}, {"f16", 40}}
 end
 
+-- kernel `name` on the call against the reference, and its two_pass where it has one
+local function check_named(q, k, v, opts, name, what)
+  local run = U.copy_opts(opts)
+  run.kernel = name
+  U.check_attention(q, k, v, run, what)
+  if CUDA_TWO_PASS[name] then
+    run.algo = "two_pass"
+    U.check_attention(q, k, v, run, what .. " two_pass")
+  end
+end
+
 function TestKernels:test_cuda_every_listed_kernel()
   if dev ~= "cuda" then lu.skip("cuda only") end
   for _, s in ipairs(cuda_shapes()) do
@@ -117,14 +128,7 @@ function TestKernels:test_cuda_every_listed_kernel()
     lu.assertEquals(U.flat(fa.attention(q, k, v, {causal = true, kernel = names[1]})), auto, names[1])
     for _, name in ipairs(names) do
       for _, opts in ipairs({{return_lse = true}, {causal = true, return_lse = true}}) do
-        local run = U.copy_opts(opts)
-        run.kernel = name
-        local what = ("%s %s D=%d causal=%s"):format(name, dtype, D, tostring(opts.causal))
-        U.check_attention(q, k, v, run, what)
-        if CUDA_TWO_PASS[name] then
-          run.algo = "two_pass"
-          U.check_attention(q, k, v, run, what .. " two_pass")
-        end
+        check_named(q, k, v, opts, name, ("%s %s D=%d causal=%s"):format(name, dtype, D, tostring(opts.causal)))
       end
     end
     -- NaN in V: the fast kernels' fallback still runs behind them
@@ -134,6 +138,45 @@ function TestKernels:test_cuda_every_listed_kernel()
     vn = fa.tensor(t, {dtype = dtype, device = "cuda"})
     for _, name in ipairs(names) do
       if CUDA_ALGO[name] == "flash" then U.check_attention(q, k, vn, {kernel = name}, name .. " NaN in v") end
+    end
+  end
+end
+
+-- Bool masks on the kernels that read them as bits (kernels/attention/attention_mask_bits.cu): every
+-- kernel listed, against the reference, with the mask broadcast over batch and heads, over query
+-- rows, whole, and as a transposed view; key counts off 32 and 128; key tiles that start off a
+-- multiple of 32 (a window), kv_lens, rows masked off entirely; and the decode kernel with GQA
+function TestKernels:test_cuda_bool_mask_bits()
+  if dev ~= "cuda" then lu.skip("cuda only") end
+  local B, Hq, Hkv = 2, 4, 2
+  local function keep(i, j, seed) return (i * 7 + j * 3 + seed) % 10 ~= 0 and (i + 2 * j) % 13 ~= seed end
+  local function masks(Lq, Lk)
+    local whole = U.nested({B, Hq, Lq, Lk}, function(b, h, i, j) return keep(i, j, b + h) end)
+    local t = U.nested({Lk, Lq}, function(j, i) return keep(i, j, 5) end)
+    for j = 1, Lk do t[j][3] = false end -- query row 3 masked off entirely
+    return {
+      {"(Lq, Lk)", fa.tensor(U.nested({Lq, Lk}, function(i, j) return keep(i, j, 0) end), {device = "cuda"})},
+      {"(B, 1, 1, Lk)", fa.tensor(U.nested({B, 1, 1, Lk}, function(b, _, _, j) return keep(b, j, 1) end),
+        {device = "cuda"})},
+      {"(B, Hq, Lq, Lk)", fa.tensor(whole, {device = "cuda"})},
+      {"(Lk, Lq) transposed", fa.tensor(t, {device = "cuda"}):transpose(1, 2)},
+    }
+  end
+  for _, c in ipairs({{"bf16", 64, 70, 300}, {"f16", 128, 129, 129}, {"f32", 64, 40, 161}, {"bf16", 128, 3, 1000}}) do
+    local dtype, D, Lq, Lk = c[1], c[2], c[3], c[4]
+    local q = U.randn({B, Hq, Lq, D}, dtype, 1, "cuda")
+    local k, v = U.randn({B, Hkv, Lk, D}, dtype, 1, "cuda"), U.randn({B, Hkv, Lk, D}, dtype, 1, "cuda")
+    for _, m in ipairs(masks(Lq, Lk)) do
+      for _, o in ipairs({{}, {causal = true}, {window = {37, 5}}, {kv_lens = {Lk, Lk - 45}, causal = "top_left"}}) do
+        local opts = U.copy_opts(o)
+        opts.mask, opts.return_lse = m[2], true
+        for _, name in ipairs(fa.kernels(q, k, v, opts)) do
+          if name ~= "naive" and name ~= "row" then
+            check_named(q, k, v, opts, name, ("%s %s D=%d Lq %d Lk %d mask %s %s"):format(name, dtype, D, Lq, Lk,
+              m[1], o.window and "window" or o.kv_lens and "kv_lens" or o.causal and "causal" or "plain"))
+          end
+        end
+      end
     end
   end
 end
