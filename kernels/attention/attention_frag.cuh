@@ -371,9 +371,14 @@ template <int EXTRAS> struct frag_rule {
 #define FRAG_IN(X, col) (full ? v##X : (unsigned)((col) - a##X) < (unsigned)n##X)
     /* rows A and B may be of two heads (hB: decode's packing), one of slope 0 */
     const bool alibi = hB >= 0 ? p.alibi != NULL : ruA.slope != 0.f;
-    if (LINEAR_ALIBI && alibi && !(ruA.cap > 0.f) && frag_alibi_one_side<NC>(ruA, ruB))
+    /* a full tile under nothing but a bool mask keeps s raw, as EXTRAS_NONE
+     * does (the scale folded into the exponent: a multiply a score less,
+     * 1-3 % at D = 64) */
+    const bool raw = full && !(ruA.cap > 0.f) && !alibi && !(ruA.mask && ruA.mask_float);
+    if (raw) {
+    } else if (LINEAR_ALIBI && alibi && !(ruA.cap > 0.f) && frag_alibi_one_side<NC>(ruA, ruB)) {
       frag_alibi_linear<NC>(ruA, ruB, scale, s);
-    else {
+    } else {
 #pragma unroll
       for (int n = 0; n < NC; n++)
 #pragma unroll
@@ -421,8 +426,9 @@ template <int EXTRAS> struct frag_rule {
 #undef FRAG_IN
     if (!full) frag_mask_cols<NC>(s, k, c2); /* the key range: a pass only on the tiles that need it */
     frag_tile_max<NC>(s, &mA, &mB);
+    if (raw) mA *= scale, mB *= scale;
     *tmA = mA, *tmB = mB;
-    return false;
+    return raw;
   }
 };
 
