@@ -167,8 +167,13 @@ static fa_status launch_persistent(fa_context *ctx, const attn_params *p, const 
   return fa_cuda_error(ctx, err, "attn_wgmma_tma_persistent_kernel");
 }
 
+/* The persistent form takes a bool mask at D = 64 (read as bits, Q in
+ * registers, the scheduler warp: 1.02-1.15 x the block a tile, most at
+ * 1024 keys; H200, docs/perf/2026-12-03-mask-persistent-h200.json); no
+ * other mask (wt_persistent_fits). */
 static bool wt_persistent(const attn_params *p, const wt_maps &m) {
-  return wt_persistent_fits(m, p->D, p->tile_k, p->Lk, attn_extras_kind(p) == EXTRAS_MASK);
+  const bool masked = attn_extras_kind(p) == EXTRAS_MASK && !(p->D == 64 && p->mask_b);
+  return wt_persistent_fits(m, p->D, p->tile_k, p->Lk, masked);
 }
 
 /* The call's score rule on the persistent form, or on a block a query tile
@@ -177,6 +182,8 @@ template <typename T, int D, int BC> static fa_status launch_extras(fa_context *
   const int x = attn_extras_kind(p);
   if constexpr (wt_sm_blocks(D, BC) == 1) /* the persistent form: a block an SM */
     if (wt_persistent(p, m)) {
+      if constexpr (D == 64)
+        if (x == EXTRAS_MASK) return launch_persistent<T, D, BC, EXTRAS_MASK>(ctx, p, m);
       if (x == EXTRAS_SCORE) return launch_persistent<T, D, BC, EXTRAS_SCORE>(ctx, p, m);
       return launch_persistent<T, D, BC, EXTRAS_NONE>(ctx, p, m);
     }

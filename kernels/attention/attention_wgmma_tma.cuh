@@ -111,7 +111,8 @@ void wt_persistent_end(fa_context *ctx, int *zeroed, int *next);
 
 /* Whether the persistent form's producer warpgroup has a second warp that
  * takes the query tiles and reduces their key ranges (the scheduler), so
- * that the copying warp does not: at D = 64 with the score rules, where it
+ * that the copying warp does not: at D = 64 with the score rules and with
+ * a bool mask (its persistent form, measured with the scheduler only): with the rules it
  * ran at 1.06-1.09 x alibi and 0.98-1.04 x softcap (bf16 and f16, L 1k and
  * 4k, causal and not, two repetitions) against the copier taking them
  * itself between a tile's last copy and the next tile's Q; without a rule,
@@ -120,7 +121,9 @@ void wt_persistent_end(fa_context *ctx, int *zeroed, int *next);
  * tile n + 1 once the copier is WT_LEAD key tiles from the end of tile n
  * (sooner, two slots ahead, the tiles taken long before they start
  * unbalanced the longest-first order: causal 16k D = 256 0.80 x). */
-static __host__ __device__ constexpr bool wt_scheduler(int D, int EXTRAS) { return D == 64 && EXTRAS == EXTRAS_SCORE; }
+static __host__ __device__ constexpr bool wt_scheduler(int D, int EXTRAS) {
+  return D == 64 && (EXTRAS == EXTRAS_SCORE || EXTRAS == EXTRAS_MASK);
+}
 enum { WT_LEAD = 2 };
 
 /* A query tile the persistent form's producer posts to its consumers. */
@@ -205,10 +208,14 @@ template <int D, int BC, bool OT = false> struct wt_layout {
  * a rule (the block a tile of two blocks an SM: +0-4 % on strided views),
  * and with tiles of 128 with the score rules too (plain 0.98-1.04 x, softcap
  * 1.01-1.04 x, alibi 1.04-1.10 x the same kernel with Q from shared memory,
- * H200, docs/perf/2026-11-30-d64-producer-h200.json); not with a mask
- * tensor (spills), nor at D = 128 or 256 (no room). */
-static constexpr __host__ __device__ bool wt_q_in_registers(int D, int BC, int EXTRAS) {
-  return D == 64 && (EXTRAS == EXTRAS_NONE || (BC == 128 && EXTRAS == EXTRAS_SCORE));
+ * H200, docs/perf/2026-11-30-d64-producer-h200.json) and in the persistent
+ * form with a mask (persistent: there only bool masks, wt_persistent_fits;
+ * a float mask's instance on a block a tile ran at 0.86-0.96 x with Q in
+ * registers, docs/perf/2026-12-03-mask-persistent-h200.json); not at D = 128
+ * or 256 (no room). */
+static constexpr __host__ __device__ bool wt_q_in_registers(int D, int BC, int EXTRAS, bool persistent) {
+  return D == 64 &&
+         (EXTRAS == EXTRAS_NONE || (BC == 128 && (EXTRAS == EXTRAS_SCORE || (EXTRAS == EXTRAS_MASK && persistent))));
 }
 
 /* The consumers' turns at the tensor cores (PINGPONG): warpgroup c waits
@@ -311,7 +318,7 @@ static __device__ __forceinline__ void wt_consume(const fa_attn_problem &p, int6
   const bool scale_pos = frag_scale_positive(p);
   float s[BC / 8][4];
   uint32_t pa[BC / 16][4]; /* P of the previous tile, as A fragments */
-  constexpr bool Q_REGS = wt_q_in_registers(D, BC, EXTRAS);
+  constexpr bool Q_REGS = wt_q_in_registers(D, BC, EXTRAS, OT); /* at D = 64 the persistent form stages O (wt_o_tile) */
   uint32_t qa[Q_REGS ? D / 16 : 1][4];
   if constexpr (Q_REGS) sw128_a_frags<D, WT_BR>(qa, L.qs, (threadIdx.x >> 5) * 16, lane);
   if (PINGPONG && wg == 1 && ntiles > 0) wt_turn_pass(1); /* warpgroup 0 goes first */
