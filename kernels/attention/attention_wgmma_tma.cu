@@ -285,26 +285,19 @@ static fa_status tma_queue(fa_context *ctx, const attn_params *p, fa_attention_a
   return launch_fast_passes(ctx, &call, FA_ATTN_FLASH, v_flag, run_flash, V_CHECK_OUTPUT);
 }
 
-/* What it leaves to the wgmma kernel (two blocks an SM of 64 keys), dense
- * rows at D = 64 only:
- * - key tiles of 64: its blocks then have no producer (attention_wgmma_tma.cuh:
- *   WT_FED) and ran at 0.92-1.0 x the wgmma kernel on dense rows; on strided
- *   ones (a transposed or packed view) at 0.98-1.08 x (median 1.05) the wgmma
- *   kernel's strided copies (H200, 2026-11-29, docs/perf/2026-11-29-tma-d64-fed-h200.json);
- * - a built-in call with a bool mask and a causal mask whose query tiles take
- *   fewer than 2048 keys on average: there its block a tile (masks do not take
- *   the persistent form) ran at 0.87-0.93 x the wgmma kernel at L = 1024, about
- *   even at 2048 (H200, docs/perf/2026-11-30-d64-producer-h200.json); without the
- *   causal mask it is ahead from L = 1024 on (1.02-1.09 x), with it from 2048
- *   keys a query tile (1.05-1.11 x).  With a float mask it is now ahead there
- *   too: causal, bf16, L = 1024 1.04-1.06 x and 2048 1.13-1.15 x the wgmma
- *   kernel (the bool mask 0.94 x and 1.02 x; H200, 2026-12-03, two rounds in one
- *   process, docs/perf/2026-12-03-d64-mask-kernels-h200.json).
- * Its default at D = 64, tiles of 128 with a producer, it keeps otherwise. */
+/* What it leaves to the wgmma kernel (two blocks an SM of 64 keys): dense
+ * rows at D = 64 with key tiles of 64, where its blocks have no producer
+ * (attention_wgmma_tma.cuh: WT_FED) and ran at 0.92-1.0 x the wgmma kernel;
+ * on strided rows (a transposed or packed view) at 0.98-1.08 x (median
+ * 1.05) the wgmma kernel's strided copies (H200, 2026-11-29,
+ * docs/perf/2026-11-29-tma-d64-fed-h200.json).  Bool masks on short causal
+ * rows went to the wgmma kernel too until their bits and persistent form:
+ * now it runs them 1.16-1.18 x as fast as that kernel at L = 1024 and 2048
+ * (H200, 2026-12-03, docs/perf/2026-12-03-mask-persistent-h200.json).  Its
+ * default at D = 64, tiles of 128 with a producer, it keeps otherwise. */
 static bool tma_declines(const fa_attn_problem *p, bool rows_dense, bool builtin) {
-  if (p->D != 64 || !rows_dense) return false;
-  return p->tile_k == 64 || (builtin && attn_extras_kind(p) == EXTRAS_MASK && p->mask_b && p->causal != FA_CAUSAL_NONE &&
-                             tma_tile_keys(p) < 2048);
+  (void)builtin;
+  return p->D == 64 && rows_dense && p->tile_k == 64;
 }
 
 const attn_entry attn_entry_wgmma_tma = {FA_KERNEL_WGMMA_TMA, ATTN_ALGO(FA_ATTN_FLASH), false, tma_fit, tma_tile_ok,

@@ -141,7 +141,9 @@ static __host__ __device__ constexpr bool wt_o_tile(int D, int BC) { return (D =
 
 #if !defined(__CUDACC_RTC__)
 /* Whether a call takes the persistent form, for the built-in rules and the
- * variants alike (masked: a bool or float mask; BC: the key tile): at
+ * variants alike (masked: a mask that keeps the block a tile, which the
+ * built-in dispatch does not say of a bool mask at D = 64, wt_persistent;
+ * BC: the key tile): at
  * D = 64 with a producer (tiles of 128) and at D = 128, and at D = 256
  * from 16384 keys on (there a block a tile with the consumers' turns is
  * faster on shorter rows, and turns in the persistent form cost 10-12 %);

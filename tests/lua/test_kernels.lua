@@ -215,17 +215,17 @@ function TestKernels:test_cuda_d64_order_by_layout()
   end
 end
 
--- D = 64 on Hopper with a bool mask and a causal mask: query tiles that take fewer than 2048 keys
--- on average go to wgmma (key tiles of 64), longer ones, calls without the causal mask and float
--- masks to wgmma_tma (128); fa.kernels lists that kernel first, and the automatic call gives, bit
--- for bit, what the kernel named with that tile gives
+-- D = 64 on Hopper with masks: wgmma_tma (key tiles of 128) takes bool and float masks, causal or
+-- not, on short rows and long (bool masks on short causal rows went to wgmma until they were read as
+-- bits on its persistent form); fa.kernels lists it first, and the automatic call gives, bit for bit,
+-- what the kernel named with that tile gives
 function TestKernels:test_cuda_d64_masks_by_keys()
   if dev ~= "cuda" then lu.skip("cuda only") end
   local probe = {qkv("bf16", 64, "cuda", 200)}
   if not contains(fa.kernels(probe[1], probe[2], probe[3]), "wgmma_tma") then lu.skip("no Hopper kernels here") end
   for _, c in ipairs({
-    {130, 300, true, "wgmma", 64},         -- bottom-right causal: 235 keys a row on average
-    {130, 2100, true, "wgmma", 64},        -- 2035
+    {130, 300, true, "wgmma_tma", 128},    -- bottom-right causal: 235 keys a row on average
+    {130, 2100, true, "wgmma_tma", 128},   -- 2035
     {130, 4200, true, "wgmma_tma", 128},   -- 4135
     {130, 300, false, "wgmma_tma", 128},   -- not causal
     {130, 300, true, "wgmma_tma", 128, true}, -- a float mask
