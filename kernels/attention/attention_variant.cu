@@ -786,12 +786,9 @@ static fa_status queue_variant_tma(fa_context *ctx, const fa_attn_problem *p, co
   }
   unsigned grid = 0;
   int *next = NULL;
-  int *zeroed = fa_flag_counter(vp->v_nonfinite);
-  if ((st = wt_persistent_start(ctx, tiles, zeroed, &grid, &next))) return st;
+  if ((st = wt_persistent_grid(ctx, tiles, vp->v_nonfinite, &grid, &next))) return st;
   void *args[] = {vp, &maps, &next};
-  st = launch(ctx, kern, grid, wt_threads((int)p->D, v->bc), smem, args, "the variant's fast kernel");
-  wt_persistent_end(ctx, zeroed, next);
-  return st;
+  return launch(ctx, kern, grid, wt_threads((int)p->D, v->bc), smem, args, "the variant's fast kernel");
 }
 
 /* Queues the call's kernels: mask_mod's spans, the fast kernel guarded by

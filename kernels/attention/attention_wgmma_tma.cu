@@ -122,29 +122,18 @@ static fa_status launch(fa_context *ctx, const attn_params *p, const wt_maps &m)
 }
 
 /* The persistent form's grid, a block an SM (at most `tiles`), and its
- * tile counter: `zeroed` where the call has one (0 on the stream: the
- * spare int of the NaN/inf flag, fa_flag_counter), else a fresh device int
- * from the pool, zeroed on the stream, which wt_persistent_end frees once
- * the kernel is queued. */
-fa_status wt_persistent_start(fa_context *ctx, int64_t tiles, int *zeroed, unsigned *grid, int **next) {
+ * tile counter: the spare int of the call's NaN/inf flag (flag, whose
+ * memset zeroed it; fa_flag_counter).  Every persistent launch, built-in or
+ * variant, is guarded by such a flag (launch_fast_passes, the variants'
+ * fast path), so a missing one is a fault of the engine's own. */
+fa_status wt_persistent_grid(fa_context *ctx, int64_t tiles, int *flag, unsigned *grid, int **next) {
+  *next = fa_flag_counter(flag);
+  if (!*next)
+    return fa_fail(ctx, FA_ERR_BACKEND, "flashattn: the persistent kernel has no tile counter (no NaN/inf flag)");
   fa_cuda_props dp;
-  *next = NULL;
   if (fa_status st = fa_cuda_device_props(ctx, &dp)) return st;
   *grid = (unsigned)std::min(tiles, (int64_t)dp.sms);
-  if (zeroed) {
-    *next = zeroed;
-    return FA_OK;
-  }
-  if (fa_status st = fa_cuda_malloc(ctx, (void **)next, sizeof(int))) return st;
-  const cudaError_t err = cudaMemsetAsync(*next, 0, sizeof(int), fa_cuda_stream(ctx));
-  if (err == cudaSuccess) return FA_OK;
-  fa_cuda_free_on(ctx, *next, sizeof(int));
-  *next = NULL;
-  return fa_cuda_error(ctx, err, "the persistent kernel's tile counter");
-}
-
-void wt_persistent_end(fa_context *ctx, int *zeroed, int *next) {
-  if (next != zeroed) fa_cuda_free_on(ctx, next, sizeof(int)); /* stream-ordered: after the kernel */
+  return FA_OK;
 }
 
 /* The persistent form (see its kernel). */
@@ -158,13 +147,11 @@ static fa_status launch_persistent(fa_context *ctx, const attn_params *p, const 
   if (tiles <= 0) return FA_OK;
   unsigned grid = 0;
   int *next = NULL;
-  int *zeroed = fa_flag_counter(p->v_nonfinite);
-  if (fa_status st = wt_persistent_start(ctx, tiles, zeroed, &grid, &next)) return st;
+  if (fa_status st = wt_persistent_grid(ctx, tiles, p->v_nonfinite, &grid, &next)) return st;
   kernel<<<grid, wt_threads(D, BC), smem, fa_cuda_stream(ctx)>>>(*p, m, next);
-  const cudaError_t err = cudaGetLastError();
-  wt_persistent_end(ctx, zeroed, next);
-  if (err == cudaSuccess) FA_TRACE_REPORT(fa_cuda_stream(ctx), "attn_wgmma_tma_persistent_kernel");
-  return fa_cuda_error(ctx, err, "attn_wgmma_tma_persistent_kernel");
+  FA_CUDA_CHECK_LAUNCH(ctx, "attn_wgmma_tma_persistent_kernel");
+  FA_TRACE_REPORT(fa_cuda_stream(ctx), "attn_wgmma_tma_persistent_kernel");
+  return FA_OK;
 }
 
 /* The persistent form takes a bool mask at D = 64 (read as bits, Q in

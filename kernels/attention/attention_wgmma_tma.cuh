@@ -105,8 +105,8 @@ int wt_encode_maps(const fa_attn_problem *p, wt_maps *m);
  * for wgmma; rows past L come in as zeros.  0 when the driver refuses it. */
 int wt_encode_operand(CUtensorMap *m, fa_dtype dt, const void *base, const fa_attn_strides &st, int64_t L, int64_t H,
                       int64_t B, int D, int rows);
-fa_status wt_persistent_start(fa_context *ctx, int64_t tiles, int *zeroed, unsigned *grid, int **next);
-void wt_persistent_end(fa_context *ctx, int *zeroed, int *next);
+/* The persistent form's grid and tile counter (attention_wgmma_tma.cu), from the call's NaN/inf flag. */
+fa_status wt_persistent_grid(fa_context *ctx, int64_t tiles, int *flag, unsigned *grid, int **next);
 #endif
 
 /* Whether the persistent form's producer warpgroup has a second warp that
