@@ -28,26 +28,27 @@ static __global__ void mask_bits_kernel(const uint8_t *m, int64_t ms0, int64_t m
   }
 }
 
-/* p's bool mask as bits into *bits (*bytes of device memory, freed by the
- * caller behind the kernels that read it), and p->mask_bits and
- * p->mask_bits_strides (words) set for them. */
-fa_status attn_mask_bits_queue(fa_context *ctx, attn_params *p, uint32_t **bits, size_t *bytes) {
+/* p's bool mask as bits at p->mask_bits (*bytes of device memory, freed by
+ * the caller behind the kernels that read it), with p->mask_bits_strides
+ * (words); p->mask_bits stays NULL on failure. */
+fa_status attn_mask_bits_queue(fa_context *ctx, attn_params *p, size_t *bytes) {
   const int64_t *ms = p->mask_strides;
   const int64_t mb = ms[0] ? p->B : 1, mh = ms[1] ? p->Hq : 1, ml = ms[2] ? p->Lq : 1;
   const int64_t row_words = attn_mask_bits_row_words(p->Lk), words = mb * mh * ml * row_words;
   *bytes = sizeof(uint32_t) * (size_t)words;
   fa_cuda_props dp;
   if (fa_status st = fa_cuda_device_props(ctx, &dp)) return st;
-  if (fa_status st = fa_cuda_malloc(ctx, (void **)bits, *bytes)) return st;
+  uint32_t *bits = NULL;
+  if (fa_status st = fa_cuda_malloc(ctx, (void **)&bits, *bytes)) return st;
   const int threads = 256;
   const int64_t blocks = min((words + threads / 32 - 1) / (threads / 32), (int64_t)dp.sms * 8);
   mask_bits_kernel<<<(unsigned)blocks, threads, 0, fa_cuda_stream(ctx)>>>(p->mask_b, ms[0], ms[1], ms[2], ms[3], mh,
-                                                                          ml, p->Lk, row_words, words, *bits);
+                                                                          ml, p->Lk, row_words, words, bits);
   if (const cudaError_t e = cudaGetLastError()) {
-    fa_cuda_free_on(ctx, *bits, *bytes);
+    fa_cuda_free_on(ctx, bits, *bytes);
     return fa_cuda_error(ctx, e, "launch of mask_bits_kernel");
   }
-  p->mask_bits = *bits;
+  p->mask_bits = bits;
   p->mask_bits_strides[0] = ms[0] ? mh * ml * row_words : 0;
   p->mask_bits_strides[1] = ms[1] ? ml * row_words : 0;
   p->mask_bits_strides[2] = ms[2] ? row_words : 0;

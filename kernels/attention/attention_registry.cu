@@ -146,17 +146,14 @@ extern "C" fa_status fa_cuda_attention_run(fa_context *ctx, fa_attention_algo al
   const size_t stats_bytes = algo == FA_ATTN_TWO_PASS ? sizeof(float) * 2 * (size_t)(p.B * p.Hq * p.Lq) : 0;
   if (!st && stats_bytes) st = fa_cuda_malloc(ctx, (void **)&p.row_stats, stats_bytes);
   if (st) return st;
-  uint32_t *bits = NULL;
   size_t bits_bytes = 0;
-  if (e->mask_bits && p.mask_b && (st = attn_mask_bits_queue(ctx, &p, &bits, &bits_bytes))) {
-    if (stats_bytes) fa_cuda_free_on(ctx, p.row_stats, stats_bytes);
-    return st;
-  }
+  p.mask_bits = NULL; /* only this call's, made here and freed below */
+  if (e->mask_bits && p.mask_b) st = attn_mask_bits_queue(ctx, &p, &bits_bytes);
   int *v_flag = NULL;
-  st = e->queue(ctx, &p, algo, own_tile(kernel, in, false), &v_flag);
+  if (!st) st = e->queue(ctx, &p, algo, own_tile(kernel, in, false), &v_flag);
   if (!st && v_flag) st = attn_simt_queue(ctx, &p, algo, v_flag);
   if (v_flag) fa_cuda_free_on(ctx, v_flag, FA_FLAG_BYTES); /* stream-ordered: after the kernels */
-  if (bits) fa_cuda_free_on(ctx, bits, bits_bytes);
+  if (p.mask_bits) fa_cuda_free_on(ctx, (void *)p.mask_bits, bits_bytes);
   if (stats_bytes) fa_cuda_free_on(ctx, p.row_stats, stats_bytes); /* after both passes */
   return st;
 }

@@ -95,9 +95,9 @@ extern "C" int fa_cuda_wgmma_usable(void);
 /* The SIMT kernel for algo: alone (only_if NULL), or behind a fast kernel,
  * running only when its flag only_if is set (two_pass: the output pass). */
 fa_status attn_simt_queue(fa_context *ctx, const attn_params *p, fa_attention_algo algo, int *only_if);
-/* p's bool mask as bits (attention_mask_bits.cu): into *bits, *bytes of
- * device memory that the caller frees behind the kernels; p->mask_bits
- * and its strides set. */
-fa_status attn_mask_bits_queue(fa_context *ctx, attn_params *p, uint32_t **bits, size_t *bytes);
+/* p's bool mask as bits (attention_mask_bits.cu) at p->mask_bits, with its
+ * strides: *bytes of device memory, which the caller frees behind the
+ * kernels (p->mask_bits stays NULL on failure). */
+fa_status attn_mask_bits_queue(fa_context *ctx, attn_params *p, size_t *bytes);
 
 #endif
