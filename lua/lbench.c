@@ -7,17 +7,22 @@
  * GPU with the caches flushed the device is not waited for: the events
  * are queued behind the flush, as Triton's do_bench queues them, so that
  * they time the device's work and not the host's cost of queueing it
- * (which the flush hides; a call's host cost is measured on its own, by a
- * wall clock around a loop). */
+ * (which the flush hides).  That host cost is reported beside them:
+ * host_ms, the median of the monotonic clock around fn alone (on CUDA the
+ * time the host spends queueing the call, its kernels not waited for). */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime under -std=c11 */
 #include <stdlib.h>
 #include <string.h>
 
 #include "lbinding.h"
 
+#include <time.h>
+
 #define DEFAULT_WARMUP 3
 #define DEFAULT_REP 20
-/* warmup and rep each at most a million (README "Reliability"): times[] at
- * most 8 MB, and a count the host's limits need not be the only bound of */
+/* warmup and rep each at most a million (README "Reliability"): times[]
+ * (the device's and the host's) at most 16 MB, and a count the host's
+ * limits need not be the only bound of */
 #define BENCH_MAX ((int64_t)1000000)
 /* 256 MiB of f32, the buffer Triton's do_bench zeroes (its CUDA driver's
  * get_empty_cache_for_benchmark): the peers' scripts time with do_bench, and a
@@ -29,6 +34,12 @@
 #define DEVICE_FLUSH_ELEMS ((int64_t)64 << 20)
 
 static const char *const bench_keys[] = {"warmup", "rep", "flush_cache", NULL};
+
+static double host_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
 
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -126,7 +137,9 @@ static int l_bench(lua_State *L) {
     fal_error(L, "opts.warmup: expected an integer from 0 to %I, got %I", (lua_Integer)BENCH_MAX, (lua_Integer)warmup);
   if (rep < 1 || rep > BENCH_MAX)
     fal_error(L, "opts.rep: expected an integer from 1 to %I, got %I", (lua_Integer)BENCH_MAX, (lua_Integer)rep);
-  double *times = (double *)fal_newbuffer(L, rep, sizeof *times, "fa.bench"); /* 3 */
+  /* the device's times, then the host's (host_ms) */
+  double *times = (double *)fal_newbuffer(L, 2 * rep, sizeof *times, "fa.bench"); /* 3 */
+  double *host = times + rep;
 
   /* on a GPU the flush writes a device buffer held only for this call, so
    * fa.memory() is back to where it was afterwards */
@@ -146,21 +159,26 @@ static int l_bench(lua_State *L) {
     FAL_CALL(L, ctx, fa_timer_start(ctx));
     lua_pushvalue(L, 1);
     set_bench_running(L, 1);
+    const double h0 = host_now_ms();
     int st = lua_pcall(L, 0, 0, 0);
+    const double h1 = host_now_ms();
     set_bench_running(L, 0);
     if (st != LUA_OK) fn_failed(L, st);
     double ms = 0;
     FAL_CALL(L, ctx, fa_timer_stop(ctx, &ms));
-    if (i >= warmup) times[i - warmup] = ms;
+    if (i >= warmup) times[i - warmup] = ms, host[i - warmup] = h1 - h0;
   }
   fal_box_release(L, 4);
 
   double sum = 0;
   for (int64_t i = 0; i < rep; i++) sum += times[i];
   qsort(times, (size_t)rep, sizeof *times, cmp_double);
-  double median = rep % 2 ? times[rep / 2] : 0.5 * (times[rep / 2 - 1] + times[rep / 2]);
-  lua_createtable(L, 0, 5);
+  qsort(host, (size_t)rep, sizeof *host, cmp_double);
+  const double median = rep % 2 ? times[rep / 2] : 0.5 * (times[rep / 2 - 1] + times[rep / 2]);
+  const double host_median = rep % 2 ? host[rep / 2] : 0.5 * (host[rep / 2 - 1] + host[rep / 2]);
+  lua_createtable(L, 0, 6);
   set_num(L, "median_ms", median);
+  set_num(L, "host_ms", host_median);
   set_num(L, "min_ms", times[0]);
   set_num(L, "max_ms", times[rep - 1]);
   set_num(L, "mean_ms", sum / (double)rep);

@@ -3,7 +3,13 @@
 -- causal and not) in bf16, f16 and f32, timed with device events; each
 -- result checked on the last query rows of one head against the f64
 -- reference (the last rows keep the bottom-right causal alignment).
--- Usage: flashattn-lua scripts/bench_attention.lua [--json FILE] [--quick] [--seed S]
+-- Each repetition flushes the caches first (fa.bench's flush_cache: 256 MiB
+-- written, the events queued behind it), as Triton's do_bench times the
+-- peers (scripts/peers_attention.py); --no-flush starts each repetition on
+-- an idle device instead, so that the host's cost of queueing the call
+-- falls inside the timed span.  That cost is a column of its own either
+-- way (host_us: the host's time inside the call, median).
+-- Usage: flashattn-lua scripts/bench_attention.lua [--json FILE] [--quick] [--seed S] [--no-flush]
 --        [--algos flash,flash:sync,flash:bc128,naive,two_pass] [--dtypes bf16,f16,f32] [--dims 64,128,256]
 --        [--ls 1024,4096] [--rules plain,softcap,alibi,mask_bool,mask_float]
 -- --rules times each call again with the score rule beyond the key range:
@@ -31,6 +37,8 @@ local function parse(argv)
   local p = argparse("bench_attention.lua", "Attention forward on the GPU: the shapes of the CUDA attention issue.")
   p:option("--json", "write the results to this JSON file")
   p:flag("--quick", "L = 1024 only, 3 repetitions")
+  p:flag("--no-flush", "no cache flush before each repetition: the device idle at the start event, the host's cost "
+    .. "of queueing the call timed with it")
   p:option("--algos", "comma list: flash, flash:sync, flash:bc128, flash@KERNEL[:BRxBC], naive, two_pass, flash_row")
    :convert(sweep.list_arg("--algos")):default("flash")
   p:option("--dtypes", "comma list of bf16, f16, f32"):convert(sweep.list_arg("--dtypes")):default("bf16,f16,f32")
@@ -54,6 +62,7 @@ end
 local args = sweep.main("bench_attention.lua", parse, {...})
 local json_path, quick, algos, dtypes, dims = args.json, args.quick, args.algos, args.dtypes, args.dims
 local rules, ls, seed = args.rules, args.ls, args.seed
+local flush = not args.no_flush
 local Ls = ls or quick and { 1024 } or { 1024, 4096, 16384 }
 
 -- The options of a rule for L keys and H heads; ref_opts: the same for the
@@ -135,8 +144,8 @@ local function roof_ms(algo, cost, dt, B, H, L, D, causal)
   end
   return t * 1e3
 end
-print(string.format("%-5s %4s %6s %-6s %-9s %9s %9s %9s %9s %9s", "dtype", "D", "L", "causal", "algo", "ms", "TFLOP/s",
-  "x model", "x roof", "rel_err"))
+print(string.format("%-5s %4s %6s %-6s %-9s %9s %9s %9s %9s %9s %8s", "dtype", "D", "L", "causal", "algo", "ms", "TFLOP/s",
+  "x model", "x roof", "rel_err", "host_us"))
 for _, dt in ipairs(dtypes) do
   for _, D in ipairs(dims) do
     for _, L in ipairs(Ls) do
@@ -167,17 +176,19 @@ for _, dt in ipairs(dtypes) do
             if ok then
               local rel = fa.rel_error(head(o):narrow(3, L - rows + 1, rows):cpu(), ref)
               o:free()
-              local b = fa.bench(function() fa.attention(q, k, v, opts) end, { warmup = 2, rep = quick and 3 or 10 })
+              local b = fa.bench(function() fa.attention(q, k, v, opts) end,
+                { warmup = 2, rep = quick and 3 or 10, flush_cache = flush })
               local cost = fa.cost.attention(q, k, v, opts)
               local tflops = cost.flops / (b.median_ms * 1e-3) / 1e12
               local gbs = cost.bytes / (b.median_ms * 1e-3) / 1e9
               local roof = roof_ms(opts.algo, cost, dt, B, H, L, D, causal)
               local name = rule == "plain" and algo or algo .. "+" .. rule
-              print(string.format("%-5s %4d %6d %-6s %-9s %9.3f %9.1f %9.2f %9.2f %9.2e", dt, D, L, tostring(causal), name,
-                b.median_ms, tflops, copy_gbs / gbs, b.median_ms / roof, rel))
+              print(string.format("%-5s %4d %6d %-6s %-9s %9.3f %9.1f %9.2f %9.2f %9.2e %8.1f", dt, D, L, tostring(causal),
+                name, b.median_ms, tflops, copy_gbs / gbs, b.median_ms / roof, rel, b.host_ms * 1e3))
               results[#results + 1] = { dtype = dt, D = D, L = L, B = B, H = H, causal = causal, algo = algo,
                 rule = rule, ms = b.median_ms, tflops = tflops, model_gbs = gbs, model_bytes = cost.bytes,
-                model_ratio = copy_gbs / gbs, roof_ms = roof, roof_ratio = b.median_ms / roof, rel_err = rel }
+                model_ratio = copy_gbs / gbs, roof_ms = roof, roof_ratio = b.median_ms / roof, rel_err = rel,
+                host_us = b.host_ms * 1e3 }
             else
               print(string.format("%-5s %4d %6d %-6s %-9s %s", dt, D, L, tostring(causal), algo, tostring(o):sub(1, 80)))
             end
@@ -192,5 +203,5 @@ for _, dt in ipairs(dtypes) do
 end
 if json_path then
   sweep.write_json_object({ meta = sweep.run_meta(seed), device = fa.device_info().name, copy_gbs = copy_gbs,
-    gemm_tflops = roof_tflops, results = results }, json_path)
+    gemm_tflops = roof_tflops, flush_cache = flush, results = results }, json_path)
 end

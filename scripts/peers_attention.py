@@ -101,6 +101,9 @@ def main():
         "date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
         "commit": args.commit or engine.get("meta", {}).get("commit", "unknown"),
         "benchmark": "attention forward, TFLOP/s = 4·B·H·L²·D (half for causal) / median time",
+        # the engine's timing: behind a 256 MiB flush as do_bench times the peers (True), or started on an idle
+        # device with the host's queueing inside the span (False: bench_attention.lua before 2026-12-03, or --no-flush)
+        "engine_flush_cache": engine.get("flush_cache", False),
         "matmul_bf16_tflops": mm, "matmul_bf16_ms": mm_ms, "matmul_n": MATMUL_N,
         "shapes": rows, "engine_all_algos": engine["results"],
     }

@@ -12,9 +12,10 @@ TestBench = {}
 function TestBench:test_fields_and_sanity()
   local calls = 0
   local r = fa.bench(function() calls = calls + 1 end, {warmup = 2, rep = 7})
-  for _, f in ipairs({"median_ms", "min_ms", "max_ms", "mean_ms", "n"}) do
+  for _, f in ipairs({"median_ms", "min_ms", "max_ms", "mean_ms", "n", "host_ms"}) do
     lu.assertEquals(type(r[f]), "number", f)
   end
+  lu.assertTrue(r.host_ms >= 0)
   lu.assertEquals(r.n, 7)
   lu.assertTrue(calls >= 9, "fn called " .. calls .. " times for warmup 2 + rep 7")
   lu.assertTrue(r.min_ms >= 0)
@@ -37,6 +38,9 @@ function TestBench:test_measures_the_time_spent()
   local r = fa.bench(wait, {warmup = 1, rep = 5})
   lu.assertTrue(r.median_ms >= 2.9, ("median %.3f ms for a 3 ms sleep"):format(r.median_ms))
   lu.assertTrue(r.median_ms < 500, ("median %.3f ms for a 3 ms sleep"):format(r.median_ms))
+  -- the host's own time inside fn: the whole sleep on either backend
+  lu.assertTrue(r.host_ms >= 2.9, ("host %.3f ms for a 3 ms sleep"):format(r.host_ms))
+  lu.assertTrue(r.host_ms < 500, ("host %.3f ms for a 3 ms sleep"):format(r.host_ms))
 end
 
 function TestBench:test_kernel_and_flush_cache()
