@@ -318,7 +318,7 @@ static int writable_in_place(const fa_tensor *t, int inner, const fa_attn_buffer
 /* A device copy of n host values (kv_lens, alibi), freed by the caller. */
 static fa_status upload(fa_context *ctx, const void *host, size_t bytes, void **dev) {
   fa_status st = fa_cuda_malloc(ctx, dev, bytes);
-  if (!st && (st = fa_cuda_memcpy(ctx, *dev, host, bytes, FA_COPY_H2D))) {
+  if (!st && (st = fa_cuda_upload(ctx, *dev, host, bytes))) {
     fa_cuda_free_on(ctx, *dev, bytes);
     *dev = NULL;
   }

@@ -298,6 +298,9 @@ void fa_cuda_free_on(fa_context *ctx, void *p, size_t nbytes);
  * copy (record an event after it and wait for that before writing it). */
 typedef enum { FA_COPY_H2D, FA_COPY_D2H, FA_COPY_D2D, FA_COPY_H2D_PINNED } fa_copy_kind;
 fa_status fa_cuda_memcpy(fa_context *ctx, void *dst, const void *src, size_t nbytes, fa_copy_kind kind);
+/* Host bytes (a call's small arrays) to device memory, queued on the
+ * context's stream without waiting for it: src may be reused at once. */
+fa_status fa_cuda_upload(fa_context *ctx, void *dst, const void *src, size_t nbytes);
 fa_status fa_cuda_sync(fa_context *ctx);
 /* Pinned host memory (the source of FA_COPY_H2D_PINNED copies), and events
  * to know when such a copy has left it. */

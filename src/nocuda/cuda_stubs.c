@@ -45,6 +45,13 @@ fa_status fa_cuda_memcpy(fa_context *ctx, void *dst, const void *src, size_t nby
   return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
 }
 
+fa_status fa_cuda_upload(fa_context *ctx, void *dst, const void *src, size_t nbytes) {
+  (void)dst;
+  (void)src;
+  (void)nbytes;
+  return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
+}
+
 fa_status fa_cuda_sync(fa_context *ctx) { return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG); }
 
 fa_status fa_cuda_host_alloc(fa_context *ctx, void **p, size_t nbytes) {
