@@ -54,33 +54,50 @@ for (B, Hkv, Lq, Lk) in [(1, 8, 1, 256), (1, 8, 1, 4096), (1, 8, 1, 131072), (8,
 # A decode step captured into a CUDA graph on the host's stream (API §8): the engine's context on a
 # torch stream, opts.out given (a graph replays into fixed memory), chunks of keys (splits > 1: the
 # chunks' temporary buffer is allocated and freed inside the graph); the replay must equal a direct
-# call, bit for bit, and costs the host one graph launch.
-B, Hkv, Lq, Lk, Hq, D = 1, 8, 1, 4096, 32, 128
-side = torch.cuda.Stream()
-with torch.cuda.stream(side):
-    geng = Engine(sys.argv[1])
-    q = torch.randn(B, Hq, Lq, D, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(B, Hkv, Lk, D, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn(B, Hkv, Lk, D, device="cuda", dtype=torch.bfloat16)
-    o = torch.empty(B, Hq, Lq, D, device="cuda", dtype=torch.bfloat16)
-    call = EngineCall(geng, "bf16", q, k, v, o, False)
-    call()
-    side.synchronize()
-    direct = o.clone()
-    o.fill_(float("nan"))
-    g = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(g, stream=side):
-            call()
-        g.replay()
+# call, bit for bit, and costs the host one graph launch.  Then the same with kv_lens and alibi from
+# host arrays, which the call queues in a kernel's parameters (fa_cuda_upload): the graph keeps the
+# values of the capture, so the host's arrays are changed after it and the replay must still equal
+# the direct call made with the first values.
+def capture_check(label, host_arrays):
+    B, Hkv, Lq, Lk, Hq, D = 1, 8, 1, 4096, 32, 128
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        geng = Engine(sys.argv[1])
+        q = torch.randn(B, Hq, Lq, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(B, Hkv, Lk, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(B, Hkv, Lk, D, device="cuda", dtype=torch.bfloat16)
+        o = torch.empty(B, Hq, Lq, D, device="cuda", dtype=torch.bfloat16)
+        call = EngineCall(geng, "bf16", q, k, v, o, False)
+        lens = slopes = None
+        if host_arrays:
+            lens = (ctypes.c_int64 * B)(*[Lk - 1000] * B)
+            slopes = (ctypes.c_double * Hq)(*[2.0 ** (-8.0 * (h + 1) / Hq) for h in range(Hq)])
+            call.opts.kv_lens, call.opts.n_kv_lens = lens, B
+            call.opts.alibi, call.opts.n_alibi = slopes, Hq
+        call()
         side.synchronize()
-        same = torch.equal(o, direct)
-        for _ in range(10): g.replay()
-        side.synchronize(); t = time.perf_counter()
-        for _ in range(2000): g.replay()
-        side.synchronize()
-        print(f"graph capture: replay equal to the direct call: {same}; "
-              f"{(time.perf_counter() - t) / 2000 * 1e6:.1f} us a replayed step (B={B} Hkv={Hkv} Lk={Lk})")
-    except Exception as e:  # the capture itself failed: say why
-        print(f"graph capture FAILED: {e}")
-    call.close()
+        direct = o.clone()
+        o.fill_(float("nan"))
+        g = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(g, stream=side):
+                call()
+            if host_arrays:  # the replay keeps the captured values
+                for b in range(B): lens[b] = 7
+                for h in range(Hq): slopes[h] = 0.5
+            g.replay()
+            side.synchronize()
+            same = torch.equal(o, direct)
+            for _ in range(10): g.replay()
+            side.synchronize(); t = time.perf_counter()
+            for _ in range(2000): g.replay()
+            side.synchronize()
+            print(f"graph capture{label}: replay equal to the direct call: {same}; "
+                  f"{(time.perf_counter() - t) / 2000 * 1e6:.1f} us a replayed step (B={B} Hkv={Hkv} Lk={Lk})")
+        except Exception as e:  # the capture itself failed: say why
+            print(f"graph capture{label} FAILED: {e}")
+        call.close()
+
+
+capture_check("", False)
+capture_check(" with kv_lens and alibi from host arrays", True)
