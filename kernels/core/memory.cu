@@ -199,10 +199,11 @@ extern "C" fa_status fa_cuda_memcpy(fa_context *ctx, void *dst, const void *src,
  * copy from pageable memory has to, before the host may reuse its buffer:
  * fa_cuda_memcpy) nor keeps a staging buffer alive, and a graph capture
  * keeps the values.  Waiting there cost a call behind a busy stream its
- * overlap with the device: the host's preparation after the wait then ran
- * with the GPU idle (alibi at L = 1024-2048, H200: 0.91-0.95 x the speed
- * of the same call behind an idle stream; 230-260 us of host time a call
- * behind a 256 MiB flush, against 40-100 for the plain call). */
+ * overlap with the device: the host's preparation after the wait ran with
+ * the GPU idle.  Behind a 256 MiB flush an alibi call spent 230-260 us on
+ * the host against 40-100 for the plain one, and without the wait it runs
+ * 1.02-1.12 x as fast at 1k-4k keys (H200, in turns,
+ * docs/perf/2026-12-03-upload-async-h200.json). */
 #define UPLOAD_CHUNK 4032 /* with the count, under the 4 KB of kernel parameters any build may launch with */
 struct upload_chunk {
   unsigned n;
