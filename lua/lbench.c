@@ -46,6 +46,12 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
+/* x[0..n) sorted in place; their median */
+static double sorted_median(double *x, int64_t n) {
+  qsort(x, (size_t)n, sizeof *x, cmp_double);
+  return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
 static void set_num(lua_State *L, const char *key, double v) {
   lua_pushnumber(L, (lua_Number)v);
   lua_setfield(L, -2, key);
@@ -172,10 +178,7 @@ static int l_bench(lua_State *L) {
 
   double sum = 0;
   for (int64_t i = 0; i < rep; i++) sum += times[i];
-  qsort(times, (size_t)rep, sizeof *times, cmp_double);
-  qsort(host, (size_t)rep, sizeof *host, cmp_double);
-  const double median = rep % 2 ? times[rep / 2] : 0.5 * (times[rep / 2 - 1] + times[rep / 2]);
-  const double host_median = rep % 2 ? host[rep / 2] : 0.5 * (host[rep / 2 - 1] + host[rep / 2]);
+  const double median = sorted_median(times, rep), host_median = sorted_median(host, rep);
   lua_createtable(L, 0, 6);
   set_num(L, "median_ms", median);
   set_num(L, "host_ms", host_median);
