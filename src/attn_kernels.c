@@ -94,7 +94,7 @@ int fa_attn_kernels_accepting(const fa_attn_dims *d, fa_attention_algo algo, int
    * order, fastest first, but for that) comes after it */
   for (int i = 0; call && i + 1 < count; i++)
     if (fa_attn_kernel_table[ids[i]].device == FA_CUDA &&
-        fa_cuda_attention_kernel_declines((fa_attn_kernel)ids[i], call, rows_dense, !d->variant)) {
+        fa_cuda_attention_kernel_declines((fa_attn_kernel)ids[i], call, rows_dense)) {
       const int t = ids[i];
       ids[i] = ids[i + 1], ids[i + 1] = t, i++;
     }

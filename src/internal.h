@@ -363,9 +363,8 @@ int fa_cuda_attention_kernel_tile_ok(fa_attn_kernel kernel, int64_t D, int64_t b
 /* Whether that kernel leaves call p (its key tile p->tile_k, 0: its
  * default; rows_dense: q, k and v rows D and Dv apart) to the next one when
  * the choice is automatic (it takes it when named): the next is faster
- * there.  builtin: the call's rules are the built-in ones (not a variant,
- * whose instances keep the call's tile). */
-int fa_cuda_attention_kernel_declines(fa_attn_kernel kernel, const fa_attn_problem *p, int rows_dense, int builtin);
+ * there. */
+int fa_cuda_attention_kernel_declines(fa_attn_kernel kernel, const fa_attn_problem *p, int rows_dense);
 /* Keys and values read through a page table (the paged KV cache, API §8):
  * key j of batch b is row j % page_size of page table[b·max_pages + j /
  * page_size] (device int32), whose rows start page·k_page (v_page)

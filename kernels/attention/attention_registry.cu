@@ -34,9 +34,8 @@ static bool own_tile(fa_attn_kernel named, const fa_attn_problem *p, bool varian
 }
 
 const attn_entry *attn_entry_pick(fa_attn_kernel named, const fa_attn_problem *p, fa_attention_algo algo, bool variant) {
-  const bool builtin = named == FA_KERNEL_AUTO && !variant;
   for (const attn_entry *e : table)
-    if ((named == FA_KERNEL_AUTO ? !e->named_only && !(e->declines && e->declines(p, attn_rows_dense(p), builtin))
+    if ((named == FA_KERNEL_AUTO ? !e->named_only && !(e->declines && e->declines(p, attn_rows_dense(p)))
                                  : e->id == named) &&
         (!variant || e->variant_hook) && entry_takes(e, p, algo, own_tile(named, p, variant)))
       return e;
@@ -76,10 +75,9 @@ extern "C" int fa_cuda_attention_kernel_tile_ok(fa_attn_kernel kernel, int64_t D
   return e && e->tile_ok && e->tile_ok(D, br, bc);
 }
 
-extern "C" int fa_cuda_attention_kernel_declines(fa_attn_kernel kernel, const fa_attn_problem *p, int rows_dense,
-                                                 int builtin) {
+extern "C" int fa_cuda_attention_kernel_declines(fa_attn_kernel kernel, const fa_attn_problem *p, int rows_dense) {
   const attn_entry *e = attn_entry_of(kernel);
-  return e && e->declines && e->declines(p, rows_dense != 0, builtin != 0);
+  return e && e->declines && e->declines(p, rows_dense != 0);
 }
 
 /* The default tile of "flash" on cuda: that of the first fast kernel that

@@ -48,10 +48,9 @@ struct attn_entry {
   /* Calls it takes when named but leaves to the next kernel when the
    * choice is automatic (NULL: none), by the call (its key tile p->tile_k,
    * 0: its default), whether q, k and v have rows D and Dv apart
-   * (attn_rows_dense) and whether its rules are the built-in ones (builtin;
-   * a variant keeps the call's tile): the next is faster there.  fa.kernels
-   * lists such a kernel after the next. */
-  bool (*declines)(const fa_attn_problem *p, bool rows_dense, bool builtin);
+   * (attn_rows_dense): the next is faster there.  fa.kernels lists such a
+   * kernel after the next. */
+  bool (*declines)(const fa_attn_problem *p, bool rows_dense);
   /* It reads a bool mask as bits (p->mask_bits: the kernels that score in
    * fragments, frag_rule), which the dispatch makes for it. */
   bool mask_bits;

@@ -282,8 +282,7 @@ static fa_status tma_queue(fa_context *ctx, const attn_params *p, fa_attention_a
  * now it runs them 1.16-1.18 x as fast as that kernel at L = 1024 and 2048
  * (H200, 2026-12-03, docs/perf/2026-12-03-mask-persistent-h200.json).  Its
  * default at D = 64, tiles of 128 with a producer, it keeps otherwise. */
-static bool tma_declines(const fa_attn_problem *p, bool rows_dense, bool builtin) {
-  (void)builtin;
+static bool tma_declines(const fa_attn_problem *p, bool rows_dense) {
   return p->D == 64 && rows_dense && p->tile_k == 64;
 }
 

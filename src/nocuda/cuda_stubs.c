@@ -150,8 +150,8 @@ int fa_cuda_attention_kernel_tile_ok(fa_attn_kernel kernel, int64_t D, int64_t b
   return 0;
 }
 
-int fa_cuda_attention_kernel_declines(fa_attn_kernel kernel, const fa_attn_problem *p, int rows_dense, int builtin) {
-  (void)kernel, (void)p, (void)rows_dense, (void)builtin;
+int fa_cuda_attention_kernel_declines(fa_attn_kernel kernel, const fa_attn_problem *p, int rows_dense) {
+  (void)kernel, (void)p, (void)rows_dense;
   return 0;
 }
 
