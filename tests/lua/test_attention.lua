@@ -783,6 +783,42 @@ function TestAttention:test_fully_masked_rows()
   end
 end
 
+-- Bool masks with structure: documents (block-diagonal), a run of rows
+-- that keep nothing, a key-padding row broadcast over the queries: whole
+-- key tiles and whole query tiles that keep nothing, which a kernel that
+-- skips such tiles must get right (zeros and lse = -inf where a row keeps
+-- nothing).  D = 64 and 128 in f16/bf16 reach the tensor-core kernels on
+-- cuda; L = 700 leaves partial tiles at both ends of the documents.
+function TestAttention:test_bool_mask_documents()
+  local L, docs = 700, {150, 260, 40, 250}
+  local doc_of = {}
+  local at = 0
+  for d, n in ipairs(docs) do
+    for i = at + 1, at + n do doc_of[i] = d end
+    at = at + n
+  end
+  local empty_lo, empty_hi = 420, 449 -- rows (1-based) that keep nothing
+  local documents = fa.tensor(U.nested({L, L}, function(i, j)
+    return doc_of[i] == doc_of[j] and not (i >= empty_lo and i <= empty_hi)
+  end), {device = dev})
+  local padding = fa.tensor(U.nested({1, 1, 1, L}, function(_, _, _, j) return j <= 530 end), {device = dev})
+  for ci, D in ipairs({64, 128}) do
+    local dtype = other_dtype()
+    local q, k, v = qkv(1 + ci % 2, 2, 2, L, L, D, D, dtype)
+    for _, causal in ipairs({false, true}) do
+      for _, m in ipairs({{documents, "documents"}, {padding, "padding"}}) do
+        local o, lse = U.check_attention(q, k, v, {mask = m[1], causal = causal, return_lse = true},
+          ("bool mask %s D=%d %s causal=%s"):format(m[2], D, dtype, tostring(causal)))
+        lu.assertTrue(o:isfinite(), "NaN with a structured bool mask")
+        if m[2] == "documents" then
+          lu.assertEquals(o:narrow(3, empty_lo, empty_hi - empty_lo + 1):norm(), 0, "rows that keep nothing are zero")
+          lu.assertEquals(lse:narrow(3, empty_lo, empty_hi - empty_lo + 1):max(), -math.huge)
+        end
+      end
+    end
+  end
+end
+
 -- Lq >> Lk with bottom-right alignment: the first Lq - Lk rows attend
 -- nothing, so a head has many whole query tiles with no key at all (issue
 -- 21: the Hopper kernel returned rows of Q there, a different set each run,
