@@ -568,7 +568,7 @@ __global__ void __launch_bounds__(BWG_THREADS, 2)
   bwm_tile_keys<ROWS, REL>(p, delta, rows, b, h, i0, &t_lo, &t_hi);
   if constexpr (attn_rule<PROB>::tiles) { /* key tiles on mask_mod's tiles, its nonempty ones */
     t_lo = t_lo / BWG_BC * BWG_BC;
-    attn_rule<PROB>::narrow(p, b, h, i0, &t_lo, &t_hi);
+    attn_rule<PROB>::template narrow<BWG_OWN>(p, b, h, i0, &t_lo, &t_hi);
   }
   const int64_t ntiles = (t_hi - t_lo + BWG_BC - 1) / BWG_BC;
   const T *k = (const T *)p.k + attn_at(p.k_st, b, hk, 0), *v = (const T *)p.v + attn_at(p.v_st, b, hk, 0);

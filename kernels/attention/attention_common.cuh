@@ -141,13 +141,21 @@ static __device__ __forceinline__ float attn_score(const fa_attn_problem &p, int
   return s;
 }
 
+/* The words of a row of a bool mask's bits (fa_attn_problem.mask_bits,
+ * attention_mask_bits.cu): ceil(Lk / 128)·4 of keys, then eight of padding
+ * whose last two hold the row's first kept key and one past its last
+ * (first >= end: none kept).  A tile's read (frag_mask_bits) ends at
+ * least two words before them. */
+static __host__ __device__ inline int64_t attn_mask_bits_row_words(int64_t Lk) { return (Lk + 127) / 128 * 4 + 8; }
+
 /* What the rule of problem type PROB adds to the kernels: score, a key's
  * score for the kernels that take one at a time (the SIMT kernel);
  * score_chain, the same with its derivative by the dot product (the SIMT
- * backward); narrow, the keys [*lo, *hi) a query tile from row i0 on
- * must visit (the tensor-core kernels); tile_empty (the SIMT backward);
- * tiles (the tensor-core backward).  For fa_attn_problem: attn_score, and
- * the key range as it is.  The run-time compiled variants
+ * backward); kept and narrow_to, the keys [*lo, *hi) a query tile from
+ * row i0 on must visit (the tensor-core kernels, through attn_keys);
+ * tile_empty (the SIMT backward); tiles (the tensor-core backward).  For
+ * fa_attn_problem: attn_score, and the key range narrowed to the keys a
+ * bool mask keeps.  The run-time compiled variants
  * (attention_variant.cuh) specialise it for their problem type: score_mod
  * (and its derivative) and mask_mod, and the key tiles that mask_mod leaves
  * empty skipped. */
@@ -162,7 +170,40 @@ template <typename PROB> struct attn_rule {
                                                       float dot, int64_t lo, int64_t hi, float *chain) {
     return attn_score(p, b, h, i, j, dot, lo, hi, chain);
   }
-  static __device__ __forceinline__ void narrow(const PROB &, int64_t, int64_t, int64_t, int64_t *, int64_t *) {}
+  /* The tensor-core kernels' keys [*lo, *hi) for the query tile of ROWS
+   * rows from i0, narrowed to those a bool mask read as bits keeps for some
+   * row of it (the rows' ranges: attn_mask_bits_row_words), the start on a
+   * multiple of 128; none: 0, 0 (the rows' zeros and lse = -inf).  Rows
+   * past Lq have no mask row.  In two steps, so that a kernel can load at
+   * its start (kept: ROWS / 32 independent 8-byte loads a lane) and narrow
+   * after its first barrier (narrow_to, by whole warps), the loads' latency
+   * passing under it: attn_keys does both for the instances that can hold
+   * a mask. */
+  template <int ROWS> struct keys_kept {
+    uint2 r[ROWS / 32]; /* rows lane + 32·n: first kept key, one past the last */
+  };
+  template <int ROWS>
+  static __device__ __forceinline__ keys_kept<ROWS> kept(const PROB &p, int64_t b, int64_t h, int64_t i0) {
+    keys_kept<ROWS> k;
+    const int64_t *bs = p.mask_bits_strides;
+    const uint32_t *ends = p.mask_bits + b * bs[0] + h * bs[1] + attn_mask_bits_row_words(p.Lk) - 2;
+    const int64_t i = i0 + (threadIdx.x & 31);
+#pragma unroll
+    for (int n = 0; n < ROWS / 32; n++)
+      k.r[n] = p.mask_bits && i + 32 * n < p.Lq ? __ldg((const uint2 *)(ends + (i + 32 * n) * bs[2]))
+                                                : make_uint2(0x7fffffffu, 0);
+    return k;
+  }
+  template <int ROWS>
+  static __device__ __forceinline__ void narrow_to(const PROB &p, const keys_kept<ROWS> &k, int64_t *lo, int64_t *hi) {
+    if (!p.mask_bits) return;
+    uint32_t first = 0x7fffffffu, end = 0;
+#pragma unroll
+    for (int n = 0; n < ROWS / 32; n++) first = min(first, k.r[n].x), end = max(end, k.r[n].y);
+    first = __reduce_min_sync(0xffffffffu, first), end = __reduce_max_sync(0xffffffffu, end);
+    *lo = max(*lo, (int64_t)(first & ~127u)), *hi = min(*hi, (int64_t)end);
+    if (*hi <= *lo) *lo = *hi = 0;
+  }
   /* whether no pair of rows i0..i1 and keys j0..j1 (inclusive) attends,
    * known for the whole tile (the SIMT backward skips it): never here */
   static __device__ __forceinline__ bool tile_empty(const PROB &, int64_t, int64_t, int64_t, int64_t, int64_t,
@@ -239,6 +280,20 @@ static inline int attn_extras_kind(const fa_attn_problem *p) {
 }
 /* Whether a call needs any of that rule. */
 static inline bool attn_has_extras(const fa_attn_problem *p) { return attn_extras_kind(p) != EXTRAS_NONE; }
+
+/* A query tile's keys narrowed by its rule (attn_rule::kept at the
+ * kernel's start, narrow after its first barrier), in the instances of
+ * score rule EXTRAS that can hold a mask; nothing (no code) in the others.
+ * Made and narrowed by whole warps. */
+template <typename PROB, int ROWS, int EXTRAS> struct attn_keys {
+  typename attn_rule<PROB>::template keys_kept<ROWS> k;
+  __device__ __forceinline__ attn_keys(const PROB &p, int64_t b, int64_t h, int64_t i0) {
+    if constexpr (EXTRAS >= EXTRAS_MASK) k = attn_rule<PROB>::template kept<ROWS>(p, b, h, i0);
+  }
+  __device__ __forceinline__ void narrow(const PROB &p, int64_t *lo, int64_t *hi) const {
+    if constexpr (EXTRAS >= EXTRAS_MASK) attn_rule<PROB>::template narrow_to<ROWS>(p, k, lo, hi);
+  }
+};
 
 /* What a fast kernel instance computes: "flash" (the one-pass online
  * softmax), or one pass of "two_pass": the rows' final (m, l) into

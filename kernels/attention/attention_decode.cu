@@ -719,4 +719,4 @@ static fa_status decode_queue(fa_context *ctx, const attn_params *p, fa_attentio
 }
 
 const attn_entry attn_entry_decode = {FA_KERNEL_DECODE, ATTN_ALGO(FA_ATTN_FLASH), true, NULL, NULL, decode_takes,
-                                      decode_queue,     false, NULL, true};
+                                      decode_queue,     false, NULL, ATTN_MASK_BITS};

@@ -51,4 +51,4 @@ static fa_status mma_queue(fa_context *ctx, const attn_params *p, fa_attention_a
 }
 
 const attn_entry attn_entry_mma = {FA_KERNEL_MMA, ATTN_FLASH_OR_TWO_PASS, false, mma_fit, mma_tile_ok, mma_takes, mma_queue,
-                                  true,          NULL,        true};
+                                  true,          NULL,        ATTN_MASK_BITS_RANGES};

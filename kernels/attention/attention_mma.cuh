@@ -44,9 +44,10 @@ __global__ void __launch_bounds__(MMA_WARPS(D) * 32) attn_mma_kernel(PROB p) {
 
   load_tile<T, D, MMA_BR, MMA_WARPS(D) * 32, false, DENSE>(Qs, q, q_ld, i0, p.Lq);
   cp_async_commit();
+  const attn_keys<PROB, MMA_BR, EXTRAS> kept(p, b, h, i0); /* loaded here, used behind tile_key_range's barrier */
   int64_t t_lo, t_hi, all_lo, all_hi;
   tile_key_range<MMA_BR>(p, b, i0, &t_lo, &t_hi, &all_lo, &all_hi);
-  attn_rule<PROB>::narrow(p, b, h, i0, &t_lo, &t_hi);
+  kept.narrow(p, &t_lo, &t_hi);
   const bool scale_pos = frag_scale_positive(p);
   const int ntiles = (int)((t_hi - t_lo + MMA_BC - 1) / MMA_BC);
   if (ntiles > 0) {

@@ -146,7 +146,8 @@ extern "C" fa_status fa_cuda_attention_run(fa_context *ctx, fa_attention_algo al
   if (st) return st;
   size_t bits_bytes = 0;
   p.mask_bits = NULL; /* only this call's, made here and freed below */
-  if (e->mask_bits && p.mask_b) st = attn_mask_bits_queue(ctx, &p, &bits_bytes);
+  if (e->mask_read != ATTN_MASK_BYTES && p.mask_b)
+    st = attn_mask_bits_queue(ctx, &p, e->mask_read == ATTN_MASK_BITS_RANGES, &bits_bytes);
   int *v_flag = NULL;
   if (!st) st = e->queue(ctx, &p, algo, own_tile(kernel, in, false), &v_flag);
   if (!st && v_flag) st = attn_simt_queue(ctx, &p, algo, v_flag);

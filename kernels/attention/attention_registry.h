@@ -51,10 +51,15 @@ struct attn_entry {
    * (attn_rows_dense): the next is faster there.  fa.kernels lists such a
    * kernel after the next. */
   bool (*declines)(const fa_attn_problem *p, bool rows_dense);
-  /* It reads a bool mask as bits (p->mask_bits: the kernels that score in
-   * fragments, frag_rule), which the dispatch makes for it. */
-  bool mask_bits;
+  /* How it reads a bool mask (attn_mask_read): as bytes, or as bits
+   * (p->mask_bits: the kernels that score in fragments, frag_rule), which
+   * the dispatch makes for it, with the rows' kept ranges where it narrows
+   * a query tile's keys by them (attn_keys). */
+  int mask_read;
 };
+
+/* attn_entry.mask_read */
+enum attn_mask_read { ATTN_MASK_BYTES = 0, ATTN_MASK_BITS, ATTN_MASK_BITS_RANGES };
 
 /* The entries, defined beside their kernels. */
 extern const attn_entry attn_entry_wgmma_tma; /* attention_wgmma_tma.cu */
@@ -97,6 +102,6 @@ fa_status attn_simt_queue(fa_context *ctx, const attn_params *p, fa_attention_al
 /* p's bool mask as bits (attention_mask_bits.cu) at p->mask_bits, with its
  * strides: *bytes of device memory, which the caller frees behind the
  * kernels (p->mask_bits stays NULL on failure). */
-fa_status attn_mask_bits_queue(fa_context *ctx, attn_params *p, size_t *bytes);
+fa_status attn_mask_bits_queue(fa_context *ctx, attn_params *p, bool ranges, size_t *bytes);
 
 #endif

@@ -282,14 +282,32 @@ template <> struct attn_rule<fa_variant_problem> {
     return fa_variant::has_mask && fa_variant::has_tile &&
            fa_variant::tile(p.va, b, h, i0, i1, p.key_base + j0, p.key_base + j1) == 0;
   }
-  /* the tensor-core kernels: the keys of mask_mod's nonempty tiles */
-  static __device__ __forceinline__ void narrow(const fa_variant_problem &p, int64_t b, int64_t h, int64_t i0,
-                                                int64_t *lo, int64_t *hi) {
-    if (!fa_variant::has_mask || !p.va.spans) return;
+  /* the tensor-core kernels: the keys of mask_mod's nonempty tiles, in two
+   * steps as the built-in rule's (kept at a block's start, narrow_to after
+   * its first barrier; attn_keys); the tile's rows (ROWS) aside:
+   * mask_mod's spans have their own (spans_br) */
+  template <int ROWS> struct keys_kept {
+    int first, end; /* in tiles of spans_bc keys */
+  };
+  template <int ROWS>
+  static __device__ __forceinline__ keys_kept<ROWS> kept(const fa_variant_problem &p, int64_t b, int64_t h,
+                                                         int64_t i0) {
+    if (!fa_variant::has_mask || !p.va.spans) return keys_kept<ROWS>{0, 0};
     const int *sp = fa_variant_span(p, b, h, i0 / p.va.spans_br);
-    const int64_t first = (int64_t)sp[0] * p.va.spans_bc, end = (int64_t)sp[1] * p.va.spans_bc;
+    return keys_kept<ROWS>{sp[0], sp[1]};
+  }
+  template <int ROWS>
+  static __device__ __forceinline__ void narrow_to(const fa_variant_problem &p, const keys_kept<ROWS> &k, int64_t *lo,
+                                                   int64_t *hi) {
+    if (!fa_variant::has_mask || !p.va.spans) return;
+    const int64_t first = (int64_t)k.first * p.va.spans_bc, end = (int64_t)k.end * p.va.spans_bc;
     *lo = max(*lo, first), *hi = min(*hi, end);
     if (*hi <= *lo) *lo = *hi = 0; /* nothing attended: zeros, lse = -inf */
+  }
+  template <int ROWS>
+  static __device__ __forceinline__ void narrow(const fa_variant_problem &p, int64_t b, int64_t h, int64_t i0,
+                                                int64_t *lo, int64_t *hi) {
+    narrow_to<ROWS>(p, kept<ROWS>(p, b, h, i0), lo, hi);
   }
 };
 

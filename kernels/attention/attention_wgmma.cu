@@ -105,4 +105,4 @@ static fa_status wgmma_queue(fa_context *ctx, const attn_params *p, fa_attention
 }
 
 const attn_entry attn_entry_wgmma = {FA_KERNEL_WGMMA, ATTN_FLASH_OR_TWO_PASS, false, wgmma_fit, wgmma_tile_ok,
-                                    wgmma_takes,     wgmma_queue,            true, NULL, true};
+                                    wgmma_takes,     wgmma_queue,            true, NULL, ATTN_MASK_BITS_RANGES};

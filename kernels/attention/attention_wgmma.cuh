@@ -125,9 +125,10 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && 
 
   load_tile<T, DP, WG_BR, WG_THREADS, true, DENSE, D>(Qs, q, q_ld, i0, p.Lq);
   cp_async_commit();
+  const attn_keys<PROB, WG_BR, EXTRAS> kept(p, b, h, i0); /* loaded here, used behind tile_key_range's barrier */
   int64_t t_lo, t_hi, all_lo, all_hi;
   tile_key_range<WG_BR>(p, b, i0, &t_lo, &t_hi, &all_lo, &all_hi);
-  attn_rule<PROB>::narrow(p, b, h, i0, &t_lo, &t_hi);
+  kept.narrow(p, &t_lo, &t_hi);
   const int ntiles = (int)((t_hi - t_lo + BC - 1) / BC);
   if (ntiles > 0) {
     load_tile<T, DP, BC, WG_THREADS, true, DENSE, D>(Ks, k, k_ld, t_lo, t_hi);

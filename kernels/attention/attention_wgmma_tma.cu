@@ -287,4 +287,4 @@ static bool tma_declines(const fa_attn_problem *p, bool rows_dense) {
 }
 
 const attn_entry attn_entry_wgmma_tma = {FA_KERNEL_WGMMA_TMA, ATTN_ALGO(FA_ATTN_FLASH), false, tma_fit, tma_tile_ok,
-                                        tma_takes,           tma_queue,                true,  tma_declines, true};
+                                        tma_takes,           tma_queue,                true,  tma_declines, ATTN_MASK_BITS_RANGES};

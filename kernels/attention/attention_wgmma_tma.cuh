@@ -34,8 +34,9 @@
  * (attn_wgmma_tma_persistent_kernel; wt_persistent says which a call
  * takes).  Both take the problem's type as a parameter: the built-in rules'
  * fa_attn_problem here, fa_variant_problem in the attention variants' run-time
- * compiled units (API §9: attention_variant.cu), whose key range mask_mod's
- * tiles narrow (attn_rule<PROB>::narrow).  Measured steps and what was tried:
+ * compiled units (API §9: attention_variant.cu).  A query tile's key range
+ * is narrowed by its rule (attn_keys: a bool mask's kept keys, mask_mod's
+ * tiles).  Measured steps and what was tried:
  * docs/perf/README.md.  The host side: attention_wgmma_tma.cu.
  *
  * Trace marks (trace.cuh, a build with FLASHATTN_KERNEL_TRACE): consumers
@@ -386,12 +387,13 @@ __global__ void __launch_bounds__(wt_threads(D, BC), wt_sm_blocks(D, BC)) attn_w
   asm volatile("griddepcontrol.launch_dependents;"); /* the SIMT guard: as in the persistent form */
   const frag_qtile<T, D, WT_BR> qt(p, blockIdx.x);
   const int64_t bh = qt.bh, b = qt.b, h = qt.h, i0 = qt.i0;
+  const attn_keys<PROB, WT_BR, EXTRAS> kept(p, b, h, i0); /* loaded here, used behind the barrier below */
   FA_TRACE_TILE(0);
   FA_TRACE_MARK(0);
   if (tid == 0) wt_init_barriers(L, false);
   int64_t t_lo, t_hi, all_lo, all_hi;
   tile_key_range<WT_BR>(p, b, i0, &t_lo, &t_hi, &all_lo, &all_hi); /* its barrier also publishes the mbarriers */
-  attn_rule<PROB>::narrow(p, b, h, i0, &t_lo, &t_hi);
+  kept.narrow(p, &t_lo, &t_hi);
   const int ntiles = (int)((t_hi - t_lo + BC - 1) / BC);
   if (leave_for_fallback(v_bad)) return;
 
@@ -448,7 +450,7 @@ __global__ void __launch_bounds__(wt_threads(D, BC), wt_sm_blocks(D, BC)) attn_w
  * n > 0, on mbarrier go's phase of tile n - 1 where go is not 0), with its
  * key range (tile_range::of_tile, narrowed by the rule), as a slot posts
  * it; tile >= total (and nothing else set) when none is left. */
-template <typename T, int D, int BC, typename PROB>
+template <typename T, int D, int BC, int EXTRAS, typename PROB>
 static __device__ __forceinline__ wt_slot wt_take_tile(const PROB &p, int *next_tile, int n, int total, int lane,
                                                        uint32_t go) {
   int tile = blockIdx.x;
@@ -459,10 +461,11 @@ static __device__ __forceinline__ wt_slot wt_take_tile(const PROB &p, int *next_
   tile = __shfl_sync(0xffffffffu, tile, 0);
   if (tile >= total) return wt_slot{tile, 0, 0, 0, 0};
   const frag_qtile<T, D, WT_BR> qt(p, tile);
+  const attn_keys<PROB, WT_BR, EXTRAS> kept(p, qt.b, qt.h, qt.i0);
   const tile_range r = tile_range::of_tile<WT_BR>(p, qt.b, qt.i0, lane);
   int64_t t_lo = 0, t_hi = 0;
   r.keys(&t_lo, &t_hi);
-  attn_rule<PROB>::narrow(p, qt.b, qt.h, qt.i0, &t_lo, &t_hi);
+  kept.narrow(p, &t_lo, &t_hi);
   return wt_slot{tile, (int)((t_hi - t_lo + BC - 1) / BC), (long long)t_lo, (long long)r.alo, (long long)r.ahi};
 }
 
@@ -600,7 +603,7 @@ __global__ void __launch_bounds__(wt_threads(128, 128), 1)
     warpgroup_regs_dec<40>(); /* its tile loop spilled with 24 */
     if (SCHED && warp == 9) { /* tile n + 1 taken once the copier is WT_LEAD key tiles from the end of tile n */
       for (int n = 0;; n++) {
-        const wt_slot sl = wt_take_tile<T, D, BC>(p, next_tile, n, total, lane, L.sched_go());
+        const wt_slot sl = wt_take_tile<T, D, BC, EXTRAS>(p, next_tile, n, total, lane, L.sched_go());
         if (lane == 0) wt_post_slot(slots, slot_full, slot_empty, n, sl);
         if (sl.tile >= total) return; /* the copier and the consumers stop too */
         __syncwarp();
@@ -619,7 +622,7 @@ __global__ void __launch_bounds__(wt_threads(128, 128), 1)
         ntiles = sl.ntiles;
         if (lane == 0) wt_copy_tile<T, D, BC, true>(p, tm, L, kr, vr, sl.tile, ntiles, (int)sl.t_lo, n);
       } else {
-        const wt_slot sl = wt_take_tile<T, D, BC>(p, next_tile, n, total, lane, 0);
+        const wt_slot sl = wt_take_tile<T, D, BC, EXTRAS>(p, next_tile, n, total, lane, 0);
         FA_TRACE_MARK(1);
         if (sl.tile >= total) { /* no tile left: the consumers stop too */
           if (lane == 0) wt_post_slot(slots, slot_full, slot_empty, n, sl);

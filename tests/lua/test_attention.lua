@@ -788,7 +788,8 @@ end
 -- key tiles and whole query tiles that keep nothing, which a kernel that
 -- skips such tiles must get right (zeros and lse = -inf where a row keeps
 -- nothing).  D = 64 and 128 in f16/bf16 reach the tensor-core kernels on
--- cuda; L = 700 leaves partial tiles at both ends of the documents.
+-- cuda; L = 700 leaves partial tiles at both ends of the documents.  NaN
+-- and inf of V in keys no row keeps reach no row.
 function TestAttention:test_bool_mask_documents()
   local L, docs = 700, {150, 260, 40, 250}
   local doc_of = {}
@@ -805,9 +806,14 @@ function TestAttention:test_bool_mask_documents()
   for ci, D in ipairs({64, 128}) do
     local dtype = other_dtype()
     local q, k, v = qkv(1 + ci % 2, 2, 2, L, L, D, D, dtype)
+    -- NaN and inf of V in keys that padding hides from every row: one in a
+    -- key tile some row keeps (key 600), one in a tile none keeps (key 690)
+    local vp = v:clone()
+    vp:set(1, 1, 600, 3, U.NaN)
+    vp:set(1, 2, 690, 5, U.inf)
     for _, causal in ipairs({false, true}) do
-      for _, m in ipairs({{documents, "documents"}, {padding, "padding"}}) do
-        local o, lse = U.check_attention(q, k, v, {mask = m[1], causal = causal, return_lse = true},
+      for _, m in ipairs({{documents, "documents", v}, {padding, "padding", vp}}) do
+        local o, lse = U.check_attention(q, k, m[3], {mask = m[1], causal = causal, return_lse = true},
           ("bool mask %s D=%d %s causal=%s"):format(m[2], D, dtype, tostring(causal)))
         lu.assertTrue(o:isfinite(), "NaN with a structured bool mask")
         if m[2] == "documents" then
