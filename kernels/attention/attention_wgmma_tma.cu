@@ -154,12 +154,23 @@ static fa_status launch_persistent(fa_context *ctx, const attn_params *p, const 
   return FA_OK;
 }
 
+static double tma_tile_keys(const fa_attn_problem *p);
+
 /* The persistent form takes a bool mask at D = 64 (read as bits, Q in
  * registers, the scheduler warp: 1.02-1.15 x the block a tile, most at
- * 1024 keys; H200, docs/perf/2026-12-03-mask-persistent-h200.json); no
- * other mask (wt_persistent_fits). */
+ * 1024 keys; H200, docs/perf/2026-12-03-mask-persistent-h200.json) and at
+ * D = 128 where a query tile takes fewer than 8192 keys (tma_tile_keys; Q
+ * in shared memory, no scheduler warp; key tiles of 128, a mask's default).
+ * There the benchmark's mask (one key in ten off) ran at 1.08-1.15 x the
+ * block a tile at 1024 keys, 1.03-1.08 x at 2048, 1.02 x causal at 4096,
+ * 0.99 x not causal at 4096 and causal at 8192, and masks whose rows are
+ * short at 1.03-1.23 x (documents, key padding, a band; L 2048 and 4096);
+ * at 8192 keys not causal it lost 2 % (H200, in turns in one process,
+ * docs/perf/2026-12-04-mask-persistent-d128-h200.json; the scheduler warp
+ * made no difference).  No other mask (wt_persistent_fits). */
 static bool wt_persistent(const attn_params *p, const wt_maps &m) {
-  const bool masked = attn_extras_kind(p) == EXTRAS_MASK && !(p->D == 64 && p->mask_b);
+  const bool bool_persistent = p->mask_b && (p->D == 64 || (p->D == 128 && p->tile_k == 128 && tma_tile_keys(p) < 8192));
+  const bool masked = attn_extras_kind(p) == EXTRAS_MASK && !bool_persistent;
   return wt_persistent_fits(m, p->D, p->tile_k, p->Lk, masked);
 }
 
@@ -169,7 +180,7 @@ template <typename T, int D, int BC> static fa_status launch_extras(fa_context *
   const int x = attn_extras_kind(p);
   if constexpr (wt_sm_blocks(D, BC) == 1) /* the persistent form: a block an SM */
     if (wt_persistent(p, m)) {
-      if constexpr (D == 64)
+      if constexpr (D == 64 || (D == 128 && BC == 128))
         if (x == EXTRAS_MASK) return launch_persistent<T, D, BC, EXTRAS_MASK>(ctx, p, m);
       if (x == EXTRAS_SCORE) return launch_persistent<T, D, BC, EXTRAS_SCORE>(ctx, p, m);
       return launch_persistent<T, D, BC, EXTRAS_NONE>(ctx, p, m);
