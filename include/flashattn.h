@@ -242,10 +242,11 @@ typedef struct {
    * rounding.  On cuda's decode kernel (f16/bf16, D = Dv = 64 or 128,
    * Hq / Hkv * Lq <= 64, no tile) they are chunks of one launch and auto
    * chooses their number; elsewhere they are separate calls merged by
-   * fa_merge_states_n and auto is 1: on the CPU every rule applies (the
-   * pieces count keys as the whole call does), on cuda causal =
-   * FA_CAUSAL_TOP_LEFT or a variant with s > 1 is FA_ERR_UNSUPPORTED.
-   * fa_attention_reference ignores it. */
+   * fa_merge_states_n, and auto is 1, but for cuda's f32 kernel ("flash",
+   * D = Dv = 64 or 128), which cuts the keys into chunks of one launch
+   * where its query tiles leave the GPU idle (s = 1: none).  Every rule
+   * applies on both backends (the pieces count keys as the whole call
+   * does).  fa_attention_reference ignores it. */
   int64_t splits;
   const char *kernel; /* NULL or "": the fastest kernel that accepts the call (API §6); a name that
                          fa_attention_kernels lists picks that kernel.  The references (forward and

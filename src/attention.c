@@ -432,8 +432,9 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
     p.score_mod = o->score_mod, p.mask_mod = o->mask_mod, p.block_mask = o->block_mask;
     if (!(st = fa_expr_begin(ctx, p.score_mod, p.mask_mod, 0))) st = fa_cuda_attention_variant(ctx, d->algo, d->kernel, &p);
     if (!st) st = fa_expr_end(ctx, p.score_mod, p.mask_mod); /* a tensor read out of range (src/expr.h) */
-  } else { /* the registry: decode where it fits (its split of the keys is opts.splits) */
-    st = fa_cuda_attention_run(ctx, d->algo, decode ? FA_KERNEL_DECODE : d->kernel, NULL, decode ? o->splits : 0, &p);
+  } else { /* the registry: decode where it fits (its split of the keys is opts.splits; elsewhere it is 0 or 1 here,
+            * larger counts being pieces, and the f32 kernel's own chunks are "auto"'s) */
+    st = fa_cuda_attention_run(ctx, d->algo, decode ? FA_KERNEL_DECODE : d->kernel, NULL, o->splits, &p);
   }
   if (st) goto done;
   st = fa_attn_deliver(ctx, q, d->rank, d->Dv, bufs.o, want_lse ? bufs.lse : NULL, o->out, o->lse_out, d->dtype,

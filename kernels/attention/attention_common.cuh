@@ -39,8 +39,9 @@ struct attn_params : fa_attn_problem {
    * ones); 0 or 1: head by head. */
   int64_t sched_heads;
   /* The decode kernel's: the page table of a paged cache (NULL: k and v
-   * read through their strides) and the chunks of keys (opts.splits; 0:
-   * chosen from the shape and the GPU). */
+   * read through their strides); the chunks of keys (opts.splits; 0:
+   * chosen from the shape and the GPU), also the f32 kernel's (0: its own
+   * choice, 1: none; src/ makes larger counts separate pieces). */
   const fa_attn_paging *paging;
   int64_t splits;
 };

@@ -218,10 +218,29 @@ static __device__ __forceinline__ void f32_softmax_tile(const attn_params &p, in
   }
 }
 
+/* Key chunks of one "flash" launch (f32_chunk_count): where the query
+ * tiles are too few to fill the GPU (a few query rows against many keys),
+ * blocks [c·qblocks, (c + 1)·qblocks) take the keys of chunk c of each
+ * query tile's range (`keys` keys from its start on, whole key tiles) and
+ * write its normalised O and (m, l) to o and ml (row b·Hq·Lq + h·Lq + i,
+ * D floats a row), which attn_f32_merge_kernel merges.  Each chunk's sums
+ * run over fewer keys, so the output is also more accurate.  One query row
+ * against 32k keys: at D = 64 (B 3, 16 heads) five chunks took 0.66 ms
+ * against 2.17 in one, their largest error 1.8e-6 of the largest output
+ * against 5.3e-6; at D = 128 (B 1, 8 heads) 32 chunks 0.215 ms against
+ * 3.70, 4.9e-7 against 4.4e-6 (H200, docs/perf/2026-12-04-f32-chunks-h200.json).
+ * n = 1: no chunks (qblocks is then the grid). */
+struct f32_chunks {
+  int n;
+  int64_t keys, qblocks;
+  float *o;
+  float2 *ml;
+};
+
 /* PASS (attention_common.cuh): flash, or the statistics pass of two_pass
  * (no V, no P) or its output pass (probabilities final but for 1 / l, no rescaling). */
 template <int D, int EXTRAS, int PASS, bool DENSE = true>
-__global__ void __launch_bounds__(F32_THREADS, 2) attn_f32_kernel(attn_params p) {
+__global__ void __launch_bounds__(F32_THREADS, 2) attn_f32_kernel(attn_params p, f32_chunks ch) {
   const bool WITH_V = PASS != PASS_STATS;
   const int v_bad = WITH_V ? *p.v_nonfinite : 0; /* see leave_for_fallback */
   const int CH = D / 4, NH = D / 64, NT = F32_BC / 8; /* chunks of a Q/K/V row, column halves, key octets */
@@ -233,7 +252,8 @@ __global__ void __launch_bounds__(F32_THREADS, 2) attn_f32_kernel(attn_params p)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int ty = warp * 2 + (lane & 1), tx = lane >> 1;     /* the O layout: rows 8ty.., columns 4tx.., 64 + 4tx.. */
   const int g = lane >> 2, t4 = lane & 3, rA = 16 * warp + g; /* the S layout: rows rA, rA + 8, keys 8n + 2t4 + 0, 1 */
-  const frag_qtile<float, D, F32_BR, int64_t> qt(p, blockIdx.x); /* 64-bit: see frag_qtile */
+  const int chunk = ch.n > 1 ? (int)(blockIdx.x / ch.qblocks) : 0;
+  const frag_qtile<float, D, F32_BR, int64_t> qt(p, ch.n > 1 ? blockIdx.x % ch.qblocks : blockIdx.x); /* 64-bit: see frag_qtile */
   const int64_t bh = qt.bh, b = qt.b, h = qt.h, i0 = qt.i0;
 
   const int64_t k_ld = p.k_st.s, v_ld = p.v_st.s; /* row strides (API §6) */
@@ -242,6 +262,11 @@ __global__ void __launch_bounds__(F32_THREADS, 2) attn_f32_kernel(attn_params p)
   frag_rows r = frag_rows_start(p, b, i0, rA, rA + 8);
   int64_t t_lo, t_hi, all_lo, all_hi;
   tile_key_range<F32_BR>(p, b, i0, &t_lo, &t_hi, &all_lo, &all_hi);
+  if (ch.n > 1) { /* this chunk's whole key tiles of the range (none past its end) */
+    const int64_t lo = t_lo + chunk * ch.keys;
+    t_hi = lo < t_hi ? min(t_hi, lo + ch.keys) : lo;
+    t_lo = lo;
+  }
   const int ntiles = (int)((t_hi - t_lo + F32_BC - 1) / F32_BC);
   if (ntiles > 0) f32_load_tile<D, F32_BC, QKS, DENSE>(Ks, qt.k, k_ld, t_lo, t_hi);
   cp_async_commit();
@@ -312,6 +337,15 @@ __global__ void __launch_bounds__(F32_THREADS, 2) attn_f32_kernel(attn_params p)
     const int64_t row = i0 + rr;
     if (row >= p.Lq) continue;
     const float inv = row_inv(PASS == PASS_OUTPUT ? p.row_stats[2 * (bh * p.Lq + row) + 1] : row_l[rr]);
+    if (PASS == PASS_FLASH && ch.n > 1) { /* the chunk's state, for the merge */
+      const int64_t at = (int64_t)chunk * (p.B * p.Hq * p.Lq) + bh * p.Lq + row;
+      float4 *part = (float4 *)(ch.o + at * D) + tx;
+#pragma unroll
+      for (int hh = 0; hh < NH; hh++)
+        part[16 * hh] = make_float4(o[i][hh].x * inv, o[i][hh].y * inv, o[i][hh].z * inv, o[i][hh].w * inv);
+      if (tx == 0) ch.ml[at] = make_float2(row_m[rr], row_l[rr]);
+      continue;
+    }
     float4 *out = (float4 *)(qt.out(p) + row * p.o_st.s) + tx;
 #pragma unroll
     for (int hh = 0; hh < NH; hh++)
@@ -328,19 +362,97 @@ static size_t f32_smem_bytes(int D) {
   return sizeof(float) * (size_t)((F32_BR + 2 * F32_BC) * F32_QKS(D) + 2 * F32_BC * D + F32_BR * F32_BC);
 }
 
+/* The key chunks' merge: a warp a row, its lanes D / 32 columns each.
+ * Chunk c weighs e^(m_c - M)·l_c (M the largest m of the chunks with
+ * keys): from (m, l), not from an f32 lse as the decode kernel's 16-bit
+ * merge (attention_decode.cu), whose rounding, half an ulp of |lse| (5e-4
+ * near 8192), would weigh more than an f32 output's.  In the chunks'
+ * order (the same result every run); a chunk with
+ * no key (l = 0) weighs nothing, NaN in a chunk's m or l makes the row
+ * NaN (NaN or inf in its q or k, as one chunk would give).  Where V holds
+ * NaN or inf the chunks wrote nothing and the SIMT kernel behind rewrites
+ * every output (leave_for_fallback), so the merge leaves too. */
+template <int D> __global__ void __launch_bounds__(128) attn_f32_merge_kernel(attn_params p, f32_chunks ch) {
+  if (leave_for_fallback(*p.v_nonfinite)) return;
+  constexpr int PER = D / 32;
+  const int64_t R = p.B * p.Hq * p.Lq, row = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= R) return;
+  float M = -INFINITY;
+  bool nan = false;
+  for (int c = 0; c < ch.n; c++) {
+    const float2 ml = ch.ml[c * R + row];
+    nan |= ml.x != ml.x || ml.y != ml.y;
+    if (ml.y > 0.f) M = fmaxf(M, ml.x);
+  }
+  float acc[PER], den = 0.f;
+#pragma unroll
+  for (int j = 0; j < PER; j++) acc[j] = 0.f;
+  for (int c = 0; c < ch.n; c++) {
+    const float2 ml = ch.ml[c * R + row];
+    if (!(ml.y > 0.f)) continue;
+    const float w = expf(ml.x - M) * ml.y;
+    const float *x = ch.o + (c * R + row) * D + lane * PER;
+    den += w;
+#pragma unroll
+    for (int j = 0; j < PER; j++) acc[j] += w * x[j];
+  }
+  if (nan) den = __int_as_float(0x7fc00000);
+  const int64_t i = row % p.Lq, bh = row / p.Lq, b = bh / p.Hq, h = bh % p.Hq;
+  const float inv = row_inv(den);
+  float *out = (float *)p.o + attn_at(p.o_st, b, h, i) + lane * PER;
+#pragma unroll
+  for (int j = 0; j < PER; j++) out[j] = acc[j] * inv;
+  if (attn_wants_lse(p) && lane == 0) attn_lse_store(p, attn_at(p.lse_st, b, h, i), nan ? den : M, den);
+}
+
+/* The key chunks of a "flash" launch of `blocks` query tiles (keys: a
+ * chunk's, a multiple of F32_BC), 1 for none: where the blocks leave
+ * slots of the GPU free (two blocks an SM), as many chunks as fill them,
+ * each of 16 key tiles (512 keys) or more, at most 64; none where the
+ * call asks for one piece (opts.splits = 1). */
+#define F32_CHUNK_TILES 16
+static int f32_chunk_count(const attn_params *p, int64_t blocks, int sms, int64_t *keys) {
+  const int64_t tiles = (p->Lk + F32_BC - 1) / F32_BC, slots = 2 * (int64_t)sms;
+  if (p->splits == 1 || blocks <= 0 || blocks * 2 > slots) return 1;
+  const int64_t n = min(min(slots / blocks, tiles / F32_CHUNK_TILES), (int64_t)64);
+  if (n < 2) return 1;
+  const int64_t per = (tiles + n - 1) / n;
+  *keys = per * F32_BC;
+  return (int)((tiles + per - 1) / per);
+}
+
 template <int D, int EXTRAS, int PASS> static fa_status launch_f32(fa_context *ctx, const attn_params *p) {
   const size_t smem = f32_smem_bytes(D);
-  void (*kernel)(attn_params) = attn_rows_dense(p) ? attn_f32_kernel<D, EXTRAS, PASS, true>
-                                                        : attn_f32_kernel<D, EXTRAS, PASS, false>;
+  void (*kernel)(attn_params, f32_chunks) = attn_rows_dense(p) ? attn_f32_kernel<D, EXTRAS, PASS, true>
+                                                                    : attn_f32_kernel<D, EXTRAS, PASS, false>;
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   /* as much of the SM's memory as shared as the kernel can use: two blocks an SM at D = 128 */
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                           (int)cudaSharedmemCarveoutMaxShared));
-  int64_t blocks = p->B * p->Hq * ((p->Lq + F32_BR - 1) / F32_BR);
-  if (fa_status st = attn_grid_fits(ctx, blocks)) return st;
-  kernel<<<(unsigned)blocks, F32_THREADS, smem, fa_cuda_stream(ctx)>>>(*p);
-  FA_CUDA_CHECK_LAUNCH(ctx, "attn_f32_kernel");
-  return FA_OK;
+  const int64_t blocks = p->B * p->Hq * ((p->Lq + F32_BR - 1) / F32_BR), rows = p->B * p->Hq * p->Lq;
+  f32_chunks ch = {1, 0, blocks, NULL, NULL};
+  fa_status st = FA_OK;
+  if (PASS == PASS_FLASH) {
+    fa_cuda_props dp;
+    if ((st = fa_cuda_device_props(ctx, &dp))) return st;
+    ch.n = f32_chunk_count(p, blocks, dp.sms, &ch.keys);
+  }
+  if ((st = attn_grid_fits(ctx, blocks * ch.n)) || (ch.n > 1 && (st = attn_grid_fits(ctx, (rows + 3) / 4)))) return st;
+  size_t part_bytes = 0;
+  void *part = NULL;
+  if (ch.n > 1) { /* the chunks' states: (n, rows, D) outputs, then (n, rows) pairs (m, l) */
+    part_bytes = sizeof(float) * (size_t)(ch.n * rows) * (size_t)(D + 2);
+    if ((st = fa_cuda_malloc(ctx, &part, part_bytes))) return st;
+    ch.o = (float *)part, ch.ml = (float2 *)((float *)part + (size_t)(ch.n * rows) * D);
+  }
+  cudaStream_t s = fa_cuda_stream(ctx);
+  kernel<<<(unsigned)(blocks * ch.n), F32_THREADS, smem, s>>>(*p, ch);
+  cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess && ch.n > 1) attn_f32_merge_kernel<D><<<(unsigned)((rows + 3) / 4), 128, 0, s>>>(*p, ch);
+  if (err == cudaSuccess) err = cudaGetLastError();
+  fa_cuda_free_on(ctx, part, part_bytes); /* after the kernels, on their stream */
+  return fa_cuda_error(ctx, err, "launch of attn_f32_kernel");
 }
 
 template <int D> static fa_status launch_f32_extras(fa_context *ctx, const attn_params *p, int pass) {

@@ -4,7 +4,7 @@
 -- attention (causal bottom-right, window, kv_lens, alibi, softcap, mask)
 -- measured on the whole key sequence; causal = "top_left" and the variants
 -- too, on both backends.  "auto" (the default) is 1 here (the decode kernel
--- chooses its own).
+-- chooses its own, and so does cuda's f32 kernel: test_f32_key_chunks).
 local U = require "fa_testutil"
 local fa, lu = U.fa, U.lu
 local dev = U.device
@@ -217,3 +217,45 @@ function TestSplits:test_hostile_finalizer_frees_inputs()
 end
 
 U.run()
+
+-- cuda's f32 kernel ("flash", D = Dv = 64 or 128) cuts the keys into chunks of one launch where its
+-- query tiles are too few to fill the GPU ("auto"; splits = 1: none), merging the chunks' (m, l):
+-- the same result as one chunk within rounding (nearer the reference: shorter sums), under every
+-- rule, bit-identical from run to run; chunks with no key (kv_lens, a window, causal rows) weigh
+-- nothing, and NaN or inf of V at keys no row attends stays out.  On the CPU "auto" is one piece.
+function TestSplits:test_f32_key_chunks()
+  local Lk = 2000 -- 63 key tiles of 32: three chunks of 21 where one or two query tiles a head run
+  for _, D in ipairs({64, 128}) do
+    for _, Lq in ipairs({1, 5, 70}) do
+      local q, k = U.randn({2, 2, Lq, D}), U.randn({2, 1, Lk, D})
+      local v = U.randn({2, 1, Lk, D})
+      local keep = fa.tensor(U.nested({1, 1, 1, Lk}, function(_, _, _, j) return j % 7 ~= 0 and j < 1800 end),
+        {device = dev})
+      for ri, rules in ipairs({{}, {causal = true}, {window = {300, 0}, causal = true}, {kv_lens = {1500, 0}},
+                               {mask = keep}, {alibi = {0.01, 0.02}, softcap = 20},
+                               {mask = U.rand({1, 1, Lq, Lk}, "f32"):to("f32", dev) - 0.5}}) do
+        local what = ("f32 chunks D=%d Lq=%d rules #%d"):format(D, Lq, ri)
+        local auto = U.copy_opts(rules)
+        auto.return_lse = true
+        local one = U.copy_opts(auto)
+        one.splits = 1
+        local o, l = fa.attention(q, k, v, auto)
+        local o1, l1 = fa.attention(q, k, v, one)
+        U.assert_close(o, o1, "f32", what, 1e-6)
+        U.assert_lse(l, l1, "f32", what .. " lse")
+        local ro, rl = U.reference(q, k, v, auto)
+        U.assert_close(o, ro, "f32", what .. " vs reference")
+        U.assert_lse(l, rl, "f32", what .. " lse vs reference")
+        local o2, l2 = fa.attention(q, k, v, auto)
+        lu.assertEquals(fa.max_abs_diff(o, o2), 0, what .. " run twice")
+        lu.assertEquals(U.flat(l2), U.flat(l), what .. " lse run twice")
+      end
+      -- NaN and inf of V where no row looks: past the first batch's kv_lens, and in keys the mask drops
+      local vb = v:clone()
+      vb:set(1, 1, 1700, 2, U.NaN)
+      vb:set(2, 1, 7, 3, U.inf)
+      local o = fa.attention(q, k, vb, {kv_lens = {1500, 2000}, mask = keep})
+      lu.assertTrue(o:isfinite(), ("f32 chunks D=%d Lq=%d: NaN or inf of V no row attends"):format(D, Lq))
+    end
+  end
+end
