@@ -8,11 +8,8 @@ package.path = root .. "/lua/?.lua;" .. package.path
 local fa = require "flashattn"
 local sweep = require "flashattn.sweep"
 local NAME = "probe_f32_chunks.lua"
-local opts = sweep.main(NAME, function(argv)
-  local p = require "argparse"(NAME, "f32 attention, few query rows against many keys: error and time by schedule.")
-  p:option("--json", "write the results to this JSON file")
-  return sweep.parse_args(p, argv, NAME)
-end, {...})
+local opts = sweep.main(NAME,
+  sweep.json_only(NAME, "f32 attention, few query rows against many keys: error and time by schedule."), {...})
 local dev = fa.device_info().backend == "cuda" and "cuda" or "cpu"
 local cuda = dev == "cuda"
 local results = {}

@@ -3,7 +3,8 @@
  *
  *  - the query heads that share a key/value head and all Lq query rows
  *    are packed into one tile of G·Lq rows (GQA packing: K and V are read
- *    once for all of them), 16 rows a warp's mma.sync A fragment;
+ *    once for all of them), 16 rows a warp's mma.sync A fragment; more
+ *    than 64 such rows (Lq up to 16) take blocks of 64 (decode_row_blocks);
  *  - the keys that any row attends are cut into `splits` chunks of whole
  *    64-key tiles, one thread block a (batch, key head, chunk): enough
  *    blocks to fill the GPU even at batch 1;
@@ -43,6 +44,7 @@
 #define DEC_BC 64    /* keys a tile */
 #define DEC_STAGES 3 /* tiles in flight */
 #define DEC_MAX_SPLITS 256
+#define DEC_ROWS 64 /* packed rows a block: four row groups of 16 */
 
 /* Four row groups (33-64 packed rows: Lq = 16 at G = 4, say) on Hopper: one
  * warpgroup MMA (wgmma) a product over the whole tile, K and V read from
@@ -69,6 +71,7 @@ template <int D, bool WG> static __device__ __forceinline__ int dec_at(int row, 
  * chunks' states go, and the page table (paged: k and v are the pools). */
 struct decode_args {
   int G, rows, splits;   /* query heads a key head; G·Lq packed rows; chunks */
+  int row_blocks;        /* blocks of DEC_ROWS packed rows (more than DEC_ROWS: decode_row_blocks) */
   float *part_o, *part_lse; /* splits > 1: (splits, B, Hq, Lq, Dv) and (splits, B, Hq, Lq) */
   fa_attn_paging pg;
   int pg_shift;    /* log2 of a page size that is a power of two, else -1 */
@@ -181,8 +184,9 @@ template <int D> static __device__ __forceinline__ void dec_pv_done(float (*o)[4
 }
 #endif
 
-/* One (batch, key head, chunk) a block.  RG row groups of 16 packed rows
- * (G·Lq <= 16·RG); warp w takes row group w % RG and the keys
+/* One (batch, key head, row block, chunk) a block.  RG row groups of 16
+ * packed rows (G·Lq <= 16·RG, or the row block's DEC_ROWS: RG = 4); warp
+ * w takes row group w % RG and the keys
  * [w / RG · 8NC, ...) of every tile. */
 template <typename T, int D, int RG, int EXTRAS, bool PAGED>
 __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_problem call, decode_args a) {
@@ -199,7 +203,8 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
   char *const dec_smem = WG ? dec_smem_raw + ((1024 - (smem_addr(dec_smem_raw) & 1023)) & 1023) : dec_smem_raw;
   __shared__ int64_t sh_keys[4]; /* the union and the intersection of the rows' key ranges */
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, rg = warp % RG, ks = warp / RG;
-  const int64_t blk = blockIdx.x, split = blk % a.splits, bk = blk / a.splits, b = bk / call.Hkv, hk = bk % call.Hkv;
+  const int64_t blk = blockIdx.x, split = blk % a.splits, rblk = blk / a.splits % a.row_blocks;
+  const int64_t bk = blk / a.splits / a.row_blocks, b = bk / call.Hkv, hk = bk % call.Hkv;
   /* a cache's sequence is a call of its own length: causal, window and
    * alibi count from its end (API §8) */
   fa_attn_problem p = call;
@@ -241,9 +246,10 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
     const int64_t j = dec_tile_key(kb, u, tid);
     cp_async4(&page[u % 4][tid], j < ke ? table + dec_page_slot(a, j) : table, j < ke ? 4 : 0);
   };
-  /* the warp's two packed rows: query row i of head h (a row past G·Lq has
-   * i = Lq: no keys, never stored) */
-  const int g = lane >> 2, c2 = (lane & 3) * 2, rA = rg * 16 + g, rB = rA + 8;
+  /* the warp's two packed rows (of the block's DEC_ROWS from rblk's on):
+   * query row i of head h (a row past G·Lq has i = Lq: no keys, never stored) */
+  const int g = lane >> 2, c2 = (lane & 3) * 2;
+  const int rA = (int)rblk * DEC_ROWS + rg * 16 + g, rB = rA + 8;
   const bool okA = rA < a.rows, okB = rB < a.rows;
   const int64_t Lq = p.Lq;
   const int64_t hA = hk * a.G + (okA ? rA / Lq : 0), hB = hk * a.G + (okB ? rB / Lq : 0);
@@ -553,15 +559,24 @@ static int decode_merge_warps(int64_t rows, int splits, int sms) { return rows >
 
 /* ---- launchers ---- */
 
-/* The row groups of a call: 16 packed rows each, 1, 2 or 4. */
+/* The row groups of a block: 16 packed rows each, 1, 2 or 4. */
 static int decode_row_groups(int64_t rows) { return rows <= 16 ? 1 : rows <= 32 ? 2 : 4; }
+
+/* More than DEC_ROWS packed rows a key head (eight query heads a key head
+ * at Lq = 16, say) take blocks of DEC_ROWS each, every one reading the
+ * chunk's K and V: ⌈G·Lq / 64⌉ reads of them, where the kernels for longer
+ * queries, which pack no heads, read them once a query head (G times).
+ * Taken up to Lq = 16 (API §8's decoding; past it the prefill kernels). */
+static int64_t decode_row_blocks(int64_t rows) { return (rows + DEC_ROWS - 1) / DEC_ROWS; }
+#define DEC_MAX_LQ_BLOCKS 16 /* Lq of calls with more than DEC_ROWS packed rows */
 
 extern "C" int fa_cuda_attention_decode_fit(fa_dtype dt, int64_t D, int64_t Dv, int64_t Hq, int64_t Hkv, int64_t Lq,
                                             char *why, size_t n) {
   const int64_t rows = Hkv > 0 ? Hq / Hkv * Lq : 0;
   if (!attn_fit_16bit(dt, D, Dv, D == 64 || D == 128, "64 or 128", why, n)) return 0;
-  if (rows <= 64) return 1;
-  snprintf(why, n, "%lld query rows a key head (Hq / Hkv · Lq); it takes at most 64", (long long)rows);
+  if (rows <= DEC_ROWS || Lq <= DEC_MAX_LQ_BLOCKS) return 1;
+  snprintf(why, n, "%lld query rows a key head (Hq / Hkv · Lq) at Lq = %lld; it takes at most 64, or Lq up to 16",
+           (long long)rows, (long long)Lq);
   return 0;
 }
 
@@ -620,8 +635,8 @@ static fa_status decode_slots(fa_context *ctx, const decode_entry &k, size_t sme
  * docs/perf/2026-11-27-decode-splits-h200.json).  One chunk for 256 keys
  * or fewer, where the merge launch costs more than it saves (at 512 keys
  * and batch 1, 8 chunks took 11.8 µs against 15.6 for one). */
-static int decode_splits(const fa_attn_problem *p, int64_t want, int slots, const fa_cuda_props &dp) {
-  const int64_t tiles = (p->Lk + DEC_BC - 1) / DEC_BC, heads = p->B * p->Hkv;
+static int decode_splits(const fa_attn_problem *p, int64_t want, int row_blocks, int slots, const fa_cuda_props &dp) {
+  const int64_t tiles = (p->Lk + DEC_BC - 1) / DEC_BC, heads = p->B * p->Hkv * row_blocks;
   int64_t s = want;
   if (s <= 0) s = p->Lk <= 4 * DEC_BC ? 1 : min(slots / heads, max(dp.sms / heads, tiles / 4));
   return (int)max((int64_t)1, min(s, min(tiles, (int64_t)DEC_MAX_SPLITS)));
@@ -643,7 +658,7 @@ static int decode_evict_first(const fa_attn_problem *p, const fa_cuda_props &dp)
 
 template <typename T, int D>
 static fa_status decode_typed(fa_context *ctx, const fa_attn_problem *p, decode_args &a, int64_t want) {
-  const int rg = decode_row_groups(a.rows);
+  const int rg = decode_row_groups(min((int64_t)a.rows, (int64_t)DEC_ROWS));
   const int extras = attn_has_extras(p);
   const bool paged = a.pg.table != NULL;
   const decode_entry k = rg == 1 ? decode_pick<T, D, 1>(extras, paged)
@@ -654,9 +669,9 @@ static fa_status decode_typed(fa_context *ctx, const fa_attn_problem *p, decode_
   int slots = 0;
   fa_status st = fa_cuda_device_props(ctx, &dp);
   if (st || (st = decode_slots(ctx, k, smem, dp, &slots))) return st;
-  a.splits = decode_splits(p, want, slots, dp);
+  a.splits = decode_splits(p, want, a.row_blocks, slots, dp);
   a.evict_first = decode_evict_first(p, dp);
-  const int64_t blocks = p->B * p->Hkv * a.splits, rows = p->B * p->Hq * p->Lq;
+  const int64_t blocks = p->B * p->Hkv * a.row_blocks * a.splits, rows = p->B * p->Hq * p->Lq;
   if ((st = attn_grid_fits(ctx, blocks)) || (a.splits > 1 && (st = attn_grid_fits(ctx, rows)))) return st;
   size_t part_bytes = 0;
   void *part = NULL;
@@ -705,7 +720,7 @@ static fa_status decode_queue(fa_context *ctx, const attn_params *p, fa_attentio
     return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: the decode kernel does not take this call");
   decode_args a;
   memset(&a, 0, sizeof a);
-  a.G = (int)(p->Hq / p->Hkv), a.rows = (int)(a.G * p->Lq);
+  a.G = (int)(p->Hq / p->Hkv), a.rows = (int)(a.G * p->Lq), a.row_blocks = (int)decode_row_blocks(a.rows);
   a.pg_shift = -1;
   if (pg) {
     a.pg = *pg;

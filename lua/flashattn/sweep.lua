@@ -373,6 +373,16 @@ function M.parse_args(parser, argv, name)
   return args
 end
 
+-- The argument parser of a probe whose only option is --json (for M.main):
+-- argv parsed by lua-argparse, the options table returned.
+function M.json_only(name, description)
+  return function(argv)
+    local p = require "argparse"(name, description)
+    p:option("--json", "write the results to this JSON file")
+    return M.parse_args(p, argv, name)
+  end
+end
+
 -- Runs a script's main(argv).  When the script is the program (arg[0] names
 -- it), an error ends the process with its first line on stderr and exit
 -- status 1, no traceback (FLASHATTN_TRACEBACK=1 shows one); when the script

@@ -38,8 +38,12 @@ function TestDecode:test_registry_on_cuda()
   U.assert_fa_error({"opts.kernel", '"decode"', "f32"}, fa.attention, f, fk, fv, {kernel = "decode"})
   local w, wk, wv = qkv("f16", 1, 8, 2, 1, 300, 96)
   U.assert_fa_error({"opts.kernel", '"decode"', "D = 96"}, fa.attention, w, wk, wv, {kernel = "decode"})
-  local m, mk, mv = qkv("f16", 1, 16, 1, 5, 300, 64) -- 80 rows a key head
+  local m, mk, mv = qkv("f16", 1, 4, 1, 20, 300, 64) -- 80 rows a key head at Lq = 20
   lu.assertFalse(contains(fa.kernels(m, mk, mv), "decode"))
+  U.assert_fa_error({"opts.kernel", '"decode"', "80 query rows", "Lq up to 16"}, fa.attention, m, mk, mv,
+    {kernel = "decode"})
+  local m2, mk2, mv2 = qkv("f16", 1, 16, 1, 5, 300, 64) -- 80 rows a key head at Lq = 5: blocks of 64 rows
+  lu.assertEquals(fa.kernels(m2, mk2, mv2)[1], "decode")
   U.assert_fa_error({"opts.kernel", '"decode"', "tile"}, fa.attention, q, k, v, {kernel = "decode", tile = {64, 64}})
   U.assert_fa_error({"opts.kernel", '"decode"', "two_pass"}, fa.attention, q, k, v,
     {kernel = "decode", algo = "two_pass"})
@@ -78,6 +82,11 @@ function TestDecode:test_results_on_cuda()
     -- row; a batch without keys (every chunk empty: zeros, lse -inf)
     {"bf16", 3, 32, 8, 16, 1100, 128, {kv_lens = {1100, 0, 517}, return_lse = true}},
     {"f16", 3, 32, 8, 16, 2000, 64, {splits = 16, causal = true, return_lse = true}},
+    -- more than 64 rows a key head (Lq up to 16): blocks of 64 packed rows, the last part-filled
+    {"bf16", 2, 16, 2, 16, 3000, 128, {return_lse = true}},
+    {"f16", 1, 16, 1, 5, 1500, 64, {causal = true, kv_lens = {1400}, return_lse = true}},
+    {"bf16", 2, 64, 1, 3, 700, 128, {window = {200, 0}, causal = true, splits = 3,
+                                     alibi = (function() local t = {} for h = 1, 64 do t[h] = 0.01 * (h % 9) end return t end)()}},
   }
   for i, c in ipairs(cases) do
     local q, k, v = qkv(c[1], c[2], c[3], c[4], c[5], c[6], c[7])
