@@ -258,8 +258,9 @@ tma_case("d128 options", 2, 4, 2, 100, 130, 128,
 tma_case("d256 window options", 1, 2, 2, 150, 150, 256, { window = { 40, 7 }, softcap = 20, alibi = { 0.3, 0.1 } })
 tma_case("d128 bhld views", 2, 4, 2, 300, 260, 128, { causal = true }, "bhld")
 tma_case("d256 bhld views", 2, 4, 4, 129, 513, 256, {}, "bhld")
--- the decode kernel (f16/bf16 "flash", D = Dv = 64 or 128, at most 64 query rows a key head): GQA
--- packing of 16, 32 and 64 rows, chunks of keys chosen and given (opts.splits), every option
+-- the decode kernel (f16/bf16 "flash", D = Dv = 64 or 128, at most 64 query rows a key head or Lq <= 16):
+-- GQA packing of 16, 32 and 64 rows, blocks of 64 of more, chunks of keys chosen and given (opts.splits),
+-- every option
 attn_case("decode d128 gqa lq1", 2, 8, 2, 1, 3000, 128, 128, {})
 attn_case("decode d128 gqa lq1 splits 7", 2, 8, 2, 1, 3000, 128, 128, { splits = 7 })
 attn_case("decode d64 lq4 rows32 splits 1", 1, 8, 1, 4, 1029, 64, 64, { splits = 1 })
@@ -269,6 +270,8 @@ attn_case("decode d64 lq16 rows64 options", 2, 8, 2, 16, 700, 64, 64,
 attn_case("decode d128 lq4 top_left window", 1, 4, 1, 4, 1000, 128, 128, { causal = "top_left", window = { 100, 0 } })
 attn_case("decode d128 lq2 window splits 64", 2, 4, 4, 2, 5000, 128, 128, { window = { 300, 20 }, splits = 64 })
 attn_case("decode d128 short keys", 3, 4, 2, 3, 5, 128, 128, { causal = true })
+attn_case("decode d128 lq16 rows128", 2, 16, 2, 16, 3000, 128, 128, { causal = true, kv_lens = { 2900, 1000 } })
+attn_case("decode d64 lq3 rows96 window", 1, 32, 1, 3, 1200, 64, 64, { window = { 400, 0 }, causal = true, splits = 5 })
 -- ALiBi slopes of 0 for some heads: a thread's two packed rows of heads with and without it
 attn_case("decode d128 lq4 alibi zero slopes", 1, 8, 2, 4, 900, 128, 128, { alibi = { 0, 0, 0.3, 0.4, 0, 0, 0.7, 0.8 } })
 -- rows whose range is empty past the chunk's end (kv_lens and a window's left side)
