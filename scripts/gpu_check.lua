@@ -233,8 +233,12 @@ local function tma_case(name, B, Hq, Hkv, Lq, Lk, D, opts, layout)
       check(label, fa.rel_error(o:cpu(), ro), tol[dt])
       if rl:isfinite() then check(label .. " lse", fa.rel_error(lse:cpu(), rl), tol[dt]) end
       if not race then check(label .. " run twice", fa.max_abs_diff(fa.attention(qd, kd, vd, t_opts), o), 0) end
+      -- the same bits as the wgmma kernel at D = 64; from D = 128 wgmma_tma keeps lazy row maxima
+      -- (session 64: O rescaled only where a row's maximum rises by more than 8 ln 2), so the
+      -- roundings differ: as close as each is to the reference
       local ok_w, ow = pcall(fa.attention, qd, kd, vd, w_opts)
-      if ok_w then check(label .. " = wgmma", fa.max_abs_diff(ow, o), 0) end
+      if ok_w and D == 64 then check(label .. " = wgmma", fa.max_abs_diff(ow, o), 0) end
+      if ok_w and D ~= 64 then check(label .. " ~ wgmma (lazy maxima)", fa.rel_error(o:cpu(), ow:cpu()), tol[dt]) end
     else
       failures = failures + 1
       print("FAIL " .. label .. ": " .. tostring(o))
