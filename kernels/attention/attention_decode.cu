@@ -569,14 +569,15 @@ static int decode_row_groups(int64_t rows) { return rows <= 16 ? 1 : rows <= 32 
  * Taken up to Lq = 16 (API §8's decoding; past it the prefill kernels). */
 static int64_t decode_row_blocks(int64_t rows) { return (rows + DEC_ROWS - 1) / DEC_ROWS; }
 #define DEC_MAX_LQ_BLOCKS 16 /* Lq of calls with more than DEC_ROWS packed rows */
+#define DEC_MAX_ROWS (1 << 24) /* packed rows a key head */
 
 extern "C" int fa_cuda_attention_decode_fit(fa_dtype dt, int64_t D, int64_t Dv, int64_t Hq, int64_t Hkv, int64_t Lq,
                                             char *why, size_t n) {
   const int64_t rows = Hkv > 0 ? Hq / Hkv * Lq : 0;
   if (!attn_fit_16bit(dt, D, Dv, D == 64 || D == 128, "64 or 128", why, n)) return 0;
-  if (rows <= DEC_ROWS || Lq <= DEC_MAX_LQ_BLOCKS) return 1;
-  snprintf(why, n, "%lld query rows a key head (Hq / Hkv · Lq) at Lq = %lld; it takes at most 64, or Lq up to 16",
-           (long long)rows, (long long)Lq);
+  if (rows <= DEC_ROWS || (Lq <= DEC_MAX_LQ_BLOCKS && rows <= DEC_MAX_ROWS)) return 1; /* rows and blocks in int */
+  snprintf(why, n, "%lld query rows a key head (Hq / Hkv · Lq) at Lq = %lld; it takes at most 64, or Lq up to 16 "
+           "and 2^24 rows", (long long)rows, (long long)Lq);
   return 0;
 }
 
