@@ -156,6 +156,10 @@ static fa_status launch_persistent(fa_context *ctx, const attn_params *p, const 
 
 static double tma_tile_keys(const fa_attn_problem *p);
 
+/* The instances whose persistent form takes a bool mask (below): one test for the dispatch at run time
+ * and for the instances launch_extras compiles. */
+static constexpr bool wt_mask_persistent(int D, int BC) { return D == 64 || (D == 128 && BC == 128); }
+
 /* The persistent form takes a bool mask at D = 64 (read as bits, Q in
  * registers, the scheduler warp: 1.02-1.15 x the block a tile, most at
  * 1024 keys; H200, docs/perf/2026-12-03-mask-persistent-h200.json) and at
@@ -169,7 +173,8 @@ static double tma_tile_keys(const fa_attn_problem *p);
  * docs/perf/2026-12-04-mask-persistent-d128-h200.json; the scheduler warp
  * made no difference).  No other mask (wt_persistent_fits). */
 static bool wt_persistent(const attn_params *p, const wt_maps &m) {
-  const bool bool_persistent = p->mask_b && (p->D == 64 || (p->D == 128 && p->tile_k == 128 && tma_tile_keys(p) < 8192));
+  const bool bool_persistent =
+      p->mask_b && wt_mask_persistent((int)p->D, (int)p->tile_k) && (p->D == 64 || tma_tile_keys(p) < 8192);
   const bool masked = attn_extras_kind(p) == EXTRAS_MASK && !bool_persistent;
   return wt_persistent_fits(m, p->D, p->tile_k, p->Lk, masked);
 }
@@ -180,7 +185,7 @@ template <typename T, int D, int BC> static fa_status launch_extras(fa_context *
   const int x = attn_extras_kind(p);
   if constexpr (wt_sm_blocks(D, BC) == 1) /* the persistent form: a block an SM */
     if (wt_persistent(p, m)) {
-      if constexpr (D == 64 || (D == 128 && BC == 128))
+      if constexpr (wt_mask_persistent(D, BC))
         if (x == EXTRAS_MASK) return launch_persistent<T, D, BC, EXTRAS_MASK>(ctx, p, m);
       if (x == EXTRAS_SCORE) return launch_persistent<T, D, BC, EXTRAS_SCORE>(ctx, p, m);
       return launch_persistent<T, D, BC, EXTRAS_NONE>(ctx, p, m);
