@@ -533,10 +533,7 @@ FA_API fa_status fa_attention_backward_reference(fa_context *ctx, fa_tensor *q, 
 /* A pool of fixed-size pages (K pages (P, H, page_size, D) and V pages
  * (P, H, page_size, Dv), tensors of dtype on device), a page table per
  * sequence and the sequences' lengths: sequences grow without copying.
- * See docs/c-api.md.  Interim implementation: fa_kv_cache_attend gathers
- * each sequence's pages into contiguous K/V and calls fa_attention per
- * sequence (the split-KV kernel reading through the page table comes
- * later).  A cache is used by one thread at a time. */
+ * See docs/c-api.md.  A cache is used by one thread at a time. */
 typedef struct fa_kv_cache fa_kv_cache;
 typedef struct {
   int64_t batch, heads, dim; /* B, Hkv, D: >= 1 */
@@ -564,7 +561,10 @@ FA_API fa_status fa_kv_cache_append(fa_context *ctx, fa_kv_cache *cache, fa_tens
  * lse_out, splits; algo, tile, mask and kv_lens are FA_ERR_ARGUMENT.  A
  * sequence of length 0 gives zeros and lse = -inf.  On cuda the decode
  * kernel reads the pages where they lie when it takes the call (see
- * splits); else the pages are gathered per sequence. */
+ * splits); else every sequence's pages are gathered into contiguous K/V
+ * (one launch a pool on cuda) and fa_attention runs once over the batch,
+ * the lengths as kv_lens, or once a sequence where their lengths differ
+ * and a rule is aligned to them (causal with Lq > 1, window, alibi). */
 FA_API fa_status fa_kv_cache_attend(fa_context *ctx, fa_kv_cache *cache, fa_tensor *q, const fa_attention_opts *opts,
                                     fa_tensor **o, fa_tensor **lse);
 /* lens gets B entries. */

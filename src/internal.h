@@ -388,6 +388,13 @@ typedef struct {
   fa_kv_segment seg[FA_KV_SEGMENTS];
 } fa_kv_segments;
 fa_status fa_cuda_kv_scatter(fa_context *ctx, const fa_kv_segments *s, fa_tensor *pool, const fa_tensor *src);
+/* The paged cache's attend for the calls the decode kernel does not take
+ * (kernels/tensor/kv_gather.cu): every sequence's rows of pool (pages, H,
+ * page_size, X) gathered through table (device int32, B x max_pages) into
+ * dst (B, H, L, X, contiguous, the pool's dtype), the rows from lens[b]
+ * (device) to L zeroed; one launch. */
+fa_status fa_cuda_kv_gather(fa_context *ctx, const int32_t *table, int64_t max_pages, const int64_t *lens,
+                            const fa_tensor *pool, fa_tensor *dst);
 /* The decode kernel (kernels/attention/attention_decode.cu): 1 when it
  * takes calls of this dtype, these head dims and Hq / Hkv · Lq query rows
  * a key head, else 0 and why not into why (n bytes). */

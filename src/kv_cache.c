@@ -10,9 +10,11 @@
  * append on cuda copies every sequence's new positions in one launch a
  * pool (fa_cuda_kv_scatter) when k and v have the cache's dtype and
  * contiguous rows, else by a copy per sequence and page.  Elsewhere (the
- * cpu, other calls) each sequence's pages are gathered into contiguous K/V
- * and fa_attention runs per sequence.  Both align causal, window and alibi
- * to each sequence's own length. */
+ * cpu, other calls) the sequences' pages are gathered into contiguous K/V
+ * (gather_pool: one launch a pool on cuda; a copy a page and head, a
+ * launch each, took a chunk of prefill 15-19 ms at 4k positions, B = 8,
+ * against 0.25-0.45 now, H200) and fa_attention runs over them.  Both
+ * align causal, window and alibi to each sequence's own length. */
 #include "attn_kernels.h"
 #include "check.h"
 
@@ -342,29 +344,34 @@ fa_status fa_kv_cache_append(fa_context *ctx, fa_kv_cache *c, fa_tensor *k, fa_t
   return FA_OK;
 }
 
-/* Gathers sequence b's positions of pool into a fresh (1, H, L, X). */
-static fa_status gather_seq(fa_context *ctx, const fa_kv_cache *c, fa_tensor *pool, int64_t b, int64_t X,
-                            fa_tensor **out) {
-  const int64_t shape[4] = {1, c->H, c->lens[b], X};
+/* Every sequence's positions of pool gathered into a fresh (B, H, L, X),
+ * L the longest sequence's length, the rows past a sequence's length
+ * zeroed (never a freed page's old values: a kernel may read a key tile's
+ * padding).  On cuda one launch through the device table (made current by
+ * sync_device_table), on the cpu a copy a page run. */
+static fa_status gather_pool(fa_context *ctx, const fa_kv_cache *c, const fa_tensor *pool, int64_t X, int64_t L,
+                             fa_tensor **out) {
+  const int64_t shape[4] = {c->B, c->H, L, X};
   fa_status st = fa_tensor_new(ctx, 4, shape, c->dtype, c->device, out);
   if (st) return st;
-  fa_tensor *dst = NULL;
-  if (!(st = fa_tensor_select(ctx, *out, 0, 0, &dst))) { /* (H, L, X) */
-    int64_t pos = 0, count = c->lens[b];
-    while (count > 0 && !st) {
-      const int64_t page = c->table[b * c->max_pages + pos / c->page_size];
-      const int64_t m = count < c->page_size ? count : c->page_size;
-      fa_tensor *pg = NULL, *src = NULL, *d = NULL;
-      if (!(st = fa_tensor_select(ctx, pool, 0, page, &pg)) && !(st = fa_tensor_narrow(ctx, pg, 1, 0, m, &src)) &&
-          !(st = fa_tensor_narrow(ctx, dst, 1, pos, m, &d)))
-        st = fa_tensor_copy(ctx, d, src);
-      fa_tensor_drop(&pg), fa_tensor_drop(&src), fa_tensor_drop(&d);
-      pos += m, count -= m;
-    }
+  if (c->device == FA_CUDA) {
+    if ((st = fa_cuda_kv_gather(ctx, c->dev_table, c->max_pages, c->dev_lens, pool, *out))) fa_tensor_drop(out);
+    return st;
   }
-  fa_tensor_drop(&dst);
-  if (st) fa_tensor_drop(out);
-  return st;
+  const size_t rb = (size_t)X * fa_dtype_size(c->dtype);
+  const char *src = fa_tensor_ptr((fa_tensor *)pool);
+  char *dst = fa_tensor_ptr(*out);
+  for (int64_t b = 0; b < c->B; b++)
+    for (int64_t h = 0; h < c->H; h++) {
+      char *row = dst + (size_t)((b * c->H + h) * L) * rb;
+      for (int64_t pos = 0; pos < c->lens[b]; pos += c->page_size) {
+        const int64_t page = c->table[b * c->max_pages + pos / c->page_size];
+        const int64_t m = c->lens[b] - pos < c->page_size ? c->lens[b] - pos : c->page_size;
+        memcpy(row + (size_t)pos * rb, src + (size_t)((page * c->H + h) * c->page_size) * rb, (size_t)m * rb);
+      }
+      memset(row + (size_t)c->lens[b] * rb, 0, (size_t)(L - c->lens[b]) * rb);
+    }
+  return FA_OK;
 }
 
 /* attend's arguments; *d: the call as one over the longest sequence, its
@@ -455,23 +462,49 @@ fa_status fa_kv_cache_attend(fa_context *ctx, fa_kv_cache *c, fa_tensor *q, cons
                                  c->dev_lens};
     return fa_attention_paged(ctx, q, &kv, opts, &d, o, lse);
   }
-  /* the options of one sequence's call (checked above) */
+  /* every other call: the sequences gathered into contiguous K and V of the longest length (one launch a
+   * pool on cuda), then one call over the batch with the lengths as kv_lens where they align no rule to
+   * a sequence's end (bottom-right causal with Lq > 1, a window, alibi) or all are equal, else a call a
+   * sequence on its rows */
+  if (c->device == FA_CUDA) {
+    if (c->pages > INT32_MAX)
+      return fa_fail(ctx, FA_ERR_UNSUPPORTED,
+                     "flashattn: kv_cache attend: %lld pages: the device page table holds at most 2^31 - 1",
+                     (long long)c->pages);
+    if ((st = sync_device_table(ctx, c))) return st;
+  }
+  const int64_t L = d.Lk;
+  int equal = 1;
+  for (int64_t b = 0; b < c->B; b++) equal &= c->lens[b] == L;
+  const int aligned = (opts->causal == FA_CAUSAL_BOTTOM_RIGHT && d.Lq > 1) || opts->has_window || opts->alibi;
+  fa_tensor *kb = NULL, *vb = NULL, *ro = NULL, *rl = NULL, *qb = NULL, *kv[2] = {NULL, NULL}, *rs = NULL, *ls = NULL,
+            *ob = NULL, *lb = NULL;
+  if ((st = gather_pool(ctx, c, c->kpool, c->D, L, &kb)) || (st = gather_pool(ctx, c, c->vpool, c->Dv, L, &vb)))
+    goto done;
+  fa_attention_opts so = *opts;
+  if (equal || !aligned) {
+    if (!equal) so.kv_lens = c->lens, so.n_kv_lens = c->B;
+    st = fa_attention(ctx, q, kb, vb, &so, o, lse);
+    goto done;
+  }
+  /* each sequence's call writes straight into its rows of ro and rl (opts.out / lse_out) */
   const int want_lse = opts->return_lse || lse || opts->lse_out;
-  fa_attention_opts so = *opts; /* out and lse_out: the sequence's rows of ro and rl, below */
   so.return_lse = want_lse;
   const int64_t oshape[4] = {q->shape[0], q->shape[1], q->shape[2], c->Dv};
-  fa_tensor *ro = NULL, *rl = NULL, *kb = NULL, *vb = NULL, *qb = NULL, *ob = NULL, *lb = NULL, *rs = NULL, *ls = NULL;
   if ((st = fa_tensor_new(ctx, 4, oshape, q->dtype, c->device, &ro))) goto done;
   if (want_lse && (st = fa_tensor_new(ctx, 3, oshape, FA_F32, c->device, &rl))) goto done;
   for (int64_t b = 0; b < c->B && !st; b++) {
-    /* each sequence's call writes straight into its rows of ro and rl (opts.out / lse_out) */
-    if ((st = gather_seq(ctx, c, c->kpool, b, c->D, &kb)) || (st = gather_seq(ctx, c, c->vpool, b, c->Dv, &vb)) ||
-        (st = fa_tensor_narrow(ctx, q, 0, b, 1, &qb)) || (st = fa_tensor_narrow(ctx, ro, 0, b, 1, &rs)) ||
+    fa_tensor *seq[2] = {NULL, NULL};
+    for (int i = 0; i < 2 && !st; i++)
+      if (!(st = fa_tensor_narrow(ctx, i ? vb : kb, 0, b, 1, &seq[i])))
+        st = fa_tensor_narrow(ctx, seq[i], 2, 0, c->lens[b], &kv[i]);
+    fa_tensor_drop(&seq[0]), fa_tensor_drop(&seq[1]);
+    if (st || (st = fa_tensor_narrow(ctx, q, 0, b, 1, &qb)) || (st = fa_tensor_narrow(ctx, ro, 0, b, 1, &rs)) ||
         (want_lse && (st = fa_tensor_narrow(ctx, rl, 0, b, 1, &ls))))
       break;
     so.out = rs, so.lse_out = ls;
-    st = fa_attention(ctx, qb, kb, vb, &so, &ob, want_lse ? &lb : NULL);
-    fa_tensor_drop(&rs), fa_tensor_drop(&ls), fa_tensor_drop(&kb), fa_tensor_drop(&vb), fa_tensor_drop(&qb),
+    st = fa_attention(ctx, qb, kv[0], kv[1], &so, &ob, want_lse ? &lb : NULL);
+    fa_tensor_drop(&rs), fa_tensor_drop(&ls), fa_tensor_drop(&kv[0]), fa_tensor_drop(&kv[1]), fa_tensor_drop(&qb),
         fa_tensor_drop(&ob), fa_tensor_drop(&lb);
   }
   if (!st)
@@ -479,6 +512,6 @@ fa_status fa_kv_cache_attend(fa_context *ctx, fa_kv_cache *c, fa_tensor *q, cons
                          c->device, o, lse);
 done:
   fa_tensor_drop(&ro), fa_tensor_drop(&rl), fa_tensor_drop(&kb), fa_tensor_drop(&vb), fa_tensor_drop(&qb);
-  fa_tensor_drop(&rs), fa_tensor_drop(&ls);
+  fa_tensor_drop(&kv[0]), fa_tensor_drop(&kv[1]), fa_tensor_drop(&rs), fa_tensor_drop(&ls);
   return st;
 }

@@ -200,3 +200,9 @@ fa_status fa_cuda_kv_scatter(fa_context *ctx, const fa_kv_segments *s, fa_tensor
   (void)s, (void)pool, (void)src;
   return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
 }
+
+fa_status fa_cuda_kv_gather(fa_context *ctx, const int32_t *table, int64_t max_pages, const int64_t *lens,
+                            const fa_tensor *pool, fa_tensor *dst) {
+  (void)table, (void)max_pages, (void)lens, (void)pool, (void)dst;
+  return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
+}

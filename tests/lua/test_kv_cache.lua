@@ -135,6 +135,52 @@ function TestKVCache:test_options()
   lu.assertStrContains(err, "dtype")
 end
 
+-- The calls the decode kernel does not take (every call on the cpu; on cuda D = 48, Lq = 20) gather the
+-- sequences into contiguous K and V: one call over the batch where the lengths are equal or align no rule
+-- (the lengths then key padding), else a call a sequence.  Every path, GQA, lse, out; NaN left in freed
+-- pages and in a longer sequence's rows is never read.
+function TestKVCache:test_gathered_calls()
+  local B, H, Hq, D, cap = 3, 2, 4, 48, 64
+  for _, dtype in ipairs(U.dtypes) do
+    local cache <close> = fa.kv_cache{batch = B, heads = H, dim = D, capacity = cap, page_size = 5, dtype = dtype,
+                                      device = dev}
+    local m = model(B, H, D, D, cap)
+    local function append(n, lens)
+      local k, v = U.randn({B, H, n, D}, dtype), U.randn({B, H, n, D}, dtype)
+      cache:append(k, v, lens)
+      model_append(m, k, v, lens)
+    end
+    -- NaN in pages that a reset gives back, then reused by shorter sequences
+    local nan = fa.full({B, H, 12, D}, 0 / 0, {dtype = dtype, device = dev})
+    cache:append(nan, nan)
+    cache:reset()
+    append(13)
+    local sets = {{}, {causal = true}, {window = {4, 2}}, {alibi = {0.5, 0.25, 0.125, 0.0625}, causal = true},
+                  {causal = "top_left", softcap = 3}, {splits = 2, causal = true}}
+    local function check_all(label)
+      for _, Lq in ipairs({1, 6, 20}) do
+        local q = U.randn({B, Hq, Lq, D}, dtype)
+        for i, opts in ipairs(sets) do
+          opts.return_lse = true
+          check_attend(cache, m, q, opts, dtype, ("%s %s Lq %d set %d"):format(label, dtype, Lq, i))
+        end
+      end
+    end
+    check_all("equal lengths")
+    append(9, {9, 0, 4})
+    check_all("ragged")
+    -- out and lse_out through the call a sequence
+    local q = U.randn({B, Hq, 6, D}, dtype)
+    local out, lse_out = U.poison({B, Hq, 6, D}, dtype), U.poison({B, Hq, 6}, "f32")
+    local o, l = cache:attend(q, {out = out, lse_out = lse_out, causal = true})
+    lu.assertTrue(rawequal(o, out))
+    lu.assertTrue(rawequal(l, lse_out))
+    local ro, rl = cache:attend(q, {causal = true, return_lse = true})
+    U.assert_close(out, ro, dtype, "out")
+    U.assert_lse(lse_out, rl, dtype, "lse_out")
+  end
+end
+
 function TestKVCache:test_empty_sequences()
   local cache = fa.kv_cache{batch = 3, heads = 1, dim = 4, capacity = 8, page_size = 3, device = dev}
   local q = U.randn({3, 1, 2, 4})
