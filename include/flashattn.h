@@ -240,7 +240,8 @@ typedef struct {
   /* Split-KV (API §8): 0 = auto, s >= 1 cuts the keys into s contiguous
    * pieces whose partial states are merged: the same result within
    * rounding.  On cuda's decode kernel (f16/bf16, D = Dv = 64 or 128,
-   * Hq / Hkv * Lq <= 64 or Lq <= 16, no tile) they are chunks of one launch and auto
+   * Hq / Hkv * Lq <= 64 or Lq <= 16; D = Dv = 256, Hq / Hkv * Lq <= 32;
+   * no tile) they are chunks of one launch and auto
    * chooses their number; elsewhere they are separate calls merged by
    * fa_merge_states_n, and auto is 1, but for cuda's f32 kernel ("flash",
    * D = Dv = 64 or 128), which cuts the keys into chunks of one launch

@@ -1,7 +1,7 @@
 -- Decoding on the GPU (issue 24): one new query row (Lq = 1) against a long
 -- key sequence, the memory-bound case, where the figure that counts is how
 -- fast K and V are read.  bf16, D = 128, Hq = 32, Hkv in {8, 32} (GQA and
--- not), B in {1, 8, 64}, Lk in {4096, 32768, 131072}, no causal mask (it is a
+-- not; --dim, --hq, --hkvs choose others), B in {1, 8, 64}, Lk in {4096, 32768, 131072}, no causal mask (it is a
 -- no-op at Lq = 1).  A shape whose K + V pass --max-gib (default 40 GiB) is
 -- skipped and listed as such (B = 64, Hkv = 32, Lk = 128k: 128 GiB).
 --
@@ -56,10 +56,18 @@ local function parse(argv)
   p:option("--lks", "comma list of key lengths"):convert(sweep.list_arg("--lks", true))
   p:option("--max-gib", "skip shapes whose K + V pass this many GiB"):convert(sweep.number_arg("--max-gib"))
    :default("40")
+  p:option("--dim", "head dim D (default 128; 256: Gemma's)"):convert(sweep.integer_arg(1, "--dim"))
+  p:option("--hq", "query heads (default 32)"):convert(sweep.integer_arg(1, "--hq"))
+  p:option("--hkvs", "comma list of key/value heads (default 8,32)"):convert(sweep.list_arg("--hkvs", true))
   return sweep.parse_args(p, argv, NAME)
 end
 local args = sweep.main(NAME, parse, { ... })
 local dev, seed, quick = args.device, args.seed, args.quick
+D, HQ, HKVS = args.dim or D, args.hq or HQ, args.hkvs or HKVS
+for _, h in ipairs(HKVS) do
+  if HQ % h ~= 0 then error(("%s: --hq %d is not a multiple of --hkvs' %d"):format(NAME, HQ, h), 0) end
+end
+if HQ % 8 ~= 0 then error(("%s: --hq %d: the paged and tiny calls take 8 key heads"):format(NAME, HQ), 0) end
 local cuda = dev == "cuda"
 
 -- The grid and its subsets; the CPU's sizes only check that the script runs.

@@ -262,7 +262,8 @@ tma_case("d128 options", 2, 4, 2, 100, 130, 128,
 tma_case("d256 window options", 1, 2, 2, 150, 150, 256, { window = { 40, 7 }, softcap = 20, alibi = { 0.3, 0.1 } })
 tma_case("d128 bhld views", 2, 4, 2, 300, 260, 128, { causal = true }, "bhld")
 tma_case("d256 bhld views", 2, 4, 4, 129, 513, 256, {}, "bhld")
--- the decode kernel (f16/bf16 "flash", D = Dv = 64 or 128, at most 64 query rows a key head or Lq <= 16):
+-- the decode kernel (f16/bf16 "flash", D = Dv = 64 or 128, at most 64 query rows a key head or Lq <= 16; D = 256 at
+-- most 32 rows):
 -- GQA packing of 16, 32 and 64 rows, blocks of 64 of more, chunks of keys chosen and given (opts.splits),
 -- every option
 attn_case("decode d128 gqa lq1", 2, 8, 2, 1, 3000, 128, 128, {})
@@ -280,6 +281,11 @@ attn_case("decode d64 lq3 rows96 window", 1, 32, 1, 3, 1200, 64, 64, { window = 
 attn_case("decode d128 lq4 alibi zero slopes", 1, 8, 2, 4, 900, 128, 128, { alibi = { 0, 0, 0.3, 0.4, 0, 0, 0.7, 0.8 } })
 -- rows whose range is empty past the chunk's end (kv_lens and a window's left side)
 attn_case("decode d64 lq4 empty rows past kv_lens", 1, 1, 1, 4, 128, 64, 64, { kv_lens = { 126 }, window = { 0, -1 } })
+-- D = 256, at most 32 rows a key head (Q's fragments from shared memory)
+attn_case("decode d256 lq1 gqa", 2, 16, 8, 1, 3000, 256, 256, { causal = true })
+attn_case("decode d256 lq16 rows32 kv_lens", 2, 16, 8, 16, 2000, 256, 256, { causal = true, kv_lens = { 1900, 333 } })
+attn_case("decode d256 lq3 rules splits 3", 1, 4, 4, 3, 700, 256, 256,
+  { window = { 200, 0 }, causal = true, softcap = 30, alibi = { 0.1, 0.2, 0.3, 0.4 }, splits = 3 })
 if first_part then -- the NaN/inf and paged checks in the first share
 -- NaN and inf in V on keys no row attends (past kv_lens, masked): the output stays finite there
 do

@@ -4,7 +4,8 @@
  * written.
  *
  * attend on cuda, for the calls the decode kernel takes (f16/bf16, D = Dv
- * = 64 or 128, at most 64 query rows a key head or Lq <= 16): the kernel reads the
+ * = 64 or 128, at most 64 query rows a key head or Lq <= 16; D = 256, at most
+ * 32): the kernel reads the
  * pools through a device copy of the page table, refreshed after appends
  * and resets (the changed entries, without waiting for the device).
  * append on cuda copies every sequence's new positions in one launch a

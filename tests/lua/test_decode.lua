@@ -42,6 +42,13 @@ function TestDecode:test_registry_on_cuda()
   lu.assertFalse(contains(fa.kernels(m, mk, mv), "decode"))
   U.assert_fa_error({"opts.kernel", '"decode"', "80 query rows", "Lq up to 16"}, fa.attention, m, mk, mv,
     {kernel = "decode"})
+  -- D = 256: at most 32 rows a key head (two row groups)
+  local g, gk, gv = qkv("bf16", 1, 16, 8, 16, 300, 256) -- 32 rows
+  lu.assertEquals(fa.kernels(g, gk, gv)[1], "decode")
+  local g2, gk2, gv2 = qkv("bf16", 1, 8, 2, 16, 300, 256) -- 64 rows
+  lu.assertFalse(contains(fa.kernels(g2, gk2, gv2), "decode"))
+  U.assert_fa_error({"opts.kernel", '"decode"', "64 query rows", "D = 256", "at most 32"}, fa.attention, g2, gk2, gv2,
+    {kernel = "decode"})
   local m2, mk2, mv2 = qkv("f16", 1, 16, 1, 5, 300, 64) -- 80 rows a key head at Lq = 5: blocks of 64 rows
   lu.assertEquals(fa.kernels(m2, mk2, mv2)[1], "decode")
   U.assert_fa_error({"opts.kernel", '"decode"', "tile"}, fa.attention, q, k, v, {kernel = "decode", tile = {64, 64}})
@@ -87,6 +94,12 @@ function TestDecode:test_results_on_cuda()
     {"f16", 1, 16, 1, 5, 1500, 64, {causal = true, kv_lens = {1400}, return_lse = true}},
     {"bf16", 2, 64, 1, 3, 700, 128, {window = {200, 0}, causal = true, splits = 3,
                                      alibi = (function() local t = {} for h = 1, 64 do t[h] = 0.01 * (h % 9) end return t end)()}},
+    -- D = 256 (Gemma's head dim): one and two row groups, Q's fragments from shared memory
+    {"bf16", 2, 16, 8, 1, 3000, 256, {causal = true, return_lse = true}},
+    {"f16", 1, 16, 8, 16, 1500, 256, {causal = true, kv_lens = {1400}, return_lse = true}},
+    {"bf16", 2, 4, 4, 3, 700, 256, {window = {200, 0}, causal = true, softcap = 30, alibi = {0.1, 0.2, 0.3, 0.4},
+                                    splits = 3}},
+    {"f16", 1, 8, 1, 2, 200, 256, {}},
   }
   for i, c in ipairs(cases) do
     local q, k, v = qkv(c[1], c[2], c[3], c[4], c[5], c[6], c[7])
@@ -142,6 +155,17 @@ function TestDecode:test_nonfinite_values_on_cuda()
         ("decode NaN/inf in V at attended keys, Lq %d, splits %s"):format(qs[3], s))
     end
   end
+  -- the same at D = 256 (Q's fragments from shared memory in both passes)
+  local vd = U.randn({1, 2, 700, 256}, "f32"):cpu():totable()
+  vd[1][1][700][3], vd[1][2][699][201] = 0 / 0, 1 / 0
+  local kd, vdn = U.randn({1, 2, 700, 256}, "bf16"), fa.tensor(vd, {dtype = "bf16", device = dev})
+  for _, qs in ipairs({{1, 4, 4, 256}, {1, 4, 16, 256}}) do
+    local q = U.randn(qs, "bf16")
+    for _, s in ipairs({"auto", 1}) do
+      U.check_attention(q, kd, vdn, {causal = true, splits = s},
+        ("decode D 256 NaN/inf in V at attended keys, Lq %d, splits %s"):format(qs[3], s))
+    end
+  end
   -- 4 rows a key head, and 64 (four row groups: wgmma on Hopper)
   for _, qs in ipairs({{2, 4, 2, 128}, {2, 8, 16, 128}}) do
     local q = U.randn(qs, "bf16")
@@ -165,6 +189,22 @@ function TestDecode:test_paged_cache_on_cuda()
       local ro = fa.attention_reference(q:narrow(1, b, 1):cpu():double(), k:narrow(1, b, 1):narrow(3, 1, n):cpu():double(),
         v:narrow(1, b, 1):narrow(3, 1, n):cpu():double(), {causal = true})
       U.assert_close(o:narrow(1, b, 1), ro, "bf16", "paged short cache seq " .. b)
+    end
+  end
+  do -- D = 256 in pages of 16, ragged, Lq 1 and 8 (16 rows a key head)
+    local cache <close> = fa.kv_cache{batch = 2, heads = 2, dim = 256, capacity = 900, page_size = 16, dtype = "f16",
+                                      device = dev}
+    local k, v = U.randn({2, 2, 900, 256}, "f16"), U.randn({2, 2, 900, 256}, "f16")
+    cache:append(k, v, {900, 413})
+    for _, lq in ipairs({1, 8}) do
+      local q = U.randn({2, 4, lq, 256}, "f16")
+      local o = cache:attend(q, {causal = true})
+      for b, n in ipairs({900, 413}) do
+        local ro = fa.attention_reference(q:narrow(1, b, 1):cpu():double(),
+          k:narrow(1, b, 1):narrow(3, 1, n):cpu():double(), v:narrow(1, b, 1):narrow(3, 1, n):cpu():double(),
+          {causal = true})
+        U.assert_close(o:narrow(1, b, 1), ro, "f16", ("paged D 256 Lq %d seq %d"):format(lq, b))
+      end
     end
   end
   for _, ps in ipairs({16, 5}) do
