@@ -213,7 +213,9 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
   char *const dec_smem = WG ? dec_smem_raw + ((1024 - (smem_addr(dec_smem_raw) & 1023)) & 1023) : dec_smem_raw;
   __shared__ int64_t sh_keys[4]; /* the union and the intersection of the rows' key ranges */
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, rg = warp % RG, ks = warp / RG;
-  const int64_t blk = blockIdx.x, split = blk % a.splits, rblk = blk / a.splits % a.row_blocks;
+  /* the row blocks of a chunk adjacent (rblk the fastest index), so that they run together and all but the
+   * first read the chunk's K and V from L2 */
+  const int64_t blk = blockIdx.x, rblk = blk % a.row_blocks, split = blk / a.row_blocks % a.splits;
   const int64_t bk = blk / a.splits / a.row_blocks, b = bk / call.Hkv, hk = bk % call.Hkv;
   /* a cache's sequence is a call of its own length: causal, window and
    * alibi count from its end (API §8) */
