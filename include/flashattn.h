@@ -564,8 +564,10 @@ FA_API fa_status fa_kv_cache_append(fa_context *ctx, fa_kv_cache *cache, fa_tens
  * kernel reads the pages where they lie when it takes the call (see
  * splits); else every sequence's pages are gathered into contiguous K/V
  * (one launch a pool on cuda) and fa_attention runs once over the batch,
- * the lengths as kv_lens, or once a sequence where their lengths differ
- * and a rule is aligned to them (causal with Lq > 1, window, alibi). */
+ * the lengths as kv_lens, or, where they differ and a rule is aligned to
+ * them (causal with Lq > 1, window, alibi), each sequence's keys at the
+ * end and a (B, 1, 1, L) bool mask of them (with top_left causal, a call
+ * a sequence). */
 FA_API fa_status fa_kv_cache_attend(fa_context *ctx, fa_kv_cache *cache, fa_tensor *q, const fa_attention_opts *opts,
                                     fa_tensor **o, fa_tensor **lse);
 /* lens gets B entries. */

@@ -14,8 +14,8 @@
  * cpu, other calls) the sequences' pages are gathered into contiguous K/V
  * (gather_pool: one launch a pool on cuda; a copy a page and head, a
  * launch each, took a chunk of prefill 15-19 ms at 4k positions, B = 8,
- * against 0.25-0.45 now, H200) and fa_attention runs over them.  Both
- * align causal, window and alibi to each sequence's own length. */
+ * against 0.25-0.45 now, H200) and fa_attention runs once over them.
+ * Both align causal, window and alibi to each sequence's own length. */
 #include "attn_kernels.h"
 #include "check.h"
 
@@ -346,17 +346,18 @@ fa_status fa_kv_cache_append(fa_context *ctx, fa_kv_cache *c, fa_tensor *k, fa_t
 }
 
 /* Every sequence's positions of pool gathered into a fresh (B, H, L, X),
- * L the longest sequence's length, the rows past a sequence's length
- * zeroed (never a freed page's old values: a kernel may read a key tile's
- * padding).  On cuda one launch through the device table (made current by
+ * L the longest sequence's length: sequence b's rows first, or (right)
+ * last, so that its last key is key L - 1; the other rows zeroed (never a
+ * freed page's old values: a kernel may read a key tile's padding).  On
+ * cuda one launch through the device table (made current by
  * sync_device_table), on the cpu a copy a page run. */
 static fa_status gather_pool(fa_context *ctx, const fa_kv_cache *c, const fa_tensor *pool, int64_t X, int64_t L,
-                             fa_tensor **out) {
+                             int right, fa_tensor **out) {
   const int64_t shape[4] = {c->B, c->H, L, X};
   fa_status st = fa_tensor_new(ctx, 4, shape, c->dtype, c->device, out);
   if (st) return st;
   if (c->device == FA_CUDA) {
-    if ((st = fa_cuda_kv_gather(ctx, c->dev_table, c->max_pages, c->dev_lens, pool, *out))) fa_tensor_drop(out);
+    if ((st = fa_cuda_kv_gather(ctx, c->dev_table, c->max_pages, c->dev_lens, pool, *out, right))) fa_tensor_drop(out);
     return st;
   }
   const size_t rb = (size_t)X * fa_dtype_size(c->dtype);
@@ -364,13 +365,14 @@ static fa_status gather_pool(fa_context *ctx, const fa_kv_cache *c, const fa_ten
   char *dst = fa_tensor_ptr(*out);
   for (int64_t b = 0; b < c->B; b++)
     for (int64_t h = 0; h < c->H; h++) {
-      char *row = dst + (size_t)((b * c->H + h) * L) * rb;
-      for (int64_t pos = 0; pos < c->lens[b]; pos += c->page_size) {
+      const int64_t len = c->lens[b], pad = right ? L - len : 0;
+      char *row = dst + (size_t)((b * c->H + h) * L) * rb, *seq = row + (size_t)pad * rb;
+      for (int64_t pos = 0; pos < len; pos += c->page_size) {
         const int64_t page = c->table[b * c->max_pages + pos / c->page_size];
-        const int64_t m = c->lens[b] - pos < c->page_size ? c->lens[b] - pos : c->page_size;
-        memcpy(row + (size_t)pos * rb, src + (size_t)((page * c->H + h) * c->page_size) * rb, (size_t)m * rb);
+        const int64_t m = len - pos < c->page_size ? len - pos : c->page_size;
+        memcpy(seq + (size_t)pos * rb, src + (size_t)((page * c->H + h) * c->page_size) * rb, (size_t)m * rb);
       }
-      memset(row + (size_t)c->lens[b] * rb, 0, (size_t)(L - c->lens[b]) * rb);
+      memset(right ? row : row + (size_t)len * rb, 0, (size_t)(L - len) * rb);
     }
   return FA_OK;
 }
@@ -440,6 +442,40 @@ static fa_status sync_device_table(fa_context *ctx, fa_kv_cache *c) {
   return FA_OK;
 }
 
+/* A call a sequence on its rows of kb, vb (gathered with each sequence's
+ * keys first), each writing its rows of o and lse: for top_left causal
+ * beside a rule aligned to the sequence's end, which one call over keys
+ * placed at the end could not count from the start. */
+static fa_status attend_each(fa_context *ctx, const fa_kv_cache *c, fa_tensor *q, fa_tensor *kb, fa_tensor *vb,
+                             const fa_attention_opts *opts, fa_tensor **o, fa_tensor **lse) {
+  const int want_lse = opts->return_lse || lse || opts->lse_out;
+  fa_attention_opts so = *opts;
+  so.return_lse = want_lse;
+  const int64_t oshape[4] = {q->shape[0], q->shape[1], q->shape[2], c->Dv};
+  fa_tensor *ro = NULL, *rl = NULL, *qb = NULL, *kv[2] = {NULL, NULL}, *rs = NULL, *ls = NULL, *ob = NULL, *lb = NULL;
+  fa_status st = fa_tensor_new(ctx, 4, oshape, q->dtype, c->device, &ro);
+  if (!st && want_lse) st = fa_tensor_new(ctx, 3, oshape, FA_F32, c->device, &rl);
+  for (int64_t b = 0; b < c->B && !st; b++) {
+    fa_tensor *seq[2] = {NULL, NULL};
+    for (int i = 0; i < 2 && !st; i++)
+      if (!(st = fa_tensor_narrow(ctx, i ? vb : kb, 0, b, 1, &seq[i])))
+        st = fa_tensor_narrow(ctx, seq[i], 2, 0, c->lens[b], &kv[i]);
+    fa_tensor_drop(&seq[0]), fa_tensor_drop(&seq[1]);
+    if (!st && !(st = fa_tensor_narrow(ctx, q, 0, b, 1, &qb)) && !(st = fa_tensor_narrow(ctx, ro, 0, b, 1, &rs)) &&
+        !(want_lse && (st = fa_tensor_narrow(ctx, rl, 0, b, 1, &ls)))) {
+      so.out = rs, so.lse_out = ls; /* the call writes straight into the sequence's rows */
+      st = fa_attention(ctx, qb, kv[0], kv[1], &so, &ob, want_lse ? &lb : NULL);
+    }
+    fa_tensor_drop(&rs), fa_tensor_drop(&ls), fa_tensor_drop(&kv[0]), fa_tensor_drop(&kv[1]), fa_tensor_drop(&qb),
+        fa_tensor_drop(&ob), fa_tensor_drop(&lb);
+  }
+  if (!st)
+    st = fa_attn_deliver(ctx, q, 4, c->Dv, ro, want_lse ? rl : NULL, opts->out, opts->lse_out, q->dtype, FA_F32,
+                         c->device, o, lse);
+  fa_tensor_drop(&ro), fa_tensor_drop(&rl);
+  return st;
+}
+
 fa_status fa_kv_cache_attend(fa_context *ctx, fa_kv_cache *c, fa_tensor *q, const fa_attention_opts *opts,
                              fa_tensor **o, fa_tensor **lse) {
   if (o) *o = NULL;
@@ -463,10 +499,11 @@ fa_status fa_kv_cache_attend(fa_context *ctx, fa_kv_cache *c, fa_tensor *q, cons
                                  c->dev_lens};
     return fa_attention_paged(ctx, q, &kv, opts, &d, o, lse);
   }
-  /* every other call: the sequences gathered into contiguous K and V of the longest length (one launch a
-   * pool on cuda), then one call over the batch with the lengths as kv_lens where they align no rule to
-   * a sequence's end (bottom-right causal with Lq > 1, a window, alibi) or all are equal, else a call a
-   * sequence on its rows */
+  /* every other call: the sequences gathered into contiguous K and V of the longest length L (one launch a
+   * pool on cuda) and one call over the batch: the lengths as kv_lens, or, where they differ and a rule is
+   * aligned to a sequence's end (bottom-right causal with Lq > 1, a window, alibi), each sequence's keys at
+   * the end of its L and a (B, 1, 1, L) bool mask of them: the rules then count from each sequence's end
+   * (with top_left causal, which counts from its start, a call a sequence: attend_each) */
   if (c->device == FA_CUDA) {
     if (c->pages > INT32_MAX)
       return fa_fail(ctx, FA_ERR_UNSUPPORTED,
@@ -477,42 +514,30 @@ fa_status fa_kv_cache_attend(fa_context *ctx, fa_kv_cache *c, fa_tensor *q, cons
   const int64_t L = d.Lk;
   int equal = 1;
   for (int64_t b = 0; b < c->B; b++) equal &= c->lens[b] == L;
-  const int aligned = (opts->causal == FA_CAUSAL_BOTTOM_RIGHT && d.Lq > 1) || opts->has_window || opts->alibi;
-  fa_tensor *kb = NULL, *vb = NULL, *ro = NULL, *rl = NULL, *qb = NULL, *kv[2] = {NULL, NULL}, *rs = NULL, *ls = NULL,
-            *ob = NULL, *lb = NULL;
-  if ((st = gather_pool(ctx, c, c->kpool, c->D, L, &kb)) || (st = gather_pool(ctx, c, c->vpool, c->Dv, L, &vb)))
+  const int aligned = !equal && ((opts->causal == FA_CAUSAL_BOTTOM_RIGHT && d.Lq > 1) || opts->has_window || opts->alibi);
+  const int each = aligned && opts->causal == FA_CAUSAL_TOP_LEFT, right = aligned && !each;
+  fa_tensor *kb = NULL, *vb = NULL, *hm = NULL, *dm = NULL;
+  if ((st = gather_pool(ctx, c, c->kpool, c->D, L, right, &kb)) ||
+      (st = gather_pool(ctx, c, c->vpool, c->Dv, L, right, &vb)))
     goto done;
+  if (each) {
+    st = attend_each(ctx, c, q, kb, vb, opts, o, lse);
+    goto done;
+  }
   fa_attention_opts so = *opts;
-  if (equal || !aligned) {
-    if (!equal) so.kv_lens = c->lens, so.n_kv_lens = c->B;
-    st = fa_attention(ctx, q, kb, vb, &so, o, lse);
-    goto done;
+  if (right) {
+    const int64_t mshape[4] = {c->B, 1, 1, L};
+    if ((st = fa_tensor_new(ctx, 4, mshape, FA_BOOL, FA_CPU, &hm))) goto done;
+    uint8_t *m = fa_tensor_ptr(hm);
+    for (int64_t b = 0; b < c->B; b++)
+      for (int64_t j = 0; j < L; j++) m[b * L + j] = j >= L - c->lens[b];
+    if ((st = fa_tensor_to(ctx, hm, FA_BOOL, c->device, &dm))) goto done;
+    so.mask = dm;
+  } else if (!equal) {
+    so.kv_lens = c->lens, so.n_kv_lens = c->B;
   }
-  /* each sequence's call writes straight into its rows of ro and rl (opts.out / lse_out) */
-  const int want_lse = opts->return_lse || lse || opts->lse_out;
-  so.return_lse = want_lse;
-  const int64_t oshape[4] = {q->shape[0], q->shape[1], q->shape[2], c->Dv};
-  if ((st = fa_tensor_new(ctx, 4, oshape, q->dtype, c->device, &ro))) goto done;
-  if (want_lse && (st = fa_tensor_new(ctx, 3, oshape, FA_F32, c->device, &rl))) goto done;
-  for (int64_t b = 0; b < c->B && !st; b++) {
-    fa_tensor *seq[2] = {NULL, NULL};
-    for (int i = 0; i < 2 && !st; i++)
-      if (!(st = fa_tensor_narrow(ctx, i ? vb : kb, 0, b, 1, &seq[i])))
-        st = fa_tensor_narrow(ctx, seq[i], 2, 0, c->lens[b], &kv[i]);
-    fa_tensor_drop(&seq[0]), fa_tensor_drop(&seq[1]);
-    if (st || (st = fa_tensor_narrow(ctx, q, 0, b, 1, &qb)) || (st = fa_tensor_narrow(ctx, ro, 0, b, 1, &rs)) ||
-        (want_lse && (st = fa_tensor_narrow(ctx, rl, 0, b, 1, &ls))))
-      break;
-    so.out = rs, so.lse_out = ls;
-    st = fa_attention(ctx, qb, kv[0], kv[1], &so, &ob, want_lse ? &lb : NULL);
-    fa_tensor_drop(&rs), fa_tensor_drop(&ls), fa_tensor_drop(&kv[0]), fa_tensor_drop(&kv[1]), fa_tensor_drop(&qb),
-        fa_tensor_drop(&ob), fa_tensor_drop(&lb);
-  }
-  if (!st)
-    st = fa_attn_deliver(ctx, q, 4, c->Dv, ro, want_lse ? rl : NULL, opts->out, opts->lse_out, q->dtype, FA_F32,
-                         c->device, o, lse);
+  st = fa_attention(ctx, q, kb, vb, &so, o, lse);
 done:
-  fa_tensor_drop(&ro), fa_tensor_drop(&rl), fa_tensor_drop(&kb), fa_tensor_drop(&vb), fa_tensor_drop(&qb);
-  fa_tensor_drop(&kv[0]), fa_tensor_drop(&kv[1]), fa_tensor_drop(&rs), fa_tensor_drop(&ls);
+  fa_tensor_drop(&kb), fa_tensor_drop(&vb), fa_tensor_drop(&hm), fa_tensor_drop(&dm);
   return st;
 }

@@ -136,9 +136,9 @@ function TestKVCache:test_options()
 end
 
 -- The calls the decode kernel does not take (every call on the cpu; on cuda D = 48, Lq = 20) gather the
--- sequences into contiguous K and V: one call over the batch where the lengths are equal or align no rule
--- (the lengths then key padding), else a call a sequence.  Every path, GQA, lse, out; NaN left in freed
--- pages and in a longer sequence's rows is never read.
+-- sequences into contiguous K and V and make one call over the batch: the lengths as key padding where they
+-- are equal or align no rule, else each sequence's keys at the end and a bool mask of them (a call a sequence
+-- with top_left causal).  Every path, GQA, lse, out; NaN left in freed pages is never read.
 function TestKVCache:test_gathered_calls()
   local B, H, Hq, D, cap = 3, 2, 4, 48, 64
   for _, dtype in ipairs(U.dtypes) do
@@ -156,7 +156,9 @@ function TestKVCache:test_gathered_calls()
     cache:reset()
     append(13)
     local sets = {{}, {causal = true}, {window = {4, 2}}, {alibi = {0.5, 0.25, 0.125, 0.0625}, causal = true},
-                  {causal = "top_left", softcap = 3}, {splits = 2, causal = true}}
+                  {causal = "top_left", softcap = 3}, {splits = 2, causal = true},
+                  -- top_left counts from a sequence's start, the window and alibi from its end
+                  {causal = "top_left", window = {3, -1}}, {causal = "top_left", alibi = {0.5, 0.25, 0.125, 0.0625}}}
     local function check_all(label)
       for _, Lq in ipairs({1, 6, 20}) do
         local q = U.randn({B, Hq, Lq, D}, dtype)
@@ -169,7 +171,7 @@ function TestKVCache:test_gathered_calls()
     check_all("equal lengths")
     append(9, {9, 0, 4})
     check_all("ragged")
-    -- out and lse_out through the call a sequence
+    -- out and lse_out through the masked call
     local q = U.randn({B, Hq, 6, D}, dtype)
     local out, lse_out = U.poison({B, Hq, 6, D}, dtype), U.poison({B, Hq, 6}, "f32")
     local o, l = cache:attend(q, {out = out, lse_out = lse_out, causal = true})
