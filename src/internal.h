@@ -392,9 +392,10 @@ fa_status fa_cuda_kv_scatter(fa_context *ctx, const fa_kv_segments *s, fa_tensor
  * (kernels/tensor/kv_gather.cu): every sequence's rows of pool (pages, H,
  * page_size, X) gathered through table (device int32, B x max_pages) into
  * dst (B, H, L, X, contiguous, the pool's dtype), sequence b's lens[b]
- * (device) rows first, or (right) last, the other rows zeroed; one launch. */
+ * (device) rows first, or (right) last, the other rows zeroed; mask (device
+ * (B, L) bytes, or NULL) gets 1 where a sequence's key lies; one launch. */
 fa_status fa_cuda_kv_gather(fa_context *ctx, const int32_t *table, int64_t max_pages, const int64_t *lens,
-                            const fa_tensor *pool, fa_tensor *dst, int right);
+                            const fa_tensor *pool, fa_tensor *dst, int right, uint8_t *mask);
 /* The decode kernel (kernels/attention/attention_decode.cu): 1 when it
  * takes calls of this dtype, these head dims and Hq / Hkv · Lq query rows
  * a key head, else 0 and why not into why (n bytes). */

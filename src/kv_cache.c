@@ -348,16 +348,18 @@ fa_status fa_kv_cache_append(fa_context *ctx, fa_kv_cache *c, fa_tensor *k, fa_t
 /* Every sequence's positions of pool gathered into a fresh (B, H, L, X),
  * L the longest sequence's length: sequence b's rows first, or (right)
  * last, so that its last key is key L - 1; the other rows zeroed (never a
- * freed page's old values: a kernel may read a key tile's padding).  On
- * cuda one launch through the device table (made current by
+ * freed page's old values: a kernel may read a key tile's padding); mask
+ * (B·L bytes on the cache's device, or NULL) gets 1 where a sequence's
+ * key lies.  On cuda one launch through the device table (made current by
  * sync_device_table), on the cpu a copy a page run. */
 static fa_status gather_pool(fa_context *ctx, const fa_kv_cache *c, const fa_tensor *pool, int64_t X, int64_t L,
-                             int right, fa_tensor **out) {
+                             int right, uint8_t *mask, fa_tensor **out) {
   const int64_t shape[4] = {c->B, c->H, L, X};
   fa_status st = fa_tensor_new(ctx, 4, shape, c->dtype, c->device, out);
   if (st) return st;
   if (c->device == FA_CUDA) {
-    if ((st = fa_cuda_kv_gather(ctx, c->dev_table, c->max_pages, c->dev_lens, pool, *out, right))) fa_tensor_drop(out);
+    if ((st = fa_cuda_kv_gather(ctx, c->dev_table, c->max_pages, c->dev_lens, pool, *out, right, mask)))
+      fa_tensor_drop(out);
     return st;
   }
   const size_t rb = (size_t)X * fa_dtype_size(c->dtype);
@@ -373,6 +375,8 @@ static fa_status gather_pool(fa_context *ctx, const fa_kv_cache *c, const fa_ten
         memcpy(seq + (size_t)pos * rb, src + (size_t)((page * c->H + h) * c->page_size) * rb, (size_t)m * rb);
       }
       memset(right ? row : row + (size_t)len * rb, 0, (size_t)(L - len) * rb);
+      if (mask && h == 0)
+        for (int64_t j = 0; j < L; j++) mask[b * L + j] = j >= pad && j < pad + len;
     }
   return FA_OK;
 }
@@ -516,9 +520,11 @@ fa_status fa_kv_cache_attend(fa_context *ctx, fa_kv_cache *c, fa_tensor *q, cons
   for (int64_t b = 0; b < c->B; b++) equal &= c->lens[b] == L;
   const int aligned = !equal && ((opts->causal == FA_CAUSAL_BOTTOM_RIGHT && d.Lq > 1) || opts->has_window || opts->alibi);
   const int each = aligned && opts->causal == FA_CAUSAL_TOP_LEFT, right = aligned && !each;
-  fa_tensor *kb = NULL, *vb = NULL, *hm = NULL, *dm = NULL;
-  if ((st = gather_pool(ctx, c, c->kpool, c->D, L, right, &kb)) ||
-      (st = gather_pool(ctx, c, c->vpool, c->Dv, L, right, &vb)))
+  fa_tensor *kb = NULL, *vb = NULL, *mask = NULL;
+  const int64_t mshape[4] = {c->B, 1, 1, L}; /* right: the keys that are a sequence's, made with K */
+  if ((right && (st = fa_tensor_new(ctx, 4, mshape, FA_BOOL, c->device, &mask))) ||
+      (st = gather_pool(ctx, c, c->kpool, c->D, L, right, mask ? fa_tensor_ptr(mask) : NULL, &kb)) ||
+      (st = gather_pool(ctx, c, c->vpool, c->Dv, L, right, NULL, &vb)))
     goto done;
   if (each) {
     st = attend_each(ctx, c, q, kb, vb, opts, o, lse);
@@ -526,18 +532,12 @@ fa_status fa_kv_cache_attend(fa_context *ctx, fa_kv_cache *c, fa_tensor *q, cons
   }
   fa_attention_opts so = *opts;
   if (right) {
-    const int64_t mshape[4] = {c->B, 1, 1, L};
-    if ((st = fa_tensor_new(ctx, 4, mshape, FA_BOOL, FA_CPU, &hm))) goto done;
-    uint8_t *m = fa_tensor_ptr(hm);
-    for (int64_t b = 0; b < c->B; b++)
-      for (int64_t j = 0; j < L; j++) m[b * L + j] = j >= L - c->lens[b];
-    if ((st = fa_tensor_to(ctx, hm, FA_BOOL, c->device, &dm))) goto done;
-    so.mask = dm;
+    so.mask = mask;
   } else if (!equal) {
     so.kv_lens = c->lens, so.n_kv_lens = c->B;
   }
   st = fa_attention(ctx, q, kb, vb, &so, o, lse);
 done:
-  fa_tensor_drop(&kb), fa_tensor_drop(&vb), fa_tensor_drop(&hm), fa_tensor_drop(&dm);
+  fa_tensor_drop(&kb), fa_tensor_drop(&vb), fa_tensor_drop(&mask);
   return st;
 }

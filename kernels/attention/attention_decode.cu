@@ -609,7 +609,7 @@ extern "C" int fa_cuda_attention_decode_fit(fa_dtype dt, int64_t D, int64_t Dv, 
                                             char *why, size_t n) {
   const int64_t rows = Hkv > 0 ? Hq / Hkv * Lq : 0;
   if (!attn_fit_16bit(dt, D, Dv, D == 64 || D == 128 || D == 256, "64, 128 or 256", why, n)) return 0;
-  if (D == 256) { /* two row groups at most (dec_rows_fit), its tiles in the device's shared memory */
+  if (D == 256) { /* two row groups at most (DEC_ROWS_D256), its tiles in the device's shared memory */
     fa_cuda_props dp;
     if (rows > DEC_ROWS_D256) {
       snprintf(why, n, "%lld query rows a key head (Hq / Hkv · Lq) at D = 256; it takes at most %d there",

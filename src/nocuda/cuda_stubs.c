@@ -202,7 +202,7 @@ fa_status fa_cuda_kv_scatter(fa_context *ctx, const fa_kv_segments *s, fa_tensor
 }
 
 fa_status fa_cuda_kv_gather(fa_context *ctx, const int32_t *table, int64_t max_pages, const int64_t *lens,
-                            const fa_tensor *pool, fa_tensor *dst, int right) {
-  (void)table, (void)max_pages, (void)lens, (void)pool, (void)dst, (void)right;
+                            const fa_tensor *pool, fa_tensor *dst, int right, uint8_t *mask) {
+  (void)table, (void)max_pages, (void)lens, (void)pool, (void)dst, (void)right, (void)mask;
   return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
 }
