@@ -319,9 +319,9 @@ do
   end
   check("decode NaN/inf in V attended: the same rows non-finite", finite_rows(o) == finite_rows(ro) and 0 or 1, 0)
 end
--- the paged cache on the decode kernel: ragged appends into pages of 16 and 5 (pages of a sequence
+-- the paged cache on the decode kernel: ragged appends into pages of 16, 5 and 48 (pages of a sequence
 -- scattered through the pool), attend with GQA and Lq 1 and 4, against each sequence's reference
-for _, ps in ipairs { 16, 5 } do
+for _, ps in ipairs { 16, 5, 48 } do -- the kernel reads pages of 16 and 48 a run of 16 rows an entry, of 5 a row an entry
   for _, dt in ipairs(dts { "bf16", "f16" }) do
     local B, H, Hq, D, cap = 3, 2, 8, 128, 900
     local cache = fa.kv_cache { batch = B, heads = H, dim = D, capacity = cap, page_size = ps, dtype = dt, device = "cuda" }

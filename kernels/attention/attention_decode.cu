@@ -49,6 +49,16 @@
 #define DEC_STAGES 3 /* tiles in flight */
 #define DEC_MAX_SPLITS 256
 #define DEC_ROWS 64 /* packed rows a block: four row groups of 16 */
+/* Where K and V come from (the kernel's PG): contiguous (any strides), a
+ * page table read a row at a time (any page size), or a page-table entry a
+ * run of DEC_RUN rows (pages a multiple of DEC_RUN: 16, 32, 256, ...), so
+ * that a thread copies a run's rows from one offset.  Row by row, the paged
+ * instance executed 1.41x the contiguous one's instructions where blocks are
+ * issue-bound (splits = 1; H200, docs/perf/2026-12-04-decode-paged-ncu-h200.json) */
+#define DEC_CONTIG 0
+#define DEC_PAGED_ROWS 1
+#define DEC_PAGED_RUNS 2
+#define DEC_RUN 16
 
 /* Four row groups (33-64 packed rows: Lq = 16 at G = 4, say) on Hopper: one
  * warpgroup MMA (wgmma) a product over the whole tile, K and V read from
@@ -89,7 +99,7 @@ struct decode_args {
 };
 
 /* Paged: the key of row `row` of tile u of a chunk that starts at key kb
- * (the row a thread tid < DEC_BC fetches the table entry of). */
+ * (the row whose table entry thread ent < ENTRIES fetches: every RPE-th). */
 static __device__ __forceinline__ int64_t dec_tile_key(int64_t kb, int u, int row) {
   return kb + (int64_t)u * DEC_BC + row;
 }
@@ -106,6 +116,19 @@ static __device__ __forceinline__ int64_t dec_page_offset(const fa_attn_problem 
   return (int64_t)page * a.pg.k_page + (j - dec_page_slot(a, j) * a.pg.page_size) * p.k_st.s;
 }
 
+/* Row r's 16 bytes at `chunk` of K and of V into the tiles (in: the row is
+ * before the end; else zeros, nothing read from ks or vs, a valid address). */
+template <int D, bool WG, bool EVICT>
+static __device__ __forceinline__ void dec_copy_row(char *kt, char *vt, int r, int chunk, const void *ks, const void *vs,
+                                                    bool in, uint64_t policy) {
+  if (EVICT) {
+    cp_async16_policy(kt + dec_at<D, WG>(r, chunk), ks, in ? 16 : 0, policy);
+    cp_async16_policy(vt + dec_at<D, WG>(r, chunk), vs, in ? 16 : 0, policy);
+  } else {
+    cp_async16(kt + dec_at<D, WG>(r, chunk), ks, in ? 16 : 0);
+    cp_async16(vt + dec_at<D, WG>(r, chunk), vs, in ? 16 : 0);
+  }
+}
 /* Keys [j0, j0 + DEC_BC) of one key head into the K and V tiles (swizzled
  * rows of D elements), rows at or past `end` zero-filled.  Contiguous: row
  * j at kb + j·ld, a thread's rows STEP apart (one multiply a tile, then
@@ -118,17 +141,42 @@ static __device__ __forceinline__ int64_t dec_page_offset(const fa_attn_problem 
  * is made: a third of a tile's instructions were the copies'.  Taken by
  * the contiguous LEAN instances (attn_decode_kernel): Lq = 16 took
  * 0.98-0.995x the time with it, Lq = 1 and 4 the same, and the paged
- * instances 1.04-1.05x at 4k keys (H200,
- * docs/perf/2026-12-02-decode-full-tiles-h200.json). */
-template <typename T, int D, bool PAGED, bool WG, bool EVICT, bool FULL>
+ * instances of a row an entry 1.04-1.05x at 4k keys (H200,
+ * docs/perf/2026-12-02-decode-full-tiles-h200.json); and by the paged
+ * instances of a run an entry (DEC_PAGED_RUNS). */
+template <typename T, int D, int PG, bool WG, bool EVICT, bool FULL>
 static __device__ __forceinline__ void dec_copy(char *kt, char *vt, const fa_attn_problem &p, const T *kb, const T *vb,
                                                 const int64_t *rowoff, int64_t j0, int64_t end) {
+  constexpr bool PAGED = PG != DEC_CONTIG;
   const int CH = D / 8, STEP = DEC_THREADS / CH;
   const int chunk = threadIdx.x % CH, row0 = threadIdx.x / CH;
   /* (a policy of evict_normal made by createpolicy was an illegal
    * instruction on an H100: the default is the copy without a hint) */
   const uint64_t policy = EVICT ? l2_evict_first_policy() : 0;
   kb += chunk * 8, vb += chunk * 8;
+  if constexpr (PG == DEC_PAGED_RUNS) {
+    /* a thread's rows of run g: row0 + m·STEP (STEP divides DEC_RUN), from one offset.  The runs' offsets are
+     * read before the first copy: cp.async writes shared memory, so each read between copies was made again
+     * (and fenced by ptxas) for each row */
+    constexpr int NR = DEC_BC / DEC_RUN, PER = DEC_RUN / STEP;
+    static_assert(DEC_RUN % STEP == 0, "a thread's rows of a run: one page entry a run");
+    int64_t ro[NR];
+#pragma unroll
+    for (int g = 0; g < NR; g++) ro[g] = rowoff[g];
+    const int64_t s = p.k_st.s, in0 = row0 * s;
+#pragma unroll
+    for (int g = 0; g < NR; g++) {
+      const T *kg = kb + (ro[g] + in0), *vg = vb + (ro[g] + in0);
+#pragma unroll
+      for (int m = 0; m < PER; m++) {
+        const int r = g * DEC_RUN + row0 + m * STEP;
+        const bool in = FULL || j0 + r < end;
+        dec_copy_row<D, WG, EVICT>(kt, vt, r, chunk, in ? kg + m * STEP * s : kb, in ? vg + m * STEP * s : vb, in,
+                                   policy);
+      }
+    }
+    return;
+  }
   const T *kr = PAGED ? kb : kb + (j0 + row0) * p.k_st.s, *vr = PAGED ? vb : vb + (j0 + row0) * p.v_st.s;
   const int64_t kstep = PAGED ? 0 : STEP * p.k_st.s, vstep = PAGED ? 0 : STEP * p.v_st.s;
 #pragma unroll
@@ -140,27 +188,21 @@ static __device__ __forceinline__ void dec_copy(char *kt, char *vt, const fa_att
       if (PAGED) ks += rowoff[r], vs += rowoff[r];
       else ks = kr, vs = vr;
     }
-    if (EVICT) {
-      cp_async16_policy(kt + dec_at<D, WG>(r, chunk), ks, in ? 16 : 0, policy);
-      cp_async16_policy(vt + dec_at<D, WG>(r, chunk), vs, in ? 16 : 0, policy);
-    } else {
-      cp_async16(kt + dec_at<D, WG>(r, chunk), ks, in ? 16 : 0);
-      cp_async16(vt + dec_at<D, WG>(r, chunk), vs, in ? 16 : 0);
-    }
+    dec_copy_row<D, WG, EVICT>(kt, vt, r, chunk, ks, vs, in, policy);
     if (!PAGED) kr += kstep, vr += vstep;
   }
 }
-template <typename T, int D, bool PAGED, bool WG, bool LEAN>
+template <typename T, int D, int PG, bool WG, bool LEAN>
 static __device__ __forceinline__ void dec_load(char *kt, char *vt, const fa_attn_problem &p, const decode_args &a,
                                                 const T *kb, const T *vb, const int64_t *rowoff, int64_t j0, int64_t end) {
-  const bool full = LEAN && !PAGED && j0 + DEC_BC <= end;
+  const bool full = (PG == DEC_PAGED_RUNS || (LEAN && PG == DEC_CONTIG)) && j0 + DEC_BC <= end;
   if (a.evict_first) {
-    if (full) dec_copy<T, D, PAGED, WG, true, true>(kt, vt, p, kb, vb, rowoff, j0, end);
-    else dec_copy<T, D, PAGED, WG, true, false>(kt, vt, p, kb, vb, rowoff, j0, end);
+    if (full) dec_copy<T, D, PG, WG, true, true>(kt, vt, p, kb, vb, rowoff, j0, end);
+    else dec_copy<T, D, PG, WG, true, false>(kt, vt, p, kb, vb, rowoff, j0, end);
   } else if (full) {
-    dec_copy<T, D, PAGED, WG, false, true>(kt, vt, p, kb, vb, rowoff, j0, end);
+    dec_copy<T, D, PG, WG, false, true>(kt, vt, p, kb, vb, rowoff, j0, end);
   } else {
-    dec_copy<T, D, PAGED, WG, false, false>(kt, vt, p, kb, vb, rowoff, j0, end);
+    dec_copy<T, D, PG, WG, false, false>(kt, vt, p, kb, vb, rowoff, j0, end);
   }
 }
 
@@ -198,9 +240,11 @@ template <int D> static __device__ __forceinline__ void dec_pv_done(float (*o)[4
  * packed rows (G·Lq <= 16·RG, or the row block's DEC_ROWS: RG = 4); warp
  * w takes row group w % RG and the keys
  * [w / RG · 8NC, ...) of every tile. */
-template <typename T, int D, int RG, int EXTRAS, bool PAGED>
+template <typename T, int D, int RG, int EXTRAS, int PG>
 __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_problem call, decode_args a) {
   const int KS = DEC_WARPS / RG, NC = DEC_BC / KS / 8, TILE = DEC_BC * D * 2;
+  constexpr bool PAGED = PG != DEC_CONTIG, RUNS = PG == DEC_PAGED_RUNS;
+  constexpr int RPE = RUNS ? DEC_RUN : 1, ENTRIES = DEC_BC / RPE; /* a tile's rows a page-table entry; its entries */
   constexpr bool WG = dec_wgmma<RG>();
   /* the plain wgmma instances (Lq = 16 and the like): S issued before the next tile's copies, P·V waited for at
    * the next tile's top, full tiles copied without a row's test (dec_load).  In turns against the code before
@@ -231,6 +275,7 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
       ilo = max(ilo, lo), ihi = min(ihi, hi);
     }
     if (ulo >= uhi) ulo = uhi = 0;
+    if (RUNS) ulo -= ulo % DEC_RUN; /* runs start on a page's run (the keys before lo are masked by the rows' ranges) */
     sh_keys[0] = ulo, sh_keys[1] = uhi, sh_keys[2] = ilo, sh_keys[3] = ihi;
   }
   __syncthreads();
@@ -243,7 +288,7 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
 
   const T *kbase = (const T *)p.k + (PAGED ? hk * p.k_st.h : attn_at(p.k_st, b, hk, 0));
   const T *vbase = (const T *)p.v + (PAGED ? hk * p.v_st.h : attn_at(p.v_st, b, hk, 0));
-  /* paged: the offset of tile u's row r in rowoff[u % 4][r], made by
+  /* paged: the offset of tile u's row r (RUNS: of its run r / RPE) in rowoff[u % 4][r], made by
    * thread r at the end of the iteration before the one that copies the
    * tile (the first three here), from the table's entry that thread
    * fetched into page[u % 4][r] by cp.async with the tiles two iterations
@@ -253,10 +298,15 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
   __shared__ int64_t rowoff[PAGED ? 4 : 1][DEC_BC];
   __shared__ int32_t page[PAGED ? 4 : 1][DEC_BC];
   const int32_t *table = PAGED ? a.pg.table + b * a.pg.max_pages : NULL;
-  /* thread tid < DEC_BC: tile u's entry of row tid into page[u % 4] */
+  /* RUNS: a tile's four entries one a warp (entry ent < ENTRIES: lane ent / DEC_WARPS of warp ent % DEC_WARPS),
+   * since every warp waits at the next barrier for the slowest: with them in the first warp, barrier stalls were
+   * 0.69 an issued instruction against 0.09 contiguous (H200, splits = 1; now 0.08).  A row an entry: the first
+   * two warps (spread over four, the calls took 1.04x the time) */
+  const int ent = RUNS ? lane * DEC_WARPS + warp : tid;
+  /* thread ent < ENTRIES: tile u's entry of row ent · RPE into page[u % 4] */
   auto fetch_page = [&](int u) {
-    const int64_t j = dec_tile_key(kb, u, tid);
-    cp_async4(&page[u % 4][tid], j < ke ? table + dec_page_slot(a, j) : table, j < ke ? 4 : 0);
+    const int64_t j = dec_tile_key(kb, u, ent * RPE);
+    cp_async4(&page[u % 4][ent], j < ke ? table + dec_page_slot(a, j) : table, j < ke ? 4 : 0);
   };
   /* the warp's two packed rows (of the block's DEC_ROWS from rblk's on):
    * query row i of head h (a row past G·Lq has i = Lq: no keys, never stored) */
@@ -286,10 +336,10 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
    * where pass 0 left NaN or inf in O, reads the chunk again with every
    * P·V the exact product (the header's NaN or inf in V) */
   for (int pass = 0;; pass++) {
-    if (PAGED && tid < DEC_BC) {
+    if (PAGED && ent < ENTRIES) {
       for (int u = 0; u < DEC_STAGES && u < ntiles; u++) {
-        const int64_t j = dec_tile_key(kb, u, tid);
-        rowoff[u][tid] = j < ke ? dec_page_offset(p, a, table[dec_page_slot(a, j)], j) : 0;
+        const int64_t j = dec_tile_key(kb, u, ent * RPE);
+        rowoff[u][ent] = j < ke ? dec_page_offset(p, a, table[dec_page_slot(a, j)], j) : 0;
       }
       for (int u = DEC_STAGES; u < DEC_STAGES + 2 && u < ntiles; u++) fetch_page(u); /* with tile 0's copies */
     }
@@ -297,7 +347,7 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
 #pragma unroll
     for (int st = 0; st < DEC_STAGES - 1; st++) {
       if (st < ntiles)
-        dec_load<T, D, PAGED, WG, LEAN>(dec_smem + st * 2 * TILE, dec_smem + st * 2 * TILE + TILE, p, a, kbase,
+        dec_load<T, D, PG, WG, LEAN>(dec_smem + st * 2 * TILE, dec_smem + st * 2 * TILE + TILE, p, a, kbase,
                                         vbase, rowoff[PAGED ? st : 0], kb + st * DEC_BC, ke);
       cp_async_commit();
     }
@@ -338,9 +388,9 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
       {
         char *kn = dec_smem + (tn % DEC_STAGES) * 2 * TILE;
         if (tn < ntiles)
-          dec_load<T, D, PAGED, WG, LEAN>(kn, kn + TILE, p, a, kbase, vbase, rowoff[PAGED ? tn % 4 : 0],
+          dec_load<T, D, PG, WG, LEAN>(kn, kn + TILE, p, a, kbase, vbase, rowoff[PAGED ? tn % 4 : 0],
                                           kb + (int64_t)tn * DEC_BC, ke);
-        if (PAGED && tid < DEC_BC && tn + 3 < ntiles) fetch_page(tn + 3); /* tile tn's group: read at tn's end */
+        if (PAGED && ent < ENTRIES && tn + 3 < ntiles) fetch_page(tn + 3); /* tile tn's group: read at tn's end */
         cp_async_commit();
       }
       const char *kt = dec_smem + (t % DEC_STAGES) * 2 * TILE, *vt = kt + TILE;
@@ -413,9 +463,9 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
           }
         }
       }
-      if (PAGED && tid < DEC_BC && tn + 1 < ntiles) { /* the entry came with tile t's group; read after the barrier */
-        const int64_t j = dec_tile_key(kb, tn + 1, tid);
-        rowoff[(tn + 1) % 4][tid] = j < ke ? dec_page_offset(p, a, page[(tn + 1) % 4][tid], j) : 0;
+      if (PAGED && ent < ENTRIES && tn + 1 < ntiles) { /* the entry came with tile t's group; read after the barrier */
+        const int64_t j = dec_tile_key(kb, tn + 1, ent * RPE);
+        rowoff[(tn + 1) % 4][ent] = j < ke ? dec_page_offset(p, a, page[(tn + 1) % 4][ent], j) : 0;
       }
     }
     cp_async_wait<0>();
@@ -647,14 +697,17 @@ struct decode_entry {
   decode_kernel_fn fn;
   decode_instance *per_device;
 };
-template <typename T, int D, int RG, int EXTRAS, bool PAGED> static decode_entry decode_entry_of() {
+template <typename T, int D, int RG, int EXTRAS, int PG> static decode_entry decode_entry_of() {
   static decode_instance per_device[DEC_DEVICES];
-  return {attn_decode_kernel<T, D, RG, EXTRAS, PAGED>, per_device};
+  return {attn_decode_kernel<T, D, RG, EXTRAS, PG>, per_device};
 }
-template <typename T, int D, int RG> static decode_entry decode_pick(int extras, bool paged) {
-  if (extras)
-    return paged ? decode_entry_of<T, D, RG, EXTRAS_MASK, true>() : decode_entry_of<T, D, RG, EXTRAS_MASK, false>();
-  return paged ? decode_entry_of<T, D, RG, EXTRAS_NONE, true>() : decode_entry_of<T, D, RG, EXTRAS_NONE, false>();
+template <typename T, int D, int RG, int EXTRAS> static decode_entry decode_pick_pg(int pg) {
+  return pg == DEC_PAGED_RUNS   ? decode_entry_of<T, D, RG, EXTRAS, DEC_PAGED_RUNS>()
+         : pg == DEC_PAGED_ROWS ? decode_entry_of<T, D, RG, EXTRAS, DEC_PAGED_ROWS>()
+                                : decode_entry_of<T, D, RG, EXTRAS, DEC_CONTIG>();
+}
+template <typename T, int D, int RG> static decode_entry decode_pick(int extras, int pg) {
+  return extras ? decode_pick_pg<T, D, RG, EXTRAS_MASK>(pg) : decode_pick_pg<T, D, RG, EXTRAS_NONE>(pg);
 }
 
 static fa_status decode_slots(fa_context *ctx, const decode_entry &k, size_t smem, const fa_cuda_props &dp, int *slots) {
@@ -709,14 +762,14 @@ template <typename T, int D>
 static fa_status decode_typed(fa_context *ctx, const fa_attn_problem *p, decode_args &a, int64_t want) {
   const int rg = decode_row_groups(min((int64_t)a.rows, (int64_t)DEC_ROWS));
   const int extras = attn_has_extras(p);
-  const bool paged = a.pg.table != NULL;
+  const int pg = a.pg.table == NULL ? DEC_CONTIG : a.pg.page_size % DEC_RUN == 0 ? DEC_PAGED_RUNS : DEC_PAGED_ROWS;
   decode_entry k;
   if constexpr (D == 256) /* two row groups at most (DEC_ROWS_D256) */
-    k = rg == 1 ? decode_pick<T, D, 1>(extras, paged) : decode_pick<T, D, 2>(extras, paged);
+    k = rg == 1 ? decode_pick<T, D, 1>(extras, pg) : decode_pick<T, D, 2>(extras, pg);
   else
-    k = rg == 1 ? decode_pick<T, D, 1>(extras, paged)
-        : rg == 2 ? decode_pick<T, D, 2>(extras, paged)
-                  : decode_pick<T, D, 4>(extras, paged);
+    k = rg == 1 ? decode_pick<T, D, 1>(extras, pg)
+        : rg == 2 ? decode_pick<T, D, 2>(extras, pg)
+                  : decode_pick<T, D, 4>(extras, pg);
   const size_t smem = dec_smem_bytes(D, rg);
   fa_cuda_props dp;
   int slots = 0;

@@ -207,7 +207,7 @@ function TestDecode:test_paged_cache_on_cuda()
       end
     end
   end
-  for _, ps in ipairs({16, 5}) do
+  for _, ps in ipairs({16, 5, 48}) do -- runs of 16 a page entry (16, 48), a row an entry (5)
     local B, H, Hq, D, cap = 3, 2, 8, 64, 600
     local cache = fa.kv_cache{batch = B, heads = H, dim = D, capacity = cap, page_size = ps, dtype = "bf16", device = dev}
     local keys = fa.zeros({B, H, cap, D}, {dtype = "f64", device = "cpu"})
