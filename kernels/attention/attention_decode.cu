@@ -288,11 +288,11 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
 
   const T *kbase = (const T *)p.k + (PAGED ? hk * p.k_st.h : attn_at(p.k_st, b, hk, 0));
   const T *vbase = (const T *)p.v + (PAGED ? hk * p.v_st.h : attn_at(p.v_st, b, hk, 0));
-  /* paged: the offset of tile u's row r (RUNS: of its run r / RPE) in rowoff[u % 4][r], made by
-   * thread r at the end of the iteration before the one that copies the
-   * tile (the first three here), from the table's entry that thread
-   * fetched into page[u % 4][r] by cp.async with the tiles two iterations
-   * earlier: no thread waits for a read of the table.  Read within the
+  /* paged: the offset of tile u's row e·RPE (RUNS: the start of run e) in
+   * rowoff[u % 4][e], made by thread ent = e at the end of the iteration
+   * before the one that copies the tile (the first three here), from the
+   * table's entry that thread fetched into page[u % 4][e] by cp.async with
+   * the tiles two iterations earlier: no thread waits for a read of the table.  Read within the
    * iteration, it held pages of 16 at 1.09-1.17 x the contiguous call's
    * time (now 1.02-1.04; H200, docs/perf/2026-12-01-decode-paged-table-ahead-h200.json) */
   __shared__ int64_t rowoff[PAGED ? 4 : 1][DEC_BC];
