@@ -8,7 +8,7 @@
  * (fa_attn_problem.key_base, on both backends); a mask is narrowed the same
  * way; the variants' k too (the CPU's expressions and cuda's compiled ones
  * add key_base).
- * The decode kernel on cuda (kernels/attention/attention_decode.cu) takes
+ * The decode kernel on cuda (kernels/attention/attention_decode.cuh) takes
  * opts.splits itself, as chunks of one launch, "auto" (0) chosen from the
  * shape and the GPU; this path is for the other calls, where "auto" is 1. */
 #include "splits.h"

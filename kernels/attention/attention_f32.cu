@@ -365,7 +365,7 @@ static size_t f32_smem_bytes(int D) {
 /* The key chunks' merge: a warp a row, its lanes D / 32 columns each.
  * Chunk c weighs e^(m_c - M)·l_c (M the largest m of the chunks with
  * keys): from (m, l), not from an f32 lse as the decode kernel's 16-bit
- * merge (attention_decode.cu), whose rounding, half an ulp of |lse| (5e-4
+ * merge (attention_decode.cuh), whose rounding, half an ulp of |lse| (5e-4
  * near 8192), would weigh more than an f32 output's.  In the chunks'
  * order (the same result every run); a chunk with
  * no key (l = 0) weighs nothing, NaN in a chunk's m or l makes the row

@@ -1,6 +1,6 @@
 /* mma.sync tensor-core instructions (sm_80 and later): ldmatrix from
  * shared memory and the m16n8k16 product with f32 accumulation, for the
- * mma.sync attention kernels (attention_mma.cu, attention_decode.cu). */
+ * mma.sync attention kernels (attention_mma.cu, attention_decode.cuh). */
 #ifndef FA_KERNELS_MMA_SYNC_CUH
 #define FA_KERNELS_MMA_SYNC_CUH
 
