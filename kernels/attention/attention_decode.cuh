@@ -340,9 +340,18 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
    * P·V the exact product (the header's NaN or inf in V) */
   for (int pass = 0;; pass++) {
     if (PAGED && ent < ENTRIES) {
-      for (int u = 0; u < DEC_STAGES && u < ntiles; u++) {
+      /* the first tiles' entries all read before any offset is stored: a store to shared memory between them
+       * (the compiler cannot tell it from the table) kept each read waiting for the one before */
+      int32_t first[DEC_STAGES];
+#pragma unroll
+      for (int u = 0; u < DEC_STAGES; u++) {
         const int64_t j = dec_tile_key(kb, u, ent * RPE);
-        rowoff[u][ent] = j < ke ? dec_page_offset(p, a, table[dec_page_slot(a, j)], j) : 0;
+        first[u] = u < ntiles && j < ke ? __ldg(table + dec_page_slot(a, j)) : 0;
+      }
+#pragma unroll
+      for (int u = 0; u < DEC_STAGES; u++) {
+        const int64_t j = dec_tile_key(kb, u, ent * RPE);
+        if (u < ntiles) rowoff[u][ent] = j < ke ? dec_page_offset(p, a, first[u], j) : 0;
       }
       for (int u = DEC_STAGES; u < DEC_STAGES + 2 && u < ntiles; u++) fetch_page(u); /* with tile 0's copies */
     }
