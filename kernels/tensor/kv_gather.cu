@@ -48,12 +48,9 @@ static void launch_gather(cudaStream_t stream, const void *pool, void *dst, uint
   const int64_t rows = max((int64_t)1, min(L, (int64_t)16384 / row_bytes));
   const int64_t per_head = (L + rows - 1) / rows, chunks = B * H * per_head;
   const unsigned grid = (unsigned)min(chunks, (int64_t)1 << 20);
-  if (mask)
-    kv_gather_kernel<U, true><<<grid, threads, 0, stream>>>((const U *)pool, (U *)dst, mask, table, lens, H, ps, units,
-                                                            max_pages, L, rows, per_head, chunks, right);
-  else
-    kv_gather_kernel<U, false><<<grid, threads, 0, stream>>>((const U *)pool, (U *)dst, mask, table, lens, H, ps,
-                                                             units, max_pages, L, rows, per_head, chunks, right);
+  const auto kernel = mask ? kv_gather_kernel<U, true> : kv_gather_kernel<U, false>;
+  kernel<<<grid, threads, 0, stream>>>((const U *)pool, (U *)dst, mask, table, lens, H, ps, units, max_pages, L, rows,
+                                       per_head, chunks, right);
 }
 
 extern "C" fa_status fa_cuda_kv_gather(fa_context *ctx, const int32_t *table, int64_t max_pages, const int64_t *lens,
