@@ -3,19 +3,30 @@
 -- head), where blocks are bound by their instructions: what the paged copies cost beyond the contiguous ones.
 -- Pages that are a multiple of 16 are read a page-table entry a run of 16 rows, other sizes an entry a row.
 -- Device time (fa.bench, caches flushed); paged / contiguous time and the largest difference of the outputs.
--- Usage (GPU machine): flashattn-lua scripts/probe_paged_rows.lua [--json out.json]
+-- --short: the short calls alone (B = 1 at 4k, 32k and 128k keys, B = 8 at 4k; D = 128, Lq = 1, pages of 16 and
+-- 256), where a block's first reads (the sequence's length, the page table) are a large part of its time.
+-- Usage (GPU machine): flashattn-lua scripts/probe_paged_rows.lua [--short] [--json out.json]
 local root = (arg and arg[0] or ""):match("^(.*)/scripts/[^/]*$") or "."
 package.path = root .. "/lua/?.lua;" .. package.path
 local fa = require "flashattn"
 local sweep = require "flashattn.sweep"
 local NAME = "probe_paged_rows.lua"
-local opts = sweep.main(NAME, sweep.json_only(NAME, "Paged decode calls against contiguous ones."), {...})
+local opts = sweep.main(NAME, function(argv)
+  local p = require "argparse"(NAME, "Paged decode calls against contiguous ones.")
+  p:flag("--short", "the short calls alone (B = 1 and B = 8 at 4k keys)")
+  p:option("--json", "write the results to this JSON file")
+  return sweep.parse_args(p, argv, NAME)
+end, {...})
 if fa.device_info().backend ~= "cuda" then error("probe_paged_rows.lua: needs the cuda backend (the decode kernel)", 0) end
 local cases = { -- B, Hq, D, Lq, Lk, page sizes
   {8, 32, 128, 1, 32768, {16, 256, 8}}, {8, 32, 128, 4, 4096, {16, 256}}, {8, 32, 128, 16, 4096, {16}},
   {8, 32, 128, 16, 32768, {16, 256}}, {8, 64, 128, 16, 4096, {16}}, {8, 32, 64, 1, 32768, {16}},
   {8, 16, 256, 1, 32768, {16, 256}}, {8, 16, 256, 4, 4096, {16}}, {64, 32, 128, 1, 4096, {16}},
 }
+if opts.short then
+  cases = {{1, 32, 128, 1, 4096, {16, 256}}, {1, 32, 128, 1, 32768, {16, 256}}, {1, 32, 128, 1, 131072, {16, 256}},
+    {8, 32, 128, 1, 4096, {16, 256}}}
+end
 local results = {}
 for _, c in ipairs(cases) do
   local B, Hq, D, Lq, Lk, pages = table.unpack(c)

@@ -72,11 +72,11 @@ fa_status fa_attn_cuda_inputs(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_te
                               const fa_attn_dims *d, fa_attn_problem *p, fa_attn_buffers *bufs);
 /* The keys and values of a paged KV cache (src/kv_cache.c) for the decode
  * kernel: the pools (pages, Hkv, page_size, D | Dv), the page table and
- * the sequences' lengths on the device. */
+ * the sequences' lengths on the device, and on the host. */
 typedef struct {
   fa_tensor *kpool, *vpool;
   fa_attn_paging pg;
-  const int64_t *lens;
+  const int64_t *lens, *lens_host;
 } fa_attn_paged_kv;
 /* Attention of q over a paged cache by the decode kernel: d holds the
  * call's dims (Lk the longest sequence, rank 4, algo flash) and is one

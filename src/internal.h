@@ -178,6 +178,11 @@ typedef struct {
   const uint32_t *mask_bits;
   int64_t mask_bits_strides[3];
   const int64_t *kv_lens; /* B entries or NULL */
+  /* The same lengths on the host (opts.kv_lens, a paged cache's), or NULL:
+   * the decode kernel takes up to FA_KV_LENS_INLINE of them in its
+   * parameters, so that a block's first read is not theirs, and such a call
+   * needs no device copy (kv_lens is then NULL) */
+  const int64_t *kv_lens_host;
   const double *alibi;    /* Hq entries or NULL */
   int64_t tile_q, tile_k; /* resolved: > 0 */
   /* opts.tile was given: a kernel chosen automatically runs it as it is, not a tile of its own
@@ -375,6 +380,7 @@ typedef struct {
   const int32_t *table;
   int64_t max_pages, page_size, k_page, v_page;
 } fa_attn_paging;
+#define FA_KV_LENS_INLINE 64 /* kv_lens_host entries the decode kernel takes in its parameters */
 /* The paged cache's append (kernels/tensor/kv_scatter.cu): segments of
  * rows, each within one page, copied from src (B, H, n, X; its dtype the
  * pool's, last dimension contiguous) into the pool (pages, H, page_size,

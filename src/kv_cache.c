@@ -500,7 +500,7 @@ fa_status fa_kv_cache_attend(fa_context *ctx, fa_kv_cache *c, fa_tensor *q, cons
     const fa_attn_paged_kv kv = {c->kpool, c->vpool,
                                  {c->dev_table, c->max_pages, c->page_size, c->H * c->page_size * c->D,
                                   c->H * c->page_size * c->Dv},
-                                 c->dev_lens};
+                                 c->dev_lens, c->lens};
     return fa_attention_paged(ctx, q, &kv, opts, &d, o, lse);
   }
   /* every other call: the sequences gathered into contiguous K and V of the longest length L (one launch a

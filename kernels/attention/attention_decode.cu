@@ -47,6 +47,13 @@ static fa_status decode_queue(fa_context *ctx, const attn_params *p, fa_attentio
   memset(&a, 0, sizeof a);
   a.G = (int)(p->Hq / p->Hkv), a.rows = (int)(a.G * p->Lq), a.row_blocks = (int)decode_row_blocks(a.rows);
   a.pg_shift = -1;
+  if (p->kv_lens_host && p->B <= FA_KV_LENS_INLINE) {
+    a.lens_inline = 1;
+    memcpy(a.lens, p->kv_lens_host, sizeof(int64_t) * (size_t)p->B);
+  } else if (p->kv_lens_host && !p->kv_lens) { /* src/ leaves the device copy out only for batches that fit */
+    return fa_fail(ctx, FA_ERR_BACKEND, "flashattn: the decode kernel: %lld lengths, none on the device",
+                   (long long)p->B);
+  }
   if (pg) {
     a.pg = *pg;
     for (int sh = 0; sh < 62; sh++)

@@ -99,6 +99,12 @@ struct decode_args {
   fa_attn_paging pg;
   int pg_shift;    /* log2 of a page size that is a power of two, else -1 */
   int evict_first; /* K and V under L2's evict-first policy (decode_evict_first) */
+  /* the sequences' lengths (the call's kv_lens; paged: the cache's) from the host, where it has them and the
+   * batch is at most FA_KV_LENS_INLINE, in place of a device copy: at B = 1, 4k keys a contiguous call with
+   * kv_lens took 1.13x the time of one without (the copy's launch before it, then a read before any other in
+   * each block), now 1.00x; the paged calls were no faster for it (H200, scripts/probe_paged_rows.lua) */
+  int lens_inline;
+  int64_t lens[FA_KV_LENS_INLINE];
 };
 
 /* Paged: the key of row `row` of tile u of a chunk that starts at key kb
@@ -244,7 +250,8 @@ template <int D> static __device__ __forceinline__ void dec_pv_done(float (*o)[4
  * w takes row group w % RG and the keys
  * [w / RG · 8NC, ...) of every tile. */
 template <typename T, int D, int RG, int EXTRAS, int PG>
-__global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_problem call, decode_args a) {
+__global__ void __launch_bounds__(DEC_THREADS)
+    attn_decode_kernel(fa_attn_problem call, const __grid_constant__ decode_args a) {
   const int KS = DEC_WARPS / RG, NC = DEC_BC / KS / 8, TILE = DEC_BC * D * 2;
   constexpr bool PAGED = PG != DEC_CONTIG, RUNS = PG == DEC_PAGED_RUNS;
   constexpr int RPE = RUNS ? DEC_RUN : 1, ENTRIES = DEC_BC / RPE; /* a tile's rows a page-table entry; its entries */
@@ -267,7 +274,8 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(fa_attn_proble
   /* a cache's sequence is a call of its own length: causal, window and
    * alibi count from its end (API §8) */
   fa_attn_problem p = call;
-  if (PAGED) p.Lk = call.kv_lens[b], p.kv_lens = NULL;
+  if (a.lens_inline) p.kv_lens = a.lens; /* (a __grid_constant__ parameter: read where it is) */
+  if (PAGED) p.Lk = a.lens_inline ? a.lens[b] : call.kv_lens[b], p.kv_lens = NULL;
 
   if (tid == 0) { /* every packed row's query index appears: the ranges of rows 0..Lq-1 */
     int64_t ulo = INT64_MAX, uhi = 0, ilo = 0, ihi = INT64_MAX;

@@ -111,6 +111,13 @@ function TestDecode:test_results_on_cuda()
     local o1, o2 = fa.attention(q, k, v, opts), fa.attention(q, k, v, opts)
     lu.assertEquals(fa.max_abs_diff(o1, o2), 0, what .. " run twice")
   end
+  -- kv_lens in the kernel's parameters (batches up to 64) and read from the device (65 and more)
+  for _, B in ipairs({64, 65}) do
+    local lens = {}
+    for b = 1, B do lens[b] = (b * 37) % 301 end
+    local q, k, v = qkv("bf16", B, 4, 1, 2, 300, 64)
+    U.check_attention(q, k, v, {kv_lens = lens, causal = true, return_lse = true}, ("decode kv_lens, B %d"):format(B))
+  end
   -- a bool mask, broadcast over heads
   local q, k, v = qkv("bf16", 2, 8, 2, 2, 400, 64)
   local keep = U.nested({2, 1, 2, 400}, function(b, _, i, j) return (b * 7 + i * 3 + j * 5) % 11 ~= 0 end)
@@ -204,6 +211,28 @@ function TestDecode:test_paged_cache_on_cuda()
           k:narrow(1, b, 1):narrow(3, 1, n):cpu():double(), v:narrow(1, b, 1):narrow(3, 1, n):cpu():double(),
           {causal = true})
         U.assert_close(o:narrow(1, b, 1), ro, "f16", ("paged D 256 Lq %d seq %d"):format(lq, b))
+      end
+    end
+  end
+  for _, B in ipairs({64, 65}) do -- the lengths in the kernel's parameters (up to 64), and read from the device
+    local cache <close> = fa.kv_cache{batch = B, heads = 1, dim = 64, capacity = 80, page_size = 16, dtype = "f16",
+                                      device = dev}
+    local lens = {}
+    for b = 1, B do lens[b] = (b * 29) % 81 end
+    lens[3] = 0 -- an empty sequence: zeros
+    local k, v = U.randn({B, 1, 80, 64}, "f16"), U.randn({B, 1, 80, 64}, "f16")
+    cache:append(k, v, lens)
+    local q = U.randn({B, 4, 1, 64}, "f16")
+    local o = cache:attend(q, {causal = true})
+    for b = 1, B do
+      if lens[b] > 0 then
+        local kb = k:narrow(1, b, 1):narrow(3, 1, lens[b]):cpu():double()
+        local vb = v:narrow(1, b, 1):narrow(3, 1, lens[b]):cpu():double()
+        local ro = fa.attention_reference(q:narrow(1, b, 1):cpu():double(), kb, vb, {causal = true})
+        U.assert_close(o:narrow(1, b, 1), ro, "f16", ("paged B %d seq %d"):format(B, b))
+      else
+        local zeros = fa.zeros({1, 4, 1, 64}, {dtype = "f64", device = "cpu"})
+        lu.assertEquals(fa.max_abs_diff(o:narrow(1, b, 1):cpu():double(), zeros), 0, "paged: an empty sequence's zeros")
       end
     end
   end
