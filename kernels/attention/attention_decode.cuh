@@ -269,8 +269,10 @@ __global__ void __launch_bounds__(DEC_THREADS)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, rg = warp % RG, ks = warp / RG;
   /* the row blocks of a chunk adjacent (rblk the fastest index), so that they run together and all but the
    * first read the chunk's K and V from L2 */
-  const int64_t blk = blockIdx.x, rblk = blk % a.row_blocks, split = blk / a.row_blocks % a.splits;
-  const int64_t bk = blk / a.splits / a.row_blocks, b = bk / call.Hkv, hk = bk % call.Hkv;
+  /* (the indices here in 32 bits: a grid is under 2^31 blocks, and a 64-bit division is a long subroutine in
+   * code that runs once a block, fetched into a cold instruction cache) */
+  const unsigned blk = blockIdx.x, nrb = (unsigned)a.row_blocks, nsp = (unsigned)a.splits, bku = blk / nrb / nsp;
+  const int64_t rblk = blk % nrb, split = blk / nrb % nsp, b = bku / (unsigned)call.Hkv, hk = bku % (unsigned)call.Hkv;
   /* a cache's sequence is a call of its own length: causal, window and
    * alibi count from its end (API §8) */
   fa_attn_problem p = call;
@@ -292,7 +294,7 @@ __global__ void __launch_bounds__(DEC_THREADS)
   __syncthreads();
   /* this chunk's keys [kb, ke): whole tiles of the union, split evenly */
   const int64_t ulo = sh_keys[0], uhi = sh_keys[1];
-  const int64_t tiles = (uhi - ulo + DEC_BC - 1) / DEC_BC, per = (tiles + a.splits - 1) / a.splits;
+  const int64_t tiles = (uhi - ulo + DEC_BC - 1) / DEC_BC, per = ((unsigned)tiles + nsp - 1) / nsp; /* tiles < 2^26 */
   const int64_t kb = ulo + split * per * DEC_BC, ke = min(uhi, kb + per * DEC_BC);
   const int ntiles = ke > kb ? (int)((ke - kb + DEC_BC - 1) / DEC_BC) : 0;
   const int64_t all_lo = max(sh_keys[2], kb), all_hi = min(sh_keys[3], ke); /* keys every row attends */
@@ -324,9 +326,10 @@ __global__ void __launch_bounds__(DEC_THREADS)
   const int g = lane >> 2, c2 = (lane & 3) * 2;
   const int rA = (int)rblk * DEC_ROWS + rg * 16 + g, rB = rA + 8;
   const bool okA = rA < a.rows, okB = rB < a.rows;
-  const int64_t Lq = p.Lq;
-  const int64_t hA = hk * a.G + (okA ? rA / Lq : 0), hB = hk * a.G + (okB ? rB / Lq : 0);
-  frag_rows r = {okA ? rA % Lq : Lq, okB ? rB % Lq : Lq, 0, 0, 0, 0, -INFINITY, -INFINITY, 0.f, 0.f};
+  const unsigned Lq = (unsigned)p.Lq; /* at most 64 (fa_cuda_attention_decode_fit) */
+  const int64_t hA = hk * a.G + (okA ? (unsigned)rA / Lq : 0), hB = hk * a.G + (okB ? (unsigned)rB / Lq : 0);
+  frag_rows r = {okA ? (unsigned)rA % Lq : Lq, okB ? (unsigned)rB % Lq : Lq, 0, 0, 0, 0, -INFINITY, -INFINITY, 0.f,
+                 0.f};
   if (okA) fa_attn_range_of(&p, b, r.iA, &r.loA, &r.hiA);
   if (okB) fa_attn_range_of(&p, b, r.iB, &r.loB, &r.hiB);
   /* clipped to the chunk, never below lo: an empty range past the chunk (kv_lens with a window's
@@ -364,7 +367,8 @@ __global__ void __launch_bounds__(DEC_THREADS)
       for (int u = DEC_STAGES; u < DEC_STAGES + 2 && u < ntiles; u++) fetch_page(u); /* with tile 0's copies */
     }
     if (PAGED) __syncthreads();
-#pragma unroll
+#pragma unroll /* (as a loop, ptxas left the evict-first copies' cache policy in an unset uniform register: an
+                * illegal instruction, as in docs/perf/2026-12-01-decode-stream-tried-h200.json) */
     for (int st = 0; st < DEC_STAGES - 1; st++) {
       if (st < ntiles)
         dec_load<T, D, PG, WG, LEAN>(dec_smem + st * 2 * TILE, dec_smem + st * 2 * TILE + TILE, p, a, kbase,
@@ -520,7 +524,10 @@ __global__ void __launch_bounds__(DEC_THREADS)
     }
     __syncthreads();
     if (ks > 0) return;
-#pragma unroll
+    /* a loop, not unrolled: the first warp runs this once a block, from a cold instruction cache (unrolled,
+     * most of the 1032 instructions it ran after the tiles at KS = 4, D = 128, where its warps stalled for
+     * instructions: at B = 1, 4k keys, 4 tiles a block, 45 % of the kernel's stall samples; H200, ncu) */
+#pragma unroll 1
     for (int k = 1; k < KS; k++) {
       const float *th = sc + (k * RG + rg) * W * 32 + lane;
       const float mA = th[(D / 2) * 32], mB = th[(D / 2 + 1) * 32];
