@@ -13,7 +13,7 @@ local sweep = require "flashattn.sweep"
 local NAME = "probe_paged_rows.lua"
 local opts = sweep.main(NAME, function(argv)
   local p = require "argparse"(NAME, "Paged decode calls against contiguous ones.")
-  p:flag("--short", "the short calls alone (B = 1 and B = 8 at 4k keys)")
+  p:flag("--short", "the short calls alone (B = 1 at 4k, 32k and 128k keys, B = 8 at 4k)")
   p:option("--json", "write the results to this JSON file")
   return sweep.parse_args(p, argv, NAME)
 end, {...})

@@ -183,6 +183,23 @@ function TestDecode:test_nonfinite_values_on_cuda()
   end
 end
 
+-- Each sequence b of a paged cache's causal attend (o) against the f64 reference over the first lens[b]
+-- rows of k and v (what the cache was given), aligned to its own length; an empty sequence gives zeros.
+local function assert_sequences(o, q, k, v, lens, dtype, what)
+  for b, n in ipairs(lens) do
+    local ob, label = o:narrow(1, b, 1), ("%s seq %d"):format(what, b)
+    if n > 0 then
+      local kb = k:narrow(1, b, 1):narrow(3, 1, n):cpu():double()
+      local vb = v:narrow(1, b, 1):narrow(3, 1, n):cpu():double()
+      local ro = fa.attention_reference(q:narrow(1, b, 1):cpu():double(), kb, vb, {causal = true})
+      U.assert_close(ob, ro, dtype, label)
+    else
+      local zeros = fa.zeros(ob:shape(), {dtype = "f64", device = "cpu"})
+      lu.assertEquals(fa.max_abs_diff(ob:cpu():double(), zeros), 0, label .. ": zeros")
+    end
+  end
+end
+
 function TestDecode:test_paged_cache_on_cuda()
   if dev ~= "cuda" then lu.skip("cuda only") end
   do -- a short cache (at most 256 keys: one chunk) in pages of 16, ragged
@@ -191,12 +208,7 @@ function TestDecode:test_paged_cache_on_cuda()
     local k, v = U.randn({2, 2, 240, 128}, "bf16"), U.randn({2, 2, 240, 128}, "bf16")
     cache:append(k, v, {240, 37})
     local q = U.randn({2, 8, 1, 128}, "bf16")
-    local o = cache:attend(q, {causal = true})
-    for b, n in ipairs({240, 37}) do
-      local ro = fa.attention_reference(q:narrow(1, b, 1):cpu():double(), k:narrow(1, b, 1):narrow(3, 1, n):cpu():double(),
-        v:narrow(1, b, 1):narrow(3, 1, n):cpu():double(), {causal = true})
-      U.assert_close(o:narrow(1, b, 1), ro, "bf16", "paged short cache seq " .. b)
-    end
+    assert_sequences(cache:attend(q, {causal = true}), q, k, v, {240, 37}, "bf16", "paged short cache")
   end
   do -- D = 256 in pages of 16, ragged, Lq 1 and 8 (16 rows a key head)
     local cache <close> = fa.kv_cache{batch = 2, heads = 2, dim = 256, capacity = 900, page_size = 16, dtype = "f16",
@@ -205,13 +217,7 @@ function TestDecode:test_paged_cache_on_cuda()
     cache:append(k, v, {900, 413})
     for _, lq in ipairs({1, 8}) do
       local q = U.randn({2, 4, lq, 256}, "f16")
-      local o = cache:attend(q, {causal = true})
-      for b, n in ipairs({900, 413}) do
-        local ro = fa.attention_reference(q:narrow(1, b, 1):cpu():double(),
-          k:narrow(1, b, 1):narrow(3, 1, n):cpu():double(), v:narrow(1, b, 1):narrow(3, 1, n):cpu():double(),
-          {causal = true})
-        U.assert_close(o:narrow(1, b, 1), ro, "f16", ("paged D 256 Lq %d seq %d"):format(lq, b))
-      end
+      assert_sequences(cache:attend(q, {causal = true}), q, k, v, {900, 413}, "f16", ("paged D 256 Lq %d"):format(lq))
     end
   end
   for _, B in ipairs({64, 65}) do -- the lengths in the kernel's parameters (up to 64), and read from the device
@@ -223,18 +229,7 @@ function TestDecode:test_paged_cache_on_cuda()
     local k, v = U.randn({B, 1, 80, 64}, "f16"), U.randn({B, 1, 80, 64}, "f16")
     cache:append(k, v, lens)
     local q = U.randn({B, 4, 1, 64}, "f16")
-    local o = cache:attend(q, {causal = true})
-    for b = 1, B do
-      if lens[b] > 0 then
-        local kb = k:narrow(1, b, 1):narrow(3, 1, lens[b]):cpu():double()
-        local vb = v:narrow(1, b, 1):narrow(3, 1, lens[b]):cpu():double()
-        local ro = fa.attention_reference(q:narrow(1, b, 1):cpu():double(), kb, vb, {causal = true})
-        U.assert_close(o:narrow(1, b, 1), ro, "f16", ("paged B %d seq %d"):format(B, b))
-      else
-        local zeros = fa.zeros({1, 4, 1, 64}, {dtype = "f64", device = "cpu"})
-        lu.assertEquals(fa.max_abs_diff(o:narrow(1, b, 1):cpu():double(), zeros), 0, "paged: an empty sequence's zeros")
-      end
-    end
+    assert_sequences(cache:attend(q, {causal = true}), q, k, v, lens, "f16", ("paged B %d"):format(B))
   end
   for _, ps in ipairs({16, 5, 48}) do -- runs of 16 a page entry (16, 48), a row an entry (5)
     local B, H, Hq, D, cap = 3, 2, 8, 64, 600
