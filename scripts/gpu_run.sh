@@ -59,6 +59,10 @@ if [[ $what == *" all "* || $what == *" test "* ]]; then
   step "gpu_check, full pass (with out of device memory for real)"
   $B/flashattn-lua scripts/gpu_check.lua >"$OUT/gpu_check.log" 2>&1 || rc=1
   grep -E "FAIL|gpu_check:" "$OUT/gpu_check.log" | tee -a "$OUT/summary.txt"
+  step "SASS: no kernel reads a uniform register it never writes (scripts/sass_uniform_check.py, a ptxas miscompile)"
+  python3 scripts/sass_uniform_check.py --cuobjdump "$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)" \
+    $B/libflashattn.so >"$OUT/sass_uniform.log" 2>&1 || rc=1
+  grep -E "UNSET|sass_uniform_check" "$OUT/sass_uniform.log" | head -20 | tee -a "$OUT/summary.txt"
   step "the outside oracle: PyTorch on the same tensors, ${ORACLE_CASES:-2000} seeded cases, each run twice"
   python3 scripts/oracle_attention.py --lib $B/libflashattn.so --cases "${ORACLE_CASES:-2000}" --seed "${ORACLE_SEED:-1}" \
     --json "$OUT/oracle.json" --commit "$COMMIT" >"$OUT/oracle.log" 2>&1 || rc=1
