@@ -205,7 +205,12 @@ template <typename T, int D, int PG, bool WG, bool LEAN>
 static __device__ __forceinline__ void dec_load(char *kt, char *vt, const fa_attn_problem &p, const decode_args &a,
                                                 const T *kb, const T *vb, const int64_t *rowoff, int64_t j0, int64_t end) {
   const bool full = (PG == DEC_PAGED_RUNS || (LEAN && PG == DEC_CONTIG)) && j0 + DEC_BC <= end;
-  if (a.evict_first) {
+  /* the wgmma instances at D = 128 that copy a row a page entry copy without the evict-first hint: in them
+   * ptxas (CUDA 13.0) read the hint's cache policy, and the tile's shared address, from uniform registers
+   * that nothing set (an illegal instruction on the device, for every call that reached those copies: pages
+   * not a multiple of 16 positions with 33 or more packed rows; scripts/sass_uniform_check.py finds it) */
+  constexpr bool EVICT_OK = !(PG == DEC_PAGED_ROWS && D == 128 && WG);
+  if (EVICT_OK && a.evict_first) {
     if (full) dec_copy<T, D, PG, WG, true, true>(kt, vt, p, kb, vb, rowoff, j0, end);
     else dec_copy<T, D, PG, WG, true, false>(kt, vt, p, kb, vb, rowoff, j0, end);
   } else if (full) {
