@@ -515,53 +515,70 @@ __global__ void __launch_bounds__(DEC_THREADS)
   asm volatile("griddepcontrol.launch_dependents;");
 #endif
 
-  if (KS > 1) { /* the key streams of a row group merged into its first warp */
+  /* the key streams of a row group merged, each of its KS warps taking D / 8 / KS of the column groups: every
+   * warp writes its state, then weighs the KS states' columns it stores by e^(m_k - max), in a fixed order.
+   * This runs once a block, from a cold instruction cache: with the first warp merging the others' whole
+   * states, it ran 1032 instructions alone (unrolled; 372, and 300 three times, as a loop) and mostly stalled
+   * for instructions (B = 1, 4k keys, 4 tiles a block; H200, ncu) */
+  constexpr int PER = D / 8 / KS; /* the column groups a warp stores, from d0 */
+  float oc[PER][4];
+  int d0 = 0;
+  if constexpr (KS > 1) {
     const int W = D / 2 + 4; /* floats a lane: O, then mA, mB, lA, lB */
     float *sc = (float *)dec_smem;
-    if (ks > 0) {
-      float *mine = sc + warp * W * 32 + lane;
+    float *mine = sc + warp * W * 32 + lane;
 #pragma unroll
-      for (int d = 0; d < D / 8; d++)
+    for (int d = 0; d < D / 8; d++)
 #pragma unroll
-        for (int q = 0; q < 4; q++) mine[(d * 4 + q) * 32] = o[d][q];
-      mine[(D / 2) * 32] = r.mA, mine[(D / 2 + 1) * 32] = r.mB, mine[(D / 2 + 2) * 32] = r.lA,
-                      mine[(D / 2 + 3) * 32] = r.lB;
-    }
+      for (int q = 0; q < 4; q++) mine[(d * 4 + q) * 32] = o[d][q];
+    mine[(D / 2) * 32] = r.mA, mine[(D / 2 + 1) * 32] = r.mB, mine[(D / 2 + 2) * 32] = r.lA,
+                    mine[(D / 2 + 3) * 32] = r.lB;
     __syncthreads();
-    if (ks > 0) return;
-    /* a loop, not unrolled: the first warp runs this once a block, from a cold instruction cache (unrolled,
-     * most of the 1032 instructions it ran after the tiles at KS = 4, D = 128, where its warps stalled for
-     * instructions: at B = 1, 4k keys, 4 tiles a block, 45 % of the kernel's stall samples; H200, ncu) */
-#pragma unroll 1
-    for (int k = 1; k < KS; k++) {
-      const float *th = sc + (k * RG + rg) * W * 32 + lane;
-      const float mA = th[(D / 2) * 32], mB = th[(D / 2 + 1) * 32];
-      const float MA = fmaxf(r.mA, mA), MB = fmaxf(r.mB, mB);
-      const float fA0 = MA == -INFINITY ? 1.f : exp2_approx((r.mA - MA) * FA_LOG2E);
-      const float fA1 = MA == -INFINITY ? 1.f : exp2_approx((mA - MA) * FA_LOG2E);
-      const float fB0 = MB == -INFINITY ? 1.f : exp2_approx((r.mB - MB) * FA_LOG2E);
-      const float fB1 = MB == -INFINITY ? 1.f : exp2_approx((mB - MB) * FA_LOG2E);
+    const float *th[KS]; /* the row group's KS states */
+    float MA = -INFINITY, MB = -INFINITY, fA[KS], fB[KS];
 #pragma unroll
-      for (int d = 0; d < D / 8; d++) {
-        o[d][0] = o[d][0] * fA0 + th[(d * 4 + 0) * 32] * fA1, o[d][1] = o[d][1] * fA0 + th[(d * 4 + 1) * 32] * fA1;
-        o[d][2] = o[d][2] * fB0 + th[(d * 4 + 2) * 32] * fB1, o[d][3] = o[d][3] * fB0 + th[(d * 4 + 3) * 32] * fB1;
-      }
-      r.lA = r.lA * fA0 + th[(D / 2 + 2) * 32] * fA1, r.lB = r.lB * fB0 + th[(D / 2 + 3) * 32] * fB1;
-      r.mA = MA, r.mB = MB;
+    for (int k = 0; k < KS; k++) {
+      th[k] = sc + (k * RG + rg) * W * 32 + lane;
+      MA = fmaxf(MA, th[k][(D / 2) * 32]), MB = fmaxf(MB, th[k][(D / 2 + 1) * 32]);
     }
+    r.lA = r.lB = 0.f;
+#pragma unroll
+    for (int k = 0; k < KS; k++) {
+      fA[k] = MA == -INFINITY ? 1.f : exp2_approx((th[k][(D / 2) * 32] - MA) * FA_LOG2E);
+      fB[k] = MB == -INFINITY ? 1.f : exp2_approx((th[k][(D / 2 + 1) * 32] - MB) * FA_LOG2E);
+      r.lA += fA[k] * th[k][(D / 2 + 2) * 32], r.lB += fB[k] * th[k][(D / 2 + 3) * 32];
+    }
+    r.mA = MA, r.mB = MB;
+    d0 = ks * PER;
+#pragma unroll
+    for (int j = 0; j < PER; j++)
+#pragma unroll
+      for (int q = 0; q < 4; q++) {
+        float v = 0.f;
+#pragma unroll
+        for (int k = 0; k < KS; k++) v += (q < 2 ? fA[k] : fB[k]) * th[k][((d0 + j) * 4 + q) * 32];
+        oc[j][q] = v;
+      }
+  } else {
+#pragma unroll
+    for (int j = 0; j < PER; j++)
+#pragma unroll
+      for (int q = 0; q < 4; q++) oc[j][q] = o[j][q];
   }
 
   frag_sum_quad(r);
   const float invA = row_inv(r.lA), invB = row_inv(r.lB);
   const float lseA = row_lse(r.mA, r.lA), lseB = row_lse(r.mB, r.lB);
+  const bool lse_lane = (lane & 3) == 0 && ks == 0; /* a row's lse: one thread of the row group's first warp */
   if (a.splits == 1) { /* the output itself */
-    T *oA = (T *)p.o + attn_at(p.o_st, b, hA, r.iA) + c2, *oB = (T *)p.o + attn_at(p.o_st, b, hB, r.iB) + c2;
+    T *oA = (T *)p.o + attn_at(p.o_st, b, hA, r.iA) + c2 + d0 * 8;
+    T *oB = (T *)p.o + attn_at(p.o_st, b, hB, r.iB) + c2 + d0 * 8;
 #pragma unroll
-    for (int d = 0; d < D / 8; d++) {
-      if (okA) *(uint32_t *)(oA + d * 8) = pack2<T>(o[d][0] * invA, o[d][1] * invA);
-      if (okB) *(uint32_t *)(oB + d * 8) = pack2<T>(o[d][2] * invB, o[d][3] * invB);
+    for (int j = 0; j < PER; j++) {
+      if (okA) *(uint32_t *)(oA + j * 8) = pack2<T>(oc[j][0] * invA, oc[j][1] * invA);
+      if (okB) *(uint32_t *)(oB + j * 8) = pack2<T>(oc[j][2] * invB, oc[j][3] * invB);
     }
-    if (p.lse && (lane & 3) == 0) {
+    if (p.lse && lse_lane) {
       if (okA) attn_lse_at(p, b, hA, r.iA) = lseA;
       if (okB) attn_lse_at(p, b, hB, r.iB) = lseB;
     }
@@ -570,11 +587,12 @@ __global__ void __launch_bounds__(DEC_THREADS)
   /* the chunk's state: (split, b, h, i) rows of Dv floats, and its lse */
   const int64_t rowA = ((split * p.B + b) * p.Hq + hA) * Lq + r.iA, rowB = ((split * p.B + b) * p.Hq + hB) * Lq + r.iB;
 #pragma unroll
-  for (int d = 0; d < D / 8; d++) {
-    if (okA) *(float2 *)(a.part_o + rowA * D + d * 8 + c2) = make_float2(o[d][0] * invA, o[d][1] * invA);
-    if (okB) *(float2 *)(a.part_o + rowB * D + d * 8 + c2) = make_float2(o[d][2] * invB, o[d][3] * invB);
+  for (int j = 0; j < PER; j++) {
+    const int col = (d0 + j) * 8 + c2;
+    if (okA) *(float2 *)(a.part_o + rowA * D + col) = make_float2(oc[j][0] * invA, oc[j][1] * invA);
+    if (okB) *(float2 *)(a.part_o + rowB * D + col) = make_float2(oc[j][2] * invB, oc[j][3] * invB);
   }
-  if ((lane & 3) == 0) {
+  if (lse_lane) {
     if (okA) a.part_lse[rowA] = lseA;
     if (okB) a.part_lse[rowB] = lseB;
   }
