@@ -495,7 +495,8 @@ fa_status fa_kv_cache_attend(fa_context *ctx, fa_kv_cache *c, fa_tensor *q, cons
   fa_attn_dims d;
   fa_status st = check_attend(ctx, c, q, opts, &d);
   if (st) return st;
-  if (c->pages <= INT32_MAX && d.Lk <= INT32_MAX && fa_attn_decode_takes(&d, opts)) { /* the table is int32 */
+  if (c->pages <= INT32_MAX && d.Lk <= INT32_MAX && c->page_size <= INT32_MAX &&
+      fa_attn_decode_takes(&d, opts)) { /* the table is int32, the kernel's key arithmetic 32-bit */
     if ((st = sync_device_table(ctx, c))) return st;
     const fa_attn_paged_kv kv = {c->kpool, c->vpool,
                                  {c->dev_table, c->max_pages, c->page_size, c->H * c->page_size * c->D,

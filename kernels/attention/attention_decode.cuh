@@ -113,9 +113,11 @@ static __device__ __forceinline__ int64_t dec_tile_key(int64_t kb, int u, int ro
   return kb + (int64_t)u * DEC_BC + row;
 }
 /* Paged: key j's page-table slot, j / page_size (a shift for pages of a
- * power of two). */
+ * power of two, else a 32-bit division: keys and page sizes are under 2^31
+ * where the decode kernel reads a cache, fa_kv_cache_attend; a 64-bit one
+ * is a long subroutine). */
 static __device__ __forceinline__ int64_t dec_page_slot(const decode_args &a, int64_t j) {
-  return a.pg_shift >= 0 ? j >> a.pg_shift : j / a.pg.page_size;
+  return a.pg_shift >= 0 ? j >> a.pg_shift : (int64_t)((uint32_t)j / (uint32_t)a.pg.page_size);
 }
 /* The element offset of key j in the pools (the same in K's and V's:
  * D = Dv): page `page` (the table's entry at dec_page_slot), row
