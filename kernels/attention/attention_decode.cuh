@@ -283,8 +283,9 @@ __global__ void __launch_bounds__(DEC_THREADS)
   /* a cache's sequence is a call of its own length: causal, window and
    * alibi count from its end (API §8) */
   fa_attn_problem p = call;
-  if (a.lens_inline) p.kv_lens = a.lens; /* (a __grid_constant__ parameter: read where it is) */
-  if (PAGED) p.Lk = a.lens_inline ? a.lens[b] : call.kv_lens[b], p.kv_lens = NULL;
+  const int64_t *lens = a.lens_inline ? a.lens : call.kv_lens; /* (a __grid_constant__ parameter: read in place) */
+  if (PAGED) p.Lk = lens[b], p.kv_lens = NULL;
+  else p.kv_lens = lens;
 
   if (tid == 0) { /* every packed row's query index appears: the ranges of rows 0..Lq-1 */
     int64_t ulo = INT64_MAX, uhi = 0, ilo = 0, ihi = INT64_MAX;
@@ -361,16 +362,15 @@ __global__ void __launch_bounds__(DEC_THREADS)
       /* the first tiles' entries all read before any offset is stored: a store to shared memory between them
        * (the compiler cannot tell it from the table) kept each read waiting for the one before */
       int32_t first[DEC_STAGES];
+      int64_t js[DEC_STAGES];
 #pragma unroll
       for (int u = 0; u < DEC_STAGES; u++) {
-        const int64_t j = dec_tile_key(kb, u, ent * RPE);
-        first[u] = u < ntiles && j < ke ? __ldg(table + dec_page_slot(a, j)) : 0;
+        js[u] = dec_tile_key(kb, u, ent * RPE);
+        first[u] = u < ntiles && js[u] < ke ? __ldg(table + dec_page_slot(a, js[u])) : 0;
       }
 #pragma unroll
-      for (int u = 0; u < DEC_STAGES; u++) {
-        const int64_t j = dec_tile_key(kb, u, ent * RPE);
-        if (u < ntiles) rowoff[u][ent] = j < ke ? dec_page_offset(p, a, first[u], j) : 0;
-      }
+      for (int u = 0; u < DEC_STAGES; u++)
+        if (u < ntiles) rowoff[u][ent] = js[u] < ke ? dec_page_offset(p, a, first[u], js[u]) : 0;
       for (int u = DEC_STAGES; u < DEC_STAGES + 2 && u < ntiles; u++) fetch_page(u); /* with tile 0's copies */
     }
     if (PAGED) __syncthreads();
