@@ -46,8 +46,9 @@ def check_function(name, insns):
             n = int(first.group(1))
             written.update(range(n, n + width(op)))
         # (HGMMA's gdesc[URn] holds A's descriptor in n, n + 1 and B's in n + 2, n + 3; with A in registers,
-        # an R operand before it, only B's is read)
-        a_in_regs = any(re.fullmatch(r"R\d+", x) for x in rest[:1])
+        # an R operand between the destination and it, only B's is read)
+        g = next((i for i, x in enumerate(ops) if x.startswith("gdesc[")), -1)
+        a_in_regs = g >= 2 and re.fullmatch(r"R\d+", ops[g - 1]) is not None
         for a in rest:
             for m in re.finditer(r"(g?)desc\[UR(\d+)\]", a):
                 n = int(m.group(2))

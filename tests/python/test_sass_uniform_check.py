@@ -1,0 +1,66 @@
+"""scripts/sass_uniform_check.py on synthetic cuobjdump -sass listings: a function whose copy reads
+its shared address and cache policy from uniform registers nothing writes is flagged (exit 1), the
+same function with them written passes, ULDC.64 / R2UR / UMOV define what they name, HGMMA with A in
+registers reads only B's descriptor, --filter keeps to matching names, and no listing is an error."""
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "scripts", "sass_uniform_check.py")
+failures = 0
+
+
+def listing(name, insns):
+    """A cuobjdump -sass function block: its header, each instruction with an address and the
+    encoding comments, as cuobjdump writes them."""
+    out = ["", f"\t\tFunction : {name}", "\t.headerflags\t@\"EF_CUDA_SM90 EF_CUDA_VIRTUAL_SM(EF_CUDA_SM90)\""]
+    for i, text in enumerate(insns):
+        out.append(f"        /*{i * 16:04x}*/                   {text} ;   /* 0x000000000000000000 */")
+        out.append("                                                    /* 0x000fe20000000f00 */")
+    return out
+
+
+def check(lines, *args):
+    with tempfile.NamedTemporaryFile("w", suffix=".sass", delete=False) as f:
+        f.write("\n".join(lines) + "\n")
+    try:
+        r = subprocess.run([sys.executable, SCRIPT, "--sass", f.name, *args], capture_output=True, text=True)
+    finally:
+        os.unlink(f.name)
+    return r.returncode, r.stdout
+
+
+def expect(what, cond, out=""):
+    global failures
+    if not cond:
+        failures += 1
+        print(f"FAIL {what}\n{out}")
+
+
+unset = listing("_Z6brokenv", ["ULDC.64 UR12, c[0x0][0x208]", "MOV R209, RZ",
+                               "LDGSTS.E.BYPASS.128 [R209+UR0], desc[UR1][R206.64], !P0",
+                               "LDG.E R2, desc[UR12][R4.64]", "EXIT"])
+fine = listing("_Z4finev", ["ULDC.64 UR12, c[0x0][0x208]", "UMOV UR0, 0x400", "UMOV UR8, 0xf0",
+                            "USHF.R.U32 UR8, UR8, 0x4, URZ", "UMOV UR9, 0x120", "UMOV UR8, URZ",
+                            "LDGSTS.E.BYPASS.128 [R41+UR0], desc[UR8][R32.64], !P1",
+                            "@!P0 LDG.E.64 R14, desc[UR12][R4.64]", "R2UR UR23, R201", "R2UR UR22, R200",
+                            "HGMMA.64x64x16.F32 R24, R104, gdesc[UR20], RZ, !UPT", "EXIT"])
+ssmode = listing("_Z6ssmodev", ["R2UR UR22, R200", "R2UR UR23, R201",
+                                "HGMMA.64x64x16.F32 R24, gdesc[UR20], RZ, !UPT", "EXIT"])
+
+rc, out = check(unset)
+expect("an unset policy and address are flagged", rc == 1 and "UNSET _Z6brokenv" in out and "UR0, UR1, UR2" in out, out)
+rc, out = check(fine)
+expect("registers written somewhere in the function pass", rc == 0 and "1 functions, 0 reading" in out, out)
+rc, out = check(ssmode)
+expect("HGMMA with A's descriptor too reads n .. n + 3", rc == 1 and "UR20, UR21" in out, out)
+rc, out = check(fine + unset)
+expect("two functions, one flagged", rc == 1 and "2 functions, 1 reading" in out and "_Z4finev" not in out, out)
+rc, out = check(fine + unset, "--filter", "fine")
+expect("--filter keeps to matching names", rc == 0 and "1 functions, 0 reading" in out, out)
+r = subprocess.run([sys.executable, SCRIPT], capture_output=True, text=True)
+expect("no listing is an error", r.returncode == 2 and "give a library" in r.stderr, r.stderr)
+print(f"test_sass_uniform_check: {failures} failures")
+sys.exit(1 if failures else 0)
