@@ -5,8 +5,9 @@ of a library or cubin (cuobjdump -sass; on the GPU machine, which has it).
 CUDA 13.0's ptxas has twice left the cache-policy descriptor of cp.async
 copies (LDGSTS ... desc[URn]) in uniform registers that nothing in the
 kernel sets: an illegal instruction on the device, for only the calls
-that reach those copies (the decode kernel's evict-first copies, session
-51 and session 75).  Every read register must have a write somewhere in
+that reach those copies (the decode kernel's evict-first copies:
+docs/perf/2026-12-01-decode-stream-tried-h200.json, and session 75's
+docs/perf/2026-12-04-decode-illegal-instruction-epilogue-h200.json).  Every read register must have a write somewhere in
 the function; a read with none is such a miscompile.
 
   python3 scripts/sass_uniform_check.py LIB_OR_CUBIN... [--filter SUBSTRING]
