@@ -437,6 +437,21 @@ function U.nested(shape, gen)
 end
 
 -- i-th element of a list, cycling.
+-- The decode kernel's instances a test must reach (kernels/attention/attention_decode.cuh), as
+-- {D, G, Lq, dtype}: head dims 64, 128 and 256; G query heads a key head at Lq rows, 2, 24, 64 and 80 packed
+-- rows (one, two and four row groups, two row blocks; D = 256 takes at most 32); bf16 and f16.
+function U.decode_instances()
+  local list = {}
+  for _, D in ipairs({64, 128, 256}) do
+    for _, gl in ipairs({{2, 1}, {8, 3}, {16, 4}, {16, 5}}) do
+      if D < 256 or gl[1] * gl[2] <= 32 then
+        for _, dtype in ipairs({"bf16", "f16"}) do list[#list + 1] = {D, gl[1], gl[2], dtype} end
+      end
+    end
+  end
+  return list
+end
+
 function U.pick(list, i) return list[(i - 1) % #list + 1] end
 
 -- Runs the suite (luaunit's command line from `arg`) and exits, closing the

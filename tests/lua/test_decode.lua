@@ -124,25 +124,18 @@ function TestDecode:test_results_on_cuda()
   U.check_attention(q, k, v, {mask = fa.tensor(keep, {dtype = "bool", device = dev})}, "decode bool mask")
 end
 
--- Every contiguous decode instance, as test_kv_cache's test_decode_instances does for the paged ones: head
--- dims 64, 128 and 256; 2, 24, 64 and 80 packed rows a key head (1, 2 and 4 row groups, two row blocks); with
--- and without a score rule; both dtypes; one chunk of 5 tiles and two of 3 (so that the loop's copies of the
+-- Every contiguous decode instance (U.decode_instances), as test_kv_cache's test_decode_instances does for the
+-- paged ones: with and without a score rule; one chunk of 5 tiles and two of 3 (so that the loop's copies of the
 -- next tiles run, under the evict-first policy: K and V are small).  A miscompiled instance (session 75: ptxas
 -- left some copies' registers unset in four paged ones) is an illegal instruction for the calls that reach it.
 function TestDecode:test_instances_on_cuda()
   if dev ~= "cuda" then lu.skip("cuda only") end
-  for _, D in ipairs({64, 128, 256}) do
-    for _, gl in ipairs({{2, 1}, {8, 3}, {16, 4}, {16, 5}}) do
-      local G, Lq = gl[1], gl[2]
-      if not (D == 256 and G * Lq > 32) then
-        for _, dtype in ipairs({"bf16", "f16"}) do
-          local q, k, v = qkv(dtype, 2, G, 1, Lq, 320, D)
-          local what = ("decode instance D %d G %d Lq %d %s"):format(D, G, Lq, dtype)
-          U.check_attention(q, k, v, {causal = true, splits = 1, return_lse = true}, what .. " 1 split")
-          U.check_attention(q, k, v, {softcap = 2, kv_lens = {320, 250}, splits = 2}, what .. " softcap, 2 splits")
-        end
-      end
-    end
+  for _, inst in ipairs(U.decode_instances()) do
+    local D, G, Lq, dtype = table.unpack(inst)
+    local q, k, v = qkv(dtype, 2, G, 1, Lq, 320, D)
+    local what = ("decode instance D %d G %d Lq %d %s"):format(D, G, Lq, dtype)
+    U.check_attention(q, k, v, {causal = true, splits = 1, return_lse = true}, what .. " 1 split")
+    U.check_attention(q, k, v, {softcap = 2, kv_lens = {320, 250}, splits = 2}, what .. " softcap, 2 splits")
   end
 end
 

@@ -89,35 +89,28 @@ function TestKVCache:test_append_attend_pages()
   end
 end
 
--- Every paged decode instance the kernel has: head dims 64, 128 and 256; one, two and four row groups and
--- two row blocks (G·Lq = 2, 24, 64 and 80 packed rows); pages of a size that is not a multiple of 16 (a row an
--- entry) and of 16 (runs); with and without a score rule; both 16-bit dtypes; chunks of more tiles than stages,
--- so that the loop's copies of the next tiles run.  On cuda the D = 128 instances of four row groups and rows an entry
--- were an illegal instruction (ptxas left their evict-first copies' cache policy in a uniform register nothing
--- set, session 75): each instance must be reached by a test.
+-- Every paged decode instance the kernel has (U.decode_instances: head dims, row groups, dtypes); pages of a
+-- size that is not a multiple of 16 (a row an entry) and of 16 (runs); with and without a score rule; chunks of
+-- more tiles than stages, so that the loop's copies of the next tiles run.  On cuda the D = 128 instances of four
+-- row groups and rows an entry were an illegal instruction (ptxas left their evict-first copies' cache policy in a
+-- uniform register nothing set, session 75): each instance must be reached by a test.
 function TestKVCache:test_decode_instances()
   local B, H, cap = 2, 1, 330
-  for _, D in ipairs({64, 128, 256}) do
-    for _, gl in ipairs({{2, 1}, {8, 3}, {16, 4}, {16, 5}}) do
-      local G, Lq = gl[1], gl[2]
-      if not (D == 256 and G * Lq > 32) then
-        for _, ps in ipairs({100, 16}) do
-          for _, dtype in ipairs({"bf16", "f16"}) do
-            local cache <close> = fa.kv_cache{batch = B, heads = H, dim = D, capacity = cap, page_size = ps,
-                                              dtype = dtype, device = dev}
-            local m = model(B, H, D, D, cap)
-            local k, v = U.randn({B, H, 320, D}, dtype), U.randn({B, H, 320, D}, dtype)
-            cache:append(k, v, {320, 257})
-            model_append(m, k, v, {320, 257})
-            local q = U.randn({B, G * H, Lq, D}, dtype)
-            local what = ("D %d G %d Lq %d page %d %s"):format(D, G, Lq, ps, dtype)
-            -- (one chunk of 5 tiles and two of 3: the automatic count gives these short caches a tile a
-            -- chunk, where the loop copies nothing)
-            check_attend(cache, m, q, {causal = true, return_lse = true, splits = 1}, dtype, what .. " 1 split")
-            check_attend(cache, m, q, {softcap = 2, splits = 2}, dtype, what .. " softcap, 2 splits")
-          end
-        end
-      end
+  for _, inst in ipairs(U.decode_instances()) do
+    local D, G, Lq, dtype = table.unpack(inst)
+    for _, ps in ipairs({100, 16}) do
+      local cache <close> = fa.kv_cache{batch = B, heads = H, dim = D, capacity = cap, page_size = ps, dtype = dtype,
+                                        device = dev}
+      local m = model(B, H, D, D, cap)
+      local k, v = U.randn({B, H, 320, D}, dtype), U.randn({B, H, 320, D}, dtype)
+      cache:append(k, v, {320, 257})
+      model_append(m, k, v, {320, 257})
+      local q = U.randn({B, G * H, Lq, D}, dtype)
+      local what = ("D %d G %d Lq %d page %d %s"):format(D, G, Lq, ps, dtype)
+      -- (one chunk of 5 tiles and two of 3: the automatic count gives these short caches a tile a chunk, where
+      -- the loop copies nothing)
+      check_attend(cache, m, q, {causal = true, return_lse = true, splits = 1}, dtype, what .. " 1 split")
+      check_attend(cache, m, q, {softcap = 2, splits = 2}, dtype, what .. " softcap, 2 splits")
     end
   end
 end
