@@ -108,7 +108,8 @@ FA_API int fa_backend_available(fa_device device);
 /* Uninitialised contiguous tensor. */
 FA_API fa_status fa_tensor_empty(fa_context *ctx, int ndim, const int64_t *shape, fa_dtype dtype,
                                  fa_device device, fa_tensor **out);
-/* Zero-copy tensor over memory the host owns.  `strides` may be NULL for
+/* Zero-copy tensor over memory the host owns.  `data` is aligned to the
+ * element size (else FA_ERR_ARGUMENT).  `strides` may be NULL for
  * row-major contiguous; given, each is >= 0 and the elements they address
  * (also through size-1 and size-0 dimensions) lie within 2^59 elements of
  * the first, so that no offset computation can overflow.  When the last

@@ -168,6 +168,13 @@ fa_status fa_tensor_wrap(fa_context *ctx, void *data, fa_device device, fa_dtype
                    "this build)");
   if (!data && fa_numel_of(ndim, shape) > 0)
     return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: fa_tensor_wrap: data is NULL");
+  /* every kernel reads elements as their type: a misaligned one is undefined
+   * behaviour on the CPU and a fault on the GPU */
+  if ((uintptr_t)data % fa_dtype_size(dtype))
+    return fa_fail(ctx, FA_ERR_ARGUMENT,
+                   "flashattn: fa_tensor_wrap: data %p: expected an address aligned to the element size (%s: %zu "
+                   "bytes)",
+                   data, fa_dtype_name(dtype), fa_dtype_size(dtype));
   int64_t st_[FA_MAX_DIMS];
   int64_t span = 0;
   if (strides) {
@@ -305,14 +312,10 @@ static int view_strides(const fa_tensor *t, int ndim, const int64_t *shape, int6
   return vd == -1;
 }
 
-/* fa_tensor_view, and fa_tensor_reshape (may_copy) */
+/* fa_tensor_view, and fa_tensor_reshape (may_copy); the callers check the
+ * pointers, so that a NULL is named with the API call */
 static fa_status view_of(fa_context *ctx, fa_tensor *t, int ndim, const int64_t *shape_in, int may_copy,
                          fa_tensor **out) {
-  FA_NEED(out);
-  *out = NULL;
-  FA_NEED(ctx);
-  FA_NEED(t);
-  FA_NEED(shape_in);
   int64_t shape[FA_MAX_DIMS], strides[FA_MAX_DIMS];
   fa_status st = resolve_shape(ctx, t, ndim, shape_in, shape, may_copy ? "reshape" : "view");
   if (st) return st;
@@ -328,11 +331,20 @@ static fa_status view_of(fa_context *ctx, fa_tensor *t, int ndim, const int64_t 
   return st;
 }
 
+#define VIEW_ARGS_NEEDED() \
+  FA_NEED(out);               \
+  *out = NULL;                \
+  FA_NEED(ctx);               \
+  FA_NEED(t);                 \
+  FA_NEED(shape)
+
 fa_status fa_tensor_view(fa_context *ctx, fa_tensor *t, int ndim, const int64_t *shape, fa_tensor **out) {
+  VIEW_ARGS_NEEDED();
   return view_of(ctx, t, ndim, shape, 0, out);
 }
 
 fa_status fa_tensor_reshape(fa_context *ctx, fa_tensor *t, int ndim, const int64_t *shape, fa_tensor **out) {
+  VIEW_ARGS_NEEDED();
   return view_of(ctx, t, ndim, shape, 1, out);
 }
 

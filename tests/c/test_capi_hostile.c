@@ -311,6 +311,34 @@ static void test_wrap_strides(void) {
   fa_tensor_release(t);
 }
 
+/* Data not aligned to its element size: refused, where the kernels would
+ * read misaligned elements (undefined behaviour; UBSan reported it). */
+static void test_wrap_misaligned(void) {
+  tu_test = "wrap misaligned";
+  static double host[8];
+  char *base = (char *)host;
+  int64_t shape[2] = {2, 3};
+  static const fa_dtype types[] = {FA_F32, FA_F16, FA_BF16, FA_F64};
+  for (size_t i = 0; i < sizeof types / sizeof *types; i++)
+    for (int off = 1; off < 8; off++) {
+      fa_tensor *t = POISON;
+      released = 0;
+      fa_status st = fa_tensor_wrap(ctx, base + off, FA_CPU, types[i], 2, shape, NULL, on_release, NULL, &t);
+      if (off % (int)fa_dtype_size(types[i]) == 0) {
+        CHECK(st == FA_OK, "dtype %d offset %d: aligned, taken (%s)", (int)types[i], off, fa_context_error(ctx));
+        fa_tensor_release(t);
+        CHECK(released == 1, "released once");
+        continue;
+      }
+      CHECK(st == FA_ERR_ARGUMENT && t == NULL && released == 0, "dtype %d offset %d: refused, no tensor",
+            (int)types[i], off);
+      CHECK_NAMES("aligned");
+    }
+  fa_tensor *b = NULL; /* bool: one byte, any address */
+  CHECK_OK(ctx, fa_tensor_wrap(ctx, base + 3, FA_CPU, FA_BOOL, 2, shape, NULL, NULL, NULL, &b));
+  fa_tensor_release(b);
+}
+
 /* ---- every handle counts against the limit (item 8) ------------------------- */
 
 static void test_handles_counted(void) {
@@ -478,6 +506,7 @@ int main(void) {
   test_null_kernels();
   test_null_lua();
   test_wrap_strides();
+  test_wrap_misaligned();
   test_handles_counted();
   test_tile_zero();
   test_scale_range();
