@@ -12,9 +12,7 @@ extern const luaL_Reg fal_ring_funcs[]; /* lring.c: fa.shard, fa.unshard, fa.rin
 static fa_device opt_device(lua_State *L, int idx) {
   fa_device d;
   if (lua_isnoneornil(L, idx)) return fa_context_device(fal_ctx(L));
-  const char *name = fal_cstring(L, idx);
-  if (name && fa_device_parse(name, &d) == 0) return d;
-  fal_parse_device(L, idx, fal_arglabel(L, idx, "device"), &d); /* raises, naming argument #idx */
+  fal_parse_device(L, idx, fal_arglabel(L, idx, "device"), &d); /* a bad or unusable one raises, naming it */
   return d;
 }
 

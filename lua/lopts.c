@@ -161,7 +161,14 @@ const char *fal_cstring(lua_State *L, int idx) {
 
 int fal_parse_device(lua_State *L, int idx, const char *what, fa_device *out) {
   const char *name = fal_cstring(L, idx);
-  if (name && fa_device_parse(name, out) == 0) return 1;
+  if (name && fa_device_parse(name, out) == 0) {
+    /* here, so that every device a script names is refused naming its argument, not
+     * taken by the calls that only read figures (fa.memory("cuda") was {0, 0}) */
+    if (!fa_backend_available(*out))
+      return fal_error(L, "%s: device '%s' is not available (no usable GPU or no CUDA backend in this build)", what,
+                       name);
+    return 1;
+  }
   if (fa_device_cuda_index(name) >= 0) {
     int cur = -1;
     fa_device_cuda_current(&cur);

@@ -694,7 +694,18 @@ function TestDevices:test_default_device_and_moves()
     lu.assertEquals(c:to("cpu"):device(), "cpu")
   else
     U.assert_fa_error({"cuda"}, function() return fa.zeros(3, {device = "cpu"}):cuda() end)
-    U.assert_fa_error({"cuda"}, fa.zeros, 3, {device = "cuda"})
+    U.assert_fa_error({"opts.device", "'cuda' is not available"}, fa.zeros, 3, {device = "cuda"})
+    -- every GPU name is refused naming its argument, also by the calls that only read figures
+    -- (fa.memory("cuda") was {0, 0}, and set_memory_limit stored a limit for it)
+    for _, name in ipairs({"cuda", "cuda:0", "gpu"}) do
+      U.assert_fa_error({"argument #1 (device)", "not available"}, fa.memory, name)
+      U.assert_fa_error({"argument #1 (device)", "not available"}, fa.reset_peak, name)
+      U.assert_fa_error({"argument #1 (device)", "not available"}, fa.memory_limit, name)
+      U.assert_fa_error({"argument #2 (device)", "not available"}, fa.set_memory_limit, 100, name)
+      U.assert_fa_error({"argument #2 (device)", "not available"}, fa.softmax_fused_max_n, "f32", name)
+      U.assert_fa_error({"argument #1 (device)", "not available"}, fa.set_default_device, name)
+    end
+    lu.assertEquals(fa.memory_limit("cpu"), fa.memory_limit())
   end
 end
 
