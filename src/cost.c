@@ -10,6 +10,7 @@ fa_status fa_cost_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tens
   fa_attention_opts defaults;
   fa_attn_dims d;
   fa_status st = fa_check_attention_or_defaults(ctx, q, k, v, &opts, &defaults, &d);
+  if (!st) st = fa_check_attention_kernel(ctx, opts, &d); /* a named kernel: its algo's model, its errors */
   if (st) return st;
   double es = (double)fa_dtype_size(d.dtype);
   double Q = (double)(d.B * d.Hq * d.Lq * d.D), K = (double)(d.B * d.Hkv * d.Lk * d.D);
@@ -17,7 +18,7 @@ fa_status fa_cost_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tens
   double S = (double)(d.B * d.Hq) * (double)d.Lq * (double)d.Lk, rows = (double)(d.B * d.Hq * d.Lq);
   double frac = opts->causal != FA_CAUSAL_NONE ? 0.5 : 1.0;
   out->flops = 2.0 * S * (double)(d.D + d.Dv) * frac;
-  double lse = opts->return_lse ? 4.0 * rows : 0.0;
+  double lse = opts->return_lse || opts->lse_out ? 4.0 * rows : 0.0; /* lse_out alone asks for it too */
   double mask = opts->mask ? (double)fa_tensor_numel(opts->mask) * (double)fa_dtype_size(opts->mask->dtype) : 0.0;
   switch (d.algo) {
   case FA_ATTN_NAIVE: { /* S written and read back, P written and read back */

@@ -116,6 +116,26 @@ function TestCost:test_naive_bytes_follow_the_schedule()
   end
 end
 
+-- a named kernel is costed by its algo, and checked as fa.attention checks it (the default algo's
+-- bytes were reported, and an unknown name taken); lse_out alone adds the lse, as return_lse does
+function TestCost:test_named_kernel_and_lse_out()
+  local q = U.randn({1, 2, 40, 8})
+  for _, name in ipairs(fa.kernels(q, q, q)) do
+    local algo
+    for _, a in ipairs({"flash", "two_pass", "naive", "flash_row"}) do -- a kernel's own algo first
+      if not algo and pcall(fa.attention, q, q, q, {kernel = name, algo = a}) then algo = a end
+    end
+    lu.assertEquals(fa.cost.attention(q, q, q, {kernel = name}).bytes, fa.cost.attention(q, q, q, {algo = algo}).bytes,
+      name)
+  end
+  U.assert_fa_error({"opts.kernel", "unknown kernel"}, fa.cost.attention, q, q, q, {kernel = "no_such_kernel"})
+  local rows = 2 * 40
+  local plain = fa.cost.attention(q, q, q).bytes
+  lu.assertEquals(fa.cost.attention(q, q, q, {return_lse = true}).bytes, plain + 4 * rows)
+  lu.assertEquals(fa.cost.attention(q, q, q, {lse_out = fa.zeros({1, 2, 40}, {device = q:device()})}).bytes,
+    plain + 4 * rows)
+end
+
 function TestCost:test_attention_flops_count_dv()
   local q, k, v = U.randn({1, 2, 32, 64}), U.randn({1, 2, 48, 64}), U.randn({1, 2, 48, 16})
   -- QKᵀ: 2·Lq·Lk·D, PV: 2·Lq·Lk·Dv
