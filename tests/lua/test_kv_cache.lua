@@ -223,6 +223,12 @@ function TestKVCache:test_empty_sequences()
   local t = U.flat(l)
   lu.assertEquals(t[1], -math.huge)
   lu.assertTrue(t[3] > -math.huge)
+  -- no query heads (Hq = 0, a multiple of Hkv) or no query rows: an empty output, as fa.attention gives
+  for _, shape in ipairs({{3, 0, 2, 4}, {3, 1, 0, 4}}) do
+    o, l = cache:attend(U.randn(shape), {return_lse = true})
+    lu.assertEquals(o:shape(), shape)
+    lu.assertEquals(l:shape(), {shape[1], shape[2], shape[3]})
+  end
 end
 
 function TestKVCache:test_capacity_and_pool_errors_write_nothing()
