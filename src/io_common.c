@@ -111,6 +111,8 @@ fa_status fa_io_read(fa_io_src *s, uint64_t off, void *buf, size_t n, const char
  * Nothing waits: a FIFO that no process reads is an error at once. */
 fa_status fa_io_create(fa_io_src *s, fa_context *ctx, const char *path) {
   src_init(s, ctx, "save", path);
+  if (!*path) /* else the file would be written beside "" (in the working directory), then fail to move */
+    return fa_io_fail(s, FA_ERR_ARGUMENT, "cannot open for writing: the path is empty");
   struct stat sb;
   const int exists = lstat(path, &sb) == 0;
   if (!exists || S_ISREG(sb.st_mode)) {

@@ -379,6 +379,8 @@ function TestIoSave:test_bad_arguments()
   U.assert_fa_error({"freed"}, fa.save, path("x.npy"), freed)
   U.assert_fa_error({"'f'", "freed"}, fa.save, path("x.safetensors"), {f = freed})
   U.assert_fa_error({"save", "cannot open"}, fa.save, "/nonexistent-dir/x.npy", t)
+  -- an empty path: refused before anything is written (a temporary file appeared in the working directory)
+  U.assert_fa_error({"save", "the path is empty"}, fa.save, "", t)
   U.assert_fa_error({"unexpected"}, fa.save, path("x.npy"), t, 3)
 end
 
