@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include <limits.h>
+#include <math.h>
 
 #include "lbinding.h"
 
@@ -80,8 +81,11 @@ void read_attn_opts(lua_State *L, int idx, const char *fname, fa_attention_opts 
   if (lens) {
     int64_t *ilens = (int64_t *)fal_newbuffer(L, n, sizeof *ilens, "kv_lens");
     for (int64_t i = 0; i < n; i++) {
-      if (!(lens[i] >= -9.2e18 && lens[i] <= 9.2e18) || (double)(int64_t)lens[i] != lens[i])
+      if (lens[i] != floor(lens[i])) /* NaN too; an integer past int64 (math.maxinteger as a double) is out of range */
         fal_error(L, "opts.kv_lens[%I]: expected an integer, got %f", (lua_Integer)i + 1, (lua_Number)lens[i]);
+      if (!(lens[i] >= -9.2e18 && lens[i] <= 9.2e18))
+        fal_error(L, "opts.kv_lens[%I]: expected 0 to Lk (the number of keys), got %f", (lua_Integer)i + 1,
+                  (lua_Number)lens[i]);
       ilens[i] = (int64_t)lens[i];
     }
     o->kv_lens = ilens;

@@ -719,6 +719,16 @@ function TestAttention:test_bool_tensors_are_no_slopes_or_lengths()
   U.assert_fa_error({"opts.kv_lens", "bool"}, fa.attention, q, q, q, {kv_lens = fa.tensor({true})})
 end
 
+function TestAttention:test_kv_lens_range_errors()
+  -- an integer past int64 (math.maxinteger read as a double) is out of range, not "not an integer"
+  local q = fa.randn({1, 1, 2, 4}, {seed = 1})
+  U.assert_fa_error({"opts.kv_lens[1]", "expected 0 to Lk"}, fa.attention, q, q, q, {kv_lens = {math.maxinteger}})
+  U.assert_fa_error({"opts.kv_lens[1]", "expected 0 to Lk"}, fa.attention, q, q, q, {kv_lens = {1e300}})
+  U.assert_fa_error({"opts.kv_lens[1]", "expected 0 to Lk"}, fa.attention, q, q, q, {kv_lens = {3}})
+  U.assert_fa_error({"opts.kv_lens[1]", "expected an integer"}, fa.attention, q, q, q, {kv_lens = {1.5}})
+  U.assert_fa_error({"opts.kv_lens[1]", "expected an integer"}, fa.attention, q, q, q, {kv_lens = {0 / 0}})
+end
+
 function TestAttention:test_one_opts_table_for_both_passes()
   -- fa.attention takes the backward's `deterministic`, so that the same opts serve both (API §10)
   local q, k, v = qkv(1, 2, 2, 5, 7, 8, 8, "f32")
