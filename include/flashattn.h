@@ -468,7 +468,9 @@ FA_API fa_status fa_load_npy(fa_context *ctx, const char *path, fa_device device
 FA_API fa_status fa_load_npy_buffer(fa_context *ctx, const void *data, size_t size, fa_device device,
                                     fa_tensor **out);
 /* Writes t (any device, any strides) as a C-order little-endian .npy,
- * version 1.0; bf16, which numpy lacks, is widened to f32 ('<f4'). */
+ * version 1.0; bf16, which numpy lacks, is widened to f32 ('<f4').  A path
+ * ending in ".safetensors" (any case) is FA_ERR_ARGUMENT, as is an ".npy"
+ * one for fa_save_safetensors: loading follows the extension. */
 FA_API fa_status fa_save_npy(fa_context *ctx, const char *path, fa_tensor *t);
 
 /* *names and *tensors get *count entries sorted by name (bytewise), the

@@ -253,7 +253,7 @@ fa_status fa_save_npy(fa_context *ctx, const char *path, fa_tensor *t) {
   head[9] = (char)(hlen >> 8);
   memset(head + 10 + len, ' ', hlen - (size_t)len - 1);
   head[total - 1] = '\n';
-  if (!(st = fa_io_create(&s, ctx, path))) {
+  if (!(st = fa_io_create(&s, ctx, path, FA_FILE_NPY))) {
     st = fa_io_write(&s, head, total);
     if (!st) st = fa_io_write_tensor(&s, c);
     st = fa_io_finish(&s, path, st);

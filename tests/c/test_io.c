@@ -482,6 +482,16 @@ static void test_files_and_limits(void) {
   CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_save_npy(ctx, "/nonexistent-dir/x.npy", x));
   CHECK(strstr(fa_context_error(ctx), "/nonexistent-dir/x.npy"), "%s", fa_context_error(ctx));
   CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_save_npy(ctx, NULL, x));
+  /* an empty path (a temporary file was written in the working directory first), and a path whose extension
+   * names the other format (fa.load follows the extension: it could not read the file back) */
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_save_npy(ctx, "", x));
+  CHECK(strstr(fa_context_error(ctx), "empty"), "%s", fa_context_error(ctx));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_save_npy(ctx, tmp_path("other.SafeTensors"), x));
+  CHECK(strstr(fa_context_error(ctx), ".safetensors path"), "%s", fa_context_error(ctx));
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_save_safetensors(ctx, tmp_path("other.npy"), 1, &one, &x));
+  CHECK(strstr(fa_context_error(ctx), ".npy path"), "%s", fa_context_error(ctx));
+  CHECK(access(tmp_path("other.SafeTensors"), F_OK) != 0 && access(tmp_path("other.npy"), F_OK) != 0,
+        "a refused save left a file");
   CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_load_npy(ctx, tmp_path("sniff.bin"), FA_CPU, NULL));
   CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_load_safetensors(ctx, tmp_path("sniff.dat"), FA_CPU, NULL, &ts, &count));
   CHECK_STATUS(ctx, FA_ERR_DEVICE, fa_load_npy(ctx, tmp_path("sniff.bin"), (fa_device)7, &t));
