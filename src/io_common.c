@@ -104,13 +104,20 @@ fa_status fa_io_read(fa_io_src *s, uint64_t off, void *buf, size_t n, const char
   return FA_OK;
 }
 
+/* path ends in ext (lower case), in any case */
+static int ends_with(const char *path, const char *ext) {
+  size_t n = strlen(path), m = strlen(ext);
+  if (n < m) return 0;
+  for (size_t i = 0; i < m; i++)
+    if (tolower((unsigned char)path[n - m + i]) != ext[i]) return 0;
+  return 1;
+}
+
 /* A new or regular file is written beside the path and renamed onto it
  * once whole (fa_io_finish), so that a failed save leaves what was there
  * (a file of the same mode); anything else (a device, a FIFO, a symbolic
  * link) is written in place and never removed: it is not the engine's.
  * Nothing waits: a FIFO that no process reads is an error at once. */
-static int ends_with(const char *path, const char *ext);
-
 fa_status fa_io_create(fa_io_src *s, fa_context *ctx, const char *path, fa_file_format fmt) {
   src_init(s, ctx, "save", path);
   if (!*path) /* else the file would be written beside "" (in the working directory), then fail to move */
@@ -314,14 +321,6 @@ fa_status fa_load_safetensors_buffer(fa_context *ctx, const void *data, size_t s
   fa_io_src s;
   fa_io_src_buffer(&s, ctx, data, size);
   return fa_safetensors_read(&s, device, names, tensors, count);
-}
-
-static int ends_with(const char *path, const char *ext) {
-  size_t n = strlen(path), m = strlen(ext);
-  if (n < m) return 0;
-  for (size_t i = 0; i < m; i++)
-    if (tolower((unsigned char)path[n - m + i]) != ext[i]) return 0;
-  return 1;
 }
 
 fa_status fa_file_format_of(fa_context *ctx, const char *path, fa_file_format *out) {

@@ -95,7 +95,8 @@ fa_status fa_kv_cache_create(fa_context *ctx, const fa_kv_cache_opts *o, fa_kv_c
       return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: kv_cache: %s: expected an integer from 1 to 2^40, got %lld",
                      sizes[i].name, (long long)sizes[i].v);
   if (o->dim_v < 0 || o->dim_v > KV_MAX_ENTRIES)
-    return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: kv_cache: dim_v: expected an integer from 1 to 2^40 (0 = dim), got %lld",
+    return fa_fail(ctx, FA_ERR_ARGUMENT,
+                   "flashattn: kv_cache: dim_v: expected an integer from 1 to 2^40 (0 = dim), got %lld",
                    (long long)o->dim_v);
   if (o->page_size < 0 || o->page_size > KV_MAX_ENTRIES)
     return fa_fail(ctx, FA_ERR_ARGUMENT,
@@ -103,8 +104,8 @@ fa_status fa_kv_cache_create(fa_context *ctx, const fa_kv_cache_opts *o, fa_kv_c
                    (long long)o->page_size);
   if (o->pages < 0 || o->pages > KV_MAX_ENTRIES)
     return fa_fail(ctx, FA_ERR_ARGUMENT,
-                   "flashattn: kv_cache: pages: expected an integer from 1 to 2^40 (0 = batch * ceil(capacity / page_size)), "
-                   "got %lld",
+                   "flashattn: kv_cache: pages: expected an integer from 1 to 2^40 (0 = batch * ceil(capacity / "
+                   "page_size)), got %lld",
                    (long long)o->pages);
   if (!fa_is_float_dtype(o->dtype))
     return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: kv_cache: dtype: expected a float dtype (f32, f16, bf16, f64), got %s",
@@ -395,7 +396,8 @@ static fa_status check_attend(fa_context *ctx, const fa_kv_cache *c, const fa_te
     return fa_fail(ctx, FA_ERR_DEVICE, "flashattn: kv_cache attend: q: expected device %s (the cache's), got %s",
                    fa_device_name(c->device), fa_device_name(q->storage->device));
   char buf[64];
-  if (q->ndim != 4 || q->shape[0] != c->B || q->shape[3] != c->D || q->shape[1] % c->H) /* Hq = 0: empty, as fa_attention */
+  /* Hq = 0 is a multiple: an empty output, as fa_attention gives */
+  if (q->ndim != 4 || q->shape[0] != c->B || q->shape[3] != c->D || q->shape[1] % c->H)
     return fa_fail(ctx, FA_ERR_SHAPE,
                    "flashattn: kv_cache attend: q: expected shape (B, Hq, Lq, D) = (%lld, a multiple of %lld, Lq, "
                    "%lld), got %s",
