@@ -542,12 +542,55 @@ static int check_sandbox(lua_State *L) {
   return ok;
 }
 
+/* The script's arguments (q, k, v, o, params), pushed in protected mode:
+ * fa_lua_push_tensor makes a box through a Lua call, which the sandbox's
+ * hook sees (and a budget can stop), and raises as lua_newuserdata does. */
+static int push_args(lua_State *L) {
+  fa_tensor **ts = (fa_tensor **)lua_touserdata(L, 1);
+  lua_settop(L, 0);
+  for (int i = 0; i < 4; i++) fa_lua_push_tensor(L, ts[i]);
+  lua_createtable(L, 0, 4);
+  lua_pushboolean(L, 1);
+  lua_setfield(L, -2, "causal");
+  lua_pushstring(L, "host_plugin");
+  lua_setfield(L, -2, "host");
+  return 5;
+}
+
+static void usage(FILE *f) { fprintf(f, "usage: host_plugin [--budget N] [--seconds S] [script.lua]\n"); }
+
+/* A whole-number or decimal option value, or -1 (with a one-line error). */
+static double option_value(const char *name, const char *text, int integer) {
+  char *end = NULL;
+  const double v = text ? strtod(text, &end) : -1;
+  if (!text || end == text || *end || !(v >= 0 && v <= 9e15) || (integer && v != (double)(long long)v)) {
+    fprintf(stderr, "host_plugin: %s: expected %s, got %s\n", name,
+            integer ? "a whole number >= 0" : "a number of seconds >= 0", text ? text : "nothing");
+    return -1;
+  }
+  return v;
+}
+
 int main(int argc, char **argv) {
   int a = 1;
-  for (; a + 1 < argc; a += 2) {
-    if (strcmp(argv[a], "--budget") == 0) budget = atoll(argv[a + 1]);
-    else if (strcmp(argv[a], "--seconds") == 0) seconds = atof(argv[a + 1]);
-    else break;
+  for (; a < argc && strncmp(argv[a], "--", 2) == 0; a += 2) {
+    if (strcmp(argv[a], "--help") == 0) {
+      usage(stdout);
+      return 0;
+    }
+    const int is_budget = strcmp(argv[a], "--budget") == 0;
+    if (!is_budget && strcmp(argv[a], "--seconds") != 0) {
+      fprintf(stderr, "host_plugin: unknown option %s (--budget N, --seconds S, --help)\n", argv[a]);
+      return 1;
+    }
+    const double v = option_value(argv[a], a + 1 < argc ? argv[a + 1] : NULL, is_budget);
+    if (v < 0) return 1;
+    if (is_budget) budget = (long long)v;
+    else seconds = v;
+  }
+  if (argc > a + 1) {
+    usage(stderr);
+    return 1;
   }
   const char *script = argc > a ? argv[a] : FA_PLUGIN_SCRIPT;
   const size_t nq = (size_t)B * HQ * LQ * D, nk = (size_t)B * HKV * LK * D, no = nq;
@@ -593,17 +636,12 @@ int main(int argc, char **argv) {
   if (luaL_loadfilex(L, script, "t") != LUA_OK) { /* 2: the chunk (text only) */
     fprintf(stderr, "host_plugin: %s\n", lua_tostring(L, -1));
   } else {
-    /* the script's arguments: q, k, v, o, params */
-    fa_lua_push_tensor(L, tq);
-    fa_lua_push_tensor(L, tk);
-    fa_lua_push_tensor(L, tv);
-    fa_lua_push_tensor(L, to);
-    lua_createtable(L, 0, 4);
-    lua_pushboolean(L, 1);
-    lua_setfield(L, -2, "causal");
-    lua_pushstring(L, "host_plugin");
-    lua_setfield(L, -2, "host");
-    if (lua_pcall(L, 5, 1, 1) != LUA_OK) {
+    fa_tensor *args[4] = {tq, tk, tv, to};
+    lua_pushcfunction(L, push_args);
+    lua_pushlightuserdata(L, args);
+    if (lua_pcall(L, 1, 5, 1) != LUA_OK) { /* 3..7: the script's arguments */
+      fprintf(stderr, "host_plugin: the script's arguments:\n%s\n", lua_tostring(L, -1));
+    } else if (lua_pcall(L, 5, 1, 1) != LUA_OK) {
       fprintf(stderr, "host_plugin: the script failed:\n%s\n", lua_tostring(L, -1));
     } else {
       /* the result lies in the host's own O buffer */

@@ -70,8 +70,10 @@ typedef struct fa_block_mask fa_block_mask;
 /* Creates a context whose default device is `device` (FA_CPU or FA_CUDA).
  * Fails with FA_ERR_DEVICE when that device is not usable. */
 FA_API fa_status fa_context_create(fa_device device, fa_context **out);
-/* The default device an engine picks: FLASHATTN_DEVICE if set and valid,
- * else CUDA when a usable GPU is present, else CPU. */
+/* The default device an engine picks: FLASHATTN_DEVICE's when it is set
+ * (FA_DEVICE_NONE when it names no device: a typo then fails in
+ * fa_context_create instead of falling back to another device), else CUDA
+ * when a usable GPU is present, else CPU. */
 FA_API fa_device fa_default_device(void);
 FA_API void fa_context_destroy(fa_context *ctx);
 FA_API const char *fa_context_error(const fa_context *ctx);
@@ -625,7 +627,10 @@ FA_API fa_status fa_ring_attention(fa_context *ctx, int n, fa_tensor *const *qs,
 struct lua_State;
 /* The module's loader (what require "flashattn" calls). */
 FA_API int luaopen_flashattn(struct lua_State *L);
-/* Pushes a Lua tensor that holds a new reference to t. */
+/* Pushes a Lua tensor that holds a new reference to t (nil for NULL).
+ * Like lua_newuserdata it can raise a Lua error (out of memory, or from a
+ * call hook the host set: the box is made by a protected Lua call, so that
+ * the reference is released on failure): call it in protected mode. */
 FA_API void fa_lua_push_tensor(struct lua_State *L, fa_tensor *t);
 /* The tensor at idx (raises a Lua error if it is not a live tensor);
  * borrowed: retain it to keep it. */
