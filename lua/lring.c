@@ -219,6 +219,16 @@ static int l_ring_attention(lua_State *L) {
     lua_pushnil(L); /* 5 */
   }
   layout = layout_or_tag(L, 4, 1, layout); /* fa.shard's where the opts name none */
+  { /* shards cut by different layouts would be read as one: positions permuted, a wrong causal result */
+    static const char *const names[3] = {"qs", "ks", "vs"};
+    int tags[3];
+    for (int i = 0; i < 3; i++) tags[i] = lua_type(L, i + 1) == LUA_TTABLE ? tagged_layout(L, i + 1) : -1;
+    for (int i = 1; i < 3; i++)
+      if (tags[0] >= 0 && tags[i] >= 0 && tags[i] != tags[0])
+        fal_error(L, "fa.ring_attention: %s: cut by fa.shard's %s layout, qs by %s: the shards of q, k and v must "
+                     "share one layout",
+                  names[i], layouts[tags[i]], layouts[tags[0]]);
+  }
   const lua_Unsigned len = lua_rawlen(L, 1);
   if (len < 1 || len > (lua_Unsigned)(INT_MAX / 4))
     fal_argerror(L, 1, "qs", "expected a table of at least one tensor, got %I entries", (lua_Integer)len);

@@ -9,6 +9,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* ---- chunks ------------------------------------------------------------------------ */
 
@@ -307,6 +308,17 @@ fa_status fa_ring_attention(fa_context *ctx, int n, fa_tensor *const *qs, fa_ten
                      "of one sequence, Lq = Lk)",
                      i + 1, (long long)li, (long long)ks[i]->shape[sd], (long long)vs[i]->shape[sd]);
     L += li;
+  }
+  { /* the heads, batch and head dims as fa_attention checks them, on shard 1 (the others
+     * differ from theirs only in length), named as the shards */
+    fa_attn_dims d;
+    if ((st = fa_check_attention(ctx, qs[0], ks[0], vs[0], opts, 0, &d))) {
+      static const char prefix[] = "flashattn: ";
+      char rest[FA_ERRMSG_LEN];
+      const char *e = ctx->error;
+      snprintf(rest, sizeof rest, "%s", strncmp(e, prefix, sizeof prefix - 1) ? e : e + sizeof prefix - 1);
+      return fa_fail(ctx, st, "flashattn: ring_attention: qs[1], ks[1], vs[1] as q, k, v: %s", rest);
+    }
   }
   /* the pieces of each shard in the full sequence */
   piece *pcs = calloc(2 * (size_t)n, sizeof *pcs);
