@@ -14,14 +14,17 @@ local path, causal, device, tmp_file
 local i = 1
 while arg and arg[i] do
   local a = arg[i]
-  if a == "--causal" then
+  if a == "--help" then
+    print("usage: flashattn-lua examples/compare_algos_safetensors.lua [file.safetensors] [--causal] [--device cpu|cuda]")
+    os.exit(0)
+  elseif a == "--causal" then
     causal = true
   elseif a == "--device" then
     i = i + 1
     device = arg[i]
   elseif a:sub(1, 2) == "--" then
-    io.stderr:write("compare_algos_safetensors: unknown option " .. a .. "\n")
-    os.exit(2)
+    io.stderr:write("compare_algos_safetensors: unknown option " .. a .. " (--causal, --device cpu|cuda, --help)\n")
+    os.exit(1)
   else
     path = a
   end

@@ -14,7 +14,10 @@ package.path = root .. "/lua/?.lua;" .. package.path
 local fa = require "flashattn"
 local sweep = require "flashattn.sweep"
 local small = arg and arg[1] == "--small"
-if arg and arg[1] and not small then error("probe_first_calls.lua: the one option is --small", 0) end
+if arg and arg[1] and not small then
+  io.stderr:write("probe_first_calls.lua: the one option is --small, got '", arg[1], "'\n")
+  os.exit(1)
+end
 local has_cuda = false
 for _, b in ipairs(fa.backends()) do has_cuda = has_cuda or b == "cuda" end
 local dev = (small and not has_cuda) and "cpu" or "cuda"

@@ -8,9 +8,16 @@
 --   flashattn-lua scripts/probe_o_rounding.lua [--dtype bf16] [--quick]
 local fa = require "flashattn"
 local dtype, quick = "bf16", false
-for i = 1, #arg do
+local i = 1
+while arg[i] do
   if arg[i] == "--quick" then quick = true
-  elseif arg[i] == "--dtype" then dtype = arg[i + 1] end
+  elseif arg[i] == "--dtype" and (arg[i + 1] == "bf16" or arg[i + 1] == "f16" or arg[i + 1] == "f32") then
+    dtype, i = arg[i + 1], i + 1
+  else
+    io.stderr:write("probe_o_rounding.lua: expected --quick or --dtype bf16|f16|f32, got '", arg[i], "'\n")
+    os.exit(1)
+  end
+  i = i + 1
 end
 local B, H, Lq, D = 2, 3, 576, 96
 local lks = {5, 64, 576}

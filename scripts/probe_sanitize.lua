@@ -15,7 +15,10 @@ while arg and arg[i] do
   local a, v = arg[i], arg[i + 1]
   if a == "--device" and (v == "cpu" or v == "cuda") then dev = v
   elseif a == "--l" and tonumber(v) and tonumber(v) >= 64 then L = math.floor(tonumber(v))
-  else error("probe_sanitize.lua: expected --device cpu|cuda or --l L (L >= 64), got '" .. tostring(a) .. "'", 0) end
+  else
+    io.stderr:write("probe_sanitize.lua: expected --device cpu|cuda or --l L (L >= 64), got '", tostring(a), "'\n")
+    os.exit(1)
+  end
   i = i + 2
 end
 local dtype = dev == "cuda" and "bf16" or "f32"

@@ -5,6 +5,10 @@
 --   flashattn-lua scripts/probe_softcap_caps.lua [device]
 local fa = require "flashattn"
 local dev = arg and arg[1] or "cuda"
+if (dev ~= "cpu" and dev ~= "cuda") or (arg and arg[2]) then
+  io.stderr:write("probe_softcap_caps.lua: expected one argument, cpu or cuda, got '", dev, "'\n")
+  os.exit(1)
+end
 local B, H, L, D = 1, 4, 1024, 128
 if dev == "cpu" then H, L, D = 1, 64, 16 end
 local q = fa.randn({B, H, L, D}, {dtype = "bf16", device = dev, seed = 1})

@@ -12,7 +12,10 @@ while arg and arg[i] do
   local a, v = arg[i], arg[i + 1]
   if a == "--calls" and tonumber(v) and tonumber(v) >= 1 then N = math.floor(tonumber(v))
   elseif a == "--device" and (v == "cpu" or v == "cuda") then dev = v
-  else error("probe_tiny_call.lua: expected --calls N (N >= 1) or --device cpu|cuda, got '" .. tostring(a) .. "'", 0) end
+  else
+    io.stderr:write("probe_tiny_call.lua: expected --calls N (N >= 1) or --device cpu|cuda, got '", tostring(a), "'\n")
+    os.exit(1)
+  end
   i = i + 2
 end
 local dt = dev == "cuda" and "bf16" or "f32"

@@ -16,10 +16,16 @@ local opts = {device = "cuda", ls = nil, json = nil}
 local i = 1
 while arg and arg[i] do
   local a, v = arg[i], arg[i + 1]
-  if a == "--device" then opts.device = v
-  elseif a == "--ls" then opts.ls = {} for x in v:gmatch("%d+") do opts.ls[#opts.ls + 1] = tonumber(x) end
-  elseif a == "--json" then opts.json = v
-  else error("probe_variant_cost.lua: unknown argument '" .. tostring(a) .. "' (--device, --ls, --json)") end
+  if a == "--device" and (v == "cpu" or v == "cuda") then opts.device = v
+  elseif a == "--ls" and v and v:match("%d") then
+    opts.ls = {}
+    for x in v:gmatch("%d+") do opts.ls[#opts.ls + 1] = tonumber(x) end
+  elseif a == "--json" and v then opts.json = v
+  else
+    io.stderr:write("probe_variant_cost.lua: expected --device cpu|cuda, --ls L,L,... or --json FILE, got '",
+      tostring(a), "'\n")
+    os.exit(1)
+  end
   i = i + 2
 end
 local dev = opts.device
