@@ -2,6 +2,10 @@
 -- a sliding window and documents of 3000 keys, a call's time as per_call measures it.
 -- Usage (GPU machine): FLASHATTN_DEVICE=cuda build-gpu/flashattn-lua scripts/probe_block_mask.lua
 local fa = require "flashattn"
+if arg and arg[1] then
+  io.stderr:write("probe_block_mask.lua: takes no arguments, got '", arg[1], "'\n")
+  os.exit(1)
+end
 fa.set_default_device("cuda")
 local root = (arg and arg[0] or ""):match("^(.*)/scripts/[^/]*$") or "."
 package.path = root .. "/lua/?.lua;" .. package.path

@@ -8,6 +8,13 @@ local root = (arg and arg[0] or ""):match("^(.*)/scripts/[^/]*$") or "."
 package.path = root .. "/lua/?.lua;" .. package.path
 local fa = require "flashattn"
 local sweep = require "flashattn.sweep"
+for i = 1, 5 do
+  local a = arg[i]
+  if a and (i == 5 or not (math.tointeger(tonumber(a)) and tonumber(a) >= 1)) then
+    io.stderr:write("probe_kv_loop.lua: expected [B] [prefill] [page_size] [steps], whole numbers >= 1, got '", a, "'\n")
+    os.exit(1)
+  end
+end
 local B, prefill, ps, steps = tonumber(arg[1]) or 64, tonumber(arg[2]) or 4096, tonumber(arg[3]) or 16,
                               tonumber(arg[4]) or 1000
 local Hq, Hkv, D, dev = 32, 8, 128, "cuda"
