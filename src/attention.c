@@ -149,10 +149,10 @@ static fa_status build_problem(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
 static int shares_input(const fa_tensor *t, const fa_attn_buffers *b) {
   const fa_tensor *in[4] = {b->q, b->k, b->v, b->mask};
   for (int i = 0; i < 4; i++)
-    if (in[i] && in[i]->storage == t->storage) return 1;
+    if (in[i] && fa_tensor_same_memory(in[i], t)) return 1;
   for (int e = 0; e < 2; e++) /* a score_mod's bias[b][h][q][k] is read while the rows are written */
     for (int i = 0; b->exprs[e] && i < b->exprs[e]->ntensors; i++)
-      if (b->exprs[e]->tensors[i]->storage == t->storage) return 1;
+      if (fa_tensor_same_memory(b->exprs[e]->tensors[i], t)) return 1;
   return 0;
 }
 
@@ -185,6 +185,14 @@ static fa_status prepare_outputs(fa_context *ctx, const fa_attention_opts *o, co
   }
   (void)o;
   return FA_OK;
+}
+
+/* Whether a call's variants read captured tensors: such a call can fail
+ * after its kernels ran (a read out of range, src/expr.h), so that its
+ * outputs go to temporaries, copied into the caller's opts.out and
+ * opts.lse_out only on success (on failure nothing else is written). */
+static int variants_may_fault(const fa_expr *score_mod, const fa_expr *mask_mod) {
+  return (score_mod && score_mod->ntensors > 0) || (mask_mod && mask_mod->ntensors > 0);
 }
 
 /* Wraps a computed (B,Hq,Lq,X) buffer in the caller's rank and copies it into
@@ -312,7 +320,7 @@ static int device_rows_dense(const fa_tensor *t) {
 static int writable_in_place(const fa_tensor *t, int inner, const fa_attn_buffers *b, const fa_tensor *other) {
   const int64_t X = inner ? t->shape[t->ndim - 1] : 1;
   if (inner && X > 1 && t->strides[t->ndim - 1] != 1) return 0;
-  return fa_tensor_injective(t) && !shares_input(t, b) && !(other && other->storage == t->storage);
+  return fa_tensor_injective(t) && !shares_input(t, b) && !(other && fa_tensor_same_memory(other, t));
 }
 
 /* A device copy of n host values (kv_lens, alibi), freed by the caller. */
@@ -429,7 +437,9 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
   if (decode && d->B <= FA_KV_LENS_INLINE) in.kv_lens = NULL;
   if ((st = fa_attn_cuda_inputs(ctx, q, k, v, &in, d, &p, &bufs))) goto done;
   p.kv_lens_host = o->kv_lens;
-  if ((st = cuda_outputs(ctx, o, d, want_lse, lse_dtype, &bufs, &p))) goto done;
+  fa_attention_opts where = *o; /* where the kernels write */
+  if (d->variant && variants_may_fault(o->score_mod, o->mask_mod)) where.out = where.lse_out = NULL;
+  if ((st = cuda_outputs(ctx, &where, d, want_lse, lse_dtype, &bufs, &p))) goto done;
   if (d->B * d->Hq * d->Lq == 0) {
   } else if (d->Lk == 0) { /* no keys: zeros and lse = -inf */
     st = cuda_fill_empty(ctx, &bufs, want_lse);
@@ -549,7 +559,9 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   fa_attn_buffers bufs = {.exprs = {exprs[0], exprs[1]}};
   fa_attn_problem p;
   if ((st = build_problem(ctx, q, k, v, o, &d, compute, &p, &bufs)) ||
-      (st = prepare_outputs(ctx, o, &d, compute, want_lse, user_out, user_lse, lse_dtype, &p, &bufs)))
+      (st = variants_may_fault(p.score_mod, p.mask_mod)
+                 ? prepare_outputs(ctx, o, &d, compute, want_lse, NULL, NULL, lse_dtype, &p, &bufs)
+                 : prepare_outputs(ctx, o, &d, compute, want_lse, user_out, user_lse, lse_dtype, &p, &bufs)))
     goto done;
   if (!reference && !piece) p.block_mask = o->block_mask;
   if (piece) p.key_base = piece_base;

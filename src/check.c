@@ -326,7 +326,7 @@ fa_status fa_check_attention_options(fa_context *ctx, const fa_tensor *q, const 
   /* both are written: whichever came last would overwrite the other */
   if (o->out && o->lse_out && fa_tensor_overlaps(o->out, o->lse_out))
     return fa_fail(ctx, FA_ERR_ARGUMENT,
-                   "flashattn: opts.lse_out: overlaps opts.out in memory (one storage, intersecting byte ranges); "
+                   "flashattn: opts.lse_out: overlaps opts.out in memory (intersecting byte ranges); "
                    "expected two disjoint outputs");
   return FA_OK;
 }

@@ -97,9 +97,13 @@ int64_t fa_numel_of(int ndim, const int64_t *shape);
  * product of its sizes passes what a tensor may hold (fa_tensor_new's
  * "too many" error); -1 when the shape fits. */
 int fa_shape_too_large(int ndim, const int64_t *shape);
-/* Whether the byte ranges a and b span in one storage intersect (a
- * strided view's range runs from its first to its last element; empty
- * tensors span nothing). */
+/* Whether a and b may address the same bytes: one storage, or two whose
+ * memory intersects on one device (a host buffer wrapped twice, two DLPack
+ * imports of one array): the test for "shares memory with an input". */
+int fa_tensor_same_memory(const fa_tensor *a, const fa_tensor *b);
+/* Whether the byte ranges a and b span intersect (a strided view's range
+ * runs from its first to its last element; empty tensors span nothing), in
+ * one storage or two over the same memory. */
 int fa_tensor_overlaps(const fa_tensor *a, const fa_tensor *b);
 /* Whether no two elements of t share a place in memory (no zero strides
  * over dimensions of more than one element, no interleaved dimensions):

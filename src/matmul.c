@@ -44,8 +44,8 @@ fa_status fa_matmul(fa_context *ctx, fa_tensor *a, fa_tensor *b, const fa_matmul
   fa_tensor *ac = NULL, *bc = NULL, *cc = NULL, *out = opts->out;
   fa_mm_operands g = {NULL, NULL, NULL, m, k, n, k, n};
   if ((st = mm_operand(ctx, a, compute, &ac, &g.lda)) || (st = mm_operand(ctx, b, compute, &bc, &g.ldb))) goto done;
-  if (out && out->dtype == compute && fa_tensor_is_contiguous(out) && out->storage != a->storage &&
-      out->storage != b->storage) {
+  if (out && out->dtype == compute && fa_tensor_is_contiguous(out) && !fa_tensor_same_memory(out, a) &&
+      !fa_tensor_same_memory(out, b)) {
     fa_tensor_retain(out);
     cc = out;
   } else if ((st = fa_tensor_new(ctx, 2, shape, compute, dev, &cc))) {

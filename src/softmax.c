@@ -30,7 +30,7 @@ static fa_status run_backend(fa_context *ctx, const fa_softmax_opts *o, const fa
 /* out can take the rows in place unless it overlaps src without being
  * exactly src (rows are read and written in parallel, in any order). */
 static int usable_in_place(const fa_tensor *out, const fa_tensor *src) {
-  if (out->storage != src->storage) return 1;
+  if (!fa_tensor_same_memory(out, src)) return 1;
   const char *o0 = fa_tensor_ptr(out), *s0 = fa_tensor_ptr(src);
   size_t ob = (size_t)fa_tensor_numel(out) * fa_dtype_size(out->dtype);
   size_t sb = (size_t)fa_tensor_numel(src) * fa_dtype_size(src->dtype);

@@ -76,11 +76,18 @@ static fa_status check_same_shape(fa_context *ctx, const fa_tensor *a, const fa_
                  fa_shape_str(b, bb, sizeof bb));
 }
 
+int fa_tensor_same_memory(const fa_tensor *a, const fa_tensor *b) {
+  const fa_storage *s = a->storage, *t = b->storage;
+  if (s == t) return 1;
+  if (s->device != t->device || !s->data || !t->data) return 0;
+  const uintptr_t s0 = (uintptr_t)s->data, t0 = (uintptr_t)t->data;
+  return s0 < t0 + t->nbytes && t0 < s0 + s->nbytes;
+}
+
 int fa_tensor_overlaps(const fa_tensor *a, const fa_tensor *b) {
-  if (a->storage != b->storage) return 0;
-  size_t es_a = fa_dtype_size(a->dtype), es_b = fa_dtype_size(b->dtype);
-  char *a0 = fa_tensor_ptr(a), *a1 = a0 + span_elems(a) * (int64_t)es_a;
-  char *b0 = fa_tensor_ptr(b), *b1 = b0 + span_elems(b) * (int64_t)es_b;
+  if (!fa_tensor_same_memory(a, b)) return 0;
+  const uintptr_t a0 = (uintptr_t)fa_tensor_ptr(a), a1 = a0 + (uintptr_t)span_elems(a) * fa_dtype_size(a->dtype);
+  const uintptr_t b0 = (uintptr_t)fa_tensor_ptr(b), b1 = b0 + (uintptr_t)span_elems(b) * fa_dtype_size(b->dtype);
   return a0 < b1 && b0 < a1;
 }
 

@@ -496,6 +496,59 @@ static void test_outputs_overlap(void) {
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) fa_tensor_release(all[i]);
 }
 
+/* One host buffer wrapped twice (or two DLPack imports of one array): two
+ * storages over the same memory. Outputs there are checked as within one
+ * storage: an out over v's memory is still an input's (computed aside and
+ * copied: right values, where it was written while v was read), and out
+ * and lse_out over intersecting bytes are an error (they were taken). */
+static void test_two_wraps_of_one_buffer(void) {
+  tu_test = "two wraps of one buffer";
+  enum { L = 4, D = 4 };
+  static float vbuf[L * D], abuf[L * D];
+  int64_t sh[2] = {L, D}, sl[1] = {L};
+  for (int i = 0; i < L * D; i++) vbuf[i] = abuf[i] = (float)((i * 7) % 5) - 2.0f;
+  fa_tensor *q = new_tensor(2, sh, FA_F32, 11), *k = new_tensor(2, sh, FA_F32, 12);
+  fa_tensor *v = NULL, *v_again = NULL, *lse_over = NULL, *want = NULL, *o = NULL, *l = NULL;
+  CHECK_OK(ctx, fa_tensor_wrap(ctx, vbuf, FA_CPU, FA_F32, 2, sh, NULL, NULL, NULL, &v));
+  CHECK_OK(ctx, fa_tensor_wrap(ctx, vbuf, FA_CPU, FA_F32, 2, sh, NULL, NULL, NULL, &v_again));
+  CHECK_OK(ctx, fa_tensor_wrap(ctx, vbuf, FA_CPU, FA_F32, 1, sl, NULL, NULL, NULL, &lse_over));
+  if (!q || !k || !v || !v_again || !lse_over) return;
+  fa_attention_opts op;
+  fa_attention_opts_init(&op);
+  CHECK_OK(ctx, fa_attention(ctx, q, k, v, &op, &want, NULL));
+  static const fa_attention_algo algos[] = {FA_ATTN_NAIVE, FA_ATTN_TWO_PASS, FA_ATTN_FLASH_ROW, FA_ATTN_FLASH};
+  for (size_t a = 0; a < sizeof algos / sizeof *algos; a++) {
+    for (int i = 0; i < L * D; i++) vbuf[i] = (float)((i * 7) % 5) - 2.0f;
+    op.algo = algos[a];
+    op.out = v_again;
+    op.lse_out = NULL;
+    CHECK_OK(ctx, fa_attention(ctx, q, k, v, &op, &o, NULL));
+    double d = -1;
+    if (o && want) CHECK_OK(ctx, fa_max_abs_diff(ctx, o, want, &d));
+    CHECK(d >= 0 && d < 1e-6, "algo %d: out over v's memory: max |o - right| = %g", (int)algos[a], d);
+    fa_tensor_release(o);
+    o = NULL;
+    op.lse_out = lse_over; /* bytes 0..15 of out's memory too */
+    CHECK_ARG(ctx, fa_attention(ctx, q, k, k, &op, &o, &l));
+    CHECK(o == NULL && l == NULL, "no output");
+    CHECK_NAMES("overlap");
+  }
+  /* matmul: an out over a's memory */
+  fa_tensor *a = NULL, *a_again = NULL, *mm = NULL, *mm_want = NULL;
+  CHECK_OK(ctx, fa_tensor_wrap(ctx, abuf, FA_CPU, FA_F32, 2, sh, NULL, NULL, NULL, &a));
+  CHECK_OK(ctx, fa_tensor_wrap(ctx, abuf, FA_CPU, FA_F32, 2, sh, NULL, NULL, NULL, &a_again));
+  fa_matmul_opts mo;
+  fa_matmul_opts_init(&mo);
+  if (a && a_again) CHECK_OK(ctx, fa_matmul(ctx, a, k, &mo, &mm_want));
+  mo.out = a_again;
+  if (a && a_again) CHECK_OK(ctx, fa_matmul(ctx, a, k, &mo, &mm));
+  double d = -1;
+  if (mm && mm_want) CHECK_OK(ctx, fa_max_abs_diff(ctx, mm, mm_want, &d));
+  CHECK(d == 0, "matmul into a's memory: max |c - right| = %g", d);
+  fa_tensor *all[] = {q, k, v, v_again, lse_over, want, a, a_again, mm, mm_want};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) fa_tensor_release(all[i]);
+}
+
 int main(void) {
   if (fa_context_create(FA_CPU, &ctx) != FA_OK) {
     fprintf(stderr, "no context\n");
@@ -511,6 +564,7 @@ int main(void) {
   test_tile_zero();
   test_scale_range();
   test_outputs_overlap();
+  test_two_wraps_of_one_buffer();
   /* the engine is still usable, and holds nothing */
   int64_t s2[2] = {2, 2};
   fa_tensor *t = new_tensor(2, s2, FA_F32, 7);

@@ -345,6 +345,26 @@ local function check_block_mask(bm, f, B, H, Lq, Lk, Br, Bc, what)
   lu.assertEquals({bm:sizes()}, {B, H, Lq, Lk, Br, Bc}, what)
 end
 
+-- a read out of range is found after the kernels ran: the caller's opts.out and opts.lse_out are
+-- left as they were (they held the failed call's rows), on every algo and with either rule
+function TestVariants:test_failed_call_writes_no_output()
+  local q, k, v = inputs("f32", 1, 2, 2, 8, 8, 4)
+  local doc = fa.zeros({6}, {device = dev})
+  local mods = {
+    score_mod = function(s, b, h, qi) return s + doc[qi] end,
+    mask_mod = function(b, h, qi, ki) return doc[qi]:eq(0) end,
+  }
+  for key, mod in pairs(mods) do
+    for _, algo in ipairs({"auto", "naive", "two_pass", "flash_row", "flash"}) do
+      local out = fa.full({1, 2, 8, 4}, 7, {device = dev})
+      local lse_out = fa.full({1, 2, 8}, 7, {device = dev})
+      U.assert_fa_error({key, "doc[q]", "out of range"}, fa.attention, q, k, v,
+        {[key] = mod, algo = algo, out = out, lse_out = lse_out})
+      lu.assertEquals({out:min(), out:max(), lse_out:min(), lse_out:max()}, {7, 7, 7, 7}, key .. " " .. algo)
+    end
+  end
+end
+
 function TestVariants:test_block_mask_counts()
   -- causal, tiles 16x16 over L = 64: per (b, h) 4 diagonal tiles partial, 6 below full, 6 above empty
   local causal = function(b, h, q, k) return q:ge(k) end
