@@ -258,6 +258,9 @@ extern const luaL_Reg fal_backward_funcs[];  /* lbackward.c: fa.attention_backwa
 /* Tensor methods and metamethods from other files than ltensor.c. */
 extern const luaL_Reg fal_tensor_op_methods[]; /* ltensor_ops.c */
 extern const luaL_Reg fal_tensor_op_meta[];    /* ltensor_ops.c */
+/* Sets the metamethods of the operators tensors do not define (% ^ // & |
+ * ~ << >> .. < <=) on the table on top: each a flashattn: error naming it. */
+void fal_tensor_unsupported_ops(lua_State *L);
 int fal_tensor_tostring(lua_State *L);         /* ltostring.c */
 
 #endif

@@ -592,6 +592,7 @@ void fal_tensor_metatable(lua_State *L) {
   lua_setfield(L, -2, "__metatable");
   luaL_setfuncs(L, meta, 0);
   luaL_setfuncs(L, fal_tensor_op_meta, 0);
+  fal_tensor_unsupported_ops(L);
   /* __index: a closure over the methods table so that integer keys work too */
   lua_createtable(L, 0, 48);
   luaL_setfuncs(L, methods, 0);

@@ -167,5 +167,25 @@ const luaL_Reg fal_tensor_op_methods[] = {{"add", t_add}, {"sub", t_sub},   {"mu
 const luaL_Reg fal_tensor_op_meta[] = {{"__add", m_add}, {"__sub", m_sub}, {"__mul", m_mul},
                                        {"__div", m_div}, {"__unm", m_unm}, {NULL, NULL}};
 
+/* The operators tensors do not define: a flashattn: error naming the
+ * operator (Lua's own was "attempt to perform arithmetic on a userdata
+ * value"), upvalue 1 its symbol. */
+static int m_unsupported(lua_State *L) {
+  return fal_error(L, "tensor: the operator %s is not defined on tensors (they take + - * / and unary -; compare "
+                      "them with fa.allclose or fa.max_abs_diff, read elements with get or totable)",
+                   lua_tostring(L, lua_upvalueindex(1)));
+}
+
+void fal_tensor_unsupported_ops(lua_State *L) {
+  static const char *const ops[][2] = {{"__mod", "%"},  {"__pow", "^"},       {"__idiv", "//"}, {"__band", "&"},
+                                       {"__bor", "|"},  {"__bxor", "~"},      {"__shl", "<<"},  {"__shr", ">>"},
+                                       {"__bnot", "~"}, {"__concat", ".."},   {"__lt", "<"},    {"__le", "<="}};
+  for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
+    lua_pushstring(L, ops[i][1]);
+    lua_pushcclosure(L, m_unsupported, 1);
+    lua_setfield(L, -2, ops[i][0]);
+  }
+}
+
 const luaL_Reg fal_compare_funcs[] = {{"max_abs_diff", l_max_abs_diff}, {"rel_error", l_rel_error},
                                       {"allclose", l_allclose},         {NULL, NULL}};

@@ -510,6 +510,22 @@ function TestArithmetic:test_number_on_the_left()
   lu.assertEquals((1 / fa.tensor({4, -0.5}, {device = dev})):totable(), {0.25, -2})
 end
 
+function TestArithmetic:test_other_operators_are_flashattn_errors()
+  -- the operators tensors do not define raise an error naming them (Lua's own said "attempt to perform
+  -- arithmetic on a userdata value"); == stays identity
+  local t = U.randn({2, 3})
+  local cases = {
+    {"%", function() return t % 2 end}, {"^", function() return 2 ^ t end}, {"//", function() return t // 2 end},
+    {"&", function() return t & 1 end}, {"|", function() return 1 | t end}, {"~", function() return ~t end},
+    {"<<", function() return t << 1 end}, {">>", function() return t >> 1 end},
+    {"..", function() return "t = " .. t end}, {"<", function() return t < t end},
+    {"<=", function() return t <= t end}, {"<", function() return t > t end},
+  }
+  for _, c in ipairs(cases) do U.assert_fa_error({"operator " .. c[1] .. " is not defined"}, c[2]) end
+  lu.assertTrue(t == t)
+  lu.assertFalse(t == t:clone())
+end
+
 function TestArithmetic:test_isfinite()
   lu.assertTrue(fa.ones(5, {device = dev}):isfinite())
   lu.assertFalse(fa.tensor({1, U.NaN}, {device = dev}):isfinite())
