@@ -97,7 +97,7 @@ fa_context *fal_ctx(lua_State *L) {
   fa_context *ctx = own_context(s);
   if (!ctx) {
     const char *env = getenv("FLASHATTN_DEVICE");
-    if (fa_default_device() == FA_DEVICE_NONE && env) { /* a name no usable device has: the device parser says why */
+    if (env && *env) { /* the device parser says why, naming the value given (also "cuda:0" with no GPU) */
       fa_device d;
       lua_pushstring(L, env);
       fal_parse_device(L, -1, "cannot create a context: FLASHATTN_DEVICE (or call fa.set_default_device('cpu'))", &d);
