@@ -556,12 +556,12 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   fa_dtype compute = reference || d.dtype == FA_F64 ? FA_F64 : FA_F32;
   const fa_dtype lse_dtype = reference || piece ? FA_F64 : FA_F32;
   fa_tensor *user_out = o->out, *user_lse = o->lse_out;
+  const int aside = variants_may_fault(o->score_mod, o->mask_mod); /* the outputs in temporaries */
   fa_attn_buffers bufs = {.exprs = {exprs[0], exprs[1]}};
   fa_attn_problem p;
   if ((st = build_problem(ctx, q, k, v, o, &d, compute, &p, &bufs)) ||
-      (st = variants_may_fault(p.score_mod, p.mask_mod)
-                 ? prepare_outputs(ctx, o, &d, compute, want_lse, NULL, NULL, lse_dtype, &p, &bufs)
-                 : prepare_outputs(ctx, o, &d, compute, want_lse, user_out, user_lse, lse_dtype, &p, &bufs)))
+      (st = prepare_outputs(ctx, o, &d, compute, want_lse, aside ? NULL : user_out, aside ? NULL : user_lse,
+                            lse_dtype, &p, &bufs)))
     goto done;
   if (!reference && !piece) p.block_mask = o->block_mask;
   if (piece) p.key_base = piece_base;

@@ -113,19 +113,23 @@ static int ends_with(const char *path, const char *ext) {
   return 1;
 }
 
-/* A new or regular file is written beside the path and renamed onto it
- * once whole (fa_io_finish), so that a failed save leaves what was there
- * (a file of the same mode); anything else (a device, a FIFO, a symbolic
- * link) is written in place and never removed: it is not the engine's.
- * Nothing waits: a FIFO that no process reads is an error at once. */
-fa_status fa_io_create(fa_io_src *s, fa_context *ctx, const char *path, fa_file_format fmt) {
-  src_init(s, ctx, "save", path);
+fa_status fa_io_check_save_path(const fa_io_src *s, const char *path, fa_file_format fmt) {
   if (!*path) /* else the file would be written beside "" (in the working directory), then fail to move */
     return fa_io_fail(s, FA_ERR_ARGUMENT, "cannot open for writing: the path is empty");
   if (fmt == FA_FILE_NPY && ends_with(path, ".safetensors"))
     return fa_io_fail(s, FA_ERR_ARGUMENT, "an .npy file at a .safetensors path (loading follows the extension)");
   if (fmt == FA_FILE_SAFETENSORS && ends_with(path, ".npy"))
     return fa_io_fail(s, FA_ERR_ARGUMENT, "a .safetensors file at an .npy path (loading follows the extension)");
+  return FA_OK;
+}
+
+/* A new or regular file is written beside the path and renamed onto it
+ * once whole (fa_io_finish), so that a failed save leaves what was there
+ * (a file of the same mode); anything else (a device, a FIFO, a symbolic
+ * link) is written in place and never removed: it is not the engine's.
+ * Nothing waits: a FIFO that no process reads is an error at once. */
+fa_status fa_io_create(fa_io_src *s, fa_context *ctx, const char *path) {
+  src_init(s, ctx, "save", path);
   struct stat sb;
   const int exists = lstat(path, &sb) == 0;
   if (!exists || S_ISREG(sb.st_mode)) {

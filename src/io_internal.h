@@ -40,10 +40,11 @@ void fa_io_close(fa_io_src *s);
  * all inside the source). */
 fa_status fa_io_read(fa_io_src *s, uint64_t off, void *buf, size_t n, const char *what);
 
-/* Opens path for writing a file of format fmt ("save '<path>': ..." on
- * failure); a path whose extension names the other format is refused, since
- * fa.load and fa_file_format_of follow the extension. */
-fa_status fa_io_create(fa_io_src *s, fa_context *ctx, const char *path, fa_file_format fmt);
+/* A save's path, checked before any work: not empty, and no extension that
+ * names the other format (fa.load and fa_file_format_of follow it). */
+fa_status fa_io_check_save_path(const fa_io_src *s, const char *path, fa_file_format fmt);
+/* Opens path for writing ("save '<path>': ..." on failure). */
+fa_status fa_io_create(fa_io_src *s, fa_context *ctx, const char *path);
 fa_status fa_io_write(fa_io_src *s, const void *buf, size_t n);
 /* The elements of a contiguous host tensor in little-endian order
  * (swapped on a big-endian machine through a small buffer), bools as 0 or 1. */

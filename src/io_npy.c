@@ -236,7 +236,9 @@ fa_status fa_save_npy(fa_context *ctx, const char *path, fa_tensor *t) {
   FA_NEED(t);
   fa_io_src s = {.ctx = ctx, .op = "save", .label = path};
   fa_tensor *c;
-  fa_status st = fa_io_host_copy(&s, t, 1, &c);
+  fa_status st = fa_io_check_save_path(&s, path, FA_FILE_NPY);
+  if (st) return st;
+  st = fa_io_host_copy(&s, t, 1, &c);
   if (st) return fa_io_wrap(&s, st);
   static const char *const descr[] = {[FA_F32] = "<f4", [FA_F16] = "<f2", [FA_F64] = "<f8", [FA_BOOL] = "|b1"};
   char dims[128] = "", head[256];
@@ -253,7 +255,7 @@ fa_status fa_save_npy(fa_context *ctx, const char *path, fa_tensor *t) {
   head[9] = (char)(hlen >> 8);
   memset(head + 10 + len, ' ', hlen - (size_t)len - 1);
   head[total - 1] = '\n';
-  if (!(st = fa_io_create(&s, ctx, path, FA_FILE_NPY))) {
+  if (!(st = fa_io_create(&s, ctx, path))) {
     st = fa_io_write(&s, head, total);
     if (!st) st = fa_io_write_tensor(&s, c);
     st = fa_io_finish(&s, path, st);

@@ -577,15 +577,15 @@ fa_status fa_save_safetensors(fa_context *ctx, const char *path, size_t count, c
     FA_NEED(tensors);
   }
   fa_io_src s = {.ctx = ctx, .op = "save", .label = path};
+  fa_status st = fa_io_check_save_path(&s, path, FA_FILE_SAFETENSORS);
+  if (st) return st;
   if (count > SIZE_MAX / sizeof(named)) return fa_io_fail(&s, FA_ERR_ARGUMENT, "count %zu is too large", count);
-  fa_status st;
   size_t vbytes = (count ? count : 1) * sizeof(named);
   named *v = fa_host_alloc(ctx, vbytes, &st);
   if (!v) return fa_io_wrap(&s, st);
   for (size_t i = 0; i < count; i++) v[i] = (named){names[i], tensors[i]};
   sbuf b = {NULL, 0, 0, &s};
-  if (!(st = check_names(&s, v, count)) && !(st = build_header(&b, v, count)) &&
-      !(st = fa_io_create(&s, ctx, path, FA_FILE_SAFETENSORS))) {
+  if (!(st = check_names(&s, v, count)) && !(st = build_header(&b, v, count)) && !(st = fa_io_create(&s, ctx, path))) {
     unsigned char len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)b.n >> (8 * i));
     st = fa_io_write(&s, len8, 8);

@@ -436,7 +436,6 @@ function U.nested(shape, gen)
   return build(1)
 end
 
--- i-th element of a list, cycling.
 -- The decode kernel's instances a test must reach (kernels/attention/attention_decode.cuh), as
 -- {D, G, Lq, dtype}: head dims 64, 128 and 256; G query heads a key head at Lq rows, 2, 24, 64 and 80 packed
 -- rows (one, two and four row groups, two row blocks; D = 256 takes at most 32); bf16 and f16.
@@ -452,6 +451,7 @@ function U.decode_instances()
   return list
 end
 
+-- i-th element of a list, cycling.
 function U.pick(list, i) return list[(i - 1) % #list + 1] end
 
 -- Runs the suite (luaunit's command line from `arg`) and exits, closing the
