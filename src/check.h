@@ -55,11 +55,12 @@ typedef struct {
 } fa_attn_buffers;
 void fa_attn_buffers_drop(fa_context *ctx, fa_attn_buffers *b);
 /* An operand on the CPU as its kernels read it (API §6): t itself
- * (retained) where it lies, a host tensor of the compute dtype whose row
+ * (retained) where it lies, a host tensor of dtype dt (the attention
+ * kernels': the inputs' own; the backward's: the compute dtype) whose row
  * stride is an int (BLAS's leading dimensions), else a contiguous copy in
- * the compute dtype; *st its strides (the caller sets the dense ones
- * first: a copy leaves them). */
-fa_status fa_attn_cpu_operand(fa_context *ctx, fa_tensor *t, fa_dtype compute, fa_tensor **buf, fa_attn_strides *st);
+ * dt; *st its strides (the caller sets the dense ones first: a copy leaves
+ * them). */
+fa_status fa_attn_cpu_operand(fa_context *ctx, fa_tensor *t, fa_dtype dt, fa_tensor **buf, fa_attn_strides *st);
 /* opts.mask on the CPU: m itself (retained) in bool or the compute dtype,
  * at any strides, else a contiguous copy in that dtype. */
 fa_status fa_attn_cpu_mask(fa_context *ctx, fa_tensor *m, fa_dtype compute, fa_tensor **buf);

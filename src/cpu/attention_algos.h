@@ -4,6 +4,7 @@
 #ifndef FA_CPU_ATTENTION_ALGOS_H
 #define FA_CPU_ATTENTION_ALGOS_H
 
+#include "cpu/stage.h"
 #include "internal.h"
 
 #include <cblas.h>

@@ -3,11 +3,12 @@
  * For each key tile that some row of the query tile attends:
  * S = Q·Kᵀ (gemm) -> scores -> online step (m, l, alpha) -> O rows *= alpha
  * -> O += P·V (gemm, beta = 1).  Finally O /= l.  The output rows in p->o
- * are the running output, so the workspace is one S tile and row stats. */
+ * are the running output (staged in the workspace when p->storage is
+ * another dtype), so the workspace is one S tile and row stats. */
 #include "cpu/attention_query_tile_impl.h"
 
 static void FA_R(flash_tile)(const fa_attn_problem *p0, const FA_R(qtile) *t, const FA_R(qtile_ws) *w) {
-  const int64_t Dv = p0->Dv, Bc = p0->tile_k, ldo = p0->o_st.s;
+  const int64_t Dv = p0->Dv, Bc = p0->tile_k, ldo = t->ldo;
   fa_attn_problem full;
   if (p0->block_mask || p0->mask_mod) full = *p0, full.mask_mod = NULL;
   for (int64_t j0 = t->ulo; j0 < t->uhi; j0 += Bc) {

@@ -9,12 +9,24 @@
 
 #define FA_ROW_CHUNK 64
 
-static void FA_R(flash_row)(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i) {
-  const int64_t D = p->D, Dv = p->Dv, hk = fa_attn_kv_head(p, h), ldk = p->k_st.s, ldv = p->v_st.s;
-  const REAL *q = (const REAL *)p->q + fa_attn_row_at(p->q_st, b, h, i);
-  const REAL *k = (const REAL *)p->k + fa_attn_row_at(p->k_st, b, hk, 0);
-  const REAL *v = (const REAL *)p->v + fa_attn_row_at(p->v_st, b, hk, 0);
-  REAL *o = (REAL *)p->o + fa_attn_row_at(p->o_st, b, h, i);
+/* stage: NULL when p->storage is REAL, else room for the query row, the
+ * output row and a chunk's keys and values widened (flash_row_stage). */
+static void FA_R(flash_row)(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i, REAL *stage) {
+  const int64_t D = p->D, Dv = p->Dv, hk = fa_attn_kv_head(p, h);
+  const fa_dtype at = p->storage;
+  const void *q_at = fa_cpu_elem(p->q, at, fa_attn_row_at(p->q_st, b, h, i));
+  const void *k_at = fa_cpu_elem(p->k, at, fa_attn_row_at(p->k_st, b, hk, 0));
+  const void *v_at = fa_cpu_elem(p->v, at, fa_attn_row_at(p->v_st, b, hk, 0));
+  void *o_at = (void *)fa_cpu_elem(p->o, at, fa_attn_row_at(p->o_st, b, h, i));
+  const REAL *q = q_at;
+  REAL *o = o_at, *kc = NULL, *vc = NULL;
+  int64_t ldk = p->k_st.s, ldv = p->v_st.s;
+  if (stage) {
+    REAL *qs = stage;
+    o = qs + D, kc = o + Dv, vc = kc + FA_ROW_CHUNK * D;
+    fa_cpu_stage_rows(p->compute, qs, D, at, q_at, D, 1, D);
+    q = qs, ldk = D, ldv = Dv;
+  }
   REAL s[FA_ROW_CHUNK];
   REAL m = -(REAL)INFINITY, d = 0;
   int64_t lo, hi;
@@ -22,8 +34,16 @@ static void FA_R(flash_row)(const fa_attn_problem *p, int64_t b, int64_t h, int6
   memset(o, 0, (size_t)Dv * sizeof *o);
   for (int64_t j0 = lo; j0 < hi; j0 += FA_ROW_CHUNK) {
     const int64_t n = hi - j0 < FA_ROW_CHUNK ? hi - j0 : FA_ROW_CHUNK;
+    /* the chunk's keys and values, from key j0 (widened when staged) */
+    const REAL *k = (const REAL *)fa_cpu_elem(k_at, at, j0 * p->k_st.s);
+    const REAL *v = (const REAL *)fa_cpu_elem(v_at, at, j0 * p->v_st.s);
+    if (stage) {
+      fa_cpu_stage_rows(p->compute, kc, D, at, k, p->k_st.s, n, D);
+      fa_cpu_stage_rows(p->compute, vc, Dv, at, v, p->v_st.s, n, Dv);
+      k = kc, v = vc;
+    }
     for (int64_t c = 0; c < n; c++) {
-      const REAL *kj = k + (j0 + c) * ldk;
+      const REAL *kj = k + c * ldk;
       REAL dot = 0;
       for (int64_t e = 0; e < D; e++) dot += q[e] * kj[e];
       s[c] = dot;
@@ -35,19 +55,34 @@ static void FA_R(flash_row)(const fa_attn_problem *p, int64_t b, int64_t h, int6
       REAL m_new = sj > m ? sj : m;
       if (sj != sj) m_new = sj; /* a NaN score makes the row NaN */
       const REAL corr = FA_EXP(m - m_new), pj = FA_EXP(sj - m_new);
-      const REAL *vj = v + (j0 + c) * ldv;
+      const REAL *vj = v + c * ldv;
       d = d * corr + pj;
       for (int64_t e = 0; e < Dv; e++) o[e] = o[e] * corr + pj * vj[e];
       m = m_new;
     }
   }
   FA_R(fa_attn_finish)(o, Dv, 1, Dv, &m, &d, fa_lse_rows_at(p, fa_attn_row_at(p->lse_st, b, h, i)), 1);
+  if (stage) fa_cpu_stage_rows(at, o_at, Dv, p->compute, o, Dv, 1, Dv);
 }
 
-static fa_status FA_R(flash_row_all)(const fa_attn_problem *p) {
+/* Bytes of flash_row's staging room (0 when p->storage is REAL). */
+static size_t FA_R(flash_row_stage)(const fa_attn_problem *p) {
+  if (p->storage == p->compute) return 0;
+  return (size_t)(p->D + p->Dv) * (1 + FA_ROW_CHUNK) * sizeof(REAL);
+}
+
+static fa_status FA_R(flash_row_all)(fa_context *ctx, const fa_attn_problem *p) {
   const int64_t rows = p->B * p->Hq * p->Lq;
-#pragma omp parallel for schedule(dynamic, 16) num_threads(fa_cpu_threads_for(rows, fa_attn_flops(p)))
-  for (int64_t r = 0; r < rows; r++) FA_R(flash_row)(p, r / (p->Hq * p->Lq), r / p->Lq % p->Hq, r % p->Lq);
+  const size_t stage = FA_R(flash_row_stage)(p);
+  fa_attn_workspace ws = {0};
+  ws.threads = fa_cpu_threads_for(rows, fa_attn_flops(p));
+  fa_status st;
+  if (stage && (st = fa_attn_workspace_init(ctx, &ws, rows, fa_attn_flops(p), stage))) return st;
+#pragma omp parallel for schedule(dynamic, 16) num_threads(ws.threads)
+  for (int64_t r = 0; r < rows; r++)
+    FA_R(flash_row)(p, r / (p->Hq * p->Lq), r / p->Lq % p->Hq, r % p->Lq,
+                    stage ? fa_attn_workspace_slice(&ws, omp_get_thread_num()) : NULL);
+  fa_attn_workspace_free(&ws);
   return FA_OK;
 }
 

@@ -9,38 +9,61 @@ typedef struct {
   REAL *s;              /* Br x Bc: scores, then probabilities */
   REAL *m, *l, *alpha;  /* per row: running max, denominator, rescale factor */
   int64_t *lo, *hi;     /* per row: key range */
+  /* operands of another dtype (p->storage, stage.h): the tile's query rows
+   * (Br x D), the key tile's keys (Bc x D) and values (Bc x Dv) widened,
+   * and the running output rows (Br x Dv); NULL when p->storage is REAL */
+  REAL *qs, *ks, *vs, *os;
 } FA_R(qtile_ws);
 
 /* The operands' rows lie p->q_st.s, p->k_st.s, ... elements apart (they
  * may be views of the caller's tensors): the gemms take these as their
- * leading dimensions. */
+ * leading dimensions; the workspace's staged rows are dense. */
 typedef struct {
   int64_t b, h, i0, rows;
   int64_t ulo, uhi; /* union of the rows' key ranges (ulo >= uhi: none) */
-  const REAL *q, *k, *v; /* the tile's first query row; the head's keys, values */
-  REAL *o;               /* the tile's first output row, the running output */
-  fa_lse_rows lse;       /* the tile's first lse entries */
+  const REAL *q;    /* the tile's first query row (in place, or staged), rows ldq apart */
+  int64_t ldq;
+  const void *k, *v; /* the head's keys, values where they lie (dtype p->storage) */
+  REAL *o;           /* the tile's running output (in place, or staged), rows ldo apart */
+  int64_t ldo;
+  void *out;         /* where the tile's output rows lie: o itself unless staged */
+  fa_lse_rows lse;   /* the tile's first lse entries */
 } FA_R(qtile);
 
 typedef void (*FA_R(qtile_fn))(const fa_attn_problem *p, const FA_R(qtile) *t, const FA_R(qtile_ws) *w);
+
+static inline int FA_R(qtile_staged)(const fa_attn_problem *p) { return p->storage != p->compute; }
 
 /* 0 when it does not fit a size_t (naive's tiles are whole heads). */
 static size_t FA_R(qtile_ws_bytes)(const fa_attn_problem *p) {
   const size_t br = (size_t)p->tile_q, bc = (size_t)p->tile_k;
   if (bc > SIZE_MAX / 4 / sizeof(REAL) / br) return 0;
-  return fa_attn_bytes(br * bc, sizeof(REAL)) + 3 * fa_attn_bytes(br, sizeof(REAL)) +
-         2 * fa_attn_bytes(br, sizeof(int64_t));
+  size_t bytes = fa_attn_bytes(br * bc, sizeof(REAL)) + 3 * fa_attn_bytes(br, sizeof(REAL)) +
+                 2 * fa_attn_bytes(br, sizeof(int64_t));
+  if (FA_R(qtile_staged)(p)) {
+    const double staged = ((double)br + (double)bc) * (double)(p->D + p->Dv) * sizeof(REAL) + 4 * 64;
+    if (staged > (double)(SIZE_MAX / 4)) return 0;
+    bytes += fa_attn_bytes(br * (size_t)p->D, sizeof(REAL)) + fa_attn_bytes(bc * (size_t)p->D, sizeof(REAL)) +
+             fa_attn_bytes(bc * (size_t)p->Dv, sizeof(REAL)) + fa_attn_bytes(br * (size_t)p->Dv, sizeof(REAL));
+  }
+  return bytes;
 }
 
 static FA_R(qtile_ws) FA_R(qtile_ws_carve)(const fa_attn_problem *p, char *at) {
-  const size_t br = (size_t)p->tile_q;
-  FA_R(qtile_ws) w;
-  w.s = (REAL *)at, at += fa_attn_bytes(br * (size_t)p->tile_k, sizeof(REAL));
+  const size_t br = (size_t)p->tile_q, bc = (size_t)p->tile_k;
+  FA_R(qtile_ws) w = {0};
+  w.s = (REAL *)at, at += fa_attn_bytes(br * bc, sizeof(REAL));
   w.m = (REAL *)at, at += fa_attn_bytes(br, sizeof(REAL));
   w.l = (REAL *)at, at += fa_attn_bytes(br, sizeof(REAL));
   w.alpha = (REAL *)at, at += fa_attn_bytes(br, sizeof(REAL));
   w.lo = (int64_t *)at, at += fa_attn_bytes(br, sizeof(int64_t));
-  w.hi = (int64_t *)at;
+  w.hi = (int64_t *)at, at += fa_attn_bytes(br, sizeof(int64_t));
+  if (FA_R(qtile_staged)(p)) {
+    w.qs = (REAL *)at, at += fa_attn_bytes(br * (size_t)p->D, sizeof(REAL));
+    w.ks = (REAL *)at, at += fa_attn_bytes(bc * (size_t)p->D, sizeof(REAL));
+    w.vs = (REAL *)at, at += fa_attn_bytes(bc * (size_t)p->Dv, sizeof(REAL));
+    w.os = (REAL *)at;
+  }
   return w;
 }
 
@@ -48,12 +71,18 @@ static FA_R(qtile_ws) FA_R(qtile_ws_carve)(const fa_attn_problem *p, char *at) {
 static FA_R(qtile) FA_R(qtile_begin)(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
                                      const FA_R(qtile_ws) *w) {
   const int64_t hk = fa_attn_kv_head(p, h);
+  const fa_dtype at = p->storage;
+  const void *q = fa_cpu_elem(p->q, at, fa_attn_row_at(p->q_st, b, h, i0));
   FA_R(qtile) t = {b, h, i0, rows, p->Lk, 0,
-                   (const REAL *)p->q + fa_attn_row_at(p->q_st, b, h, i0),
-                   (const REAL *)p->k + fa_attn_row_at(p->k_st, b, hk, 0),
-                   (const REAL *)p->v + fa_attn_row_at(p->v_st, b, hk, 0),
-                   (REAL *)p->o + fa_attn_row_at(p->o_st, b, h, i0),
+                   w->qs ? w->qs : (const REAL *)q, w->qs ? p->D : p->q_st.s,
+                   fa_cpu_elem(p->k, at, fa_attn_row_at(p->k_st, b, hk, 0)),
+                   fa_cpu_elem(p->v, at, fa_attn_row_at(p->v_st, b, hk, 0)),
+                   NULL, 0,
+                   (void *)fa_cpu_elem(p->o, at, fa_attn_row_at(p->o_st, b, h, i0)),
                    fa_lse_rows_at(p, fa_attn_row_at(p->lse_st, b, h, i0))};
+  t.o = w->os ? w->os : (REAL *)t.out;
+  t.ldo = w->os ? p->Dv : p->o_st.s;
+  if (w->qs) fa_cpu_stage_rows(p->compute, w->qs, p->D, at, q, p->q_st.s, rows, p->D);
   for (int64_t r = 0; r < rows; r++) {
     fa_attn_key_range(p, b, i0 + r, &w->lo[r], &w->hi[r]);
     if (w->lo[r] < w->hi[r]) {
@@ -62,9 +91,24 @@ static FA_R(qtile) FA_R(qtile_begin)(const fa_attn_problem *p, int64_t b, int64_
     }
     w->m[r] = -(REAL)INFINITY;
     w->l[r] = 0;
-    memset(t.o + r * p->o_st.s, 0, (size_t)p->Dv * sizeof *t.o);
+    memset(t.o + r * t.ldo, 0, (size_t)p->Dv * sizeof *t.o);
   }
   return t;
+}
+
+/* Keys (or values: x = t->v, width Dv) j0..j0+n-1 of the tile's head as
+ * REAL rows *ld apart: where they lie, or widened into the workspace's
+ * buf (which holds them until the next call for that buffer). */
+static const REAL *FA_R(qtile_rows)(const fa_attn_problem *p, const void *x, int64_t ldx, int64_t width, REAL *buf,
+                                    int64_t j0, int64_t n, int64_t *ld) {
+  const void *at = fa_cpu_elem(x, p->storage, j0 * ldx);
+  if (!buf) {
+    *ld = ldx;
+    return at;
+  }
+  fa_cpu_stage_rows(p->compute, buf, width, p->storage, at, ldx, n, width);
+  *ld = width;
+  return buf;
 }
 
 /* Whether some row attends a key in [j0, j0 + n). */
@@ -94,7 +138,9 @@ static inline int FA_R(qtile_block)(const fa_attn_problem *p, const FA_R(qtile) 
 /* w->s = the final scores of keys [j0, j0 + n) for the tile's rows. */
 static void FA_R(qtile_scores)(const fa_attn_problem *p, const FA_R(qtile) *t, const FA_R(qtile_ws) *w, int64_t j0,
                                int64_t n) {
-  FA_GEMM(1, t->rows, n, p->D, t->q, p->q_st.s, t->k + j0 * p->k_st.s, p->k_st.s, 0, w->s, p->tile_k);
+  int64_t ldk;
+  const REAL *k = FA_R(qtile_rows)(p, t->k, p->k_st.s, p->D, w->ks, j0, n, &ldk);
+  FA_GEMM(1, t->rows, n, p->D, t->q, t->ldq, k, ldk, 0, w->s, p->tile_k);
   for (int64_t r = 0; r < t->rows; r++)
     FA_R(fa_attn_scores)(p, t->b, t->h, t->i0 + r, j0, n, w->lo[r], w->hi[r], w->s + r * p->tile_k);
 }
@@ -108,22 +154,26 @@ static int FA_R(rows_finite)(const REAL *x, int64_t rows, int64_t n, int64_t ld)
   return 1;
 }
 
-/* Whether row r's final score for key j is not -inf, i.e. whether the
- * reference lets key j's value into the row (recomputed: rare path). */
+/* Whether row r's final score for key j (its row at kj) is not -inf, i.e.
+ * whether the reference lets key j's value into the row (recomputed: rare
+ * path). */
 static int FA_R(qtile_touches)(const fa_attn_problem *p, const FA_R(qtile) *t, const FA_R(qtile_ws) *w, int64_t r,
-                               int64_t j) {
-  const REAL *q = t->q + r * p->q_st.s, *k = t->k + j * p->k_st.s;
+                               int64_t j, const REAL *kj) {
+  const REAL *q = t->q + r * t->ldq;
   REAL s = 0;
-  for (int64_t e = 0; e < p->D; e++) s += q[e] * k[e];
+  for (int64_t e = 0; e < p->D; e++) s += q[e] * kj[e];
   FA_R(fa_attn_scores)(p, t->b, t->h, t->i0 + r, j, 1, w->lo[r], w->hi[r], &s);
   return s != -(REAL)INFINITY;
 }
 
-/* Output rows += P·V for keys [j0, j0 + n), P in w->s (row stride ld). */
+/* Output rows += P·V for keys [j0, j0 + n), P in w->s (row stride ld);
+ * after the qtile_scores of the same keys (whose staged keys the rare path
+ * reads). */
 static void FA_R(qtile_pv)(const fa_attn_problem *p, const FA_R(qtile) *t, const FA_R(qtile_ws) *w, int64_t ld,
                            int64_t j0, int64_t n) {
-  const int64_t Dv = p->Dv, ldv = p->v_st.s, ldo = p->o_st.s;
-  const REAL *v = t->v + j0 * ldv;
+  const int64_t Dv = p->Dv, ldo = t->ldo;
+  int64_t ldv;
+  const REAL *v = FA_R(qtile_rows)(p, t->v, p->v_st.s, Dv, w->vs, j0, n, &ldv);
   if (FA_R(rows_finite)(v, n, Dv, ldv)) {
     FA_GEMM(0, t->rows, Dv, n, w->s, ld, v, ldv, 1, t->o, ldo);
     return;
@@ -131,10 +181,12 @@ static void FA_R(qtile_pv)(const fa_attn_problem *p, const FA_R(qtile) *t, const
   /* A NaN or inf value must reach exactly the rows that attend its key,
    * but in a gemm a masked key's zero weight times NaN is NaN too: loops
    * that skip the zero weights of keys the row does not attend. */
+  const REAL *k = w->ks ? w->ks : (const REAL *)fa_cpu_elem(t->k, p->storage, j0 * p->k_st.s);
+  const int64_t ldk = w->ks ? p->D : p->k_st.s;
   for (int64_t r = 0; r < t->rows; r++)
     for (int64_t j = 0; j < n; j++) {
       const REAL pj = w->s[r * ld + j];
-      if (pj == 0 && !FA_R(qtile_touches)(p, t, w, r, j0 + j)) continue;
+      if (pj == 0 && !FA_R(qtile_touches)(p, t, w, r, j0 + j, k + j * ldk)) continue;
       for (int64_t d = 0; d < Dv; d++) t->o[r * ldo + d] += pj * v[j * ldv + d];
     }
 }
@@ -155,6 +207,7 @@ static fa_status FA_R(qtile_run)(fa_context *ctx, const fa_attn_problem *p, FA_R
       const int64_t bh = it / tiles, i0 = (tiles - 1 - it % tiles) * Br;
       const FA_R(qtile) t = FA_R(qtile_begin)(p, bh / p->Hq, bh % p->Hq, i0, p->Lq - i0 < Br ? p->Lq - i0 : Br, &w);
       fn(p, &t, &w);
+      if (w.os) fa_cpu_stage_rows(p->storage, t.out, p->o_st.s, p->compute, t.o, t.ldo, t.rows, p->Dv);
     }
   }
   fa_attn_workspace_free(&ws);

@@ -224,26 +224,73 @@ function TestLayouts:test_out_sharing_storage()
 end
 
 -- Views are read where they lie: a call on transposed inputs into strided
--- outputs holds no more memory than the same call on contiguous tensors
--- (f16 inputs, converted to f32 first, do hold more: the measure sees copies).
+-- outputs holds no more memory than the same call on contiguous tensors, in
+-- every dtype; f16/bf16 inputs are widened to f32 a tile at a time, not
+-- copied whole, so that what a call holds does not grow with its keys
+-- (fixed tiles; the old whole copies grew by 3 x 4 bytes an element).
 function TestLayouts:test_views_are_not_copied()
   if U.cuda then return end
   local D = 64
-  local function peak(dtype, strided)
+  local function peak(dtype, strided, algo, lk)
+    lk = lk or LK
     local q, k, v, out, lse_out
     if strided then
-      q, k, v = bhld(B, HQ, LQ, D, dtype), bhld(B, HKV, LK, D, dtype), bhld(B, HKV, LK, D, dtype)
+      q, k, v = bhld(B, HQ, LQ, D, dtype), bhld(B, HKV, lk, D, dtype), bhld(B, HKV, lk, D, dtype)
       out = U.poison({B, LQ, HQ, D}, dtype):transpose(2, 3)
       lse_out = U.poison({B, LQ, HQ}, "f32"):transpose(2, 3)
     else
-      q, k, v = U.randn({B, HQ, LQ, D}, dtype), U.randn({B, HKV, LK, D}, dtype), U.randn({B, HKV, LK, D}, dtype)
+      q, k, v = U.randn({B, HQ, LQ, D}, dtype), U.randn({B, HKV, lk, D}, dtype), U.randn({B, HKV, lk, D}, dtype)
       out, lse_out = U.poison({B, HQ, LQ, D}, dtype), U.poison({B, HQ, LQ}, "f32")
     end
-    return peak_during(function() return fa.attention(q, k, v, {out = out, lse_out = lse_out}) end)
+    local opts = {algo = algo, tile = {16, 16}, out = out, lse_out = lse_out}
+    return peak_during(function() return fa.attention(q, k, v, opts) end)
   end
-  local dense = peak("f32", false)
-  lu.assertEquals(peak("f32", true), dense, "strided f32 views were copied")
-  lu.assertTrue(peak("f16", true) > dense, "the measure does not see the f16 inputs' copies")
+  for _, algo in ipairs(ALGOS) do
+    for _, dtype in ipairs{"f32", "f16", "bf16"} do
+      lu.assertEquals(peak(dtype, true, algo), peak(dtype, false, algo),
+        ("%s %s: strided views were copied"):format(algo, dtype))
+    end
+    if algo ~= "naive" then -- naive holds a whole head's scores, which grow with the keys
+      lu.assertEquals(peak("f16", true, algo, 4 * LK), peak("f16", true, algo),
+        algo .. ": what an f16 call holds grew with its keys (whole copies)")
+    end
+  end
+end
+
+-- The tiles' widening (src/cpu/stage.c) is exact for every f16 and bf16
+-- value: through an attention of one key (weight 1) each of the 65536
+-- values of V comes out as it went in (infinities, subnormals and NaN
+-- included; a zero's sign is the sum's, 0 + -0).
+function TestLayouts:test_every_half_value_is_widened_exactly()
+  if U.cuda then return end
+  local function f16_value(u)
+    local sign, e, m = u >= 0x8000 and -1 or 1, (u >> 10) & 0x1f, u & 0x3ff
+    if e == 0 then return sign * m * 2.0 ^ -24 end
+    if e == 31 then return m == 0 and sign * math.huge or 0 / 0 end
+    return sign * (1 + m / 1024) * 2.0 ^ (e - 15)
+  end
+  local function bf16_value(u) return (string.unpack("<f", string.pack("<I4", u << 16))) end
+  for dtype, value in pairs{f16 = f16_value, bf16 = bf16_value} do
+    local rows = {}
+    for h = 0, 127 do
+      local row = {}
+      for d = 0, 511 do row[d + 1] = value(h * 512 + d) end
+      rows[h + 1] = {row}
+    end
+    local v = fa.tensor({rows}, {dtype = dtype}) -- (1, 128, 1, 512)
+    local qk = fa.ones({1, 128, 1, 1}, {dtype = dtype})
+    for _, algo in ipairs(ALGOS) do
+      local o = fa.attention(qk, qk, v, {algo = algo}):float()
+      lu.assertEquals(o:dtype(), "f32")
+      local got, want = o:reshape({65536}):totable(), v:float():reshape({65536}):totable()
+      for i = 1, 65536 do
+        local a, b = got[i], want[i]
+        if not (a == b or (a ~= a and b ~= b)) then
+          lu.fail(("%s %s: bits 0x%04x gave %s, not %s"):format(algo, dtype, i - 1, a, b))
+        end
+      end
+    end
+  end
 end
 
 -- The CPU backward reads q, k, v, o and dout where they lie too (API §6):

@@ -1,0 +1,48 @@
+/* Tile conversions of the CPU kernels (stage.h).  The widening loops are
+ * branch-free so that GCC vectorises them: they run once per tile a
+ * kernel visits, not once per call. */
+#include "cpu/stage.h"
+
+#include "cpu/fast_exp.h"
+
+#include <string.h>
+
+
+/* f16 -> f32 as fa_f16_to_f32 gives it: the magnitude's bits moved into
+ * f32's places and scaled by 2^112 (the exponent bias difference; exact,
+ * subnormals included), inf and NaN given f32's top exponent instead.
+ * Selects by masks, no branch, so that GCC vectorises it. */
+FA_CPU_CLONES
+static void widen_f16(float *restrict dst, const uint16_t *restrict src, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    const uint32_t h = src[i], mag = (h & 0x7fffu) << 13;
+    float f;
+    memcpy(&f, &mag, 4);
+    f *= 0x1p112f;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    const uint32_t special = -(uint32_t)((h & 0x7c00u) == 0x7c00u); /* inf or NaN: all ones */
+    u = (u & ~special) | ((mag | 0x7f800000u) & special);
+    u |= (h & 0x8000u) << 16;
+    memcpy(&dst[i], &u, 4);
+  }
+}
+
+FA_CPU_CLONES
+static void widen_bf16(float *restrict dst, const uint16_t *restrict src, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    const uint32_t u = (uint32_t)src[i] << 16;
+    memcpy(&dst[i], &u, 4);
+  }
+}
+
+void fa_cpu_stage_rows(fa_dtype dst_t, void *dst, int64_t ldd, fa_dtype src_t, const void *src, int64_t lds,
+                       int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; r++) {
+    void *d = (char *)dst + r * ldd * (int64_t)fa_dtype_size(dst_t);
+    const void *s = fa_cpu_elem(src, src_t, r * lds);
+    if (dst_t == FA_F32 && src_t == FA_F16) widen_f16(d, s, n);
+    else if (dst_t == FA_F32 && src_t == FA_BF16) widen_bf16(d, s, n);
+    else fa_convert_n(dst_t, d, src_t, s, n);
+  }
+}
