@@ -2,8 +2,9 @@
  * gradients of fa_attention with respect to q, k and v.  Checked once like
  * the forward (fa_check_attention, then o, lse, dout), the options resolved
  * into an fa_attn_problem.  CPU: q, k, v, o and dout read where they lie
- * when they are host tensors of the compute dtype (f32; f64 for f64 inputs
- * and for the reference), else from contiguous copies in it; lse, and
+ * when they are host tensors (f16/bf16 widened to f32 a tile at a time),
+ * else from contiguous copies; lse (in the compute dtype: f32, f64 for f64
+ * inputs and the reference), and
  * every operand of the reference, as contiguous copies; the mask at its
  * strides where its dtype allows; the gradients computed into dense
  * buffers and delivered in q's dtype and each input's shape.  CUDA: the
@@ -160,13 +161,14 @@ static fa_status run_backward(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_te
   fa_tensor *t[BW_N] = {0};
   fa_attn_problem p;
   bw_problem(opts, &d, compute, &p);
+  p.storage = reference ? compute : d.dtype; /* q, k, v, o, dout as they lie; f16/bf16 widened tile by tile */
   fa_tensor *in[BW_MASK] = {q, k, v, o, lse, dout};
   fa_attn_strides dout_st = fa_attn_strides_dense(d.Hq, d.Lq, d.Dv);
   /* the fast path reads q, k, v, o and dout where they lie (API §6); lse, and every operand of the reference, as
    * dense copies */
   fa_attn_strides *at[BW_MASK] = {&p.q_st, &p.k_st, &p.v_st, &p.o_st, NULL, &dout_st};
   for (int i = 0; i < BW_MASK; i++)
-    if ((st = !reference && at[i] ? fa_attn_cpu_operand(ctx, in[i], compute, &t[i], at[i])
+    if ((st = !reference && at[i] ? fa_attn_cpu_operand(ctx, in[i], p.storage, &t[i], at[i])
                                   : fa_tensor_cpu_contiguous(ctx, in[i], compute, &t[i])))
       goto done;
   p.q = fa_tensor_ptr(t[BW_Q]), p.k = fa_tensor_ptr(t[BW_K]), p.v = fa_tensor_ptr(t[BW_V]);

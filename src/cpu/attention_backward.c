@@ -21,6 +21,7 @@
 
 #include "attn_range.h"
 #include "cpu/attention_scores.h"
+#include "cpu/stage.h"
 
 #include <cblas.h>
 #include <math.h>

@@ -5,10 +5,12 @@
 
 #include "internal.h"
 
-/* p holds the forward's options and q, k, v in the compute dtype (f32 or
- * f64) at p's strides (API §6: rows contiguous, anywhere); o (p->o_st) and
- * dout (dout_st) are (B,Hq,Lq,Dv) at their strides, lse (B,Hq,Lq) dense, all
- * in the compute dtype too.  dq (B,Hq,Lq,D), dk (B,Hkv,Lk,D), dv
+/* p holds the forward's options and q, k, v in dtype p->storage (the
+ * compute dtype, f32 or f64, or f16/bf16 that the fast path widens a tile
+ * at a time; the reference's: f64) at p's strides (API §6: rows
+ * contiguous, anywhere); o (p->o_st) and dout (dout_st) are (B,Hq,Lq,Dv)
+ * at their strides in p->storage too, lse (B,Hq,Lq) dense in the compute
+ * dtype.  dq (B,Hq,Lq,D), dk (B,Hkv,Lk,D), dv
  * (B,Hkv,Lk,Dv), dense, are written whole (zeros where nothing flows).  The
  * reference takes every operand dense. */
 typedef struct {

@@ -36,24 +36,74 @@ static void FA_R(bw_skip_zeros)(int trans, int64_t m, int64_t n, int64_t len, co
     }
 }
 
-/* Query rows i0..i0+m-1 of head h against keys j0..j0+n-1: recompute
+/* A thread's scratch: delta (G·Lq: the task's rows), sp, dp, th (Br·Bc
+ * each); and where p->storage is another dtype than REAL (stage.h), room
+ * for a query tile's q and dout rows (Br·D, Br·Dv) and a key tile's keys and
+ * values (Bc·D, Bc·Dv) widened, and one row each of o and dout (Dv); those
+ * are NULL otherwise. */
+typedef struct {
+  REAL *delta, *sp, *dp, *th;
+  REAL *qs, *dos, *ks, *vs, *o1, *d1;
+} FA_R(bw_ws);
+
+/* Entries of a thread's scratch (bw_ws), as a double (checked against
+ * size_t's range by the caller). */
+static double FA_R(bw_ws_entries)(const fa_attn_problem *p) {
+  const double br = (double)p->tile_q, bc = (double)p->tile_k, dd = (double)(p->D + p->Dv);
+  double n = (double)(p->Hq / p->Hkv) * (double)p->Lq + 3.0 * br * bc;
+  if (p->storage != p->compute) n += (br + bc) * dd + 2.0 * (double)p->Dv;
+  return n;
+}
+
+static FA_R(bw_ws) FA_R(bw_ws_carve)(const fa_attn_problem *p, REAL *at) {
+  const int64_t br = p->tile_q, bc = p->tile_k, D = p->D, Dv = p->Dv;
+  FA_R(bw_ws) w = {0};
+  w.delta = at, at += p->Hq / p->Hkv * p->Lq;
+  w.sp = at, at += br * bc;
+  w.dp = at, at += br * bc;
+  w.th = at, at += br * bc;
+  if (p->storage != p->compute) {
+    w.qs = at, at += br * D;
+    w.dos = at, at += br * Dv;
+    w.ks = at, at += bc * D;
+    w.vs = at, at += bc * Dv;
+    w.o1 = at, at += Dv;
+    w.d1 = at;
+  }
+  return w;
+}
+
+/* Rows r0..r0+rows-1 of head h of batch b of an operand of width x at st
+ * (dtype p->storage) as REAL rows *ld apart: where they lie, or widened
+ * into buf. */
+static const REAL *FA_R(bw_rows)(const fa_attn_problem *p, const void *base, fa_attn_strides st, int64_t b, int64_t h,
+                                 int64_t r0, int64_t rows, int64_t x, REAL *buf, int64_t *ld) {
+  const void *at = fa_cpu_elem(base, p->storage, b * st.b + h * st.h + r0 * st.s);
+  if (!buf) {
+    *ld = st.s;
+    return at;
+  }
+  fa_cpu_stage_rows(p->compute, buf, x, p->storage, at, st.s, rows, x);
+  *ld = x;
+  return buf;
+}
+
+/* Query rows i0..i0+m-1 of head h against keys j0..j0+n-1 (k, v: the key
+ * tile's rows, ldk and ldv apart, bw_task's): recompute
  * S = Q·Kᵀ and P = e^(s − lse) (the forward's own score routine), then
  * dV += Pᵀ·dO, dS = P∘(dO·Vᵀ − delta)·scale' (scale' = scale times
  * softcap's 1 − tanh²), dK += dSᵀ·Q, dQ += dS·K, the products by BLAS.
- * sp, dp, th: m·n entries each.  Returns without work when no row of the
+ * w's sp, dp, th: m·n entries each.  Returns without work when no row of the
  * tile may attend to these keys.  skip_zeros: the products skip zero
  * weights (bw_skip_zeros; the call's q, k or dout hold NaN or inf). */
 FA_CPU_CLONES
 static void FA_R(bw_tile)(const fa_attn_backward *g, int64_t b, int64_t h, int64_t i0, int64_t m, int64_t j0,
-                          int64_t n, const REAL *delta, REAL *sp, REAL *dp, REAL *th, int skip_zeros) {
+                          int64_t n, const REAL *delta, const FA_R(bw_ws) *w, const REAL *k, int64_t ldk,
+                          const REAL *v, int64_t ldv, int skip_zeros) {
   const fa_attn_problem *p = g->p;
   const int64_t D = p->D, Dv = p->Dv, hk = h / (p->Hq / p->Hkv), row0 = (b * p->Hq + h) * p->Lq + i0;
   const int64_t kv = (b * p->Hkv + hk) * p->Lk + j0; /* the dense outputs' rows (and lse's) */
-  const fa_attn_strides qs = p->q_st, ks = p->k_st, vs = p->v_st, os = g->dout_st; /* the operands' (API §6) */
-  const REAL *q = (const REAL *)p->q + b * qs.b + h * qs.h + i0 * qs.s;
-  const REAL *k = (const REAL *)p->k + b * ks.b + hk * ks.h + j0 * ks.s;
-  const REAL *v = (const REAL *)p->v + b * vs.b + hk * vs.h + j0 * vs.s;
-  const REAL *dout = (const REAL *)g->dout + b * os.b + h * os.h + i0 * os.s;
+  REAL *sp = w->sp, *dp = w->dp, *th = w->th;
   const REAL *lse = (const REAL *)g->lse + row0;
   REAL *dq = (REAL *)g->dq + row0 * D, *dk = (REAL *)g->dk + kv * D, *dv = (REAL *)g->dv + kv * Dv;
   const REAL scale = (REAL)p->scale;
@@ -73,8 +123,11 @@ static void FA_R(bw_tile)(const fa_attn_backward *g, int64_t b, int64_t h, int64
     if (whole == FA_BLOCK_EMPTY) return;
     if (whole == FA_BLOCK_FULL) full = *p, full.mask_mod = NULL, use = &full;
   }
-  FA_R(bw_gemm)(0, 1, m, n, D, q, qs.s, k, ks.s, 0, sp, n);       /* S = Q·Kᵀ */
-  FA_R(bw_gemm)(0, 1, m, n, Dv, dout, os.s, v, vs.s, 0, dp, n); /* dP = dO·Vᵀ */
+  int64_t ldq, ldd; /* the operands' strides (API §6), or the staged rows' */
+  const REAL *q = FA_R(bw_rows)(p, p->q, p->q_st, b, h, i0, m, D, w->qs, &ldq);
+  const REAL *dout = FA_R(bw_rows)(p, g->dout, g->dout_st, b, h, i0, m, Dv, w->dos, &ldd);
+  FA_R(bw_gemm)(0, 1, m, n, D, q, ldq, k, ldk, 0, sp, n);       /* S = Q·Kᵀ */
+  FA_R(bw_gemm)(0, 1, m, n, Dv, dout, ldd, v, ldv, 0, dp, n); /* dP = dO·Vᵀ */
   for (int64_t r = 0; r < m; r++) {
     REAL *s = sp + r * n, *d = dp + r * n, *t = th + r * n;
     int64_t lo, hi;
@@ -95,43 +148,55 @@ static void FA_R(bw_tile)(const fa_attn_backward *g, int64_t b, int64_t h, int64
     }
   }
   if (!skip_zeros) {
-    FA_R(bw_gemm)(1, 0, n, Dv, m, sp, n, dout, os.s, 1, dv, Dv); /* dV += Pᵀ·dO */
-    FA_R(bw_gemm)(1, 0, n, D, m, dp, n, q, qs.s, 1, dk, D);       /* dK += dSᵀ·Q */
-    FA_R(bw_gemm)(0, 0, m, D, n, dp, n, k, ks.s, 1, dq, D);       /* dQ += dS·K */
+    FA_R(bw_gemm)(1, 0, n, Dv, m, sp, n, dout, ldd, 1, dv, Dv); /* dV += Pᵀ·dO */
+    FA_R(bw_gemm)(1, 0, n, D, m, dp, n, q, ldq, 1, dk, D);       /* dK += dSᵀ·Q */
+    FA_R(bw_gemm)(0, 0, m, D, n, dp, n, k, ldk, 1, dq, D);       /* dQ += dS·K */
     return;
   }
-  FA_R(bw_skip_zeros)(0, m, n, Dv, sp, dout, os.s, dv);
-  FA_R(bw_skip_zeros)(0, m, n, D, dp, q, qs.s, dk);
-  FA_R(bw_skip_zeros)(1, m, n, D, dp, k, ks.s, dq);
+  FA_R(bw_skip_zeros)(0, m, n, Dv, sp, dout, ldd, dv);
+  FA_R(bw_skip_zeros)(0, m, n, D, dp, q, ldq, dk);
+  FA_R(bw_skip_zeros)(1, m, n, D, dp, k, ldk, dq);
 }
 
 /* The task of (b, hk): the dk, dv of that KV head and the dq rows of its
- * query heads, key tile by key tile.  scratch: G·Lq + 3·Br·Bc entries. */
-static void FA_R(bw_task)(const fa_attn_backward *g, int64_t b, int64_t hk, REAL *scratch, int skip_zeros) {
+ * query heads, key tile by key tile (each key tile's keys and values staged
+ * once for all its query tiles). */
+static void FA_R(bw_task)(const fa_attn_backward *g, int64_t b, int64_t hk, const FA_R(bw_ws) *w, int skip_zeros) {
   const fa_attn_problem *p = g->p;
-  const int64_t G = p->Hq / p->Hkv, Lq = p->Lq, Lk = p->Lk, Dv = p->Dv, br = p->tile_q, bc = p->tile_k, h0 = hk * G;
-  REAL *delta = scratch, *sp = scratch + G * Lq, *dp = sp + br * bc, *th = dp + br * bc;
-  const REAL *o = (const REAL *)g->o, *dout = (const REAL *)g->dout;
-  const fa_attn_strides os = p->o_st, ds = g->dout_st;
+  const int64_t G = p->Hq / p->Hkv, Lq = p->Lq, Lk = p->Lk, D = p->D, Dv = p->Dv, br = p->tile_q, bc = p->tile_k;
+  const int64_t h0 = hk * G;
   for (int64_t r = 0; r < G * Lq; r++) { /* delta_i = rowsum(dO_i ∘ O_i) */
     const int64_t h = h0 + r / Lq, i = r % Lq;
-    delta[r] = FA_R(bw_dot)(dout + b * ds.b + h * ds.h + i * ds.s, o + b * os.b + h * os.h + i * os.s, Dv);
+    int64_t ld;
+    const REAL *d1 = FA_R(bw_rows)(p, g->dout, g->dout_st, b, h, i, 1, Dv, w->d1, &ld);
+    const REAL *o1 = FA_R(bw_rows)(p, g->o, p->o_st, b, h, i, 1, Dv, w->o1, &ld);
+    w->delta[r] = FA_R(bw_dot)(d1, o1, Dv);
   }
-  for (int64_t j0 = 0; j0 < Lk; j0 += bc)
+  for (int64_t j0 = 0; j0 < Lk; j0 += bc) {
+    const int64_t n = Lk - j0 < bc ? Lk - j0 : bc;
+    int64_t ldk, ldv;
+    const REAL *k = FA_R(bw_rows)(p, p->k, p->k_st, b, hk, j0, n, D, w->ks, &ldk);
+    const REAL *v = FA_R(bw_rows)(p, p->v, p->v_st, b, hk, j0, n, Dv, w->vs, &ldv);
     for (int64_t h = h0; h < h0 + G; h++)
       for (int64_t i0 = 0; i0 < Lq; i0 += br)
-        FA_R(bw_tile)(g, b, h, i0, Lq - i0 < br ? Lq - i0 : br, j0, Lk - j0 < bc ? Lk - j0 : bc,
-                      delta + (h - h0) * Lq + i0, sp, dp, th, skip_zeros);
+        FA_R(bw_tile)(g, b, h, i0, Lq - i0 < br ? Lq - i0 : br, j0, n, w->delta + (h - h0) * Lq + i0, w, k, ldk, v,
+                      ldv, skip_zeros);
+  }
 }
 
-/* Whether the B·H·L rows of X elements at st from base are all finite
- * (one pass where they are dense). */
-static int FA_R(bw_rows_finite)(const REAL *base, fa_attn_strides st, int64_t B, int64_t H, int64_t L, int64_t X) {
-  if (st.s == X && (H == 1 || st.h == L * X) && (B == 1 || st.b == H * L * X)) return FA_R(all_finite)(base, B * H * L * X);
+/* Whether the B·H·L rows of X elements at st from base (dtype
+ * p->storage) are all finite (one pass where they are dense). */
+static int FA_R(bw_rows_finite)(const fa_attn_problem *p, const void *base, fa_attn_strides st, int64_t B, int64_t H,
+                                int64_t L, int64_t X) {
+  const fa_dtype dt = p->storage;
+  if (st.s == X && (H == 1 || st.h == L * X) && (B == 1 || st.b == H * L * X))
+    return dt == p->compute ? FA_R(all_finite)(base, B * H * L * X) : fa_cpu_all_finite(dt, base, B * H * L * X);
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < H; h++)
-      for (int64_t i = 0; i < L; i++)
-        if (!FA_R(all_finite)(base + b * st.b + h * st.h + i * st.s, X)) return 0;
+      for (int64_t i = 0; i < L; i++) {
+        const void *row = fa_cpu_elem(base, dt, b * st.b + h * st.h + i * st.s);
+        if (!(dt == p->compute ? FA_R(all_finite)(row, X) : fa_cpu_all_finite(dt, row, X))) return 0;
+      }
   return 1;
 }
 
@@ -139,7 +204,7 @@ static fa_status FA_R(bw_run)(fa_context *ctx, const fa_attn_backward *g) {
   const fa_attn_problem *p = g->p;
   const int64_t tasks = p->B * p->Hkv;
   const int threads = fa_cpu_threads_for(tasks, 2.5 * fa_attn_flops(p)); /* the backward: 2.5 forwards */
-  const double per = (double)(p->Hq / p->Hkv) * (double)p->Lq + 3.0 * (double)p->tile_q * (double)p->tile_k;
+  const double per = FA_R(bw_ws_entries)(p);
   if (per * (double)threads * sizeof(REAL) > (double)SIZE_MAX / 2)
     return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: attention_backward: Lq = %lld is too large",
                    (long long)p->Lq);
@@ -148,12 +213,14 @@ static fa_status FA_R(bw_run)(fa_context *ctx, const fa_attn_backward *g) {
   REAL *scratch = fa_host_alloc(ctx, bytes ? bytes : 1, &st);
   if (!scratch) return st;
   /* one pass over the operands a call, not one a tile pair */
-  const int skip_zeros = !(FA_R(bw_rows_finite)((const REAL *)p->q, p->q_st, p->B, p->Hq, p->Lq, p->D) &&
-                           FA_R(bw_rows_finite)((const REAL *)p->k, p->k_st, p->B, p->Hkv, p->Lk, p->D) &&
-                           FA_R(bw_rows_finite)((const REAL *)g->dout, g->dout_st, p->B, p->Hq, p->Lq, p->Dv));
+  const int skip_zeros = !(FA_R(bw_rows_finite)(p, p->q, p->q_st, p->B, p->Hq, p->Lq, p->D) &&
+                           FA_R(bw_rows_finite)(p, p->k, p->k_st, p->B, p->Hkv, p->Lk, p->D) &&
+                           FA_R(bw_rows_finite)(p, g->dout, g->dout_st, p->B, p->Hq, p->Lq, p->Dv));
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
-  for (int64_t t = 0; t < tasks; t++)
-    FA_R(bw_task)(g, t / p->Hkv, t % p->Hkv, scratch + (size_t)omp_get_thread_num() * each, skip_zeros);
+  for (int64_t t = 0; t < tasks; t++) {
+    const FA_R(bw_ws) w = FA_R(bw_ws_carve)(p, scratch + (size_t)omp_get_thread_num() * each);
+    FA_R(bw_task)(g, t / p->Hkv, t % p->Hkv, &w, skip_zeros);
+  }
   fa_host_free(scratch, bytes ? bytes : 1);
   return FA_OK;
 }

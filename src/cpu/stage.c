@@ -46,3 +46,15 @@ void fa_cpu_stage_rows(fa_dtype dst_t, void *dst, int64_t ldd, fa_dtype src_t, c
     else fa_convert_n(dst_t, d, src_t, s, n);
   }
 }
+
+/* An f16 or bf16 value is inf or NaN when its exponent bits are all ones. */
+FA_CPU_CLONES
+static int half_all_finite(const uint16_t *x, int64_t n, uint16_t exponent) {
+  int bad = 0;
+  for (int64_t i = 0; i < n; i++) bad |= (x[i] & exponent) == exponent;
+  return !bad;
+}
+
+int fa_cpu_all_finite(fa_dtype t, const void *x, int64_t n) {
+  return half_all_finite(x, n, t == FA_BF16 ? 0x7f80u : 0x7c00u);
+}

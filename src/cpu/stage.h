@@ -15,6 +15,9 @@
 void fa_cpu_stage_rows(fa_dtype dst_t, void *dst, int64_t ldd, fa_dtype src_t, const void *src, int64_t lds,
                        int64_t rows, int64_t n);
 
+/* Whether the n f16 or bf16 values (dtype t) at x are all finite. */
+int fa_cpu_all_finite(fa_dtype t, const void *x, int64_t n);
+
 /* Element `at` of an array of dtype t at base. */
 static inline const void *fa_cpu_elem(const void *base, fa_dtype t, int64_t at) {
   return (const char *)base + at * (int64_t)fa_dtype_size(t);

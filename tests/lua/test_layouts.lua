@@ -293,11 +293,52 @@ function TestLayouts:test_every_half_value_is_widened_exactly()
   end
 end
 
+-- Widened tiles take the non-finite paths as f32 operands do: an f16/bf16
+-- call with NaN and inf in its operands (strided views) gives what the f32
+-- call on the same values gives, NaN where it has NaN, forward (every algo)
+-- and backward (whose check for non-finite operands reads the halves'
+-- exponent bits).
+function TestLayouts:test_halves_with_nan_match_f32()
+  if U.cuda then return end
+  local function same(got, want, what)
+    local a, b = got:float():contiguous():reshape({got:numel()}):totable(), want:reshape({want:numel()}):totable()
+    local nans = 0
+    for i = 1, #a do
+      if a[i] ~= a[i] or b[i] ~= b[i] then
+        nans = nans + 1
+        lu.assertTrue(a[i] ~= a[i] and b[i] ~= b[i], ("%s: element %d is %s, f32 gives %s"):format(what, i, a[i], b[i]))
+      else
+        lu.assertTrue(math.abs(a[i] - b[i]) <= 1e-2 * (1 + math.abs(b[i])), ("%s: element %d"):format(what, i))
+      end
+    end
+    lu.assertTrue(nans > 0 and nans < #a, what .. ": the NaN did not reach some rows only")
+  end
+  for _, dtype in ipairs{"f16", "bf16"} do
+    local q, k, v = bhld(1, 2, 40, 16, dtype), bhld(1, 2, 50, 16, dtype), bhld(1, 2, 50, 16, dtype)
+    v:set(1, 1, 7, 3, 0 / 0)
+    k:set(1, 2, 9, 1, math.huge)
+    for _, algo in ipairs(ALGOS) do
+      local opts = {algo = algo, causal = true, tile = {16, 16}}
+      same(fa.attention(q, k, v, opts), fa.attention(q:float(), k:float(), v:float(), opts), dtype .. " " .. algo)
+    end
+    local q2, k2, v2 = bhld(1, 2, 40, 16, dtype), bhld(1, 2, 50, 16, dtype), bhld(1, 2, 50, 16, dtype)
+    local o, lse = fa.attention(q2, k2, v2, {return_lse = true, causal = true})
+    local dout = bhld(1, 2, 40, 16, dtype)
+    dout:set(1, 1, 5, 2, 0 / 0)
+    local got = {fa.attention_backward(q2, k2, v2, o, lse, dout, {causal = true, tile = {16, 16}})}
+    local want = {fa.attention_backward(q2:float(), k2:float(), v2:float(), o:float(), lse, dout:float(),
+      {causal = true, tile = {16, 16}})}
+    for i, name in ipairs{"dq", "dk", "dv"} do same(got[i], want[i], dtype .. " backward " .. name) end
+  end
+end
+
 -- The CPU backward reads q, k, v, o and dout where they lie too (API §6):
 -- transposed views and a head slice of a packed tensor give the gradients of
--- their contiguous copies, and hold no more memory than those calls (f16
--- inputs, converted first, do); NaN in a strided dout reaches only the
--- rows of dq it should, as with dense operands.
+-- their contiguous copies, and hold no more memory than those calls; f16
+-- operands are widened a tile at a time, not copied whole (the call holds
+-- less than the f32 copies of its five operands over the f32 call, which
+-- whole copies would take); NaN in a strided dout reaches only the rows of
+-- dq it should, as with dense operands.
 function TestLayouts:test_backward_reads_views()
   if U.cuda then return end
   local D = 32
@@ -344,7 +385,21 @@ function TestLayouts:test_backward_reads_views()
   end
   local dense = peak("f32", false)
   lu.assertEquals(peak("f32", true), dense, "strided f32 operands of the backward were copied")
-  lu.assertTrue(peak("f16", true) > dense, "the measure does not see the f16 operands' copies")
+  lu.assertEquals(peak("f16", true), peak("f16", false), "strided f16 operands of the backward were copied")
+  local copies = 4 * D * (3 * B * HQ * LQ + 2 * B * HKV * LK) -- q, o, dout and k, v in f32 (Dv = D)
+  local over = peak("f16", true) - dense
+  lu.assertTrue(over < copies, ("an f16 backward held %d bytes over f32's: whole copies (%d)"):format(over, copies))
+  do -- and its gradients are those of its contiguous operands
+    local q2, k2, v2, d2 = inputs(true, "f16")
+    local o2, l2 = fa.attention(q2, k2, v2, {return_lse = true, causal = true})
+    local got = {fa.attention_backward(q2, k2, v2, o2, l2, d2, {causal = true})}
+    local want = {fa.attention_backward(q2:contiguous(), k2:contiguous(), v2:contiguous(), o2, l2, d2:contiguous(),
+      {causal = true})}
+    for i, name in ipairs({"dq", "dk", "dv"}) do
+      lu.assertEquals(got[i]:dtype(), "f16")
+      lu.assertEquals(fa.max_abs_diff(got[i], want[i]), 0, name .. " of f16 views")
+    end
+  end
   -- NaN in a strided dout: the rows of dq that read it, and dk, dv of the keys those rows attend
   local q3, k3, v3, d3 = inputs(true, "f32")
   local o3, l3 = fa.attention(q3, k3, v3, {return_lse = true})
