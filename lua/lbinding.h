@@ -53,6 +53,18 @@ fal_state *fal_live_state(lua_State *L);
  * it out (idempotent). */
 void fal_link_in(fal_state *s, fal_link *l, void (*drop)(fal_link *));
 void fal_unlink(fal_link *l);
+/* A new box's link: on the state's list only when the box is made inside a
+ * finalizer (Lua 5.4.4+ answers -1 to LUA_GCISRUNNING there, earlier ones
+ * 0), where it may get no __gc of its own (at lua_close).  Other boxes stay
+ * off the list, so that a box Lua frees without its __gc (the debug
+ * library took its metatable away) leaves nothing pointing into it: what
+ * it held then leaks, the process goes on.  Call it before anything else
+ * can raise. */
+void fal_link_box(lua_State *L, fal_state *s, fal_link *l, void (*drop)(fal_link *));
+/* luaL_testudata's userdata at idx when it is also `size` bytes long (the
+ * debug library can give any userdata one of the module's metatables:
+ * the callers check a magic field of their own too where it matters). */
+void *fal_testudata(lua_State *L, int idx, const char *mt, size_t size);
 /* The context scripts run on (the host's, else the module's own); raises
  * when the module's context cannot be created. */
 fa_context *fal_ctx(lua_State *L);
@@ -121,7 +133,11 @@ void *fal_newbuffer(lua_State *L, int64_t n, size_t size, const char *what);
 
 /* ---- tensors (ltensor.c) ----------------------------------------------- */
 
+/* magic: FAL_BOX_MAGIC, so that a userdata given the tensor metatable by
+ * the debug library is not taken for a box; link: fal_link_box's. */
+#define FAL_BOX_MAGIC 0x66614278u /* "faBx" */
 typedef struct {
+  uint32_t magic;
   fa_tensor *t; /* one reference; NULL once freed */
   fal_link link;
 } fal_box;
@@ -155,7 +171,9 @@ void fal_box_release(lua_State *L, int idx);
  * the references) when the function returns or raises, or when lua_settop
  * pops it. */
 #define FAL_MAX_PINS 8
+#define FAL_PINS_MAGIC 0x66615069u /* "faPi": as FAL_BOX_MAGIC */
 typedef struct {
+  uint32_t magic;
   int n, cap;
   fal_link link;
   fa_tensor *t[]; /* cap entries */

@@ -56,7 +56,9 @@ static int has_ext(const char *path, const char *ext) {
 
 /* ---- fa.load ---------------------------------------------------------------- */
 
+#define IO_RESULT_MAGIC 0x66614c64u /* "faLd": as FAL_BOX_MAGIC (lbinding.h) */
 typedef struct {
+  uint32_t magic;
   char **names;
   fa_tensor **tensors;
   size_t count;
@@ -64,9 +66,10 @@ typedef struct {
 
 /* __close and __gc: whatever the table did not take is released. */
 static int result_close(lua_State *L) {
-  io_result *r = (io_result *)luaL_checkudata(L, 1, FAL_IO_RESULT_MT);
+  io_result *r = (io_result *)fal_testudata(L, 1, FAL_IO_RESULT_MT, sizeof(io_result));
+  if (!r || r->magic != IO_RESULT_MAGIC) return 0; /* another userdata given the metatable (debug library) */
   fa_safetensors_free(r->names, r->tensors, r->count);
-  memset(r, 0, sizeof *r);
+  r->names = NULL, r->tensors = NULL, r->count = 0;
   return 0;
 }
 
@@ -75,6 +78,7 @@ static int result_close(lua_State *L) {
 static io_result *push_result(lua_State *L) {
   io_result *r = (io_result *)lua_newuserdatauv(L, sizeof *r, 0);
   memset(r, 0, sizeof *r);
+  r->magic = IO_RESULT_MAGIC;
   if (luaL_newmetatable(L, FAL_IO_RESULT_MT)) {
     lua_pushcfunction(L, result_close);
     lua_setfield(L, -2, "__close");

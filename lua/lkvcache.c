@@ -12,10 +12,19 @@
 
 #define FAL_KVCACHE_MT "flashattn.KVCache"
 
+#define KV_BOX_MAGIC 0x66614b76u /* "faKv": as FAL_BOX_MAGIC */
 typedef struct {
+  uint32_t magic;
   fa_kv_cache *c; /* NULL once freed */
-  fal_link link;
+  fal_link link;  /* fal_link_box's */
 } fal_kvbox;
+
+/* The cache box at idx, or NULL: its metatable, size and magic (the debug
+ * library can give the metatable to any userdata). */
+static fal_kvbox *kv_testbox(lua_State *L, int idx) {
+  fal_kvbox *b = (fal_kvbox *)luaL_testudata(L, idx, FAL_KVCACHE_MT);
+  return b && lua_rawlen(L, idx) == sizeof *b && b->magic == KV_BOX_MAGIC ? b : NULL;
+}
 
 static void kv_drop(fal_link *l) {
   fal_kvbox *b = (fal_kvbox *)((char *)l - offsetof(fal_kvbox, link));
@@ -25,7 +34,7 @@ static void kv_drop(fal_link *l) {
 }
 
 static fal_kvbox *kv_box(lua_State *L, int idx) {
-  fal_kvbox *b = (fal_kvbox *)luaL_testudata(L, idx, FAL_KVCACHE_MT);
+  fal_kvbox *b = kv_testbox(L, idx);
   if (!b) fal_typeerror(L, idx, "self", FAL_KVCACHE_MT);
   return b;
 }
@@ -43,7 +52,7 @@ static int kv_free(lua_State *L) {
 }
 
 static int kv_gc(lua_State *L) {
-  fal_kvbox *b = (fal_kvbox *)luaL_testudata(L, 1, FAL_KVCACHE_MT);
+  fal_kvbox *b = kv_testbox(L, 1);
   if (b) {
     kv_drop(&b->link);
     fal_unlink(&b->link);
@@ -225,8 +234,9 @@ static int l_kv_cache(lua_State *L) {
   fal_opt_device(L, 1, "device", &o.device);
   fal_state *s = fal_live_state(L);
   fal_kvbox *b = (fal_kvbox *)lua_newuserdatauv(L, sizeof *b, 0);
+  b->magic = KV_BOX_MAGIC;
   b->c = NULL;
-  fal_link_in(s, &b->link, kv_drop); /* before anything else can raise */
+  fal_link_box(L, s, &b->link, kv_drop);
   if (luaL_newmetatable(L, FAL_KVCACHE_MT)) {
     lua_pushliteral(L, FAL_KVCACHE_MT);
     lua_setfield(L, -2, "__metatable");

@@ -30,6 +30,17 @@ void fal_link_in(fal_state *s, fal_link *l, void (*drop)(fal_link *)) {
   s->live.next = l;
 }
 
+void fal_link_box(lua_State *L, fal_state *s, fal_link *l, void (*drop)(fal_link *)) {
+  l->prev = l->next = NULL;
+  l->drop = drop;
+  if (lua_gc(L, LUA_GCISRUNNING) <= 0) fal_link_in(s, l, drop);
+}
+
+void *fal_testudata(lua_State *L, int idx, const char *mt, size_t size) {
+  void *p = luaL_testudata(L, idx, mt);
+  return p && lua_rawlen(L, idx) == size ? p : NULL;
+}
+
 void fal_unlink(fal_link *l) {
   if (!l->prev) return;
   l->prev->next = l->next;
@@ -39,6 +50,11 @@ void fal_unlink(fal_link *l) {
 
 static int state_gc(lua_State *L) {
   fal_state *s = (fal_state *)lua_touserdata(L, 1);
+  /* only the state itself (the debug library can give its metatable to another userdata) */
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &state_key);
+  const int ours = lua_touserdata(L, -1) == s && s;
+  lua_pop(L, 1);
+  if (!ours) return 0;
   s->closed = 1;
   while (s->live.next != &s->live) { /* boxes made by finalizers during lua_close */
     fal_link *l = s->live.next;

@@ -29,7 +29,12 @@ static void *toudata(lua_State *L, int idx, const void *key) {
   return ours ? p : NULL;
 }
 
-fal_box *fal_tobox(lua_State *L, int idx) { return (fal_box *)toudata(L, idx, &tensor_mt_key); }
+/* Also its size and magic: the debug library can give the tensor metatable
+ * to any userdata. */
+fal_box *fal_tobox(lua_State *L, int idx) {
+  fal_box *b = (fal_box *)toudata(L, idx, &tensor_mt_key);
+  return b && lua_rawlen(L, idx) == sizeof *b && b->magic == FAL_BOX_MAGIC ? b : NULL;
+}
 
 static void box_drop(fal_link *l) {
   fal_box *b = (fal_box *)((char *)l - offsetof(fal_box, link));
@@ -43,8 +48,9 @@ fa_tensor **fal_newbox(lua_State *L) {
   fal_gc_pressure(L);               /* before the new result: Lua cannot see tensor bytes */
   fal_tensor_metatable(L);
   fal_box *b = (fal_box *)lua_newuserdatauv(L, sizeof *b, 0);
+  b->magic = FAL_BOX_MAGIC;
   b->t = NULL;
-  fal_link_in(s, &b->link, box_drop); /* before anything else can raise */
+  fal_link_box(L, s, &b->link, box_drop);
   lua_insert(L, -2);
   lua_setmetatable(L, -2);
   return &b->t;
@@ -91,13 +97,20 @@ static void pins_drop(fal_link *l) {
   }
 }
 
+/* The pin list at idx, or NULL: this copy's metatable, its size and magic. */
+static fal_pins *topins(lua_State *L, int idx) {
+  fal_pins *p = (fal_pins *)toudata(L, idx, &pins_mt_key);
+  if (!p || lua_rawlen(L, idx) < sizeof *p || p->magic != FAL_PINS_MAGIC || p->cap < 0) return NULL;
+  return lua_rawlen(L, idx) == sizeof *p + (size_t)p->cap * sizeof p->t[0] ? p : NULL;
+}
+
 /* Closed, a list of the usual size becomes the spare when there is none:
  * the next call takes it instead of a new userdata with a finalizer (a
  * userdata and its finalizer were a tenth of a tiny decode call's host
  * time, H200).  The registry's slot for it exists from the metatable's
  * making on (false when empty), so that storing into it allocates nothing. */
 static int pins_close(lua_State *L) {
-  fal_pins *p = (fal_pins *)toudata(L, 1, &pins_mt_key);
+  fal_pins *p = topins(L, 1);
   if (p) {
     pins_drop(&p->link);
     /* not one whose __gc ran (a finalizer closing a dead coroutine's slot): off the state's list, its
@@ -111,7 +124,7 @@ static int pins_close(lua_State *L) {
 }
 
 static int pins_gc(lua_State *L) {
-  fal_pins *p = (fal_pins *)toudata(L, 1, &pins_mt_key);
+  fal_pins *p = topins(L, 1);
   if (p) {
     pins_drop(&p->link);
     fal_unlink(&p->link);
@@ -153,7 +166,7 @@ fal_pins *fal_pins_open_n(lua_State *L, int cap) {
     lua_rawsetp(L, LUA_REGISTRYINDEX, &pins_mt_key);
   }
   fal_pins *p = (fal_pins *)lua_newuserdatauv(L, sizeof *p + (size_t)cap * sizeof p->t[0], 0);
-  p->n = 0, p->cap = cap;
+  p->magic = FAL_PINS_MAGIC, p->n = 0, p->cap = cap;
   fal_link_in(s, &p->link, pins_drop);
   lua_insert(L, -2);
   lua_setmetatable(L, -2);

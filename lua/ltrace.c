@@ -42,11 +42,22 @@ typedef struct {
 
 /* A userdata owning one engine object (an fa_expr: the "holder"; an
  * fa_block_mask), released at its __gc or when the state closes. */
+#define HANDLE_MAGIC 0x66614861u /* "faHa": as FAL_BOX_MAGIC (lbinding.h) */
 typedef struct {
+  uint32_t magic;
   void *p;
   void (*release)(void *);
-  fal_link link;
+  fal_link link; /* fal_link_box's */
 } handle;
+
+/* The handle of metatable mt at idx (mt NULL: any, for __gc, which every
+ * handle metatable shares), or NULL: its size and magic too, as the debug
+ * library can give the metatable to any userdata. */
+static handle *tohandle(lua_State *L, int idx, const char *mt) {
+  handle *h = (handle *)(mt ? luaL_testudata(L, idx, mt) : lua_touserdata(L, idx));
+  return h && lua_type(L, idx) == LUA_TUSERDATA && lua_rawlen(L, idx) == sizeof *h && h->magic == HANDLE_MAGIC ? h
+                                                                                                              : NULL;
+}
 
 /* ---- errors ------------------------------------------------------------------------- */
 
@@ -62,13 +73,13 @@ static int terr(lua_State *L, const trace *t, const char *fmt, ...) {
 
 static void expr_metatable(lua_State *L);
 
-static expr *toexpr(lua_State *L, int idx) { return (expr *)luaL_testudata(L, idx, EXPR_MT); }
+static expr *toexpr(lua_State *L, int idx) { return (expr *)fal_testudata(L, idx, EXPR_MT, sizeof(expr)); }
 
 /* The trace of the expression at idx, pushed (its slot returned in *ti);
  * an error when the trace is over. */
 static trace *trace_of(lua_State *L, int idx, int *ti) {
   lua_getiuservalue(L, idx, 1);
-  trace *t = (trace *)luaL_testudata(L, -1, TRACE_MT);
+  trace *t = (trace *)fal_testudata(L, -1, TRACE_MT, sizeof(trace));
   if (!t) fal_error(L, "internal error: an expression without its trace");
   if (t->done)
     fal_error(L, "%s: an expression was used after the call that traced it (keep no expression past the "
@@ -174,7 +185,7 @@ static int refuse(lua_State *L) {
   for (int i = 1; i <= lua_gettop(L) && !t; i++)
     if (toexpr(L, i)) {
       lua_getiuservalue(L, i, 1);
-      t = (trace *)luaL_testudata(L, -1, TRACE_MT);
+      t = (trace *)fal_testudata(L, -1, TRACE_MT, sizeof(trace));
     }
   if (t) return terr(L, t, "%s", why);
   return fal_error(L, "expression: %s", why);
@@ -365,7 +376,8 @@ static void handle_drop(fal_link *l) {
 }
 
 static int handle_gc(lua_State *L) {
-  handle *h = (handle *)lua_touserdata(L, 1);
+  handle *h = tohandle(L, 1, NULL);
+  if (!h) return 0;
   fal_unlink(&h->link);
   handle_drop(&h->link);
   return 0;
@@ -376,6 +388,7 @@ static int handle_gc(lua_State *L) {
 static handle *push_handle(lua_State *L, fal_state *s, const char *mt, void (*release)(void *), int nuv,
                            void (*setup)(lua_State *L)) {
   handle *h = (handle *)lua_newuserdatauv(L, sizeof(handle), nuv);
+  h->magic = HANDLE_MAGIC;
   h->p = NULL;
   h->release = release;
   h->link.prev = h->link.next = NULL;
@@ -387,7 +400,7 @@ static handle *push_handle(lua_State *L, fal_state *s, const char *mt, void (*re
     if (setup) setup(L);
   }
   lua_setmetatable(L, -2);
-  fal_link_in(s, &h->link, handle_drop);
+  fal_link_box(L, s, &h->link, handle_drop);
   return h;
 }
 
@@ -540,7 +553,7 @@ const fa_expr *fal_trace_opt(lua_State *L, int idx, const char *key) {
 #define BLOCK_MT "flashattn.BlockMask"
 
 static fa_block_mask *check_block(lua_State *L) {
-  handle *b = (handle *)luaL_testudata(L, 1, BLOCK_MT);
+  handle *b = tohandle(L, 1, BLOCK_MT);
   if (!b) fal_argerror(L, 1, "self", "expected a " BLOCK_MT ", got %s", fal_typename(L, 1));
   if (!b->p) fal_error(L, "block mask: released (the state is closing)");
   return (fa_block_mask *)b->p;
@@ -629,12 +642,12 @@ const fa_block_mask *fal_trace_block_mask(lua_State *L, int idx, const fa_expr *
     lua_pop(L, 1);
     return NULL;
   }
-  handle *b = (handle *)luaL_testudata(L, -1, BLOCK_MT);
+  handle *b = tohandle(L, -1, BLOCK_MT);
   if (!b) fal_error(L, "opts.block_mask: expected a " BLOCK_MT " (fa.block_mask), got %s", fal_typename(L, -1));
   if (!b->p) fal_error(L, "opts.block_mask: released (the state is closing)");
   if (!*mask_mod) { /* the block mask's own */
     lua_getiuservalue(L, -1, 1);
-    handle *h = (handle *)luaL_testudata(L, -1, HOLDER_MT);
+    handle *h = tohandle(L, -1, HOLDER_MT);
     *mask_mod = h ? (const fa_expr *)h->p : NULL;
     lua_pop(L, 1);
   }
