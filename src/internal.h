@@ -232,11 +232,6 @@ void fa_attn_key_range(const fa_attn_problem *p, int64_t b, int64_t i, int64_t *
 /* ---- CPU backend (src/cpu/) ---- */
 fa_status fa_cpu_attention(fa_context *ctx, fa_attention_algo algo, const fa_attn_problem *p);
 fa_status fa_cpu_attention_reference(fa_context *ctx, const fa_attn_problem *p);
-/* x and y contiguous (rows, n) in dtype f32 or f64 (y may alias x).
- * `storage` is the user's dtype: NAIVE holds its e^x in it, so that f16
- * overflows past e^11.09 as the seeds say. */
-fa_status fa_cpu_softmax(fa_context *ctx, fa_softmax_algo algo, int64_t block, fa_dtype dt, fa_dtype storage,
-                         const void *x, void *y, int64_t rows, int64_t n);
 int64_t fa_cpu_softmax_fused_max_n(fa_dtype dt);
 /* fa.matmul's operands as the backends take them (API §6: read where they
  * lie): row-major A (m x k) and B (k x n) with rows lda and ldb elements
@@ -263,6 +258,16 @@ FA_HOST_DEVICE static inline int64_t fa_state_row(const fa_state_rows *s, int64_
   return r / (s->size[1] * s->size[2]) * s->stride[0] + r / s->size[2] % s->size[1] * s->stride[1] +
          r % s->size[2] * s->stride[2];
 }
+/* The rows of t (ndim >= 1) over its leading dimensions, as
+ * fa_state_row reads them: each dimension merged into the one after it
+ * where it steps over that one whole. */
+fa_state_rows fa_tensor_rows(const fa_tensor *t);
+/* Softmax of rows (rows, n) of x at xr (API §6: where they lie, each row
+ * contiguous) into y, contiguous (rows, n), in dtype f32 or f64 (y may be x
+ * when x's rows are dense).  `storage` is the user's dtype: NAIVE holds its
+ * e^x in it, so that f16 overflows past e^11.09 as the seeds say. */
+fa_status fa_cpu_softmax(fa_context *ctx, fa_softmax_algo algo, int64_t block, fa_dtype dt, fa_dtype storage,
+                         const void *x, const fa_state_rows *xr, void *y, int64_t rows, int64_t n);
 /* merge_states' operands: states o1, o2 of dtype dt at their rows, lse1,
  * lse2 in f64 (so that f64 states merge to f64 precision), into o
  * contiguous rows x dv and lse (rows entries, also when dv = 0). */

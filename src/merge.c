@@ -14,17 +14,6 @@ static fa_status contiguous_as(fa_context *ctx, fa_tensor *t, fa_dtype dtype, fa
   return st;
 }
 
-/* The rows of state t (ndim >= 1): its leading dimensions from the last,
- * each merged into the one after it where it steps over that one whole. */
-static fa_state_rows state_rows(const fa_tensor *t) {
-  fa_state_rows r = {{1, 1, 1}, {0, 0, 0}};
-  for (int d = t->ndim - 2, i = 3; d >= 0; d--) {
-    if (i < 3 && t->strides[d] == r.stride[i] * r.size[i]) r.size[i] *= t->shape[d];
-    else i--, r.size[i] = t->shape[d], r.stride[i] = t->strides[d];
-  }
-  return r;
-}
-
 /* State t as merge_pair reads it (API §6: where it lies): t itself,
  * retained, when it is of dtype compute on dev with its last dimension
  * contiguous; else a contiguous copy in that dtype. */
@@ -50,7 +39,7 @@ static fa_status merge_pair(fa_context *ctx, fa_dtype compute, fa_device dev, fa
     return st;
   }
   /* one row per lse entry (also when dv = 0: the lse still merge) */
-  const fa_merge_operands g = {fa_tensor_ptr(a), fa_tensor_ptr(b), state_rows(a), state_rows(b), fa_tensor_ptr(la),
+  const fa_merge_operands g = {fa_tensor_ptr(a), fa_tensor_ptr(b), fa_tensor_rows(a), fa_tensor_rows(b), fa_tensor_ptr(la),
                                fa_tensor_ptr(lb), fa_tensor_ptr(*ro), fa_tensor_ptr(*rl), fa_tensor_numel(la),
                                a->shape[a->ndim - 1]};
   if (dev == FA_CUDA) st = fa_cuda_merge_states(ctx, compute, &g);

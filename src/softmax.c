@@ -1,5 +1,7 @@
-/* fa_softmax: check, bring the rows to a contiguous buffer on the tensor's
- * device, run that backend, deliver in x's dtype. */
+/* fa_softmax: check, take the rows where they lie (CPU: a tensor of the
+ * compute dtype whose last dimension is contiguous, API §6) or as a
+ * contiguous copy (cuda, another dtype), run that backend, deliver in x's
+ * dtype. */
 #include "check.h"
 
 #include <string.h>
@@ -24,13 +26,30 @@ static fa_status run_backend(fa_context *ctx, const fa_softmax_opts *o, const fa
                              fa_tensor *dst, int64_t rows, int64_t n) {
   if (x->storage->device == FA_CUDA)
     return fa_cuda_softmax(ctx, o->algo, o->block, src->dtype, fa_tensor_ptr(src), fa_tensor_ptr(dst), rows, n);
-  return fa_cpu_softmax(ctx, o->algo, o->block, src->dtype, x->dtype, fa_tensor_ptr(src), fa_tensor_ptr(dst), rows, n);
+  const fa_state_rows xr = fa_tensor_rows(src);
+  return fa_cpu_softmax(ctx, o->algo, o->block, src->dtype, x->dtype, fa_tensor_ptr(src), &xr, fa_tensor_ptr(dst),
+                        rows, n);
+}
+
+/* The rows as the backend reads them: on the CPU x itself (retained) when
+ * it is of the compute dtype with its last dimension contiguous (its rows
+ * at any strides), else a contiguous copy in that dtype; on cuda a
+ * contiguous copy unless x is one. */
+static fa_status rows_of(fa_context *ctx, fa_tensor *x, fa_dtype compute, fa_tensor **src) {
+  const int64_t n = x->shape[x->ndim - 1];
+  if (x->storage->device == FA_CUDA) return fa_tensor_contiguous(ctx, x, src);
+  if (x->dtype != compute || (n > 1 && x->strides[x->ndim - 1] != 1)) return fa_tensor_cpu_contiguous(ctx, x, compute, src);
+  fa_tensor_retain(x);
+  *src = x;
+  return FA_OK;
 }
 
 /* out can take the rows in place unless it overlaps src without being
- * exactly src (rows are read and written in parallel, in any order). */
+ * exactly src (rows are read and written in parallel, in any order; out is
+ * contiguous, src's rows may be strided: then any overlap rules it out). */
 static int usable_in_place(const fa_tensor *out, const fa_tensor *src) {
   if (!fa_tensor_same_memory(out, src)) return 1;
+  if (!fa_tensor_is_contiguous(src)) return !fa_tensor_overlaps(out, src);
   const char *o0 = fa_tensor_ptr(out), *s0 = fa_tensor_ptr(src);
   size_t ob = (size_t)fa_tensor_numel(out) * fa_dtype_size(out->dtype);
   size_t sb = (size_t)fa_tensor_numel(src) * fa_dtype_size(src->dtype);
@@ -53,9 +72,7 @@ fa_status fa_softmax(fa_context *ctx, fa_tensor *x, const fa_softmax_opts *opts,
   fa_dtype compute = compute_dtype(x);
   int64_t n = x->shape[x->ndim - 1], rows = n ? fa_tensor_numel(x) / n : 0;
   fa_tensor *src = NULL, *dst = NULL, *out = opts->out;
-  if (dev == FA_CPU) st = fa_tensor_cpu_contiguous(ctx, x, compute, &src);
-  else st = fa_tensor_contiguous(ctx, x, &src);
-  if (st) return st;
+  if ((st = rows_of(ctx, x, compute, &src))) return st;
   if (out && out->dtype == compute && fa_tensor_is_contiguous(out) && usable_in_place(out, src)) {
     fa_tensor_retain(out);
     dst = out;

@@ -532,3 +532,12 @@ fa_status fa_max_abs_diff(fa_context *ctx, fa_tensor *a, fa_tensor *b, double *o
   sumsq num, den;
   return compare(ctx, a, b, "max_abs_diff", &num, &den, out);
 }
+
+fa_state_rows fa_tensor_rows(const fa_tensor *t) {
+  fa_state_rows r = {{1, 1, 1}, {0, 0, 0}};
+  for (int d = t->ndim - 2, i = 3; d >= 0; d--) {
+    if (i < 3 && t->strides[d] == r.stride[i] * r.size[i]) r.size[i] *= t->shape[d];
+    else i--, r.size[i] = t->shape[d], r.stride[i] = t->strides[d];
+  }
+  return r;
+}

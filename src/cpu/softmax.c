@@ -1,4 +1,6 @@
-/* CPU softmax over contiguous rows: the seeds' four algorithms.
+/* CPU softmax over rows read where they lie (each row contiguous, the rows
+ * at any strides: fa_state_rows), written to contiguous rows: the seeds'
+ * four algorithms.
  *
  *  NAIVE   e^x / Σe^x, no max subtracted (overflows on purpose);
  *  SAFE    three passes over x: max, Σe^(x-m), normalise;
@@ -73,10 +75,11 @@ static float sm_held(fa_dtype storage, float v) {
   return storage == FA_F16 ? fa_f16_to_f32(fa_f32_to_f16(v)) : fa_bf16_to_f32(fa_f32_to_bf16(v));
 }
 
-static void sm_run_naive_held(const float *x, float *y, int64_t rows, int64_t n, fa_dtype storage) {
+static void sm_run_naive_held(const float *x, const fa_state_rows *rows_at, float *y, int64_t rows, int64_t n,
+                              fa_dtype storage) {
 #pragma omp parallel for schedule(static) if (rows > 1 && rows * n >= FA_SM_PAR_MIN)
   for (int64_t r = 0; r < rows; r++) {
-    const float *xr = x + r * n;
+    const float *xr = x + fa_state_row(rows_at, r);
     float *yr = y + r * n;
     double total = 0;
     for (int64_t c = 0; c < n; c += FA_SM_SUM_CHUNK) {
@@ -91,7 +94,7 @@ static void sm_run_naive_held(const float *x, float *y, int64_t rows, int64_t n,
 }
 
 fa_status fa_cpu_softmax(fa_context *ctx, fa_softmax_algo algo, int64_t block, fa_dtype dt, fa_dtype storage,
-                         const void *x, void *y, int64_t rows, int64_t n) {
+                         const void *x, const fa_state_rows *xr, void *y, int64_t rows, int64_t n) {
   if (dt != FA_F32 && dt != FA_F64)
     return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: softmax on the cpu computes in f32 or f64, got %s",
                    fa_dtype_name(dt));
@@ -109,10 +112,11 @@ fa_status fa_cpu_softmax(fa_context *ctx, fa_softmax_algo algo, int64_t block, f
   if (block > n) block = n; /* one block: same result, no oversized loops */
 
   if (algo == FA_SOFTMAX_ONLINE)
-    return dt == FA_F32 ? sm_run_online_f32(ctx, block, x, y, rows, n) : sm_run_online_f64(ctx, block, x, y, rows, n);
+    return dt == FA_F32 ? sm_run_online_f32(ctx, block, x, xr, y, rows, n)
+                        : sm_run_online_f64(ctx, block, x, xr, y, rows, n);
   if (algo == FA_SOFTMAX_NAIVE && dt == FA_F32 && (storage == FA_F16 || storage == FA_BF16)) {
-    sm_run_naive_held(x, y, rows, n, storage);
+    sm_run_naive_held(x, xr, y, rows, n, storage);
     return FA_OK;
   }
-  return dt == FA_F32 ? sm_run_rows_f32(ctx, algo, x, y, rows, n) : sm_run_rows_f64(ctx, algo, x, y, rows, n);
+  return dt == FA_F32 ? sm_run_rows_f32(ctx, algo, x, xr, y, rows, n) : sm_run_rows_f64(ctx, algo, x, xr, y, rows, n);
 }

@@ -111,17 +111,18 @@ FA_CPU_CLONES static void FA_SM_FN(sm_online_norm)(const FA_T *x, FA_T *y, int64
 
 /* ---- drivers: OpenMP over rows ---- */
 
-static fa_status FA_SM_FN(sm_run_rows)(fa_context *ctx, fa_softmax_algo algo, const FA_T *x, FA_T *y,
-                                       int64_t rows, int64_t n) {
+/* x's row r at fa_state_row(xr, r) (API §6), y's at r·n. */
+static fa_status FA_SM_FN(sm_run_rows)(fa_context *ctx, fa_softmax_algo algo, const FA_T *x, const fa_state_rows *xr,
+                                       FA_T *y, int64_t rows, int64_t n) {
   int par = rows > 1 && rows * n >= FA_SM_PAR_MIN;
   if (algo == FA_SOFTMAX_NAIVE) {
 #pragma omp parallel for schedule(static) if (par)
-    for (int64_t r = 0; r < rows; r++) FA_SM_FN(sm_row_naive)(x + r * n, y + r * n, n);
+    for (int64_t r = 0; r < rows; r++) FA_SM_FN(sm_row_naive)(x + fa_state_row(xr, r), y + r * n, n);
     return FA_OK;
   }
   if (algo == FA_SOFTMAX_SAFE) {
 #pragma omp parallel for schedule(static) if (par)
-    for (int64_t r = 0; r < rows; r++) FA_SM_FN(sm_row_safe)(x + r * n, y + r * n, n);
+    for (int64_t r = 0; r < rows; r++) FA_SM_FN(sm_row_safe)(x + fa_state_row(xr, r), y + r * n, n);
     return FA_OK;
   }
   /* FUSED: one row buffer per thread, n elements each (padded to 64 B) */
@@ -133,7 +134,7 @@ static fa_status FA_SM_FN(sm_run_rows)(fa_context *ctx, fa_softmax_algo algo, co
   if (!buf) return st;
 #pragma omp parallel for schedule(static) if (par)
   for (int64_t r = 0; r < rows; r++)
-    FA_SM_FN(sm_row_fused)(x + r * n, y + r * n, n, buf + (int64_t)omp_get_thread_num() * ld);
+    FA_SM_FN(sm_row_fused)(x + fa_state_row(xr, r), y + r * n, n, buf + (int64_t)omp_get_thread_num() * ld);
   fa_host_free(buf, bytes);
   return FA_OK;
 }
@@ -142,8 +143,8 @@ static fa_status FA_SM_FN(sm_run_rows)(fa_context *ctx, fa_softmax_algo algo, co
  * number of blocks), so results do not depend on the thread count; when
  * there are fewer rows than threads the chunks of a row run in parallel
  * (the merge is associative: the seeds' ℓ = e^(m1-m)ℓ1 + e^(m2-m)ℓ2). */
-static fa_status FA_SM_FN(sm_run_online)(fa_context *ctx, int64_t block, const FA_T *x, FA_T *y, int64_t rows,
-                                         int64_t n) {
+static fa_status FA_SM_FN(sm_run_online)(fa_context *ctx, int64_t block, const FA_T *x, const fa_state_rows *xr,
+                                         FA_T *y, int64_t rows, int64_t n) {
   int64_t chunk = block * ((FA_SM_ONLINE_CHUNK + block - 1) / block);
   int64_t nc = (n + chunk - 1) / chunk;
   int nt = omp_get_max_threads();
@@ -151,14 +152,14 @@ static fa_status FA_SM_FN(sm_run_online)(fa_context *ctx, int64_t block, const F
   if (nc == 1 || rows >= nt || !par) {
 #pragma omp parallel for schedule(static) if (par && rows > 1)
     for (int64_t r = 0; r < rows; r++) {
-      const FA_T *xr = x + r * n;
+      const FA_T *row = x + fa_state_row(xr, r);
       double m = -INFINITY, d = 0;
       for (int64_t c = 0; c < n; c += chunk) {
         double cm, cd;
-        FA_SM_FN(sm_online_stats)(xr + c, n - c < chunk ? n - c : chunk, block, &cm, &cd);
+        FA_SM_FN(sm_online_stats)(row + c, n - c < chunk ? n - c : chunk, block, &cm, &cd);
         fa_sm_merge(&m, &d, cm, cd);
       }
-      FA_SM_FN(sm_online_norm)(xr, y + r * n, n, m, d);
+      FA_SM_FN(sm_online_norm)(row, y + r * n, n, m, d);
     }
     return FA_OK;
   }
@@ -172,7 +173,7 @@ static fa_status FA_SM_FN(sm_run_online)(fa_context *ctx, int64_t block, const F
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tasks; t++) {
       int64_t r = t / nc, c = (t % nc) * chunk;
-      FA_SM_FN(sm_online_stats)(x + r * n + c, n - c < chunk ? n - c : chunk, block, &stats[2 * t],
+      FA_SM_FN(sm_online_stats)(x + fa_state_row(xr, r) + c, n - c < chunk ? n - c : chunk, block, &stats[2 * t],
                                 &stats[2 * t + 1]);
     }
 #pragma omp for schedule(static)
@@ -185,7 +186,7 @@ static fa_status FA_SM_FN(sm_run_online)(fa_context *ctx, int64_t block, const F
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tasks; t++) {
       int64_t r = t / nc, c = (t % nc) * chunk;
-      FA_SM_FN(sm_online_norm)(x + r * n + c, y + r * n + c, n - c < chunk ? n - c : chunk, stats[2 * r * nc],
+      FA_SM_FN(sm_online_norm)(x + fa_state_row(xr, r) + c, y + r * n + c, n - c < chunk ? n - c : chunk, stats[2 * r * nc],
                                stats[2 * r * nc + 1]);
     }
   }

@@ -468,6 +468,50 @@ function TestLayouts:test_nonfinite_v_views()
   end
 end
 
+-- fa.softmax reads rows where they lie too (API §6): a transposed view, a
+-- narrow of wider rows and a head slice give the softmax of their
+-- contiguous copies, every algo (the online one with blocks and chunks
+-- inside a row), and on the CPU hold only the output (the result), as the
+-- contiguous call does; opts.out over the input's own memory is never
+-- written while rows are still to be read.
+function TestLayouts:test_softmax_reads_views()
+  local x = U.randn({3, 40, 5, 24}) -- (B, L, H, X)
+  local views = {
+    x:transpose(2, 3),                        -- (B, H, L, X)
+    x:narrow(4, 3, 17),                       -- rows of 17 of 24
+    x:select(3, 2),                           -- one head: (B, L, X)
+    x:transpose(2, 3):narrow(2, 2, 3):narrow(4, 1, 9),
+  }
+  for _, algo in ipairs({"naive", "safe", "online", "fused", "auto"}) do
+    for vi, v in ipairs(views) do
+      local want = fa.softmax(v:contiguous(), {algo = algo, block = 4})
+      local got = fa.softmax(v, {algo = algo, block = 4})
+      lu.assertEquals(got:shape(), v:shape())
+      lu.assertEquals(fa.max_abs_diff(got, want), 0, ("%s, view %d"):format(algo, vi))
+    end
+  end
+  if not U.cuda then
+    for vi, v in ipairs(views) do
+      local c = v:contiguous()
+      lu.assertEquals(peak_during(function() return fa.softmax(v) end), peak_during(function() return fa.softmax(c) end),
+        ("view %d was copied"):format(vi))
+    end
+  end
+  -- out over the input's memory: a strided input's rows are not overwritten before they are read
+  local y = U.randn({6, 8})
+  local v = y:narrow(2, 1, 4) -- rows 8 apart
+  local want = fa.softmax(v:contiguous())
+  local out = y:narrow(2, 5, 4) -- beside v's rows, not contiguous: a temporary
+  fa.softmax(v, {out = out})
+  lu.assertEquals(fa.max_abs_diff(out, want), 0)
+  local flat = U.randn({32})
+  local rows = flat:view({4, 8}):narrow(2, 1, 4)
+  local want2 = fa.softmax(rows:contiguous())
+  local out2 = flat:narrow(1, 3, 16):view({4, 4}) -- contiguous, overlapping the strided rows
+  fa.softmax(rows, {out = out2})
+  lu.assertEquals(fa.max_abs_diff(out2, want2), 0, "out overlapping strided rows")
+end
+
 -- fa.matmul reads its operands where they lie too (API §6): rows of a
 -- wider matrix (a narrow of its columns, a row stride past the row) give
 -- the contiguous copies' product, every algo, with no more memory on the
