@@ -73,18 +73,18 @@ static FA_R(bw_ws) FA_R(bw_ws_carve)(const fa_attn_problem *p, REAL *at) {
   return w;
 }
 
-/* Rows r0..r0+rows-1 of head h of batch b of an operand of width x at st
- * (dtype p->storage) as REAL rows *ld apart: where they lie, or widened
- * into buf. */
+/* Rows r0..r0+rows-1 (of `width` elements) of head h of batch b of an
+ * operand at st (dtype p->storage) as REAL rows *ld apart: where they lie,
+ * or widened into buf. */
 static const REAL *FA_R(bw_rows)(const fa_attn_problem *p, const void *base, fa_attn_strides st, int64_t b, int64_t h,
-                                 int64_t r0, int64_t rows, int64_t x, REAL *buf, int64_t *ld) {
+                                 int64_t r0, int64_t rows, int64_t width, REAL *buf, int64_t *ld) {
   const void *at = fa_cpu_elem(base, p->storage, b * st.b + h * st.h + r0 * st.s);
   if (!buf) {
     *ld = st.s;
     return at;
   }
-  fa_cpu_stage_rows(p->compute, buf, x, p->storage, at, st.s, rows, x);
-  *ld = x;
+  fa_cpu_stage_rows(p->compute, buf, width, p->storage, at, st.s, rows, width);
+  *ld = width;
   return buf;
 }
 
@@ -167,7 +167,7 @@ static void FA_R(bw_task)(const fa_attn_backward *g, int64_t b, int64_t hk, cons
   const int64_t h0 = hk * G;
   for (int64_t r = 0; r < G * Lq; r++) { /* delta_i = rowsum(dO_i ∘ O_i) */
     const int64_t h = h0 + r / Lq, i = r % Lq;
-    int64_t ld;
+    int64_t ld; /* one row: its stride is not needed */
     const REAL *d1 = FA_R(bw_rows)(p, g->dout, g->dout_st, b, h, i, 1, Dv, w->d1, &ld);
     const REAL *o1 = FA_R(bw_rows)(p, g->o, p->o_st, b, h, i, 1, Dv, w->o1, &ld);
     w->delta[r] = FA_R(bw_dot)(d1, o1, Dv);

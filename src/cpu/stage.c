@@ -7,7 +7,6 @@
 
 #include <string.h>
 
-
 /* f16 -> f32 as fa_f16_to_f32 gives it: the magnitude's bits moved into
  * f32's places and scaled by 2^112 (the exponent bias difference; exact,
  * subnormals included), inf and NaN given f32's top exponent instead.
