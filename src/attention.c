@@ -68,7 +68,7 @@ void fa_attn_strides_contiguous(fa_attn_problem *p) {
  * (B, Hq, Lq, Lk): 0 where m has size 1. */
 void fa_attn_attach_mask(fa_attn_problem *p, const fa_tensor *m, fa_tensor *buf) {
   if (m->dtype == FA_BOOL) p->mask_b = fa_tensor_ptr(buf);
-  else p->mask_f = fa_tensor_ptr(buf);
+  else p->mask_f = fa_tensor_ptr(buf), p->mask_dtype = buf->dtype;
   for (int i = 0; i < 4; i++) p->mask_strides[i] = 0;
   for (int i = 0; i < m->ndim; i++) p->mask_strides[4 - m->ndim + i] = m->shape[i] == 1 ? 0 : buf->strides[i];
 }
@@ -94,11 +94,12 @@ fa_status fa_attn_cpu_operand(fa_context *ctx, fa_tensor *t, fa_dtype dt, fa_ten
 }
 
 /* The mask as the CPU kernels read it: m itself (retained) when it is a host
- * tensor of bool or the compute dtype, at any strides (every kernel indexes
- * it by its four, fa_attn_attach_mask), else a contiguous copy in that
- * dtype. */
+ * tensor of bool or the compute dtype, or f16/bf16 read by f32 kernels, at
+ * any strides (every kernel indexes it by its four, fa_attn_attach_mask),
+ * else a contiguous copy in the compute dtype. */
 fa_status fa_attn_cpu_mask(fa_context *ctx, fa_tensor *m, fa_dtype compute, fa_tensor **buf) {
-  const fa_dtype want = m->dtype == FA_BOOL ? FA_BOOL : compute;
+  const int half = (m->dtype == FA_F16 || m->dtype == FA_BF16) && compute == FA_F32;
+  const fa_dtype want = m->dtype == FA_BOOL || half ? m->dtype : compute;
   if (m->storage->device != FA_CPU || m->dtype != want) return fa_tensor_cpu_contiguous(ctx, m, want, buf);
   fa_tensor_retain(m);
   *buf = m;

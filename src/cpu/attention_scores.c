@@ -2,6 +2,7 @@
  * for f32 and f64, from attention_scores_impl.h. */
 #include "cpu/attention_scores.h"
 #include "cpu/fast_exp.h"
+#include "cpu/stage.h"
 #include "expr.h"
 
 #include <math.h>

@@ -7,6 +7,13 @@
  * floating point (which it may not do at -O3). */
 #define FA_LANES 16
 
+/* Element `at` of the float mask: of the compute dtype, or f16/bf16 read
+ * where it lies (fa_attn_cpu_mask). */
+static inline REAL FA_R(mask_value)(const fa_attn_problem *p, int64_t at) {
+  if (p->mask_dtype == p->compute) return ((const REAL *)p->mask_f)[at];
+  return (REAL)fa_cpu_half_value(p->mask_dtype, ((const uint16_t *)p->mask_f)[at]);
+}
+
 /* fa_attn_scores with a variant (API §9), in chunks of keys: a key is
  * masked (-inf) outside [lo, hi), where the bool mask is false and where
  * mask_mod is false; the others get the scale, score_mod, then softcap,
@@ -51,7 +58,7 @@ static void FA_R(variant_scores)(const fa_attn_problem *p, int64_t b, int64_t h,
         if (chain) chain[j] *= 1 - th * th;
       }
       if (p->alibi) y -= (REAL)(p->alibi[h] * (double)(diag > j ? diag - j : j - diag));
-      if (p->mask_f) y += ((const REAL *)p->mask_f)[mrow + j * ms[3]];
+      if (p->mask_f) y += FA_R(mask_value)(p, mrow + j * ms[3]);
       s[j] = y;
     }
   }
@@ -80,7 +87,10 @@ static void FA_R(scores_cloned)(const fa_attn_problem *p, int64_t b, int64_t h, 
   }
   const int64_t *ms = p->mask_strides;
   const int64_t mrow = b * ms[0] + h * ms[1] + i * ms[2] + j0 * ms[3];
-  if (p->mask_f) {
+  if (p->mask_f && p->mask_dtype != p->compute) { /* an f16/bf16 mask read where it lies */
+    const uint16_t *mh = (const uint16_t *)p->mask_f + mrow;
+    for (int64_t j = 0; j < n; j++) s[j] += (REAL)fa_cpu_half_value(p->mask_dtype, mh[j * ms[3]]);
+  } else if (p->mask_f) {
     const REAL *mf = (const REAL *)p->mask_f + mrow;
     for (int64_t j = 0; j < n; j++) s[j] += mf[j * ms[3]];
   }

@@ -18,6 +18,25 @@ void fa_cpu_stage_rows(fa_dtype dst_t, void *dst, int64_t ldd, fa_dtype src_t, c
 /* Whether the n f16 or bf16 values (dtype t) at x are all finite. */
 int fa_cpu_all_finite(fa_dtype t, const void *x, int64_t n);
 
+/* The f16 (t = FA_F16) or bf16 value of bits h in f32, as fa_f16_to_f32
+ * and fa_bf16_to_f32 give it (stage.c's widening, one value). */
+static inline float fa_cpu_half_value(fa_dtype t, uint16_t h) {
+  union {
+    float f;
+    uint32_t u;
+  } x;
+  if (t == FA_BF16) {
+    x.u = (uint32_t)h << 16;
+    return x.f;
+  }
+  const uint32_t mag = (uint32_t)(h & 0x7fffu) << 13;
+  x.u = mag;
+  x.f *= 0x1p112f;
+  if ((h & 0x7c00u) == 0x7c00u) x.u = mag | 0x7f800000u;
+  x.u |= (uint32_t)(h & 0x8000u) << 16;
+  return x.f;
+}
+
 /* Element `at` of an array of dtype t at base. */
 static inline const void *fa_cpu_elem(const void *base, fa_dtype t, int64_t at) {
   return (const char *)base + at * (int64_t)fa_dtype_size(t);

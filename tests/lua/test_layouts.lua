@@ -293,6 +293,64 @@ function TestLayouts:test_every_half_value_is_widened_exactly()
   end
 end
 
+-- An f16/bf16 float mask is read where it lies too (its own strides and
+-- broadcasts): the same results as the same mask in f32, bit for bit, and no
+-- more memory than the f32 mask (which was never copied); every one of the
+-- 65536 values reaches the scores exactly (a row of one key of score 0 has
+-- lse = its mask value).
+function TestLayouts:test_half_mask_read_in_place()
+  if U.cuda then return end
+  local function same(a, b, what)
+    local x, y = a:reshape({a:numel()}):totable(), b:reshape({b:numel()}):totable()
+    for i = 1, #x do
+      if not (x[i] == y[i] or (x[i] ~= x[i] and y[i] ~= y[i])) then
+        lu.fail(("%s: element %d is %s, the f32 mask gives %s"):format(what, i, x[i], y[i]))
+      end
+    end
+  end
+  for _, dtype in ipairs{"f16", "bf16"} do
+    local q, k, v = bhld(B, HQ, LQ, 8), bhld(B, HKV, LK, 8), bhld(B, HKV, LK, 8)
+    local m = U.randn({B, LK, 1, LQ}, dtype):transpose(2, 4) -- (B, LQ, 1, LK) strided, broadcast over heads
+    m = m:transpose(2, 3)                                      -- (B, 1, LQ, LK)
+    m:set(1, 1, 2, 3, -math.huge)
+    for _, algo in ipairs(ALGOS) do
+      local opts = {algo = algo, tile = {16, 16}, mask = m, return_lse = true}
+      local o, lse = fa.attention(q, k, v, opts)
+      opts.mask = m:float()
+      local o32, lse32 = fa.attention(q, k, v, opts)
+      same(o, o32, dtype .. " mask, " .. algo)
+      same(lse, lse32, dtype .. " mask lse, " .. algo)
+      opts.mask = m
+      local half = peak_during(function() return fa.attention(q, k, v, opts) end)
+      opts.mask = U.randn({B, 1, LQ, LK})
+      lu.assertEquals(half, peak_during(function() return fa.attention(q, k, v, opts) end),
+        dtype .. " mask copied, " .. algo)
+    end
+    local o, lse = fa.attention(q, k, v, {mask = m, return_lse = true})
+    local dout = U.randn({B, HQ, LQ, 8})
+    local g = {fa.attention_backward(q, k, v, o, lse, dout, {mask = m})}
+    local g32 = {fa.attention_backward(q, k, v, o, lse, dout, {mask = m:float()})}
+    for i, name in ipairs{"dq", "dk", "dv"} do same(g[i], g32[i], dtype .. " mask, backward " .. name) end
+    -- every value
+    local values = fa.zeros({65536}, {dtype = dtype})
+    local bits = {}
+    for u = 0, 65535 do bits[u + 1] = u end
+    local raw = dtype == "f16" and function(u)
+      local sign, e, mm = u >= 0x8000 and -1 or 1, (u >> 10) & 0x1f, u & 0x3ff
+      if e == 0 then return sign * mm * 2.0 ^ -24 end
+      if e == 31 then return mm == 0 and sign * math.huge or 0 / 0 end
+      return sign * (1 + mm / 1024) * 2.0 ^ (e - 15)
+    end or function(u) return (string.unpack("<f", string.pack("<I4", u << 16))) end
+    for i, u in ipairs(bits) do values:set(i, raw(u)) end
+    local mask = values:view({1, 1, 65536, 1})
+    local z = fa.zeros({1, 1, 65536, 1})
+    local one = fa.ones({1, 1, 1, 1})
+    local _, l16 = fa.attention(z, one, one, {mask = mask, return_lse = true})
+    local _, l32 = fa.attention(z, one, one, {mask = mask:float(), return_lse = true})
+    same(l16, l32, dtype .. " mask values")
+  end
+end
+
 -- Widened tiles take the non-finite paths as f32 operands do: an f16/bf16
 -- call with NaN and inf in its operands (strided views) gives what the f32
 -- call on the same values gives, NaN where it has NaN, forward (every algo)
