@@ -5,34 +5,16 @@
 
 #include "cpu/fast_exp.h"
 
-#include <string.h>
-
-/* f16 -> f32 as fa_f16_to_f32 gives it: the magnitude's bits moved into
- * f32's places and scaled by 2^112 (the exponent bias difference; exact,
- * subnormals included), inf and NaN given f32's top exponent instead.
- * Selects by masks, no branch, so that GCC vectorises it. */
+/* The loops of stage.h's conversions, which GCC vectorises (their selects
+ * are masks, not branches). */
 FA_CPU_CLONES
 static void widen_f16(float *restrict dst, const uint16_t *restrict src, int64_t n) {
-  for (int64_t i = 0; i < n; i++) {
-    const uint32_t h = src[i], mag = (h & 0x7fffu) << 13;
-    float f;
-    memcpy(&f, &mag, 4);
-    f *= 0x1p112f;
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    const uint32_t special = -(uint32_t)((h & 0x7c00u) == 0x7c00u); /* inf or NaN: all ones */
-    u = (u & ~special) | ((mag | 0x7f800000u) & special);
-    u |= (h & 0x8000u) << 16;
-    memcpy(&dst[i], &u, 4);
-  }
+  for (int64_t i = 0; i < n; i++) dst[i] = fa_cpu_f16_value(src[i]);
 }
 
 FA_CPU_CLONES
 static void widen_bf16(float *restrict dst, const uint16_t *restrict src, int64_t n) {
-  for (int64_t i = 0; i < n; i++) {
-    const uint32_t u = (uint32_t)src[i] << 16;
-    memcpy(&dst[i], &u, 4);
-  }
+  for (int64_t i = 0; i < n; i++) dst[i] = fa_cpu_bf16_value(src[i]);
 }
 
 void fa_cpu_stage_rows(fa_dtype dst_t, void *dst, int64_t ldd, fa_dtype src_t, const void *src, int64_t lds,

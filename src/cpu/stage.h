@@ -9,6 +9,7 @@
 #include "internal.h"
 
 #include <stdint.h>
+#include <string.h>
 
 /* rows rows of n elements: src (dtype src_t, rows lds elements apart) into
  * dst (dtype dst_t, rows ldd apart), rounded as fa_convert_n rounds. */
@@ -18,23 +19,34 @@ void fa_cpu_stage_rows(fa_dtype dst_t, void *dst, int64_t ldd, fa_dtype src_t, c
 /* Whether the n f16 or bf16 values (dtype t) at x are all finite. */
 int fa_cpu_all_finite(fa_dtype t, const void *x, int64_t n);
 
-/* The f16 (t = FA_F16) or bf16 value of bits h in f32, as fa_f16_to_f32
- * and fa_bf16_to_f32 give it (stage.c's widening, one value). */
-static inline float fa_cpu_half_value(fa_dtype t, uint16_t h) {
-  union {
-    float f;
-    uint32_t u;
-  } x;
-  if (t == FA_BF16) {
-    x.u = (uint32_t)h << 16;
-    return x.f;
-  }
+/* f16 bits -> f32 as fa_f16_to_f32 gives it: the magnitude's bits moved
+ * into f32's places and scaled by 2^112 (the exponent bias difference;
+ * exact, subnormals included), inf and NaN given f32's top exponent
+ * instead.  Selects by masks, no branch, so that loops of it vectorise. */
+static inline float fa_cpu_f16_value(uint16_t h) {
   const uint32_t mag = (uint32_t)(h & 0x7fffu) << 13;
-  x.u = mag;
-  x.f *= 0x1p112f;
-  if ((h & 0x7c00u) == 0x7c00u) x.u = mag | 0x7f800000u;
-  x.u |= (uint32_t)(h & 0x8000u) << 16;
-  return x.f;
+  float f;
+  memcpy(&f, &mag, 4);
+  f *= 0x1p112f;
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  const uint32_t special = -(uint32_t)((h & 0x7c00u) == 0x7c00u); /* inf or NaN: all ones */
+  u = (u & ~special) | ((mag | 0x7f800000u) & special);
+  u |= (uint32_t)(h & 0x8000u) << 16;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static inline float fa_cpu_bf16_value(uint16_t h) {
+  const uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* The value of f16 (t = FA_F16) or bf16 bits h in f32. */
+static inline float fa_cpu_half_value(fa_dtype t, uint16_t h) {
+  return t == FA_BF16 ? fa_cpu_bf16_value(h) : fa_cpu_f16_value(h);
 }
 
 /* Element `at` of an array of dtype t at base. */
