@@ -54,8 +54,9 @@ fal_state *fal_live_state(lua_State *L);
 void fal_link_in(fal_state *s, fal_link *l, void (*drop)(fal_link *));
 void fal_unlink(fal_link *l);
 /* A new box's link: on the state's list only when the box is made inside a
- * finalizer (Lua 5.4.4+ answers -1 to LUA_GCISRUNNING there, earlier ones
- * 0), where it may get no __gc of its own (at lua_close).  Other boxes stay
+ * finalizer (Lua 5.4.4+ answers -1 to LUA_GCISRUNNING there; earlier ones
+ * 0, as for a collector the script stopped: built against those, both are
+ * linked), where it may get no __gc of its own (at lua_close).  Other boxes stay
  * off the list, so that a box Lua frees without its __gc (the debug
  * library took its metatable away) leaves nothing pointing into it: what
  * it held then leaks, the process goes on.  Call it before anything else

@@ -33,7 +33,13 @@ void fal_link_in(fal_state *s, fal_link *l, void (*drop)(fal_link *)) {
 void fal_link_box(lua_State *L, fal_state *s, fal_link *l, void (*drop)(fal_link *)) {
   l->prev = l->next = NULL;
   l->drop = drop;
-  if (lua_gc(L, LUA_GCISRUNNING) <= 0) fal_link_in(s, l, drop);
+  const int running = lua_gc(L, LUA_GCISRUNNING);
+#if LUA_VERSION_RELEASE_NUM >= 50404
+  const int in_finalizer = running < 0; /* 0: a collector the script stopped (collectgarbage("stop")) */
+#else
+  const int in_finalizer = running <= 0; /* cannot be told from a stopped collector: both linked */
+#endif
+  if (in_finalizer) fal_link_in(s, l, drop);
 }
 
 void *fal_testudata(lua_State *L, int idx, const char *mt, size_t size) {

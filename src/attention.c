@@ -44,7 +44,7 @@ void fa_attn_resolve_options(const fa_attention_opts *o, const fa_attn_dims *d, 
   memset(p, 0, sizeof *p);
   p->B = d->B, p->Hq = d->Hq, p->Hkv = d->Hkv, p->Lq = d->Lq, p->Lk = d->Lk, p->D = d->D, p->Dv = d->Dv;
   p->scale = o->has_scale ? o->scale : 1.0 / sqrt((double)d->D);
-  p->compute = p->storage = compute;
+  p->compute = p->storage = p->o_dtype = compute;
   p->softcap = o->softcap;
   if (compute != FA_F64 && p->softcap > 0) p->softcap = isinf((float)p->softcap) ? 0 : fmax(p->softcap, FLT_MIN);
   p->scale_f = (float)p->scale;
@@ -122,12 +122,12 @@ static int cpu_output_in_place(const fa_tensor *t, fa_dtype dt, int inner, const
 /* Fills p from dims and opts; the inputs are read where they lie, or from
  * contiguous host copies (fa_attn_cpu_operand), in dtype storage: the
  * inputs' own for the kernels (f16/bf16 widened tile by tile), the compute
- * dtype for the reference. */
+ * dtype for the reference; the output is written in o_dtype. */
 static fa_status build_problem(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,
-                               const fa_attn_dims *d, fa_dtype compute, fa_dtype storage, fa_attn_problem *p,
-                               fa_attn_buffers *bufs) {
+                               const fa_attn_dims *d, fa_dtype compute, fa_dtype storage, fa_dtype o_dtype,
+                               fa_attn_problem *p, fa_attn_buffers *bufs) {
   fa_attn_resolve_options(o, d, compute, p);
-  p->storage = storage;
+  p->storage = storage, p->o_dtype = o_dtype;
   p->kv_lens = o->kv_lens;
   p->alibi = o->alibi;
   p->score_mod = o->score_mod, p->mask_mod = o->mask_mod;
@@ -161,20 +161,19 @@ static int shares_input(const fa_tensor *t, const fa_attn_buffers *b) {
   return 0;
 }
 
-/* Output buffers in dtype storage (p->storage): the caller's, written through
+/* Output buffers in dtype p->o_dtype (lse's: lse_dtype): the caller's, written through
  * their strides, when they are host tensors of that dtype that the kernels
  * can write where they lie (cpu_output_in_place: no two elements in one
  * place, no storage shared with the inputs or each other), else dense
  * temporaries copied out later. */
-static fa_status prepare_outputs(fa_context *ctx, const fa_attention_opts *o, const fa_attn_dims *d, fa_dtype storage,
-                                 int want_lse, fa_tensor *out, fa_tensor *lse_out, fa_dtype lse_dtype,
+static fa_status prepare_outputs(fa_context *ctx, const fa_attention_opts *o, const fa_attn_dims *d, int want_lse, fa_tensor *out, fa_tensor *lse_out, fa_dtype lse_dtype,
                                  fa_attn_problem *p, fa_attn_buffers *bufs) {
   int64_t shape[4] = {d->B, d->Hq, d->Lq, d->Dv};
   fa_status st;
-  if (cpu_output_in_place(out, storage, 1, bufs, NULL, &p->o_st)) {
+  if (cpu_output_in_place(out, p->o_dtype, 1, bufs, NULL, &p->o_st)) {
     fa_tensor_retain(out);
     bufs->o = out;
-  } else if ((st = fa_tensor_new(ctx, 4, shape, storage, FA_CPU, &bufs->o))) {
+  } else if ((st = fa_tensor_new(ctx, 4, shape, p->o_dtype, FA_CPU, &bufs->o))) {
     return st;
   }
   p->o = fa_tensor_ptr(bufs->o);
@@ -249,7 +248,7 @@ fa_status fa_attn_deliver(fa_context *ctx, const fa_tensor *q, int rank, int64_t
 /* Lk == 0 or every row empty needs no backend: zeros and lse = -inf,
  * through the outputs' strides (they may be the caller's views). */
 static void fill_empty(const fa_attn_problem *p) {
-  const size_t es = fa_dtype_size(p->storage);
+  const size_t es = fa_dtype_size(p->o_dtype);
   const fa_attn_strides os = p->o_st, ls = p->lse_st;
   for (int64_t b = 0; b < p->B; b++)
     for (int64_t h = 0; h < p->Hq; h++)
@@ -559,13 +558,14 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
     return st;
   }
   const fa_dtype compute = reference || d.dtype == FA_F64 ? FA_F64 : FA_F32, storage = reference ? FA_F64 : d.dtype;
+  const fa_dtype o_dtype = piece ? compute : storage; /* a piece's o in f32: merged, then rounded once */
   const fa_dtype lse_dtype = reference || piece ? FA_F64 : FA_F32;
   fa_tensor *user_out = o->out, *user_lse = o->lse_out;
   const int aside = variants_may_fault(o->score_mod, o->mask_mod); /* the outputs in temporaries */
   fa_attn_buffers bufs = {.exprs = {exprs[0], exprs[1]}};
   fa_attn_problem p;
-  if ((st = build_problem(ctx, q, k, v, o, &d, compute, storage, &p, &bufs)) ||
-      (st = prepare_outputs(ctx, o, &d, storage, want_lse, aside ? NULL : user_out, aside ? NULL : user_lse,
+  if ((st = build_problem(ctx, q, k, v, o, &d, compute, storage, o_dtype, &p, &bufs)) ||
+      (st = prepare_outputs(ctx, o, &d, want_lse, aside ? NULL : user_out, aside ? NULL : user_lse,
                             lse_dtype, &p, &bufs)))
     goto done;
   if (!reference && !piece) p.block_mask = o->block_mask;
@@ -582,7 +582,7 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   if (!st) st = fa_expr_end(ctx, p.score_mod, p.mask_mod); /* a tensor read out of range (src/expr.h) */
   if (st) goto done;
   fa_device dev = reference ? FA_CPU : d.device;
-  st = fa_attn_deliver(ctx, q, d.rank, d.Dv, bufs.o, want_lse ? bufs.lse : NULL, user_out, user_lse, storage,
+  st = fa_attn_deliver(ctx, q, d.rank, d.Dv, bufs.o, want_lse ? bufs.lse : NULL, user_out, user_lse, o_dtype,
                        lse_dtype, dev, out, lse);
 done:
   fa_attn_buffers_drop(ctx, &bufs);

@@ -195,10 +195,12 @@ typedef struct {
    * (wgmma's 64 keys at D = 64, wgmma_tma's 176 at D = 128) */
   int tile_given;
   fa_dtype compute;       /* FA_F32 or FA_F64 on the CPU; the storage dtype on CUDA */
-  /* The CPU kernels (not the reference): the dtype q, k, v and o lie in,
-   * compute's or f16/bf16 computed in f32, whose tiles the kernels widen
-   * as they go (src/cpu/stage.h); compute itself elsewhere */
-  fa_dtype storage;
+  /* The CPU kernels (not the reference): the dtype q, k, v lie in
+   * (storage) and o is written in (o_dtype: storage, or compute for an
+   * opts.splits piece, so that the merge rounds once), compute's or
+   * f16/bf16 computed in f32, whose tiles the kernels widen and narrow as
+   * they go (src/cpu/stage.h); compute itself elsewhere */
+  fa_dtype storage, o_dtype;
   /* Inputs and outputs, read and written through their strides (CPU: in
    * the compute dtype).  o: (B,Hq,Lq,Dv); lse (f32) or lse64 (f64: the
    * reference's, and an opts.splits piece's: every dtype on the CPU, f32

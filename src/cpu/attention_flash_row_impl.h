@@ -9,24 +9,27 @@
 
 #define FA_ROW_CHUNK 64
 
-/* stage: NULL when p->storage is REAL, else room for the query row, the
- * output row and a chunk's keys and values widened (flash_row_stage). */
+/* stage: NULL when p->storage and p->o_dtype are REAL, else room for the
+ * query row, the output row and a chunk's keys and values widened
+ * (flash_row_stage), the parts of another dtype staged. */
 static void FA_R(flash_row)(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i, REAL *stage) {
   const int64_t D = p->D, Dv = p->Dv, hk = fa_attn_kv_head(p, h);
   const fa_dtype at = p->storage;
   const void *q_at = fa_cpu_elem(p->q, at, fa_attn_row_at(p->q_st, b, h, i));
   const void *k_at = fa_cpu_elem(p->k, at, fa_attn_row_at(p->k_st, b, hk, 0));
   const void *v_at = fa_cpu_elem(p->v, at, fa_attn_row_at(p->v_st, b, hk, 0));
-  void *o_at = (void *)fa_cpu_elem(p->o, at, fa_attn_row_at(p->o_st, b, h, i));
+  void *o_at = (void *)fa_cpu_elem(p->o, p->o_dtype, fa_attn_row_at(p->o_st, b, h, i));
   const REAL *q = q_at;
   REAL *o = o_at, *kc = NULL, *vc = NULL;
   int64_t ldk = p->k_st.s, ldv = p->v_st.s;
-  if (stage) {
+  const int in = p->storage != p->compute, out = p->o_dtype != p->compute; /* which parts are staged */
+  if (in) {
     REAL *qs = stage;
-    o = qs + D, kc = o + Dv, vc = kc + FA_ROW_CHUNK * D;
+    kc = qs + D + Dv, vc = kc + FA_ROW_CHUNK * D;
     fa_cpu_stage_rows(p->compute, qs, D, at, q_at, D, 1, D);
     q = qs, ldk = D, ldv = Dv;
   }
+  if (out) o = stage + D;
   REAL s[FA_ROW_CHUNK];
   REAL m = -(REAL)INFINITY, d = 0;
   int64_t lo, hi;
@@ -37,7 +40,7 @@ static void FA_R(flash_row)(const fa_attn_problem *p, int64_t b, int64_t h, int6
     /* the chunk's keys and values, from key j0 (widened when staged) */
     const REAL *k = (const REAL *)fa_cpu_elem(k_at, at, j0 * p->k_st.s);
     const REAL *v = (const REAL *)fa_cpu_elem(v_at, at, j0 * p->v_st.s);
-    if (stage) {
+    if (in) {
       fa_cpu_stage_rows(p->compute, kc, D, at, k, p->k_st.s, n, D);
       fa_cpu_stage_rows(p->compute, vc, Dv, at, v, p->v_st.s, n, Dv);
       k = kc, v = vc;
@@ -62,12 +65,13 @@ static void FA_R(flash_row)(const fa_attn_problem *p, int64_t b, int64_t h, int6
     }
   }
   FA_R(fa_attn_finish)(o, Dv, 1, Dv, &m, &d, fa_lse_rows_at(p, fa_attn_row_at(p->lse_st, b, h, i)), 1);
-  if (stage) fa_cpu_stage_rows(at, o_at, Dv, p->compute, o, Dv, 1, Dv);
+  if (out) fa_cpu_stage_rows(p->o_dtype, o_at, Dv, p->compute, o, Dv, 1, Dv);
 }
 
-/* Bytes of flash_row's staging room (0 when p->storage is REAL). */
+/* Bytes of flash_row's staging room (0 when p->storage and p->o_dtype are
+ * REAL). */
 static size_t FA_R(flash_row_stage)(const fa_attn_problem *p) {
-  if (p->storage == p->compute) return 0;
+  if (p->storage == p->compute && p->o_dtype == p->compute) return 0;
   return (size_t)(p->D + p->Dv) * (1 + FA_ROW_CHUNK) * sizeof(REAL);
 }
 

@@ -10,8 +10,9 @@ typedef struct {
   REAL *m, *l, *alpha;  /* per row: running max, denominator, rescale factor */
   int64_t *lo, *hi;     /* per row: key range */
   /* operands of another dtype (p->storage, stage.h): the tile's query rows
-   * (Br x D), the key tile's keys (Bc x D) and values (Bc x Dv) widened,
-   * and the running output rows (Br x Dv); NULL when p->storage is REAL */
+   * (Br x D), the key tile's keys (Bc x D) and values (Bc x Dv) widened;
+   * NULL when p->storage is REAL.  The running output rows (Br x Dv) when
+   * p->o_dtype is another; else NULL */
   REAL *qs, *ks, *vs, *os;
 } FA_R(qtile_ws);
 
@@ -33,6 +34,7 @@ typedef struct {
 typedef void (*FA_R(qtile_fn))(const fa_attn_problem *p, const FA_R(qtile) *t, const FA_R(qtile_ws) *w);
 
 static inline int FA_R(qtile_staged)(const fa_attn_problem *p) { return p->storage != p->compute; }
+static inline int FA_R(qtile_staged_out)(const fa_attn_problem *p) { return p->o_dtype != p->compute; }
 
 /* 0 when it does not fit a size_t (naive's tiles are whole heads). */
 static size_t FA_R(qtile_ws_bytes)(const fa_attn_problem *p) {
@@ -40,12 +42,12 @@ static size_t FA_R(qtile_ws_bytes)(const fa_attn_problem *p) {
   if (bc > SIZE_MAX / 4 / sizeof(REAL) / br) return 0;
   size_t bytes = fa_attn_bytes(br * bc, sizeof(REAL)) + 3 * fa_attn_bytes(br, sizeof(REAL)) +
                  2 * fa_attn_bytes(br, sizeof(int64_t));
-  if (FA_R(qtile_staged)(p)) {
-    const double staged = ((double)br + (double)bc) * (double)(p->D + p->Dv) * sizeof(REAL) + 4 * 64;
-    if (staged > (double)(SIZE_MAX / 4)) return 0;
+  const double staged = ((double)br + (double)bc) * (double)(p->D + p->Dv) * sizeof(REAL) + 4 * 64;
+  if ((FA_R(qtile_staged)(p) || FA_R(qtile_staged_out)(p)) && staged > (double)(SIZE_MAX / 4)) return 0;
+  if (FA_R(qtile_staged)(p))
     bytes += fa_attn_bytes(br * (size_t)p->D, sizeof(REAL)) + fa_attn_bytes(bc * (size_t)p->D, sizeof(REAL)) +
-             fa_attn_bytes(bc * (size_t)p->Dv, sizeof(REAL)) + fa_attn_bytes(br * (size_t)p->Dv, sizeof(REAL));
-  }
+             fa_attn_bytes(bc * (size_t)p->Dv, sizeof(REAL));
+  if (FA_R(qtile_staged_out)(p)) bytes += fa_attn_bytes(br * (size_t)p->Dv, sizeof(REAL));
   return bytes;
 }
 
@@ -62,8 +64,8 @@ static FA_R(qtile_ws) FA_R(qtile_ws_carve)(const fa_attn_problem *p, char *at) {
     w.qs = (REAL *)at, at += fa_attn_bytes(br * (size_t)p->D, sizeof(REAL));
     w.ks = (REAL *)at, at += fa_attn_bytes(bc * (size_t)p->D, sizeof(REAL));
     w.vs = (REAL *)at, at += fa_attn_bytes(bc * (size_t)p->Dv, sizeof(REAL));
-    w.os = (REAL *)at;
   }
+  if (FA_R(qtile_staged_out)(p)) w.os = (REAL *)at;
   return w;
 }
 
@@ -78,7 +80,7 @@ static FA_R(qtile) FA_R(qtile_begin)(const fa_attn_problem *p, int64_t b, int64_
                    fa_cpu_elem(p->k, at, fa_attn_row_at(p->k_st, b, hk, 0)),
                    fa_cpu_elem(p->v, at, fa_attn_row_at(p->v_st, b, hk, 0)),
                    NULL, 0,
-                   (void *)fa_cpu_elem(p->o, at, fa_attn_row_at(p->o_st, b, h, i0)),
+                   (void *)fa_cpu_elem(p->o, p->o_dtype, fa_attn_row_at(p->o_st, b, h, i0)),
                    fa_lse_rows_at(p, fa_attn_row_at(p->lse_st, b, h, i0))};
   t.o = w->os ? w->os : (REAL *)t.out;
   t.ldo = w->os ? p->Dv : p->o_st.s;
@@ -207,7 +209,7 @@ static fa_status FA_R(qtile_run)(fa_context *ctx, const fa_attn_problem *p, FA_R
       const int64_t bh = it / tiles, i0 = (tiles - 1 - it % tiles) * Br;
       const FA_R(qtile) t = FA_R(qtile_begin)(p, bh / p->Hq, bh % p->Hq, i0, p->Lq - i0 < Br ? p->Lq - i0 : Br, &w);
       fn(p, &t, &w);
-      if (w.os) fa_cpu_stage_rows(p->storage, t.out, p->o_st.s, p->compute, t.o, t.ldo, t.rows, p->Dv);
+      if (w.os) fa_cpu_stage_rows(p->o_dtype, t.out, p->o_st.s, p->compute, t.o, t.ldo, t.rows, p->Dv);
     }
   }
   fa_attn_workspace_free(&ws);
