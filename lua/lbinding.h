@@ -66,6 +66,21 @@ void fal_link_box(lua_State *L, fal_state *s, fal_link *l, void (*drop)(fal_link
  * debug library can give any userdata one of the module's metatables:
  * the callers check a magic field of their own too where it matters). */
 void *fal_testudata(lua_State *L, int idx, const char *mt, size_t size);
+/* The magic number a userdata of the module at p of the given kind carries:
+ * the kind and p's address mixed with a secret drawn when the library
+ * loads, so that a script cannot forge one in a buffer whose bytes it
+ * chose (kv_lens') and then give that buffer a module metatable; nor is one
+ * kind taken for another. */
+enum { FAL_MAGIC_TENSOR = 1, FAL_MAGIC_KVCACHE, FAL_MAGIC_PINS, FAL_MAGIC_LOAD, FAL_MAGIC_HOLDER, FAL_MAGIC_BLOCK };
+uint64_t fal_magic(const void *p, int kind);
+/* Each file's metatables, made when the module opens (luaopen_flashattn):
+ * made on first use instead, a finalizer running inside the making (its
+ * allocations step the collector) could make the same metatable again, and
+ * the outer call's would replace it, leaving the inner call's objects
+ * unrecognised. */
+void fal_pins_metatable_make(lua_State *L);
+void fal_kvcache_metatable_make(lua_State *L);
+void fal_io_metatable_make(lua_State *L);
 /* The context scripts run on (the host's, else the module's own); raises
  * when the module's context cannot be created. */
 fa_context *fal_ctx(lua_State *L);
@@ -134,11 +149,11 @@ void *fal_newbuffer(lua_State *L, int64_t n, size_t size, const char *what);
 
 /* ---- tensors (ltensor.c) ----------------------------------------------- */
 
-/* magic: FAL_BOX_MAGIC, so that a userdata given the tensor metatable by
- * the debug library is not taken for a box; link: fal_link_box's. */
-#define FAL_BOX_MAGIC 0x66614278u /* "faBx" */
+/* magic: fal_magic(box, FAL_MAGIC_TENSOR), so that a userdata given the
+ * tensor metatable by the debug library is not taken for a box; link:
+ * fal_link_box's. */
 typedef struct {
-  uint32_t magic;
+  uint64_t magic;
   fa_tensor *t; /* one reference; NULL once freed */
   fal_link link;
 } fal_box;
@@ -172,10 +187,9 @@ void fal_box_release(lua_State *L, int idx);
  * the references) when the function returns or raises, or when lua_settop
  * pops it. */
 #define FAL_MAX_PINS 8
-#define FAL_PINS_MAGIC 0x66615069u /* "faPi": as FAL_BOX_MAGIC */
 typedef struct {
-  uint32_t magic;
-  int n, cap;
+  uint64_t magic; /* fal_magic(pins, FAL_MAGIC_PINS) */
+  int n, cap, gced; /* gced: its __gc ran (then it is never the spare) */
   fal_link link;
   fa_tensor *t[]; /* cap entries */
 } fal_pins;

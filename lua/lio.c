@@ -56,9 +56,8 @@ static int has_ext(const char *path, const char *ext) {
 
 /* ---- fa.load ---------------------------------------------------------------- */
 
-#define IO_RESULT_MAGIC 0x66614c64u /* "faLd": as FAL_BOX_MAGIC (lbinding.h) */
 typedef struct {
-  uint32_t magic;
+  uint64_t magic; /* fal_magic(r, FAL_MAGIC_LOAD) */
   char **names;
   fa_tensor **tensors;
   size_t count;
@@ -67,10 +66,27 @@ typedef struct {
 /* __close and __gc: whatever the table did not take is released. */
 static int result_close(lua_State *L) {
   io_result *r = (io_result *)fal_testudata(L, 1, FAL_IO_RESULT_MT, sizeof(io_result));
-  if (!r || r->magic != IO_RESULT_MAGIC) return 0; /* another userdata given the metatable (debug library) */
+  if (!r || r->magic != fal_magic(r, FAL_MAGIC_LOAD)) return 0; /* another userdata given the metatable (debug library) */
   fa_safetensors_free(r->names, r->tensors, r->count);
   r->names = NULL, r->tensors = NULL, r->count = 0;
   return 0;
+}
+
+/* Pushes the holder's metatable (made when the module opens:
+ * fal_io_metatable_make). */
+static void result_metatable(lua_State *L) {
+  if (!luaL_newmetatable(L, FAL_IO_RESULT_MT)) return;
+  lua_pushcfunction(L, result_close);
+  lua_setfield(L, -2, "__close");
+  lua_pushcfunction(L, result_close);
+  lua_setfield(L, -2, "__gc");
+  lua_pushliteral(L, "not yours");
+  lua_setfield(L, -2, "__metatable");
+}
+
+void fal_io_metatable_make(lua_State *L) {
+  result_metatable(L);
+  lua_pop(L, 1);
 }
 
 /* A to-be-closed holder for fa_load_safetensors' arrays, so that a Lua
@@ -78,15 +94,8 @@ static int result_close(lua_State *L) {
 static io_result *push_result(lua_State *L) {
   io_result *r = (io_result *)lua_newuserdatauv(L, sizeof *r, 0);
   memset(r, 0, sizeof *r);
-  r->magic = IO_RESULT_MAGIC;
-  if (luaL_newmetatable(L, FAL_IO_RESULT_MT)) {
-    lua_pushcfunction(L, result_close);
-    lua_setfield(L, -2, "__close");
-    lua_pushcfunction(L, result_close);
-    lua_setfield(L, -2, "__gc");
-    lua_pushliteral(L, "not yours");
-    lua_setfield(L, -2, "__metatable");
-  }
+  r->magic = fal_magic(r, FAL_MAGIC_LOAD);
+  result_metatable(L);
   lua_setmetatable(L, -2);
   lua_toclose(L, -1);
   return r;

@@ -12,9 +12,8 @@
 
 #define FAL_KVCACHE_MT "flashattn.KVCache"
 
-#define KV_BOX_MAGIC 0x66614b76u /* "faKv": as FAL_BOX_MAGIC */
 typedef struct {
-  uint32_t magic;
+  uint64_t magic; /* fal_magic(box, FAL_MAGIC_KVCACHE) */
   fa_kv_cache *c; /* NULL once freed */
   fal_link link;  /* fal_link_box's */
 } fal_kvbox;
@@ -23,7 +22,7 @@ typedef struct {
  * library can give the metatable to any userdata). */
 static fal_kvbox *kv_testbox(lua_State *L, int idx) {
   fal_kvbox *b = (fal_kvbox *)luaL_testudata(L, idx, FAL_KVCACHE_MT);
-  return b && lua_rawlen(L, idx) == sizeof *b && b->magic == KV_BOX_MAGIC ? b : NULL;
+  return b && lua_rawlen(L, idx) == sizeof *b && b->magic == fal_magic(b, FAL_MAGIC_KVCACHE) ? b : NULL;
 }
 
 static void kv_drop(fal_link *l) {
@@ -209,6 +208,23 @@ static const luaL_Reg kv_methods[] = {{"append", kv_append}, {"attend", kv_atten
 static const char *const create_keys[] = {"batch", "heads", "dim", "dim_v", "capacity", "page_size",
                                           "pages", "dtype", "device", NULL};
 
+/* Pushes the cache metatable (made when the module opens:
+ * fal_kvcache_metatable_make). */
+static void kv_metatable(lua_State *L) {
+  if (!luaL_newmetatable(L, FAL_KVCACHE_MT)) return;
+  lua_pushliteral(L, FAL_KVCACHE_MT);
+  lua_setfield(L, -2, "__metatable");
+  lua_pushcfunction(L, kv_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_pushcfunction(L, kv_free);
+  lua_setfield(L, -2, "__close");
+  lua_pushcfunction(L, kv_tostring);
+  lua_setfield(L, -2, "__tostring");
+  lua_createtable(L, 0, 8);
+  luaL_setfuncs(L, kv_methods, 0);
+  lua_setfield(L, -2, "__index");
+}
+
 /* fa.kv_cache{batch =, heads =, dim =, dim_v =, capacity =, page_size =, pages =, dtype =, device =} */
 static int l_kv_cache(lua_State *L) {
   fa_context *ctx = fal_ctx(L);
@@ -234,25 +250,18 @@ static int l_kv_cache(lua_State *L) {
   fal_opt_device(L, 1, "device", &o.device);
   fal_state *s = fal_live_state(L);
   fal_kvbox *b = (fal_kvbox *)lua_newuserdatauv(L, sizeof *b, 0);
-  b->magic = KV_BOX_MAGIC;
+  b->magic = fal_magic(b, FAL_MAGIC_KVCACHE);
   b->c = NULL;
   fal_link_box(L, s, &b->link, kv_drop);
-  if (luaL_newmetatable(L, FAL_KVCACHE_MT)) {
-    lua_pushliteral(L, FAL_KVCACHE_MT);
-    lua_setfield(L, -2, "__metatable");
-    lua_pushcfunction(L, kv_gc);
-    lua_setfield(L, -2, "__gc");
-    lua_pushcfunction(L, kv_free);
-    lua_setfield(L, -2, "__close");
-    lua_pushcfunction(L, kv_tostring);
-    lua_setfield(L, -2, "__tostring");
-    lua_createtable(L, 0, 8);
-    luaL_setfuncs(L, kv_methods, 0);
-    lua_setfield(L, -2, "__index");
-  }
+  kv_metatable(L);
   lua_setmetatable(L, -2);
   FAL_CALL(L, ctx, fa_kv_cache_create(ctx, &o, &b->c));
   return 1;
 }
 
 const luaL_Reg fal_kvcache_funcs[] = {{"kv_cache", l_kv_cache}, {NULL, NULL}};
+
+void fal_kvcache_metatable_make(lua_State *L) {
+  kv_metatable(L);
+  lua_pop(L, 1);
+}

@@ -145,6 +145,9 @@ FA_API int luaopen_flashattn(lua_State *L) {
   fal_tensor_metatable(L); /* refuses a second copy of the module in L */
   lua_pop(L, 1);
   fal_state_get(L);
+  fal_pins_metatable_make(L);
+  fal_kvcache_metatable_make(L);
+  fal_io_metatable_make(L);
   lua_createtable(L, 0, 48);
   luaL_setfuncs(L, module_funcs, 0);
   luaL_setfuncs(L, fal_construct_funcs, 0);

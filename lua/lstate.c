@@ -11,8 +11,10 @@
  * it has run, nothing new (boxes, contexts, buffers) is made. */
 #include <math.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "lbinding.h"
 
@@ -40,6 +42,29 @@ void fal_link_box(lua_State *L, fal_state *s, fal_link *l, void (*drop)(fal_link
   const int in_finalizer = running <= 0; /* cannot be told from a stopped collector: both linked */
 #endif
   if (in_finalizer) fal_link_in(s, l, drop);
+}
+
+/* Drawn once when the library loads (a constructor: before any thread can
+ * use it); from the kernel's random source, else the clock and addresses. */
+static uint64_t magic_secret;
+
+__attribute__((constructor)) static void magic_secret_draw(void) {
+  uint64_t s = 0;
+  FILE *f = fopen("/dev/urandom", "rb");
+  if (!f || fread(&s, sizeof s, 1, f) != 1) {
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC);
+    s = (uint64_t)ts.tv_nsec * 0x9e3779b97f4a7c15ull ^ (uint64_t)ts.tv_sec ^ (uint64_t)(uintptr_t)&ts;
+  }
+  if (f) fclose(f);
+  magic_secret = s | 1;
+}
+
+uint64_t fal_magic(const void *p, int kind) {
+  uint64_t x = magic_secret ^ (uint64_t)(uintptr_t)p ^ (uint64_t)kind * 0x9e3779b97f4a7c15ull;
+  x ^= x >> 31; /* mixed, so that neighbouring boxes do not differ in a few bits only */
+  x *= 0xbf58476d1ce4e5b9ull;
+  return x ^ (x >> 29);
 }
 
 void *fal_testudata(lua_State *L, int idx, const char *mt, size_t size) {

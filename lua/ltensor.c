@@ -33,7 +33,7 @@ static void *toudata(lua_State *L, int idx, const void *key) {
  * to any userdata. */
 fal_box *fal_tobox(lua_State *L, int idx) {
   fal_box *b = (fal_box *)toudata(L, idx, &tensor_mt_key);
-  return b && lua_rawlen(L, idx) == sizeof *b && b->magic == FAL_BOX_MAGIC ? b : NULL;
+  return b && lua_rawlen(L, idx) == sizeof *b && b->magic == fal_magic(b, FAL_MAGIC_TENSOR) ? b : NULL;
 }
 
 static void box_drop(fal_link *l) {
@@ -48,7 +48,7 @@ fa_tensor **fal_newbox(lua_State *L) {
   fal_gc_pressure(L);               /* before the new result: Lua cannot see tensor bytes */
   fal_tensor_metatable(L);
   fal_box *b = (fal_box *)lua_newuserdatauv(L, sizeof *b, 0);
-  b->magic = FAL_BOX_MAGIC;
+  b->magic = fal_magic(b, FAL_MAGIC_TENSOR);
   b->t = NULL;
   fal_link_box(L, s, &b->link, box_drop);
   lua_insert(L, -2);
@@ -100,7 +100,7 @@ static void pins_drop(fal_link *l) {
 /* The pin list at idx, or NULL: this copy's metatable, its size and magic. */
 static fal_pins *topins(lua_State *L, int idx) {
   fal_pins *p = (fal_pins *)toudata(L, idx, &pins_mt_key);
-  if (!p || lua_rawlen(L, idx) < sizeof *p || p->magic != FAL_PINS_MAGIC || p->cap < 0) return NULL;
+  if (!p || lua_rawlen(L, idx) < sizeof *p || p->magic != fal_magic(p, FAL_MAGIC_PINS) || p->cap < 0) return NULL;
   return lua_rawlen(L, idx) == sizeof *p + (size_t)p->cap * sizeof p->t[0] ? p : NULL;
 }
 
@@ -113,9 +113,9 @@ static int pins_close(lua_State *L) {
   fal_pins *p = topins(L, 1);
   if (p) {
     pins_drop(&p->link);
-    /* not one whose __gc ran (a finalizer closing a dead coroutine's slot): off the state's list, its
-     * later pins would have no backstop */
-    if (p->cap == FAL_MAX_PINS && p->link.prev && lua_rawgetp(L, LUA_REGISTRYINDEX, &pins_spare_key) == LUA_TBOOLEAN) {
+    /* not one whose __gc ran (a finalizer closing a dead coroutine's slot, or lua_close): its later pins
+     * would have no backstop */
+    if (p->cap == FAL_MAX_PINS && !p->gced && lua_rawgetp(L, LUA_REGISTRYINDEX, &pins_spare_key) == LUA_TBOOLEAN) {
       lua_pushvalue(L, 1);
       lua_rawsetp(L, LUA_REGISTRYINDEX, &pins_spare_key);
     }
@@ -128,8 +128,34 @@ static int pins_gc(lua_State *L) {
   if (p) {
     pins_drop(&p->link);
     fal_unlink(&p->link);
+    p->gced = 1;
   }
   return 0;
+}
+
+/* Pushes this copy's pin-list metatable (made, with the registry's empty
+ * spare slot, by fal_pins_metatable_make when the module opens). */
+static void pins_metatable(lua_State *L) {
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &pins_mt_key) == LUA_TTABLE) return;
+  lua_pop(L, 1);
+  lua_pushboolean(L, 0);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &pins_spare_key);
+  lua_createtable(L, 0, 4);
+  lua_pushcfunction(L, pins_close);
+  lua_setfield(L, -2, "__close");
+  lua_pushcfunction(L, pins_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_pushliteral(L, "flashattn.Pins");
+  lua_setfield(L, -2, "__name");
+  lua_pushliteral(L, "flashattn.Pins");
+  lua_setfield(L, -2, "__metatable");
+  lua_pushvalue(L, -1);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &pins_mt_key);
+}
+
+void fal_pins_metatable_make(lua_State *L) {
+  pins_metatable(L);
+  lua_pop(L, 1);
 }
 
 fal_pins *fal_pins_open(lua_State *L) { return fal_pins_open_n(L, FAL_MAX_PINS); }
@@ -142,32 +168,17 @@ fal_pins *fal_pins_open_n(lua_State *L, int cap) {
       fal_pins *p = (fal_pins *)lua_touserdata(L, -1);
       lua_pushboolean(L, 0);
       lua_rawsetp(L, LUA_REGISTRYINDEX, &pins_spare_key);
-      if (p->link.prev) { /* still on the state's list (lua_close finalizes the spare too) */
+      if (!p->gced) { /* not finalized (lua_close finalizes the spare too) */
         lua_toclose(L, -1);
         return p;
       }
     }
     lua_pop(L, 1);
   }
-  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &pins_mt_key) != LUA_TTABLE) {
-    lua_pushboolean(L, 0);
-    lua_rawsetp(L, LUA_REGISTRYINDEX, &pins_spare_key);
-    lua_pop(L, 1);
-    lua_createtable(L, 0, 4);
-    lua_pushcfunction(L, pins_close);
-    lua_setfield(L, -2, "__close");
-    lua_pushcfunction(L, pins_gc);
-    lua_setfield(L, -2, "__gc");
-    lua_pushliteral(L, "flashattn.Pins");
-    lua_setfield(L, -2, "__name");
-    lua_pushliteral(L, "flashattn.Pins");
-    lua_setfield(L, -2, "__metatable");
-    lua_pushvalue(L, -1);
-    lua_rawsetp(L, LUA_REGISTRYINDEX, &pins_mt_key);
-  }
+  pins_metatable(L);
   fal_pins *p = (fal_pins *)lua_newuserdatauv(L, sizeof *p + (size_t)cap * sizeof p->t[0], 0);
-  p->magic = FAL_PINS_MAGIC, p->n = 0, p->cap = cap;
-  fal_link_in(s, &p->link, pins_drop);
+  p->magic = fal_magic(p, FAL_MAGIC_PINS), p->n = 0, p->cap = cap, p->gced = 0;
+  fal_link_box(L, s, &p->link, pins_drop);
   lua_insert(L, -2);
   lua_setmetatable(L, -2);
   lua_toclose(L, -1);

@@ -42,21 +42,26 @@ typedef struct {
 
 /* A userdata owning one engine object (an fa_expr: the "holder"; an
  * fa_block_mask), released at its __gc or when the state closes. */
-#define HANDLE_MAGIC 0x66614861u /* "faHa": as FAL_BOX_MAGIC (lbinding.h) */
 typedef struct {
-  uint32_t magic;
+  uint64_t magic; /* fal_magic(h, FAL_MAGIC_HOLDER or FAL_MAGIC_BLOCK) */
   void *p;
   void (*release)(void *);
   fal_link link; /* fal_link_box's */
 } handle;
 
-/* The handle of metatable mt at idx (mt NULL: any, for __gc, which every
- * handle metatable shares), or NULL: its size and magic too, as the debug
- * library can give the metatable to any userdata. */
+#define BLOCK_MT "flashattn.BlockMask"
+
+static int handle_kind(const char *mt) { return strcmp(mt, BLOCK_MT) == 0 ? FAL_MAGIC_BLOCK : FAL_MAGIC_HOLDER; }
+
+/* The handle of metatable mt at idx (mt NULL: either kind, for __gc, which
+ * the handle metatables share), or NULL: its size and magic too, as the
+ * debug library can give the metatable to any userdata (or a holder's to a
+ * block mask). */
 static handle *tohandle(lua_State *L, int idx, const char *mt) {
   handle *h = (handle *)(mt ? luaL_testudata(L, idx, mt) : lua_touserdata(L, idx));
-  return h && lua_type(L, idx) == LUA_TUSERDATA && lua_rawlen(L, idx) == sizeof *h && h->magic == HANDLE_MAGIC ? h
-                                                                                                              : NULL;
+  if (!h || lua_type(L, idx) != LUA_TUSERDATA || lua_rawlen(L, idx) != sizeof *h) return NULL;
+  if (mt) return h->magic == fal_magic(h, handle_kind(mt)) ? h : NULL;
+  return h->magic == fal_magic(h, FAL_MAGIC_BLOCK) || h->magic == fal_magic(h, FAL_MAGIC_HOLDER) ? h : NULL;
 }
 
 /* ---- errors ------------------------------------------------------------------------- */
@@ -220,6 +225,7 @@ static const char *const method_list = "abs, exp, log, tanh, sqrt, floor, min, m
  * tensor read takes its next index. */
 static int expr_index(lua_State *L) {
   expr *e = toexpr(L, 1);
+  if (!e) return fal_error(L, "expression __index: expected an expression, got %s", fal_typename(L, 1));
   int ti;
   trace *t = trace_of(L, 1, &ti);
   if (e->kind == K_PARTIAL && (lua_type(L, 2) == LUA_TNUMBER || toexpr(L, 2))) {
@@ -383,22 +389,27 @@ static int handle_gc(lua_State *L) {
   return 0;
 }
 
-/* Pushes an empty handle of metatable mt (made with __gc on first use,
- * then extended by setup) with nuv user values, linked into the state. */
+/* Pushes the handle metatable mt (made with __gc, then extended by setup,
+ * when the module opens: fal_trace_open). */
+static void handle_metatable(lua_State *L, const char *mt, void (*setup)(lua_State *L)) {
+  if (!luaL_newmetatable(L, mt)) return;
+  lua_pushcfunction(L, handle_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_pushstring(L, mt);
+  lua_setfield(L, -2, "__metatable");
+  if (setup) setup(L);
+}
+
+/* Pushes an empty handle of metatable mt with nuv user values, linked into
+ * the state as fal_link_box says. */
 static handle *push_handle(lua_State *L, fal_state *s, const char *mt, void (*release)(void *), int nuv,
                            void (*setup)(lua_State *L)) {
   handle *h = (handle *)lua_newuserdatauv(L, sizeof(handle), nuv);
-  h->magic = HANDLE_MAGIC;
+  h->magic = fal_magic(h, handle_kind(mt));
   h->p = NULL;
   h->release = release;
   h->link.prev = h->link.next = NULL;
-  if (luaL_newmetatable(L, mt)) {
-    lua_pushcfunction(L, handle_gc);
-    lua_setfield(L, -2, "__gc");
-    lua_pushstring(L, mt);
-    lua_setfield(L, -2, "__metatable");
-    if (setup) setup(L);
-  }
+  handle_metatable(L, mt, setup);
   lua_setmetatable(L, -2);
   fal_link_box(L, s, &h->link, handle_drop);
   return h;
@@ -494,6 +505,8 @@ static fa_expr *trace_fn(lua_State *L, int fidx, int mask, const char *what) {
   const int first = mask ? FA_X_B : FA_X_S;
   for (int op = first; op <= FA_X_K; op++) push_expr(L, ti, add_node(L, t, op, 0, 0, 0, 0, 0), K_NUM);
   const int status = lua_pcall(L, FA_X_K - first + 1, 1, 0);
+  /* a failed trace is over too: the expressions a script kept from it are errors to use */
+  if (status != LUA_OK) t->done = 1;
   if (status == LUA_ERRMEM) lua_error(L);
   if (status != LUA_OK) {
     const size_t wl = strlen(what);
@@ -506,10 +519,13 @@ static fa_expr *trace_fn(lua_State *L, int fidx, int mask, const char *what) {
   const int r = lua_gettop(L);
   const char *want = mask ? "a boolean or a boolean expression (true = attend)" : "a number or a number expression";
   int is_bool;
-  if (lua_type(L, r) == LUA_TNIL) terr(L, t, "returned nil, expected %s", want);
-  if (lua_type(L, r) != LUA_TNUMBER && lua_type(L, r) != LUA_TBOOLEAN && !toexpr(L, r))
+  if (lua_type(L, r) == LUA_TNIL || (lua_type(L, r) != LUA_TNUMBER && lua_type(L, r) != LUA_TBOOLEAN && !toexpr(L, r))) {
+    t->done = 1;
+    if (lua_type(L, r) == LUA_TNIL) terr(L, t, "returned nil, expected %s", want);
     terr(L, t, "returned %s, expected %s", fal_typename(L, r), want);
+  }
   const int root = operand(L, r, t, "the result", &is_bool);
+  t->done = 1; /* the function's expressions are used no more */
   if (is_bool != mask)
     terr(L, t, "returned %s%s, expected %s", kind_name(is_bool), toexpr(L, r) ? " expression" : "", want);
   if (root != t->n - 1) { /* the result must be the last node */
@@ -530,7 +546,6 @@ static fa_expr *trace_fn(lua_State *L, int fidx, int mask, const char *what) {
    * finalizer of the collection may have freed one) */
   FAL_CALL(L, ctx, trace_expr_new(L, t, tt, names, (int)len, &e));
   h->p = e;
-  t->done = 1;
   lua_settop(L, hi);
   return e;
 }
@@ -550,7 +565,6 @@ const fa_expr *fal_trace_opt(lua_State *L, int idx, const char *key) {
 
 /* ---- fa.block_mask(mask_mod, B, H, Lq, Lk [, opts]) --------------------------- */
 
-#define BLOCK_MT "flashattn.BlockMask"
 
 static fa_block_mask *check_block(lua_State *L) {
   handle *b = tohandle(L, 1, BLOCK_MT);
@@ -657,6 +671,12 @@ const fa_block_mask *fal_trace_block_mask(lua_State *L, int idx, const fa_expr *
 static const luaL_Reg trace_funcs[] = {{"where", l_where}, {"block_mask", l_block_mask}, {NULL, NULL}};
 
 void fal_trace_open(lua_State *L) {
+  /* the metatables now (lbinding.h: fal_pins_metatable_make says why) */
+  expr_metatable(L);
+  handle_metatable(L, HOLDER_MT, NULL);
+  handle_metatable(L, BLOCK_MT, block_setup);
+  luaL_newmetatable(L, TRACE_MT);
+  lua_pop(L, 4);
   luaL_setfuncs(L, trace_funcs, 0);
   lua_pushvalue(L, -1);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &module_key);

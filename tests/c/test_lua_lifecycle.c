@@ -103,8 +103,12 @@ static void run(lua_State *L, const char *code) {
 }
 
 /* Leaves garbage whose finalizer runs `body` (Lua statements). */
+/* The object is kept (a global list), so that its finalizer runs at
+ * lua_close and not at a collection the module's opening happens to end. */
 static void add_finalizer(lua_State *L, const char *body) {
-  lua_pushfstring(L, "setmetatable({}, {__gc = function()\n%s\nend})", body);
+  lua_pushfstring(L, "kept_finalizers = kept_finalizers or {}\n"
+                     "kept_finalizers[#kept_finalizers + 1] = setmetatable({}, {__gc = function()\n%s\nend})",
+                  body);
   run(L, lua_tostring(L, -1));
   lua_pop(L, 1);
 }

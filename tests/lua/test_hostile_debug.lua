@@ -62,4 +62,106 @@ function TestHostileDebug:test_debug_library_cannot_crash()
   lu.assertNotNil(mask)
 end
 
+-- The first value on the stack of a running call (any level) whose
+-- metatable has the __name given (the debug library's reach into a call).
+local function find_on_stack(name)
+  for level = 2, 40 do
+    if not debug.getinfo(level, "S") then return nil end
+    for i = 1, 80 do
+      local n, v = debug.getlocal(level, i)
+      if not n then break end
+      local mt = type(v) == "userdata" and debug.getmetatable(v)
+      if mt and rawget(mt, "__name") == name then return v end
+    end
+  end
+end
+
+-- What a tester reached after the first suite: a box made while the script
+-- stopped the collector, a pin list's metatable taken during a call (pins
+-- are on no list either then), a block mask's expression holder given the
+-- block mask's metatable, userdata of the call's own buffers (whose bytes a
+-- script chooses: kv_lens) given the tensor and block-mask metatables, the
+-- expression metatable's __index called on a number, and expressions kept
+-- from a trace that raised.  Each is a flashattn: error or harmless.
+function TestHostileDebug:test_debug_library_routes_of_a_tester()
+  local dbg = debug
+  if not dbg or not dbg.setmetatable then return end
+  collectgarbage("stop")
+  local t = fa.zeros({4})
+  collectgarbage("restart")
+  dbg.setmetatable(t, nil)
+  t = nil
+  collectgarbage()
+  collectgarbage()
+  lu.assertEquals(fa.softmax(fa.ones({4})):totable()[1], 0.25)
+  -- a pin list's metatable taken while the call runs
+  local opts = setmetatable({}, {__index = function(_, k)
+    if k == "algo" then
+      local p = find_on_stack("flashattn.Pins")
+      if p then dbg.setmetatable(p, {__close = function() end}) end
+    end
+  end})
+  pcall(fa.softmax, fa.ones({4}), opts)
+  collectgarbage()
+  collectgarbage()
+  lu.assertEquals(fa.softmax(fa.ones({4})):totable()[1], 0.25)
+  -- one kind of handle given another's metatable
+  local bm = fa.block_mask(function(b, h, q, k) return q:ge(k) end, 1, 1, 16, 16, {tile = {16, 16}})
+  local holder = dbg.getuservalue(bm, 1)
+  local holder_mt = dbg.getmetatable(holder)
+  dbg.setmetatable(holder, dbg.getmetatable(bm))
+  for _, m in ipairs({"sizes", "counts", "tile"}) do
+    local ok, err = pcall(function() return holder[m](holder, 1, 1, 1, 1) end)
+    lu.assertFalse(ok, m)
+    lu.assertStrContains(tostring(err), "flashattn:")
+  end
+  dbg.setmetatable(holder, holder_mt)
+  lu.assertEquals(bm:sizes(), 1)
+  -- the call's own buffers given module metatables
+  local tensor_mt, block_mt = dbg.getmetatable(fa.zeros(1)), dbg.getmetatable(bm)
+  for _, mt in ipairs({tensor_mt, block_mt}) do
+    -- globals: a variant may not capture Lua tables (the debug library, the list)
+    FORGE_MT, FORGED = mt, {}
+    local q = fa.randn({1, 1, 4, 8})
+    pcall(fa.attention, q, q, q, {
+      kv_lens = {0x66614278, 0x414141414140, 0, 0, 0},
+      score_mod = function(s)
+        for level = 2, 8 do
+          if not debug.getinfo(level, "S") then break end
+          for i = 1, 60 do
+            local n, v = debug.getlocal(level, i)
+            if not n then break end
+            if type(v) == "userdata" and debug.getmetatable(v) == nil then
+              debug.setmetatable(v, FORGE_MT)
+              FORGED[#FORGED + 1] = v
+            end
+          end
+        end
+        return s
+      end,
+    })
+    local forged = FORGED
+    FORGE_MT, FORGED = nil, nil
+    lu.assertTrue(#forged > 0, "the test reached no buffer")
+    for _, v in ipairs(forged) do
+      lu.assertFalse(fa.is_tensor(v))
+      lu.assertFalse(pcall(function() return v:dim() end))
+      dbg.setmetatable(v, nil)
+    end
+    collectgarbage()
+  end
+  -- the expression metatable's __index on a number; expressions kept from a trace that raised
+  local q = fa.randn({1, 1, 4, 8})
+  local expr_mt, kept
+  fa.attention(q, q, q, {score_mod = function(s) EXPR_MT = debug.getmetatable(s) return s end})
+  expr_mt, EXPR_MT = EXPR_MT, nil
+  local ok, err = pcall(rawget(expr_mt, "__index"), 0x41414140, "abs")
+  lu.assertFalse(ok)
+  lu.assertStrContains(tostring(err), "flashattn:")
+  lu.assertFalse(pcall(fa.attention, q, q, q, {score_mod = function(s) kept = s; error("boom") end}))
+  ok, err = pcall(function() return kept + 1 end)
+  lu.assertFalse(ok)
+  lu.assertStrContains(tostring(err), "used after the call")
+end
+
 U.run()
