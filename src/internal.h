@@ -272,9 +272,11 @@ fa_state_rows fa_tensor_rows(const fa_tensor *t);
  * e^x in it, so that f16 overflows past e^11.09 as the seeds say. */
 fa_status fa_cpu_softmax(fa_context *ctx, fa_softmax_algo algo, int64_t block, fa_dtype dt, fa_dtype storage,
                          const void *x, const fa_state_rows *xr, void *y, int64_t rows, int64_t n);
-/* merge_states' operands: states o1, o2 of dtype dt at their rows, lse1,
- * lse2 in f64 (so that f64 states merge to f64 precision), into o
- * contiguous rows x dv and lse (rows entries, also when dv = 0). */
+/* merge_states' operands: states o1, o2 at their rows, of dtypes dt1, dt2
+ * (the merge's dt; on the CPU an f16/bf16 state merged in f32 may be read
+ * as it lies), lse1, lse2 in f64 (so that f64 states merge to f64
+ * precision), into o contiguous rows x dv (dtype dt) and lse (rows entries,
+ * also when dv = 0). */
 typedef struct fa_merge_operands {
   const void *o1, *o2;
   fa_state_rows rows1, rows2;
@@ -282,6 +284,7 @@ typedef struct fa_merge_operands {
   void *o;
   double *lse;
   int64_t rows, dv;
+  fa_dtype dt1, dt2;
 } fa_merge_operands;
 void fa_cpu_merge_states(fa_dtype dt, const fa_merge_operands *g);
 int fa_cpu_threads(void);

@@ -15,11 +15,13 @@ static fa_status contiguous_as(fa_context *ctx, fa_tensor *t, fa_dtype dtype, fa
 }
 
 /* State t as merge_pair reads it (API §6: where it lies): t itself,
- * retained, when it is of dtype compute on dev with its last dimension
- * contiguous; else a contiguous copy in that dtype. */
+ * retained, when it is of dtype compute on dev, or on the CPU f16/bf16
+ * merged in f32 (widened a row at a time), with its last dimension
+ * contiguous; else a contiguous copy in the compute dtype. */
 static fa_status state_operand(fa_context *ctx, fa_tensor *t, fa_dtype compute, fa_device dev, fa_tensor **out) {
   const int64_t dv = t->shape[t->ndim - 1];
-  if (t->dtype == compute && t->storage->device == dev && (dv <= 1 || t->strides[t->ndim - 1] == 1)) {
+  const int half_on_cpu = dev == FA_CPU && compute == FA_F32 && (t->dtype == FA_F16 || t->dtype == FA_BF16);
+  if ((t->dtype == compute || half_on_cpu) && t->storage->device == dev && (dv <= 1 || t->strides[t->ndim - 1] == 1)) {
     fa_tensor_retain(t);
     *out = t;
     return FA_OK;
@@ -41,7 +43,7 @@ static fa_status merge_pair(fa_context *ctx, fa_dtype compute, fa_device dev, fa
   /* one row per lse entry (also when dv = 0: the lse still merge) */
   const fa_merge_operands g = {fa_tensor_ptr(a), fa_tensor_ptr(b), fa_tensor_rows(a), fa_tensor_rows(b), fa_tensor_ptr(la),
                                fa_tensor_ptr(lb), fa_tensor_ptr(*ro), fa_tensor_ptr(*rl), fa_tensor_numel(la),
-                               a->shape[a->ndim - 1]};
+                               a->shape[a->ndim - 1], a->dtype, b->dtype};
   if (dev == FA_CUDA) st = fa_cuda_merge_states(ctx, compute, &g);
   else fa_cpu_merge_states(compute, &g);
   if (st) fa_tensor_drop(ro), fa_tensor_drop(rl);

@@ -6,6 +6,7 @@
  * empty sides give o = 0, lse = -inf; a NaN lse makes its row NaN.  The
  * weights and lse are computed in double; o1 and o2 (f32 or f64) are read at
  * their rows (fa_state_rows), o is contiguous rows x dv. */
+#include "cpu/stage.h"
 #include "internal.h"
 #include "merge_weights.h"
 
@@ -37,15 +38,35 @@
 FA_MERGE_DEFINE(float, f32)
 FA_MERGE_DEFINE(double, f64)
 
+/* merge_row_f32 of states of dtypes t1, t2 (f32, or f16/bf16 read as they
+ * lie), in chunks of MERGE_CHUNK elements widened on the stack: the same
+ * bits as merging their f32 copies. */
+enum { MERGE_CHUNK = 256 };
+static void merge_row_widened(const void *o1, fa_dtype t1, double l1, const void *o2, fa_dtype t2, double l2, float *o,
+                              double *lse, int64_t dv) {
+  float b1[MERGE_CHUNK], b2[MERGE_CHUNK];
+  if (dv == 0) merge_row_f32(b1, l1, b2, l2, o, lse, 0); /* the lse alone */
+  for (int64_t c = 0; c < dv; c += MERGE_CHUNK) {
+    const int64_t n = dv - c < MERGE_CHUNK ? dv - c : MERGE_CHUNK;
+    const float *p1 = (const float *)fa_cpu_elem(o1, t1, c), *p2 = (const float *)fa_cpu_elem(o2, t2, c);
+    if (t1 != FA_F32) fa_cpu_stage_rows(FA_F32, b1, n, t1, p1, n, 1, n), p1 = b1;
+    if (t2 != FA_F32) fa_cpu_stage_rows(FA_F32, b2, n, t2, p2, n, 1, n), p2 = b2;
+    merge_row_f32(p1, l1, p2, l2, o + c, lse, n);
+  }
+}
+
 void fa_cpu_merge_states(fa_dtype dt, const fa_merge_operands *g) {
-  if (dt != FA_F32 && dt != FA_F64) return; /* the dispatch passes the compute dtype only */
+  if (dt != FA_F32 && dt != FA_F64) return; /* the dispatch passes the compute dtype only (the states': dt1, dt2) */
   const int64_t rows = g->rows, dv = g->dv;
   int par = rows > 1 && rows * dv >= FA_MERGE_PAR_MIN;
 #pragma omp parallel for schedule(static) if (par)
   for (int64_t r = 0; r < rows; r++) {
     const double l1 = g->lse1[r], l2 = g->lse2[r];
     const int64_t a = fa_state_row(&g->rows1, r), b = fa_state_row(&g->rows2, r);
-    if (dt == FA_F32)
+    if (dt == FA_F32 && (g->dt1 != FA_F32 || g->dt2 != FA_F32))
+      merge_row_widened(fa_cpu_elem(g->o1, g->dt1, a), g->dt1, l1, fa_cpu_elem(g->o2, g->dt2, b), g->dt2, l2,
+                        (float *)g->o + r * dv, g->lse + r, dv);
+    else if (dt == FA_F32)
       merge_row_f32((const float *)g->o1 + a, l1, (const float *)g->o2 + b, l2, (float *)g->o + r * dv, g->lse + r, dv);
     else
       merge_row_f64((const double *)g->o1 + a, l1, (const double *)g->o2 + b, l2, (double *)g->o + r * dv, g->lse + r,

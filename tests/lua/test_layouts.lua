@@ -636,8 +636,26 @@ function TestLayouts:test_merge_states_reads_views()
   local l1, l2 = U.randn({B, HQ, LQ}, "f32"), U.randn({B, HQ, LQ}, "f32")
   local dense = peak(o1:contiguous(), l1, o2:contiguous(), l2)
   lu.assertEquals(peak(o1, l1, o2, l2), dense, "strided f32 states were copied")
-  lu.assertTrue(peak(bhld(B, HQ, LQ, DV, "f16"), l1, bhld(B, HQ, LQ, DV, "f16"), l2) > dense,
-    "the measure does not see the f16 states' copies")
+  -- f16/bf16 states are read where they lie too (widened a row at a time): the bits of merging
+  -- their f32 copies, and less memory than the f32 call (which keeps no copy either)
+  local h1, h2 = bhld(B, HQ, LQ, DV, "f16"), bhld(B, HQ, LQ, DV, "f16")
+  local half = peak(h1, l1, h2, l2)
+  lu.assertEquals(half, peak(h1:contiguous(), l1, h2:contiguous(), l2), "strided f16 states were copied")
+  lu.assertTrue(half < dense, ("f16 states held %d bytes, the f32 call %d: copies"):format(half, dense))
+  for _, dtype in ipairs({"f16", "bf16"}) do
+    local a, b = bhld(B, HQ, LQ, DV, dtype), bhld(B, HQ, LQ, DV, dtype)
+    local empty = fa.full({B, HQ, LQ}, -math.huge)
+    for _, ls in ipairs({{l1, l2}, {l1, empty}, {empty, l2}}) do
+      local o, l = fa.merge_states(a, ls[1], b, ls[2])
+      local ro, rl = fa.merge_states(a:float(), ls[1], b:float(), ls[2])
+      lu.assertEquals(o:dtype(), dtype)
+      lu.assertEquals(fa.max_abs_diff(o, ro:to(dtype)), 0, dtype .. " states against their f32 copies")
+      lu.assertEquals(fa.max_abs_diff(l, rl), 0, dtype .. " states' lse")
+    end
+    local o = fa.merge_states({a, b, a}, {l1, l2, l1})
+    local ro = fa.merge_states({a:float(), b:float(), a:float()}, {l1, l2, l1})
+    lu.assertEquals(fa.max_abs_diff(o, ro:to(dtype)), 0, dtype .. " states, a list of three")
+  end
 end
 
 U.run()
