@@ -66,7 +66,7 @@ typedef struct {
 /* __close and __gc: whatever the table did not take is released. */
 static int result_close(lua_State *L) {
   io_result *r = (io_result *)fal_testudata(L, 1, FAL_IO_RESULT_MT, sizeof(io_result));
-  if (!r || r->magic != fal_magic(r, FAL_MAGIC_LOAD)) return 0; /* another userdata given the metatable (debug library) */
+  if (!r || r->magic != fal_magic(r, FAL_MAGIC_LOAD)) return 0; /* another userdata given the metatable (debug) */
   fa_safetensors_free(r->names, r->tensors, r->count);
   r->names = NULL, r->tensors = NULL, r->count = 0;
   return 0;

@@ -166,7 +166,8 @@ static int shares_input(const fa_tensor *t, const fa_attn_buffers *b) {
  * can write where they lie (cpu_output_in_place: no two elements in one
  * place, no storage shared with the inputs or each other), else dense
  * temporaries copied out later. */
-static fa_status prepare_outputs(fa_context *ctx, const fa_attention_opts *o, const fa_attn_dims *d, int want_lse, fa_tensor *out, fa_tensor *lse_out, fa_dtype lse_dtype,
+static fa_status prepare_outputs(fa_context *ctx, const fa_attention_opts *o, const fa_attn_dims *d, int want_lse,
+                                 fa_tensor *out, fa_tensor *lse_out, fa_dtype lse_dtype,
                                  fa_attn_problem *p, fa_attn_buffers *bufs) {
   int64_t shape[4] = {d->B, d->Hq, d->Lq, d->Dv};
   fa_status st;

@@ -170,10 +170,10 @@ typedef struct {
   int64_t key_base;
   int64_t win_left, win_right; /* -1 = unbounded on that side; used when has_window */
   int has_window;
-  /* Float or bool mask: mask_f (of dtype mask_dtype: the compute dtype,
-   * or on the CPU an f16/bf16 mask read where it lies by f32 kernels) or
-   * mask_b (bytes), indexed with broadcast strides (0 where broadcast) over
-   * (B, Hq, Lq, Lk). */
+  /* Float or bool mask: mask_f (of dtype mask_dtype: on the CPU the
+   * compute dtype, or an f16/bf16 mask read where it lies by f32 kernels;
+   * on cuda f32, whatever the compute dtype) or mask_b (bytes), indexed
+   * with broadcast strides (0 where broadcast) over (B, Hq, Lq, Lk). */
   const void *mask_f;
   fa_dtype mask_dtype;
   const uint8_t *mask_b;

@@ -41,9 +41,9 @@ static fa_status merge_pair(fa_context *ctx, fa_dtype compute, fa_device dev, fa
     return st;
   }
   /* one row per lse entry (also when dv = 0: the lse still merge) */
-  const fa_merge_operands g = {fa_tensor_ptr(a), fa_tensor_ptr(b), fa_tensor_rows(a), fa_tensor_rows(b), fa_tensor_ptr(la),
-                               fa_tensor_ptr(lb), fa_tensor_ptr(*ro), fa_tensor_ptr(*rl), fa_tensor_numel(la),
-                               a->shape[a->ndim - 1], a->dtype, b->dtype};
+  const fa_merge_operands g = {fa_tensor_ptr(a), fa_tensor_ptr(b), fa_tensor_rows(a), fa_tensor_rows(b),
+                               fa_tensor_ptr(la), fa_tensor_ptr(lb), fa_tensor_ptr(*ro), fa_tensor_ptr(*rl),
+                               fa_tensor_numel(la), a->shape[a->ndim - 1], a->dtype, b->dtype};
   if (dev == FA_CUDA) st = fa_cuda_merge_states(ctx, compute, &g);
   else fa_cpu_merge_states(compute, &g);
   if (st) fa_tensor_drop(ro), fa_tensor_drop(rl);

@@ -38,7 +38,8 @@ static fa_status run_backend(fa_context *ctx, const fa_softmax_opts *o, const fa
 static fa_status rows_of(fa_context *ctx, fa_tensor *x, fa_dtype compute, fa_tensor **src) {
   const int64_t n = x->shape[x->ndim - 1];
   if (x->storage->device == FA_CUDA) return fa_tensor_contiguous(ctx, x, src);
-  if (x->dtype != compute || (n > 1 && x->strides[x->ndim - 1] != 1)) return fa_tensor_cpu_contiguous(ctx, x, compute, src);
+  if (x->dtype != compute || (n > 1 && x->strides[x->ndim - 1] != 1))
+    return fa_tensor_cpu_contiguous(ctx, x, compute, src);
   fa_tensor_retain(x);
   *src = x;
   return FA_OK;

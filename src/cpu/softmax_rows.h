@@ -186,8 +186,8 @@ static fa_status FA_SM_FN(sm_run_online)(fa_context *ctx, int64_t block, const F
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tasks; t++) {
       int64_t r = t / nc, c = (t % nc) * chunk;
-      FA_SM_FN(sm_online_norm)(x + fa_state_row(xr, r) + c, y + r * n + c, n - c < chunk ? n - c : chunk, stats[2 * r * nc],
-                               stats[2 * r * nc + 1]);
+      FA_SM_FN(sm_online_norm)(x + fa_state_row(xr, r) + c, y + r * n + c, n - c < chunk ? n - c : chunk,
+                               stats[2 * r * nc], stats[2 * r * nc + 1]);
     }
   }
   fa_host_free(stats, bytes);
