@@ -556,18 +556,21 @@ function TestLayouts:test_softmax_reads_views()
     end
   end
   -- out over the input's memory: a strided input's rows are not overwritten before they are read
+  -- (exactly on the CPU; cuda's kernels may sum in another order for an out that starts off 16 bytes,
+  -- H200: 6e-8)
+  local tol = U.cuda and 1e-6 or 0
   local y = U.randn({6, 8})
   local v = y:narrow(2, 1, 4) -- rows 8 apart
   local want = fa.softmax(v:contiguous())
   local out = y:narrow(2, 5, 4) -- beside v's rows, not contiguous: a temporary
   fa.softmax(v, {out = out})
-  lu.assertEquals(fa.max_abs_diff(out, want), 0)
+  lu.assertTrue(fa.max_abs_diff(out, want) <= tol, "out beside strided rows")
   local flat = U.randn({32})
   local rows = flat:view({4, 8}):narrow(2, 1, 4)
   local want2 = fa.softmax(rows:contiguous())
   local out2 = flat:narrow(1, 3, 16):view({4, 4}) -- contiguous, overlapping the strided rows
   fa.softmax(rows, {out = out2})
-  lu.assertEquals(fa.max_abs_diff(out2, want2), 0, "out overlapping strided rows")
+  lu.assertTrue(fa.max_abs_diff(out2, want2) <= tol, "out overlapping strided rows")
 end
 
 -- fa.matmul reads its operands where they lie too (API §6): rows of a
