@@ -186,17 +186,17 @@ static void FA_R(bw_task)(const fa_attn_backward *g, int64_t b, int64_t hk, cons
 
 /* Whether the B·H·L rows of X elements at st from base (dtype
  * p->storage) are all finite (one pass where they are dense). */
+static int FA_R(bw_run_finite)(const fa_attn_problem *p, const void *x, int64_t n) {
+  return p->storage == p->compute ? FA_R(all_finite)(x, n) : fa_cpu_all_finite(p->storage, x, n);
+}
 static int FA_R(bw_rows_finite)(const fa_attn_problem *p, const void *base, fa_attn_strides st, int64_t B, int64_t H,
                                 int64_t L, int64_t X) {
-  const fa_dtype dt = p->storage;
   if (st.s == X && (H == 1 || st.h == L * X) && (B == 1 || st.b == H * L * X))
-    return dt == p->compute ? FA_R(all_finite)(base, B * H * L * X) : fa_cpu_all_finite(dt, base, B * H * L * X);
+    return FA_R(bw_run_finite)(p, base, B * H * L * X);
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < H; h++)
-      for (int64_t i = 0; i < L; i++) {
-        const void *row = fa_cpu_elem(base, dt, b * st.b + h * st.h + i * st.s);
-        if (!(dt == p->compute ? FA_R(all_finite)(row, X) : fa_cpu_all_finite(dt, row, X))) return 0;
-      }
+      for (int64_t i = 0; i < L; i++)
+        if (!FA_R(bw_run_finite)(p, fa_cpu_elem(base, p->storage, b * st.b + h * st.h + i * st.s), X)) return 0;
   return 1;
 }
 
