@@ -479,9 +479,11 @@ fa_status fa_cuda_merge_states(fa_context *ctx, fa_dtype dt, const fa_merge_oper
 void fa_cuda_attention_default_tile(fa_dtype dt, int64_t D, int64_t Dv, int64_t *br, int64_t *bc);
 /* FA_OK when {br, bc} is a tile the CUDA kernels take for these head dims. */
 fa_status fa_cuda_attention_check_tile(fa_context *ctx, fa_dtype dt, int64_t D, int64_t Dv, int64_t br, int64_t bc);
-/* x, y contiguous (rows, n) device buffers of dtype dt (y may alias x). */
-fa_status fa_cuda_softmax(fa_context *ctx, fa_softmax_algo algo, int64_t block, fa_dtype dt, const void *x, void *y,
-                          int64_t rows, int64_t n);
+/* Softmax of rows (rows, n) of x at xr (API §6: where they lie, each row
+ * contiguous) into y, contiguous, device buffers of dtype dt (y may be x
+ * when x's rows are dense). */
+fa_status fa_cuda_softmax(fa_context *ctx, fa_softmax_algo algo, int64_t block, fa_dtype dt, const void *x,
+                          const fa_state_rows *xr, void *y, int64_t rows, int64_t n);
 int64_t fa_cuda_softmax_fused_max_n(fa_dtype dt);
 /* Elementwise work on device tensors (any strides; dst/r contiguous for binary). */
 fa_status fa_cuda_copy(fa_context *ctx, fa_tensor *dst, const fa_tensor *src);

@@ -1,7 +1,7 @@
-/* fa_softmax: check, take the rows where they lie (CPU: a tensor of the
- * compute dtype whose last dimension is contiguous, API §6) or as a
- * contiguous copy (cuda, another dtype), run that backend, deliver in x's
- * dtype. */
+/* fa_softmax: check, take the rows where they lie (a tensor of the compute
+ * dtype whose last dimension is contiguous, API §6) or as a contiguous copy
+ * (another dtype, or a last dimension with a stride), run that backend,
+ * deliver in x's dtype. */
 #include "check.h"
 
 #include <string.h>
@@ -24,22 +24,21 @@ static fa_dtype compute_dtype(const fa_tensor *x) {
 
 static fa_status run_backend(fa_context *ctx, const fa_softmax_opts *o, const fa_tensor *x, fa_tensor *src,
                              fa_tensor *dst, int64_t rows, int64_t n) {
-  if (x->storage->device == FA_CUDA)
-    return fa_cuda_softmax(ctx, o->algo, o->block, src->dtype, fa_tensor_ptr(src), fa_tensor_ptr(dst), rows, n);
   const fa_state_rows xr = fa_tensor_rows(src);
+  if (x->storage->device == FA_CUDA)
+    return fa_cuda_softmax(ctx, o->algo, o->block, src->dtype, fa_tensor_ptr(src), &xr, fa_tensor_ptr(dst), rows, n);
   return fa_cpu_softmax(ctx, o->algo, o->block, src->dtype, x->dtype, fa_tensor_ptr(src), &xr, fa_tensor_ptr(dst),
                         rows, n);
 }
 
-/* The rows as the backend reads them: on the CPU x itself (retained) when
- * it is of the compute dtype with its last dimension contiguous (its rows
- * at any strides), else a contiguous copy in that dtype; on cuda a
- * contiguous copy unless x is one. */
+/* The rows as the backend reads them: x itself (retained) when it is of
+ * the compute dtype with its last dimension contiguous (its rows at any
+ * strides), else a contiguous copy in that dtype (cuda computes in x's). */
 static fa_status rows_of(fa_context *ctx, fa_tensor *x, fa_dtype compute, fa_tensor **src) {
   const int64_t n = x->shape[x->ndim - 1];
-  if (x->storage->device == FA_CUDA) return fa_tensor_contiguous(ctx, x, src);
-  if (x->dtype != compute || (n > 1 && x->strides[x->ndim - 1] != 1))
-    return fa_tensor_cpu_contiguous(ctx, x, compute, src);
+  const int strided = n > 1 && x->strides[x->ndim - 1] != 1;
+  if (x->storage->device == FA_CUDA && strided) return fa_tensor_contiguous(ctx, x, src);
+  if (x->dtype != compute || strided) return fa_tensor_cpu_contiguous(ctx, x, compute, src);
   fa_tensor_retain(x);
   *src = x;
   return FA_OK;

@@ -13,7 +13,9 @@
  * Each thread folds what it holds in two steps, its maximum and then one
  * exponential an element, and f32 keeps those for the store (one multiply
  * an element there).  Anything the vector paths cannot take (misaligned
- * rows, f64) goes to the online kernels. */
+ * rows, f64) goes to the online kernels.  x's rows lie where the caller's
+ * tensor has them (API §6: any strides, each row contiguous; xr says
+ * where, fa_state_row); y is contiguous. */
 #include "async_copy.cuh"
 #include "common.cuh"
 #include "online_state.cuh"
@@ -26,6 +28,12 @@
 
 
 /* element types: Elem<T> (common.cuh) */
+
+/* Row r of x at xr (a contiguous x: one multiply; a view: its three strides). */
+template <typename T>
+static __device__ __forceinline__ const T *row_at(const T *x, const fa_state_rows &xr, int64_t r) {
+  return x + fa_state_row(&xr, r);
+}
 
 /* 16 bytes of T: the unit of every vector load and store. */
 template <typename T> struct __align__(16) Vec16 {
@@ -209,8 +217,8 @@ enum { PASS_NAIVE_SUM = 0, PASS_MAX, PASS_SUM, PASS_ONLINE, PASS_ONLINE_WIDE };
 /* One block per row (grid-stride over rows): the statistic of one pass.
  * PASS_NAIVE_SUM holds e^x in T, so f16 overflows past e^11.09. */
 template <typename T, int PASS>
-__global__ void __launch_bounds__(512) row_pass_kernel(const T *__restrict__ x, typename Elem<T>::acc *m, typename Elem<T>::acc *d,
-                                int64_t rows, int64_t n, int64_t block) {
+__global__ void __launch_bounds__(512) row_pass_kernel(const T *__restrict__ x, const fa_state_rows xr_at, typename Elem<T>::acc *m,
+                                typename Elem<T>::acc *d, int64_t rows, int64_t n, int64_t block) {
   typedef typename Elem<T>::acc A;
   /* PASS_ONLINE_WIDE: the online pass whose threads each fold a long
    * sequence (a small block: all of the row at block = 1), in a double
@@ -219,7 +227,7 @@ __global__ void __launch_bounds__(512) row_pass_kernel(const T *__restrict__ x, 
   typedef typename std::conditional<PASS == PASS_ONLINE_WIDE, double, A>::type W;
   __shared__ MD<W> scratch[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T *xr = x + r * n;
+    const T *xr = row_at(x, xr_at, r);
     MD<W> s = {-(W)INFINITY, (W)0};
     if constexpr (PASS == PASS_NAIVE_SUM) {
       s.m = 0;
@@ -267,13 +275,13 @@ __global__ void __launch_bounds__(512) row_pass_kernel(const T *__restrict__ x, 
 
 /* Elementwise normalisation with per-row statistics. */
 template <typename T, int NAIVE>
-__global__ void normalise_kernel(const T *__restrict__ x, T *__restrict__ y, const typename Elem<T>::acc *m,
-                                 const typename Elem<T>::acc *d, int64_t rows, int64_t n) {
+__global__ void normalise_kernel(const T *__restrict__ x, const fa_state_rows xr_at, T *__restrict__ y,
+                                 const typename Elem<T>::acc *m, const typename Elem<T>::acc *d, int64_t rows, int64_t n) {
   typedef typename Elem<T>::acc A;
   int64_t total = rows * n;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
     int64_t r = i / n;
-    A v = Elem<T>::load(x[i]);
+    A v = Elem<T>::load(row_at(x, xr_at, r)[i - r * n]);
     if (NAIVE) {
       y[i] = Elem<T>::store(Elem<T>::load(Elem<T>::store(fa_exp(v))) / d[r]);
     } else {
@@ -284,13 +292,14 @@ __global__ void normalise_kernel(const T *__restrict__ x, T *__restrict__ y, con
 }
 
 /* fused: the row in shared memory (as T), read from global memory once. */
-template <typename T> __global__ void __launch_bounds__(1024) fused_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows, int64_t n) {
+template <typename T> __global__ void __launch_bounds__(1024) fused_kernel(const T *__restrict__ x, const fa_state_rows xr_at, T *__restrict__ y,
+                                                                           int64_t rows, int64_t n) {
   typedef typename Elem<T>::acc A;
   extern __shared__ __align__(16) unsigned char fused_smem[];
   T *row = (T *)fused_smem;
   __shared__ MD<A> scratch[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T *xr = x + r * n;
+    const T *xr = row_at(x, xr_at, r);
     MD<A> s = {-(A)INFINITY, (A)0};
     A v[8];
     int k = 0;
@@ -309,14 +318,15 @@ template <typename T> __global__ void __launch_bounds__(1024) fused_kernel(const
 
 /* ---- auto, short rows: a warp per row, the row in registers ---- */
 template <typename T, int E>
-__global__ void warp_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows, int64_t n) {
+__global__ void warp_rows_kernel(const T *__restrict__ x, const fa_state_rows xr_at, T *__restrict__ y, int64_t rows,
+                                 int64_t n) {
   const int VN = Vec16<T>::N;
   constexpr bool KEEP = keeps_e<T>;
   int lane = threadIdx.x & 31;
   int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
   int64_t nvec = n / VN;
   for (int64_t r = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); r < rows; r += warps) {
-    const Vec16<T> *xr = (const Vec16<T> *)(x + r * n);
+    const Vec16<T> *xr = (const Vec16<T> *)row_at(x, xr_at, r);
     Vec16<T> *yr = (Vec16<T> *)(y + r * n);
     Vec16<T> buf[E];
     vec_load<T, E>(buf, xr, lane, 32, nvec);
@@ -387,8 +397,8 @@ static __device__ MD<float> merge_row(MD<float> s, int64_t w, int64_t r, int seg
 
 template <typename T, int E, int WARPS, int MODE>
 __global__ void __launch_bounds__(WARPS * 32, MODE == ITEM_ROW ? 1024 / (WARPS * 32) : 2)
-    block_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows, int64_t n, int segs,
-                      MD<float> *partials, unsigned *arrived) {
+    block_rows_kernel(const T *__restrict__ x, const fa_state_rows xr_at, T *__restrict__ y, int64_t rows, int64_t n,
+                      int segs, MD<float> *partials, unsigned *arrived) {
   const int VN = Vec16<T>::N, TH = WARPS * 32;
   constexpr bool KEEP = keeps_e<T> && MODE != ITEM_WRITE; /* ITEM_WRITE takes e from x at the store */
   __shared__ MD<float> scratch[32];
@@ -396,7 +406,7 @@ __global__ void __launch_bounds__(WARPS * 32, MODE == ITEM_ROW ? 1024 / (WARPS *
   const int64_t nvec = n / VN, seg_vecs = MODE == ITEM_ROW ? nvec : (int64_t)E * TH, items = rows * segs;
   for (int64_t w = blockIdx.x; w < items; w += gridDim.x) {
     const int64_t r = w / segs, lo = (w % segs) * seg_vecs, len = min(seg_vecs, nvec - lo);
-    const Vec16<T> *xr = (const Vec16<T> *)(x + r * n) + lo;
+    const Vec16<T> *xr = (const Vec16<T> *)row_at(x, xr_at, r) + lo;
     Vec16<T> *yr = (Vec16<T> *)(y + r * n) + lo;
     Vec16<T> buf[E];
     vec_load<T, E>(buf, xr, threadIdx.x, TH, len);
@@ -433,7 +443,8 @@ __global__ void __launch_bounds__(WARPS * 32, MODE == ITEM_ROW ? 1024 / (WARPS *
 enum { CLUSTER_E = 8, CLUSTER_MAX = 16 };
 template <typename T, int E, int TH, bool PIPE>
 __global__ void __launch_bounds__(TH, 1024 / TH)
-    cluster_rows_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t rows, int64_t n, int per_thread) {
+    cluster_rows_kernel(const T *__restrict__ x, const fa_state_rows xr_at, T *__restrict__ y, int64_t rows, int64_t n,
+                        int per_thread) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* clusters; the launcher takes this code only when built so */
   const int VN = Vec16<T>::N;
   constexpr bool KEEP = keeps_e<T>;
@@ -459,12 +470,12 @@ __global__ void __launch_bounds__(TH, 1024 / TH)
   cluster.sync(); /* every block's mbarriers are ready before any partial is sent */
   unsigned k = 0;
   if (PIPE && blockIdx.x / cl < rows) {
-    vec_prefetch<T, E>(stash, (const Vec16<T> *)(x + blockIdx.x / cl * n) + lo, threadIdx.x, TH, len);
+    vec_prefetch<T, E>(stash, (const Vec16<T> *)row_at(x, xr_at, blockIdx.x / cl) + lo, threadIdx.x, TH, len);
     cp_async_commit();
   }
   for (int64_t r = blockIdx.x / cl; r < rows; r += nclusters, k++) {
     const unsigned b = k & 1; /* a block may send row k+1's partial while others still merge row k */
-    const Vec16<T> *xr = (const Vec16<T> *)(x + r * n) + lo;
+    const Vec16<T> *xr = (const Vec16<T> *)row_at(x, xr_at, r) + lo;
     Vec16<T> *yr = (Vec16<T> *)(y + r * n) + lo;
     if (threadIdx.x == 0 && cl > 1) mbar_expect(smem_addr(&arrived[b]), cl * 8);
     Vec16<T> buf[E];
@@ -472,7 +483,8 @@ __global__ void __launch_bounds__(TH, 1024 / TH)
       cp_async_wait<0>();
       vec_load<T, E>(buf, stash, threadIdx.x, TH, len);
       __syncwarp(); /* orders these reads of the slots before the copies that overwrite them */
-      if (r + nclusters < rows) vec_prefetch<T, E>(stash, xr + nclusters * nvec, threadIdx.x, TH, len);
+      if (r + nclusters < rows)
+        vec_prefetch<T, E>(stash, (const Vec16<T> *)row_at(x, xr_at, r + nclusters) + lo, threadIdx.x, TH, len);
       cp_async_commit();
     } else { /* stash vector s: element TH·(E + s) + thread of the segment */
       for (int s = 0; s < S; s++)
@@ -517,8 +529,8 @@ static int grid_for_rows(int64_t rows) {
 }
 
 template <typename T>
-static fa_status seeds_passes(fa_context *ctx, fa_softmax_algo algo, int64_t block, const T *x, T *y, int64_t rows,
-                              int64_t n) {
+static fa_status seeds_passes(fa_context *ctx, fa_softmax_algo algo, int64_t block, const T *x, const fa_state_rows &xr,
+                              T *y, int64_t rows, int64_t n) {
   typedef typename Elem<T>::acc A;
   cudaStream_t st = fa_cuda_stream(ctx);
   fa_status status;
@@ -528,22 +540,22 @@ static fa_status seeds_passes(fa_context *ctx, fa_softmax_algo algo, int64_t blo
   A *m = (A *)stats, *d = m + rows;
   int grid = grid_for_rows(rows), threads = n >= 1024 ? 512 : n >= 256 ? 256 : 128;
   if (algo == FA_SOFTMAX_NAIVE) {
-    row_pass_kernel<T, PASS_NAIVE_SUM><<<grid, threads, 0, st>>>(x, m, d, rows, n, block);
+    row_pass_kernel<T, PASS_NAIVE_SUM><<<grid, threads, 0, st>>>(x, xr, m, d, rows, n, block);
   } else if (algo == FA_SOFTMAX_SAFE) {
-    row_pass_kernel<T, PASS_MAX><<<grid, threads, 0, st>>>(x, m, d, rows, n, block);
-    if (cudaPeekAtLastError() == cudaSuccess) row_pass_kernel<T, PASS_SUM><<<grid, threads, 0, st>>>(x, m, d, rows, n, block);
+    row_pass_kernel<T, PASS_MAX><<<grid, threads, 0, st>>>(x, xr, m, d, rows, n, block);
+    if (cudaPeekAtLastError() == cudaSuccess) row_pass_kernel<T, PASS_SUM><<<grid, threads, 0, st>>>(x, xr, m, d, rows, n, block);
   } else {
     const int64_t lanes = min(block, (int64_t)threads), per_thread = (n + lanes - 1) / lanes;
     constexpr int WIDE = std::is_same<A, double>::value ? PASS_ONLINE : PASS_ONLINE_WIDE; /* f64: double already */
-    if (per_thread > ONLINE_WIDE_AFTER) row_pass_kernel<T, WIDE><<<grid, threads, 0, st>>>(x, m, d, rows, n, block);
-    else row_pass_kernel<T, PASS_ONLINE><<<grid, threads, 0, st>>>(x, m, d, rows, n, block);
+    if (per_thread > ONLINE_WIDE_AFTER) row_pass_kernel<T, WIDE><<<grid, threads, 0, st>>>(x, xr, m, d, rows, n, block);
+    else row_pass_kernel<T, PASS_ONLINE><<<grid, threads, 0, st>>>(x, xr, m, d, rows, n, block);
   }
   cudaError_t err = cudaGetLastError();
   if (err == cudaSuccess) {
     int64_t total = rows * n, blocks = (total + 255) / 256;
     int g = (int)(blocks < 65535 * 8 ? blocks : 65535 * 8);
-    if (algo == FA_SOFTMAX_NAIVE) normalise_kernel<T, 1><<<g, 256, 0, st>>>(x, y, m, d, rows, n);
-    else normalise_kernel<T, 0><<<g, 256, 0, st>>>(x, y, m, d, rows, n);
+    if (algo == FA_SOFTMAX_NAIVE) normalise_kernel<T, 1><<<g, 256, 0, st>>>(x, xr, y, m, d, rows, n);
+    else normalise_kernel<T, 0><<<g, 256, 0, st>>>(x, xr, y, m, d, rows, n);
     err = cudaGetLastError();
   }
   /* the statistics are freed once the kernels that read them are done */
@@ -553,29 +565,32 @@ static fa_status seeds_passes(fa_context *ctx, fa_softmax_algo algo, int64_t blo
   return fa_cuda_error(ctx, err, "softmax kernels");
 }
 
-template <typename T> static fa_status fused(fa_context *ctx, const T *x, T *y, int64_t rows, int64_t n) {
+template <typename T>
+static fa_status fused(fa_context *ctx, const T *x, const fa_state_rows &xr, T *y, int64_t rows, int64_t n) {
   size_t smem = (size_t)n * sizeof(T);
   FA_CUDA_CHECK(ctx, cudaFuncSetAttribute(fused_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   int threads = n >= 4096 ? 1024 : n >= 512 ? 256 : 128;
-  fused_kernel<T><<<grid_for_rows(rows), threads, smem, fa_cuda_stream(ctx)>>>(x, y, rows, n);
+  fused_kernel<T><<<grid_for_rows(rows), threads, smem, fa_cuda_stream(ctx)>>>(x, xr, y, rows, n);
   FA_CUDA_CHECK_LAUNCH(ctx, "fused_kernel");
   return FA_OK;
 }
 
 template <typename T, int E>
-static fa_status warp_rows(fa_context *ctx, const fa_cuda_props &dp, const T *x, T *y, int64_t rows, int64_t n) {
+static fa_status warp_rows(fa_context *ctx, const fa_cuda_props &dp, const T *x, const fa_state_rows &xr, T *y,
+                           int64_t rows, int64_t n) {
   int64_t blocks = (rows + 7) / 8;
   int grid = (int)(blocks < (int64_t)dp.sms * 64 ? blocks : (int64_t)dp.sms * 64);
-  warp_rows_kernel<T, E><<<grid, 256, 0, fa_cuda_stream(ctx)>>>(x, y, rows, n);
+  warp_rows_kernel<T, E><<<grid, 256, 0, fa_cuda_stream(ctx)>>>(x, xr, y, rows, n);
   FA_CUDA_CHECK_LAUNCH(ctx, "warp_rows_kernel");
   return FA_OK;
 }
 
 template <typename T, int E, int WARPS>
-static fa_status block_rows(fa_context *ctx, const fa_cuda_props &dp, const T *x, T *y, int64_t rows, int64_t n) {
+static fa_status block_rows(fa_context *ctx, const fa_cuda_props &dp, const T *x, const fa_state_rows &xr, T *y,
+                            int64_t rows, int64_t n) {
   int64_t cap = (int64_t)dp.sms * (2048 / (WARPS * 32)) * 4;
   int grid = (int)(rows < cap ? rows : cap);
-  block_rows_kernel<T, E, WARPS, ITEM_ROW><<<grid, WARPS * 32, 0, fa_cuda_stream(ctx)>>>(x, y, rows, n, 1, NULL, NULL);
+  block_rows_kernel<T, E, WARPS, ITEM_ROW><<<grid, WARPS * 32, 0, fa_cuda_stream(ctx)>>>(x, xr, y, rows, n, 1, NULL, NULL);
   FA_CUDA_CHECK_LAUNCH(ctx, "block_rows_kernel");
   return FA_OK;
 }
@@ -585,7 +600,8 @@ static fa_status block_rows(fa_context *ctx, const fa_cuda_props &dp, const T *x
  * that or the GPU is shared, in two launches (ITEM_STATS, ITEM_WRITE). */
 enum { SPLIT_E = 8, SPLIT_WARPS = 16 };
 template <typename T>
-static fa_status split_rows(fa_context *ctx, const fa_cuda_props &dp, const T *x, T *y, int64_t rows, int64_t n) {
+static fa_status split_rows(fa_context *ctx, const fa_cuda_props &dp, const T *x, const fa_state_rows &xr, T *y,
+                            int64_t rows, int64_t n) {
   const int threads = SPLIT_WARPS * 32;
   const int64_t nvec = n / (16 / sizeof(T)), seg_vecs = (int64_t)SPLIT_E * threads;
   const int64_t segs = (nvec + seg_vecs - 1) / seg_vecs, items = rows * segs;
@@ -611,7 +627,8 @@ static fa_status split_rows(fa_context *ctx, const fa_cuda_props &dp, const T *x
     int grid = (int)(items < resident ? items : resident);
     err = cudaMemsetAsync(arrived, 0, cbytes, stream);
     if (err == cudaSuccess) {
-      void *args[] = {(void *)&x, (void *)&y, (void *)&rows, (void *)&n, (void *)&isegs, (void *)&pp, (void *)&ap};
+      void *args[] = {(void *)&x,    (void *)&xr,    (void *)&y,  (void *)&rows,
+                      (void *)&n,    (void *)&isegs, (void *)&pp, (void *)&ap};
       err = cudaLaunchCooperativeKernel((const void *)block_rows_kernel<T, SPLIT_E, SPLIT_WARPS, ITEM_SEGMENT>,
                                         dim3(grid), dim3(threads), args, 0, stream);
     }
@@ -621,10 +638,10 @@ static fa_status split_rows(fa_context *ctx, const fa_cuda_props &dp, const T *x
     /* too long for one wave, other work holds part of the GPU, or no cooperative launch here */
     (void)cudaGetLastError();
     int grid = (int)(items < (int64_t)dp.sms * 64 ? items : (int64_t)dp.sms * 64);
-    block_rows_kernel<T, SPLIT_E, SPLIT_WARPS, ITEM_STATS><<<grid, threads, 0, stream>>>(x, y, rows, n, isegs, pp, NULL);
+    block_rows_kernel<T, SPLIT_E, SPLIT_WARPS, ITEM_STATS><<<grid, threads, 0, stream>>>(x, xr, y, rows, n, isegs, pp, NULL);
     err = cudaGetLastError();
     if (err == cudaSuccess) {
-      block_rows_kernel<T, SPLIT_E, SPLIT_WARPS, ITEM_WRITE><<<grid, threads, 0, stream>>>(x, y, rows, n, isegs, pp, NULL);
+      block_rows_kernel<T, SPLIT_E, SPLIT_WARPS, ITEM_WRITE><<<grid, threads, 0, stream>>>(x, xr, y, rows, n, isegs, pp, NULL);
       err = cudaGetLastError();
     }
   }
@@ -672,8 +689,9 @@ static int plan_cluster(int64_t nvec, int elem, int smem_optin, cluster_plan *pl
 /* Launches the rows on clusters of pl when the GPU can hold such a cluster
  * (*taken = 1); else leaves them to the caller (*taken = 0). */
 template <typename T, int TH, bool PIPE>
-static fa_status cluster_launch(fa_context *ctx, const T *x, T *y, int64_t rows, int64_t n, cluster_plan pl, int *taken) {
-  void (*fn)(const T *, T *, int64_t, int64_t, int) = cluster_rows_kernel<T, CLUSTER_E, TH, PIPE>;
+static fa_status cluster_launch(fa_context *ctx, const T *x, const fa_state_rows &xr, T *y, int64_t rows, int64_t n,
+                                cluster_plan pl, int *taken) {
+  void (*fn)(const T *, const fa_state_rows, T *, int64_t, int64_t, int) = cluster_rows_kernel<T, CLUSTER_E, TH, PIPE>;
   if (cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem) != cudaSuccess ||
       (pl.cl > 8 && cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)) {
     (void)cudaGetLastError(); /* more shared memory or a larger cluster than this GPU allows */
@@ -695,55 +713,57 @@ static fa_status cluster_launch(fa_context *ctx, const T *x, T *y, int64_t rows,
     return FA_OK;
   }
   cfg.gridDim = dim3((unsigned)(min(rows, (int64_t)active) * pl.cl)); /* resident clusters, a row at a time each */
-  FA_CUDA_CHECK(ctx, cudaLaunchKernelEx(&cfg, fn, x, y, rows, n, pl.per_thread));
+  FA_CUDA_CHECK(ctx, cudaLaunchKernelEx(&cfg, fn, x, xr, y, rows, n, pl.per_thread));
   *taken = 1;
   return FA_OK;
 }
 
 template <typename T>
-static fa_status cluster_rows(fa_context *ctx, const fa_cuda_props &dp, const T *x, T *y, int64_t rows, int64_t n,
-                              int *taken) {
+static fa_status cluster_rows(fa_context *ctx, const fa_cuda_props &dp, const T *x, const fa_state_rows &xr, T *y,
+                              int64_t rows, int64_t n, int *taken) {
   cluster_plan pl;
   *taken = 0;
   if (!dp.sm90_code || !plan_cluster(n / (16 / sizeof(T)), (int)sizeof(T), dp.smem_optin - 1024, &pl)) return FA_OK;
   if constexpr (sizeof(T) == 2) /* PIPE only for 2-byte elements */
-    if (pl.pipe) return cluster_launch<T, 1024, true>(ctx, x, y, rows, n, pl, taken);
-  return pl.threads == 512 ? cluster_launch<T, 512, false>(ctx, x, y, rows, n, pl, taken)
-                           : cluster_launch<T, 1024, false>(ctx, x, y, rows, n, pl, taken);
+    if (pl.pipe) return cluster_launch<T, 1024, true>(ctx, x, xr, y, rows, n, pl, taken);
+  return pl.threads == 512 ? cluster_launch<T, 512, false>(ctx, x, xr, y, rows, n, pl, taken)
+                           : cluster_launch<T, 1024, false>(ctx, x, xr, y, rows, n, pl, taken);
 }
 
 template <typename T>
-static fa_status softmax_typed(fa_context *ctx, fa_softmax_algo algo, int64_t block, const T *x, T *y, int64_t rows,
-                               int64_t n) {
+static fa_status softmax_typed(fa_context *ctx, fa_softmax_algo algo, int64_t block, const T *x, const fa_state_rows &xr,
+                               T *y, int64_t rows, int64_t n) {
   fa_cuda_props dp;
   fa_status st = fa_cuda_device_props(ctx, &dp);
   if (st) return st;
   if (block <= 0) block = 1024;
-  if (algo == FA_SOFTMAX_FUSED) return fused<T>(ctx, x, y, rows, n);
-  if (algo != FA_SOFTMAX_AUTO) return seeds_passes<T>(ctx, algo, block, x, y, rows, n);
+  if (algo == FA_SOFTMAX_FUSED) return fused<T>(ctx, x, xr, y, rows, n);
+  if (algo != FA_SOFTMAX_AUTO) return seeds_passes<T>(ctx, algo, block, x, xr, y, rows, n);
   const int64_t VN = 16 / sizeof(T);
   int aligned = n % VN == 0 && ((uintptr_t)x % 16) == 0 && ((uintptr_t)y % 16) == 0;
+  for (int i = 0; i < 3; i++) /* every row of x starts on 16 bytes */
+    if (xr.size[i] > 1 && xr.stride[i] % VN) aligned = 0;
   if constexpr (sizeof(T) < 8) { /* f64 rows take the online kernels */
-    if (!aligned) return seeds_passes<T>(ctx, FA_SOFTMAX_ONLINE, block, x, y, rows, n);
+    if (!aligned) return seeds_passes<T>(ctx, FA_SOFTMAX_ONLINE, block, x, xr, y, rows, n);
     int64_t nvec = n / VN;
-    if (nvec <= 32) return warp_rows<T, 1>(ctx, dp, x, y, rows, n);
-    if (nvec <= 64) return warp_rows<T, 2>(ctx, dp, x, y, rows, n);
-    if (nvec <= 128) return warp_rows<T, 4>(ctx, dp, x, y, rows, n);
-    if (nvec <= 256) return warp_rows<T, 8>(ctx, dp, x, y, rows, n);
+    if (nvec <= 32) return warp_rows<T, 1>(ctx, dp, x, xr, y, rows, n);
+    if (nvec <= 64) return warp_rows<T, 2>(ctx, dp, x, xr, y, rows, n);
+    if (nvec <= 128) return warp_rows<T, 4>(ctx, dp, x, xr, y, rows, n);
+    if (nvec <= 256) return warp_rows<T, 8>(ctx, dp, x, xr, y, rows, n);
     /* rows that fill the GPU: a block per row with the row in registers */
     if (rows >= 2 * (int64_t)dp.sms) {
-      if (nvec <= 512) return block_rows<T, 8, 2>(ctx, dp, x, y, rows, n);
-      if (nvec <= 1024) return block_rows<T, 8, 4>(ctx, dp, x, y, rows, n);
-      if (nvec <= 2048) return block_rows<T, 8, 8>(ctx, dp, x, y, rows, n);
-      if (nvec <= 4096) return block_rows<T, 8, 16>(ctx, dp, x, y, rows, n);
-      if (nvec <= 8192) return block_rows<T, 8, 32>(ctx, dp, x, y, rows, n);
+      if (nvec <= 512) return block_rows<T, 8, 2>(ctx, dp, x, xr, y, rows, n);
+      if (nvec <= 1024) return block_rows<T, 8, 4>(ctx, dp, x, xr, y, rows, n);
+      if (nvec <= 2048) return block_rows<T, 8, 8>(ctx, dp, x, xr, y, rows, n);
+      if (nvec <= 4096) return block_rows<T, 8, 16>(ctx, dp, x, xr, y, rows, n);
+      if (nvec <= 8192) return block_rows<T, 8, 32>(ctx, dp, x, xr, y, rows, n);
     }
     int taken = 0;
-    fa_status cst = cluster_rows<T>(ctx, dp, x, y, rows, n, &taken);
-    return cst || taken ? cst : split_rows<T>(ctx, dp, x, y, rows, n);
+    fa_status cst = cluster_rows<T>(ctx, dp, x, xr, y, rows, n, &taken);
+    return cst || taken ? cst : split_rows<T>(ctx, dp, x, xr, y, rows, n);
   }
   (void)aligned;
-  return seeds_passes<T>(ctx, FA_SOFTMAX_ONLINE, block, x, y, rows, n);
+  return seeds_passes<T>(ctx, FA_SOFTMAX_ONLINE, block, x, xr, y, rows, n);
 }
 
 extern "C" int64_t fa_cuda_softmax_fused_max_n(fa_dtype dt) {
@@ -753,14 +773,14 @@ extern "C" int64_t fa_cuda_softmax_fused_max_n(fa_dtype dt) {
 }
 
 extern "C" fa_status fa_cuda_softmax(fa_context *ctx, fa_softmax_algo algo, int64_t block, fa_dtype dt,
-                                     const void *x, void *y, int64_t rows, int64_t n) {
+                                     const void *x, const fa_state_rows *xr, void *y, int64_t rows, int64_t n) {
   if (rows == 0 || n == 0) return FA_OK;
   switch (dt) {
-  case FA_F32: return softmax_typed<float>(ctx, algo, block, (const float *)x, (float *)y, rows, n);
-  case FA_F16: return softmax_typed<__half>(ctx, algo, block, (const __half *)x, (__half *)y, rows, n);
+  case FA_F32: return softmax_typed<float>(ctx, algo, block, (const float *)x, *xr, (float *)y, rows, n);
+  case FA_F16: return softmax_typed<__half>(ctx, algo, block, (const __half *)x, *xr, (__half *)y, rows, n);
   case FA_BF16:
-    return softmax_typed<__nv_bfloat16>(ctx, algo, block, (const __nv_bfloat16 *)x, (__nv_bfloat16 *)y, rows, n);
-  case FA_F64: return softmax_typed<double>(ctx, algo, block, (const double *)x, (double *)y, rows, n);
+    return softmax_typed<__nv_bfloat16>(ctx, algo, block, (const __nv_bfloat16 *)x, *xr, (__nv_bfloat16 *)y, rows, n);
+  case FA_F64: return softmax_typed<double>(ctx, algo, block, (const double *)x, *xr, (double *)y, rows, n);
   default: return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: softmax: dtype %s has no CUDA kernel", fa_dtype_name(dt));
   }
 }

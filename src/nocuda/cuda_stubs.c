@@ -74,9 +74,9 @@ fa_status fa_cuda_event_wait(fa_context *ctx, void *ev) {
   return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
 }
 
-fa_status fa_cuda_softmax(fa_context *ctx, fa_softmax_algo algo, int64_t block, fa_dtype dt, const void *x, void *y,
-                          int64_t rows, int64_t n) {
-  (void)algo, (void)block, (void)dt, (void)x, (void)y, (void)rows, (void)n;
+fa_status fa_cuda_softmax(fa_context *ctx, fa_softmax_algo algo, int64_t block, fa_dtype dt, const void *x,
+                          const fa_state_rows *xr, void *y, int64_t rows, int64_t n) {
+  (void)algo, (void)block, (void)dt, (void)x, (void)xr, (void)y, (void)rows, (void)n;
   return fa_fail(ctx, FA_ERR_DEVICE, FA_NO_CUDA_MSG);
 }
 
