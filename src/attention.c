@@ -499,6 +499,35 @@ done:
   return st;
 }
 
+fa_status fa_attention_cpu_pages(fa_context *ctx, fa_tensor *q, fa_tensor *kpool, fa_tensor *vpool,
+                                 const fa_attn_pages *pg, const fa_attention_opts *o, const fa_attn_dims *d,
+                                 fa_tensor **out, fa_tensor **lse) {
+  fa_attn_buffers bufs = {0};
+  fa_attn_problem p;
+  const int want_lse = o->return_lse || lse != NULL || o->lse_out;
+  const fa_dtype compute = d->dtype == FA_F64 ? FA_F64 : FA_F32;
+  fa_status st;
+  /* the pools as k and v: their heads and rows as a page's, the page itself from pg */
+  if ((st = build_problem(ctx, q, kpool, vpool, o, d, compute, d->dtype, d->dtype, &p, &bufs)) ||
+      (st = prepare_outputs(ctx, o, d, want_lse, o->out, o->lse_out, FA_F32, &p, &bufs)))
+    goto done;
+  p.k_st = (fa_attn_strides){0, pg->page_size * d->D, d->D};
+  p.v_st = (fa_attn_strides){0, pg->page_size * d->Dv, d->Dv};
+  p.pages = pg;
+  if (d->B * d->Hq * d->Lq == 0) {
+  } else if (d->Lk == 0) {
+    fill_empty(&p);
+  } else {
+    st = fa_cpu_attention(ctx, d->algo, &p);
+  }
+  if (!st)
+    st = fa_attn_deliver(ctx, q, 4, d->Dv, bufs.o, want_lse ? bufs.lse : NULL, o->out, o->lse_out, d->dtype, FA_F32,
+                         FA_CPU, out, lse);
+done:
+  fa_attn_buffers_drop(ctx, &bufs);
+  return st;
+}
+
 /* reference: fa_attention_reference.  piece_base >= 0: an opts.splits
  * piece on the keys from piece_base (a view; src/splits.c): its lse in f64
  * on the CPU, and for f32 on cuda (the public call's lse is f32, API §2; the

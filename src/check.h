@@ -84,6 +84,13 @@ typedef struct {
  * fa_attn_decode_takes accepts; o checked (no mask, kv_lens, tile). */
 fa_status fa_attention_paged(fa_context *ctx, fa_tensor *q, const fa_attn_paged_kv *kv, const fa_attention_opts *o,
                              const fa_attn_dims *d, fa_tensor **out, fa_tensor **lse);
+/* The same on the CPU, where the kernels "flash", "two_pass" and "naive"
+ * (d->algo) read the pools (pages, Hkv, page_size, D | Dv) through the
+ * host table of pg, each sequence a call over its own keys; o as above,
+ * and no splits. */
+fa_status fa_attention_cpu_pages(fa_context *ctx, fa_tensor *q, fa_tensor *kpool, fa_tensor *vpool,
+                                 const fa_attn_pages *pg, const fa_attention_opts *o, const fa_attn_dims *d,
+                                 fa_tensor **out, fa_tensor **lse);
 /* `reference`: the call computes in f64 whatever the inputs (the scale's
  * f32 range does not apply). */
 fa_status fa_check_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *o,

@@ -154,6 +154,18 @@ void fa_iter_next(fa_iter *it);
 typedef struct {
   int64_t b, h, s;
 } fa_attn_strides;
+/* The CPU kernels' keys and values through a paged cache's table (API §8,
+ * kv_cache attend): key j of batch b is row j % page_size of page
+ * table[b·max_pages + j / page_size] (host), whose rows start page·k_page
+ * (v_page) elements into the pool p->k (p->v), k_st.h (v_st.h) and .s the
+ * head and row strides within a page.  Sequence b has lens[b] keys, and
+ * the kernels run it as a call of its own over them (p->Lk: the longest),
+ * so that every rule counts from its own end (bottom-right causal, the
+ * window, alibi) or start (top_left). */
+typedef struct fa_attn_pages {
+  const int64_t *table, *lens;
+  int64_t max_pages, page_size, k_page, v_page;
+} fa_attn_pages;
 typedef struct {
   int64_t B, Hq, Hkv, Lq, Lk, D, Dv;
   double scale;
@@ -216,6 +228,8 @@ typedef struct {
   /* CPU "flash" and "two_pass": the call's opts.block_mask (checked to fit
    * its sizes and tile), or NULL */
   const fa_block_mask *block_mask;
+  /* CPU "flash", "two_pass" and "naive": k and v through a paged cache, or NULL */
+  const fa_attn_pages *pages;
 } fa_attn_problem;
 
 /* Strides of contiguous (B, H, L, X) buffers for q, k, v, o (X = D or Dv)

@@ -11,8 +11,9 @@ typedef struct {
   int64_t *lo, *hi;     /* per row: key range */
   /* operands of another dtype (p->storage, stage.h): the tile's query rows
    * (Br x D), the key tile's keys (Bc x D) and values (Bc x Dv) widened;
-   * NULL when p->storage is REAL.  The running output rows (Br x Dv) when
-   * p->o_dtype is another; else NULL */
+   * NULL when p->storage is REAL (the keys and values also staged, page by
+   * page, when they lie in a paged cache: p->pages).  The running output
+   * rows (Br x Dv) when p->o_dtype is another; else NULL */
   REAL *qs, *ks, *vs, *os;
 } FA_R(qtile_ws);
 
@@ -34,6 +35,7 @@ typedef struct {
 typedef void (*FA_R(qtile_fn))(const fa_attn_problem *p, const FA_R(qtile) *t, const FA_R(qtile_ws) *w);
 
 static inline int FA_R(qtile_staged)(const fa_attn_problem *p) { return p->storage != p->compute; }
+static inline int FA_R(qtile_staged_kv)(const fa_attn_problem *p) { return FA_R(qtile_staged)(p) || p->pages; }
 static inline int FA_R(qtile_staged_out)(const fa_attn_problem *p) { return p->o_dtype != p->compute; }
 
 /* 0 when it does not fit a size_t (naive's tiles are whole heads). */
@@ -43,10 +45,10 @@ static size_t FA_R(qtile_ws_bytes)(const fa_attn_problem *p) {
   size_t bytes = fa_attn_bytes(br * bc, sizeof(REAL)) + 3 * fa_attn_bytes(br, sizeof(REAL)) +
                  2 * fa_attn_bytes(br, sizeof(int64_t));
   const double staged = ((double)br + (double)bc) * (double)(p->D + p->Dv) * sizeof(REAL) + 4 * 64;
-  if ((FA_R(qtile_staged)(p) || FA_R(qtile_staged_out)(p)) && staged > (double)(SIZE_MAX / 4)) return 0;
-  if (FA_R(qtile_staged)(p))
-    bytes += fa_attn_bytes(br * (size_t)p->D, sizeof(REAL)) + fa_attn_bytes(bc * (size_t)p->D, sizeof(REAL)) +
-             fa_attn_bytes(bc * (size_t)p->Dv, sizeof(REAL));
+  if ((FA_R(qtile_staged_kv)(p) || FA_R(qtile_staged_out)(p)) && staged > (double)(SIZE_MAX / 4)) return 0;
+  if (FA_R(qtile_staged)(p)) bytes += fa_attn_bytes(br * (size_t)p->D, sizeof(REAL));
+  if (FA_R(qtile_staged_kv)(p))
+    bytes += fa_attn_bytes(bc * (size_t)p->D, sizeof(REAL)) + fa_attn_bytes(bc * (size_t)p->Dv, sizeof(REAL));
   if (FA_R(qtile_staged_out)(p)) bytes += fa_attn_bytes(br * (size_t)p->Dv, sizeof(REAL));
   return bytes;
 }
@@ -60,8 +62,8 @@ static FA_R(qtile_ws) FA_R(qtile_ws_carve)(const fa_attn_problem *p, char *at) {
   w.alpha = (REAL *)at, at += fa_attn_bytes(br, sizeof(REAL));
   w.lo = (int64_t *)at, at += fa_attn_bytes(br, sizeof(int64_t));
   w.hi = (int64_t *)at, at += fa_attn_bytes(br, sizeof(int64_t));
-  if (FA_R(qtile_staged)(p)) {
-    w.qs = (REAL *)at, at += fa_attn_bytes(br * (size_t)p->D, sizeof(REAL));
+  if (FA_R(qtile_staged)(p)) w.qs = (REAL *)at, at += fa_attn_bytes(br * (size_t)p->D, sizeof(REAL));
+  if (FA_R(qtile_staged_kv)(p)) {
     w.ks = (REAL *)at, at += fa_attn_bytes(bc * (size_t)p->D, sizeof(REAL));
     w.vs = (REAL *)at, at += fa_attn_bytes(bc * (size_t)p->Dv, sizeof(REAL));
   }
@@ -98,11 +100,31 @@ static FA_R(qtile) FA_R(qtile_begin)(const fa_attn_problem *p, int64_t b, int64_
   return t;
 }
 
-/* Keys (or values: x = t->v, width Dv) j0..j0+n-1 of the tile's head as
- * REAL rows *ld apart: where they lie, or widened into the workspace's
- * buf (which holds them until the next call for that buffer). */
-static const REAL *FA_R(qtile_rows)(const fa_attn_problem *p, const void *x, int64_t ldx, int64_t width, REAL *buf,
-                                    int64_t j0, int64_t n, int64_t *ld) {
+/* Keys (values: width Dv) j0..j0+n-1 of the tile's head as REAL rows *ld
+ * apart: where they lie, or widened into the workspace's buf (which holds
+ * them until the next call for that buffer); from a paged cache, where
+ * they lie when they are REAL within one page, else copied into buf a run
+ * of rows a page. */
+static const REAL *FA_R(qtile_rows)(const fa_attn_problem *p, const FA_R(qtile) *t, int values, REAL *buf, int64_t j0,
+                                    int64_t n, int64_t *ld) {
+  const void *x = values ? t->v : t->k;
+  const int64_t ldx = values ? p->v_st.s : p->k_st.s, width = values ? p->Dv : p->D;
+  const fa_attn_pages *pg = p->pages;
+  if (pg) {
+    const int64_t *page = pg->table + t->b * pg->max_pages, page_elems = values ? pg->v_page : pg->k_page;
+    if (p->storage == p->compute && j0 / pg->page_size == (j0 + n - 1) / pg->page_size) {
+      *ld = ldx;
+      return fa_cpu_elem(x, p->storage, page[j0 / pg->page_size] * page_elems + j0 % pg->page_size * ldx);
+    }
+    for (int64_t j = j0; j < j0 + n;) {
+      const int64_t off = j % pg->page_size, left = pg->page_size - off, run = left < j0 + n - j ? left : j0 + n - j;
+      const void *rows = fa_cpu_elem(x, p->storage, page[j / pg->page_size] * page_elems + off * ldx);
+      fa_cpu_stage_rows(p->compute, buf + (j - j0) * width, width, p->storage, rows, ldx, run, width);
+      j += run;
+    }
+    *ld = width;
+    return buf;
+  }
   const void *at = fa_cpu_elem(x, p->storage, j0 * ldx);
   if (!buf) {
     *ld = ldx;
@@ -141,7 +163,7 @@ static inline int FA_R(qtile_block)(const fa_attn_problem *p, const FA_R(qtile) 
 static void FA_R(qtile_scores)(const fa_attn_problem *p, const FA_R(qtile) *t, const FA_R(qtile_ws) *w, int64_t j0,
                                int64_t n) {
   int64_t ldk;
-  const REAL *k = FA_R(qtile_rows)(p, t->k, p->k_st.s, p->D, w->ks, j0, n, &ldk);
+  const REAL *k = FA_R(qtile_rows)(p, t, 0, w->ks, j0, n, &ldk);
   FA_GEMM(1, t->rows, n, p->D, t->q, t->ldq, k, ldk, 0, w->s, p->tile_k);
   for (int64_t r = 0; r < t->rows; r++)
     FA_R(fa_attn_scores)(p, t->b, t->h, t->i0 + r, j0, n, w->lo[r], w->hi[r], w->s + r * p->tile_k);
@@ -169,13 +191,12 @@ static int FA_R(qtile_touches)(const fa_attn_problem *p, const FA_R(qtile) *t, c
 }
 
 /* Output rows += P·V for keys [j0, j0 + n), P in w->s (row stride ld);
- * after the qtile_scores of the same keys (whose staged keys the rare path
- * reads). */
+ * after the qtile_scores of the same keys (the rare path takes them again). */
 static void FA_R(qtile_pv)(const fa_attn_problem *p, const FA_R(qtile) *t, const FA_R(qtile_ws) *w, int64_t ld,
                            int64_t j0, int64_t n) {
   const int64_t Dv = p->Dv, ldo = t->ldo;
   int64_t ldv;
-  const REAL *v = FA_R(qtile_rows)(p, t->v, p->v_st.s, Dv, w->vs, j0, n, &ldv);
+  const REAL *v = FA_R(qtile_rows)(p, t, 1, w->vs, j0, n, &ldv);
   if (FA_R(rows_finite)(v, n, Dv, ldv)) {
     FA_GEMM(0, t->rows, Dv, n, w->s, ld, v, ldv, 1, t->o, ldo);
     return;
@@ -183,8 +204,8 @@ static void FA_R(qtile_pv)(const fa_attn_problem *p, const FA_R(qtile) *t, const
   /* A NaN or inf value must reach exactly the rows that attend its key,
    * but in a gemm a masked key's zero weight times NaN is NaN too: loops
    * that skip the zero weights of keys the row does not attend. */
-  const REAL *k = w->ks ? w->ks : (const REAL *)fa_cpu_elem(t->k, p->storage, j0 * p->k_st.s);
-  const int64_t ldk = w->ks ? p->D : p->k_st.s;
+  int64_t ldk;
+  const REAL *k = FA_R(qtile_rows)(p, t, 0, w->ks, j0, n, &ldk);
   for (int64_t r = 0; r < t->rows; r++)
     for (int64_t j = 0; j < n; j++) {
       const REAL pj = w->s[r * ld + j];
@@ -206,9 +227,15 @@ static fa_status FA_R(qtile_run)(fa_context *ctx, const fa_attn_problem *p, FA_R
      * handing them out early evens out the dynamic schedule. */
 #pragma omp for schedule(dynamic)
     for (int64_t it = 0; it < items; it++) {
-      const int64_t bh = it / tiles, i0 = (tiles - 1 - it % tiles) * Br;
-      const FA_R(qtile) t = FA_R(qtile_begin)(p, bh / p->Hq, bh % p->Hq, i0, p->Lq - i0 < Br ? p->Lq - i0 : Br, &w);
-      fn(p, &t, &w);
+      const int64_t bh = it / tiles, b = bh / p->Hq, i0 = (tiles - 1 - it % tiles) * Br;
+      fa_attn_problem seq;
+      const fa_attn_problem *pb = p;
+      if (p->pages) { /* a paged cache's sequence: a call of its own over its keys */
+        seq = *p, seq.Lk = p->pages->lens[b];
+        pb = &seq;
+      }
+      const FA_R(qtile) t = FA_R(qtile_begin)(pb, b, bh % p->Hq, i0, p->Lq - i0 < Br ? p->Lq - i0 : Br, &w);
+      fn(pb, &t, &w);
       if (w.os) fa_cpu_stage_rows(p->o_dtype, t.out, p->o_st.s, p->compute, t.o, t.ldo, t.rows, p->Dv);
     }
   }

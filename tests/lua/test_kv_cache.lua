@@ -161,10 +161,11 @@ function TestKVCache:test_options()
   lu.assertStrContains(err, "dtype")
 end
 
--- The calls the decode kernel does not take (every call on the cpu; on cuda D = 48, Lq = 20) gather the
--- sequences into contiguous K and V and make one call over the batch: the lengths as key padding where they
--- are equal or align no rule, else each sequence's keys at the end and a bool mask of them (a call a sequence
--- with top_left causal).  Every path, GQA, lse, out; NaN left in freed pages is never read.
+-- The calls the decode kernel does not take on cuda (D = 48, Lq = 20) gather the sequences into contiguous K
+-- and V and make one call over the batch: the lengths as key padding where they are equal or align no rule,
+-- else each sequence's keys at the end and a bool mask of them (a call a sequence with top_left causal).  On
+-- the cpu every call but those with splits reads the pages through the table, each sequence a call over its
+-- own keys.  Every path, GQA, lse, out; NaN left in freed pages is never read.
 function TestKVCache:test_gathered_calls()
   local B, H, Hq, D, cap = 3, 2, 4, 48, 64
   for _, dtype in ipairs(U.dtypes) do
@@ -206,6 +207,41 @@ function TestKVCache:test_gathered_calls()
     local ro, rl = cache:attend(q, {causal = true, return_lse = true})
     U.assert_close(out, ro, dtype, "out")
     U.assert_lse(lse_out, rl, dtype, "lse_out")
+  end
+end
+
+-- On the cpu attend reads the pools through the page table (no gather): the same bits as fa.attention on
+-- the sequences' keys and values held contiguous, pages of any size (keys within one page read where they
+-- lie), f32 and f16; and the engine memory a call holds does not grow with the cache's length.
+function TestKVCache:test_cpu_reads_pages()
+  if dev ~= "cpu" then return end
+  local B, H, Hq, D = 2, 2, 4, 16
+  for _, dtype in ipairs({"f32", "f16"}) do
+    for _, ps in ipairs({1, 3, 16, 256}) do
+      local cache <close> = fa.kv_cache{batch = B, heads = H, dim = D, capacity = 256, page_size = ps, dtype = dtype}
+      local k, v = U.randn({B, H, 200, D}, dtype), U.randn({B, H, 200, D}, dtype)
+      cache:append(k:narrow(3, 1, 150), v:narrow(3, 1, 150))
+      cache:append(k:narrow(3, 151, 50), v:narrow(3, 151, 50))
+      for _, opts in ipairs({{}, {causal = true}, {window = {30, 0}, alibi = {0.5, 0.25, 0.125, 0.0625}}}) do
+        for _, Lq in ipairs({1, 7}) do
+          local q = U.randn({B, Hq, Lq, D}, dtype)
+          local o = cache:attend(q, U.copy_opts(opts, nil))
+          local want = fa.attention(q, k, v, U.copy_opts(opts, nil))
+          lu.assertEquals(fa.max_abs_diff(o, want), 0, ("%s pages of %d Lq %d"):format(dtype, ps, Lq))
+        end
+      end
+    end
+    local function peak_of(len)
+      local cache <close> = fa.kv_cache{batch = B, heads = H, dim = D, capacity = len, page_size = 16, dtype = dtype}
+      cache:append(U.randn({B, H, len, D}, dtype), U.randn({B, H, len, D}, dtype))
+      local q = U.randn({B, Hq, 1, D}, dtype)
+      collectgarbage()
+      local before = U.mem_current()
+      fa.reset_peak()
+      local o = cache:attend(q)
+      return fa.memory().peak - before, o
+    end
+    lu.assertEquals(peak_of(4096), peak_of(256), dtype .. ": attend's memory grows with the cache")
   end
 end
 
