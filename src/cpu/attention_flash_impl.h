@@ -25,5 +25,5 @@ static void FA_R(flash_tile)(const fa_attn_problem *p0, const FA_R(qtile) *t, co
     }
     FA_R(qtile_pv)(p, t, w, Bc, j0, n);
   }
-  FA_R(fa_attn_finish)(t->o, ldo, t->rows, Dv, w->m, w->l, t->lse, p0->lse_st.s);
+  FA_R(qtile_finish)(p0, t, w, 1);
 }

@@ -20,5 +20,5 @@ static void FA_R(naive_head)(const fa_attn_problem *p, const FA_R(qtile) *t, con
     }
     FA_R(qtile_pv)(p, t, w, ld, t->ulo, n);
   }
-  FA_R(fa_attn_lse)(w->m, w->l, t->rows, t->lse, p->lse_st.s);
+  FA_R(qtile_finish)(p, t, w, 0);
 }

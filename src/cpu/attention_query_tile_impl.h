@@ -1,9 +1,12 @@
 /* What flash, two_pass and naive share, for one compute type: a work item
- * is a query tile (Br = tile_q rows of one batch and head); each thread
- * owns a workspace of the tile's size; key tiles of Bc = tile_k keys cover
- * only the union of the rows' key ranges.  Included by their _impl.h. */
+ * is a query tile (Br = tile_q rows of one batch and head, or, packed, the
+ * few query rows of every head that shares a key head: qtile_packs); each
+ * thread owns a workspace of the tile's size; key tiles of Bc = tile_k keys
+ * cover only the union of the rows' key ranges.  Included by their
+ * _impl.h. */
 
 #include "cpu/all_finite_impl.h"
+#include "cpu/attention_tiles.h"
 
 typedef struct {
   REAL *s;              /* Br x Bc: scores, then probabilities */
@@ -11,9 +14,10 @@ typedef struct {
   int64_t *lo, *hi;     /* per row: key range */
   /* operands of another dtype (p->storage, stage.h): the tile's query rows
    * (Br x D), the key tile's keys (Bc x D) and values (Bc x Dv) widened;
-   * NULL when p->storage is REAL (the keys and values also staged, page by
-   * page, when they lie in a paged cache: p->pages).  The running output
-   * rows (Br x Dv) when p->o_dtype is another; else NULL */
+   * NULL when p->storage is REAL (the query rows also staged for packed
+   * tiles, the keys and values, page by page, when they lie in a paged
+   * cache: p->pages).  The running output rows (Br x Dv) when p->o_dtype is
+   * another or the tiles are packed; else NULL */
   REAL *qs, *ks, *vs, *os;
 } FA_R(qtile_ws);
 
@@ -21,32 +25,58 @@ typedef struct {
  * may be views of the caller's tensors): the gemms take these as their
  * leading dimensions; the workspace's staged rows are dense. */
 typedef struct {
-  int64_t b, h, i0, rows;
+  /* rows: heads·per_head, row r being query i0 + r % per_head of head h + r / per_head (one head unless packed) */
+  int64_t b, h, i0, rows, per_head;
   int64_t ulo, uhi; /* union of the rows' key ranges (ulo >= uhi: none) */
   const REAL *q;    /* the tile's first query row (in place, or staged), rows ldq apart */
   int64_t ldq;
   const void *k, *v; /* the head's keys, values where they lie (dtype p->storage) */
   REAL *o;           /* the tile's running output (in place, or staged), rows ldo apart */
   int64_t ldo;
-  void *out;         /* where the tile's output rows lie: o itself unless staged */
-  fa_lse_rows lse;   /* the tile's first lse entries */
+  void *out;         /* where head h's output rows lie: o itself unless staged */
+  fa_lse_rows lse;   /* head h's first lse entries */
 } FA_R(qtile);
 
 typedef void (*FA_R(qtile_fn))(const fa_attn_problem *p, const FA_R(qtile) *t, const FA_R(qtile_ws) *w);
 
 static inline int FA_R(qtile_staged)(const fa_attn_problem *p) { return p->storage != p->compute; }
 static inline int FA_R(qtile_staged_kv)(const fa_attn_problem *p) { return FA_R(qtile_staged)(p) || p->pages; }
-static inline int FA_R(qtile_staged_out)(const fa_attn_problem *p) { return p->o_dtype != p->compute; }
+/* GQA packing: the query heads that share a key head in one tile (its keys
+ * and values then read once for all of them, as a gemm of all their rows),
+ * for calls whose query rows of all of them fit a default tile (decoding),
+ * when the key heads alone keep the threads busy, and without the rules
+ * that decide per tile (mask_mod's and a block mask's empty and full tiles
+ * are a head's).  The heads a tile packs: Hq / Hkv, or 1. */
+static inline int64_t FA_R(qtile_packs)(const fa_attn_problem *p) {
+  const int64_t g = p->Hkv > 0 ? p->Hq / p->Hkv : 1;
+  if (g <= 1 || p->Lq > FA_CPU_DEFAULT_TILE_Q / g || p->mask_mod || p->block_mask ||
+      p->B * p->Hkv < omp_get_max_threads())
+    return 1;
+  return g;
+}
+/* The rows a tile holds: tile_q (fitted to Lq), or a packed tile's. */
+static inline int64_t FA_R(qtile_rows_max)(const fa_attn_problem *p) {
+  const int64_t g = FA_R(qtile_packs)(p);
+  return g > 1 ? g * p->Lq : p->tile_q;
+}
+static inline int FA_R(qtile_staged_q)(const fa_attn_problem *p) {
+  return FA_R(qtile_staged)(p) || FA_R(qtile_packs)(p) > 1;
+}
+static inline int FA_R(qtile_staged_out)(const fa_attn_problem *p) {
+  return p->o_dtype != p->compute || FA_R(qtile_packs)(p) > 1;
+}
 
 /* 0 when it does not fit a size_t (naive's tiles are whole heads). */
 static size_t FA_R(qtile_ws_bytes)(const fa_attn_problem *p) {
-  const size_t br = (size_t)p->tile_q, bc = (size_t)p->tile_k;
+  const size_t br = (size_t)FA_R(qtile_rows_max)(p), bc = (size_t)p->tile_k;
   if (bc > SIZE_MAX / 4 / sizeof(REAL) / br) return 0;
   size_t bytes = fa_attn_bytes(br * bc, sizeof(REAL)) + 3 * fa_attn_bytes(br, sizeof(REAL)) +
                  2 * fa_attn_bytes(br, sizeof(int64_t));
   const double staged = ((double)br + (double)bc) * (double)(p->D + p->Dv) * sizeof(REAL) + 4 * 64;
-  if ((FA_R(qtile_staged_kv)(p) || FA_R(qtile_staged_out)(p)) && staged > (double)(SIZE_MAX / 4)) return 0;
-  if (FA_R(qtile_staged)(p)) bytes += fa_attn_bytes(br * (size_t)p->D, sizeof(REAL));
+  if ((FA_R(qtile_staged_q)(p) || FA_R(qtile_staged_kv)(p) || FA_R(qtile_staged_out)(p)) &&
+      staged > (double)(SIZE_MAX / 4))
+    return 0;
+  if (FA_R(qtile_staged_q)(p)) bytes += fa_attn_bytes(br * (size_t)p->D, sizeof(REAL));
   if (FA_R(qtile_staged_kv)(p))
     bytes += fa_attn_bytes(bc * (size_t)p->D, sizeof(REAL)) + fa_attn_bytes(bc * (size_t)p->Dv, sizeof(REAL));
   if (FA_R(qtile_staged_out)(p)) bytes += fa_attn_bytes(br * (size_t)p->Dv, sizeof(REAL));
@@ -54,7 +84,7 @@ static size_t FA_R(qtile_ws_bytes)(const fa_attn_problem *p) {
 }
 
 static FA_R(qtile_ws) FA_R(qtile_ws_carve)(const fa_attn_problem *p, char *at) {
-  const size_t br = (size_t)p->tile_q, bc = (size_t)p->tile_k;
+  const size_t br = (size_t)FA_R(qtile_rows_max)(p), bc = (size_t)p->tile_k;
   FA_R(qtile_ws) w = {0};
   w.s = (REAL *)at, at += fa_attn_bytes(br * bc, sizeof(REAL));
   w.m = (REAL *)at, at += fa_attn_bytes(br, sizeof(REAL));
@@ -62,7 +92,7 @@ static FA_R(qtile_ws) FA_R(qtile_ws_carve)(const fa_attn_problem *p, char *at) {
   w.alpha = (REAL *)at, at += fa_attn_bytes(br, sizeof(REAL));
   w.lo = (int64_t *)at, at += fa_attn_bytes(br, sizeof(int64_t));
   w.hi = (int64_t *)at, at += fa_attn_bytes(br, sizeof(int64_t));
-  if (FA_R(qtile_staged)(p)) w.qs = (REAL *)at, at += fa_attn_bytes(br * (size_t)p->D, sizeof(REAL));
+  if (FA_R(qtile_staged_q)(p)) w.qs = (REAL *)at, at += fa_attn_bytes(br * (size_t)p->D, sizeof(REAL));
   if (FA_R(qtile_staged_kv)(p)) {
     w.ks = (REAL *)at, at += fa_attn_bytes(bc * (size_t)p->D, sizeof(REAL));
     w.vs = (REAL *)at, at += fa_attn_bytes(bc * (size_t)p->Dv, sizeof(REAL));
@@ -71,13 +101,14 @@ static FA_R(qtile_ws) FA_R(qtile_ws_carve)(const fa_attn_problem *p, char *at) {
   return w;
 }
 
-/* Key ranges and their union, m = -inf, l = 0, output rows zeroed. */
-static FA_R(qtile) FA_R(qtile_begin)(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
-                                     const FA_R(qtile_ws) *w) {
-  const int64_t hk = fa_attn_kv_head(p, h);
+/* Rows per_head of heads h.. h + heads - 1 from query i0: key ranges and
+ * their union, m = -inf, l = 0, output rows zeroed. */
+static FA_R(qtile) FA_R(qtile_begin)(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i0, int64_t per_head,
+                                     int64_t heads, const FA_R(qtile_ws) *w) {
+  const int64_t hk = fa_attn_kv_head(p, h), rows = per_head * heads;
   const fa_dtype at = p->storage;
   const void *q = fa_cpu_elem(p->q, at, fa_attn_row_at(p->q_st, b, h, i0));
-  FA_R(qtile) t = {b, h, i0, rows, p->Lk, 0,
+  FA_R(qtile) t = {b, h, i0, rows, per_head, p->Lk, 0,
                    w->qs ? w->qs : (const REAL *)q, w->qs ? p->D : p->q_st.s,
                    fa_cpu_elem(p->k, at, fa_attn_row_at(p->k_st, b, hk, 0)),
                    fa_cpu_elem(p->v, at, fa_attn_row_at(p->v_st, b, hk, 0)),
@@ -86,9 +117,11 @@ static FA_R(qtile) FA_R(qtile_begin)(const fa_attn_problem *p, int64_t b, int64_
                    fa_lse_rows_at(p, fa_attn_row_at(p->lse_st, b, h, i0))};
   t.o = w->os ? w->os : (REAL *)t.out;
   t.ldo = w->os ? p->Dv : p->o_st.s;
-  if (w->qs) fa_cpu_stage_rows(p->compute, w->qs, p->D, at, q, p->q_st.s, rows, p->D);
+  for (int64_t e = 0; w->qs && e < heads; e++)
+    fa_cpu_stage_rows(p->compute, w->qs + e * per_head * p->D, p->D, at,
+                      fa_cpu_elem(p->q, at, fa_attn_row_at(p->q_st, b, h + e, i0)), p->q_st.s, per_head, p->D);
   for (int64_t r = 0; r < rows; r++) {
-    fa_attn_key_range(p, b, i0 + r, &w->lo[r], &w->hi[r]);
+    fa_attn_key_range(p, b, i0 + r % per_head, &w->lo[r], &w->hi[r]);
     if (w->lo[r] < w->hi[r]) {
       t.ulo = w->lo[r] < t.ulo ? w->lo[r] : t.ulo;
       t.uhi = w->hi[r] > t.uhi ? w->hi[r] : t.uhi;
@@ -146,7 +179,8 @@ static inline int FA_R(qtile_attends)(const FA_R(qtile) *t, const FA_R(qtile_ws)
  * else mask_mod itself where it can tell for the whole tile
  * (fa_expr_tile): FA_BLOCK_EMPTY (skip them), FA_BLOCK_FULL (mask_mod is
  * true on every pair: *use is p without it) or FA_BLOCK_PARTIAL (*use is
- * p).  full is the tile's copy of p without mask_mod. */
+ * p).  full is the tile's copy of p without mask_mod.  (Tiles of one head:
+ * such calls are not packed.) */
 static inline int FA_R(qtile_block)(const fa_attn_problem *p, const FA_R(qtile) *t, int64_t j0, int64_t n,
                                     const fa_attn_problem *full, const fa_attn_problem **use) {
   *use = p;
@@ -166,7 +200,8 @@ static void FA_R(qtile_scores)(const fa_attn_problem *p, const FA_R(qtile) *t, c
   const REAL *k = FA_R(qtile_rows)(p, t, 0, w->ks, j0, n, &ldk);
   FA_GEMM(1, t->rows, n, p->D, t->q, t->ldq, k, ldk, 0, w->s, p->tile_k);
   for (int64_t r = 0; r < t->rows; r++)
-    FA_R(fa_attn_scores)(p, t->b, t->h, t->i0 + r, j0, n, w->lo[r], w->hi[r], w->s + r * p->tile_k);
+    FA_R(fa_attn_scores)(p, t->b, t->h + r / t->per_head, t->i0 + r % t->per_head, j0, n, w->lo[r], w->hi[r],
+                         w->s + r * p->tile_k);
 }
 
 /* The same for `rows` rows of n (row stride ld): one run when they are
@@ -186,7 +221,7 @@ static int FA_R(qtile_touches)(const fa_attn_problem *p, const FA_R(qtile) *t, c
   const REAL *q = t->q + r * t->ldq;
   REAL s = 0;
   for (int64_t e = 0; e < p->D; e++) s += q[e] * kj[e];
-  FA_R(fa_attn_scores)(p, t->b, t->h, t->i0 + r, j, 1, w->lo[r], w->hi[r], &s);
+  FA_R(fa_attn_scores)(p, t->b, t->h + r / t->per_head, t->i0 + r % t->per_head, j, 1, w->lo[r], w->hi[r], &s);
   return s != -(REAL)INFINITY;
 }
 
@@ -214,9 +249,20 @@ static void FA_R(qtile_pv)(const fa_attn_problem *p, const FA_R(qtile) *t, const
     }
 }
 
+/* The tile's rows finished (o /= l, lse: finish) or their lse alone, head
+ * by head: each of a packed tile's heads has its own lse rows. */
+static void FA_R(qtile_finish)(const fa_attn_problem *p, const FA_R(qtile) *t, const FA_R(qtile_ws) *w, int finish) {
+  for (int64_t r0 = 0; r0 < t->rows; r0 += t->per_head) {
+    const fa_lse_rows lse = r0 ? fa_lse_rows_at(p, fa_attn_row_at(p->lse_st, t->b, t->h + r0 / t->per_head, t->i0)) : t->lse;
+    if (finish) FA_R(fa_attn_finish)(t->o + r0 * t->ldo, t->ldo, t->per_head, p->Dv, w->m + r0, w->l + r0, lse, p->lse_st.s);
+    else FA_R(fa_attn_lse)(w->m + r0, w->l + r0, t->per_head, lse, p->lse_st.s);
+  }
+}
+
 /* Runs fn on every query tile, OpenMP-parallel with one workspace per thread. */
 static fa_status FA_R(qtile_run)(fa_context *ctx, const fa_attn_problem *p, FA_R(qtile_fn) fn) {
-  const int64_t Br = p->tile_q, tiles = (p->Lq + Br - 1) / Br, items = p->B * p->Hq * tiles;
+  const int64_t heads = FA_R(qtile_packs)(p), groups = p->Hq / heads; /* query heads a tile, tiles a row of them */
+  const int64_t Br = heads > 1 ? p->Lq : p->tile_q, tiles = (p->Lq + Br - 1) / Br, items = p->B * groups * tiles;
   fa_attn_workspace ws;
   fa_status st = fa_attn_workspace_init(ctx, &ws, items, fa_attn_flops(p), FA_R(qtile_ws_bytes)(p));
   if (st) return st;
@@ -227,16 +273,21 @@ static fa_status FA_R(qtile_run)(fa_context *ctx, const fa_attn_problem *p, FA_R
      * handing them out early evens out the dynamic schedule. */
 #pragma omp for schedule(dynamic)
     for (int64_t it = 0; it < items; it++) {
-      const int64_t bh = it / tiles, b = bh / p->Hq, i0 = (tiles - 1 - it % tiles) * Br;
+      const int64_t bg = it / tiles, b = bg / groups, i0 = (tiles - 1 - it % tiles) * Br;
       fa_attn_problem seq;
       const fa_attn_problem *pb = p;
       if (p->pages) { /* a paged cache's sequence: a call of its own over its keys */
         seq = *p, seq.Lk = p->pages->lens[b];
         pb = &seq;
       }
-      const FA_R(qtile) t = FA_R(qtile_begin)(pb, b, bh % p->Hq, i0, p->Lq - i0 < Br ? p->Lq - i0 : Br, &w);
+      const FA_R(qtile) t =
+          FA_R(qtile_begin)(pb, b, bg % groups * heads, i0, p->Lq - i0 < Br ? p->Lq - i0 : Br, heads, &w);
       fn(pb, &t, &w);
-      if (w.os) fa_cpu_stage_rows(p->o_dtype, t.out, p->o_st.s, p->compute, t.o, t.ldo, t.rows, p->Dv);
+      for (int64_t r0 = 0; w.os && r0 < t.rows; r0 += t.per_head) {
+        void *out = r0 ? (void *)fa_cpu_elem(p->o, p->o_dtype, fa_attn_row_at(p->o_st, b, t.h + r0 / t.per_head, i0))
+                       : t.out;
+        fa_cpu_stage_rows(p->o_dtype, out, p->o_st.s, p->compute, t.o + r0 * t.ldo, t.ldo, t.per_head, p->Dv);
+      }
     }
   }
   fa_attn_workspace_free(&ws);

@@ -33,5 +33,5 @@ static void FA_R(two_pass_tile)(const fa_attn_problem *p0, const FA_R(qtile) *t,
     }
     FA_R(qtile_pv)(p, t, w, Bc, j0, n);
   }
-  FA_R(fa_attn_lse)(w->m, w->l, t->rows, t->lse, p0->lse_st.s);
+  FA_R(qtile_finish)(p0, t, w, 0);
 }

@@ -281,6 +281,43 @@ function TestAttention:test_gqa_mqa()
   end
 end
 
+-- Calls of a few query rows whose query heads share key heads (decoding): on the CPU the heads of a group
+-- are one tile's rows (GQA packing, each key tile read once for them), each head with its own rules
+-- (alibi slope, mask rows, lse rows, output rows through opts.out views); every option against the
+-- reference, and against the same call with k and v repeated over the query heads (one head a tile).
+function TestAttention:test_gqa_decode_rows()
+  local B, Hq, Hkv, D = 2, 8, 2, 16
+  local slopes = {0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0.00390625}
+  for _, dtype in ipairs(U.dtypes) do
+    for _, Lq in ipairs({1, 3, 16}) do
+      for _, Lk in ipairs({1, 37, 200}) do
+        local q, k, v = qkv(B, Hq, Hkv, Lq, Lk, D, D, dtype)
+        local krep = fa.zeros({B, Hq, Lk, D}, {dtype = "f64"})
+        local vrep = fa.zeros({B, Hq, Lk, D}, {dtype = "f64"})
+        for h = 1, Hq do
+          krep:narrow(2, h, 1):copy_(k:cpu():double():narrow(2, (h - 1) // (Hq // Hkv) + 1, 1))
+          vrep:narrow(2, h, 1):copy_(v:cpu():double():narrow(2, (h - 1) // (Hq // Hkv) + 1, 1))
+        end
+        krep, vrep = krep:to(dev):to(dtype), vrep:to(dev):to(dtype)
+        local sets = {
+          {}, {causal = true}, {causal = "top_left"}, {window = {5, 2}}, {alibi = slopes, causal = true},
+          {softcap = 2, scale = 0.3}, {kv_lens = {Lk, (Lk + 1) // 2}, causal = true},
+          {mask = U.randn({B, Hq, Lq, Lk}, dtype)},
+          {mask = fa.tensor(U.nested({1, 1, Lq, Lk}, function() return math.random() < 0.7 end), {device = dev})},
+        }
+        for i, opts in ipairs(sets) do
+          opts.return_lse = true
+          local what = ("GQA decode %s Lq %d Lk %d set %d"):format(dtype, Lq, Lk, i)
+          local o, lse = U.check_attention(q, k, v, opts, what)
+          local o2, lse2 = fa.attention(q, krep, vrep, U.copy_opts(opts))
+          U.assert_close(o, o2:cpu():double(), dtype, what .. " against repeated heads")
+          U.assert_lse(lse, lse2:cpu():double(), dtype, what .. " lse against repeated heads")
+        end
+      end
+    end
+  end
+end
+
 function TestAttention:test_dv_differs_from_d()
   for _, dd in ipairs({{64, 32}, {16, 80}, {3, 1}, {1, 7}}) do
     check_all_algos(function(dt) return qkv(1, 2, 2, 19, 27, dd[1], dd[2], dt) end, ("D=%d Dv=%d"):format(dd[1], dd[2]))
