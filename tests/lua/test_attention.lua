@@ -315,6 +315,22 @@ function TestAttention:test_gqa_decode_rows()
         end
       end
     end
+    -- NaN in a value of key 5 reaches exactly the heads whose mask rows keep that key, also where its
+    -- weight is 0 (head 3: -1e30 added; the packed tile's rows take the zero-skipping loops, each asking its
+    -- own head's rules whether the key is kept)
+    local q, k, v = qkv(B, Hq, Hkv, 2, 9, D, D, dtype)
+    v:set(1, 1, 5, 3, U.NaN)
+    local m = fa.tensor(U.nested({1, Hq, 2, 9}, function(_, h, _, j)
+      if j ~= 5 or h > 3 then return 0 end
+      return h == 3 and -1e30 or -math.huge
+    end), {device = dev})
+    local o = fa.attention(q, k, v, {mask = m})
+    for h = 1, Hq do
+      local row = o:select(1, 1):select(1, h):cpu():double()
+      local finite = row:isfinite()
+      lu.assertEquals(finite, h <= 2 or h > 4, ("%s NaN reaches head %d"):format(dtype, h))
+    end
+    lu.assertTrue(o:select(1, 2):isfinite(), dtype .. " NaN of batch 1 reached batch 2")
   end
 end
 
