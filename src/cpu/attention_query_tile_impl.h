@@ -54,37 +54,39 @@ static inline int64_t FA_R(qtile_packs)(const fa_attn_problem *p) {
     return 1;
   return g;
 }
+/* What follows takes the call's qtile_packs, decided once before the
+ * threads start (a nested thread count must not change a workspace's
+ * size). */
 /* The rows a tile holds: tile_q (fitted to Lq), or a packed tile's. */
-static inline int64_t FA_R(qtile_rows_max)(const fa_attn_problem *p) {
-  const int64_t g = FA_R(qtile_packs)(p);
-  return g > 1 ? g * p->Lq : p->tile_q;
+static inline int64_t FA_R(qtile_rows_max)(const fa_attn_problem *p, int64_t heads) {
+  return heads > 1 ? heads * p->Lq : p->tile_q;
 }
-static inline int FA_R(qtile_staged_q)(const fa_attn_problem *p) {
-  return FA_R(qtile_staged)(p) || FA_R(qtile_packs)(p) > 1;
+static inline int FA_R(qtile_staged_q)(const fa_attn_problem *p, int64_t heads) {
+  return FA_R(qtile_staged)(p) || heads > 1;
 }
-static inline int FA_R(qtile_staged_out)(const fa_attn_problem *p) {
-  return p->o_dtype != p->compute || FA_R(qtile_packs)(p) > 1;
+static inline int FA_R(qtile_staged_out)(const fa_attn_problem *p, int64_t heads) {
+  return p->o_dtype != p->compute || heads > 1;
 }
 
 /* 0 when it does not fit a size_t (naive's tiles are whole heads). */
-static size_t FA_R(qtile_ws_bytes)(const fa_attn_problem *p) {
-  const size_t br = (size_t)FA_R(qtile_rows_max)(p), bc = (size_t)p->tile_k;
+static size_t FA_R(qtile_ws_bytes)(const fa_attn_problem *p, int64_t heads) {
+  const size_t br = (size_t)FA_R(qtile_rows_max)(p, heads), bc = (size_t)p->tile_k;
   if (bc > SIZE_MAX / 4 / sizeof(REAL) / br) return 0;
   size_t bytes = fa_attn_bytes(br * bc, sizeof(REAL)) + 3 * fa_attn_bytes(br, sizeof(REAL)) +
                  2 * fa_attn_bytes(br, sizeof(int64_t));
   const double staged = ((double)br + (double)bc) * (double)(p->D + p->Dv) * sizeof(REAL) + 4 * 64;
-  if ((FA_R(qtile_staged_q)(p) || FA_R(qtile_staged_kv)(p) || FA_R(qtile_staged_out)(p)) &&
+  if ((FA_R(qtile_staged_q)(p, heads) || FA_R(qtile_staged_kv)(p) || FA_R(qtile_staged_out)(p, heads)) &&
       staged > (double)(SIZE_MAX / 4))
     return 0;
-  if (FA_R(qtile_staged_q)(p)) bytes += fa_attn_bytes(br * (size_t)p->D, sizeof(REAL));
+  if (FA_R(qtile_staged_q)(p, heads)) bytes += fa_attn_bytes(br * (size_t)p->D, sizeof(REAL));
   if (FA_R(qtile_staged_kv)(p))
     bytes += fa_attn_bytes(bc * (size_t)p->D, sizeof(REAL)) + fa_attn_bytes(bc * (size_t)p->Dv, sizeof(REAL));
-  if (FA_R(qtile_staged_out)(p)) bytes += fa_attn_bytes(br * (size_t)p->Dv, sizeof(REAL));
+  if (FA_R(qtile_staged_out)(p, heads)) bytes += fa_attn_bytes(br * (size_t)p->Dv, sizeof(REAL));
   return bytes;
 }
 
-static FA_R(qtile_ws) FA_R(qtile_ws_carve)(const fa_attn_problem *p, char *at) {
-  const size_t br = (size_t)FA_R(qtile_rows_max)(p), bc = (size_t)p->tile_k;
+static FA_R(qtile_ws) FA_R(qtile_ws_carve)(const fa_attn_problem *p, int64_t heads, char *at) {
+  const size_t br = (size_t)FA_R(qtile_rows_max)(p, heads), bc = (size_t)p->tile_k;
   FA_R(qtile_ws) w = {0};
   w.s = (REAL *)at, at += fa_attn_bytes(br * bc, sizeof(REAL));
   w.m = (REAL *)at, at += fa_attn_bytes(br, sizeof(REAL));
@@ -92,12 +94,12 @@ static FA_R(qtile_ws) FA_R(qtile_ws_carve)(const fa_attn_problem *p, char *at) {
   w.alpha = (REAL *)at, at += fa_attn_bytes(br, sizeof(REAL));
   w.lo = (int64_t *)at, at += fa_attn_bytes(br, sizeof(int64_t));
   w.hi = (int64_t *)at, at += fa_attn_bytes(br, sizeof(int64_t));
-  if (FA_R(qtile_staged_q)(p)) w.qs = (REAL *)at, at += fa_attn_bytes(br * (size_t)p->D, sizeof(REAL));
+  if (FA_R(qtile_staged_q)(p, heads)) w.qs = (REAL *)at, at += fa_attn_bytes(br * (size_t)p->D, sizeof(REAL));
   if (FA_R(qtile_staged_kv)(p)) {
     w.ks = (REAL *)at, at += fa_attn_bytes(bc * (size_t)p->D, sizeof(REAL));
     w.vs = (REAL *)at, at += fa_attn_bytes(bc * (size_t)p->Dv, sizeof(REAL));
   }
-  if (FA_R(qtile_staged_out)(p)) w.os = (REAL *)at;
+  if (FA_R(qtile_staged_out)(p, heads)) w.os = (REAL *)at;
   return w;
 }
 
@@ -264,11 +266,11 @@ static fa_status FA_R(qtile_run)(fa_context *ctx, const fa_attn_problem *p, FA_R
   const int64_t heads = FA_R(qtile_packs)(p), groups = p->Hq / heads; /* query heads a tile, tiles a row of them */
   const int64_t Br = heads > 1 ? p->Lq : p->tile_q, tiles = (p->Lq + Br - 1) / Br, items = p->B * groups * tiles;
   fa_attn_workspace ws;
-  fa_status st = fa_attn_workspace_init(ctx, &ws, items, fa_attn_flops(p), FA_R(qtile_ws_bytes)(p));
+  fa_status st = fa_attn_workspace_init(ctx, &ws, items, fa_attn_flops(p), FA_R(qtile_ws_bytes)(p, heads));
   if (st) return st;
 #pragma omp parallel num_threads(ws.threads)
   {
-    const FA_R(qtile_ws) w = FA_R(qtile_ws_carve)(p, fa_attn_workspace_slice(&ws, omp_get_thread_num()));
+    const FA_R(qtile_ws) w = FA_R(qtile_ws_carve)(p, heads, fa_attn_workspace_slice(&ws, omp_get_thread_num()));
     /* Last tiles first: under a causal mask they hold the most keys, and
      * handing them out early evens out the dynamic schedule. */
 #pragma omp for schedule(dynamic)
