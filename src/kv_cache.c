@@ -510,7 +510,7 @@ fa_status fa_kv_cache_attend(fa_context *ctx, fa_kv_cache *c, fa_tensor *q, cons
                                  c->dev_lens, c->lens};
     return fa_attention_paged(ctx, q, &kv, opts, &d, o, lse);
   }
-  if (c->device == FA_CPU && fa_attention_splits_resolve(opts, &d) == 1) { /* no gather: 13x the call's time before */
+  if (c->device == FA_CPU && fa_attention_splits_resolve(opts, &d) == 1) { /* no gather (which took 15x the call) */
     const fa_attn_pages pg = {c->table, c->lens, c->max_pages, c->page_size, c->H * c->page_size * c->D,
                               c->H * c->page_size * c->Dv};
     return fa_attention_cpu_pages(ctx, q, c->kpool, c->vpool, &pg, opts, &d, o, lse);

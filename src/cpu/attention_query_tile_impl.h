@@ -255,9 +255,12 @@ static void FA_R(qtile_pv)(const fa_attn_problem *p, const FA_R(qtile) *t, const
  * by head: each of a packed tile's heads has its own lse rows. */
 static void FA_R(qtile_finish)(const fa_attn_problem *p, const FA_R(qtile) *t, const FA_R(qtile_ws) *w, int finish) {
   for (int64_t r0 = 0; r0 < t->rows; r0 += t->per_head) {
-    const fa_lse_rows lse = r0 ? fa_lse_rows_at(p, fa_attn_row_at(p->lse_st, t->b, t->h + r0 / t->per_head, t->i0)) : t->lse;
-    if (finish) FA_R(fa_attn_finish)(t->o + r0 * t->ldo, t->ldo, t->per_head, p->Dv, w->m + r0, w->l + r0, lse, p->lse_st.s);
-    else FA_R(fa_attn_lse)(w->m + r0, w->l + r0, t->per_head, lse, p->lse_st.s);
+    const int64_t h = t->h + r0 / t->per_head;
+    const fa_lse_rows lse = r0 ? fa_lse_rows_at(p, fa_attn_row_at(p->lse_st, t->b, h, t->i0)) : t->lse;
+    if (finish)
+      FA_R(fa_attn_finish)(t->o + r0 * t->ldo, t->ldo, t->per_head, p->Dv, w->m + r0, w->l + r0, lse, p->lse_st.s);
+    else
+      FA_R(fa_attn_lse)(w->m + r0, w->l + r0, t->per_head, lse, p->lse_st.s);
   }
 }
 
