@@ -2,22 +2,17 @@
 -- the GPU: a transposed (B, L, H, N) tensor, a narrow of wider rows, a head
 -- slice, each beside a contiguous tensor of its shape, f32 and f16, timed
 -- with fa.bench (device events, caches flushed); every result checked
--- against the softmax of the view's contiguous copy (bit for bit).
--- Usage: flashattn-lua scripts/probe_softmax_views.lua [--json FILE] [--quick]
+-- against the softmax of the view's contiguous copy (bit for bit).  Without
+-- a GPU: small shapes on the CPU, 3 repetitions (a smoke test).
+-- Usage: flashattn-lua scripts/probe_softmax_views.lua [--json FILE]
 local root = (arg and arg[0] or ""):match("^(.*)/scripts/[^/]*$") or "."
 package.path = root .. "/lua/?.lua;" .. package.path
 local fa = require "flashattn"
 local sweep = require "flashattn.sweep"
-local function parse(argv)
-  local argparse = require "argparse"
-  local p = argparse("probe_softmax_views.lua", "Softmax of views against contiguous rows, on the GPU.")
-  p:option("--json", "write the results to this JSON file")
-  p:flag("--quick", "small shapes, 3 repetitions")
-  return sweep.parse_args(p, argv, "probe_softmax_views.lua")
-end
-local args = sweep.main("probe_softmax_views.lua", parse, { ... })
+local NAME = "probe_softmax_views.lua"
+local args = sweep.main(NAME, sweep.json_only(NAME, "Softmax of views against contiguous rows, on the GPU."), { ... })
 local device = fa.backends()[2] and "cuda" or "cpu"
-local q = args.quick
+local q = device == "cpu"
 -- name, the tensor's shape, the view of it
 local cases = {
   { "transposed", q and { 2, 64, 4, 256 } or { 8, 1024, 4, 1024 }, function(t) return t:transpose(2, 3) end },
