@@ -30,6 +30,7 @@ for _, dt in ipairs { "f32", "f16" } do
     local want = fa.softmax(vc)
     local got = fa.softmax(v)
     local diff = fa.max_abs_diff(got, want)
+    if diff ~= 0 then error(("%s %s: the view's softmax is %g off its contiguous copy's"):format(dt, c[1], diff)) end
     local function time(x)
       return fa.bench(function() return fa.softmax(x) end, { warmup = 2, rep = q and 3 or 20 }).median_ms * 1e3
     end
