@@ -204,7 +204,8 @@ typedef struct {
   const double *alibi;    /* Hq entries or NULL */
   int64_t tile_q, tile_k; /* resolved: > 0 */
   /* opts.tile was given: a kernel chosen automatically runs it as it is, not a tile of its own
-   * (wgmma's 64 keys at D = 64, wgmma_tma's 176 at D = 128) */
+   * (wgmma's 64 keys at D = 64, wgmma_tma's 176 at D = 128); on the CPU, query tiles of one head
+   * (no GQA packing) */
   int tile_given;
   fa_dtype compute;       /* FA_F32 or FA_F64 on the CPU; the storage dtype on CUDA */
   /* The CPU kernels (not the reference): the dtype q, k, v lie in

@@ -46,10 +46,11 @@ static inline int FA_R(qtile_staged_kv)(const fa_attn_problem *p) { return FA_R(
  * for calls whose query rows of all of them fit a default tile (decoding),
  * when the key heads alone keep the threads busy, and without the rules
  * that decide per tile (mask_mod's and a block mask's empty and full tiles
- * are a head's).  The heads a tile packs: Hq / Hkv, or 1. */
+ * are a head's) or a tile the caller named (opts.tile: its Br rows of one
+ * head, as asked).  The heads a tile packs: Hq / Hkv, or 1. */
 static inline int64_t FA_R(qtile_packs)(const fa_attn_problem *p) {
   const int64_t g = p->Hkv > 0 ? p->Hq / p->Hkv : 1;
-  if (g <= 1 || p->Lq > FA_CPU_DEFAULT_TILE_Q / g || p->mask_mod || p->block_mask ||
+  if (g <= 1 || p->Lq > FA_CPU_DEFAULT_TILE_Q / g || p->mask_mod || p->block_mask || p->tile_given ||
       p->B * p->Hkv < omp_get_max_threads())
     return 1;
   return g;

@@ -315,6 +315,23 @@ function TestAttention:test_gqa_decode_rows()
         end
       end
     end
+    -- a tile the call names is run as asked, one head's rows a tile (no packing): the same bits as the call
+    -- with k and v repeated over the heads and the same tile (on the CPU; the GPU kernels take their own paths)
+    if dev == "cpu" then
+      local q, k, v = qkv(B, Hq, Hkv, 4, 50, D, D, dtype)
+      local rep = Hq // Hkv
+      local krep = fa.zeros({B, Hq, 50, D}, {dtype = dtype})
+      local vrep = fa.zeros({B, Hq, 50, D}, {dtype = dtype})
+      for h = 1, Hq do
+        krep:narrow(2, h, 1):copy_(k:narrow(2, (h - 1) // rep + 1, 1))
+        vrep:narrow(2, h, 1):copy_(v:narrow(2, (h - 1) // rep + 1, 1))
+      end
+      for _, algo in ipairs({"flash", "two_pass"}) do
+        local opts = {tile = {2, 16}, algo = algo, causal = true}
+        lu.assertEquals(fa.max_abs_diff(fa.attention(q, k, v, opts), fa.attention(q, krep, vrep, opts)), 0,
+          ("%s %s: opts.tile's query tiles are one head's"):format(dtype, algo))
+      end
+    end
     -- NaN in a value of key 5 reaches exactly the heads whose mask rows keep that key, also where its
     -- weight is 0 (head 3: -1e30 added; the packed tile's rows take the zero-skipping loops, each asking its
     -- own head's rules whether the key is kept)
