@@ -66,6 +66,10 @@ void fal_link_box(lua_State *L, fal_state *s, fal_link *l, void (*drop)(fal_link
  * debug library can give any userdata one of the module's metatables:
  * the callers check a magic field of their own too where it matters). */
 void *fal_testudata(lua_State *L, int idx, const char *mt, size_t size);
+/* On the metatable at the top: __gc and __close (either NULL: none),
+ * __name and __metatable = name, so that getmetatable gives the string and
+ * a script cannot reach the table (to remove __gc, or call it by hand). */
+void fal_guard_metatable(lua_State *L, const char *name, lua_CFunction gc, lua_CFunction close);
 /* The magic number a userdata of the module at p of the given kind carries:
  * the kind and p's address mixed with a secret drawn when the library
  * loads, so that a script cannot forge one in a buffer whose bytes it

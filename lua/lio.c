@@ -75,13 +75,7 @@ static int result_close(lua_State *L) {
 /* Pushes the holder's metatable (made when the module opens:
  * fal_io_metatable_make). */
 static void result_metatable(lua_State *L) {
-  if (!luaL_newmetatable(L, FAL_IO_RESULT_MT)) return;
-  lua_pushcfunction(L, result_close);
-  lua_setfield(L, -2, "__close");
-  lua_pushcfunction(L, result_close);
-  lua_setfield(L, -2, "__gc");
-  lua_pushliteral(L, "not yours");
-  lua_setfield(L, -2, "__metatable");
+  if (luaL_newmetatable(L, FAL_IO_RESULT_MT)) fal_guard_metatable(L, FAL_IO_RESULT_MT, result_close, result_close);
 }
 
 void fal_io_metatable_make(lua_State *L) {

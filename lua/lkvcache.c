@@ -212,12 +212,7 @@ static const char *const create_keys[] = {"batch", "heads", "dim", "dim_v", "cap
  * fal_kvcache_metatable_make). */
 static void kv_metatable(lua_State *L) {
   if (!luaL_newmetatable(L, FAL_KVCACHE_MT)) return;
-  lua_pushliteral(L, FAL_KVCACHE_MT);
-  lua_setfield(L, -2, "__metatable");
-  lua_pushcfunction(L, kv_gc);
-  lua_setfield(L, -2, "__gc");
-  lua_pushcfunction(L, kv_free);
-  lua_setfield(L, -2, "__close");
+  fal_guard_metatable(L, FAL_KVCACHE_MT, kv_gc, kv_free);
   lua_pushcfunction(L, kv_tostring);
   lua_setfield(L, -2, "__tostring");
   lua_createtable(L, 0, 8);

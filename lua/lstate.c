@@ -67,6 +67,21 @@ uint64_t fal_magic(const void *p, int kind) {
   return x ^ (x >> 29);
 }
 
+void fal_guard_metatable(lua_State *L, const char *name, lua_CFunction gc, lua_CFunction close) {
+  if (gc) {
+    lua_pushcfunction(L, gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  if (close) {
+    lua_pushcfunction(L, close);
+    lua_setfield(L, -2, "__close");
+  }
+  lua_pushstring(L, name);
+  lua_setfield(L, -2, "__name");
+  lua_pushstring(L, name);
+  lua_setfield(L, -2, "__metatable");
+}
+
 void *fal_testudata(lua_State *L, int idx, const char *mt, size_t size) {
   void *p = luaL_testudata(L, idx, mt);
   return p && lua_rawlen(L, idx) == size ? p : NULL;
@@ -115,12 +130,7 @@ fal_state *fal_state_get(lua_State *L) {
   memset(s, 0, sizeof *s);
   s->live.prev = s->live.next = &s->live;
   lua_createtable(L, 0, 3);
-  lua_pushcfunction(L, state_gc);
-  lua_setfield(L, -2, "__gc");
-  lua_pushliteral(L, "flashattn.State");
-  lua_setfield(L, -2, "__name");
-  lua_pushliteral(L, "flashattn.State");
-  lua_setfield(L, -2, "__metatable");
+  fal_guard_metatable(L, "flashattn.State", state_gc, NULL);
   lua_setmetatable(L, -2);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &state_key); /* the registry keeps it */
   return s;

@@ -141,14 +141,7 @@ static void pins_metatable(lua_State *L) {
   lua_pushboolean(L, 0);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &pins_spare_key);
   lua_createtable(L, 0, 4);
-  lua_pushcfunction(L, pins_close);
-  lua_setfield(L, -2, "__close");
-  lua_pushcfunction(L, pins_gc);
-  lua_setfield(L, -2, "__gc");
-  lua_pushliteral(L, "flashattn.Pins");
-  lua_setfield(L, -2, "__name");
-  lua_pushliteral(L, "flashattn.Pins");
-  lua_setfield(L, -2, "__metatable");
+  fal_guard_metatable(L, "flashattn.Pins", pins_gc, pins_close);
   lua_pushvalue(L, -1);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &pins_mt_key);
 }

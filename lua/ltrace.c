@@ -393,10 +393,7 @@ static int handle_gc(lua_State *L) {
  * when the module opens: fal_trace_open). */
 static void handle_metatable(lua_State *L, const char *mt, void (*setup)(lua_State *L)) {
   if (!luaL_newmetatable(L, mt)) return;
-  lua_pushcfunction(L, handle_gc);
-  lua_setfield(L, -2, "__gc");
-  lua_pushstring(L, mt);
-  lua_setfield(L, -2, "__metatable");
+  fal_guard_metatable(L, mt, handle_gc, NULL);
   if (setup) setup(L);
 }
 
