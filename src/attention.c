@@ -134,6 +134,7 @@ static fa_status build_problem(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   p->tile_q = o->tile_q ? o->tile_q : FA_CPU_DEFAULT_TILE_Q;
   p->tile_k = o->tile_k ? o->tile_k : FA_CPU_DEFAULT_TILE_K;
   p->tile_given = o->tile_q || o->tile_k;
+  p->split_keys = o->splits == 0; /* a piece's are 1 */
   fa_attn_fit_tiles(p);
   fa_status st;
   if ((st = fa_attn_cpu_operand(ctx, q, storage, &bufs->q, &p->q_st)) ||

@@ -207,6 +207,10 @@ typedef struct {
    * (wgmma's 64 keys at D = 64, wgmma_tma's 176 at D = 128); on the CPU, query tiles of one head
    * (no GQA packing) */
   int tile_given;
+  /* CPU "flash" and "two_pass": opts.splits is "auto", so a call of fewer
+   * work items than threads may cut its keys into chunks over them
+   * (src/cpu/attention_query_tile_impl.h) */
+  int split_keys;
   fa_dtype compute;       /* FA_F32 or FA_F64 on the CPU; the storage dtype on CUDA */
   /* The CPU kernels (not the reference): the dtype q, k, v lie in
    * (storage) and o is written in (o_dtype: storage, or compute for an
@@ -302,6 +306,10 @@ typedef struct fa_merge_operands {
   fa_dtype dt1, dt2;
 } fa_merge_operands;
 void fa_cpu_merge_states(fa_dtype dt, const fa_merge_operands *g);
+/* One row of it: o (dv entries, may be o1 or o2) and *lse from the states
+ * (o1, l1) and (o2, l2); the CPU attention's key chunks fold theirs with it. */
+void fa_cpu_merge_row_f32(const float *o1, double l1, const float *o2, double l2, float *o, double *lse, int64_t dv);
+void fa_cpu_merge_row_f64(const double *o1, double l1, const double *o2, double l2, double *o, double *lse, int64_t dv);
 int fa_cpu_threads(void);
 /* The OpenMP threads for `items` independent work items of `flops`
  * operations in all (cpu.c): at most the items, and one for a small call. */

@@ -47,11 +47,19 @@ static inline int FA_R(qtile_staged_kv)(const fa_attn_problem *p) { return FA_R(
  * when the key heads alone keep the threads busy, and without the rules
  * that decide per tile (mask_mod's and a block mask's empty and full tiles
  * are a head's) or a tile the caller named (opts.tile: its Br rows of one
- * head, as asked).  The heads a tile packs: Hq / Hkv, or 1. */
+ * head, as asked); too few key heads for the threads are made up by key
+ * chunks where the keys are long enough.  The heads a tile packs: Hq / Hkv,
+ * or 1. */
+/* Whether the call's keys may be cut into chunks (below): a call of one
+ * query tile a head (decoding; longer queries have tiles to share out) and
+ * keys long enough. */
+static inline int FA_R(qtile_may_split)(const fa_attn_problem *p) {
+  return p->split_keys && p->Lq <= p->tile_q && p->Lk >= 2 * FA_CPU_SPLIT_MIN_KEYS;
+}
 static inline int64_t FA_R(qtile_packs)(const fa_attn_problem *p) {
   const int64_t g = p->Hkv > 0 ? p->Hq / p->Hkv : 1;
   if (g <= 1 || p->Lq > FA_CPU_DEFAULT_TILE_Q / g || p->mask_mod || p->block_mask || p->tile_given ||
-      p->B * p->Hkv < omp_get_max_threads())
+      (p->B * p->Hkv < omp_get_max_threads() && !FA_R(qtile_may_split)(p)))
     return 1;
   return g;
 }
@@ -104,10 +112,11 @@ static FA_R(qtile_ws) FA_R(qtile_ws_carve)(const fa_attn_problem *p, int64_t hea
   return w;
 }
 
-/* Rows per_head of heads h.. h + heads - 1 from query i0: key ranges and
- * their union, m = -inf, l = 0, output rows zeroed. */
+/* Rows per_head of heads h.. h + heads - 1 from query i0: key ranges
+ * (within the chunk [k0, k1)) and their union, m = -inf, l = 0, output
+ * rows zeroed. */
 static FA_R(qtile) FA_R(qtile_begin)(const fa_attn_problem *p, int64_t b, int64_t h, int64_t i0, int64_t per_head,
-                                     int64_t heads, const FA_R(qtile_ws) *w) {
+                                     int64_t heads, int64_t k0, int64_t k1, const FA_R(qtile_ws) *w) {
   const int64_t hk = fa_attn_kv_head(p, h), rows = per_head * heads;
   const fa_dtype at = p->storage;
   const void *q = fa_cpu_elem(p->q, at, fa_attn_row_at(p->q_st, b, h, i0));
@@ -125,6 +134,8 @@ static FA_R(qtile) FA_R(qtile_begin)(const fa_attn_problem *p, int64_t b, int64_
                       fa_cpu_elem(p->q, at, fa_attn_row_at(p->q_st, b, h + e, i0)), p->q_st.s, per_head, p->D);
   for (int64_t r = 0; r < rows; r++) {
     fa_attn_key_range(p, b, i0 + r % per_head, &w->lo[r], &w->hi[r]);
+    if (w->lo[r] < k0) w->lo[r] = k0;
+    if (w->hi[r] > k1) w->hi[r] = k1;
     if (w->lo[r] < w->hi[r]) {
       t.ulo = w->lo[r] < t.ulo ? w->lo[r] : t.ulo;
       t.uhi = w->hi[r] > t.uhi ? w->hi[r] : t.uhi;
@@ -265,37 +276,129 @@ static void FA_R(qtile_finish)(const fa_attn_problem *p, const FA_R(qtile) *t, c
   }
 }
 
-/* Runs fn on every query tile, OpenMP-parallel with one workspace per thread. */
+/* Key chunks (opts.splits "auto"): a call of one query tile a head with
+ * fewer work items than threads (decoding: few heads) cuts each item's
+ * keys into chunks of whole key tiles, at least FA_CPU_SPLIT_MIN_KEYS
+ * long, enough to give every thread one.  Each chunk is the item's tile
+ * over its keys alone, its output rows and lse (f64) in a buffer of the
+ * call's (B, Hq, Lq) rows a chunk; then each row's chunks are merged in
+ * order as fa.merge_states merges (an empty chunk, lse = -inf, takes
+ * nothing; a NaN lse makes the row NaN).  The keys a chunk holds: Lk
+ * unless cut. */
+static int64_t FA_R(qtile_chunk_keys)(const fa_attn_problem *p, int64_t items) {
+  const int threads = fa_cpu_threads_for(INT64_MAX, fa_attn_flops(p));
+  if (!FA_R(qtile_may_split)(p) || items >= threads) return p->Lk;
+  int64_t chunks = (threads + items - 1) / items;
+  if (chunks > p->Lk / FA_CPU_SPLIT_MIN_KEYS) chunks = p->Lk / FA_CPU_SPLIT_MIN_KEYS;
+  const int64_t span = (p->Lk + chunks - 1) / chunks;
+  return (span + p->tile_k - 1) / p->tile_k * p->tile_k;
+}
+
+typedef struct {
+  REAL *o;      /* chunks x rows x Dv */
+  double *lse;  /* chunks x rows */
+  int64_t rows; /* B * Hq * Lq */
+  size_t bytes;
+  void *base;
+} FA_R(qtile_parts);
+
+static fa_status FA_R(qtile_parts_init)(fa_context *ctx, const fa_attn_problem *p, int64_t chunks,
+                                        FA_R(qtile_parts) *parts) {
+  parts->rows = p->B * p->Hq * p->Lq;
+  const size_t o_bytes = fa_attn_bytes((size_t)(chunks * parts->rows) * (size_t)p->Dv, sizeof(REAL));
+  const size_t l_bytes = fa_attn_bytes((size_t)(chunks * parts->rows), sizeof(double));
+  fa_status st = FA_OK;
+  parts->bytes = o_bytes + l_bytes;
+  if (!o_bytes || !l_bytes || parts->bytes < o_bytes)
+    return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: attention: key chunks of %lld rows are too large",
+                   (long long)parts->rows);
+  parts->base = fa_host_alloc(ctx, parts->bytes, &st);
+  if (!parts->base) return st != FA_OK ? st : FA_ERR_OUT_OF_MEMORY;
+  parts->o = (REAL *)parts->base;
+  parts->lse = (double *)((char *)parts->base + o_bytes);
+  return FA_OK;
+}
+
+/* p with its outputs chunk c's part: o rows of compute dtype, lse in f64. */
+static fa_attn_problem FA_R(qtile_part_problem)(const fa_attn_problem *p, const FA_R(qtile_parts) *parts,
+                                               int64_t c) {
+  fa_attn_problem part = *p;
+  part.o = parts->o + c * parts->rows * p->Dv, part.o_dtype = p->compute;
+  part.o_st = (fa_attn_strides){p->Hq * p->Lq * p->Dv, p->Lq * p->Dv, p->Dv};
+  part.lse = NULL, part.lse64 = parts->lse + c * parts->rows;
+  part.lse_st = (fa_attn_strides){p->Hq * p->Lq, p->Lq, 1};
+  return part;
+}
+
+/* Row r of the call: its chunks merged in order, written to p's o and lse. */
+static void FA_R(qtile_merge_row)(const fa_attn_problem *p, const FA_R(qtile_parts) *parts, int64_t chunks,
+                                  int64_t r) {
+  REAL *o = parts->o + r * p->Dv;
+  double lse = parts->lse[r];
+  for (int64_t c = 1; c < chunks; c++) {
+    const int64_t at = c * parts->rows + r;
+    FA_R(fa_cpu_merge_row)(o, lse, parts->o + at * p->Dv, parts->lse[at], o, &lse, p->Dv);
+  }
+  const int64_t b = r / (p->Hq * p->Lq), h = r / p->Lq % p->Hq, i = r % p->Lq;
+  void *out = (void *)fa_cpu_elem(p->o, p->o_dtype, fa_attn_row_at(p->o_st, b, h, i));
+  fa_cpu_stage_rows(p->o_dtype, out, p->o_st.s, p->compute, o, p->Dv, 1, p->Dv);
+  const fa_lse_rows l = fa_lse_rows_at(p, fa_attn_row_at(p->lse_st, b, h, i));
+  if (l.f32) *l.f32 = (float)lse;
+  if (l.f64) *l.f64 = lse;
+}
+
+/* Runs fn on every query tile (and key chunk), OpenMP-parallel with one
+ * workspace per thread. */
 static fa_status FA_R(qtile_run)(fa_context *ctx, const fa_attn_problem *p, FA_R(qtile_fn) fn) {
   const int64_t heads = FA_R(qtile_packs)(p), groups = p->Hq / heads; /* query heads a tile, tiles a row of them */
   const int64_t Br = heads > 1 ? p->Lq : p->tile_q, tiles = (p->Lq + Br - 1) / Br, items = p->B * groups * tiles;
+  const int64_t span = FA_R(qtile_chunk_keys)(p, items), chunks = span < p->Lk ? (p->Lk + span - 1) / span : 1;
+  FA_R(qtile_parts) parts = {0};
   fa_attn_workspace ws;
-  fa_status st = fa_attn_workspace_init(ctx, &ws, items, fa_attn_flops(p), FA_R(qtile_ws_bytes)(p, heads));
-  if (st) return st;
+  fa_status st;
+  if (chunks > 1 && (st = FA_R(qtile_parts_init)(ctx, p, chunks, &parts))) return st;
+  st = fa_attn_workspace_init(ctx, &ws, items * chunks, fa_attn_flops(p), FA_R(qtile_ws_bytes)(p, heads));
+  if (st) {
+    if (parts.base) fa_host_free(parts.base, parts.bytes);
+    return st;
+  }
 #pragma omp parallel num_threads(ws.threads)
   {
     const FA_R(qtile_ws) w = FA_R(qtile_ws_carve)(p, heads, fa_attn_workspace_slice(&ws, omp_get_thread_num()));
     /* Last tiles first: under a causal mask they hold the most keys, and
      * handing them out early evens out the dynamic schedule. */
 #pragma omp for schedule(dynamic)
-    for (int64_t it = 0; it < items; it++) {
-      const int64_t bg = it / tiles, b = bg / groups, i0 = (tiles - 1 - it % tiles) * Br;
+    for (int64_t it = 0; it < items * chunks; it++) {
+      const int64_t c = it % chunks, item = it / chunks;
+      const int64_t bg = item / tiles, b = bg / groups, i0 = (tiles - 1 - item % tiles) * Br;
       fa_attn_problem seq;
       const fa_attn_problem *pb = p;
-      if (p->pages) { /* a paged cache's sequence: a call of its own over its keys */
-        seq = *p, seq.Lk = p->pages->lens[b];
+      if (chunks > 1) { /* its outputs chunk c's */
+        seq = FA_R(qtile_part_problem)(p, &parts, c);
         pb = &seq;
       }
-      const FA_R(qtile) t =
-          FA_R(qtile_begin)(pb, b, bg % groups * heads, i0, p->Lq - i0 < Br ? p->Lq - i0 : Br, heads, &w);
+      if (p->pages) { /* a paged cache's sequence: a call of its own over its keys */
+        if (pb == p) seq = *p;
+        seq.Lk = p->pages->lens[b];
+        pb = &seq;
+      }
+      const int64_t k1 = c * span + span < p->Lk ? c * span + span : p->Lk;
+      const FA_R(qtile) t = FA_R(qtile_begin)(pb, b, bg % groups * heads, i0, p->Lq - i0 < Br ? p->Lq - i0 : Br,
+                                              heads, c * span, k1, &w);
       fn(pb, &t, &w);
       for (int64_t r0 = 0; w.os && r0 < t.rows; r0 += t.per_head) {
-        void *out = r0 ? (void *)fa_cpu_elem(p->o, p->o_dtype, fa_attn_row_at(p->o_st, b, t.h + r0 / t.per_head, i0))
-                       : t.out;
-        fa_cpu_stage_rows(p->o_dtype, out, p->o_st.s, p->compute, t.o + r0 * t.ldo, t.ldo, t.per_head, p->Dv);
+        void *out =
+            r0 ? (void *)fa_cpu_elem(pb->o, pb->o_dtype, fa_attn_row_at(pb->o_st, b, t.h + r0 / t.per_head, i0))
+               : t.out;
+        fa_cpu_stage_rows(pb->o_dtype, out, pb->o_st.s, p->compute, t.o + r0 * t.ldo, t.ldo, t.per_head, p->Dv);
       }
+    }
+    if (chunks > 1) {
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < parts.rows; r++) FA_R(qtile_merge_row)(p, &parts, chunks, r);
     }
   }
   fa_attn_workspace_free(&ws);
+  if (parts.base) fa_host_free(parts.base, parts.bytes);
   return FA_OK;
 }

@@ -16,7 +16,7 @@
 #define FA_MERGE_PAR_MIN 65536 /* elements below which threads cost more than they give */
 
 #define FA_MERGE_DEFINE(T, S)                                                                               \
-  static void merge_row_##S(const T *o1, double l1, const T *o2, double l2, T *o, double *lse, int64_t dv) {  \
+  void fa_cpu_merge_row_##S(const T *o1, double l1, const T *o2, double l2, T *o, double *lse, int64_t dv) {  \
     if (l1 == -INFINITY && l2 == -INFINITY) {                                                                \
       for (int64_t i = 0; i < dv; i++) o[i] = 0;                                                             \
       *lse = -INFINITY;                                                                                      \
@@ -38,20 +38,23 @@
 FA_MERGE_DEFINE(float, f32)
 FA_MERGE_DEFINE(double, f64)
 
-/* merge_row_f32 of states of dtypes t1, t2 (f32, or f16/bf16 read as they
+/* fa_cpu_merge_row_f32 of states of dtypes t1, t2 (f32, or f16/bf16 read as they
  * lie), in chunks of MERGE_CHUNK elements widened on the stack: the same
  * bits as merging their f32 copies. */
 enum { MERGE_CHUNK = 256 };
 static void merge_row_widened(const void *o1, fa_dtype t1, double l1, const void *o2, fa_dtype t2, double l2, float *o,
                               double *lse, int64_t dv) {
   float b1[MERGE_CHUNK], b2[MERGE_CHUNK];
-  if (dv == 0) merge_row_f32(b1, l1, b2, l2, o, lse, 0); /* the lse alone */
+  if (dv == 0) { /* the lse alone */
+    const float none = 0;
+    fa_cpu_merge_row_f32(&none, l1, &none, l2, o, lse, 0);
+  }
   for (int64_t c = 0; c < dv; c += MERGE_CHUNK) {
     const int64_t n = dv - c < MERGE_CHUNK ? dv - c : MERGE_CHUNK;
     const float *p1 = (const float *)fa_cpu_elem(o1, t1, c), *p2 = (const float *)fa_cpu_elem(o2, t2, c);
     if (t1 != FA_F32) fa_cpu_stage_rows(FA_F32, b1, n, t1, p1, n, 1, n), p1 = b1;
     if (t2 != FA_F32) fa_cpu_stage_rows(FA_F32, b2, n, t2, p2, n, 1, n), p2 = b2;
-    merge_row_f32(p1, l1, p2, l2, o + c, lse, n);
+    fa_cpu_merge_row_f32(p1, l1, p2, l2, o + c, lse, n);
   }
 }
 
@@ -67,9 +70,9 @@ void fa_cpu_merge_states(fa_dtype dt, const fa_merge_operands *g) {
       merge_row_widened(fa_cpu_elem(g->o1, g->dt1, a), g->dt1, l1, fa_cpu_elem(g->o2, g->dt2, b), g->dt2, l2,
                         (float *)g->o + r * dv, g->lse + r, dv);
     else if (dt == FA_F32)
-      merge_row_f32((const float *)g->o1 + a, l1, (const float *)g->o2 + b, l2, (float *)g->o + r * dv, g->lse + r, dv);
+      fa_cpu_merge_row_f32((const float *)g->o1 + a, l1, (const float *)g->o2 + b, l2, (float *)g->o + r * dv, g->lse + r, dv);
     else
-      merge_row_f64((const double *)g->o1 + a, l1, (const double *)g->o2 + b, l2, (double *)g->o + r * dv, g->lse + r,
+      fa_cpu_merge_row_f64((const double *)g->o1 + a, l1, (const double *)g->o2 + b, l2, (double *)g->o + r * dv, g->lse + r,
                     dv);
   }
 }

@@ -4,7 +4,10 @@
 -- attention (causal bottom-right, window, kv_lens, alibi, softcap, mask)
 -- measured on the whole key sequence; causal = "top_left" and the variants
 -- too, on both backends.  "auto" (the default) is 1 here (the decode kernel
--- chooses its own, and so does cuda's f32 kernel: test_f32_key_chunks).
+-- chooses its own, and so does cuda's f32 kernel: test_f32_key_chunks, and
+-- the CPU's "flash" and "two_pass" where the tiles are fewer than the
+-- threads: test_key_chunks_every_rule; CTest runs this file a second time
+-- with 8 threads, lua_splits_8_threads).
 local U = require "fa_testutil"
 local fa, lu = U.fa, U.lu
 local dev = U.device
@@ -246,13 +249,13 @@ function TestSplits:test_hostile_finalizer_frees_inputs()
   U.assert_close(o, ro, "f32", "hostile")
 end
 
-U.run()
 
 -- cuda's f32 kernel ("flash", D = Dv = 64 or 128) cuts the keys into chunks of one launch where its
 -- query tiles are too few to fill the GPU ("auto"; splits = 1: none), merging the chunks' (m, l):
 -- the same result as one chunk within rounding (nearer the reference: shorter sums), under every
 -- rule, bit-identical from run to run; chunks with no key (kv_lens, a window, causal rows) weigh
--- nothing, and NaN or inf of V at keys no row attends stays out.  On the CPU "auto" is one piece.
+-- nothing, and NaN or inf of V at keys no row attends stays out.  On the CPU the same holds where
+-- "flash" cuts a call's keys over the threads (with 2 threads: none of these; with 8: four chunks).
 function TestSplits:test_f32_key_chunks()
   local Lk = 2000 -- 63 key tiles of 32: three chunks of 21 where one or two query tiles a head run
   for _, D in ipairs({64, 128}) do
@@ -289,3 +292,93 @@ function TestSplits:test_f32_key_chunks()
     end
   end
 end
+
+-- "auto" on a call of fewer tiles than threads and 1024 keys or more: the CPU's "flash" and "two_pass"
+-- cut each tile's keys into chunks of whole key tiles, one a thread, and merge the chunks' states as
+-- fa.merge_states does (cuda: the decode kernel's chunks where it takes the call).  Every rule against
+-- the reference and against splits = 1, the same bits run twice, GQA rows packed into one tile, rows
+-- some chunks leave empty (top_left, a window, kv_lens), rows no chunk attends (zeros, lse = -inf),
+-- NaN of V reaching exactly the rows that attend its key, and outputs written through views.
+function TestSplits:test_key_chunks_every_rule()
+  local Lk, D = 1300, 16
+  local docs = {}
+  for j = 1, Lk do docs[j] = j // 400 end
+  local doc = fa.tensor(docs, {dtype = "f32", device = dev})
+  local shapes = {{B = 1, Hq = 4, Hkv = 1, Lq = 1}, {B = 1, Hq = 4, Hkv = 1, Lq = 3}, {B = 1, Hq = 1, Hkv = 1, Lq = 5}}
+  for si, sh in ipairs(shapes) do
+    for di, dtype in ipairs(U.dtypes) do
+      local q = U.randn({sh.B, sh.Hq, sh.Lq, D}, dtype)
+      local k, v = U.randn({sh.B, sh.Hkv, Lk, D}, dtype), U.randn({sh.B, sh.Hkv, Lk, D}, dtype)
+      local slopes = {}
+      for h = 1, sh.Hq do slopes[h] = 0.002 * h end
+      local sets = {
+        {}, {causal = true}, {causal = "top_left"}, {window = {600, 20}}, {kv_lens = {700}, causal = true},
+        {alibi = slopes, softcap = 3}, {kv_lens = {0}},
+        {mask = U.randn({1, sh.Hq, sh.Lq, Lk}, dtype)},
+        {mask = fa.tensor(U.nested({1, 1, sh.Lq, Lk}, function(_, _, i, j) return (i + j) % 5 ~= 0 and j > 300 end),
+          {device = dev})},
+        {mask_mod = function(b, h, i, j) return doc[j]:eq(doc[i * 250]) | j:le(i * 7) end},
+        {score_mod = function(s, b, h, i, j) return s - (i - j):abs() * 0.001 + doc[j] * 0.1 end},
+      }
+      for ri, rules in ipairs(sets) do
+        local algo = U.pick({"flash", "two_pass", "auto"}, si + di + ri)
+        local what = ("chunks %s Hq %d Lq %d rules #%d %s"):format(dtype, sh.Hq, sh.Lq, ri, algo)
+        local auto = U.copy_opts(rules)
+        auto.return_lse, auto.algo = true, algo
+        local one = U.copy_opts(auto)
+        one.splits = 1
+        local o, l = fa.attention(q, k, v, auto)
+        local o1, l1 = fa.attention(q, k, v, one)
+        U.assert_close(o, o1, dtype, what .. " vs splits = 1", math.max(U.tol[dtype], 1e-6))
+        U.assert_lse(l, l1, dtype, what .. " lse vs splits = 1")
+        local ro, rl = U.reference(q, k, v, auto)
+        U.assert_close(o, ro, dtype, what .. " vs reference", math.max(U.tol[dtype], 1e-6))
+        U.assert_lse(l, rl, dtype, what .. " lse vs reference")
+        local o2, l2 = fa.attention(q, k, v, auto)
+        lu.assertEquals(fa.max_abs_diff(o, o2), 0, what .. " run twice")
+        lu.assertEquals(U.flat(l2), U.flat(l), what .. " lse run twice")
+        if rules.kv_lens and rules.kv_lens[1] == 0 then
+          lu.assertEquals(o:norm(), 0, what .. ": no key, zeros")
+          for _, x in ipairs(U.flat(l)) do lu.assertEquals(x, -math.huge, what .. ": no key, lse = -inf") end
+        end
+      end
+      -- NaN of V at key 1100 (a late chunk) reaches the rows whose mask keeps it, zero weight included
+      local vn = v:clone()
+      vn:set(1, 1, 1100, 2, U.NaN)
+      local m = fa.tensor(U.nested({1, sh.Hq, sh.Lq, Lk}, function(_, h, _, j)
+        if j ~= 1100 or h == 1 then return 0 end
+        return h == 2 and -1e30 or -math.huge
+      end), {dtype = dtype == "f64" and "f64" or "f32", device = dev})
+      local on = fa.attention(q, k, vn, {mask = m})
+      for h = 1, sh.Hq do
+        lu.assertEquals(on:select(2, h):isfinite(), h > 2,
+          ("chunks %s Hq %d Lq %d: NaN reaches head %d"):format(dtype, sh.Hq, sh.Lq, h))
+      end
+      -- outputs through views: o a narrow of wider rows, lse a column of a matrix
+      local wide = U.poison({sh.B, sh.Hq, sh.Lq, D + 5}, dtype)
+      local out = wide:narrow(4, 3, D)
+      local lwide = U.poison({sh.B, sh.Hq, sh.Lq, 2}, "f32")
+      local lout = lwide:select(4, 2)
+      fa.attention(q, k, v, {causal = true, out = out, lse_out = lout})
+      local ro, rl = U.reference(q, k, v, {causal = true, return_lse = true})
+      U.assert_close(out, ro, dtype, "chunks into a view", math.max(U.tol[dtype], 1e-6))
+      U.assert_lse(lout, rl, dtype, "chunks lse into a view")
+      lu.assertTrue(U.is_nan(U.flat(wide:narrow(4, 1, 2))[1]), "chunks wrote outside the view")
+    end
+  end
+  -- a paged cache: each sequence's keys cut at the same places as the call over contiguous K and V
+  if dev == "cpu" then
+    local cache <close> = fa.kv_cache{batch = 2, heads = 1, dim = D, capacity = 2048, page_size = 16}
+    local kc, vc = U.randn({2, 1, 1500, D}), U.randn({2, 1, 1500, D})
+    cache:append(kc, vc, {1500, 900})
+    local qc = U.randn({2, 4, 1, D})
+    local o, l = cache:attend(qc, {return_lse = true})
+    local ro, rl = U.reference(qc, kc, vc, {kv_lens = {1500, 900}, return_lse = true})
+    U.assert_close(o, ro, "f32", "chunks through the page table")
+    U.assert_lse(l, rl, "f32", "chunks through the page table lse")
+    lu.assertEquals(fa.max_abs_diff(o, fa.attention(qc, kc, vc, {kv_lens = {1500, 900}})), 0,
+      "chunks through the page table: the contiguous call's bits")
+  end
+end
+
+U.run()
