@@ -41,6 +41,12 @@ typedef void (*FA_R(qtile_fn))(const fa_attn_problem *p, const FA_R(qtile) *t, c
 
 static inline int FA_R(qtile_staged)(const fa_attn_problem *p) { return p->storage != p->compute; }
 static inline int FA_R(qtile_staged_kv)(const fa_attn_problem *p) { return FA_R(qtile_staged)(p) || p->pages; }
+/* Whether the call's keys may be cut into chunks (qtile_chunk_keys): a call of one
+ * query tile a head (decoding; longer queries have tiles to share out) and
+ * keys long enough. */
+static inline int FA_R(qtile_may_split)(const fa_attn_problem *p) {
+  return p->split_keys && p->Lq <= p->tile_q && p->Lk >= 2 * FA_CPU_SPLIT_MIN_KEYS;
+}
 /* GQA packing: the query heads that share a key head in one tile (its keys
  * and values then read once for all of them, as a gemm of all their rows),
  * for calls whose query rows of all of them fit a default tile (decoding),
@@ -50,12 +56,6 @@ static inline int FA_R(qtile_staged_kv)(const fa_attn_problem *p) { return FA_R(
  * head, as asked); too few key heads for the threads are made up by key
  * chunks where the keys are long enough.  The heads a tile packs: Hq / Hkv,
  * or 1. */
-/* Whether the call's keys may be cut into chunks (below): a call of one
- * query tile a head (decoding; longer queries have tiles to share out) and
- * keys long enough. */
-static inline int FA_R(qtile_may_split)(const fa_attn_problem *p) {
-  return p->split_keys && p->Lq <= p->tile_q && p->Lk >= 2 * FA_CPU_SPLIT_MIN_KEYS;
-}
 static inline int64_t FA_R(qtile_packs)(const fa_attn_problem *p) {
   const int64_t g = p->Hkv > 0 ? p->Hq / p->Hkv : 1;
   if (g <= 1 || p->Lq > FA_CPU_DEFAULT_TILE_Q / g || p->mask_mod || p->block_mask || p->tile_given ||
