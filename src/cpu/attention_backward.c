@@ -9,7 +9,9 @@
  * head) owns that head's dk, dv and the dq rows of the query heads sharing
  * it (GQA), so no two threads write one element and the order of every sum
  * is fixed: the result is bit-identical from run to run and whatever the
- * number of threads (opts.deterministic is always honoured).
+ * number of threads (opts.deterministic is always honoured).  With fewer
+ * such tasks than threads, two passes (a key tile's dk, dv; a query tile's
+ * dq) keep each element's order (bw_run).
  *
  * fa_cpu_attention_backward_reference: the plainest code in f64.  Per
  * (batch, query head) it materialises the raw products X = scale·QKᵀ, the

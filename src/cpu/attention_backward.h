@@ -21,8 +21,10 @@ typedef struct {
 } fa_attn_backward;
 
 /* FlashAttention's recomputation scheme, no Lq·Lk storage: one task per
- * (batch, KV head) owns its dk, dv and the dq rows of its query heads, so
- * that the result is the same from run to run whatever the threads. */
+ * (batch, KV head) owns its dk, dv and the dq rows of its query heads (or,
+ * with fewer tasks than threads, a key tile's dk, dv, then a query tile's
+ * dq, summed in the same order), so that the result is the same from run
+ * to run whatever the threads. */
 fa_status fa_cpu_attention_backward(fa_context *ctx, const fa_attn_backward *g);
 /* The plainest code in f64: S, P, dP materialised per (batch, head). */
 fa_status fa_cpu_attention_backward_reference(fa_context *ctx, const fa_attn_backward *g);

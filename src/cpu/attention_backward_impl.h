@@ -6,6 +6,11 @@
 
 #define FA_LANES 8
 
+#ifndef BW_SHARE_KV
+#define BW_SHARE_KV 1 /* bw_tile's shares: dV and dK */
+#define BW_SHARE_Q 2  /* dQ */
+#endif
+
 /* Independent partial sums let GCC vectorise without reassociating. */
 static inline REAL FA_R(bw_dot)(const REAL *a, const REAL *b, int64_t n) {
   REAL lane[FA_LANES] = {0};
@@ -95,11 +100,13 @@ static const REAL *FA_R(bw_rows)(const fa_attn_problem *p, const void *base, fa_
  * softcap's 1 − tanh²), dK += dSᵀ·Q, dQ += dS·K, the products by BLAS.
  * w's sp, dp, th: m·n entries each.  Returns without work when no row of the
  * tile may attend to these keys.  skip_zeros: the products skip zero
- * weights (bw_skip_zeros; the call's q, k or dout hold NaN or inf). */
+ * weights (bw_skip_zeros; the call's q, k or dout hold NaN or inf).  what:
+ * the shares it adds, BW_SHARE_KV (dV, dK), BW_SHARE_Q (dQ) or both; each share's
+ * products are the same whichever others are asked. */
 FA_CPU_CLONES
 static void FA_R(bw_tile)(const fa_attn_backward *g, int64_t b, int64_t h, int64_t i0, int64_t m, int64_t j0,
                           int64_t n, const REAL *delta, const FA_R(bw_ws) *w, const REAL *k, int64_t ldk,
-                          const REAL *v, int64_t ldv, int skip_zeros) {
+                          const REAL *v, int64_t ldv, int skip_zeros, int what) {
   const fa_attn_problem *p = g->p;
   const int64_t D = p->D, Dv = p->Dv, hk = h / (p->Hq / p->Hkv), row0 = (b * p->Hq + h) * p->Lq + i0;
   const int64_t kv = (b * p->Hkv + hk) * p->Lk + j0; /* the dense outputs' rows (and lse's) */
@@ -148,39 +155,72 @@ static void FA_R(bw_tile)(const fa_attn_backward *g, int64_t b, int64_t h, int64
     }
   }
   if (!skip_zeros) {
-    FA_R(bw_gemm)(1, 0, n, Dv, m, sp, n, dout, ldd, 1, dv, Dv); /* dV += Pᵀ·dO */
-    FA_R(bw_gemm)(1, 0, n, D, m, dp, n, q, ldq, 1, dk, D);       /* dK += dSᵀ·Q */
-    FA_R(bw_gemm)(0, 0, m, D, n, dp, n, k, ldk, 1, dq, D);       /* dQ += dS·K */
+    if (what & BW_SHARE_KV) {
+      FA_R(bw_gemm)(1, 0, n, Dv, m, sp, n, dout, ldd, 1, dv, Dv); /* dV += Pᵀ·dO */
+      FA_R(bw_gemm)(1, 0, n, D, m, dp, n, q, ldq, 1, dk, D);       /* dK += dSᵀ·Q */
+    }
+    if (what & BW_SHARE_Q) FA_R(bw_gemm)(0, 0, m, D, n, dp, n, k, ldk, 1, dq, D); /* dQ += dS·K */
     return;
   }
-  FA_R(bw_skip_zeros)(0, m, n, Dv, sp, dout, ldd, dv);
-  FA_R(bw_skip_zeros)(0, m, n, D, dp, q, ldq, dk);
-  FA_R(bw_skip_zeros)(1, m, n, D, dp, k, ldk, dq);
+  if (what & BW_SHARE_KV) {
+    FA_R(bw_skip_zeros)(0, m, n, Dv, sp, dout, ldd, dv);
+    FA_R(bw_skip_zeros)(0, m, n, D, dp, q, ldq, dk);
+  }
+  if (what & BW_SHARE_Q) FA_R(bw_skip_zeros)(1, m, n, D, dp, k, ldk, dq);
 }
 
-/* The task of (b, hk): the dk, dv of that KV head and the dq rows of its
- * query heads, key tile by key tile (each key tile's keys and values staged
- * once for all its query tiles). */
-static void FA_R(bw_task)(const fa_attn_backward *g, int64_t b, int64_t hk, const FA_R(bw_ws) *w, int skip_zeros) {
+/* delta_i = rowsum(dO_i ∘ O_i) for the rows of heads h0..h0+heads-1 of
+ * batch b, into delta (heads·Lq entries). */
+static void FA_R(bw_delta)(const fa_attn_backward *g, int64_t b, int64_t h0, int64_t heads, const FA_R(bw_ws) *w,
+                           REAL *delta) {
   const fa_attn_problem *p = g->p;
-  const int64_t G = p->Hq / p->Hkv, Lq = p->Lq, Lk = p->Lk, D = p->D, Dv = p->Dv, br = p->tile_q, bc = p->tile_k;
-  const int64_t h0 = hk * G;
-  for (int64_t r = 0; r < G * Lq; r++) { /* delta_i = rowsum(dO_i ∘ O_i) */
+  const int64_t Lq = p->Lq, Dv = p->Dv;
+  for (int64_t r = 0; r < heads * Lq; r++) {
     const int64_t h = h0 + r / Lq, i = r % Lq;
     int64_t ld; /* one row: its stride is not needed */
     const REAL *d1 = FA_R(bw_rows)(p, g->dout, g->dout_st, b, h, i, 1, Dv, w->d1, &ld);
     const REAL *o1 = FA_R(bw_rows)(p, g->o, p->o_st, b, h, i, 1, Dv, w->o1, &ld);
-    w->delta[r] = FA_R(bw_dot)(d1, o1, Dv);
+    delta[r] = FA_R(bw_dot)(d1, o1, Dv);
   }
-  for (int64_t j0 = 0; j0 < Lk; j0 += bc) {
-    const int64_t n = Lk - j0 < bc ? Lk - j0 : bc;
+}
+
+/* Key tile j0 of KV head hk of batch b against every query tile of the
+ * query heads that share it (delta: their G·Lq rows), adding the shares
+ * `what` (bw_tile); its keys and values staged once for all of them. */
+static void FA_R(bw_key_tile)(const fa_attn_backward *g, int64_t b, int64_t hk, int64_t j0, const REAL *delta,
+                              const FA_R(bw_ws) *w, int skip_zeros, int what) {
+  const fa_attn_problem *p = g->p;
+  const int64_t G = p->Hq / p->Hkv, Lq = p->Lq, br = p->tile_q, h0 = hk * G;
+  const int64_t n = p->Lk - j0 < p->tile_k ? p->Lk - j0 : p->tile_k;
+  int64_t ldk, ldv;
+  const REAL *k = FA_R(bw_rows)(p, p->k, p->k_st, b, hk, j0, n, p->D, w->ks, &ldk);
+  const REAL *v = FA_R(bw_rows)(p, p->v, p->v_st, b, hk, j0, n, p->Dv, w->vs, &ldv);
+  for (int64_t h = h0; h < h0 + G; h++)
+    for (int64_t i0 = 0; i0 < Lq; i0 += br)
+      FA_R(bw_tile)(g, b, h, i0, Lq - i0 < br ? Lq - i0 : br, j0, n, delta + (h - h0) * Lq + i0, w, k, ldk, v, ldv,
+                    skip_zeros, what);
+}
+
+/* The task of (b, hk): the dk, dv of that KV head and the dq rows of its
+ * query heads, key tile by key tile. */
+static void FA_R(bw_task)(const fa_attn_backward *g, int64_t b, int64_t hk, const FA_R(bw_ws) *w, int skip_zeros) {
+  const fa_attn_problem *p = g->p;
+  FA_R(bw_delta)(g, b, hk * (p->Hq / p->Hkv), p->Hq / p->Hkv, w, w->delta);
+  for (int64_t j0 = 0; j0 < p->Lk; j0 += p->tile_k) FA_R(bw_key_tile)(g, b, hk, j0, w->delta, w, skip_zeros, BW_SHARE_Q | BW_SHARE_KV);
+}
+
+/* dQ of query tile i0 of head h of batch b (delta: its rows), key tile by
+ * key tile in the order bw_task takes them, so with the same bits. */
+static void FA_R(bw_query_tile)(const fa_attn_backward *g, int64_t b, int64_t h, int64_t i0, const REAL *delta,
+                                const FA_R(bw_ws) *w, int skip_zeros) {
+  const fa_attn_problem *p = g->p;
+  const int64_t m = p->Lq - i0 < p->tile_q ? p->Lq - i0 : p->tile_q, hk = h / (p->Hq / p->Hkv);
+  for (int64_t j0 = 0; j0 < p->Lk; j0 += p->tile_k) {
+    const int64_t n = p->Lk - j0 < p->tile_k ? p->Lk - j0 : p->tile_k;
     int64_t ldk, ldv;
-    const REAL *k = FA_R(bw_rows)(p, p->k, p->k_st, b, hk, j0, n, D, w->ks, &ldk);
-    const REAL *v = FA_R(bw_rows)(p, p->v, p->v_st, b, hk, j0, n, Dv, w->vs, &ldv);
-    for (int64_t h = h0; h < h0 + G; h++)
-      for (int64_t i0 = 0; i0 < Lq; i0 += br)
-        FA_R(bw_tile)(g, b, h, i0, Lq - i0 < br ? Lq - i0 : br, j0, n, w->delta + (h - h0) * Lq + i0, w, k, ldk, v,
-                      ldv, skip_zeros);
+    const REAL *k = FA_R(bw_rows)(p, p->k, p->k_st, b, hk, j0, n, p->D, w->ks, &ldk);
+    const REAL *v = FA_R(bw_rows)(p, p->v, p->v_st, b, hk, j0, n, p->Dv, w->vs, &ldv);
+    FA_R(bw_tile)(g, b, h, i0, m, j0, n, delta, w, k, ldk, v, ldv, skip_zeros, BW_SHARE_Q);
   }
 }
 
@@ -200,26 +240,56 @@ static int FA_R(bw_rows_finite)(const fa_attn_problem *p, const void *base, fa_a
   return 1;
 }
 
+/* Where the (batch, KV head) tasks are fewer than the threads (a few
+ * heads), two passes instead: dK and dV a key tile at a time, then dQ a
+ * query tile at a time, each recomputing its tiles' S and dP (7 products a
+ * tile pair instead of 5, spread over more threads).  Every element is
+ * summed by one thread in the order of bw_task, so the bits are the same
+ * whichever schedule runs. */
 static fa_status FA_R(bw_run)(fa_context *ctx, const fa_attn_backward *g) {
   const fa_attn_problem *p = g->p;
-  const int64_t tasks = p->B * p->Hkv;
-  const int threads = fa_cpu_threads_for(tasks, 2.5 * fa_attn_flops(p)); /* the backward: 2.5 forwards */
+  const int64_t tasks = p->B * p->Hkv, G = p->Hq / p->Hkv;
+  const int64_t key_items = tasks * ((p->Lk + p->tile_k - 1) / p->tile_k);
+  const int64_t query_items = p->B * p->Hq * ((p->Lq + p->tile_q - 1) / p->tile_q);
+  const double flops = 2.5 * fa_attn_flops(p); /* the backward: 2.5 forwards */
+  const int two = tasks < fa_cpu_threads_for(INT64_MAX, flops) && key_items > tasks;
+  const int threads = fa_cpu_threads_for(two ? (key_items > query_items ? key_items : query_items) : tasks, flops);
   const double per = FA_R(bw_ws_entries)(p);
-  if (per * (double)threads * sizeof(REAL) > (double)SIZE_MAX / 2)
+  const double rows = two ? (double)p->B * (double)p->Hq * (double)p->Lq : 0;
+  if ((per * (double)threads + rows) * sizeof(REAL) > (double)SIZE_MAX / 2)
     return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: attention_backward: Lq = %lld is too large",
                    (long long)p->Lq);
-  const size_t each = (size_t)per, bytes = each * (size_t)threads * sizeof(REAL);
+  const size_t each = (size_t)per, bytes = (each * (size_t)threads + (size_t)rows) * sizeof(REAL);
   fa_status st = FA_OK;
   REAL *scratch = fa_host_alloc(ctx, bytes ? bytes : 1, &st);
   if (!scratch) return st;
+  REAL *delta = scratch + each * (size_t)threads; /* two passes: every row's, (B, Hq, Lq) */
   /* one pass over the operands a call, not one a tile pair */
   const int skip_zeros = !(FA_R(bw_rows_finite)(p, p->q, p->q_st, p->B, p->Hq, p->Lq, p->D) &&
                            FA_R(bw_rows_finite)(p, p->k, p->k_st, p->B, p->Hkv, p->Lk, p->D) &&
                            FA_R(bw_rows_finite)(p, g->dout, g->dout_st, p->B, p->Hq, p->Lq, p->Dv));
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
-  for (int64_t t = 0; t < tasks; t++) {
+#pragma omp parallel num_threads(threads)
+  {
     const FA_R(bw_ws) w = FA_R(bw_ws_carve)(p, scratch + (size_t)omp_get_thread_num() * each);
-    FA_R(bw_task)(g, t / p->Hkv, t % p->Hkv, &w, skip_zeros);
+    if (!two) {
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t t = 0; t < tasks; t++) FA_R(bw_task)(g, t / p->Hkv, t % p->Hkv, &w, skip_zeros);
+    } else {
+      const int64_t ktiles = key_items / tasks, qtiles = query_items / (p->B * p->Hq);
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < tasks; t++) FA_R(bw_delta)(g, t / p->Hkv, t % p->Hkv * G, G, &w, delta + t * G * p->Lq);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t it = 0; it < key_items; it++) {
+        const int64_t t = it / ktiles;
+        FA_R(bw_key_tile)(g, t / p->Hkv, t % p->Hkv, it % ktiles * p->tile_k, delta + t * G * p->Lq, &w, skip_zeros,
+                          BW_SHARE_KV);
+      }
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t it = 0; it < query_items; it++) {
+        const int64_t bh = it / qtiles, i0 = it % qtiles * p->tile_q;
+        FA_R(bw_query_tile)(g, bh / p->Hq, bh % p->Hq, i0, delta + bh * p->Lq + i0, &w, skip_zeros);
+      }
+    }
   }
   fa_host_free(scratch, bytes ? bytes : 1);
   return FA_OK;

@@ -341,6 +341,38 @@ function TestBackward:test_runs_are_bit_identical()
   end
 end
 
+-- The CPU runs a call of fewer (batch, KV head) tasks than threads in two passes (dK and dV a key tile
+-- at a time, then dQ a query tile at a time), each element summed in the task's order: the same bits as
+-- the one-pass schedule.  A call of one batch (one task: two passes wherever there are 2 threads or more)
+-- against the same data as the first of a batch of many (tasks enough for 2 threads: one pass), every
+-- dtype, GQA, causal, a mask, NaN in V (zero weights skipped), rows with no key.
+function TestBackward:test_cpu_schedules_give_the_same_bits()
+  if U.device ~= "cpu" then return end
+  for _, dtype in ipairs({"f32", "f64", "f16", "bf16"}) do
+    for ci, c in ipairs({{Hq = 4, Hkv = 1, Lq = 50, Lk = 300, opts = {causal = true}},
+                         {Hq = 2, Hkv = 1, Lq = 130, Lk = 200, opts = {window = {40, 3}, kv_lens = {150}}},
+                         {Hq = 1, Hkv = 1, Lq = 70, Lk = 260, opts = {softcap = 2, nan = true}}}) do
+      local B = 8
+      local q, k = randn({B, c.Hq, c.Lq, 32}, dtype), randn({B, c.Hkv, c.Lk, 32}, dtype)
+      local v, dout = randn({B, c.Hkv, c.Lk, 16}, dtype), randn({B, c.Hq, c.Lq, 16}, dtype)
+      local opts = U.copy_opts(c.opts, {nan = true})
+      if c.opts.nan then v:set(1, 1, 10, 3, U.NaN) end
+      local many = U.copy_opts(opts)
+      if opts.kv_lens then
+        many.kv_lens = {}
+        for b = 1, B do many.kv_lens[b] = opts.kv_lens[1] end
+      end
+      local one = function(t) return t:narrow(1, 1, 1):contiguous() end
+      local o, lse = fa.attention(q, k, v, with_lse(many))
+      local all = {fa.attention_backward(q, k, v, o, lse, dout, many)}
+      local first = {fa.attention_backward(one(q), one(k), one(v), one(o), one(lse), one(dout), opts)}
+      for i, name in ipairs({"dq", "dk", "dv"}) do
+        lu.assertTrue(same_bits(first[i], one(all[i])), ("%s case %d %s: the two schedules' bits"):format(dtype, ci, name))
+      end
+    end
+  end
+end
+
 -- cuda's deterministic calls at D = 96 and 128 of several key tiles (blocks of 128 keys adding dq in
 -- fixed point: test_fixed_point_deterministic_dq), causal and not, on both sides of 1024 keys (up to which
 -- causal calls added in the key tiles' order until 2026-12-02), GQA: bit-identical twice, and close to
