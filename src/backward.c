@@ -18,7 +18,7 @@
 
 #include <string.h>
 
-enum { BW_TILE = 64 };
+enum { BW_TILE = 128 };
 enum { BW_Q, BW_K, BW_V, BW_O, BW_LSE, BW_DOUT, BW_MASK, BW_DQ, BW_DK, BW_DV, BW_N };
 
 /* The forward's options as fa_attention resolves them, with the backward's
@@ -44,16 +44,18 @@ static fa_status bw_deliver(fa_context *ctx, fa_tensor *buf, const fa_tensor *li
 }
 
 /* The gradients' buffers dq (B, Hq, Lq, D), dk (B, Hkv, Lk, D) and dv
- * (B, Hkv, Lk, Dv) of dtype dt on dev into g[0..2]: zeros on the CPU (its
- * kernels add into them), uninitialised on cuda (its kernels write every
- * element). */
-static fa_status bw_buffers(fa_context *ctx, const fa_attn_dims *d, fa_dtype dt, fa_device dev, fa_tensor **g) {
+ * (B, Hkv, Lk, Dv) of dtype dt on dev into g[0..2]: zeros with zero (the
+ * CPU's reference adds into them, and where no kernel runs), else
+ * uninitialised (cuda's kernels write every element; the CPU's zero their
+ * own rows first, on the threads that fill them). */
+static fa_status bw_buffers(fa_context *ctx, const fa_attn_dims *d, fa_dtype dt, fa_device dev, int zero,
+                            fa_tensor **g) {
   const int64_t shapes[3][4] = {{d->B, d->Hq, d->Lq, d->D}, {d->B, d->Hkv, d->Lk, d->D}, {d->B, d->Hkv, d->Lk, d->Dv}};
   fa_status st = FA_OK;
   for (int i = 0; i < 3 && !st; i++) {
     const int64_t n = fa_numel_of(4, shapes[i]);
     st = fa_tensor_new(ctx, 4, shapes[i], dt, dev, &g[i]);
-    if (!st && dev == FA_CPU && n > 0) memset(fa_tensor_ptr(g[i]), 0, (size_t)n * fa_dtype_size(dt));
+    if (!st && zero && n > 0) memset(fa_tensor_ptr(g[i]), 0, (size_t)n * fa_dtype_size(dt));
   }
   return st;
 }
@@ -99,7 +101,7 @@ static fa_status run_backward_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, 
     goto done;
   p.o = fa_tensor_ptr(ob), p.lse = fa_tensor_ptr(lb);
   p.lse_st = fa_attn_strides_dense(d->Hq, d->Lq, 1);
-  if ((st = bw_buffers(ctx, d, d->dtype, FA_CUDA, g))) goto done;
+  if ((st = bw_buffers(ctx, d, d->dtype, FA_CUDA, 0, g))) goto done;
   gr.dout = fa_tensor_ptr(db);
   gr.deterministic = opts->deterministic != 0;
   gr.dq = fa_tensor_ptr(g[0]), gr.dk = fa_tensor_ptr(g[1]), gr.dv = fa_tensor_ptr(g[2]);
@@ -177,7 +179,8 @@ static fa_status run_backward(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_te
     if ((st = fa_attn_cpu_mask(ctx, m, compute, &t[BW_MASK]))) goto done;
     fa_attn_attach_mask(&p, m, t[BW_MASK]);
   }
-  if ((st = bw_buffers(ctx, &d, compute, FA_CPU, &t[BW_DQ]))) goto done; /* BW_DQ, BW_DK, BW_DV in turn */
+  const int runs = d.B * d.Hq * d.Lq > 0 && d.Lk > 0;
+  if ((st = bw_buffers(ctx, &d, compute, FA_CPU, reference || !runs, &t[BW_DQ]))) goto done; /* BW_DQ, DK, DV */
   fa_attn_backward g = {&p,
                         fa_tensor_ptr(t[BW_O]),
                         fa_tensor_ptr(t[BW_DOUT]),
@@ -187,7 +190,7 @@ static fa_status run_backward(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_te
                         fa_tensor_ptr(t[BW_DV]),
                         dout_st};
   st = fa_expr_begin(ctx, p.score_mod, p.mask_mod, 1);
-  if (!st && d.B * d.Hq * d.Lq > 0 && d.Lk > 0)
+  if (!st && runs)
     st = reference ? fa_cpu_attention_backward_reference(ctx, &g) : fa_cpu_attention_backward(ctx, &g);
   if (!st) st = fa_expr_end(ctx, p.score_mod, p.mask_mod); /* a tensor read out of range (src/expr.h) */
   const fa_dtype odt = reference ? FA_F64 : d.dtype;

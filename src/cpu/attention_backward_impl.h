@@ -145,14 +145,17 @@ static void FA_R(bw_tile)(const fa_attn_backward *g, int64_t b, int64_t h, int64
       continue;
     }
     FA_R(fa_attn_scores_chain)(use, b, h, i0 + r, j0, n, lo, hi, s, t); /* t: the rule's derivative */
+    const REAL l = lse[r], dl = delta[r];
+    /* no branch, so that the loop vectorises; t keeps the score */
     for (int64_t j = 0; j < n; j++) {
-      if (s[j] == -(REAL)INFINITY) { /* masked: nothing flows */
-        s[j] = d[j] = 0;
-        continue;
-      }
-      s[j] = FA_EXP(s[j] - lse[r]);
-      d[j] = s[j] * (d[j] - delta[r]) * scale * t[j];
+      const REAL x = s[j], pj = FA_EXP(x - l);
+      d[j] = pj * (d[j] - dl) * scale * t[j];
+      s[j] = pj, t[j] = x;
     }
+    /* a masked pair (score -inf, also where lse is NaN) or a weight of 0 (underflowed) passes nothing,
+     * also where dP or the derivative is not finite */
+    for (int64_t j = 0; j < n; j++)
+      if (t[j] == -(REAL)INFINITY || s[j] == 0) s[j] = d[j] = 0;
   }
   if (!skip_zeros) {
     if (what & BW_SHARE_KV) {
@@ -168,6 +171,10 @@ static void FA_R(bw_tile)(const fa_attn_backward *g, int64_t b, int64_t h, int64
   }
   if (what & BW_SHARE_Q) FA_R(bw_skip_zeros)(1, m, n, D, dp, k, ldk, dq);
 }
+
+/* The gradients' rows a thread owns are zeroed by it before it adds into
+ * them (first touched there, not by one thread for all). */
+static inline void FA_R(bw_zero)(REAL *x, int64_t n) { memset(x, 0, (size_t)n * sizeof *x); }
 
 /* delta_i = rowsum(dO_i ∘ O_i) for the rows of heads h0..h0+heads-1 of
  * batch b, into delta (heads·Lq entries). */
@@ -205,7 +212,11 @@ static void FA_R(bw_key_tile)(const fa_attn_backward *g, int64_t b, int64_t hk, 
  * query heads, key tile by key tile. */
 static void FA_R(bw_task)(const fa_attn_backward *g, int64_t b, int64_t hk, const FA_R(bw_ws) *w, int skip_zeros) {
   const fa_attn_problem *p = g->p;
-  FA_R(bw_delta)(g, b, hk * (p->Hq / p->Hkv), p->Hq / p->Hkv, w, w->delta);
+  const int64_t G = p->Hq / p->Hkv, kv0 = (b * p->Hkv + hk) * p->Lk, row0 = (b * p->Hq + hk * G) * p->Lq;
+  FA_R(bw_zero)((REAL *)g->dk + kv0 * p->D, p->Lk * p->D);
+  FA_R(bw_zero)((REAL *)g->dv + kv0 * p->Dv, p->Lk * p->Dv);
+  FA_R(bw_zero)((REAL *)g->dq + row0 * p->D, G * p->Lq * p->D);
+  FA_R(bw_delta)(g, b, hk * G, G, w, w->delta);
   for (int64_t j0 = 0; j0 < p->Lk; j0 += p->tile_k) FA_R(bw_key_tile)(g, b, hk, j0, w->delta, w, skip_zeros, BW_SHARE_Q | BW_SHARE_KV);
 }
 
@@ -240,10 +251,10 @@ static int FA_R(bw_rows_finite)(const fa_attn_problem *p, const void *base, fa_a
   return 1;
 }
 
-/* Where the (batch, KV head) tasks are fewer than the threads (a few
- * heads), two passes instead: dK and dV a key tile at a time, then dQ a
- * query tile at a time, each recomputing its tiles' S and dP (7 products a
- * tile pair instead of 5, spread over more threads).  Every element is
+/* Where the (batch, KV head) tasks leave threads idle (fewer than 5/8 of
+ * them: a few heads), two passes instead: dK and dV a key tile at a time,
+ * then dQ a query tile at a time, each recomputing its tiles' S and dP (7
+ * products a tile pair instead of 5, spread over more threads).  Every element is
  * summed by one thread in the order of bw_task, so the bits are the same
  * whichever schedule runs. */
 static fa_status FA_R(bw_run)(fa_context *ctx, const fa_attn_backward *g) {
@@ -252,7 +263,8 @@ static fa_status FA_R(bw_run)(fa_context *ctx, const fa_attn_backward *g) {
   const int64_t key_items = tasks * ((p->Lk + p->tile_k - 1) / p->tile_k);
   const int64_t query_items = p->B * p->Hq * ((p->Lq + p->tile_q - 1) / p->tile_q);
   const double flops = 2.5 * fa_attn_flops(p); /* the backward: 2.5 forwards */
-  const int two = tasks < fa_cpu_threads_for(INT64_MAX, flops) && key_items > tasks;
+  /* the second pass's products and staging cost 1.3-1.8x the one pass's time, measured (2 cores) */
+  const int two = 8 * tasks < 5 * fa_cpu_threads_for(INT64_MAX, flops) && key_items > tasks;
   const int threads = fa_cpu_threads_for(two ? (key_items > query_items ? key_items : query_items) : tasks, flops);
   const double per = FA_R(bw_ws_entries)(p);
   const double rows = two ? (double)p->B * (double)p->Hq * (double)p->Lq : 0;
@@ -280,13 +292,15 @@ static fa_status FA_R(bw_run)(fa_context *ctx, const fa_attn_backward *g) {
       for (int64_t t = 0; t < tasks; t++) FA_R(bw_delta)(g, t / p->Hkv, t % p->Hkv * G, G, &w, delta + t * G * p->Lq);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t it = 0; it < key_items; it++) {
-        const int64_t t = it / ktiles;
-        FA_R(bw_key_tile)(g, t / p->Hkv, t % p->Hkv, it % ktiles * p->tile_k, delta + t * G * p->Lq, &w, skip_zeros,
-                          BW_SHARE_KV);
+        const int64_t t = it / ktiles, j0 = it % ktiles * p->tile_k, n = p->Lk - j0 < p->tile_k ? p->Lk - j0 : p->tile_k;
+        FA_R(bw_zero)((REAL *)g->dk + (t * p->Lk + j0) * p->D, n * p->D);
+        FA_R(bw_zero)((REAL *)g->dv + (t * p->Lk + j0) * p->Dv, n * p->Dv);
+        FA_R(bw_key_tile)(g, t / p->Hkv, t % p->Hkv, j0, delta + t * G * p->Lq, &w, skip_zeros, BW_SHARE_KV);
       }
 #pragma omp for schedule(dynamic, 1)
       for (int64_t it = 0; it < query_items; it++) {
-        const int64_t bh = it / qtiles, i0 = it % qtiles * p->tile_q;
+        const int64_t bh = it / qtiles, i0 = it % qtiles * p->tile_q, m = p->Lq - i0 < p->tile_q ? p->Lq - i0 : p->tile_q;
+        FA_R(bw_zero)((REAL *)g->dq + (bh * p->Lq + i0) * p->D, m * p->D);
         FA_R(bw_query_tile)(g, bh / p->Hq, bh % p->Hq, i0, delta + bh * p->Lq + i0, &w, skip_zeros);
       }
     }
