@@ -50,22 +50,22 @@ static inline int FA_R(qtile_may_split)(const fa_attn_problem *p) {
 /* GQA packing: the query heads that share a key head in one tile (its keys
  * and values then read once for all of them, as a gemm of all their rows),
  * for calls whose query rows of all of them fit a default tile (decoding),
- * when the key heads alone keep the threads busy, and without the rules
- * that decide per tile (mask_mod's and a block mask's empty and full tiles
- * are a head's) or a tile the caller named (opts.tile: its Br rows of one
- * head, as asked); too few key heads for the threads are made up by key
- * chunks where the keys are long enough.  The heads a tile packs: Hq / Hkv,
- * or 1. */
+ * without the rules that decide per tile (mask_mod's and a block mask's
+ * empty and full tiles are a head's) or a tile the caller named (opts.tile:
+ * its Br rows of one head, as asked).  Where the key heads are fewer than
+ * the threads, only if key chunks give the threads work or the rows are
+ * too few to hide the reads packing saves (FA_CPU_PACK_ANY_ROWS; one
+ * thread packing 8 heads at Lq 1 took a quarter of the time of two threads
+ * a head each).  The heads a tile packs: Hq / Hkv, or 1. */
 static inline int64_t FA_R(qtile_packs)(const fa_attn_problem *p) {
   const int64_t g = p->Hkv > 0 ? p->Hq / p->Hkv : 1;
-  if (g <= 1 || p->Lq > FA_CPU_DEFAULT_TILE_Q / g || p->mask_mod || p->block_mask || p->tile_given ||
-      (p->B * p->Hkv < omp_get_max_threads() && !FA_R(qtile_may_split)(p)))
-    return 1;
+  if (g <= 1 || p->Lq > FA_CPU_DEFAULT_TILE_Q / g || p->mask_mod || p->block_mask || p->tile_given) return 1;
+  if (p->B * p->Hkv < omp_get_max_threads() && p->Lq > FA_CPU_PACK_ANY_ROWS && !FA_R(qtile_may_split)(p)) return 1;
   return g;
 }
 /* What follows takes the call's qtile_packs, decided once before the
- * threads start (a nested thread count must not change a workspace's
- * size). */
+ * threads start (a decision that read the thread count inside a thread,
+ * with a nested count, once carved a workspace larger than allocated). */
 /* The rows a tile holds: tile_q (fitted to Lq), or a packed tile's. */
 static inline int64_t FA_R(qtile_rows_max)(const fa_attn_problem *p, int64_t heads) {
   return heads > 1 ? heads * p->Lq : p->tile_q;

@@ -12,6 +12,12 @@
  * (attention_query_tile_impl.h): two default key tiles, so that a chunk's
  * gemms outweigh its share of the merge. */
 #define FA_CPU_SPLIT_MIN_KEYS (2 * FA_CPU_DEFAULT_TILE_K)
+/* GQA packing (attention_query_tile_impl.h) whatever the threads for calls
+ * of at most this many query rows a head: their products are too few to
+ * hide the reads of K and V that packing saves (2 threads, one key head,
+ * 8k keys, D 128, f32: 8 query heads at Lq 1 0.85 ms packed against 2.83
+ * a head a thread, at Lq 4 2.2 against 2.8; at Lq 8 3.9 against 3.7). */
+#define FA_CPU_PACK_ANY_ROWS 4
 #define FA_CPU_TILE_MIN 1
 #define FA_CPU_TILE_MAX 4096
 
