@@ -217,7 +217,8 @@ static void FA_R(bw_task)(const fa_attn_backward *g, int64_t b, int64_t hk, cons
   FA_R(bw_zero)((REAL *)g->dv + kv0 * p->Dv, p->Lk * p->Dv);
   FA_R(bw_zero)((REAL *)g->dq + row0 * p->D, G * p->Lq * p->D);
   FA_R(bw_delta)(g, b, hk * G, G, w, w->delta);
-  for (int64_t j0 = 0; j0 < p->Lk; j0 += p->tile_k) FA_R(bw_key_tile)(g, b, hk, j0, w->delta, w, skip_zeros, BW_SHARE_Q | BW_SHARE_KV);
+  for (int64_t j0 = 0; j0 < p->Lk; j0 += p->tile_k)
+    FA_R(bw_key_tile)(g, b, hk, j0, w->delta, w, skip_zeros, BW_SHARE_Q | BW_SHARE_KV);
 }
 
 /* dQ of query tile i0 of head h of batch b (delta: its rows), key tile by
@@ -254,9 +255,9 @@ static int FA_R(bw_rows_finite)(const fa_attn_problem *p, const void *base, fa_a
 /* Where the (batch, KV head) tasks leave threads idle (fewer than 5/8 of
  * them: a few heads), two passes instead: dK and dV a key tile at a time,
  * then dQ a query tile at a time, each recomputing its tiles' S and dP (7
- * products a tile pair instead of 5, spread over more threads).  Every element is
- * summed by one thread in the order of bw_task, so the bits are the same
- * whichever schedule runs. */
+ * products a tile pair instead of 5, spread over more threads).  Every
+ * element is summed by one thread in the order of bw_task, so the bits are
+ * the same whichever schedule runs. */
 static fa_status FA_R(bw_run)(fa_context *ctx, const fa_attn_backward *g) {
   const fa_attn_problem *p = g->p;
   const int64_t tasks = p->B * p->Hkv, G = p->Hq / p->Hkv;
@@ -292,14 +293,16 @@ static fa_status FA_R(bw_run)(fa_context *ctx, const fa_attn_backward *g) {
       for (int64_t t = 0; t < tasks; t++) FA_R(bw_delta)(g, t / p->Hkv, t % p->Hkv * G, G, &w, delta + t * G * p->Lq);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t it = 0; it < key_items; it++) {
-        const int64_t t = it / ktiles, j0 = it % ktiles * p->tile_k, n = p->Lk - j0 < p->tile_k ? p->Lk - j0 : p->tile_k;
+        const int64_t t = it / ktiles, j0 = it % ktiles * p->tile_k;
+        const int64_t n = p->Lk - j0 < p->tile_k ? p->Lk - j0 : p->tile_k;
         FA_R(bw_zero)((REAL *)g->dk + (t * p->Lk + j0) * p->D, n * p->D);
         FA_R(bw_zero)((REAL *)g->dv + (t * p->Lk + j0) * p->Dv, n * p->Dv);
         FA_R(bw_key_tile)(g, t / p->Hkv, t % p->Hkv, j0, delta + t * G * p->Lq, &w, skip_zeros, BW_SHARE_KV);
       }
 #pragma omp for schedule(dynamic, 1)
       for (int64_t it = 0; it < query_items; it++) {
-        const int64_t bh = it / qtiles, i0 = it % qtiles * p->tile_q, m = p->Lq - i0 < p->tile_q ? p->Lq - i0 : p->tile_q;
+        const int64_t bh = it / qtiles, i0 = it % qtiles * p->tile_q;
+        const int64_t m = p->Lq - i0 < p->tile_q ? p->Lq - i0 : p->tile_q;
         FA_R(bw_zero)((REAL *)g->dq + (bh * p->Lq + i0) * p->D, m * p->D);
         FA_R(bw_query_tile)(g, bh / p->Hq, bh % p->Hq, i0, delta + bh * p->Lq + i0, &w, skip_zeros);
       }

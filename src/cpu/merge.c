@@ -38,8 +38,8 @@
 FA_MERGE_DEFINE(float, f32)
 FA_MERGE_DEFINE(double, f64)
 
-/* fa_cpu_merge_row_f32 of states of dtypes t1, t2 (f32, or f16/bf16 read as they
- * lie), in chunks of MERGE_CHUNK elements widened on the stack: the same
+/* fa_cpu_merge_row_f32 of states of dtypes t1, t2 (f32, or f16/bf16 read
+ * as they lie), in chunks of MERGE_CHUNK elements widened on the stack: the same
  * bits as merging their f32 copies. */
 enum { MERGE_CHUNK = 256 };
 static void merge_row_widened(const void *o1, fa_dtype t1, double l1, const void *o2, fa_dtype t2, double l2, float *o,
@@ -70,9 +70,10 @@ void fa_cpu_merge_states(fa_dtype dt, const fa_merge_operands *g) {
       merge_row_widened(fa_cpu_elem(g->o1, g->dt1, a), g->dt1, l1, fa_cpu_elem(g->o2, g->dt2, b), g->dt2, l2,
                         (float *)g->o + r * dv, g->lse + r, dv);
     else if (dt == FA_F32)
-      fa_cpu_merge_row_f32((const float *)g->o1 + a, l1, (const float *)g->o2 + b, l2, (float *)g->o + r * dv, g->lse + r, dv);
+      fa_cpu_merge_row_f32((const float *)g->o1 + a, l1, (const float *)g->o2 + b, l2, (float *)g->o + r * dv,
+                           g->lse + r, dv);
     else
-      fa_cpu_merge_row_f64((const double *)g->o1 + a, l1, (const double *)g->o2 + b, l2, (double *)g->o + r * dv, g->lse + r,
-                    dv);
+      fa_cpu_merge_row_f64((const double *)g->o1 + a, l1, (const double *)g->o2 + b, l2, (double *)g->o + r * dv,
+                           g->lse + r, dv);
   }
 }
