@@ -134,7 +134,7 @@ static fa_status build_problem(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   p->tile_q = o->tile_q ? o->tile_q : FA_CPU_DEFAULT_TILE_Q;
   p->tile_k = o->tile_k ? o->tile_k : FA_CPU_DEFAULT_TILE_K;
   p->tile_given = o->tile_q || o->tile_k;
-  p->split_keys = o->splits == 0; /* a piece's are 1 */
+  p->key_chunks = o->splits; /* a piece's are 1 */
   fa_attn_fit_tiles(p);
   fa_status st;
   if ((st = fa_attn_cpu_operand(ctx, q, storage, &bufs->q, &p->q_st)) ||
@@ -565,10 +565,11 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
     o = &as_range;
     d.variant = o->score_mod || o->mask_mod;
   }
-  /* the decode kernel cuts the keys into opts.splits chunks itself */
+  /* the decode kernel cuts the keys into opts.splits chunks itself, and so do the CPU's flash and two_pass */
   const int decode = !st && !reference && fa_attn_decode_takes(&d, o);
   if (st) return st;
-  const int64_t splits = reference || decode ? 1 : fa_attention_splits_resolve(o, &d);
+  const int chunks = d.device == FA_CPU && (d.algo == FA_ATTN_FLASH || d.algo == FA_ATTN_TWO_PASS);
+  const int64_t splits = reference || decode || chunks ? 1 : fa_attention_splits_resolve(o, &d);
   if (splits > 1) return fa_attention_splits_run(ctx, q, k, v, o, &d, splits, out, lse);
   /* a score_mod that is the ALiBi rule runs as opts.alibi, its slopes made on the call's device
    * (after the splits: their calls read opts.alibi on the host) */

@@ -207,10 +207,11 @@ typedef struct {
    * (wgmma's 64 keys at D = 64, wgmma_tma's 176 at D = 128); on the CPU, query tiles of one head
    * (no GQA packing) */
   int tile_given;
-  /* CPU "flash" and "two_pass": opts.splits is "auto", so a call of fewer
-   * work items than threads may cut its keys into chunks over them
-   * (src/cpu/attention_query_tile_impl.h) */
-  int split_keys;
+  /* CPU "flash" and "two_pass": opts.splits, the chunks the keys are cut
+   * into within the call (src/cpu/attention_query_tile_impl.h): 0 ("auto")
+   * chunks over the threads where a call's tiles are fewer, 1 none, s > 1
+   * s chunks at Lk·c/s (never more than Lk) */
+  int64_t key_chunks;
   fa_dtype compute;       /* FA_F32 or FA_F64 on the CPU; the storage dtype on CUDA */
   /* The CPU kernels (not the reference): the dtype q, k, v lie in
    * (storage) and o is written in (o_dtype: storage, or compute for an

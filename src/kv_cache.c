@@ -13,15 +13,14 @@
  * contiguous rows, else by a copy per sequence and page.  On the cpu the
  * kernels read the pools through the table too (fa_attention_cpu_pages:
  * each key tile copied in a run of rows a page, each sequence a call over
- * its own keys), but for opts.splits past 1.  Elsewhere (cuda's other
- * calls, the cpu's splits) the sequences' pages are gathered into
+ * its own keys, opts.splits the kernel's key chunks).  Elsewhere (cuda's
+ * other calls) the sequences' pages are gathered into
  * contiguous K/V (gather_pool: one launch a pool on cuda; a copy a page and
  * head, a launch each, took a chunk of prefill 15-19 ms at 4k positions,
  * B = 8, against 0.25-0.45 now, H200) and fa_attention runs once over them.
  * All align causal, window and alibi to each sequence's own length. */
 #include "attn_kernels.h"
 #include "check.h"
-#include "splits.h"
 
 #include <math.h>
 #include <string.h>
@@ -510,7 +509,7 @@ fa_status fa_kv_cache_attend(fa_context *ctx, fa_kv_cache *c, fa_tensor *q, cons
                                  c->dev_lens, c->lens};
     return fa_attention_paged(ctx, q, &kv, opts, &d, o, lse);
   }
-  if (c->device == FA_CPU && fa_attention_splits_resolve(opts, &d) == 1) { /* no gather (which took 15x the call) */
+  if (c->device == FA_CPU) { /* no gather (which took 15x the call); opts.splits: the kernel's key chunks */
     const fa_attn_pages pg = {c->table, c->lens, c->max_pages, c->page_size, c->H * c->page_size * c->D,
                               c->H * c->page_size * c->Dv};
     return fa_attention_cpu_pages(ctx, q, c->kpool, c->vpool, &pg, opts, &d, o, lse);

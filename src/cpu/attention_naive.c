@@ -19,6 +19,6 @@ fa_status fa_cpu_attention_naive(fa_context *ctx, const fa_attn_problem *p) {
   fa_attn_problem whole = *p; /* one query tile and one key tile per head */
   whole.tile_q = p->Lq > 0 ? p->Lq : 1;
   whole.tile_k = p->Lk > 0 ? p->Lk : 1;
-  whole.split_keys = 0; /* the standard method: a head's keys in one softmax */
+  whole.key_chunks = 1; /* the standard method: a head's keys in one softmax (opts.splits: pieces) */
   return p->compute == FA_F64 ? qtile_run_f64(ctx, &whole, naive_head_f64) : qtile_run_f32(ctx, &whole, naive_head_f32);
 }

@@ -41,11 +41,11 @@ typedef void (*FA_R(qtile_fn))(const fa_attn_problem *p, const FA_R(qtile) *t, c
 
 static inline int FA_R(qtile_staged)(const fa_attn_problem *p) { return p->storage != p->compute; }
 static inline int FA_R(qtile_staged_kv)(const fa_attn_problem *p) { return FA_R(qtile_staged)(p) || p->pages; }
-/* Whether the call's keys may be cut into chunks (qtile_chunk_keys): a call of one
- * query tile a head (decoding; longer queries have tiles to share out) and
- * keys long enough. */
+/* Whether "auto" may cut the call's keys into chunks (qtile_chunks): a
+ * call of one query tile a head (decoding; longer queries have tiles to
+ * share out) and keys long enough. */
 static inline int FA_R(qtile_may_split)(const fa_attn_problem *p) {
-  return p->split_keys && p->Lq <= p->tile_q && p->Lk >= 2 * FA_CPU_SPLIT_MIN_KEYS;
+  return p->key_chunks == 0 && p->Lq <= p->tile_q && p->Lk >= 2 * FA_CPU_SPLIT_MIN_KEYS;
 }
 /* GQA packing: the query heads that share a key head in one tile (its keys
  * and values then read once for all of them, as a gemm of all their rows),
@@ -276,22 +276,39 @@ static void FA_R(qtile_finish)(const fa_attn_problem *p, const FA_R(qtile) *t, c
   }
 }
 
-/* Key chunks (opts.splits "auto"): a call of one query tile a head with
- * fewer work items than threads (decoding: few heads) cuts each item's
- * keys into chunks of whole key tiles, at least FA_CPU_SPLIT_MIN_KEYS
- * long, enough to give every thread one.  Each chunk is the item's tile
- * over its keys alone, its output rows and lse (f64) in a buffer of the
- * call's (B, Hq, Lq) rows a chunk; then each row's chunks are merged in
- * order as fa.merge_states merges (an empty chunk, lse = -inf, takes
- * nothing; a NaN lse makes the row NaN).  The keys a chunk holds: Lk
- * unless cut. */
-static int64_t FA_R(qtile_chunk_keys)(const fa_attn_problem *p, int64_t items) {
+/* Key chunks (opts.splits, p->key_chunks): each work item's keys cut into
+ * chunks, each chunk the item's tile over its keys alone, its output rows
+ * and lse (f64) in a buffer of the call's (B, Hq, Lq) rows a chunk; then
+ * each row's chunks are merged in order as fa.merge_states merges (an
+ * empty chunk, lse = -inf, takes nothing; a NaN lse makes the row NaN).
+ * s > 1 asked: s chunks (never more than Lk) at Lk·c/s, as the pieces of
+ * src/splits.c cut them.  "auto": a call of one query tile a head with
+ * fewer work items than threads (decoding: few heads) takes chunks of
+ * whole key tiles, at least FA_CPU_SPLIT_MIN_KEYS long, enough to give
+ * every thread one.  Returns the chunks; *span: the auto chunks' keys (0:
+ * at Lk·c/chunks). */
+static int64_t FA_R(qtile_chunks)(const fa_attn_problem *p, int64_t items, int64_t *span) {
+  *span = 0;
+  if (p->key_chunks >= 1) return p->key_chunks < p->Lk ? p->key_chunks : p->Lk;
   const int threads = fa_cpu_threads_for(INT64_MAX, fa_attn_flops(p));
-  if (!FA_R(qtile_may_split)(p) || items >= threads) return p->Lk;
+  if (!FA_R(qtile_may_split)(p) || items >= threads) return 1;
   int64_t chunks = (threads + items - 1) / items;
   if (chunks > p->Lk / FA_CPU_SPLIT_MIN_KEYS) chunks = p->Lk / FA_CPU_SPLIT_MIN_KEYS;
-  const int64_t span = (p->Lk + chunks - 1) / chunks;
-  return (span + p->tile_k - 1) / p->tile_k * p->tile_k;
+  const int64_t each = (p->Lk + chunks - 1) / chunks;
+  *span = (each + p->tile_k - 1) / p->tile_k * p->tile_k;
+  return (p->Lk + *span - 1) / *span;
+}
+
+/* Chunk c's keys [*k0, *k1). */
+static inline void FA_R(qtile_chunk_at)(const fa_attn_problem *p, int64_t chunks, int64_t span, int64_t c, int64_t *k0,
+                                        int64_t *k1) {
+  if (chunks == 1) {
+    *k0 = 0, *k1 = p->Lk;
+  } else if (span) {
+    *k0 = c * span, *k1 = c * span + span < p->Lk ? c * span + span : p->Lk;
+  } else {
+    *k0 = p->Lk * c / chunks, *k1 = p->Lk * (c + 1) / chunks;
+  }
 }
 
 typedef struct {
@@ -352,7 +369,8 @@ static void FA_R(qtile_merge_row)(const fa_attn_problem *p, const FA_R(qtile_par
 static fa_status FA_R(qtile_run)(fa_context *ctx, const fa_attn_problem *p, FA_R(qtile_fn) fn) {
   const int64_t heads = FA_R(qtile_packs)(p), groups = p->Hq / heads; /* query heads a tile, tiles a row of them */
   const int64_t Br = heads > 1 ? p->Lq : p->tile_q, tiles = (p->Lq + Br - 1) / Br, items = p->B * groups * tiles;
-  const int64_t span = FA_R(qtile_chunk_keys)(p, items), chunks = span < p->Lk ? (p->Lk + span - 1) / span : 1;
+  int64_t span;
+  const int64_t chunks = FA_R(qtile_chunks)(p, items, &span);
   FA_R(qtile_parts) parts = {0};
   fa_attn_workspace ws;
   fa_status st;
@@ -382,9 +400,10 @@ static fa_status FA_R(qtile_run)(fa_context *ctx, const fa_attn_problem *p, FA_R
         seq.Lk = p->pages->lens[b];
         pb = &seq;
       }
-      const int64_t k1 = c * span + span < p->Lk ? c * span + span : p->Lk;
+      int64_t k0, k1;
+      FA_R(qtile_chunk_at)(p, chunks, span, c, &k0, &k1);
       const FA_R(qtile) t = FA_R(qtile_begin)(pb, b, bg % groups * heads, i0, p->Lq - i0 < Br ? p->Lq - i0 : Br,
-                                              heads, c * span, k1, &w);
+                                              heads, k0, k1, &w);
       fn(pb, &t, &w);
       for (int64_t r0 = 0; w.os && r0 < t.rows; r0 += t.per_head) {
         void *out =
