@@ -354,35 +354,15 @@ fa_status fa_kv_cache_append(fa_context *ctx, fa_kv_cache *c, fa_tensor *k, fa_t
  * last, so that its last key is key L - 1; the other rows zeroed (never a
  * freed page's old values: a kernel may read a key tile's padding); mask
  * (B·L bytes on the cache's device, or NULL) gets 1 where a sequence's
- * key lies.  On cuda one launch through the device table (made current by
- * sync_device_table), on the cpu a copy a page run. */
+ * key lies.  One launch through the device table (made current by
+ * sync_device_table): cuda's alone (the cpu reads the pages in place). */
 static fa_status gather_pool(fa_context *ctx, const fa_kv_cache *c, const fa_tensor *pool, int64_t X, int64_t L,
                              int right, uint8_t *mask, fa_tensor **out) {
   const int64_t shape[4] = {c->B, c->H, L, X};
   fa_status st = fa_tensor_new(ctx, 4, shape, c->dtype, c->device, out);
-  if (st) return st;
-  if (c->device == FA_CUDA) {
-    if ((st = fa_cuda_kv_gather(ctx, c->dev_table, c->max_pages, c->dev_lens, pool, *out, right, mask)))
-      fa_tensor_drop(out);
-    return st;
-  }
-  const size_t rb = (size_t)X * fa_dtype_size(c->dtype);
-  const char *src = fa_tensor_ptr((fa_tensor *)pool);
-  char *dst = fa_tensor_ptr(*out);
-  for (int64_t b = 0; b < c->B; b++)
-    for (int64_t h = 0; h < c->H; h++) {
-      const int64_t len = c->lens[b], pad = right ? L - len : 0;
-      char *row = dst + (size_t)((b * c->H + h) * L) * rb, *seq = row + (size_t)pad * rb;
-      for (int64_t pos = 0; pos < len; pos += c->page_size) {
-        const int64_t page = c->table[b * c->max_pages + pos / c->page_size];
-        const int64_t m = len - pos < c->page_size ? len - pos : c->page_size;
-        memcpy(seq + (size_t)pos * rb, src + (size_t)((page * c->H + h) * c->page_size) * rb, (size_t)m * rb);
-      }
-      memset(right ? row : row + (size_t)len * rb, 0, (size_t)(L - len) * rb);
-      if (mask && h == 0)
-        for (int64_t j = 0; j < L; j++) mask[b * L + j] = j >= pad && j < pad + len;
-    }
-  return FA_OK;
+  if (!st && (st = fa_cuda_kv_gather(ctx, c->dev_table, c->max_pages, c->dev_lens, pool, *out, right, mask)))
+    fa_tensor_drop(out);
+  return st;
 }
 
 /* attend's arguments; *d: the call as one over the longest sequence, its
@@ -514,18 +494,16 @@ fa_status fa_kv_cache_attend(fa_context *ctx, fa_kv_cache *c, fa_tensor *q, cons
                               c->H * c->page_size * c->Dv};
     return fa_attention_cpu_pages(ctx, q, c->kpool, c->vpool, &pg, opts, &d, o, lse);
   }
-  /* every other call: the sequences gathered into contiguous K and V of the longest length L (one launch a
-   * pool on cuda) and one call over the batch: the lengths as kv_lens, or, where they differ and a rule is
-   * aligned to a sequence's end (bottom-right causal with Lq > 1, a window, alibi), each sequence's keys at
-   * the end of its L and a (B, 1, 1, L) bool mask of them: the rules then count from each sequence's end
-   * (with top_left causal, which counts from its start, a call a sequence: attend_each) */
-  if (c->device == FA_CUDA) {
-    if (c->pages > INT32_MAX)
-      return fa_fail(ctx, FA_ERR_UNSUPPORTED,
-                     "flashattn: kv_cache attend: %lld pages: the device page table holds at most 2^31 - 1",
-                     (long long)c->pages);
-    if ((st = sync_device_table(ctx, c))) return st;
-  }
+  /* cuda's other calls: the sequences gathered into contiguous K and V of the longest length L (one launch a
+   * pool) and one call over the batch: the lengths as kv_lens, or, where they differ and a rule is aligned
+   * to a sequence's end (bottom-right causal with Lq > 1, a window, alibi), each sequence's keys at the end
+   * of its L and a (B, 1, 1, L) bool mask of them: the rules then count from each sequence's end (with
+   * top_left causal, which counts from its start, a call a sequence: attend_each) */
+  if (c->pages > INT32_MAX)
+    return fa_fail(ctx, FA_ERR_UNSUPPORTED,
+                   "flashattn: kv_cache attend: %lld pages: the device page table holds at most 2^31 - 1",
+                   (long long)c->pages);
+  if ((st = sync_device_table(ctx, c))) return st;
   const int64_t L = d.Lk;
   int equal = 1;
   for (int64_t b = 0; b < c->B; b++) equal &= c->lens[b] == L;
