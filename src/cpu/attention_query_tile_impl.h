@@ -322,13 +322,16 @@ typedef struct {
 static fa_status FA_R(qtile_parts_init)(fa_context *ctx, const fa_attn_problem *p, int64_t chunks,
                                         FA_R(qtile_parts) *parts) {
   parts->rows = p->B * p->Hq * p->Lq;
+  if ((double)chunks * (double)parts->rows * (double)(p->Dv + 1) * sizeof(double) > (double)(SIZE_MAX / 4))
+    return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: attention: %lld key chunks of %lld rows are too large",
+                   (long long)chunks, (long long)parts->rows);
   const size_t o_bytes = fa_attn_bytes((size_t)(chunks * parts->rows) * (size_t)p->Dv, sizeof(REAL));
   const size_t l_bytes = fa_attn_bytes((size_t)(chunks * parts->rows), sizeof(double));
   fa_status st = FA_OK;
   parts->bytes = o_bytes + l_bytes;
   if (!o_bytes || !l_bytes || parts->bytes < o_bytes)
-    return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: attention: key chunks of %lld rows are too large",
-                   (long long)parts->rows);
+    return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: attention: %lld key chunks of %lld rows are too large",
+                   (long long)chunks, (long long)parts->rows);
   parts->base = fa_host_alloc(ctx, parts->bytes, &st);
   if (!parts->base) return st != FA_OK ? st : FA_ERR_OUT_OF_MEMORY;
   parts->o = (REAL *)parts->base;
