@@ -378,6 +378,20 @@ function TestSplits:test_key_chunks_every_rule()
     U.assert_lse(l, rl, "f32", "chunks through the page table lse")
     lu.assertEquals(fa.max_abs_diff(o, fa.attention(qc, kc, vc, {kv_lens = {1500, 900}})), 0,
       "chunks through the page table: the contiguous call's bits")
+    -- as many chunks as keys over many rows: an out-of-memory error, nothing held after, the engine usable
+    local qb, kb, vb = U.randn({4, 16, 1000, 16}), U.randn({4, 16, 3000, 16}), U.randn({4, 16, 3000, 16})
+    local limit0 = fa.memory_limit("cpu")
+    U.collect()
+    local held = fa.memory("cpu").current
+    fa.set_memory_limit(held + 64 * 2 ^ 20, "cpu")
+    local ok, err = pcall(fa.attention, qb, kb, vb, {splits = 2 ^ 31 - 1})
+    fa.set_memory_limit(limit0, "cpu")
+    lu.assertFalse(ok)
+    lu.assertStrContains(tostring(err), "flashattn: out of memory")
+    U.collect()
+    lu.assertEquals(fa.memory("cpu").current, held, "key chunks: memory held after the error")
+    U.assert_close(fa.attention(qb, kb, vb, {splits = 3}), fa.attention(qb, kb, vb, {splits = 1}), "f32",
+      "key chunks after the error")
   end
 end
 
