@@ -173,7 +173,8 @@ static void FA_R(bw_tile)(const fa_attn_backward *g, int64_t b, int64_t h, int64
 }
 
 /* The gradients' rows a thread owns are zeroed by it before it adds into
- * them (first touched there, not by one thread for all). */
+ * them (first touched there, not by one thread for all): bw_task's dq
+ * rows, bw_key_tile's dk and dv rows, bw_query_tile's dq rows. */
 static inline void FA_R(bw_zero)(REAL *x, int64_t n) { memset(x, 0, (size_t)n * sizeof *x); }
 
 /* delta_i = rowsum(dO_i ∘ O_i) for the rows of heads h0..h0+heads-1 of
@@ -193,12 +194,17 @@ static void FA_R(bw_delta)(const fa_attn_backward *g, int64_t b, int64_t h0, int
 
 /* Key tile j0 of KV head hk of batch b against every query tile of the
  * query heads that share it (delta: their G·Lq rows), adding the shares
- * `what` (bw_tile); its keys and values staged once for all of them. */
+ * `what` (bw_tile); its keys and values staged once for all of them.  With
+ * BW_SHARE_KV it owns the tile's dk, dv rows and zeroes them first. */
 static void FA_R(bw_key_tile)(const fa_attn_backward *g, int64_t b, int64_t hk, int64_t j0, const REAL *delta,
                               const FA_R(bw_ws) *w, int skip_zeros, int what) {
   const fa_attn_problem *p = g->p;
   const int64_t G = p->Hq / p->Hkv, Lq = p->Lq, br = p->tile_q, h0 = hk * G;
-  const int64_t n = p->Lk - j0 < p->tile_k ? p->Lk - j0 : p->tile_k;
+  const int64_t n = p->Lk - j0 < p->tile_k ? p->Lk - j0 : p->tile_k, kv0 = (b * p->Hkv + hk) * p->Lk + j0;
+  if (what & BW_SHARE_KV) {
+    FA_R(bw_zero)((REAL *)g->dk + kv0 * p->D, n * p->D);
+    FA_R(bw_zero)((REAL *)g->dv + kv0 * p->Dv, n * p->Dv);
+  }
   int64_t ldk, ldv;
   const REAL *k = FA_R(bw_rows)(p, p->k, p->k_st, b, hk, j0, n, p->D, w->ks, &ldk);
   const REAL *v = FA_R(bw_rows)(p, p->v, p->v_st, b, hk, j0, n, p->Dv, w->vs, &ldv);
@@ -212,21 +218,21 @@ static void FA_R(bw_key_tile)(const fa_attn_backward *g, int64_t b, int64_t hk, 
  * query heads, key tile by key tile. */
 static void FA_R(bw_task)(const fa_attn_backward *g, int64_t b, int64_t hk, const FA_R(bw_ws) *w, int skip_zeros) {
   const fa_attn_problem *p = g->p;
-  const int64_t G = p->Hq / p->Hkv, kv0 = (b * p->Hkv + hk) * p->Lk, row0 = (b * p->Hq + hk * G) * p->Lq;
-  FA_R(bw_zero)((REAL *)g->dk + kv0 * p->D, p->Lk * p->D);
-  FA_R(bw_zero)((REAL *)g->dv + kv0 * p->Dv, p->Lk * p->Dv);
-  FA_R(bw_zero)((REAL *)g->dq + row0 * p->D, G * p->Lq * p->D);
+  const int64_t G = p->Hq / p->Hkv, row0 = (b * p->Hq + hk * G) * p->Lq;
+  FA_R(bw_zero)((REAL *)g->dq + row0 * p->D, G * p->Lq * p->D); /* its query heads' dq rows */
   FA_R(bw_delta)(g, b, hk * G, G, w, w->delta);
   for (int64_t j0 = 0; j0 < p->Lk; j0 += p->tile_k)
     FA_R(bw_key_tile)(g, b, hk, j0, w->delta, w, skip_zeros, BW_SHARE_Q | BW_SHARE_KV);
 }
 
-/* dQ of query tile i0 of head h of batch b (delta: its rows), key tile by
- * key tile in the order bw_task takes them, so with the same bits. */
+/* dQ of query tile i0 of head h of batch b (delta: its rows; its dq rows
+ * zeroed first), key tile by key tile in the order bw_task takes them, so
+ * with the same bits. */
 static void FA_R(bw_query_tile)(const fa_attn_backward *g, int64_t b, int64_t h, int64_t i0, const REAL *delta,
                                 const FA_R(bw_ws) *w, int skip_zeros) {
   const fa_attn_problem *p = g->p;
   const int64_t m = p->Lq - i0 < p->tile_q ? p->Lq - i0 : p->tile_q, hk = h / (p->Hq / p->Hkv);
+  FA_R(bw_zero)((REAL *)g->dq + ((b * p->Hq + h) * p->Lq + i0) * p->D, m * p->D);
   for (int64_t j0 = 0; j0 < p->Lk; j0 += p->tile_k) {
     const int64_t n = p->Lk - j0 < p->tile_k ? p->Lk - j0 : p->tile_k;
     int64_t ldk, ldv;
@@ -293,17 +299,13 @@ static fa_status FA_R(bw_run)(fa_context *ctx, const fa_attn_backward *g) {
       for (int64_t t = 0; t < tasks; t++) FA_R(bw_delta)(g, t / p->Hkv, t % p->Hkv * G, G, &w, delta + t * G * p->Lq);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t it = 0; it < key_items; it++) {
-        const int64_t t = it / ktiles, j0 = it % ktiles * p->tile_k;
-        const int64_t n = p->Lk - j0 < p->tile_k ? p->Lk - j0 : p->tile_k;
-        FA_R(bw_zero)((REAL *)g->dk + (t * p->Lk + j0) * p->D, n * p->D);
-        FA_R(bw_zero)((REAL *)g->dv + (t * p->Lk + j0) * p->Dv, n * p->Dv);
-        FA_R(bw_key_tile)(g, t / p->Hkv, t % p->Hkv, j0, delta + t * G * p->Lq, &w, skip_zeros, BW_SHARE_KV);
+        const int64_t t = it / ktiles;
+        FA_R(bw_key_tile)(g, t / p->Hkv, t % p->Hkv, it % ktiles * p->tile_k, delta + t * G * p->Lq, &w, skip_zeros,
+                          BW_SHARE_KV);
       }
 #pragma omp for schedule(dynamic, 1)
       for (int64_t it = 0; it < query_items; it++) {
         const int64_t bh = it / qtiles, i0 = it % qtiles * p->tile_q;
-        const int64_t m = p->Lq - i0 < p->tile_q ? p->Lq - i0 : p->tile_q;
-        FA_R(bw_zero)((REAL *)g->dq + (bh * p->Lq + i0) * p->D, m * p->D);
         FA_R(bw_query_tile)(g, bh / p->Hq, bh % p->Hq, i0, delta + bh * p->Lq + i0, &w, skip_zeros);
       }
     }

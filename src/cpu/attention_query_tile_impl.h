@@ -299,12 +299,10 @@ static int64_t FA_R(qtile_chunks)(const fa_attn_problem *p, int64_t items, int64
   return (p->Lk + *span - 1) / *span;
 }
 
-/* Chunk c's keys [*k0, *k1). */
+/* Chunk c's keys [*k0, *k1) (one chunk: all of them). */
 static inline void FA_R(qtile_chunk_at)(const fa_attn_problem *p, int64_t chunks, int64_t span, int64_t c, int64_t *k0,
                                         int64_t *k1) {
-  if (chunks == 1) {
-    *k0 = 0, *k1 = p->Lk;
-  } else if (span) {
+  if (span) {
     *k0 = c * span, *k1 = c * span + span < p->Lk ? c * span + span : p->Lk;
   } else {
     *k0 = p->Lk * c / chunks, *k1 = p->Lk * (c + 1) / chunks;
@@ -312,11 +310,10 @@ static inline void FA_R(qtile_chunk_at)(const fa_attn_problem *p, int64_t chunks
 }
 
 typedef struct {
-  REAL *o;      /* chunks x rows x Dv */
-  double *lse;  /* chunks x rows */
+  REAL *o;      /* chunks x rows x Dv (the allocation: NULL when none) */
+  double *lse;  /* chunks x rows, after o */
   int64_t rows; /* B * Hq * Lq */
   size_t bytes;
-  void *base;
 } FA_R(qtile_parts);
 
 static fa_status FA_R(qtile_parts_init)(fa_context *ctx, const fa_attn_problem *p, int64_t chunks,
@@ -325,17 +322,11 @@ static fa_status FA_R(qtile_parts_init)(fa_context *ctx, const fa_attn_problem *
   if ((double)chunks * (double)parts->rows * (double)(p->Dv + 1) * sizeof(double) > (double)(SIZE_MAX / 4))
     return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: attention: %lld key chunks of %lld rows are too large",
                    (long long)chunks, (long long)parts->rows);
-  const size_t o_bytes = fa_attn_bytes((size_t)(chunks * parts->rows) * (size_t)p->Dv, sizeof(REAL));
-  const size_t l_bytes = fa_attn_bytes((size_t)(chunks * parts->rows), sizeof(double));
+  const size_t o_bytes = fa_attn_bytes((size_t)(chunks * parts->rows * p->Dv), sizeof(REAL));
   fa_status st = FA_OK;
-  parts->bytes = o_bytes + l_bytes;
-  if (!o_bytes || !l_bytes || parts->bytes < o_bytes)
-    return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: attention: %lld key chunks of %lld rows are too large",
-                   (long long)chunks, (long long)parts->rows);
-  parts->base = fa_host_alloc(ctx, parts->bytes, &st);
-  if (!parts->base) return st != FA_OK ? st : FA_ERR_OUT_OF_MEMORY;
-  parts->o = (REAL *)parts->base;
-  parts->lse = (double *)((char *)parts->base + o_bytes);
+  parts->bytes = o_bytes + fa_attn_bytes((size_t)(chunks * parts->rows), sizeof(double));
+  if (!(parts->o = fa_host_alloc(ctx, parts->bytes, &st))) return st != FA_OK ? st : FA_ERR_OUT_OF_MEMORY;
+  parts->lse = (double *)((char *)parts->o + o_bytes);
   return FA_OK;
 }
 
@@ -344,9 +335,9 @@ static fa_attn_problem FA_R(qtile_part_problem)(const fa_attn_problem *p, const 
                                                int64_t c) {
   fa_attn_problem part = *p;
   part.o = parts->o + c * parts->rows * p->Dv, part.o_dtype = p->compute;
-  part.o_st = (fa_attn_strides){p->Hq * p->Lq * p->Dv, p->Lq * p->Dv, p->Dv};
+  part.o_st = fa_attn_strides_dense(p->Hq, p->Lq, p->Dv);
   part.lse = NULL, part.lse64 = parts->lse + c * parts->rows;
-  part.lse_st = (fa_attn_strides){p->Hq * p->Lq, p->Lq, 1};
+  part.lse_st = fa_attn_strides_dense(p->Hq, p->Lq, 1);
   return part;
 }
 
@@ -380,7 +371,7 @@ static fa_status FA_R(qtile_run)(fa_context *ctx, const fa_attn_problem *p, FA_R
   if (chunks > 1 && (st = FA_R(qtile_parts_init)(ctx, p, chunks, &parts))) return st;
   st = fa_attn_workspace_init(ctx, &ws, items * chunks, fa_attn_flops(p), FA_R(qtile_ws_bytes)(p, heads));
   if (st) {
-    if (parts.base) fa_host_free(parts.base, parts.bytes);
+    if (parts.o) fa_host_free(parts.o, parts.bytes);
     return st;
   }
 #pragma omp parallel num_threads(ws.threads)
@@ -421,6 +412,6 @@ static fa_status FA_R(qtile_run)(fa_context *ctx, const fa_attn_problem *p, FA_R
     }
   }
   fa_attn_workspace_free(&ws);
-  if (parts.base) fa_host_free(parts.base, parts.bytes);
+  if (parts.o) fa_host_free(parts.o, parts.bytes);
   return FA_OK;
 }
