@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Self and inclusive shares by function of a scripts/sampler.c profile.
 Frames in --exe are named by addr2line on --binary (the same build, here),
-those of other libraries by the library's name.  Only samples with a frame
+and so are those of each --map DEVICEPATH=LOCALPATH (a shared library of the
+same build: a carried build's libflashattn*.so); other libraries by name.  Only samples with a frame
 whose name contains --within count (the loop measured, not start-up).
   python3 scripts/sampler_report.py prof.txt --exe /path/on/device/bg/flashattn-lua \\
       --binary build/flashattn-lua --within attention [--callers cudaFreeAsync]"""
@@ -15,6 +16,8 @@ def main():
     ap.add_argument("profile")
     ap.add_argument("--exe", required=True, help="the profiled executable's path as /proc/self/maps shows it")
     ap.add_argument("--binary", required=True, help="the same executable here, for addr2line")
+    ap.add_argument("--map", action="append", default=[], metavar="DEVICEPATH=LOCALPATH",
+                    help="a library's path in the profile and the same file here, for addr2line (repeatable)")
     ap.add_argument("--within", default="", help="count only samples with a frame whose name contains this")
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--callers", nargs="*", default=[], help="functions whose callers to list")
@@ -40,16 +43,23 @@ def main():
                 return path
         return "?"
 
-    in_exe = sorted({x for s in samples for x in s if module(x) == a.exe})
+    local = {a.exe: a.binary}
+    for m in a.map:
+        dev, sep, here = m.partition("=")
+        if not sep:
+            ap.error(f"--map: expected DEVICEPATH=LOCALPATH, got '{m}'")
+        local[dev] = here
     names = {}
-    if in_exe:  # return addresses: the call is the byte before
-        out = subprocess.run(["addr2line", "-f", "-C", "-e", a.binary] + [hex(x - base[a.exe] - 1) for x in in_exe],
-                             capture_output=True, text=True, check=True).stdout.split("\n")
-        names = {x: out[2 * i] for i, x in enumerate(in_exe)}
+    for dev, here in local.items():
+        addrs = sorted({x for s in samples for x in s if module(x) == dev})
+        if addrs:  # return addresses: the call is the byte before
+            out = subprocess.run(["addr2line", "-f", "-C", "-e", here] + [hex(x - base[dev] - 1) for x in addrs],
+                                 capture_output=True, text=True, check=True).stdout.split("\n")
+            names.update({x: out[2 * i] for i, x in enumerate(addrs)})
 
     def name(x):
         m = module(x)
-        return names.get(x, "?") if m == a.exe else m.rsplit("/", 1)[-1].split(".so")[0]
+        return names.get(x, "?") if m in local else m.rsplit("/", 1)[-1].split(".so")[0]
 
     kept = []
     for s in samples:
