@@ -407,7 +407,9 @@ FA_API fa_status fa_timer_stop(fa_context *ctx, double *ms);
 
 /* Bytes held by the engine on a device: tensors' storage and workspaces;
  * the handles (every tensor's and storage's record, wrapped tensors' too)
- * are host memory, counted on FA_CPU.  current or peak may be NULL. */
+ * are host memory, counted on FA_CPU.  current or peak may be NULL.
+ * These four calls return no status: a device other than FA_CPU or
+ * FA_CUDA holds 0 bytes, has no limit, and setting its limit does nothing. */
 FA_API void fa_memory(fa_device device, size_t *current, size_t *peak);
 FA_API void fa_reset_peak(fa_device device);
 /* Engine-wide cap on bytes held on a device (0 = none).  A request past it

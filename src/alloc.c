@@ -28,19 +28,27 @@ int fa_mem_acquire(fa_device device, size_t nbytes) {
 
 void fa_mem_release(fa_device device, size_t nbytes) { atomic_fetch_sub(&mem_current[dev_index(device)], nbytes); }
 
+/* The host-facing calls below take a device from the host: one that is
+ * neither cpu nor cuda names no device, holds nothing and has no limit
+ * (these calls return no status; it must not stand for the cpu). */
+static int known(fa_device d) { return d == FA_CPU || d == FA_CUDA; }
+
 void fa_memory(fa_device device, size_t *current, size_t *peak) {
-  int i = dev_index(device);
-  if (current) *current = atomic_load(&mem_current[i]);
-  if (peak) *peak = atomic_load(&mem_peak[i]);
+  int i = dev_index(device), ok = known(device);
+  if (current) *current = ok ? atomic_load(&mem_current[i]) : 0;
+  if (peak) *peak = ok ? atomic_load(&mem_peak[i]) : 0;
 }
 
 void fa_reset_peak(fa_device device) {
+  if (!known(device)) return;
   int i = dev_index(device);
   atomic_store(&mem_peak[i], atomic_load(&mem_current[i]));
 }
 
-void fa_set_memory_limit(fa_device device, size_t bytes) { atomic_store(&mem_limit[dev_index(device)], bytes); }
-size_t fa_memory_limit(fa_device device) { return atomic_load(&mem_limit[dev_index(device)]); }
+void fa_set_memory_limit(fa_device device, size_t bytes) {
+  if (known(device)) atomic_store(&mem_limit[dev_index(device)], bytes);
+}
+size_t fa_memory_limit(fa_device device) { return known(device) ? atomic_load(&mem_limit[dev_index(device)]) : 0; }
 
 static fa_status over_limit(fa_context *ctx, size_t nbytes) {
   return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY,

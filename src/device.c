@@ -25,6 +25,8 @@ fa_status fa_device_info(fa_context *ctx, fa_device device, fa_device_info_t *ou
   FA_NEED(ctx);
   FA_NEED(out);
   memset(out, 0, sizeof *out);
+  if (device != FA_CPU && device != FA_CUDA)
+    return fa_fail(ctx, FA_ERR_DEVICE, "flashattn: device_info: device: expected cpu or cuda, got %d", (int)device);
   if (device == FA_CUDA) {
     if (!fa_cuda_available())
       return fa_fail(ctx, FA_ERR_DEVICE, "flashattn: device 'cuda' is not available (no usable GPU or no CUDA backend in this build)");

@@ -69,6 +69,22 @@ static void test_null_context(void) {
   fa_device_info_t info;
   CHECK_ARG(NULL, fa_device_info(NULL, FA_CPU, &info));
   CHECK_ARG(ctx, fa_device_info(ctx, FA_CPU, NULL));
+  /* a device that is neither cpu nor cuda: refused by device_info, no stand-in for the cpu in the
+   * memory calls (setting its limit once capped the cpu) */
+  CHECK_STATUS(ctx, FA_ERR_DEVICE, fa_device_info(ctx, (fa_device)9, &info));
+  CHECK_NAMES("device");
+  CHECK_STATUS(ctx, FA_ERR_DEVICE, fa_device_info(ctx, FA_DEVICE_NONE, &info));
+  {
+    const size_t cpu_limit = fa_memory_limit(FA_CPU);
+    size_t cur = 1, peak = 1;
+    fa_set_memory_limit(FA_DEVICE_NONE, 1024);
+    fa_set_memory_limit((fa_device)9, 1024);
+    CHECK(fa_memory_limit(FA_CPU) == cpu_limit, "an unknown device's limit left the cpu's alone");
+    CHECK(fa_memory_limit(FA_DEVICE_NONE) == 0 && fa_memory_limit((fa_device)9) == 0, "no limit on no device");
+    fa_memory((fa_device)9, &cur, &peak);
+    fa_reset_peak((fa_device)9);
+    CHECK(cur == 0 && peak == 0, "no device holds nothing: %zu, %zu", cur, peak);
+  }
   /* names and parsers */
   CHECK(strcmp(fa_dtype_name(FA_DTYPE_NONE), "?") == 0 && fa_dtype_size(FA_DTYPE_NONE) == 0, "no dtype");
   CHECK(strcmp(fa_device_name(FA_DEVICE_NONE), "?") == 0 && !fa_backend_available(FA_DEVICE_NONE), "no device");
