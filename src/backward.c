@@ -149,7 +149,7 @@ static fa_status run_backward(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_te
   fa_status st = fa_check_attention(ctx, q, k, v, opts, reference, &d);
   fa_attn_kernel kernel = FA_KERNEL_AUTO;
   if (st || (st = fa_check_attention_backward(ctx, q, o, lse, dout, reference, &d)) ||
-      (!reference && (st = bw_kernel(ctx, opts, &kernel)))) /* the reference ignores opts.kernel */
+      (st = bw_kernel(ctx, opts, &kernel))) /* the reference runs none, but takes no unknown name */
     return st;
   /* a mask_mod that is a window or causal rule runs as that rule, as in the forward (src/expr_window.c) */
   fa_attention_opts as_range;

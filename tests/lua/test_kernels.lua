@@ -91,9 +91,18 @@ function TestKernels:test_errors()
   local ok, e = pcall(fa.attention, q, k, v, {kernel = "simt"})
   lu.assertFalse(ok)
   lu.assertStrContains(tostring(e), "it runs on cuda")
-  -- an empty name is the automatic choice; the reference ignores the option
+  -- an empty name is the automatic choice; the references run no kernel of the registry, so any kernel's
+  -- name is the same call (a cuda one on cpu tensors too: one opts table serves every call), but a name no
+  -- kernel has is a typo they refuse as the other calls do
   lu.assertEquals(U.flat(fa.attention(q, k, v, {kernel = ""})), U.flat(fa.attention(q, k, v)))
-  lu.assertEquals(U.flat(fa.attention_reference(q, k, v, {kernel = "foo"})), U.flat(fa.attention_reference(q, k, v)))
+  for _, name in ipairs({"cpu_flash", "wgmma", "mma"}) do
+    lu.assertEquals(U.flat(fa.attention_reference(q, k, v, {kernel = name})), U.flat(fa.attention_reference(q, k, v)))
+  end
+  U.assert_fa_error({"opts.kernel", "unknown", '"foo"', '"cpu_flash"'}, fa.attention_reference, q, k, v, {kernel = "foo"})
+  local o, lse = fa.attention_reference(q, k, v, {return_lse = true})
+  U.assert_fa_error({"opts.kernel", "foo"}, fa.attention_backward_reference, q, k, v, o, lse, o, {kernel = "foo"})
+  lu.assertEquals(U.flat(fa.attention_backward_reference(q, k, v, o, lse, o, {kernel = "wgmma"})),
+    U.flat(fa.attention_backward_reference(q, k, v, o, lse, o)))
 end
 
 -- ---- cuda --------------------------------------------------------------------------
