@@ -132,8 +132,8 @@ static int operand(lua_State *L, int idx, trace *t, const char *op, int *is_bool
     *is_bool = 1;
     return add_node(L, t, FA_X_CONST, 1, 0, 0, 0, lua_toboolean(L, idx));
   case LUA_TNIL:
-    terr(L, t, "%s got nil (a Lua table indexed by an expression, or a missing field or global, gives nil; "
-               "capture a tensor instead)", op);
+    terr(L, t, "%s got nil (a Lua table indexed by an expression, a missing field or global, or a 1-D tensor "
+               "read at a number past its end gives nil; capture a tensor and index it in range)", op);
     break;
   default:
     break;
