@@ -24,10 +24,21 @@ static int tensor_op(lua_State *L, int ai, const char *aname, fa_binary_op op, i
   return 1;
 }
 
-static int t_add(lua_State *L) { return tensor_op(L, 1, "self", FA_BIN_ADD, 2, "x"); }
-static int t_sub(lua_State *L) { return tensor_op(L, 1, "self", FA_BIN_SUB, 2, "x"); }
-static int t_mul(lua_State *L) { return tensor_op(L, 1, "self", FA_BIN_MUL, 2, "x"); }
-static int t_div(lua_State *L) { return tensor_op(L, 1, "self", FA_BIN_DIV, 2, "x"); }
+/* t:add(x) etc. take one operand: a further one is refused, not dropped (Torch7's x:add(value, y) means
+ * x + value·y, which dropping y would silently turn into x + value). */
+static int method_op(lua_State *L, const char *name, fa_binary_op op) {
+  int n = lua_gettop(L);
+  while (n > 2 && lua_isnil(L, n)) n--; /* trailing nils are no operands */
+  if (n > 2)
+    fal_error(L, "t:%s: expected one operand (a number or a tensor), got %d%s", name, n - 1,
+              op == FA_BIN_ADD ? " (for Torch7's t:add(value, y) write t + value * y)" : "");
+  return tensor_op(L, 1, "self", op, 2, "x");
+}
+
+static int t_add(lua_State *L) { return method_op(L, "add", FA_BIN_ADD); }
+static int t_sub(lua_State *L) { return method_op(L, "sub", FA_BIN_SUB); }
+static int t_mul(lua_State *L) { return method_op(L, "mul", FA_BIN_MUL); }
+static int t_div(lua_State *L) { return method_op(L, "div", FA_BIN_DIV); }
 
 /* s op t for a number s on the left: the reversed ops, computed in f64
  * per element like the others (s itself is never rounded to t's dtype,

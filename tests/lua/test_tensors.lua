@@ -479,6 +479,12 @@ function TestArithmetic:test_scalar_and_tensor_ops()
   lu.assertEquals(a:sub(b):totable(), {-1, 0, 2})
   lu.assertEquals(a:mul(b):totable(), {2, 4, 8})
   lu.assertEquals(a:div(2):totable(), {0.5, 1, 2})
+  -- one operand: a second is refused, not dropped (Torch7's a:add(value, y) is a + value * y)
+  U.assert_fa_error({"t:add", "one operand", "got 2", "value * y"}, function() return a:add(2, b) end)
+  for _, m in ipairs({"sub", "mul", "div"}) do
+    U.assert_fa_error({"t:" .. m, "one operand", "got 2"}, function() return a[m](a, b, 2) end)
+  end
+  lu.assertEquals(a:add(1, nil):totable(), {2, 3, 5})
   -- new tensors: a is untouched, dtype kept
   lu.assertEquals(a:totable(), {1, 2, 4})
   local h = a:half() * 2
