@@ -214,9 +214,21 @@ static int merge_states_n(lua_State *L, fa_context *ctx) {
   return 2;
 }
 
+/* The two-state form takes four arguments, the tables' form two: more is refused, not dropped (a third
+ * state written as two more arguments would silently not be merged). */
+static void merge_states_arity(lua_State *L, int most) {
+  int n = lua_gettop(L);
+  while (n > most && lua_isnil(L, n)) n--;
+  if (n > most)
+    fal_error(L, "fa.merge_states: expected %s, got %d arguments%s", most == 2 ? "(os, lses)" : "(o1, lse1, o2, lse2)",
+              n, most == 4 ? " (more than two states: fa.merge_states({o1, o2, ...}, {lse1, lse2, ...}))" : "");
+}
+
 static int l_merge_states(lua_State *L) {
   fa_context *ctx = fal_ctx(L);
-  if (lua_type(L, 1) == LUA_TTABLE) return merge_states_n(L, ctx);
+  const int tables = lua_type(L, 1) == LUA_TTABLE;
+  merge_states_arity(L, tables ? 2 : 4);
+  if (tables) return merge_states_n(L, ctx);
   lua_settop(L, 4);
   fa_tensor **o = fal_newbox(L);
   fa_tensor **lse = fal_newbox(L);
