@@ -422,9 +422,13 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
   /* an opts.splits piece: top_left's diagonal counts the whole call's keys */
   p.key_base = piece_base >= 0 ? piece_base : 0;
   /* defaults: the tile of the fastest kernel that takes the call, or of
-   * the kernel opts.kernel named (the opts' tile when given) */
+   * the kernel opts.kernel named (the opts' tile when given).  The decode
+   * kernel has its own tiles and takes no opts.tile (fa_attn_decode_takes):
+   * its calls skip the default's probe of the tiled kernels, a few tenths of
+   * a µs of a tiny decode call's 8 (a driver call each time; H200, sampled),
+   * and run with tiles of 0, as the paged cache's calls always have */
   int64_t br = d->kernel_br, bc = d->kernel_bc;
-  if (d->kernel == FA_KERNEL_AUTO) fa_cuda_attention_default_tile(d->dtype, d->D, d->Dv, &br, &bc);
+  if (d->kernel == FA_KERNEL_AUTO && !decode) fa_cuda_attention_default_tile(d->dtype, d->D, d->Dv, &br, &bc);
   p.tile_q = o->tile_q ? o->tile_q : br;
   p.tile_k = o->tile_k ? o->tile_k : bc;
   p.tile_given = o->tile_q || o->tile_k;
@@ -433,7 +437,7 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
     return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: q: attention on cuda takes f32, f16 or bf16, got f64 (f64 runs on "
                                       "the cpu, and fa.attention_reference takes tensors on any device)");
   /* a named kernel's tile was checked with it (fa_check_attention_kernel) */
-  if (d->algo != FA_ATTN_NAIVE && d->algo != FA_ATTN_FLASH_ROW && d->kernel == FA_KERNEL_AUTO &&
+  if (d->algo != FA_ATTN_NAIVE && d->algo != FA_ATTN_FLASH_ROW && d->kernel == FA_KERNEL_AUTO && !decode &&
       (st = fa_cuda_attention_check_tile(ctx, d->dtype, d->D, d->Dv, p.tile_q, p.tile_k)))
     return st;
   if (d->algo == FA_ATTN_FLASH_ROW && d->Dv > 256)
