@@ -121,6 +121,9 @@ const char *fal_typename(lua_State *L, int idx);
  * any of its metamethods: 'text' for strings, the number, true/false, else
  * "a <type>".  Returns it. */
 const char *fal_describe(lua_State *L, int idx);
+/* The arguments given: lua_gettop less trailing nils (f(a, nil) passes one),
+ * for calls that refuse more than they take rather than drop them. */
+int fal_nargs(lua_State *L);
 /* Pushes the label "argument #n (name)" as fal_argerror writes it. */
 const char *fal_arglabel(lua_State *L, int idx, const char *name);
 

@@ -217,8 +217,7 @@ static int merge_states_n(lua_State *L, fa_context *ctx) {
 /* The two-state form takes four arguments, the tables' form two: more is refused, not dropped (a third
  * state written as two more arguments would silently not be merged). */
 static void merge_states_arity(lua_State *L, int most) {
-  int n = lua_gettop(L);
-  while (n > most && lua_isnil(L, n)) n--;
+  const int n = fal_nargs(L);
   if (n > most)
     fal_error(L, "fa.merge_states: expected %s, got %d arguments%s", most == 2 ? "(os, lses)" : "(o1, lse1, o2, lse2)",
               n, most == 4 ? " (more than two states: fa.merge_states({o1, o2, ...}, {lse1, lse2, ...}))" : "");

@@ -282,6 +282,12 @@ int fal_argerror(lua_State *L, int idx, const char *name, const char *fmt, ...) 
   return lua_error(L);
 }
 
+int fal_nargs(lua_State *L) {
+  int n = lua_gettop(L);
+  while (n > 0 && lua_isnil(L, n)) n--;
+  return n;
+}
+
 #define DESCRIBE_MAX 48 /* longer strings are cut in messages */
 
 const char *fal_describe(lua_State *L, int idx) {

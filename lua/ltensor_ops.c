@@ -27,8 +27,7 @@ static int tensor_op(lua_State *L, int ai, const char *aname, fa_binary_op op, i
 /* t:add(x) etc. take one operand: a further one is refused, not dropped (Torch7's x:add(value, y) means
  * x + value·y, which dropping y would silently turn into x + value). */
 static int method_op(lua_State *L, const char *name, fa_binary_op op) {
-  int n = lua_gettop(L);
-  while (n > 2 && lua_isnil(L, n)) n--; /* trailing nils are no operands */
+  const int n = fal_nargs(L);
   if (n > 2)
     fal_error(L, "t:%s: expected one operand (a number or a tensor), got %d%s", name, n - 1,
               op == FA_BIN_ADD ? " (for Torch7's t:add(value, y) write t + value * y)" : "");

@@ -12,31 +12,25 @@ local NAME = "probe_decode_splits.lua"
 local function parse(argv)
   local p = require "argparse"(NAME, "The decode kernel's chunk count against its automatic choice.")
   p:option("--splits", "chunk counts to time beside the automatic one", "8,16,24,33,48,66,99,132")
+   :convert(sweep.list_arg("--splits", true))
   p:option("--shapes", "B:Hkv:Lk,... (Hq = 32, or Hkv when larger)",
     "1:8:131072,1:32:32768,1:32:131072,8:8:32768,8:8:131072,64:8:4096,8:32:4096,64:32:4096")
+   :convert(sweep.list_arg("--shapes"))
   p:option("--rounds", "rounds of the variants in turns", "3"):convert(math.tointeger)
   p:option("--rep", "fa.bench repetitions a round", "30"):convert(math.tointeger)
   p:option("--json", "write the results to this JSON file")
   return sweep.parse_args(p, argv, NAME)
 end
-local function list(s, conv)
-  local t = {}
-  for x in tostring(s):gmatch("[^,]+") do t[#t + 1] = conv(x) end
-  return t
-end
 local args = sweep.main(NAME, parse, { ... })
 local cuda = fa.device_info().backend == "cuda"
 local D, Hq, dt = cuda and 128 or 32, cuda and 32 or 4, cuda and "bf16" or "f32"
-local counts = list(args.splits, function(x) return assert(math.tointeger(tonumber(x)), "--splits: integers") end)
-local shapes = list(args.shapes, function(x)
-  local B, Hkv, Lk = x:match("^(%d+):(%d+):(%d+)$")
-  assert(B, "--shapes: B:Hkv:Lk,...")
-  return { tonumber(B), tonumber(Hkv), cuda and tonumber(Lk) or 512 }
-end)
-if not cuda then Hq, counts = 4, { 2, 4 } end
+local counts = cuda and args.splits or { 2, 4 }
+if not cuda then Hq = 4 end
 local results = {}
-for _, s in ipairs(shapes) do
-  local B, Hkv, Lk = table.unpack(s)
+for _, s in ipairs(args.shapes) do
+  local B, Hkv, Lk = s:match("^(%d+):(%d+):(%d+)$")
+  assert(B, "--shapes: expected B:Hkv:Lk,..., got '" .. s .. "'")
+  B, Hkv, Lk = tonumber(B), tonumber(Hkv), cuda and tonumber(Lk) or 512
   local hq = math.max(Hq, Hkv)
   local q = fa.randn({ B, hq, 1, D }, { dtype = dt, seed = 1 })
   local k = fa.randn({ B, Hkv, Lk, D }, { dtype = dt, seed = 2 })

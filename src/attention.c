@@ -562,7 +562,8 @@ static fa_status run_attention(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   FA_NEED(ctx);
   fa_attn_dims d;
   fa_status st = fa_check_attention(ctx, q, k, v, o, reference, &d);
-  if (!st) st = reference ? fa_check_attention_kernel_name(ctx, o, &d) : fa_check_attention_kernel(ctx, o, &d);
+  fa_attn_kernel named;
+  if (!st) st = reference ? fa_check_attention_kernel_name(ctx, o, &d, &named) : fa_check_attention_kernel(ctx, o, &d);
   /* a mask_mod that is a window or causal rule runs as that rule (the reference keeps it literal) */
   fa_attention_opts as_range;
   if (!st && !reference && !piece && fa_expr_mask_as_range(o->mask_mod, d.Lq, d.Lk, o, &as_range)) {

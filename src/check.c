@@ -359,18 +359,21 @@ static const char *kernel_names(const fa_attn_dims *d, fa_device dev, int accept
   return count ? buf : "none";
 }
 
-fa_status fa_check_attention_kernel_name(fa_context *ctx, const fa_attention_opts *o, const fa_attn_dims *d) {
-  if (!o || !o->kernel || !o->kernel[0] || fa_attn_kernel_find(o->kernel) != FA_KERNEL_AUTO) return FA_OK;
+fa_status fa_check_attention_kernel_name(fa_context *ctx, const fa_attention_opts *o, const fa_attn_dims *d,
+                                        fa_attn_kernel *k) {
+  const int given = o && o->kernel && o->kernel[0];
+  *k = given ? fa_attn_kernel_find(o->kernel) : FA_KERNEL_AUTO;
+  if (!given || *k != FA_KERNEL_AUTO) return FA_OK;
   char list[192];
   return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.kernel: unknown kernel \"%.64s\"; the kernels on %s: %s",
                  o->kernel, fa_device_name(d->device), kernel_names(d, d->device, 0, o->algo, 0, 0, list, sizeof list));
 }
 
 fa_status fa_check_attention_kernel(fa_context *ctx, const fa_attention_opts *o, fa_attn_dims *d) {
-  fa_status st = fa_check_attention_kernel_name(ctx, o, d);
-  if (st || !o || !o->kernel || !o->kernel[0]) return st;
+  fa_attn_kernel k;
+  fa_status st = fa_check_attention_kernel_name(ctx, o, d, &k);
+  if (st || k == FA_KERNEL_AUTO) return st;
   char list[192], why[192];
-  const fa_attn_kernel k = fa_attn_kernel_find(o->kernel);
   const int64_t tq = o->tile_q, tk = o->tile_k;
   /* the reason is the pointer returned (a literal, or why filled in) */
   const char *reason = fa_attn_kernel_refuses(k, d, o->algo, tq, tk, &d->kernel_br, &d->kernel_bc, why, sizeof why);

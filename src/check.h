@@ -110,9 +110,10 @@ fa_status fa_check_attention_or_defaults(fa_context *ctx, fa_tensor *q, fa_tenso
  * with algo auto) are set.  No kernel named: d is left alone. */
 fa_status fa_check_attention_kernel(fa_context *ctx, const fa_attention_opts *o, fa_attn_dims *d);
 /* Only that opts.kernel, when given, names a kernel (FA_ERR_ARGUMENT naming
- * the choices): fa_attention_reference's check, which runs none of them but
- * takes no typo either. */
-fa_status fa_check_attention_kernel_name(fa_context *ctx, const fa_attention_opts *o, const fa_attn_dims *d);
+ * the choices), *k (FA_KERNEL_AUTO: none named): fa_attention_reference's
+ * check, which runs none of them but takes no typo either. */
+fa_status fa_check_attention_kernel_name(fa_context *ctx, const fa_attention_opts *o, const fa_attn_dims *d,
+                                        fa_attn_kernel *k);
 /* o, lse and dout of fa_attention_backward(_reference) against the dims
  * fa_check_attention resolved from q, k, v and the opts. */
 fa_status fa_check_attention_backward(fa_context *ctx, fa_tensor *q, fa_tensor *o, fa_tensor *lse, fa_tensor *dout,
