@@ -3,6 +3,8 @@
 -- small tensor), each the best of 5 loops of --calls calls, µs a call by fa.bench (device events)
 -- and by os.clock (this process's CPU time: equal to the first when the host is the bottleneck).
 -- bf16, B = 1, Hq = 32, Hkv = 8, Lq = 1, Lk = 256, D = 128, as bench_decode's tiny call.
+-- Then one call behind a 256 MiB flush (fa.bench's flush_cache): the device's time of a call (L2 cold)
+-- against the host's time to queue it; a loop is bound by the larger of the two.
 -- FLASHATTN_NO_CUDA_CACHE=1 in a second process gives the same without the engine's block cache.
 -- Usage (GPU machine): flashattn-lua scripts/probe_tiny_call.lua [--calls N] [--device cpu]
 local fa = require "flashattn"
@@ -43,3 +45,14 @@ measure("zeros (an allocation and a fill)", function()
   for _ = 1, N do fa.zeros({ 1, 32, 1, 128 }, { dtype = dt, device = dev }) end
 end)
 measure("softmax of 32 rows of 128", function() for _ = 1, N do fa.softmax(o) end end)
+if dev == "cuda" then
+  local op = { out = o }
+  local function one(name, body)
+    local b = fa.bench(body, { warmup = 20, rep = 400, flush_cache = true })
+    print(("%-34s device %7.2f µs  host %7.2f µs  (one call behind a flush, medians)"):format(name, b.median_ms * 1e3,
+      b.host_ms * 1e3))
+  end
+  one("attention", function() fa.attention(q, k, v) end)
+  one("attention, opts.out", function() fa.attention(q, k, v, op) end)
+  one("zeros (an allocation and a fill)", function() fa.zeros({ 1, 32, 1, 128 }, { dtype = dt, device = dev }) end)
+end
