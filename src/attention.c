@@ -661,7 +661,9 @@ fa_status fa_attention_kernels(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   fa_attn_resolve_options(opts, &d, d.dtype, &call);
   call.tile_q = opts->tile_q, call.tile_k = opts->tile_k;
   if (opts->mask) fa_attn_attach_mask(&call, opts->mask, opts->mask);
-  if (opts->kernel) d.kernel = fa_attn_kernel_find(opts->kernel); /* the kernels listed only when named */
+  fa_attn_kernel named;
+  if ((st = fa_check_attention_kernel_name(ctx, opts, &d, &named))) return st;
+  d.kernel = named; /* the kernels listed only when named */
   *n = fa_attn_kernels_accepting(&d, opts->algo, opts->tile_q, opts->tile_k, &call, dense, names, cap);
   return FA_OK;
 }

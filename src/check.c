@@ -176,15 +176,16 @@ static fa_status check_variants(fa_context *ctx, const fa_attention_opts *o, int
                        fa_device_name(d->device));
   }
   const fa_block_mask *m = o->block_mask;
-  if (!m || reference) return FA_OK;
+  if (!m) return FA_OK;
   if (!o->mask_mod)
     return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: opts.block_mask: needs opts.mask_mod (the function it was made from)");
   if (m->expr != fa_expr_fingerprint(o->mask_mod))
     return fa_fail(ctx, FA_ERR_ARGUMENT,
                    "flashattn: opts.block_mask: made from another mask_mod than the call's (their traced expressions "
                    "or the tensors they captured differ)");
-  const int64_t br = d->device == FA_CUDA ? m->Br : o->tile_q ? o->tile_q : FA_CPU_DEFAULT_TILE_Q;
-  const int64_t bc = d->device == FA_CUDA ? m->Bc : o->tile_k ? o->tile_k : FA_CPU_DEFAULT_TILE_K;
+  /* the references evaluate mask_mod on every pair: any tile, but the call's sizes */
+  const int64_t br = reference || d->device == FA_CUDA ? m->Br : o->tile_q ? o->tile_q : FA_CPU_DEFAULT_TILE_Q;
+  const int64_t bc = reference || d->device == FA_CUDA ? m->Bc : o->tile_k ? o->tile_k : FA_CPU_DEFAULT_TILE_K;
   if (m->B != d->B || m->H != d->Hq || m->Lq != d->Lq || m->Lk != d->Lk || m->Br != br || m->Bc != bc)
     return fa_fail(ctx, FA_ERR_SHAPE,
                    "flashattn: opts.block_mask: made for (B, H, Lq, Lk) = (%lld, %lld, %lld, %lld) and tile {%lld, %lld}, "

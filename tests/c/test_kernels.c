@@ -52,6 +52,12 @@ static void test_listing(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor 
   o.algo = FA_ATTN_TWO_PASS;
   CHECK_OK(ctx, fa_attention_kernels(ctx, q, k, v, &o, names, 16, &m));
   CHECK(m == 1 && strcmp(names[0], dev == FA_CPU ? "cpu_two_pass" : "simt") == 0, "two_pass: %d %s", m, names[0]);
+  /* a name no kernel has is an argument error here too, and lists nothing */
+  o.algo = FA_ATTN_AUTO, o.kernel = "no_such_kernel";
+  m = -1;
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_attention_kernels(ctx, q, k, v, &o, names, 16, &m));
+  CHECK(m == 0, "unknown kernel: m = %d", m);
+  o.kernel = NULL;
   /* NULL arguments and a bad cap */
   CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_attention_kernels(ctx, q, k, v, NULL, NULL, 4, &m));
   CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_attention_kernels(ctx, q, k, v, NULL, names, 16, NULL));

@@ -87,6 +87,7 @@ function TestKernels:test_errors()
   U.assert_fa_error({"opts.kernel", "string", "number"}, fa.attention, q, k, v, {kernel = 3})
   U.assert_fa_error({"opts.kernel", "string", "boolean"}, fa.attention, q, k, v, {kernel = true})
   U.assert_fa_error({"opts.kernel", "string"}, fa.kernels, q, k, v, {kernel = {}})
+  U.assert_fa_error({"opts.kernel", "unknown", '"foo"', '"cpu_flash"'}, fa.kernels, q, k, v, {kernel = "foo"})
   -- the status: unknown names are argument errors, refusals unsupported
   local ok, e = pcall(fa.attention, q, k, v, {kernel = "simt"})
   lu.assertFalse(ok)

@@ -425,6 +425,18 @@ function TestVariants:test_block_mask_results()
         {tile = {8, 16}})
     end
   end
+  -- the references take a block mask of any tile (they evaluate mask_mod on every pair), but only for
+  -- the call's sizes, as the other calls
+  local q, k, v = inputs("f32", 2, 4, 2, Lq, Lk, 8)
+  local other_tile = fa.block_mask(document, 2, 4, Lq, Lk, {tile = {16, 8}})
+  U.assert_close(fa.attention_reference(q, k, v, {block_mask = other_tile}),
+    fa.attention_reference(q, k, v, {mask_mod = document}), "f64", "reference, block mask of another tile")
+  local shorter = fa.block_mask(document, 2, 4, Lq - 1, Lk, {tile = {8, 16}})
+  U.assert_fa_error({"opts.block_mask", "made for"}, fa.attention_reference, q, k, v, {block_mask = shorter})
+  local o, lse = fa.attention_reference(q, k, v, {mask_mod = document, return_lse = true})
+  U.assert_fa_error({"opts.block_mask", "made for"}, fa.attention_backward_reference, q, k, v, o, lse, o,
+    {block_mask = shorter})
+  U.assert_fa_error({"opts.block_mask", "made for"}, fa.attention, q, k, v, {block_mask = shorter})
   if U.cuda then return end
   -- the tiles are really skipped: a block mask is believed by "flash" and "two_pass" (empty
   -- tiles skipped, full tiles not masked), while "naive" and "flash_row" evaluate mask_mod
