@@ -2,8 +2,10 @@
 -- bench_decode.lua where the call read K and V slower than cuDNN (issue 24): bf16, D = 128, Hq = 32.  Per
 -- shape, the automatic call and each count of --splits, timed in turns (--rounds rounds, fa.bench's median of
 -- --rep repetitions behind a cache flush, as bench_decode.lua times), K + V GB/s, and the best count.
+-- A shape may name its query rows a head (B:Hkv:Lk:Lq; 1 by default): issue 24 wants Lq = 4 and 16 within
+-- 1.1 x the time of Lq = 1 at B = 8.
 -- Usage (GPU machine): flashattn-lua scripts/probe_decode_splits.lua [--splits 8,16,33,66,132] [--rounds 3]
---   [--rep 30] [--shapes B:Hkv:Lk,...] [--json out.json]
+--   [--rep 30] [--shapes B:Hkv:Lk[:Lq],...] [--json out.json]
 local root = (arg and arg[0] or ""):match("^(.*)/scripts/[^/]*$") or "."
 package.path = root .. "/lua/?.lua;" .. package.path
 local fa = require "flashattn"
@@ -13,7 +15,7 @@ local function parse(argv)
   local p = require "argparse"(NAME, "The decode kernel's chunk count against its automatic choice.")
   p:option("--splits", "chunk counts to time beside the automatic one", "8,16,24,33,48,66,99,132")
    :convert(sweep.list_arg("--splits", true))
-  p:option("--shapes", "B:Hkv:Lk,... (Hq = 32, or Hkv when larger)",
+  p:option("--shapes", "B:Hkv:Lk[:Lq],... (Hq = 32, or Hkv when larger; Lq 1 by default)",
     "1:8:131072,1:32:32768,1:32:131072,8:8:32768,8:8:131072,64:8:4096,8:32:4096,64:32:4096")
    :convert(sweep.list_arg("--shapes"))
   p:option("--rounds", "rounds of the variants in turns", "3"):convert(math.tointeger)
@@ -28,14 +30,14 @@ local counts = cuda and args.splits or { 2, 4 }
 if not cuda then Hq = 4 end
 local results = {}
 for _, s in ipairs(args.shapes) do
-  local B, Hkv, Lk = s:match("^(%d+):(%d+):(%d+)$")
-  assert(B, "--shapes: expected B:Hkv:Lk,..., got '" .. s .. "'")
-  B, Hkv, Lk = tonumber(B), tonumber(Hkv), cuda and tonumber(Lk) or 512
+  local B, Hkv, Lk, Lq = s:match("^(%d+):(%d+):(%d+):?(%d*)$")
+  assert(B, "--shapes: expected B:Hkv:Lk[:Lq],..., got '" .. s .. "'")
+  B, Hkv, Lk, Lq = tonumber(B), tonumber(Hkv), cuda and tonumber(Lk) or 512, tonumber(Lq) or 1
   local hq = math.max(Hq, Hkv)
-  local q = fa.randn({ B, hq, 1, D }, { dtype = dt, seed = 1 })
+  local q = fa.randn({ B, hq, Lq, D }, { dtype = dt, seed = 1 })
   local k = fa.randn({ B, Hkv, Lk, D }, { dtype = dt, seed = 2 })
   local v = fa.randn({ B, Hkv, Lk, D }, { dtype = dt, seed = 3 })
-  local o = fa.zeros({ B, hq, 1, D }, { dtype = dt })
+  local o = fa.zeros({ B, hq, Lq, D }, { dtype = dt })
   local bytes = 2.0 * B * Hkv * Lk * D * (dt == "f32" and 4 or 2)
   local variants = { { name = "auto", opts = { out = o } } }
   for _, c in ipairs(counts) do variants[#variants + 1] = { name = tostring(c), opts = { out = o, splits = c } } end
@@ -50,14 +52,15 @@ for _, s in ipairs(args.shapes) do
       ms[var.name] = math.min(ms[var.name] or math.huge, t)
     end
   end
-  local row = { B = B, Hq = hq, Hkv = Hkv, Lk = Lk, kv_mb = bytes / 1e6, ms = ms, gbs = {} }
+  local row = { B = B, Hq = hq, Hkv = Hkv, Lq = Lq, Lk = Lk, kv_mb = bytes / 1e6, ms = ms, gbs = {} }
   local best = "auto"
   for _, var in ipairs(variants) do
     row.gbs[var.name] = bytes / (ms[var.name] * 1e-3) / 1e9
     if ms[var.name] < ms[best] then best = var.name end
   end
   row.best = best
-  local line = ("B %2d Hkv %2d Lk %6d  auto %7.1f µs %5.0f GB/s |"):format(B, Hkv, Lk, ms.auto * 1e3, row.gbs.auto)
+  local line = ("B %2d Hkv %2d Lq %2d Lk %6d  auto %7.1f µs %5.0f GB/s |"):format(B, Hkv, Lq, Lk, ms.auto * 1e3,
+    row.gbs.auto)
   for _, c in ipairs(counts) do line = line .. (" %d: %.1f"):format(c, ms[tostring(c)] * 1e3) end
   print(line .. ("  best %s (%.3f x auto's time)"):format(best, ms[best] / ms.auto))
   results[#results + 1] = row
