@@ -254,9 +254,10 @@ typedef struct {
   int64_t splits;
   const char *kernel; /* NULL or "": the fastest kernel that accepts the call (API §6); a name that
                          fa_attention_kernels lists picks that kernel.  The references (forward and
-                         backward) run none, so take any kernel's name; the backward on cuda runs its own kernel of that name ("wgmma", "mma",
-                         "simt"; FA_ERR_UNSUPPORTED when it does not take the call) and makes its own
-                         choice for the forward's other names; a name no kernel has is FA_ERR_ARGUMENT. */
+                         backward) run none, so they take any kernel's name; the backward on cuda runs
+                         its own kernel of that name ("wgmma", "mma", "simt"; FA_ERR_UNSUPPORTED when it
+                         does not take the call) and makes its own choice for the forward's other names;
+                         a name no kernel has is FA_ERR_ARGUMENT (fa_attention_kernels too). */
   /* Attention variants (API §9; docs/variants.md): expressions traced
    * from a Lua score_mod(s, b, h, q, k) and mask_mod(b, h, q, k), or built
    * by a C host with the fa_expr builder (docs/c-api.md), or NULL.
@@ -509,8 +510,8 @@ FA_API void fa_lua_set_file_access(struct lua_State *L, int allowed);
 /* The gradients dq, dk, dv of fa_attention(q, k, v, opts) for the upstream
  * gradient dout, from the forward's o (…, Lq, Dv) and lse (…, Lq): the same
  * opts (every option of the forward; tile_q, tile_k are the backward's
- * query and key tiles, 0 = the backend's (128 each on the CPU); algo, return_lse, out and lse_out are not
- * used), FlashAttention's recomputation of P from
+ * query and key tiles, 0 = the backend's (128 each on the CPU); algo,
+ * return_lse, out and lse_out are not used), FlashAttention's recomputation of P from
  * q, k and lse (nothing of size Lq·Lk stored), dk and dv summed over the
  * query heads sharing a KV head (GQA/MQA).  dq, dk, dv get new tensors of
  * q's, k's and v's shapes in q's dtype.  o and dout in q's dtype, lse any

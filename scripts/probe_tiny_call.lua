@@ -3,8 +3,9 @@
 -- small tensor), each the best of 5 loops of --calls calls, µs a call by fa.bench (device events)
 -- and by os.clock (this process's CPU time: equal to the first when the host is the bottleneck).
 -- bf16, B = 1, Hq = 32, Hkv = 8, Lq = 1, Lk = 256, D = 128, as bench_decode's tiny call.
--- Then one call behind a 256 MiB flush (fa.bench's flush_cache): the device's time of a call (L2 cold)
--- against the host's time to queue it; a loop is bound by the larger of the two.
+-- Then one call behind a 256 MiB flush (fa.bench's flush_cache): the device's time of a call (K and V
+-- from DRAM) and the host's time around that one call (an isolated call's: the host idles between
+-- repetitions, so it is well above a loop's cost a call; H100, session 81: 15-73 µs against 8-13).
 -- FLASHATTN_NO_CUDA_CACHE=1 in a second process gives the same without the engine's block cache.
 -- Usage (GPU machine): flashattn-lua scripts/probe_tiny_call.lua [--calls N] [--device cpu]
 local fa = require "flashattn"
