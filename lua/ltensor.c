@@ -462,6 +462,30 @@ static int t_index(lua_State *L) {
   return 1;
 }
 
+/* pairs(t) walks t as ipairs(t) does (1-D: i, the number; N-D: i, the view
+ * of sub-tensor i), so that a loop written for a Lua array takes a tensor
+ * (without it: Lua's "bad argument #1 to 'for iterator'"). */
+static int t_pairs_next(lua_State *L) {
+  const lua_Integer i = luaL_checkinteger(L, 2) + 1;
+  lua_pushinteger(L, i);
+  if (lua_geti(L, 1, i) != LUA_TNIL) return 2; /* t_index: nil past the end */
+  lua_pushnil(L);
+  return 1;
+}
+static int t_pairs(lua_State *L) {
+  (void)SELF(L); /* a freed tensor is an error here, not at the first step */
+  lua_pushcfunction(L, t_pairs_next);
+  lua_pushvalue(L, 1);
+  lua_pushinteger(L, 0);
+  return 3;
+}
+
+/* t(...): Lua's "attempt to call a flashattn.Tensor value" as a flashattn: error. */
+static int t_call(lua_State *L) {
+  return fal_error(L, "tensor: a tensor is not callable (read elements with t[i], t:get or t:totable, "
+                      "sub-tensors with t[i], select or narrow)");
+}
+
 /* __newindex: t[i] = v sets an element of a 1-D tensor; for N-D, a number
  * fills the sub-tensor and a tensor is copied into it (Torch7). */
 static int t_newindex(lua_State *L) {
@@ -590,7 +614,8 @@ static const luaL_Reg methods[] = {
     {"free", t_free},         {NULL, NULL}};
 
 static const luaL_Reg meta[] = {{"__gc", t_gc},         {"__close", t_free}, {"__len", t_len},
-                                {"__newindex", t_newindex}, {"__tostring", fal_tensor_tostring}, {NULL, NULL}};
+                                {"__newindex", t_newindex}, {"__tostring", fal_tensor_tostring},
+                                {"__pairs", t_pairs},       {"__call", t_call},  {NULL, NULL}};
 
 void fal_tensor_metatable(lua_State *L) {
   if (lua_rawgetp(L, LUA_REGISTRYINDEX, &tensor_mt_key) == LUA_TTABLE) return;

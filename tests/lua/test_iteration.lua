@@ -1,8 +1,8 @@
 -- Iteration and reads past the end: t[i] for an integer i outside 1..#t is
 -- nil at every rank (as in a Lua sequence), so `ipairs(t)` visits every
--- element of a 1-D tensor (every sub-tensor of an N-D one) and stops.  A
--- non-integral number key, a write past the end and any use of a freed
--- tensor stay `flashattn:` errors.
+-- element of a 1-D tensor (every sub-tensor of an N-D one) and stops, and
+-- `pairs(t)` walks the same way.  A non-integral number key, a write past
+-- the end and any use of a freed tensor stay `flashattn:` errors.
 local U = require "fa_testutil"
 local fa, lu = U.fa, U.lu
 local dev = U.device
@@ -61,6 +61,25 @@ function TestIteration:test_ipairs_views()
   local seen = {}
   for _, x in ipairs(n) do seen[#seen + 1] = x end
   lu.assertEquals(seen, {2, 3, 4, 5})
+end
+
+function TestIteration:test_pairs_walks_as_ipairs()
+  -- pairs(t) is ipairs(t): a loop written for a Lua array takes a tensor
+  local t = fa.arange(4, {device = dev})
+  local seen = {}
+  for i, x in pairs(t) do seen[i] = x end
+  lu.assertEquals(seen, {0, 1, 2, 3})
+  local m = fa.arange(6, {device = dev}):view(3, 2)
+  local rows = {}
+  for i, row in pairs(m) do rows[i] = row:totable() end
+  lu.assertEquals(rows, {{0, 1}, {2, 3}, {4, 5}})
+  for _ in pairs(fa.zeros({0}, {device = dev})) do lu.fail("an empty tensor has no element") end
+  -- a freed tensor fails at pairs itself; calling a tensor is a flashattn: error
+  local f = fa.ones(2, {device = dev})
+  f:free()
+  U.assert_fa_error({"freed"}, pairs, f)
+  U.assert_fa_error({"not callable"}, function() return t() end)
+  U.assert_fa_error({"not callable"}, function() return t(1) end)
 end
 
 function TestIteration:test_empty_tensor_visits_nothing()
