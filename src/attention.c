@@ -427,8 +427,9 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
    * its calls skip the default's probe of the tiled kernels, a few tenths of
    * a µs of a tiny decode call's 8 (a driver call each time; H200, sampled),
    * and run with tiles of 0, as the paged cache's calls always have */
+  const int tiled_default = d->kernel == FA_KERNEL_AUTO && !decode;
   int64_t br = d->kernel_br, bc = d->kernel_bc;
-  if (d->kernel == FA_KERNEL_AUTO && !decode) fa_cuda_attention_default_tile(d->dtype, d->D, d->Dv, &br, &bc);
+  if (tiled_default) fa_cuda_attention_default_tile(d->dtype, d->D, d->Dv, &br, &bc);
   p.tile_q = o->tile_q ? o->tile_q : br;
   p.tile_k = o->tile_k ? o->tile_k : bc;
   p.tile_given = o->tile_q || o->tile_k;
@@ -437,7 +438,7 @@ static fa_status run_cuda(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor
     return fa_fail(ctx, FA_ERR_DTYPE, "flashattn: q: attention on cuda takes f32, f16 or bf16, got f64 (f64 runs on "
                                       "the cpu, and fa.attention_reference takes tensors on any device)");
   /* a named kernel's tile was checked with it (fa_check_attention_kernel) */
-  if (d->algo != FA_ATTN_NAIVE && d->algo != FA_ATTN_FLASH_ROW && d->kernel == FA_KERNEL_AUTO && !decode &&
+  if (d->algo != FA_ATTN_NAIVE && d->algo != FA_ATTN_FLASH_ROW && tiled_default &&
       (st = fa_cuda_attention_check_tile(ctx, d->dtype, d->D, d->Dv, p.tile_q, p.tile_k)))
     return st;
   if (d->algo == FA_ATTN_FLASH_ROW && d->Dv > 256)
@@ -653,7 +654,8 @@ fa_status fa_attention_kernels(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   fa_attention_opts defaults;
   fa_attn_dims d;
   fa_status st = fa_check_attention_or_defaults(ctx, q, k, v, &opts, &defaults, &d);
-  if (st) return st;
+  /* a named kernel: the kernels listed only when named are listed */
+  if (st || (st = fa_check_attention_kernel_name(ctx, opts, &d, &d.kernel))) return st;
   const int dense = device_rows_dense(q) && device_rows_dense(k) && device_rows_dense(v);
   /* the call as the kernels would see it, for their order: its rules, its key tile (0: a kernel's
    * default), and which mask (only its kind is read: the mask itself stands in for its copy) */
@@ -661,9 +663,6 @@ fa_status fa_attention_kernels(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_t
   fa_attn_resolve_options(opts, &d, d.dtype, &call);
   call.tile_q = opts->tile_q, call.tile_k = opts->tile_k;
   if (opts->mask) fa_attn_attach_mask(&call, opts->mask, opts->mask);
-  fa_attn_kernel named;
-  if ((st = fa_check_attention_kernel_name(ctx, opts, &d, &named))) return st;
-  d.kernel = named; /* the kernels listed only when named */
   *n = fa_attn_kernels_accepting(&d, opts->algo, opts->tile_q, opts->tile_k, &call, dense, names, cap);
   return FA_OK;
 }
