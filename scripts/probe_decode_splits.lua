@@ -27,7 +27,6 @@ local args = sweep.main(NAME, parse, { ... })
 local cuda = fa.device_info().backend == "cuda"
 local D, Hq, dt = cuda and 128 or 32, cuda and 32 or 4, cuda and "bf16" or "f32"
 local counts = cuda and args.splits or { 2, 4 }
-if not cuda then Hq = 4 end
 local results = {}
 for _, s in ipairs(args.shapes) do
   local B, Hkv, Lk, Lq = s:match("^(%d+):(%d+):(%d+):?(%d*)$")
