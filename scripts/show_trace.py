@@ -3,7 +3,7 @@
 scripts/probe_trace.lua (or any program on such a build): each launch's marks in kilocycles from
 warpgroup 0's first mark, then the consumers' phases averaged over the query tiles after the first.
 Consumer marks (attention_wgmma_tma.cuh): 0 tile taken, 1 Q in, 2 first S in, 3 key loop done,
-4 last P.V done, 5 staging barrier passed, 6 O stored; producer (wg2): 0 loop top, 1 tile taken,
+4 last P.V done, 5 NaN/inf check done, 7 O staged, 6 O stored; producer (wg2): 0 loop top, 1 tile taken,
 2 slot posted, 3 Q issued, 4 every copy issued.  A mark never reached shows as '-'.
 Usage: build-trace/flashattn-lua scripts/probe_trace.lua ... | python3 scripts/show_trace.py [--all]
 (--all: every launch; default: the last one, a warm call)."""
@@ -11,10 +11,11 @@ import argparse
 import re
 import sys
 
-# (name, start marks in order of preference, end mark): O's store starts at the staging barrier, or
-# at the last P.V where the kernel does not stage
+# (name, start marks in order of preference, end mark): mark 5 is the persistent form's NaN/inf check of
+# the outputs done (the one-tile form's staging barrier until 2026-11-30), 7 its O staged in O's tile; O's
+# store starts at the latest of 7, 5 and 4 that the kernel marks
 PHASES = [("Q wait", (0,), 1), ("first S", (1,), 2), ("key loop", (2,), 3), ("last P.V", (3,), 4),
-          ("stage barrier", (4,), 5), ("O store", (5, 4), 6)]
+          ("NaN check", (4,), 5), ("O staged", (5, 4), 7), ("O store", (7, 5, 4), 6)]
 
 
 def parse(lines):

@@ -41,8 +41,9 @@
  *
  * Trace marks (trace.cuh, a build with FLASHATTN_KERNEL_TRACE): consumers
  * 0 the query tile taken, 1 Q in, 2 the first S in, 3 the key loop done,
- * 4 the last P·V done, 6 O stored (5: the staging barrier the
- * persistent form had until 2026-11-30); the producer 0 its loop's top, 1 the tile taken, 2 the slot
+ * 4 the last P·V done, 6 O stored; in the persistent form 5 the NaN/inf
+ * check of the outputs done and 7 O staged in its tile (the one-tile
+ * form: 5 unused, the staging barrier until 2026-11-30); the producer 0 its loop's top, 1 the tile taken, 2 the slot
  * posted, 3 Q's copy issued, 4 every copy of the tile issued. */
 #ifndef FA_KERNELS_ATTENTION_WGMMA_TMA_CUH
 #define FA_KERNELS_ATTENTION_WGMMA_TMA_CUH
@@ -537,6 +538,7 @@ static __device__ __forceinline__ void wt_store_o(const attn_params &p, const wt
   frag_stage<T, D, true, WT_BR>(tile, row0 + (lane >> 2), (lane & 3) * 2, o, invA, invB);
   tma_store_fence();
   __syncwarp();
+  FA_TRACE_MARK(7);
   if (lane == 0) {
 #pragma unroll
     for (int c = 0; c < D / 64; c++)
@@ -668,6 +670,7 @@ __global__ void __launch_bounds__(wt_threads(128, 128), 1)
     kr.advance(ntiles), vr.advance(ntiles);
     FA_TRACE_MARK(4);
     note_nonfinite_rows<D / 8>(p, o, r.lA, r.lB);
+    FA_TRACE_MARK(5);
     if constexpr (OT) /* each warp its own rows of O's tile: no barrier, and no buffer to give back */
       wt_store_o<T, D>(p, tm, qt, lane, r, o, L.o_tile());
     else
