@@ -31,7 +31,7 @@ def launch(name, base, tile_cycles, staged=False):
 
 def phases(m):
     """The summary line's phases as a dict of kilocycles."""
-    got = dict((k, float(v)) for k, v in re.findall(r"([A-Za-z./ ]+?) ([0-9.]+)k", m.group(1))) if m else {}
+    got = dict((k, float(v)) for k, v in re.findall(r"([A-Za-z. ]+?) ([0-9.]+)k", m.group(1))) if m else {}
     return {k.strip(" ,"): v for k, v in got.items()}
 
 
