@@ -205,6 +205,16 @@ template <int D, int BC, bool OT = false> struct wt_layout {
   __device__ __forceinline__ uint32_t slot_empty() const { return slot_full() + 16; }
   __device__ __forceinline__ uint32_t sched_go() const { return slot_empty() + 16; } /* wt_scheduler's */
   __device__ __forceinline__ wt_slot *slots() const { return (wt_slot *)(qs + BARS + 8 * NBAR); }
+  /* The same layout z bytes on, for z = 0 read from memory (the NaN/inf
+   * flag once the block has not left for the fallback): ptxas cannot
+   * rebuild that address, so it keeps it in a register; from smem_addr it
+   * rebuilt it from SR_CgaCtaId at the top of every key tile (an S2UR and
+   * the ULEA waiting on it). */
+  __device__ __forceinline__ wt_layout at(int z) const {
+    wt_layout l = *this;
+    l.qs += z, l.q += (uint32_t)z;
+    return l;
+  }
 };
 
 /* Whether the consumers take S = Q·Kᵀ's A operand from registers
@@ -220,6 +230,14 @@ template <int D, int BC, bool OT = false> struct wt_layout {
 static constexpr __host__ __device__ bool wt_q_in_registers(int D, int BC, int EXTRAS, bool persistent) {
   return D == 64 &&
          (EXTRAS == EXTRAS_NONE || (BC == 128 && (EXTRAS == EXTRAS_SCORE || (EXTRAS == EXTRAS_MASK && persistent))));
+}
+
+/* Whether the persistent form's consumers hold the shared-memory base in a
+ * register (wt_layout::at): not where the register it takes makes ptxas
+ * spill (the score rules with key tiles of 176 and at D = 256: 200-216
+ * bytes; D = 128's bool mask: 24 -> 60; ptxas -v, CUDA 13.0). */
+static constexpr __host__ __device__ bool wt_base_held(int D, int BC, int EXTRAS) {
+  return EXTRAS == EXTRAS_NONE || (D == 64 && EXTRAS != EXTRAS_VARIANT) || (EXTRAS == EXTRAS_SCORE && BC == 128 && D == 128);
 }
 
 /* The consumers' turns at the tensor cores (PINGPONG): warpgroup c waits
@@ -644,12 +662,15 @@ __global__ void __launch_bounds__(wt_threads(128, 128), 1)
     return;
   }
   warpgroup_regs_inc<232>(); /* 128 · 40 + 256 · 232: the 168 a thread of the launch */
+  const wt_layout<D, BC, OT> LC = L.at(wt_base_held(D, BC, EXTRAS) ? v_bad : 0); /* v_bad is 0 here */
+  wt_slot *const cslots = LC.slots();
+  const uint32_t cslot_full = LC.slot_full(), cslot_empty = LC.slot_empty();
 
   const int rA = warp * 16 + (lane >> 2), rB = rA + 8;
-  const uint32_t q_base = L.q + wg * 64 * 128; /* this warpgroup's 64 rows */
+  const uint32_t q_base = LC.q + wg * 64 * 128; /* this warpgroup's 64 rows */
   wt_ring<wt_stages(D, BC)> kr, vr;
   for (int n = 0;; n++) {
-    const wt_slot slot = wt_read_slot(slots, slot_full, slot_empty, n, lane);
+    const wt_slot slot = wt_read_slot(cslots, cslot_full, cslot_empty, n, lane);
     FA_TRACE_TILE(n);
     FA_TRACE_MARK(0);
     if (slot.tile >= total) {
@@ -663,16 +684,16 @@ __global__ void __launch_bounds__(wt_threads(128, 128), 1)
     float o[D / 8][4];
 #pragma unroll
     for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
-    mbar_wait(L.q_full(), n & 1);
+    mbar_wait(LC.q_full(), n & 1);
     FA_TRACE_MARK(1);
-    wt_consume<T, D, BC, EXTRAS, false>(p, qt.b, qt.h, slot.t_lo, slot.all_lo, slot.all_hi, ntiles, L, kr, vr, q_base,
-                                        L.q_empty(), r, o);
+    wt_consume<T, D, BC, EXTRAS, false>(p, qt.b, qt.h, slot.t_lo, slot.all_lo, slot.all_hi, ntiles, LC, kr, vr, q_base,
+                                        LC.q_empty(), r, o);
     kr.advance(ntiles), vr.advance(ntiles);
     FA_TRACE_MARK(4);
     note_nonfinite_rows<D / 8>(p, o, r.lA, r.lB);
     FA_TRACE_MARK(5);
     if constexpr (OT) /* each warp its own rows of O's tile: no barrier, and no buffer to give back */
-      wt_store_o<T, D>(p, tm, qt, lane, r, o, L.o_tile());
+      wt_store_o<T, D>(p, tm, qt, lane, r, o, LC.o_tile());
     else
       frag_store<T, D, false>(p, qt.bh, qt.out(p), qt.lse(p), lane, r, o);
     FA_TRACE_MARK(6);
