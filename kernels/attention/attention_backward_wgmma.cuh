@@ -355,12 +355,17 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
    * the descriptors of this warpgroup's keys out in uniform registers */
   const int warp = threadIdx.x >> 5, wg = __shfl_sync(0xffffffffu, warp >> 2, 0);
   char *dSs = Qs + 4 * QT;
-  /* The aligned base and qbar's address held in registers: outside WALK walk.copy is 0, a value ptxas cannot
-   * rebuild, so it keeps them instead of rebuilding them from SR_CgaCtaId in every query tile (the forward's
-   * wt_layout::at) */
-  const uint32_t held = WALK || EXTRAS != EXTRAS_NONE ? 0u : (uint32_t)walk.copy;
-  const uint32_t k_base = smem_addr(Ks) + held, v_base = k_base + KEYS * D * 2, qs_base = v_base + KEYS * D * 2;
-  const uint32_t qbar_base = smem_addr(&qbar[0]) + held;
+  /* HELD: the aligned base and qbar's address held in registers: outside WALK walk.copy is 0, a value ptxas
+   * cannot rebuild, so it keeps them instead of rebuilding them from SR_CgaCtaId in every query tile (the
+   * forward's wt_layout::at; 0.980-0.997x the time, H200).  The plain rule only: the score rules' D = 96
+   * instances spilled 72-116 bytes with it; they take the addresses as before (the same SASS) */
+  constexpr bool HELD = !WALK && EXTRAS == EXTRAS_NONE;
+  const uint32_t held = HELD ? (uint32_t)walk.copy : 0u;
+  const uint32_t k_base = smem_addr(Ks) + held, v_base = HELD ? k_base + KEYS * D * 2 : smem_addr(Vs);
+  const uint32_t qs_base = v_base + KEYS * D * 2, qbar_base = smem_addr(&qbar[0]) + held;
+  /* stage s's Q tile (dO's follows it) and its barrier */
+  auto q_tile = [&](int s) { return HELD ? qs_base + s * 2 * QT : smem_addr(Qs + s * 2 * QT); };
+  auto q_bar = [&](int s) { return HELD ? qbar_base + 8 * s : smem_addr(&qbar[s]); };
   const int64_t ktiles = (p.Lk + KEYS - 1) / KEYS;
   const int64_t blk = blockIdx.x;
   const int64_t per = WALK ? walk.ctas : ktiles; /* blocks a (batch, KV head) */
@@ -403,7 +408,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       }
       if constexpr (TMA) {
         if (threadIdx.x == 0) {
-          const uint32_t bar = qbar_base + 8 * s, dst = qs_base + s * 2 * QT;
+          const uint32_t bar = q_bar(s), dst = q_tile(s);
           mbar_expect(bar, 2 * QT);
           /* tma_load_tile's boxes, Q's and dO's in turn (the order measured; the two tiles one after the other
            * change ptxas's registers by up to 4); D = 96: the second box's last 32 columns come in as zeros */
@@ -460,13 +465,13 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       }
       landed = TMA;
       if (SPLIT_ROWS && (!FINISH_LATE || t == 0)) finish_rows(s); /* this tile's rows, copied a tile ago */
-      if constexpr (TMA) mbar_wait(qbar_base + 8 * s, (unsigned)(t >> 1) & 1); /* stage s's use t / 2 */
+      if constexpr (TMA) mbar_wait(q_bar(s), (unsigned)(t >> 1) & 1); /* stage s's use t / 2 */
       const bool full = __syncthreads_and(all_next) && bwm_full_rule(EXTRAS) && j1 - j0 == KEYS;
       const int state = state_next, other = other_next;
       if (t + 1 < qt.count) stage(t + 1, s ^ 1, &all_next); /* the next tile's copies fly while this one computes */
       cp_async_commit();
       if (attn_rule<PROB>::tiles && state == FA_BLOCK_EMPTY && other == FA_BLOCK_EMPTY) continue; /* the whole block's */
-      const uint32_t q_base = qs_base + s * 2 * QT, do_base = q_base + QT;
+      const uint32_t q_base = q_tile(s), do_base = q_base + QT;
       float sc[NC][4], dp[NC][4];
       wgmma_fence();
       if constexpr (KREG) wgmma_rs_kmajor<T, DG, BR>(&sc[0][0], ka, q_base); /* Sᵀ = K·Qᵀ */
@@ -499,7 +504,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
         fence_proxy_async();
         __syncthreads(); /* both warpgroups' dSᵀ rows are in */
         wgmma_fence();
-        bwg_ds_k<T, NQ, KEYS>(&dq[0][0], qs_base + 4 * QT + wrow / 64 * KEYS * 128, k_base,
+        bwg_ds_k<T, NQ, KEYS>(&dq[0][0], (HELD ? qs_base + 4 * QT : smem_addr(dSs)) + wrow / 64 * KEYS * 128, k_base,
                               wcol); /* dQ's share: dS·K, NQ columns (bwg_stage_ds: a block of KEYS rows a 64 rows) */
         wgmma_commit();
       }
