@@ -363,7 +363,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
   const uint32_t held = HELD ? (uint32_t)walk.copy : 0u;
   const uint32_t k_base = smem_addr(Ks) + held, v_base = HELD ? k_base + KEYS * D * 2 : smem_addr(Vs);
   const uint32_t qs_base = v_base + KEYS * D * 2, qbar_base = smem_addr(&qbar[0]) + held;
-  /* stage s's Q tile (dO's follows it) and its barrier */
+  /* stage s's Q tile (dO's follows it; q_tile(2): the dSᵀ tile after both stages) and its barrier */
   auto q_tile = [&](int s) { return HELD ? qs_base + s * 2 * QT : smem_addr(Qs + s * 2 * QT); };
   auto q_bar = [&](int s) { return HELD ? qbar_base + 8 * s : smem_addr(&qbar[s]); };
   const int64_t ktiles = (p.Lk + KEYS - 1) / KEYS;
@@ -504,7 +504,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
         fence_proxy_async();
         __syncthreads(); /* both warpgroups' dSᵀ rows are in */
         wgmma_fence();
-        bwg_ds_k<T, NQ, KEYS>(&dq[0][0], (HELD ? qs_base + 4 * QT : smem_addr(dSs)) + wrow / 64 * KEYS * 128, k_base,
+        bwg_ds_k<T, NQ, KEYS>(&dq[0][0], q_tile(2) + wrow / 64 * KEYS * 128, k_base,
                               wcol); /* dQ's share: dS·K, NQ columns (bwg_stage_ds: a block of KEYS rows a 64 rows) */
         wgmma_commit();
       }
