@@ -36,7 +36,8 @@ static __device__ __forceinline__ void tiled_dots(float *acc, const float *qs, i
   for (int r = 0; r < R; r++)
 #pragma unroll
     for (int c = 0; c < C; c++) a[r][c] = 0.f;
-  if (live && C == 1) {
+  if (live && C == 1) { /* the loop as it was before the chains: the general one below with C = 1 unrolls
+                         * differently (R = 16's SASS changes; the oracle ran this one) */
     for (int d = 0; d < D; d++) {
       const float k = krow[d];
 #pragma unroll
