@@ -293,6 +293,22 @@ function TestSplits:test_f32_key_chunks()
   end
 end
 
+-- Long f32 dot products: the outside oracle's seed 8401 case 632 (f32, D = 256, Dv = 128, 10223 keys,
+-- 64 splits, scale 1, bottom-right) in one head. Its criterion: max|out - ref64| <= 1e-5 max|ref64|. Scores
+-- of D = 256 at scale 1 reach tens; cuda's SIMT kernel summed each in one FMA chain and missed it by 1 %
+-- (its chains since e2e19b9; the CPU's "flash": 0.86e-5 here).
+function TestSplits:test_f32_long_dot_products()
+  local q, k, v = U.randn({1, 1, 16, 256}), U.randn({1, 1, 10223, 256}), U.randn({1, 1, 10223, 128})
+  local opts = {causal = "bottom_right", splits = 64, scale = 1}
+  local ref = U.reference(q, k, v, opts)
+  local bound = 1e-5 * math.max(ref:max(), -ref:min())
+  for _, algo in ipairs({"flash", "two_pass"}) do
+    opts.algo = algo
+    local err = fa.max_abs_diff(fa.attention(q, k, v, opts), ref)
+    lu.assertTrue(err <= bound, ("f32 D=256 10223 keys 64 splits %s: max err %.3g > %.3g"):format(algo, err, bound))
+  end
+end
+
 -- "auto" on a call of fewer tiles than threads and 1024 keys or more: the CPU's "flash" and "two_pass"
 -- cut each tile's keys into chunks of whole key tiles, one a thread, and merge the chunks' states as
 -- fa.merge_states does (cuda: the decode kernel's chunks where it takes the call).  Every rule against
