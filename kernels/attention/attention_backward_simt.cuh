@@ -9,6 +9,7 @@
 #define FA_KERNELS_ATTENTION_BACKWARD_SIMT_CUH
 
 #include "attention_backward_common.cuh"
+#include "attention_dots.cuh"
 
 #define BW_THREADS 256
 #define BW_WARPS (BW_THREADS / 32)
@@ -43,9 +44,9 @@ static __device__ __forceinline__ void bw_probs(const PROB &p, int64_t b, int64_
     const int64_t i = i0 + r;
     float pr = 0.f, ds = 0.f;
     if (i < p.Lq && j < p.Lk && j >= rows.lo[r] && j < rows.hi[r] && rows.lse[r] != -INFINITY) {
-      float dot = 0.f, dp = 0.f, chain = 1.f;
-      for (int d = 0; d < D; d++) dot = fmaf(Qs[r * D + d], Ks[c * (D + 1) + d], dot);
-      for (int d = 0; d < Dv; d++) dp = fmaf(dOs[r * Dv + d], Vs[c * (Dv + 1) + d], dp);
+      float dot, dp, chain = 1.f;
+      chained_dots<1, 4>(&dot, Qs + r * D, D, Ks + c * (D + 1), true);
+      chained_dots<1, 4>(&dp, dOs + r * Dv, Dv, Vs + c * (Dv + 1), true);
       const float s = attn_rule<PROB>::score_chain(p, b, h, i, j, dot, rows.lo[r], rows.hi[r], &chain);
       if (s != -INFINITY) { /* masked keys pass nothing back, whatever their values */
         pr = expf(s - rows.lse[r]);

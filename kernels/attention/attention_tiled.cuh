@@ -15,57 +15,17 @@
 #define FA_KERNELS_ATTENTION_TILED_CUH
 
 #include "attention_common.cuh"
+#include "attention_dots.cuh"
 
 #define NWARPS 8
 #define MAX_DV_PER_LANE 8 /* Dv up to 256 */
 
 enum { MODE_FLASH = 0, MODE_STATS, MODE_OUTPUT };
 
-/* The dot products of R query rows (qs, D floats apart) with one key row
- * (0 where !live), each in C interleaved chains of FMAs summed at the
- * end: one chain of D rounds every partial sum at up to the score's
- * magnitude, four of D / 4 at about half of it (f32, D = 256, scale 1:
- * the outside oracle's seed 8401 case 632 was 1.01e-5 of max|out| off with
- * one chain, torch's f32 0.35e-5).  C by the registers (ptxas -v, CUDA
- * 13.0): four chains spilled 140-264 bytes at R = 16 and 20-52 at R = 2. */
+/* The chains of chained_dots (attention_dots.cuh) a row block of R rows
+ * takes, by the registers (ptxas -v, CUDA 13.0): four chains spilled
+ * 140-264 bytes at R = 16 and 20-52 at R = 2. */
 template <int R> static constexpr __host__ __device__ int tiled_chains() { return R >= 16 ? 1 : R == 2 ? 2 : 4; }
-template <int R, int C>
-static __device__ __forceinline__ void tiled_dots(float *acc, const float *qs, int D, const float *krow, bool live) {
-  float a[R][C];
-#pragma unroll
-  for (int r = 0; r < R; r++)
-#pragma unroll
-    for (int c = 0; c < C; c++) a[r][c] = 0.f;
-  if (live && C == 1) { /* the loop as it was before the chains: the general one below with C = 1 unrolls
-                         * differently (R = 16's SASS changes; the oracle ran this one) */
-    for (int d = 0; d < D; d++) {
-      const float k = krow[d];
-#pragma unroll
-      for (int r = 0; r < R; r++) a[r][0] = fmaf(qs[r * D + d], k, a[r][0]);
-    }
-  } else if (live) {
-    int d = 0;
-    for (; d + C <= D; d += C) {
-      float k[C];
-#pragma unroll
-      for (int c = 0; c < C; c++) k[c] = krow[d + c];
-#pragma unroll
-      for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int c = 0; c < C; c++) a[r][c] = fmaf(qs[r * D + d + c], k[c], a[r][c]);
-    }
-    for (; d < D; d++) /* D % C */
-#pragma unroll
-      for (int r = 0; r < R; r++) a[r][0] = fmaf(qs[r * D + d], krow[d], a[r][0]);
-  }
-#pragma unroll
-  for (int r = 0; r < R; r++) {
-    float t = a[r][0];
-#pragma unroll
-    for (int c = 1; c < C; c++) t += a[r][c]; /* (C = 4: ((a0 + a1) + a2) + a3) */
-    acc[r] = t;
-  }
-}
 
 template <typename T, int BR, int MODE, typename PROB>
 static __device__ __forceinline__ void attn_tiled_block(const PROB &p, int br, int Bc, int64_t blk) {
@@ -129,7 +89,7 @@ static __device__ __forceinline__ void attn_tiled_block(const PROB &p, int br, i
     for (int c0 = 0; c0 < n; c0 += 32) {
       const int j = c0 + lane, nj = min(32, n - c0);
       float acc[R];
-      tiled_dots<R, tiled_chains<R>()>(acc, Qs + warp * R * D, D, Ks + j * DP, j < n);
+      chained_dots<R, tiled_chains<R>()>(acc, Qs + warp * R * D, D, Ks + j * DP, j < n);
 #pragma unroll
       for (int r = 0; r < R; r++) {
         const int rr = warp * R + r;
