@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(BW_THREADS)
  * warp w the columns w, w + 8, ...; zero weights skipped (NaN or inf in k
  * reaches only the rows that attend its key), only_if as bw_dkdv_kernel's. */
 template <typename T, int DMAX, typename PROB = fa_attn_problem>
-__global__ void __launch_bounds__(BW_THREADS)
+__global__ void __launch_bounds__(BW_THREADS, DMAX == 128 && sizeof(T) == 4 ? 3 : 1)
     bw_dq_kernel(PROB p, fa_attn_grads g, const float *delta, const int *only_if) {
   if (only_if && !*only_if) return;
   extern __shared__ float bw_smem[];
