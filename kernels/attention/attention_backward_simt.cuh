@@ -119,11 +119,16 @@ __global__ void __launch_bounds__(BW_THREADS)
   }
 }
 
+/* bw_dq_kernel's blocks an SM: f32 at DMAX = 128, three (80 registers; left to itself, ptxas gives its four
+ * chains of dot products 127 and two blocks: 1.045x the time of one chain at three, H100); else 0, no bound
+ * (a bound of 1 lets ptxas take 166 registers at DMAX = 64: 1.36x the time) */
+#define BW_DQ_BLOCKS(T, DMAX) ((DMAX) == 128 && sizeof(T) == 4 ? 3 : 0)
+
 /* dQ of rows [i0, i0 + BW_BR) of one (batch, head): lane r owns row r,
  * warp w the columns w, w + 8, ...; zero weights skipped (NaN or inf in k
  * reaches only the rows that attend its key), only_if as bw_dkdv_kernel's. */
 template <typename T, int DMAX, typename PROB = fa_attn_problem>
-__global__ void __launch_bounds__(BW_THREADS, DMAX == 128 && sizeof(T) == 4 ? 3 : 1)
+__global__ void __launch_bounds__(BW_THREADS, BW_DQ_BLOCKS(T, DMAX))
     bw_dq_kernel(PROB p, fa_attn_grads g, const float *delta, const int *only_if) {
   if (only_if && !*only_if) return;
   extern __shared__ float bw_smem[];
