@@ -120,8 +120,9 @@ __global__ void __launch_bounds__(BW_THREADS)
 }
 
 /* bw_dq_kernel's blocks an SM: f32 at DMAX = 128, three (80 registers; left to itself, ptxas gives its four
- * chains of dot products 127 and two blocks: 1.045x the time of one chain at three, H100); else 0, no bound
- * (a bound of 1 lets ptxas take 166 registers at DMAX = 64: 1.36x the time) */
+ * chains of dot products 127 and two blocks: the f32 backward at D = 128 took 1.05x the time of one chain at
+ * three blocks, now 1.02x; H100, docs/perf/2026-12-06-backward-pdl-h100.json); else 0, no bound (a bound of 1
+ * let ptxas take 166 registers at DMAX = 64: 1.36x the time) */
 #define BW_DQ_BLOCKS(T, DMAX) ((DMAX) == 128 && sizeof(T) == 4 ? 3 : 0)
 
 /* dQ of rows [i0, i0 + BW_BR) of one (batch, head): lane r owns row r,
