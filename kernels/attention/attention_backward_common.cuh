@@ -432,18 +432,11 @@ struct bw_launch_spec {
 };
 
 /* One launch of kernel k on stream s (args: its parameters), its shared memory allowed first; dependent:
- * a programmatic dependent launch of the kernel queued just before it on s (sm_90 code on both sides: k
- * waits at griddepcontrol.wait for that kernel's memory). */
+ * a programmatic dependent launch of the kernel queued just before it on s (attn_launch). */
 static inline cudaError_t bw_launch_on(const bw_launch_spec &k, void **args, cudaStream_t s, bool dependent = false) {
   const cudaError_t err = cudaFuncSetAttribute(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)k.smem);
   if (err != cudaSuccess) return err;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)k.blocks), cfg.blockDim = dim3(k.threads), cfg.dynamicSmemBytes = k.smem, cfg.stream = s;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr, cfg.numAttrs = dependent ? 1 : 0;
-  return cudaLaunchKernelExC(&cfg, k.kernel, args);
+  return attn_launch(k.kernel, dim3((unsigned)k.blocks), dim3(k.threads), k.smem, s, args, dependent);
 }
 
 /* The two-kernel schedule's launches (args: both kernels' parameters):

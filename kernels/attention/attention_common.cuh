@@ -254,6 +254,22 @@ static inline fa_status attn_grid_fits(fa_context *ctx, int64_t blocks) {
   return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: attention on cuda: too many query tiles (%lld blocks, at most %d)",
                  (long long)blocks, INT32_MAX);
 }
+
+/* One launch of fn (args: its parameters); dependent: a programmatic
+ * dependent launch of the kernel queued just before it on s, whose blocks
+ * let it be placed (griddepcontrol.launch_dependents, or their end) and
+ * for whose memory it waits at griddepcontrol.wait.  Only where both run
+ * code for sm_90 or later: sm_80 code has no griddepcontrol. */
+static inline cudaError_t attn_launch(const void *fn, dim3 grid, dim3 block, size_t smem, cudaStream_t s, void **args,
+                                      bool dependent) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = s;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr, cfg.numAttrs = dependent ? 1 : 0;
+  return cudaLaunchKernelExC(&cfg, fn, args);
+}
 #endif
 
 static __device__ __forceinline__ float warp_max(float v) {

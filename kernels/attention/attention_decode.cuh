@@ -822,15 +822,11 @@ static fa_status decode_typed(fa_context *ctx, const fa_attn_problem *p, decode_
      * placed while the chunks end, then wait for their memory).  Only
      * where code of the build for sm_90 or later runs, which holds that
      * wait (griddepcontrol): sm_80 code has none */
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
     const int wpr = decode_merge_warps(rows, a.splits, dp.sms), rpb = 4 / wpr;
-    cfg.gridDim = dim3((unsigned)((rows + rpb - 1) / rpb)), cfg.blockDim = dim3(128), cfg.stream = s;
-    cfg.attrs = &attr, cfg.numAttrs = dp.sm90_code ? 1 : 0;
-    err = cudaLaunchKernelEx(&cfg, wpr == 1 ? attn_decode_merge_kernel<T, D, 1> : attn_decode_merge_kernel<T, D, 4>, *p,
-                             a);
+    void *args[] = {(void *)p, &a};
+    const void *merge = wpr == 1 ? (const void *)attn_decode_merge_kernel<T, D, 1>
+                                 : (const void *)attn_decode_merge_kernel<T, D, 4>;
+    err = attn_launch(merge, dim3((unsigned)((rows + rpb - 1) / rpb)), dim3(128), 0, s, args, dp.sm90_code);
   }
   fa_cuda_free_on(ctx, part, part_bytes); /* after the kernels, on their stream (capturable) */
   return fa_cuda_error(ctx, err, "launch of attn_decode_kernel");

@@ -241,18 +241,14 @@ static inline fa_status tiled_launch(fa_context *ctx, const void *fn, int64_t gr
                                      const char *what) {
   cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err != cudaSuccess) return fa_cuda_error(ctx, err, what);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)grid), cfg.blockDim = dim3(NWARPS * 32), cfg.dynamicSmemBytes = smem;
-  cfg.stream = fa_cuda_stream(ctx);
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
+  bool dependent = false;
   if (guard) {
     fa_cuda_props dp;
     if (fa_status st = fa_cuda_device_props(ctx, &dp)) return st;
-    cfg.attrs = &attr, cfg.numAttrs = dp.sm90_code ? 1 : 0;
+    dependent = dp.sm90_code;
   }
-  return fa_cuda_error(ctx, cudaLaunchKernelExC(&cfg, fn, args), what);
+  return fa_cuda_error(
+      ctx, attn_launch(fn, dim3((unsigned)grid), dim3(NWARPS * 32), smem, fa_cuda_stream(ctx), args, dependent), what);
 }
 
 /* The tile of the SIMT kernel for a call whose tile (a tensor-core
