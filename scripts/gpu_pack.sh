@@ -12,9 +12,8 @@
 #   bash scripts/gpu_pack.sh --bundle     # every .snap/ab/NAME.tar.xz (and an earlier bundle's builds) into one .snap/ab/bundle.tar.xz
 # The bundle is a folder a build, compressed with a dictionary larger than one build (128 MiB): the
 # builds of an A/B share most of their bytes, so a second build added about 3.5 MB where its own file
-# was 23 MB.  Since the fatbins are compressed (2026-12-06: 28.5 MB a build) each further build adds
-# about 9.7 MB, and three fit beside .deps/debs only without its OpenBLAS -dev packages, which the
-# carried builds do not need.  gpu_ab.sh's carried mode takes the bundle
+# was 23 MB.  On 2026-12-06 a build packed to 28.5 MB and each further one added about 9.7 MB: three
+# fit beside .deps/debs only without its OpenBLAS -dev packages, which the carried builds do not need.  gpu_ab.sh's carried mode takes the bundle
 # when there is one.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -54,9 +54,10 @@ __global__ void __launch_bounds__(BW_THREADS)
                     float *mult, int64_t zero4) {
   constexpr int V = VEC ? 16 / sizeof(T) : 1;
 #if __CUDA_ARCH__ >= 900
-  /* the fused kernel queued next (bwg_launch_fused: a programmatic dependent launch) may be placed on the
-   * multiprocessors as this grid's last wave drains and load its first K and V tiles; it waits for this
-   * grid's memory (delta, dq_acc's zeros, FIXED's multipliers) before it reads or adds into any of them */
+  /* the fused kernel queued next (fa_cuda_backward_wgmma_run: a programmatic dependent launch) may be
+   * placed on the multiprocessors as this grid's last wave drains and load its first K and V tiles; it
+   * waits for this grid's memory (delta, dq_acc's zeros, FIXED's multipliers) before it reads or adds
+   * into any of them */
   asm volatile("griddepcontrol.launch_dependents;");
 #endif
   if (g.dq_acc) { /* its share of the zero4 float4s of dq_acc, stored before the reads (nothing waits for them) */
