@@ -4,7 +4,9 @@
 # gpu_build DIR SRC, which configures and builds SRC for sm_90a into DIR.
 D=$PWD/.deps/root
 if [ ! -x "$D/usr/bin/lua5.4" ]; then
-  for f in .deps/debs/*.deb; do dpkg-deb -x "$f" "$D"; done
+  for f in .deps/debs/*.deb .deps/debs-build/*.deb; do
+    if [ -f "$f" ]; then dpkg-deb -x "$f" "$D"; fi # (debs-build: carried only for a build there)
+  done
 fi
 ML=$D/usr/lib/x86_64-linux-gnu
 export LD_LIBRARY_PATH=$ML:$ML/openblas-pthread:$D/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}

@@ -13,7 +13,8 @@
 # The bundle is a folder a build, compressed with a dictionary larger than one build (128 MiB): the
 # builds of an A/B share most of their bytes, so a second build added about 3.5 MB where its own file
 # was 23 MB.  On 2026-12-06 a build packed to 28.5 MB and each further one added about 9.7 MB: three
-# fit beside .deps/debs only without its OpenBLAS -dev packages, which the carried builds do not need.  gpu_ab.sh's carried mode takes the bundle
+# fit beside .deps/debs (7.6 MB since the OpenBLAS -dev packages, which only a build made there
+# needs, went into .deps/debs-build).  gpu_ab.sh's carried mode takes the bundle
 # when there is one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
