@@ -122,6 +122,11 @@ static int bwg_rows_of(const fa_attn_problem *p, bool walks) {
   return bwg_rows_tile((int)p->D, p->score_mod || p->mask_mod ? EXTRAS_VARIANT : attn_extras_kind(p), true, walks);
 }
 
+/* Whether the call's fused instance waits at griddepcontrol.wait for the kernel before it (CHECK in
+ * bwg_dkdv_kernel: a built-in rule's, not the WALK one), so that it may be launched as its programmatic
+ * dependent. */
+static bool bwg_waits(const fa_attn_problem *p, bool walks) { return !walks && !p->score_mod && !p->mask_mod; }
+
 /* The call on the kernels given: the built-in instances, or a variant's
  * run-time compiled ones (attention_variant.cu), whose problem argument
  * prob (a fa_attn_problem or what derives from it) goes to the kernels as
@@ -154,13 +159,12 @@ extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_p
     else if (!st) st = fa_cuda_malloc(ctx, (void **)&acc, bytes); /* rows > 0: n4 > 0 */
     if (st) return st;
     cudaError_t err = zeroed ? cudaSuccess : cudaMemsetAsync(acc, 0, bytes, s); /* the sums */
-    /* zeroed and not walks: the built-in fused instances (CHECK in bwg_dkdv_kernel, which waits), queued
-     * right behind the delta kernel, as its programmatic dependent: the launch and K and V's loads overlap
-     * delta's last wave (the Lua variants' instances come after a memset, the WALK one does not wait) */
+    /* zeroed: queued right behind the delta kernel, so an instance that waits (bwg_waits) is launched as its
+     * programmatic dependent: the launch and K and V's loads overlap delta's last wave */
     if (err == cudaSuccess && blocks > 0)
       err = bw_launch_on({dkdv, blocks, 2 * BWG_THREADS, bwg_smem_dkdv(BWG_PAD(p->D), true, bwg_rows_of(p, walks)),
                           "bwg_dkdv_kernel"},
-                         args, s, zeroed && !walks);
+                         args, s, zeroed && bwg_waits(p, walks));
     if (err == cudaSuccess) err = bwg_convert_of(p, acc, walk.fixed, g->dq, n4, copies, g->nonfinite, s);
     if (!zeroed) fa_cuda_free_on(ctx, acc, bytes); /* stream-ordered: after the kernels */
     return fa_cuda_error(ctx, err, "the backward's dK/dV/dQ launches");

@@ -442,9 +442,9 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       all_next = true;
       if (threadIdx.x < BR) bwm_row_finish<BR, REL>(p, rows[s], threadIdx.x, j0, j1, &all_next);
     };
-    /* CHECK (the built-in fused instances): launched behind the delta kernel as its programmatic dependent
-     * (fa_cuda_backward_wgmma_run), so K and V above load while its last blocks run; delta, dq_acc's zeros and
-     * FIXED's multipliers are its, read from the first stage on */
+    /* CHECK (the built-in fused instances; bwg_waits says the same on the host): launched behind the delta
+     * kernel as its programmatic dependent, so K and V above load while its last blocks run; delta, dq_acc's
+     * zeros and FIXED's multipliers are its, read from the first stage on */
     if constexpr (CHECK) asm volatile("griddepcontrol.wait;" ::: "memory");
     if (qt.count > 0) stage(0, 0, &all_next);
     cp_async_commit();
