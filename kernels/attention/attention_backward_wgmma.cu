@@ -65,9 +65,16 @@ extern "C" int64_t fa_cuda_backward_wgmma_walk(fa_context *ctx, const fa_attn_pr
 }
 
 /* The bytes of the fused instances' dQ sums (one copy of dq_acc: the
- * default's, or FIXED's), which fa_cuda_backward_run has the delta kernel
- * zero (g->dq_acc). */
-extern "C" size_t fa_cuda_backward_wgmma_acc_bytes(const fa_attn_problem *p) { return (size_t)bwg_acc_n4(p) * 16; }
+ * default's, or FIXED's) and, after them, of their query tiles' counts
+ * (bwg_walk.arrivals: an int32 a tile of BWG_BR rows, as many as any
+ * bwg_rows_tile needs, in whole 16 bytes), which fa_cuda_backward_run has
+ * the delta kernel zero (g->dq_acc). */
+static size_t bwg_arrivals_bytes(const fa_attn_problem *p) {
+  return (size_t)((p->B * p->Hq * ((p->Lq + BWG_BR - 1) / BWG_BR) + 3) / 4) * 16;
+}
+extern "C" size_t fa_cuda_backward_wgmma_acc_bytes(const fa_attn_problem *p) {
+  return (size_t)bwg_acc_n4(p) * 16 + bwg_arrivals_bytes(p);
+}
 
 /* Whether the call on the built-in instances checks the gradients it
  * writes for NaN and inf (g->nonfinite; bw_guarded then scans neither q nor
@@ -142,7 +149,7 @@ extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_p
   cudaStream_t s = fa_cuda_stream(ctx);
   fa_attn_grads ga = *g;
   float *acc = NULL;
-  bwg_walk walk = {(p->Lk + BWG_OWN - 1) / BWG_OWN, 0, NULL, 0}; /* the two kernels': a key tile a block */
+  bwg_walk walk = {(p->Lk + BWG_OWN - 1) / BWG_OWN, 0, NULL, 0, NULL}; /* the two kernels': a key tile a block */
   void *args[] = {prob, &ga, &delta, &acc, &walk, (void *)(maps ? maps : &no_maps)};
   if (ctas > 0 || ctas == BWG_FIXED) { /* the instance with DQ */
     const bool walks = ctas > 0 && g->deterministic;
@@ -158,14 +165,20 @@ extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_p
     if (!st && zeroed) acc = g->dq_acc;
     else if (!st) st = fa_cuda_malloc(ctx, (void **)&acc, bytes); /* rows > 0: n4 > 0 */
     if (st) return st;
+    /* an instance that waits (CHECK) converts the sums itself, counting on the tiles' counts zeroed after them,
+     * where its blocks visit at most BWG_CONV_BITS query tiles each */
+    const int br = bwg_rows_of(p, walks);
+    const bool converts = zeroed && bwg_waits(p, walks) && blocks > 0 &&
+                          p->Hq / p->Hkv * ((p->Lq + br - 1) / br) <= BWG_CONV_BITS;
+    if (converts) walk.arrivals = (int *)((char *)acc + bytes);
     cudaError_t err = zeroed ? cudaSuccess : cudaMemsetAsync(acc, 0, bytes, s); /* the sums */
     /* zeroed: queued right behind the delta kernel, so an instance that waits (bwg_waits) is launched as its
      * programmatic dependent: the launch and K and V's loads overlap delta's last wave */
     if (err == cudaSuccess && blocks > 0)
-      err = bw_launch_on({dkdv, blocks, 2 * BWG_THREADS, bwg_smem_dkdv(BWG_PAD(p->D), true, bwg_rows_of(p, walks)),
+      err = bw_launch_on({dkdv, blocks, 2 * BWG_THREADS, bwg_smem_dkdv(BWG_PAD(p->D), true, br),
                           "bwg_dkdv_kernel"},
                          args, s, zeroed && bwg_waits(p, walks));
-    if (err == cudaSuccess) err = bwg_convert_of(p, acc, walk.fixed, g->dq, n4, copies, g->nonfinite, s);
+    if (err == cudaSuccess && !converts) err = bwg_convert_of(p, acc, walk.fixed, g->dq, n4, copies, g->nonfinite, s);
     if (!zeroed) fa_cuda_free_on(ctx, acc, bytes); /* stream-ordered: after the kernels */
     return fa_cuda_error(ctx, err, "the backward's dK/dV/dQ launches");
   }
