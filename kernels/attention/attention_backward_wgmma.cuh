@@ -369,12 +369,25 @@ static __device__ __forceinline__ void bwg_convert_tile(const float *acc, int64_
  * thread after a barrier of the block, returning the count before it: a
  * release (every block's adds into the tile, made before that barrier,
  * visible before its count: a fence's cumulativity through bar.sync, as
- * CUTLASS's semaphore has it) and an acquire (for the block that completes
- * the count, which reads the sums after another barrier). */
+ * CUTLASS's semaphore has it).  The block that completes the count then
+ * takes bwg_arrived's acquire before it reads the sums (after another
+ * barrier).  An acq_rel atomic here made thread 0 wait for its answer at
+ * once, every tile: 1.18-1.28x the call's time (H100). */
 static __device__ __forceinline__ int bwg_arrive(int *count) {
   int old;
-  asm volatile("atom.add.acq_rel.gpu.global.s32 %0, [%1], 1;" : "=r"(old) : "l"(count) : "memory");
+#ifdef BWG_RELAXED_PROBE
+  asm volatile("atom.add.relaxed.gpu.global.s32 %0, [%1], 1;" : "=r"(old) : "l"(count) : "memory");
+#else
+  asm volatile("atom.add.release.gpu.global.s32 %0, [%1], 1;" : "=r"(old) : "l"(count) : "memory");
+#endif
   return old;
+}
+/* Whether bwg_arrive's answer old completes a count of `per` blocks, with
+ * the acquire that reading the tile's sums wants where it does. */
+static __device__ __forceinline__ bool bwg_arrived(int old, int64_t per) {
+  if (old != per - 1) return false;
+  asm volatile("fence.acq_rel.gpu;" ::: "memory");
+  return true;
 }
 
 /* The block's counts on the query tiles it did not visit (bwg_dkdv_kernel's
@@ -390,7 +403,7 @@ static __device__ __forceinline__ void bwg_skip_arrivals(int *arrivals, int64_t 
   const uint32_t skips_per = nT - n, skips = G * skips_per;
   for (uint32_t s = threadIdx.x; s < skips; s += blockDim.x) {
     const uint32_t k = s % skips_per, h = s / skips_per, T = k < T0 ? k : k + n;
-    if (bwg_arrive(arrivals + (bh0 + h) * nT + T) == per - 1) atomicOr(bits + (h * nT + T) / 32, 1u << (h * nT + T) % 32);
+    if (bwg_arrived(bwg_arrive(arrivals + (bh0 + h) * nT + T), per)) atomicOr(bits + (h * nT + T) / 32, 1u << (h * nT + T) % 32);
   }
 }
 
@@ -611,7 +624,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       return bwg_arrive(arrivals + (b * p.Hq + qt.h0) * nT + *bit);
     };
     auto mark = [&](int old, uint32_t bit) {
-      if (old == per - 1) atomicOr(conv_bits + bit / 32, 1u << bit % 32); /* (beside bwg_skip_arrivals') */
+      if (bwg_arrived(old, per)) atomicOr(conv_bits + bit / 32, 1u << bit % 32); /* (beside bwg_skip_arrivals') */
     };
     int counted = 0;           /* CONVERTS, thread 0: the count that bwg_arrive returned this tile */
     uint32_t counted_bit = 0; /* and its tile's bit */
