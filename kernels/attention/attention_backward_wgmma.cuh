@@ -366,44 +366,49 @@ static __device__ __forceinline__ void bwg_convert_tile(const float *acc, int64_
 #define BWG_CONV_BITS 4096
 
 /* A block's count on a query tile (bwg_dkdv_kernel's arrivals), by one
- * thread after a barrier of the block, returning the count before it: a
- * release (every block's adds into the tile, made before that barrier,
- * visible before its count: a fence's cumulativity through bar.sync, as
- * CUTLASS's semaphore has it).  The block that completes the count then
- * takes bwg_arrived's acquire before it reads the sums (after another
- * barrier).  An acq_rel atomic here made thread 0 wait for its answer at
- * once, every tile: 1.18-1.28x the call's time (H100). */
-static __device__ __forceinline__ int bwg_arrive(int *count) {
-  int old;
+ * thread after a barrier of the block: a release (every block's adds into
+ * the tile, made before that barrier, visible before its count: a fence's
+ * cumulativity through bar.sync, as CUTLASS's semaphore has it), and no
+ * answer.  A returning atomic (the count before it, to tell the block that
+ * completes it) left a register pending that the next wgmma.fence waited
+ * for, about 1 us every tile whether it was relaxed or not: 1.18-1.40x the
+ * call's time (H100). */
+static __device__ __forceinline__ void bwg_arrive(int *count) {
 #ifdef BWG_RELAXED_PROBE
-  asm volatile("atom.add.relaxed.gpu.global.s32 %0, [%1], 1;" : "=r"(old) : "l"(count) : "memory");
+  asm volatile("red.relaxed.gpu.global.add.s32 [%0], 1;" ::"l"(count) : "memory");
 #else
-  asm volatile("atom.add.release.gpu.global.s32 %0, [%1], 1;" : "=r"(old) : "l"(count) : "memory");
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(count) : "memory");
 #endif
-  return old;
-}
-/* Whether bwg_arrive's answer old completes a count of `per` blocks, with
- * the acquire that reading the tile's sums wants where it does. */
-static __device__ __forceinline__ bool bwg_arrived(int old, int64_t per) {
-  if (old != per - 1) return false;
-  asm volatile("fence.acq_rel.gpu;" ::: "memory");
-  return true;
 }
 
-/* The block's counts on the query tiles it did not visit (bwg_dkdv_kernel's
- * arrivals): G query heads from bh0 of nT tiles each, of which it visited
- * [T0, T0 + n) in each; by the whole block, a tile a thread at a time.
- * Bit h·nT + T of bits set where the count on tile T of head bh0 + h
- * completes it (every block that adds into the tile has counted itself:
- * this one converts it).  G·nT is at most BWG_CONV_BITS: 32-bit
+/* The block's counts on the query tiles it did not visit: G query heads of
+ * nT tiles each, their counts at `counts`, of which it visited [T0, T0 + n)
+ * in each; by the whole block, a tile a thread at a time.  No release:
+ * the block added nothing there.  G·nT is at most BWG_CONV_BITS: 32-bit
  * arithmetic (a 64-bit division's call took ptxas to 130-240 bytes of
  * spills in the kernel). */
-static __device__ __forceinline__ void bwg_skip_arrivals(int *arrivals, int64_t per, int64_t bh0, uint32_t G, uint32_t nT,
-                                                         uint32_t T0, uint32_t n, uint32_t *bits) {
+static __device__ __forceinline__ void bwg_skip_arrivals(int *counts, uint32_t G, uint32_t nT, uint32_t T0, uint32_t n) {
   const uint32_t skips_per = nT - n, skips = G * skips_per;
   for (uint32_t s = threadIdx.x; s < skips; s += blockDim.x) {
-    const uint32_t k = s % skips_per, h = s / skips_per, T = k < T0 ? k : k + n;
-    if (bwg_arrived(bwg_arrive(arrivals + (bh0 + h) * nT + T), per)) atomicOr(bits + (h * nT + T) / 32, 1u << (h * nT + T) % 32);
+    const uint32_t k = s % skips_per;
+    asm volatile("red.relaxed.gpu.global.add.s32 [%0], 1;" ::"l"(counts + s / skips_per * nT + (k < T0 ? k : k + n))
+                 : "memory");
+  }
+}
+
+/* The block's claims, after all its counts (and a barrier): every one of
+ * the `tiles` counts at `counts` that has reached per (every block counted:
+ * the tile's sums are complete) is taken by one atomic; the block whose
+ * atomic finds per (the first) sets the tile's bit and converts it.  Every
+ * tile is claimed: the block that counted last finds its count complete. */
+static __device__ __forceinline__ void bwg_claim_tiles(int *counts, uint32_t tiles, int64_t per, uint32_t *bits) {
+  for (uint32_t s = threadIdx.x; s < tiles; s += blockDim.x) {
+    int seen;
+    asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(counts + s) : "memory");
+    if (seen == per && atomicAdd(counts + s, 1) == per) {
+      asm volatile("fence.acq_rel.gpu;" ::: "memory"); /* the other blocks' sums, released before their counts */
+      atomicOr(bits + s / 32, 1u << s % 32);
+    }
   }
 }
 
@@ -476,16 +481,16 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
    * bw_guarded) */
   constexpr bool CHECK = DQ && !WALK && EXTRAS != EXTRAS_VARIANT;
   /* the same instances convert dQ's sums into g.dq themselves where walk.arrivals is given: each block counts
-   * itself done with every query tile of its KV head's query heads, those it added into (a tile after its adds:
-   * by then the fence finds them complete) and the rest (at its end); the block that completes a tile's count
-   * converts the tile at its end (bwg_convert_tile; its sums mostly still in L2), in place of
-   * bwg_dq_convert_kernel's pass over all of them from memory after the kernel.  Converted where the count
-   * completes, inside the loop, the tiles' loads took ptxas to 70-280 bytes of spills in the score rules' and
-   * D = 96's instances; and a block completes counts mostly in its last tiles anyway (its rotated walk, rot) */
+   * itself done with every query tile of its KV head's query heads, those it added into (bwg_arrive, a tile
+   * after its adds) and the rest (at its end); at its end it claims the tiles whose counts are complete
+   * (bwg_claim_tiles) and converts those it wins (bwg_convert_tile; their sums mostly still in L2), in place
+   * of bwg_dq_convert_kernel's pass over all of them from memory after the kernel.  Converted inside the loop,
+   * the tiles' loads took ptxas to 70-280 bytes of spills in the score rules' and D = 96's instances; and a
+   * block's counts complete tiles mostly in its last steps anyway (its rotated walk, rot) */
   constexpr bool CONVERTS = CHECK;
   int *const arrivals = CONVERTS ? walk.arrivals : nullptr;
-  /* CONVERTS: bit h·nT + T set where the block's count completed tile T of query head h0 + h (the host gives
-   * arrivals only where G·nT is at most BWG_CONV_BITS) */
+  /* CONVERTS: bit h·nT + T set where the block claimed tile T of query head h0 + h (the host gives arrivals
+   * only where G·nT is at most BWG_CONV_BITS) */
   __shared__ uint32_t conv_bits[CONVERTS ? BWG_CONV_BITS / 32 : 1];
   if (CONVERTS && threadIdx.x < BWG_CONV_BITS / 32) conv_bits[threadIdx.x] = 0; /* published by the barriers below */
   extern __shared__ __align__(128) char bwg_raw[];
@@ -617,17 +622,11 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       }
     };
     /* thread 0, after a barrier that every thread passed after its adds into the tile it visited at t: the
-     * block's count on it (bwg_arrive), and the tile's bit, to be set where the count completes it */
-    auto arrive = [&](int64_t t, uint32_t *bit) {
+     * block's count on it */
+    auto arrive = [&](int64_t t) {
       const int64_t u = visit(t);
-      *bit = (uint32_t)((qt.head(u) - qt.h0) * nT + qt.row(u, BR) / BR);
-      return bwg_arrive(arrivals + (b * p.Hq + qt.h0) * nT + *bit);
+      bwg_arrive(arrivals + (b * p.Hq + qt.head(u)) * nT + qt.row(u, BR) / BR);
     };
-    auto mark = [&](int old, uint32_t bit) {
-      if (bwg_arrived(old, per)) atomicOr(conv_bits + bit / 32, 1u << bit % 32); /* (beside bwg_skip_arrivals') */
-    };
-    int counted = 0;           /* CONVERTS, thread 0: the count that bwg_arrive returned this tile */
-    uint32_t counted_bit = 0; /* and its tile's bit */
     for (int64_t t = 0; t < qt.count; t++) {
       const int s = (int)(t & 1);
       if (!landed) { /* TMA: K and V alone, before the first tile */
@@ -674,9 +673,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
         bwg_stage_ds<BR, KEYS>(dSs, da);
         fence_proxy_async();
         __syncthreads(); /* both warpgroups' dSᵀ rows are in */
-        /* the last tile's count, its answer taken at this tile's end: waited for here (a returning atomic),
-         * it held the block ~1 us a tile (1.35-1.54x the time, H100) */
-        if (CONVERTS && arrivals && threadIdx.x == 0 && t > 0) counted = arrive(t - 1, &counted_bit);
+        if (CONVERTS && arrivals && threadIdx.x == 0 && t > 0) arrive(t - 1); /* the last tile's count */
         wgmma_fence();
         bwg_ds_k<T, NQ, KEYS>(&dq[0][0], q_tile(2) + wrow / 64 * KEYS * 128, k_base,
                               wcol); /* dQ's share: dS·K, NQ columns (bwg_stage_ds: a block of KEYS rows a 64 rows) */
@@ -708,18 +705,13 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       wgmma_wait<0>();
       wgmma_hold<D / 2>(&dv[0][0]);
       wgmma_hold<D / 2>(&dk[0][0]);
-      if (CONVERTS && arrivals && threadIdx.x == 0 && t > 0) mark(counted, counted_bit);
     }
     cp_async_wait<0>(); /* no copy in flight at the exit or the next turn (a block whose keys no row takes) */
     const int64_t r0 = (b * p.Hkv + hk) * p.Lk, j = j0 + warp * 16;
     static_assert(WGS * 4 * BWG_STORE_BYTES(DG) <= 4 * QT, "the warps' staging fits where the Q and dO tiles were");
     if (CONVERTS && arrivals && qt.count > 0) { /* the count on the last tile */
       __syncthreads(); /* every thread's adds */
-      if (threadIdx.x == 0) {
-        uint32_t bit;
-        const int old = arrive(qt.count - 1, &bit);
-        mark(old, bit);
-      }
+      if (threadIdx.x == 0) arrive(qt.count - 1);
     }
     if constexpr (TMA && !WALK) { /* (the cp.async and WALK instances spill with it: 8-160 bytes) */
       __syncthreads(); /* every warp's products are past the tiles */
@@ -732,8 +724,10 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     }
     if (CONVERTS && arrivals) {
       const uint32_t G = (uint32_t)(p.Hq / p.Hkv), tiles = G * (uint32_t)nT;
-      bwg_skip_arrivals(arrivals, per, b * p.Hq + qt.h0, G, (uint32_t)nT, (uint32_t)(qt.i0 / BR), (uint32_t)qt.n,
-                        conv_bits);
+      int *const counts = arrivals + (b * p.Hq + qt.h0) * nT;
+      bwg_skip_arrivals(counts, G, (uint32_t)nT, (uint32_t)(qt.i0 / BR), (uint32_t)qt.n);
+      __syncthreads(); /* every count of the block made */
+      bwg_claim_tiles(counts, tiles, per, conv_bits);
       __syncthreads(); /* conv_bits complete */
       for (uint32_t w = 0; w < (tiles + 31) / 32; w++)
         for (uint32_t m = conv_bits[w]; m; m &= m - 1) {
