@@ -65,12 +65,9 @@ extern "C" int64_t fa_cuda_backward_wgmma_walk(fa_context *ctx, const fa_attn_pr
 }
 
 /* The bytes of the fused instances' dQ sums (one copy of dq_acc: the
- * default's, or FIXED's) and after them their heads' counts of blocks done
- * (bwg_walk.done: an int32 a (batch, KV head), in whole 16 bytes), which
- * fa_cuda_backward_run has the delta kernel zero (g->dq_acc). */
-extern "C" size_t fa_cuda_backward_wgmma_acc_bytes(const fa_attn_problem *p) {
-  return (size_t)bwg_acc_n4(p) * 16 + (size_t)((p->B * p->Hkv + 3) / 4) * 16;
-}
+ * default's, or FIXED's), which fa_cuda_backward_run has the delta kernel
+ * zero (g->dq_acc). */
+extern "C" size_t fa_cuda_backward_wgmma_acc_bytes(const fa_attn_problem *p) { return (size_t)bwg_acc_n4(p) * 16; }
 
 /* Whether the call on the built-in instances checks the gradients it
  * writes for NaN and inf (g->nonfinite; bw_guarded then scans neither q nor
@@ -99,50 +96,24 @@ static int64_t bwg_tail(fa_context *ctx, const fa_attn_problem *p, int64_t per) 
 
 #define BWG_FIXED ((int64_t)-2) /* fa_cuda_backward_wgmma_run's ctas for the FIXED instance (bw_fixed_dq) */
 
-/* Where the conversion follows the fused kernel as its programmatic
- * dependent (done: bwg_walk.done, else NULL): the heads' counts, the blocks
- * a head, the query heads a KV head, and its own grid, which stays
- * resident (its blocks wait a head at a time, over the tiles in the fused
- * kernel's head order). */
-struct bwg_follow {
-  const int *done;
-  int per, group;
-  int64_t blocks;
-};
-
-/* Whether the conversion follows the fused kernel (bwg_follow) for the call, which the fused kernel's
- * instance takes with ctas (BWG_FIXED: fixed point).  Against the conversion after the kernel, in turns on
- * an H100 (bf16, B·L = 16k, H·D = 2048, docs/perf/2026-12-06-backward-dq-convert-tried-h100.json): the
- * default at D = 128 not causal 0.985-0.987x the time at 1k and 4k; causal 0.995-1.009x (its last heads
- * come at the end: bwg_tail), D = 64 0.992-1.034x, fixed point 0.986-1.050x.  So the default, not causal,
- * at D = 96 and 128, on the plain rule (the score rules' instances were not measured). */
-static bool bwg_follows(const fa_attn_problem *p, int64_t ctas) {
-  return ctas != BWG_FIXED && p->causal == FA_CAUSAL_NONE && p->D > 64 && !attn_has_extras(p);
-}
-
 /* The conversion of dq_acc into g->dq (bwg_dq_convert_kernel; mult: FIXED's multipliers, else NULL). */
 template <typename T, int D>
 static cudaError_t bwg_convert(const float *acc, const float *mult, void *dq, int64_t Lq, int64_t n4, int64_t copies,
-                               int *nonfinite, const bwg_follow &f, cudaStream_t s) {
-  int64_t blocks = std::min<int64_t>(n4 / (BWG_BR * D / 4), 65536); /* a tile of BWG_BR rows a block at a time */
-  if (f.done) blocks = std::min(blocks, f.blocks);
-  T *out = (T *)dq;
-  int *flag = mult ? NULL : nonfinite; /* (fixed point: no NaN or inf to see) */
-  const int *done = f.done;
-  int per = f.per, group = f.group;
-  void *args[] = {&acc, &mult, &out, &Lq, &n4, &copies, &flag, &done, &per, &group};
-  const void *fn = mult ? (const void *)bwg_dq_convert_kernel<T, D, true> : (const void *)bwg_dq_convert_kernel<T, D, false>;
-  return attn_launch(fn, dim3((unsigned)blocks), dim3(256), 0, s, args, f.done != NULL);
+                               int *nonfinite, cudaStream_t s) {
+  const int64_t cblocks = std::min<int64_t>(n4 / (BWG_BR * D / 4), 65536); /* a tile of BWG_BR rows a block at a time */
+  if (mult) bwg_dq_convert_kernel<T, D, true><<<(unsigned)cblocks, 256, 0, s>>>(acc, mult, (T *)dq, Lq, n4, copies, NULL);
+  else bwg_dq_convert_kernel<T, D, false><<<(unsigned)cblocks, 256, 0, s>>>(acc, mult, (T *)dq, Lq, n4, copies, nonfinite);
+  return cudaGetLastError();
 }
 static cudaError_t bwg_convert_of(const fa_attn_problem *p, const float *acc, const float *mult, void *dq, int64_t n4,
-                                  int64_t copies, int *nonfinite, const bwg_follow &f, cudaStream_t s) {
+                                  int64_t copies, int *nonfinite, cudaStream_t s) {
   if (p->compute == FA_F16)
-    return p->D == 64   ? bwg_convert<__half, 64>(acc, mult, dq, p->Lq, n4, copies, nonfinite, f, s)
-           : p->D == 96 ? bwg_convert<__half, 96>(acc, mult, dq, p->Lq, n4, copies, nonfinite, f, s)
-                        : bwg_convert<__half, 128>(acc, mult, dq, p->Lq, n4, copies, nonfinite, f, s);
-  return p->D == 64   ? bwg_convert<__nv_bfloat16, 64>(acc, mult, dq, p->Lq, n4, copies, nonfinite, f, s)
-         : p->D == 96 ? bwg_convert<__nv_bfloat16, 96>(acc, mult, dq, p->Lq, n4, copies, nonfinite, f, s)
-                      : bwg_convert<__nv_bfloat16, 128>(acc, mult, dq, p->Lq, n4, copies, nonfinite, f, s);
+    return p->D == 64   ? bwg_convert<__half, 64>(acc, mult, dq, p->Lq, n4, copies, nonfinite, s)
+           : p->D == 96 ? bwg_convert<__half, 96>(acc, mult, dq, p->Lq, n4, copies, nonfinite, s)
+                        : bwg_convert<__half, 128>(acc, mult, dq, p->Lq, n4, copies, nonfinite, s);
+  return p->D == 64   ? bwg_convert<__nv_bfloat16, 64>(acc, mult, dq, p->Lq, n4, copies, nonfinite, s)
+         : p->D == 96 ? bwg_convert<__nv_bfloat16, 96>(acc, mult, dq, p->Lq, n4, copies, nonfinite, s)
+                      : bwg_convert<__nv_bfloat16, 128>(acc, mult, dq, p->Lq, n4, copies, nonfinite, s);
 }
 
 /* bwg_rows_tile of the call's fused instance (walks: the WALK one); the
@@ -171,7 +142,7 @@ extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_p
   cudaStream_t s = fa_cuda_stream(ctx);
   fa_attn_grads ga = *g;
   float *acc = NULL;
-  bwg_walk walk = {(p->Lk + BWG_OWN - 1) / BWG_OWN, 0, NULL, 0, NULL}; /* the two kernels': a key tile a block */
+  bwg_walk walk = {(p->Lk + BWG_OWN - 1) / BWG_OWN, 0, NULL, 0}; /* the two kernels': a key tile a block */
   void *args[] = {prob, &ga, &delta, &acc, &walk, (void *)(maps ? maps : &no_maps)};
   if (ctas > 0 || ctas == BWG_FIXED) { /* the instance with DQ */
     const bool walks = ctas > 0 && g->deterministic;
@@ -187,16 +158,6 @@ extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_p
     if (!st && zeroed) acc = g->dq_acc;
     else if (!st) st = fa_cuda_malloc(ctx, (void **)&acc, bytes); /* rows > 0: n4 > 0 */
     if (st) return st;
-    /* an instance that waits (CHECK) also counts its heads' blocks done (zeroed after the sums), and the
-     * conversion follows it as its programmatic dependent: it converts the heads that are done on the
-     * multiprocessors that the fused kernel's last wave leaves, rather than all of them after it.  Where that
-     * measured faster (bwg_follows) */
-    bwg_follow follow = {NULL, 0, 1, 0};
-    fa_cuda_props dp;
-    if (zeroed && bwg_waits(p, walks) && blocks > 0 && bwg_follows(p, ctas) && !fa_cuda_device_props(ctx, &dp)) {
-      walk.done = (int *)((char *)acc + bytes);
-      follow = {walk.done, (int)walk.ctas, (int)(p->Hq / p->Hkv), 2 * (int64_t)dp.sms};
-    }
     cudaError_t err = zeroed ? cudaSuccess : cudaMemsetAsync(acc, 0, bytes, s); /* the sums */
     /* zeroed: queued right behind the delta kernel, so an instance that waits (bwg_waits) is launched as its
      * programmatic dependent: the launch and K and V's loads overlap delta's last wave */
@@ -204,7 +165,7 @@ extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_p
       err = bw_launch_on({dkdv, blocks, 2 * BWG_THREADS, bwg_smem_dkdv(BWG_PAD(p->D), true, bwg_rows_of(p, walks)),
                           "bwg_dkdv_kernel"},
                          args, s, zeroed && bwg_waits(p, walks));
-    if (err == cudaSuccess) err = bwg_convert_of(p, acc, walk.fixed, g->dq, n4, copies, g->nonfinite, follow, s);
+    if (err == cudaSuccess) err = bwg_convert_of(p, acc, walk.fixed, g->dq, n4, copies, g->nonfinite, s);
     if (!zeroed) fa_cuda_free_on(ctx, acc, bytes); /* stream-ordered: after the kernels */
     return fa_cuda_error(ctx, err, "the backward's dK/dV/dQ launches");
   }

@@ -277,10 +277,6 @@ struct bwg_walk {
   /* not WALK: the last `tail` (batch, KV head)s of the grid come key tile by key tile (their first tiles,
    * the longest in a causal call, then their second ...), the others head by head (bwg_tail) */
   int64_t tail;
-  /* NULL, or (the built-in rules' fused instances, CHECK) a count a (batch, KV head) of its blocks done,
-   * zeroed: each adds 1 at its end, so that dQ's conversion, launched as this grid's programmatic dependent,
-   * converts a head's tiles as soon as its blocks are done (bwg_dq_convert_kernel) */
-  int *done;
 };
 
 /* Where a TMA instance of the fused kernel finishes staging a query tile's
@@ -449,12 +445,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     /* CHECK (the built-in fused instances; bwg_waits says the same on the host): launched behind the delta
      * kernel as its programmatic dependent, so K and V above load while its last blocks run; delta, dq_acc's
      * zeros and FIXED's multipliers are its, read from the first stage on */
-    if constexpr (CHECK) {
-      asm volatile("griddepcontrol.wait;" ::: "memory");
-      /* dQ's conversion, queued next as this grid's programmatic dependent (walk.done), may be placed on the
-       * multiprocessors as soon as every block of this grid has started: on those that its last wave leaves */
-      asm volatile("griddepcontrol.launch_dependents;");
-    }
+    if constexpr (CHECK) asm volatile("griddepcontrol.wait;" ::: "memory");
     if (qt.count > 0) stage(0, 0, &all_next);
     cp_async_commit();
     float dk[CH][4], dv[CH][4];
@@ -561,15 +552,8 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       bwm_store<T, CH, DG, CHECK>((T *)g.dk + r0 * DG, j, p.Lk, dk, &seen);
       bwm_store<T, CH, DG, CHECK>((T *)g.dv + r0 * DG, j, p.Lk, dv, &seen);
     }
-    if constexpr (CHECK) {
+    if constexpr (CHECK)
       if (g.nonfinite && __any_sync(0xffffffffu, pairs_nonfinite(seen)) && (threadIdx.x & 31) == 0) *g.nonfinite = 1;
-      if (walk.done) { /* the block done: its adds into dq_acc released by one thread after a barrier (a
-                        * fence's cumulativity through bar.sync, as CUTLASS's semaphore has it) */
-        __syncthreads();
-        if (threadIdx.x == 0)
-          asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(walk.done + b * p.Hkv + hk) : "memory");
-      }
-    }
     if (WALK) __syncthreads(); /* every warp is done with the tiles before the next turn's copies land in them */
   } while (WALK && ++turn * per < ktiles);
 #endif
@@ -678,7 +662,7 @@ __global__ void __launch_bounds__(BWG_THREADS, 2)
 template <typename T, int DG, bool FIXED>
 __global__ void __launch_bounds__(256)
     bwg_dq_convert_kernel(const float *acc, const float *mult, T *dq, int64_t Lq, int64_t n4, int64_t copies,
-                          int *nonfinite, const int *done, int per, int group) {
+                          int *nonfinite) {
   constexpr int TILE4 = BWG_BR * DG / 4, PER = BWG_CONVERT_PER(DG), RP = DG + 8; /* RP: a staged row's pitch */
   static_assert(TILE4 == PER * 256, "a tile's float4 places, a whole number a thread");
   __shared__ __align__(16) T st[BWG_BR * RP];
@@ -687,18 +671,6 @@ __global__ void __launch_bounds__(256)
   uint32_t seen = 0; /* nonfinite (not FIXED): fold_nonfinite_words over what is stored */
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int64_t bh = tile / qtiles, i0 = tile % qtiles * BWG_BR, f0 = tile * TILE4;
-    if (done) { /* a programmatic dependent of the fused kernel: its head's blocks (bwg_walk.done) done first */
-      if (threadIdx.x == 0) {
-        const int *d = done + bh / group; /* its (batch, KV head) */
-        int n;
-        for (;;) {
-          asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(n) : "l"(d) : "memory");
-          if (n >= per) break;
-          __nanosleep(500);
-        }
-      }
-      __syncthreads(); /* (the sums read from L2 below: __ldcg) */
-    }
     float4 x[PER];
     float m0[FIXED ? PER : 1], m8[FIXED ? PER : 1]; /* FIXED: the rows' multipliers, loaded with the sums */
 #pragma unroll
@@ -707,11 +679,11 @@ __global__ void __launch_bounds__(256)
       if constexpr (FIXED) {
         const int r = ((threadIdx.x + k * 256) >> 5 & 3) * 16 + (lane >> 2);
         const int *a = (const int *)acc + (f - lane) * 4 + lane;
-        x[k] = make_float4((float)__ldcg(a), (float)__ldcg(a + 32), (float)__ldcg(a + 64), (float)__ldcg(a + 96));
+        x[k] = make_float4((float)a[0], (float)a[32], (float)a[64], (float)a[96]);
         m0[k] = i0 + r < Lq ? mult[bh * Lq + i0 + r] : 1.f;
         m8[k] = i0 + r + 8 < Lq ? mult[bh * Lq + i0 + r + 8] : 1.f;
       } else {
-        x[k] = __ldcg((const float4 *)(acc + f * 4));
+        x[k] = *(const float4 *)(acc + f * 4);
       }
     }
     for (int64_t c = 1; c < copies; c++) /* (FIXED: copies is 1) */
@@ -742,10 +714,6 @@ __global__ void __launch_bounds__(256)
   }
   if constexpr (!FIXED)
     if (nonfinite && __syncthreads_or(pairs_nonfinite(seen)) && threadIdx.x == 0) *nonfinite = 1;
-#if __CUDA_ARCH__ >= 900
-  /* done: this grid ends after the fused kernel's, so that what follows on the stream finds its dK and dV */
-  if (done) asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
 }
 
 #endif
