@@ -116,16 +116,18 @@ static cudaError_t bwg_convert_of(const fa_attn_problem *p, const float *acc, co
                       : bwg_convert<__nv_bfloat16, 128>(acc, mult, dq, p->Lq, n4, copies, nonfinite, s);
 }
 
-/* bwg_rows_tile of the call's fused instance (walks: the WALK one); the
- * Lua variants' are those of a problem with score_mod or mask_mod. */
+/* Whether the call runs a Lua variant's instances (a problem with score_mod or mask_mod). */
+static bool bwg_variant(const fa_attn_problem *p) { return p->score_mod || p->mask_mod; }
+
+/* bwg_rows_tile of the call's fused instance (walks: the WALK one). */
 static int bwg_rows_of(const fa_attn_problem *p, bool walks) {
-  return bwg_rows_tile((int)p->D, p->score_mod || p->mask_mod ? EXTRAS_VARIANT : attn_extras_kind(p), true, walks);
+  return bwg_rows_tile((int)p->D, bwg_variant(p) ? EXTRAS_VARIANT : attn_extras_kind(p), true, walks);
 }
 
 /* Whether the call's fused instance waits at griddepcontrol.wait for the kernel before it (CHECK in
  * bwg_dkdv_kernel: a built-in rule's, not the WALK one), so that it may be launched as its programmatic
  * dependent. */
-static bool bwg_waits(const fa_attn_problem *p, bool walks) { return !walks && !p->score_mod && !p->mask_mod; }
+static bool bwg_waits(const fa_attn_problem *p, bool walks) { return !walks && !bwg_variant(p); }
 
 /* The call on the kernels given: the built-in instances, or a variant's
  * run-time compiled ones (attention_variant.cu), whose problem argument
