@@ -82,8 +82,7 @@ for r in $(seq 1 "$rounds"); do
   for i in "${!names[@]}"; do
     n=${names[$i]}
     echo "== round $r: $n" | tee -a "$OUT/ab/ab.log"
-    ev="FA_AB_ENV_$n" # a build's own environment, e.g. FA_AB_ENV_one="FA_X=1" (a copy of a build under another name)
-    env ${!ev:-} "${builds[$i]}/flashattn-lua" "$script" "$@" --json "$OUT/ab/${n}_$r.json" 2>&1 | tee -a "$OUT/ab/ab.log" || exit 1
+    "${builds[$i]}/flashattn-lua" "$script" "$@" --json "$OUT/ab/${n}_$r.json" 2>&1 | tee -a "$OUT/ab/ab.log" || exit 1
   done
 done
 python3 - "$OUT" "$rounds" "${names[@]}" <<'PY'

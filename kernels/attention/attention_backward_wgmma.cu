@@ -137,8 +137,7 @@ static bool bwg_waits(const fa_attn_problem *p, bool walks) { return !walks && !
 static int64_t bwg_persistent(fa_context *ctx, const fa_attn_problem *p, int64_t blocks, bool walks, bool tma) {
   fa_cuda_props dp;
   if (walks || !tma || bwg_variant(p) || !bwg_persists((int)p->D, attn_extras_kind(p), true) ||
-      p->causal != FA_CAUSAL_NONE || p->has_window || p->kv_lens || fa_cuda_device_props(ctx, &dp) ||
-      getenv("FA_BWG_ONE_A_BLOCK"))
+      p->causal != FA_CAUSAL_NONE || p->has_window || p->kv_lens || fa_cuda_device_props(ctx, &dp))
     return blocks;
   return std::min(blocks, (int64_t)dp.sms);
 }

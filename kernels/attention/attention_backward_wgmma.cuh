@@ -395,7 +395,8 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
   /* PERSIST: a grid smaller than the items (B·Hkv·ktiles key tiles; the host's bwg_persistent) takes them
    * in turn, each block's next item's K, V and first query tile copied while it stores the last one's dK and
    * dV (carried: they are; qt_next: its query tiles; qph: the stages' mbarrier phases, which run on) */
-  bool carried = false;
+  bool carried = false, all_carried = true;
+  bwm_qtiles qt_next;
   uint32_t qph = 0;
   /* WALK: the tiles c, 2C - 1 - c, 2C + c, ... in turn; else tile c alone,
    * the do-while's one pass folded away (a turn loop, or a lambda called
@@ -412,12 +413,12 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       load_tile<T, D, KEYS, THREADS, true, false, DG>(Vs, (const T *)p.v + attn_at(p.v_st, b, hk, 0), p.v_st.s, j0, p.Lk);
     };
     if (!carried) load_kv();
-    const bwm_qtiles qt = bwm_qtiles_meeting<EXTRAS>(p, b, hk, j0, j1, BR);
+    bwm_qtiles qt = carried ? qt_next : bwm_qtiles_meeting<EXTRAS>(p, b, hk, j0, j1, BR);
     /* DQ: the blocks of one head start their walk at different query tiles
      * (and wrap around), spread over the walk by their key tile: all
      * starting at the first, they would add into the same dQ rows at the
      * same time, and atomics on one address are serialised */
-    const int64_t rot = DQ && qt.count > 0 ? kt * qt.count / ktiles : 0;
+    int64_t rot = DQ && qt.count > 0 ? kt * qt.count / ktiles : 0;
     auto visit = [&](int64_t t) { return t + rot < qt.count ? t + rot : t + rot - qt.count; };
     /* variants: mask_mod's states of the tile staged last, for this warpgroup's keys and the other's; a tile
      * empty for both is neither loaded nor computed */
@@ -460,7 +461,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
           else fmul[s][threadIdx.x] = i < p.Lq ? *m : 0.f;
         }
     };
-    bool all_next = true;
+    bool all_next = carried ? all_carried : true;
     /* SPLIT_ROWS: the second step for the tile staged in stage s (all_next: whether its rows take every key) */
     auto finish_rows = [&](int s) {
       cp_async_wait<0>();
@@ -471,7 +472,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
      * kernel as its programmatic dependent, so K and V above load while its last blocks run; delta, dq_acc's
      * zeros and FIXED's multipliers are its, read from the first stage on */
     if constexpr (CHECK) asm volatile("griddepcontrol.wait;" ::: "memory");
-    if (qt.count > 0) stage(0, 0, &all_next);
+    if (!carried && qt.count > 0) stage(0, 0, &all_next);
     cp_async_commit();
     float dk[CH][4], dv[CH][4];
     bwm_zero<CH>(dk), bwm_zero<CH>(dv);
@@ -580,6 +581,9 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
           place();
           kt = c, j0 = kt * KEYS, j1 = min(j0 + KEYS, p.Lk);
           load_kv();
+          qt = qt_next = bwm_qtiles_meeting<EXTRAS>(p, b, hk, j0, j1, BR);
+          rot = qt.count > 0 ? kt * qt.count / ktiles : 0;
+          if (qt.count > 0) stage(0, 0, &all_carried);
           cp_async_commit();
         }
       }
