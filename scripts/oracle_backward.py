@@ -192,8 +192,7 @@ def draw_case(idx, seed, max_elems):
 def forced_cases(seed):
     """Always in the grid (negative idx): the tensor-core kernels at their
     shapes, MQA, Lq = 1, Lk = 1, the widest head dim, a batch with no key,
-    the deterministic walk over several key tiles a block, the fused kernel's
-    blocks taking several key tiles in turn."""
+    the deterministic walk over several key tiles a block."""
     out = []
 
     def add(**kw):
@@ -219,10 +218,6 @@ def forced_cases(seed):
     # 40 KV heads of 8 key tiles (3 blocks a head: the snake's last turn cut short), GQA
     add(dtype="bf16", Lq=512, Lk=512, D=128, Hq=72, Hkv=72, causal="bottom_right", deterministic=True)
     add(dtype="f16", Lq=1024, Lk=1024, D=128, B=1, Hq=80, Hkv=40, deterministic=True)
-    # the fused kernel's grid of one block an SM taking (batch, KV head, key tile)s in turn (not causal,
-    # D = 96 and 128): more of them than an H100/H200 has SMs (192 and 144), the last key tile partial
-    add(dtype="bf16", Lq=300, Lk=1000, D=128, B=3, Hq=16, Hkv=8)
-    add(dtype="f16", Lq=257, Lk=700, D=96, B=2, Hq=24, Hkv=12, layout="blhd")
     for i, c in enumerate(out):
         c["idx"] = -1 - i
     return out

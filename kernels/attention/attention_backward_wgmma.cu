@@ -129,19 +129,6 @@ static int bwg_rows_of(const fa_attn_problem *p, bool walks) {
  * dependent. */
 static bool bwg_waits(const fa_attn_problem *p, bool walks) { return !walks && !bwg_variant(p); }
 
-/* The fused kernel's grid for `blocks` (batch, KV head, key tile)s: one an
- * SM where its instance takes them in turn (bwg_persists; tma: the maps were
- * made) and they are alike (not causal, no window, no kv_lens: each takes
- * every query tile), so that a block's next K, V and first query tile are
- * copied while it stores the last one's dK and dV; else one a block. */
-static int64_t bwg_persistent(fa_context *ctx, const fa_attn_problem *p, int64_t blocks, bool walks, bool tma) {
-  fa_cuda_props dp;
-  if (walks || !tma || bwg_variant(p) || !bwg_persists((int)p->D, attn_extras_kind(p), true) ||
-      p->causal != FA_CAUSAL_NONE || p->has_window || p->kv_lens || fa_cuda_device_props(ctx, &dp))
-    return blocks;
-  return std::min(blocks, (int64_t)dp.sms);
-}
-
 /* The call on the kernels given: the built-in instances, or a variant's
  * run-time compiled ones (attention_variant.cu), whose problem argument
  * prob (a fa_attn_problem or what derives from it) goes to the kernels as
@@ -166,7 +153,7 @@ extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_p
     const int64_t n4 = bwg_acc_n4(p), copies = walks ? walk.ctas : 1;
     walk.copy = walks ? n4 * 4 : 0;
     walk.tail = walks ? 0 : bwg_tail(ctx, p, walk.ctas);
-    const int64_t blocks = bwg_persistent(ctx, p, p->B * p->Hkv * walk.ctas, walks, maps != NULL);
+    const int64_t blocks = p->B * p->Hkv * walk.ctas;
     const size_t bytes = (size_t)(n4 * copies) * 16;
     const bool zeroed = g->dq_acc && copies == 1; /* by the delta kernel (fa_cuda_backward_run) */
     fa_status st = attn_grid_fits(ctx, blocks);

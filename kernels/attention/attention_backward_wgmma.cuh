@@ -279,14 +279,6 @@ struct bwg_walk {
   int64_t tail;
 };
 
-/* Whether the fused instance takes its (batch, KV head, key tile)s in turn
- * where its grid is smaller than they (bwg_dkdv_kernel's PERSIST; the host's
- * bwg_persistent): not at D = 64, whose instances spilled 100-300 bytes
- * more with it (ptxas -v, CUDA 13.0). */
-static constexpr __host__ __device__ bool bwg_persists(int DG, int EXTRAS, bool TMA) {
-  return TMA && EXTRAS == EXTRAS_NONE && DG != 64;
-}
-
 /* Where a TMA instance of the fused kernel finishes staging a query tile's
  * rows.  ONE_STEP: thread r < BR loads row r's lse and delta when the
  * tile's Q and dO are issued, a tile ahead (bwm_row_load), and waits there
@@ -355,9 +347,6 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
   /* the built-in rules' fused instances: the dK and dV they write are checked for NaN and inf (g.nonfinite;
    * bw_guarded) */
   constexpr bool CHECK = DQ && !WALK && EXTRAS != EXTRAS_VARIANT;
-  /* the items a block takes in turn where the host's grid is smaller than they (bwg_persistent): the
-   * plain rule's TMA instances (default and FIXED) at D = 96 and 128 (bwg_persists) */
-  constexpr bool PERSIST = bwg_persists(DG, EXTRAS, TMA);
   extern __shared__ __align__(128) char bwg_raw[];
   __shared__ bwm_rows<BR> rows[2];
   __shared__ float fmul[FIXED ? 2 : 1][BR]; /* FIXED: the staged query tiles' multipliers */
@@ -382,43 +371,28 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
   const int64_t per = WALK ? walk.ctas : ktiles; /* blocks a (batch, KV head) */
   /* the block's (batch, KV head) and its key tile or (WALK) its place c among the head's blocks: head by head,
    * the last walk.tail heads key tile by key tile (bwg_tail; 0 in the WALK instances); the grid is below 2^31 */
-  uint32_t ub = (uint32_t)blk; /* PERSIST: the block's item, from blockIdx.x on in steps of the grid */
-  int64_t c, b, hk;
-  auto place = [&]() { /* (all but ub from the parameters: nothing more held across the loop) */
-    const uint32_t tail0 = (uint32_t)(p.B * p.Hkv - walk.tail), lead = tail0 * (uint32_t)per; /* tail0: its first head */
-    const uint32_t tail = max((uint32_t)walk.tail, 1u);
-    const uint32_t ur = ub - lead, ubhk = ub < lead ? ub / (uint32_t)per : tail0 + ur % tail;
-    c = ub < lead ? ub % (uint32_t)per : ur / tail, b = ubhk / (uint32_t)p.Hkv, hk = ubhk % (uint32_t)p.Hkv;
-  };
-  place();
+  const uint32_t tail0 = (uint32_t)(p.B * p.Hkv - walk.tail), lead = tail0 * (uint32_t)per; /* tail0: its first head */
+  const uint32_t ub = (uint32_t)blk, ur = ub - lead, tail = max((uint32_t)walk.tail, 1u);
+  const uint32_t ubhk = ub < lead ? ub / (uint32_t)per : tail0 + ur % tail;
+  const int64_t c = ub < lead ? ub % (uint32_t)per : ur / tail, b = ubhk / (uint32_t)p.Hkv, hk = ubhk % (uint32_t)p.Hkv;
   float *const acc = DQ && WALK ? dq_acc + c * walk.copy : dq_acc;
-  /* PERSIST: a grid smaller than the items (B·Hkv·ktiles key tiles; the host's bwg_persistent) takes them
-   * in turn, each block's next item's K, V and first query tile copied while it stores the last one's dK and
-   * dV (carried: they are; qt_next: its query tiles; qph: the stages' mbarrier phases, which run on) */
-  bool carried = false, all_carried = true;
-  bwm_qtiles qt_next;
-  uint32_t qph = 0;
   /* WALK: the tiles c, 2C - 1 - c, 2C + c, ... in turn; else tile c alone,
    * the do-while's one pass folded away (a turn loop, or a lambda called
    * per turn, in the instances that take one tile changed their register
    * allocation: 40-76 bytes of spills in the default's) */
   int64_t turn = 0;
   do {
-    int64_t kt = WALK ? turn * per + (turn & 1 ? per - 1 - c : c) : c;
+    const int64_t kt = WALK ? turn * per + (turn & 1 ? per - 1 - c : c) : c;
     if (WALK && kt >= ktiles) break; /* block-uniform: the last turn's tiles run out from its high end */
-    int64_t j0 = kt * KEYS, j1 = min(j0 + KEYS, p.Lk);
-    /* the block's K and V (cp.async from every thread) */
-    auto load_kv = [&]() {
-      load_tile<T, D, KEYS, THREADS, true, false, DG>(Ks, (const T *)p.k + attn_at(p.k_st, b, hk, 0), p.k_st.s, j0, p.Lk);
-      load_tile<T, D, KEYS, THREADS, true, false, DG>(Vs, (const T *)p.v + attn_at(p.v_st, b, hk, 0), p.v_st.s, j0, p.Lk);
-    };
-    if (!carried) load_kv();
-    bwm_qtiles qt = carried ? qt_next : bwm_qtiles_meeting<EXTRAS>(p, b, hk, j0, j1, BR);
+    const int64_t j0 = kt * KEYS, j1 = min(j0 + KEYS, p.Lk);
+    load_tile<T, D, KEYS, THREADS, true, false, DG>(Ks, (const T *)p.k + attn_at(p.k_st, b, hk, 0), p.k_st.s, j0, p.Lk);
+    load_tile<T, D, KEYS, THREADS, true, false, DG>(Vs, (const T *)p.v + attn_at(p.v_st, b, hk, 0), p.v_st.s, j0, p.Lk);
+    const bwm_qtiles qt = bwm_qtiles_meeting<EXTRAS>(p, b, hk, j0, j1, BR);
     /* DQ: the blocks of one head start their walk at different query tiles
      * (and wrap around), spread over the walk by their key tile: all
      * starting at the first, they would add into the same dQ rows at the
      * same time, and atomics on one address are serialised */
-    int64_t rot = DQ && qt.count > 0 ? kt * qt.count / ktiles : 0;
+    const int64_t rot = DQ && qt.count > 0 ? kt * qt.count / ktiles : 0;
     auto visit = [&](int64_t t) { return t + rot < qt.count ? t + rot : t + rot - qt.count; };
     /* variants: mask_mod's states of the tile staged last, for this warpgroup's keys and the other's; a tile
      * empty for both is neither loaded nor computed */
@@ -461,7 +435,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
           else fmul[s][threadIdx.x] = i < p.Lq ? *m : 0.f;
         }
     };
-    bool all_next = carried ? all_carried : true;
+    bool all_next = true;
     /* SPLIT_ROWS: the second step for the tile staged in stage s (all_next: whether its rows take every key) */
     auto finish_rows = [&](int s) {
       cp_async_wait<0>();
@@ -472,7 +446,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
      * kernel as its programmatic dependent, so K and V above load while its last blocks run; delta, dq_acc's
      * zeros and FIXED's multipliers are its, read from the first stage on */
     if constexpr (CHECK) asm volatile("griddepcontrol.wait;" ::: "memory");
-    if (!carried && qt.count > 0) stage(0, 0, &all_next);
+    if (qt.count > 0) stage(0, 0, &all_next);
     cp_async_commit();
     float dk[CH][4], dv[CH][4];
     bwm_zero<CH>(dk), bwm_zero<CH>(dv);
@@ -495,8 +469,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       }
       landed = TMA;
       if (SPLIT_ROWS && (!FINISH_LATE || t == 0)) finish_rows(s); /* this tile's rows, copied a tile ago */
-      if constexpr (PERSIST) mbar_wait(q_bar(s), (qph >> s) & 1), qph ^= 1u << s;
-      else if constexpr (TMA) mbar_wait(q_bar(s), (unsigned)(t >> 1) & 1); /* stage s's use t / 2 */
+      if constexpr (TMA) mbar_wait(q_bar(s), (unsigned)(t >> 1) & 1); /* stage s's use t / 2 */
       const bool full = __syncthreads_and(all_next) && bwm_full_rule(EXTRAS) && j1 - j0 == KEYS;
       const int state = state_next, other = other_next;
       if (t + 1 < qt.count) stage(t + 1, s ^ 1, &all_next); /* the next tile's copies fly while this one computes */
@@ -569,28 +542,12 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     cp_async_wait<0>(); /* no copy in flight at the exit or the next turn (a block whose keys no row takes) */
     const int64_t r0 = (b * p.Hkv + hk) * p.Lk, j = j0 + warp * 16;
     static_assert(WGS * 4 * BWG_STORE_BYTES(DG) <= 4 * QT, "the warps' staging fits where the Q and dO tiles were");
-    static_assert(!PERSIST || WGS * 4 * BWG_STORE_BYTES(DG) <= 2 * QT + KEYS * BR * 2,
-                  "PERSIST: the staging fits in stage 1 and the dS tile, past the next item's stage 0");
     uint32_t seen = 0; /* CHECK: fold_nonfinite_words over what is stored */
     if constexpr (TMA && !WALK) { /* (the cp.async and WALK instances spill with it: 8-160 bytes) */
       __syncthreads(); /* every warp's products are past the tiles */
-      if constexpr (PERSIST) { /* the next item's copies fly while these rows are stored */
-        ub += gridDim.x;
-        carried = ub < (uint32_t)(p.B * p.Hkv) * (uint32_t)ktiles;
-        if (carried) {
-          place();
-          kt = c, j0 = kt * KEYS, j1 = min(j0 + KEYS, p.Lk);
-          load_kv();
-          qt = qt_next = bwm_qtiles_meeting<EXTRAS>(p, b, hk, j0, j1, BR);
-          rot = qt.count > 0 ? kt * qt.count / ktiles : 0;
-          if (qt.count > 0) stage(0, 0, &all_carried);
-          cp_async_commit();
-        }
-      }
-      char *st = Qs + (PERSIST ? 2 * QT : 0) + warp * BWG_STORE_BYTES(DG);
+      char *st = Qs + warp * BWG_STORE_BYTES(DG);
       bwg_store_rows<T, DG, CHECK>((T *)g.dk + r0 * DG, j, p.Lk, dk, st, seen);
       bwg_store_rows<T, DG, CHECK>((T *)g.dv + r0 * DG, j, p.Lk, dv, st, seen);
-      if constexpr (PERSIST) fence_proxy_async(); /* these reads and writes before the copy engine's into stage 1 */
     } else {
       bwm_store<T, CH, DG, CHECK>((T *)g.dk + r0 * DG, j, p.Lk, dk, &seen);
       bwm_store<T, CH, DG, CHECK>((T *)g.dv + r0 * DG, j, p.Lk, dv, &seen);
@@ -598,7 +555,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     if constexpr (CHECK)
       if (g.nonfinite && __any_sync(0xffffffffu, pairs_nonfinite(seen)) && (threadIdx.x & 31) == 0) *g.nonfinite = 1;
     if (WALK) __syncthreads(); /* every warp is done with the tiles before the next turn's copies land in them */
-  } while ((WALK && ++turn * per < ktiles) || (PERSIST && carried));
+  } while (WALK && ++turn * per < ktiles);
 #endif
 }
 

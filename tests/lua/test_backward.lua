@@ -427,36 +427,6 @@ function TestBackward:test_causal_grid_in_two_orders()
   end
 end
 
--- cuda's calls not causal at D = 96 and 128 on the fused kernel whose grid is one block an SM, each
--- taking (batch, KV head, key tile)s in turn and copying the next one's K, V and first query tile while
--- it stores the last one's dK and dV (bwg_persistent): 3 · 8 · 8 = 192 of them here (144 at D = 96),
--- more than a GPU of 132 SMs has blocks, the last key tile partial, GQA, both dtypes, default and
--- deterministic: every head's gradients against the SIMT kernel's, the deterministic call
--- bit-identical twice.
-function TestBackward:test_fused_blocks_taking_key_tiles_in_turn()
-  if not U.cuda then return end -- (the CPU has no grid)
-  for _, c in ipairs({{128, "bf16", 1000}, {96, "f16", 700}}) do
-    local D, dtype, L = c[1], c[2], c[3]
-    local q, k, v = randn({3, 16, 300, D}, dtype, U.device), randn({3, 8, L, D}, dtype, U.device),
-                    randn({3, 8, L, D}, dtype, U.device)
-    local dout = randn({3, 16, 300, D}, dtype, U.device)
-    local o, lse = fa.attention(q, k, v, {return_lse = true})
-    local s = {fa.attention_backward(q, k, v, o, lse, dout, {kernel = "simt"})}
-    for _, det in ipairs({false, true}) do
-      local opts = {kernel = "wgmma", deterministic = det}
-      local a = {fa.attention_backward(q, k, v, o, lse, dout, opts)}
-      local what = ("D=%d %s deterministic=%s"):format(D, dtype, tostring(det))
-      for i = 1, 3 do
-        lu.assertTrue(fa.rel_error(a[i]:cpu(), s[i]:cpu()) < 1e-2, what .. " against simt, " .. ({"dq", "dk", "dv"})[i])
-      end
-      if det then
-        local b = {fa.attention_backward(q, k, v, o, lse, dout, opts)}
-        for i = 1, 3 do lu.assertTrue(same_bits(a[i], b[i]), what .. " run-to-run") end
-      end
-    end
-  end
-end
-
 -- cuda's deterministic calls at D = 64, 96 and 128 (D = 64 on tiles of 128 query rows, each warpgroup
 -- adding its 64, the second past Lq = 130 in call 1) add dq as int32
 -- multiples of a power of two a query row, from a bound on the row's partial sums (max|K|, max|V|,
