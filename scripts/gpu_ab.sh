@@ -13,8 +13,9 @@
 # causal, algo, rule; bench_backward's, its deterministic_ms kept beside ms, and its --extras rows; bench_decode's B, Hkv, Lq,
 # Lk and its paged rows' page_size; bench_variants' case, its builtin_ms and block_mask_ms kept beside ms)
 # the median ms of each build in each round, and prints the ratios.
-# FA_AB_ENV_NAME: build NAME's runs under that environment (e.g. FA_AB_ENV_one="FA_X=1"), so that one
-# build packed twice under two names measures a switch of its own in turns.
+# FA_AB_ENV_NAME: build NAME's runs under that environment (e.g. FA_AB_ENV_one="FA_X=1"; NAME's characters
+# other than letters, digits and _ as _), so that one build packed twice under two names measures a
+# switch of its own in turns.
 # Without a build there (FA_CARRIED=1, carrying .deps/debs and .snap/ab; with more than two builds,
 # `bash scripts/gpu_pack.sh --bundle` makes them one file that fits the tool's 64 MiB): here
 #   cmake -S . -B build90 -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real
@@ -84,7 +85,7 @@ for r in $(seq 1 "$rounds"); do
   for i in "${!names[@]}"; do
     n=${names[$i]}
     echo "== round $r: $n" | tee -a "$OUT/ab/ab.log"
-    ev="FA_AB_ENV_$n"
+    ev="FA_AB_ENV_${n//[^A-Za-z0-9_]/_}" # (a name's other characters as _)
     env ${!ev:-} "${builds[$i]}/flashattn-lua" "$script" "$@" --json "$OUT/ab/${n}_$r.json" 2>&1 | tee -a "$OUT/ab/ab.log" || exit 1
   done
 done
