@@ -67,10 +67,9 @@
 
 /* The tensor maps of q and dout for the dK/dV kernel's TMA instances
  * (a kernel parameter: __grid_constant__), boxes of 64 columns by the
- * tile's rows (bwg_rows_tile), and of dk and dv, boxes of 64 columns by a
- * warp's 16 rows (bwg_store_tile); zeros for the other instances. */
+ * tile's rows (bwg_rows_tile); zeros for the other instances. */
 struct bwg_maps {
-  CUtensorMap q, dout, dk, dv;
+  CUtensorMap q, dout;
 };
 
 /* One warpgroup a block, two blocks an SM, 64 keys (dK/dV) or query rows
@@ -250,36 +249,6 @@ static __device__ __forceinline__ void bwg_store_rows(T *out, int64_t r0, int64_
   __syncwarp(); /* st free again */
 }
 #define BWG_STORE_BYTES(DG) (16 * ((DG) * 2 + 16)) /* bwg_store_rows' st, a warp's */
-
-/* The same by the copy engine (the TMA instances): the warp's 16 rows × D
- * of acc as T into rows row0.. of `tile` (sw128, KEYS rows, 64-column
- * blocks KEYS rows long), then lane 0 issues a bulk tensor store a
- * 64-column block of DG (map: boxes of 64 columns by 16 rows; rows past Lk
- * and columns past DG are not written) at key j of KV head hk, batch b, and
- * waits for its reads of the tile before the block may leave.  CHECK folds
- * the words of DG's columns.  bwg_store_rows' 16-byte stores from the
- * threads took 1.8 us of a 46 us block at L = 1k, D = 128 (H100). */
-template <typename T, int D, int DG, int KEYS, bool CHECK>
-static __device__ __forceinline__ void bwg_store_tile(const CUtensorMap *map, char *tile, int row0, int64_t j, int64_t hk,
-                                                      int64_t b, const float (*acc)[4], uint32_t &seen) {
-  const int lane = threadIdx.x & 31, r = row0 + (lane >> 2), c2 = (lane & 3) * 2;
-#pragma unroll
-  for (int d = 0; d < D / 8; d++) {
-    const uint32_t w0 = pack2<T>(acc[d][0], acc[d][1]), w1 = pack2<T>(acc[d][2], acc[d][3]);
-    *(uint32_t *)(tile + sw128<KEYS>(r, d) + c2 * 2) = w0;
-    *(uint32_t *)(tile + sw128<KEYS>(r + 8, d) + c2 * 2) = w1;
-    if (CHECK && d < DG / 8) fold_nonfinite_pairs<T>(seen, w0), fold_nonfinite_pairs<T>(seen, w1);
-  }
-  tma_store_fence();
-  __syncwarp();
-  if (lane == 0) {
-#pragma unroll
-    for (int c = 0; c < (DG + 63) / 64; c++)
-      tma_store_4d(map, smem_addr(tile) + c * KEYS * 128 + row0 * 128, c * 64, (int)j, (int)hk, (int)b);
-    tma_store_commit();
-    tma_store_wait<true>();
-  }
-}
 
 static __device__ __forceinline__ char *bwg_aligned(char *raw) {
   return raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);
@@ -574,11 +543,11 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     const int64_t r0 = (b * p.Hkv + hk) * p.Lk, j = j0 + warp * 16;
     static_assert(WGS * 4 * BWG_STORE_BYTES(DG) <= 4 * QT, "the warps' staging fits where the Q and dO tiles were");
     uint32_t seen = 0; /* CHECK: fold_nonfinite_words over what is stored */
-    if constexpr (TMA) { /* dK's tile where stage 0 was, dV's where stage 1 was (TMA: no walk) */
-      static_assert(2 * KEYS * D * 2 <= 4 * QT, "dK's and dV's tiles fit where the Q and dO tiles were");
+    if constexpr (TMA && !WALK) { /* (the cp.async and WALK instances spill with it: 8-160 bytes) */
       __syncthreads(); /* every warp's products are past the tiles */
-      bwg_store_tile<T, D, DG, KEYS, CHECK>(&tm.dk, Qs, warp * 16, j, hk, b, dk, seen);
-      bwg_store_tile<T, D, DG, KEYS, CHECK>(&tm.dv, Qs + KEYS * D * 2, warp * 16, j, hk, b, dv, seen);
+      char *st = Qs + warp * BWG_STORE_BYTES(DG);
+      bwg_store_rows<T, DG, CHECK>((T *)g.dk + r0 * DG, j, p.Lk, dk, st, seen);
+      bwg_store_rows<T, DG, CHECK>((T *)g.dv + r0 * DG, j, p.Lk, dv, st, seen);
     } else {
       bwm_store<T, CH, DG, CHECK>((T *)g.dk + r0 * DG, j, p.Lk, dk, &seen);
       bwm_store<T, CH, DG, CHECK>((T *)g.dv + r0 * DG, j, p.Lk, dv, &seen);
