@@ -7,7 +7,10 @@
 --   cmake --build build-trace --target flashattn-lua
 --   build-trace/flashattn-lua scripts/probe_trace.lua --lq 1024 --lk 1024 | python3 scripts/show_trace.py
 -- Options: --b B --h H --lq LQ --lk LK --d D --dtype bf16|f16 --causal --window W --kernel NAME --tile BRxBC
--- --reps N
+-- --reps N --backward
+-- --backward: fa.attention_backward's calls instead (one forward first), whose fused kernel prints its
+-- blocks' timeline (kernels/ptx/trace.cuh's TIMELINE lines; scripts/show_timeline.py reads them):
+--   build-trace/flashattn-lua scripts/probe_trace.lua --backward | python3 scripts/show_timeline.py
 -- (defaults: B 16, H 16, Lq = Lk = 1024, D 128, bf16, 3 repetitions: the last is the warm one).
 local root = (arg and arg[0] or ""):match("^(.*)/scripts/[^/]*$") or "."
 package.path = root .. "/lua/?.lua;" .. package.path
@@ -31,6 +34,7 @@ local function parse(argv)
   p:option("--kernel", "opts.kernel (fa.kernels lists them)")
   p:option("--tile", "opts.tile as BRxBC, e.g. 128x176")
   p:option("--reps", "calls"):convert(int("--reps")):default("3")
+  p:flag("--backward", "time fa.attention_backward's calls (the fused kernel's block timeline)")
   return sweep.parse_args(p, argv, NAME)
 end
 
@@ -47,10 +51,21 @@ sweep.main(NAME, function(argv)
   print(("%s: %s %s B %d H %d Lq %d Lk %d D %d%s kernel %s"):format(NAME, fa.device_info("cuda").name or "cuda",
     a.dtype, a.b, a.h, a.lq, a.lk, a.d, (a.causal and " causal" or "") .. (a.window and " window " .. a.window or ""),
     table.concat(fa.kernels(q, k, v, opts), ",")))
+  local o, lse, dout
+  if a.backward then
+    local fo = { return_lse = true }
+    for key, x in pairs(opts) do fo[key] = x end
+    o, lse = fa.attention(q, k, v, fo)
+    dout = randn(a.lq, 4)
+  end
   for rep = 1, a.reps do
     print(("== rep %d"):format(rep))
     io.stdout:flush()
-    fa.attention(q, k, v, opts):free()
+    if a.backward then
+      for _, g in ipairs({ fa.attention_backward(q, k, v, o, lse, dout, opts) }) do g:free() end
+    else
+      fa.attention(q, k, v, opts):free()
+    end
     fa.sync()
     io.stdout:flush()
   end

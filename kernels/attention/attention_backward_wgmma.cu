@@ -167,6 +167,7 @@ extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_p
       err = bw_launch_on({dkdv, blocks, 2 * BWG_THREADS, bwg_smem_dkdv(BWG_PAD(p->D), true, bwg_rows_of(p, walks)),
                           "bwg_dkdv_kernel"},
                          args, s, zeroed && bwg_waits(p, walks));
+    if (err == cudaSuccess) FA_TIMELINE_REPORT(s, "bwg_dkdv_kernel", blocks);
     if (err == cudaSuccess) err = bwg_convert_of(p, acc, walk.fixed, g->dq, n4, copies, g->nonfinite, s);
     if (!zeroed) fa_cuda_free_on(ctx, acc, bytes); /* stream-ordered: after the kernels */
     return fa_cuda_error(ctx, err, "the backward's dK/dV/dQ launches");

@@ -63,6 +63,7 @@
 
 #include "attention_backward_common.cuh"
 #include "tma.cuh"
+#include "trace.cuh"
 #include "wgmma_ops.cuh"
 
 /* The tensor maps of q and dout for the dK/dV kernel's TMA instances
@@ -323,6 +324,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
    * from every thread (whose address arithmetic was ~15 % of the loop's
    * instructions, H200 ncu at L = 1k) */
   __shared__ __align__(8) uint64_t qbar[2];
+  FA_TIMELINE_MARK(0); /* a trace build's block timeline: start, first tile, loop's end, stores' end (the last turn's) */
   if constexpr (TMA)
     if (threadIdx.x == 0) {
       mbar_init(smem_addr(&qbar[0]), 1), mbar_init(smem_addr(&qbar[1]), 1);
@@ -471,6 +473,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       if (SPLIT_ROWS && (!FINISH_LATE || t == 0)) finish_rows(s); /* this tile's rows, copied a tile ago */
       if constexpr (TMA) mbar_wait(q_bar(s), (unsigned)(t >> 1) & 1); /* stage s's use t / 2 */
       const bool full = __syncthreads_and(all_next) && bwm_full_rule(EXTRAS) && j1 - j0 == KEYS;
+      if (t == 0) FA_TIMELINE_MARK(1);
       const int state = state_next, other = other_next;
       if (t + 1 < qt.count) stage(t + 1, s ^ 1, &all_next); /* the next tile's copies fly while this one computes */
       cp_async_commit();
@@ -539,6 +542,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       wgmma_hold<D / 2>(&dv[0][0]);
       wgmma_hold<D / 2>(&dk[0][0]);
     }
+    FA_TIMELINE_MARK(2);
     cp_async_wait<0>(); /* no copy in flight at the exit or the next turn (a block whose keys no row takes) */
     const int64_t r0 = (b * p.Hkv + hk) * p.Lk, j = j0 + warp * 16;
     static_assert(WGS * 4 * BWG_STORE_BYTES(DG) <= 4 * QT, "the warps' staging fits where the Q and dO tiles were");
@@ -554,6 +558,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     }
     if constexpr (CHECK)
       if (g.nonfinite && __any_sync(0xffffffffu, pairs_nonfinite(seen)) && (threadIdx.x & 31) == 0) *g.nonfinite = 1;
+    FA_TIMELINE_MARK(3);
     if (WALK) __syncthreads(); /* every warp is done with the tiles before the next turn's copies land in them */
   } while (WALK && ++turn * per < ktiles);
 #endif

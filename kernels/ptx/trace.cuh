@@ -20,6 +20,7 @@
 
 #if defined(FA_KERNEL_TRACE) && !defined(__CUDACC_RTC__)
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 static __device__ long long fa_trace_out[4][8][8];
 static __device__ int fa_trace_count[4];
@@ -77,6 +78,61 @@ static inline void fa_trace_report(cudaStream_t s, const char *kernel) {
 #define FA_TRACE_REPORT(stream, kernel) fa_trace_report(stream, kernel)
 #else
 #define FA_TRACE_REPORT(stream, kernel) do {} while (0)
+#endif
+
+/* Block timelines, in the same build: thread 0 of each of a kernel's first
+ * FA_TIMELINE_BLOCKS blocks records the globaltimer (ns, one clock for the
+ * whole GPU) at marks 0-3 (FA_TIMELINE_MARK; 0 also records its SM), and
+ * the launch prints them (FA_TIMELINE_REPORT):
+ *   TIMELINE <kernel> <blocks>
+ *   TIMELINE <block> <sm> t0 t1 t2 t3            (0: a mark not reached)
+ * where the kernel says what its marks are (the fused backward's: start,
+ * first tile's barrier, key loop's end, stores' end).
+ * scripts/show_timeline.py turns them into the phases' shares and the SMs'
+ * idle time; scripts/probe_trace.lua --backward runs such calls. */
+#define FA_TIMELINE_BLOCKS 16384
+#if defined(FA_KERNEL_TRACE) && !defined(__CUDACC_RTC__)
+static __device__ unsigned long long fa_timeline_at[FA_TIMELINE_BLOCKS][5];
+#endif
+#if defined(FA_KERNEL_TRACE) && !defined(__CUDACC_RTC__) && defined(__CUDA_ARCH__)
+#define FA_TIMELINE_MARK(k)                                                                                          \
+  do {                                                                                                               \
+    if (threadIdx.x == 0 && blockIdx.x < FA_TIMELINE_BLOCKS) {                                                       \
+      unsigned long long t_;                                                                                         \
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                                                       \
+      fa_timeline_at[blockIdx.x][(k)] = t_;                                                                          \
+      if ((k) == 0) {                                                                                                \
+        unsigned s_;                                                                                                 \
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(s_));                                                            \
+        fa_timeline_at[blockIdx.x][4] = s_;                                                                          \
+      }                                                                                                              \
+    }                                                                                                                \
+  } while (0)
+#else
+#define FA_TIMELINE_MARK(k) do {} while (0)
+#endif
+
+#if defined(FA_KERNEL_TRACE) && !defined(__CUDACC_RTC__)
+/* After a timed launch of `blocks` blocks on stream s: waits for it,
+ * prints the first FA_TIMELINE_BLOCKS blocks' marks and clears them. */
+static inline void fa_timeline_report(cudaStream_t s, const char *kernel, long long blocks) {
+  const long long n = blocks < FA_TIMELINE_BLOCKS ? blocks : FA_TIMELINE_BLOCKS;
+  const size_t bytes = sizeof(unsigned long long) * 5 * (size_t)(n > 0 ? n : 0);
+  unsigned long long(*at)[5] = (unsigned long long(*)[5])malloc(bytes ? bytes : 1);
+  if (!at) return;
+  if (cudaStreamSynchronize(s) == cudaSuccess && cudaMemcpyFromSymbol(at, fa_timeline_at, bytes) == cudaSuccess) {
+    printf("TIMELINE %s %lld\n", kernel, n);
+    for (long long i = 0; i < n; i++)
+      printf("TIMELINE %lld %llu %llu %llu %llu %llu\n", i, at[i][4], at[i][0], at[i][1], at[i][2], at[i][3]);
+    fflush(stdout);
+    memset(at, 0, bytes);
+    (void)cudaMemcpyToSymbol(fa_timeline_at, at, bytes);
+  }
+  free(at);
+}
+#define FA_TIMELINE_REPORT(stream, kernel, blocks) fa_timeline_report(stream, kernel, blocks)
+#else
+#define FA_TIMELINE_REPORT(stream, kernel, blocks) do {} while (0)
 #endif
 
 #endif
