@@ -8,8 +8,9 @@
 --   build-trace/flashattn-lua scripts/probe_trace.lua --lq 1024 --lk 1024 | python3 scripts/show_trace.py
 -- Options: --b B --h H --lq LQ --lk LK --d D --dtype bf16|f16 --causal --window W --kernel NAME --tile BRxBC
 -- --reps N --backward
--- --backward: fa.attention_backward's calls instead (one forward first), whose fused kernel prints its
--- blocks' timeline (kernels/ptx/trace.cuh's TIMELINE lines; scripts/show_timeline.py reads them):
+-- --backward: fa.attention_backward's calls instead (one forward first; --kernel and --tile go to both),
+-- whose fused kernel prints its blocks' timeline (kernels/ptx/trace.cuh's TIMELINE lines;
+-- scripts/show_timeline.py reads them):
 --   build-trace/flashattn-lua scripts/probe_trace.lua --backward | python3 scripts/show_timeline.py
 -- (defaults: B 16, H 16, Lq = Lk = 1024, D 128, bf16, 3 repetitions: the last is the warm one).
 local root = (arg and arg[0] or ""):match("^(.*)/scripts/[^/]*$") or "."

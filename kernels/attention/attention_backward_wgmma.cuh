@@ -324,7 +324,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
    * from every thread (whose address arithmetic was ~15 % of the loop's
    * instructions, H200 ncu at L = 1k) */
   __shared__ __align__(8) uint64_t qbar[2];
-  FA_TIMELINE_MARK(0); /* a trace build's block timeline: start, first tile, loop's end, stores' end (the last turn's) */
+  FA_TIMELINE_MARK(0); /* a trace build's block timeline: start, then the (last turn's) first tile, loop's end, stores' end */
   if constexpr (TMA)
     if (threadIdx.x == 0) {
       mbar_init(smem_addr(&qbar[0]), 1), mbar_init(smem_addr(&qbar[1]), 1);
