@@ -117,16 +117,15 @@ static __device__ unsigned long long fa_timeline_at[FA_TIMELINE_BLOCKS][5];
  * prints the first FA_TIMELINE_BLOCKS blocks' marks and clears them. */
 static inline void fa_timeline_report(cudaStream_t s, const char *kernel, long long blocks) {
   const long long n = blocks < FA_TIMELINE_BLOCKS ? blocks : FA_TIMELINE_BLOCKS;
-  const size_t bytes = sizeof(unsigned long long) * 5 * (size_t)(n > 0 ? n : 0);
-  unsigned long long(*at)[5] = (unsigned long long(*)[5])malloc(bytes ? bytes : 1);
-  if (!at) return;
-  if (cudaStreamSynchronize(s) == cudaSuccess && cudaMemcpyFromSymbol(at, fa_timeline_at, bytes) == cudaSuccess) {
+  const size_t bytes = sizeof(unsigned long long) * 5 * (size_t)n;
+  unsigned long long(*at)[5] = n > 0 ? (unsigned long long(*)[5])malloc(bytes) : NULL;
+  void *dev = NULL;
+  if (at && cudaStreamSynchronize(s) == cudaSuccess && cudaMemcpyFromSymbol(at, fa_timeline_at, bytes) == cudaSuccess) {
     printf("TIMELINE %s %lld\n", kernel, n);
     for (long long i = 0; i < n; i++)
       printf("TIMELINE %lld %llu %llu %llu %llu %llu\n", i, at[i][4], at[i][0], at[i][1], at[i][2], at[i][3]);
     fflush(stdout);
-    memset(at, 0, bytes);
-    (void)cudaMemcpyToSymbol(fa_timeline_at, at, bytes);
+    if (cudaGetSymbolAddress(&dev, fa_timeline_at) == cudaSuccess) (void)cudaMemset(dev, 0, bytes);
   }
   free(at);
 }

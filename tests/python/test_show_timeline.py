@@ -2,18 +2,14 @@
 launch by default and every one with --all, the phases' medians and shares of the blocks' time, the SMs'
 idle time between blocks, before the first and after the last, and a clear line when there is no
 timeline."""
-import os
 import re
-import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(ROOT, "scripts", "show_timeline.py")
+from script_runner import report, run_script
 
 
 def run(text, *args):
-    r = subprocess.run([sys.executable, SCRIPT, *args], input=text, capture_output=True, text=True, check=False)
-    return r.returncode, r.stdout
+    return run_script("show_timeline.py", text, *args)
 
 
 def launch(name, base):
@@ -54,10 +50,7 @@ def main():
     rc, out = run("TIMELINE k 1\nTIMELINE 0 3 100 200 0 0\n")
     if rc == 0 or "no block reached its last mark" not in out:
         failures.append("a launch whose blocks lack marks is not reported")
-    for f in failures:
-        print("FAIL " + f)
-    print(f"test_show_timeline: {len(failures)} failures")
-    return 1 if failures else 0
+    return report("test_show_timeline", failures)
 
 
 if __name__ == "__main__":

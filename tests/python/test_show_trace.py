@@ -1,18 +1,14 @@
 """scripts/show_trace.py on synthetic trace lines (kernels/ptx/trace.cuh's format): the marks
 relative to warpgroup 0's first, the consumers' mean phases over the tiles after the first, the
 last launch by default and every one with --all, and a clear line when there is no trace."""
-import os
 import re
-import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(ROOT, "scripts", "show_trace.py")
+from script_runner import report, run_script
 
 
 def run(text, *args):
-    r = subprocess.run([sys.executable, SCRIPT, *args], input=text, capture_output=True, text=True, check=False)
-    return r.returncode, r.stdout
+    return run_script("show_trace.py", text, *args)
 
 
 def launch(name, base, tile_cycles, staged=False):
@@ -65,10 +61,7 @@ def main():
     rc, out = run("no trace here\n")
     if rc == 0 or "no TRACE lines" not in out:
         failures.append("input without a trace is not reported")
-    for f in failures:
-        print("FAIL " + f)
-    print(f"test_show_trace: {len(failures)} failures")
-    return 1 if failures else 0
+    return report("test_show_trace", failures)
 
 
 if __name__ == "__main__":
