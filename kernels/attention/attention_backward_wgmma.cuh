@@ -66,11 +66,12 @@
 #include "trace.cuh"
 #include "wgmma_ops.cuh"
 
-/* The tensor maps of q and dout for the dK/dV kernel's TMA instances
- * (a kernel parameter: __grid_constant__), boxes of 64 columns by the
- * tile's rows (bwg_rows_tile); zeros for the other instances. */
+/* The tensor maps of q and dout (boxes of 64 columns by the tile's rows,
+ * bwg_rows_tile) and of k and v (by the block's keys) for the dK/dV
+ * kernel's TMA instances (a kernel parameter: __grid_constant__); zeros for
+ * the other instances. */
 struct bwg_maps {
-  CUtensorMap q, dout;
+  CUtensorMap q, dout, k, v;
 };
 
 /* One warpgroup a block, two blocks an SM, 64 keys (dK/dV) or query rows
@@ -323,11 +324,11 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
    * issued by thread 0 and completing on qbar[stage], instead of cp.async
    * from every thread (whose address arithmetic was ~15 % of the loop's
    * instructions, H200 ncu at L = 1k) */
-  __shared__ __align__(8) uint64_t qbar[2];
+  __shared__ __align__(8) uint64_t qbar[3]; /* the stages' barriers, then K and V's */
   FA_TIMELINE_MARK(0); /* a trace build's block timeline: start, then the (last turn's) first tile, loop's end, stores' end */
   if constexpr (TMA)
     if (threadIdx.x == 0) {
-      mbar_init(smem_addr(&qbar[0]), 1), mbar_init(smem_addr(&qbar[1]), 1);
+      mbar_init(smem_addr(&qbar[0]), 1), mbar_init(smem_addr(&qbar[1]), 1), mbar_init(smem_addr(&qbar[2]), 1);
       mbar_init_fence();
       tma_prefetch_map(&tm.q), tma_prefetch_map(&tm.dout);
     } /* published by the barriers before the first copy (bwm_qtiles_meeting's) */
@@ -368,6 +369,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
   /* stage s's Q tile (dO's follows it; q_tile(2): the dSᵀ tile after both stages) and its barrier */
   auto q_tile = [&](int s) { return HELD ? qs_base + s * 2 * QT : smem_addr(Qs + s * 2 * QT); };
   auto q_bar = [&](int s) { return HELD ? qbar_base + 8 * s : smem_addr(&qbar[s]); };
+  const uint32_t kv_bar = q_bar(2); /* TMA: K and V's, used once (one turn) */
   const int64_t ktiles = (p.Lk + KEYS - 1) / KEYS;
   const int64_t blk = blockIdx.x;
   const int64_t per = WALK ? walk.ctas : ktiles; /* blocks a (batch, KV head) */
@@ -387,8 +389,22 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     const int64_t kt = WALK ? turn * per + (turn & 1 ? per - 1 - c : c) : c;
     if (WALK && kt >= ktiles) break; /* block-uniform: the last turn's tiles run out from its high end */
     const int64_t j0 = kt * KEYS, j1 = min(j0 + KEYS, p.Lk);
-    load_tile<T, D, KEYS, THREADS, true, false, DG>(Ks, (const T *)p.k + attn_at(p.k_st, b, hk, 0), p.k_st.s, j0, p.Lk);
-    load_tile<T, D, KEYS, THREADS, true, false, DG>(Vs, (const T *)p.v + attn_at(p.v_st, b, hk, 0), p.v_st.s, j0, p.Lk);
+    /* TMA: K and V by the tensor memory accelerator too, issued by thread 0 before anything else: from every
+     * thread, the cp.async of 64 KB (D = 128) held the warps' issue until the copies drained, so that the block's
+     * query-tile search and Q and dO's copies began 1.9 us after its start, and its first tile 3.9 us (a block's
+     * timeline, H100, bf16, 1k keys: docs/perf/2026-12-06-backward-prologue-h100.json) */
+    if constexpr (TMA) {
+      if (threadIdx.x == 0) {
+        mbar_expect(kv_bar, 2 * KEYS * D * 2);
+        tma_load_tile<D, KEYS>(k_base, &tm.k, (int)j0, (int)hk, (int)b, kv_bar);
+        tma_load_tile<D, KEYS>(v_base, &tm.v, (int)j0, (int)hk, (int)b, kv_bar);
+      }
+    } else {
+      load_tile<T, D, KEYS, THREADS, true, false, DG>(Ks, (const T *)p.k + attn_at(p.k_st, b, hk, 0), p.k_st.s, j0,
+                                                      p.Lk);
+      load_tile<T, D, KEYS, THREADS, true, false, DG>(Vs, (const T *)p.v + attn_at(p.v_st, b, hk, 0), p.v_st.s, j0,
+                                                      p.Lk);
+    }
     const bwm_qtiles qt = bwm_qtiles_meeting<EXTRAS>(p, b, hk, j0, j1, BR);
     /* DQ: the blocks of one head start their walk at different query tiles
      * (and wrap around), spread over the walk by their key tile: all
@@ -401,7 +417,8 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     int state_next = FA_BLOCK_PARTIAL, other_next = FA_BLOCK_PARTIAL;
     constexpr int ROWS_AT = bwg_rows_staged(DG, EXTRAS, TMA, FIXED);
     constexpr bool SPLIT_ROWS = ROWS_AT != BWG_ROWS_ONE_STEP, FINISH_LATE = ROWS_AT == BWG_ROWS_AT_END;
-    auto stage = [&](int64_t t, int s, bool *all) {
+    /* what: 1 the tile's copies, 2 its rows (and FIXED's multipliers), which read the delta kernel's output */
+    auto stage = [&](int64_t t, int s, bool *all, int what) {
       const int64_t u = visit(t), h = qt.head(u), i0 = qt.row(u, BR);
       if constexpr (attn_rule<PROB>::tiles) {
         state_next = bwm_variant_state(p, b, h, i0, j0 + wg * BWG_OWN);
@@ -409,7 +426,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
         if (state_next == FA_BLOCK_EMPTY && other_next == FA_BLOCK_EMPTY) return;
       }
       if constexpr (TMA) {
-        if (threadIdx.x == 0) {
+        if ((what & 1) && threadIdx.x == 0) {
           const uint32_t bar = q_bar(s), dst = q_tile(s);
           mbar_expect(bar, 2 * QT);
           /* tma_load_tile's boxes, Q's and dO's in turn (the order measured; the two tiles one after the other
@@ -420,6 +437,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
             tma_load_4d(dst + QT + c * BR * 128, &tm.dout, c * 64, (int)i0, (int)h, (int)b, bar);
           }
         }
+        if (!(what & 2)) return;
         if constexpr (SPLIT_ROWS) {
           if (threadIdx.x < BR) bwm_row_issue<BR>(p, delta, rows[s], b, h, i0, threadIdx.x);
         } else {
@@ -447,14 +465,17 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     /* CHECK (the built-in fused instances; bwg_waits says the same on the host): launched behind the delta
      * kernel as its programmatic dependent, so K and V above load while its last blocks run; delta, dq_acc's
      * zeros and FIXED's multipliers are its, read from the first stage on */
+    if constexpr (TMA) /* Q and dO are not the delta kernel's: their copies go before the wait */
+      if (qt.count > 0) stage(0, 0, &all_next, 1);
     if constexpr (CHECK) asm volatile("griddepcontrol.wait;" ::: "memory");
-    if (qt.count > 0) stage(0, 0, &all_next);
+    if (qt.count > 0) stage(0, 0, &all_next, TMA ? 2 : 3);
     cp_async_commit();
     float dk[CH][4], dv[CH][4];
     bwm_zero<CH>(dk), bwm_zero<CH>(dv);
     uint32_t ka[KREG ? D / 16 : 1][4];
     if constexpr (KREG) {
-      cp_async_wait<0>(); /* K and V (Q and dO come by TMA) */
+      mbar_wait(kv_bar, 0); /* K (KREG: TMA) */
+      cp_async_wait<0>();
       __syncthreads();
       sw128_a_frags<D, KEYS>(ka, Ks, warp * 16, threadIdx.x & 31);
     }
@@ -465,7 +486,8 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     bool landed = false; /* DQ: this tile's copies waited for and fenced at the end of the last one */
     for (int64_t t = 0; t < qt.count; t++) {
       const int s = (int)(t & 1);
-      if (!landed) { /* TMA: K and V alone, before the first tile */
+      if (!landed) { /* TMA: K and V, before the first tile */
+        if constexpr (TMA) mbar_wait(kv_bar, 0);
         cp_async_wait<0>();
         fence_proxy_async();
       }
@@ -475,7 +497,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       const bool full = __syncthreads_and(all_next) && bwm_full_rule(EXTRAS) && j1 - j0 == KEYS;
       if (t == 0) FA_TIMELINE_MARK(1);
       const int state = state_next, other = other_next;
-      if (t + 1 < qt.count) stage(t + 1, s ^ 1, &all_next); /* the next tile's copies fly while this one computes */
+      if (t + 1 < qt.count) stage(t + 1, s ^ 1, &all_next, 3); /* the next tile's copies fly while this one computes */
       cp_async_commit();
       if (attn_rule<PROB>::tiles && state == FA_BLOCK_EMPTY && other == FA_BLOCK_EMPTY) continue; /* the whole block's */
       const uint32_t q_base = q_tile(s), do_base = q_base + QT;
@@ -544,6 +566,8 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     }
     FA_TIMELINE_MARK(2);
     cp_async_wait<0>(); /* no copy in flight at the exit or the next turn (a block whose keys no row takes) */
+    if constexpr (TMA)
+      if (qt.count == 0) mbar_wait(kv_bar, 0);
     const int64_t r0 = (b * p.Hkv + hk) * p.Lk, j = j0 + warp * 16;
     static_assert(WGS * 4 * BWG_STORE_BYTES(DG) <= 4 * QT, "the warps' staging fits where the Q and dO tiles were");
     uint32_t seen = 0; /* CHECK: fold_nonfinite_words over what is stored */
