@@ -16,6 +16,7 @@
 # FA_AB_ENV_NAME: build NAME's runs under that environment (e.g. FA_AB_ENV_one="FA_X=1"; NAME's characters
 # other than letters, digits and _ as _), so that one build packed twice under two names measures a
 # switch of its own in turns.
+# FA_AB_NAMES: the carried builds to run against work (space-separated names; default every one).
 # Without a build there (FA_CARRIED=1, carrying .deps/debs and .snap/ab; with more than two builds,
 # `bash scripts/gpu_pack.sh --bundle` makes them one file that fits the tool's 64 MiB): here
 #   cmake -S . -B build90 -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real
@@ -57,6 +58,9 @@ if [[ ${FA_CARRIED:-0} == 1 ]]; then
   names=(work) builds=(bg-ab/work)
   for d in bg-ab/*/; do
     n=$(basename "$d")
+    # FA_AB_NAMES (names, space-separated): only those builds against work (a bundle may hold others, such
+    # as a trace build, for the same call's other steps)
+    [[ -z ${FA_AB_NAMES:-} || " $FA_AB_NAMES " == *" $n "* ]] || continue
     [ "$n" = work ] || names+=("$n") builds+=("bg-ab/$n")
   done
   for i in "${!names[@]}"; do
