@@ -324,11 +324,16 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
    * issued by thread 0 and completing on qbar[stage], instead of cp.async
    * from every thread (whose address arithmetic was ~15 % of the loop's
    * instructions, H200 ncu at L = 1k) */
-  __shared__ __align__(8) uint64_t qbar[3]; /* the stages' barriers, then K and V's */
+  /* KV_TMA: K and V by TMA too, and the first tile's Q and dO issued before the delta kernel's wait (below); not
+   * at D = 64, whose default instance then spilled 28 bytes more and ran 1.02-1.04x the time, where D = 128 took
+   * 0.985-0.999x and D = 96 0.993-1.001x (H100, bf16, 1k-16k keys; docs/perf/2026-12-06-backward-kv-tma-h100.json) */
+  constexpr bool KV_TMA = TMA && DG != 64;
+  __shared__ __align__(8) uint64_t qbar[KV_TMA ? 3 : 2]; /* the stages' barriers, then K and V's */
   FA_TIMELINE_MARK(0); /* a trace build's block timeline: start, then the (last turn's) first tile, loop's end, stores' end */
   if constexpr (TMA)
     if (threadIdx.x == 0) {
-      mbar_init(smem_addr(&qbar[0]), 1), mbar_init(smem_addr(&qbar[1]), 1), mbar_init(smem_addr(&qbar[2]), 1);
+      mbar_init(smem_addr(&qbar[0]), 1), mbar_init(smem_addr(&qbar[1]), 1);
+      if constexpr (KV_TMA) mbar_init(smem_addr(&qbar[2]), 1);
       mbar_init_fence();
       tma_prefetch_map(&tm.q), tma_prefetch_map(&tm.dout);
     } /* published by the barriers before the first copy (bwm_qtiles_meeting's) */
@@ -369,7 +374,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
   /* stage s's Q tile (dO's follows it; q_tile(2): the dSᵀ tile after both stages) and its barrier */
   auto q_tile = [&](int s) { return HELD ? qs_base + s * 2 * QT : smem_addr(Qs + s * 2 * QT); };
   auto q_bar = [&](int s) { return HELD ? qbar_base + 8 * s : smem_addr(&qbar[s]); };
-  const uint32_t kv_bar = q_bar(2); /* TMA: K and V's, used once (one turn) */
+  const uint32_t kv_bar = q_bar(2); /* KV_TMA: K and V's, used once (one turn) */
   const int64_t ktiles = (p.Lk + KEYS - 1) / KEYS;
   const int64_t blk = blockIdx.x;
   const int64_t per = WALK ? walk.ctas : ktiles; /* blocks a (batch, KV head) */
@@ -389,11 +394,11 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     const int64_t kt = WALK ? turn * per + (turn & 1 ? per - 1 - c : c) : c;
     if (WALK && kt >= ktiles) break; /* block-uniform: the last turn's tiles run out from its high end */
     const int64_t j0 = kt * KEYS, j1 = min(j0 + KEYS, p.Lk);
-    /* TMA: K and V by the tensor memory accelerator too, issued by thread 0 before anything else: from every
-     * thread, the cp.async of 64 KB (D = 128) held the warps' issue until the copies drained, so that the block's
-     * query-tile search and Q and dO's copies began 1.9 us after its start, and its first tile 3.9 us (a block's
-     * timeline, H100, bf16, 1k keys: docs/perf/2026-12-06-backward-prologue-h100.json) */
-    if constexpr (TMA) {
+    /* KV_TMA: K and V issued by thread 0 before the block's query-tile search, and the first tile's Q and dO
+     * before the delta kernel's wait (they are not its output): Q and dO's copies began 2 us after a block's start,
+     * K and V landed 3.2 us and the first tile began 3.9 us after it (a block's timeline, H100, bf16, 1k keys,
+     * D = 128: docs/perf/2026-12-06-backward-prologue-h100.json); now 3.6 us */
+    if constexpr (KV_TMA) {
       if (threadIdx.x == 0) {
         mbar_expect(kv_bar, 2 * KEYS * D * 2);
         tma_load_tile<D, KEYS>(k_base, &tm.k, (int)j0, (int)hk, (int)b, kv_bar);
@@ -465,17 +470,16 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     /* CHECK (the built-in fused instances; bwg_waits says the same on the host): launched behind the delta
      * kernel as its programmatic dependent, so K and V above load while its last blocks run; delta, dq_acc's
      * zeros and FIXED's multipliers are its, read from the first stage on */
-    if constexpr (TMA) /* Q and dO are not the delta kernel's: their copies go before the wait */
+    if constexpr (KV_TMA) /* Q and dO are not the delta kernel's: their copies go before the wait */
       if (qt.count > 0) stage(0, 0, &all_next, 1);
     if constexpr (CHECK) asm volatile("griddepcontrol.wait;" ::: "memory");
-    if (qt.count > 0) stage(0, 0, &all_next, TMA ? 2 : 3);
+    if (qt.count > 0) stage(0, 0, &all_next, KV_TMA ? 2 : 3);
     cp_async_commit();
     float dk[CH][4], dv[CH][4];
     bwm_zero<CH>(dk), bwm_zero<CH>(dv);
     uint32_t ka[KREG ? D / 16 : 1][4];
     if constexpr (KREG) {
-      mbar_wait(kv_bar, 0); /* K (KREG: TMA) */
-      cp_async_wait<0>();
+      cp_async_wait<0>(); /* K and V (Q and dO come by TMA) */
       __syncthreads();
       sw128_a_frags<D, KEYS>(ka, Ks, warp * 16, threadIdx.x & 31);
     }
@@ -487,7 +491,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     for (int64_t t = 0; t < qt.count; t++) {
       const int s = (int)(t & 1);
       if (!landed) { /* TMA: K and V, before the first tile */
-        if constexpr (TMA) mbar_wait(kv_bar, 0);
+        if constexpr (KV_TMA) mbar_wait(kv_bar, 0);
         cp_async_wait<0>();
         fence_proxy_async();
       }
@@ -566,8 +570,8 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     }
     FA_TIMELINE_MARK(2);
     cp_async_wait<0>(); /* no copy in flight at the exit or the next turn (a block whose keys no row takes) */
-    if constexpr (TMA)
-      if (qt.count == 0) mbar_wait(kv_bar, 0);
+    if constexpr (KV_TMA)
+      if (qt.count == 0) mbar_wait(kv_bar, 0); /* no copy into the block's memory after it ends */
     const int64_t r0 = (b * p.Hkv + hk) * p.Lk, j = j0 + warp * 16;
     static_assert(WGS * 4 * BWG_STORE_BYTES(DG) <= 4 * QT, "the warps' staging fits where the Q and dO tiles were");
     uint32_t seen = 0; /* CHECK: fold_nonfinite_words over what is stored */
