@@ -324,10 +324,12 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
    * issued by thread 0 and completing on qbar[stage], instead of cp.async
    * from every thread (whose address arithmetic was ~15 % of the loop's
    * instructions, H200 ncu at L = 1k) */
-  /* KV_TMA: K and V by TMA too, and the first tile's Q and dO issued before the delta kernel's wait (below); not
-   * at D = 64, whose default instance then spilled 28 bytes more and ran 1.02-1.04x the time, where D = 128 took
-   * 0.985-0.999x and D = 96 0.993-1.001x (H100, bf16, 1k-16k keys; docs/perf/2026-12-06-backward-kv-tma-h100.json) */
-  constexpr bool KV_TMA = TMA && DG != 64;
+  /* KV_TMA: K and V by TMA too, and the first tile's Q and dO issued before the delta kernel's wait (below), where
+   * it paid (H100, bf16, 1k-16k keys, time against cp.async's; docs/perf/2026-12-06-backward-kv-tma-h100.json):
+   * the default at D = 128 0.985-0.999x and D = 96 0.993-1.001x, the fixed point at D = 96 0.976-0.984x and
+   * D = 64 0.988-0.998x; not the default at D = 64 (28 bytes more of spills, 1.02-1.04x) nor the fixed point at
+   * D = 128 (1.001-1.010x) */
+  constexpr bool KV_TMA = TMA && (FIXED ? DG != 128 : DG != 64);
   __shared__ __align__(8) uint64_t qbar[KV_TMA ? 3 : 2]; /* the stages' barriers, then K and V's */
   FA_TIMELINE_MARK(0); /* a trace build's block timeline: start, then the (last turn's) first tile, loop's end, stores' end */
   if constexpr (TMA)
