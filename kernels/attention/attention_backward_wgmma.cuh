@@ -338,7 +338,8 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       if constexpr (KV_TMA) mbar_init(smem_addr(&qbar[2]), 1);
       mbar_init_fence();
       tma_prefetch_map(&tm.q), tma_prefetch_map(&tm.dout);
-    } /* published by the barriers before the first copy (bwm_qtiles_meeting's) */
+    } /* published by the barriers before the first copy (bwm_qtiles_meeting's; KV_TMA's K and V are thread 0's own,
+       * after its fence) */
   constexpr int D = BWG_PAD(DG), CH = D / 8, BR = bwg_rows_tile(DG, EXTRAS, DQ, WALK), NC = BR / 8;
   constexpr int QT = BR * D * 2; /* bytes of a Q or dO tile */
   /* DQ: each warpgroup adds dQ for the tile's 64 rows of its own, all D columns (ROWSPLIT: tiles of 128
@@ -397,9 +398,11 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     if (WALK && kt >= ktiles) break; /* block-uniform: the last turn's tiles run out from its high end */
     const int64_t j0 = kt * KEYS, j1 = min(j0 + KEYS, p.Lk);
     /* KV_TMA: K and V issued by thread 0 before the block's query-tile search, and the first tile's Q and dO
-     * before the delta kernel's wait (they are not its output): Q and dO's copies began 2 us after a block's start,
-     * K and V landed 3.2 us and the first tile began 3.9 us after it (a block's timeline, H100, bf16, 1k keys,
-     * D = 128: docs/perf/2026-12-06-backward-prologue-h100.json); now 3.6 us */
+     * before the delta kernel's wait (they are not its output).  With every thread's cp.async, Q and dO's copies
+     * began 2 us after a block's start and its first tile 3.9-4.1 us after it; now K and V go out at 0.5 us and
+     * land at about 3.2 (the block's first 96 KB arriving is the bound, not their issue), the first tile begins
+     * at 3.6-3.7 (a block's timeline, H100, bf16, 1k keys, D = 128: docs/perf/2026-12-06-backward-prologue-h100.json
+     * and -kv-tma-h100.json) */
     if constexpr (KV_TMA) {
       if (threadIdx.x == 0) {
         mbar_expect(kv_bar, 2 * KEYS * D * 2);
