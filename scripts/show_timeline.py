@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """A kernel's block timeline from a trace build (kernels/ptx/trace.cuh's TIMELINE lines: each block's SM and
-its globaltimer at marks 0-3), read from the output of scripts/probe_trace.lua --backward (or any program on
-such a build): for the last launch (or every one with --all), the blocks' median time, the shares of the
-blocks' time between marks 0-1, 1-2 and 2-3 (the fused backward's: start to first tile, key loop, dK/dV
-stores), the gaps between consecutive blocks on an SM, and the SMs' idle time before their first block and
-after their last, as shares of SM-time over the launch's span (first mark to last).
+its globaltimer at marks 0-3, or 0-7), read from the output of scripts/probe_trace.lua --backward (or any
+program on such a build): for the last launch (or every one with --all), the blocks' median time, the shares
+of the blocks' time between marks 0-1, 1-2 and 2-3 (the fused backward's: start to first tile, key loop, dK/dV
+stores), the start's own phases where the blocks carry marks 4-7 (START_PHASES), the gaps between consecutive
+blocks on an SM, and the SMs' idle time before their first block and after their last, as shares of SM-time
+over the launch's span (first mark to last).
 Usage: build-trace/flashattn-lua scripts/probe_trace.lua --backward | python3 scripts/show_timeline.py [--all]"""
 import argparse
 import re
@@ -12,15 +13,17 @@ import statistics
 import sys
 
 PHASES = [("start to first tile", 0, 1), ("key loop", 1, 2), ("stores", 2, 3)]
+# the fused backward's marks 4-7 (kernels/attention/attention_backward_wgmma.cuh), in time order between 0 and 1
+START_PHASES = [("barrier inits", 0, 4), ("indices, K/V issued", 4, 5), ("query-tile search", 5, 6),
+                ("until K/V landed", 6, 7), ("until the first tile", 7, 1)]
 
 
 def parse(lines):
     launches = []
     for line in lines:
-        m = re.match(r"TIMELINE (\d+) (\d+) (\d+) (\d+) (\d+) (\d+)\s*$", line)
+        m = re.match(r"TIMELINE (\d+) (\d+)((?: \d+){4}|(?: \d+){8})\s*$", line)
         if m and launches:
-            v = [int(x) for x in m.groups()]
-            launches[-1]["blocks"].append({"sm": v[1], "t": v[2:]})
+            launches[-1]["blocks"].append({"sm": int(m.group(2)), "t": [int(x) for x in m.group(3).split()]})
             continue
         m = re.match(r"TIMELINE (\S+) (\d+)\s*$", line)
         if m:
@@ -30,7 +33,7 @@ def parse(lines):
 
 def summary(launch):
     """The launch's figures as a dict (None when no block reached its last mark)."""
-    blocks = [b for b in launch["blocks"] if all(b["t"])]
+    blocks = [b for b in launch["blocks"] if all(b["t"][:4])]
     if not blocks:
         return None
     t0, t1 = min(b["t"][0] for b in blocks), max(b["t"][3] for b in blocks)
@@ -41,6 +44,9 @@ def summary(launch):
     for name, a, z in PHASES:
         d = [b["t"][z] - b["t"][a] for b in blocks]
         out[name] = (statistics.median(d) / 1e3, sum(d) / total if total else 0.0)
+    marked = [b for b in blocks if len(b["t"]) == 8 and all(b["t"])]  # the start's marks (a 0: not reached)
+    out["start"] = [(name, statistics.median(b["t"][z] - b["t"][a] for b in marked) / 1e3)
+                    for name, a, z in START_PHASES] if marked else []
     per_sm = {}
     for b in blocks:
         per_sm.setdefault(b["sm"], []).append(b["t"])
@@ -61,6 +67,9 @@ def show(s):
     for name, _, _ in PHASES:
         med, share = s[name]
         print(f"  {name:<20} {med:8.2f} us (median)  {100 * share:5.1f} % of the blocks' time")
+        if name == PHASES[0][0]:
+            for sub, sub_med in s["start"]:
+                print(f"    {sub:<22} {sub_med:6.2f} us (median)")
     print(f"  SM-time idle: between blocks {100 * s['gaps']:.1f} %, before the first {100 * s['head']:.1f} %, "
           f"after the last {100 * s['tail']:.1f} %")
 

@@ -331,7 +331,9 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
    * D = 128 (1.001-1.010x) */
   constexpr bool KV_TMA = TMA && (FIXED ? DG != 128 : DG != 64);
   __shared__ __align__(8) uint64_t qbar[KV_TMA ? 3 : 2]; /* the stages' barriers, then K and V's */
-  FA_TIMELINE_MARK(0); /* a trace build's block timeline: start, then the (last turn's) first tile, loop's end, stores' end */
+  /* a trace build's block timeline: start, then the (last turn's) first tile, loop's end, stores' end; 4-7: after
+   * the barrier inits, after the block's indices and K/V's issue, after the query-tile search, K and V landed */
+  FA_TIMELINE_MARK(0);
   if constexpr (TMA)
     if (threadIdx.x == 0) {
       mbar_init(smem_addr(&qbar[0]), 1), mbar_init(smem_addr(&qbar[1]), 1);
@@ -340,6 +342,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       tma_prefetch_map(&tm.q), tma_prefetch_map(&tm.dout);
     } /* published by the barriers before the first copy (bwm_qtiles_meeting's; KV_TMA's K and V are thread 0's own,
        * after its fence) */
+  FA_TIMELINE_MARK(4); /* (a trace build: marks 4-7 inside the start, show_timeline.py's START_PHASES) */
   constexpr int D = BWG_PAD(DG), CH = D / 8, BR = bwg_rows_tile(DG, EXTRAS, DQ, WALK), NC = BR / 8;
   constexpr int QT = BR * D * 2; /* bytes of a Q or dO tile */
   /* DQ: each warpgroup adds dQ for the tile's 64 rows of its own, all D columns (ROWSPLIT: tiles of 128
@@ -415,7 +418,9 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       load_tile<T, D, KEYS, THREADS, true, false, DG>(Vs, (const T *)p.v + attn_at(p.v_st, b, hk, 0), p.v_st.s, j0,
                                                       p.Lk);
     }
+    FA_TIMELINE_MARK(5);
     const bwm_qtiles qt = bwm_qtiles_meeting<EXTRAS>(p, b, hk, j0, j1, BR);
+    FA_TIMELINE_MARK(6);
     /* DQ: the blocks of one head start their walk at different query tiles
      * (and wrap around), spread over the walk by their key tile: all
      * starting at the first, they would add into the same dQ rows at the
@@ -499,6 +504,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
         if constexpr (KV_TMA) mbar_wait(kv_bar, 0);
         cp_async_wait<0>();
         fence_proxy_async();
+        if (t == 0) FA_TIMELINE_MARK(7);
       }
       landed = TMA;
       if (SPLIT_ROWS && (!FINISH_LATE || t == 0)) finish_rows(s); /* this tile's rows, copied a tile ago */

@@ -82,17 +82,20 @@ static inline void fa_trace_report(cudaStream_t s, const char *kernel) {
 
 /* Block timelines, in the same build: thread 0 of each of a kernel's first
  * FA_TIMELINE_BLOCKS blocks records the globaltimer (ns, one clock for the
- * whole GPU) at marks 0-3 (FA_TIMELINE_MARK; 0 also records its SM), and
+ * whole GPU) at marks 0-7 (FA_TIMELINE_MARK; 0 also records its SM), and
  * the launch prints them (FA_TIMELINE_REPORT):
  *   TIMELINE <kernel> <blocks>
- *   TIMELINE <block> <sm> t0 t1 t2 t3            (0: a mark not reached)
+ *   TIMELINE <block> <sm> t0 t1 ... t7          (0: a mark not reached)
  * where the kernel says what its marks are (the fused backward's: start,
- * first tile's barrier, key loop's end, stores' end).
+ * first tile's barrier, key loop's end, stores' end; then 4-7 inside its
+ * start: the globaltimer reads 32 ns apart, so marks cost little).
  * scripts/show_timeline.py turns them into the phases' shares and the SMs'
  * idle time; scripts/probe_trace.lua --backward runs such calls. */
 #define FA_TIMELINE_BLOCKS 16384
 #if defined(FA_KERNEL_TRACE) && !defined(__CUDACC_RTC__)
-static __device__ unsigned long long fa_timeline_at[FA_TIMELINE_BLOCKS][5];
+#define FA_TIMELINE_MARKS 8
+typedef unsigned long long fa_timeline_row[FA_TIMELINE_MARKS + 1]; /* the marks, then the SM */
+static __device__ fa_timeline_row fa_timeline_at[FA_TIMELINE_BLOCKS];
 #endif
 #if defined(FA_KERNEL_TRACE) && !defined(__CUDACC_RTC__) && defined(__CUDA_ARCH__)
 #define FA_TIMELINE_MARK(k)                                                                                          \
@@ -104,7 +107,7 @@ static __device__ unsigned long long fa_timeline_at[FA_TIMELINE_BLOCKS][5];
       if ((k) == 0) {                                                                                                \
         unsigned s_;                                                                                                 \
         asm volatile("mov.u32 %0, %%smid;" : "=r"(s_));                                                            \
-        fa_timeline_at[blockIdx.x][4] = s_;                                                                          \
+        fa_timeline_at[blockIdx.x][FA_TIMELINE_MARKS] = s_;                                                        \
       }                                                                                                              \
     }                                                                                                                \
   } while (0)
@@ -117,13 +120,16 @@ static __device__ unsigned long long fa_timeline_at[FA_TIMELINE_BLOCKS][5];
  * prints the first FA_TIMELINE_BLOCKS blocks' marks and clears them. */
 static inline void fa_timeline_report(cudaStream_t s, const char *kernel, long long blocks) {
   const long long n = blocks < FA_TIMELINE_BLOCKS ? blocks : FA_TIMELINE_BLOCKS;
-  const size_t bytes = sizeof(unsigned long long) * 5 * (size_t)n;
-  unsigned long long(*at)[5] = n > 0 ? (unsigned long long(*)[5])malloc(bytes) : NULL;
+  const size_t bytes = sizeof(fa_timeline_row) * (size_t)n;
+  fa_timeline_row *at = n > 0 ? (fa_timeline_row *)malloc(bytes) : NULL;
   void *dev = NULL;
   if (at && cudaStreamSynchronize(s) == cudaSuccess && cudaMemcpyFromSymbol(at, fa_timeline_at, bytes) == cudaSuccess) {
     printf("TIMELINE %s %lld\n", kernel, n);
-    for (long long i = 0; i < n; i++)
-      printf("TIMELINE %lld %llu %llu %llu %llu %llu\n", i, at[i][4], at[i][0], at[i][1], at[i][2], at[i][3]);
+    for (long long i = 0; i < n; i++) {
+      printf("TIMELINE %lld %llu", i, at[i][FA_TIMELINE_MARKS]);
+      for (int k = 0; k < FA_TIMELINE_MARKS; k++) printf(" %llu", at[i][k]);
+      printf("\n");
+    }
     fflush(stdout);
     if (cudaGetSymbolAddress(&dev, fa_timeline_at) == cudaSuccess) (void)cudaMemset(dev, 0, bytes);
   }

@@ -1,7 +1,7 @@
 """scripts/show_timeline.py on synthetic timeline lines (kernels/ptx/trace.cuh's TIMELINE format): the last
 launch by default and every one with --all, the phases' medians and shares of the blocks' time, the SMs'
 idle time between blocks, before the first and after the last, and a clear line when there is no
-timeline."""
+timeline; with marks 4-7 too, the start's own phases."""
 import re
 import sys
 
@@ -12,14 +12,17 @@ def run(text, *args):
     return run_script("show_timeline.py", text, *args)
 
 
-def launch(name, base):
+def launch(name, base, start_marks=False):
     """Two SMs, two blocks each, every block 10 us: 2 us to its first tile, 7 us of loop, 1 us of stores.
     SM 0's blocks start at 0 and 11 us (a 1 us gap), SM 1's at 1 and 10 us (1 us idle before its first, its
-    blocks overlapping: no gap); the span is 0-21 us, so SM 1 is idle 1 us after its last block and SM 0 none."""
+    blocks overlapping: no gap); the span is 0-21 us, so SM 1 is idle 1 us after its last block and SM 0 none.
+    start_marks: marks 4-7 as well, at 0.1, 0.5, 1.1 and 1.8 us into each block (its start's phases 0.1, 0.4,
+    0.6, 0.7 and 0.2 us)."""
     lines = [f"TIMELINE {name} 4"]
     for i, (sm, start) in enumerate([(0, 0), (1, 1000), (0, 11000), (1, 10000)]):
         t = base + start
-        lines.append(f"TIMELINE {i} {sm} {t} {t + 2000} {t + 9000} {t + 10000}")
+        more = f" {t + 100} {t + 500} {t + 1100} {t + 1800}" if start_marks else ""
+        lines.append(f"TIMELINE {i} {sm} {t} {t + 2000} {t + 9000} {t + 10000}{more}")
     return lines
 
 
@@ -41,6 +44,15 @@ def main():
     # SM-time 2 SMs x 21 us = 42: gaps 1 (SM 0), before the first 1 (SM 1), after the last 1 (SM 1)
     if "between blocks 2.4 %, before the first 2.4 %, after the last 2.4 %" not in out:
         failures.append("idle shares wrong:\n" + out)
+    if "barrier inits" in out:
+        failures.append("the start's phases shown without marks 4-7")
+    rc, out = run("\n".join(launch("marked_kernel", 7_000, start_marks=True)) + "\n")
+    if rc != 0 or not re.search(r"4 blocks on 2 SMs, span 21\.0 us", out):
+        failures.append("a launch with marks 4-7 is not read:\n" + out)
+    for name, med in (("barrier inits", "0.10"), ("indices, K/V issued", "0.40"), ("query-tile search", "0.60"),
+                      ("until K/V landed", "0.70"), ("until the first tile", "0.20")):
+        if not re.search(rf"{re.escape(name)}\s+{re.escape(med)} us \(median\)", out):
+            failures.append(f"start phase {name} not {med} us:\n" + out)
     rc, out = run(text, "--all")
     if rc != 0 or "first_kernel" not in out or "second_kernel" not in out:
         failures.append("--all does not show every launch")
