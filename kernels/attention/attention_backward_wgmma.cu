@@ -193,14 +193,14 @@ static fa_status bwg_extras(fa_context *ctx, const fa_attn_problem *p, const fa_
   const bool fixed = bw_fixed_dq(p, g);
   /* else not deterministic (or no query row): the default's fused schedule, or the two kernels (ctas 0) */
   const int64_t ctas = fixed ? 0 : fa_cuda_backward_wgmma_walk(ctx, p, g);
-  /* the maps of Q and dO (and of K and V where the instance takes them by TMA: the kernel's KV_TMA) for the fused
+  /* the maps of Q and dO (and of K and V where the instance takes them by TMA: bwg_kv_tma) for the fused
    * instances' TMA forms, made once: 0 where the copy engine refuses a stride */
   bwg_maps tm = {};
   const int br = bwg_rows_tile(D, EXTRAS, true, false), keys = 2 * BWG_OWN; /* (TMA: no walk; two warpgroups) */
   const bool maps = (ctas > 0 || fixed) &&
                     wt_encode_operand(&tm.q, p->compute, p->q, p->q_st, p->Lq, p->Hq, p->B, D, br) &&
                     wt_encode_operand(&tm.dout, p->compute, g->dout, g->dout_st, p->Lq, p->Hq, p->B, D, br) &&
-                    ((fixed ? D == 128 : D == 64) ||
+                    (!bwg_kv_tma(D, fixed) ||
                      (wt_encode_operand(&tm.k, p->compute, p->k, p->k_st, p->Lk, p->Hkv, p->B, D, keys) &&
                       wt_encode_operand(&tm.v, p->compute, p->v, p->v_st, p->Lk, p->Hkv, p->B, D, keys)));
   if (fixed || ctas > 0) /* fixed: fa_cuda_backward_run made the rows' multipliers */

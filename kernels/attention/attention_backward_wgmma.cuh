@@ -298,6 +298,13 @@ struct bwg_walk {
  * the first step stores a row past Lq whole (no tile row and no second
  * 64-bit division a tile for the second), FIXED has run at 0.94-0.98x the
  * time of that form again, the default at D = 128 at 0.995-1.013x. */
+/* Whether a fused TMA instance takes K and V by TMA too, and issues its first tile's Q and dO before the delta
+ * kernel's wait (bwg_dkdv_kernel's KV_TMA; the host makes k's and v's maps for those alone), where it paid (H100,
+ * bf16, 1k-16k keys, time against cp.async's; docs/perf/2026-12-06-backward-kv-tma-h100.json): the default at
+ * D = 128 0.985-0.999x and D = 96 0.993-1.001x, the fixed point at D = 96 0.976-0.984x and D = 64 0.988-0.998x;
+ * not the default at D = 64 (28 bytes more of spills, 1.02-1.04x) nor the fixed point at D = 128 (1.001-1.010x) */
+static constexpr __host__ __device__ bool bwg_kv_tma(int DG, bool FIXED) { return FIXED ? DG != 128 : DG != 64; }
+
 enum { BWG_ROWS_ONE_STEP, BWG_ROWS_AT_START, BWG_ROWS_AT_END };
 static constexpr __host__ __device__ int bwg_rows_staged(int DG, int EXTRAS, bool TMA, bool FIXED) {
   return !TMA || EXTRAS != EXTRAS_NONE ? BWG_ROWS_ONE_STEP
@@ -324,12 +331,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
    * issued by thread 0 and completing on qbar[stage], instead of cp.async
    * from every thread (whose address arithmetic was ~15 % of the loop's
    * instructions, H200 ncu at L = 1k) */
-  /* KV_TMA: K and V by TMA too, and the first tile's Q and dO issued before the delta kernel's wait (below), where
-   * it paid (H100, bf16, 1k-16k keys, time against cp.async's; docs/perf/2026-12-06-backward-kv-tma-h100.json):
-   * the default at D = 128 0.985-0.999x and D = 96 0.993-1.001x, the fixed point at D = 96 0.976-0.984x and
-   * D = 64 0.988-0.998x; not the default at D = 64 (28 bytes more of spills, 1.02-1.04x) nor the fixed point at
-   * D = 128 (1.001-1.010x) */
-  constexpr bool KV_TMA = TMA && (FIXED ? DG != 128 : DG != 64);
+  constexpr bool KV_TMA = TMA && bwg_kv_tma(DG, FIXED); /* K and V by TMA too (below) */
   __shared__ __align__(8) uint64_t qbar[KV_TMA ? 3 : 2]; /* the stages' barriers, then K and V's */
   /* a trace build's block timeline: start, then the (last turn's) first tile, loop's end, stores' end; 4-7: after
    * the barrier inits, after the block's indices and K/V's issue, after the query-tile search, K and V landed */

@@ -5,7 +5,7 @@ timeline; with marks 4-7 too, the start's own phases."""
 import re
 import sys
 
-from script_runner import report, run_script
+from script_runner import launch_reader_checks, report, run_script
 
 
 def run(text, *args):
@@ -53,12 +53,7 @@ def main():
                       ("until K/V landed", "0.70"), ("until the first tile", "0.20")):
         if not re.search(rf"{re.escape(name)}\s+{re.escape(med)} us \(median\)", out):
             failures.append(f"start phase {name} not {med} us:\n" + out)
-    rc, out = run(text, "--all")
-    if rc != 0 or "first_kernel" not in out or "second_kernel" not in out:
-        failures.append("--all does not show every launch")
-    rc, out = run("no timeline here\n")
-    if rc == 0 or "no TIMELINE lines" not in out:
-        failures.append("input without a timeline is not reported")
+    failures += launch_reader_checks("show_timeline.py", text, "no timeline here\n", "no TIMELINE lines")
     rc, out = run("TIMELINE k 1\nTIMELINE 0 3 100 200 0 0\n")
     if rc == 0 or "no block reached its last mark" not in out:
         failures.append("a launch whose blocks lack marks is not reported")

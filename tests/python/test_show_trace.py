@@ -4,7 +4,7 @@ last launch by default and every one with --all, and a clear line when there is 
 import re
 import sys
 
-from script_runner import report, run_script
+from script_runner import launch_reader_checks, report, run_script
 
 
 def run(text, *args):
@@ -55,12 +55,7 @@ def main():
         failures.append("marks not in kilocycles from warpgroup 0's first")
     if not re.search(r"n0 wg2:\s+-0\.50", out):
         failures.append("the producer's marks missing or misplaced")
-    rc, out = run(text, "--all")
-    if rc != 0 or "first_kernel" not in out or "second_kernel" not in out:
-        failures.append("--all does not show every launch")
-    rc, out = run("no trace here\n")
-    if rc == 0 or "no TRACE lines" not in out:
-        failures.append("input without a trace is not reported")
+    failures += launch_reader_checks("show_trace.py", text, "no trace here\n", "no TRACE lines")
     return report("test_show_trace", failures)
 
 
