@@ -512,11 +512,11 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
      * (and the dSᵀ tile) may be written again. */
     bool landed = false; /* DQ: this tile's copies waited for and fenced at the end of the last one */
     /* KV_TMA: the query tile at which thread 0 brings the K and V of the block one wave on into L2 (-1: none) */
-    const int64_t pf_at = TMA && walk.ahead > 0 && blk + walk.ahead < (int64_t)gridDim.x
+    const int64_t pf_at = KV_TMA && walk.ahead > 0 && blk + walk.ahead < (int64_t)gridDim.x
                               ? (qt.count > walk.pf_lead ? qt.count - walk.pf_lead : qt.count / 2)
                               : -1;
     for (int64_t t = 0; t < qt.count; t++) {
-      if constexpr (KV_TMA) {
+      if constexpr (KV_TMA)
         if (t == pf_at && threadIdx.x == 0) {
           uint32_t nbhk;
           const int nj0 = (int)(place(ub + (uint32_t)walk.ahead, &nbhk) * KEYS);
@@ -527,18 +527,6 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
             tma_prefetch_l2_4d(&tm.v, cc * 64, nj0, nhk, nb);
           }
         }
-      } else if constexpr (TMA) { /* a row of K or V a thread */
-        if (t == pf_at && threadIdx.x < 2 * KEYS) {
-          uint32_t nbhk;
-          const int64_t nj = place(ub + (uint32_t)walk.ahead, &nbhk) * KEYS + threadIdx.x % KEYS;
-          const int64_t nb = nbhk / (uint32_t)p.Hkv, nhk = nbhk % (uint32_t)p.Hkv;
-          const bool isk = threadIdx.x < KEYS;
-          if (nj < p.Lk)
-            prefetch_l2_bytes((const T *)(isk ? p.k : p.v) + attn_at(isk ? p.k_st : p.v_st, nb, nhk, 0) +
-                                  nj * (isk ? p.k_st.s : p.v_st.s),
-                              DG * 2);
-        }
-      }
       const int s = (int)(t & 1);
       if (!landed) { /* TMA: K and V, before the first tile */
         if constexpr (KV_TMA) mbar_wait(kv_bar, 0);

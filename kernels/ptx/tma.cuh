@@ -34,10 +34,6 @@ static __device__ __forceinline__ void tma_prefetch_l2_4d(const void *map, int c
                "r"(c1), "r"(c2), "r"(c3)
                : "memory");
 }
-/* `bytes` (a multiple of 16) at src (on 16 bytes) brought into L2, as tma_prefetch_l2_4d. */
-static __device__ __forceinline__ void prefetch_l2_bytes(const void *src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"((uint64_t)src), "r"(bytes) : "memory");
-}
 /* A tile of ROWS rows by D columns of a 4-D operand's map (boxes of 64
  * columns by ROWS rows, 128-byte swizzle: load_tile's layout for wgmma) at
  * rows [row, row + ROWS) of head h, batch b into dst, one box a 64-column
