@@ -144,7 +144,7 @@ extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_p
   cudaStream_t s = fa_cuda_stream(ctx);
   fa_attn_grads ga = *g;
   float *acc = NULL;
-  bwg_walk walk = {(p->Lk + BWG_OWN - 1) / BWG_OWN, 0, NULL, 0, 0, 0}; /* the two kernels': a key tile a block */
+  bwg_walk walk = {(p->Lk + BWG_OWN - 1) / BWG_OWN, 0, NULL, 0}; /* the two kernels': a key tile a block */
   void *args[] = {prob, &ga, &delta, &acc, &walk, (void *)(maps ? maps : &no_maps)};
   if (ctas > 0 || ctas == BWG_FIXED) { /* the instance with DQ */
     const bool walks = ctas > 0 && g->deterministic;
@@ -153,15 +153,6 @@ extern "C" fa_status fa_cuda_backward_wgmma_run(fa_context *ctx, const fa_attn_p
     const int64_t n4 = bwg_acc_n4(p), copies = walks ? walk.ctas : 1;
     walk.copy = walks ? n4 * 4 : 0;
     walk.tail = walks ? 0 : bwg_tail(ctx, p, walk.ctas);
-    {
-      static int pf_lead = -2; /* trial: FA_BWG_PF_LEAD (negative: no prefetch) */
-      if (pf_lead == -2) {
-        const char *e = getenv("FA_BWG_PF_LEAD");
-        pf_lead = e ? atoi(e) : 6;
-      }
-      fa_cuda_props dp;
-      if (!walks && pf_lead >= 0 && !fa_cuda_device_props(ctx, &dp)) walk.ahead = dp.sms, walk.pf_lead = pf_lead;
-    }
     const int64_t blocks = p->B * p->Hkv * walk.ctas;
     const size_t bytes = (size_t)(n4 * copies) * 16;
     const bool zeroed = g->dq_acc && copies == 1; /* by the delta kernel (fa_cuda_backward_run) */

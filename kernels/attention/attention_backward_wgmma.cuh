@@ -279,11 +279,6 @@ struct bwg_walk {
   /* not WALK: the last `tail` (batch, KV head)s of the grid come key tile by key tile (their first tiles,
    * the longest in a causal call, then their second ...), the others head by head (bwg_tail) */
   int64_t tail;
-  /* KV_TMA instances: the blocks one wave on (those an SM holds at once, 0: none), whose K and V tiles each block
-   * brings into L2 pf_lead query tiles before its end (or half way, with fewer), so that the next wave's blocks,
-   * all starting together, read L2 and not device memory (bwg_prefetch_at) */
-  int64_t ahead;
-  int pf_lead;
 };
 
 /* Where a TMA instance of the fused kernel finishes staging a query tile's
@@ -394,15 +389,9 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
   /* the block's (batch, KV head) and its key tile or (WALK) its place c among the head's blocks: head by head,
    * the last walk.tail heads key tile by key tile (bwg_tail; 0 in the WALK instances); the grid is below 2^31 */
   const uint32_t tail0 = (uint32_t)(p.B * p.Hkv - walk.tail), lead = tail0 * (uint32_t)per; /* tail0: its first head */
-  const uint32_t ub = (uint32_t)blk, tail = max((uint32_t)walk.tail, 1u);
-  /* block u's (batch, KV head) *uhk and its place among the head's blocks */
-  auto place = [&](uint32_t u, uint32_t *uhk) -> int64_t {
-    const uint32_t ur = u - lead;
-    *uhk = u < lead ? u / (uint32_t)per : tail0 + ur % tail;
-    return u < lead ? u % (uint32_t)per : ur / tail;
-  };
-  uint32_t ubhk;
-  const int64_t c = place(ub, &ubhk), b = ubhk / (uint32_t)p.Hkv, hk = ubhk % (uint32_t)p.Hkv;
+  const uint32_t ub = (uint32_t)blk, ur = ub - lead, tail = max((uint32_t)walk.tail, 1u);
+  const uint32_t ubhk = ub < lead ? ub / (uint32_t)per : tail0 + ur % tail;
+  const int64_t c = ub < lead ? ub % (uint32_t)per : ur / tail, b = ubhk / (uint32_t)p.Hkv, hk = ubhk % (uint32_t)p.Hkv;
   float *const acc = DQ && WALK ? dq_acc + c * walk.copy : dq_acc;
   /* WALK: the tiles c, 2C - 1 - c, 2C + c, ... in turn; else tile c alone,
    * the do-while's one pass folded away (a turn loop, or a lambda called
@@ -511,22 +500,7 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
      * and rows are in, and every warp is past the last tile, so stage s ^ 1
      * (and the dSᵀ tile) may be written again. */
     bool landed = false; /* DQ: this tile's copies waited for and fenced at the end of the last one */
-    /* KV_TMA: the query tile at which thread 0 brings the K and V of the block one wave on into L2 (-1: none) */
-    const int64_t pf_at = KV_TMA && walk.ahead > 0 && blk + walk.ahead < (int64_t)gridDim.x
-                              ? (qt.count > walk.pf_lead ? qt.count - walk.pf_lead : qt.count / 2)
-                              : -1;
     for (int64_t t = 0; t < qt.count; t++) {
-      if constexpr (KV_TMA)
-        if (t == pf_at && threadIdx.x == 0) {
-          uint32_t nbhk;
-          const int nj0 = (int)(place(ub + (uint32_t)walk.ahead, &nbhk) * KEYS);
-          const int nb = (int)(nbhk / (uint32_t)p.Hkv), nhk = (int)(nbhk % (uint32_t)p.Hkv);
-#pragma unroll
-          for (int cc = 0; cc < D / 64; cc++) {
-            tma_prefetch_l2_4d(&tm.k, cc * 64, nj0, nhk, nb);
-            tma_prefetch_l2_4d(&tm.v, cc * 64, nj0, nhk, nb);
-          }
-        }
       const int s = (int)(t & 1);
       if (!landed) { /* TMA: K and V, before the first tile */
         if constexpr (KV_TMA) mbar_wait(kv_bar, 0);

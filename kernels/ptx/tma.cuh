@@ -27,13 +27,6 @@ static __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void *map
                "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
                : "memory");
 }
-/* The box of map at {c0, c1, c2, c3} brought into L2 (no shared memory, no barrier): a later copy of it then
- * reads L2 rather than device memory. */
-static __device__ __forceinline__ void tma_prefetch_l2_4d(const void *map, int c0, int c1, int c2, int c3) {
-  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];" ::"l"((uint64_t)map), "r"(c0),
-               "r"(c1), "r"(c2), "r"(c3)
-               : "memory");
-}
 /* A tile of ROWS rows by D columns of a 4-D operand's map (boxes of 64
  * columns by ROWS rows, 128-byte swizzle: load_tile's layout for wgmma) at
  * rows [row, row + ROWS) of head h, batch b into dst, one box a 64-column
