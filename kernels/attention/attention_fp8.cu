@@ -50,7 +50,7 @@ template <typename T> static fa_status fp8_typed(fa_context *ctx, const attn_par
   cudaStream_t s = fa_cuda_stream(ctx);
   attn_fp8_quantize_kernel<T><<<(unsigned)(qblocks + kblocks), FP8_THREADS, 0, s>>>(*p, f, p->v_nonfinite);
   cudaError_t err = cudaGetLastError();
-  const size_t smem = wt_smem_bytes(64, FP8_TILE, false, 2); /* wt_layout<64, 128>: an e4m3 tile as a 16-bit one */
+  const size_t smem = wt_smem_bytes(64, FP8_TILE); /* wt_layout<64, 128>: an e4m3 tile as a 16-bit one */
   fp8_maps maps;
   if (err == cudaSuccess && !fp8_encode(p, f, &maps)) {
     fa_cuda_free_on(ctx, ws, bytes);

@@ -253,7 +253,7 @@ template <typename T>
 __global__ void __launch_bounds__(3 * 128, 1)
     attn_fp8_ws_kernel(const attn_params p, const fp8_operands f, const __grid_constant__ fp8_maps tm) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  typedef wt_layout<64, FP8_TILE, false, 2> LAYOUT;
+  typedef wt_layout<64, FP8_TILE> LAYOUT;
   constexpr int NS = LAYOUT::NS, KB = LAYOUT::KB;
   const int v_bad = *p.v_nonfinite; /* NaN or inf in q, k or v: the SIMT kernel behind computes the call */
   extern __shared__ __align__(128) char fp8_ws_smem_raw[];

@@ -76,12 +76,7 @@
  * tma_declines). */
 static __host__ __device__ constexpr int wt_sm_blocks(int D, int BC) { return D == 64 && BC == 64 ? 2 : 1; }
 static __host__ __device__ constexpr int wt_threads(int D, int BC) { return wt_sm_blocks(D, BC) == 2 ? 256 : 384; }
-#ifndef WT_D64_STAGES /* trial */
-#define WT_D64_STAGES 2
-#endif
-static __host__ __device__ constexpr int wt_stages(int D, int BC) {
-  return wt_sm_blocks(D, BC) == 2 ? 4 : D == 64 ? WT_D64_STAGES : 2;
-}
+static __host__ __device__ constexpr int wt_stages(int D, int BC) { return wt_sm_blocks(D, BC) == 2 ? 4 : 2; }
 #define WT_FED(D, BC) (wt_sm_blocks(D, BC) == 2)
 /* Whether the key loop keeps lazy row maxima and skips O's rescale where no
  * row of a warp raised its max (frag_rows_max<true>, frag_rescale_moved):
@@ -173,11 +168,9 @@ static inline bool wt_persistent_fits(const wt_maps &m, long long D, long long B
 /* The mbarriers of a block, and its shared memory in bytes for head dim D,
  * key tiles of BC and a tile for O or not (wt_layout<D, BC, OT>'s): the
  * tiles, the barriers, two slots, and 1024 for the alignment. */
-static __host__ __device__ constexpr int wt_nbar_of(int ns) { return 1 + 4 * ns + 6; }
-static __host__ __device__ constexpr int wt_nbar(int D, int BC) { return wt_nbar_of(wt_stages(D, BC)); }
-static __host__ __device__ constexpr size_t wt_smem_bytes(int D, int BC, bool OT = false, int NS = 0) {
-  return (size_t)(OT ? 2 : 1) * WT_BR * D * 2 + (size_t)2 * (NS ? NS : wt_stages(D, BC)) * BC * D * 2 +
-         8 * wt_nbar_of(NS ? NS : wt_stages(D, BC)) +
+static __host__ __device__ constexpr int wt_nbar(int D, int BC) { return 1 + 4 * wt_stages(D, BC) + 6; }
+static __host__ __device__ constexpr size_t wt_smem_bytes(int D, int BC, bool OT = false) {
+  return (size_t)(OT ? 2 : 1) * WT_BR * D * 2 + (size_t)2 * wt_stages(D, BC) * BC * D * 2 + 8 * wt_nbar(D, BC) +
          2 * sizeof(wt_slot) + 1024;
 }
 /* The bytes a launch of either form asks for (the persistent form's tile
@@ -191,10 +184,10 @@ static __host__ __device__ constexpr size_t wt_form_smem_bytes(int D, int BC, bo
  * full, the rings' full and empty; the persistent form's Q empty and its
  * slots' full and empty), then the persistent form's two slots.  Addresses
  * as the copies and products take them (q: Q's tile). */
-template <int D, int BC, bool OT = false, int NS_ = wt_stages(D, BC)> struct wt_layout {
-  static constexpr int NS = NS_; /* buffers a ring */
+template <int D, int BC, bool OT = false> struct wt_layout {
+  static constexpr int NS = wt_stages(D, BC);                   /* buffers a ring */
   static constexpr int QB = WT_BR * D * 2, KB = BC * D * 2; /* bytes of the Q tile, of a K or V tile */
-  static constexpr int BARS = QB + 2 * NS * KB + (OT ? QB : 0), NBAR = wt_nbar_of(NS);
+  static constexpr int BARS = QB + 2 * NS * KB + (OT ? QB : 0), NBAR = wt_nbar(D, BC);
   char *qs;
   uint32_t q;
   __device__ __forceinline__ explicit wt_layout(char *raw)
@@ -301,8 +294,8 @@ static __device__ __forceinline__ void wt_load_kv(const CUtensorMap *m, uint32_t
   tma_load_tile<D, BC>(ring + sb * BC * D * 2, m, row, hk, bi, full + 8 * sb);
 }
 /* The mbarriers of both forms (the persistent form's four more with slots). */
-template <int D, int BC, bool OT, int NS_>
-static __device__ __forceinline__ void wt_init_barriers(const wt_layout<D, BC, OT, NS_> &L, bool slots, bool sched = false) {
+template <int D, int BC, bool OT>
+static __device__ __forceinline__ void wt_init_barriers(const wt_layout<D, BC, OT> &L, bool slots, bool sched = false) {
   mbar_init(L.q_full(), 1);
   for (int s = 0; s < L.NS; s++) mbar_init(L.full_k() + 8 * s, 1), mbar_init(L.empty_k() + 8 * s, 8); /* 8 consumer warps */
   for (int s = 0; s < L.NS; s++) mbar_init(L.full_v() + 8 * s, 1), mbar_init(L.empty_v() + 8 * s, 8);
