@@ -281,6 +281,13 @@ struct bwg_walk {
   int64_t tail;
 };
 
+/* Whether a fused TMA instance takes K and V by TMA too, and issues its first tile's Q and dO before the delta
+ * kernel's wait (bwg_dkdv_kernel's KV_TMA; the host makes k's and v's maps for those alone), where it paid (H100,
+ * bf16, 1k-16k keys, time against cp.async's; docs/perf/2026-12-06-backward-kv-tma-h100.json): the default at
+ * D = 128 0.985-0.999x and D = 96 0.993-1.001x, the fixed point at D = 96 0.976-0.984x and D = 64 0.988-0.998x;
+ * not the default at D = 64 (28 bytes more of spills, 1.02-1.04x) nor the fixed point at D = 128 (1.001-1.010x) */
+static constexpr __host__ __device__ bool bwg_kv_tma(int DG, bool FIXED) { return FIXED ? DG != 128 : DG != 64; }
+
 /* Where a TMA instance of the fused kernel finishes staging a query tile's
  * rows.  ONE_STEP: thread r < BR loads row r's lse and delta when the
  * tile's Q and dO are issued, a tile ahead (bwm_row_load), and waits there
@@ -298,13 +305,6 @@ struct bwg_walk {
  * the first step stores a row past Lq whole (no tile row and no second
  * 64-bit division a tile for the second), FIXED has run at 0.94-0.98x the
  * time of that form again, the default at D = 128 at 0.995-1.013x. */
-/* Whether a fused TMA instance takes K and V by TMA too, and issues its first tile's Q and dO before the delta
- * kernel's wait (bwg_dkdv_kernel's KV_TMA; the host makes k's and v's maps for those alone), where it paid (H100,
- * bf16, 1k-16k keys, time against cp.async's; docs/perf/2026-12-06-backward-kv-tma-h100.json): the default at
- * D = 128 0.985-0.999x and D = 96 0.993-1.001x, the fixed point at D = 96 0.976-0.984x and D = 64 0.988-0.998x;
- * not the default at D = 64 (28 bytes more of spills, 1.02-1.04x) nor the fixed point at D = 128 (1.001-1.010x) */
-static constexpr __host__ __device__ bool bwg_kv_tma(int DG, bool FIXED) { return FIXED ? DG != 128 : DG != 64; }
-
 enum { BWG_ROWS_ONE_STEP, BWG_ROWS_AT_START, BWG_ROWS_AT_END };
 static constexpr __host__ __device__ int bwg_rows_staged(int DG, int EXTRAS, bool TMA, bool FIXED) {
   return !TMA || EXTRAS != EXTRAS_NONE ? BWG_ROWS_ONE_STEP
@@ -405,9 +405,11 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     /* KV_TMA: K and V issued by thread 0 before the block's query-tile search, and the first tile's Q and dO
      * before the delta kernel's wait (they are not its output).  With every thread's cp.async, Q and dO's copies
      * began 2 us after a block's start and its first tile 3.9-4.1 us after it; now K and V go out at 0.5 us and
-     * land at about 3.2 (the block's first 96 KB arriving is the bound, not their issue), the first tile begins
-     * at 3.6-3.7 (a block's timeline, H100, bf16, 1k keys, D = 128: docs/perf/2026-12-06-backward-prologue-h100.json
-     * and -kv-tma-h100.json) */
+     * land at about 3.2, the first tile begins at 3.6-3.7 (a block's timeline, H100, bf16, 1k keys, D = 128:
+     * docs/perf/2026-12-06-backward-prologue-h100.json and -kv-tma-h100.json).  The landing is the blocks' shared
+     * intake, not the copies' issue: 2.9-3.1 us to the first tile for a block starting beside the fewest others,
+     * 4.1-4.5 beside the most; the next wave's K and V prefetched into L2 took 0.35 us off and its code cost more
+     * (docs/perf/2026-12-06-backward-l2-next-wave-tried-h100.json) */
     if constexpr (KV_TMA) {
       if (threadIdx.x == 0) {
         mbar_expect(kv_bar, 2 * KEYS * D * 2);

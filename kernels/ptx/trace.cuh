@@ -88,7 +88,7 @@ static inline void fa_trace_report(cudaStream_t s, const char *kernel) {
  *   TIMELINE <block> <sm> t0 t1 ... t7          (0: a mark not reached)
  * where the kernel says what its marks are (the fused backward's: start,
  * first tile's barrier, key loop's end, stores' end; then 4-7 inside its
- * start: the globaltimer reads 32 ns apart, so marks cost little).
+ * start; the globaltimer ticks every 32 ns, so shorter phases read as 0 or 32).
  * scripts/show_timeline.py turns them into the phases' shares and the SMs'
  * idle time; scripts/probe_trace.lua --backward runs such calls. */
 #define FA_TIMELINE_BLOCKS 16384
