@@ -70,8 +70,8 @@
  * docs/perf/2026-12-06-forward-d64-lag-tried-h100.json; made to meet at a
  * named barrier, every D, 1.07-1.32 x at every key tile and 1.01-1.06 x at
  * a query tile's first, docs/perf/2026-12-06-forward-step-tried-h100.json:
- * left alone, the two run out of phase by part of a key tile, and that
- * schedule is the fastest found; all H100, 2026-12-06).  With key tiles of 64 at D = 64 the
+ * left alone (out of phase, likely, by part of a key tile) the two run
+ * fastest; the last three H100, 2026-12-06).  With key tiles of 64 at D = 64 the
  * products of a key tile take about as long as its exponentials, so two
  * blocks share an SM, one's softmax running while the other's products do; there a producer warp
  * would leave 96 registers a thread (18 warps: five on one of the SM's four
