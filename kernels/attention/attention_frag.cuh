@@ -432,8 +432,32 @@ template <int EXTRAS> struct frag_rule {
   }
 };
 
-/* EXTRAS_NONE: the scale alone.  A full tile's s stays raw (only the
- * maxima are scaled); elsewhere the key range's columns. */
+/* Bit i set where column 8i + c (key group i, parity c) lies in [a, a + n):
+ * a thread's columns of one parity on a tile of 8·NC keys, tested as bits. */
+template <int NC> static __device__ __forceinline__ uint32_t frag_col_bits(int a, int n, int c) {
+  const int lo = (a - c + 7) >> 3, hi = (a + n - c + 7) >> 3; /* a - c >= -7; hi <= NC */
+  if (NC < 32) return (1u << hi) - (1u << lo);
+  return (uint32_t)((1ull << hi) - (1ull << lo));
+}
+
+/* Whether the scale is positive (a tile whose rows all take all its keys then runs under the scale
+ * alone), as an integer test of the double's bits: the scale is finite (src/check.c), and a finite
+ * double is > 0 exactly when its bits, read as a signed 64-bit integer, are.  ptxas rematerialises
+ * a value it can recompute from the parameters rather than hold a register, and an f64 compare
+ * `p.scale > 0` became a DSETP at every key tile (an empty asm hid it from NVVM, not from ptxas).
+ * A DSETP waits for the pipe that Hopper's FP64 shares with the tensor cores: issued right after
+ * the products, it held the warp until they were done (13 % of the stall samples of the D = 64
+ * forward, 11.6 % at D = 128, H200 ncu); an integer compare runs on the ALU.  (`p.scale_f > 0.f`,
+ * the f32 scale, measured 0.95-1.00x this test: docs/perf/2026-11-30-scale-test-h200.json.) */
+static __device__ __forceinline__ bool frag_scale_positive(const fa_attn_problem &p) {
+  return __double_as_longlong(p.scale) > 0;
+}
+
+/* EXTRAS_NONE: the scale alone.  s stays raw under a positive scale (only
+ * the maxima are scaled; the exponent takes the scale); a partial tile's
+ * columns outside the rows' ranges go to -inf, tested as a bit a score
+ * (frag_col_bits), where an add, a compare and a multiply a score made the
+ * causal diagonal tile the key loop's slowest. */
 template <> struct frag_rule<EXTRAS_NONE> {
   template <int NC, bool = false, bool = false>
   static __device__ __forceinline__ bool apply(const fa_attn_problem &p, int64_t, int64_t, int64_t j0, int c2,
@@ -447,18 +471,26 @@ template <> struct frag_rule<EXTRAS_NONE> {
       *tmA = mA, *tmB = mB;
       return true;
     }
+    const bool raw = frag_scale_positive(p); /* else max(s)·scale is not the scores' max */
+    if (!raw)
+#pragma unroll
+      for (int n = 0; n < NC; n++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) s[n][q] *= scale;
     const frag_cols k = frag_cols_of<NC>(r, j0);
+    const uint32_t bA[2] = {frag_col_bits<NC>(k.aA, k.nA, c2), frag_col_bits<NC>(k.aA, k.nA, c2 + 1)};
+    const uint32_t bB[2] = {frag_col_bits<NC>(k.aB, k.nB, c2), frag_col_bits<NC>(k.aB, k.nB, c2 + 1)};
 #pragma unroll
     for (int n = 0; n < NC; n++)
 #pragma unroll
       for (int e = 0; e < 2; e++) {
-        const int col = n * 8 + c2 + e;
-        s[n][e] = (unsigned)(col - k.aA) < (unsigned)k.nA ? s[n][e] * scale : -INFINITY;
-        s[n][2 + e] = (unsigned)(col - k.aB) < (unsigned)k.nB ? s[n][2 + e] * scale : -INFINITY;
+        if (!((bA[e] >> n) & 1u)) s[n][e] = -INFINITY;
+        if (!((bB[e] >> n) & 1u)) s[n][2 + e] = -INFINITY;
       }
     frag_tile_max<NC>(s, &mA, &mB);
+    if (raw) mA *= scale, mB *= scale;
     *tmA = mA, *tmB = mB;
-    return false;
+    return raw;
   }
 };
 
@@ -743,19 +775,6 @@ static __device__ __forceinline__ void frag_store_staged(const attn_params &p, i
     if (row < left) *(uint4 *)(rows + row * os + ch * 8) = chunk[it];
   }
   frag_lse_store<NORMALIZED>(p, bh, lse, lane, r);
-}
-
-/* Whether the scale is positive (a tile whose rows all take all its keys then runs under the scale
- * alone), as an integer test of the double's bits: the scale is finite (src/check.c), and a finite
- * double is > 0 exactly when its bits, read as a signed 64-bit integer, are.  ptxas rematerialises
- * a value it can recompute from the parameters rather than hold a register, and an f64 compare
- * `p.scale > 0` became a DSETP at every key tile (an empty asm hid it from NVVM, not from ptxas).
- * A DSETP waits for the pipe that Hopper's FP64 shares with the tensor cores: issued right after
- * the products, it held the warp until they were done (13 % of the stall samples of the D = 64
- * forward, 11.6 % at D = 128, H200 ncu); an integer compare runs on the ALU.  (`p.scale_f > 0.f`,
- * the f32 scale, measured 0.95-1.00x this test: docs/perf/2026-11-30-scale-test-h200.json.) */
-static __device__ __forceinline__ bool frag_scale_positive(const fa_attn_problem &p) {
-  return __double_as_longlong(p.scale) > 0;
 }
 
 /* The key range of a query tile, in parts: the union of its rows'
