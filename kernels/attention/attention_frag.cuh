@@ -456,8 +456,9 @@ static __device__ __forceinline__ bool frag_scale_positive(const fa_attn_problem
 /* EXTRAS_NONE: the scale alone.  s stays raw under a positive scale (only
  * the maxima are scaled; the exponent takes the scale); a partial tile's
  * columns outside the rows' ranges go to -inf, tested as a bit a score
- * (frag_col_bits), where an add, a compare and a multiply a score made the
- * causal diagonal tile the key loop's slowest. */
+ * (frag_col_bits) instead of an add, a compare and a multiply a score
+ * (causal 0.985-0.998x the time, H100:
+ * docs/perf/2026-12-07-diag-tile-bits-h100.json). */
 template <> struct frag_rule<EXTRAS_NONE> {
   template <int NC, bool = false, bool = false>
   static __device__ __forceinline__ bool apply(const fa_attn_problem &p, int64_t, int64_t, int64_t j0, int c2,
