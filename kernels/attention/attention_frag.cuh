@@ -436,8 +436,8 @@ template <int EXTRAS> struct frag_rule {
  * a thread's columns of one parity on a tile of 8·NC keys, tested as bits. */
 template <int NC> static __device__ __forceinline__ uint32_t frag_col_bits(int a, int n, int c) {
   const int lo = (a - c + 7) >> 3, hi = (a + n - c + 7) >> 3; /* a - c >= -7; hi <= NC */
-  if (NC < 32) return (1u << hi) - (1u << lo);
-  return (uint32_t)((1ull << hi) - (1ull << lo));
+  if constexpr (NC < 32) return (1u << hi) - (1u << lo);
+  else return (uint32_t)((1ull << hi) - (1ull << lo)); /* 1u << 32 is undefined */
 }
 
 /* Whether the scale is positive (a tile whose rows all take all its keys then runs under the scale

@@ -364,6 +364,15 @@ function TestAttention:test_scale()
       return q, k, v, {scale = s}
     end, "scale " .. s)
   end
+  -- a scale of no sign or a negative one on partial key tiles (the causal
+  -- diagonal, a window's edges): the fast kernels scale s before the tile's
+  -- maximum there, where a positive scale leaves s raw
+  for _, s in ipairs({0, -0.7}) do
+    check_all_algos(function(dt)
+      local q, k, v = qkv(1, 2, 2, 37, 45, 16, 16, dt)
+      return q, k, v, {scale = s, causal = true, window = {9, -1}}
+    end, "scale " .. s .. " causal")
+  end
   -- default = 1/√D
   local q, k, v = qkv(1, 1, 1, 9, 9, 64, 64, "f32")
   for _, algo in ipairs(ALGOS) do
@@ -614,6 +623,7 @@ function TestAttention:test_fast_paths_head_dims()
         local cases = {
           {},
           {causal = true, scale = 0.3},
+          {causal = true, scale = -0.3},
           {causal = "top_left", kv_lens = {Lk - 9, 40}},
           {window = {20, 5}},
           {window = {7, -1}, causal = true},
