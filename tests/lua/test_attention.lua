@@ -604,6 +604,39 @@ end
 -- alone take the kernels' instances without mask code); fully masked rows;
 -- NaN and inf in V behind a causal mask reach only the rows that attend
 -- them.
+-- Causal rows ending on either side of a key tile's middle: on Hopper cuda a
+-- consumer warpgroup whose 64 rows all end within the first half of their
+-- query tile's last key tile (of 128) takes that tile's softmax and P·V on
+-- that half alone.  Key counts 64 either side of the query count move the
+-- rows' ends across the halves (two query tiles of 128 rows); the plain rule
+-- and, at D = 64, alibi and softcap take it.
+function TestAttention:test_causal_ends_across_half_tiles()
+  local Lq, dtype = 256, other_dtype()
+  for _, D in ipairs({64, 128}) do
+    for _, off in ipairs({-65, -64, -63, -1, 0, 1, 63, 64, 65, 127, 129}) do
+      local Lk = Lq + off
+      local q, k, v = qkv(1, 2, 1, Lq, Lk, D, D, dtype)
+      local what = ("%s D=%d Lq=%d Lk=%d"):format(dtype, D, Lq, Lk)
+      local cases = {
+        {causal = true},
+        {causal = "top_left"},
+        {causal = true, window = {100, -1}},
+        {causal = true, kv_lens = {Lk - 30}},
+        {causal = true, scale = -0.5},
+      }
+      if D == 64 then
+        cases[#cases + 1] = {causal = true, alibi = {0.5, 0.25}}
+        cases[#cases + 1] = {causal = "top_left", softcap = 3}
+      end
+      for _, opts in ipairs(cases) do
+        local o = U.copy_opts(opts)
+        o.algo, o.return_lse = "flash", true
+        U.check_attention(q, k, v, o, what .. " " .. desc(opts))
+      end
+    end
+  end
+end
+
 function TestAttention:test_fast_paths_head_dims()
   local B, Hq, Hkv = 2, 4, 2
   local function bmask(shape, p)
