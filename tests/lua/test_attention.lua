@@ -604,12 +604,13 @@ end
 -- alone take the kernels' instances without mask code); fully masked rows;
 -- NaN and inf in V behind a causal mask reach only the rows that attend
 -- them.
--- Causal rows ending on either side of a key tile's middle: on Hopper cuda a
--- consumer warpgroup whose 64 rows all end within the first half of their
--- query tile's last key tile (of 128) takes that tile's softmax and P·V on
--- that half alone.  Key counts 64 either side of the query count move the
--- rows' ends across the halves (two query tiles of 128 rows); the plain rule
--- and, at D = 64, alibi and softcap take it.
+-- Causal rows ending on either side of a key tile's middle: key counts 64
+-- either side of the query count (two query tiles of 128 rows) move where a
+-- consumer warpgroup's 64 rows end in their query tile's last key tile (of
+-- 128, the fast kernels' default at D = 64 and 128), first half or second,
+-- the boundary on which a kernel that skipped the unused half would turn
+-- (session 96 tried one: docs/perf/README.md); with windows, kv_lens, a
+-- negative scale and, at D = 64, alibi and softcap.
 function TestAttention:test_causal_ends_across_half_tiles()
   local Lq, dtype = 256, other_dtype()
   for _, D in ipairs({64, 128}) do

@@ -1,0 +1,54 @@
+-- Writes the outputs (and lse) of a fixed list of attention calls as .npy
+-- files into a folder, so that two builds of the engine can be compared
+-- byte for byte (sha256sum of both folders): a kernel change meant to leave
+-- every figure as it was (work skipped, not changed) shows as the same files.
+-- The calls are the fast kernels' partial key tiles: causal (bottom-right and
+-- top-left, Lq = Lk and not), windows, kv_lens, alibi and softcap, at head
+-- dims 64, 128 and 256, bf16 and f16, with lengths that are and are not
+-- multiples of the tiles.
+-- Usage: flashattn-lua scripts/probe_output_digest.lua DIR [--device cuda|cpu]
+local root = (arg and arg[0] or ""):match("^(.*)/scripts/[^/]*$") or "."
+package.path = root .. "/lua/?.lua;" .. package.path
+local fa = require "flashattn"
+
+local dir = arg[1]
+if not dir or dir:sub(1, 2) == "--" then
+  io.stderr:write("usage: probe_output_digest.lua DIR [--device cuda|cpu]\n")
+  os.exit(1)
+end
+local device = "cuda"
+for i = 2, #arg do
+  if arg[i] == "--device" then device = arg[i + 1] end
+end
+
+local rules = {
+  { "causal", { causal = true } },
+  { "top_left", { causal = "top_left" } },
+  { "window", { causal = true, window = { 200, -1 } } },
+  { "kv_lens", { causal = true, kv_lens = { 700, 777 } } },
+  { "alibi", { causal = true, alibi = { 0.5, 0.25, 0.125, 0.0625 } } },
+  { "softcap", { causal = true, softcap = 30 } },
+  { "plain", {} },
+}
+local shapes = { { 1024, 1024 }, { 1000, 1000 }, { 777, 1300 }, { 1300, 777 } }
+local n = 0
+for _, dt in ipairs { "bf16", "f16" } do
+  for _, D in ipairs { 64, 128, 256 } do
+    for si, sh in ipairs(shapes) do
+      local Lq, Lk = sh[1], sh[2]
+      local q = fa.randn({ 2, 4, Lq, D }, { dtype = dt, device = device, seed = 11 + si })
+      local k = fa.randn({ 2, 4, Lk, D }, { dtype = dt, device = device, seed = 21 + si })
+      local v = fa.randn({ 2, 4, Lk, D }, { dtype = dt, device = device, seed = 31 + si })
+      for _, rule in ipairs(rules) do
+        local opts = { algo = "flash", return_lse = true }
+        for key, val in pairs(rule[2]) do opts[key] = val end
+        local o, lse = fa.attention(q, k, v, opts)
+        local name = string.format("%s/%s-d%d-%dx%d-%s", dir, dt, D, Lq, Lk, rule[1])
+        fa.save(name .. "-o.npy", o:cpu())
+        fa.save(name .. "-lse.npy", lse:cpu())
+        n = n + 1
+      end
+    end
+  end
+end
+print(string.format("probe_output_digest: %d calls written to %s", n, dir))
