@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""The key loops of a library's kernels, from their SASS (cuobjdump -sass;
+on the GPU machine, which has it): for each function, the innermost loop
+that holds tensor-core products (HGMMA or HMMA), with its instruction count
+and the instructions that betray per-thread work ptxas could not keep on
+the uniform datapath: R2UR (a per-thread value moved to a uniform register,
+as a descriptor or barrier address needs), and the divergence guards BSSY,
+BRA.DIV and WARPSYNC.
+
+Session 96 found a trial's key loop at 824 instructions with 24 R2UR and a
+divergence guard where main's had 797 and none: its bound came from
+per-thread values, and D = 64's forward ran 10-14 % slower
+(docs/perf/2026-12-07-diag-half-tile-tried-h100.json).  This lists every
+kernel's loop in one table, so that such a loop shows without a benchmark.
+
+  python3 scripts/sass_loop_report.py LIB_OR_CUBIN... [--filter SUBSTRING] [--json FILE]
+  python3 scripts/sass_loop_report.py --sass FILE [...]
+"""
+import argparse
+import collections
+import json
+import re
+import subprocess
+import sys
+
+FUNC = re.compile(r"^\s*Function : (\S+)")
+INSN = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?);")
+BRANCH = re.compile(r"\bBRA(?:\.\w+)* (?:\S+, )?(0x[0-9a-f]+)")
+PRODUCT = re.compile(r"^(HGMMA|HMMA)")
+WATCH = ("R2UR", "BSSY", "BRA.DIV", "WARPSYNC", "MUFU.EX2", "HGMMA", "HMMA", "BAR", "SYNCS")
+
+
+def functions(lines):
+    """{name: [(address, instruction)]} from cuobjdump -sass text."""
+    out, name = {}, None
+    for line in lines:
+        m = FUNC.match(line)
+        if m:
+            name = m.group(1)
+            out[name] = []
+            continue
+        m = INSN.match(line)
+        if m and name:
+            out[name].append((int(m.group(1), 16), m.group(2).strip()))
+    return out
+
+
+def opcode(text):
+    return re.sub(r"^@!?U?P\w+\s+", "", text).split()[0]
+
+
+def key_loop(insns):
+    """(first, last) address of the smallest loop (a backward branch's span)
+    that holds a tensor-core product and an exponential (the softmax), else
+    of the smallest that holds a product; None without one.  (A retry stub
+    of an mbarrier wait, placed after the code, branches back into it: its
+    span can hold a product but rarely the whole softmax.)"""
+    products = [a for a, t in insns if PRODUCT.match(opcode(t))]
+    exps = [a for a, t in insns if opcode(t) == "MUFU.EX2"]
+    best, best_exp = None, None
+    for a, t in insns:
+        m = BRANCH.search(t)
+        if not m:
+            continue
+        target = int(m.group(1), 16)
+        if target >= a or not any(target <= p <= a for p in products):
+            continue
+        if best is None or a - target < best[1] - best[0]:
+            best = (target, a)
+        if any(target <= e <= a for e in exps) and (best_exp is None or a - target < best_exp[1] - best_exp[0]):
+            best_exp = (target, a)
+    return best_exp or best
+
+
+def report(name, insns):
+    span = key_loop(insns)
+    if span is None:
+        return None
+    body = [opcode(t) for a, t in insns if span[0] <= a <= span[1]]
+    count = collections.Counter()
+    for op in body:
+        for w in WATCH:
+            if op == w or op.startswith(w + "."):
+                count[w] += 1
+    return {"function": name, "loop": [hex(span[0]), hex(span[1])], "instructions": len(body),
+            **{w: count[w] for w in WATCH}}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("inputs", nargs="*", help="libraries or cubins (cuobjdump -sass is run on each)")
+    ap.add_argument("--sass", action="append", default=[], help="a cuobjdump -sass output file")
+    ap.add_argument("--filter", default="", help="only functions whose mangled name holds this")
+    ap.add_argument("--json", help="write the rows to this file")
+    args = ap.parse_args()
+    if not args.inputs and not args.sass:
+        ap.error("give a library, a cubin or --sass FILE")
+    texts = [open(f).read().splitlines() for f in args.sass]
+    for path in args.inputs:
+        run = subprocess.run(["cuobjdump", "-sass", path], capture_output=True, text=True)
+        if run.returncode != 0:
+            sys.exit(f"sass_loop_report: cuobjdump failed on {path}: {run.stderr.strip()}")
+        texts.append(run.stdout.splitlines())
+    rows = []
+    for lines in texts:
+        for name, insns in functions(lines).items():
+            if args.filter in name:
+                row = report(name, insns)
+                if row:
+                    rows.append(row)
+    print(f"{'instr':>6} {'R2UR':>5} {'BSSY':>5} {'DIV':>4} {'WSYNC':>5} {'EX2':>5} {'HGMMA':>6} {'HMMA':>5}  function")
+    for r in rows:
+        print(f"{r['instructions']:6d} {r['R2UR']:5d} {r['BSSY']:5d} {r['BRA.DIV']:4d} {r['WARPSYNC']:5d} "
+              f"{r['MUFU.EX2']:5d} {r['HGMMA']:6d} {r['HMMA']:5d}  {r['function']}")
+    if args.json:
+        json.dump(rows, open(args.json, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
