@@ -20,29 +20,12 @@ import argparse
 import collections
 import json
 import re
-import subprocess
-import sys
 
-FUNC = re.compile(r"^\s*Function : (\S+)")
-INSN = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?);")
+from sass_uniform_check import functions, listings
+
 BRANCH = re.compile(r"\bBRA(?:\.\w+)* (?:\S+, )?(0x[0-9a-f]+)")
 PRODUCT = re.compile(r"^(HGMMA|HMMA)")
 WATCH = ("R2UR", "BSSY", "BRA.DIV", "WARPSYNC", "MUFU.EX2", "HGMMA", "HMMA", "BAR", "SYNCS")
-
-
-def functions(lines):
-    """{name: [(address, instruction)]} from cuobjdump -sass text."""
-    out, name = {}, None
-    for line in lines:
-        m = FUNC.match(line)
-        if m:
-            name = m.group(1)
-            out[name] = []
-            continue
-        m = INSN.match(line)
-        if m and name:
-            out[name].append((int(m.group(1), 16), m.group(2).strip()))
-    return out
 
 
 def opcode(text):
@@ -91,19 +74,14 @@ def main():
     ap.add_argument("inputs", nargs="*", help="libraries or cubins (cuobjdump -sass is run on each)")
     ap.add_argument("--sass", action="append", default=[], help="a cuobjdump -sass output file")
     ap.add_argument("--filter", default="", help="only functions whose mangled name holds this")
+    ap.add_argument("--cuobjdump", default="cuobjdump")
     ap.add_argument("--json", help="write the rows to this file")
     args = ap.parse_args()
     if not args.inputs and not args.sass:
         ap.error("give a library, a cubin or --sass FILE")
-    texts = [open(f).read().splitlines() for f in args.sass]
-    for path in args.inputs:
-        run = subprocess.run(["cuobjdump", "-sass", path], capture_output=True, text=True)
-        if run.returncode != 0:
-            sys.exit(f"sass_loop_report: cuobjdump failed on {path}: {run.stderr.strip()}")
-        texts.append(run.stdout.splitlines())
     rows = []
-    for lines in texts:
-        for name, insns in functions(lines).items():
+    for lines in listings(args.inputs, args.sass, args.cuobjdump):
+        for name, insns in functions(lines, addresses=True):
             if args.filter in name:
                 row = report(name, insns)
                 if row:

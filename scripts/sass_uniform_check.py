@@ -20,7 +20,7 @@ import subprocess
 import sys
 
 FUNC = re.compile(r"^\s*Function : (\S+)")
-INSN = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(.*?);")
+INSN = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?);")
 UREG = re.compile(r"\bUR(\d+)\b")
 
 
@@ -60,7 +60,9 @@ def check_function(name, insns):
     return [(n, t) for n, t in reads if n not in written]
 
 
-def functions(lines):
+def functions(lines, addresses=False):
+    """(name, instructions) for each function of a cuobjdump -sass listing;
+    with addresses, each instruction as (address, text)."""
     name, insns = None, []
     for line in lines:
         m = FUNC.match(line)
@@ -71,9 +73,18 @@ def functions(lines):
             continue
         m = INSN.match(line)
         if m and name:
-            insns.append(m.group(1).strip())
+            insns.append((int(m.group(1), 16), m.group(2).strip()) if addresses else m.group(2).strip())
     if name:
         yield name, insns
+
+
+def listings(files, sass, cuobjdump="cuobjdump"):
+    """The lines of each listing: the files given as listings, then those
+    disassembled by cuobjdump -sass."""
+    out = [open(f, errors="replace").read().splitlines() for f in sass]
+    for f in files:
+        out.append(subprocess.run([cuobjdump, "-sass", f], check=True, capture_output=True, text=True).stdout.splitlines())
+    return out
 
 
 def main():
@@ -83,14 +94,10 @@ def main():
     ap.add_argument("--filter", default="", help="only functions whose mangled name holds this")
     ap.add_argument("--cuobjdump", default="cuobjdump")
     a = ap.parse_args()
-    listings = [open(f, errors="replace").read().splitlines() for f in a.sass]
-    for f in a.files:
-        out = subprocess.run([a.cuobjdump, "-sass", f], check=True, capture_output=True, text=True).stdout
-        listings.append(out.splitlines())
-    if not listings:
+    if not a.files and not a.sass:
         ap.error("give a library, a cubin or --sass")
     checked, bad = 0, 0
-    for lines in listings:
+    for lines in listings(a.files, a.sass, a.cuobjdump):
         for name, insns in functions(lines):
             if a.filter not in name:
                 continue
