@@ -1,0 +1,82 @@
+"""scripts/sass_loop_report.py on synthetic cuobjdump -sass listings: the key loop is the smallest
+backward branch's span holding a product and an exponential (not a retry stub's branch back into
+it, which holds a product alone), its R2UR and divergence guards are counted, a function without a
+product is left out, --filter keeps to matching names, --json writes the rows, and no listing is an
+error."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "scripts", "sass_loop_report.py")
+failures = 0
+
+
+def listing(name, insns):
+    """A cuobjdump -sass function block, each instruction 16 bytes on from the last."""
+    out = ["", f"\t\tFunction : {name}", "\t.headerflags\t@\"EF_CUDA_SM90 EF_CUDA_VIRTUAL_SM(EF_CUDA_SM90)\""]
+    for i, text in enumerate(insns):
+        out.append(f"        /*{i * 16:04x}*/                   {text} ;   /* 0x000000000000000000 */")
+        out.append("                                                    /* 0x000fe20000000f00 */")
+    return out
+
+
+def run(lines, *args):
+    with tempfile.NamedTemporaryFile("w", suffix=".sass", delete=False) as f:
+        f.write("\n".join(lines) + "\n")
+    try:
+        r = subprocess.run([sys.executable, SCRIPT, "--sass", f.name, *args], capture_output=True, text=True)
+    finally:
+        os.unlink(f.name)
+    return r.returncode, r.stdout + r.stderr
+
+
+def expect(what, cond, out=""):
+    global failures
+    if not cond:
+        failures += 1
+        print(f"FAIL {what}\n{out}")
+
+
+# 0x0000 prologue; the loop 0x0010 .. 0x0090 (its branch back at 0x0090); after it a retry stub at
+# 0x00b0 that branches back to 0x0070, a shorter span holding the second product but no exponential
+loop = listing("_Z4loopv", [
+    "MOV R1, RZ",                                           # 0x00
+    "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R2",         # 0x10 loop head
+    "@!P0 BRA 0xb0",                                        # 0x20
+    "R2UR UR20, R10",                                       # 0x30
+    "HGMMA.64x128x16.F32.BF16 R24, R152, gdesc[UR20], RZ",  # 0x40
+    "MUFU.EX2 R5, R6",                                      # 0x50
+    "BSSY B0, 0x80",                                        # 0x60
+    "HGMMA.64x64x16.F32.BF16 R88, R120, gdesc[UR20], R88",  # 0x70
+    "ISETP.NE.AND P1, PT, R3, R4, PT",                      # 0x80
+    "@P1 BRA 0x10",                                         # 0x90 loop back
+    "EXIT",                                                 # 0xa0
+    "BRA 0x70",                                             # 0xb0 the retry stub's way back
+])
+plain = listing("_Z5plainv", ["MOV R1, RZ", "EXIT"])
+
+rc, out = run(loop)
+row = [l for l in out.splitlines() if "_Z4loopv" in l]
+expect("one row for the loop", rc == 0 and len(row) == 1, out)
+if row:
+    f = row[0].split()
+    # instr R2UR BSSY DIV WSYNC EX2 HGMMA HMMA
+    expect("the loop's span is 0x10 .. 0x90 (9 instructions)", f[0] == "9", out)
+    expect("one R2UR, one BSSY, one exponential, two products", f[1:8] == ["1", "1", "0", "0", "1", "2", "0"], out)
+rc, out = run(loop + plain)
+expect("a function without a product is left out", rc == 0 and "_Z5plainv" not in out, out)
+rc, out = run(loop, "--filter", "nothing")
+expect("--filter keeps to matching names", rc == 0 and "_Z4loopv" not in out, out)
+with tempfile.TemporaryDirectory() as d:
+    path = os.path.join(d, "rows.json")
+    rc, out = run(loop, "--json", path)
+    rows = json.load(open(path)) if os.path.exists(path) else []
+    expect("--json writes the rows", rc == 0 and len(rows) == 1 and rows[0]["loop"] == ["0x10", "0x90"]
+           and rows[0]["R2UR"] == 1, out)
+r = subprocess.run([sys.executable, SCRIPT], capture_output=True, text=True)
+expect("no listing is an error", r.returncode != 0 and "give a library" in r.stderr, r.stderr)
+print(f"test_sass_loop_report: {failures} failures")
+sys.exit(1 if failures else 0)
