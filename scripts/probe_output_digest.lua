@@ -11,14 +11,15 @@ local root = (arg and arg[0] or ""):match("^(.*)/scripts/[^/]*$") or "."
 package.path = root .. "/lua/?.lua;" .. package.path
 local fa = require "flashattn"
 
-local dir = arg[1]
-if not dir or dir:sub(1, 2) == "--" then
+local function usage()
   io.stderr:write("usage: probe_output_digest.lua DIR [--device cuda|cpu]\n")
   os.exit(1)
 end
-local device = "cuda"
-for i = 2, #arg do
-  if arg[i] == "--device" then device = arg[i + 1] end
+local dir, device = arg[1], "cuda"
+if not dir or dir:sub(1, 2) == "--" then usage() end
+if arg[2] then
+  if arg[2] ~= "--device" or (arg[3] ~= "cuda" and arg[3] ~= "cpu") or arg[4] then usage() end
+  device = arg[3]
 end
 
 local rules = {

@@ -13,7 +13,7 @@ per-thread values, and D = 64's forward ran 10-14 % slower
 (docs/perf/2026-12-07-diag-half-tile-tried-h100.json).  This lists every
 kernel's loop in one table, so that such a loop shows without a benchmark.
 
-  python3 scripts/sass_loop_report.py LIB_OR_CUBIN... [--filter SUBSTRING] [--json FILE]
+  python3 scripts/sass_loop_report.py LIB_OR_CUBIN... [--filter SUBSTRING] [--json FILE] [--cuobjdump PATH]
   python3 scripts/sass_loop_report.py --sass FILE [...]
 """
 import argparse
@@ -21,7 +21,7 @@ import collections
 import json
 import re
 
-from sass_uniform_check import functions, listings
+from sass_uniform_check import functions, listing_arguments, listings
 
 BRANCH = re.compile(r"\bBRA(?:\.\w+)* (?:\S+, )?(0x[0-9a-f]+)")
 PRODUCT = re.compile(r"^(HGMMA|HMMA)")
@@ -38,8 +38,9 @@ def key_loop(insns):
     of the smallest that holds a product; None without one.  (A retry stub
     of an mbarrier wait, placed after the code, branches back into it: its
     span can hold a product but rarely the whole softmax.)"""
-    products = [a for a, t in insns if PRODUCT.match(opcode(t))]
-    exps = [a for a, t in insns if opcode(t) == "MUFU.EX2"]
+    ops = [(a, opcode(t)) for a, t in insns]
+    products = [a for a, op in ops if PRODUCT.match(op)]
+    exps = [a for a, op in ops if op == "MUFU.EX2"]
     best, best_exp = None, None
     for a, t in insns:
         m = BRANCH.search(t)
@@ -71,27 +72,21 @@ def report(name, insns):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("inputs", nargs="*", help="libraries or cubins (cuobjdump -sass is run on each)")
-    ap.add_argument("--sass", action="append", default=[], help="a cuobjdump -sass output file")
-    ap.add_argument("--filter", default="", help="only functions whose mangled name holds this")
-    ap.add_argument("--cuobjdump", default="cuobjdump")
+    listing_arguments(ap)
     ap.add_argument("--json", help="write the rows to this file")
-    args = ap.parse_args()
-    if not args.inputs and not args.sass:
-        ap.error("give a library, a cubin or --sass FILE")
+    a = ap.parse_args()
     rows = []
-    for lines in listings(args.inputs, args.sass, args.cuobjdump):
+    for lines in listings(ap, a):
         for name, insns in functions(lines, addresses=True):
-            if args.filter in name:
-                row = report(name, insns)
-                if row:
-                    rows.append(row)
+            row = report(name, insns) if a.filter in name else None
+            if row:
+                rows.append(row)
     print(f"{'instr':>6} {'R2UR':>5} {'BSSY':>5} {'DIV':>4} {'WSYNC':>5} {'EX2':>5} {'HGMMA':>6} {'HMMA':>5}  function")
     for r in rows:
         print(f"{r['instructions']:6d} {r['R2UR']:5d} {r['BSSY']:5d} {r['BRA.DIV']:4d} {r['WARPSYNC']:5d} "
               f"{r['MUFU.EX2']:5d} {r['HGMMA']:6d} {r['HMMA']:5d}  {r['function']}")
-    if args.json:
-        json.dump(rows, open(args.json, "w"), indent=1)
+    if a.json:
+        json.dump(rows, open(a.json, "w"), indent=1)
 
 
 if __name__ == "__main__":

@@ -78,26 +78,31 @@ def functions(lines, addresses=False):
         yield name, insns
 
 
-def listings(files, sass, cuobjdump="cuobjdump"):
-    """The lines of each listing: the files given as listings, then those
-    disassembled by cuobjdump -sass."""
-    out = [open(f, errors="replace").read().splitlines() for f in sass]
-    for f in files:
-        out.append(subprocess.run([cuobjdump, "-sass", f], check=True, capture_output=True, text=True).stdout.splitlines())
+def listing_arguments(ap):
+    """A listing reader's arguments: libraries or cubins, --sass, --filter, --cuobjdump."""
+    ap.add_argument("files", nargs="*", help="libraries or cubins, disassembled by cuobjdump -sass")
+    ap.add_argument("--sass", action="append", default=[], help="a cuobjdump -sass listing already made")
+    ap.add_argument("--filter", default="", help="only functions whose mangled name holds this")
+    ap.add_argument("--cuobjdump", default="cuobjdump")
+
+
+def listings(ap, a):
+    """The lines of each listing listing_arguments named: the --sass files, then the libraries and
+    cubins disassembled; none is a usage error."""
+    if not a.files and not a.sass:
+        ap.error("give a library, a cubin or --sass")
+    out = [open(f, errors="replace").read().splitlines() for f in a.sass]
+    for f in a.files:
+        out.append(subprocess.run([a.cuobjdump, "-sass", f], check=True, capture_output=True, text=True).stdout.splitlines())
     return out
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("files", nargs="*", help="libraries or cubins, disassembled by cuobjdump -sass")
-    ap.add_argument("--sass", action="append", default=[], help="a cuobjdump -sass listing already made")
-    ap.add_argument("--filter", default="", help="only functions whose mangled name holds this")
-    ap.add_argument("--cuobjdump", default="cuobjdump")
+    listing_arguments(ap)
     a = ap.parse_args()
-    if not a.files and not a.sass:
-        ap.error("give a library, a cubin or --sass")
     checked, bad = 0, 0
-    for lines in listings(a.files, a.sass, a.cuobjdump):
+    for lines in listings(ap, a):
         for name, insns in functions(lines):
             if a.filter not in name:
                 continue

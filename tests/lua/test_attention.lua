@@ -596,14 +596,6 @@ function TestAttention:test_return_lse_shapes()
   end
 end
 
--- "flash" and "two_pass" at D = Dv = 64 and 128 with the default tile, in
--- f32 and one other dtype (on cuda the fast kernels: register-tiled f32,
--- kernels/attention/attention_f32.cu, and tensor cores for f16/bf16, each with the two
--- passes of two_pass): sizes that are not multiples of their tiles, Lq below
--- and above Lk, GQA (Hq = 4, Hkv = 2), lse, every option (softcap and alibi
--- alone take the kernels' instances without mask code); fully masked rows;
--- NaN and inf in V behind a causal mask reach only the rows that attend
--- them.
 -- Causal rows ending on either side of a key tile's middle: key counts 64
 -- either side of the query count (two query tiles of 128 rows) move where a
 -- consumer warpgroup's 64 rows end in their query tile's last key tile (of
@@ -638,6 +630,14 @@ function TestAttention:test_causal_ends_across_half_tiles()
   end
 end
 
+-- "flash" and "two_pass" at D = Dv = 64 and 128 with the default tile, in
+-- f32 and one other dtype (on cuda the fast kernels: register-tiled f32,
+-- kernels/attention/attention_f32.cu, and tensor cores for f16/bf16, each with the two
+-- passes of two_pass): sizes that are not multiples of their tiles, Lq below
+-- and above Lk, GQA (Hq = 4, Hkv = 2), lse, every option (softcap and alibi
+-- alone take the kernels' instances without mask code); fully masked rows;
+-- NaN and inf in V behind a causal mask reach only the rows that attend
+-- them.
 function TestAttention:test_fast_paths_head_dims()
   local B, Hq, Hkv = 2, 4, 2
   local function bmask(shape, p)

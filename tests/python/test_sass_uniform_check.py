@@ -5,31 +5,16 @@ registers reads only B's descriptor, --filter keeps to matching names, and no li
 import os
 import subprocess
 import sys
-import tempfile
+
+from sass_listing import listing, run_on
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "scripts", "sass_uniform_check.py")
 failures = 0
 
 
-def listing(name, insns):
-    """A cuobjdump -sass function block: its header, each instruction with an address and the
-    encoding comments, as cuobjdump writes them."""
-    out = ["", f"\t\tFunction : {name}", "\t.headerflags\t@\"EF_CUDA_SM90 EF_CUDA_VIRTUAL_SM(EF_CUDA_SM90)\""]
-    for i, text in enumerate(insns):
-        out.append(f"        /*{i * 16:04x}*/                   {text} ;   /* 0x000000000000000000 */")
-        out.append("                                                    /* 0x000fe20000000f00 */")
-    return out
-
-
 def check(lines, *args):
-    with tempfile.NamedTemporaryFile("w", suffix=".sass", delete=False) as f:
-        f.write("\n".join(lines) + "\n")
-    try:
-        r = subprocess.run([sys.executable, SCRIPT, "--sass", f.name, *args], capture_output=True, text=True)
-    finally:
-        os.unlink(f.name)
-    return r.returncode, r.stdout
+    return run_on(SCRIPT, lines, *args)
 
 
 def expect(what, cond, out=""):

@@ -1,0 +1,27 @@
+"""Synthetic cuobjdump -sass listings for the tests of scripts/sass_*.py, and a run of such a
+script on one."""
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def listing(name, insns):
+    """A cuobjdump -sass function block: its header, each instruction 16 bytes on from the last
+    with the encoding comments, as cuobjdump writes them."""
+    out = ["", f"\t\tFunction : {name}", "\t.headerflags\t@\"EF_CUDA_SM90 EF_CUDA_VIRTUAL_SM(EF_CUDA_SM90)\""]
+    for i, text in enumerate(insns):
+        out.append(f"        /*{i * 16:04x}*/                   {text} ;   /* 0x000000000000000000 */")
+        out.append("                                                    /* 0x000fe20000000f00 */")
+    return out
+
+
+def run_on(script, lines, *args):
+    """(exit status, stdout + stderr) of `script --sass FILE args...`, FILE holding lines."""
+    with tempfile.NamedTemporaryFile("w", suffix=".sass", delete=False) as f:
+        f.write("\n".join(lines) + "\n")
+    try:
+        r = subprocess.run([sys.executable, script, "--sass", f.name, *args], capture_output=True, text=True)
+    finally:
+        os.unlink(f.name)
+    return r.returncode, r.stdout + r.stderr
