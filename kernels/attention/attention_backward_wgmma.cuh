@@ -519,7 +519,17 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
       if (t + 1 < qt.count) stage(t + 1, s ^ 1, &all_next, 3); /* the next tile's copies fly while this one computes */
       cp_async_commit();
       if (attn_rule<PROB>::tiles && state == FA_BLOCK_EMPTY && other == FA_BLOCK_EMPTY) continue; /* the whole block's */
-      const uint32_t q_base = q_tile(s), do_base = q_base + QT;
+      /* the deterministic TMA instances of the plain rule (those measured): the stage's base through a shuffle
+       * from lane `held` (0 at run time; every lane holds the same value).  ptxas kept qs_base in a per-thread
+       * register and moved each k-step's descriptor to the uniform datapath by R2UR, two a product (74 in the
+       * D = 128 instance, 0 in its loop after); a shuffle's result it moves once (from lane 0 it dropped the
+       * shuffle as a no-op).  Deterministic calls 0.979-0.990x the time at D = 128, 0.990-0.995x at D = 64,
+       * 0.993-0.997x at D = 96; in the default instances the same change, here or at the tile's top, cost
+       * 1.01-1.04x, so they keep the R2UR form (H100, bf16 and f16,
+       * docs/perf/2026-12-07-backward-stage-base-h100.json) */
+      constexpr bool Q_SHUFFLED = FIXED && TMA && EXTRAS == EXTRAS_NONE;
+      const uint32_t q_base = Q_SHUFFLED ? __shfl_sync(0xffffffffu, q_tile(s), (int)held) : q_tile(s);
+      const uint32_t do_base = q_base + QT;
       float sc[NC][4], dp[NC][4];
       wgmma_fence();
       if constexpr (KREG) wgmma_rs_kmajor<T, DG, BR>(&sc[0][0], ka, q_base); /* Sᵀ = K·Qᵀ */
