@@ -325,8 +325,12 @@ __device__ void bwm_variant_rows(const fa_attn_problem &p, int64_t b, int64_t hk
 
 /* The query tiles of the dK/dV block of keys [j0, j1) of KV head hk in
  * batch b, BR rows a tile (called by the whole block); EXTRAS_VARIANT:
- * narrowed to the rows of mask_mod's nonempty tiles (bwm_variant_rows). */
-template <int EXTRAS = EXTRAS_NONE>
+ * narrowed to the rows of mask_mod's nonempty tiles (bwm_variant_rows).
+ * SHUFFLED: the span read through shuffles from lane 0, which ptxas knows
+ * give every lane of the warp the same value; read from shared memory it is
+ * a per-thread value to ptxas, and so is all the index work of the loop over
+ * the tiles (bwg_dkdv_kernel's SPAN_SHUFFLED says where it paid). */
+template <int EXTRAS = EXTRAS_NONE, bool SHUFFLED = false>
 static __device__ bwm_qtiles bwm_qtiles_meeting(const fa_attn_problem &p, int64_t b, int64_t hk, int64_t j0,
                                                 int64_t j1, int BR) {
   __shared__ int64_t span[2];
@@ -338,8 +342,14 @@ static __device__ bwm_qtiles bwm_qtiles_meeting(const fa_attn_problem &p, int64_
   __syncthreads();
   if constexpr (EXTRAS == EXTRAS_VARIANT) bwm_variant_rows(p, b, hk, j0, j1, span);
   bwm_qtiles qt; /* from span in shared memory: from copies in registers, ptxas spilled 140-200 bytes in the loop */
-  qt.h0 = hk * (p.Hq / p.Hkv), qt.i0 = span[0] / BR * BR;
-  qt.n = span[1] > span[0] ? (span[1] - qt.i0 + BR - 1) / BR : 0, qt.count = p.Hq / p.Hkv * qt.n;
+  if constexpr (SHUFFLED) {
+    const int64_t s0 = __shfl_sync(0xffffffffu, span[0], 0), s1 = __shfl_sync(0xffffffffu, span[1], 0);
+    qt.h0 = hk * (p.Hq / p.Hkv), qt.i0 = s0 / BR * BR;
+    qt.n = s1 > s0 ? (s1 - qt.i0 + BR - 1) / BR : 0, qt.count = p.Hq / p.Hkv * qt.n;
+  } else { /* the reads as they were: through copies here too, ptxas scheduled these instances otherwise */
+    qt.h0 = hk * (p.Hq / p.Hkv), qt.i0 = span[0] / BR * BR;
+    qt.n = span[1] > span[0] ? (span[1] - qt.i0 + BR - 1) / BR : 0, qt.count = p.Hq / p.Hkv * qt.n;
+  }
   /* t < count < 2^31 (Hq·Lq rows of Q past 2^37 would be 16 TB); l = ceil(log2 n), mul = ceil(2^(31+l) / n) < 2^32:
    * the product's excess over t / n is below t / 2^(31+l) < 1 / n, so its floor is t / n's */
   const int l = qt.n > 1 ? 32 - __clz((unsigned)(qt.n - 1)) : 0;

@@ -423,7 +423,13 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
                                                       p.Lk);
     }
     FA_TIMELINE_MARK(5);
-    const bwm_qtiles qt = bwm_qtiles_meeting<EXTRAS>(p, b, hk, j0, j1, BR);
+    /* the span by shuffles (bwm_qtiles_meeting) in the default's fused instances but D = 64's with a mask or
+     * score rule: with the rules 0.71-0.94x the time at D = 128 (float mask 0.71, softcap 0.90, alibi 0.94),
+     * 0.78-0.92x at D = 96, while D = 64's took 1.05-1.19x (12 -> 44 bytes of spills); the plain rule's and the
+     * Lua variants' 0.978-1.005x (H100, bf16, L = 4k; docs/perf/2026-12-07-backward-span-shuffle-h100.json).  The
+     * deterministic (FIXED, WALK) and two-kernel instances were not measured with it */
+    constexpr bool SPAN_SHUFFLED = DQ && !WALK && !FIXED && !(DG == 64 && EXTRAS == EXTRAS_MASK);
+    const bwm_qtiles qt = bwm_qtiles_meeting<EXTRAS, SPAN_SHUFFLED>(p, b, hk, j0, j1, BR);
     FA_TIMELINE_MARK(6);
     /* DQ: the blocks of one head start their walk at different query tiles
      * (and wrap around), spread over the walk by their key tile: all
