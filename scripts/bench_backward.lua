@@ -34,6 +34,8 @@ local function parse(argv)
   p:option("--ds", "comma list of head dims"):convert(sweep.list_arg("--ds", true))
   p:option("--ls", "comma list of sequence lengths"):convert(sweep.list_arg("--ls", true))
   p:flag("--extras", "also the score rules beyond causal (alibi, softcap, masks, window, Lua variants) at D = 128, L = 4096")
+  p:option("--extras-ds", "comma list of head dims for the --extras rows (implies --extras; default 128, 32 on the CPU)")
+   :convert(sweep.list_arg("--extras-ds", true))
   p:option("--check-max-l", "check shapes up to this L against the f64 reference")
    :convert(sweep.integer_arg(0, "--check-max-l")):default("2048")
   return sweep.parse_args(p, argv, NAME)
@@ -113,8 +115,9 @@ end
 -- engine alone: the peers' backward takes no alibi or softcap): extras[i].plain_ratio = its time /
 -- the plain time.
 local extras = {}
-if args.extras then
-  local D, L = cuda and 128 or 32, cuda and 4096 or 256
+-- one head dim's rules, each against that dim's plain call
+local function extras_at(D)
+  local L = cuda and 4096 or 256
   local B, H = math.max(1, TOKENS // L), HD // D
   local dtype = "bf16"
   local function randn(s, shape) return fa.randn(shape or { B, H, L, D }, { dtype = dtype, device = dev, seed = s }) end
@@ -159,6 +162,10 @@ if args.extras then
     print(("  %-24s %9.3f ms  x plain time %.2f"):format(name, ms, row.plain_ratio))
     o:free(); lse:free()
   end
+  for _, t in ipairs({ q, k, v, dout, slopes_t, bmask, doc }) do t:free() end
+end
+if args.extras or args.extras_ds then
+  for _, D in ipairs(args.extras_ds or { cuda and 128 or 32 }) do extras_at(D) end
 end
 
 if args.json then
