@@ -158,8 +158,18 @@ local function extras_at(D)
     end)
     plain_ms = plain_ms or ms
     local row = { rule = name, dtype = dtype, B = B, H = H, L = L, D = D, ms = ms, plain_ratio = ms / plain_ms }
+    -- the built-in rules' deterministic call too (the Lua variants' takes another schedule: not timed here)
+    if not (opts.score_mod or opts.mask_mod) then
+      local dopts = { deterministic = true }
+      for key, val in pairs(opts) do dopts[key] = val end
+      row.deterministic_ms = time_ms(function()
+        local a, b, c = fa.attention_backward(q, k, v, o, lse, dout, dopts)
+        a:free(); b:free(); c:free()
+      end)
+    end
     extras[#extras + 1] = row
-    print(("  %-24s %9.3f ms  x plain time %.2f"):format(name, ms, row.plain_ratio))
+    print(("  %-24s %9.3f ms  x plain time %.2f%s"):format(name, ms, row.plain_ratio,
+      row.deterministic_ms and ("  deterministic %9.3f ms"):format(row.deterministic_ms) or ""))
     o:free(); lse:free()
   end
   for _, t in ipairs({ q, k, v, dout, slopes_t, bmask, doc }) do t:free() end
