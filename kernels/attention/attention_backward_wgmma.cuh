@@ -425,9 +425,11 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
     FA_TIMELINE_MARK(5);
     /* the span by shuffles (bwm_qtiles_meeting) in the default's fused instances but D = 64's with a mask or
      * score rule: with the rules 0.71-0.94x the time at D = 128 (float mask 0.71, softcap 0.90, alibi 0.94),
-     * 0.78-0.92x at D = 96, while D = 64's took 1.05-1.19x (12 -> 44 bytes of spills); the plain rule's and the
-     * Lua variants' 0.978-1.005x (H100, bf16, L = 4k; docs/perf/2026-12-07-backward-span-shuffle-h100.json).  The
-     * deterministic (FIXED, WALK) and two-kernel instances were not measured with it */
+     * 0.78-0.92x at D = 96, while D = 64's took 1.05-1.19x (its cp.async form also spilled, 12 -> 44 bytes); the
+     * plain rule's and the Lua variants' 0.978-1.005x (H100, bf16, L = 4k;
+     * docs/perf/2026-12-07-backward-span-shuffle-h100.json).  The deterministic (FIXED) instances were mixed with
+     * it (float mask 0.85-0.98x, alibi at D = 128 1.06x, the plain rule up to 1.01x:
+     * docs/perf/2026-12-07-backward-span-deterministic-tried-h100.json); WALK and the two kernels not measured */
     constexpr bool SPAN_SHUFFLED = DQ && !WALK && !FIXED && !(DG == 64 && EXTRAS == EXTRAS_MASK);
     const bwm_qtiles qt = bwm_qtiles_meeting<EXTRAS, SPAN_SHUFFLED>(p, b, hk, j0, j1, BR);
     FA_TIMELINE_MARK(6);
