@@ -510,8 +510,11 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
      * and rows are in, and every warp is past the last tile, so stage s ^ 1
      * (and the dSᵀ tile) may be written again. */
     bool landed = false; /* DQ: this tile's copies waited for and fenced at the end of the last one */
+    /* Q_SHUFFLED (below): the stage's base through a shuffle, at D = 96 at the tile's top (Q_TOP) */
+    constexpr bool Q_SHUFFLED = FIXED && TMA && EXTRAS == EXTRAS_NONE, Q_TOP = Q_SHUFFLED && DG == 96;
     for (int64_t t = 0; t < qt.count; t++) {
       const int s = (int)(t & 1);
+      const uint32_t q_top = Q_TOP ? __shfl_sync(0xffffffffu, q_tile(s), (int)held) : 0u;
       if (!landed) { /* TMA: K and V, before the first tile */
         if constexpr (KV_TMA) mbar_wait(kv_bar, 0);
         cp_async_wait<0>();
@@ -531,12 +534,13 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
        * from lane `held` (0 at run time; every lane holds the same value).  ptxas kept qs_base in a per-thread
        * register and moved each k-step's descriptor to the uniform datapath by R2UR, two a product (74 in the
        * D = 128 instance, 0 in its loop after); a shuffle's result it moves once (from lane 0 it dropped the
-       * shuffle as a no-op).  Deterministic calls 0.979-0.990x the time at D = 128, 0.990-0.995x at D = 64,
-       * 0.993-0.997x at D = 96; in the default instances the same change, here or at the tile's top, cost
-       * 1.01-1.04x, so they keep the R2UR form (H100, bf16 and f16,
-       * docs/perf/2026-12-07-backward-stage-base-h100.json) */
-      constexpr bool Q_SHUFFLED = FIXED && TMA && EXTRAS == EXTRAS_NONE;
-      const uint32_t q_base = Q_SHUFFLED ? __shfl_sync(0xffffffffu, q_tile(s), (int)held) : q_tile(s);
+       * shuffle as a no-op).  Deterministic calls 0.979-0.990x the time at D = 128, 0.990-0.995x at D = 64; at
+       * D = 96 0.993-0.997x here, 0.982-0.990x with the shuffle at the tile's top (Q_TOP); in the default
+       * instances the same change, here or at the tile's top, cost 1.01-1.04x, so they keep the R2UR form (H100,
+       * bf16 and f16, docs/perf/2026-12-07-backward-stage-base-h100.json) */
+      const uint32_t q_base = Q_TOP        ? q_top
+                              : Q_SHUFFLED ? __shfl_sync(0xffffffffu, q_tile(s), (int)held)
+                                           : q_tile(s);
       const uint32_t do_base = q_base + QT;
       float sc[NC][4], dp[NC][4];
       wgmma_fence();
