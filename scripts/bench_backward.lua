@@ -19,6 +19,9 @@
 --   build-gpu/flashattn-lua scripts/bench_backward.lua --json out/backward.json
 --   python3 scripts/peers_backward.py --engine out/backward.json --json out/backward_peers.json --commit C
 -- Smoke test on the CPU (small sizes): build/flashattn-lua scripts/bench_backward.lua --device cpu --quick
+-- --extras (or --extras-ds 64,96,128): the score rules at L = 4096 (D = 128 unless --extras-ds names
+-- others), each row's time against its head dim's plain call and, for the built-in rules, the
+-- deterministic call's time (deterministic_ms) as well.
 local root = (arg and arg[0] or ""):match("^(.*)/scripts/[^/]*$") or "."
 package.path = root .. "/lua/?.lua;" .. package.path
 local fa = require "flashattn"
@@ -33,7 +36,7 @@ local function parse(argv)
   p:option("--dtypes", "comma list of dtypes"):default("bf16")
   p:option("--ds", "comma list of head dims"):convert(sweep.list_arg("--ds", true))
   p:option("--ls", "comma list of sequence lengths"):convert(sweep.list_arg("--ls", true))
-  p:flag("--extras", "also the score rules beyond causal (alibi, softcap, masks, window, Lua variants) at D = 128, L = 4096")
+  p:flag("--extras", "also the score rules beyond causal (alibi, softcap, masks, window, Lua variants), L = 4096")
   p:option("--extras-ds", "comma list of head dims for the --extras rows (implies --extras; default 128, 32 on the CPU)")
    :convert(sweep.list_arg("--extras-ds", true))
   p:option("--check-max-l", "check shapes up to this L against the f64 reference")
