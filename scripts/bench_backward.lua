@@ -118,6 +118,12 @@ end
 -- engine alone: the peers' backward takes no alibi or softcap): extras[i].plain_ratio = its time /
 -- the plain time.
 local extras = {}
+-- opts with key set to val, opts left as it is
+local function with_opt(opts, key, val)
+  local t = { [key] = val }
+  for k2, v2 in pairs(opts) do if k2 ~= key then t[k2] = v2 end end
+  return t
+end
 -- one head dim's rules, each against that dim's plain call
 local function extras_at(D)
   local L = cuda and 4096 or 256
@@ -151,10 +157,7 @@ local function extras_at(D)
   print(("extras: bf16, B = %d, H = %d, L = %d, D = %d"):format(B, H, L, D))
   for _, r in ipairs(rules) do
     local name, opts = r[1], r[2]
-    local fo = {}
-    for key, val in pairs(opts) do fo[key] = val end
-    fo.return_lse = true
-    local o, lse = fa.attention(q, k, v, fo)
+    local o, lse = fa.attention(q, k, v, with_opt(opts, "return_lse", true))
     local ms = time_ms(function()
       local a, b, c = fa.attention_backward(q, k, v, o, lse, dout, opts)
       a:free(); b:free(); c:free()
@@ -163,8 +166,7 @@ local function extras_at(D)
     local row = { rule = name, dtype = dtype, B = B, H = H, L = L, D = D, ms = ms, plain_ratio = ms / plain_ms }
     -- the built-in rules' deterministic call too (the Lua variants' takes another schedule: not timed here)
     if not (opts.score_mod or opts.mask_mod) then
-      local dopts = { deterministic = true }
-      for key, val in pairs(opts) do dopts[key] = val end
+      local dopts = with_opt(opts, "deterministic", true)
       row.deterministic_ms = time_ms(function()
         local a, b, c = fa.attention_backward(q, k, v, o, lse, dout, dopts)
         a:free(); b:free(); c:free()

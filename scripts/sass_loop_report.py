@@ -21,7 +21,7 @@ import collections
 import json
 import re
 
-from sass_uniform_check import functions, listing_arguments, listings
+from sass_uniform_check import functions, listing_arguments, listings, unpredicated
 
 BRANCH = re.compile(r"\bBRA(?:\.\w+)* (?:\S+, )?(0x[0-9a-f]+)")
 PRODUCT = re.compile(r"^(HGMMA|HMMA)")
@@ -29,7 +29,7 @@ WATCH = ("R2UR", "BSSY", "BRA.DIV", "WARPSYNC", "MUFU.EX2", "HGMMA", "HMMA", "BA
 
 
 def opcode(text):
-    return re.sub(r"^@!?U?P\w+\s+", "", text).split()[0]
+    return unpredicated(text).split()[0]
 
 
 def key_loop(insns):

@@ -33,11 +33,16 @@ def width(op):
     return 1
 
 
+def unpredicated(text):
+    """An instruction's text without its guard predicate (@P0, @!UP1 ...)."""
+    return re.sub(r"^@!?U?P\w+\s+", "", text)
+
+
 def check_function(name, insns):
     """(register, instruction) for each uniform register read and never written."""
     written, reads = set(), []
     for text in insns:
-        body = re.sub(r"^@!?U?P\w+\s+", "", text)
+        body = unpredicated(text)
         parts = body.split(None, 1)
         op, args = parts[0], (parts[1] if len(parts) > 1 else "")
         ops = [a.strip() for a in args.split(",")]

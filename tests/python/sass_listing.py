@@ -1,5 +1,5 @@
-"""Synthetic cuobjdump -sass listings for the tests of scripts/sass_*.py, and a run of such a
-script on one."""
+"""Synthetic cuobjdump -sass listings for the tests of scripts/sass_*.py, a run of such a script on
+one, and the tests' count of failed expectations."""
 import os
 import subprocess
 import sys
@@ -25,3 +25,27 @@ def run_on(script, lines, *args):
     finally:
         os.unlink(f.name)
     return r.returncode, r.stdout + r.stderr
+
+
+class ScriptTest:
+    """The test of scripts/NAME: runs it on listings (run) or with no argument (bare), counts the
+    expectations that fail, and ends with the summary line CTest matches (finish)."""
+
+    def __init__(self, name):
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        self.script, self.failures = os.path.join(root, "scripts", name), 0
+
+    def run(self, lines, *args):
+        return run_on(self.script, lines, *args)
+
+    def bare(self):
+        return subprocess.run([sys.executable, self.script], capture_output=True, text=True)
+
+    def expect(self, what, cond, out=""):
+        if not cond:
+            self.failures += 1
+            print(f"FAIL {what}\n{out}")
+
+    def finish(self, test):
+        print(f"{test}: {self.failures} failures")
+        sys.exit(1 if self.failures else 0)

@@ -5,26 +5,11 @@ product is left out, --filter keeps to matching names, --json writes the rows, a
 error."""
 import json
 import os
-import subprocess
-import sys
 import tempfile
 
-from sass_listing import listing, run_on
+from sass_listing import ScriptTest, listing
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(ROOT, "scripts", "sass_loop_report.py")
-failures = 0
-
-
-def run(lines, *args):
-    return run_on(SCRIPT, lines, *args)
-
-
-def expect(what, cond, out=""):
-    global failures
-    if not cond:
-        failures += 1
-        print(f"FAIL {what}\n{out}")
+t = ScriptTest("sass_loop_report.py")
 
 
 # 0x0000 prologue; the loop 0x0010 .. 0x0090 (its branch back at 0x0090); after it a retry stub at
@@ -45,25 +30,24 @@ loop = listing("_Z4loopv", [
 ])
 plain = listing("_Z5plainv", ["MOV R1, RZ", "EXIT"])
 
-rc, out = run(loop)
+rc, out = t.run(loop)
 row = [l for l in out.splitlines() if "_Z4loopv" in l]
-expect("one row for the loop", rc == 0 and len(row) == 1, out)
+t.expect("one row for the loop", rc == 0 and len(row) == 1, out)
 if row:
     f = row[0].split()
     # instr R2UR BSSY DIV WSYNC EX2 HGMMA HMMA
-    expect("the loop's span is 0x10 .. 0x90 (9 instructions)", f[0] == "9", out)
-    expect("one R2UR, one BSSY, one exponential, two products", f[1:8] == ["1", "1", "0", "0", "1", "2", "0"], out)
-rc, out = run(loop + plain)
-expect("a function without a product is left out", rc == 0 and "_Z5plainv" not in out, out)
-rc, out = run(loop, "--filter", "nothing")
-expect("--filter keeps to matching names", rc == 0 and "_Z4loopv" not in out, out)
+    t.expect("the loop's span is 0x10 .. 0x90 (9 instructions)", f[0] == "9", out)
+    t.expect("one R2UR, one BSSY, one exponential, two products", f[1:8] == ["1", "1", "0", "0", "1", "2", "0"], out)
+rc, out = t.run(loop + plain)
+t.expect("a function without a product is left out", rc == 0 and "_Z5plainv" not in out, out)
+rc, out = t.run(loop, "--filter", "nothing")
+t.expect("--filter keeps to matching names", rc == 0 and "_Z4loopv" not in out, out)
 with tempfile.TemporaryDirectory() as d:
     path = os.path.join(d, "rows.json")
-    rc, out = run(loop, "--json", path)
+    rc, out = t.run(loop, "--json", path)
     rows = json.load(open(path)) if os.path.exists(path) else []
-    expect("--json writes the rows", rc == 0 and len(rows) == 1 and rows[0]["loop"] == ["0x10", "0x90"]
-           and rows[0]["R2UR"] == 1, out)
-r = subprocess.run([sys.executable, SCRIPT], capture_output=True, text=True)
-expect("no listing is an error", r.returncode != 0 and "give a library" in r.stderr, r.stderr)
-print(f"test_sass_loop_report: {failures} failures")
-sys.exit(1 if failures else 0)
+    t.expect("--json writes the rows", rc == 0 and len(rows) == 1 and rows[0]["loop"] == ["0x10", "0x90"]
+             and rows[0]["R2UR"] == 1, out)
+r = t.bare()
+t.expect("no listing is an error", r.returncode != 0 and "give a library" in r.stderr, r.stderr)
+t.finish("test_sass_loop_report")

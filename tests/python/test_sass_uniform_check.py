@@ -2,26 +2,9 @@
 its shared address and cache policy from uniform registers nothing writes is flagged (exit 1), the
 same function with them written passes, ULDC.64 / R2UR / UMOV define what they name, HGMMA with A in
 registers reads only B's descriptor, --filter keeps to matching names, and no listing is an error."""
-import os
-import subprocess
-import sys
+from sass_listing import ScriptTest, listing
 
-from sass_listing import listing, run_on
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(ROOT, "scripts", "sass_uniform_check.py")
-failures = 0
-
-
-def check(lines, *args):
-    return run_on(SCRIPT, lines, *args)
-
-
-def expect(what, cond, out=""):
-    global failures
-    if not cond:
-        failures += 1
-        print(f"FAIL {what}\n{out}")
+t = ScriptTest("sass_uniform_check.py")
 
 
 unset = listing("_Z6brokenv", ["ULDC.64 UR12, c[0x0][0x208]", "MOV R209, RZ",
@@ -35,17 +18,16 @@ fine = listing("_Z4finev", ["ULDC.64 UR12, c[0x0][0x208]", "UMOV UR0, 0x400", "U
 ssmode = listing("_Z6ssmodev", ["R2UR UR22, R200", "R2UR UR23, R201",
                                 "HGMMA.64x64x16.F32 R24, gdesc[UR20], RZ, !UPT", "EXIT"])
 
-rc, out = check(unset)
-expect("an unset policy and address are flagged", rc == 1 and "UNSET _Z6brokenv" in out and "UR0, UR1, UR2" in out, out)
-rc, out = check(fine)
-expect("registers written somewhere in the function pass", rc == 0 and "1 functions, 0 reading" in out, out)
-rc, out = check(ssmode)
-expect("HGMMA with A's descriptor too reads n .. n + 3", rc == 1 and "UR20, UR21" in out, out)
-rc, out = check(fine + unset)
-expect("two functions, one flagged", rc == 1 and "2 functions, 1 reading" in out and "_Z4finev" not in out, out)
-rc, out = check(fine + unset, "--filter", "fine")
-expect("--filter keeps to matching names", rc == 0 and "1 functions, 0 reading" in out, out)
-r = subprocess.run([sys.executable, SCRIPT], capture_output=True, text=True)
-expect("no listing is an error", r.returncode == 2 and "give a library" in r.stderr, r.stderr)
-print(f"test_sass_uniform_check: {failures} failures")
-sys.exit(1 if failures else 0)
+rc, out = t.run(unset)
+t.expect("an unset policy and address are flagged", rc == 1 and "UNSET _Z6brokenv" in out and "UR0, UR1, UR2" in out, out)
+rc, out = t.run(fine)
+t.expect("registers written somewhere in the function pass", rc == 0 and "1 functions, 0 reading" in out, out)
+rc, out = t.run(ssmode)
+t.expect("HGMMA with A's descriptor too reads n .. n + 3", rc == 1 and "UR20, UR21" in out, out)
+rc, out = t.run(fine + unset)
+t.expect("two functions, one flagged", rc == 1 and "2 functions, 1 reading" in out and "_Z4finev" not in out, out)
+rc, out = t.run(fine + unset, "--filter", "fine")
+t.expect("--filter keeps to matching names", rc == 0 and "1 functions, 0 reading" in out, out)
+r = t.bare()
+t.expect("no listing is an error", r.returncode == 2 and "give a library" in r.stderr, r.stderr)
+t.finish("test_sass_uniform_check")
