@@ -24,7 +24,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cubin_cmp import sections  # noqa: E402
 
-OPS = {0x2ca: "R2UR", 0xdf0: "HGMMA", 0x9f0: "HGMMA", 0x9f3: "QGMMA", 0x308: "MUFU", 0x947: "BRA",
+OPS = {0x2ca: "R2UR", 0xdf0: "HGMMA", 0x9f0: "HGMMA", 0xdf3: "QGMMA", 0x9f3: "QGMMA", 0x308: "MUFU", 0x947: "BRA",
        0x945: "BSSY", 0x348: "WARPSYNC", 0x948: "WARPSYNC"}
 PRODUCTS = ("HGMMA", "QGMMA")
 
