@@ -13,8 +13,8 @@ How it reads SASS: an instruction is 16 bytes; the low 12 bits of its first word
 below, read off `cuobjdump -sass` listings of the same cubins on the device).  A BRA's signed offset is bits 16-23
 and 34-73 of the instruction (48 bits, in units of a quarter instruction, from the next one): a branch to an
 earlier instruction closes a loop.  Out-of-line wait loops (an mbarrier's try_wait) also branch back across the
-code between them, so a loop here is a back edge's span; the key loop is the shortest span holding the products
-or the exponentials.
+code between them, so a loop here is a back edge's span; the key loop is the shortest span holding products (in a
+kernel without any, the shortest holding exponentials: a producer's or an epilogue's loop is no key loop).
 """
 import os
 import signal
@@ -55,15 +55,16 @@ def report(text):
     """A function's figures: instructions, R2UR, and its key loop's (None where it has none)."""
     ins = decode(text)
     count = lambda seg, m: sum(1 for x, _ in seg if x == m)  # noqa: E731
-    best = None
+    best = None  # the shortest span with products; without any, the shortest with exponentials (SIMT kernels)
     for t, i in loops(ins):
         seg = ins[t:i + 1]
         products = sum(count(seg, m) for m in PRODUCTS)
-        if (products or count(seg, "MUFU")) and (best is None or i - t < best[1] - best[0]):
-            best = (t, i, products, seg)
+        key = (0 if products else 1, i - t)
+        if (products or count(seg, "MUFU")) and (best is None or key < best[0]):
+            best = (key, t, i, products, seg)
     loop = None
     if best:
-        t, i, products, seg = best
+        _, t, i, products, seg = best
         loop = {"first": t, "last": i, "instructions": i - t + 1, "r2ur": count(seg, "R2UR"), "products": products,
                 "mufu": count(seg, "MUFU"), "bssy": count(seg, "BSSY"), "warpsync": count(seg, "WARPSYNC")}
     return {"instructions": len(ins), "r2ur": count(ins, "R2UR"), "loop": loop}

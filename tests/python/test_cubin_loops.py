@@ -68,6 +68,11 @@ T.expect("key loop counts", r["loop"] and (r["loop"]["r2ur"], r["loop"]["product
                                            r["loop"]["bssy"]) == (2, 1, 1, 1), str(r))
 T.expect("function counts", (r["instructions"], r["r2ur"]) == (14, 3), str(r))
 T.expect("no loop", cubin_loops.report(code(flat))["loop"] is None, str(cubin_loops.report(code(flat))))
+# a short loop of exponentials alone (an epilogue's) is not the key loop where one holds products
+r = cubin_loops.report(code(key + ["MUFU", "FFMA", ("BRA", 14)]))
+T.expect("products first", r["loop"] and (r["loop"]["first"], r["loop"]["last"]) == (2, 9), str(r))
+r = cubin_loops.report(code(["FFMA", "MUFU", ("BRA", 1), "MUFU", "FFMA", "FFMA", ("BRA", 3)]))
+T.expect("exponentials without products", r["loop"] and (r["loop"]["first"], r["loop"]["last"]) == (1, 2), str(r))
 # a loop without products or exponentials is not a key loop
 T.expect("plain loop", cubin_loops.report(code(["FFMA", "FFMA", ("BRA", 0)]))["loop"] is None)
 
