@@ -12,7 +12,7 @@ T = ScriptTest("cubin_loops.py")
 sys.path.insert(0, os.path.dirname(T.script))
 import cubin_loops  # noqa: E402
 
-CODE = {"R2UR": 0x2ca, "HGMMA": 0xdf0, "MUFU": 0x308, "BRA": 0x947, "BSSY": 0x945, "FFMA": 0x223}
+CODE = {"R2UR": 0x2ca, "HGMMA": 0xdf0, "HMMA": 0x23c, "MUFU": 0x308, "BRA": 0x947, "BSSY": 0x945, "FFMA": 0x223}
 
 
 def insn(op, target=None, at=None):
@@ -73,6 +73,9 @@ r = cubin_loops.report(code(key + ["MUFU", "FFMA", ("BRA", 14)]))
 T.expect("products first", r["loop"] and (r["loop"]["first"], r["loop"]["last"]) == (2, 9), str(r))
 r = cubin_loops.report(code(["FFMA", "MUFU", ("BRA", 1), "MUFU", "FFMA", "FFMA", ("BRA", 3)]))
 T.expect("exponentials without products", r["loop"] and (r["loop"]["first"], r["loop"]["last"]) == (1, 2), str(r))
+# mma.sync's products count as products (the sm_80 kernels: decode at Lq = 1, the mma forward)
+r = cubin_loops.report(code(["FFMA", "HMMA", "HMMA", "MUFU", ("BRA", 1), "MUFU", ("BRA", 5)]))
+T.expect("HMMA", r["loop"] and (r["loop"]["first"], r["loop"]["products"]) == (1, 2), str(r))
 # a loop without products or exponentials is not a key loop
 T.expect("plain loop", cubin_loops.report(code(["FFMA", "FFMA", ("BRA", 0)]))["loop"] is None)
 
