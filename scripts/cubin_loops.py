@@ -16,6 +16,7 @@ earlier instruction closes a loop.  Out-of-line wait loops (an mbarrier's try_wa
 code between them, so a loop here is a back edge's span; the key loop is the shortest span holding products (in a
 kernel without any, the shortest holding exponentials: a producer's or an epilogue's loop is no key loop).
 """
+import collections
 import os
 import signal
 import struct
@@ -55,20 +56,19 @@ def loops(ins):
 def report(text):
     """A function's figures: instructions, R2UR, and its key loop's (None where it has none)."""
     ins = decode(text)
-    count = lambda seg, m: sum(1 for x, _ in seg if x == m)  # noqa: E731
     best = None  # the shortest span with products; without any, the shortest with exponentials (SIMT kernels)
     for t, i in loops(ins):
-        seg = ins[t:i + 1]
-        products = sum(count(seg, m) for m in PRODUCTS)
+        c = collections.Counter(m for m, _ in ins[t:i + 1])
+        products = sum(c[m] for m in PRODUCTS)
         key = (0 if products else 1, i - t)
-        if (products or count(seg, "MUFU")) and (best is None or key < best[0]):
-            best = (key, t, i, products, seg)
+        if (products or c["MUFU"]) and (best is None or key < best[0]):
+            best = (key, t, i, products, c)
     loop = None
     if best:
-        _, t, i, products, seg = best
-        loop = {"first": t, "last": i, "instructions": i - t + 1, "r2ur": count(seg, "R2UR"), "products": products,
-                "mufu": count(seg, "MUFU"), "bssy": count(seg, "BSSY"), "warpsync": count(seg, "WARPSYNC")}
-    return {"instructions": len(ins), "r2ur": count(ins, "R2UR"), "loop": loop}
+        _, t, i, products, c = best
+        loop = {"first": t, "last": i, "instructions": i - t + 1, "r2ur": c["R2UR"], "products": products,
+                "mufu": c["MUFU"], "bssy": c["BSSY"], "warpsync": c["WARPSYNC"]}
+    return {"instructions": len(ins), "r2ur": sum(1 for m, _ in ins if m == "R2UR"), "loop": loop}
 
 
 def main():

@@ -28,7 +28,7 @@ def run_on(script, lines, *args):
 
 
 class ScriptTest:
-    """The test of scripts/NAME: runs it on listings (run) or with no argument (bare), counts the
+    """The test of scripts/NAME: runs it on listings (run) or with arguments of its own (call), counts the
     expectations that fail, and ends with the summary line CTest matches (finish)."""
 
     def __init__(self, name):
@@ -38,8 +38,9 @@ class ScriptTest:
     def run(self, lines, *args):
         return run_on(self.script, lines, *args)
 
-    def bare(self):
-        return subprocess.run([sys.executable, self.script], capture_output=True, text=True)
+    def call(self, *args):
+        """The script run with args (none: its usage error)."""
+        return subprocess.run([sys.executable, self.script, *args], capture_output=True, text=True)
 
     def expect(self, what, cond, out=""):
         if not cond:

@@ -2,7 +2,6 @@
 the way the script reads them (the operation in the low 12 bits, a BRA's offset in bits 16-23 and 34-73)."""
 import os
 import struct
-import subprocess
 import sys
 import tempfile
 
@@ -67,7 +66,8 @@ T.expect("key loop span", r["loop"] and (r["loop"]["first"], r["loop"]["last"]) 
 T.expect("key loop counts", r["loop"] and (r["loop"]["r2ur"], r["loop"]["products"], r["loop"]["mufu"],
                                            r["loop"]["bssy"]) == (2, 1, 1, 1), str(r))
 T.expect("function counts", (r["instructions"], r["r2ur"]) == (14, 3), str(r))
-T.expect("no loop", cubin_loops.report(code(flat))["loop"] is None, str(cubin_loops.report(code(flat))))
+r = cubin_loops.report(code(flat))
+T.expect("no loop", r["loop"] is None, str(r))
 # a short loop of exponentials alone (an epilogue's) is not the key loop where one holds products
 r = cubin_loops.report(code(key + ["MUFU", "FFMA", ("BRA", 14)]))
 T.expect("products first", r["loop"] and (r["loop"]["first"], r["loop"]["last"]) == (2, 9), str(r))
@@ -82,18 +82,17 @@ T.expect("plain loop", cubin_loops.report(code(["FFMA", "FFMA", ("BRA", 0)]))["l
 with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
     f.write(elf([("kern_a", code(key)), ("kern_b", code(flat))]))
 try:
-    out = subprocess.run([sys.executable, T.script, f.name], capture_output=True, text=True)
+    out = T.call(f.name)
     lines = out.stdout.splitlines()
     T.expect("run: status", out.returncode == 0, out.stdout + out.stderr)
     row = next((x for x in lines if x.endswith("kern_a")), "")
     T.expect("run: kern_a's row", row.split()[:7] == ["14", "3", "|", "8", "2", "1", "1"], out.stdout)
     row = next((x for x in lines if x.endswith("kern_b")), "")
     T.expect("run: kern_b's row", row.split()[:4] == ["3", "1", "|", "-"], out.stdout)
-    out = subprocess.run([sys.executable, T.script, f.name, "kern_b"], capture_output=True, text=True)
+    out = T.call(f.name, "kern_b")
     T.expect("run: filter", "kern_b" in out.stdout and "kern_a" not in out.stdout, out.stdout)
 finally:
     os.unlink(f.name)
-out = T.bare()
+out = T.call()
 T.expect("usage", out.returncode != 0 and "usage" in out.stderr, out.stdout + out.stderr)
 T.finish("test_cubin_loops")
-sys.exit(1 if T.failures else 0)

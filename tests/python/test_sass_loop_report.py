@@ -48,6 +48,6 @@ with tempfile.TemporaryDirectory() as d:
     rows = json.load(open(path)) if os.path.exists(path) else []
     t.expect("--json writes the rows", rc == 0 and len(rows) == 1 and rows[0]["loop"] == ["0x10", "0x90"]
              and rows[0]["R2UR"] == 1, out)
-r = t.bare()
+r = t.call()
 t.expect("no listing is an error", r.returncode != 0 and "give a library" in r.stderr, r.stderr)
 t.finish("test_sass_loop_report")
