@@ -245,6 +245,13 @@ static __device__ __forceinline__ void dec_pv_exact(float (*o)[4], const float (
 }
 
 #if DEC_WGMMA_BUILD
+/* wgmma: a tile's shared address, read through a shuffle so that ptxas
+ * knows it is warp-uniform and makes the products' descriptors on the
+ * uniform datapath: from t % DEC_STAGES in a per-thread register, each of
+ * a tile's 12 descriptors (D = 128) came back by two R2UR. */
+static __device__ __forceinline__ uint32_t dec_tile_addr(const char *tile) {
+  return __shfl_sync(0xffffffffu, smem_addr(tile), 0);
+}
 /* wgmma: the P·V in flight done, O's registers free to read. */
 template <int D> static __device__ __forceinline__ void dec_pv_done(float (*o)[4]) {
   wgmma_wait<0>();
@@ -414,7 +421,7 @@ __global__ void __launch_bounds__(DEC_THREADS)
       const int tn = t + DEC_STAGES - 1;
       float s[NC][4];
 #if DEC_WGMMA_BUILD /* LEAN: S issued before the next tile's copies, whose instructions then run beside it */
-      if constexpr (LEAN) qk_issue_rs<T, D, DEC_BC>(s, qf, smem_addr(dec_smem + (t % DEC_STAGES) * 2 * TILE));
+      if constexpr (LEAN) qk_issue_rs<T, D, DEC_BC>(s, qf, dec_tile_addr(dec_smem + (t % DEC_STAGES) * 2 * TILE));
 #endif
       {
         char *kn = dec_smem + (tn % DEC_STAGES) * 2 * TILE;
@@ -428,7 +435,7 @@ __global__ void __launch_bounds__(DEC_THREADS)
       const int64_t j0 = kb + (int64_t)t * DEC_BC + kw;
       if constexpr (WG) {
 #if DEC_WGMMA_BUILD /* S = Q·Kᵀ for the 64 rows, K-major from the tile's column blocks */
-        if constexpr (!LEAN) qk_issue_rs<T, D, DEC_BC>(s, qf, smem_addr(kt));
+        if constexpr (!LEAN) qk_issue_rs<T, D, DEC_BC>(s, qf, dec_tile_addr(kt));
         wgmma_wait<0>();
         wgmma_hold<NC * 4>(&s[0][0]);
 #endif
@@ -461,7 +468,7 @@ __global__ void __launch_bounds__(DEC_THREADS)
           for (int kk = 0; kk < NC / 2; kk++) dec_pv_exact<T, D, WG>(o, s, kk, vt, kk * 16, lane);
         } else {
           p_pack<T, DEC_BC>(pv_a, s);
-          pv_issue<T, D, DEC_BC>(o, pv_a, smem_addr(vt));
+          pv_issue<T, D, DEC_BC>(o, pv_a, dec_tile_addr(vt));
           if (!LEAN) dec_pv_done<D>(o); /* LEAN: at the next tile's top */
         }
 #endif
