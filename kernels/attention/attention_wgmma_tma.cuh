@@ -704,6 +704,9 @@ __global__ void __launch_bounds__(wt_threads(128, 128), 1)
     for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
     mbar_wait(LC.q_full(), n & 1);
     FA_TRACE_MARK(1);
+    /* no turns at the tensor cores: at D = 64 they took 1.08-1.13 x the time (H100, 2026-12-07,
+     * docs/perf/2026-12-07-forward-d64-turns-tried-h100.json): two warps' softmaxes side by side on a
+     * sub-partition hide each other's latencies, one alone does not */
     wt_consume<T, D, BC, EXTRAS, false>(p, qt.b, qt.h, slot.t_lo, slot.all_lo, slot.all_hi, ntiles, LC, kr, vr, q_base,
                                         LC.q_empty(), r, o);
     kr.advance(ntiles), vr.advance(ntiles);
