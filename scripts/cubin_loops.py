@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cubin_cmp import sections  # noqa: E402
 
 OPS = {0x2ca: "R2UR", 0xdf0: "HGMMA", 0x9f0: "HGMMA", 0xdf3: "QGMMA", 0x9f3: "QGMMA", 0x23c: "HMMA", 0x308: "MUFU",
-       0x947: "BRA", 0x945: "BSSY", 0x348: "WARPSYNC", 0x948: "WARPSYNC"}
+       0x947: "BRA", 0x945: "BSSY"}
 # (HMMA, mma.sync m16n8k16: its code read off counts, the mma forward's key tile 128 at D = 128 and 64 at D = 64)
 PRODUCTS = ("HGMMA", "QGMMA", "HMMA")
 
@@ -67,7 +67,7 @@ def report(text):
     if best:
         _, t, i, products, c = best
         loop = {"first": t, "last": i, "instructions": i - t + 1, "r2ur": c["R2UR"], "products": products,
-                "mufu": c["MUFU"], "bssy": c["BSSY"], "warpsync": c["WARPSYNC"]}
+                "mufu": c["MUFU"], "bssy": c["BSSY"]}
     return {"instructions": len(ins), "r2ur": sum(1 for m, _ in ins if m == "R2UR"), "loop": loop}
 
 

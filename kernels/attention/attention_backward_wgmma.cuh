@@ -367,9 +367,8 @@ __global__ void __launch_bounds__(DQ ? 2 * BWG_THREADS : BWG_THREADS, DQ ? 1 : D
   __shared__ bwm_rows<BR> rows[2];
   __shared__ float fmul[FIXED ? 2 : 1][BR]; /* FIXED: the staged query tiles' multipliers */
   char *Ks = bwg_aligned(bwg_raw), *Vs = Ks + KEYS * D * 2, *Qs = Vs + KEYS * D * 2; /* Q, dO, Q, dO, dSᵀ */
-  /* wg from lane 0: the compiler then knows it is warp-uniform and works
-   * the descriptors of this warpgroup's keys out in uniform registers */
-  const int warp = threadIdx.x >> 5, wg = __shfl_sync(0xffffffffu, warp >> 2, 0);
+  /* wg warp-uniform: the descriptors of this warpgroup's keys are worked out in uniform registers */
+  const int warp = threadIdx.x >> 5, wg = warpgroup_uniform();
   char *dSs = Qs + 4 * QT;
   /* HELD: the aligned base and qbar's address held in registers: outside WALK walk.copy is 0, a value ptxas
    * cannot rebuild, so it keeps them instead of rebuilding them from SR_CgaCtaId in every query tile (the

@@ -245,13 +245,10 @@ static __device__ __forceinline__ void dec_pv_exact(float (*o)[4], const float (
 }
 
 #if DEC_WGMMA_BUILD
-/* wgmma: a tile's shared address, read through a shuffle so that ptxas
- * knows it is warp-uniform and makes the products' descriptors on the
- * uniform datapath: from t % DEC_STAGES in a per-thread register, each of
- * a tile's 12 descriptors (D = 128) came back by two R2UR. */
-static __device__ __forceinline__ uint32_t dec_tile_addr(const char *tile) {
-  return __shfl_sync(0xffffffffu, smem_addr(tile), 0);
-}
+/* wgmma: a tile's shared address, warp-uniform (warp_uniform: from
+ * t % DEC_STAGES in a per-thread register, each of a tile's 12 descriptors
+ * at D = 128 came back by two R2UR). */
+static __device__ __forceinline__ uint32_t dec_tile_addr(const char *tile) { return warp_uniform(smem_addr(tile)); }
 /* wgmma: the P·V in flight done, O's registers free to read. */
 template <int D> static __device__ __forceinline__ void dec_pv_done(float (*o)[4]) {
   wgmma_wait<0>();

@@ -295,7 +295,7 @@ __global__ void __launch_bounds__(3 * 128, 1)
   const float cq = p.scale_f * f.sq[bh * nq + i0 / FP8_TILE];
   const float *sk = f.sk + bhk * nk + t_lo / FP8_TILE;
   const float2 *sv = f.sv + bhk * nk + t_lo / FP8_TILE;
-  const uint32_t q_base = L.q + wt_warpgroup() * 64 * FP8_TILE; /* uniform descriptors (wt_warpgroup) */
+  const uint32_t q_base = L.q + warpgroup_uniform() * 64 * FP8_TILE; /* uniform descriptors */
   const wt_ring<NS> kr, vr;
   float s[FP8_TILE / 8][4];
   uint32_t pa[FP8_TILE / 32][4];

@@ -157,11 +157,10 @@ __global__ void __launch_bounds__(WG_THREADS, PASS == PASS_STATS || (D == 64 && 
   float o[WITH_V ? DP / 8 : 1][4];
 #pragma unroll
   for (int d = 0; d < (WITH_V ? DP / 8 : 1); d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
-  /* this warpgroup's 64 rows.  The two-pass instances read its index through a shuffle, which ptxas knows is
-   * warp-uniform, so that Q's descriptors are made on the uniform datapath (from warp >> 2 each came back by R2UR,
-   * 16 a key tile at D = 128): 0.95-0.97 x their time at D = 128 not causal.  The one-pass instances ran 0.5-1.2 %
+  /* this warpgroup's 64 rows; the two-pass instances' Q descriptors on the uniform datapath (warp_uniform of wg, the
+   * code the oracle checked): 0.95-0.97 x their time at D = 128 not causal.  The one-pass instances ran 0.5-1.2 %
    * slower so at D = 128 and keep warp >> 2 (H100, 2026-12-07, docs/perf/2026-12-07-uniform-descriptors-h100.json). */
-  const int q_wg = PASS == PASS_FLASH ? wg : __shfl_sync(0xffffffffu, wg, 0);
+  const int q_wg = PASS == PASS_FLASH ? wg : (int)warp_uniform(wg);
   const uint32_t q_base = smem_addr(Qs) + q_wg * 64 * 128;
   float s[BC / 8][4];
   uint32_t pa[WITH_V ? BC / 16 : 1][4]; /* P of the previous tile, as A fragments */

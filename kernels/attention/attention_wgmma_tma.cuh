@@ -249,14 +249,6 @@ static constexpr __host__ __device__ bool wt_base_held(int D, int BC, int EXTRAS
   return EXTRAS == EXTRAS_NONE || (D == 64 && EXTRAS != EXTRAS_VARIANT) || (EXTRAS == EXTRAS_SCORE && BC == 128 && D == 128);
 }
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-/* This thread's warpgroup, as ptxas can see it is the same in every lane
- * (a shuffle from lane 0): Q's descriptors, made from it, then stay on the
- * uniform datapath; made from threadIdx, they came back through R2UR at
- * every k-step of every key tile (16 a key tile at D = 128, 32 at D = 256;
- * scripts/sass_loop_report.py). */
-static __device__ __forceinline__ int wt_warpgroup() { return __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 7), 0); }
-#endif
 
 /* The consumers' turns at the tensor cores (PINGPONG): warpgroup c waits
  * at named barrier WT_TURN + c before it issues a tile's products and lets
@@ -471,7 +463,7 @@ __global__ void __launch_bounds__(wt_threads(D, BC), wt_sm_blocks(D, BC)) attn_w
   mbar_wait(L.q_full(), 0);
   FA_TRACE_MARK(1);
   wt_consume<T, D, BC, EXTRAS, PINGPONG>(p, b, h, t_lo, all_lo, all_hi, ntiles, L, wt_ring<wt_stages(D, BC)>(),
-                                         wt_ring<wt_stages(D, BC)>(), L.q + wt_warpgroup() * 64 * 128, 0, r, o, feed);
+                                         wt_ring<wt_stages(D, BC)>(), L.q + warpgroup_uniform() * 64 * 128, 0, r, o, feed);
   FA_TRACE_MARK(4);
   note_nonfinite_rows<D / 8>(p, o, r.lA, r.lB);
   /* O leaves through this warpgroup's rows of Q's tile (its products are done) */
@@ -685,7 +677,7 @@ __global__ void __launch_bounds__(wt_threads(128, 128), 1)
   const uint32_t cslot_full = LC.slot_full(), cslot_empty = LC.slot_empty();
 
   const int rA = warp * 16 + (lane >> 2), rB = rA + 8;
-  const uint32_t q_base = LC.q + wt_warpgroup() * 64 * 128; /* this warpgroup's 64 rows */
+  const uint32_t q_base = LC.q + warpgroup_uniform() * 64 * 128; /* this warpgroup's 64 rows */
   wt_ring<wt_stages(D, BC)> kr, vr;
   for (int n = 0;; n++) {
     const wt_slot slot = wt_read_slot(cslots, cslot_full, cslot_empty, n, lane);

@@ -142,6 +142,16 @@ template <int N> static __device__ __forceinline__ void wgmma_hold(float *d) {
  * through the async proxy. */
 static __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+/* v, which every lane of the warp holds, as ptxas can see it is: read
+ * through a shuffle from lane 0.  A wgmma descriptor made from a base that
+ * ptxas keeps in a per-thread register (threadIdx, a stage index) came
+ * back to the uniform datapath by R2UR at every use (16 a key tile in the
+ * D = 128 forward, 24 in the decode kernel; scripts/cubin_loops.py); made
+ * from this, it is made there. */
+static __device__ __forceinline__ uint32_t warp_uniform(uint32_t v) { return __shfl_sync(0xffffffffu, v, 0); }
+/* This thread's warpgroup, warp-uniform (warp_uniform). */
+static __device__ __forceinline__ int warpgroup_uniform() { return (int)warp_uniform(threadIdx.x >> 7); }
+
 /* A shared memory matrix descriptor for the 128-byte swizzle: rows of
  * 128 bytes, XOR-swizzled in 16-byte chunks by (row % 8), 8-row groups
  * 1024 bytes apart (sbo); lbo is the stride between 64-element column
