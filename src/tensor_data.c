@@ -273,16 +273,9 @@ fa_status fa_tensor_write_f64(fa_context *ctx, fa_tensor *t, const double *value
   return unmap_host(ctx, &m, 1);
 }
 
-fa_status fa_tensor_to(fa_context *ctx, fa_tensor *t, fa_dtype dtype, fa_device device, fa_tensor **out) {
-  FA_NEED(out);
-  *out = NULL;
-  FA_NEED(ctx);
-  FA_NEED(t);
-  if (dtype == t->dtype && device == t->storage->device) {
-    fa_tensor_retain(t);
-    *out = t;
-    return FA_OK;
-  }
+/* A new tensor of t's shape in dtype on device holding t's values, in *out
+ * (NULL on failure): fa_tensor_to's copy and fa_tensor_clone's. */
+static fa_status copy_to_new(fa_context *ctx, fa_tensor *t, fa_dtype dtype, fa_device device, fa_tensor **out) {
   fa_tensor *r;
   fa_status st = fa_tensor_new_like(ctx, t, dtype, device, &r);
   if (st) return st;
@@ -300,21 +293,25 @@ fa_status fa_tensor_to(fa_context *ctx, fa_tensor *t, fa_dtype dtype, fa_device 
   return st;
 }
 
+fa_status fa_tensor_to(fa_context *ctx, fa_tensor *t, fa_dtype dtype, fa_device device, fa_tensor **out) {
+  FA_NEED(out);
+  *out = NULL;
+  FA_NEED(ctx);
+  FA_NEED(t);
+  if (dtype == t->dtype && device == t->storage->device) {
+    fa_tensor_retain(t);
+    *out = t;
+    return FA_OK;
+  }
+  return copy_to_new(ctx, t, dtype, device, out);
+}
+
 fa_status fa_tensor_clone(fa_context *ctx, fa_tensor *t, fa_tensor **out) {
   FA_NEED(out);
   *out = NULL;
   FA_NEED(ctx);
   FA_NEED(t);
-  fa_tensor *r;
-  fa_status st = fa_tensor_new_like(ctx, t, t->dtype, t->storage->device, &r);
-  if (st) {
-    *out = NULL;
-    return st;
-  }
-  st = fa_tensor_copy(ctx, r, t);
-  if (st) fa_tensor_drop(&r);
-  *out = r;
-  return st;
+  return copy_to_new(ctx, t, t->dtype, t->storage->device, out);
 }
 
 fa_status fa_tensor_contiguous(fa_context *ctx, fa_tensor *t, fa_tensor **out) {
