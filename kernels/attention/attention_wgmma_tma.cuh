@@ -249,7 +249,6 @@ static constexpr __host__ __device__ bool wt_base_held(int D, int BC, int EXTRAS
   return EXTRAS == EXTRAS_NONE || (D == 64 && EXTRAS != EXTRAS_VARIANT) || (EXTRAS == EXTRAS_SCORE && BC == 128 && D == 128);
 }
 
-
 /* The consumers' turns at the tensor cores (PINGPONG): warpgroup c waits
  * at named barrier WT_TURN + c before it issues a tile's products and lets
  * the other go once its S is in, so that the two issue in turn and one's
