@@ -23,15 +23,16 @@ static int64_t chunk_start(int64_t L, int64_t m, int64_t j) { return j * (L / m)
  * and 2n-1-i, in that order).  Returns how many. */
 typedef struct {
   int64_t chunk, start, len;
+  int64_t pos; /* ring attention: the piece's first position in the whole sequence */
 } piece;
 static int shard_pieces(int64_t L, int64_t n, int64_t i, fa_shard_layout layout, piece p[2]) {
   if (layout == FA_SHARD_CONTIGUOUS) {
-    p[0] = (piece){i, chunk_start(L, n, i), chunk_len(L, n, i)};
+    p[0] = (piece){i, chunk_start(L, n, i), chunk_len(L, n, i), chunk_start(L, n, i)};
     return 1;
   }
   const int64_t m = 2 * n, j = m - 1 - i;
-  p[0] = (piece){i, chunk_start(L, m, i), chunk_len(L, m, i)};
-  p[1] = (piece){j, chunk_start(L, m, j), chunk_len(L, m, j)};
+  p[0] = (piece){i, chunk_start(L, m, i), chunk_len(L, m, i), chunk_start(L, m, i)};
+  p[1] = (piece){j, chunk_start(L, m, j), chunk_len(L, m, j), chunk_start(L, m, j)};
   return 2;
 }
 
@@ -175,25 +176,20 @@ fa_status fa_unshard(fa_context *ctx, int n, fa_tensor *const *shards, int dim, 
 
 /* ---- ring attention ------------------------------------------------------------- */
 
-/* Options that need the global positions of the whole sequence (or name
- * outputs of the whole call): refused in this version. */
+/* Options the pieces cannot take in this version, or that name outputs
+ * of the whole call. */
 static fa_status check_ring_opts(fa_context *ctx, const fa_attention_opts *o) {
-  const char *what = o->has_window ? "opts.window"
-                     : o->mask ? "opts.mask"
-                     : o->kv_lens ? "opts.kv_lens"
-                     : o->alibi ? "opts.alibi"
-                     : o->splits > 1 ? "opts.splits"
-                     : (o->kernel && *o->kernel) ? "opts.kernel"
-                     : o->score_mod ? "opts.score_mod"
-                     : o->mask_mod ? "opts.mask_mod"
-                     : o->out ? "opts.out"
-                     : o->lse_out ? "opts.lse_out"
-                                  : NULL;
-  if (what)
-    return fa_fail(ctx, FA_ERR_UNSUPPORTED,
-                   "flashattn: ring_attention: %s is not in this version (it needs the global positions or "
-                   "outputs of the whole sequence)",
-                   what);
+  const char *what = NULL, *why = "it names outputs of the whole sequence";
+  if (o->score_mod || o->mask_mod || o->block_mask) {
+    what = o->score_mod ? "opts.score_mod" : o->mask_mod ? "opts.mask_mod" : "opts.block_mask";
+    why = "a variant's q and k would need each piece's positions in the whole sequence";
+  } else if (o->splits > 1 || (o->kernel && *o->kernel)) {
+    what = o->splits > 1 ? "opts.splits" : "opts.kernel";
+    why = "the ring chooses its pieces' calls";
+  } else if (o->out || o->lse_out) {
+    what = o->out ? "opts.out" : "opts.lse_out";
+  }
+  if (what) return fa_fail(ctx, FA_ERR_UNSUPPORTED, "flashattn: ring_attention: %s is not in this version (%s)", what, why);
   if ((unsigned)o->causal > FA_CAUSAL_TOP_LEFT)
     return fa_fail(ctx, FA_ERR_ARGUMENT, "flashattn: ring_attention: opts.causal: unknown value %d", (int)o->causal);
   return FA_OK;
@@ -235,24 +231,164 @@ static fa_status check_shards(fa_context *ctx, int n, fa_tensor *const *ts, cons
   return FA_OK;
 }
 
+/* fa_check_attention's checks of the call, named as the ring's: the
+ * shapes on shard 1 (the others differ from it only in length), then the
+ * options against the whole sequence (Lq = Lk = L: kv_lens and a mask
+ * count its positions).  d gets shard 1's dims with Lq = Lk = L and the
+ * algo. */
+static fa_status check_ring_call(fa_context *ctx, fa_tensor *const *qs, fa_tensor *const *ks, fa_tensor *const *vs,
+                                 const fa_attention_opts *opts, int64_t L, fa_attn_dims *d) {
+  fa_attention_opts shapes_only;
+  fa_attention_opts_init(&shapes_only);
+  const char *as = "qs[1], ks[1], vs[1] as q, k, v: ";
+  fa_status st = fa_check_attention(ctx, qs[0], ks[0], vs[0], &shapes_only, 0, d);
+  if (!st) {
+    d->Lq = d->Lk = L;
+    as = "";
+    st = fa_check_attention_options(ctx, qs[0], opts, 0, d);
+  }
+  if (!st) return FA_OK;
+  static const char prefix[] = "flashattn: ";
+  char rest[FA_ERRMSG_LEN];
+  const char *e = ctx->error;
+  snprintf(rest, sizeof rest, "%s", strncmp(e, prefix, sizeof prefix - 1) ? e : e + sizeof prefix - 1);
+  return fa_fail(ctx, st, "flashattn: ring_attention: %s%s", as, rest);
+}
+
 /* The running state of one query piece: o in the merge's dtype, lse. */
 typedef struct {
   fa_tensor *o, *lse;
 } state;
 
-/* (o, lse) of one (query piece, key piece) pair, in the merge's dtypes:
+/* What the pair calls of one ring call share. */
+typedef struct {
+  const fa_attention_opts *opts; /* the call's */
+  int64_t B, L;
+  int reference;     /* f64: each pair by the f64 reference */
+  fa_dtype odt, ldt; /* the states' dtypes */
+  fa_device dev;     /* and device */
+  int64_t *lens;     /* B entries: a pair's kv_lens */
+} ring_call;
+
+/* Whether some query of qp may attend some key of kp, at their positions
+ * in the whole sequence (its diagonal is j = i).  Under causal and the
+ * window the visible pairs (i, j) are the band i - left <= j <= i + right;
+ * it meets the pair's box when the first query's lowest key is not past
+ * the last key and the last query's highest key not before the first.
+ * kv_lens: some sequence has a key in kp. */
+static int pair_visible(const ring_call *rc, const piece *qp, const piece *kp) {
+  const fa_attention_opts *o = rc->opts;
+  int64_t left = o->has_window ? o->window_left : -1, right = o->has_window ? o->window_right : -1;
+  if (o->causal != FA_CAUSAL_NONE) right = 0;
+  if (left > rc->L) left = -1; /* as wide as the sequence: no bound (and no overflow below) */
+  if (right > rc->L) right = -1;
+  if (left >= 0 && kp->pos + kp->len - 1 < qp->pos - left) return 0;
+  if (right >= 0 && kp->pos > qp->pos + qp->len - 1 + right) return 0;
+  if (!o->kv_lens) return 1;
+  for (int64_t b = 0; b < rc->B; b++)
+    if (o->kv_lens[b] > kp->pos) return 1;
+  return 0;
+}
+
+/* *out <- positions [start, start + len) of t along dim, as a view; when
+ * padded > len, a new tensor of padded positions there, zeros after the
+ * len of t (keys that kv_lens leaves out, or query rows dropped). */
+static fa_status narrow_padded(fa_context *ctx, fa_tensor *t, int dim, int64_t start, int64_t len, int64_t padded,
+                               fa_tensor **out) {
+  fa_tensor *view = NULL;
+  fa_status st = fa_tensor_narrow(ctx, t, dim, start, len, &view);
+  if (st || padded <= len) {
+    *out = view;
+    return st;
+  }
+  int64_t shape[FA_MAX_DIMS];
+  for (int k = 0; k < t->ndim; k++) shape[k] = t->shape[k];
+  shape[dim] = padded;
+  if (!(st = fa_tensor_new(ctx, t->ndim, shape, t->dtype, t->storage->device, out)) &&
+      !(st = fa_tensor_fill(ctx, *out, 0)))
+    st = copy_into(ctx, *out, dim, 0, view);
+  if (st) fa_tensor_drop(out);
+  fa_tensor_drop(&view);
+  return st;
+}
+
+/* The call's mask at the pair's queries and keys (its last two dimensions,
+ * where not broadcast), padded to lq queries and lk keys. */
+static fa_status mask_of_pair(fa_context *ctx, fa_tensor *m, const piece *qp, const piece *kp, int64_t lq, int64_t lk,
+                              fa_tensor **out) {
+  const int kd = m->ndim - 1, qd = m->ndim - 2;
+  fa_tensor *keys = m;
+  if (m->shape[kd] == 1)
+    fa_tensor_retain(m); /* broadcast over the keys */
+  else {
+    fa_status st = narrow_padded(ctx, m, kd, kp->pos, kp->len, lk, &keys);
+    if (st) return st;
+  }
+  if (qd < 0 || keys->shape[qd] == 1) {
+    *out = keys;
+    return FA_OK;
+  }
+  fa_status st = narrow_padded(ctx, keys, qd, qp->pos, qp->len, lq, out);
+  fa_tensor_drop(&keys);
+  return st;
+}
+
+/* (o, lse) of a pair's call, its first rows rows, in the states' dtypes:
  * an opts.splits-style piece (src/splits.c) from its own first key, whose
  * lse comes in f64 (fa_attention_piece) rather than rounded to f32 at the
  * scores' magnitude. */
-static fa_status attend_piece(fa_context *ctx, fa_tensor *q, fa_tensor *k, fa_tensor *v, const fa_attention_opts *po,
-                              int reference, fa_dtype odt, fa_dtype ldt, fa_device dev, state *out) {
-  fa_tensor *o = NULL, *lse = NULL;
-  fa_status st = reference ? fa_attention_reference(ctx, q, k, v, po, &o, &lse)
-                           : fa_attention_piece(ctx, q, k, v, po, 0, &o, &lse);
-  if (!st) st = fa_tensor_to(ctx, o, odt, dev, &out->o);
-  if (!st) st = fa_tensor_to(ctx, lse, ldt, dev, &out->lse);
+static fa_status attend_piece(fa_context *ctx, const ring_call *rc, fa_tensor *q, fa_tensor *k, fa_tensor *v,
+                              const fa_attention_opts *po, int64_t rows, state *out) {
+  fa_tensor *o = NULL, *lse = NULL, *ov = NULL, *lv = NULL;
+  fa_status st = rc->reference ? fa_attention_reference(ctx, q, k, v, po, &o, &lse)
+                               : fa_attention_piece(ctx, q, k, v, po, 0, &o, &lse);
+  if (!st) st = fa_tensor_narrow(ctx, o, o->ndim - 2, 0, rows, &ov);
+  if (!st) st = fa_tensor_narrow(ctx, lse, lse->ndim - 1, 0, rows, &lv);
+  if (!st) st = fa_tensor_to(ctx, ov, rc->odt, rc->dev, &out->o);
+  if (!st) st = fa_tensor_to(ctx, lv, rc->ldt, rc->dev, &out->lse);
   if (st) fa_tensor_drop(&out->o), fa_tensor_drop(&out->lse);
-  fa_tensor_drop(&o), fa_tensor_drop(&lse);
+  fa_tensor_drop(&o), fa_tensor_drop(&lse), fa_tensor_drop(&ov), fa_tensor_drop(&lv);
+  return st;
+}
+
+/* The state of qp's queries (of shard qsh) against kp's keys (of ksh, vsh),
+ * every rule at the whole sequence's positions.  Causal alone needs no
+ * positions: a pair off the diagonal is all visible (pair_visible skips
+ * the others) and one on it (the same chunk) is its own diagonal.  The
+ * window and alibi count from the diagonal, which fa_attention puts at key
+ * i + Lk - Lq of query i: the shorter side is padded at its end until
+ * Lk - Lq is the pieces' distance qp->pos - kp->pos (keys past kp's left
+ * out by kv_lens, queries past qp's dropped from the state).  kv_lens
+ * count keys from the sequence's start. */
+static fa_status attend_pair(fa_context *ctx, const ring_call *rc, fa_tensor *qsh, fa_tensor *ksh, fa_tensor *vsh,
+                             const piece *qp, const piece *kp, state *out) {
+  const fa_attention_opts *o = rc->opts;
+  const int same = qp->chunk == kp->chunk, shifted = !same && (o->has_window || o->alibi);
+  const int causal = o->causal != FA_CAUSAL_NONE;
+  fa_attention_opts po = *o;
+  po.splits = 1, po.return_lse = 1;
+  po.causal = !causal ? FA_CAUSAL_NONE : shifted ? FA_CAUSAL_BOTTOM_RIGHT : same ? FA_CAUSAL_TOP_LEFT : FA_CAUSAL_NONE;
+  const int64_t dist = qp->pos - kp->pos, natural = kp->len - qp->len;
+  const int64_t lq = shifted && dist < natural ? kp->len - dist : qp->len;
+  const int64_t lk = shifted && dist > natural ? qp->len + dist : kp->len;
+  if (o->kv_lens || lk > kp->len) {
+    for (int64_t b = 0; b < rc->B; b++) {
+      const int64_t e = o->kv_lens ? o->kv_lens[b] - kp->pos : kp->len;
+      rc->lens[b] = e < 0 ? 0 : e > kp->len ? kp->len : e;
+    }
+    po.kv_lens = rc->lens, po.n_kv_lens = rc->B;
+  }
+  fa_tensor *q = NULL, *k = NULL, *v = NULL, *m = NULL;
+  const int sd = qsh->ndim - 2;
+  fa_status st;
+  if (!(st = narrow_padded(ctx, qsh, sd, qp->start, qp->len, lq, &q)) &&
+      !(st = narrow_padded(ctx, ksh, sd, kp->start, kp->len, lk, &k)) &&
+      !(st = narrow_padded(ctx, vsh, sd, kp->start, kp->len, lk, &v)) &&
+      !(st = o->mask ? mask_of_pair(ctx, o->mask, qp, kp, lq, lk, &m) : FA_OK)) {
+    po.mask = m;
+    st = attend_piece(ctx, rc, q, k, v, &po, qp->len, out);
+  }
+  fa_tensor_drop(&q), fa_tensor_drop(&k), fa_tensor_drop(&v), fa_tensor_drop(&m);
   return st;
 }
 
@@ -270,10 +406,6 @@ static fa_status merge_into(fa_context *ctx, state *acc, state *s) {
   fa_tensor_drop(&acc->o), fa_tensor_drop(&acc->lse);
   acc->o = o, acc->lse = lse;
   return FA_OK;
-}
-
-static fa_status narrow_seq(fa_context *ctx, fa_tensor *t, const piece *p, fa_tensor **out) {
-  return fa_tensor_narrow(ctx, t, t->ndim - 2, p->start, p->len, out);
 }
 
 fa_status fa_ring_attention(fa_context *ctx, int n, fa_tensor *const *qs, fa_tensor *const *ks, fa_tensor *const *vs,
@@ -309,23 +441,15 @@ fa_status fa_ring_attention(fa_context *ctx, int n, fa_tensor *const *qs, fa_ten
                      i + 1, (long long)li, (long long)ks[i]->shape[sd], (long long)vs[i]->shape[sd]);
     L += li;
   }
-  { /* the heads, batch and head dims as fa_attention checks them, on shard 1 (the others
-     * differ from theirs only in length), named as the shards */
-    fa_attn_dims d;
-    if ((st = fa_check_attention(ctx, qs[0], ks[0], vs[0], opts, 0, &d))) {
-      static const char prefix[] = "flashattn: ";
-      char rest[FA_ERRMSG_LEN];
-      const char *e = ctx->error;
-      snprintf(rest, sizeof rest, "%s", strncmp(e, prefix, sizeof prefix - 1) ? e : e + sizeof prefix - 1);
-      return fa_fail(ctx, st, "flashattn: ring_attention: qs[1], ks[1], vs[1] as q, k, v: %s", rest);
-    }
-  }
+  fa_attn_dims d;
+  if ((st = check_ring_call(ctx, qs, ks, vs, opts, L, &d))) return st;
   /* the pieces of each shard in the full sequence */
   piece *pcs = calloc(2 * (size_t)n, sizeof *pcs);
   state *acc = calloc(2 * (size_t)n, sizeof *acc);
   int *npc = calloc((size_t)n, sizeof *npc);
-  if (!pcs || !acc || !npc) {
-    free(pcs), free(acc), free(npc);
+  int64_t *lens = calloc((size_t)d.B, sizeof *lens);
+  if (!pcs || !acc || !npc || !lens) {
+    free(pcs), free(acc), free(npc), free(lens);
     return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: ring_attention: out of host memory");
   }
   if (layout == FA_SHARD_ZIGZAG && 2 * (int64_t)n > L) {
@@ -333,6 +457,7 @@ fa_status fa_ring_attention(fa_context *ctx, int n, fa_tensor *const *qs, fa_ten
                  (long long)L);
     goto done;
   }
+  int64_t pos = 0; /* contiguous: the next shard's first position */
   for (int i = 0; i < n; i++) {
     if (layout == FA_SHARD_ZIGZAG) {
       npc[i] = shard_pieces(L, n, i, FA_SHARD_ZIGZAG, &pcs[2 * i]);
@@ -348,36 +473,28 @@ fa_status fa_ring_attention(fa_context *ctx, int n, fa_tensor *const *qs, fa_ten
       pcs[2 * i].start = 0;
     } else { /* contiguous: any lengths, the chunk index is the shard's */
       npc[i] = 1;
-      pcs[2 * i] = (piece){i, 0, qs[i]->shape[sd]};
+      pcs[2 * i] = (piece){i, 0, qs[i]->shape[sd], pos};
+      pos += qs[i]->shape[sd];
     }
   }
-  /* f64: each piece by the f64 reference (its lse is f64, the merge's
+  /* f64: each pair by the f64 reference (its lse is f64, the merge's
    * weights stay exact to f64); else fa_attention's pieces, their states
    * merged in f32 and their lse in f64 (an f32 lse near 8192 is off by up
    * to 5e-4 on a piece's weight: tests/lua/test_ring.lua) */
   const int reference = q0->dtype == FA_F64;
-  const fa_dtype odt = reference ? FA_F64 : FA_F32, ldt = FA_F64;
-  const fa_device dev = q0->storage->device;
-  fa_attention_opts full = *opts, diag = *opts;
-  full.causal = FA_CAUSAL_NONE, diag.causal = FA_CAUSAL_TOP_LEFT;
-  full.return_lse = diag.return_lse = 1;
-  full.splits = diag.splits = 1;
-  const int causal = opts->causal != FA_CAUSAL_NONE;
+  const ring_call rc = {opts, d.B, L, reference, reference ? FA_F64 : FA_F32, FA_F64,
+                        reference ? FA_CPU : q0->storage->device, lens};
   for (int r = 0; r < n && !st; r++)
     for (int i = 0; i < n && !st; i++) {
       const int j = ((i - r) % n + n) % n; /* the K/V shard that reaches shard i at step r */
       for (int a = 0; a < npc[i] && !st; a++)
         for (int b = 0; b < npc[j] && !st; b++) {
           const piece *qp = &pcs[2 * i + a], *kp = &pcs[2 * j + b];
-          if (causal && kp->chunk > qp->chunk) continue; /* above the diagonal */
-          const fa_attention_opts *po = causal && kp->chunk == qp->chunk ? &diag : &full;
-          fa_tensor *q = NULL, *k = NULL, *v = NULL;
+          /* a query piece's own chunk always runs (its diagonal is in every band), so every state is made */
+          if (qp->chunk != kp->chunk && !pair_visible(&rc, qp, kp)) continue;
           state s = {NULL, NULL};
-          if (!(st = narrow_seq(ctx, qs[i], qp, &q)) && !(st = narrow_seq(ctx, ks[j], kp, &k)) &&
-              !(st = narrow_seq(ctx, vs[j], kp, &v)) &&
-              !(st = attend_piece(ctx, q, k, v, po, reference, odt, ldt, reference ? FA_CPU : dev, &s)))
-            st = merge_into(ctx, &acc[2 * i + a], &s);
-          fa_tensor_drop(&q), fa_tensor_drop(&k), fa_tensor_drop(&v);
+          st = attend_pair(ctx, &rc, qs[i], ks[j], vs[j], qp, kp, &s);
+          if (!st) st = merge_into(ctx, &acc[2 * i + a], &s);
           fa_tensor_drop(&s.o), fa_tensor_drop(&s.lse);
         }
     }
@@ -387,8 +504,8 @@ fa_status fa_ring_attention(fa_context *ctx, int n, fa_tensor *const *qs, fa_ten
     int64_t shape[FA_MAX_DIMS];
     for (int k = 0; k < qi->ndim; k++) shape[k] = qi->shape[k];
     shape[qi->ndim - 1] = vs[i]->shape[qi->ndim - 1];
-    if ((st = fa_tensor_new(ctx, qi->ndim, shape, qi->dtype, dev, &outs[i]))) break;
-    if (lses && (st = fa_tensor_new(ctx, qi->ndim - 1, shape, FA_F32, dev, &lses[i]))) break;
+    if ((st = fa_tensor_new(ctx, qi->ndim, shape, qi->dtype, q0->storage->device, &outs[i]))) break;
+    if (lses && (st = fa_tensor_new(ctx, qi->ndim - 1, shape, FA_F32, q0->storage->device, &lses[i]))) break;
     for (int a = 0; a < npc[i] && !st; a++) {
       const piece *p = &pcs[2 * i + a];
       st = copy_into(ctx, outs[i], sd, p->start, acc[2 * i + a].o);
@@ -401,6 +518,6 @@ fa_status fa_ring_attention(fa_context *ctx, int n, fa_tensor *const *qs, fa_ten
   }
 done:
   for (int i = 0; i < 2 * n; i++) fa_tensor_drop(&acc[i].o), fa_tensor_drop(&acc[i].lse);
-  free(pcs), free(acc), free(npc);
+  free(pcs), free(acc), free(npc), free(lens);
   return st;
 }

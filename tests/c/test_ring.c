@@ -61,17 +61,28 @@ static void test_nulls(void) {
   CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_ring_attention(ctx, 2, qs, qs, qs, NULL, 9, outs, lses));
   fa_attention_opts o;
   fa_attention_opts_init(&o);
-  o.has_window = 1, o.window_left = 2, o.window_right = 0;
+  o.splits = 2;
   CHECK_STATUS(ctx, FA_ERR_UNSUPPORTED, fa_ring_attention(ctx, 2, qs, qs, qs, &o, FA_SHARD_CONTIGUOUS, outs, lses));
-  CHECK(strstr(fa_context_error(ctx), "opts.window") != NULL, "names the option: %s", fa_context_error(ctx));
+  CHECK(strstr(fa_context_error(ctx), "opts.splits") != NULL, "names the option: %s", fa_context_error(ctx));
+  CHECK(!outs[0] && !outs[1] && !lses[0] && !lses[1], "nothing written on failure");
+  /* kv_lens count the whole sequence's keys (t twice: L = 16) */
+  const int64_t lens[1] = {17};
+  fa_attention_opts_init(&o);
+  o.kv_lens = lens, o.n_kv_lens = 1;
+  CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_ring_attention(ctx, 2, qs, qs, qs, &o, FA_SHARD_CONTIGUOUS, outs, lses));
+  CHECK(strstr(fa_context_error(ctx), "Lk = 16") != NULL, "names the whole length: %s", fa_context_error(ctx));
   CHECK(!outs[0] && !outs[1] && !lses[0] && !lses[1], "nothing written on failure");
   fa_tensor_release(t);
 }
 
-/* The ring over n shards against fa_attention on the whole tensors. */
+/* The ring over n shards against fa_attention on the whole tensors; with
+ * rules, a window, alibi and kv_lens at the whole sequence's positions. */
 static void test_ring_equals_attention(void) {
   tu_test = "ring equals attention";
   fa_tensor *q = randn(2, 4, 11, 8, 11), *k = randn(2, 2, 11, 8, 12), *v = randn(2, 2, 11, 8, 13);
+  const double slopes[4] = {0.5, 0.25, 1, 2};
+  const int64_t lens[2] = {11, 5};
+  for (int rules = 0; rules <= 1; rules++)
   for (int layout = FA_SHARD_CONTIGUOUS; layout <= FA_SHARD_ZIGZAG; layout++)
     for (int causal = 0; causal <= 1; causal++)
       for (int n = 1; n <= 4; n++) {
@@ -82,6 +93,11 @@ static void test_ring_equals_attention(void) {
         fa_attention_opts_init(&opts);
         opts.causal = causal ? FA_CAUSAL_BOTTOM_RIGHT : FA_CAUSAL_NONE;
         opts.return_lse = 1;
+        if (rules) {
+          opts.has_window = 1, opts.window_left = 3, opts.window_right = 1;
+          opts.alibi = slopes, opts.n_alibi = 4;
+          opts.kv_lens = lens, opts.n_kv_lens = 2;
+        }
         CHECK_OK(ctx, fa_shard(ctx, q, n, -2, (fa_shard_layout)layout, qs));
         CHECK_OK(ctx, fa_shard(ctx, k, n, -2, (fa_shard_layout)layout, ks));
         CHECK_OK(ctx, fa_shard(ctx, v, n, 2, (fa_shard_layout)layout, vs));
@@ -92,10 +108,11 @@ static void test_ring_equals_attention(void) {
         double e = 1, le = 1;
         CHECK_OK(ctx, fa_rel_error(ctx, o, want, &e));
         CHECK_OK(ctx, fa_max_abs_diff(ctx, lse_all, want_lse, &le));
-        CHECK(e < 1e-5 && le < 1e-4, "layout %d causal %d n %d: rel error %g, lse %g", layout, causal, n, e, le);
+        CHECK(e < 1e-5 && le < 1e-4, "rules %d layout %d causal %d n %d: rel error %g, lse %g", rules, layout, causal,
+              n, e, le);
         /* without lses */
         release_all(os, n);
-        CHECK_OK(ctx, fa_ring_attention(ctx, n, qs, ks, vs, NULL, layout, os, NULL));
+        CHECK_OK(ctx, fa_ring_attention(ctx, n, qs, ks, vs, rules ? &opts : NULL, layout, os, NULL));
         release_all(qs, n), release_all(ks, n), release_all(vs, n), release_all(os, n), release_all(ls, n);
         fa_tensor *all[5] = {o, lse, want, want_lse, lse_all};
         release_all(all, 5);

@@ -255,6 +255,57 @@ function TestRing:test_options_pass_through()
   check_ring(q2, k2, v2, 2, {causal = true, layout = "zigzag"}, "2-D zigzag")
 end
 
+function TestRing:test_rules_count_the_whole_sequence()
+  -- window, alibi, kv_lens and masks at the positions of the whole sequence: each pair's call is padded
+  -- until its diagonal is the pieces' distance (src/ring.c, attend_pair); every layout and shard count
+  local B, Hq, Hkv, L, D = 2, 4, 2, 19, 8
+  local slopes = {0.5, 0.25, 0.125, 1}
+  local rows = fa.rand({B, 1, L, L}, {seed = 41}):totable()
+  for b = 1, B do
+    for i = 1, L do
+      for j = 1, L do rows[b][1][i][j] = rows[b][1][i][j] > 0.4 and not (i == 5) end -- row 5 sees no key
+    end
+  end
+  local bools = fa.tensor(rows, {device = dev})
+  local keys_bias = (fa.rand({L}, {seed = 42, device = dev}) - 0.5) * 4
+  local head_bias = (fa.rand({B, Hq, 1, L}, {seed = 43, device = dev}) - 0.5) * 4
+  local query_bias = (fa.rand({B, 1, L, 1}, {seed = 44, device = dev}) - 0.5) * 4
+  local cases = {
+    {window = {3, 2}},
+    {window = {4, -1}, causal = true},
+    {window = {0, 0}},
+    {window = {-1, 5}},
+    {window = {1e15, 1e15}, alibi = slopes}, -- wider than the sequence
+    {alibi = slopes},
+    {alibi = slopes, causal = true, window = {6, 0}},
+    {kv_lens = {0, 13}, causal = true}, -- batch 1 has no key: zeros, lse -inf
+    {kv_lens = {19, 4}, alibi = slopes, window = {5, 5}},
+    {mask = bools},
+    {mask = bools, causal = true, alibi = slopes},
+    {mask = keys_bias, window = {4, 4}},
+    {mask = head_bias, kv_lens = {11, 19}},
+    {mask = query_bias, alibi = slopes, softcap = 3},
+  }
+  local count = 0
+  for _, dtype in ipairs(U.dtypes) do
+    local q, k, v = U.randn({B, Hq, L, D}, dtype), U.randn({B, Hkv, L, D}, dtype), U.randn({B, Hkv, L, D}, dtype)
+    for ci, c in ipairs(cases) do
+      for _, layout in ipairs({"contiguous", "zigzag"}) do
+        for _, n in ipairs({1, 2, 4}) do
+          count = count + 1
+          local opts = U.copy_opts(c)
+          opts.layout, opts.algo = layout, U.pick({"auto", "flash", "two_pass", "naive", "flash_row"}, count)
+          check_ring(q, k, v, n, opts, ("%s case %d %s n=%d %s"):format(dtype, ci, layout, n, opts.algo))
+        end
+      end
+    end
+  end
+  -- 2-D and 3-D shards
+  check_ring(U.randn({13, 8}), U.randn({13, 8}), U.randn({13, 8}), 3, {window = {2, 1}, alibi = {0.3}}, "2-D")
+  check_ring(U.randn({3, 13, 8}), U.randn({1, 13, 8}), U.randn({1, 13, 4}), 3,
+    {layout = "zigzag", causal = "top_left", alibi = {0.3, 0.2, 0.1}, mask = keys_bias:narrow(1, 1, 13)}, "3-D, MQA")
+end
+
 function TestRing:test_errors()
   local q, k, v = U.randn({1, 2, 8, 4}), U.randn({1, 2, 8, 4}), U.randn({1, 2, 8, 4})
   local qs, ks, vs = shard3(q, k, v, 2, "contiguous")
@@ -264,13 +315,18 @@ function TestRing:test_errors()
   U.assert_fa_error({"ks", "2"}, fa.ring_attention, qs, {ks[1]}, vs)
   U.assert_fa_error({"vs", "2"}, fa.ring_attention, qs, ks, {vs[1], vs[2], vs[1]})
   U.assert_fa_error({"qs[2]"}, fa.ring_attention, {qs[1], 7}, ks, vs)
-  for _, key in ipairs({"window", "mask", "kv_lens", "alibi", "splits", "kernel", "score_mod", "mask_mod", "out",
-                        "lse_out"}) do
-    local values = {window = {2, 0}, mask = fa.ones({8, 8}, {dtype = "bool", device = dev}), kv_lens = {4},
-                    alibi = {0.5, 0.25}, splits = 2, kernel = "flash", score_mod = function(s) return s end,
+  for _, key in ipairs({"splits", "kernel", "score_mod", "mask_mod", "out", "lse_out"}) do
+    local values = {splits = 2, kernel = "flash", score_mod = function(s) return s end,
                     mask_mod = function() return true end, out = q, lse_out = q}
     U.assert_fa_error({"opts." .. key, "not in this version"}, fa.ring_attention, qs, ks, vs, {[key] = values[key]})
   end
+  -- the options that count positions are checked against the whole sequence (L = 8), not a shard (4)
+  U.assert_fa_error({"opts.kv_lens[1]", "Lk = 8", "9"}, fa.ring_attention, qs, ks, vs, {kv_lens = {9}})
+  U.assert_fa_error({"opts.kv_lens", "1 entries"}, fa.ring_attention, qs, ks, vs, {kv_lens = {4, 4}})
+  U.assert_fa_error({"opts.mask", "(1, 2, 8, 8)"}, fa.ring_attention, qs, ks, vs,
+    {mask = fa.ones({4, 4}, {dtype = "bool", device = dev})})
+  U.assert_fa_error({"opts.alibi", "2 slopes"}, fa.ring_attention, qs, ks, vs, {alibi = {0.5}})
+  U.assert_fa_error({"opts.window"}, fa.ring_attention, qs, ks, vs, {window = {-2, 0}})
   U.assert_fa_error({"unknown option", "causel"}, fa.ring_attention, qs, ks, vs, {causel = true})
   U.assert_fa_error({"layout"}, fa.ring_attention, qs, ks, vs, {layout = "ring"})
   U.assert_fa_error({"causal"}, fa.ring_attention, qs, ks, vs, {causal = "diagonal"})
