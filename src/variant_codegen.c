@@ -77,8 +77,11 @@ static int meet(int a, int b) {
 
 static const char *ctype(int ty) { return ty == TB ? "bool" : ty == TI ? "long long" : "float"; }
 
-static void constant(text *t, const fa_expr_node *x, int ty) {
-  if (ty == TB) put(t, "%s", x->c != 0 ? "true" : "false");
+/* A number: from the arguments (slot >= 0: a.ci for long long, a.cf for
+ * the floats), else a literal. */
+static void constant(text *t, const fa_expr_node *x, int ty, int slot) {
+  if (slot >= 0) put(t, ty == TI ? "a.ci[%d]" : "a.cf[%d]", slot);
+  else if (ty == TB) put(t, "%s", x->c != 0 ? "true" : "false");
   else if (ty == TI) put(t, "%lldLL", (long long)x->c);
   else if (ty == TJ) put(t, "%lld.f", (long long)x->c);
   else if (x->c != x->c) put(t, "__int_as_float(0x7fffffff)");
@@ -338,13 +341,30 @@ static double *gains(const fa_expr *e, const uint8_t *live) {
   return g;
 }
 
-static void emit_node(text *t, const fa_expr *e, int i, const int *ty, const uint8_t *fl, const double *gain) {
+/* Whether division node i is a product with its divisor's reciprocal: by
+ * a constant, where that is the same number (a power of two), or where the
+ * dividend is a float (the score: tanh(s / 30)), whose last bit decides no
+ * floor.  An integer's quotient is divided: times (float)(1 / 41), 41 gave
+ * 0.99999994, whose floor split `(q / 41):floor()` chunks where the CPU's
+ * f64 does not (124 divisors in 2..300 do so somewhere below 2^24; f32
+ * division never does). */
+static int div_by_reciprocal(const fa_expr *e, const int *ty, int i) {
+  const fa_expr_node *x = &e->nodes[i], *xb = &e->nodes[x->a[1]];
+  int ex;
+  const int by_const = xb->op == FA_X_CONST && isfinite(xb->c) && xb->c != 0 && fabs(xb->c) < 1e30 &&
+                       fabs(xb->c) > 1e-30;
+  const int exact = by_const && fabs(frexp(xb->c, &ex)) == 0.5;
+  return by_const && (exact || (ty[x->a[0]] != TI && ty[x->a[0]] != TJ));
+}
+
+static void emit_node(text *t, const fa_expr *e, int i, const int *ty, const uint8_t *fl, const double *gain,
+                      const int *slot) {
   const fa_expr_node *x = &e->nodes[i];
   const int a = x->a[0], b = x->a[1], c = x->a[2], T = ty[i];
   static const char *const cmp[] = {"<", "<=", ">", ">=", "==", "!="};
   put(t, "  const %s v%d = ", ctype(T), i);
   switch (x->op) {
-  case FA_X_CONST: constant(t, x, T); break;
+  case FA_X_CONST: constant(t, x, T, slot[i]); break;
   case FA_X_S: put(t, "s"); break;
   case FA_X_B: case FA_X_H: case FA_X_Q: case FA_X_K: /* bf + 1.f, or b + 1 past 2^24 */
     put(t, T == TJ ? "(%cf + 1.f)" : "(%c + 1)", "bhqk"[x->op - FA_X_B]);
@@ -366,23 +386,12 @@ static void emit_node(text *t, const fa_expr *e, int i, const int *ty, const uin
     break;
   }
   case FA_X_NOT: put(t, "!"), operand(t, a, ty[a], TB); break;
-  case FA_X_DIV: {
-    /* By a constant: times its reciprocal where that is the same number (a power of two), or
-     * where the dividend is a float (the score: tanh(s / 30)), whose last bit decides no floor.
-     * An integer's quotient is divided: times (float)(1 / 41), 41 gave 0.99999994, whose
-     * floor split `(q / 41):floor()` chunks where the CPU's f64 does not (124 divisors in
-     * 2..300 do so somewhere below 2^24; f32 division never does). */
-    const fa_expr_node *xb = &e->nodes[b];
-    int ex;
-    const int by_const = xb->op == FA_X_CONST && isfinite(xb->c) && xb->c != 0 && fabs(xb->c) < 1e30 &&
-                         fabs(xb->c) > 1e-30;
-    const int exact = by_const && fabs(frexp(xb->c, &ex)) == 0.5;
-    if (by_const && (exact || (ty[a] != TI && ty[a] != TJ)))
-      operand(t, a, ty[a], TF), put(t, " * (float)%.17g", 1.0 / xb->c);
-    else
-      operand(t, a, ty[a], TF), put(t, " / "), operand(t, b, ty[b], TF);
+  case FA_X_DIV: /* its slot: the reciprocal's */
+    operand(t, a, ty[a], TF);
+    if (!div_by_reciprocal(e, ty, i)) put(t, " / "), operand(t, b, ty[b], TF);
+    else if (slot[i] >= 0) put(t, " * a.cf[%d]", slot[i]);
+    else put(t, " * (float)%.17g", 1.0 / e->nodes[b].c);
     break;
-  }
   case FA_X_ADD: case FA_X_SUB: case FA_X_MUL:
     operand(t, a, ty[a], T), put(t, " %c ", "+-*"[x->op - FA_X_ADD]), operand(t, b, ty[b], T);
     break;
@@ -523,7 +532,7 @@ static void nan_flag(text *t, int j, int have) {
   else put(t, "false");
 }
 
-static void emit_tile(text *t, const fa_expr *e, const int *ty, const uint8_t *live, int base) {
+static void emit_tile(text *t, const fa_expr *e, const int *ty, const uint8_t *live, const int *slot, int base) {
   static const char *const cmp[] = {"lt", "le", "gt", "ge", "eq", "ne"};
   put(t, "  static const bool has_tile = true;\n");
   put(t, "  static __device__ int tile(const fa_variant_args &a, long long b, long long h, long long q0, long long q1,"
@@ -537,7 +546,8 @@ static void emit_tile(text *t, const fa_expr *e, const int *ty, const uint8_t *l
       continue;
     }
     if (ty[i] == TF) { /* a float constant, as the pairs round it */
-      if (x->c != x->c) put(t, "  const double l%d = 0., h%d = 0.;\n  const bool n%d = true;\n", i, i, i);
+      if (slot[i] >= 0) put(t, "  const double l%d = (double)a.cf[%d], h%d = l%d;\n  const bool n%d = false;\n", i, slot[i], i, i, i);
+      else if (x->c != x->c) put(t, "  const double l%d = 0., h%d = 0.;\n  const bool n%d = true;\n", i, i, i);
       else if (isinf(x->c)) put(t, "  const double l%d = %sINFINITY, h%d = l%d;\n  const bool n%d = false;\n", i,
                                 x->c < 0 ? "-" : "", i, i, i);
       else put(t, "  const double l%d = (double)(float)%.17g, h%d = l%d;\n  const bool n%d = false;\n", i, x->c, i, i, i);
@@ -567,7 +577,10 @@ static void emit_tile(text *t, const fa_expr *e, const int *ty, const uint8_t *l
       continue;
     }
     switch (x->op) { /* integers: [l, h] */
-    case FA_X_CONST: put(t, "  const double l%d = %.17g, h%d = %.17g;\n", i, x->c, i, x->c); break;
+    case FA_X_CONST:
+      if (slot[i] >= 0) put(t, "  const double l%d = (double)a.c%c[%d], h%d = l%d;\n", i, ty[i] == TI ? 'i' : 'f', slot[i], i, i);
+      else put(t, "  const double l%d = %.17g, h%d = %.17g;\n", i, x->c, i, x->c);
+      break;
     case FA_X_B: put(t, "  const double l%d = (double)(b + 1), h%d = l%d;\n", i, i, i); break;
     case FA_X_H: put(t, "  const double l%d = (double)(h + 1), h%d = l%d;\n", i, i, i); break;
     case FA_X_Q: put(t, "  const double l%d = (double)(q0 + 1), h%d = (double)(q1 + 1);\n", i, i); break;
@@ -611,15 +624,43 @@ static void emit_tile(text *t, const fa_expr *e, const int *ty, const uint8_t *l
 typedef struct {
   int *ty;
   uint8_t *fl, *unsafe, *live;
+  int *slot; /* numbers: -1 a literal, else the slot of a.cf (a.ci for a long long) the code reads */
 } analysis;
 
-static void analysis_free(analysis *an) { free(an->ty), free(an->fl), free(an->unsafe), free(an->live); }
+static void analysis_free(analysis *an) { free(an->ty), free(an->fl), free(an->unsafe), free(an->live), free(an->slot); }
 
-/* 0, or -1 when out of memory (an freed). */
-static int analyse(const fa_expr *e, const int64_t *bounds, analysis *an) {
+/* The numbers of e that its code reads from the arguments, in consts
+ * (NULL: none) from its counts on, while slots last: every live finite
+ * number but the booleans and those a modulo or a power takes (their
+ * literals let the compiler make q % 64 and x ^ 2 a mask and a product),
+ * and the reciprocal a division by a constant multiplies by.  Whatever
+ * the values, equal text means equal types, ranges' verdicts and code. */
+static void assign_numbers(const fa_expr *e, analysis *an, fa_variant_consts *c) {
+  for (int i = 0; i < e->n; i++) an->slot[i] = -1;
+  if (!c) return;
+  for (int i = 0; i < e->n; i++) {
+    const fa_expr_node *x = &e->nodes[i];
+    if (!an->live[i]) continue;
+    int keep = x->op == FA_X_CONST && !x->is_bool && isfinite(x->c);
+    for (int j = i + 1; keep && j < e->n; j++) /* a later node that takes it as a modulo's or a power's operand */
+      if ((e->nodes[j].op == FA_X_MOD || e->nodes[j].op == FA_X_POW) && an->live[j] &&
+          (e->nodes[j].a[0] == i || e->nodes[j].a[1] == i))
+        keep = 0;
+    if (keep && an->ty[i] == TI && c->ni < FA_VARIANT_INTS)
+      an->slot[i] = c->ni, c->i[c->ni++] = (long long)x->c;
+    else if (keep && an->ty[i] != TI && c->nf < FA_VARIANT_FLOATS)
+      an->slot[i] = c->nf, c->f[c->nf++] = (float)x->c;
+    else if (x->op == FA_X_DIV && div_by_reciprocal(e, an->ty, i) && c->nf < FA_VARIANT_FLOATS)
+      an->slot[i] = c->nf, c->f[c->nf++] = (float)(1.0 / e->nodes[x->a[1]].c);
+  }
+}
+
+/* 0, or -1 when out of memory (an freed); consts as assign_numbers'. */
+static int analyse(const fa_expr *e, const int64_t *bounds, analysis *an, fa_variant_consts *consts) {
   an->ty = calloc((size_t)e->n, sizeof *an->ty);
   an->fl = calloc((size_t)e->n, 1), an->unsafe = calloc((size_t)e->n, 1), an->live = calloc((size_t)e->n, 1);
-  if (!an->ty || !an->fl || !an->unsafe || !an->live) {
+  an->slot = calloc((size_t)e->n, sizeof *an->slot);
+  if (!an->ty || !an->fl || !an->unsafe || !an->live || !an->slot) {
     analysis_free(an);
     return -1;
   }
@@ -627,6 +668,7 @@ static int analyse(const fa_expr *e, const int64_t *bounds, analysis *an) {
   an->live[e->n - 1] = 1;
   for (int i = e->n - 1; i >= 0; i--)
     for (int j = 0; an->live[i] && j < fa_expr_operands(&e->nodes[i]); j++) an->live[e->nodes[i].a[j]] = 1;
+  assign_numbers(e, an, consts);
   return 0;
 }
 
@@ -686,18 +728,12 @@ static void emit_grad(text *t, const fa_expr *e, int i, const int *ty, const uin
 
 /* One function of the variant: score_mod (returns the score; with grad,
  * score_grad: also its derivative by s in ds) or mask_mod (returns whether
- * the key stays), its reads from argument slot base on. */
-static int emit_function(text *t, const fa_expr *e, const int64_t *bounds, int is_mask, int grad, int base) {
-  analysis an;
-  if (analyse(e, bounds, &an)) {
-    t->failed = 1;
-    return 0;
-  }
-  const int *ty = an.ty;
-  const uint8_t *fl = an.fl, *unsafe = an.unsafe, *live = an.live;
+ * the key stays), its reads from argument slot base on; an: e's analysis. */
+static int emit_function(text *t, const fa_expr *e, const analysis *an, int is_mask, int grad, int base) {
+  const int *ty = an->ty, *slot = an->slot;
+  const uint8_t *fl = an->fl, *unsafe = an->unsafe, *live = an->live;
   uint8_t *dep = grad ? calloc((size_t)e->n, 1) : NULL;
   if (grad && !dep) {
-    analysis_free(&an);
     t->failed = 1;
     return 0;
   }
@@ -716,7 +752,7 @@ static int emit_function(text *t, const fa_expr *e, const int64_t *bounds, int i
       if (live[i]) emit_load(t, e, i, ty, fl, unsafe[i], base + x->tensor, reads);
       reads += unsafe[i];
     } else if (live[i]) {
-      emit_node(t, e, i, ty, fl, gain);
+      emit_node(t, e, i, ty, fl, gain, slot);
       if (dep && dep[i]) emit_grad(t, e, i, ty, dep);
     }
   }
@@ -727,14 +763,25 @@ static int emit_function(text *t, const fa_expr *e, const int64_t *bounds, int i
   put(t, "  return ");
   operand(t, r, ty[r], is_mask ? TB : TF);
   put(t, ";\n  }\n");
-  if (grad) {
-    analysis_free(&an);
-    return reads;
-  }
-  if (is_mask && tile_exact(e, ty, live)) emit_tile(t, e, ty, live, base);
+  if (grad) return reads;
+  if (is_mask && tile_exact(e, ty, live)) emit_tile(t, e, ty, live, slot, base);
   else if (is_mask) put(t, "  static const bool has_tile = false;\n"
                            "  static __device__ int tile(const fa_variant_args &, long long, long long, long long, long long,"
                            " long long, long long, int = 0, int = 1) { return 2; }\n");
+  return reads;
+}
+
+/* score_mod's functions (score, score_grad) or mask_mod's, as emit_function;
+ * its numbers into consts. */
+static int emit_expression(text *t, const fa_expr *e, const int64_t *bounds, int is_mask, int base,
+                           fa_variant_consts *consts) {
+  analysis an;
+  if (analyse(e, bounds, &an, consts)) {
+    t->failed = 1;
+    return 0;
+  }
+  const int reads = emit_function(t, e, &an, is_mask, 0, base);
+  if (!is_mask) emit_function(t, e, &an, 0, 1, base);
   analysis_free(&an);
   return reads;
 }
@@ -742,26 +789,28 @@ static int emit_function(text *t, const fa_expr *e, const int64_t *bounds, int i
 int fa_variant_unsafe_reads(const fa_expr *e, const int64_t *bounds, int node) {
   analysis an;
   if (!e) return 0;
-  if (analyse(e, bounds, &an)) return -1;
+  if (analyse(e, bounds, &an, NULL)) return -1;
   int n = 0;
   for (int i = 0; i < e->n && i != node; i++) n += e->nodes[i].op == FA_X_LOAD && an.unsafe[i];
   analysis_free(&an);
   return n;
 }
 
-char *fa_variant_source(const fa_expr *score_mod, const fa_expr *mask_mod, const int64_t *bounds, int *reads) {
+char *fa_variant_source(const fa_expr *score_mod, const fa_expr *mask_mod, const int64_t *bounds, int *reads,
+                        fa_variant_consts *consts) {
   text t = {0};
+  if (consts) memset(consts, 0, sizeof *consts);
   put(&t, "struct fa_variant {\n");
   put(&t, "  static const bool has_score = %s, has_mask = %s;\n", score_mod ? "true" : "false",
       mask_mod ? "true" : "false");
   reads[0] = reads[1] = 0;
-  if (score_mod) reads[0] = emit_function(&t, score_mod, bounds, 0, 0, 0), emit_function(&t, score_mod, bounds, 0, 1, 0);
+  if (score_mod) reads[0] = emit_expression(&t, score_mod, bounds, 0, 0, consts);
   else
     put(&t, "  static __device__ __forceinline__ float score(const fa_variant_args &, float s, long long, long long, "
             "long long, long long, float, float, float, float, int &) { return s; }\n"
             "  static __device__ __forceinline__ float score_grad(const fa_variant_args &, float s, long long, long long, "
             "long long, long long, float, float, float, float, int &, float &ds) { ds = 1.f; return s; }\n");
-  if (mask_mod) reads[1] = emit_function(&t, mask_mod, bounds, 1, 0, score_mod ? score_mod->ntensors : 0);
+  if (mask_mod) reads[1] = emit_expression(&t, mask_mod, bounds, 1, score_mod ? score_mod->ntensors : 0, consts);
   else
     put(&t, "  static __device__ __forceinline__ bool mask(const fa_variant_args &, float, long long, long long, "
             "long long, long long, float, float, float, float, int &) { return true; }\n"

@@ -565,9 +565,14 @@ static fa_status plan_variant(fa_context *ctx, fa_attn_kernel kernel, const fa_a
 
 /* The CUDA C of the call's variant, in its translation unit (malloc'd):
  * the expressions, and which of §2's rules the call sets; reads: their
- * checked reads (fa_variant_source). */
-static char *variant_unit(const fa_attn_problem *p, const int64_t *bounds, int *reads) {
-  char *code = fa_variant_source(p->score_mod, p->mask_mod, bounds, reads), *src = NULL;
+ * checked reads, and va's numbers (fa_variant_source). */
+static_assert(sizeof(((fa_variant_args *)0)->ci) == sizeof(((fa_variant_consts *)0)->i) &&
+                  sizeof(((fa_variant_args *)0)->cf) == sizeof(((fa_variant_consts *)0)->f),
+              "fa_variant_args' numbers: as many as variant_codegen.h's");
+static char *variant_unit(const fa_attn_problem *p, const int64_t *bounds, int *reads, fa_variant_args *va) {
+  fa_variant_consts consts;
+  char *code = fa_variant_source(p->score_mod, p->mask_mod, bounds, reads, &consts), *src = NULL;
+  if (code) memcpy(va->ci, consts.i, sizeof va->ci), memcpy(va->cf, consts.f, sizeof va->cf);
   if (code) {
     const size_t n = strlen(code) + 640;
     if ((src = (char *)malloc(n)))
@@ -599,7 +604,8 @@ extern "C" fa_status fa_cuda_variant_compile(fa_context *ctx, const fa_expr *sco
   p.B = 2, p.Hq = p.Hkv = 4, p.Lq = p.Lk = 256, p.compute = dtype, p.score_mod = score_mod, p.mask_mod = mask_mod;
   const int64_t bounds[4] = {p.B, p.Hq, p.Lq, p.Lk};
   int reads[2];
-  char *src = variant_unit(&p, bounds, reads);
+  fa_variant_args numbers; /* the unit as a call compiles it; the values go nowhere */
+  char *src = variant_unit(&p, bounds, reads, &numbers);
   if (!src) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.score_mod: out of host memory");
   for (int i = 0; i < n && !st; i++) {
     char *cubin = NULL, *lowered = NULL;
@@ -765,7 +771,7 @@ static fa_status variant_open(fa_context *ctx, const fa_attn_problem *p, const i
   int reads[2];
   *fr = fault_records{NULL, 0, {0, 0}};
   variant_problem(p, vp);
-  if (!(*src = variant_unit(p, bounds, reads)))
+  if (!(*src = variant_unit(p, bounds, reads, &vp->va)))
     return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: opts.score_mod: out of host memory");
   fa_status st = rtc_kernels_get(ctx, *src, list, n, guards, kern);
   return st ? st : faults_open(ctx, reads, vp, fr);
@@ -1045,7 +1051,9 @@ extern "C" fa_status fa_cuda_block_mask(fa_context *ctx, const fa_expr *e, int64
   p.B = B, p.Hq = p.Hkv = H, p.Lq = Lq, p.Lk = Lk, p.mask_mod = e;
   const int64_t bounds[4] = {B, H, Lq, Lk};
   int reads[2];
-  char *src = variant_unit(&p, bounds, reads);
+  fa_variant_problem vp;
+  variant_problem(&p, &vp);
+  char *src = variant_unit(&p, bounds, reads, &vp.va);
   if (!src) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: block_mask: out of host memory");
   char name[96];
   snprintf(name, sizeof name, "fa_variant_spans_kernel<%lld, %lld>", (long long)Br, (long long)Bc);
@@ -1057,8 +1065,6 @@ extern "C" fa_status fa_cuda_block_mask(fa_context *ctx, const fa_expr *e, int64
   const long long nb = expr_uses(e, FA_X_B) ? B : 1, nh = expr_uses(e, FA_X_H) ? H : 1;
   const long long nq = (Lq + Br - 1) / Br, nk = (Lk + Bc - 1) / Bc, grid = nb * nh * nq;
   const size_t bytes = (size_t)(grid * nk);
-  fa_variant_problem vp;
-  variant_problem(&p, &vp);
   vp.va.spans_nq = nq;
   fault_records fr = {NULL, 0, {0, 0}};
   void *dev = NULL, *spans = NULL;

@@ -30,6 +30,11 @@ struct fa_variant_args {
    * ((b·spans_sb + h·spans_sh)·spans_nq + query tile)·tiles_nk + key tile */
   const unsigned char *tiles;
   long long tiles_nk;
+  /* the expressions' numbers that their code reads here, not as literals
+   * (src/variant_codegen.h: FA_VARIANT_INTS and FA_VARIANT_FLOATS), so that
+   * new values of them compile nothing */
+  long long ci[16];
+  float cf[24];
 };
 
 /* The index of a bad read that is NaN or not an integer (expr.c's codes). */

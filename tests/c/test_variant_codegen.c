@@ -18,6 +18,7 @@
 #include <string.h>
 
 static const char *cxx, *include_dir, *work;
+static fa_variant_consts scratch; /* the numbers of the cases that look at the text alone */
 
 /* ---- building expressions ---- */
 typedef struct {
@@ -63,8 +64,9 @@ typedef struct {
 } tile_verdict;
 static tile_verdict tiles[MAX_TILES];
 
-static int run_host(const char *code, const fa_expr *e, int is_mask, const int64_t *bounds, const int64_t *ks,
-                    int nk, double *values, int *faults, double *again, double *grads, int npoints, int *tiles_read) {
+static int run_host(const char *code, const fa_variant_consts *consts, const fa_expr *e, int is_mask,
+                    const int64_t *bounds, const int64_t *ks, int nk, double *values, int *faults, double *again,
+                    double *grads, int npoints, int *tiles_read) {
   char src[512], exe[512], cmd[2048];
   snprintf(src, sizeof src, "%s/variant_host.cpp", work);
   snprintf(exe, sizeof exe, "%s/variant_host", work);
@@ -87,6 +89,9 @@ static int run_host(const char *code, const fa_expr *e, int is_mask, const int64
   for (int t = 0; t < e->ntensors; t++) write_tensor(f, t, e->tensors[t]);
   fprintf(f, "int main(void) {\n  static fa_variant_args a;\n  static long long rec[2][64];\n"
              "  memset(rec, 0xff, sizeof rec);\n  a.fault[0] = rec[0], a.fault[1] = rec[1];\n");
+  /* the numbers the code reads from the arguments, as the launch passes them (exactly: hex floats) */
+  for (int i = 0; i < consts->ni; i++) fprintf(f, "  a.ci[%d] = %lldLL;\n", i, consts->i[i]);
+  for (int i = 0; i < consts->nf; i++) fprintf(f, "  a.cf[%d] = %af;\n", i, (double)consts->f[i]);
   /* one expression a program: its tensors take the slots from 0, as the
    * first (or only) expression of a unit does */
   for (int t = 0; t < e->ntensors; t++) {
@@ -145,7 +150,8 @@ static int run_host(const char *code, const fa_expr *e, int is_mask, const int64
 static void check(const char *name, const fa_expr *e, int is_mask, const int64_t *bounds, const int64_t *ks, int nk,
                   double rel) {
   int reads[2];
-  char *code = fa_variant_source(is_mask ? NULL : e, is_mask ? e : NULL, bounds, reads);
+  fa_variant_consts consts;
+  char *code = fa_variant_source(is_mask ? NULL : e, is_mask ? e : NULL, bounds, reads, &consts);
   CHECK(code != NULL, "%s: no source", name);
   CHECK(reads[is_mask] == fa_variant_unsafe_reads(e, bounds, -1) && reads[!is_mask] == 0, "%s: checked reads %d",
         name, reads[is_mask]);
@@ -156,7 +162,7 @@ static void check(const char *name, const fa_expr *e, int is_mask, const int64_t
   double *again = calloc((size_t)npoints, sizeof *again), *grads = calloc((size_t)npoints, sizeof *grads);
   int ntiles = 0;
   const int ran = values && faults && again && grads &&
-                  run_host(code, e, is_mask, bounds, ks, nk, values, faults, again, grads, npoints, &ntiles);
+                  run_host(code, &consts, e, is_mask, bounds, ks, nk, values, faults, again, grads, npoints, &ntiles);
   CHECK(ran, "%s: the host program did not run", name);
   const double ss[] = {-1.5, 0.25, 3.0};
   int i = 0, bad = 0;
@@ -330,7 +336,7 @@ int main(int argc, char **argv) {
     CHECK(fa_expr_new(ctx, x.n, x.count, NULL, NULL, 0, &e) == FA_OK, "%s", fa_context_error(ctx));
     const int64_t pb[4] = {1, 2, 12, 12}, pk[12] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
     int reads[2];
-    char *code = fa_variant_source(NULL, e, pb, reads);
+    char *code = fa_variant_source(NULL, e, pb, reads, &scratch);
     CHECK(code && strstr(code, "has_tile = true") != NULL, "%s", "a tile function for positions alone");
     free(code);
     check("mask_mod of positions", e, 1, pb, pk, 12, 0);
@@ -363,7 +369,7 @@ int main(int argc, char **argv) {
     CHECK(fa_expr_new(ctx, x.n, x.count, ts, NULL, 3, &e) == FA_OK, "%s", fa_context_error(ctx));
     const int64_t rb[4] = {2, 1, 12, 12}, rk[12] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
     int reads[2];
-    char *code = fa_variant_source(NULL, e, rb, reads);
+    char *code = fa_variant_source(NULL, e, rb, reads, &scratch);
     CHECK(code && strstr(code, "has_tile = true") != NULL, "%s", "a tile function for reads compared");
     free(code);
     check("mask_mod of reads compared", e, 1, rb, rk, 12, 0);
@@ -406,7 +412,7 @@ int main(int argc, char **argv) {
     const int64_t big[4] = {1, 1, 2, (int64_t)1 << 26};
     const int64_t bks[4] = {33554430, 33554431, 33554432, 33554433};
     int reads[2];
-    char *code = fa_variant_source(e, NULL, big, reads);
+    char *code = fa_variant_source(e, NULL, big, reads, &scratch);
     CHECK(code && strstr(code, "(k + 1)") != NULL, "%s", "k as a 64-bit integer"); /* past 2^24 */
     free(code);
     check("positions past 2^24", e, 0, big, bks, 4, 0);
@@ -424,7 +430,7 @@ int main(int argc, char **argv) {
     const int64_t qb[4] = {1, 1, 40, 3};
     const int64_t qks[3] = {0, 1, 2};
     int reads[2];
-    char *code = fa_variant_source(NULL, e, qb, reads);
+    char *code = fa_variant_source(NULL, e, qb, reads, &scratch);
     CHECK(code && strstr(code, "long long v4") == NULL, "%s", "q * 1e9 * 1e9 is no long long");
     free(code);
     check("products past 2^53", e, 1, qb, qks, 3, 0);
@@ -447,7 +453,7 @@ int main(int argc, char **argv) {
       CHECK(fa_expr_new(ctx, x.n, x.count, NULL, NULL, 0, &e) == FA_OK, "%s", fa_context_error(ctx));
       const int64_t tb[4] = {1, 1, 8, 8};
       int reads[2];
-      char *code = fa_variant_source(e, NULL, tb, reads);
+      char *code = fa_variant_source(e, NULL, tb, reads, &scratch);
       const int fast = code && strstr(code, "fa_variant_tanh_fast(") != NULL, libm = code && strstr(code, "tanhf(") != NULL;
       CHECK(code && fast == cases[c].fast && libm == !cases[c].fast, "%s: tanh's form (one-SFU in f16/bf16 %d, tanhf %d)",
             cases[c].name, fast, libm);
@@ -462,8 +468,58 @@ int main(int argc, char **argv) {
     CHECK(fa_expr_new(ctx, x.n, x.count, NULL, NULL, 0, &e) == FA_OK, "%s", fa_context_error(ctx));
     const int64_t tb[4] = {1, 1, 8, 8};
     int reads[2];
-    char *code = fa_variant_source(NULL, e, tb, reads);
+    char *code = fa_variant_source(NULL, e, tb, reads, &scratch);
     CHECK(code && strstr(code, "tanhf(") && !strstr(code, "fa_variant_tanh_fast"), "%s", "mask_mod's tanh: tanhf");
+    free(code);
+    fa_expr_free(e);
+  }
+  /* numbers from the arguments: a new window width or softcap leaves the text (the compiled kernels'
+   * cache key) as it was, with the value in a slot; a modulo's operand, a value that types otherwise
+   * (a fraction, an integer past 2^24, a softcap past the one-SFU tanh's 128) changes the text */
+  {
+    const struct { const char *name; int form; double c1, c2; int same; } cases[] = {
+        {"window widths", 0, 1024, 64, 1},      {"a width past 2^24", 0, 1024, 33554432.0, 0},
+        {"a fractional width", 0, 1024, 2.5, 0}, {"softcaps 30 and 50", 1, 30, 50, 1},
+        {"softcaps 30 and 200", 1, 30, 200, 0},  {"modulo divisors", 2, 4, 5, 0}};
+    const int64_t tb[4] = {1, 1, 8, 8}, tks[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    for (int c = 0; c < (int)(sizeof cases / sizeof cases[0]); c++) {
+      char *text[2] = {NULL, NULL};
+      fa_variant_consts got[2];
+      for (int v = 0; v < 2; v++) {
+        const double w = v ? cases[c].c2 : cases[c].c1;
+        nodes x = {0};
+        const int sn = cases[c].form ? node(&x, FA_X_S, 0, 0, 0, 0) : -1; /* (a mask_mod has no s) */
+        const int q = node(&x, FA_X_Q, 0, 0, 0, 0), k = node(&x, FA_X_K, 0, 0, 0, 0);
+        if (cases[c].form == 0) /* q >= k & q - k <= w */
+          B2(&x, FA_X_AND, B2(&x, FA_X_GE, q, k), B2(&x, FA_X_LE, N2(&x, FA_X_SUB, q, k), cst(&x, w)));
+        else if (cases[c].form == 1) /* (s / w):tanh() * w */
+          N2(&x, FA_X_MUL, N1(&x, FA_X_TANH, N2(&x, FA_X_DIV, sn, cst(&x, w))), cst(&x, w));
+        else /* s + q % w */
+          N2(&x, FA_X_ADD, sn, N2(&x, FA_X_MOD, q, cst(&x, w)));
+        fa_expr *e = NULL;
+        CHECK(fa_expr_new(ctx, x.n, x.count, NULL, NULL, 0, &e) == FA_OK, "%s", fa_context_error(ctx));
+        const int is_mask = cases[c].form == 0;
+        int reads[2];
+        text[v] = fa_variant_source(is_mask ? NULL : e, is_mask ? e : NULL, tb, reads, &got[v]);
+        check(cases[c].name, e, is_mask, tb, tks, 8, 2e-6); /* each value's code against the CPU */
+        fa_expr_free(e);
+      }
+      const int same = text[0] && text[1] && !strcmp(text[0], text[1]);
+      CHECK(same == cases[c].same, "%s: the texts are %s", cases[c].name, same ? "the same" : "different");
+      if (same && cases[c].form == 0) /* an integer a float holds exactly: a.cf */
+        CHECK(got[0].nf == 1 && got[0].ni == 0 && got[0].f[0] == cases[c].c1 && got[1].f[0] == cases[c].c2,
+              "%s: the width in a.cf[0]", cases[c].name);
+      free(text[0]), free(text[1]);
+    }
+    /* without consts, every number a literal */
+    nodes x = {0};
+    const int q = node(&x, FA_X_Q, 0, 0, 0, 0), k = node(&x, FA_X_K, 0, 0, 0, 0);
+    B2(&x, FA_X_LE, N2(&x, FA_X_SUB, q, k), cst(&x, 1234));
+    fa_expr *e = NULL;
+    CHECK(fa_expr_new(ctx, x.n, x.count, NULL, NULL, 0, &e) == FA_OK, "%s", fa_context_error(ctx));
+    int reads[2];
+    char *code = fa_variant_source(NULL, e, tb, reads, NULL);
+    CHECK(code && strstr(code, "1234") && !strstr(code, "a.ci["), "%s", "no consts: literals");
     free(code);
     fa_expr_free(e);
   }

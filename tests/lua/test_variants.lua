@@ -139,6 +139,22 @@ function TestVariants:test_sliding()
   end
 end
 
+-- an expression's numbers are arguments of each launch on cuda (src/variant_codegen.c): a sweep over a
+-- prefix length and a softcap runs one compiled kernel a form, each value giving its own result
+function TestVariants:test_numbers_swept()
+  local L = 40
+  for _, dtype in ipairs(U.cuda and {"bf16", "f32"} or {"f32"}) do
+    local q, k, v = inputs(dtype, 1, 2, 2, L, L, U.cuda and dtype == "bf16" and 128 or 16)
+    for _, P in ipairs({1, 7, 20, 39}) do
+      check_variant(q, k, v, {mask_mod = function(b, h, q, k) return k:le(P) | q:ge(k) end},
+        {mask = dense(L, L, function(i, j) return j <= P or i >= j end)}, "prefix " .. P)
+    end
+    for _, c in ipairs({2, 5.5, 30, 100}) do
+      check_variant(q, k, v, {score_mod = function(s) return (s / c):tanh() * c end}, {softcap = c}, "softcap " .. c)
+    end
+  end
+end
+
 function TestVariants:test_document()
   local L = 40
   local ids = {}
