@@ -664,9 +664,10 @@ static fa_status block_mask_spans(fa_context *ctx, const fa_block_mask *cm, int 
   return FA_OK;
 }
 
-/* Spans of mask_mods that read no tensor depend on the unit's source and
- * the call's sizes alone: kept for the process (at most SPANS_KEPT of
- * them; the rest are made a call at a time). */
+/* Spans of mask_mods that read no tensor depend on the unit's source, the
+ * numbers its code reads from the arguments (va.ci, va.cf: one source
+ * serves every prefix length) and the call's sizes alone: kept for the
+ * process (at most SPANS_KEPT of them; the rest are made a call at a time). */
 #define SPANS_KEPT 64
 typedef struct spans_entry {
   char *key;
@@ -677,8 +678,9 @@ typedef struct spans_entry {
 static spans_entry *kept_spans;
 static int kept_count;
 
-static char *spans_key(const char *src, const fa_attn_problem *p, const variant_plan *v, size_t *len) {
-  const size_t cap = strlen(src) + 160;
+static char *spans_key(const char *src, const fa_attn_problem *p, const variant_plan *v, const fa_variant_args *va,
+                       size_t *len) {
+  const size_t numbers = sizeof va->ci + sizeof va->cf, cap = strlen(src) + 160 + 2 * numbers;
   char *key = (char *)malloc(cap);
   int dev = 0;
   if (!key || cudaGetDevice(&dev) != cudaSuccess) {
@@ -686,8 +688,14 @@ static char *spans_key(const char *src, const fa_attn_problem *p, const variant_
     free(key);
     return NULL;
   }
-  *len = (size_t)snprintf(key, cap, "%s\n// spans %d x %d of %lld %lld %lld %lld %lld %lld on %d", src, v->br, v->bc,
-                          (long long)p->B, (long long)p->Hq, (long long)p->Lq, (long long)p->Lk, v->nb, v->nh, dev);
+  size_t n = (size_t)snprintf(key, cap, "%s\n// spans %d x %d of %lld %lld %lld %lld %lld %lld on %d, numbers ", src,
+                              v->br, v->bc, (long long)p->B, (long long)p->Hq, (long long)p->Lq, (long long)p->Lk, v->nb,
+                              v->nh, dev);
+  const unsigned char *bytes[2] = {(const unsigned char *)va->ci, (const unsigned char *)va->cf};
+  const size_t sizes[2] = {sizeof va->ci, sizeof va->cf};
+  for (int a = 0; a < 2; a++)
+    for (size_t i = 0; i < sizes[a]; i++) n += (size_t)snprintf(key + n, cap - n, "%02x", bytes[a][i]);
+  *len = n;
   return key;
 }
 
@@ -708,7 +716,7 @@ static fa_status variant_spans(fa_context *ctx, const fa_attn_problem *p, const 
   }
   va.spans_sb = v->nb > 1 ? v->nh : 0, va.spans_sh = v->nh > 1 ? 1 : 0;
   size_t keylen = 0;
-  char *key = !st && p->mask_mod->ntensors == 0 ? spans_key(src, p, v, &keylen) : NULL;
+  char *key = !st && p->mask_mod->ntensors == 0 ? spans_key(src, p, v, &va, &keylen) : NULL;
   for (spans_entry *e = kept_spans; key && e; e = e->next)
     if (e->keylen == keylen && !memcmp(e->key, key, keylen)) va.spans = e->spans;
   pthread_mutex_unlock(&rtc_lock);

@@ -140,12 +140,14 @@ function TestVariants:test_sliding()
 end
 
 -- an expression's numbers are arguments of each launch on cuda (src/variant_codegen.c): a sweep over a
--- prefix length and a softcap runs one compiled kernel a form, each value giving its own result
+-- prefix length and a softcap runs one compiled kernel a form, each value giving its own result, and
+-- the tiles mask_mod leaves empty or full are the value's (the kept spans once came from the first value:
+-- prefixes that crossed a key tile of 128 lost its keys)
 function TestVariants:test_numbers_swept()
-  local L = 40
+  local L = U.cuda and 300 or 40
   for _, dtype in ipairs(U.cuda and {"bf16", "f32"} or {"f32"}) do
     local q, k, v = inputs(dtype, 1, 2, 2, L, L, U.cuda and dtype == "bf16" and 128 or 16)
-    for _, P in ipairs({1, 7, 20, 39}) do
+    for _, P in ipairs(U.cuda and {1, 130, 129, 270} or {1, 7, 20, 39}) do
       check_variant(q, k, v, {mask_mod = function(b, h, q, k) return k:le(P) | q:ge(k) end},
         {mask = dense(L, L, function(i, j) return j <= P or i >= j end)}, "prefix " .. P)
     end
