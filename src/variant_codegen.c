@@ -638,14 +638,14 @@ static void analysis_free(analysis *an) { free(an->ty), free(an->fl), free(an->u
 static void assign_numbers(const fa_expr *e, analysis *an, fa_variant_consts *c) {
   for (int i = 0; i < e->n; i++) an->slot[i] = -1;
   if (!c) return;
+  for (int j = 0; j < e->n; j++) /* a modulo's or a power's operands: marked -2, literals */
+    if ((e->nodes[j].op == FA_X_MOD || e->nodes[j].op == FA_X_POW) && an->live[j])
+      an->slot[e->nodes[j].a[0]] = an->slot[e->nodes[j].a[1]] = -2;
   for (int i = 0; i < e->n; i++) {
     const fa_expr_node *x = &e->nodes[i];
+    const int keep = an->live[i] && an->slot[i] != -2 && x->op == FA_X_CONST && !x->is_bool && isfinite(x->c);
+    an->slot[i] = -1;
     if (!an->live[i]) continue;
-    int keep = x->op == FA_X_CONST && !x->is_bool && isfinite(x->c);
-    for (int j = i + 1; keep && j < e->n; j++) /* a later node that takes it as a modulo's or a power's operand */
-      if ((e->nodes[j].op == FA_X_MOD || e->nodes[j].op == FA_X_POW) && an->live[j] &&
-          (e->nodes[j].a[0] == i || e->nodes[j].a[1] == i))
-        keep = 0;
     if (keep && an->ty[i] == TI && c->ni < FA_VARIANT_INTS)
       an->slot[i] = c->ni, c->i[c->ni++] = (long long)x->c;
     else if (keep && an->ty[i] != TI && c->nf < FA_VARIANT_FLOATS)
