@@ -447,7 +447,7 @@ fa_status fa_ring_attention(fa_context *ctx, int n, fa_tensor *const *qs, fa_ten
   piece *pcs = calloc(2 * (size_t)n, sizeof *pcs);
   state *acc = calloc(2 * (size_t)n, sizeof *acc);
   int *npc = calloc((size_t)n, sizeof *npc);
-  int64_t *lens = calloc((size_t)d.B, sizeof *lens);
+  int64_t *lens = calloc((size_t)(d.B > 0 ? d.B : 1), sizeof *lens); /* (B = 0: calloc(0) may be NULL) */
   if (!pcs || !acc || !npc || !lens) {
     free(pcs), free(acc), free(npc), free(lens);
     return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: ring_attention: out of host memory");
