@@ -300,6 +300,11 @@ function TestRing:test_rules_count_the_whole_sequence()
       end
     end
   end
+  -- an empty batch: empty outputs, no error
+  local e = U.randn({0, 2, 8, 4})
+  local eo = fa.ring_attention(fa.shard(e, 2), fa.shard(e, 2), fa.shard(e, 2), {window = {2, 0}, kv_lens = {}})
+  lu.assertEquals(#eo, 2)
+  lu.assertEquals(eo[1]:shape(), {0, 2, 4, 4})
   -- 2-D and 3-D shards
   check_ring(U.randn({13, 8}), U.randn({13, 8}), U.randn({13, 8}), 3, {window = {2, 1}, alibi = {0.3}}, "2-D")
   check_ring(U.randn({3, 13, 8}), U.randn({1, 13, 8}), U.randn({1, 13, 4}), 3,
