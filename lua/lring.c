@@ -9,20 +9,6 @@
 static const char *const layouts[] = {"contiguous", "zigzag", NULL}; /* = fa_shard_layout */
 static const char *const shard_keys[] = {"dim", "layout", "device", NULL};
 static const char *const unshard_keys[] = {"dim", "layout", NULL};
-/* fa.attention's options the ring does not take, and why (as src/ring.c's
- * check_ring_opts says it to C hosts): known, so that the message says
- * what is missing */
-static const struct {
-  const char *name, *why;
-} ring_unsupported[] = {
-    {"score_mod", "a variant's q and k would need each piece's positions in the whole sequence"},
-    {"mask_mod", "a variant's q and k would need each piece's positions in the whole sequence"},
-    {"block_mask", "a variant's q and k would need each piece's positions in the whole sequence"},
-    {"splits", "the ring chooses its pieces' calls"},
-    {"kernel", "the ring chooses its pieces' calls"},
-    {"out", "it names outputs of the whole sequence"},
-    {"lse_out", "it names outputs of the whole sequence"},
-    {NULL, NULL}};
 static const char *const ring_keys[] = {"algo",     "scale",   "causal",  "softcap",   "tile",   "return_lse",
                                         "layout",   "window",  "mask",    "kv_lens",   "alibi",  "splits",
                                         "kernel",   "score_mod", "mask_mod", "out", "lse_out", "block_mask", NULL};
@@ -214,13 +200,9 @@ static int l_ring_attention(lua_State *L) {
   int layout = FA_SHARD_CONTIGUOUS, opts = 4;
   lua_settop(L, 4);
   if (lua_type(L, 1) != LUA_TTABLE) fal_typeerror(L, 1, "qs", "a table of tensors");
+  /* the options the ring does not take are read as fa.attention's and refused by the core (src/ring.c,
+   * check_ring_opts), which says why */
   if (fal_opts(L, 4, "fa.ring_attention", ring_keys)) { /* a plain table from here on */
-    for (int u = 0; ring_unsupported[u].name; u++) {
-      if (lua_getfield(L, 4, ring_unsupported[u].name) != LUA_TNIL)
-        fal_error(L, "fa.ring_attention: opts.%s is not in this version (%s)", ring_unsupported[u].name,
-                  ring_unsupported[u].why);
-      lua_pop(L, 1);
-    }
     layout = (int)read_layout(L, 4);
     fal_opts_without(L, 4, "layout"); /* 5: for fa.attention's reader */
     opts = 5;

@@ -18,16 +18,10 @@ if arg and arg[1] and not small then
   io.stderr:write("probe_first_calls.lua: the one option is --small, got '", arg[1], "'\n")
   os.exit(1)
 end
-local has_cuda = false
-for _, b in ipairs(fa.backends()) do has_cuda = has_cuda or b == "cuda" end
-local dev = (small and not has_cuda) and "cpu" or "cuda"
-local B, H, L, D = small and 1 or 4, small and 2 or 16, small and 256 or 4096, small and 32 or 128
-local dt = dev == "cuda" and "bf16" or "f32"
 local function wall() return sweep.wall_ns() * 1e-9 end
 local t0 = wall()
-local function randn(s) return fa.randn({ B, H, L, D }, { dtype = dt, device = dev, seed = s }) end
-local q, k, v = randn(1), randn(2), randn(3)
-fa.sync()
+local inp = sweep.variant_probe_inputs(small)
+local dev, dt, B, H, L, D, q, k, v = inp.dev, inp.dtype, inp.B, inp.H, inp.L, inp.D, inp.q, inp.k, inp.v
 print(("probe_first_calls.lua: %s, %s, B %d H %d L %d D %d"):format(fa.device_info(dev).name or dev, dt, B, H, L, D))
 print(("%-30s %.3f s"):format("start and inputs", wall() - t0))
 local function timed(name, fn)

@@ -11,28 +11,17 @@ package.path = root .. "/lua/?.lua;" .. package.path
 local fa = require "flashattn"
 local sweep = require "flashattn.sweep"
 
-local small, json = false, nil
-local i = 1
-while arg and arg[i] do
-  if arg[i] == "--small" then
-    small = true
-  elseif arg[i] == "--json" and arg[i + 1] then
-    json, i = arg[i + 1], i + 1
-  else
-    io.stderr:write("probe_variant_numbers.lua: expected --small or --json FILE, got '", arg[i], "'\n")
-    os.exit(1)
-  end
-  i = i + 1
-end
-local has_cuda = false
-for _, b in ipairs(fa.backends()) do has_cuda = has_cuda or b == "cuda" end
-local dev = (small and not has_cuda) and "cpu" or "cuda"
-local B, H, L, D = small and 1 or 4, small and 2 or 16, small and 256 or 4096, small and 32 or 128
-local dt = dev == "cuda" and "bf16" or "f32"
+local NAME = "probe_variant_numbers.lua"
+local args = sweep.main(NAME, function(argv)
+  local p = require "argparse"(NAME, "One variant form swept over its numbers: first calls, time against the built-in rule.")
+  p:flag("--small", "L = 256, the CPU where no GPU is (a smoke test)")
+  p:option("--json", "write the results to this JSON file")
+  return sweep.parse_args(p, argv, NAME)
+end, {...})
+local small, json = args.small, args.json
 local function wall() return sweep.wall_ns() * 1e-9 end
-local function randn(s) return fa.randn({B, H, L, D}, {dtype = dt, device = dev, seed = s}) end
-local q, k, v = randn(1), randn(2), randn(3)
-fa.sync()
+local inp = sweep.variant_probe_inputs(small)
+local dev, dt, B, H, L, D, q, k, v = inp.dev, inp.dtype, inp.B, inp.H, inp.L, inp.D, inp.q, inp.k, inp.v
 print(("probe_variant_numbers.lua: %s, %s, B %d H %d L %d D %d"):format(fa.device_info(dev).name or dev, dt, B, H,
   L, D))
 

@@ -572,8 +572,8 @@ static_assert(sizeof(((fa_variant_args *)0)->ci) == sizeof(((fa_variant_consts *
 static char *variant_unit(const fa_attn_problem *p, const int64_t *bounds, int *reads, fa_variant_args *va) {
   fa_variant_consts consts;
   char *code = fa_variant_source(p->score_mod, p->mask_mod, bounds, reads, &consts), *src = NULL;
-  if (code) memcpy(va->ci, consts.i, sizeof va->ci), memcpy(va->cf, consts.f, sizeof va->cf);
   if (code) {
+    memcpy(va->ci, consts.i, sizeof va->ci), memcpy(va->cf, consts.f, sizeof va->cf);
     const size_t n = strlen(code) + 640;
     if ((src = (char *)malloc(n)))
       snprintf(src, n,

@@ -289,6 +289,21 @@ function M.wall_ns()
   return math.tointeger(tonumber(text:match("^%s*(%d+)%s*$")))
 end
 
+-- The first-call probes of variants (probe_first_calls.lua, probe_variant_numbers.lua: issue 26): bf16 q, k,
+-- v of B 4, H 16, L 4096, D 128 on cuda; small: L = 256 (B 1, H 2, D 32), on the CPU where no GPU is, a smoke
+-- test.  Returns {dev, dtype, B, H, L, D, q, k, v}, the inputs made and synchronised.
+function M.variant_probe_inputs(small)
+  local cuda = false
+  for _, b in ipairs(fa.backends()) do cuda = cuda or b == "cuda" end
+  local r = {dev = (small and not cuda) and "cpu" or "cuda"}
+  r.B, r.H, r.L, r.D = small and 1 or 4, small and 2 or 16, small and 256 or 4096, small and 32 or 128
+  r.dtype = r.dev == "cuda" and "bf16" or "f32"
+  local function randn(seed) return fa.randn({r.B, r.H, r.L, r.D}, {dtype = r.dtype, device = r.dev, seed = seed}) end
+  r.q, r.k, r.v = randn(1), randn(2), randn(3)
+  fa.sync()
+  return r
+end
+
 -- The variants benchmarks' documents (bench_variants.lua, probe_documents.lua):
 -- lengths of 64 to L/4 keys drawn from the seed by a fixed generator (the same
 -- on every machine, so that peers_variants.py reads them from the JSON) until L
