@@ -5,7 +5,9 @@
 -- The calls are the fast kernels' partial key tiles: causal (bottom-right and
 -- top-left, Lq = Lk and not), windows, kv_lens, alibi and softcap, at head
 -- dims 64, 128 and 256, bf16 and f16, with lengths that are and are not
--- multiples of the tiles.
+-- multiples of the tiles; then bool masks (D = 64 and 128, read as bits by
+-- the fast kernels) of each broadcast form, documents and key padding, alone,
+-- causal and under a window.
 -- Usage: flashattn-lua scripts/probe_output_digest.lua DIR [--device cuda|cpu]
 local root = (arg and arg[0] or ""):match("^(.*)/scripts/[^/]*$") or "."
 package.path = root .. "/lua/?.lua;" .. package.path
@@ -48,6 +50,56 @@ for _, dt in ipairs { "bf16", "f16" } do
         fa.save(name .. "-o.npy", o:cpu())
         fa.save(name .. "-lse.npy", lse:cpu())
         n = n + 1
+      end
+    end
+  end
+end
+
+-- A bool mask false where a uniform value is under `off` (sweep.lua's way: scaled into f16's underflow).
+local function random_mask(shape, off, seed)
+  local u = fa.rand(shape, { seed = seed, device = device })
+  return (u * (2 ^ -25 / off)):half():to("bool")
+end
+-- (Lq, Lk) masks set element by element: documents of 300 keys in the sequence's positions (bottom-right), and
+-- the last 137 keys off.
+local function built_mask(Lq, Lk, keep)
+  local m = fa.zeros({ Lq, Lk }, { dtype = "bool", device = "cpu" })
+  for i = 1, Lq do
+    for j = 1, Lk do
+      if keep(i, j) then m[i][j] = true end
+    end
+  end
+  return m:to(device)
+end
+local masks = {
+  { "2d", function(Lq, Lk, seed) return random_mask({ Lq, Lk }, 0.1, seed) end },
+  { "4d", function(Lq, Lk, seed) return random_mask({ 2, 4, Lq, Lk }, 0.3, seed) end },
+  { "batch", function(Lq, Lk, seed) return random_mask({ 2, 1, Lq, Lk }, 0.5, seed) end },
+  { "keys", function(_, Lk, seed) return random_mask({ 1, 1, 1, Lk }, 0.2, seed) end },
+  { "docs", function(Lq, Lk)
+    return built_mask(Lq, Lk, function(i, j) return (i - 1 + Lk - Lq) // 300 == (j - 1) // 300 end)
+  end },
+  { "padding", function(Lq, Lk) return built_mask(Lq, Lk, function(_, j) return j <= Lk - 137 end) end },
+}
+local mask_rules = { { "plain", {} }, { "causal", { causal = true } }, { "window", { window = { 333, 77 } } } }
+for _, dt in ipairs { "bf16", "f16" } do
+  for _, D in ipairs { 64, 128 } do
+    for si, sh in ipairs(shapes) do
+      local Lq, Lk = sh[1], sh[2]
+      local q = fa.randn({ 2, 4, Lq, D }, { dtype = dt, device = device, seed = 41 + si })
+      local k = fa.randn({ 2, 4, Lk, D }, { dtype = dt, device = device, seed = 51 + si })
+      local v = fa.randn({ 2, 4, Lk, D }, { dtype = dt, device = device, seed = 61 + si })
+      for _, mk in ipairs(masks) do
+        local mask = mk[2](Lq, Lk, 71 + si)
+        for _, rule in ipairs(mask_rules) do
+          local opts = { algo = "flash", return_lse = true, mask = mask }
+          for key, val in pairs(rule[2]) do opts[key] = val end
+          local o, lse = fa.attention(q, k, v, opts)
+          local name = string.format("%s/%s-d%d-%dx%d-mask-%s-%s", dir, dt, D, Lq, Lk, mk[1], rule[1])
+          fa.save(name .. "-o.npy", o:cpu())
+          fa.save(name .. "-lse.npy", lse:cpu())
+          n = n + 1
+        end
       end
     end
   end
