@@ -33,8 +33,17 @@ local rules = {
   { "softcap", { causal = true, softcap = 30 } },
   { "plain", {} },
 }
-local shapes = { { 1024, 1024 }, { 1000, 1000 }, { 777, 1300 }, { 1300, 777 } }
 local n = 0
+-- One call's o and lse into NAME-o.npy and NAME-lse.npy.
+local function write(q, k, v, rule_opts, mask, name)
+  local opts = { algo = "flash", return_lse = true, mask = mask }
+  for key, val in pairs(rule_opts) do opts[key] = val end
+  local o, lse = fa.attention(q, k, v, opts)
+  fa.save(name .. "-o.npy", o:cpu())
+  fa.save(name .. "-lse.npy", lse:cpu())
+  n = n + 1
+end
+local shapes = { { 1024, 1024 }, { 1000, 1000 }, { 777, 1300 }, { 1300, 777 } }
 for _, dt in ipairs { "bf16", "f16" } do
   for _, D in ipairs { 64, 128, 256 } do
     for si, sh in ipairs(shapes) do
@@ -43,13 +52,7 @@ for _, dt in ipairs { "bf16", "f16" } do
       local k = fa.randn({ 2, 4, Lk, D }, { dtype = dt, device = device, seed = 21 + si })
       local v = fa.randn({ 2, 4, Lk, D }, { dtype = dt, device = device, seed = 31 + si })
       for _, rule in ipairs(rules) do
-        local opts = { algo = "flash", return_lse = true }
-        for key, val in pairs(rule[2]) do opts[key] = val end
-        local o, lse = fa.attention(q, k, v, opts)
-        local name = string.format("%s/%s-d%d-%dx%d-%s", dir, dt, D, Lq, Lk, rule[1])
-        fa.save(name .. "-o.npy", o:cpu())
-        fa.save(name .. "-lse.npy", lse:cpu())
-        n = n + 1
+        write(q, k, v, rule[2], nil, string.format("%s/%s-d%d-%dx%d-%s", dir, dt, D, Lq, Lk, rule[1]))
       end
     end
   end
@@ -92,13 +95,7 @@ for _, dt in ipairs { "bf16", "f16" } do
       for _, mk in ipairs(masks) do
         local mask = mk[2](Lq, Lk, 71 + si)
         for _, rule in ipairs(mask_rules) do
-          local opts = { algo = "flash", return_lse = true, mask = mask }
-          for key, val in pairs(rule[2]) do opts[key] = val end
-          local o, lse = fa.attention(q, k, v, opts)
-          local name = string.format("%s/%s-d%d-%dx%d-mask-%s-%s", dir, dt, D, Lq, Lk, mk[1], rule[1])
-          fa.save(name .. "-o.npy", o:cpu())
-          fa.save(name .. "-lse.npy", lse:cpu())
-          n = n + 1
+          write(q, k, v, rule[2], mask, string.format("%s/%s-d%d-%dx%d-mask-%s-%s", dir, dt, D, Lq, Lk, mk[1], rule[1]))
         end
       end
     end
