@@ -44,13 +44,16 @@ local function write(q, k, v, rule_opts, mask, name)
   n = n + 1
 end
 local shapes = { { 1024, 1024 }, { 1000, 1000 }, { 777, 1300 }, { 1300, 777 } }
+-- q, k and v of B 2, H 4 (seeds s, s + 10, s + 20).
+local function inputs(dt, D, Lq, Lk, s)
+  local function randn(L, seed) return fa.randn({ 2, 4, L, D }, { dtype = dt, device = device, seed = seed }) end
+  return randn(Lq, s), randn(Lk, s + 10), randn(Lk, s + 20)
+end
 for _, dt in ipairs { "bf16", "f16" } do
   for _, D in ipairs { 64, 128, 256 } do
     for si, sh in ipairs(shapes) do
       local Lq, Lk = sh[1], sh[2]
-      local q = fa.randn({ 2, 4, Lq, D }, { dtype = dt, device = device, seed = 11 + si })
-      local k = fa.randn({ 2, 4, Lk, D }, { dtype = dt, device = device, seed = 21 + si })
-      local v = fa.randn({ 2, 4, Lk, D }, { dtype = dt, device = device, seed = 31 + si })
+      local q, k, v = inputs(dt, D, Lq, Lk, 11 + si)
       for _, rule in ipairs(rules) do
         write(q, k, v, rule[2], nil, string.format("%s/%s-d%d-%dx%d-%s", dir, dt, D, Lq, Lk, rule[1]))
       end
@@ -89,9 +92,7 @@ for _, dt in ipairs { "bf16", "f16" } do
   for _, D in ipairs { 64, 128 } do
     for si, sh in ipairs(shapes) do
       local Lq, Lk = sh[1], sh[2]
-      local q = fa.randn({ 2, 4, Lq, D }, { dtype = dt, device = device, seed = 41 + si })
-      local k = fa.randn({ 2, 4, Lk, D }, { dtype = dt, device = device, seed = 51 + si })
-      local v = fa.randn({ 2, 4, Lk, D }, { dtype = dt, device = device, seed = 61 + si })
+      local q, k, v = inputs(dt, D, Lq, Lk, 41 + si)
       for _, mk in ipairs(masks) do
         local mask = mk[2](Lq, Lk, 71 + si)
         for _, rule in ipairs(mask_rules) do

@@ -680,7 +680,8 @@ static int kept_count;
 
 static char *spans_key(const char *src, const fa_attn_problem *p, const variant_plan *v, const fa_variant_args *va,
                        size_t *len) {
-  const size_t numbers = sizeof va->ci + sizeof va->cf, cap = strlen(src) + 160 + 2 * numbers;
+  /* the header below is at most 190 characters, then two a byte of the numbers */
+  const size_t numbers = sizeof va->ci + sizeof va->cf, cap = strlen(src) + 256 + 2 * numbers + 1;
   char *key = (char *)malloc(cap);
   int dev = 0;
   if (!key || cudaGetDevice(&dev) != cudaSuccess) {
@@ -691,10 +692,13 @@ static char *spans_key(const char *src, const fa_attn_problem *p, const variant_
   size_t n = (size_t)snprintf(key, cap, "%s\n// spans %d x %d of %lld %lld %lld %lld %lld %lld on %d, numbers ", src,
                               v->br, v->bc, (long long)p->B, (long long)p->Hq, (long long)p->Lq, (long long)p->Lk, v->nb,
                               v->nh, dev);
+  /* the numbers' bytes in hex, by a table (a snprintf a byte was 224 calls a call) */
+  static const char hex[] = "0123456789abcdef";
   const unsigned char *bytes[2] = {(const unsigned char *)va->ci, (const unsigned char *)va->cf};
   const size_t sizes[2] = {sizeof va->ci, sizeof va->cf};
   for (int a = 0; a < 2; a++)
-    for (size_t i = 0; i < sizes[a]; i++) n += (size_t)snprintf(key + n, cap - n, "%02x", bytes[a][i]);
+    for (size_t i = 0; i < sizes[a]; i++) key[n++] = hex[bytes[a][i] >> 4], key[n++] = hex[bytes[a][i] & 15];
+  key[n] = '\0';
   *len = n;
   return key;
 }
