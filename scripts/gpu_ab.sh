@@ -5,6 +5,7 @@
 #   here:  bash scripts/gpu_ab.sh prepare REV...   (each REV's tree into .snap/REV)
 #   there: bash scripts/gpu_ab.sh build   (carry .deps and .snap)
 #          bash scripts/gpu_ab.sh run ROUNDS SCRIPT [ARGS...]
+#          bash scripts/gpu_ab.sh digest
 # `build` builds the working tree ("work", into build-gpu as gpu_run.sh
 # does) and every .snap/REV (build-ab/REV) for sm_90a, side by side; `run`
 # builds what is not built yet, then runs `flashattn-lua SCRIPT ARGS --json ...` ROUNDS times on each in
@@ -23,6 +24,10 @@
 #   cmake --build build90 --target flashattn_shared flashattn_lua_shared; bash scripts/gpu_pack.sh build90 work
 # and the same from a git worktree of each base (bash scripts/gpu_pack.sh WORKTREE/build90 NAME);
 # there: FA_CARRIED=1 bash scripts/gpu_ab.sh run ROUNDS SCRIPT [ARGS...]
+# `digest` runs scripts/probe_output_digest.lua with every build (outputs and lse of a fixed list of
+# calls, as .npy files in a scratch folder) and says, for each build beside work, how many of those
+# files differ from work's: a change meant to leave every figure as it was shows 0.  The checksums go
+# to $OUT/ab/digest_NAME.sum; exit status 3 when a build's differ.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = prepare ]; then
@@ -33,8 +38,8 @@ if [ "${1:-}" = prepare ]; then
   exit 0
 fi
 mode=${1:-}
-[ "$mode" = build ] || { [ "$mode" = run ] && [ $# -ge 3 ]; } ||
-  { echo "usage: gpu_ab.sh prepare REV... | build | run ROUNDS SCRIPT [ARGS...]"; exit 2; }
+[ "$mode" = build ] || [ "$mode" = digest ] || { [ "$mode" = run ] && [ $# -ge 3 ]; } ||
+  { echo "usage: gpu_ab.sh prepare REV... | build | run ROUNDS SCRIPT [ARGS...] | digest"; exit 2; }
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT/ab"
 if [[ ${FA_CARRIED:-0} == 1 ]]; then
@@ -82,6 +87,24 @@ else
   [ $fail = 0 ] || { tail -30 "$OUT"/ab/build_*.log; exit 1; }
 fi
 [ "$mode" = build ] && exit 0
+if [ "$mode" = digest ]; then
+  dev=${FA_AB_DEVICE:-cuda} scratch=$(mktemp -d) differ=0
+  for i in "${!names[@]}"; do
+    n=${names[$i]}
+    mkdir -p "$scratch/$n"
+    FLASHATTN_DEVICE=$dev "${builds[$i]}/flashattn-lua" scripts/probe_output_digest.lua "$scratch/$n" --device "$dev" >"$OUT/ab/digest_$n.log" 2>&1 ||
+      { tail -5 "$OUT/ab/digest_$n.log"; rm -rf "$scratch"; exit 1; }
+    (cd "$scratch/$n" && sha256sum -- *.npy) | sort -k2 >"$OUT/ab/digest_$n.sum"
+    if [ "$n" != work ]; then
+      d=$(diff "$OUT/ab/digest_work.sum" "$OUT/ab/digest_$n.sum" | grep -c '^>')
+      echo "digest $n: $d of $(wc -l <"$OUT/ab/digest_work.sum") files differ from work's" | tee -a "$OUT/ab/ab.log"
+      diff "$OUT/ab/digest_work.sum" "$OUT/ab/digest_$n.sum" | grep '^>' | head -5
+      [ "$d" = 0 ] || differ=3
+    fi
+  done
+  rm -rf "$scratch"
+  exit $differ
+fi
 rounds=$2 script=$3
 shift 3
 export FLASHATTN_DEVICE=${FA_AB_DEVICE:-cuda} # FA_AB_DEVICE=cpu: a dry run of the machinery here
