@@ -251,6 +251,9 @@ const char *fal_typename(lua_State *L, int idx) {
   if (tt != LUA_TNIL) {
     const char *name = tt == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
     lua_pop(L, 1); /* the string stays alive in the metatable */
+    /* a table or other value that names itself as one of the module's userdata is not one:
+     * "expected flashattn.Tensor, got flashattn.Tensor" would say nothing */
+    if (name && lua_type(L, idx) != LUA_TUSERDATA && strncmp(name, "flashattn.", 10) == 0) name = NULL;
     if (name) return name;
   }
   if (lua_type(L, idx) == LUA_TLIGHTUSERDATA) return "light userdata";

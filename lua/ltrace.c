@@ -22,7 +22,9 @@
 #define EXPR_MT "flashattn.Expr"
 #define HOLDER_MT "flashattn.ExprHolder"
 
-static const char module_key = 0; /* registry: the module table (a trace may capture it, for fa.where) */
+/* registry: the module's tables, weak keys (a trace may capture one, for fa.where; a script may hold a copy
+ * loaded before `package.loaded.flashattn = nil; require "flashattn"` loaded another) */
+static const char module_key = 0;
 
 enum { K_NUM, K_BOOL, K_PARTIAL };
 
@@ -482,11 +484,17 @@ static fa_expr *trace_fn(lua_State *L, int fidx, int mask, const char *what) {
   /* what the function captured: tables are refused (a table indexed by an
    * expression is nil), but _ENV and the module (fa.where) */
   lua_rawgetp(L, LUA_REGISTRYINDEX, &module_key);
-  const int mod = lua_gettop(L);
+  const int mods = lua_gettop(L);
   for (int i = 1;; i++) {
     const char *up = lua_getupvalue(L, fidx, i);
     if (!up) break;
-    if (lua_type(L, -1) == LUA_TTABLE && strcmp(up, "_ENV") != 0 && !lua_rawequal(L, -1, mod))
+    int is_module = 0;
+    if (lua_type(L, -1) == LUA_TTABLE && lua_type(L, mods) == LUA_TTABLE) {
+      lua_pushvalue(L, -1);
+      is_module = lua_rawget(L, mods) != LUA_TNIL;
+      lua_pop(L, 1);
+    }
+    if (lua_type(L, -1) == LUA_TTABLE && strcmp(up, "_ENV") != 0 && !is_module)
       terr(L, t, "captures the Lua table '%s' (a variant may capture numbers, booleans, tensors and functions: "
                  "make it a tensor)", up[0] ? up : "?");
     if (fal_tobox(L, -1)) {
@@ -675,6 +683,18 @@ void fal_trace_open(lua_State *L) {
   luaL_newmetatable(L, TRACE_MT);
   lua_pop(L, 4);
   luaL_setfuncs(L, trace_funcs, 0);
-  lua_pushvalue(L, -1);
-  lua_rawsetp(L, LUA_REGISTRYINDEX, &module_key);
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &module_key) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_createtable(L, 0, 1);
+    lua_pushliteral(L, "k");
+    lua_setfield(L, -2, "__mode");
+    lua_setmetatable(L, -2);
+    lua_pushvalue(L, -1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &module_key);
+  }
+  lua_pushvalue(L, -2);
+  lua_pushboolean(L, 1);
+  lua_rawset(L, -3);
+  lua_pop(L, 1);
 }

@@ -93,4 +93,30 @@ function TestHostileBinding:test_second_copy_refused()
   lu.assertTrue(fa.memory().current >= 0)
 end
 
+-- require "flashattn" again after package.loaded.flashattn = nil makes a second
+-- module table; a variant that calls fa.where through the first one was
+-- refused as a captured Lua table.
+function TestHostileBinding:test_module_loaded_again_keeps_both_tables()
+  local q = U.randn({1, 2, 8, 16})
+  local want = fa.attention(q, q, q, {causal = "top_left"})
+  local loaded = package.loaded.flashattn
+  package.loaded.flashattn = nil
+  local ok, fb = pcall(require, "flashattn")
+  package.loaded.flashattn = loaded
+  lu.assertTrue(ok, fb)
+  lu.assertNotIs(fb, fa)
+  for _, m in ipairs({fa, fb}) do
+    local o = m.attention(q, q, q, {score_mod = function(s, b, h, i, j) return m.where(i:ge(j), s, -math.huge) end})
+    lu.assertEquals(m.max_abs_diff(o, want), 0)
+  end
+end
+
+-- A table whose metatable names it a tensor is not one, and the message says what it is.
+function TestHostileBinding:test_impostor_named_as_a_table()
+  local q = U.randn({1, 2, 8, 16})
+  local fake = setmetatable({}, {__name = "flashattn.Tensor"})
+  U.assert_fa_error({"argument #1 (q)", "expected flashattn.Tensor, got table"}, fa.attention, fake, q, q)
+  U.assert_fa_error({"got table"}, fa.softmax, fake)
+end
+
 U.run()
