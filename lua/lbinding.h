@@ -117,6 +117,8 @@ int fal_argerror(lua_State *L, int idx, const char *name, const char *fmt, ...);
 int fal_typeerror(lua_State *L, int idx, const char *name, const char *what);
 /* The type name used in messages (__name for userdata). */
 const char *fal_typename(lua_State *L, int idx);
+/* Pushes the registry's weak-keyed table at the light key `key`, made on first use. */
+void fal_push_weak_keyed(lua_State *L, const void *key);
 /* Pushes a description of the value at idx for messages, without running
  * any of its metamethods: 'text' for strings, the number, true/false, else
  * "a <type>".  Returns it. */

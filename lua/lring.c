@@ -32,16 +32,7 @@ static const char layout_tags_key = 0;
 
 static void tag_layout(lua_State *L, int tbl, int n, int layout) {
   tbl = lua_absindex(L, tbl);
-  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &layout_tags_key) != LUA_TTABLE) {
-    lua_pop(L, 1);
-    lua_newtable(L);
-    lua_createtable(L, 0, 1);
-    lua_pushliteral(L, "k");
-    lua_setfield(L, -2, "__mode");
-    lua_setmetatable(L, -2);
-    lua_pushvalue(L, -1);
-    lua_rawsetp(L, LUA_REGISTRYINDEX, &layout_tags_key);
-  }
+  fal_push_weak_keyed(L, &layout_tags_key);
   for (int i = 1; i <= n; i++) {
     lua_rawgeti(L, tbl, i);
     lua_pushinteger(L, layout);

@@ -260,6 +260,18 @@ const char *fal_typename(lua_State *L, int idx) {
   return luaL_typename(L, idx);
 }
 
+void fal_push_weak_keyed(lua_State *L, const void *key) {
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, key) == LUA_TTABLE) return;
+  lua_pop(L, 1);
+  lua_newtable(L);
+  lua_createtable(L, 0, 1);
+  lua_pushliteral(L, "k");
+  lua_setfield(L, -2, "__mode");
+  lua_setmetatable(L, -2);
+  lua_pushvalue(L, -1);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, key);
+}
+
 /* Pushes "argument #n (name)", or "self" for the receiver of a method call. */
 const char *fal_arglabel(lua_State *L, int idx, const char *name) {
   lua_Debug ar;

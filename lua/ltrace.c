@@ -683,16 +683,7 @@ void fal_trace_open(lua_State *L) {
   luaL_newmetatable(L, TRACE_MT);
   lua_pop(L, 4);
   luaL_setfuncs(L, trace_funcs, 0);
-  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &module_key) != LUA_TTABLE) {
-    lua_pop(L, 1);
-    lua_newtable(L);
-    lua_createtable(L, 0, 1);
-    lua_pushliteral(L, "k");
-    lua_setfield(L, -2, "__mode");
-    lua_setmetatable(L, -2);
-    lua_pushvalue(L, -1);
-    lua_rawsetp(L, LUA_REGISTRYINDEX, &module_key);
-  }
+  fal_push_weak_keyed(L, &module_key);
   lua_pushvalue(L, -2);
   lua_pushboolean(L, 1);
   lua_rawset(L, -3);
