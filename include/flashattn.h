@@ -619,10 +619,12 @@ FA_API fa_status fa_unshard(fa_context *ctx, int n, fa_tensor *const *shards, in
  * outs[i] gets (..., L_i, Dv) in q's dtype; lses, when not NULL, gets lse
  * shards (..., L_i) f32.  opts (NULL = defaults): algo, scale, causal (any
  * of its values: Lq = Lk), softcap, tile, window, alibi, kv_lens (B counts
- * of 0..L) and mask (broadcastable to (B, Hq, L, L)) apply at the whole
- * sequence's positions (docs/ring.md); splits > 1, kernel, score_mod,
- * mask_mod, block_mask, out and lse_out are FA_ERR_UNSUPPORTED.  On failure
- * every outs[i] (and lses[i]) is NULL. */
+ * of 0..L), mask (broadcastable to (B, Hq, L, L)), score_mod and mask_mod
+ * (their q and k the whole sequence's positions; pairs mask_mod leaves
+ * empty skipped) and block_mask (made for (B, Hq, L, L)) apply at the
+ * whole sequence's positions (docs/ring.md); splits > 1, kernel, out and
+ * lse_out are FA_ERR_UNSUPPORTED.  On failure every outs[i] (and lses[i])
+ * is NULL. */
 FA_API fa_status fa_ring_attention(fa_context *ctx, int n, fa_tensor *const *qs, fa_tensor *const *ks,
                                    fa_tensor *const *vs, const fa_attention_opts *opts, int layout, fa_tensor **outs,
                                    fa_tensor **lses);

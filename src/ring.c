@@ -5,6 +5,7 @@
  * merged in f32 (f64 for f64) with fa_merge_states_n.  Every error path
  * releases what it made. */
 #include "check.h"
+#include "expr.h"
 #include "splits.h"
 
 #include <stdio.h>
@@ -177,13 +178,12 @@ fa_status fa_unshard(fa_context *ctx, int n, fa_tensor *const *shards, int dim, 
 /* ---- ring attention ------------------------------------------------------------- */
 
 /* Options the pieces cannot take in this version, or that name outputs
- * of the whole call. */
+ * of the whole call.  (A variant's block mask, made for the whole
+ * sequence, is checked as fa.attention checks it and left to the pieces'
+ * own tiles.) */
 static fa_status check_ring_opts(fa_context *ctx, const fa_attention_opts *o) {
   const char *what = NULL, *why = "it names outputs of the whole sequence";
-  if (o->score_mod || o->mask_mod || o->block_mask) {
-    what = o->score_mod ? "opts.score_mod" : o->mask_mod ? "opts.mask_mod" : "opts.block_mask";
-    why = "a variant's q and k would need each piece's positions in the whole sequence";
-  } else if (o->splits > 1 || (o->kernel && *o->kernel)) {
+  if (o->splits > 1 || (o->kernel && *o->kernel)) {
     what = o->splits > 1 ? "opts.splits" : "opts.kernel";
     why = "the ring chooses its pieces' calls";
   } else if (o->out || o->lse_out) {
@@ -263,7 +263,7 @@ typedef struct {
 /* What the pair calls of one ring call share. */
 typedef struct {
   const fa_attention_opts *opts; /* the call's */
-  int64_t B, L;
+  int64_t B, Hq, L;
   int reference;     /* f64: each pair by the f64 reference */
   fa_dtype odt, ldt; /* the states' dtypes */
   fa_device dev;     /* and device */
@@ -287,6 +287,90 @@ static int pair_visible(const ring_call *rc, const piece *qp, const piece *kp) {
   if (!o->kv_lens) return 1;
   for (int64_t b = 0; b < rc->B; b++)
     if (o->kv_lens[b] > kp->pos) return 1;
+  return 0;
+}
+
+/* A variant of a pair's call (API §9 in §11): e with its q and k the
+ * positions in the whole sequence, q + qp's first position and k + kp's,
+ * each held to the piece's last (the rows and keys past it are the pair's
+ * padding, dropped or left out by kv_lens: read at a real position, they
+ * cannot fault where the whole call would not).  NULL for NULL. */
+static fa_status shifted_expr(fa_context *ctx, const fa_expr *e, const piece *qp, const piece *kp, fa_expr **out) {
+  *out = NULL;
+  if (!e) return FA_OK;
+  int count = 0;
+  for (int i = 0; i < e->n; i++) count += e->nodes[i].op == FA_X_Q || e->nodes[i].op == FA_X_K ? 5 : 1;
+  if (count > FA_EXPR_MAX_NODES)
+    return fa_fail(ctx, FA_ERR_ARGUMENT,
+                   "flashattn: ring_attention: a variant of %d nodes is too large to count positions in the whole "
+                   "sequence (at most %d with its q and k shifted)",
+                   e->n, FA_EXPR_MAX_NODES);
+  fa_expr_node *nodes = malloc((size_t)count * sizeof *nodes);
+  int *map = malloc((size_t)e->n * sizeof *map);
+  if (!nodes || !map) {
+    free(nodes), free(map);
+    return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "flashattn: ring_attention: out of host memory");
+  }
+  int m = 0;
+  for (int i = 0; i < e->n; i++) {
+    const fa_expr_node *x = &e->nodes[i];
+    if (x->op == FA_X_Q || x->op == FA_X_K) { /* min(pos + first, first + len): 1-based */
+      const piece *pc = x->op == FA_X_Q ? qp : kp;
+      nodes[m] = *x;
+      fa_expr_node_set(&nodes[m + 1], FA_X_CONST, 0, 0, 0, 0, (double)pc->pos);
+      fa_expr_node_set(&nodes[m + 2], FA_X_ADD, 0, m, m + 1, 0, 0);
+      fa_expr_node_set(&nodes[m + 3], FA_X_CONST, 0, 0, 0, 0, (double)(pc->pos + pc->len));
+      fa_expr_node_set(&nodes[m + 4], FA_X_MIN, 0, m + 2, m + 3, 0, 0);
+      map[i] = m + 4, m += 5;
+      continue;
+    }
+    nodes[m] = *x;
+    for (int a = 0; a < fa_expr_operands(x); a++) nodes[m].a[a] = map[x->a[a]];
+    map[i] = m++;
+  }
+  const char *names[FA_EXPR_MAX_TENSORS];
+  for (int t = 0; t < e->ntensors; t++) names[t] = e->names[t];
+  fa_status st = fa_expr_new(ctx, nodes, m, e->tensors, names, e->ntensors, out);
+  free(nodes), free(map);
+  return st;
+}
+
+/* The node of e that node f of its shifted_expr copies (-1: one it added). */
+static int unshifted_node(const fa_expr *e, int f) {
+  for (int i = 0, m = 0; i < e->n; i++) {
+    if (e->nodes[i].op == FA_X_Q || e->nodes[i].op == FA_X_K) {
+      if (f < (m += 5)) return -1;
+      continue;
+    }
+    if (m++ == f) return i;
+  }
+  return -1;
+}
+
+/* A pair's failure from a read out of range in shifted (the copy of e that
+ * the pair's call took) told as the whole call tells it: the read's text
+ * e's, its index the position in the whole sequence. */
+static fa_status unshifted_fault(fa_context *ctx, fa_status st, const fa_expr *e, const fa_expr *shifted,
+                                 const char *what) {
+  if (!shifted || !atomic_load(&((fa_expr *)shifted)->fault)) return st;
+  const int node = unshifted_node(e, shifted->fault_node);
+  if (node < 0) return st;
+  fa_expr_clear_fault(e);
+  fa_expr_set_fault(e, node, shifted->fault_dim, shifted->fault_index);
+  fa_status f = fa_expr_fault(ctx, e, what);
+  fa_expr_clear_fault(e);
+  return f ? f : st;
+}
+
+/* Whether mask_mod may leave some pair of qp's queries and kp's keys, for
+ * some batch and head, where interval arithmetic can tell (fa_expr_tile,
+ * after fa_expr_begin(host)): 0 lets the ring skip the pair. */
+static int mask_mod_visible(const ring_call *rc, const piece *qp, const piece *kp) {
+  const fa_expr *mm = rc->opts->mask_mod;
+  for (int64_t b = 0; b < rc->B; b++)
+    for (int64_t h = 0; h < rc->Hq; h++)
+      if (fa_expr_tile(mm, b, h, qp->pos, qp->pos + qp->len - 1, kp->pos, kp->pos + kp->len - 1) != FA_BLOCK_EMPTY)
+        return 1;
   return 0;
 }
 
@@ -379,16 +463,22 @@ static fa_status attend_pair(fa_context *ctx, const ring_call *rc, fa_tensor *qs
     po.kv_lens = rc->lens, po.n_kv_lens = rc->B;
   }
   fa_tensor *q = NULL, *k = NULL, *v = NULL, *m = NULL;
+  fa_expr *sm = NULL, *mm = NULL;
   const int sd = qsh->ndim - 2;
   fa_status st;
   if (!(st = narrow_padded(ctx, qsh, sd, qp->start, qp->len, lq, &q)) &&
       !(st = narrow_padded(ctx, ksh, sd, kp->start, kp->len, lk, &k)) &&
       !(st = narrow_padded(ctx, vsh, sd, kp->start, kp->len, lk, &v)) &&
-      !(st = o->mask ? mask_of_pair(ctx, o->mask, qp, kp, lq, lk, &m) : FA_OK)) {
+      !(st = o->mask ? mask_of_pair(ctx, o->mask, qp, kp, lq, lk, &m) : FA_OK) &&
+      !(st = shifted_expr(ctx, o->score_mod, qp, kp, &sm)) && !(st = shifted_expr(ctx, o->mask_mod, qp, kp, &mm))) {
     po.mask = m;
+    po.score_mod = sm, po.mask_mod = mm, po.block_mask = NULL; /* the pair's call makes its own tiles */
     st = attend_piece(ctx, rc, q, k, v, &po, qp->len, out);
+    if (st && mm && atomic_load(&mm->fault)) st = unshifted_fault(ctx, st, o->mask_mod, mm, "opts.mask_mod");
+    else if (st && sm) st = unshifted_fault(ctx, st, o->score_mod, sm, "opts.score_mod");
   }
   fa_tensor_drop(&q), fa_tensor_drop(&k), fa_tensor_drop(&v), fa_tensor_drop(&m);
+  fa_expr_free(sm), fa_expr_free(mm);
   return st;
 }
 
@@ -481,8 +571,10 @@ fa_status fa_ring_attention(fa_context *ctx, int n, fa_tensor *const *qs, fa_ten
    * weights stay exact to f64); else fa_attention's pieces, their states
    * merged in f32 and their lse in f64 (an f32 lse near 8192 is off by up
    * to 5e-4 on a piece's weight: tests/lua/test_ring.lua) */
+  /* mask_mod's host copies, for mask_mod_visible */
+  if (opts->mask_mod && (st = fa_expr_begin(ctx, NULL, opts->mask_mod, 1))) goto done;
   const int reference = q0->dtype == FA_F64;
-  const ring_call rc = {opts, d.B, L, reference, reference ? FA_F64 : FA_F32, FA_F64,
+  const ring_call rc = {opts, d.B, d.Hq, L, reference, reference ? FA_F64 : FA_F32, FA_F64,
                         reference ? FA_CPU : q0->storage->device, lens};
   for (int r = 0; r < n && !st; r++)
     for (int i = 0; i < n && !st; i++) {
@@ -491,7 +583,8 @@ fa_status fa_ring_attention(fa_context *ctx, int n, fa_tensor *const *qs, fa_ten
         for (int b = 0; b < npc[j] && !st; b++) {
           const piece *qp = &pcs[2 * i + a], *kp = &pcs[2 * j + b];
           /* a query piece's own chunk always runs (its diagonal is in every band), so every state is made */
-          if (qp->chunk != kp->chunk && !pair_visible(&rc, qp, kp)) continue;
+          if (qp->chunk != kp->chunk && (!pair_visible(&rc, qp, kp) || (opts->mask_mod && !mask_mod_visible(&rc, qp, kp))))
+            continue;
           state s = {NULL, NULL};
           st = attend_pair(ctx, &rc, qs[i], ks[j], vs[j], qp, kp, &s);
           if (!st) st = merge_into(ctx, &acc[2 * i + a], &s);

@@ -120,6 +120,62 @@ static void test_ring_equals_attention(void) {
   fa_tensor_release(q), fa_tensor_release(k), fa_tensor_release(v);
 }
 
+/* A host's mask_mod (the builder's document mask, q >= k within a
+ * document read from a captured tensor) counts the whole sequence's
+ * positions in the ring as in fa_attention; a read past the tensor fails
+ * both alike and keeps nothing. */
+static void test_ring_variant(void) {
+  tu_test = "ring with a host's mask_mod";
+  const size_t before = host_bytes();
+  enum { L = 21 };
+  fa_tensor *q = randn(1, 2, L, 8, 31), *k = randn(1, 2, L, 8, 32), *v = randn(1, 2, L, 8, 33), *doc = NULL;
+  float d[L];
+  for (int i = 0; i < L; i++) d[i] = (float)(i / 6);
+  const int64_t dshape[1] = {L}, shortshape[1] = {L - 1};
+  CHECK_OK(ctx, fa_tensor_wrap(ctx, d, FA_CPU, FA_F32, 1, dshape, NULL, NULL, NULL, &doc));
+  fa_expr *masks[2] = {NULL, NULL};
+  for (int m = 0; m < 2; m++) { /* 1: a tensor one short, read at the last query */
+    fa_tensor *t = doc;
+    if (m) CHECK_OK(ctx, fa_tensor_wrap(ctx, d, FA_CPU, FA_F32, 1, shortshape, NULL, NULL, NULL, &t));
+    fa_expr_builder *x = NULL;
+    CHECK_OK(ctx, fa_expr_builder_new(ctx, &x));
+    const int qi = fa_expr_arg(x, "q"), ki = fa_expr_arg(x, "k");
+    const int dq = fa_expr_load(x, t, "doc", 1, &qi), dk = fa_expr_load(x, t, "doc", 1, &ki);
+    const int same = fa_expr_apply(x, "eq", dq, dk), past = fa_expr_apply(x, "ge", qi, ki);
+    CHECK_OK(ctx, fa_expr_build(x, fa_expr_apply(x, "and", same, past), &masks[m]));
+    fa_expr_builder_free(x);
+    if (m) fa_tensor_release(t);
+  }
+  for (int layout = FA_SHARD_CONTIGUOUS; layout <= FA_SHARD_ZIGZAG; layout++) {
+    fa_tensor *qs[3] = {0}, *ks[3] = {0}, *vs[3] = {0}, *os[3] = {0}, *o = NULL, *want = NULL;
+    fa_attention_opts opts;
+    fa_attention_opts_init(&opts);
+    opts.mask_mod = masks[0];
+    CHECK_OK(ctx, fa_shard(ctx, q, 3, -2, (fa_shard_layout)layout, qs));
+    CHECK_OK(ctx, fa_shard(ctx, k, 3, -2, (fa_shard_layout)layout, ks));
+    CHECK_OK(ctx, fa_shard(ctx, v, 3, -2, (fa_shard_layout)layout, vs));
+    CHECK_OK(ctx, fa_ring_attention(ctx, 3, qs, ks, vs, &opts, layout, os, NULL));
+    CHECK_OK(ctx, fa_attention(ctx, q, k, v, &opts, &want, NULL));
+    CHECK_OK(ctx, fa_unshard(ctx, 3, os, -2, (fa_shard_layout)layout, &o));
+    double e = 1;
+    CHECK_OK(ctx, fa_rel_error(ctx, o, want, &e));
+    CHECK(e < 1e-5, "layout %d: rel error %g", layout, e);
+    release_all(os, 3);
+    opts.mask_mod = masks[1];
+    CHECK_STATUS(ctx, FA_ERR_ARGUMENT, fa_ring_attention(ctx, 3, qs, ks, vs, &opts, layout, os, NULL));
+    const char *msg = fa_context_error(ctx); /* q = k = 21 reads past both ways: either is the first */
+    CHECK(strstr(msg, "doc[q]: index 21 out of range 1..20") || strstr(msg, "doc[k]: index 21 out of range 1..20"),
+          "the read as written, its index in the whole sequence: %s", msg);
+    CHECK(!os[0] && !os[1] && !os[2], "nothing written on failure");
+    release_all(qs, 3), release_all(ks, 3), release_all(vs, 3);
+    fa_tensor *all[2] = {o, want};
+    release_all(all, 2);
+  }
+  fa_expr_free(masks[0]), fa_expr_free(masks[1]);
+  fa_tensor_release(q), fa_tensor_release(k), fa_tensor_release(v), fa_tensor_release(doc);
+  CHECK(host_bytes() == before, "host bytes %zu, before %zu", host_bytes(), before);
+}
+
 /* Failures in the middle of the ring (a head count that does not divide,
  * found by fa_attention) keep nothing. */
 static void test_failures_keep_nothing(void) {
@@ -141,6 +197,7 @@ int main(void) {
   if (fa_context_create(FA_CPU, &ctx) != FA_OK) return 1;
   test_nulls();
   test_ring_equals_attention();
+  test_ring_variant();
   test_failures_keep_nothing();
   fa_context_destroy(ctx);
   return tu_summary("test_ring");

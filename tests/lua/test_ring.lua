@@ -320,9 +320,8 @@ function TestRing:test_errors()
   U.assert_fa_error({"ks", "2"}, fa.ring_attention, qs, {ks[1]}, vs)
   U.assert_fa_error({"vs", "2"}, fa.ring_attention, qs, ks, {vs[1], vs[2], vs[1]})
   U.assert_fa_error({"qs[2]"}, fa.ring_attention, {qs[1], 7}, ks, vs)
-  for _, key in ipairs({"splits", "kernel", "score_mod", "mask_mod", "out", "lse_out"}) do
-    local values = {splits = 2, kernel = "flash", score_mod = function(s) return s end,
-                    mask_mod = function() return true end, out = q, lse_out = q}
+  for _, key in ipairs({"splits", "kernel", "out", "lse_out"}) do
+    local values = {splits = 2, kernel = "flash", out = q, lse_out = q}
     U.assert_fa_error({"opts." .. key, "not in this version"}, fa.ring_attention, qs, ks, vs, {[key] = values[key]})
   end
   -- the options that count positions are checked against the whole sequence (L = 8), not a shard (4)
@@ -372,6 +371,53 @@ function TestRing:test_device_mix_refused()
   local other = dev == "cpu" and "cuda" or "cpu"
   local ks = {qs[1], qs[2]:to(other)}
   U.assert_fa_error({"ks[2]", "device"}, fa.ring_attention, qs, ks, qs)
+end
+
+-- API §9's variants count q and k in the whole sequence, as fa.attention on the
+-- unsharded tensors: each pair's call takes them shifted by its pieces' first
+-- positions; pairs mask_mod leaves empty are skipped.
+function TestRing:test_variants_count_the_whole_sequence()
+  local L = 46
+  local q, k, v = U.randn({2, 4, L, 8}), U.randn({2, 2, L, 8}), U.randn({2, 2, L, 8})
+  local d = {}
+  for i = 1, L do d[i] = (i - 1) // 9 end
+  local doc = fa.tensor(d, {device = dev})
+  local slopes = fa.tensor({0.5, 0.25, 0.125, 0.0625}, {device = dev})
+  local cases = {
+    {"document", {mask_mod = function(b, h, i, j) return doc[i]:eq(doc[j]) & i:ge(j) end}},
+    {"alibi", {score_mod = function(s, b, h, i, j) return s - slopes[h] * (i - j):abs() end}},
+    {"softcap + document", {score_mod = function(s) return (s / 5):tanh() * 5 end,
+                            mask_mod = function(b, h, i, j) return doc[i]:eq(doc[j]) end}},
+    {"sliding window, causal", {causal = true, mask_mod = function(b, h, i, j) return (i - j):le(6) end}},
+    {"prefix-LM", {mask_mod = function(b, h, i, j) return j:le(11) | i:ge(j) end}},
+    -- built-in window and alibi pad a pair's shorter side: the padding must not read past doc
+    {"window, score_mod reading doc[q]", {window = {7, 0}, score_mod = function(s, b, h, i, j) return s + doc[i] * 0.1 end}},
+    {"alibi, causal, document", {alibi = {0.1, 0.2, 0.3, 0.4}, causal = true,
+                                 mask_mod = function(b, h, i, j) return doc[i]:eq(doc[j]) end}},
+  }
+  for _, c in ipairs(cases) do
+    for _, layout in ipairs({"contiguous", "zigzag"}) do
+      for _, n in ipairs({1, 3}) do
+        local opts = U.copy_opts(c[2])
+        opts.layout = layout
+        check_ring(q, k, v, n, opts, c[1] .. ", " .. layout .. ", " .. n)
+      end
+    end
+  end
+  -- a block mask made for the whole sequence is checked and left to the pairs' own tiles
+  local mm = cases[1][2].mask_mod
+  local bm = fa.block_mask(mm, 2, 4, L, L)
+  check_ring(q, k, v, 2, {layout = "zigzag", mask_mod = mm, block_mask = bm}, "block_mask")
+  U.assert_fa_error({"opts.block_mask"}, fa.ring_attention, fa.shard(q, 2), fa.shard(k, 2), fa.shard(v, 2),
+    {mask_mod = mm, block_mask = fa.block_mask(mm, 2, 4, L - 1, L - 1)})
+  -- a read out of range is told as the whole call tells it: the read as written, its index in the sequence
+  local short = fa.tensor({1, 2, 3}, {device = dev})
+  local bad = {mask_mod = function(b, h, i, j) return short[i]:eq(1) end}
+  local ok, whole = pcall(fa.attention, q, k, v, bad)
+  lu.assertFalse(ok)
+  U.assert_fa_error({"opts.mask_mod", "short[q]", "index 4 out of range"}, fa.ring_attention, fa.shard(q, 2),
+    fa.shard(k, 2), fa.shard(v, 2), bad)
+  lu.assertStrContains(whole, "short[q]: index 4 out of range")
 end
 
 function TestRing:test_nothing_kept()
