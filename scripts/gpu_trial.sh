@@ -12,9 +12,11 @@
 #   3. scripts/oracle_attention.py on NAME's library, ORACLE_CASES cases for each seed of ORACLE_SEEDS
 #      ($OUT/oracle_NAME_SEED.json);
 #   4. with PEERS=attention|backward|decode|variants, scripts/peers_PEERS.py on NAME's last round
-#      ($OUT/peers_NAME.json).
+#      ($OUT/peers_NAME.json);
+#   5. with SUITES (e.g. "test_kernels test_attention"), those LuaUnit suites of tests/lua on NAME's build,
+#      on cuda.
 # ROUNDS (default 2), ORACLE_CASES (default 600), ORACLE_SEEDS (default 1), STEPS (default "ab digest oracle
-# peers") choose.  FA_AB_ENV_NAME applies as in gpu_ab.sh.  Exit status: the first step that failed (1 to 4),
+# peers suites") choose.  FA_AB_ENV_NAME applies as in gpu_ab.sh.  Exit status: the first step that failed (1 to 5),
 # else 0.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +30,7 @@ summary=$OUT/trial.txt
 rc=0
 note() { echo "$*" | tee -a "$summary"; }
 failed() { [ $rc != 0 ] || rc=$1; }
-steps=" ${STEPS:-ab digest oracle peers} "
+steps=" ${STEPS:-ab digest oracle peers suites} "
 t0=$SECONDS
 
 if [[ $steps == *" ab "* ]]; then
@@ -68,6 +70,14 @@ if [[ $steps == *" peers "* && -n ${PEERS:-} ]]; then
   else
     note "peers: no $last to set against them"
   fi
+fi
+if [[ $steps == *" suites "* ]]; then
+  for suite in ${SUITES:-}; do
+    FLASHATTN_DEVICE=${FA_AB_DEVICE:-cuda} timeout 600 "bg-ab/$name/flashattn-lua" "tests/lua/$suite.lua" -o text >"$logs/$suite.log" 2>&1
+    r=$?
+    [ $r = 0 ] || failed 5
+    note "$suite on $name: $(grep -E '^(Ran|OK|FAILED)' "$logs/$suite.log" | tr '\n' ' ')rc $r ($((SECONDS - t0)) s)"
+  done
 fi
 tar -czf "$OUT/trial_logs.tgz" -C /tmp gpu_trial
 note "gpu_trial: $((SECONDS - t0)) s, exit $rc"
