@@ -78,7 +78,8 @@ static void *host_result(fa_context *ctx, void *p, size_t nbytes, fa_status *st)
  * 0.78 and 30 plain ones 0.61 against 0.63 (whole processes, 2 cores,
  * 2026-12-08).  Blocks of at least KEEP_MIN_BYTES, up to
  * KEEP_DEPTH of each of KEEP_CLASSES byte counts and KEEP_TOTAL_BYTES in
- * all, the latest kept first; fa_memory() counts live blocks only, and an
+ * all (and, under a set limit, within what the live blocks leave of it),
+ * the latest kept first; fa_memory() counts live blocks only, and an
  * allocation the host refuses gives the kept ones back (it fails still, as
  * the out-of-memory tests expect; a retry finds the room).
  * Off under AddressSanitizer and with FLASHATTN_NO_HOST_CACHE set (for
@@ -139,8 +140,10 @@ static int keep_put(void *p, size_t n) {
   pthread_once(&keep_once, keep_setup);
   if (!keep_on) return 0;
   int kept_it = 0;
+  /* under a set limit, live and kept bytes together stay within it */
+  const size_t limit = atomic_load(&mem_limit[0]), live = atomic_load(&mem_current[0]);
   pthread_mutex_lock(&kept_lock);
-  if (kept_bytes + n <= KEEP_TOTAL_BYTES) {
+  if (kept_bytes + n <= KEEP_TOTAL_BYTES && (!limit || (live <= limit && kept_bytes + n <= limit - live))) {
     int c = -1;
     for (int i = 0; i < KEEP_CLASSES && c < 0; i++)
       if (kept[i].n == n) c = i;
@@ -182,8 +185,8 @@ void *fa_host_alloc(fa_context *ctx, size_t nbytes, fa_status *st) {
 
 void fa_host_free(void *p, size_t nbytes) {
   if (!p) return;
-  if (!keep_put(p, (nbytes + 63) & ~(size_t)63)) free(p);
   fa_mem_release(FA_CPU, nbytes);
+  if (!keep_put(p, (nbytes + 63) & ~(size_t)63)) free(p);
 }
 
 /* Zeroed, and from fa_host_alloc, as fa_host_free expects of every block. */
