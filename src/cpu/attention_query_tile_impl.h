@@ -358,8 +358,51 @@ static void FA_R(qtile_merge_row)(const fa_attn_problem *p, const FA_R(qtile_par
   if (l.f64) *l.f64 = lse;
 }
 
+/* What every work item of a qtile_run shares. */
+typedef struct {
+  const fa_attn_problem *p;
+  FA_R(qtile_fn) fn;
+  int64_t heads, groups, Br, tiles, chunks, span;
+  const FA_R(qtile_parts) *parts;
+} FA_R(qtile_plan);
+
+/* Work item `it` of the plan (a query tile, and its key chunk), in the
+ * thread's workspace w. */
+static void FA_R(qtile_item)(const FA_R(qtile_plan) *pl, const FA_R(qtile_ws) *w, int64_t it) {
+  const fa_attn_problem *p = pl->p;
+  const int64_t chunks = pl->chunks, tiles = pl->tiles, Br = pl->Br;
+  /* Last tiles first: under a causal mask they hold the most keys, and
+   * handing them out early evens out the dynamic schedule. */
+  const int64_t c = it % chunks, item = it / chunks;
+  const int64_t bg = item / tiles, b = bg / pl->groups, i0 = (tiles - 1 - item % tiles) * Br;
+  fa_attn_problem seq;
+  const fa_attn_problem *pb = p;
+  if (chunks > 1) { /* its outputs chunk c's */
+    seq = FA_R(qtile_part_problem)(p, pl->parts, c);
+    pb = &seq;
+  }
+  if (p->pages) { /* a paged cache's sequence: a call of its own over its keys */
+    if (pb == p) seq = *p;
+    seq.Lk = p->pages->lens[b];
+    pb = &seq;
+  }
+  int64_t k0, k1;
+  FA_R(qtile_chunk_at)(p, chunks, pl->span, c, &k0, &k1);
+  const FA_R(qtile) t = FA_R(qtile_begin)(pb, b, bg % pl->groups * pl->heads, i0, p->Lq - i0 < Br ? p->Lq - i0 : Br,
+                                          pl->heads, k0, k1, w);
+  pl->fn(pb, &t, w);
+  for (int64_t r0 = 0; w->os && r0 < t.rows; r0 += t.per_head) {
+    void *out = r0 ? (void *)fa_cpu_elem(pb->o, pb->o_dtype, fa_attn_row_at(pb->o_st, b, t.h + r0 / t.per_head, i0))
+                   : t.out;
+    fa_cpu_stage_rows(pb->o_dtype, out, pb->o_st.s, p->compute, t.o + r0 * t.ldo, t.ldo, t.per_head, p->Dv);
+  }
+}
+
 /* Runs fn on every query tile (and key chunk), OpenMP-parallel with one
- * workspace per thread. */
+ * workspace per thread; a call of one thread runs them here, outside
+ * OpenMP (an OpenMP region of one thread still cost 1.4-2.7 us a call in
+ * its barriers' futex calls, a third of a tiny call's 9 us: 2 cores,
+ * 2026-12-08). */
 static fa_status FA_R(qtile_run)(fa_context *ctx, const fa_attn_problem *p, FA_R(qtile_fn) fn) {
   const int64_t heads = FA_R(qtile_packs)(p), groups = p->Hq / heads; /* query heads a tile, tiles a row of them */
   const int64_t Br = heads > 1 ? p->Lq : p->tile_q, tiles = (p->Lq + Br - 1) / Br, items = p->B * groups * tiles;
@@ -374,41 +417,21 @@ static fa_status FA_R(qtile_run)(fa_context *ctx, const fa_attn_problem *p, FA_R
     if (parts.o) fa_host_free(parts.o, parts.bytes);
     return st;
   }
+  const FA_R(qtile_plan) pl = {p, fn, heads, groups, Br, tiles, chunks, span, &parts};
+  if (ws.threads == 1) {
+    const FA_R(qtile_ws) w = FA_R(qtile_ws_carve)(p, heads, fa_attn_workspace_slice(&ws, 0));
+    for (int64_t it = 0; it < items * chunks; it++) FA_R(qtile_item)(&pl, &w, it);
+    for (int64_t r = 0; chunks > 1 && r < parts.rows; r++) FA_R(qtile_merge_row)(p, &parts, chunks, r);
+  } else {
 #pragma omp parallel num_threads(ws.threads)
-  {
-    const FA_R(qtile_ws) w = FA_R(qtile_ws_carve)(p, heads, fa_attn_workspace_slice(&ws, omp_get_thread_num()));
-    /* Last tiles first: under a causal mask they hold the most keys, and
-     * handing them out early evens out the dynamic schedule. */
+    {
+      const FA_R(qtile_ws) w = FA_R(qtile_ws_carve)(p, heads, fa_attn_workspace_slice(&ws, omp_get_thread_num()));
 #pragma omp for schedule(dynamic)
-    for (int64_t it = 0; it < items * chunks; it++) {
-      const int64_t c = it % chunks, item = it / chunks;
-      const int64_t bg = item / tiles, b = bg / groups, i0 = (tiles - 1 - item % tiles) * Br;
-      fa_attn_problem seq;
-      const fa_attn_problem *pb = p;
-      if (chunks > 1) { /* its outputs chunk c's */
-        seq = FA_R(qtile_part_problem)(p, &parts, c);
-        pb = &seq;
-      }
-      if (p->pages) { /* a paged cache's sequence: a call of its own over its keys */
-        if (pb == p) seq = *p;
-        seq.Lk = p->pages->lens[b];
-        pb = &seq;
-      }
-      int64_t k0, k1;
-      FA_R(qtile_chunk_at)(p, chunks, span, c, &k0, &k1);
-      const FA_R(qtile) t = FA_R(qtile_begin)(pb, b, bg % groups * heads, i0, p->Lq - i0 < Br ? p->Lq - i0 : Br,
-                                              heads, k0, k1, &w);
-      fn(pb, &t, &w);
-      for (int64_t r0 = 0; w.os && r0 < t.rows; r0 += t.per_head) {
-        void *out =
-            r0 ? (void *)fa_cpu_elem(pb->o, pb->o_dtype, fa_attn_row_at(pb->o_st, b, t.h + r0 / t.per_head, i0))
-               : t.out;
-        fa_cpu_stage_rows(pb->o_dtype, out, pb->o_st.s, p->compute, t.o + r0 * t.ldo, t.ldo, t.per_head, p->Dv);
-      }
-    }
-    if (chunks > 1) {
+      for (int64_t it = 0; it < items * chunks; it++) FA_R(qtile_item)(&pl, &w, it);
+      if (chunks > 1) {
 #pragma omp for schedule(static)
-      for (int64_t r = 0; r < parts.rows; r++) FA_R(qtile_merge_row)(p, &parts, chunks, r);
+        for (int64_t r = 0; r < parts.rows; r++) FA_R(qtile_merge_row)(p, &parts, chunks, r);
+      }
     }
   }
   fa_attn_workspace_free(&ws);

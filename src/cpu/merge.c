@@ -6,6 +6,7 @@
  * empty sides give o = 0, lse = -inf; a NaN lse makes its row NaN.  The
  * weights and lse are computed in double; o1 and o2 (f32 or f64) are read at
  * their rows (fa_state_rows), o is contiguous rows x dv. */
+#include "cpu/par_rows.h"
 #include "cpu/stage.h"
 #include "internal.h"
 #include "merge_weights.h"
@@ -62,8 +63,7 @@ void fa_cpu_merge_states(fa_dtype dt, const fa_merge_operands *g) {
   if (dt != FA_F32 && dt != FA_F64) return; /* the dispatch passes the compute dtype only (the states': dt1, dt2) */
   const int64_t rows = g->rows, dv = g->dv;
   int par = rows > 1 && rows * dv >= FA_MERGE_PAR_MIN;
-#pragma omp parallel for schedule(static) if (par)
-  for (int64_t r = 0; r < rows; r++) {
+  FA_PAR_ROWS(par, r, rows, {
     const double l1 = g->lse1[r], l2 = g->lse2[r];
     const int64_t a = fa_state_row(&g->rows1, r), b = fa_state_row(&g->rows2, r);
     if (dt == FA_F32 && (g->dt1 != FA_F32 || g->dt2 != FA_F32))
@@ -75,5 +75,5 @@ void fa_cpu_merge_states(fa_dtype dt, const fa_merge_operands *g) {
     else
       fa_cpu_merge_row_f64((const double *)g->o1 + a, l1, (const double *)g->o2 + b, l2, (double *)g->o + r * dv,
                            g->lse + r, dv);
-  }
+  });
 }

@@ -18,6 +18,7 @@
 #include "internal.h"
 
 #include "fast_exp.h"
+#include "par_rows.h"
 
 #include <math.h>
 #include <omp.h>

@@ -116,13 +116,11 @@ static fa_status FA_SM_FN(sm_run_rows)(fa_context *ctx, fa_softmax_algo algo, co
                                        FA_T *y, int64_t rows, int64_t n) {
   int par = rows > 1 && rows * n >= FA_SM_PAR_MIN;
   if (algo == FA_SOFTMAX_NAIVE) {
-#pragma omp parallel for schedule(static) if (par)
-    for (int64_t r = 0; r < rows; r++) FA_SM_FN(sm_row_naive)(x + fa_state_row(xr, r), y + r * n, n);
+    FA_PAR_ROWS(par, r, rows, FA_SM_FN(sm_row_naive)(x + fa_state_row(xr, r), y + r * n, n););
     return FA_OK;
   }
   if (algo == FA_SOFTMAX_SAFE) {
-#pragma omp parallel for schedule(static) if (par)
-    for (int64_t r = 0; r < rows; r++) FA_SM_FN(sm_row_safe)(x + fa_state_row(xr, r), y + r * n, n);
+    FA_PAR_ROWS(par, r, rows, FA_SM_FN(sm_row_safe)(x + fa_state_row(xr, r), y + r * n, n););
     return FA_OK;
   }
   /* FUSED: one row buffer per thread, n elements each (padded to 64 B) */
@@ -132,9 +130,8 @@ static fa_status FA_SM_FN(sm_run_rows)(fa_context *ctx, fa_softmax_algo algo, co
   fa_status st;
   FA_T *buf = fa_host_alloc(ctx, bytes, &st);
   if (!buf) return st;
-#pragma omp parallel for schedule(static) if (par)
-  for (int64_t r = 0; r < rows; r++)
-    FA_SM_FN(sm_row_fused)(x + fa_state_row(xr, r), y + r * n, n, buf + (int64_t)omp_get_thread_num() * ld);
+  FA_PAR_ROWS(par, r, rows,
+              FA_SM_FN(sm_row_fused)(x + fa_state_row(xr, r), y + r * n, n, buf + (int64_t)omp_get_thread_num() * ld););
   fa_host_free(buf, bytes);
   return FA_OK;
 }
@@ -150,8 +147,7 @@ static fa_status FA_SM_FN(sm_run_online)(fa_context *ctx, int64_t block, const F
   int nt = omp_get_max_threads();
   int par = rows * n >= FA_SM_PAR_MIN;
   if (nc == 1 || rows >= nt || !par) {
-#pragma omp parallel for schedule(static) if (par && rows > 1)
-    for (int64_t r = 0; r < rows; r++) {
+    FA_PAR_ROWS(par && rows > 1, r, rows, {
       const FA_T *row = x + fa_state_row(xr, r);
       double m = -INFINITY, d = 0;
       for (int64_t c = 0; c < n; c += chunk) {
@@ -160,7 +156,7 @@ static fa_status FA_SM_FN(sm_run_online)(fa_context *ctx, int64_t block, const F
         fa_sm_merge(&m, &d, cm, cd);
       }
       FA_SM_FN(sm_online_norm)(row, y + r * n, n, m, d);
-    }
+    });
     return FA_OK;
   }
   int64_t tasks = rows * nc;
