@@ -463,6 +463,14 @@ static fa_status trace_expr_new(lua_State *L, const trace *t, int tt, int names,
   return fa_expr_new(fal_ctx(L), t->nodes, t->n, tensors, tnames, nt, e);
 }
 
+/* Whether the table on top of the stack is one of the module's (the set at mods, fal_trace_open's). */
+static int module_table(lua_State *L, int mods) {
+  lua_pushvalue(L, -1);
+  const int found = lua_rawget(L, mods) != LUA_TNIL;
+  lua_pop(L, 1);
+  return found;
+}
+
 /* Traces the function at fidx (mask: mask_mod(b, h, q, k), else
  * score_mod(s, b, h, q, k)); pushes the holder that owns the result. */
 static fa_expr *trace_fn(lua_State *L, int fidx, int mask, const char *what) {
@@ -488,13 +496,7 @@ static fa_expr *trace_fn(lua_State *L, int fidx, int mask, const char *what) {
   for (int i = 1;; i++) {
     const char *up = lua_getupvalue(L, fidx, i);
     if (!up) break;
-    int is_module = 0;
-    if (lua_type(L, -1) == LUA_TTABLE && lua_type(L, mods) == LUA_TTABLE) {
-      lua_pushvalue(L, -1);
-      is_module = lua_rawget(L, mods) != LUA_TNIL;
-      lua_pop(L, 1);
-    }
-    if (lua_type(L, -1) == LUA_TTABLE && strcmp(up, "_ENV") != 0 && !is_module)
+    if (lua_type(L, -1) == LUA_TTABLE && strcmp(up, "_ENV") != 0 && !module_table(L, mods))
       terr(L, t, "captures the Lua table '%s' (a variant may capture numbers, booleans, tensors and functions: "
                  "make it a tensor)", up[0] ? up : "?");
     if (fal_tobox(L, -1)) {

@@ -1,8 +1,10 @@
 /* Engine-owned memory, counted per device so that fa_memory() tells what
  * the engine holds and fa_set_memory_limit() can refuse a request cleanly. */
+#include "block_keep.h"
 #include "internal.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -76,26 +78,19 @@ static void *host_result(fa_context *ctx, void *p, size_t nbytes, fa_status *st)
  * frees by the dozen and malloc gives back to the system) the faults took
  * 14-19 % of the samples (perf); kept, 60 causal calls took 0.69 s against
  * 0.78 and 30 plain ones 0.61 against 0.63 (whole processes, 2 cores,
- * 2026-12-08).  Blocks of at least KEEP_MIN_BYTES, up to
- * KEEP_DEPTH of each of KEEP_CLASSES byte counts and KEEP_TOTAL_BYTES in
- * all (and, under a set limit, within what the live blocks leave of it),
- * the latest kept first; fa_memory() counts live blocks only, and an
- * allocation the host refuses gives the kept ones back (it fails still, as
+ * 2026-12-08).  Blocks of at least KEEP_MIN_BYTES, up to KEEP_DEPTH of
+ * each of FA_KEEP_CLASSES byte counts and KEEP_TOTAL_BYTES in all
+ * (block_keep.h; under a set limit, within what the live blocks leave of
+ * it); fa_memory() counts live blocks only, and an allocation the host
+ * refuses gives the kept ones back (it fails still, as
  * the out-of-memory tests expect; a retry finds the room).
  * Off under AddressSanitizer and with FLASHATTN_NO_HOST_CACHE set (for
  * valgrind): a kept block is neither freed nor poisoned, so a read after
  * its tensor's free would go unseen. */
 #define KEEP_MIN_BYTES ((size_t)256 << 10)
-#define KEEP_CLASSES 16
 #define KEEP_DEPTH 32
 #define KEEP_TOTAL_BYTES ((size_t)128 << 20)
-static struct {
-  size_t n; /* the rounded byte count; 0: a free class */
-  int count;
-  void *p[KEEP_DEPTH];
-} kept[KEEP_CLASSES];
-static size_t kept_bytes;
-static pthread_mutex_t kept_lock = PTHREAD_MUTEX_INITIALIZER;
+static fa_block_keep kept = FA_BLOCK_KEEP_INIT(KEEP_DEPTH, KEEP_TOTAL_BYTES);
 static pthread_once_t keep_once = PTHREAD_ONCE_INIT;
 static int keep_on;
 
@@ -116,59 +111,19 @@ static void keep_setup(void) {
 #endif
 }
 
-/* A kept block of exactly n (rounded) bytes, or NULL. */
-static void *keep_take(size_t n) {
-  if (n < KEEP_MIN_BYTES) return NULL;
+/* Whether blocks of n (rounded) bytes are kept. */
+static int keeps(size_t n) {
+  if (n < KEEP_MIN_BYTES) return 0;
   pthread_once(&keep_once, keep_setup);
-  if (!keep_on) return NULL;
-  void *p = NULL;
-  pthread_mutex_lock(&kept_lock);
-  for (int c = 0; c < KEEP_CLASSES; c++)
-    if (kept[c].n == n && kept[c].count > 0) {
-      p = kept[c].p[--kept[c].count];
-      kept_bytes -= n;
-      if (!kept[c].count) kept[c].n = 0;
-      break;
-    }
-  pthread_mutex_unlock(&kept_lock);
-  return p;
+  return keep_on;
 }
 
-/* Keeps p (n rounded bytes) if there is room; else 0. */
+/* Keeps p (n rounded bytes) if there is room (under a set limit, live and
+ * kept bytes together stay within it); else 0. */
 static int keep_put(void *p, size_t n) {
-  if (n < KEEP_MIN_BYTES || n > KEEP_TOTAL_BYTES) return 0;
-  pthread_once(&keep_once, keep_setup);
-  if (!keep_on) return 0;
-  int kept_it = 0;
-  /* under a set limit, live and kept bytes together stay within it */
+  if (!keeps(n)) return 0;
   const size_t limit = atomic_load(&mem_limit[0]), live = atomic_load(&mem_current[0]);
-  pthread_mutex_lock(&kept_lock);
-  if (kept_bytes + n <= KEEP_TOTAL_BYTES && (!limit || (live <= limit && kept_bytes + n <= limit - live))) {
-    int c = -1;
-    for (int i = 0; i < KEEP_CLASSES && c < 0; i++)
-      if (kept[i].n == n) c = i;
-    for (int i = 0; i < KEEP_CLASSES && c < 0; i++)
-      if (!kept[i].n) c = i;
-    if (c >= 0 && kept[c].count < KEEP_DEPTH) {
-      kept[c].n = n;
-      kept[c].p[kept[c].count++] = p;
-      kept_bytes += n;
-      kept_it = 1;
-    }
-  }
-  pthread_mutex_unlock(&kept_lock);
-  return kept_it;
-}
-
-/* Every kept block back to the host. */
-static void keep_drop_all(void) {
-  pthread_mutex_lock(&kept_lock);
-  for (int c = 0; c < KEEP_CLASSES; c++) {
-    while (kept[c].count > 0) free(kept[c].p[--kept[c].count]);
-    kept[c].n = 0;
-  }
-  kept_bytes = 0;
-  pthread_mutex_unlock(&kept_lock);
+  return fa_block_keep_put(&kept, p, n, !limit ? SIZE_MAX : live <= limit ? limit - live : 0);
 }
 
 void *fa_host_alloc(fa_context *ctx, size_t nbytes, fa_status *st) {
@@ -177,9 +132,9 @@ void *fa_host_alloc(fa_context *ctx, size_t nbytes, fa_status *st) {
     *st = over_limit(ctx, nbytes);
     return NULL;
   }
-  void *p = keep_take(rounded);
+  void *p = keeps(rounded) ? fa_block_keep_take(&kept, rounded) : NULL;
   if (!p) p = rounded ? aligned_alloc(64, rounded) : malloc(1);
-  if (!p) keep_drop_all(); /* for the caller's retry (the Lua binding collects and calls again) */
+  if (!p) fa_block_keep_drain(&kept, free); /* for the caller's retry (the Lua binding collects and calls again) */
   return host_result(ctx, p, nbytes, st);
 }
 

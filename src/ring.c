@@ -270,12 +270,25 @@ typedef struct {
   int64_t *lens;     /* B entries: a pair's kv_lens */
 } ring_call;
 
+/* Whether mask_mod may leave some pair of qp's queries and kp's keys, for
+ * some batch and head, where interval arithmetic can tell (fa_expr_tile,
+ * after fa_expr_begin(host)): 0 lets the ring skip the pair. */
+static int mask_mod_visible(const ring_call *rc, const piece *qp, const piece *kp) {
+  const fa_expr *mm = rc->opts->mask_mod;
+  for (int64_t b = 0; b < rc->B; b++)
+    for (int64_t h = 0; h < rc->Hq; h++)
+      if (fa_expr_tile(mm, b, h, qp->pos, qp->pos + qp->len - 1, kp->pos, kp->pos + kp->len - 1) != FA_BLOCK_EMPTY)
+        return 1;
+  return 0;
+}
+
 /* Whether some query of qp may attend some key of kp, at their positions
  * in the whole sequence (its diagonal is j = i).  Under causal and the
  * window the visible pairs (i, j) are the band i - left <= j <= i + right;
  * it meets the pair's box when the first query's lowest key is not past
  * the last key and the last query's highest key not before the first.
- * kv_lens: some sequence has a key in kp. */
+ * mask_mod: not empty by interval arithmetic (mask_mod_visible).  kv_lens:
+ * some sequence has a key in kp. */
 static int pair_visible(const ring_call *rc, const piece *qp, const piece *kp) {
   const fa_attention_opts *o = rc->opts;
   int64_t left = o->has_window ? o->window_left : -1, right = o->has_window ? o->window_right : -1;
@@ -284,11 +297,16 @@ static int pair_visible(const ring_call *rc, const piece *qp, const piece *kp) {
   if (right > rc->L) right = -1;
   if (left >= 0 && kp->pos + kp->len - 1 < qp->pos - left) return 0;
   if (right >= 0 && kp->pos > qp->pos + qp->len - 1 + right) return 0;
+  if (o->mask_mod && !mask_mod_visible(rc, qp, kp)) return 0;
   if (!o->kv_lens) return 1;
   for (int64_t b = 0; b < rc->B; b++)
     if (o->kv_lens[b] > kp->pos) return 1;
   return 0;
 }
+
+/* shifted_expr: how many nodes node x of e becomes. */
+enum { SHIFT_NODES = 5 }; /* the nodes a q or k becomes: itself, +, first, min, first + len */
+static int shifted_nodes(const fa_expr_node *x) { return x->op == FA_X_Q || x->op == FA_X_K ? SHIFT_NODES : 1; }
 
 /* A variant of a pair's call (API §9 in §11): e with its q and k the
  * positions in the whole sequence, q + qp's first position and k + kp's,
@@ -299,7 +317,7 @@ static fa_status shifted_expr(fa_context *ctx, const fa_expr *e, const piece *qp
   *out = NULL;
   if (!e) return FA_OK;
   int count = 0;
-  for (int i = 0; i < e->n; i++) count += e->nodes[i].op == FA_X_Q || e->nodes[i].op == FA_X_K ? 5 : 1;
+  for (int i = 0; i < e->n; i++) count += shifted_nodes(&e->nodes[i]);
   if (count > FA_EXPR_MAX_NODES)
     return fa_fail(ctx, FA_ERR_ARGUMENT,
                    "flashattn: ring_attention: a variant of %d nodes is too large to count positions in the whole "
@@ -314,14 +332,14 @@ static fa_status shifted_expr(fa_context *ctx, const fa_expr *e, const piece *qp
   int m = 0;
   for (int i = 0; i < e->n; i++) {
     const fa_expr_node *x = &e->nodes[i];
-    if (x->op == FA_X_Q || x->op == FA_X_K) { /* min(pos + first, first + len): 1-based */
+    if (shifted_nodes(x) == SHIFT_NODES) { /* a q or k: min(pos + first, first + len), 1-based */
       const piece *pc = x->op == FA_X_Q ? qp : kp;
       nodes[m] = *x;
       fa_expr_node_set(&nodes[m + 1], FA_X_CONST, 0, 0, 0, 0, (double)pc->pos);
       fa_expr_node_set(&nodes[m + 2], FA_X_ADD, 0, m, m + 1, 0, 0);
       fa_expr_node_set(&nodes[m + 3], FA_X_CONST, 0, 0, 0, 0, (double)(pc->pos + pc->len));
       fa_expr_node_set(&nodes[m + 4], FA_X_MIN, 0, m + 2, m + 3, 0, 0);
-      map[i] = m + 4, m += 5;
+      map[i] = m + 4, m += SHIFT_NODES;
       continue;
     }
     nodes[m] = *x;
@@ -337,13 +355,8 @@ static fa_status shifted_expr(fa_context *ctx, const fa_expr *e, const piece *qp
 
 /* The node of e that node f of its shifted_expr copies (-1: one it added). */
 static int unshifted_node(const fa_expr *e, int f) {
-  for (int i = 0, m = 0; i < e->n; i++) {
-    if (e->nodes[i].op == FA_X_Q || e->nodes[i].op == FA_X_K) {
-      if (f < (m += 5)) return -1;
-      continue;
-    }
-    if (m++ == f) return i;
-  }
+  for (int i = 0, m = 0; i < e->n; m += shifted_nodes(&e->nodes[i]), i++)
+    if (f < m + shifted_nodes(&e->nodes[i])) return shifted_nodes(&e->nodes[i]) == 1 ? i : -1;
   return -1;
 }
 
@@ -360,18 +373,6 @@ static fa_status unshifted_fault(fa_context *ctx, fa_status st, const fa_expr *e
   fa_status f = fa_expr_fault(ctx, e, what);
   fa_expr_clear_fault(e);
   return f ? f : st;
-}
-
-/* Whether mask_mod may leave some pair of qp's queries and kp's keys, for
- * some batch and head, where interval arithmetic can tell (fa_expr_tile,
- * after fa_expr_begin(host)): 0 lets the ring skip the pair. */
-static int mask_mod_visible(const ring_call *rc, const piece *qp, const piece *kp) {
-  const fa_expr *mm = rc->opts->mask_mod;
-  for (int64_t b = 0; b < rc->B; b++)
-    for (int64_t h = 0; h < rc->Hq; h++)
-      if (fa_expr_tile(mm, b, h, qp->pos, qp->pos + qp->len - 1, kp->pos, kp->pos + kp->len - 1) != FA_BLOCK_EMPTY)
-        return 1;
-  return 0;
 }
 
 /* *out <- positions [start, start + len) of t along dim, as a view; when
@@ -583,8 +584,7 @@ fa_status fa_ring_attention(fa_context *ctx, int n, fa_tensor *const *qs, fa_ten
         for (int b = 0; b < npc[j] && !st; b++) {
           const piece *qp = &pcs[2 * i + a], *kp = &pcs[2 * j + b];
           /* a query piece's own chunk always runs (its diagonal is in every band), so every state is made */
-          if (qp->chunk != kp->chunk && (!pair_visible(&rc, qp, kp) || (opts->mask_mod && !mask_mod_visible(&rc, qp, kp))))
-            continue;
+          if (qp->chunk != kp->chunk && !pair_visible(&rc, qp, kp)) continue;
           state s = {NULL, NULL};
           st = attend_pair(ctx, &rc, qs[i], ks[j], vs[j], qp, kp, &s);
           if (!st) st = merge_into(ctx, &acc[2 * i + a], &s);

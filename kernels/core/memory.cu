@@ -1,8 +1,10 @@
 /* Device memory: allocations counted in the engine's figures and limit
  * (fa_memory, fa_set_memory_limit), and copies on the context's stream. */
+#include "block_keep.h"
 #include "common.cuh"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,17 +31,10 @@ static int pool_ok;
  * no device of its own) and FLASHATTN_NO_CUDA_CACHE is unset (for
  * compute-sanitizer: a reused block is neither freed nor uninitialised). */
 #define SMALL_MAX_BYTES ((size_t)1 << 20)
-#define SMALL_CLASSES 16 /* byte counts kept at once */
-#define SMALL_DEPTH 256  /* blocks a byte count: the collector frees a loop's outputs by the hundred */
+#define SMALL_DEPTH 256 /* blocks a byte count (of FA_KEEP_CLASSES): the collector frees a loop's outputs by the hundred */
 #define SMALL_TOTAL_BYTES ((size_t)32 << 20)
-static struct {
-  size_t n; /* 0: a free class */
-  int count;
-  void *p[SMALL_DEPTH];
-} small[SMALL_CLASSES];
+static fa_block_keep small = FA_BLOCK_KEEP_INIT(SMALL_DEPTH, SMALL_TOTAL_BYTES); /* src/block_keep.h */
 static int small_on;
-static size_t small_bytes;
-static pthread_mutex_t small_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void pool_setup(void) {
   int dev = 0, supported = 0, devices = 0;
@@ -57,45 +52,9 @@ static void pool_setup(void) {
 
 static int legacy_stream(cudaStream_t s) { return s == (cudaStream_t)0 || s == cudaStreamLegacy; }
 
-/* A kept block of exactly n bytes, or NULL; the latest kept first. */
-static void *small_take(size_t n) {
-  void *p = NULL;
-  pthread_mutex_lock(&small_lock);
-  for (int c = 0; c < SMALL_CLASSES; c++)
-    if (small[c].n == n) {
-      if (small[c].count > 0) p = small[c].p[--small[c].count], small_bytes -= n;
-      break;
-    }
-  pthread_mutex_unlock(&small_lock);
-  return p;
-}
-
-/* Whether p (n bytes) is kept: in n's class, or a free one. */
-static int small_keep(void *p, size_t n) {
-  int kept = 0;
-  if (n > SMALL_MAX_BYTES) return 0;
-  pthread_mutex_lock(&small_lock);
-  int c = 0, empty = -1;
-  for (; c < SMALL_CLASSES && small[c].n != n; c++)
-    if (empty < 0 && small[c].count == 0) empty = c;
-  if (c == SMALL_CLASSES && empty >= 0) small[c = empty].n = n;
-  if (c < SMALL_CLASSES && small[c].count < SMALL_DEPTH && small_bytes + n <= SMALL_TOTAL_BYTES) {
-    small[c].p[small[c].count++] = p;
-    small_bytes += n;
-    kept = 1;
-  }
-  pthread_mutex_unlock(&small_lock);
-  return kept;
-}
-
-/* Every kept block back to the pool (out of device memory). */
-static void small_drain(void) {
-  pthread_mutex_lock(&small_lock);
-  for (int c = 0; c < SMALL_CLASSES; c++)
-    while (small[c].count > 0)
-      if (cudaFreeAsync(small[c].p[--small[c].count], cudaStreamLegacy) != cudaSuccess) (void)cudaGetLastError();
-  small_bytes = 0;
-  pthread_mutex_unlock(&small_lock);
+/* A kept block given back to the pool (out of device memory). */
+static void small_release(void *p) {
+  if (cudaFreeAsync(p, cudaStreamLegacy) != cudaSuccess) (void)cudaGetLastError();
 }
 
 static cudaError_t device_alloc(void **p, size_t n, cudaStream_t s) {
@@ -108,7 +67,7 @@ static cudaError_t device_alloc_retrying(void **p, size_t n, cudaStream_t s) {
   cudaError_t err = device_alloc(p, n, s);
   if (err != cudaErrorMemoryAllocation || !pool_ok) return err;
   (void)cudaGetLastError();
-  if (small_on) small_drain();
+  if (small_on) fa_block_keep_drain(&small, small_release);
   int dev = 0;
   cudaMemPool_t pool;
   if (cudaDeviceSynchronize() == cudaSuccess && cudaGetDevice(&dev) == cudaSuccess &&
@@ -131,7 +90,8 @@ extern "C" fa_status fa_cuda_malloc(fa_context *ctx, void **p, size_t nbytes) {
   }
   /* at least one byte: an empty tensor still gets a distinct, freeable pointer */
   const size_t n = nbytes ? nbytes : 1;
-  if (small_on && n <= SMALL_MAX_BYTES && legacy_stream(fa_cuda_stream(ctx)) && (*p = small_take(n))) return FA_OK;
+  if (small_on && n <= SMALL_MAX_BYTES && legacy_stream(fa_cuda_stream(ctx)) && (*p = fa_block_keep_take(&small, n)))
+    return FA_OK;
   cudaError_t err = device_alloc_retrying(p, n, fa_cuda_stream(ctx));
   if (err == cudaSuccess) return FA_OK;
   *p = NULL;
@@ -163,7 +123,8 @@ extern "C" int fa_cuda_legacy_stream(const fa_context *ctx) { return legacy_stre
  * a graph's), else as fa_cuda_free. */
 extern "C" void fa_cuda_free_reusable(void *p, size_t nbytes) {
   if (!p) return;
-  if (!(small_on && small_keep(p, nbytes ? nbytes : 1))) return fa_cuda_free(p, nbytes);
+  const size_t n = nbytes ? nbytes : 1;
+  if (!(small_on && n <= SMALL_MAX_BYTES && fa_block_keep_put(&small, p, n, SIZE_MAX))) return fa_cuda_free(p, nbytes);
   fa_mem_release(FA_CUDA, nbytes);
 }
 
